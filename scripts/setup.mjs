@@ -1,0 +1,68 @@
+#!/usr/bin/env node
+// First-use set-up for `npm run demo`, `npm test` and `npm run bench`: Node dependencies and the
+// project's Python venv (.venv) with pinned packages. Idempotent: a stamp records what was installed,
+// so a second run only checks and returns. Uses Node built-ins only (it may run before `npm ci`).
+import {spawnSync} from 'node:child_process'
+import {createHash} from 'node:crypto'
+import {existsSync, readFileSync, writeFileSync, rmSync} from 'node:fs'
+import {dirname, join} from 'node:path'
+import {fileURLToPath} from 'node:url'
+
+const root = join(dirname(fileURLToPath(import.meta.url)), '..')
+const quiet = process.argv.includes('--quiet')
+const say = (msg) => { if (!quiet) process.stderr.write(`[setup] ${msg}\n`) }
+
+function sha256(path) {
+  return createHash('sha256').update(readFileSync(path)).digest('hex')
+}
+
+function run(cmd, args, what) {
+  say(`${what}: ${cmd} ${args.join(' ')}`)
+  const started = Date.now()
+  const result = spawnSync(cmd, args, {cwd: root, stdio: ['ignore', 'inherit', 'inherit'], env: {...process.env, PIP_DISABLE_PIP_VERSION_CHECK: '1'}})
+  if (result.error || result.status !== 0) {
+    process.stderr.write(`[setup] failed: ${what} (${result.error?.message ?? `exit ${result.status}`})\n`)
+    process.exit(1)
+  }
+  say(`${what}: done in ${((Date.now() - started) / 1000).toFixed(1)} s`)
+}
+
+// --- Node dependencies -------------------------------------------------------------------------
+const lock = join(root, 'package-lock.json')
+const nodeStamp = join(root, 'node_modules', '.psyche-lock.sha256')
+const lockHash = existsSync(lock) ? sha256(lock) : ''
+if (!existsSync(nodeStamp) || readFileSync(nodeStamp, 'utf8') !== lockHash) {
+  run('npm', [existsSync(lock) ? 'ci' : 'install', '--no-audit', '--no-fund'], 'installing Node dependencies')
+  writeFileSync(nodeStamp, lockHash)
+}
+
+// --- Python venv -------------------------------------------------------------------------------
+if (process.env.PSYCHE_PYTHON) {
+  say(`using PSYCHE_PYTHON=${process.env.PSYCHE_PYTHON}; not managing .venv`)
+} else {
+  const venv = join(root, '.venv')
+  const python = join(venv, 'bin', 'python')
+  const requirements = join(root, 'python', 'requirements.txt')
+  const pyStamp = join(venv, '.psyche-requirements.sha256')
+  const reqHash = sha256(requirements)
+  if (!existsSync(pyStamp) || readFileSync(pyStamp, 'utf8') !== reqHash) {
+    if (!existsSync(python)) {
+      const base = process.env.PYTHON ?? 'python3'
+      const version = spawnSync(base, ['-c', 'import sys; print("%d.%d" % sys.version_info[:2])'], {encoding: 'utf8'})
+      if (version.status !== 0) {
+        process.stderr.write(`[setup] failed: no Python found as '${base}' (set PYTHON to a Python ≥ 3.10)\n`)
+        process.exit(1)
+      }
+      const [major, minor] = version.stdout.trim().split('.').map(Number)
+      if (major < 3 || (major === 3 && minor < 10)) {
+        process.stderr.write(`[setup] failed: ${base} is Python ${version.stdout.trim()}; psyche's worker needs ≥ 3.10\n`)
+        process.exit(1)
+      }
+      rmSync(venv, {recursive: true, force: true})
+      run(base, ['-m', 'venv', venv], 'creating the Python venv (.venv)')
+    }
+    run(python, ['-m', 'pip', 'install', '--progress-bar', quiet ? 'off' : 'on', '-r', requirements], 'installing pinned Python packages (torch, transformers, pyzmq, ...)')
+    writeFileSync(pyStamp, reqHash)
+  }
+}
+say('ready')
