@@ -1,0 +1,221 @@
+"""The worker process: a ZeroMQ ROUTER socket serving one client's requests, one at a time.
+
+Started by the TypeScript client (src/core/worker/) as ``python -m psyche_worker --endpoint E``.
+Prints one JSON line ``{"event": "ready", ...}`` on stdout once it listens. Every request gets a
+reply: a result, or ``{"ok": false, "error": {"kind", "message"}}`` — never silence.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from typing import Any, Callable
+
+import torch
+import zmq
+
+from . import model as models
+from .protocol import (
+    ProtocolError,
+    WorkerError,
+    decode_header,
+    encode_header,
+    frame_specs,
+    frame_to_tensor,
+    tensor_to_frame,
+)
+from .trainer import Trainer
+
+Reply = tuple[dict[str, Any], list]
+
+
+def die_with_parent() -> None:
+    """Never outlive the client: the kernel signals us when the parent dies (Linux), and a watchdog
+    thread covers other platforms and the race where the parent died before prctl ran."""
+    from . import STARTUP_PARENT_PID
+
+    parent = STARTUP_PARENT_PID
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL("libc.so.6", use_errno=True)
+            libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        except OSError:
+            pass
+    if os.getppid() != parent:
+        os._exit(3)
+
+    def watch() -> None:
+        while True:
+            if os.getppid() != parent:
+                os._exit(3)
+            time.sleep(0.5)
+
+    threading.Thread(target=watch, daemon=True, name="parent-watchdog").start()
+
+
+class Worker:
+    def __init__(self, device: str, threads: int | None):
+        if threads:
+            torch.set_num_threads(threads)
+            try:
+                torch.set_num_interop_threads(1)
+            except RuntimeError:
+                pass  # already set once in this process
+        self.device = models.resolve_device(device)
+        self.trainer: Trainer | None = None
+        self.ops: dict[str, Callable[[dict[str, Any], list[torch.Tensor]], Reply]] = {
+            "hello": self.op_hello,
+            "init_model": self.op_init_model,
+            "configure": self.op_configure,
+            "train_step": self.op_train_step,
+            "evaluate": self.op_evaluate,
+            "param_hash": self.op_param_hash,
+            "export_params": self.op_export_params,
+            "import_params": self.op_import_params,
+            "save_model": self.op_save_model,
+        }
+
+    @property
+    def t(self) -> Trainer:
+        if self.trainer is None:
+            raise WorkerError("no model loaded: send init_model first", kind="state")
+        return self.trainer
+
+    # -- ops ---------------------------------------------------------------------------------------
+    def op_hello(self, h, frames) -> Reply:
+        return {"pid": os.getpid(), "torch": torch.__version__, "device": str(self.device),
+                "threads": torch.get_num_threads(), "cuda": torch.cuda.is_available()}, []
+
+    def op_init_model(self, h, frames) -> Reply:
+        seed = int(h.get("seed", 0))
+        if h.get("model_dir"):
+            m = models.load_model(h["model_dir"])
+        elif isinstance(h.get("config"), dict):
+            m = models.init_model(h["config"], seed)
+        else:
+            raise WorkerError("init_model needs model_dir or config")
+        torch.manual_seed(seed)
+        self.trainer = Trainer(m, self.device)
+        n = sum(p.numel() for p in m.parameters())
+        return {"parameters": n, "vocab_size": self.trainer.vocab_size,
+                "max_position_embeddings": self.trainer.max_positions, "param_hash": models.param_hash(m)}, []
+
+    def op_configure(self, h, frames) -> Reply:
+        self.t.configure(h.get("optimizer") or {}, h.get("lr_schedule"), int(h.get("micro_batch", 8)))
+        return {"optimizer": self.t.optimizer_name}, []
+
+    def _tokens(self, frames: list[torch.Tensor]) -> torch.Tensor:
+        if len(frames) != 1:
+            raise WorkerError(f"expected one frame of token ids, got {len(frames)}")
+        return frames[0]
+
+    def op_train_step(self, h, frames) -> Reply:
+        return self.t.train_step(self._tokens(frames), int(h.get("step", 0))), []
+
+    def op_evaluate(self, h, frames) -> Reply:
+        return self.t.evaluate(self._tokens(frames)), []
+
+    def op_param_hash(self, h, frames) -> Reply:
+        return {"param_hash": models.param_hash(self.t.model)}, []
+
+    def op_export_params(self, h, frames) -> Reply:
+        specs, bufs = [], []
+        for name, p in models.named_parameters_sorted(self.t.model):
+            spec, buf = tensor_to_frame(name, p)
+            specs.append(spec)
+            bufs.append(buf)
+        return {"frames": specs, "param_hash": models.param_hash(self.t.model)}, bufs
+
+    def op_import_params(self, h, frames) -> Reply:
+        names = [s["name"] for s in h["frames"]]
+        params = dict(models.named_parameters_sorted(self.t.model))
+        if sorted(names) != sorted(params):
+            missing, extra = sorted(set(params) - set(names)), sorted(set(names) - set(params))
+            raise WorkerError(f"import_params: parameter names differ from the model (missing {missing[:4]}, unexpected {extra[:4]})")
+        for name, tensor in zip(names, frames):
+            p = params[name]
+            if tuple(tensor.shape) != tuple(p.shape) or tensor.dtype != p.dtype:
+                raise WorkerError(f"import_params: {name} is {tensor.dtype}{list(tensor.shape)}, model has {p.dtype}{list(p.shape)}")
+        with torch.no_grad():
+            for name, tensor in zip(names, frames):
+                params[name].copy_(tensor)
+        return {"param_hash": models.param_hash(self.t.model)}, []
+
+    def op_save_model(self, h, frames) -> Reply:
+        if not h.get("dir"):
+            raise WorkerError("save_model needs dir")
+        models.save_model(self.t.model, h["dir"])
+        return {"dir": h["dir"]}, []
+
+    # -- loop --------------------------------------------------------------------------------------
+    def handle(self, parts: list[zmq.Frame]) -> tuple[dict[str, Any], list, bool]:
+        header: dict[str, Any] = {}
+        try:
+            header = decode_header(parts[0].buffer)
+            rid = header.get("id")
+            if header["op"] == "shutdown":
+                return {"id": rid, "ok": True}, [], True
+            op = self.ops.get(header["op"])
+            if op is None:
+                raise ProtocolError(f"unknown op {header['op']!r}")
+            specs = frame_specs(header, len(parts) - 1)
+            tensors = [frame_to_tensor(s, p.buffer) for s, p in zip(specs, parts[1:])]
+            result, out_frames = op(header, tensors)
+            return {"id": rid, "ok": True, **result}, out_frames, False
+        except ProtocolError as exc:
+            return {"id": header.get("id"), "ok": False, "error": {"kind": "protocol", "message": str(exc)}}, [], False
+        except WorkerError as exc:
+            return {"id": header.get("id"), "ok": False, "error": {"kind": exc.kind, "message": str(exc)}}, [], False
+        except Exception as exc:  # a bug or a torch error: report it rather than die silently
+            traceback.print_exc(file=sys.stderr)
+            return {"id": header.get("id"), "ok": False,
+                    "error": {"kind": "internal", "message": f"{type(exc).__name__}: {exc}"}}, [], False
+
+
+def serve(endpoint: str, device: str, threads: int | None) -> None:
+    die_with_parent()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    worker = Worker(device, threads)
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 1000)
+    sock.bind(endpoint)
+    print(json.dumps({"event": "ready", "pid": os.getpid(), "endpoint": endpoint, "device": str(worker.device),
+                      "threads": torch.get_num_threads(), "torch": torch.__version__}), flush=True)
+    try:
+        while True:
+            identity, *parts = sock.recv_multipart(copy=False)
+            if not parts:
+                continue
+            reply, frames, stop = worker.handle(parts)
+            sock.send_multipart([identity, encode_header(reply), *frames], copy=False)
+            if stop:
+                break
+    finally:
+        sock.close(linger=1000)
+        ctx.term()
+        if endpoint.startswith("ipc://"):
+            try:
+                os.unlink(endpoint[len("ipc://"):])
+            except OSError:
+                pass
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="psyche_worker", description="psyche's PyTorch worker")
+    parser.add_argument("--endpoint", required=True, help="ZeroMQ endpoint to bind, e.g. ipc:///tmp/w.sock")
+    parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    args = parser.parse_args(argv)
+    try:
+        serve(args.endpoint, args.device, args.threads)
+    except WorkerError as exc:
+        print(json.dumps({"event": "fatal", "kind": exc.kind, "message": str(exc)}), flush=True)
+        sys.exit(2)

@@ -1,0 +1,138 @@
+"""One model on one device: train steps (micro-batches, gradient accumulation, clipping, AdamW,
+LR schedule) and evaluation. Knows nothing of the network or the wire format."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from .protocol import WorkerError
+from .schedule import Constant, schedule_from_config
+
+
+@dataclass
+class AdamWConfig:
+    betas: tuple[float, float] = (0.9, 0.95)
+    weight_decay: float = 0.0
+    eps: float = 1e-8
+    clip_grad_norm: float | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "AdamWConfig":
+        unknown = set(d) - {"betas", "weight_decay", "eps", "clip_grad_norm"}
+        if unknown:
+            raise WorkerError(f"optimizer.AdamW: unknown field(s) {sorted(unknown)}")
+        betas = tuple(d.get("betas", (0.9, 0.95)))
+        if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
+            raise WorkerError(f"optimizer.AdamW.betas = {list(betas)}: expected two numbers in [0, 1)")
+        clip = d.get("clip_grad_norm")
+        return cls(betas=(float(betas[0]), float(betas[1])), weight_decay=float(d.get("weight_decay", 0.0)),
+                   eps=float(d.get("eps", 1e-8)), clip_grad_norm=None if clip is None else float(clip))
+
+
+def split_decay_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """Weight decay on matrices only; norms and biases are not decayed (the usual practice for LLMs)."""
+    decay, no_decay = [], []
+    for _, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
+        if p.requires_grad:
+            (decay if p.ndim >= 2 else no_decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+class Trainer:
+    def __init__(self, model: torch.nn.Module, device: torch.device):
+        self.model = model.to(device)
+        self.device = device
+        self.vocab_size = int(model.config.vocab_size)
+        self.max_positions = int(getattr(model.config, "max_position_embeddings", 1 << 30))
+        self.schedule = Constant(base_lr=1e-3)
+        self.optimizer_name: str | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.clip_grad_norm: float | None = None
+        self.micro_batch = 8
+
+    # -- configuration ---------------------------------------------------------------------------
+    def configure(self, optimizer: dict[str, Any], lr_schedule: dict[str, Any] | None, micro_batch: int) -> None:
+        if not isinstance(optimizer, dict) or len(optimizer) != 1:
+            raise WorkerError("optimizer must name exactly one of AdamW, Distro")
+        (name, params), = optimizer.items()
+        if name == "AdamW":
+            cfg = AdamWConfig.from_dict(params or {})
+            fused = self.device.type == "cuda"
+            self.optimizer = torch.optim.AdamW(split_decay_groups(self.model, cfg.weight_decay), lr=0.0,
+                                               betas=cfg.betas, eps=cfg.eps, foreach=not fused, fused=fused or None)
+            self.clip_grad_norm = cfg.clip_grad_norm
+        else:
+            raise WorkerError(f"optimizer {name!r} is not supported; expected AdamW or Distro", kind="unsupported")
+        self.optimizer_name = name
+        if lr_schedule is not None:
+            self.schedule = schedule_from_config(lr_schedule)
+        if micro_batch < 1:
+            raise WorkerError(f"micro_batch = {micro_batch}: must be ≥ 1")
+        self.micro_batch = micro_batch
+
+    # -- data ------------------------------------------------------------------------------------
+    def to_device_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        if tokens.ndim != 2 or tokens.shape[1] < 2:
+            raise WorkerError(f"tokens must have shape [batch, seq_len + 1], got {list(tokens.shape)}")
+        if tokens.shape[1] - 1 > self.max_positions:
+            raise WorkerError(f"sequence length {tokens.shape[1] - 1} exceeds the model's max_position_embeddings {self.max_positions}")
+        tokens = tokens.to(torch.int64)
+        top = int(tokens.max()) if tokens.numel() else 0
+        if top >= self.vocab_size or int(tokens.min()) < 0:
+            raise WorkerError(f"token id {top} is outside the model's vocabulary (vocab_size {self.vocab_size})", kind="data")
+        if self.device.type == "cuda":
+            return tokens.pin_memory().to(self.device, non_blocking=True)
+        return tokens
+
+    def _loss(self, batch: torch.Tensor) -> torch.Tensor:
+        logits = self.model(input_ids=batch[:, :-1]).logits
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), batch[:, 1:].reshape(-1))
+
+    # -- steps -----------------------------------------------------------------------------------
+    def forward_backward(self, tokens: torch.Tensor) -> float:
+        """Accumulates gradients over micro-batches into .grad (zeroed first); returns the mean loss."""
+        batch = self.to_device_tokens(tokens)
+        self.model.train()
+        for p in self.model.parameters():
+            p.grad = None
+        rows = batch.shape[0]
+        total = torch.zeros((), device=self.device)
+        for start in range(0, rows, self.micro_batch):
+            micro = batch[start:start + self.micro_batch]
+            loss = self._loss(micro)
+            (loss * (micro.shape[0] / rows)).backward()
+            total += loss.detach() * micro.shape[0]
+        return float(total) / rows
+
+    def clip(self) -> float:
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        max_norm = self.clip_grad_norm if self.clip_grad_norm is not None else math.inf
+        return float(torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True))
+
+    def train_step(self, tokens: torch.Tensor, step: int) -> dict[str, Any]:
+        if self.optimizer is None:
+            raise WorkerError("train_step before configure: send the optimizer first", kind="state")
+        lr = self.schedule(step)
+        loss = self.forward_backward(tokens)
+        grad_norm = self.clip()
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.step()
+        if not math.isfinite(loss):
+            raise WorkerError(f"loss is {loss} at step {step}: training diverged (lower the learning rate)", kind="diverged")
+        return {"loss": loss, "grad_norm": grad_norm, "lr": lr, "tokens": int(tokens.shape[0] * (tokens.shape[1] - 1))}
+
+    @torch.no_grad()
+    def evaluate(self, tokens: torch.Tensor) -> dict[str, Any]:
+        batch = self.to_device_tokens(tokens)
+        self.model.eval()
+        total, rows = 0.0, batch.shape[0]
+        for start in range(0, rows, self.micro_batch):
+            micro = batch[start:start + self.micro_batch]
+            total += float(self._loss(micro)) * micro.shape[0]
+        return {"loss": total / rows, "tokens": int(rows * (batch.shape[1] - 1))}
