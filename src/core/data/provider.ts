@@ -1,0 +1,80 @@
+import {SampleLayout, checkVocab, type LayoutOptions} from './batches.js'
+import type {TokenFile} from './token-file.js'
+
+/** What a client asks of any data source: the samples for some batch ids, identical whichever provider serves them. */
+export interface DataProvider {
+  /** Where the data comes from, for logs and errors (a directory, a URL, host:port). */
+  readonly description: string
+  /** Number of distinct samples (batch ids before wrap-around), when known. */
+  numSamples(): number | undefined
+  /** Vocabulary size the data was tokenized with (from its manifest), when known. */
+  vocabSize(): number | undefined
+  /** Samples for `batchIds`, each seqLen + 1 ids, row-major: shape [batchIds.length, seqLen + 1]. */
+  getSamples(batchIds: readonly number[]): Promise<Uint32Array>
+  close(): Promise<void>
+}
+
+export interface TokenFilesOptions extends LayoutOptions {
+  seqLen: number
+  /** The model's vocabulary size: any id at or above it fails the batch. */
+  vocabSize?: number
+  /** Vocabulary size from the data's manifest, reported by vocabSize(). */
+  dataVocabSize?: number
+  /** Reads in flight at once (positional reads or HTTP range requests). */
+  concurrency?: number
+}
+
+/** Runs `task(i)` for i in [0, count) with at most `limit` running at once; rejects with the first failure. */
+export async function forEachLimited(count: number, limit: number, task: (index: number) => Promise<void>): Promise<void> {
+  let next = 0
+  const worker = async () => {
+    while (next < count) await task(next++)
+  }
+  await Promise.all(Array.from({length: Math.min(limit, count)}, worker))
+}
+
+/**
+ * A provider over a list of token files, local or remote: the layout picks (file, start) per batch id,
+ * the files supply the bytes. The local and HTTP providers and the TCP data server are all this class.
+ */
+export class TokenFilesProvider implements DataProvider {
+  readonly layout: SampleLayout
+
+  constructor(
+    readonly description: string,
+    readonly files: readonly TokenFile[],
+    private readonly options: TokenFilesOptions,
+  ) {
+    this.layout = new SampleLayout(files.map((f) => f.numTokens), options.seqLen, options)
+  }
+
+  get seqLen(): number {
+    return this.options.seqLen
+  }
+
+  numSamples(): number {
+    return this.layout.numSamples
+  }
+
+  vocabSize(): number | undefined {
+    return this.options.dataVocabSize
+  }
+
+  async getSamples(batchIds: readonly number[], options: {wrap?: boolean} = {}): Promise<Uint32Array> {
+    const rowLength = this.options.seqLen + 1
+    const out = new Uint32Array(batchIds.length * rowLength)
+    // Resolve every id first: a bad batch fails the whole request before any read.
+    const windows = batchIds.map((id) => this.layout.locate(id, this.description, options.wrap))
+    await forEachLimited(windows.length, this.options.concurrency ?? 16, async (row) => {
+      const {file, start, length} = windows[row]
+      const source = this.files[file]
+      await source.readInto(start, length, out, row * rowLength)
+      checkVocab(out, row * rowLength, rowLength, this.options.vocabSize, batchIds[row], source.path)
+    })
+    return out
+  }
+
+  async close(): Promise<void> {
+    await Promise.all(this.files.map((f) => f.close()))
+  }
+}

@@ -1,0 +1,103 @@
+import {mkdtemp, rm, writeFile} from 'node:fs/promises'
+import {createServer, type Server} from 'node:http'
+import type {AddressInfo} from 'node:net'
+import {tmpdir} from 'node:os'
+import {join} from 'node:path'
+import {after} from 'node:test'
+import {readFileSync, statSync} from 'node:fs'
+
+/** A temporary directory removed after the test file. */
+export async function tempDir(): Promise<string> {
+  const dir = await mkdtemp(join(tmpdir(), 'psyche-data-'))
+  after(() => rm(dir, {recursive: true, force: true}))
+  return dir
+}
+
+/** Deterministic pseudo-random ids below `vocab` (xorshift), so every test sees the same data. */
+export function tokens(count: number, vocab: number, seed = 1): Uint32Array {
+  const out = new Uint32Array(count)
+  let x = seed >>> 0 || 1
+  for (let i = 0; i < count; i++) {
+    x ^= x << 13
+    x >>>= 0
+    x ^= x >>> 17
+    x ^= x << 5
+    x >>>= 0
+    out[i] = x % vocab
+  }
+  return out
+}
+
+export function encode(ids: Uint32Array, tokenSize: 2 | 4): Buffer {
+  const out = Buffer.alloc(ids.length * tokenSize)
+  ids.forEach((id, i) => (tokenSize === 2 ? out.writeUInt16LE(id, i * 2) : out.writeUInt32LE(id, i * 4)))
+  return out
+}
+
+/** A .npy file (format 1.0) holding `ids` as <u2 or <u4. */
+export function npy(ids: Uint32Array, tokenSize: 2 | 4): Buffer {
+  let header = `{'descr': '<u${tokenSize}', 'fortran_order': False, 'shape': (${ids.length},), }`
+  const total = 10 + header.length + 1
+  header = header.padEnd(header.length + ((64 - (total % 64)) % 64), ' ') + '\n'
+  const head = Buffer.alloc(10)
+  head.write('\x93NUMPY', 0, 'latin1')
+  head[6] = 1
+  head[7] = 0
+  head.writeUInt16LE(header.length, 8)
+  return Buffer.concat([head, Buffer.from(header, 'latin1'), encode(ids, tokenSize)])
+}
+
+/** Writes token files into `dir` and returns the ids per file. */
+export async function writeTokenFiles(dir: string, files: Array<{name: string; ids: Uint32Array; tokenSize: 2 | 4}>): Promise<void> {
+  for (const f of files) await writeFile(join(dir, f.name), f.name.endsWith('.npy') ? npy(f.ids, f.tokenSize) : encode(f.ids, f.tokenSize))
+}
+
+export type HttpMode = 'range' | 'ignore-range' | 'truncate' | 'fail-then-range' | 'always-500'
+
+/**
+ * A real HTTP server on 127.0.0.1 serving files from `dir`: HEAD with Content-Length, GET with Range → 206.
+ * `mode` makes it misbehave the ways real servers do. Stops after the test file.
+ */
+export async function serveDirectory(dir: string, mode: () => HttpMode = () => 'range'): Promise<{base: string; server: Server; requests: string[]}> {
+  const requests: string[] = []
+  let failures = 0
+  const server = createServer((req, res) => {
+    const path = join(dir, decodeURIComponent(new URL(req.url ?? '/', 'http://x').pathname))
+    requests.push(`${req.method} ${req.url} ${req.headers.range ?? ''}`.trim())
+    let size: number
+    try {
+      size = statSync(path).size
+    } catch {
+      res.writeHead(404).end()
+      return
+    }
+    const m = mode()
+    if (m === 'always-500' || (m === 'fail-then-range' && req.method === 'GET' && failures++ % 2 === 0)) {
+      res.writeHead(503).end()
+      return
+    }
+    if (req.method === 'HEAD') {
+      res.writeHead(200, {'content-length': size, 'accept-ranges': 'bytes'}).end()
+      return
+    }
+    const data = readFileSync(path)
+    const range = /^bytes=(\d+)-(\d+)$/.exec(req.headers.range ?? '')
+    if (!range || m === 'ignore-range') {
+      res.writeHead(200, {'content-length': size}).end(data)
+      return
+    }
+    const start = Number(range[1])
+    const end = Math.min(Number(range[2]), size - 1)
+    if (start >= size) {
+      res.writeHead(416, {'content-range': `bytes */${size}`}).end()
+      return
+    }
+    const body = data.subarray(start, end + 1)
+    const sent = m === 'truncate' ? body.subarray(0, Math.floor(body.length / 2)) : body
+    res.writeHead(206, {'content-range': `bytes ${start}-${end}/${size}`, 'content-length': sent.length}).end(sent)
+  })
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve))
+  after(() => new Promise<void>((resolve) => server.close(() => resolve())))
+  server.unref()
+  return {base: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, server, requests}
+}
