@@ -1,0 +1,195 @@
+import {existsSync, readFileSync} from 'node:fs'
+import {dirname, join, resolve} from 'node:path'
+import {loadRunConfigFile} from '../config/index.js'
+import type {LLMConfig, LrSchedule, OptimizerConfig, RunConfigFile, DataLocation} from '../config/index.js'
+import {demoCorpusDir} from '../corpus.js'
+import {PsycheError} from '../errors.js'
+import {projectRoot} from '../worker/python.js'
+
+export const templatesDir = join(projectRoot, 'templates')
+export const DEFAULT_TEMPLATE = 'tiny-demo'
+
+/** Where the model's weights come from. */
+export type ModelSource =
+  | {kind: 'dir'; dir: string}
+  /** Random initialisation from an HF config.json (a template's, or a checkpoint dir that has no weights yet). */
+  | {kind: 'config'; configPath: string; config: Record<string, unknown>}
+
+/** Everything a single-node run needs, resolved from a run config, a template and flags. */
+export interface TrainPlan {
+  runId: string
+  configPath: string
+  model: ModelSource
+  data: DataLocation
+  /** Base directory against which relative data paths resolve. */
+  dataBaseDir: string
+  validation?: DataLocation
+  seqLen: number
+  steps: number
+  totalBatch: number
+  microBatch: number
+  optimizer: Exclude<OptimizerConfig, 'Dummy'>
+  lrSchedule: LrSchedule
+  seed: number
+  threads?: number
+  device: string
+  evalEvery: number
+  evalBatches: number
+  simulatePeers: number
+}
+
+export interface TrainFlags {
+  config?: string
+  template?: string
+  model?: string
+  data?: string
+  valData?: string
+  steps?: number
+  microBatch?: number
+  totalBatch?: number
+  seqLen?: number
+  optimizer?: 'adamw' | 'distro'
+  lr?: number
+  seed?: number
+  threads?: number
+  device?: string
+  evalEvery?: number
+  evalBatches?: number
+  simulatePeers?: number
+}
+
+export function templateStatePath(name: string): string {
+  const path = join(templatesDir, name, 'state.toml')
+  if (!existsSync(path)) throw new PsycheError(`--template ${name}: no such template (templates/${name}/state.toml)`)
+  return path
+}
+
+export function templateModelConfigPath(name: string): string {
+  const path = join(templatesDir, name, 'model', 'config.json')
+  if (!existsSync(path)) throw new PsycheError(`--template ${name}: no such model template (templates/${name}/model/config.json)`)
+  return path
+}
+
+export function readModelConfig(path: string): Record<string, unknown> {
+  let text: string
+  try {
+    text = readFileSync(path, 'utf8')
+  } catch {
+    throw new PsycheError(`${path}: cannot read the model's config.json`)
+  }
+  try {
+    const value = JSON.parse(text)
+    if (typeof value !== 'object' || value === null || Array.isArray(value)) throw new Error('not an object')
+    return value
+  } catch (error) {
+    throw new PsycheError(`${path}: not a valid JSON object (${(error as Error).message})`)
+  }
+}
+
+/** A model directory: its config.json must exist; weights are optional (random init from the config). */
+export function modelSourceFromDir(dir: string, where: string): ModelSource {
+  const configPath = join(dir, 'config.json')
+  if (!existsSync(dir)) throw new PsycheError(`${where}: model directory ${dir} does not exist`)
+  if (!existsSync(configPath)) throw new PsycheError(`${where}: ${dir} is not a model directory (no config.json)`)
+  if (existsSync(join(dir, 'model.safetensors'))) return {kind: 'dir', dir}
+  return {kind: 'config', configPath, config: readModelConfig(configPath)}
+}
+
+function modelFromCheckpoint(run: RunConfigFile, llm: LLMConfig): ModelSource {
+  const base = dirname(resolve(run.path))
+  const checkpoint = llm.checkpoint
+  if (typeof checkpoint === 'object' && 'Local' in checkpoint) {
+    return modelSourceFromDir(resolve(base, checkpoint.Local.path), `${run.path}: model.LLM.checkpoint.Local.path`)
+  }
+  if (typeof checkpoint === 'object') {
+    const [variant, repo] = Object.entries(checkpoint)[0] as [string, {repo_id?: string}]
+    if (repo?.repo_id) {
+      // from_pretrained semantics: a repo id that names a local directory is that directory
+      const local = resolve(base, repo.repo_id)
+      if (existsSync(join(local, 'config.json'))) return modelSourceFromDir(local, `${run.path}: model.LLM.checkpoint.${variant}.repo_id`)
+      throw new PsycheError(`${run.path}: model.LLM.checkpoint.${variant}.repo_id = "${repo.repo_id}": not a local model directory, and psyche train does not download from the Hub; pass --model DIR`)
+    }
+  }
+  throw new PsycheError(`${run.path}: model.LLM.checkpoint = ${JSON.stringify(checkpoint)}: psyche train needs a model directory; pass --model DIR`)
+}
+
+/** Scales a schedule to a new base learning rate, keeping its shape (final/initial LRs scale with it). */
+export function withBaseLr(schedule: LrSchedule, lr: number): LrSchedule {
+  const [name, params] = Object.entries(schedule)[0] as unknown as [string, Record<string, number>]
+  const ratio = params.base_lr > 0 ? lr / params.base_lr : 0
+  const scaled: Record<string, number> = {...params, base_lr: lr}
+  for (const key of ['final_lr', 'cosine_decay_final_lr', 'linear_decay_final_lr', 'warmup_init_lr']) {
+    if (key in params) scaled[key] = ratio ? params[key] * ratio : params[key]
+  }
+  return {[name]: scaled} as unknown as LrSchedule
+}
+
+function positive(value: number | undefined, name: string): void {
+  if (value !== undefined && (!Number.isInteger(value) || value < 1)) throw new PsycheError(`${name} = ${value}: must be a positive integer`)
+}
+
+/** Demo-corpus defaults for the optimizers when a run config names the other one. */
+const DEFAULT_ADAMW: OptimizerConfig = {AdamW: {betas: [0.9, 0.95], weight_decay: 0.1, eps: 1e-8, clip_grad_norm: 1.0}}
+const DEFAULT_DISTRO: OptimizerConfig = {Distro: {clip_grad_norm: 1.0, compression_decay: 0.999, compression_chunk: 64, compression_topk: 8, quantize_1bit: true}}
+
+export async function resolveTrainPlan(flags: TrainFlags): Promise<TrainPlan> {
+  for (const name of ['steps', 'microBatch', 'totalBatch', 'seqLen', 'evalBatches', 'simulatePeers'] as const) positive(flags[name], `--${name.replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`)}`)
+  if (flags.config && flags.template) throw new PsycheError('--config and --template are alternatives: give one')
+  const configPath = flags.config ? resolve(flags.config) : templateStatePath(flags.template ?? DEFAULT_TEMPLATE)
+  const run = await loadRunConfigFile(configPath)
+  const llm = run.model.LLM
+  if (llm.architecture !== 'HfLlama') {
+    throw new PsycheError(`${run.path}: model.LLM.architecture = "${llm.architecture}": psyche train supports HfLlama`)
+  }
+  const model = flags.model ? modelSourceFromDir(resolve(flags.model), '--model') : modelFromCheckpoint(run, llm)
+
+  let optimizer = llm.optimizer
+  if (flags.optimizer === 'adamw' && !(typeof optimizer === 'object' && 'AdamW' in optimizer)) optimizer = DEFAULT_ADAMW
+  if (flags.optimizer === 'distro' && !(typeof optimizer === 'object' && 'Distro' in optimizer)) optimizer = DEFAULT_DISTRO
+  if (optimizer === 'Dummy') throw new PsycheError(`${run.path}: model.LLM.optimizer = "Dummy" cannot train; use AdamW or Distro`)
+
+  const seqLen = flags.seqLen ?? llm.max_seq_len
+  const totalBatch = flags.totalBatch ?? run.config?.global_batch_size_start ?? 16
+  const microBatch = Math.min(flags.microBatch ?? 8, totalBatch)
+  const scheduleSteps = Object.values(llm.lr_schedule)[0] as {total_steps?: number}
+  const steps = flags.steps ?? scheduleSteps.total_steps ?? run.config?.total_steps ?? 100
+  const simulatePeers = flags.simulatePeers ?? 1
+  if (simulatePeers > 1 && !(typeof optimizer === 'object' && 'Distro' in optimizer)) {
+    throw new PsycheError('--simulate-peers needs the DisTrO optimizer (--optimizer distro)')
+  }
+
+  let data: DataLocation
+  let dataBaseDir = dirname(resolve(run.path))
+  if (flags.data) {
+    data = {Local: resolve(flags.data)}
+    dataBaseDir = process.cwd()
+  } else {
+    data = llm.data_location
+  }
+  let validation: DataLocation | undefined = flags.valData ? {Local: resolve(flags.valData)} : undefined
+  // the demo corpus carries its own held-out split
+  if (!validation && typeof data === 'object' && 'Local' in data && resolve(dataBaseDir, data.Local).startsWith(demoCorpusDir)) {
+    validation = {Local: join(demoCorpusDir, 'validation')}
+  }
+
+  return {
+    runId: run.run_id ?? 'train',
+    configPath: run.path,
+    model,
+    data,
+    dataBaseDir,
+    validation,
+    seqLen,
+    steps,
+    totalBatch,
+    microBatch,
+    optimizer,
+    lrSchedule: flags.lr !== undefined ? withBaseLr(llm.lr_schedule, flags.lr) : llm.lr_schedule,
+    seed: flags.seed ?? 0,
+    threads: flags.threads,
+    device: flags.device ?? 'auto',
+    evalEvery: flags.evalEvery ?? 0,
+    evalBatches: flags.evalBatches ?? 8,
+    simulatePeers,
+  }
+}

@@ -1,0 +1,170 @@
+import {createHash} from 'node:crypto'
+import {mkdirSync, openSync, writeSync, closeSync} from 'node:fs'
+import {dirname, resolve} from 'node:path'
+import {ensureDemoCorpus, demoCorpusDir} from '../corpus.js'
+import {type DataProvider, openDataProvider} from '../data/index.js'
+import {PsycheError} from '../errors.js'
+import {ModelWorker} from '../worker/model-worker.js'
+import type {TrainPlan} from './plan.js'
+
+// the config's DataLocation also names variants no provider serves (Dummy, WeightedHttp): openDataProvider rejects those by name
+type ProviderLocation = Parameters<typeof openDataProvider>[0]
+
+export interface StepMetrics {
+  step: number
+  loss: number
+  lr: number
+  grad_norm: number
+  tokens: number
+  step_seconds: number
+  tokens_per_second: number
+  elapsed_seconds: number
+  val_loss?: number
+}
+
+export interface TrainSummary {
+  steps: number
+  tokens: number
+  wallSeconds: number
+  tokensPerSecond: number
+  firstLoss: number
+  lastLoss: number
+  paramHash: string
+  parameters: number
+  firstValLoss?: number
+  valLoss?: number
+  metricsPath?: string
+  savedTo?: string
+}
+
+export interface TrainEvents {
+  onStatus?(message: string): void
+  onStep?(metrics: StepMetrics, plan: TrainPlan): void
+}
+
+/** The 32-byte data shuffle seed of a run seed: every party derives the same order from it. */
+export function shuffleSeedFor(seed: number): Uint8Array {
+  return createHash('sha256').update(`psyche/train-shuffle/${seed}`).digest()
+}
+
+function isInDemoCorpus(plan: TrainPlan): boolean {
+  const d = plan.data
+  return typeof d === 'object' && 'Local' in d && resolve(plan.dataBaseDir, d.Local).startsWith(demoCorpusDir)
+}
+
+/** Writes one JSON object per line, flushed per step, so a crash keeps every finished step. */
+class JsonlWriter {
+  private readonly fd: number
+  constructor(readonly path: string) {
+    mkdirSync(dirname(path), {recursive: true})
+    this.fd = openSync(path, 'w')
+  }
+  write(record: object): void {
+    writeSync(this.fd, JSON.stringify(record) + '\n')
+  }
+  close(): void {
+    closeSync(this.fd)
+  }
+}
+
+/**
+ * Single-node training (Psyche's `train` example): one worker, batches from a data provider, the
+ * configured optimizer and schedule. Step s trains on batch ids [s·B, (s+1)·B) of the (seed-shuffled)
+ * data; the next batch is fetched while the worker computes the current one.
+ */
+export async function runSingleNode(
+  plan: TrainPlan,
+  options: {metricsPath?: string; savePath?: string; events?: TrainEvents} = {},
+): Promise<TrainSummary> {
+  const events = options.events ?? {}
+  if (isInDemoCorpus(plan)) await ensureDemoCorpus(events.onStatus)
+
+  events.onStatus?.('starting the PyTorch worker')
+  const worker = await ModelWorker.start({threads: plan.threads, device: plan.device})
+  let train: DataProvider | undefined
+  let validation: DataProvider | undefined
+  let metrics: JsonlWriter | undefined
+  try {
+    const info = plan.model.kind === 'dir' ? await worker.load(plan.model.dir, plan.seed) : await worker.initFromConfig(plan.model.config, plan.seed)
+    if (plan.seqLen > info.max_position_embeddings) {
+      throw new PsycheError(`max_seq_len ${plan.seqLen} exceeds the model's max_position_embeddings ${info.max_position_embeddings}`)
+    }
+    train = await openDataProvider(plan.data as ProviderLocation, {seqLen: plan.seqLen, baseDir: plan.dataBaseDir, vocabSize: info.vocab_size, shuffleSeed: shuffleSeedFor(plan.seed), wrap: true})
+    checkVocab(train, info.vocab_size)
+    if (plan.validation) {
+      validation = await openDataProvider(plan.validation as ProviderLocation, {seqLen: plan.seqLen, baseDir: plan.dataBaseDir, vocabSize: info.vocab_size, wrap: true})
+      checkVocab(validation, info.vocab_size)
+    }
+    await worker.configure({optimizer: plan.optimizer as Record<string, unknown>, lr_schedule: plan.lrSchedule as Record<string, unknown>, micro_batch: plan.microBatch})
+    events.onStatus?.(`model: ${info.parameters.toLocaleString('en-US')} parameters; data: ${train.description}`)
+
+    const valIds = Array.from({length: plan.evalBatches}, (_, i) => i)
+    const evaluate = async () => (validation ? (await worker.evaluate(await validation.getSamples(valIds), valIds.length)).loss : undefined)
+    const firstValLoss = await evaluate()
+    metrics = options.metricsPath ? new JsonlWriter(options.metricsPath) : undefined
+
+    const B = plan.totalBatch
+    const batchIds = (step: number) => Array.from({length: B}, (_, i) => step * B + i)
+    let next = train.getSamples(batchIds(0))
+    let firstLoss = NaN
+    let lastLoss = NaN
+    let tokens = 0
+    let valLoss = firstValLoss
+    const started = performance.now()
+    for (let step = 0; step < plan.steps; step++) {
+      const samples = await next
+      if (step + 1 < plan.steps) next = train.getSamples(batchIds(step + 1))
+      const stepStarted = performance.now()
+      const result = await worker.trainStep(samples, B, step)
+      const now = performance.now()
+      tokens += result.tokens
+      if (step === 0) firstLoss = result.loss
+      lastLoss = result.loss
+      const record: StepMetrics = {
+        step,
+        loss: result.loss,
+        lr: result.lr,
+        grad_norm: result.grad_norm,
+        tokens: result.tokens,
+        step_seconds: (now - stepStarted) / 1000,
+        tokens_per_second: tokens / ((now - started) / 1000),
+        elapsed_seconds: (now - started) / 1000,
+      }
+      if (plan.evalEvery > 0 && (step + 1) % plan.evalEvery === 0 && step + 1 < plan.steps) record.val_loss = valLoss = await evaluate()
+      metrics?.write(record)
+      events.onStep?.(record, plan)
+    }
+    const wallSeconds = (performance.now() - started) / 1000
+    if (validation) valLoss = await evaluate()
+    const paramHash = await worker.paramHash()
+    if (options.savePath) {
+      events.onStatus?.(`saving the model to ${options.savePath}`)
+      await worker.save(resolve(options.savePath))
+    }
+    return {
+      steps: plan.steps,
+      tokens,
+      wallSeconds,
+      tokensPerSecond: tokens / wallSeconds,
+      firstLoss,
+      lastLoss,
+      paramHash,
+      parameters: info.parameters,
+      ...(firstValLoss !== undefined ? {firstValLoss, valLoss} : {}),
+      ...(options.metricsPath ? {metricsPath: options.metricsPath} : {}),
+      ...(options.savePath ? {savedTo: resolve(options.savePath)} : {}),
+    }
+  } finally {
+    metrics?.close()
+    await train?.close()
+    await validation?.close()
+    await worker.shutdown()
+  }
+}
+
+function checkVocab(provider: DataProvider, modelVocab: number): void {
+  const dataVocab = provider.vocabSize()
+  if (dataVocab !== undefined && dataVocab > modelVocab) {
+    throw new PsycheError(`${provider.description}: the data was tokenized with a vocabulary of ${dataVocab} but the model's vocab_size is ${modelVocab}`)
+  }
+}

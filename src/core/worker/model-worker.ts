@@ -1,0 +1,81 @@
+import {type Frame, WorkerClient, type WorkerOptions} from './client.js'
+
+export interface ModelInfo {
+  parameters: number
+  vocab_size: number
+  max_position_embeddings: number
+  param_hash: string
+}
+
+export interface StepResult {
+  loss: number
+  grad_norm: number
+  lr: number
+  tokens: number
+}
+
+export interface TrainingSetup {
+  /** Psyche's externally tagged optimizer config, e.g. {AdamW: {betas: [0.9, 0.95], ...}} */
+  optimizer: Record<string, unknown>
+  /** Psyche's externally tagged schedule, e.g. {Cosine: {base_lr, warmup_steps, ...}} */
+  lr_schedule?: Record<string, unknown>
+  micro_batch: number
+}
+
+function tokensFrame(tokens: Uint32Array, rows: number): Frame {
+  return {name: 'tokens', dtype: 'uint32', shape: [rows, tokens.length / rows], data: tokens}
+}
+
+/** Typed operations of the PyTorch worker (python/psyche_worker/server.py). */
+export class ModelWorker {
+  private constructor(readonly client: WorkerClient) {}
+
+  static async start(options: WorkerOptions = {}): Promise<ModelWorker> {
+    return new ModelWorker(await WorkerClient.start(options))
+  }
+
+  get pid(): number {
+    return this.client.pid
+  }
+
+  async initFromConfig(config: Record<string, unknown>, seed: number): Promise<ModelInfo> {
+    return (await this.client.call<ModelInfo & Record<string, unknown>>('init_model', {config, seed})).reply
+  }
+
+  async load(modelDir: string, seed = 0): Promise<ModelInfo> {
+    return (await this.client.call<ModelInfo & Record<string, unknown>>('init_model', {model_dir: modelDir, seed})).reply
+  }
+
+  async configure(setup: TrainingSetup): Promise<void> {
+    await this.client.call('configure', {...setup})
+  }
+
+  async trainStep(tokens: Uint32Array, rows: number, step: number): Promise<StepResult> {
+    return (await this.client.call<StepResult & Record<string, unknown>>('train_step', {step}, [tokensFrame(tokens, rows)])).reply
+  }
+
+  async evaluate(tokens: Uint32Array, rows: number): Promise<{loss: number; tokens: number}> {
+    return (await this.client.call<{loss: number; tokens: number}>('evaluate', {}, [tokensFrame(tokens, rows)])).reply
+  }
+
+  async paramHash(): Promise<string> {
+    return (await this.client.call<{param_hash: string}>('param_hash')).reply.param_hash
+  }
+
+  async exportParams(): Promise<{frames: Frame[]; paramHash: string}> {
+    const {reply, frames} = await this.client.call<{frames: Omit<Frame, 'data'>[]; param_hash: string}>('export_params')
+    return {frames: reply.frames.map((spec, i) => ({...spec, data: frames[i]})), paramHash: reply.param_hash}
+  }
+
+  async importParams(frames: Frame[]): Promise<string> {
+    return (await this.client.call<{param_hash: string}>('import_params', {}, frames)).reply.param_hash
+  }
+
+  async save(dir: string): Promise<void> {
+    await this.client.call('save_model', {dir})
+  }
+
+  async shutdown(): Promise<void> {
+    await this.client.shutdown()
+  }
+}
