@@ -1,0 +1,18 @@
+/**
+ * Run configuration: Psyche's `state.toml` / `config.toml` / `data.toml`, loaded and validated with
+ * errors that name the file, the field path and what was expected.
+ */
+export * from './types.js'
+export {ConfigError, formatIssue} from './read.js'
+export {
+  DEFAULT_WAITING_FOR_MEMBERS_EXTRA_TIME,
+  MAX_RUN_ID_BYTES,
+  STARTING_RUN_STATES,
+  loadRunConfigFile,
+  parseRunConfig,
+  resolveConfigPath,
+  validateRunConfig,
+} from './run-config.js'
+export {checkDataServerForRun, loadDataServerConfig, parseDataServerConfig} from './data-config.js'
+export {unsupportedFeatures, type UnsupportedFeature} from './unsupported.js'
+export {summarizeRunConfig, variantName, type RunSummary} from './summary.js'

@@ -1,0 +1,362 @@
+import {dirname, isAbsolute, resolve} from 'node:path'
+import {parse as parseToml, TomlError} from 'smol-toml'
+import {ConfigError, Reader, isTable, type Table} from './read.js'
+import type {
+  AdamWConfig,
+  CheckpointConfig,
+  ConfigIssue,
+  CoordinatorConfig,
+  DataLocation,
+  DistroConfig,
+  HttpDataLocation,
+  HttpLocation,
+  HubRepo,
+  LLMConfig,
+  LrSchedule,
+  OptimizerConfig,
+  RunConfigFile,
+  RunState,
+  Shuffle,
+} from './types.js'
+
+/** Psyche's default for `waiting_for_members_extra_time` (its WAITING_FOR_MEMBERS_EXTRA_SECONDS). */
+export const DEFAULT_WAITING_FOR_MEMBERS_EXTRA_TIME = 3
+/** Psyche stores run ids in 64-byte fixed strings on Solana; we keep files portable to that backend. */
+export const MAX_RUN_ID_BYTES = 64
+/** A file can only start a run before its first epoch; mid-epoch states are never written by hand. */
+export const STARTING_RUN_STATES: readonly RunState[] = ['Uninitialized', 'WaitingForMembers', 'Paused']
+
+const CONFIG_FIELDS = [
+  'warmup_time', 'cooldown_time', 'epoch_time', 'rounds_per_epoch', 'max_round_train_time', 'round_witness_time',
+  'min_clients', 'init_min_clients', 'witness_nodes', 'verification_percent',
+  'global_batch_size_start', 'global_batch_size_end', 'global_batch_size_warmup_tokens', 'total_steps',
+  'waiting_for_members_extra_time',
+] as const
+const LLM_FIELDS = ['architecture', 'data_type', 'max_seq_len', 'cold_start_warmup_steps', 'checkpoint', 'data_location', 'lr_schedule', 'optimizer'] as const
+
+function readCoordinatorConfig(r: Reader, t: Table, path: string): CoordinatorConfig {
+  r.known(t, path, CONFIG_FIELDS)
+  const config: CoordinatorConfig = {
+    warmup_time: r.int(t, 'warmup_time', path, {min: 0}),
+    cooldown_time: r.int(t, 'cooldown_time', path, {min: 1}),
+    epoch_time: r.int(t, 'epoch_time', path, {min: 1}),
+    max_round_train_time: r.int(t, 'max_round_train_time', path, {min: 1}),
+    round_witness_time: r.int(t, 'round_witness_time', path, {min: 1}),
+    min_clients: r.int(t, 'min_clients', path, {min: 1}),
+    init_min_clients: r.int(t, 'init_min_clients', path, {min: 1}),
+    witness_nodes: r.int(t, 'witness_nodes', path, {min: 0}),
+    verification_percent: r.int(t, 'verification_percent', path, {min: 0, max: 100, default: 0}),
+    global_batch_size_start: r.int(t, 'global_batch_size_start', path, {min: 1}),
+    global_batch_size_end: r.int(t, 'global_batch_size_end', path, {min: 1}),
+    global_batch_size_warmup_tokens: r.int(t, 'global_batch_size_warmup_tokens', path, {min: 0, default: 0}),
+    total_steps: r.int(t, 'total_steps', path, {min: 1}),
+    waiting_for_members_extra_time: r.int(t, 'waiting_for_members_extra_time', path, {min: 0, default: DEFAULT_WAITING_FOR_MEMBERS_EXTRA_TIME}),
+  }
+  if (t.rounds_per_epoch !== undefined) config.rounds_per_epoch = r.int(t, 'rounds_per_epoch', path, {min: 1})
+  return config
+}
+
+function readHubRepo(r: Reader, value: unknown, path: string, requireRepo: boolean): HubRepo {
+  const t = r.payload(value, path, ['repo_id', 'revision'])
+  const repo: HubRepo = {repo_id: r.str(t, 'repo_id', path, {nonEmpty: requireRepo})}
+  if (t.revision !== undefined) repo.revision = r.str(t, 'revision', path, {nonEmpty: true})
+  return repo
+}
+
+function readCheckpoint(r: Reader, llm: Table, path: string): CheckpointConfig | undefined {
+  const gcs = (value: unknown, at: string) => {
+    const t = r.payload(value, at, ['bucket', 'prefix'])
+    const repo: {bucket: string; prefix?: string} = {bucket: r.str(t, 'bucket', at, {nonEmpty: true})}
+    if (t.prefix !== undefined) repo.prefix = r.str(t, 'prefix', at)
+    return repo
+  }
+  return r.tagged<CheckpointConfig>(llm, 'checkpoint', path, {
+    unit: ['Ephemeral'],
+    data: {
+      // Dummy is Psyche's test checkpoint: an empty repo id is how its own test config writes it.
+      Dummy: (v, at) => ({Dummy: readHubRepo(r, v, at, false)}),
+      Hub: (v, at) => ({Hub: readHubRepo(r, v, at, true)}),
+      P2P: (v, at) => ({P2P: readHubRepo(r, v, at, true)}),
+      Gcs: (v, at) => ({Gcs: gcs(v, at)}),
+      P2PGcs: (v, at) => ({P2PGcs: gcs(v, at)}),
+      Local: (v, at) => {
+        const t = r.payload(v, at, ['path'])
+        return {Local: {path: r.str(t, 'path', at, {nonEmpty: true})}}
+      },
+    },
+  })
+}
+
+function readShuffle(r: Reader, t: Table, path: string): Shuffle {
+  const shuffle = r.tagged<Shuffle>(t, 'shuffle', path, {
+    unit: ['DontShuffle'],
+    data: {
+      Seeded: (v, at) => {
+        if (!Array.isArray(v) || v.length !== 32 || !v.every((b) => Number.isInteger(b) && b >= 0 && b <= 255)) {
+          r.issue(at, 'must be 32 integers from 0 to 255', v)
+          return {Seeded: []}
+        }
+        return {Seeded: v as number[]}
+      },
+    },
+  })
+  return shuffle ?? 'DontShuffle'
+}
+
+function readHttpLocation(r: Reader, t: Table, path: string): HttpLocation | undefined {
+  return r.tagged<HttpLocation>(t, 'location', path, {
+    data: {
+      SingleUrl: (v, at) => {
+        if (typeof v !== 'string' || !/^https?:\/\/\S+$/.test(v)) r.issue(at, 'must be an http(s) URL', v)
+        return {SingleUrl: String(v)}
+      },
+      NumberedFiles: (v, at) => {
+        const p = r.payload(v, at, ['url_template', 'start_index', 'n_left_pad_zeros', 'num_files'])
+        return {
+          NumberedFiles: {
+            url_template: r.str(p, 'url_template', at, {nonEmpty: true}),
+            start_index: r.int(p, 'start_index', at, {min: 0}),
+            n_left_pad_zeros: r.int(p, 'n_left_pad_zeros', at, {min: 0, max: 255}),
+            num_files: r.int(p, 'num_files', at, {min: 1}),
+          },
+        }
+      },
+      Gcp: (v, at) => {
+        const p = r.payload(v, at, ['bucket_name', 'filter_directory'])
+        // Psyche: an empty filter_directory means the whole bucket.
+        return {Gcp: {bucket_name: r.str(p, 'bucket_name', at, {nonEmpty: true}), filter_directory: r.str(p, 'filter_directory', at, {default: ''})}}
+      },
+    },
+  })
+}
+
+function readDataLocation(r: Reader, llm: Table, path: string): DataLocation | undefined {
+  const nonEmptyString = (v: unknown, at: string): string => {
+    if (typeof v !== 'string' || v.trim() === '') r.issue(at, 'must be a non-empty string', v)
+    return String(v)
+  }
+  return r.tagged<DataLocation>(llm, 'data_location', path, {
+    unit: ['Dummy'],
+    data: {
+      Server: (v, at) => {
+        if (typeof v !== 'string' || !/^\S+:\d{1,5}$/.test(v)) r.issue(at, 'must be "host:port"', v)
+        return {Server: String(v)}
+      },
+      Local: (v, at) => ({Local: nonEmptyString(v, at)}),
+      Http: (v, at) => {
+        const t = r.payload(v, at, ['location', 'token_size_in_bytes', 'shuffle'])
+        const http: HttpDataLocation = {
+          location: readHttpLocation(r, t, at) ?? {SingleUrl: ''},
+          token_size_in_bytes: r.oneOf(t, 'token_size_in_bytes', at, ['TwoBytes', 'FourBytes']),
+          shuffle: readShuffle(r, t, at),
+        }
+        return {Http: http}
+      },
+      WeightedHttp: (v, at) => {
+        if (typeof v !== 'string' || !/^https?:\/\/\S+$/.test(v)) r.issue(at, 'must be an http(s) URL of a JSON list of weighted data locations', v)
+        return {WeightedHttp: String(v)}
+      },
+      Preprocessed: (v, at) => ({Preprocessed: nonEmptyString(v, at)}),
+    },
+  })
+}
+
+function readLrSchedule(r: Reader, llm: Table, path: string): LrSchedule | undefined {
+  const base = (t: Table, at: string) => ({
+    base_lr: r.num(t, 'base_lr', at, {min: 0}),
+    warmup_steps: r.int(t, 'warmup_steps', at, {min: 0}),
+    warmup_init_lr: r.num(t, 'warmup_init_lr', at, {min: 0}),
+  })
+  const decaying = (v: unknown, at: string) => {
+    const t = r.payload(v, at, ['base_lr', 'warmup_steps', 'warmup_init_lr', 'total_steps', 'final_lr'])
+    const lr = {...base(t, at), total_steps: r.int(t, 'total_steps', at, {min: 1}), final_lr: r.num(t, 'final_lr', at, {min: 0})}
+    // Psyche divides by (total_steps - warmup_steps) after warmup.
+    if (lr.warmup_steps >= lr.total_steps) r.issue(`${at}.warmup_steps`, `must be < total_steps (${lr.total_steps})`, lr.warmup_steps)
+    return lr
+  }
+  return r.tagged<LrSchedule>(llm, 'lr_schedule', path, {
+    data: {
+      Constant: (v, at) => ({Constant: base(r.payload(v, at, ['base_lr', 'warmup_steps', 'warmup_init_lr']), at)}),
+      Linear: (v, at) => ({Linear: decaying(v, at)}),
+      Cosine: (v, at) => ({Cosine: decaying(v, at)}),
+      WarmupStableDecay: (v, at) => {
+        const t = r.payload(v, at, ['base_lr', 'warmup_steps', 'warmup_init_lr', 'stable_steps', 'cosine_decay_steps', 'cosine_decay_final_lr', 'linear_decay_steps', 'linear_decay_final_lr'])
+        const lr = {
+          ...base(t, at),
+          stable_steps: r.int(t, 'stable_steps', at, {min: 0}),
+          cosine_decay_steps: r.int(t, 'cosine_decay_steps', at, {min: 0}),
+          cosine_decay_final_lr: r.num(t, 'cosine_decay_final_lr', at, {min: 0}),
+          linear_decay_steps: r.int(t, 'linear_decay_steps', at, {min: 0}),
+          linear_decay_final_lr: r.num(t, 'linear_decay_final_lr', at, {min: 0}),
+        }
+        // Psyche asserts these while computing the rate; a file breaking them would crash every client mid-run.
+        if (lr.cosine_decay_final_lr > lr.base_lr) r.issue(`${at}.cosine_decay_final_lr`, `must be ≤ base_lr (${lr.base_lr})`, lr.cosine_decay_final_lr)
+        if (lr.linear_decay_final_lr > lr.cosine_decay_final_lr) r.issue(`${at}.linear_decay_final_lr`, `must be ≤ cosine_decay_final_lr (${lr.cosine_decay_final_lr})`, lr.linear_decay_final_lr)
+        return {WarmupStableDecay: lr}
+      },
+    },
+  })
+}
+
+function readOptimizer(r: Reader, llm: Table, path: string): OptimizerConfig | undefined {
+  return r.tagged<OptimizerConfig>(llm, 'optimizer', path, {
+    unit: ['Dummy'],
+    data: {
+      AdamW: (v, at) => {
+        const t = r.payload(v, at, ['betas', 'weight_decay', 'eps', 'clip_grad_norm'])
+        const betas = t.betas
+        if (!Array.isArray(betas) || betas.length !== 2 || !betas.every((b) => typeof b === 'number' && b >= 0 && b < 1)) {
+          r.issue(`${at}.betas`, betas === undefined ? 'missing (expected [beta1, beta2], each in [0, 1))' : 'must be [beta1, beta2], each in [0, 1)', betas)
+        }
+        const adamw: AdamWConfig = {
+          betas: Array.isArray(betas) && betas.length === 2 ? [Number(betas[0]), Number(betas[1])] : [NaN, NaN],
+          weight_decay: r.num(t, 'weight_decay', at, {min: 0}),
+          eps: r.num(t, 'eps', at, {above: 0}),
+        }
+        if (t.clip_grad_norm !== undefined) adamw.clip_grad_norm = r.num(t, 'clip_grad_norm', at, {above: 0})
+        return {AdamW: adamw}
+      },
+      Distro: (v, at) => {
+        const t = r.payload(v, at, ['clip_grad_norm', 'weight_decay', 'compression_decay', 'compression_chunk', 'compression_topk', 'quantize_1bit'])
+        const distro: DistroConfig = {
+          compression_decay: r.num(t, 'compression_decay', at, {min: 0, max: 1}),
+          compression_chunk: r.int(t, 'compression_chunk', at, {min: 1, max: 65535}),
+          compression_topk: r.int(t, 'compression_topk', at, {min: 1, max: 65535}),
+          quantize_1bit: r.bool(t, 'quantize_1bit', at),
+        }
+        if (t.clip_grad_norm !== undefined) distro.clip_grad_norm = r.num(t, 'clip_grad_norm', at, {above: 0})
+        if (t.weight_decay !== undefined) distro.weight_decay = r.num(t, 'weight_decay', at, {min: 0})
+        return {Distro: distro}
+      },
+    },
+  })
+}
+
+function readLLM(r: Reader, t: Table, path: string): LLMConfig {
+  r.known(t, path, LLM_FIELDS)
+  return {
+    architecture: r.oneOf(t, 'architecture', path, ['HfLlama', 'HfDeepseek', 'HfAuto']),
+    data_type: r.oneOf(t, 'data_type', path, ['Pretraining', 'Finetuning']),
+    max_seq_len: r.int(t, 'max_seq_len', path, {min: 1}),
+    cold_start_warmup_steps: r.int(t, 'cold_start_warmup_steps', path, {min: 0, default: 0}),
+    checkpoint: readCheckpoint(r, t, path) ?? 'Ephemeral',
+    data_location: readDataLocation(r, t, path) ?? 'Dummy',
+    lr_schedule: readLrSchedule(r, t, path) ?? {Constant: {base_lr: NaN, warmup_steps: 0, warmup_init_lr: 0}},
+    optimizer: readOptimizer(r, t, path) ?? 'Dummy',
+  }
+}
+
+/** Rules that span fields, checked only when each field on its own is valid (so one mistake is reported once). */
+function checkCrossFieldRules(r: Reader, config: CoordinatorConfig, llm: LLMConfig): void {
+  const ok = (...values: number[]) => values.every(Number.isFinite)
+  const c = config
+  if (ok(c.init_min_clients, c.min_clients) && c.init_min_clients < c.min_clients) {
+    r.issue('config.init_min_clients', `must be ≥ min_clients (${c.min_clients})`, c.init_min_clients)
+  }
+  if (ok(c.witness_nodes, c.min_clients) && c.witness_nodes > c.min_clients) {
+    r.issue('config.witness_nodes', `must be ≤ min_clients (${c.min_clients}), or 0 for automatic: a round must be able to find that many witnesses`, c.witness_nodes)
+  }
+  if (ok(c.global_batch_size_start, c.global_batch_size_end) && c.global_batch_size_end < c.global_batch_size_start) {
+    r.issue('config.global_batch_size_end', `must be ≥ global_batch_size_start (${c.global_batch_size_start})`, c.global_batch_size_end)
+  }
+  if (ok(c.global_batch_size_start, c.init_min_clients) && c.global_batch_size_start < c.init_min_clients) {
+    r.issue('config.global_batch_size_start', `must be ≥ init_min_clients (${c.init_min_clients}): every client of the first round needs at least one batch`, c.global_batch_size_start)
+  }
+  if (ok(c.global_batch_size_start, c.global_batch_size_end, c.global_batch_size_warmup_tokens) && c.global_batch_size_start !== c.global_batch_size_end && c.global_batch_size_warmup_tokens === 0) {
+    r.issue('config.global_batch_size_warmup_tokens', `must be > 0 when global_batch_size_start (${c.global_batch_size_start}) ≠ global_batch_size_end (${c.global_batch_size_end}): the batch size ramps over these tokens`, 0)
+  }
+  if (ok(c.global_batch_size_warmup_tokens, c.total_steps, c.global_batch_size_end, llm.max_seq_len)) {
+    const runTokens = c.total_steps * c.global_batch_size_end * llm.max_seq_len
+    if (c.global_batch_size_warmup_tokens > runTokens) {
+      r.issue('config.global_batch_size_warmup_tokens', `exceeds the whole run's ${runTokens} tokens (total_steps × global_batch_size_end × model.LLM.max_seq_len): the batch size would never reach global_batch_size_end`, c.global_batch_size_warmup_tokens)
+    }
+  }
+  if (ok(c.epoch_time, c.max_round_train_time, c.round_witness_time) && c.epoch_time < c.max_round_train_time + c.round_witness_time) {
+    r.issue('config.epoch_time', `must be ≥ max_round_train_time + round_witness_time (${c.max_round_train_time + c.round_witness_time}): an epoch must fit one round`, c.epoch_time)
+  }
+  if (ok(c.total_steps, llm.cold_start_warmup_steps) && llm.cold_start_warmup_steps > c.total_steps) {
+    r.issue('model.LLM.cold_start_warmup_steps', `must be ≤ config.total_steps (${c.total_steps})`, llm.cold_start_warmup_steps)
+  }
+  if (llm.checkpoint === 'Ephemeral') {
+    // Psyche's own model check rejects it too: an ephemeral model exists only in running clients.
+    r.issue('model.LLM.checkpoint', 'Ephemeral cannot start a run: no client would have the model (use Hub, P2P, Local or Dummy)', 'Ephemeral')
+  }
+}
+
+/**
+ * Validates a run's `[config]` and `[model.LLM]` given as objects in the TOML's shape (e.g. from a
+ * `config_update` event) and returns them normalized (defaults filled), or the issues found.
+ */
+export function validateRunConfig(config: unknown, model: unknown, file = 'config'): {config: CoordinatorConfig; model: {LLM: LLMConfig}} | {issues: ConfigIssue[]} {
+  const r = new Reader(file)
+  const root: Table = {config, model}
+  const result = readRunSections(r, root)
+  return r.issues.length > 0 || result === undefined ? {issues: r.issues} : result
+}
+
+function readRunSections(r: Reader, root: Table): {config: CoordinatorConfig; model: {LLM: LLMConfig}} | undefined {
+  const configTable = r.table(root, 'config', '')
+  const modelTable = r.table(root, 'model', '')
+  let llm: LLMConfig | undefined
+  if (modelTable) {
+    r.known(modelTable, 'model', ['LLM'])
+    const llmTable = r.table(modelTable, 'LLM', 'model')
+    if (llmTable) llm = readLLM(r, llmTable, 'model.LLM')
+  }
+  const config = configTable ? readCoordinatorConfig(r, configTable, 'config') : undefined
+  if (config && llm) checkCrossFieldRules(r, config, llm)
+  return config && llm ? {config, model: {LLM: llm}} : undefined
+}
+
+/**
+ * Parses and validates a run configuration: a server `state.toml` or an `update-config` `config.toml`.
+ * `path` names the file in errors and anchors relative paths. Throws a ConfigError listing every problem.
+ */
+export function parseRunConfig(text: string, path: string): RunConfigFile {
+  let root: Table
+  try {
+    root = parseToml(text) as Table
+  } catch (error) {
+    if (error instanceof TomlError) {
+      throw new ConfigError([{file: path, path: '', message: `not valid TOML at line ${error.line}, column ${error.column}: ${error.message.split('\n')[0]}`}])
+    }
+    throw error
+  }
+  const r = new Reader(path)
+  r.known(root, '', ['run_id', 'run_state', 'config', 'model'])
+  const file: Partial<RunConfigFile> = {path}
+  if (root.run_id !== undefined) file.run_id = r.str(root, 'run_id', '', {nonEmpty: true, maxBytes: MAX_RUN_ID_BYTES})
+  if (root.run_state !== undefined) {
+    const state = root.run_state
+    if (typeof state !== 'string' || !STARTING_RUN_STATES.includes(state as RunState)) {
+      r.issue('run_state', `must be one of: ${STARTING_RUN_STATES.join(', ')} (a file starts a run before its first epoch)`, state)
+    }
+    file.run_state = state as RunState
+  }
+  if (file.run_state !== undefined && file.run_id === undefined) r.issue('run_id', 'missing: a server state file with run_state needs a run_id')
+  const sections = readRunSections(r, root)
+  r.done()
+  return {...file, ...sections!} as RunConfigFile
+}
+
+/** Reads and parses a run configuration file (see parseRunConfig). */
+export async function loadRunConfigFile(path: string): Promise<RunConfigFile> {
+  const {readFile} = await import('node:fs/promises')
+  let text: string
+  try {
+    text = await readFile(path, 'utf8')
+  } catch (error) {
+    throw new ConfigError([{file: path, path: '', message: `cannot read: ${(error as NodeJS.ErrnoException).code ?? (error as Error).message}`}])
+  }
+  return parseRunConfig(text, path)
+}
+
+/**
+ * Resolves a path written inside a config file (a `Local` data location or checkpoint) against the
+ * file's directory — our extension; Psyche resolves against the process's working directory.
+ */
+export function resolveConfigPath(file: Pick<RunConfigFile, 'path'>, p: string): string {
+  return isAbsolute(p) ? p : resolve(dirname(file.path), p)
+}
+
+
