@@ -6,10 +6,14 @@ import {join} from 'node:path'
 import {after} from 'node:test'
 import {readFileSync, statSync} from 'node:fs'
 
+const tempDirs: string[] = []
+// Registered at the top level so that directories made inside hooks live until the whole file is done.
+after(() => Promise.all(tempDirs.map((dir) => rm(dir, {recursive: true, force: true}))))
+
 /** A temporary directory removed after the test file. */
 export async function tempDir(): Promise<string> {
   const dir = await mkdtemp(join(tmpdir(), 'psyche-data-'))
-  after(() => rm(dir, {recursive: true, force: true}))
+  tempDirs.push(dir)
   return dir
 }
 
