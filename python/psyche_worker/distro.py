@@ -265,17 +265,19 @@ class DistroOptimizer:
         self.discard_speculation()
         cfg = self.config
         grads = [p.grad for p in self.params]
+        grad_scale = 1.0  # clipping folds into the momentum update; p.grad itself is left untouched
         if cfg.clip_grad_norm is not None:
-            present = [g for g in grads if g is not None]
-            if present:
-                torch.nn.utils.clip_grad_norm_(present, cfg.clip_grad_norm, foreach=False)
+            total_sq = sum(float(torch.sum(g.to(torch.float64) ** 2)) for g in grads if g is not None)
+            total = math.sqrt(total_sq)
+            if total > cfg.clip_grad_norm:
+                grad_scale = cfg.clip_grad_norm / (total + 1e-6)
         encoded: list[EncodedTensor] = []
         own: list[DecodedTensor] = []
         for spec, transform, m, g in zip(self.specs, self.transforms, self.momentum, grads):
             if cfg.compression_decay != 1.0:
                 m.mul_(cfg.compression_decay)
             if g is not None:
-                m.add_(g.to(torch.float32), alpha=lr)
+                m.add_(g.to(torch.float32), alpha=lr * grad_scale)
             coeffs = transform.forward(m)
             indices, values = topk_per_chunk(coeffs, spec.topk)
             m.sub_(transform.inverse_sparse(indices, values))
