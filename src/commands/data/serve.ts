@@ -1,10 +1,12 @@
 import {Flags} from '@oclif/core'
+import {dirname, isAbsolute, resolve} from 'node:path'
 import {PsycheCommand} from '../../core/cli/base-command.js'
-import {DataServer, LocalTokenDataset, loadDataServerConfig} from '../../core/data/index.js'
+import {loadDataServerConfig} from '../../core/config/index.js'
+import {DataServer, LocalTokenDataset, parseShuffle, parseTokenSize} from '../../core/data/index.js'
 
 export default class DataServe extends PsycheCommand {
   static summary = 'Serve a token directory to the clients of a run over TCP (data_location.Server)'
-  static description = `Reads Psyche's data.toml (dir, token_size, seq_len, shuffle_seed; dir is relative to the data.toml) and answers clients' batch requests with the same samples a Local or Http provider would give. Runs until interrupted.`
+  static description = `Reads Psyche's data.toml (dir, token_size, seq_len, shuffle_seed; a relative dir is relative to the data.toml) and answers clients' batch requests with the same samples a Local or Http provider would give. Runs until interrupted.`
   static examples = ['<%= config.bin %> data serve --data-config data.toml', '<%= config.bin %> data serve --data-config data.toml --port 20001 --host 127.0.0.1']
 
   static flags = {
@@ -15,18 +17,20 @@ export default class DataServe extends PsycheCommand {
 
   async run(): Promise<{host: string; port: number; dir: string; seqLen: number; samples: number; vocabSize: number | null}> {
     const {flags} = await this.parse(DataServe)
-    const config = await loadDataServerConfig(flags['data-config'])
-    const dataset = await LocalTokenDataset.open(config.dir, {tokenSize: config.tokenSize})
-    const provider = dataset.provider({seqLen: config.seqLen, shuffleSeed: config.shuffleSeed})
+    const path = flags['data-config']
+    const config = await loadDataServerConfig(path)
+    const dir = isAbsolute(config.dir) ? config.dir : resolve(dirname(path), config.dir)
+    const dataset = await LocalTokenDataset.open(dir, {tokenSize: parseTokenSize(config.token_size, `${path}: token_size`)})
+    const shuffleSeed = parseShuffle(config.shuffle_seed, `${path}: shuffle_seed`)
+    const provider = dataset.provider({seqLen: config.seq_len, shuffleSeed})
     const server = await DataServer.start(provider, {host: flags.host, port: flags.port, log: (line) => this.logToStderr(line)})
-    const info = {host: flags.host, port: server.port, dir: config.dir, seqLen: config.seqLen, samples: provider.numSamples(), vocabSize: provider.vocabSize() ?? null}
-    const line = `serving ${info.samples} samples of ${config.seqLen + 1} tokens from ${config.dir} on ${flags.host}:${server.port}${config.shuffleSeed ? ' (shuffled)' : ''}`
-    // --json prints one object when listening (stdout), since the command only returns once stopped.
+    const info = {host: flags.host, port: server.port, dir, seqLen: config.seq_len, samples: provider.numSamples(), vocabSize: provider.vocabSize() ?? null}
+    // --json prints one object once listening, since the command only returns when stopped.
     if (this.jsonEnabled()) process.stdout.write(`${JSON.stringify({listening: info})}\n`)
-    else this.logToStderr(line)
-    await new Promise<void>((resolve) => {
-      process.once('SIGINT', resolve)
-      process.once('SIGTERM', resolve)
+    else this.logToStderr(`serving ${info.samples} samples of ${config.seq_len + 1} tokens from ${dir} on ${flags.host}:${server.port}${shuffleSeed ? ' (shuffled)' : ''}`)
+    await new Promise<void>((done) => {
+      process.once('SIGINT', done)
+      process.once('SIGTERM', done)
     })
     await server.close()
     await dataset.close()

@@ -1,5 +1,6 @@
 import {isAbsolute, resolve} from 'node:path'
 import {PsycheError} from '../errors.js'
+import type {DataLocation} from '../config/index.js'
 import {type HttpLocation, type HttpOptions, httpLocationUrls, openHttpSources} from './http.js'
 import {LocalTokenDataset} from './local.js'
 import {type DataProvider, TokenFilesProvider} from './provider.js'
@@ -14,13 +15,7 @@ export {LocalTokenDataset, MANIFEST_FILE, type TokenManifest} from './local.js'
 export {TokenFilesProvider, type DataProvider} from './provider.js'
 export {SeededPermutation, parseShuffle, type ShuffleSeed, type ShuffleSpec} from './shuffle.js'
 export {TokenFile, parseTokenSize, type TokenSize} from './token-file.js'
-export {loadDataServerConfig, type DataServerConfig} from './data-config.js'
-
-/** Psyche's `[model.LLM.data_location]`, as parsed from TOML: one key naming the kind of provider. */
-export type DataLocation =
-  | {Local: string}
-  | {Server: string}
-  | {Http: {location: HttpLocation; token_size_in_bytes: 'TwoBytes' | 'FourBytes'; shuffle: 'DontShuffle' | {Seeded: number[]}}}
+export type {DataLocation}
 
 export interface OpenDataOptions {
   /** The model's max_seq_len: every sample is seqLen + 1 ids. */
@@ -39,12 +34,16 @@ export interface OpenDataOptions {
   http?: HttpOptions
 }
 
-/** Opens whichever provider the run's data_location names; all of them give identical samples for identical data. */
+/**
+ * Opens whichever provider the run's `[model.LLM.data_location]` names (Local, Http or Server); all of
+ * them give identical samples for identical data. Other variants fail with a clear error.
+ */
 export async function openDataProvider(location: DataLocation, options: OpenDataOptions): Promise<DataProvider> {
   const where = 'data_location'
   if (!Number.isSafeInteger(options.seqLen) || options.seqLen <= 0) throw new PsycheError(`max_seq_len ${options.seqLen} must be a positive integer`)
-  const keys = location && typeof location === 'object' ? Object.keys(location) : []
+  const keys = location && typeof location === 'object' ? Object.keys(location) : [String(location)]
   if (keys.length !== 1) throw new PsycheError(`${where}: expected exactly one of Local, Http, Server, got ${JSON.stringify(location)}`)
+  if (typeof location !== 'object') throw new PsycheError(`${where}: ${JSON.stringify(location)} is not supported here (supported: Local, Http, Server)`)
   if ('Local' in location) {
     if (typeof location.Local !== 'string') throw new PsycheError(`${where}.Local: expected a directory path`)
     const dir = isAbsolute(location.Local) ? location.Local : resolve(options.baseDir ?? '.', location.Local)
@@ -65,7 +64,7 @@ export async function openDataProvider(location: DataLocation, options: OpenData
     if (!http || typeof http !== 'object' || !http.location) throw new PsycheError(`${where}.Http.location: missing`)
     const tokenSize = parseTokenSize(http.token_size_in_bytes, `${where}.Http.token_size_in_bytes`)
     const shuffleSeed = parseShuffle(http.shuffle, `${where}.Http.shuffle`)
-    const urls = httpLocationUrls(http.location, `${where}.Http.location`)
+    const urls = httpLocationUrls(http.location as HttpLocation, `${where}.Http.location`)
     const sources = await openHttpSources(urls, options.http)
     const files = await Promise.all(sources.map((s) => TokenFile.fromSource(s, tokenSize)))
     const description = urls.length === 1 ? urls[0] : `${urls[0]} … (${urls.length} files)`
