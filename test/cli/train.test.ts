@@ -1,0 +1,149 @@
+import assert from 'node:assert/strict'
+import {readFileSync, writeFileSync, mkdirSync} from 'node:fs'
+import {join} from 'node:path'
+import {after, before, describe, test} from 'node:test'
+import {execa} from 'execa'
+import {ensureDemoCorpus} from '../../src/core/corpus.js'
+import {processAlive, runCli, startCli, tempDir, tinyModelConfig, waitFor} from '../helpers.js'
+
+describe('psyche train (real CLI, worker and ZeroMQ)', () => {
+  const tmp = tempDir()
+  before(async () => {
+    await ensureDemoCorpus()
+  })
+  after(() => tmp.cleanup())
+
+  test('trains the demo model for 30 steps and the loss falls', async () => {
+    const metrics = join(tmp.path, 'metrics.jsonl')
+    const r = await runCli(['train', '--steps', '30', '--json', '--threads', '2', '--metrics', metrics])
+    assert.equal(r.exitCode, 0, r.stderr)
+    const summary = JSON.parse(r.stdout)
+    for (const key of ['steps', 'tokens', 'wallSeconds', 'tokensPerSecond', 'firstLoss', 'lastLoss', 'paramHash']) assert.ok(key in summary, `summary has ${key}`)
+    assert.equal(summary.steps, 30)
+    assert.equal(summary.tokens, 30 * 16 * 128)
+    assert.ok(summary.firstLoss > 8, `random init loss ~ln(4096)=8.3, got ${summary.firstLoss}`)
+    assert.ok(summary.lastLoss < summary.firstLoss - 1, `loss fell: ${summary.firstLoss} → ${summary.lastLoss}`)
+    assert.ok(summary.valLoss < summary.firstValLoss - 1, `validation loss fell: ${summary.firstValLoss} → ${summary.valLoss}`)
+    assert.match(summary.paramHash, /^[0-9a-f]{64}$/)
+    const lines = readFileSync(metrics, 'utf8').trim().split('\n').map((l) => JSON.parse(l))
+    assert.equal(lines.length, 30)
+    assert.deepEqual(lines.map((l) => l.step), [...Array(30).keys()])
+    assert.ok(lines.every((l) => Number.isFinite(l.loss) && l.tokens === 16 * 128))
+  })
+
+  test('same seed gives the same parameter hash; another seed does not; --save writes a loadable model', async () => {
+    const args = ['train', '--steps', '3', '--total-batch', '4', '--seq-len', '32', '--json', '--threads', '1', '--eval-batches', '1']
+    const save = join(tmp.path, 'saved')
+    const [a, b, c] = await Promise.all([
+      runCli([...args, '--seed', '5', '--metrics', join(tmp.path, 'a.jsonl'), '--save', save]),
+      runCli([...args, '--seed', '5', '--metrics', join(tmp.path, 'b.jsonl')]),
+      runCli([...args, '--seed', '6', '--metrics', join(tmp.path, 'c.jsonl')]),
+    ])
+    for (const r of [a, b, c]) assert.equal(r.exitCode, 0, r.stderr)
+    const [ha, hb, hc] = [a, b, c].map((r) => JSON.parse(r.stdout).paramHash)
+    assert.equal(ha, hb)
+    assert.notEqual(ha, hc)
+    // the saved model reloads with the same bytes (a step at lr 1e-30 moves no float32 parameter)
+    const reloaded = await runCli(['train', '--model', save, '--steps', '1', '--total-batch', '1', '--seq-len', '8', '--lr', '1e-30', '--json', '--threads', '1', '--eval-batches', '1', '--metrics', join(tmp.path, 'r.jsonl')])
+    assert.equal(reloaded.exitCode, 0, reloaded.stderr)
+    assert.equal(JSON.parse(reloaded.stdout).paramHash, ha)
+    assert.ok(readFileSync(join(save, 'config.json'), 'utf8').includes('"vocab_size": 4096'))
+  })
+
+  test('a worker killed mid-run gives a clear error and leaves no process behind', async () => {
+    const cli = startCli(['train', '--steps', '400', '--threads', '1', '--metrics', join(tmp.path, 'k.jsonl')])
+    let workerPid = 0
+    await waitFor(async () => {
+      const r = await execa('pgrep', ['-P', String(cli.pid), '-f', 'psyche_worker'], {reject: false})
+      workerPid = Number(String(r.stdout).trim().split('\n')[0])
+      return workerPid > 0
+    }, 60_000, 'the worker process')
+    // let it get into training (the metrics file gets lines)
+    await waitFor(() => {
+      try {
+        return readFileSync(join(tmp.path, 'k.jsonl'), 'utf8').split('\n').length > 2
+      } catch {
+        return false
+      }
+    }, 90_000, 'training steps')
+    process.kill(workerPid, 'SIGKILL')
+    const r = await cli
+    assert.notEqual(r.exitCode, 0)
+    assert.match(String(r.stderr), new RegExp(`worker \\(pid ${workerPid}\\) was killed by SIGKILL`))
+    assert.equal(processAlive(workerPid), false)
+  })
+
+  test('interrupting the CLI (SIGTERM) takes its worker down too', async () => {
+    const cli = startCli(['train', '--steps', '400', '--threads', '1', '--metrics', join(tmp.path, 't.jsonl')])
+    let workerPid = 0
+    await waitFor(async () => {
+      const r = await execa('pgrep', ['-P', String(cli.pid), '-f', 'psyche_worker'], {reject: false})
+      workerPid = Number(String(r.stdout).trim().split('\n')[0])
+      return workerPid > 0
+    }, 60_000, 'the worker process')
+    cli.kill('SIGTERM')
+    await cli
+    await waitFor(() => !processAlive(workerPid), 10_000, 'the worker to exit')
+  })
+})
+
+describe('psyche train: bad input gets one clear line and a non-zero exit', () => {
+  const tmp = tempDir()
+  after(() => tmp.cleanup())
+
+  async function expectError(args: string[], pattern: RegExp, exit?: number) {
+    const r = await runCli(args)
+    if (exit !== undefined) assert.equal(r.exitCode, exit, r.stderr)
+    else assert.notEqual(r.exitCode, 0)
+    assert.match(r.stderr, pattern)
+    assert.doesNotMatch(r.stderr, /\n\s+at .+:\d+:\d+/, 'no stack trace')
+  }
+
+  test('missing config file', async () => {
+    await expectError(['train', '--config', join(tmp.path, 'nope.toml')], /nope\.toml/)
+  })
+
+  test('malformed config', async () => {
+    const path = join(tmp.path, 'bad.toml')
+    writeFileSync(path, 'run_id = "x"\n[model.LLM\narchitecture = "HfLlama"\n')
+    await expectError(['train', '--config', path], /bad\.toml/)
+  })
+
+  test('a config field with the wrong type names the field', async () => {
+    const path = join(tmp.path, 'field.toml')
+    const text = readFileSync(join(import.meta.dirname, '..', '..', 'templates', 'tiny-demo', 'state.toml'), 'utf8').replace('max_seq_len = 128', 'max_seq_len = "long"')
+    writeFileSync(path, text)
+    await expectError(['train', '--config', path], /field\.toml.*max_seq_len/)
+  })
+
+  test('model directory without config.json', async () => {
+    mkdirSync(join(tmp.path, 'empty-model'))
+    await expectError(['train', '--model', join(tmp.path, 'empty-model'), '--steps', '1'], /empty-model.*config\.json/)
+  })
+
+  test('token file whose size is not a multiple of the token size', async () => {
+    const dir = join(tmp.path, 'odd-tokens')
+    mkdirSync(dir)
+    writeFileSync(join(dir, 'data.bin'), Buffer.alloc(1001))
+    await expectError(['train', '--data', dir, '--steps', '1'], /data\.bin.*1001.*multiple/)
+  })
+
+  test('data tokenized with a larger vocabulary than the model', async () => {
+    const dir = join(tmp.path, 'big-vocab')
+    mkdirSync(dir)
+    writeFileSync(join(dir, '000.bin'), Buffer.alloc(2 * 4096))
+    writeFileSync(join(dir, 'manifest.json'), JSON.stringify({format: 'psyche-tokens/1', token_size: 2, vocab_size: 50257, tokens: 4096, files: ['000.bin']}))
+    const model = join(tmp.path, 'small-model')
+    mkdirSync(model)
+    writeFileSync(join(model, 'config.json'), JSON.stringify(tinyModelConfig))
+    await expectError(['train', '--model', model, '--data', dir, '--steps', '1', '--seq-len', '16'], /big-vocab.*50257.*4096/)
+  })
+
+  test('an unknown optimizer is a usage error (exit 2); one in a config names the field', async () => {
+    await expectError(['train', '--optimizer', 'lion'], /lion/, 2)
+    const path = join(tmp.path, 'opt.toml')
+    const text = readFileSync(join(import.meta.dirname, '..', '..', 'templates', 'tiny-demo', 'state.toml'), 'utf8').replace('[model.LLM.optimizer.AdamW]', '[model.LLM.optimizer.Lion]')
+    writeFileSync(path, text)
+    await expectError(['train', '--config', path], /opt\.toml.*optimizer/)
+  })
+})

@@ -1,0 +1,66 @@
+import {mkdtempSync, rmSync} from 'node:fs'
+import {tmpdir} from 'node:os'
+import {join} from 'node:path'
+import {execa, type ResultPromise} from 'execa'
+import {projectRoot} from '../src/core/worker/python.js'
+
+export const cliPath = join(projectRoot, 'bin', 'psyche.js')
+
+export interface CliResult {
+  exitCode: number
+  stdout: string
+  stderr: string
+}
+
+/** Runs the real CLI as a separate process (as a user would). */
+export async function runCli(args: string[], options: {cwd?: string; timeoutMs?: number} = {}): Promise<CliResult> {
+  const r = await execa(process.execPath, [cliPath, ...args], {
+    cwd: options.cwd ?? projectRoot,
+    env: {NO_COLOR: '1', CI: '1'},
+    reject: false,
+    timeout: options.timeoutMs ?? 300_000,
+    stdin: 'ignore',
+  })
+  return {exitCode: r.exitCode ?? -1, stdout: String(r.stdout), stderr: String(r.stderr)}
+}
+
+export function startCli(args: string[], options: {cwd?: string} = {}): ResultPromise {
+  return execa(process.execPath, [cliPath, ...args], {cwd: options.cwd ?? projectRoot, env: {NO_COLOR: '1', CI: '1'}, reject: false, stdin: 'ignore', buffer: true})
+}
+
+export function tempDir(prefix = 'psyche-test-'): {path: string; cleanup: () => void} {
+  const path = mkdtempSync(join(tmpdir(), prefix))
+  return {path, cleanup: () => rmSync(path, {recursive: true, force: true})}
+}
+
+export function processAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0)
+    return true
+  } catch {
+    return false
+  }
+}
+
+export async function waitFor(predicate: () => boolean | Promise<boolean>, timeoutMs: number, what: string): Promise<void> {
+  const deadline = Date.now() + timeoutMs
+  while (Date.now() < deadline) {
+    if (await predicate()) return
+    await new Promise((r) => setTimeout(r, 100))
+  }
+  throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`)
+}
+
+/** A tiny Llama config (a few thousand parameters) for fast tests. */
+export const tinyModelConfig = {
+  architectures: ['LlamaForCausalLM'],
+  model_type: 'llama',
+  vocab_size: 4096,
+  hidden_size: 16,
+  intermediate_size: 32,
+  num_hidden_layers: 1,
+  num_attention_heads: 2,
+  num_key_value_heads: 2,
+  max_position_embeddings: 64,
+  tie_word_embeddings: false,
+}
