@@ -1,0 +1,36 @@
+/**
+ * The coordinator: the run's single source of truth, as a pure state machine both backends execute.
+ *
+ *   let state = createCoordinator(await loadRunConfigFile('state.toml'), {now})
+ *   const {state: next, error} = applyEvent(state, {type: 'join', id}, now)   // error: rejected, state unchanged
+ *   state = tick(next, now)                                                 // at most one phase transition
+ *
+ * Clients derive their work from the state alone: batchRangeFor / assignBatches, isWitness /
+ * selectWitnesses, buildWitnessProof, isResultWitnessed.
+ */
+export * from './types.js'
+export {applyEvent, createCoordinator, tick, type CreateOptions} from './machine.js'
+export {
+  MAX_AUTO_WITNESSES,
+  assignBatches,
+  batchRangeFor,
+  batchSizeForStep,
+  broadcastKey,
+  buildWitnessProof,
+  globalBatchSize,
+  isResultWitnessed,
+  isTrainerHealthy,
+  isWitness,
+  nextDataIndex,
+  participantKey,
+  rangeForPosition,
+  selectWitnesses,
+  trainerHealthScore,
+  witnessBloomParams,
+  witnessCount,
+  witnessQuorum,
+  type BatchRange,
+} from './rules.js'
+export {SHUFFLE_ROUNDS, shuffleAll, shuffledIndex, unshuffledIndex} from './shuffle.js'
+export {sha256} from './hash.js'
+export {deserializeState, serializeState} from './serialize.js'

@@ -1,0 +1,452 @@
+import {formatIssue} from '../config/read.js'
+import {validateRunConfig} from '../config/run-config.js'
+import type {CheckpointConfig, CoordinatorConfig, HubRepo, LLMConfig, RunConfigFile} from '../config/types.js'
+import {BloomFilter} from '../protocol/bloom.js'
+import {fromHex, sha256, u64le} from './hash.js'
+import {
+  batchRangeFor,
+  globalBatchSize,
+  isTrainerHealthy,
+  isWitness,
+  nextDataIndex,
+  witnessBloomParams,
+  witnessCount,
+  witnessQuorum,
+} from './rules.js'
+import type {
+  ApplyResult,
+  Client,
+  ClientId,
+  CoordinatorEvent,
+  CoordinatorState,
+  EpochState,
+  Rejection,
+  RejectionCode,
+  Round,
+  RunState,
+} from './types.js'
+
+/**
+ * The coordinator state machine: (state, event, now) -> state. Pure — no I/O, no clock, no
+ * randomness but the seed the state carries — so the TCP server and the Solana program run the same
+ * rules and every client can replay them. States are never mutated: each event returns a new state
+ * that shares what did not change.
+ *
+ * Rejected events do not throw: applyEvent returns the unchanged state and a Rejection {code, message}.
+ */
+
+class Reject extends Error {
+  constructor(
+    readonly code: RejectionCode,
+    message: string,
+  ) {
+    super(message)
+  }
+}
+
+const HALTED: readonly RunState[] = ['Uninitialized', 'Finished', 'Paused']
+/** Phases with an epoch under way, in which a pause waits for the epoch's end. */
+const ACTIVE: readonly RunState[] = ['RoundTrain', 'RoundWitness', 'Cooldown']
+
+function emptyEpoch(now: number, startStep: number): EpochState {
+  return {
+    start_time: now,
+    start_step: startStep,
+    first_round: true,
+    checkpointed: false,
+    cold_start: false,
+    clients: [],
+    exited: [],
+    warmup_witnesses: [],
+    round: null,
+    previous_round: null,
+  }
+}
+
+export interface CreateOptions {
+  /** 64 hex digits. Default: SHA-256 of the run id, so a run's seeds are reproducible from its config. */
+  seed?: string
+  /** When the run starts (unix seconds). */
+  now?: number
+}
+
+/** A fresh coordinator for a run configuration file (a state.toml; a config.toml starts Uninitialized). */
+export function createCoordinator(file: Pick<RunConfigFile, 'run_id' | 'run_state' | 'config' | 'model'>, options: CreateOptions = {}): CoordinatorState {
+  if (!file.config) throw new RangeError('a run configuration without [config] cannot start a coordinator')
+  const runId = file.run_id ?? ''
+  const seed = options.seed ?? sha256(Buffer.from(`psyche/run\0${runId}`, 'utf8')).toString('hex')
+  fromHex(seed)
+  const now = options.now ?? 0
+  return {
+    version: 1,
+    run_id: runId,
+    run_state: file.run_state ?? 'Uninitialized',
+    run_state_start: now,
+    config: file.config,
+    model: file.model,
+    checkpoint_fallback: null,
+    seed,
+    progress: {epoch: 0, step: 1, epoch_start_data_index: 0},
+    epoch: emptyEpoch(now, 1),
+    pending: [],
+    pending_pause: false,
+  }
+}
+
+// ---- helpers over a state (all return new objects) ----
+
+function changeState(s: CoordinatorState, now: number, next: RunState): CoordinatorState {
+  return {...s, run_state: next, run_state_start: now}
+}
+
+/** Psyche's check_timeout: `duration` seconds have passed since the phase began, and not in the same second. */
+function timedOut(s: CoordinatorState, now: number, duration: number): boolean {
+  return now !== s.run_state_start && now >= s.run_state_start + duration
+}
+
+function clientIndex(s: CoordinatorState, id: ClientId): number {
+  return s.epoch.clients.findIndex((c) => c.id === id)
+}
+
+function setClientState(s: CoordinatorState, index: number, state: Client['state']): CoordinatorState {
+  const clients = s.epoch.clients.slice()
+  clients[index] = {id: clients[index].id, state}
+  return {...s, epoch: {...s.epoch, clients}}
+}
+
+/** Clients that are no longer Healthy leave the epoch's list (Psyche's move_clients_to_exited). */
+function moveExited(s: CoordinatorState, height: number): CoordinatorState {
+  if (s.epoch.clients.every((c) => c.state === 'Healthy')) return s
+  const clients: Client[] = []
+  const exited = s.epoch.exited.slice()
+  for (const c of s.epoch.clients) {
+    if (c.state === 'Healthy') clients.push(c)
+    else exited.push({id: c.id, state: c.state, exited_height: height})
+  }
+  return {...s, epoch: {...s.epoch, clients, exited}}
+}
+
+function currentHeight(s: CoordinatorState): number {
+  return s.epoch.round?.height ?? 0
+}
+
+/** Back to WaitingForMembers (or Finished when the run is done); healthy clients stay on for the next epoch. */
+function startWaitingForMembers(s: CoordinatorState, now: number): CoordinatorState {
+  const carried = s.epoch.clients.filter((c) => c.state === 'Healthy').map((c) => c.id)
+  const joined = s.pending.filter((id) => !carried.includes(id))
+  const next = s.progress.step > s.config.total_steps ? 'Finished' : 'WaitingForMembers'
+  return changeState({...s, pending: [...carried, ...joined]}, now, next)
+}
+
+function isP2P(c: CheckpointConfig): c is {P2P: HubRepo} {
+  return typeof c === 'object' && 'P2P' in c
+}
+
+/** After an epoch the newest model lives in the clients: new joiners fetch it peer to peer. */
+function checkpointToP2P(s: CoordinatorState): CoordinatorState {
+  const checkpoint = s.model.LLM.checkpoint
+  if (isP2P(checkpoint) || typeof checkpoint !== 'object') return s
+  let repo: HubRepo
+  if ('Hub' in checkpoint) repo = checkpoint.Hub
+  else if ('Dummy' in checkpoint) repo = checkpoint.Dummy
+  else if ('Local' in checkpoint) repo = {repo_id: ''}
+  else return s // Gcs variants: not served by us, left as they are
+  return {...s, checkpoint_fallback: checkpoint, model: {LLM: {...s.model.LLM, checkpoint: {P2P: repo}}}}
+}
+
+function startRoundTrain(s: CoordinatorState, now: number, entropy: string | undefined): CoordinatorState {
+  s = moveExited(s, currentHeight(s))
+  const previous = s.epoch.first_round ? null : s.epoch.round
+  const dataIndex = previous ? nextDataIndex(s) : s.progress.epoch_start_data_index
+  const seed = sha256(fromHex(s.seed), u64le(s.progress.step), Buffer.from(entropy ?? '', 'utf8')).toString('hex')
+  const round: Round = {
+    step: s.progress.step,
+    height: previous ? previous.height + 1 : 0,
+    data_index: dataIndex,
+    batch_size: globalBatchSize(s.config, dataIndex * s.model.LLM.max_seq_len),
+    seed,
+    started_at: now,
+    roster: s.epoch.clients.map((c) => c.id),
+    witnesses: [],
+  }
+  return changeState({...s, seed, epoch: {...s.epoch, first_round: false, round, previous_round: previous}}, now, 'RoundTrain')
+}
+
+function startCooldown(s: CoordinatorState, now: number): CoordinatorState {
+  return changeState(s, now, 'Cooldown')
+}
+
+// ---- ticks, one per phase ----
+
+function tickWaitingForMembers(s: CoordinatorState, now: number): CoordinatorState {
+  if (s.pending.length < s.config.init_min_clients || !timedOut(s, now, s.config.waiting_for_members_extra_time)) return s
+  const pending = new Set(s.pending)
+  const previousPresent = s.epoch.clients.some((c) => pending.has(c.id))
+  // Nobody who holds the trained model is back: new clients must load the last uploaded checkpoint.
+  if (!previousPresent && isP2P(s.model.LLM.checkpoint) && s.checkpoint_fallback) {
+    s = {...s, model: {LLM: {...s.model.LLM, checkpoint: s.checkpoint_fallback}}}
+  }
+  const epoch = emptyEpoch(now, s.progress.step)
+  epoch.cold_start = s.epoch.cold_start
+  epoch.clients = s.pending.map((id) => ({id, state: 'Healthy'}))
+  return changeState({...s, pending: [], epoch}, now, 'Warmup')
+}
+
+function tickWarmup(s: CoordinatorState, now: number, entropy: string | undefined): CoordinatorState {
+  s = moveExited(s, 0)
+  if (s.epoch.clients.length < s.config.min_clients) return startWaitingForMembers(s, now)
+  if (timedOut(s, now, s.config.warmup_time)) return startRoundTrain(s, now, entropy)
+  return s
+}
+
+function tickRoundTrain(s: CoordinatorState, now: number): CoordinatorState {
+  return timedOut(s, now, s.config.max_round_train_time) ? changeState(s, now, 'RoundWitness') : s
+}
+
+function epochOver(s: CoordinatorState, now: number, round: Round): boolean {
+  const byTime = now >= s.epoch.start_time + s.config.epoch_time
+  const byRounds = s.config.rounds_per_epoch !== undefined && round.height + 1 >= s.config.rounds_per_epoch
+  return byTime || byRounds
+}
+
+function tickRoundWitness(s: CoordinatorState, now: number, entropy: string | undefined): CoordinatorState {
+  if (!timedOut(s, now, s.config.round_witness_time)) return s
+  const round = s.epoch.round!
+  s = {...s, progress: {...s.progress, step: s.progress.step + 1}}
+  s = moveExited(s, round.height)
+  const witnessed = round.witnesses.length
+  if (witnessed === 0) {
+    // No witness at all: we cannot tell who is still there, so everyone leaves and rejoins (Psyche does the same).
+    const clients = s.epoch.clients.map((c) => ({id: c.id, state: 'Withdrawn' as const}))
+    return startCooldown({...s, epoch: {...s.epoch, clients}}, now)
+  }
+  if (
+    epochOver(s, now, round) ||
+    s.epoch.clients.length < s.config.min_clients ||
+    witnessed < witnessQuorum(witnessCount(s.config, round.roster.length)) ||
+    s.progress.step > s.config.total_steps ||
+    s.pending_pause
+  ) {
+    return startCooldown(s, now)
+  }
+  return startRoundTrain(s, now, entropy)
+}
+
+function tickCooldown(s: CoordinatorState, now: number): CoordinatorState {
+  // The book: Cooldown waits for its time to pass or for a checkpoint to have been uploaded.
+  if (!timedOut(s, now, s.config.cooldown_time) && !s.epoch.checkpointed) return s
+  s = moveExited(s, currentHeight(s))
+  s = checkpointToP2P(s)
+  s = {...s, progress: {...s.progress, epoch: s.progress.epoch + 1, epoch_start_data_index: nextDataIndex(s)}}
+  if (s.pending_pause) {
+    s = changeState({...s, pending_pause: false, epoch: {...s.epoch, cold_start: true}}, now, 'Paused')
+    return startWaitingForMembersPending(s)
+  }
+  s = startWaitingForMembers({...s, epoch: {...s.epoch, cold_start: false}}, now)
+  return s
+}
+
+/** On pause, healthy clients are kept as pending so that resuming finds them again. */
+function startWaitingForMembersPending(s: CoordinatorState): CoordinatorState {
+  const carried = s.epoch.clients.filter((c) => c.state === 'Healthy').map((c) => c.id)
+  return {...s, pending: [...carried, ...s.pending.filter((id) => !carried.includes(id))]}
+}
+
+// ---- events ----
+
+function onTick(s: CoordinatorState, now: number, entropy: string | undefined): CoordinatorState {
+  switch (s.run_state) {
+    case 'WaitingForMembers':
+      return tickWaitingForMembers(s, now)
+    case 'Warmup':
+      return tickWarmup(s, now, entropy)
+    case 'RoundTrain':
+      return tickRoundTrain(s, now)
+    case 'RoundWitness':
+      return tickRoundWitness(s, now, entropy)
+    case 'Cooldown':
+      return tickCooldown(s, now)
+    default:
+      throw new Reject('Halted', `the run is ${s.run_state}: nothing to tick`)
+  }
+}
+
+function onJoin(s: CoordinatorState, id: ClientId): CoordinatorState {
+  if (s.run_state === 'Finished') throw new Reject('Halted', 'the run is Finished')
+  if (s.pending.includes(id)) throw new Reject('AlreadyJoined', `client ${id} is already waiting to join`)
+  const i = clientIndex(s, id)
+  const inEpoch = i >= 0 && s.epoch.clients[i].state === 'Healthy' && s.run_state !== 'WaitingForMembers' && !HALTED.includes(s.run_state)
+  if (inEpoch) throw new Reject('AlreadyJoined', `client ${id} is already training in this epoch`)
+  return {...s, pending: [...s.pending, id]}
+}
+
+function onWithdraw(s: CoordinatorState, id: ClientId): CoordinatorState {
+  const p = s.pending.indexOf(id)
+  if (p >= 0) {
+    const pending = s.pending.slice()
+    pending.splice(p, 1)
+    s = {...s, pending}
+  }
+  const i = clientIndex(s, id)
+  const inEpoch = i >= 0 && s.epoch.clients[i].state === 'Healthy' && (s.run_state === 'Warmup' || ACTIVE.includes(s.run_state))
+  if (inEpoch) return setClientState(s, i, 'Withdrawn')
+  if (p >= 0) return s
+  throw new Reject('InvalidWithdraw', `client ${id} is neither training nor waiting to join`)
+}
+
+function onEject(s: CoordinatorState, id: ClientId): CoordinatorState {
+  const p = s.pending.indexOf(id)
+  if (p >= 0) s = {...s, pending: s.pending.filter((x) => x !== id)}
+  const i = clientIndex(s, id)
+  if (i >= 0 && s.epoch.clients[i].state === 'Healthy') return setClientState(s, i, 'Ejected')
+  if (p >= 0) return s
+  throw new Reject('UnknownClient', `client ${id} is neither training nor waiting to join`)
+}
+
+function decodeBloom(text: unknown, rosterSize: number, field: string): BloomFilter {
+  if (typeof text !== 'string') throw new Reject('InvalidWitness', `${field} must be base64 text`)
+  try {
+    return BloomFilter.fromBase64(witnessBloomParams(rosterSize), text)
+  } catch (error) {
+    throw new Reject('InvalidWitness', `${field}: ${(error as Error).message}`)
+  }
+}
+
+function onWitness(s: CoordinatorState, now: number, event: Extract<CoordinatorEvent, {type: 'witness'}>, entropy?: string): CoordinatorState {
+  const {from} = event
+  if (s.run_state === 'Warmup') {
+    // Any client may say "model loaded"; when as many as the witnesses of a round have, training starts.
+    const i = clientIndex(s, from)
+    if (i < 0 || s.epoch.clients[i].state !== 'Healthy') throw new Reject('InvalidWitness', `client ${from} is not in this epoch`)
+    if (s.epoch.warmup_witnesses.includes(from)) throw new Reject('DuplicateWitness', `client ${from} already reported in Warmup`)
+    const warmup_witnesses = [...s.epoch.warmup_witnesses, from]
+    s = {...s, epoch: {...s.epoch, warmup_witnesses}}
+    return warmup_witnesses.length >= witnessCount(s.config, s.epoch.clients.length) ? startRoundTrain(s, now, entropy) : s
+  }
+  if (s.run_state !== 'RoundTrain' && s.run_state !== 'RoundWitness') throw new Reject('InvalidRunState', `witness proofs are accepted in Warmup, RoundTrain and RoundWitness, not ${s.run_state}`)
+  const round = s.epoch.round!
+  if (event.step !== round.step) throw new Reject('WrongStep', `witness proof for step ${event.step}, but the round is step ${round.step}`)
+  if (!isWitness(s, from, round)) throw new Reject('InvalidWitness', `client ${from} is not a witness of step ${round.step}`)
+  if (round.witnesses.some((w) => w.from === from)) throw new Reject('DuplicateWitness', `client ${from} already sent a proof for step ${round.step}`)
+  const n = round.roster.length
+  decodeBloom(event.proof?.participant_bloom, n, 'participant_bloom')
+  decodeBloom(event.proof?.broadcast_bloom, n, 'broadcast_bloom')
+  const witnesses = [...round.witnesses, {from, participant_bloom: event.proof.participant_bloom, broadcast_bloom: event.proof.broadcast_bloom}]
+  s = {...s, epoch: {...s.epoch, round: {...round, witnesses}}}
+  // Opportunistic witnessing: a quorum of proofs ends training early.
+  if (s.run_state === 'RoundTrain' && witnesses.length >= witnessQuorum(witnessCount(s.config, n))) return changeState(s, now, 'RoundWitness')
+  return s
+}
+
+function onHealthCheck(s: CoordinatorState, event: Extract<CoordinatorEvent, {type: 'health_check'}>): CoordinatorState {
+  if (s.run_state !== 'RoundTrain' && s.run_state !== 'RoundWitness') throw new Reject('InvalidRunState', `health checks are accepted during rounds, not in ${s.run_state}`)
+  const judged = s.epoch.previous_round
+  // Results arrive one round late, so a round can only be judged once the next one is under way.
+  if (!judged) throw new Reject('NoActiveRound', 'no finished round in this epoch to judge yet')
+  const reporter = clientIndex(s, event.from)
+  if (reporter < 0 || s.epoch.clients[reporter].state !== 'Healthy') throw new Reject('InvalidHealthCheck', `reporter ${event.from} is not a healthy client of this epoch`)
+  if (!Array.isArray(event.accused) || event.accused.length === 0) throw new Reject('InvalidHealthCheck', 'a health check must accuse at least one client')
+  for (const id of event.accused) {
+    const range = batchRangeFor(s, id, judged)
+    if (!range) throw new Reject('InvalidHealthCheck', `client ${id} did not train in step ${judged.step}`)
+    if (range.start === range.end) throw new Reject('InvalidHealthCheck', `client ${id} had no batches in step ${judged.step}, so it had nothing to send`)
+    if (isTrainerHealthy(s, judged, id)) throw new Reject('InvalidHealthCheck', `client ${id} is healthy: a witness quorum saw its results for step ${judged.step}`)
+  }
+  let clients: Client[] | undefined
+  for (const id of new Set(event.accused)) {
+    const i = clientIndex(s, id)
+    if (i >= 0 && s.epoch.clients[i].state === 'Healthy') {
+      clients ??= s.epoch.clients.slice()
+      clients[i] = {id, state: 'Dropped'}
+    }
+  }
+  return clients ? {...s, epoch: {...s.epoch, clients}} : s
+}
+
+function onPause(s: CoordinatorState, now: number): CoordinatorState {
+  if (HALTED.includes(s.run_state)) throw new Reject('Halted', `the run is already ${s.run_state}`)
+  if (ACTIVE.includes(s.run_state)) return {...s, pending_pause: true}
+  return changeState(startWaitingForMembersPending(s), now, 'Paused')
+}
+
+function onResume(s: CoordinatorState, now: number): CoordinatorState {
+  if (s.run_state !== 'Paused' && s.run_state !== 'Uninitialized') throw new Reject('CannotResume', `the run is ${s.run_state}, not Paused`)
+  return changeState(s, now, s.progress.step > s.config.total_steps ? 'Finished' : 'WaitingForMembers')
+}
+
+function onCheckpoint(s: CoordinatorState, event: Extract<CoordinatorEvent, {type: 'checkpoint'}>): CoordinatorState {
+  if (s.run_state !== 'Cooldown') throw new Reject('InvalidRunState', `checkpoints are reported in Cooldown, not ${s.run_state}`)
+  if (clientIndex(s, event.from) < 0) throw new Reject('UnknownClient', `client ${event.from} is not in this epoch`)
+  if (s.epoch.checkpointed) throw new Reject('AlreadyCheckpointed', 'this epoch is already checkpointed')
+  if (typeof event.repo?.repo_id !== 'string' || event.repo.repo_id === '') throw new Reject('InvalidEvent', 'checkpoint repo_id must be a non-empty string')
+  const repo: HubRepo = event.repo.revision === undefined ? {repo_id: event.repo.repo_id} : {repo_id: event.repo.repo_id, revision: event.repo.revision}
+  const checkpoint = s.model.LLM.checkpoint
+  const next: CheckpointConfig = isP2P(checkpoint) ? {P2P: repo} : typeof checkpoint === 'object' && 'Hub' in checkpoint ? {Hub: repo} : checkpoint
+  return {...s, checkpoint_fallback: {Hub: repo}, model: {LLM: {...s.model.LLM, checkpoint: next}}, epoch: {...s.epoch, checkpointed: true}}
+}
+
+function onConfigUpdate(s: CoordinatorState, event: Extract<CoordinatorEvent, {type: 'config_update'}>): CoordinatorState {
+  if (s.run_state !== 'Paused' && s.run_state !== 'Uninitialized') throw new Reject('InvalidRunState', `the configuration can change only while Paused or Uninitialized, not ${s.run_state}`)
+  const result = validateRunConfig(event.config ?? s.config, event.model ?? s.model, 'config_update')
+  if ('issues' in result) throw new Reject('InvalidConfig', formatIssue(result.issues[0]))
+  return {...s, config: result.config as CoordinatorConfig, model: result.model as {LLM: LLMConfig}}
+}
+
+function checkId(id: unknown, field: string): void {
+  if (typeof id !== 'string' || id === '') throw new Reject('InvalidEvent', `${field} must be a non-empty client id`)
+}
+
+function apply(s: CoordinatorState, event: CoordinatorEvent, now: number): CoordinatorState {
+  switch (event.type) {
+    case 'tick':
+      if (event.entropy !== undefined && typeof event.entropy !== 'string') throw new Reject('InvalidEvent', 'tick entropy must be text')
+      return onTick(s, now, event.entropy)
+    case 'join':
+      checkId(event.id, 'id')
+      return onJoin(s, event.id)
+    case 'withdraw':
+      checkId(event.id, 'id')
+      return onWithdraw(s, event.id)
+    case 'eject':
+      checkId(event.id, 'id')
+      return onEject(s, event.id)
+    case 'witness':
+      checkId(event.from, 'from')
+      if (HALTED.includes(s.run_state)) throw new Reject('Halted', `the run is ${s.run_state}`)
+      return onWitness(s, now, event)
+    case 'health_check':
+      checkId(event.from, 'from')
+      if (HALTED.includes(s.run_state)) throw new Reject('Halted', `the run is ${s.run_state}`)
+      return onHealthCheck(s, event)
+    case 'pause':
+      return onPause(s, now)
+    case 'resume':
+      return onResume(s, now)
+    case 'checkpoint':
+      checkId(event.from, 'from')
+      return onCheckpoint(s, event)
+    case 'config_update':
+      return onConfigUpdate(s, event)
+    default:
+      throw new Reject('InvalidEvent', `unknown event type ${JSON.stringify((event as {type?: unknown}).type)}`)
+  }
+}
+
+/**
+ * Applies one event at time `now` (unix seconds, from the backend). Returns the new state, or the
+ * same state and `error` when the event is rejected (wrong phase, not a witness, duplicate, ...).
+ */
+export function applyEvent(state: CoordinatorState, event: CoordinatorEvent, now: number): ApplyResult {
+  if (!Number.isFinite(now) || now < 0) return {state, error: {code: 'InvalidEvent', message: `time ${now} must be a non-negative number of seconds`}}
+  try {
+    return {state: apply(state, event, now)}
+  } catch (error) {
+    if (error instanceof Reject) return {state, error: {code: error.code, message: error.message} satisfies Rejection}
+    throw error
+  }
+}
+
+/** Ticks the run forward at `now`: at most one phase transition. A halted run is returned unchanged. */
+export function tick(state: CoordinatorState, now: number, entropy?: string): CoordinatorState {
+  return applyEvent(state, entropy === undefined ? {type: 'tick'} : {type: 'tick', entropy}, now).state
+}

@@ -1,0 +1,177 @@
+import {BloomFilter, bloomParamsFor, type BloomParams} from '../protocol/bloom.js'
+import type {CoordinatorConfig} from '../config/types.js'
+import {sha256, subSeed, u64le} from './hash.js'
+import {shuffleAll, shuffledIndex, unshuffledIndex} from './shuffle.js'
+import type {ClientId, CoordinatorState, Round} from './types.js'
+
+/**
+ * The coordinator's derived rules, as pure functions anyone can call: the coordinator to check a
+ * proof, a client to find its batches, a verifier to recompute either.
+ */
+
+/** With witness_nodes = 0, every client witnesses, up to this many (Psyche's SOLANA_MAX_NUM_WITNESSES). */
+export const MAX_AUTO_WITNESSES = 32
+/** Witness blooms are sized for this false-positive rate (Psyche's BLOOM_FALSE_RATE). */
+export const WITNESS_BLOOM_FALSE_RATE = 0.01
+
+/** Batch ids [start, end) (end exclusive). */
+export interface BatchRange {
+  start: number
+  end: number
+}
+
+/**
+ * The global batch size once `tokensProcessed` tokens have been trained on: linear from start to end
+ * over global_batch_size_warmup_tokens, rounded to the nearest batch (Psyche's get_batch_size).
+ */
+export function globalBatchSize(config: CoordinatorConfig, tokensProcessed: number): number {
+  const {global_batch_size_start: start, global_batch_size_end: end, global_batch_size_warmup_tokens: warmup} = config
+  if (tokensProcessed >= warmup) return end
+  return Math.round(start + ((end - start) * tokensProcessed) / warmup)
+}
+
+/** The first batch id of the next round to start. Rounds follow each other without gaps or overlap. */
+export function nextDataIndex(state: CoordinatorState): number {
+  const round = state.epoch.round
+  return round ? round.data_index + round.batch_size : state.progress.epoch_start_data_index
+}
+
+/**
+ * The global batch size of `step` (default: the current round, or the next one if none is active).
+ * Known for the current and previous round, and for the next step; other steps throw a RangeError.
+ */
+export function batchSizeForStep(state: CoordinatorState, step?: number): number {
+  const {round, previous_round: previous} = state.epoch
+  const active = round && (state.run_state === 'RoundTrain' || state.run_state === 'RoundWitness')
+  const wanted = step ?? (active ? round!.step : state.progress.step)
+  if (round && round.step === wanted) return round.batch_size
+  if (previous && previous.step === wanted) return previous.batch_size
+  if (wanted === state.progress.step) return globalBatchSize(state.config, nextDataIndex(state) * state.model.LLM.max_seq_len)
+  throw new RangeError(`step ${wanted} is neither the current, the previous nor the next round`)
+}
+
+/** How many witnesses a round with `rosterSize` trainers has. */
+export function witnessCount(config: CoordinatorConfig, rosterSize: number): number {
+  const wanted = config.witness_nodes === 0 ? MAX_AUTO_WITNESSES : config.witness_nodes
+  return Math.min(wanted, rosterSize)
+}
+
+/** Witness proofs needed for a quorum among `witnesses` witnesses: Psyche's 1→1, 2→2, 3→2, n→⌊2n/3⌋. */
+export function witnessQuorum(witnesses: number): number {
+  if (witnesses <= 2) return witnesses
+  if (witnesses === 3) return 2
+  return Math.floor((witnesses * 2) / 3)
+}
+
+/** The current round, or throws if there is none (before the first RoundTrain of an epoch). */
+function roundOf(state: CoordinatorState, round?: Round | null): Round {
+  const r = round ?? state.epoch.round
+  if (!r) throw new RangeError('no round in this epoch yet')
+  return r
+}
+
+const assignmentMemo = new WeakMap<Round, Map<ClientId, BatchRange>>()
+const witnessMemo = new WeakMap<Round, ClientId[]>()
+
+/** The batch range of the trainer at shuffled `position` among `trainers`: contiguous, sizes differing by at most one. */
+export function rangeForPosition(round: Pick<Round, 'data_index' | 'batch_size'>, trainers: number, position: number): BatchRange {
+  const base = Math.floor(round.batch_size / trainers)
+  const extra = round.batch_size % trainers
+  const start = round.data_index + position * base + Math.min(position, extra)
+  return {start, end: start + base + (position < extra ? 1 : 0)}
+}
+
+/**
+ * Every trainer's batch range for the round (default: current): the round's batches split into
+ * contiguous ranges, handed out in an order shuffled by the round seed. With more trainers than
+ * batches, the last positions get empty ranges (start = end).
+ */
+export function assignBatches(state: CoordinatorState, round?: Round | null): Map<ClientId, BatchRange> {
+  const r = roundOf(state, round)
+  const hit = assignmentMemo.get(r)
+  if (hit) return hit
+  const n = r.roster.length
+  const positions = shuffleAll(n, subSeed(r.seed, 'data'))
+  const out = new Map<ClientId, BatchRange>()
+  for (let i = 0; i < n; i++) out.set(r.roster[i], rangeForPosition(r, n, positions[i]))
+  assignmentMemo.set(r, out)
+  return out
+}
+
+/** One client's batch range (O(1) hashes, unlike assignBatches), or undefined if it is not a trainer of the round. */
+export function batchRangeFor(state: CoordinatorState, id: ClientId, round?: Round | null): BatchRange | undefined {
+  const r = roundOf(state, round)
+  const index = r.roster.indexOf(id)
+  if (index < 0) return undefined
+  return rangeForPosition(r, r.roster.length, shuffledIndex(index, r.roster.length, subSeed(r.seed, 'data')))
+}
+
+/** The round's witnesses (default: current round), in witness order: those the seed shuffles to the first positions. */
+export function selectWitnesses(state: CoordinatorState, round?: Round | null): ClientId[] {
+  const r = roundOf(state, round)
+  const hit = witnessMemo.get(r)
+  if (hit) return hit
+  const n = r.roster.length
+  const seed = subSeed(r.seed, 'witness')
+  const out: ClientId[] = []
+  for (let p = 0; p < witnessCount(state.config, n); p++) out.push(r.roster[unshuffledIndex(p, n, seed)])
+  witnessMemo.set(r, out)
+  return out
+}
+
+export function isWitness(state: CoordinatorState, id: ClientId, round?: Round | null): boolean {
+  const r = roundOf(state, round)
+  const index = r.roster.indexOf(id)
+  if (index < 0) return false
+  return shuffledIndex(index, r.roster.length, subSeed(r.seed, 'witness')) < witnessCount(state.config, r.roster.length)
+}
+
+/** Size of both witness blooms for a round of `rosterSize` trainers. */
+export function witnessBloomParams(rosterSize: number): BloomParams {
+  return bloomParamsFor(rosterSize, WITNESS_BLOOM_FALSE_RATE)
+}
+
+/** The participant-bloom key of a client: a witness adds it once it received that client's results. */
+export function participantKey(id: ClientId): Buffer {
+  return sha256(Buffer.from('psyche/participant\0', 'utf8'), Buffer.from(id, 'utf8'))
+}
+
+/** The broadcast-bloom key of one result: (client, batch range, commitment hash). */
+export function broadcastKey(id: ClientId, range: BatchRange, commitment: Uint8Array): Buffer {
+  return sha256(Buffer.from('psyche/broadcast\0', 'utf8'), Buffer.from(id, 'utf8'), Buffer.from([0]), u64le(range.start), u64le(range.end), commitment)
+}
+
+/** Builds a witness proof's blooms for a round from what the witness received. */
+export function buildWitnessProof(round: Round, seen: {id: ClientId; range: BatchRange; commitment: Uint8Array}[]): {participant_bloom: string; broadcast_bloom: string} {
+  const params = witnessBloomParams(round.roster.length)
+  const participants = new BloomFilter(params)
+  const broadcasts = new BloomFilter(params)
+  for (const s of seen) {
+    participants.add(participantKey(s.id))
+    broadcasts.add(broadcastKey(s.id, s.range, s.commitment))
+  }
+  return {participant_bloom: participants.toBase64(), broadcast_bloom: broadcasts.toBase64()}
+}
+
+function blooms(round: Round, which: 'participant_bloom' | 'broadcast_bloom'): BloomFilter[] {
+  const params = witnessBloomParams(round.roster.length)
+  return round.witnesses.map((w) => BloomFilter.fromBase64(params, w[which]))
+}
+
+/** How many of the round's witnesses saw results from `id` (Psyche's trainer_healthy_score_by_witnesses). */
+export function trainerHealthScore(round: Round, id: ClientId): number {
+  const key = participantKey(id)
+  return blooms(round, 'participant_bloom').filter((b) => b.contains(key)).length
+}
+
+/** A trainer is healthy in a round when a quorum of that round's witnesses saw its results. */
+export function isTrainerHealthy(state: CoordinatorState, round: Round, id: ClientId): boolean {
+  return trainerHealthScore(round, id) >= witnessQuorum(witnessCount(state.config, round.roster.length))
+}
+
+/** True when a quorum of the round's witnesses saw this exact result: clients apply only such results. */
+export function isResultWitnessed(state: CoordinatorState, round: Round, id: ClientId, range: BatchRange, commitment: Uint8Array): boolean {
+  const key = broadcastKey(id, range, commitment)
+  const score = blooms(round, 'broadcast_bloom').filter((b) => b.contains(key)).length
+  return score >= witnessQuorum(witnessCount(state.config, round.roster.length))
+}

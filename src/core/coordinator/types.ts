@@ -1,0 +1,135 @@
+import type {CheckpointConfig, CoordinatorConfig, HubRepo, LLMConfig, RunState} from '../config/types.js'
+
+export type {RunState} from '../config/types.js'
+
+/** A client's standing in the current epoch (Psyche's ClientState). */
+export type ClientState = 'Healthy' | 'Dropped' | 'Withdrawn' | 'Ejected'
+
+/** A client identity: its public key or peer id, as text. Compared exactly. */
+export type ClientId = string
+
+export interface Client {
+  id: ClientId
+  state: ClientState
+}
+
+export interface ExitedClient extends Client {
+  /** Height of the round at whose end the client left the epoch. */
+  exited_height: number
+}
+
+/** A witness proof as the coordinator keeps it: who sent it and its two bloom filters (base64). */
+export interface WitnessRecord {
+  from: ClientId
+  /** Clients whose results this witness received (keys from participantKey). */
+  participant_bloom: string
+  /** (client, batch range, commitment) triples it received (keys from broadcastKey). */
+  broadcast_bloom: string
+}
+
+/** One training round: everything a client needs to compute its batches and whether it witnesses. */
+export interface Round {
+  step: number
+  /** Index of the round within its epoch, from 0. */
+  height: number
+  /** First batch id of the round; its batches are [data_index, data_index + batch_size). */
+  data_index: number
+  /** The global batch size for this round (ramped over tokens). */
+  batch_size: number
+  /** 32-byte hex seed: data assignment and witness selection derive from it. */
+  seed: string
+  started_at: number
+  /** Client ids in epoch order at the round's start: the trainers. */
+  roster: ClientId[]
+  witnesses: WitnessRecord[]
+}
+
+export interface EpochState {
+  /** When the epoch's Warmup began (epoch_time counts from here). */
+  start_time: number
+  start_step: number
+  first_round: boolean
+  checkpointed: boolean
+  /** The epoch started after a pause: clients warm the optimizer up again (cold_start_warmup_steps). */
+  cold_start: boolean
+  clients: Client[]
+  exited: ExitedClient[]
+  /** Clients that reported their model loaded during Warmup. */
+  warmup_witnesses: ClientId[]
+  round: Round | null
+  previous_round: Round | null
+}
+
+/** The coordinator's whole state: serializable (serializeState), and never mutated by this module. */
+export interface CoordinatorState {
+  version: 1
+  run_id: string
+  run_state: RunState
+  /** Unix seconds when run_state was entered; phase timeouts count from here. */
+  run_state_start: number
+  config: CoordinatorConfig
+  model: {LLM: LLMConfig}
+  /** The last non-P2P checkpoint, which new clients fall back to if every previous client has left. */
+  checkpoint_fallback: CheckpointConfig | null
+  /** 32-byte hex; each round's seed is derived from the previous one (and the tick's entropy). */
+  seed: string
+  progress: {epoch: number; step: number; epoch_start_data_index: number}
+  epoch: EpochState
+  /** Clients that will take part in the next epoch, in join order. */
+  pending: ClientId[]
+  pending_pause: boolean
+}
+
+export interface WitnessProof {
+  participant_bloom: string
+  broadcast_bloom: string
+}
+
+/**
+ * What can happen to a run. `now` is passed beside the event (applyEvent), never read from a clock.
+ * - join / withdraw: a client asks to take part in (or leave) the run.
+ * - tick: time passed; `entropy` (hex, optional) is mixed into the next round's seed by backends that have some.
+ * - witness: a witness proof for `step` (in Warmup: "my model is loaded", blooms ignored).
+ * - health_check: `from` says the `accused` trained nothing its witnesses saw in the previous round.
+ * - pause / resume / config_update: the run's authority.
+ * - checkpoint: a client uploaded the model at the end of the epoch (Cooldown).
+ * - eject: the authority removes a client (ours: Psyche has the state but no event).
+ */
+export type CoordinatorEvent =
+  | {type: 'join'; id: ClientId}
+  | {type: 'withdraw'; id: ClientId}
+  | {type: 'tick'; entropy?: string}
+  | {type: 'witness'; from: ClientId; step: number; proof: WitnessProof}
+  | {type: 'health_check'; from: ClientId; accused: ClientId[]}
+  | {type: 'pause'}
+  | {type: 'resume'}
+  | {type: 'checkpoint'; from: ClientId; repo: HubRepo}
+  | {type: 'config_update'; config?: CoordinatorConfig; model?: {LLM: LLMConfig}}
+  | {type: 'eject'; id: ClientId}
+
+export type RejectionCode =
+  | 'Halted'
+  | 'InvalidRunState'
+  | 'AlreadyJoined'
+  | 'UnknownClient'
+  | 'InvalidWithdraw'
+  | 'InvalidWitness'
+  | 'DuplicateWitness'
+  | 'WrongStep'
+  | 'NoActiveRound'
+  | 'InvalidHealthCheck'
+  | 'AlreadyCheckpointed'
+  | 'CannotResume'
+  | 'InvalidConfig'
+  | 'InvalidEvent'
+
+/** Why an event was rejected; the state is then unchanged. Plain data, so a backend can send it back. */
+export interface Rejection {
+  code: RejectionCode
+  message: string
+}
+
+export interface ApplyResult {
+  state: CoordinatorState
+  error?: Rejection
+}
