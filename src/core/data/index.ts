@@ -68,7 +68,7 @@ export async function openDataProvider(location: DataLocation, options: OpenData
     const sources = await openHttpSources(urls, options.http)
     const files = await Promise.all(sources.map((s) => TokenFile.fromSource(s, tokenSize)))
     const description = urls.length === 1 ? urls[0] : `${urls[0]} … (${urls.length} files)`
-    return new TokenFilesProvider(description, files, {seqLen: options.seqLen, vocabSize: options.vocabSize, wrap: options.wrap, shuffleSeed, concurrency: 8})
+    return new TokenFilesProvider(description, files, {seqLen: options.seqLen, vocabSize: options.vocabSize, wrap: options.wrap, shuffleSeed})
   }
   throw new PsycheError(`${where}: ${JSON.stringify(keys[0])} is not supported here (supported: Local, Http, Server)`)
 }
