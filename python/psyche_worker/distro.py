@@ -158,9 +158,9 @@ class ChunkedDCT:
     2-D [R, C] with chunk [cr, cc]: coefficients[chunk, i*cc + j] where chunks are numbered row-major
     over the [R/cr, C/cc] grid, C_chunk = D_r @ X_chunk @ D_c^T. 1-D [N] with chunk [c]: [N/c, c]."""
 
-    def __init__(self, shape: tuple[int, ...], chunk: tuple[int, ...]):
+    def __init__(self, shape: tuple[int, ...], chunk: tuple[int, ...], device: torch.device | str = "cpu"):
         self.shape, self.chunk = shape, chunk
-        self.bases = [dct_matrix(c) for c in chunk]
+        self.bases = [dct_matrix(c).to(device) for c in chunk]
         if len(shape) == 2:
             self.grid = (shape[0] // chunk[0], shape[1] // chunk[1])
         else:
@@ -243,7 +243,7 @@ class DistroOptimizer:
             chunk = tuple(largest_divisor_at_most(s, config.compression_chunk) for s in shape)
             topk = min(config.compression_topk, math.prod(chunk))
             self.specs.append(TensorSpec(name, shape, chunk, topk))
-            self.transforms.append(ChunkedDCT(shape, chunk))
+            self.transforms.append(ChunkedDCT(shape, chunk, p.device))
         self.momentum = [torch.zeros_like(p, dtype=torch.float32, memory_format=torch.contiguous_format)
                          for p in self.params]
         self._committed: list[torch.Tensor] | None = None  # params before the speculative update, if any
@@ -282,7 +282,7 @@ class DistroOptimizer:
             indices, values = topk_per_chunk(coeffs, spec.topk)
             m.sub_(transform.inverse_sparse(indices, values))
             payload, exponent, decoded = quantize_values(values, self.value_format)
-            idx_np = indices.numpy()
+            idx_np = indices.cpu().numpy()
             encoded.append(EncodedTensor(spec, idx_np, payload, exponent))
             own.append(DecodedTensor(spec, idx_np, decoded.reshape(values.shape)))
         result = encode_result(encoded, self.value_format)
@@ -345,13 +345,13 @@ class DistroOptimizer:
                 keys = indices + np.arange(indices.shape[0], dtype=np.int64)[:, None] * transform.chunk_elems
                 _, inverse, counts = np.unique(keys.reshape(-1), return_inverse=True, return_counts=True)
                 values = values / counts[inverse].reshape(values.shape)
-            idx_t = torch.from_numpy(indices)
-            val_t = torch.from_numpy(values.astype(np.float32))
+            idx_t = torch.from_numpy(indices).to(p.device)
+            val_t = torch.from_numpy(values.astype(np.float32)).to(p.device)
             if indices.shape[1] < sum(transform.chunk):
                 direction = transform.inverse_sparse(idx_t, val_t)
             else:
-                dense = torch.zeros(transform.n_chunks, transform.chunk_elems, dtype=torch.float64)
-                dense.scatter_add_(1, idx_t, torch.from_numpy(values))
+                dense = torch.zeros(transform.n_chunks, transform.chunk_elems, dtype=torch.float64, device=p.device)
+                dense.scatter_add_(1, idx_t, torch.from_numpy(values).to(p.device))
                 direction = transform.inverse(dense.to(torch.float32))
             sign = torch.sign(direction)
             signs.append(sign.to(torch.int8))

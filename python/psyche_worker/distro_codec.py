@@ -89,7 +89,7 @@ def index_bits_for(chunk_elems: int) -> int:
 def quantize_values(values: torch.Tensor, value_format: int) -> tuple[bytes, int, np.ndarray]:
     """Quantize float values for the wire. Returns (payload bytes, fp16 exponent or 0, the exact
     float64 values a decoder will read back)."""
-    flat = values.detach().reshape(-1).to(torch.float32)
+    flat = values.detach().reshape(-1).to(device="cpu", dtype=torch.float32)
     if value_format == VALUE_SIGN:
         negative = (flat < 0).numpy()
         decoded = np.where(negative, -1.0, 1.0)
