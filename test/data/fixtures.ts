@@ -56,7 +56,7 @@ export async function writeTokenFiles(dir: string, files: Array<{name: string; i
   for (const f of files) await writeFile(join(dir, f.name), f.name.endsWith('.npy') ? npy(f.ids, f.tokenSize) : encode(f.ids, f.tokenSize))
 }
 
-export type HttpMode = 'range' | 'ignore-range' | 'truncate' | 'fail-then-range' | 'always-500'
+export type HttpMode = 'range' | 'ignore-range' | 'truncate' | 'fail-then-range' | 'always-500' | 'hang'
 
 /**
  * A real HTTP server on 127.0.0.1 serving files from `dir`: HEAD with Content-Length, GET with Range → 206.
@@ -76,6 +76,10 @@ export async function serveDirectory(dir: string, mode: () => HttpMode = () => '
       return
     }
     const m = mode()
+    if (m === 'hang' && req.method === 'GET') {
+      res.on('close', () => res.destroy())
+      return
+    }
     if (m === 'always-500' || (m === 'fail-then-range' && req.method === 'GET' && failures++ % 2 === 0)) {
       res.writeHead(503).end()
       return

@@ -54,6 +54,10 @@ describe('HTTP data provider', () => {
     assert.deepEqual(await provider.getSamples([2]), ids.slice(2 * SEQ, 3 * SEQ + 1))
     mode = 'always-500'
     await assert.rejects(provider.getSamples([3]), new RegExp(`${base}/a.bin: server down or unreachable: GET bytes=48-65 failed 3 times \\(last: HTTP 503\\)`))
+    mode = 'hang'
+    const slow = await openDataProvider(http({SingleUrl: `${base}/a.bin`}), {seqLen: SEQ, http: {...fast, timeoutMs: 100, attempts: 2}})
+    await assert.rejects(slow.getSamples([1]), new RegExp(`${base}/a.bin: server down or unreachable: GET bytes=16-33 failed 2 times \\(last: timed out after 100 ms\\)`))
+    server.closeAllConnections()
     await new Promise((resolve) => server.close(resolve))
     await assert.rejects(openDataProvider(http({SingleUrl: `${base}/b.bin`}), {seqLen: SEQ, http: fast}), new RegExp(`${base}/b.bin: server down or unreachable: HEAD failed 3 times \\(last: ECONNREFUSED\\)`))
   })
