@@ -26,6 +26,11 @@ describe('HTTP data provider', () => {
     assert.ok(requests.includes(`GET /shard-008.ds bytes=${SEQ * 4}-${2 * SEQ * 4 + 3}`))
     await openDataProvider(location, {seqLen: SEQ, http: fast})
     assert.equal(requests.filter((r) => r.startsWith('HEAD')).length, 2, 'file sizes are cached')
+    // Consecutive unshuffled batches in one file share one range request (windows overlap by one id).
+    requests.length = 0
+    const run = await provider.getSamples([1, 2, 3, 6])
+    assert.deepEqual(requests, [`GET /shard-007.ds bytes=${SEQ * 4}-${(4 * SEQ + 1) * 4 - 1}`, `GET /shard-008.ds bytes=0-${(SEQ + 1) * 4 - 1}`])
+    assert.deepEqual(run.subarray(2 * (SEQ + 1), 3 * (SEQ + 1)), files[0].slice(3 * SEQ, 4 * SEQ + 1))
   })
 
   it('tells a server that ignores Range, a truncated body and a refused range apart, naming URL and batch', async () => {

@@ -1,4 +1,4 @@
-import {SampleLayout, checkVocab, type LayoutOptions} from './batches.js'
+import {SampleLayout, checkVocab, type LayoutOptions, type SampleWindow} from './batches.js'
 import type {TokenFile} from './token-file.js'
 
 /** What a client asks of any data source: the samples for some batch ids, identical whichever provider serves them. */
@@ -33,6 +33,18 @@ export async function forEachLimited(count: number, limit: number, task: (index:
   await Promise.all(Array.from({length: Math.min(limit, count)}, worker))
 }
 
+/** Groups rows whose windows follow each other in one file (as unshuffled consecutive batch ids do), in request order. */
+function contiguousRuns(windows: readonly SampleWindow[], seqLen: number): number[][] {
+  const runs: number[][] = []
+  for (let row = 0; row < windows.length; row++) {
+    const run = runs.at(-1)
+    const last = run && windows[run.at(-1)!]
+    if (run && last && windows[row].file === last.file && windows[row].start === last.start + seqLen && run.length < 64) run.push(row)
+    else runs.push([row])
+  }
+  return runs
+}
+
 /**
  * A provider over a list of token files, local or remote: the layout picks (file, start) per batch id,
  * the files supply the bytes. The local and HTTP providers and the TCP data server are all this class.
@@ -65,11 +77,20 @@ export class TokenFilesProvider implements DataProvider {
     const out = new Uint32Array(batchIds.length * rowLength)
     // Resolve every id first: a bad batch fails the whole request before any read.
     const windows = batchIds.map((id) => this.layout.locate(id, this.description, options.wrap))
-    await forEachLimited(windows.length, this.options.concurrency ?? 16, async (row) => {
-      const {file, start, length} = windows[row]
+    const runs = contiguousRuns(windows, this.options.seqLen)
+    await forEachLimited(runs.length, this.options.concurrency ?? 16, async (index) => {
+      const rows = runs[index]
+      const {file, start} = windows[rows[0]]
       const source = this.files[file]
-      await source.readInto(start, length, out, row * rowLength)
-      checkVocab(out, row * rowLength, rowLength, this.options.vocabSize, batchIds[row], source.path)
+      if (rows.length === 1) {
+        await source.readInto(start, rowLength, out, rows[0] * rowLength)
+      } else {
+        // Consecutive windows overlap by one id: one read of n·seqLen + 1 ids serves them all.
+        const span = new Uint32Array(rows.length * this.options.seqLen + 1)
+        await source.readInto(start, span.length, span)
+        rows.forEach((row, k) => out.set(span.subarray(k * this.options.seqLen, k * this.options.seqLen + rowLength), row * rowLength))
+      }
+      for (const row of rows) checkVocab(out, row * rowLength, rowLength, this.options.vocabSize, batchIds[row], source.path)
     })
     return out
   }
