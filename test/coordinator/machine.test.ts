@@ -1,0 +1,417 @@
+import assert from 'node:assert/strict'
+import {describe, it} from 'node:test'
+import {
+  applyEvent,
+  assignBatches,
+  batchSizeForStep,
+  createCoordinator,
+  isWitness,
+  selectWitnesses,
+  tick,
+  witnessBloomParams,
+  type CoordinatorState,
+} from '../../src/core/coordinator/index.js'
+import {BloomFilter} from '../../src/core/protocol/bloom.js'
+import {loadRunConfigFile} from '../../src/core/config/index.js'
+import {baseConfig, baseLLM, honestProof, joinAll, newRun, ok, rejected, toFirstRound, witnessAll} from './helpers.js'
+
+const ids = (n: number, prefix = 'c') => Array.from({length: n}, (_, i) => `${prefix}${i}`)
+
+/** Ticks once a second until the phase changes (or `limit` seconds pass). */
+function tickUntilChange(state: CoordinatorState, now: number, limit = 200): {state: CoordinatorState; now: number} {
+  const phase = state.run_state
+  for (let i = 0; i < limit; i++) {
+    state = tick(state, ++now)
+    if (state.run_state !== phase) return {state, now}
+  }
+  throw new Error(`stayed in ${phase} for ${limit}s`)
+}
+
+describe('WaitingForMembers → Warmup', () => {
+  it('waits for init_min_clients pending clients', () => {
+    let s = joinAll(newRun(), ids(2), 0)
+    for (let t = 1; t <= 20; t++) s = tick(s, t)
+    assert.equal(s.run_state, 'WaitingForMembers')
+    s = ok(s, {type: 'join', id: 'c2'}, 20)
+    s = tick(s, 21)
+    assert.equal(s.run_state, 'Warmup')
+    assert.deepEqual(s.epoch.clients.map((c) => c.id), ['c0', 'c1', 'c2'])
+    assert.deepEqual(s.pending, [])
+    assert.ok(s.epoch.clients.every((c) => c.state === 'Healthy'))
+  })
+
+  it('waits the extra time after entering the phase, so more clients can join', () => {
+    let s = joinAll(newRun({waiting_for_members_extra_time: 3}), ids(3), 0)
+    s = tick(s, 2)
+    assert.equal(s.run_state, 'WaitingForMembers')
+    s = tick(s, 3)
+    assert.equal(s.run_state, 'Warmup')
+    assert.equal(s.run_state_start, 3)
+  })
+
+  it('never transitions in the second the phase began', () => {
+    const s = tick(joinAll(newRun({waiting_for_members_extra_time: 0}), ids(3), 0), 0)
+    assert.equal(s.run_state, 'WaitingForMembers')
+  })
+})
+
+describe('Warmup', () => {
+  const warm = () => tick(joinAll(newRun(), ids(3), 0), 3)
+
+  it('→ RoundTrain when warmup_time elapses', () => {
+    let s = warm()
+    s = tick(s, 12)
+    assert.equal(s.run_state, 'Warmup')
+    s = tick(s, 13)
+    assert.equal(s.run_state, 'RoundTrain')
+    assert.equal(s.epoch.round!.step, 1)
+    assert.equal(s.epoch.round!.height, 0)
+  })
+
+  it('→ RoundTrain as soon as a round\'s worth of clients report the model loaded', () => {
+    let s = warm()
+    s = ok(s, {type: 'witness', from: 'c0', step: 1, proof: {participant_bloom: '', broadcast_bloom: ''}}, 4)
+    assert.equal(s.run_state, 'Warmup')
+    rejected(s, {type: 'witness', from: 'c0', step: 1, proof: {participant_bloom: '', broadcast_bloom: ''}}, 4, 'DuplicateWitness')
+    rejected(s, {type: 'witness', from: 'stranger', step: 1, proof: {participant_bloom: '', broadcast_bloom: ''}}, 4, 'InvalidWitness')
+    s = ok(s, {type: 'witness', from: 'c2', step: 1, proof: {participant_bloom: '', broadcast_bloom: ''}}, 5)
+    assert.equal(s.run_state, 'RoundTrain') // witness_nodes = 2
+  })
+
+  it('→ WaitingForMembers when clients fall below min_clients, keeping the rest as pending', () => {
+    let s = warm()
+    s = ok(s, {type: 'withdraw', id: 'c0'}, 4)
+    s = tick(s, 5)
+    assert.equal(s.run_state, 'Warmup') // 2 left = min_clients
+    s = ok(s, {type: 'withdraw', id: 'c1'}, 6)
+    s = ok(s, {type: 'join', id: 'late'}, 6)
+    s = tick(s, 7)
+    assert.equal(s.run_state, 'WaitingForMembers')
+    assert.deepEqual(s.pending, ['c2', 'late'])
+  })
+})
+
+describe('RoundTrain → RoundWitness', () => {
+  it('on a witness quorum (opportunistic witnessing)', () => {
+    let {state: s, now} = toFirstRound(ids(5), {witness_nodes: 3, min_clients: 3})
+    const [w0, w1] = selectWitnesses(s)
+    s = ok(s, {type: 'witness', from: w0, step: 1, proof: honestProof(s)}, now)
+    assert.equal(s.run_state, 'RoundTrain') // quorum of 3 is 2
+    s = ok(s, {type: 'witness', from: w1, step: 1, proof: honestProof(s)}, now + 1)
+    assert.equal(s.run_state, 'RoundWitness')
+    assert.equal(s.run_state_start, now + 1)
+  })
+
+  it('when max_round_train_time elapses without a quorum', () => {
+    let {state: s, now} = toFirstRound(ids(3))
+    const start = now
+    ;({state: s, now} = tickUntilChange(s, now))
+    assert.equal(s.run_state, 'RoundWitness')
+    assert.equal(now, start + baseConfig.max_round_train_time)
+  })
+
+  it('rejects proofs from non-witnesses, for another step, twice, or with a bloom of the wrong size', () => {
+    const {state: s, now} = toFirstRound(ids(6), {witness_nodes: 2})
+    const witnesses = selectWitnesses(s)
+    const outsider = s.epoch.round!.roster.find((id) => !witnesses.includes(id))!
+    assert.equal(isWitness(s, outsider), false)
+    rejected(s, {type: 'witness', from: outsider, step: 1, proof: honestProof(s)}, now, 'InvalidWitness')
+    rejected(s, {type: 'witness', from: witnesses[0], step: 2, proof: honestProof(s)}, now, 'WrongStep')
+    const tooSmall = new BloomFilter({bits: 512, hashes: 3}).toBase64()
+    rejected(s, {type: 'witness', from: witnesses[0], step: 1, proof: {participant_bloom: tooSmall, broadcast_bloom: tooSmall}}, now, 'InvalidWitness')
+    const once = ok(s, {type: 'witness', from: witnesses[0], step: 1, proof: honestProof(s)}, now)
+    rejected(once, {type: 'witness', from: witnesses[0], step: 1, proof: honestProof(s)}, now, 'DuplicateWitness')
+  })
+
+  it('rejects proofs outside rounds', () => {
+    const s = joinAll(newRun(), ids(3), 0)
+    rejected(s, {type: 'witness', from: 'c0', step: 1, proof: {participant_bloom: '', broadcast_bloom: ''}}, 1, 'InvalidRunState')
+  })
+})
+
+describe('RoundWitness →', () => {
+  it('the next RoundTrain after round_witness_time: next step, next batches, fresh seed', () => {
+    let {state: s, now} = toFirstRound(ids(3))
+    s = witnessAll(s, now)
+    const first = s.epoch.round!
+    s = tick(s, now + 1)
+    assert.equal(s.run_state, 'RoundWitness')
+    s = tick(s, now + 2)
+    assert.equal(s.run_state, 'RoundTrain')
+    const second = s.epoch.round!
+    assert.equal(second.step, 2)
+    assert.equal(s.progress.step, 2)
+    assert.equal(second.height, 1)
+    assert.equal(second.data_index, first.data_index + first.batch_size)
+    assert.notEqual(second.seed, first.seed)
+    assert.equal(s.epoch.previous_round, first)
+  })
+
+  it('Cooldown at the end of the epoch', () => {
+    let {state: s, now} = toFirstRound(ids(3), {epoch_time: 30})
+    for (let i = 0; i < 50 && s.run_state !== 'Cooldown'; i++) {
+      if (s.run_state === 'RoundTrain') s = witnessAll(s, now)
+      s = tick(s, ++now)
+    }
+    assert.equal(s.run_state, 'Cooldown')
+    assert.ok(now >= s.epoch.start_time + 30)
+  })
+
+  it('Cooldown after rounds_per_epoch rounds when the file sets it', () => {
+    let {state: s, now} = toFirstRound(ids(3), {rounds_per_epoch: 2})
+    for (let i = 0; i < 50 && s.run_state !== 'Cooldown'; i++) {
+      if (s.run_state === 'RoundTrain') s = witnessAll(s, now)
+      s = tick(s, ++now)
+    }
+    assert.equal(s.epoch.round!.height, 1)
+    assert.equal(s.progress.step, 3)
+  })
+
+  it('Cooldown when clients fall below min_clients', () => {
+    let {state: s, now} = toFirstRound(ids(3))
+    s = witnessAll(s, now)
+    s = ok(s, {type: 'withdraw', id: 'c0'}, now)
+    s = ok(s, {type: 'withdraw', id: 'c1'}, now)
+    s = tick(s, now + 2)
+    assert.equal(s.run_state, 'Cooldown')
+    assert.deepEqual(s.epoch.clients.map((c) => c.id), ['c2'])
+    assert.deepEqual(s.epoch.exited.map((c) => [c.id, c.state]), [['c0', 'Withdrawn'], ['c1', 'Withdrawn']])
+  })
+
+  it('Cooldown when fewer witnesses than the quorum sent proofs', () => {
+    let {state: s, now} = toFirstRound(ids(6), {witness_nodes: 3})
+    s = ok(s, {type: 'witness', from: selectWitnesses(s)[0], step: 1, proof: honestProof(s)}, now)
+    ;({state: s, now} = tickUntilChange(s, now))
+    assert.equal(s.run_state, 'RoundWitness')
+    ;({state: s, now} = tickUntilChange(s, now))
+    assert.equal(s.run_state, 'Cooldown')
+    assert.ok(s.epoch.clients.every((c) => c.state === 'Healthy'))
+  })
+
+  it('Cooldown with everyone withdrawn when no witness sent anything', () => {
+    let {state: s, now} = toFirstRound(ids(3))
+    ;({state: s, now} = tickUntilChange(s, now))
+    ;({state: s, now} = tickUntilChange(s, now))
+    assert.equal(s.run_state, 'Cooldown')
+    assert.ok(s.epoch.clients.every((c) => c.state === 'Withdrawn'))
+    ;({state: s, now} = tickUntilChange(s, now))
+    assert.equal(s.run_state, 'WaitingForMembers')
+    assert.deepEqual(s.pending, [])
+  })
+
+  it('Cooldown on a pending pause, then Paused; resume goes back to WaitingForMembers with the same clients', () => {
+    let {state: s, now} = toFirstRound(ids(3))
+    s = ok(s, {type: 'pause'}, now)
+    assert.equal(s.run_state, 'RoundTrain')
+    assert.equal(s.pending_pause, true)
+    s = witnessAll(s, now)
+    ;({state: s, now} = tickUntilChange(s, now))
+    assert.equal(s.run_state, 'Cooldown')
+    ;({state: s, now} = tickUntilChange(s, now))
+    assert.equal(s.run_state, 'Paused')
+    assert.equal(s.pending_pause, false)
+    assert.equal(s.epoch.cold_start, true)
+    for (let i = 0; i < 30; i++) assert.equal(applyEvent(s, {type: 'tick'}, now + i).error?.code, 'Halted')
+    rejected(s, {type: 'pause'}, now, 'Halted')
+    s = ok(s, {type: 'resume'}, now + 1)
+    assert.equal(s.run_state, 'WaitingForMembers')
+    assert.deepEqual(s.pending, ['c0', 'c1', 'c2'])
+    ;({state: s, now} = tickUntilChange(s, now + 1))
+    assert.equal(s.run_state, 'Warmup')
+    assert.equal(s.epoch.cold_start, true)
+  })
+
+  it('Finished after total_steps', () => {
+    let {state: s, now} = toFirstRound(ids(3), {total_steps: 3})
+    const steps: number[] = []
+    for (let i = 0; i < 100 && s.run_state !== 'Finished'; i++) {
+      if (s.run_state === 'RoundTrain') {
+        steps.push(s.epoch.round!.step)
+        s = witnessAll(s, now)
+      }
+      s = tick(s, ++now)
+    }
+    assert.equal(s.run_state, 'Finished')
+    assert.deepEqual(steps, [1, 2, 3])
+    rejected(s, {type: 'join', id: 'late'}, now, 'Halted')
+    rejected(s, {type: 'resume'}, now, 'CannotResume')
+  })
+})
+
+describe('Cooldown → next epoch', () => {
+  function toCooldown(config = {}) {
+    let {state: s, now} = toFirstRound(ids(3), {epoch_time: 20, ...config})
+    for (let i = 0; i < 100 && s.run_state !== 'Cooldown'; i++) {
+      if (s.run_state === 'RoundTrain') s = witnessAll(s, now)
+      s = tick(s, ++now)
+    }
+    return {state: s, now}
+  }
+
+  it('moves the checkpoint to P2P, advances the epoch and carries healthy clients', () => {
+    let {state: s, now} = toCooldown()
+    const last = s.epoch.round!
+    s = ok(s, {type: 'join', id: 'new'}, now)
+    ;({state: s, now} = tickUntilChange(s, now))
+    assert.equal(s.run_state, 'WaitingForMembers')
+    assert.equal(s.progress.epoch, 1)
+    assert.equal(s.progress.epoch_start_data_index, last.data_index + last.batch_size)
+    assert.deepEqual(s.model.LLM.checkpoint, {P2P: {repo_id: 'org/model'}})
+    assert.deepEqual(s.pending, ['c0', 'c1', 'c2', 'new'])
+    ;({state: s, now} = tickUntilChange(s, now))
+    ;({state: s, now} = tickUntilChange(s, now))
+    assert.equal(s.run_state, 'RoundTrain')
+    assert.equal(s.epoch.round!.data_index, last.data_index + last.batch_size)
+    assert.equal(s.epoch.round!.height, 0)
+  })
+
+  it('ends early once a checkpoint is reported, which becomes the fallback for a run nobody returns to', () => {
+    let {state: s, now} = toCooldown({cooldown_time: 50})
+    rejected(s, {type: 'checkpoint', from: 'stranger', repo: {repo_id: 'org/ckpt'}}, now, 'UnknownClient')
+    s = ok(s, {type: 'checkpoint', from: 'c1', repo: {repo_id: 'org/ckpt', revision: 'abc'}}, now)
+    rejected(s, {type: 'checkpoint', from: 'c2', repo: {repo_id: 'org/other'}}, now, 'AlreadyCheckpointed')
+    s = tick(s, now + 1)
+    assert.equal(s.run_state, 'WaitingForMembers')
+    assert.deepEqual(s.model.LLM.checkpoint, {P2P: {repo_id: 'org/ckpt', revision: 'abc'}})
+    // Every previous client leaves; newcomers must load the uploaded checkpoint, not ask absent peers.
+    for (const id of ['c0', 'c1', 'c2']) s = ok(s, {type: 'withdraw', id}, now + 1)
+    s = joinAll(s, ids(3, 'n'), now + 1)
+    ;({state: s, now} = tickUntilChange(s, now + 1))
+    assert.equal(s.run_state, 'Warmup')
+    assert.deepEqual(s.model.LLM.checkpoint, {Hub: {repo_id: 'org/ckpt', revision: 'abc'}})
+  })
+
+  it('accepts checkpoints only in Cooldown', () => {
+    const {state: s, now} = toFirstRound(ids(3))
+    rejected(s, {type: 'checkpoint', from: 'c0', repo: {repo_id: 'x/y'}}, now, 'InvalidRunState')
+  })
+})
+
+describe('health checks', () => {
+  /** Round 1 where the witnesses saw everyone but `missing`, then round 2 under way. */
+  function secondRound(missing: string) {
+    let {state: s, now} = toFirstRound(ids(4), {witness_nodes: 3, min_clients: 2})
+    s = witnessAll(s, now, s.epoch.round!.roster.filter((id) => id !== missing))
+    ;({state: s, now} = tickUntilChange(s, now))
+    assert.equal(s.run_state, 'RoundTrain')
+    return {state: s, now}
+  }
+
+  it('are rejected before a round has finished', () => {
+    const {state: s, now} = toFirstRound(ids(3))
+    rejected(s, {type: 'health_check', from: 'c0', accused: ['c1']}, now, 'NoActiveRound')
+  })
+
+  it('drop a client too few witnesses saw; it leaves at the end of the round', () => {
+    let {state: s, now} = secondRound('c3')
+    s = ok(s, {type: 'health_check', from: 'c0', accused: ['c3']}, now)
+    assert.equal(s.epoch.clients.find((c) => c.id === 'c3')!.state, 'Dropped')
+    s = witnessAll(s, now)
+    ;({state: s, now} = tickUntilChange(s, now))
+    assert.equal(s.run_state, 'RoundTrain')
+    assert.ok(!s.epoch.round!.roster.includes('c3'))
+    assert.deepEqual(s.epoch.exited.map((c) => c.id), ['c3'])
+  })
+
+  it('accusing a healthy client is rejected, and nobody is dropped', () => {
+    const {state: s, now} = secondRound('c3')
+    const message = rejected(s, {type: 'health_check', from: 'c0', accused: ['c3', 'c1']}, now, 'InvalidHealthCheck')
+    assert.match(message, /c1 is healthy/)
+  })
+
+  it('reject unknown reporters and accused', () => {
+    const {state: s, now} = secondRound('c3')
+    rejected(s, {type: 'health_check', from: 'stranger', accused: ['c3']}, now, 'InvalidHealthCheck')
+    rejected(s, {type: 'health_check', from: 'c0', accused: ['stranger']}, now, 'InvalidHealthCheck')
+  })
+})
+
+describe('joining, withdrawing, ejecting', () => {
+  it('a duplicate join is rejected; a join during an epoch waits for the next', () => {
+    let {state: s, now} = toFirstRound(ids(3))
+    rejected(s, {type: 'join', id: 'c0'}, now, 'AlreadyJoined')
+    s = ok(s, {type: 'join', id: 'late'}, now)
+    rejected(s, {type: 'join', id: 'late'}, now, 'AlreadyJoined')
+    assert.deepEqual(s.pending, ['late'])
+    assert.ok(!s.epoch.round!.roster.includes('late'))
+  })
+
+  it('withdrawing an unknown client is rejected', () => {
+    rejected(newRun(), {type: 'withdraw', id: 'ghost'}, 0, 'InvalidWithdraw')
+    rejected(newRun(), {type: 'join', id: ''}, 0, 'InvalidEvent')
+  })
+
+  it('an ejected client leaves at the round\'s end', () => {
+    let {state: s, now} = toFirstRound(ids(3))
+    s = ok(s, {type: 'eject', id: 'c1'}, now)
+    s = witnessAll(s, now)
+    ;({state: s, now} = tickUntilChange(s, now))
+    ;({state: s, now} = tickUntilChange(s, now))
+    assert.deepEqual(s.epoch.exited.map((c) => [c.id, c.state]), [['c1', 'Ejected']])
+  })
+})
+
+describe('pause, resume and config updates', () => {
+  it('pausing while waiting pauses at once; a paused run accepts a valid config update', () => {
+    let s = joinAll(newRun(), ids(2), 0)
+    rejected(s, {type: 'config_update', config: {...baseConfig, total_steps: 5}}, 0, 'InvalidRunState')
+    s = ok(s, {type: 'pause'}, 1)
+    assert.equal(s.run_state, 'Paused')
+    s = ok(s, {type: 'config_update', config: {...baseConfig, total_steps: 5}}, 2)
+    assert.equal(s.config.total_steps, 5)
+    const message = rejected(s, {type: 'config_update', config: {...baseConfig, min_clients: 0}}, 2, 'InvalidConfig')
+    assert.match(message, /config\.min_clients = 0: must be ≥ 1/)
+    s = ok(s, {type: 'resume'}, 3)
+    assert.equal(s.run_state, 'WaitingForMembers')
+    rejected(s, {type: 'resume'}, 3, 'CannotResume')
+  })
+
+  it('an Uninitialized run (update-config file) starts on resume', async () => {
+    const file = await loadRunConfigFile('test/fixtures/psyche-configs/solana-test/nano-config.toml')
+    let s = createCoordinator(file)
+    assert.equal(s.run_state, 'Uninitialized')
+    rejected(s, {type: 'tick'}, 1, 'Halted')
+    s = ok(s, {type: 'resume'}, 1)
+    assert.equal(s.run_state, 'WaitingForMembers')
+  })
+})
+
+describe('batch sizes', () => {
+  it('ramp linearly from start to end over the warmup tokens, round after round', () => {
+    // 16 tokens per batch; ramp from 4 to 12 batches over 400 tokens.
+    let {state: s, now} = toFirstRound(ids(3), {global_batch_size_start: 4, global_batch_size_end: 12, global_batch_size_warmup_tokens: 400, init_min_clients: 3, epoch_time: 10_000})
+    const sizes: number[] = []
+    for (let i = 0; i < 400 && sizes.length < 8; i++) {
+      if (s.run_state === 'RoundTrain') {
+        if (sizes.length === 0 || s.epoch.round!.step > sizes.length) sizes.push(batchSizeForStep(s))
+        s = witnessAll(s, now)
+      }
+      s = tick(s, ++now)
+    }
+    // data index 0 → 4, 4 → round(4 + 8·64/400) = 5, 9 → 7, 16 → 9, 25 → 12 (≥ 400 tokens) ...
+    assert.deepEqual(sizes, [4, 5, 7, 9, 12, 12, 12, 12])
+  })
+})
+
+describe('10,000 clients', () => {
+  it('start an epoch, get a partition of the batch and 32 automatic witnesses', () => {
+    const n = 10_000
+    const {state: s} = toFirstRound(ids(n), {init_min_clients: 100, min_clients: 100, witness_nodes: 0, global_batch_size_start: 20_000, global_batch_size_end: 20_000})
+    assert.equal(s.epoch.round!.roster.length, n)
+    const ranges = [...assignBatches(s).values()].sort((a, b) => a.start - b.start)
+    assert.equal(ranges[0].start, 0)
+    for (let i = 1; i < n; i++) assert.equal(ranges[i].start, ranges[i - 1].end)
+    assert.equal(ranges[n - 1].end, 20_000)
+    assert.ok(ranges.every((r) => r.end - r.start === 2))
+    const witnesses = selectWitnesses(s)
+    assert.equal(witnesses.length, 32)
+    assert.equal(new Set(witnesses).size, 32)
+    assert.ok(witnesses.every((w) => isWitness(s, w)))
+    assert.equal(witnessBloomParams(n).bits >= n * 9, true)
+  })
+})
+
+it('baseLLM stays valid (guards the helpers)', async () => {
+  const {validateRunConfig} = await import('../../src/core/config/index.js')
+  assert.ok('config' in validateRunConfig(baseConfig, {LLM: baseLLM}))
+})
