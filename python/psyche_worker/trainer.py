@@ -62,9 +62,10 @@ class Trainer:
         (name, params), = optimizer.items()
         if name == "AdamW":
             cfg = AdamWConfig.from_dict(params or {})
-            fused = self.device.type == "cuda"
+            # fused kernels on CUDA; on CPU torch's default (single-tensor) path, as a plain loop would use
+            fused = True if self.device.type == "cuda" else None
             self.optimizer = torch.optim.AdamW(split_decay_groups(self.model, cfg.weight_decay), lr=0.0,
-                                               betas=cfg.betas, eps=cfg.eps, foreach=not fused, fused=fused or None)
+                                               betas=cfg.betas, eps=cfg.eps, fused=fused)
             self.clip_grad_norm = cfg.clip_grad_norm
         else:
             raise WorkerError(f"optimizer {name!r} is not supported; expected AdamW or Distro", kind="unsupported")
@@ -112,7 +113,7 @@ class Trainer:
     def clip(self) -> float:
         params = [p for p in self.model.parameters() if p.grad is not None]
         max_norm = self.clip_grad_norm if self.clip_grad_norm is not None else math.inf
-        return float(torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True))
+        return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
 
     def train_step(self, tokens: torch.Tensor, step: int) -> dict[str, Any]:
         if self.optimizer is None:

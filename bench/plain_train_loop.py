@@ -1,0 +1,53 @@
+"""The baseline for bench/train.bench.ts: a plain PyTorch training loop (no worker, no ZeroMQ, no
+TypeScript), same model, batch shape, optimizer and threads as `psyche train` on the demo corpus.
+Prints one JSON object: per-step wall seconds and tokens."""
+
+import argparse
+import json
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from transformers import LlamaConfig, LlamaForCausalLM
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--model-config", required=True)
+parser.add_argument("--tokens", required=True, help="uint16 token file")
+parser.add_argument("--steps", type=int, default=60)
+parser.add_argument("--total-batch", type=int, default=16)
+parser.add_argument("--micro-batch", type=int, default=8)
+parser.add_argument("--seq-len", type=int, default=128)
+parser.add_argument("--threads", type=int, default=2)
+parser.add_argument("--lr", type=float, default=3e-3)
+args = parser.parse_args()
+
+torch.set_num_threads(args.threads)
+torch.manual_seed(0)
+config = json.load(open(args.model_config))
+model = LlamaForCausalLM(LlamaConfig(**{k: v for k, v in config.items() if k != "architectures"})).float()
+decay = [p for p in model.parameters() if p.ndim >= 2]
+no_decay = [p for p in model.parameters() if p.ndim < 2]
+opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}], lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
+data = np.memmap(args.tokens, dtype="<u2", mode="r")
+rng = np.random.default_rng(0)
+S = args.seq_len
+step_seconds, losses = [], []
+for step in range(args.steps):
+    starts = rng.integers(0, len(data) - S - 1, size=args.total_batch)
+    batch = torch.from_numpy(np.stack([data[s:s + S + 1].astype(np.int64) for s in starts]))
+    t0 = time.perf_counter()
+    model.train()
+    opt.zero_grad(set_to_none=True)
+    total = 0.0
+    for i in range(0, args.total_batch, args.micro_batch):
+        micro = batch[i:i + args.micro_batch]
+        logits = model(input_ids=micro[:, :-1]).logits
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), micro[:, 1:].reshape(-1))
+        (loss * micro.shape[0] / args.total_batch).backward()
+        total += loss.item() * micro.shape[0]
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    step_seconds.append(time.perf_counter() - t0)
+    losses.append(total / args.total_batch)
+print(json.dumps({"step_seconds": step_seconds, "tokens_per_step": args.total_batch * S, "first_loss": losses[0], "last_loss": losses[-1]}))
