@@ -413,10 +413,10 @@ class DistroOptimizer:
                 or not all(isinstance(a, (int, float)) and 0.0 <= a <= 1.0 for a in scales)):
             raise ValueError(f"DisTrO state: lookahead_scales must be {len(self.params)} numbers in [0, 1]")
         for m, name in zip(self.momentum, self.names):
-            m.copy_(momentum[name])
+            m.copy_(momentum[name].to(m.device))
         self.lookahead_scales = [float(a) for a in scales]
         self._own_signs = None
-        self._committed = None if committed is None else [committed[n].to(p.dtype).clone()
+        self._committed = None if committed is None else [committed[n].to(device=p.device, dtype=p.dtype).clone()
                                                          for n, p in zip(self.names, self.params)]
 
     @staticmethod
