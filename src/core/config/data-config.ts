@@ -41,15 +41,19 @@ export async function loadDataServerConfig(path: string): Promise<DataServerConf
   return parseDataServerConfig(text, path)
 }
 
-/** Rules between a run config and the data server that feeds it. */
-export function checkDataServerForRun(run: RunConfigFile, data: DataServerConfig): ConfigIssue[] {
-  const issues: ConfigIssue[] = []
+/**
+ * Rules between a run config and the data server that feeds it: `errors` make the pair unusable,
+ * `warnings` are worth telling (a data.toml no client will use).
+ */
+export function checkDataServerForRun(run: RunConfigFile, data: DataServerConfig): {errors: ConfigIssue[]; warnings: ConfigIssue[]} {
+  const errors: ConfigIssue[] = []
+  const warnings: ConfigIssue[] = []
   const llm = run.model.LLM
   if (typeof llm.data_location !== 'object' || !('Server' in llm.data_location)) {
-    issues.push({file: data.path, path: '', message: `unused: ${run.path} model.LLM.data_location is not Server, so no client asks a data server`})
+    warnings.push({file: data.path, path: '', message: `unused: ${run.path} model.LLM.data_location is not Server, so no client asks a data server`})
   }
   if (data.seq_len !== llm.max_seq_len) {
-    issues.push({file: data.path, path: 'seq_len', value: String(data.seq_len), message: `must equal ${run.path} model.LLM.max_seq_len (${llm.max_seq_len}): the server cuts samples of this length`})
+    errors.push({file: data.path, path: 'seq_len', value: String(data.seq_len), message: `must equal ${run.path} model.LLM.max_seq_len (${llm.max_seq_len}): the server cuts samples of this length`})
   }
-  return issues
+  return {errors, warnings}
 }

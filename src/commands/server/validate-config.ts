@@ -1,0 +1,77 @@
+import {Flags} from '@oclif/core'
+import {PsycheCommand} from '../../core/cli/base-command.js'
+import {
+  ConfigError,
+  checkDataServerForRun,
+  formatIssue,
+  loadDataServerConfig,
+  loadRunConfigFile,
+  summarizeRunConfig,
+  type ConfigIssue,
+  type DataServerConfig,
+  type RunSummary,
+} from '../../core/config/index.js'
+import {PsycheError} from '../../core/errors.js'
+
+export default class ServerValidateConfig extends PsycheCommand {
+  static summary = 'Check a run configuration (state.toml or config.toml) and its data.toml'
+  static description = `Loads the file as the coordinator would and prints a short summary of the run, or every problem found (file: field = value: what was expected) and exits non-zero. Variants of Psyche's format that this implementation does not serve (e.g. GCS buckets) are reported as warnings; --strict makes them errors.`
+  static examples = [
+    '<%= config.bin %> server validate-config --state state.toml',
+    '<%= config.bin %> server validate-config --state state.toml --data-config data.toml --json',
+  ]
+
+  static flags = {
+    state: Flags.string({summary: 'path to the state.toml (or update-config config.toml) to validate', required: true}),
+    'data-config': Flags.string({summary: 'path to the data server\'s data.toml to validate with it'}),
+    strict: Flags.boolean({summary: 'treat variants this implementation cannot serve as errors'}),
+  }
+
+  async run(): Promise<{valid: true; summary: RunSummary; data?: Omit<DataServerConfig, 'shuffle_seed'>; warnings: string[]}> {
+    const {flags} = await this.parse(ServerValidateConfig)
+    const issues: ConfigIssue[] = []
+    const warnings: ConfigIssue[] = []
+    const collect = async <T>(load: () => Promise<T>): Promise<T | undefined> => {
+      try {
+        return await load()
+      } catch (error) {
+        if (error instanceof ConfigError) {
+          issues.push(...error.issues)
+          return undefined
+        }
+        throw error
+      }
+    }
+    const run = await collect(() => loadRunConfigFile(flags.state))
+    const data = flags['data-config'] ? await collect(() => loadDataServerConfig(flags['data-config']!)) : undefined
+    if (run && data) {
+      const cross = checkDataServerForRun(run, data)
+      issues.push(...cross.errors)
+      warnings.push(...cross.warnings)
+    }
+    const summary = run ? summarizeRunConfig(run) : undefined
+    for (const u of summary?.unsupported ?? []) (flags.strict ? issues : warnings).push({file: flags.state, path: u.path, message: u.reason})
+    if (issues.length > 0) {
+      const lines = issues.map(formatIssue)
+      // Text: one line per problem, then the one-line error. JSON: the error message carries them all.
+      if (!this.jsonEnabled()) for (const line of lines) process.stderr.write(`${line}\n`)
+      const count = `${[flags.state, flags['data-config']].filter(Boolean).join(' + ')}: ${issues.length} problem${issues.length > 1 ? 's' : ''} found`
+      throw new PsycheError(this.jsonEnabled() ? lines.join('\n') : count, {code: 'ECONFIG'})
+    }
+    const warningLines = warnings.map(formatIssue)
+    if (!this.jsonEnabled()) {
+      const s = summary!
+      const what = s.run_id !== undefined ? `server state of run "${s.run_id}" (${s.run_state ?? 'WaitingForMembers'})` : 'run config (update-config format, no run_id)'
+      this.log(`${flags.state}: valid ${what}`)
+      this.log(`  model      ${s.architecture}, max_seq_len ${s.max_seq_len}, checkpoint ${s.checkpoint}`)
+      this.log(`  data       ${s.data_location}`)
+      this.log(`  training   ${s.total_steps} steps, global batch ${s.global_batch_size}, ≤ ${s.total_tokens.toLocaleString('en-US')} tokens`)
+      this.log(`  optimizer  ${s.optimizer}; lr ${s.lr_schedule}`)
+      this.log(`  clients    min ${s.min_clients}, ${s.init_min_clients} to start an epoch, witnesses ${s.witness_nodes}`)
+      if (data) this.log(`  data.toml  ${data.dir}, ${data.token_size}, seq_len ${data.seq_len}`)
+      for (const line of warningLines) process.stderr.write(`warning: ${line}\n`)
+    }
+    const {shuffle_seed: _seed, ...dataInfo} = data ?? ({} as DataServerConfig)
+    return {valid: true, summary: summary!, ...(data ? {data: dataInfo} : {}), warnings: warningLines}
+  }
+}
