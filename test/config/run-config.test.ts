@@ -47,6 +47,13 @@ function expectIssue(text: string, path: string, expected: string): ConfigError 
 describe('Psyche\'s own configs (test/fixtures/psyche-configs)', () => {
   const files = tomlFiles(join(fixtures, 'psyche-configs'))
   it('finds all 16 files', () => assert.equal(files.length, 16))
+  it('are unchanged copies of ../shared/psyche-configs (when that folder is present)', (t) => {
+    const shared = '/work/shared/psyche-configs'
+    if (!statSync(shared, {throwIfNoEntry: false})) return t.skip('no shared folder on this machine')
+    const theirs = tomlFiles(shared)
+    assert.equal(theirs.length, files.length)
+    for (const file of theirs) assert.equal(readFileSync(join(fixtures, 'psyche-configs', file.slice(shared.length + 1)), 'utf8'), readFileSync(file, 'utf8'))
+  })
   for (const file of files) {
     const name = file.slice(file.indexOf('psyche-configs'))
     it(`loads ${name} without losing a field`, async () => {
