@@ -130,12 +130,17 @@ function currentHeight(s: CoordinatorState): number {
   return s.epoch.round?.height ?? 0
 }
 
-/** Back to WaitingForMembers (or Finished when the run is done); healthy clients stay on for the next epoch. */
-function startWaitingForMembers(s: CoordinatorState, now: number): CoordinatorState {
+/** Healthy clients of the epoch stay on for the next one: they go first in the pending list. */
+function keepHealthyAsPending(s: CoordinatorState): CoordinatorState {
   const carried = s.epoch.clients.filter((c) => c.state === 'Healthy').map((c) => c.id)
-  const joined = s.pending.filter((id) => !carried.includes(id))
+  const kept = new Set(carried)
+  return {...s, pending: [...carried, ...s.pending.filter((id) => !kept.has(id))]}
+}
+
+/** Back to WaitingForMembers (or Finished when the run is done), keeping the healthy clients. */
+function startWaitingForMembers(s: CoordinatorState, now: number): CoordinatorState {
   const next = s.progress.step > s.config.total_steps ? 'Finished' : 'WaitingForMembers'
-  return changeState({...s, pending: [...carried, ...joined]}, now, next)
+  return changeState(keepHealthyAsPending(s), now, next)
 }
 
 function isP2P(c: CheckpointConfig): c is {P2P: HubRepo} {
@@ -239,17 +244,10 @@ function tickCooldown(s: CoordinatorState, now: number): CoordinatorState {
   s = checkpointToP2P(s)
   s = {...s, progress: {...s.progress, epoch: s.progress.epoch + 1, epoch_start_data_index: nextDataIndex(s)}}
   if (s.pending_pause) {
-    s = changeState({...s, pending_pause: false, epoch: {...s.epoch, cold_start: true}}, now, 'Paused')
-    return startWaitingForMembersPending(s)
+    // The next epoch after a pause is a cold start (the LR warms up again: cold_start_warmup_steps).
+    return changeState(keepHealthyAsPending({...s, pending_pause: false, epoch: {...s.epoch, cold_start: true}}), now, 'Paused')
   }
-  s = startWaitingForMembers({...s, epoch: {...s.epoch, cold_start: false}}, now)
-  return s
-}
-
-/** On pause, healthy clients are kept as pending so that resuming finds them again. */
-function startWaitingForMembersPending(s: CoordinatorState): CoordinatorState {
-  const carried = s.epoch.clients.filter((c) => c.state === 'Healthy').map((c) => c.id)
-  return {...s, pending: [...carried, ...s.pending.filter((id) => !carried.includes(id))]}
+  return startWaitingForMembers({...s, epoch: {...s.epoch, cold_start: false}}, now)
 }
 
 // ---- events ----
@@ -366,7 +364,7 @@ function onHealthCheck(s: CoordinatorState, event: Extract<CoordinatorEvent, {ty
 function onPause(s: CoordinatorState, now: number): CoordinatorState {
   if (HALTED.includes(s.run_state)) throw new Reject('Halted', `the run is already ${s.run_state}`)
   if (ACTIVE.includes(s.run_state)) return {...s, pending_pause: true}
-  return changeState(startWaitingForMembersPending(s), now, 'Paused')
+  return changeState(keepHealthyAsPending(s), now, 'Paused')
 }
 
 function onResume(s: CoordinatorState, now: number): CoordinatorState {

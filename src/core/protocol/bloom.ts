@@ -57,7 +57,7 @@ export class BloomFilter {
     const digest = createHash('sha256').update(toBytes(item)).digest()
     const h1 = digest.readUInt32LE(0)
     // Odd, so the stride visits distinct positions whenever the size is a power of two.
-    const h2 = digest.readUInt32LE(4) | 1
+    const h2 = (digest.readUInt32LE(4) | 1) >>> 0
     const out = new Array<number>(this.params.hashes)
     for (let i = 0; i < this.params.hashes; i++) out[i] = (h1 + i * h2) % this.params.bits
     return out
