@@ -83,8 +83,12 @@ def named_parameters_sorted(model: torch.nn.Module) -> list[tuple[str, torch.nn.
 
 def param_hash(model: torch.nn.Module) -> str:
     """SHA-256 over every parameter (sorted by name): name, dtype, shape, then the raw bytes."""
+    return hash_named_tensors(named_parameters_sorted(model))
+
+
+def hash_named_tensors(named: list[tuple[str, torch.Tensor]]) -> str:
     h = hashlib.sha256()
-    for name, p in named_parameters_sorted(model):
+    for name, p in sorted(named, key=lambda kv: kv[0]):
         t = p.detach().to("cpu").contiguous()
         h.update(name.encode())
         h.update(f"|{str(t.dtype).removeprefix('torch.')}|{list(t.shape)}|".encode())

@@ -80,6 +80,8 @@ class Worker:
             "export_params": self.op_export_params,
             "import_params": self.op_import_params,
             "save_model": self.op_save_model,
+            "produce": self.op_produce,
+            "apply_results": self.op_apply_results,
         }
 
     @property
@@ -108,7 +110,8 @@ class Worker:
                 "max_position_embeddings": self.trainer.max_positions, "param_hash": models.param_hash(m)}, []
 
     def op_configure(self, h, frames) -> Reply:
-        self.t.configure(h.get("optimizer") or {}, h.get("lr_schedule"), int(h.get("micro_batch", 8)))
+        self.t.configure(h.get("optimizer") or {}, h.get("lr_schedule"), int(h.get("micro_batch", 8)),
+                         simulate_peers=int(h.get("simulate_peers", 1)), delay_correction=bool(h.get("delay_correction", False)))
         return {"optimizer": self.t.optimizer_name}, []
 
     def _tokens(self, frames: list[torch.Tensor]) -> torch.Tensor:
@@ -122,16 +125,28 @@ class Worker:
     def op_evaluate(self, h, frames) -> Reply:
         return self.t.evaluate(self._tokens(frames)), []
 
+    def op_produce(self, h, frames) -> Reply:
+        reply, result = self.t.produce(self._tokens(frames), int(h.get("step", 0)))
+        return {**reply, "frames": [{"name": "result", "dtype": "uint8", "shape": [len(result)]}]}, [result]
+
+    def op_apply_results(self, h, frames) -> Reply:
+        for i, f in enumerate(frames):
+            if f.dtype != torch.uint8 or f.ndim != 1:
+                raise WorkerError(f"apply_results: frame {i} must be a 1-D uint8 result")
+        self.t.apply_results([f.numpy().tobytes() for f in frames], int(h.get("step", 0)))
+        return {"applied": len(frames), "param_hash": models.hash_named_tensors(self.t.replicated_parameters())}, []
+
     def op_param_hash(self, h, frames) -> Reply:
-        return {"param_hash": models.param_hash(self.t.model)}, []
+        return {"param_hash": models.hash_named_tensors(self.t.replicated_parameters())}, []
 
     def op_export_params(self, h, frames) -> Reply:
         specs, bufs = [], []
-        for name, p in models.named_parameters_sorted(self.t.model):
+        named = self.t.replicated_parameters()
+        for name, p in named:
             spec, buf = tensor_to_frame(name, p)
             specs.append(spec)
             bufs.append(buf)
-        return {"frames": specs, "param_hash": models.param_hash(self.t.model)}, bufs
+        return {"frames": specs, "param_hash": models.hash_named_tensors(named)}, bufs
 
     def op_import_params(self, h, frames) -> Reply:
         names = [s["name"] for s in h["frames"]]
@@ -151,6 +166,9 @@ class Worker:
     def op_save_model(self, h, frames) -> Reply:
         if not h.get("dir"):
             raise WorkerError("save_model needs dir")
+        if self.t.distro_peers:
+            # save what every replica holds, not a pending speculative update
+            self.t.distro_peers[0].discard_speculation()
         models.save_model(self.t.model, h["dir"])
         return {"dir": h["dir"]}, []
 

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from .distro import DistroConfig, DistroOptimizer, ResultDecodeError
 from .protocol import WorkerError
 from .schedule import Constant, schedule_from_config
 
@@ -54,13 +55,36 @@ class Trainer:
         self.optimizer: torch.optim.Optimizer | None = None
         self.clip_grad_norm: float | None = None
         self.micro_batch = 8
+        # DisTrO: one optimizer state (momentum residual) per simulated peer, all over the same parameters
+        self.distro_peers: list[DistroOptimizer] = []
 
     # -- configuration ---------------------------------------------------------------------------
-    def configure(self, optimizer: dict[str, Any], lr_schedule: dict[str, Any] | None, micro_batch: int) -> None:
+    def configure(self, optimizer: dict[str, Any], lr_schedule: dict[str, Any] | None, micro_batch: int,
+                  simulate_peers: int = 1, delay_correction: bool = False) -> None:
+        """`simulate_peers` > 1 (DisTrO only): each train step splits its batch among that many simulated
+        clients, each with its own momentum, and applies all of their results. `delay_correction`: the
+        network path, where results of step t are applied during step t+1 (produce/apply ops)."""
         if not isinstance(optimizer, dict) or len(optimizer) != 1:
             raise WorkerError("optimizer must name exactly one of AdamW, Distro")
         (name, params), = optimizer.items()
-        if name == "AdamW":
+        if not isinstance(simulate_peers, int) or simulate_peers < 1:
+            raise WorkerError(f"simulate_peers = {simulate_peers!r}: must be a positive integer")
+        if simulate_peers > 1 and name != "Distro":
+            raise WorkerError("simulate_peers needs the Distro optimizer")
+        self.distro_peers = []
+        self.optimizer = None
+        if name == "Distro":
+            try:
+                cfg = DistroConfig.from_dict(params or {})
+            except ValueError as exc:
+                raise WorkerError(f"optimizer.Distro: {exc}") from None
+            named = sorted(self.model.named_parameters(), key=lambda kv: kv[0])
+            try:
+                self.distro_peers = [DistroOptimizer(named, cfg, delay_correction=delay_correction) for _ in range(simulate_peers)]
+            except ValueError as exc:
+                raise WorkerError(f"optimizer.Distro: {exc}") from None
+            self.clip_grad_norm = None  # DisTrO clips inside produce()
+        elif name == "AdamW":
             cfg = AdamWConfig.from_dict(params or {})
             # fused kernels on CUDA; on CPU torch's default (single-tensor) path, as a plain loop would use
             fused = True if self.device.type == "cuda" else None
@@ -116,6 +140,8 @@ class Trainer:
         return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
 
     def train_step(self, tokens: torch.Tensor, step: int) -> dict[str, Any]:
+        if self.distro_peers:
+            return self.distro_step(tokens, step)
         if self.optimizer is None:
             raise WorkerError("train_step before configure: send the optimizer first", kind="state")
         lr = self.schedule(step)
@@ -127,6 +153,54 @@ class Trainer:
         if not math.isfinite(loss):
             raise WorkerError(f"loss is {loss} at step {step}: training diverged (lower the learning rate)", kind="diverged")
         return {"loss": loss, "grad_norm": grad_norm, "lr": lr, "tokens": int(tokens.shape[0] * (tokens.shape[1] - 1))}
+
+    def distro_step(self, tokens: torch.Tensor, step: int) -> dict[str, Any]:
+        """One DisTrO step without network delay: the batch is split among the simulated peers (rows in
+        order), each computes its gradient at the same parameters and produces its compressed result,
+        then every result is applied. With one peer this is single-node DisTrO."""
+        peers = self.distro_peers
+        rows = tokens.shape[0] if tokens.ndim == 2 else 0
+        if rows % len(peers):
+            raise WorkerError(f"batch of {rows} sequences does not split evenly among {len(peers)} simulated peers")
+        lr = self.schedule(step)
+        per_peer = rows // len(peers)
+        results, losses, norms = [], [], []
+        for i, peer in enumerate(peers):
+            losses.append(self.forward_backward(tokens[i * per_peer:(i + 1) * per_peer]))
+            norms.append(self.clip())  # clip_grad_norm is None here: this only measures the norm
+            results.append(peer.produce(lr))
+        peers[0].apply(results, lr)  # the parameters are shared: apply once
+        loss = sum(losses) / len(losses)
+        if not math.isfinite(loss):
+            raise WorkerError(f"loss is {loss} at step {step}: training diverged (lower the learning rate)", kind="diverged")
+        return {"loss": loss, "grad_norm": sum(norms) / len(norms), "lr": lr,
+                "tokens": int(rows * (tokens.shape[1] - 1)), "result_bytes": sum(len(r) for r in results) // len(results)}
+
+    def produce(self, tokens: torch.Tensor, step: int) -> tuple[dict[str, Any], bytes]:
+        """Network path: gradient at the current (possibly speculative) parameters, then this client's
+        compressed result for `step`. Its peers' results arrive later through apply_results."""
+        if len(self.distro_peers) != 1:
+            raise WorkerError("produce needs the Distro optimizer configured with one peer", kind="state")
+        lr = self.schedule(step)
+        loss = self.forward_backward(tokens)
+        norm = self.clip()
+        result = self.distro_peers[0].produce(lr)
+        return {"loss": loss, "grad_norm": norm, "lr": lr, "tokens": int(tokens.shape[0] * (tokens.shape[1] - 1)),
+                "result_bytes": len(result)}, result
+
+    def apply_results(self, results: list[bytes], step: int) -> None:
+        if len(self.distro_peers) != 1:
+            raise WorkerError("apply_results needs the Distro optimizer configured with one peer", kind="state")
+        try:
+            self.distro_peers[0].apply(results, self.schedule(step))
+        except ResultDecodeError as exc:
+            raise WorkerError(f"rejected result: {exc}", kind="bad_result") from None
+
+    def replicated_parameters(self) -> list[tuple[str, torch.Tensor]]:
+        """Parameters as every replica holds them (without a pending DisTrO speculation), sorted by name."""
+        if self.distro_peers:
+            return sorted(self.distro_peers[0].committed_parameters(), key=lambda kv: kv[0])
+        return [(n, p.detach()) for n, p in sorted(self.model.named_parameters(), key=lambda kv: kv[0])]
 
     @torch.no_grad()
     def evaluate(self, tokens: torch.Tensor) -> dict[str, Any]:

@@ -20,6 +20,7 @@ export interface StepMetrics {
   tokens_per_second: number
   elapsed_seconds: number
   val_loss?: number
+  result_bytes?: number
 }
 
 export interface TrainSummary {
@@ -35,6 +36,8 @@ export interface TrainSummary {
   valLoss?: number
   metricsPath?: string
   savedTo?: string
+  /** DisTrO runs: simulated peers, mean bytes of one peer's result per step, and dense fp32 gradient bytes. */
+  distro?: {peers: number; resultBytes: number; denseBytes: number; compression: number}
 }
 
 export interface TrainEvents {
@@ -95,7 +98,15 @@ export async function runSingleNode(
       validation = await openDataProvider(plan.validation as ProviderLocation, {seqLen: plan.seqLen, baseDir: plan.dataBaseDir, vocabSize: info.vocab_size, wrap: true})
       checkVocab(validation, info.vocab_size)
     }
-    await worker.configure({optimizer: plan.optimizer as Record<string, unknown>, lr_schedule: plan.lrSchedule as Record<string, unknown>, micro_batch: plan.microBatch})
+    if (plan.totalBatch % plan.simulatePeers !== 0) {
+      throw new PsycheError(`--total-batch ${plan.totalBatch} does not split evenly among ${plan.simulatePeers} simulated peers`)
+    }
+    await worker.configure({
+      optimizer: plan.optimizer as Record<string, unknown>,
+      lr_schedule: plan.lrSchedule as Record<string, unknown>,
+      micro_batch: plan.microBatch,
+      simulate_peers: plan.simulatePeers,
+    })
     events.onStatus?.(`model: ${info.parameters.toLocaleString('en-US')} parameters; data: ${train.description}`)
 
     const valIds = Array.from({length: plan.evalBatches}, (_, i) => i)
@@ -110,6 +121,7 @@ export async function runSingleNode(
     let lastLoss = NaN
     let tokens = 0
     let valLoss = firstValLoss
+    let resultBytes = 0
     const started = performance.now()
     for (let step = 0; step < plan.steps; step++) {
       const samples = await next
@@ -129,6 +141,10 @@ export async function runSingleNode(
         step_seconds: (now - stepStarted) / 1000,
         tokens_per_second: tokens / ((now - started) / 1000),
         elapsed_seconds: (now - started) / 1000,
+      }
+      if (result.result_bytes !== undefined) {
+        record.result_bytes = result.result_bytes
+        resultBytes += result.result_bytes
       }
       if (plan.evalEvery > 0 && (step + 1) % plan.evalEvery === 0 && step + 1 < plan.steps) record.val_loss = valLoss = await evaluate()
       metrics?.write(record)
@@ -153,6 +169,9 @@ export async function runSingleNode(
       ...(firstValLoss !== undefined ? {firstValLoss, valLoss} : {}),
       ...(options.metricsPath ? {metricsPath: options.metricsPath} : {}),
       ...(options.savePath ? {savedTo: resolve(options.savePath)} : {}),
+      ...(resultBytes > 0
+        ? {distro: {peers: plan.simulatePeers, resultBytes: resultBytes / plan.steps, denseBytes: 4 * info.parameters, compression: (4 * info.parameters) / (resultBytes / plan.steps)}}
+        : {}),
     }
   } finally {
     metrics?.close()

@@ -12,6 +12,8 @@ export interface StepResult {
   grad_norm: number
   lr: number
   tokens: number
+  /** DisTrO: mean size of one peer's compressed result for this step. */
+  result_bytes?: number
 }
 
 export interface TrainingSetup {
@@ -20,6 +22,8 @@ export interface TrainingSetup {
   /** Psyche's externally tagged schedule, e.g. {Cosine: {base_lr, warmup_steps, ...}} */
   lr_schedule?: Record<string, unknown>
   micro_batch: number
+  /** DisTrO only: split each step's batch among N simulated clients, each with its own momentum. */
+  simulate_peers?: number
 }
 
 function tokensFrame(tokens: Uint32Array, rows: number): Frame {
