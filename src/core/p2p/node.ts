@@ -1,0 +1,499 @@
+import './polyfill.js'
+import {noise} from '@chainsafe/libp2p-noise'
+import {yamux} from '@chainsafe/libp2p-yamux'
+import {generateKeyPairFromSeed, publicKeyFromRaw} from '@libp2p/crypto/keys'
+import {gossipsub, TopicValidatorResult, type GossipSub, type Message} from '@libp2p/gossipsub'
+import {identify} from '@libp2p/identify'
+import type {Connection, PeerId, Stream} from '@libp2p/interface'
+import {peerIdFromPublicKey} from '@libp2p/peer-id'
+import {tcp} from '@libp2p/tcp'
+import {multiaddr} from '@multiformats/multiaddr'
+import {createLibp2p, type Libp2p} from 'libp2p'
+import {errorMessage, PsycheError} from '../errors.js'
+import {
+  encodeAnnouncement,
+  parseAnnouncement,
+  privateSeedOf,
+  sha256Hex,
+  signAnnouncement,
+  type ResultAnnouncement,
+  type SigningIdentity,
+} from './announcement.js'
+import {framed, readChunksInto, readJsonObject, writeChunks, writeJson} from './framing.js'
+import {validateModelHeader, type ModelSnapshot} from './model.js'
+
+export const RESULT_PROTOCOL = '/psyche/result/1'
+export const MODEL_PROTOCOL = '/psyche/model/1'
+export const DEFAULT_MAX_BLOB_BYTES = 64 * 1024 * 1024
+export const DEFAULT_MAX_MODEL_BYTES = 4 * 1024 * 1024 * 1024
+export const DEFAULT_MAX_CONCURRENT_DOWNLOADS = 4
+export const DEFAULT_DOWNLOAD_TIMEOUT_MS = 60_000
+
+/** Requests and response headers are small JSON; anything bigger is refused before parsing. */
+const MAX_REQUEST_BYTES = 1024
+const MAX_BLOB_HEADER_BYTES = 1024
+const MAX_MODEL_HEADER_BYTES = 4 * 1024 * 1024
+
+export function resultsTopic(runId: string): string {
+  return `psyche/${runId}/results`
+}
+
+/** The libp2p peer id of a coordinator identity (libp2p ed25519 peer ids embed the public key). */
+export function peerIdOfClient(clientIdHex: string): PeerId {
+  if (!/^[0-9a-f]{64}$/.test(clientIdHex)) throw new PsycheError(`client id ${clientIdHex.slice(0, 80)} is not a 32-byte hex public key`)
+  return peerIdFromPublicKey(publicKeyFromRaw(Buffer.from(clientIdHex, 'hex')))
+}
+
+export interface P2PNodeOptions {
+  identity: SigningIdentity
+  runId: string
+  /** multiaddrs to listen on; default ['/ip4/127.0.0.1/tcp/0'] */
+  listen?: string[]
+  /** largest result blob accepted or served; default 64 MiB */
+  maxBlobBytes?: number
+  /** largest model (all frames) accepted; default 4 GiB */
+  maxModelBytes?: number
+  /** default 4 */
+  maxConcurrentDownloads?: number
+  /** per attempt (one holder), for blobs and models; default 60 s */
+  downloadTimeoutMs?: number
+  log?: (event: object) => void
+}
+
+export interface P2PStats {
+  bytesSent: number
+  bytesReceived: number
+  peers: number
+  badBlobs: number
+  downloadsInFlight: number
+  peakDownloadsInFlight: number
+}
+
+interface StoredResult {
+  step: number
+  bytes: Uint8Array
+}
+
+/** Counting semaphore: at most `limit` holders at once, the rest wait in FIFO order. */
+class Semaphore {
+  active = 0
+  peak = 0
+  private readonly waiting: (() => void)[] = []
+  constructor(private readonly limit: number) {}
+
+  async acquire(): Promise<void> {
+    if (this.active >= this.limit) await new Promise<void>((resolve) => this.waiting.push(resolve))
+    else this.active++
+    this.peak = Math.max(this.peak, this.active)
+  }
+
+  release(): void {
+    const next = this.waiting.shift()
+    // The slot passes straight to the next waiter, so `active` is unchanged.
+    if (next) next()
+    else this.active--
+  }
+}
+
+type Services = {identify: ReturnType<ReturnType<typeof identify>>; pubsub: GossipSub}
+
+/**
+ * One client's libp2p node: gossips signed result announcements on `psyche/<run_id>/results`, serves and fetches
+ * result blobs over /psyche/result/1, and shares the model over /psyche/model/1.
+ */
+export class P2PNode {
+  readonly peerId: string
+  readonly runId: string
+  readonly topic: string
+  /** The underlying libp2p node (tests use it to publish raw gossip; callers should not need it). */
+  readonly libp2p: Libp2p<Services>
+
+  private readonly identity: SigningIdentity
+  private readonly maxBlobBytes: number
+  private readonly maxModelBytes: number
+  private readonly downloadTimeoutMs: number
+  private readonly log: (event: object) => void
+  private readonly downloads: Semaphore
+  private readonly results = new Map<string, StoredResult>()
+  /** signature -> step: an announcement re-published under a new gossip id is delivered once */
+  private readonly seenAnnouncements = new Map<string, number>()
+  private readonly announcementHandlers: ((a: ResultAnnouncement) => void)[] = []
+  private readonly validated = new WeakMap<Message, ResultAnnouncement>()
+  private modelProvider?: () => Promise<ModelSnapshot>
+  private bytesSent = 0
+  private bytesReceived = 0
+  private badBlobs = 0
+  private stopped = false
+
+  private constructor(libp2p: Libp2p<Services>, options: P2PNodeOptions) {
+    this.libp2p = libp2p
+    this.peerId = libp2p.peerId.toString()
+    this.identity = options.identity
+    this.runId = options.runId
+    this.topic = resultsTopic(options.runId)
+    this.maxBlobBytes = options.maxBlobBytes ?? DEFAULT_MAX_BLOB_BYTES
+    this.maxModelBytes = options.maxModelBytes ?? DEFAULT_MAX_MODEL_BYTES
+    this.downloadTimeoutMs = options.downloadTimeoutMs ?? DEFAULT_DOWNLOAD_TIMEOUT_MS
+    this.downloads = new Semaphore(Math.max(1, options.maxConcurrentDownloads ?? DEFAULT_MAX_CONCURRENT_DOWNLOADS))
+    const log = options.log
+    this.log = (event) => {
+      try {
+        log?.(event)
+      } catch {
+        // a throwing logger must not break the network path
+      }
+    }
+  }
+
+  static async start(options: P2PNodeOptions): Promise<P2PNode> {
+    const seed = privateSeedOf(options.identity.privateKey)
+    const privateKey = await generateKeyPairFromSeed('Ed25519', seed)
+    const libp2p = await createLibp2p<Services>({
+      privateKey,
+      addresses: {listen: options.listen ?? ['/ip4/127.0.0.1/tcp/0']},
+      transports: [tcp()],
+      connectionEncrypters: [noise()],
+      streamMuxers: [yamux()],
+      services: {
+        identify: identify(),
+        pubsub: gossipsub({
+          // A run has a handful to a few hundred clients: a small mesh, and the publisher floods its own
+          // announcement to every subscribed peer so a 2-4 node network delivers without a formed mesh.
+          D: 4,
+          Dlo: 2,
+          Dhi: 8,
+          Dout: 1,
+          floodPublish: true,
+          allowPublishToZeroTopicPeers: true,
+          emitSelf: false,
+          fallbackToFloodsub: true,
+          maxInboundDataLength: 64 * 1024,
+        }),
+      },
+    })
+    const node = new P2PNode(libp2p, options)
+    await node.install()
+    return node
+  }
+
+  private async install(): Promise<void> {
+    const pubsub = this.libp2p.services.pubsub
+    pubsub.topicValidators.set(this.topic, (propagationSource, message) => this.validateGossip(propagationSource, message))
+    pubsub.addEventListener('message', (event) => this.onGossip(event.detail))
+    pubsub.subscribe(this.topic)
+    await this.libp2p.handle(RESULT_PROTOCOL, (stream, connection) => this.serveResult(stream, connection), {maxInboundStreams: 64})
+    await this.libp2p.handle(MODEL_PROTOCOL, (stream, connection) => this.serveModelStream(stream, connection), {maxInboundStreams: 4})
+  }
+
+  /** Multiaddrs to publish to the coordinator, each ending in /p2p/<peerId>. */
+  addresses(): string[] {
+    return this.libp2p.getMultiaddrs().map((a) => a.toString())
+  }
+
+  /** Dials peers learned from the coordinator. Skips self; a failed dial is logged, and may be retried by a later call. */
+  async connect(addrs: string[]): Promise<void> {
+    await Promise.all(
+      addrs.map(async (addr) => {
+        let target
+        try {
+          target = multiaddr(addr)
+        } catch (error) {
+          this.log({event: 'dial_failed', addr, reason: `not a multiaddr: ${errorMessage(error)}`})
+          return
+        }
+        const peer = target.getComponents().find((c) => c.name === 'p2p')?.value
+        if (peer === this.peerId) return
+        if (peer !== undefined && this.libp2p.getConnections().some((c) => c.remotePeer.toString() === peer)) return
+        try {
+          await this.libp2p.dial(target, {signal: AbortSignal.timeout(10_000)})
+        } catch (error) {
+          this.log({event: 'dial_failed', addr, reason: errorMessage(error)})
+        }
+      }),
+    )
+  }
+
+  /** Stores the blob for serving and gossips its signed announcement. */
+  async publishResult(step: number, batchStart: number, batchEnd: number, blob: Uint8Array): Promise<ResultAnnouncement> {
+    if (blob.length > this.maxBlobBytes) throw new PsycheError(`result is ${blob.length} bytes, more than the ${this.maxBlobBytes}-byte maximum blob size`)
+    const announcement = signAnnouncement(this.identity, {
+      run_id: this.runId,
+      step,
+      client_id: this.identity.id,
+      batch_start: batchStart,
+      batch_end: batchEnd,
+      commitment: sha256Hex(blob),
+      size: blob.length,
+    })
+    this.results.set(announcement.commitment, {step, bytes: blob})
+    this.seenAnnouncements.set(announcement.signature, step)
+    await this.libp2p.services.pubsub.publish(this.topic, encodeAnnouncement(announcement))
+    return announcement
+  }
+
+  /** Handlers see only announcements for this run whose signature verifies against their client_id (never our own). */
+  onAnnouncement(handler: (a: ResultAnnouncement) => void): void {
+    this.announcementHandlers.push(handler)
+  }
+
+  /** Gossipsub validator: a rejected message is neither delivered nor forwarded, and its sender's score drops. */
+  private validateGossip(propagationSource: PeerId, message: Message): TopicValidatorResult {
+    const parsed = parseAnnouncement(message.data, this.runId)
+    if (!parsed.ok) {
+      this.log({
+        event: 'announcement_rejected',
+        reason: parsed.reason,
+        from: message.type === 'signed' ? message.from.toString() : undefined,
+        via: propagationSource.toString(),
+      })
+      return TopicValidatorResult.Reject
+    }
+    this.validated.set(message, parsed.announcement)
+    return TopicValidatorResult.Accept
+  }
+
+  private onGossip(message: Message): void {
+    if (message.topic !== this.topic) return
+    let announcement = this.validated.get(message)
+    if (announcement === undefined) {
+      const parsed = parseAnnouncement(message.data, this.runId)
+      if (!parsed.ok) return
+      announcement = parsed.announcement
+    }
+    if (this.seenAnnouncements.has(announcement.signature)) return
+    this.seenAnnouncements.set(announcement.signature, announcement.step)
+    for (const handler of this.announcementHandlers) {
+      try {
+        handler(announcement)
+      } catch (error) {
+        this.log({event: 'announcement_handler_failed', reason: errorMessage(error)})
+      }
+    }
+  }
+
+  hasResult(commitment: string): boolean {
+    return this.results.has(commitment)
+  }
+
+  getResult(commitment: string): Uint8Array | undefined {
+    return this.results.get(commitment)?.bytes
+  }
+
+  /** Forgets results (and seen announcements) of earlier steps, so memory stays bounded. */
+  dropResultsBefore(step: number): void {
+    for (const [commitment, stored] of this.results) if (stored.step < step) this.results.delete(commitment)
+    for (const [signature, seenStep] of this.seenAnnouncements) if (seenStep < step) this.seenAnnouncements.delete(signature)
+  }
+
+  /**
+   * Test hook: serve `bytes` under `commitment` whatever they hash to (a dishonest peer). Never use outside tests.
+   */
+  serveUncheckedForTesting(commitment: string, step: number, bytes: Uint8Array): void {
+    this.results.set(commitment, {step, bytes})
+  }
+
+  /**
+   * Downloads an announced result: from the producer first, then from any other connected peer (every node re-serves
+   * what it downloaded). Bytes that do not hash to the commitment are discarded and their sender reported
+   * ({event: 'bad_blob'}); throws when no holder supplied the right bytes.
+   */
+  async fetchResult(a: ResultAnnouncement): Promise<Uint8Array> {
+    const local = this.results.get(a.commitment)
+    if (local) return local.bytes
+    if (a.run_id !== this.runId) throw new PsycheError(`announcement is for run ${a.run_id}, not ${this.runId}`)
+    if (a.size > this.maxBlobBytes) {
+      this.log({event: 'blob_refused', client_id: a.client_id, commitment: a.commitment, reason: `announced size ${a.size} exceeds max ${this.maxBlobBytes}`})
+      throw new PsycheError(`result ${a.commitment.slice(0, 16)}… from ${a.client_id.slice(0, 16)}… is ${a.size} bytes, more than the ${this.maxBlobBytes}-byte maximum`)
+    }
+    const producer = peerIdOfClient(a.client_id)
+    const holders = [producer, ...this.libp2p.getPeers().filter((p) => !p.equals(producer))]
+    const failures: string[] = []
+    await this.downloads.acquire()
+    try {
+      for (const holder of holders) {
+        if (this.stopped) throw new PsycheError('p2p node stopped')
+        // Another concurrent fetch of the same commitment may have finished while we waited.
+        const done = this.results.get(a.commitment)
+        if (done) return done.bytes
+        try {
+          const bytes = await this.downloadFrom(holder, a)
+          const hash = sha256Hex(bytes)
+          if (hash !== a.commitment) {
+            this.badBlobs++
+            this.log({event: 'bad_blob', from: holder.toString(), client_id: a.client_id, commitment: a.commitment, reason: `bytes hash to ${hash}, not the commitment`})
+            failures.push(`${holder.toString()}: bytes do not match the commitment`)
+            continue
+          }
+          this.results.set(a.commitment, {step: a.step, bytes})
+          return bytes
+        } catch (error) {
+          const reason = errorMessage(error)
+          if (error instanceof BadSenderError) {
+            this.badBlobs++
+            this.log({event: 'bad_blob', from: holder.toString(), client_id: a.client_id, commitment: a.commitment, reason})
+          } else {
+            this.log({event: 'fetch_failed', from: holder.toString(), client_id: a.client_id, commitment: a.commitment, reason})
+          }
+          failures.push(`${holder.toString()}: ${reason}`)
+        }
+      }
+    } finally {
+      this.downloads.release()
+    }
+    throw new PsycheError(`could not fetch result ${a.commitment.slice(0, 16)}… of client ${a.client_id.slice(0, 16)}… (step ${a.step}): ${failures.join('; ') || 'no peers'}`)
+  }
+
+  private async downloadFrom(holder: PeerId, a: ResultAnnouncement): Promise<Uint8Array> {
+    const signal = AbortSignal.timeout(this.downloadTimeoutMs)
+    const stream = await this.libp2p.dialProtocol(holder, RESULT_PROTOCOL, {signal})
+    try {
+      const lp = framed(stream, Math.max(MAX_BLOB_HEADER_BYTES, CHUNK_LIMIT))
+      await writeJson(lp, {run_id: this.runId, commitment: a.commitment}, {signal})
+      const header = await readJsonObject(lp, 'result response header', {signal})
+      if (header.status === 'not_found') throw new Error('does not hold it')
+      if (header.status !== 'ok') throw new Error(`refused: ${String(header.reason ?? header.status).slice(0, 200)}`)
+      if (header.size !== a.size) throw new BadSenderError(`declared ${String(header.size).slice(0, 20)} bytes, announcement says ${a.size}`)
+      const bytes = new Uint8Array(a.size)
+      try {
+        await readChunksInto(lp, bytes, 0, a.size, {signal})
+      } catch (error) {
+        if (errorMessage(error).includes('more than the declared')) throw new BadSenderError(errorMessage(error))
+        throw error
+      }
+      this.bytesReceived += a.size
+      await stream.close({signal}).catch(() => {})
+      return bytes
+    } catch (error) {
+      stream.abort(error instanceof Error ? error : new Error(String(error)))
+      throw error
+    }
+  }
+
+  private async serveResult(stream: Stream, connection: Connection): Promise<void> {
+    const signal = AbortSignal.timeout(this.downloadTimeoutMs)
+    try {
+      const lp = framed(stream, MAX_REQUEST_BYTES)
+      const request = await readJsonObject(lp, 'result request', {signal})
+      const commitment = typeof request.commitment === 'string' ? request.commitment : ''
+      const stored = request.run_id === this.runId ? this.results.get(commitment) : undefined
+      if (request.run_id !== this.runId) {
+        await writeJson(lp, {status: 'error', reason: 'wrong run'}, {signal})
+      } else if (stored === undefined) {
+        await writeJson(lp, {status: 'not_found'}, {signal})
+      } else {
+        await writeJson(lp, {status: 'ok', size: stored.bytes.length}, {signal})
+        await writeChunks(lp, stored.bytes, {signal})
+        this.bytesSent += stored.bytes.length
+      }
+      await stream.close({signal})
+    } catch (error) {
+      this.log({event: 'serve_failed', protocol: RESULT_PROTOCOL, to: connection.remotePeer.toString(), reason: errorMessage(error)})
+      stream.abort(error instanceof Error ? error : new Error(String(error)))
+    }
+  }
+
+  /** Answers /psyche/model/1 requests with the provider's current parameters (a rejoining client's source). */
+  serveModel(provider: () => Promise<ModelSnapshot>): void {
+    this.modelProvider = provider
+  }
+
+  private async serveModelStream(stream: Stream, connection: Connection): Promise<void> {
+    const signal = AbortSignal.timeout(Math.max(this.downloadTimeoutMs, 600_000))
+    try {
+      const lp = framed(stream, MAX_REQUEST_BYTES)
+      const request = await readJsonObject(lp, 'model request', {signal})
+      if (request.run_id !== this.runId) {
+        await writeJson(lp, {status: 'error', reason: 'wrong run'}, {signal})
+      } else if (this.modelProvider === undefined) {
+        await writeJson(lp, {status: 'not_available'}, {signal})
+      } else {
+        const model = await this.modelProvider()
+        const frames = model.frames.map((f) => ({name: f.name, dtype: f.dtype, shape: f.shape, size: f.data.length}))
+        await writeJson(lp, {status: 'ok', step: model.step, paramHash: model.paramHash, frames}, {signal})
+        for (const frame of model.frames) {
+          await writeChunks(lp, frame.data, {signal})
+          this.bytesSent += frame.data.length
+        }
+      }
+      await stream.close({signal})
+    } catch (error) {
+      this.log({event: 'serve_failed', protocol: MODEL_PROTOCOL, to: connection.remotePeer.toString(), reason: errorMessage(error)})
+      stream.abort(error instanceof Error ? error : new Error(String(error)))
+    }
+  }
+
+  /**
+   * Downloads the model from the first of these clients that has it (in order). Sizes are checked against shapes
+   * and dtypes and bounded by maxModelBytes; the caller's worker checks paramHash after importing the frames.
+   */
+  async fetchModel(fromClientIds: string[]): Promise<ModelSnapshot> {
+    const failures: string[] = []
+    for (const clientId of fromClientIds) {
+      if (clientId === this.identity.id) continue
+      let peer: PeerId
+      try {
+        peer = peerIdOfClient(clientId)
+      } catch (error) {
+        failures.push(`${clientId.slice(0, 16)}: ${errorMessage(error)}`)
+        continue
+      }
+      try {
+        return await this.downloadModelFrom(peer)
+      } catch (error) {
+        this.log({event: 'model_fetch_failed', from: peer.toString(), client_id: clientId, reason: errorMessage(error)})
+        failures.push(`${clientId.slice(0, 16)}…: ${errorMessage(error)}`)
+      }
+    }
+    throw new PsycheError(`could not fetch the model from any peer${failures.length ? `: ${failures.join('; ')}` : ' (no peers given)'}`)
+  }
+
+  private async downloadModelFrom(peer: PeerId): Promise<ModelSnapshot> {
+    // The whole model may take a while; a stalled peer still times out through the stream's inactivity timeout.
+    const signal = AbortSignal.timeout(Math.max(this.downloadTimeoutMs, 600_000))
+    const stream = await this.libp2p.dialProtocol(peer, MODEL_PROTOCOL, {signal: AbortSignal.timeout(this.downloadTimeoutMs)})
+    try {
+      const lp = framed(stream, Math.max(MAX_MODEL_HEADER_BYTES, CHUNK_LIMIT))
+      await writeJson(lp, {run_id: this.runId}, {signal})
+      const header = await readJsonObject(lp, 'model response header', {signal})
+      if (header.status !== 'ok') throw new Error(`refused: ${String(header.reason ?? header.status).slice(0, 200)}`)
+      const {step, paramHash, frames, totalBytes} = validateModelHeader(header, this.maxModelBytes)
+      const data = new Uint8Array(totalBytes)
+      let offset = 0
+      const out = []
+      for (const frame of frames) {
+        await readChunksInto(lp, data, offset, frame.size, {signal})
+        out.push({name: frame.name, dtype: frame.dtype, shape: frame.shape, data: data.subarray(offset, offset + frame.size)})
+        offset += frame.size
+      }
+      this.bytesReceived += totalBytes
+      await stream.close({signal}).catch(() => {})
+      return {step, paramHash, frames: out}
+    } catch (error) {
+      stream.abort(error instanceof Error ? error : new Error(String(error)))
+      throw error
+    }
+  }
+
+  stats(): P2PStats {
+    return {
+      bytesSent: this.bytesSent,
+      bytesReceived: this.bytesReceived,
+      peers: this.libp2p.getPeers().length,
+      badBlobs: this.badBlobs,
+      downloadsInFlight: this.downloads.active,
+      peakDownloadsInFlight: this.downloads.peak,
+    }
+  }
+
+  async stop(): Promise<void> {
+    if (this.stopped) return
+    this.stopped = true
+    await this.libp2p.stop()
+  }
+}
+
+/** Frames of bulk data are at most this big (framing.CHUNK_BYTES), headers aside. */
+const CHUNK_LIMIT = 1 << 20
+
+/** The sender broke the protocol in a way that is its fault (lied about sizes): reported like a bad blob. */
+class BadSenderError extends Error {}

@@ -1,0 +1,45 @@
+import {generateKeyPairSync, randomBytes} from 'node:crypto'
+import {P2PNode, type P2PNodeOptions, type SigningIdentity} from '../../src/core/p2p/index.js'
+import {waitFor} from '../helpers.js'
+
+/** An ed25519 identity shaped like the protocol's Identity (id = raw public key hex), straight from node:crypto. */
+export function testIdentity(): SigningIdentity {
+  const {publicKey, privateKey} = generateKeyPairSync('ed25519')
+  const raw = new Uint8Array(publicKey.export({format: 'der', type: 'spki'}).subarray(12))
+  return {id: Buffer.from(raw).toString('hex'), publicKey: raw, privateKey}
+}
+
+export interface TestNode {
+  node: P2PNode
+  identity: SigningIdentity
+  events: Record<string, unknown>[]
+}
+
+export async function startNodes(count: number, options: Partial<P2PNodeOptions> & {runId?: string} = {}): Promise<TestNode[]> {
+  const out: TestNode[] = []
+  for (let i = 0; i < count; i++) {
+    const identity = testIdentity()
+    const events: Record<string, unknown>[] = []
+    const node = await P2PNode.start({runId: 'test-run', ...options, identity, log: (e) => events.push(e as Record<string, unknown>)})
+    out.push({node, identity, events})
+  }
+  return out
+}
+
+/** Connects every node to every other and waits until each sees the others subscribed to the results topic. */
+export async function meshUp(nodes: TestNode[]): Promise<void> {
+  for (const n of nodes) await n.node.connect(nodes.flatMap((m) => m.node.addresses()))
+  await waitFor(
+    () => nodes.every((n) => n.node.libp2p.services.pubsub.getSubscribers(n.node.topic).length >= nodes.length - 1),
+    10_000,
+    'topic subscriptions to propagate',
+  )
+}
+
+export async function stopAll(nodes: TestNode[]): Promise<void> {
+  await Promise.all(nodes.map((n) => n.node.stop()))
+}
+
+export function randomBlob(size: number): Uint8Array {
+  return new Uint8Array(randomBytes(size))
+}

@@ -1,0 +1,49 @@
+import assert from 'node:assert/strict'
+import {after, before, describe, it} from 'node:test'
+import {peerIdOfClient, sha256Hex, type ResultAnnouncement} from '../../src/core/p2p/index.js'
+import {waitFor} from '../helpers.js'
+import {meshUp, randomBlob, startNodes, stopAll, type TestNode} from './helpers.js'
+
+describe('p2p: result gossip and blob transfer between three real libp2p nodes', () => {
+  let nodes: TestNode[] = []
+  before(async () => {
+    nodes = await startNodes(3)
+    await meshUp(nodes)
+  })
+  after(async () => stopAll(nodes))
+
+  it('peer ids derive from the client identities (no directory needed)', () => {
+    for (const n of nodes) assert.equal(n.node.peerId, peerIdOfClient(n.identity.id).toString())
+    for (const n of nodes) assert.ok(n.node.addresses().every((a) => a.startsWith('/ip4/127.0.0.1/tcp/') && a.endsWith(`/p2p/${n.node.peerId}`)))
+  })
+
+  it('every node receives the others\' announcements and fetches their blobs', async () => {
+    const received: ResultAnnouncement[][] = nodes.map(() => [])
+    nodes.forEach((n, i) => n.node.onAnnouncement((a) => received[i].push(a)))
+    const blobs = nodes.map((_, i) => randomBlob(200_000 + i * 1_500_000))
+    const published = await Promise.all(nodes.map((n, i) => n.node.publishResult(7, i * 4, i * 4 + 4, blobs[i])))
+    published.forEach((a, i) => {
+      assert.equal(a.client_id, nodes[i].identity.id)
+      assert.equal(a.commitment, sha256Hex(blobs[i]))
+      assert.equal(a.size, blobs[i].length)
+    })
+    await waitFor(() => received.every((r) => r.length >= 2), 10_000, 'announcements to arrive')
+    for (const [i, r] of received.entries()) {
+      assert.equal(r.length, 2, 'own announcement is not delivered, the other two are, once each')
+      assert.deepEqual(r.map((a) => a.client_id).sort(), nodes.filter((_, j) => j !== i).map((n) => n.identity.id).sort())
+      for (const a of r) {
+        const bytes = await nodes[i].node.fetchResult(a)
+        const producer = nodes.findIndex((n) => n.identity.id === a.client_id)
+        assert.deepEqual(Buffer.from(bytes), Buffer.from(blobs[producer]))
+        assert.ok(nodes[i].node.hasResult(a.commitment))
+      }
+    }
+    const total = blobs.reduce((s, b) => s + b.length, 0)
+    const sent = nodes.reduce((s, n) => s + n.node.stats().bytesSent, 0)
+    const got = nodes.reduce((s, n) => s + n.node.stats().bytesReceived, 0)
+    assert.equal(got, 2 * total, 'each blob downloaded by the two other nodes')
+    assert.equal(sent, got)
+    for (const n of nodes) assert.equal(n.node.stats().peers, 2)
+    for (const n of nodes) assert.equal(n.node.stats().badBlobs, 0)
+  })
+})
