@@ -13,7 +13,7 @@ import {projectRoot, pythonEnv, workerPython} from '../src/core/worker/python.js
 const STEPS = Number(process.env.BENCH_STEPS ?? 60)
 const WARMUP = 5
 const THREADS = Number(process.env.BENCH_THREADS ?? 2)
-const REPEATS = 2
+const REPEATS = 3
 
 const corpus = await ensureDemoCorpus()
 const rate = (seconds: number[], tokensPerStep: number) => (tokensPerStep * seconds.length) / seconds.reduce((a, b) => a + b, 0)

@@ -184,9 +184,11 @@ class Worker:
             if op is None:
                 raise ProtocolError(f"unknown op {header['op']!r}")
             specs = frame_specs(header, len(parts) - 1)
+            started = time.perf_counter()
             tensors = [frame_to_tensor(s, p.buffer) for s, p in zip(specs, parts[1:])]
             result, out_frames = op(header, tensors)
-            return {"id": rid, "ok": True, **result}, out_frames, False
+            # time spent inside the worker: the client subtracts it from its round trip to see overhead
+            return {"id": rid, "ok": True, **result, "op_seconds": time.perf_counter() - started}, out_frames, False
         except ProtocolError as exc:
             return {"id": header.get("id"), "ok": False, "error": {"kind": "protocol", "message": str(exc)}}, [], False
         except WorkerError as exc:
