@@ -1,0 +1,87 @@
+import assert from 'node:assert/strict'
+import {after, before, describe, it} from 'node:test'
+import {sha256Hex, signAnnouncement, type ResultAnnouncement} from '../../src/core/p2p/index.js'
+import {waitFor} from '../helpers.js'
+import {meshUp, randomBlob, startNodes, stopAll, testIdentity, type TestNode} from './helpers.js'
+
+describe('p2p: forged announcements and dishonest blobs are rejected with a logged reason', () => {
+  let nodes: TestNode[] = []
+  before(async () => {
+    nodes = await startNodes(3)
+    await meshUp(nodes)
+  })
+  after(async () => stopAll(nodes))
+
+  it('drops announcements with a bad signature, another run id, a client_id that is not the signer, or no JSON', async () => {
+    const [forger, a, b] = nodes
+    const delivered: ResultAnnouncement[][] = [[], []]
+    a.node.onAnnouncement((x) => delivered[0].push(x))
+    b.node.onAnnouncement((x) => delivered[1].push(x))
+    const fields = {run_id: 'test-run', step: 3, client_id: forger.identity.id, batch_start: 0, batch_end: 2, commitment: sha256Hex(Buffer.from('x')), size: 1}
+    const good = signAnnouncement(forger.identity, fields)
+    const flipped = good.signature.slice(0, -1) + (good.signature.endsWith('0') ? '1' : '0')
+    const someoneElse = testIdentity()
+    const forgeries: [string, unknown][] = [
+      ['signature does not verify', {...good, signature: flipped}],
+      ['signature does not verify', {...good, step: 4}],
+      ['is not this run', signAnnouncement(forger.identity, {...fields, run_id: 'other-run'})],
+      // Signed by the forger but claiming to be someone else's result.
+      ['signature does not verify', {...signAnnouncement(forger.identity, {...fields, client_id: someoneElse.id}), client_id: someoneElse.id}],
+      ['batch_end is not greater', signAnnouncement(forger.identity, {...fields, batch_end: 0})],
+      ['is not JSON', 'not json {'],
+    ]
+    const pubsub = forger.node.libp2p.services.pubsub
+    for (const [, forged] of forgeries) {
+      await pubsub.publish(forger.node.topic, Buffer.from(typeof forged === 'string' ? forged : JSON.stringify(forged)))
+    }
+    // A valid announcement sent afterwards proves the channel works and gives the forgeries time to arrive.
+    const honest = await forger.node.publishResult(3, 0, 2, randomBlob(10))
+    await waitFor(() => delivered.every((d) => d.length === 1), 10_000, 'the honest announcement')
+    await waitFor(() => [a, b].every((n) => n.events.filter((e) => e.event === 'announcement_rejected').length === forgeries.length), 10_000, 'all rejections logged')
+    for (const d of delivered) assert.deepEqual(d, [honest])
+    for (const n of [a, b]) {
+      const rejected = n.events.filter((e) => e.event === 'announcement_rejected')
+      assert.deepEqual(rejected.map((e) => forgeries.findIndex(([reason]) => String(e.reason).includes(reason)) >= 0), forgeries.map(() => true), JSON.stringify(rejected))
+      for (const e of rejected) assert.equal(e.from, forger.node.peerId, 'the sender is named')
+    }
+  })
+
+  it('discards a blob whose bytes do not match the commitment, reports the sender, and throws when no holder has the right bytes', async () => {
+    const [liar, fetcher, honest] = nodes
+    const real = randomBlob(300_000)
+    const fake = randomBlob(real.length)
+    const commitment = sha256Hex(real)
+    liar.node.serveUncheckedForTesting(commitment, 5, fake)
+    const a = signAnnouncement(liar.identity, {run_id: 'test-run', step: 5, client_id: liar.identity.id, batch_start: 0, batch_end: 1, commitment, size: real.length})
+
+    await assert.rejects(fetcher.node.fetchResult(a), /could not fetch result.*do not match the commitment/)
+    const bad = fetcher.events.filter((e) => e.event === 'bad_blob')
+    assert.equal(bad.length, 1)
+    assert.equal(bad[0].from, liar.node.peerId)
+    assert.match(String(bad[0].reason), /not the commitment/)
+    assert.equal(fetcher.node.stats().badBlobs, 1)
+    assert.equal(fetcher.node.hasResult(commitment), false, 'the wrong bytes are not kept')
+    assert.ok(fetcher.events.some((e) => e.event === 'fetch_failed' && e.from === honest.node.peerId && /does not hold it/.test(String(e.reason))))
+
+    // Once an honest peer holds the real bytes, the fetch falls through the liar to it.
+    honest.node.serveUncheckedForTesting(commitment, 5, real)
+    const bytes = await fetcher.node.fetchResult(a)
+    assert.deepEqual(Buffer.from(bytes), Buffer.from(real))
+    assert.equal(fetcher.node.stats().badBlobs, 2)
+    assert.equal(fetcher.events.filter((e) => e.event === 'bad_blob').at(-1)?.from, liar.node.peerId)
+  })
+
+  it('reports a sender whose declared size differs from the announcement', async () => {
+    const [liar, fetcher] = nodes
+    const real = randomBlob(1000)
+    const commitment = sha256Hex(real)
+    liar.node.serveUncheckedForTesting(commitment, 6, randomBlob(5000))
+    const a = signAnnouncement(liar.identity, {run_id: 'test-run', step: 6, client_id: liar.identity.id, batch_start: 0, batch_end: 1, commitment, size: real.length})
+    const before = fetcher.node.stats().badBlobs
+    await assert.rejects(fetcher.node.fetchResult(a), /declared 5000 bytes, announcement says 1000/)
+    assert.equal(fetcher.node.stats().badBlobs, before + 1)
+    const reported = fetcher.events.filter((e) => e.event === 'bad_blob' && /declared 5000 bytes/.test(String(e.reason)))
+    assert.deepEqual(reported.map((e) => e.from), [liar.node.peerId])
+    assert.equal(fetcher.node.hasResult(commitment), false)
+  })
+})
