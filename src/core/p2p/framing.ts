@@ -34,6 +34,9 @@ export async function writeChunks(lp: LengthPrefixedStream<Stream>, bytes: Uint8
   }
 }
 
+/** The sender sent more bytes than it declared. */
+export class OverrunError extends Error {}
+
 /**
  * Reads exactly `size` bytes sent as chunks into `into` (at `offset`). A chunk that would overrun the declared
  * size is an error: the sender lied about the size.
@@ -43,7 +46,7 @@ export async function readChunksInto(lp: LengthPrefixedStream<Stream>, into: Uin
   while (filled < size) {
     const chunk = await lp.read(options)
     if (chunk.byteLength === 0) throw new Error('empty chunk')
-    if (filled + chunk.byteLength > size) throw new Error(`sender sent more than the declared ${size} bytes`)
+    if (filled + chunk.byteLength > size) throw new OverrunError(`sender sent more than the declared ${size} bytes`)
     let at = offset + filled
     for (const part of chunk) {
       into.set(part, at)

@@ -23,6 +23,8 @@ export const DTYPE_BYTES: Record<string, number> = {
   int32: 4,
   int16: 2,
   int8: 1,
+  uint32: 4,
+  uint16: 2,
   uint8: 1,
   bool: 1,
 }

@@ -19,7 +19,7 @@ import {
   type ResultAnnouncement,
   type SigningIdentity,
 } from './announcement.js'
-import {framed, readChunksInto, readJsonObject, writeChunks, writeJson} from './framing.js'
+import {CHUNK_BYTES, framed, OverrunError, readChunksInto, readJsonObject, writeChunks, writeJson} from './framing.js'
 import {validateModelHeader, type ModelSnapshot} from './model.js'
 
 export const RESULT_PROTOCOL = '/psyche/result/1'
@@ -167,7 +167,8 @@ export class P2PNode {
           allowPublishToZeroTopicPeers: true,
           emitSelf: false,
           fallbackToFloodsub: true,
-          maxInboundDataLength: 64 * 1024,
+          // Announcements are < 4 KiB; an RPC may batch many of them plus control ids.
+          maxInboundDataLength: 1024 * 1024,
         }),
       },
     })
@@ -347,7 +348,7 @@ export class P2PNode {
     const signal = AbortSignal.timeout(this.downloadTimeoutMs)
     const stream = await this.libp2p.dialProtocol(holder, RESULT_PROTOCOL, {signal})
     try {
-      const lp = framed(stream, Math.max(MAX_BLOB_HEADER_BYTES, CHUNK_LIMIT))
+      const lp = framed(stream, Math.max(MAX_BLOB_HEADER_BYTES, CHUNK_BYTES))
       await writeJson(lp, {run_id: this.runId, commitment: a.commitment}, {signal})
       const header = await readJsonObject(lp, 'result response header', {signal})
       if (header.status === 'not_found') throw new Error('does not hold it')
@@ -357,7 +358,7 @@ export class P2PNode {
       try {
         await readChunksInto(lp, bytes, 0, a.size, {signal})
       } catch (error) {
-        if (errorMessage(error).includes('more than the declared')) throw new BadSenderError(errorMessage(error))
+        if (error instanceof OverrunError) throw new BadSenderError(error.message)
         throw error
       }
       this.bytesReceived += a.size
@@ -452,7 +453,7 @@ export class P2PNode {
     const signal = AbortSignal.timeout(Math.max(this.downloadTimeoutMs, 600_000))
     const stream = await this.libp2p.dialProtocol(peer, MODEL_PROTOCOL, {signal: AbortSignal.timeout(this.downloadTimeoutMs)})
     try {
-      const lp = framed(stream, Math.max(MAX_MODEL_HEADER_BYTES, CHUNK_LIMIT))
+      const lp = framed(stream, Math.max(MAX_MODEL_HEADER_BYTES, CHUNK_BYTES))
       await writeJson(lp, {run_id: this.runId}, {signal})
       const header = await readJsonObject(lp, 'model response header', {signal})
       if (header.status !== 'ok') throw new Error(`refused: ${String(header.reason ?? header.status).slice(0, 200)}`)
@@ -491,9 +492,6 @@ export class P2PNode {
     await this.libp2p.stop()
   }
 }
-
-/** Frames of bulk data are at most this big (framing.CHUNK_BYTES), headers aside. */
-const CHUNK_LIMIT = 1 << 20
 
 /** The sender broke the protocol in a way that is its fault (lied about sizes): reported like a bad blob. */
 class BadSenderError extends Error {}

@@ -1,0 +1,84 @@
+import assert from 'node:assert/strict'
+import {after, before, describe, it} from 'node:test'
+import {P2PNode, validateModelHeader, type ModelSnapshot} from '../../src/core/p2p/index.js'
+import {meshUp, randomBlob, startNodes, stopAll, testIdentity, type TestNode} from './helpers.js'
+
+function snapshot(): ModelSnapshot {
+  const f32 = (name: string, shape: number[]) => ({name, dtype: 'float32', shape, data: randomBlob(shape.reduce((a, b) => a * b, 1) * 4)})
+  return {
+    step: 42,
+    paramHash: 'abc123',
+    frames: [f32('model.embed_tokens.weight', [4096, 64]), f32('model.layers.0.mlp.up_proj.weight', [128, 64]), {name: 'lm_head.bias', dtype: 'bfloat16', shape: [7], data: randomBlob(14)}, f32('scalar', [])],
+  }
+}
+
+describe('p2p: model sharing over /psyche/model/1', () => {
+  let nodes: TestNode[] = []
+  const model = snapshot()
+  let provided = 0
+  before(async () => {
+    nodes = await startNodes(3)
+    await meshUp(nodes)
+    nodes[0].node.serveModel(async () => {
+      provided++
+      return model
+    })
+  })
+  after(async () => stopAll(nodes))
+
+  it('a joining node gets identical frames from the first listed peer that serves the model', async () => {
+    const [server, joiner, noModel] = nodes
+    const stranger = testIdentity().id // a valid key nobody runs
+    const got = await joiner.node.fetchModel([stranger, noModel.identity.id, server.identity.id])
+    assert.equal(got.step, 42)
+    assert.equal(got.paramHash, 'abc123')
+    assert.deepEqual(got.frames.map((f) => [f.name, f.dtype, f.shape]), model.frames.map((f) => [f.name, f.dtype, f.shape]))
+    got.frames.forEach((f, i) => assert.deepEqual(Buffer.from(f.data), Buffer.from(model.frames[i].data)))
+    assert.equal(provided, 1)
+    const failed = joiner.events.filter((e) => e.event === 'model_fetch_failed')
+    assert.deepEqual(failed.map((e) => e.client_id), [stranger, noModel.identity.id])
+    assert.match(String(failed[1].reason), /not_available/)
+    const total = model.frames.reduce((s, f) => s + f.data.length, 0)
+    assert.equal(joiner.node.stats().bytesReceived, total)
+    assert.equal(server.node.stats().bytesSent, total)
+  })
+
+  it('throws naming every peer tried when none serves the model', async () => {
+    const [, joiner, noModel] = nodes
+    await assert.rejects(joiner.node.fetchModel([noModel.identity.id, 'zz']), /could not fetch the model from any peer: .*not_available.*not a 32-byte hex public key/)
+    await assert.rejects(joiner.node.fetchModel([]), /no peers given/)
+  })
+
+  it('refuses a model larger than maxModelBytes before reading its frames', async () => {
+    const identity = testIdentity()
+    const events: Record<string, unknown>[] = []
+    const small = await P2PNode.start({identity, runId: 'test-run', maxModelBytes: 1000, log: (e) => events.push(e as Record<string, unknown>)})
+    try {
+      await small.connect(nodes[0].node.addresses())
+      await assert.rejects(small.fetchModel([nodes[0].identity.id]), /exceeds the 1000-byte maximum/)
+      assert.equal(small.stats().bytesReceived, 0)
+    } finally {
+      await small.stop()
+    }
+  })
+})
+
+describe('p2p: validateModelHeader', () => {
+  const ok = {step: 1, paramHash: 'h', frames: [{name: 'w', dtype: 'float16', shape: [2, 3], size: 12}]}
+  it('accepts a consistent header and sums the sizes', () => {
+    assert.equal(validateModelHeader(ok, 100).totalBytes, 12)
+    assert.equal(validateModelHeader({...ok, frames: [{name: 'w', dtype: 'torch.int64', shape: [5], size: 40}]}, 100).totalBytes, 40)
+  })
+  const bad: [string, Record<string, unknown>, RegExp][] = [
+    ['size not matching shape x dtype', {...ok, frames: [{name: 'w', dtype: 'float16', shape: [2, 3], size: 13}]}, /declares 13 bytes, its shape and dtype need 12/],
+    ['unknown dtype', {...ok, frames: [{name: 'w', dtype: 'complex64', shape: [1], size: 8}]}, /unsupported dtype complex64/],
+    ['negative dimension', {...ok, frames: [{name: 'w', dtype: 'uint8', shape: [-1], size: 1}]}, /invalid shape/],
+    ['repeated name', {...ok, frames: [ok.frames[0], ok.frames[0]]}, /repeats/],
+    ['no frames', {...ok, frames: []}, /frames is not a list/],
+    ['bad step', {...ok, step: -1}, /step/],
+    ['over the bound', {...ok, frames: [{name: 'w', dtype: 'float64', shape: [1000], size: 8000}]}, /exceeds the 100-byte maximum/],
+  ]
+  for (const [what, header, reason] of bad) {
+    it(`rejects ${what}`, () => assert.throws(() => validateModelHeader(header, 100), reason))
+  }
+})
