@@ -1,0 +1,297 @@
+import {EventEmitter} from 'node:events'
+import {connect as tcpConnect, type Socket} from 'node:net'
+import type {HubRepo} from '../../config/types.js'
+import type {ClientId, CoordinatorState, WitnessProof} from '../../coordinator/types.js'
+import {PsycheError} from '../../errors.js'
+import {DEFAULT_MAX_FRAME_BYTES, FrameReader} from '../../protocol/frames.js'
+import type {Identity} from '../../protocol/identity.js'
+import {decodeServerMessage, encodeClientMessage, type ClientBodies, type ClientKind, type ServerEnvelope} from '../../protocol/messages.js'
+import type {CoordinatorBackend, PeerDirectory, RejectionInfo} from '../index.js'
+
+export interface ConnectOptions {
+  /** The server, as host:port. */
+  addr: string
+  runId: string
+  identity: Identity
+  /** Our libp2p multiaddrs, published to the other clients through the server's peer directory. */
+  p2pAddrs: string[]
+  /** Ask to join the run (else only watch its state). */
+  join: boolean
+  /** Reconnect when the link drops: exponential backoff up to 3 s, hello again (default true). */
+  reconnect?: boolean
+  /** Pin the server's identity id: messages signed by anyone else are refused. */
+  serverId?: string
+  log?: (event: object) => void
+  /** Largest frame accepted from the server (default 16 MiB). */
+  maxFrameBytes?: number
+  /** How long connect() keeps trying to reach the server before it gives up (default 10 s). */
+  connectTimeoutMs?: number
+}
+
+const FIRST_BACKOFF_MS = 100
+const MAX_BACKOFF_MS = 3000
+const HANDSHAKE_TIMEOUT_MS = 10_000
+/** Invalid messages from the server tolerated on one link before it is dropped and re-established. */
+const MAX_BAD_MESSAGES = 16
+
+/** Why one connection attempt failed: `fatal` when retrying cannot help (the server refused us). */
+class AttemptFailed extends Error {
+  constructor(
+    message: string,
+    readonly fatal: boolean,
+    readonly code?: string,
+  ) {
+    super(message)
+  }
+}
+
+/** One TCP connection and its handshake; a CoordinatorConnection outlives many of them. */
+interface Link {
+  socket: Socket
+  reader: FrameReader
+  session?: string
+  serverId?: string
+  seq: number
+  serverSeq: number
+  welcomed: boolean
+  gotState: boolean
+  bad: number
+}
+
+function parseAddr(addr: string): {host: string; port: number} {
+  const i = addr.lastIndexOf(':')
+  const port = Number(addr.slice(i + 1))
+  const host = addr.slice(0, i).replace(/^\[(.*)\]$/, '$1')
+  if (i <= 0 || !Number.isInteger(port) || port <= 0 || port > 65535) throw new PsycheError(`coordinator address "${addr}": expected host:port`)
+  return {host, port}
+}
+
+/**
+ * A client's link to the centralized coordinator server (the TCP CoordinatorBackend). Every message
+ * is signed with the client's identity and bound to the connection's session; every message from the
+ * server is verified (signature, pinned or first-seen server id, session, sequence, run id) and
+ * dropped with a logged reason otherwise.
+ */
+export class CoordinatorConnection extends EventEmitter implements CoordinatorBackend {
+  state: CoordinatorState | undefined
+  peers: PeerDirectory = {}
+  /** The server's identity id (pinned, or as first seen). */
+  serverId: string | undefined
+  private link?: Link
+  private closed = false
+  private readonly log: (event: object) => void
+  private readonly target: {host: string; port: number}
+
+  private constructor(private readonly opts: ConnectOptions) {
+    super()
+    this.log = opts.log ?? (() => {})
+    this.serverId = opts.serverId
+    this.target = parseAddr(opts.addr)
+  }
+
+  /** Connects, says hello, and resolves once welcomed and given the first state. A refusal (wrong run id...) is a PsycheError with the server's reason. */
+  static async connect(opts: ConnectOptions): Promise<CoordinatorConnection> {
+    const c = new CoordinatorConnection(opts)
+    const deadline = Date.now() + (opts.connectTimeoutMs ?? 10_000)
+    let backoff = FIRST_BACKOFF_MS
+    for (;;) {
+      try {
+        await c.attempt()
+        return c
+      } catch (error) {
+        const failed = error as AttemptFailed
+        if (failed.fatal || opts.reconnect === false || Date.now() + backoff > deadline) {
+          c.closed = true
+          throw new PsycheError(`coordinator ${opts.addr}: ${failed.message}`, {code: failed.code === 'wrong_run_id' ? 'EWRONGRUN' : 'ECOORDINATOR'})
+        }
+        await new Promise((r) => setTimeout(r, backoff))
+        backoff = Math.min(backoff * 2, MAX_BACKOFF_MS)
+      }
+    }
+  }
+
+  get connected(): boolean {
+    return Boolean(this.link?.gotState && !this.link.socket.destroyed)
+  }
+
+  sendWitness(step: number, proof: WitnessProof): boolean {
+    return this.send('witness', {proof}, step)
+  }
+
+  sendWarmupReady(): boolean {
+    return this.send('witness', {proof: {participant_bloom: '', broadcast_bloom: ''}}, this.state?.progress.step ?? 0)
+  }
+
+  sendHealthCheck(step: number, accused: ClientId[]): boolean {
+    return this.send('health_check', {accused}, step)
+  }
+
+  sendWithdraw(): boolean {
+    return this.send('withdraw', {})
+  }
+
+  sendCheckpoint(repo: HubRepo): boolean {
+    return this.send('checkpoint', {repo})
+  }
+
+  /** Closes the link for good (no reconnect). The server withdraws us if it is configured to. */
+  async close(): Promise<void> {
+    if (this.closed) return
+    this.closed = true
+    const socket = this.link?.socket
+    if (socket && !socket.destroyed) {
+      await new Promise<void>((resolve) => {
+        socket.once('close', () => resolve())
+        socket.end()
+        setTimeout(() => socket.destroy(), 1000).unref()
+      })
+    }
+    this.emit('closed')
+  }
+
+  private send<K extends ClientKind>(kind: K, body: ClientBodies[K], step = this.state?.progress.step ?? 0): boolean {
+    const link = this.link
+    if (this.closed || !link?.session || !link.welcomed || link.socket.destroyed || !link.socket.writable) return false
+    link.seq += 1
+    link.socket.write(encodeClientMessage(this.opts.identity, kind, {run_id: this.opts.runId, step, seq: link.seq, session: link.session}, body))
+    return true
+  }
+
+  /** One connection: resolves after welcome + first state; rejects with AttemptFailed. */
+  private attempt(): Promise<void> {
+    return new Promise<void>((resolve, reject) => {
+      let settled = false
+      const settle = (error?: AttemptFailed) => {
+        if (settled) return
+        settled = true
+        clearTimeout(timer)
+        if (error) {
+          socket.destroy()
+          reject(error)
+        } else resolve()
+      }
+      const socket = tcpConnect({host: this.target.host, port: this.target.port, noDelay: true})
+      const link: Link = {socket, reader: new FrameReader(this.opts.maxFrameBytes ?? DEFAULT_MAX_FRAME_BYTES), seq: 0, serverSeq: 0, welcomed: false, gotState: false, bad: 0}
+      this.link = link
+      const timer = setTimeout(() => settle(new AttemptFailed(`no welcome and state within ${HANDSHAKE_TIMEOUT_MS} ms`, false)), HANDSHAKE_TIMEOUT_MS)
+      socket.on('error', (error: NodeJS.ErrnoException) => settle(new AttemptFailed(`cannot connect: ${error.code ?? error.message}`, false)))
+      socket.on('close', () => {
+        settle(new AttemptFailed('the server closed the connection', false))
+        if (this.link === link) this.onLost(link)
+      })
+      socket.on('data', (chunk) => {
+        try {
+          for (const frame of link.reader.push(chunk)) {
+            if (!frame.ok) {
+              this.log({event: 'server_message_dropped', reason: frame.reason, detail: frame.detail})
+              if (frame.fatal) socket.destroy()
+              continue
+            }
+            const outcome = this.onFrame(link, frame.body)
+            if (outcome === 'ready') settle()
+            else if (outcome instanceof AttemptFailed) settle(outcome)
+          }
+        } catch (error) {
+          this.log({event: 'error', where: 'coordinator connection', message: (error as Error).message})
+          socket.destroy()
+        }
+      })
+    })
+  }
+
+  private drop(link: Link, reason: string, detail: string): undefined {
+    this.log({event: 'server_message_dropped', reason, detail})
+    if (++link.bad >= MAX_BAD_MESSAGES) link.socket.destroy()
+    return undefined
+  }
+
+  private onFrame(link: Link, bytes: Buffer): 'ready' | AttemptFailed | undefined {
+    const decoded = decodeServerMessage(bytes)
+    if (!decoded.ok) return this.drop(link, decoded.reason, decoded.detail)
+    const m: ServerEnvelope = decoded.envelope
+    if (this.opts.serverId && m.from !== this.opts.serverId) return this.drop(link, 'wrong_server', `signed by ${m.from}, not the pinned server ${this.opts.serverId}`)
+    if (link.serverId && m.from !== link.serverId) return this.drop(link, 'wrong_server', `signed by ${m.from}, not ${link.serverId} that opened this connection`)
+    if (link.session && m.session !== link.session) return this.drop(link, 'wrong_session', 'message bound to another connection')
+    if (m.seq <= link.serverSeq) return this.drop(link, 'replayed_seq', `sequence number ${m.seq} is not above ${link.serverSeq}`)
+    // challenge and rejected may name another run (we may have dialed the wrong server); welcome and state may not.
+    if ((m.kind === 'welcome' || m.kind === 'state') && m.run_id !== this.opts.runId) return this.drop(link, 'wrong_run_id', `message for run "${m.run_id}"`)
+    link.serverSeq = m.seq
+    switch (m.kind) {
+      case 'challenge': {
+        if (link.session) return this.drop(link, 'unexpected', 'a second challenge')
+        link.session = m.body.session
+        link.serverId = m.from
+        if (this.serverId && this.serverId !== m.from) this.log({event: 'server_identity_changed', previous: this.serverId, now: m.from})
+        this.serverId = m.from
+        link.seq += 1
+        const hello = {run_id: this.opts.runId, client_id: this.opts.identity.id, p2p_addrs: this.opts.p2pAddrs, want_join: this.opts.join}
+        link.socket.write(encodeClientMessage(this.opts.identity, 'hello', {run_id: this.opts.runId, step: this.state?.progress.step ?? 0, seq: link.seq, session: link.session}, hello))
+        return undefined
+      }
+      case 'welcome':
+        if (!link.session) return this.drop(link, 'unexpected', 'welcome before challenge')
+        if (m.body.client_id !== this.opts.identity.id) return this.drop(link, 'unexpected', `welcome for client ${m.body.client_id}`)
+        link.welcomed = true
+        return undefined
+      case 'state': {
+        if (!link.welcomed) return this.drop(link, 'unexpected', 'state before welcome')
+        if (m.body.state.run_id !== this.opts.runId) return this.drop(link, 'wrong_run_id', `state of run "${m.body.state.run_id}"`)
+        this.state = m.body.state
+        this.peers = m.body.peers
+        const first = !link.gotState
+        link.gotState = true
+        this.emit('state', this.state, this.peers)
+        return first ? 'ready' : undefined
+      }
+      case 'rejected': {
+        const info: RejectionInfo = {code: m.body.code, ...(m.body.of ? {of: m.body.of} : {})}
+        this.log({event: 'rejected_by_server', code: m.body.code, reason: m.body.reason, ...(m.body.of ? {of: m.body.of} : {})})
+        // Refused before we were welcomed: this connection attempt is over, and retrying will not help.
+        if (!link.welcomed) return new AttemptFailed(`refused: ${m.body.reason}`, true, m.body.code)
+        this.emit('rejected', m.body.reason, info)
+        return undefined
+      }
+    }
+  }
+
+  /** The link dropped: tell listeners, then reconnect with backoff (unless closed or told not to). */
+  private onLost(link: Link): void {
+    if (!link.gotState) return // a failed attempt: its caller retries
+    this.emit('disconnected')
+    this.log({event: 'disconnected', addr: this.opts.addr})
+    if (this.closed) return
+    if (this.opts.reconnect === false) {
+      this.closed = true
+      this.emit('closed')
+      return
+    }
+    void this.reconnectLoop()
+  }
+
+  private async reconnectLoop(): Promise<void> {
+    let backoff = FIRST_BACKOFF_MS
+    while (!this.closed) {
+      await new Promise((r) => setTimeout(r, backoff))
+      if (this.closed) return
+      try {
+        await this.attempt()
+        if (this.closed) {
+          this.link?.socket.destroy()
+          return
+        }
+        this.log({event: 'reconnected', addr: this.opts.addr})
+        this.emit('reconnected')
+        return
+      } catch (error) {
+        const failed = error as AttemptFailed
+        if (failed.fatal) {
+          this.emit('rejected', failed.message, {code: failed.code ?? 'refused'})
+          this.closed = true
+          this.emit('closed')
+          return
+        }
+        backoff = Math.min(backoff * 2, MAX_BACKOFF_MS)
+      }
+    }
+  }
+}

@@ -1,0 +1,41 @@
+import type {EventEmitter} from 'node:events'
+import type {HubRepo} from '../config/types.js'
+import type {ClientId, CoordinatorState, WitnessProof} from '../coordinator/types.js'
+
+/** Client id → the libp2p multiaddrs it announced. */
+export type PeerDirectory = Record<ClientId, string[]>
+
+/** Details of a refusal: `code` is a wire reason or a coordinator RejectionCode; `of` the kind of message refused. */
+export interface RejectionInfo {
+  code: string
+  of?: string
+}
+
+/**
+ * What a client needs from a coordinator, whichever backend holds it (the TCP server now, Solana
+ * later): the latest state and peer directory, pushed as events, and the client's few messages.
+ *
+ * Events: 'state' (state, peers) on every new state; 'rejected' (reason, info) when the coordinator
+ * refuses one of our messages; 'disconnected' and 'reconnected' around a lost link; 'closed' when it
+ * gives up for good (close(), or a fatal refusal while reconnecting).
+ *
+ * The send methods return false when the message could not be handed to the link (disconnected).
+ */
+export interface CoordinatorBackend extends EventEmitter {
+  readonly state: CoordinatorState | undefined
+  readonly peers: PeerDirectory
+  on(event: 'state', listener: (state: CoordinatorState, peers: PeerDirectory) => void): this
+  on(event: 'rejected', listener: (reason: string, info: RejectionInfo) => void): this
+  on(event: 'disconnected' | 'reconnected' | 'closed', listener: () => void): this
+  /** A witness proof for `step`; in Warmup it says "my model is loaded" (blooms unused: see sendWarmupReady). */
+  sendWitness(step: number, proof: WitnessProof): boolean
+  /** Warmup's witness: the model is loaded (the coordinator counts these to start training early). */
+  sendWarmupReady(): boolean
+  sendHealthCheck(step: number, accused: ClientId[]): boolean
+  sendWithdraw(): boolean
+  sendCheckpoint(repo: HubRepo): boolean
+  close(): Promise<void>
+}
+
+export {CoordinatorConnection, type ConnectOptions} from './centralized/connection.js'
+export {CoordinatorServer, SAVED_IDENTITY_FILE, SAVED_STATE_FILE, type CoordinatorServerOptions} from './centralized/server.js'

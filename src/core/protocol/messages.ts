@@ -1,0 +1,329 @@
+import {createHash} from 'node:crypto'
+import {MAX_RUN_ID_BYTES} from '../config/run-config.js'
+import type {HubRepo} from '../config/types.js'
+import type {ClientId, CoordinatorState, WitnessProof} from '../coordinator/types.js'
+import {deserializeState} from '../coordinator/serialize.js'
+import {encodeFrame} from './frames.js'
+import {isIdentityId, signBytes, verifyBytes, type Identity} from './identity.js'
+
+/**
+ * Signed envelopes of the client ↔ coordinator-server protocol. One envelope is the body of one frame
+ * (frames.ts):
+ *
+ *   offset  0  4 bytes   magic "PSYC"
+ *           4  u8        version (1)
+ *           5  u8        direction: 0 client → server, 1 server → client
+ *           6  32 bytes  from: the sender's raw ed25519 public key (its identity id, in hex, is the ClientId)
+ *          38  64 bytes  ed25519 signature of  "psyche/envelope/v1\0" ‖ bytes[0, 38) ‖ SHA-256(payload)
+ *         102  payload   UTF-8 JSON {"kind", "run_id", "step", "seq", "session", "body"}
+ *
+ * The signature binds every field: the kind, the run, the step, the connection (`session`, a random
+ * nonce the server sends first) and the sequence number (strictly increasing per connection and
+ * direction). So a message cannot be replayed into another run, connection or later step, nor twice.
+ *
+ * client → server  hello {run_id, client_id, p2p_addrs, want_join}   (first message; seq 1)
+ *                  witness {proof}          step = the round it witnesses (in Warmup: "model loaded")
+ *                  health_check {accused}   step = the current step when sent
+ *                  withdraw {}
+ *                  checkpoint {repo}
+ * server → client  challenge {session}      (first message, as soon as the TCP connection opens)
+ *                  welcome {run_id, client_id, server_time}
+ *                  state {state: serialized CoordinatorState, peers: {ClientId: multiaddrs}, server_time}
+ *                  rejected {code, reason, of?}
+ */
+export const ENVELOPE_MAGIC = Buffer.from('PSYC', 'latin1')
+export const PROTOCOL_VERSION = 1
+const SIGNING_DOMAIN = Buffer.from('psyche/envelope/v1\0', 'latin1')
+const HEADER_BYTES = 38
+const SIGNATURE_BYTES = 64
+export const ENVELOPE_OVERHEAD = HEADER_BYTES + SIGNATURE_BYTES
+
+export type Direction = 'to_server' | 'to_client'
+
+// Bounds on what a peer may send inside one (already size-bounded) frame.
+export const MAX_P2P_ADDRS = 32
+export const MAX_ADDR_CHARS = 512
+export const MAX_ACCUSED = 10_000
+export const MAX_REASON_CHARS = 4096
+export const MAX_REPO_CHARS = 512
+export const SESSION_HEX_CHARS = 32
+
+export interface HelloBody {
+  run_id: string
+  client_id: ClientId
+  p2p_addrs: string[]
+  want_join: boolean
+}
+export interface WitnessBody {
+  proof: WitnessProof
+}
+export interface HealthCheckBody {
+  accused: ClientId[]
+}
+export type WithdrawBody = Record<string, never>
+export interface CheckpointBody {
+  repo: HubRepo
+}
+export interface ChallengeBody {
+  session: string
+}
+export interface WelcomeBody {
+  run_id: string
+  client_id: ClientId
+  /** Unix seconds on the server's clock (the coordinator's `now`). */
+  server_time: number
+}
+export type Peers = Record<ClientId, string[]>
+export interface StateBody {
+  state: CoordinatorState
+  peers: Peers
+  server_time: number
+}
+/** On the wire the state travels as serializeState's text (so BigInts survive). */
+export type StateWireBody = Omit<StateBody, 'state'> & {state: string}
+export interface RejectedBody {
+  /** A short machine-readable reason: a wire reason (RejectReason) or a coordinator RejectionCode. */
+  code: string
+  /** Human-readable: what was wrong. */
+  reason: string
+  /** The kind of the message rejected, when known. */
+  of?: string
+}
+
+export interface ClientBodies {
+  hello: HelloBody
+  witness: WitnessBody
+  health_check: HealthCheckBody
+  withdraw: WithdrawBody
+  checkpoint: CheckpointBody
+}
+export interface ServerBodies {
+  challenge: ChallengeBody
+  welcome: WelcomeBody
+  state: StateBody
+  rejected: RejectedBody
+}
+type ServerWireBodies = Omit<ServerBodies, 'state'> & {state: StateWireBody}
+
+export type ClientKind = keyof ClientBodies
+export type ServerKind = keyof ServerBodies
+
+interface EnvelopeFields {
+  run_id: string
+  step: number
+  seq: number
+  session: string
+}
+export type Envelope<K extends string, B> = EnvelopeFields & {kind: K; from: string; body: B}
+export type ClientEnvelope = {[K in ClientKind]: Envelope<K, ClientBodies[K]>}[ClientKind]
+export type ServerEnvelope = {[K in ServerKind]: Envelope<K, ServerBodies[K]>}[ServerKind]
+
+/** Why an envelope was refused by the decoder. */
+export type DecodeReason = 'truncated' | 'bad_magic' | 'bad_version' | 'wrong_direction' | 'bad_signature' | 'malformed' | 'invalid_message'
+export type Decoded<E> = {ok: true; envelope: E} | {ok: false; reason: DecodeReason; detail: string}
+
+const DIRECTION_BYTE: Record<Direction, number> = {to_server: 0, to_client: 1}
+
+function signedBytes(header: Uint8Array, payload: Uint8Array): Buffer {
+  return Buffer.concat([SIGNING_DOMAIN, header, createHash('sha256').update(payload).digest()])
+}
+
+function encodeEnvelope(identity: Identity, direction: Direction, kind: string, fields: EnvelopeFields, bodyJson: string): Buffer {
+  const payload = Buffer.from(
+    `{"kind":${JSON.stringify(kind)},"run_id":${JSON.stringify(fields.run_id)},"step":${fields.step},"seq":${fields.seq},"session":${JSON.stringify(fields.session)},"body":${bodyJson}}`,
+    'utf8',
+  )
+  const header = Buffer.alloc(HEADER_BYTES)
+  ENVELOPE_MAGIC.copy(header, 0)
+  header[4] = PROTOCOL_VERSION
+  header[5] = DIRECTION_BYTE[direction]
+  Buffer.from(identity.publicKey).copy(header, 6)
+  const signature = signBytes(identity, signedBytes(header, payload))
+  return Buffer.concat([header, signature, payload])
+}
+
+/** A client message as one length-prefixed frame, ready to write to the socket. */
+export function encodeClientMessage<K extends ClientKind>(identity: Identity, kind: K, fields: EnvelopeFields, body: ClientBodies[K]): Buffer {
+  return encodeFrame(encodeEnvelope(identity, 'to_server', kind, fields, JSON.stringify(body)))
+}
+
+/**
+ * A server message as one frame. `bodyJson` lets the server serialize a large state body once and
+ * frame it for every connection (each frame still signs its own session and sequence number).
+ */
+export function encodeServerMessage<K extends ServerKind>(identity: Identity, kind: K, fields: EnvelopeFields, body: ServerWireBodies[K] | {json: string}): Buffer {
+  const json = 'json' in body && typeof body.json === 'string' && Object.keys(body).length === 1 ? body.json : JSON.stringify(body)
+  return encodeFrame(encodeEnvelope(identity, 'to_client', kind, fields, json))
+}
+
+// ---- decoding: every check, typed reasons, never an exception ----
+
+class Invalid extends Error {}
+
+type Obj = Record<string, unknown>
+
+function isObj(v: unknown): v is Obj {
+  return v !== null && typeof v === 'object' && !Array.isArray(v)
+}
+
+function exactKeys(o: Obj, required: string[], optional: string[] = [], where: string): void {
+  for (const k of required) if (!Object.hasOwn(o, k)) throw new Invalid(`${where}: missing "${k}"`)
+  for (const k of Object.keys(o)) if (!required.includes(k) && !optional.includes(k)) throw new Invalid(`${where}: unexpected field "${k}"`)
+}
+
+function str(v: unknown, where: string, max: number, opts: {nonEmpty?: boolean} = {}): string {
+  if (typeof v !== 'string') throw new Invalid(`${where} must be text`)
+  if (v.length > max) throw new Invalid(`${where} is longer than ${max} characters`)
+  if (opts.nonEmpty && v === '') throw new Invalid(`${where} must not be empty`)
+  return v
+}
+
+function count(v: unknown, where: string, min: number): number {
+  if (typeof v !== 'number' || !Number.isSafeInteger(v) || v < min) throw new Invalid(`${where} must be an integer ≥ ${min}`)
+  return v
+}
+
+function time(v: unknown, where: string): number {
+  if (typeof v !== 'number' || !Number.isFinite(v) || v < 0) throw new Invalid(`${where} must be a non-negative number`)
+  return v
+}
+
+function id(v: unknown, where: string): string {
+  if (!isIdentityId(v)) throw new Invalid(`${where} must be an identity id (64 lowercase hex digits)`)
+  return v
+}
+
+function strings(v: unknown, where: string, maxItems: number, maxChars: number): string[] {
+  if (!Array.isArray(v)) throw new Invalid(`${where} must be a list`)
+  if (v.length > maxItems) throw new Invalid(`${where} has more than ${maxItems} entries`)
+  return v.map((x, i) => str(x, `${where}[${i}]`, maxChars))
+}
+
+const clientBodyCheckers: {[K in ClientKind]: (b: Obj) => ClientBodies[K]} = {
+  hello(b) {
+    exactKeys(b, ['run_id', 'client_id', 'p2p_addrs', 'want_join'], [], 'hello')
+    if (typeof b.want_join !== 'boolean') throw new Invalid('hello.want_join must be true or false')
+    return {
+      run_id: str(b.run_id, 'hello.run_id', MAX_RUN_ID_BYTES * 4),
+      client_id: id(b.client_id, 'hello.client_id'),
+      p2p_addrs: strings(b.p2p_addrs, 'hello.p2p_addrs', MAX_P2P_ADDRS, MAX_ADDR_CHARS),
+      want_join: b.want_join,
+    }
+  },
+  witness(b) {
+    exactKeys(b, ['proof'], [], 'witness')
+    if (!isObj(b.proof)) throw new Invalid('witness.proof must be an object')
+    exactKeys(b.proof, ['participant_bloom', 'broadcast_bloom'], [], 'witness.proof')
+    return {
+      proof: {
+        participant_bloom: str(b.proof.participant_bloom, 'witness.proof.participant_bloom', Number.MAX_SAFE_INTEGER),
+        broadcast_bloom: str(b.proof.broadcast_bloom, 'witness.proof.broadcast_bloom', Number.MAX_SAFE_INTEGER),
+      },
+    }
+  },
+  health_check(b) {
+    exactKeys(b, ['accused'], [], 'health_check')
+    if (!Array.isArray(b.accused) || b.accused.length === 0) throw new Invalid('health_check.accused must be a non-empty list')
+    if (b.accused.length > MAX_ACCUSED) throw new Invalid(`health_check.accused has more than ${MAX_ACCUSED} entries`)
+    return {accused: b.accused.map((x, i) => id(x, `health_check.accused[${i}]`))}
+  },
+  withdraw(b) {
+    exactKeys(b, [], [], 'withdraw')
+    return {}
+  },
+  checkpoint(b) {
+    exactKeys(b, ['repo'], [], 'checkpoint')
+    if (!isObj(b.repo)) throw new Invalid('checkpoint.repo must be an object')
+    exactKeys(b.repo, ['repo_id'], ['revision'], 'checkpoint.repo')
+    const repo: HubRepo = {repo_id: str(b.repo.repo_id, 'checkpoint.repo.repo_id', MAX_REPO_CHARS, {nonEmpty: true})}
+    if (b.repo.revision !== undefined && b.repo.revision !== null) repo.revision = str(b.repo.revision, 'checkpoint.repo.revision', MAX_REPO_CHARS)
+    return {repo}
+  },
+}
+
+const serverBodyCheckers: {[K in ServerKind]: (b: Obj) => ServerBodies[K]} = {
+  challenge(b) {
+    exactKeys(b, ['session'], [], 'challenge')
+    return {session: session(b.session, 'challenge.session')}
+  },
+  welcome(b) {
+    exactKeys(b, ['run_id', 'client_id', 'server_time'], [], 'welcome')
+    return {run_id: str(b.run_id, 'welcome.run_id', MAX_RUN_ID_BYTES * 4), client_id: id(b.client_id, 'welcome.client_id'), server_time: time(b.server_time, 'welcome.server_time')}
+  },
+  state(b) {
+    exactKeys(b, ['state', 'peers', 'server_time'], [], 'state')
+    const text = str(b.state, 'state.state', Number.MAX_SAFE_INTEGER)
+    let state: CoordinatorState
+    try {
+      state = deserializeState(text)
+    } catch (error) {
+      throw new Invalid(`state.state: ${(error as Error).message}`)
+    }
+    if (!isObj(b.peers)) throw new Invalid('state.peers must be an object')
+    const peers: Peers = {}
+    for (const [k, v] of Object.entries(b.peers)) peers[id(k, 'state.peers key')] = strings(v, `state.peers.${k}`, MAX_P2P_ADDRS, MAX_ADDR_CHARS)
+    return {state, peers, server_time: time(b.server_time, 'state.server_time')}
+  },
+  rejected(b) {
+    exactKeys(b, ['code', 'reason'], ['of'], 'rejected')
+    const out: RejectedBody = {code: str(b.code, 'rejected.code', 64, {nonEmpty: true}), reason: str(b.reason, 'rejected.reason', MAX_REASON_CHARS)}
+    if (b.of !== undefined) out.of = str(b.of, 'rejected.of', 64)
+    return out
+  },
+}
+
+function session(v: unknown, where: string): string {
+  if (typeof v !== 'string' || v.length !== SESSION_HEX_CHARS || !/^[0-9a-f]+$/.test(v)) throw new Invalid(`${where} must be ${SESSION_HEX_CHARS} lowercase hex digits`)
+  return v
+}
+
+function decode(bytes: Uint8Array, direction: Direction, checkers: Record<string, (b: Obj) => unknown>): Decoded<Envelope<string, unknown>> {
+  try {
+    if (bytes.length < ENVELOPE_OVERHEAD + 2) return {ok: false, reason: 'truncated', detail: `${bytes.length} bytes is shorter than an envelope`}
+    const buf = Buffer.from(bytes.buffer, bytes.byteOffset, bytes.length)
+    if (!buf.subarray(0, 4).equals(ENVELOPE_MAGIC)) return {ok: false, reason: 'bad_magic', detail: 'not a psyche envelope (bad magic)'}
+    if (buf[4] !== PROTOCOL_VERSION) return {ok: false, reason: 'bad_version', detail: `protocol version ${buf[4]}, expected ${PROTOCOL_VERSION}`}
+    if (buf[5] !== DIRECTION_BYTE[direction]) return {ok: false, reason: 'wrong_direction', detail: `a message meant for the ${buf[5] === 0 ? 'server' : buf[5] === 1 ? 'client' : 'unknown side'}`}
+    const from = buf.subarray(6, HEADER_BYTES).toString('hex')
+    const header = buf.subarray(0, HEADER_BYTES)
+    const signature = buf.subarray(HEADER_BYTES, ENVELOPE_OVERHEAD)
+    const payload = buf.subarray(ENVELOPE_OVERHEAD)
+    // The signature is checked before the payload is parsed: unsigned bytes never reach JSON.parse.
+    if (!verifyBytes(from, signedBytes(header, payload), signature)) return {ok: false, reason: 'bad_signature', detail: `signature does not verify for sender ${from}`}
+    let json: unknown
+    try {
+      json = JSON.parse(new TextDecoder('utf-8', {fatal: true}).decode(payload))
+    } catch (error) {
+      return {ok: false, reason: 'malformed', detail: `payload is not UTF-8 JSON: ${(error as Error).message}`}
+    }
+    if (!isObj(json)) return {ok: false, reason: 'malformed', detail: 'payload is not a JSON object'}
+    exactKeys(json, ['kind', 'run_id', 'step', 'seq', 'session', 'body'], [], 'envelope')
+    const kind = json.kind
+    if (typeof kind !== 'string' || !Object.hasOwn(checkers, kind)) throw new Invalid(`unknown message kind ${JSON.stringify(kind)?.slice(0, 64)}`)
+    if (!isObj(json.body)) throw new Invalid(`${kind}: body must be an object`)
+    const envelope = {
+      kind,
+      run_id: str(json.run_id, 'run_id', MAX_RUN_ID_BYTES * 4),
+      step: count(json.step, 'step', 0),
+      seq: count(json.seq, 'seq', 1),
+      session: session(json.session, 'session'),
+      from,
+      body: checkers[kind](json.body),
+    }
+    return {ok: true, envelope}
+  } catch (error) {
+    if (error instanceof Invalid) return {ok: false, reason: 'invalid_message', detail: error.message}
+    // Nothing above should throw otherwise; if it does, the input is still refused, never propagated.
+    return {ok: false, reason: 'malformed', detail: `undecodable: ${(error as Error)?.message ?? String(error)}`}
+  }
+}
+
+/** Decodes and validates one frame body sent to the server. Never throws. */
+export function decodeClientMessage(bytes: Uint8Array): Decoded<ClientEnvelope> {
+  return decode(bytes, 'to_server', clientBodyCheckers) as Decoded<ClientEnvelope>
+}
+
+/** Decodes and validates one frame body sent to a client. Never throws. */
+export function decodeServerMessage(bytes: Uint8Array): Decoded<ServerEnvelope> {
+  return decode(bytes, 'to_client', serverBodyCheckers) as Decoded<ServerEnvelope>
+}
