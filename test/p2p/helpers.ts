@@ -1,12 +1,10 @@
-import {generateKeyPairSync, randomBytes} from 'node:crypto'
+import {randomBytes} from 'node:crypto'
+import {generateIdentity} from '../../src/core/protocol/identity.js'
 import {P2PNode, type P2PNodeOptions, type SigningIdentity} from '../../src/core/p2p/index.js'
 import {waitFor} from '../helpers.js'
 
-/** An ed25519 identity shaped like the protocol's Identity (id = raw public key hex), straight from node:crypto. */
 export function testIdentity(): SigningIdentity {
-  const {publicKey, privateKey} = generateKeyPairSync('ed25519')
-  const raw = new Uint8Array(publicKey.export({format: 'der', type: 'spki'}).subarray(12))
-  return {id: Buffer.from(raw).toString('hex'), publicKey: raw, privateKey}
+  return generateIdentity()
 }
 
 export interface TestNode {

@@ -1,6 +1,7 @@
 import assert from 'node:assert/strict'
 import {after, before, describe, it} from 'node:test'
-import {peerIdOfClient, sha256Hex, type ResultAnnouncement} from '../../src/core/p2p/index.js'
+import {P2PNode, peerIdOfClient, sha256Hex, type ResultAnnouncement} from '../../src/core/p2p/index.js'
+import {identityFromSeed} from '../../src/core/protocol/identity.js'
 import {waitFor} from '../helpers.js'
 import {meshUp, randomBlob, startNodes, stopAll, type TestNode} from './helpers.js'
 
@@ -45,5 +46,21 @@ describe('p2p: result gossip and blob transfer between three real libp2p nodes',
     assert.equal(sent, got)
     for (const n of nodes) assert.equal(n.node.stats().peers, 2)
     for (const n of nodes) assert.equal(n.node.stats().badBlobs, 0)
+  })
+})
+
+describe('p2p: a restarted client keeps its peer id', () => {
+  it('derives the same libp2p key from the same identity seed', async () => {
+    const seed = new Uint8Array(32).fill(7)
+    const first = await P2PNode.start({identity: identityFromSeed(seed), runId: 'r'})
+    const firstId = first.peerId
+    await first.stop()
+    const again = await P2PNode.start({identity: identityFromSeed(seed), runId: 'r'})
+    try {
+      assert.equal(again.peerId, firstId)
+      assert.equal(again.peerId, peerIdOfClient(identityFromSeed(seed).id).toString())
+    } finally {
+      await again.stop()
+    }
   })
 })

@@ -1,14 +1,8 @@
-import {createHash, createPublicKey, sign, verify, type KeyObject} from 'node:crypto'
+import {createHash} from 'node:crypto'
+import {signBytes, verifyBytes, type Identity} from '../protocol/identity.js'
 
-/**
- * The identity a node signs with. Structurally the protocol's `Identity`
- * (src/core/protocol/identity.ts): id = hex of the raw 32-byte ed25519 public key.
- */
-export interface SigningIdentity {
-  id: string
-  publicKey: Uint8Array
-  privateKey: KeyObject
-}
+/** The identity a node signs with (the coordinator identity: id = hex of the raw ed25519 public key). */
+export type SigningIdentity = Identity
 
 /** A small signed gossip message: "I produced the result for these batches; its bytes hash to commitment". */
 export interface ResultAnnouncement {
@@ -33,8 +27,6 @@ export const MAX_ANNOUNCEMENT_BYTES = 4096
 const DOMAIN = 'psyche/result-announcement/1\n'
 const HEX_32 = /^[0-9a-f]{64}$/
 const HEX_SIG = /^[0-9a-f]{128}$/
-// DER header of an ed25519 SubjectPublicKeyInfo; the raw 32-byte key follows it.
-const ED25519_SPKI_PREFIX = Buffer.from('302a300506032b6570032100', 'hex')
 
 export function sha256Hex(bytes: Uint8Array): string {
   return createHash('sha256').update(bytes).digest('hex')
@@ -46,29 +38,8 @@ export function announcementSigningBytes(a: UnsignedAnnouncement): Uint8Array {
 }
 
 export function signAnnouncement(identity: SigningIdentity, fields: UnsignedAnnouncement): ResultAnnouncement {
-  const signature = sign(null, announcementSigningBytes(fields), identity.privateKey).toString('hex')
+  const signature = Buffer.from(signBytes(identity, announcementSigningBytes(fields))).toString('hex')
   return {...fields, signature}
-}
-
-const publicKeyCache = new Map<string, KeyObject>()
-
-export function ed25519PublicKeyFromHex(hex: string): KeyObject {
-  let key = publicKeyCache.get(hex)
-  if (key === undefined) {
-    key = createPublicKey({key: Buffer.concat([ED25519_SPKI_PREFIX, Buffer.from(hex, 'hex')]), format: 'der', type: 'spki'})
-    if (publicKeyCache.size > 10_000) publicKeyCache.clear()
-    publicKeyCache.set(hex, key)
-  }
-  return key
-}
-
-/** The 32-byte private seed of an ed25519 KeyObject (to derive the libp2p key from the same identity). */
-export function privateSeedOf(privateKey: KeyObject): Uint8Array {
-  const jwk = privateKey.export({format: 'jwk'})
-  if (jwk.crv !== 'Ed25519' || typeof jwk.d !== 'string') throw new Error('identity private key is not ed25519')
-  const seed = Buffer.from(jwk.d, 'base64url')
-  if (seed.length !== 32) throw new Error(`ed25519 private seed has ${seed.length} bytes, expected 32`)
-  return new Uint8Array(seed)
 }
 
 function isUint(value: unknown): value is number {
@@ -108,13 +79,7 @@ export function parseAnnouncement(bytes: Uint8Array, runId: string): {ok: true; 
     size: r.size as number,
     signature: r.signature,
   }
-  let valid = false
-  try {
-    valid = verify(null, announcementSigningBytes(a), ed25519PublicKeyFromHex(a.client_id), Buffer.from(a.signature, 'hex'))
-  } catch {
-    valid = false
-  }
-  if (!valid) return {ok: false, reason: `signature does not verify against client_id ${a.client_id.slice(0, 16)}…`}
+  if (!verifyBytes(a.client_id, announcementSigningBytes(a), Buffer.from(a.signature, 'hex'))) return {ok: false, reason: `signature does not verify against client_id ${a.client_id.slice(0, 16)}…`}
   return {ok: true, announcement: a}
 }
 

@@ -10,10 +10,10 @@ import {tcp} from '@libp2p/tcp'
 import {multiaddr} from '@multiformats/multiaddr'
 import {createLibp2p, type Libp2p} from 'libp2p'
 import {errorMessage, PsycheError} from '../errors.js'
+import {identityPrivateSeed} from '../protocol/identity.js'
 import {
   encodeAnnouncement,
   parseAnnouncement,
-  privateSeedOf,
   sha256Hex,
   signAnnouncement,
   type ResultAnnouncement,
@@ -146,7 +146,8 @@ export class P2PNode {
   }
 
   static async start(options: P2PNodeOptions): Promise<P2PNode> {
-    const seed = privateSeedOf(options.identity.privateKey)
+    // The peer key is the coordinator identity's key, so peer id <-> client id needs no directory.
+    const seed = identityPrivateSeed(options.identity)
     const privateKey = await generateKeyPairFromSeed('Ed25519', seed)
     const libp2p = await createLibp2p<Services>({
       privateKey,
