@@ -7,11 +7,14 @@ import {meshUp, randomBlob, startNodes, stopAll, type TestNode} from './helpers.
 
 describe('p2p: result gossip and blob transfer between three real libp2p nodes', () => {
   let nodes: TestNode[] = []
+  let late: TestNode[] = []
+  const received: ResultAnnouncement[][] = [[], [], []]
+  let published: ResultAnnouncement[] = []
   before(async () => {
     nodes = await startNodes(3)
     await meshUp(nodes)
   })
-  after(async () => stopAll(nodes))
+  after(async () => stopAll([...nodes, ...late]))
 
   it('peer ids derive from the client identities (no directory needed)', () => {
     for (const n of nodes) assert.equal(n.node.peerId, peerIdOfClient(n.identity.id).toString())
@@ -19,10 +22,9 @@ describe('p2p: result gossip and blob transfer between three real libp2p nodes',
   })
 
   it('every node receives the others\' announcements and fetches their blobs', async () => {
-    const received: ResultAnnouncement[][] = nodes.map(() => [])
     nodes.forEach((n, i) => n.node.onAnnouncement((a) => received[i].push(a)))
     const blobs = nodes.map((_, i) => randomBlob(200_000 + i * 1_500_000))
-    const published = await Promise.all(nodes.map((n, i) => n.node.publishResult(7, i * 4, i * 4 + 4, blobs[i])))
+    published = await Promise.all(nodes.map((n, i) => n.node.publishResult(7, i * 4, i * 4 + 4, blobs[i])))
     published.forEach((a, i) => {
       assert.equal(a.client_id, nodes[i].identity.id)
       assert.equal(a.commitment, sha256Hex(blobs[i]))
@@ -46,6 +48,28 @@ describe('p2p: result gossip and blob transfer between three real libp2p nodes',
     assert.equal(sent, got)
     for (const n of nodes) assert.equal(n.node.stats().peers, 2)
     for (const n of nodes) assert.equal(n.node.stats().badBlobs, 0)
+  })
+
+  it('a late joiner gets a re-announced result and fetches it from a re-serving peer once the producer is gone; peers that saw it do not deliver it twice', async () => {
+    late = await startNodes(1)
+    const [joiner] = late
+    const got: ResultAnnouncement[] = []
+    joiner.node.onAnnouncement((a) => got.push(a))
+    await joiner.node.connect(nodes.flatMap((n) => n.node.addresses()))
+    await waitFor(() => nodes[0].node.topicPeers() === 3 && joiner.node.topicPeers() === 3, 10_000, 'the joiner to subscribe')
+    await nodes[0].node.reannounce(published[0])
+    const sentBefore = nodes[1].node.stats().bytesSent + nodes[2].node.stats().bytesSent
+    await waitFor(() => got.length === 1, 10_000, 're-announcement')
+    assert.deepEqual(got, [published[0]])
+    // With the producer gone, a node that downloaded the result serves it.
+    await nodes[0].node.stop()
+    const bytes = await joiner.node.fetchResult(got[0])
+    assert.equal(sha256Hex(bytes), published[0].commitment)
+    assert.ok(joiner.events.some((e) => e.event === 'fetch_failed' && e.from === nodes[0].node.peerId), 'the producer was tried first')
+    assert.equal(nodes[1].node.stats().bytesSent + nodes[2].node.stats().bytesSent - sentBefore, published[0].size)
+    await new Promise((r) => setTimeout(r, 300))
+    assert.equal(received[1].length, 2)
+    assert.equal(received[2].length, 2)
   })
 })
 

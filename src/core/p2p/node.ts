@@ -33,6 +33,8 @@ export const DEFAULT_DOWNLOAD_TIMEOUT_MS = 60_000
 const MAX_REQUEST_BYTES = 1024
 const MAX_BLOB_HEADER_BYTES = 1024
 const MAX_MODEL_HEADER_BYTES = 4 * 1024 * 1024
+/** A whole model may take minutes to export and send; a model transfer is bounded by this instead of downloadTimeoutMs. */
+const MODEL_TRANSFER_TIMEOUT_MS = 600_000
 
 export function resultsTopic(runId: string): string {
   return `psyche/${runId}/results`
@@ -233,6 +235,19 @@ export class P2PNode {
     return announcement
   }
 
+  /**
+   * Gossips an announcement again (e.g. one of ours after new peers connected: gossip is not replayed to late
+   * joiners). Receivers deliver each signed announcement once, so repeating is harmless.
+   */
+  async reannounce(a: ResultAnnouncement): Promise<void> {
+    await this.libp2p.services.pubsub.publish(this.topic, encodeAnnouncement(a))
+  }
+
+  /** How many peers are known to subscribe to this run's results topic (announcements reach only them). */
+  topicPeers(): number {
+    return this.libp2p.services.pubsub.getSubscribers(this.topic).length
+  }
+
   /** Handlers see only announcements for this run whose signature verifies against their client_id (never our own). */
   onAnnouncement(handler: (a: ResultAnnouncement) => void): void {
     this.announcementHandlers.push(handler)
@@ -400,7 +415,9 @@ export class P2PNode {
   }
 
   private async serveModelStream(stream: Stream, connection: Connection): Promise<void> {
-    const signal = AbortSignal.timeout(Math.max(this.downloadTimeoutMs, 600_000))
+    const signal = AbortSignal.timeout(Math.max(this.downloadTimeoutMs, MODEL_TRANSFER_TIMEOUT_MS))
+    // Exporting a large model from the worker may leave the stream idle longer than libp2p's 2-minute default.
+    stream.inactivityTimeout = MODEL_TRANSFER_TIMEOUT_MS
     try {
       const lp = framed(stream, MAX_REQUEST_BYTES)
       const request = await readJsonObject(lp, 'model request', {signal})
@@ -450,9 +467,9 @@ export class P2PNode {
   }
 
   private async downloadModelFrom(peer: PeerId): Promise<ModelSnapshot> {
-    // The whole model may take a while; a stalled peer still times out through the stream's inactivity timeout.
-    const signal = AbortSignal.timeout(Math.max(this.downloadTimeoutMs, 600_000))
+    const signal = AbortSignal.timeout(Math.max(this.downloadTimeoutMs, MODEL_TRANSFER_TIMEOUT_MS))
     const stream = await this.libp2p.dialProtocol(peer, MODEL_PROTOCOL, {signal: AbortSignal.timeout(this.downloadTimeoutMs)})
+    stream.inactivityTimeout = MODEL_TRANSFER_TIMEOUT_MS
     try {
       const lp = framed(stream, Math.max(MAX_MODEL_HEADER_BYTES, CHUNK_BYTES))
       await writeJson(lp, {run_id: this.runId}, {signal})
