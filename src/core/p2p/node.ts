@@ -1,4 +1,5 @@
 import './polyfill.js'
+import {setMaxListeners} from 'node:events'
 import {noise} from '@chainsafe/libp2p-noise'
 import {yamux} from '@chainsafe/libp2p-yamux'
 import {generateKeyPairFromSeed, publicKeyFromRaw} from '@libp2p/crypto/keys'
@@ -35,6 +36,13 @@ const MAX_BLOB_HEADER_BYTES = 1024
 const MAX_MODEL_HEADER_BYTES = 4 * 1024 * 1024
 /** A whole model may take minutes to export and send; a model transfer is bounded by this instead of downloadTimeoutMs. */
 const MODEL_TRANSFER_TIMEOUT_MS = 600_000
+
+/** A deadline for one transfer. Every chunk read/write listens on it, so Node's 10-listener warning does not apply. */
+function deadline(ms: number): AbortSignal {
+  const signal = AbortSignal.timeout(ms)
+  setMaxListeners(Infinity, signal)
+  return signal
+}
 
 export function resultsTopic(runId: string): string {
   return `psyche/${runId}/results`
@@ -361,7 +369,7 @@ export class P2PNode {
   }
 
   private async downloadFrom(holder: PeerId, a: ResultAnnouncement): Promise<Uint8Array> {
-    const signal = AbortSignal.timeout(this.downloadTimeoutMs)
+    const signal = deadline(this.downloadTimeoutMs)
     const stream = await this.libp2p.dialProtocol(holder, RESULT_PROTOCOL, {signal})
     try {
       const lp = framed(stream, Math.max(MAX_BLOB_HEADER_BYTES, CHUNK_BYTES))
@@ -387,7 +395,7 @@ export class P2PNode {
   }
 
   private async serveResult(stream: Stream, connection: Connection): Promise<void> {
-    const signal = AbortSignal.timeout(this.downloadTimeoutMs)
+    const signal = deadline(this.downloadTimeoutMs)
     try {
       const lp = framed(stream, MAX_REQUEST_BYTES)
       const request = await readJsonObject(lp, 'result request', {signal})
@@ -415,7 +423,7 @@ export class P2PNode {
   }
 
   private async serveModelStream(stream: Stream, connection: Connection): Promise<void> {
-    const signal = AbortSignal.timeout(Math.max(this.downloadTimeoutMs, MODEL_TRANSFER_TIMEOUT_MS))
+    const signal = deadline(Math.max(this.downloadTimeoutMs, MODEL_TRANSFER_TIMEOUT_MS))
     // Exporting a large model from the worker may leave the stream idle longer than libp2p's 2-minute default.
     stream.inactivityTimeout = MODEL_TRANSFER_TIMEOUT_MS
     try {
@@ -467,8 +475,8 @@ export class P2PNode {
   }
 
   private async downloadModelFrom(peer: PeerId): Promise<ModelSnapshot> {
-    const signal = AbortSignal.timeout(Math.max(this.downloadTimeoutMs, MODEL_TRANSFER_TIMEOUT_MS))
-    const stream = await this.libp2p.dialProtocol(peer, MODEL_PROTOCOL, {signal: AbortSignal.timeout(this.downloadTimeoutMs)})
+    const signal = deadline(Math.max(this.downloadTimeoutMs, MODEL_TRANSFER_TIMEOUT_MS))
+    const stream = await this.libp2p.dialProtocol(peer, MODEL_PROTOCOL, {signal: deadline(this.downloadTimeoutMs)})
     stream.inactivityTimeout = MODEL_TRANSFER_TIMEOUT_MS
     try {
       const lp = framed(stream, Math.max(MAX_MODEL_HEADER_BYTES, CHUNK_BYTES))
