@@ -47,6 +47,17 @@ describe('p2p: size and concurrency bounds', () => {
     assert.equal(fetcher.node.stats().bytesReceived, blobs.reduce((s, b) => s + b.length, 0))
   })
 
+  it('concurrent fetches of one result share a single download', async () => {
+    const [producer, fetcher] = nodes.slice(-2)
+    const blob = randomBlob(3 << 20)
+    const a = await producer.node.publishResult(3, 0, 1, blob)
+    const before = fetcher.node.stats().bytesReceived
+    const [x, y, z] = await Promise.all([fetcher.node.fetchResult(a), fetcher.node.fetchResult(a), fetcher.node.fetchResult({...a})])
+    assert.equal(sha256Hex(x), a.commitment)
+    assert.ok(x === y && y === z)
+    assert.equal(fetcher.node.stats().bytesReceived - before, blob.length)
+  })
+
   it('connect skips itself and logs unreachable or malformed addresses without throwing', async () => {
     const n = await startNode()
     nodes.push(n)

@@ -125,6 +125,7 @@ export class P2PNode {
   private readonly log: (event: object) => void
   private readonly downloads: Semaphore
   private readonly results = new Map<string, StoredResult>()
+  private readonly fetching = new Map<string, Promise<Uint8Array>>()
   /** signature -> step: an announcement re-published under a new gossip id is delivered once */
   private readonly seenAnnouncements = new Map<string, number>()
   private readonly announcementHandlers: ((a: ResultAnnouncement) => void)[] = []
@@ -325,6 +326,17 @@ export class P2PNode {
   async fetchResult(a: ResultAnnouncement): Promise<Uint8Array> {
     const local = this.results.get(a.commitment)
     if (local) return local.bytes
+    // Concurrent requests for the same result share one download.
+    const key = `${a.commitment}:${a.size}`
+    let pending = this.fetching.get(key)
+    if (pending === undefined) {
+      pending = this.fetchResultOnce(a).finally(() => this.fetching.delete(key))
+      this.fetching.set(key, pending)
+    }
+    return pending
+  }
+
+  private async fetchResultOnce(a: ResultAnnouncement): Promise<Uint8Array> {
     if (a.run_id !== this.runId) throw new PsycheError(`announcement is for run ${a.run_id}, not ${this.runId}`)
     if (a.size > this.maxBlobBytes) {
       this.log({event: 'blob_refused', client_id: a.client_id, commitment: a.commitment, reason: `announced size ${a.size} exceeds max ${this.maxBlobBytes}`})
@@ -337,9 +349,6 @@ export class P2PNode {
     try {
       for (const holder of holders) {
         if (this.stopped) throw new PsycheError('p2p node stopped')
-        // Another concurrent fetch of the same commitment may have finished while we waited.
-        const done = this.results.get(a.commitment)
-        if (done) return done.bytes
         try {
           const bytes = await this.downloadFrom(holder, a)
           const hash = sha256Hex(bytes)
