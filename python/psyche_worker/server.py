@@ -82,6 +82,7 @@ class Worker:
             "save_model": self.op_save_model,
             "produce": self.op_produce,
             "apply_results": self.op_apply_results,
+            "train_round": self.op_train_round,
         }
 
     @property
@@ -135,6 +136,22 @@ class Worker:
                 raise WorkerError(f"apply_results: frame {i} must be a 1-D uint8 result")
         self.t.apply_results([f.numpy().tobytes() for f in frames], int(h.get("step", 0)))
         return {"applied": len(frames), "param_hash": models.hash_named_tensors(self.t.replicated_parameters())}, []
+
+    def op_train_round(self, h, frames) -> Reply:
+        """Frames: token ids, then the previous round's result frames (uint8) to apply."""
+        if not frames:
+            raise WorkerError("train_round: expected a frame of token ids first")
+        tokens, results = frames[0], frames[1:]
+        for i, f in enumerate(results):
+            if f.dtype != torch.uint8 or f.ndim != 1:
+                raise WorkerError(f"train_round: result frame {i} must be a 1-D uint8 result")
+        apply_step = h.get("apply_step")
+        if apply_step is None and results:
+            raise WorkerError("train_round: results given without apply_step")
+        reply, result = self.t.train_round(tokens, int(h.get("step", 0)), None if apply_step is None else int(apply_step),
+                                           [f.numpy().tobytes() for f in results])
+        return {**reply, "applied": len(results), "param_hash": models.hash_named_tensors(self.t.replicated_parameters()),
+                "frames": [{"name": "result", "dtype": "uint8", "shape": [len(result)]}]}, [result]
 
     def op_param_hash(self, h, frames) -> Reply:
         return {"param_hash": models.hash_named_tensors(self.t.replicated_parameters())}, []

@@ -196,6 +196,24 @@ class Trainer:
         except ResultDecodeError as exc:
             raise WorkerError(f"rejected result: {exc}", kind="bad_result") from None
 
+    def train_round(self, tokens: torch.Tensor, step: int, apply_step: int | None, results: list[bytes]) -> tuple[dict[str, Any], bytes]:
+        """Network path, DisTrO's intended order for one round: forward/backward on this round's tokens
+        (at the speculative parameters), then apply the previous round's accepted results (`apply_step`'s
+        LR; restores the committed parameters first), then produce this round's result (which speculates
+        again). `apply_step` None: nothing to apply (the first round of an epoch)."""
+        if len(self.distro_peers) != 1:
+            raise WorkerError("train_round needs the Distro optimizer configured with one peer", kind="state")
+        lr = self.schedule(step)
+        loss = self.forward_backward(tokens)
+        norm = self.clip()
+        if apply_step is not None:
+            self.apply_results(results, apply_step)
+        result = self.distro_peers[0].produce(lr)
+        if not math.isfinite(loss):
+            raise WorkerError(f"loss is {loss} at step {step}: training diverged (lower the learning rate)", kind="diverged")
+        return {"loss": loss, "grad_norm": norm, "lr": lr, "tokens": int(tokens.shape[0] * (tokens.shape[1] - 1)),
+                "result_bytes": len(result)}, result
+
     def replicated_parameters(self) -> list[tuple[str, torch.Tensor]]:
         """Parameters as every replica holds them (without a pending DisTrO speculation), sorted by name."""
         if self.distro_peers:

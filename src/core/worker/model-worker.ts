@@ -24,6 +24,8 @@ export interface TrainingSetup {
   micro_batch: number
   /** DisTrO only: split each step's batch among N simulated clients, each with its own momentum. */
   simulate_peers?: number
+  /** DisTrO network path: results of step t are applied during step t+1 (train_round / apply_results). */
+  delay_correction?: boolean
 }
 
 function tokensFrame(tokens: Uint32Array, rows: number): Frame {
@@ -56,6 +58,29 @@ export class ModelWorker {
 
   async trainStep(tokens: Uint32Array, rows: number, step: number): Promise<StepResult> {
     return (await this.client.call<StepResult & Record<string, unknown>>('train_step', {step}, [tokensFrame(tokens, rows)])).reply
+  }
+
+  /**
+   * The network path's round (DisTrO, one peer, delay_correction): forward/backward on `tokens`, then apply
+   * `previous` (the results accepted for step `applyStep`), then produce this step's result. `paramHash` is
+   * the committed parameters after the apply (speculation excluded), so replicas can be compared.
+   */
+  async trainRound(
+    tokens: Uint32Array,
+    rows: number,
+    step: number,
+    previous?: {applyStep: number; results: Uint8Array[]},
+  ): Promise<StepResult & {result: Uint8Array; paramHash: string; applied: number}> {
+    const resultFrames: Frame[] = (previous?.results ?? []).map((r, i) => ({name: `result${i}`, dtype: 'uint8', shape: [r.length], data: r}))
+    const header = previous ? {step, apply_step: previous.applyStep} : {step}
+    const {reply, frames} = await this.client.call<StepResult & {param_hash: string; applied: number} & Record<string, unknown>>('train_round', header, [tokensFrame(tokens, rows), ...resultFrames])
+    return {...reply, result: new Uint8Array(frames[0]), paramHash: reply.param_hash, applied: reply.applied}
+  }
+
+  /** Applies the results accepted for `step` (network path). Returns the committed parameters' hash. */
+  async applyResults(step: number, results: Uint8Array[]): Promise<string> {
+    const frames: Frame[] = results.map((r, i) => ({name: `result${i}`, dtype: 'uint8', shape: [r.length], data: r}))
+    return (await this.client.call<{param_hash: string}>('apply_results', {step}, frames)).reply.param_hash
   }
 
   async evaluate(tokens: Uint32Array, rows: number): Promise<{loss: number; tokens: number}> {
