@@ -1,0 +1,102 @@
+import {resolve} from 'node:path'
+import {Flags} from '@oclif/core'
+import {PsycheCommand} from '../core/cli/base-command.js'
+import {Progress} from '../core/cli/progress.js'
+import {PsycheClient, seedForRun, type ClientSummary} from '../core/client/runner.js'
+import {demoCorpusDir, ensureDemoCorpus} from '../core/corpus.js'
+import {generateIdentity, loadIdentity} from '../core/protocol/identity.js'
+import {resolveTrainPlan} from '../core/train/plan.js'
+import {shuffleSeedFor} from '../core/train/single-node.js'
+
+function mb(bytes: number): string {
+  return `${(bytes / 1e6).toFixed(2)} MB`
+}
+
+export default class Join extends PsycheCommand {
+  static summary = 'Join a training run as a client: train assigned batches, exchange results with peers, witness'
+  static description = `Connects to a centralized coordinator (psyche server run), follows the run through Warmup, RoundTrain,
+RoundWitness and Cooldown, drives a PyTorch worker (DisTrO on the network path), gossips results to its peers
+over libp2p, applies the results a witness quorum confirmed, witnesses when selected and sends health checks.
+The model and data come from --config (the run's state.toml, for its model directory and data) or the
+tiny-demo template; the LR schedule and DisTrO settings come from the coordinator's state.
+With --json, one JSON object per line on stdout: {"event":"round","step","epoch","loss","param_hash",
+"applied","bytes_in","bytes_out","peers",...} after each applied round, and other events (model_loaded,
+trained, witness, health_check, rejected, worker_crashed, finished).`
+
+  static examples = [
+    '<%= config.bin %> join --server-addr 127.0.0.1:5000 --run-id tiny-demo',
+    '<%= config.bin %> join --server-addr host:5000 --run-id my-run --config run/state.toml --identity me.json --threads 2 --json',
+  ]
+
+  static flags = {
+    'server-addr': Flags.string({summary: 'the coordinator server, host:port', required: true}),
+    'run-id': Flags.string({summary: 'the run to join (must match the server\'s)', required: true}),
+    identity: Flags.string({summary: 'identity file (psyche-identity JSON); default: a new random identity for this process'}),
+    config: Flags.string({char: 'c', summary: 'the run config (state.toml) whose model directory and data this client uses'}),
+    template: Flags.string({summary: 'use templates/NAME/state.toml for model and data (default tiny-demo when no --config)'}),
+    model: Flags.string({summary: 'model directory (config.json [+ model.safetensors]); overrides the config\'s checkpoint'}),
+    data: Flags.string({summary: 'directory of token files; overrides the config\'s data_location'}),
+    'micro-batch': Flags.integer({summary: 'sequences per forward/backward', min: 1}),
+    threads: Flags.integer({summary: 'torch threads of the worker', min: 1}),
+    device: Flags.string({summary: 'auto | cpu | cuda | cuda:N', default: 'auto'}),
+  }
+
+  async run(): Promise<ClientSummary | undefined> {
+    const {flags} = await this.parse(Join)
+    const json = this.jsonEnabled()
+    const progress = Progress.for({json})
+    const plan = await resolveTrainPlan({
+      config: flags.config,
+      template: flags.template,
+      model: flags.model,
+      data: flags.data,
+      microBatch: flags['micro-batch'],
+      optimizer: 'distro',
+      threads: flags.threads,
+      device: flags.device,
+    })
+    const d = plan.data
+    if (typeof d === 'object' && 'Local' in d && resolve(plan.dataBaseDir, d.Local).startsWith(demoCorpusDir)) await ensureDemoCorpus((m) => progress.status(m))
+    const identity = flags.identity ? await loadIdentity(resolve(flags.identity)) : generateIdentity()
+    const runId = flags['run-id']
+    const seed = seedForRun(runId)
+    // --json: every event is one line on stdout, flushed as it happens, for the testnet and scripts to follow.
+    const log = (event: Record<string, unknown>) => {
+      if (json) {
+        process.stdout.write(JSON.stringify(event) + '\n')
+        return
+      }
+      switch (event.event) {
+        case 'round': {
+          const loss = typeof event.loss === 'number' ? event.loss.toFixed(3) : '  -  '
+          progress.note(`round ${event.step} (epoch ${event.epoch})  loss ${loss}  hash ${String(event.param_hash).slice(0, 12)}  applied ${event.applied}/${event.trainers}  peers ${event.peers}  in ${mb(event.bytes_in as number)}  out ${mb(event.bytes_out as number)}`)
+          break
+        }
+        case 'model_loaded':
+          progress.note(`model loaded at step ${event.step} from ${event.source} (hash ${String(event.param_hash).slice(0, 12)})`)
+          break
+        case 'worker_crashed':
+        case 'rejected':
+        case 'results_missing':
+        case 'health_check':
+        case 'rejoining':
+        case 'reconnected':
+          progress.note(`${event.event}: ${JSON.stringify({...event, event: undefined})}`)
+          break
+        case 'disconnected':
+          if (event.source === 'coordinator') progress.note(`disconnected from the coordinator ${event.addr}; reconnecting`)
+          break
+        default:
+          break
+      }
+    }
+    progress.status(`connecting to ${flags['server-addr']} (run ${runId}) as ${identity.id.slice(0, 16)}…`)
+    const client = await PsycheClient.start({serverAddr: flags['server-addr'], runId, identity, plan, seed, shuffleSeed: shuffleSeedFor(seed), log})
+    progress.status(`joined as ${client.id.slice(0, 16)}…; following the run`)
+    const summary = await client.run()
+    log({event: 'finished', ...summary})
+    progress.done(`run finished: ${summary.rounds} rounds applied, last step ${summary.lastStep}, hash ${summary.paramHash?.slice(0, 12)}`)
+    // --json: the finished event above is the last line; nothing else is printed.
+    return json ? undefined : summary
+  }
+}

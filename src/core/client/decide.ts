@@ -1,0 +1,201 @@
+import {
+  batchRangeFor,
+  isResultWitnessed,
+  isTrainerHealthy,
+  isWitness,
+  type BatchRange,
+  type ClientId,
+  type CoordinatorState,
+  type Round,
+} from '../coordinator/index.js'
+
+/**
+ * The client's decisions, as pure functions of (coordinator state, what this client holds). The I/O loop
+ * (runner.ts) only executes what these return, so every rule here is unit-tested without processes.
+ *
+ * Two lanes:
+ * - work (nextWork): load the model, apply a finished round's accepted results, train this round. Serial:
+ *   each needs the worker, and applies must happen in strict step order.
+ * - messages (messagesToSend): warmup-ready, witness proofs, health checks. Instant sends, re-evaluated on
+ *   every state push and every downloaded result, even while the worker is busy.
+ *
+ * Determinism. A round's witness records are final once the coordinator has moved past the round (it is
+ * `previous_round` in the next RoundTrain, or `round` in Cooldown and later). Every client applies, for step
+ * s, exactly the results a witness quorum of that final record confirmed (isResultWitnessed), and nothing
+ * else; the worker sorts them by hash. Applies go strictly in step order (modelStep + 1), so a client that
+ * missed a round can never apply a later one: it stays behind and reloads the model at the next Warmup.
+ */
+
+/** One trainer's result for one step, as announced (and, once downloaded and verified, its bytes). */
+export interface HeldResult {
+  client_id: ClientId
+  step: number
+  batch_start: number
+  batch_end: number
+  /** sha256 hex of the blob. */
+  commitment: string
+  bytes?: Uint8Array
+}
+
+export interface ClientView {
+  id: ClientId
+  /** Step through which accepted results are applied to the worker's model; null: no model loaded. */
+  modelStep: number | null
+  /** The last step this client produced a result for (0: none). */
+  trainedStep: number
+  /** Epoch (progress.epoch) whose Warmup this client reported its model loaded in. */
+  warmupReported: number | null
+  /** Steps whose witness proof was sent. */
+  witnessSent: ReadonlySet<number>
+  /** Steps (of judged rounds) this client already sent, or decided against, a health check for. */
+  healthChecked: ReadonlySet<number>
+  /** Rounds whose witness records are final, by step (finalRounds below collects them from each state). */
+  finalRounds: ReadonlyMap<number, Round>
+  /** Results announced for each step, by producer (first valid announcement per producer wins). */
+  results: ReadonlyMap<number, ReadonlyMap<ClientId, HeldResult>>
+}
+
+export type Work =
+  /** Load the model as of `step` (the epoch's start_step - 1): from the run's checkpoint, or from these peers. */
+  | {kind: 'load_model'; step: number; from: 'checkpoint' | ClientId[]}
+  /** Apply `round`'s accepted results on their own (no training of ours to fold them into). */
+  | {kind: 'apply'; round: Round}
+  /** Train `round` on `range`; first apply `previous` (round.step - 1) if given (the worker's train_round). */
+  | {kind: 'train'; round: Round; range: BatchRange; previous?: Round}
+  /** Neither in the epoch nor waiting to join: ask to join again (e.g. after being dropped). */
+  | {kind: 'join'}
+  /** The run is over and every round we can apply is applied. */
+  | {kind: 'finished'}
+
+export type Message =
+  | {kind: 'warmup_ready'; epoch: number}
+  | {kind: 'witness'; step: number; seen: HeldResult[]}
+  | {kind: 'health_check'; step: number; judged: number; accused: ClientId[]}
+
+const ROUND_PHASES = new Set(['RoundTrain', 'RoundWitness'])
+const EPOCH_PHASES = new Set(['Warmup', 'RoundTrain', 'RoundWitness', 'Cooldown'])
+
+/** Rounds of `state` whose witness records can no longer change (see the module comment). */
+export function finalRounds(state: CoordinatorState): Round[] {
+  const {round, previous_round: previous} = state.epoch
+  const out: Round[] = []
+  if (previous) out.push(previous)
+  // Past RoundWitness (Cooldown, WaitingForMembers, Paused, Finished) the epoch's last round is final too.
+  if (round && !ROUND_PHASES.has(state.run_state) && state.run_state !== 'Warmup') out.push(round)
+  return out
+}
+
+/** Healthy in the current epoch, during one of its phases. */
+export function isEpochMember(state: CoordinatorState, id: ClientId): boolean {
+  return EPOCH_PHASES.has(state.run_state) && state.epoch.clients.some((c) => c.id === id && c.state === 'Healthy')
+}
+
+/** The round's trainers that had batches (an empty range has nothing to send), with their ranges. */
+export function trainersWithBatches(state: CoordinatorState, round: Round): {id: ClientId; range: BatchRange}[] {
+  const out: {id: ClientId; range: BatchRange}[] = []
+  for (const id of round.roster) {
+    const range = batchRangeFor(state, id, round)
+    if (range && range.end > range.start) out.push({id, range})
+  }
+  return out
+}
+
+/** True when an announced result belongs to `round`: its producer trained in it, on exactly these batches. */
+export function belongsToRound(state: CoordinatorState, round: Round, r: Pick<HeldResult, 'client_id' | 'step' | 'batch_start' | 'batch_end'>): boolean {
+  if (r.step !== round.step) return false
+  const range = batchRangeFor(state, r.client_id, round)
+  return range !== undefined && range.end > range.start && range.start === r.batch_start && range.end === r.batch_end
+}
+
+function commitmentBytes(hex: string): Uint8Array {
+  return Buffer.from(hex, 'hex')
+}
+
+/**
+ * The results to apply for a final `round`: the held ones a witness quorum confirmed, and the trainers a
+ * quorum saw (participant bloom) whose confirmed result we hold no announcement of — the caller waits for
+ * those, since applying without them would fork this replica.
+ */
+export function acceptedResults(state: CoordinatorState, round: Round, held: ReadonlyMap<ClientId, HeldResult> | undefined): {accepted: HeldResult[]; missing: ClientId[]} {
+  const accepted: HeldResult[] = []
+  const missing: ClientId[] = []
+  for (const {id, range} of trainersWithBatches(state, round)) {
+    const r = held?.get(id)
+    if (r && belongsToRound(state, round, r) && isResultWitnessed(state, round, id, range, commitmentBytes(r.commitment))) accepted.push(r)
+    else if (isTrainerHealthy(state, round, id)) missing.push(id)
+  }
+  return {accepted, missing}
+}
+
+/** The next piece of work for the worker, or undefined when there is nothing to do until something changes. */
+export function nextWork(state: CoordinatorState, view: ClientView): Work | undefined {
+  const {id, modelStep} = view
+  const round = state.epoch.round
+  const member = isEpochMember(state, id)
+  const trainNow = member && state.run_state === 'RoundTrain' && round !== null && view.trainedStep < round.step
+  const myRange = trainNow ? batchRangeFor(state, id, round!) : undefined
+  const willTrain = myRange !== undefined && myRange.end > myRange.start
+
+  // Catch up: apply the next final round in step order, unless it is about to be folded into our training.
+  if (modelStep !== null) {
+    const next = view.finalRounds.get(modelStep + 1)
+    if (next && !(willTrain && next.step === round!.step - 1)) return {kind: 'apply', round: next}
+  }
+
+  if (state.run_state === 'Finished') return {kind: 'finished'}
+  const pending = state.pending.includes(id)
+  if (!member && !pending && state.run_state !== 'Uninitialized') return {kind: 'join'}
+
+  if (member && state.run_state === 'Warmup') {
+    const target = state.epoch.start_step - 1
+    if (modelStep === target) return undefined
+    const checkpoint = state.model.LLM.checkpoint
+    const fromPeers = typeof checkpoint === 'object' && 'P2P' in checkpoint
+    if (!fromPeers) return {kind: 'load_model', step: target, from: 'checkpoint'}
+    const peers = state.epoch.clients.filter((c) => c.id !== id && c.state === 'Healthy').map((c) => c.id)
+    return {kind: 'load_model', step: target, from: peers}
+  }
+
+  if (willTrain && modelStep !== null) {
+    const r = round!
+    if (modelStep === r.step - 1) return {kind: 'train', round: r, range: myRange!}
+    const previous = view.finalRounds.get(r.step - 1)
+    if (previous && modelStep === r.step - 2) return {kind: 'train', round: r, range: myRange!, previous}
+  }
+  return undefined
+}
+
+/** Messages to send now for this state (the caller records what it sent in the view, so each goes once). */
+export function messagesToSend(state: CoordinatorState, view: ClientView): Message[] {
+  const {id} = view
+  if (!isEpochMember(state, id)) return []
+  const out: Message[] = []
+  const epoch = state.progress.epoch
+  if (state.run_state === 'Warmup') {
+    if (view.modelStep === state.epoch.start_step - 1 && view.warmupReported !== epoch) out.push({kind: 'warmup_ready', epoch})
+    return out
+  }
+  const round = state.epoch.round
+  if (!round || !ROUND_PHASES.has(state.run_state) || !isWitness(state, id, round)) return out
+
+  if (!view.witnessSent.has(round.step)) {
+    const held = view.results.get(round.step)
+    const seen = trainersWithBatches(state, round)
+      .map(({id: t}) => held?.get(t))
+      .filter((r): r is HeldResult => r !== undefined && r.bytes !== undefined && belongsToRound(state, round, r))
+    // Opportunistic: as soon as every trainer's result is here; otherwise with what we have once training time is up.
+    if (seen.length === trainersWithBatches(state, round).length || state.run_state === 'RoundWitness') out.push({kind: 'witness', step: round.step, seen})
+  }
+
+  // Health checks judge the previous round, whose witness records are final: its trainers with batches that no
+  // witness quorum saw, and who are still Healthy. Sent by this round's witnesses.
+  const judged = state.epoch.previous_round
+  if (judged && !view.healthChecked.has(judged.step)) {
+    const healthy = new Set(state.epoch.clients.filter((c) => c.state === 'Healthy').map((c) => c.id))
+    const accused = trainersWithBatches(state, judged)
+      .map((t) => t.id)
+      .filter((t) => t !== id && healthy.has(t) && !isTrainerHealthy(state, judged, t))
+    out.push({kind: 'health_check', step: round.step, judged: judged.step, accused})
+  }
+  return out
+}

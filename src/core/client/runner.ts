@@ -1,0 +1,467 @@
+import {CoordinatorConnection, type PeerDirectory} from '../backend/index.js'
+import {buildWitnessProof, type ClientId, type CoordinatorState, type Round} from '../coordinator/index.js'
+import {type DataProvider, openDataProvider} from '../data/index.js'
+import {errorMessage, PsycheError} from '../errors.js'
+import {P2PNode, type ModelSnapshot, type ResultAnnouncement} from '../p2p/index.js'
+import type {Identity} from '../protocol/identity.js'
+import type {TrainPlan} from '../train/plan.js'
+import {WorkerCrashedError} from '../worker/client.js'
+import {ModelWorker} from '../worker/model-worker.js'
+import {acceptedResults, belongsToRound, finalRounds, messagesToSend, nextWork, type ClientView, type HeldResult, type Message, type Work} from './decide.js'
+
+type ProviderLocation = Parameters<typeof openDataProvider>[0]
+
+/** What a client trains with: the resolved plan's model, data and worker settings; LR and optimizer come from the run. */
+export type ClientPlan = Pick<TrainPlan, 'model' | 'data' | 'dataBaseDir' | 'seqLen' | 'microBatch' | 'threads' | 'device' | 'optimizer' | 'lrSchedule'>
+
+export interface ClientOptions {
+  serverAddr: string
+  runId: string
+  identity: Identity
+  plan: ClientPlan
+  /** Model init and data order: every first-epoch client must use the same (seedForRun). */
+  seed: number
+  shuffleSeed: Uint8Array
+  /** Structured events, one object per line in --json mode. */
+  log: (event: Record<string, unknown>) => void
+  /** How long an apply waits for a witnessed result it has no announcement of before applying without it. */
+  missingResultWaitMs?: number
+}
+
+/** One line per applied round: what the testnet and the tests compare across clients. */
+export interface RoundEvent {
+  event: 'round'
+  step: number
+  epoch: number
+  /** This client's training loss in the round (null: it did not train in it). */
+  loss: number | null
+  /** The committed parameters after applying the round's accepted results. */
+  param_hash: string
+  applied: number
+  trainers: number
+  result_bytes: number | null
+  compute_ms: number | null
+  bytes_in: number
+  bytes_out: number
+  peers: number
+}
+
+export interface ClientSummary {
+  rounds: number
+  lastStep: number | null
+  paramHash: string | null
+  bytesIn: number
+  bytesOut: number
+}
+
+interface Trained {
+  loss: number
+  resultBytes: number
+  computeMs: number
+}
+
+/**
+ * The client's I/O loop: follows the coordinator's state pushes, and executes what decide.ts says — work on
+ * the worker one piece at a time, messages to the coordinator as soon as they are due. Results travel over
+ * the P2P node: ours are published after training; everyone else's are downloaded as soon as announced.
+ */
+export class PsycheClient {
+  private conn!: CoordinatorConnection
+  private state!: CoordinatorState
+  private modelStep: number | null = null
+  private trainedStep = 0
+  private warmupReported: number | null = null
+  private readonly witnessSent = new Set<number>()
+  private readonly healthChecked = new Set<number>()
+  private readonly rounds = new Map<number, Round>()
+  private readonly roundEpoch = new Map<number, number>()
+  private readonly results = new Map<number, Map<ClientId, HeldResult>>()
+  private readonly announcements = new Map<string, ResultAnnouncement>()
+  private readonly ownAnnouncements = new Map<number, ResultAnnouncement>()
+  private readonly trained = new Map<number, Trained>()
+  private readonly missingSince = new Map<number, number>()
+  private snapshot: ModelSnapshot | undefined
+  private loadAttempts = 0
+  private knownTopicPeers = 0
+  private wake: (() => void) | undefined
+  private stopped = false
+  private lastJoinAttempt = 0
+  private roundsApplied = 0
+  private lastHash: string | null = null
+
+  private constructor(
+    private readonly opts: ClientOptions,
+    private readonly worker: ModelWorker,
+    private readonly p2p: P2PNode,
+    private readonly data: DataProvider,
+  ) {}
+
+  get id(): ClientId {
+    return this.opts.identity.id
+  }
+
+  static async start(opts: ClientOptions): Promise<PsycheClient> {
+    const log = opts.log
+    const worker = await ModelWorker.start({threads: opts.plan.threads, device: opts.plan.device, label: 'client'})
+    let p2p: P2PNode | undefined
+    let data: DataProvider | undefined
+    try {
+      data = await openDataProvider(opts.plan.data as ProviderLocation, {seqLen: opts.plan.seqLen, baseDir: opts.plan.dataBaseDir, shuffleSeed: opts.shuffleSeed, wrap: true})
+      p2p = await P2PNode.start({identity: opts.identity, runId: opts.runId, log: (e) => log({...(e as Record<string, unknown>), source: 'p2p'})})
+      const client = new PsycheClient(opts, worker, p2p, data)
+      p2p.onAnnouncement((a) => client.onAnnouncement(a))
+      p2p.serveModel(async () => {
+        if (!client.snapshot) throw new PsycheError('no model loaded yet')
+        return client.snapshot
+      })
+      await client.connect()
+      log({event: 'started', client_id: opts.identity.id, p2p: p2p.addresses(), worker_pid: worker.pid})
+      return client
+    } catch (error) {
+      await p2p?.stop()
+      await data?.close()
+      await worker.shutdown()
+      throw error
+    }
+  }
+
+  private async connect(): Promise<void> {
+    const conn = await CoordinatorConnection.connect({
+      addr: this.opts.serverAddr,
+      runId: this.opts.runId,
+      identity: this.opts.identity,
+      p2pAddrs: this.p2p.addresses(),
+      join: true,
+      log: (e) => this.opts.log({...(e as Record<string, unknown>), source: 'coordinator'}),
+    })
+    this.conn = conn
+    conn.on('state', (s: CoordinatorState, peers: PeerDirectory) => {
+      if (this.conn === conn) this.onState(s, peers)
+    })
+    conn.on('rejected', (reason: string, info: {code: string; of?: string}) => this.opts.log({event: 'rejected', reason, ...info}))
+    conn.on('reconnected', () => this.opts.log({event: 'reconnected'}))
+    // The first state arrived during connect(), before these listeners.
+    this.onState(conn.state!, conn.peers)
+  }
+
+  private view(): ClientView {
+    return {
+      id: this.id,
+      modelStep: this.modelStep,
+      trainedStep: this.trainedStep,
+      warmupReported: this.warmupReported,
+      witnessSent: this.witnessSent,
+      healthChecked: this.healthChecked,
+      finalRounds: this.rounds,
+      results: this.results,
+    }
+  }
+
+  private poke(): void {
+    const wake = this.wake
+    this.wake = undefined
+    wake?.()
+  }
+
+  private onState(state: CoordinatorState, peers: PeerDirectory): void {
+    this.state = state
+    const round = state.epoch.round
+    if (round && !this.roundEpoch.has(round.step)) this.roundEpoch.set(round.step, state.progress.epoch)
+    for (const r of finalRounds(state)) this.rounds.set(r.step, r)
+    const addrs = Object.entries(peers)
+      .filter(([id]) => id !== this.id)
+      .flatMap(([, a]) => a)
+    void this.p2p.connect(addrs).then(() => this.reannounceIfNewPeers())
+    this.flushMessages()
+    this.poke()
+  }
+
+  /** Gossip is not replayed to peers that subscribe later: publish our latest result again when new ones appear. */
+  private async reannounceIfNewPeers(): Promise<void> {
+    const n = this.p2p.topicPeers()
+    if (n <= this.knownTopicPeers) return
+    this.knownTopicPeers = n
+    const latest = this.ownAnnouncements.get(this.trainedStep)
+    if (latest) await this.p2p.reannounce(latest).catch((e) => this.opts.log({event: 'reannounce_failed', message: errorMessage(e)}))
+  }
+
+  private onAnnouncement(a: ResultAnnouncement): void {
+    const floor = this.modelStep ?? 0
+    if (a.step <= floor) return
+    const round = this.state?.epoch.round
+    if (round && round.step === a.step && !belongsToRound(this.state, round, a)) {
+      this.opts.log({event: 'announcement_ignored', client_id: a.client_id, step: a.step, reason: `batches [${a.batch_start}, ${a.batch_end}) are not its assignment in step ${a.step}`})
+      return
+    }
+    let byClient = this.results.get(a.step)
+    if (!byClient) this.results.set(a.step, (byClient = new Map()))
+    if (byClient.has(a.client_id)) return // first valid announcement per producer and step wins
+    const held: HeldResult = {client_id: a.client_id, step: a.step, batch_start: a.batch_start, batch_end: a.batch_end, commitment: a.commitment}
+    byClient.set(a.client_id, held)
+    this.announcements.set(a.commitment, a)
+    this.p2p.fetchResult(a).then(
+      (bytes) => {
+        held.bytes = bytes
+        this.flushMessages()
+        this.poke()
+      },
+      (error) => this.opts.log({event: 'result_fetch_failed', client_id: a.client_id, step: a.step, message: errorMessage(error)}),
+    )
+  }
+
+  private flushMessages(): void {
+    if (!this.state || this.stopped) return
+    for (const m of messagesToSend(this.state, this.view())) this.send(m)
+  }
+
+  private send(m: Message): void {
+    switch (m.kind) {
+      case 'warmup_ready':
+        if (this.conn.sendWarmupReady()) {
+          this.warmupReported = m.epoch
+          this.opts.log({event: 'warmup_ready', epoch: m.epoch, step: this.modelStep})
+        }
+        return
+      case 'witness': {
+        const round = this.state.epoch.round!
+        const proof = buildWitnessProof(
+          round,
+          m.seen.map((r) => ({id: r.client_id, range: {start: r.batch_start, end: r.batch_end}, commitment: Buffer.from(r.commitment, 'hex')})),
+        )
+        if (this.conn.sendWitness(m.step, proof)) {
+          this.witnessSent.add(m.step)
+          this.opts.log({event: 'witness', step: m.step, seen: m.seen.length})
+        }
+        return
+      }
+      case 'health_check':
+        this.healthChecked.add(m.judged)
+        if (m.accused.length > 0 && this.conn.sendHealthCheck(m.step, m.accused)) this.opts.log({event: 'health_check', step: m.step, judged: m.judged, accused: m.accused})
+        return
+    }
+  }
+
+  /** Runs until the run is Finished (or stop()). A crashed worker withdraws us and rejects. */
+  async run(): Promise<ClientSummary> {
+    try {
+      while (!this.stopped) {
+        const work = nextWork(this.state, this.view())
+        if (work?.kind === 'finished') break
+        if (!work) {
+          await new Promise<void>((resolve) => {
+            this.wake = resolve
+            setTimeout(resolve, 1000)
+          })
+          continue
+        }
+        const progressed = await this.execute(work)
+        if (!progressed) await new Promise((r) => setTimeout(r, 250))
+      }
+    } catch (error) {
+      if (error instanceof WorkerCrashedError) {
+        this.opts.log({event: 'worker_crashed', message: error.message})
+        this.conn.sendWithdraw()
+        await this.close()
+        throw new PsycheError(`${error.message}; withdrew from run ${this.opts.runId}`, {code: 'EWORKERCRASHED'})
+      }
+      await this.close()
+      throw error
+    }
+    const stats = this.p2p.stats()
+    await this.close()
+    return {rounds: this.roundsApplied, lastStep: this.modelStep, paramHash: this.lastHash, bytesIn: stats.bytesReceived, bytesOut: stats.bytesSent}
+  }
+
+  /** Leaves the run: withdraw, disconnect, stop the P2P node and the worker. */
+  async stop(): Promise<void> {
+    if (this.stopped) return
+    this.conn?.sendWithdraw()
+    await this.close()
+  }
+
+  private async close(): Promise<void> {
+    this.stopped = true
+    this.poke()
+    await this.conn?.close().catch(() => {})
+    await this.p2p.stop().catch(() => {})
+    await this.data.close().catch(() => {})
+    await this.worker.shutdown().catch(() => {})
+  }
+
+  /** Executes one piece of work; false when it could not make progress yet (the loop waits a little). */
+  private async execute(work: Exclude<Work, {kind: 'finished'}>): Promise<boolean> {
+    switch (work.kind) {
+      case 'join': {
+        if (Date.now() - this.lastJoinAttempt < 3000) return false
+        this.lastJoinAttempt = Date.now()
+        this.opts.log({event: 'rejoining', run_state: this.state.run_state})
+        const old = this.conn
+        await old.close()
+        await this.connect()
+        return true
+      }
+      case 'load_model':
+        return this.loadModel(work.step, work.from)
+      case 'apply':
+        return this.applyRound(work.round)
+      case 'train':
+        return this.train(work.round, work.range, work.previous)
+    }
+  }
+
+  private async initModel(): Promise<void> {
+    const {model, microBatch} = this.opts.plan
+    // The run's state is authoritative for what every replica must agree on: the LR schedule, and DisTrO's
+    // settings when the run names DisTrO (the network path needs it; other optimizers fall back to the plan's).
+    const llm = this.state.model.LLM
+    const optimizer = typeof llm.optimizer === 'object' && 'Distro' in llm.optimizer ? llm.optimizer : this.opts.plan.optimizer
+    const lrSchedule = llm.lr_schedule
+    const info = model.kind === 'dir' ? await this.worker.load(model.dir, this.opts.seed) : await this.worker.initFromConfig(model.config, this.opts.seed)
+    if (this.opts.plan.seqLen > info.max_position_embeddings) {
+      throw new PsycheError(`max_seq_len ${this.opts.plan.seqLen} exceeds the model's max_position_embeddings ${info.max_position_embeddings}`)
+    }
+    await this.worker.configure({
+      optimizer: optimizer as Record<string, unknown>,
+      lr_schedule: lrSchedule as Record<string, unknown>,
+      micro_batch: microBatch,
+      delay_correction: true,
+    })
+  }
+
+  private async loadModel(step: number, from: 'checkpoint' | ClientId[]): Promise<boolean> {
+    if (from === 'checkpoint') {
+      await this.initModel()
+      const {frames, paramHash} = await this.worker.exportParams()
+      this.snapshot = {step, paramHash, frames: frames.map((f) => ({name: f.name!, dtype: f.dtype, shape: f.shape, data: f.data as Uint8Array}))}
+      this.setLoaded(step, paramHash, 'checkpoint')
+      return true
+    }
+    let snapshot: ModelSnapshot
+    try {
+      // Start at a different peer on each attempt: the first may serve an older step (still applying its Cooldown).
+      const shift = this.loadAttempts++ % Math.max(1, from.length)
+      snapshot = await this.p2p.fetchModel([...from.slice(shift), ...from.slice(0, shift)])
+    } catch (error) {
+      this.opts.log({event: 'model_fetch_failed', step, message: errorMessage(error)})
+      return false
+    }
+    if (snapshot.step !== step) {
+      this.opts.log({event: 'model_fetch_failed', step, message: `a peer served the model at step ${snapshot.step}, the epoch starts after step ${step}`})
+      return false
+    }
+    await this.initModel() // the model's structure, and a fresh optimizer: any momentum we had belongs to rounds we missed
+    const hash = await this.worker.importParams(snapshot.frames.map((f) => ({name: f.name, dtype: f.dtype as 'float32', shape: f.shape, data: f.data})))
+    if (hash !== snapshot.paramHash) {
+      this.opts.log({event: 'model_fetch_failed', step, message: `imported parameters hash to ${hash}, the peer announced ${snapshot.paramHash}`})
+      return false
+    }
+    this.snapshot = snapshot
+    this.setLoaded(step, hash, 'peers')
+    return true
+  }
+
+  private setLoaded(step: number, hash: string, source: string): void {
+    this.modelStep = step
+    this.trainedStep = Math.max(this.trainedStep, step)
+    this.lastHash = hash
+    this.opts.log({event: 'model_loaded', step, source, param_hash: hash})
+    this.flushMessages()
+  }
+
+  /** The accepted results of a final round, downloaded; undefined while a witnessed result is still unannounced to us. */
+  private async acceptedBytes(round: Round): Promise<Uint8Array[] | undefined> {
+    const {accepted, missing} = acceptedResults(this.state, round, this.results.get(round.step))
+    if (missing.length > 0) {
+      const since = this.missingSince.get(round.step) ?? Date.now()
+      this.missingSince.set(round.step, since)
+      if (Date.now() - since < (this.opts.missingResultWaitMs ?? 10_000)) return undefined
+      this.opts.log({event: 'results_missing', step: round.step, clients: missing, detail: 'a witness quorum saw results from these clients that never reached us; applying without them'})
+    }
+    const out: Uint8Array[] = []
+    for (const r of accepted) {
+      if (!r.bytes) {
+        const a = this.announcements.get(r.commitment)
+        r.bytes = a ? await this.p2p.fetchResult(a) : this.p2p.getResult(r.commitment)
+        if (!r.bytes) throw new PsycheError(`result ${r.commitment.slice(0, 16)}… of client ${r.client_id.slice(0, 16)}… for step ${round.step}: no holder`)
+      }
+      out.push(r.bytes)
+    }
+    return out
+  }
+
+  private async applyRound(round: Round): Promise<boolean> {
+    const results = await this.acceptedBytes(round)
+    if (!results) return false
+    const hash = await this.worker.applyResults(round.step, results)
+    this.afterApply(round, hash, results.length)
+    // Past the epoch's rounds the model is what joiners of the next epoch fetch: refresh what we serve.
+    if (this.state.run_state !== 'RoundTrain' && this.state.run_state !== 'RoundWitness') {
+      const {frames, paramHash} = await this.worker.exportParams()
+      this.snapshot = {step: round.step, paramHash, frames: frames.map((f) => ({name: f.name!, dtype: f.dtype, shape: f.shape, data: f.data as Uint8Array}))}
+    }
+    return true
+  }
+
+  private afterApply(round: Round, hash: string, applied: number): void {
+    this.modelStep = round.step
+    this.trainedStep = Math.max(this.trainedStep, round.step)
+    this.lastHash = hash
+    this.roundsApplied++
+    const mine = this.trained.get(round.step)
+    const stats = this.p2p.stats()
+    const event: RoundEvent = {
+      event: 'round',
+      step: round.step,
+      epoch: this.roundEpoch.get(round.step) ?? this.state.progress.epoch,
+      loss: mine?.loss ?? null,
+      param_hash: hash,
+      applied,
+      trainers: round.roster.length,
+      result_bytes: mine?.resultBytes ?? null,
+      compute_ms: mine?.computeMs ?? null,
+      bytes_in: stats.bytesReceived,
+      bytes_out: stats.bytesSent,
+      peers: stats.peers,
+    }
+    this.opts.log(event as unknown as Record<string, unknown>)
+    // Keep one applied round back: slower peers may still fetch it from us.
+    this.p2p.dropResultsBefore(round.step - 1)
+    for (const step of this.results.keys()) if (step < round.step - 1) this.results.delete(step)
+    for (const [c, a] of this.announcements) if (a.step < round.step - 1) this.announcements.delete(c)
+    for (const step of this.trained.keys()) if (step <= round.step) this.trained.delete(step)
+    this.flushMessages()
+  }
+
+  private async train(round: Round, range: {start: number; end: number}, previous?: Round): Promise<boolean> {
+    let before: {applyStep: number; results: Uint8Array[]} | undefined
+    if (previous) {
+      const results = await this.acceptedBytes(previous)
+      if (!results) return false
+      before = {applyStep: previous.step, results}
+    }
+    const ids = Array.from({length: range.end - range.start}, (_, i) => range.start + i)
+    const tokens = await this.data.getSamples(ids)
+    const started = performance.now()
+    const r = await this.worker.trainRound(tokens, ids.length, round.step, before)
+    const computeMs = performance.now() - started
+    this.trainedStep = round.step
+    this.trained.set(round.step, {loss: r.loss, resultBytes: r.result.length, computeMs})
+    if (previous && before) this.afterApply(previous, r.paramHash, before.results.length)
+    const announcement = await this.p2p.publishResult(round.step, range.start, range.end, r.result)
+    this.ownAnnouncements.set(round.step, announcement)
+    for (const step of this.ownAnnouncements.keys()) if (step < round.step) this.ownAnnouncements.delete(step)
+    let byClient = this.results.get(round.step)
+    if (!byClient) this.results.set(round.step, (byClient = new Map()))
+    byClient.set(this.id, {client_id: this.id, step: round.step, batch_start: range.start, batch_end: range.end, commitment: announcement.commitment, bytes: r.result})
+    this.opts.log({event: 'trained', step: round.step, loss: r.loss, batches: ids.length, result_bytes: r.result.length, compute_ms: Math.round(computeMs)})
+    this.flushMessages()
+    return true
+  }
+}
+
+/** The model-init seed of a run: every client of the first epoch initialises identical parameters from it. */
+export function seedForRun(runId: string): number {
+  let h = 2166136261
+  for (const byte of Buffer.from(`psyche/init/${runId}`, 'utf8')) h = Math.imul(h ^ byte, 16777619) >>> 0
+  return h & 0x7fffffff
+}

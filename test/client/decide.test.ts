@@ -1,0 +1,171 @@
+import assert from 'node:assert/strict'
+import {describe, it} from 'node:test'
+import {
+  acceptedResults,
+  finalRounds,
+  messagesToSend,
+  nextWork,
+  type ClientView,
+  type HeldResult,
+} from '../../src/core/client/decide.js'
+import {applyEvent, assignBatches, batchRangeFor, buildWitnessProof, selectWitnesses, type CoordinatorState, type Round} from '../../src/core/coordinator/index.js'
+import {joinAll, newRun, ok, toFirstRound} from '../coordinator/helpers.js'
+
+const IDS = ['alice', 'bob', 'carol']
+const COMMIT = '01'.repeat(32)
+const OTHER = '02'.repeat(32)
+
+function view(id: string, over: Partial<ClientView> = {}): ClientView {
+  return {id, modelStep: null, trainedStep: 0, warmupReported: null, witnessSent: new Set(), healthChecked: new Set(), finalRounds: new Map(), results: new Map(), ...over}
+}
+
+/** What a client holds for a round: every trainer's result (or those in `from`), downloaded, with `commitment`. */
+function held(state: CoordinatorState, round: Round, from: string[] = round.roster, commitment = COMMIT): Map<string, HeldResult> {
+  const out = new Map<string, HeldResult>()
+  for (const id of from) {
+    const r = batchRangeFor(state, id, round)!
+    out.set(id, {client_id: id, step: round.step, batch_start: r.start, batch_end: r.end, commitment, bytes: new Uint8Array([1])})
+  }
+  return out
+}
+
+/** Every witness of the current round sends a proof of having seen `saw` (default all) with COMMIT. */
+function witness(state: CoordinatorState, now: number, saw: string[] = IDS): CoordinatorState {
+  const round = state.epoch.round!
+  const seen = [...assignBatches(state)].filter(([id, r]) => r.end > r.start && saw.includes(id)).map(([id, range]) => ({id, range, commitment: Buffer.from(COMMIT, 'hex')}))
+  for (const w of selectWitnesses(state)) state = ok(state, {type: 'witness', from: w, step: round.step, proof: buildWitnessProof(round, seen)}, now)
+  return state
+}
+
+/** Ticks until the run state changes (or throws). */
+function advance(state: CoordinatorState, now: number): {state: CoordinatorState; now: number} {
+  const from = state.run_state
+  for (let i = 0; i < 50; i++) {
+    state = applyEvent(state, {type: 'tick'}, ++now).state
+    if (state.run_state !== from) return {state, now}
+  }
+  throw new Error(`stuck in ${from}`)
+}
+
+function toWarmup(llm = {}): CoordinatorState {
+  let state = joinAll(newRun({witness_nodes: 3}, llm), IDS, 0)
+  let now = 0
+  while (state.run_state !== 'Warmup') ({state, now} = advance(state, now))
+  return state
+}
+
+describe('client decisions: Warmup', () => {
+  it('a member without a model loads it from the checkpoint at the epoch start, then reports ready once', () => {
+    const state = toWarmup()
+    assert.deepEqual(nextWork(state, view('alice')), {kind: 'load_model', step: 0, from: 'checkpoint'})
+    assert.deepEqual(messagesToSend(state, view('alice')), [])
+    assert.equal(nextWork(state, view('alice', {modelStep: 0})), undefined)
+    assert.deepEqual(messagesToSend(state, view('alice', {modelStep: 0})), [{kind: 'warmup_ready', epoch: 0}])
+    assert.deepEqual(messagesToSend(state, view('alice', {modelStep: 0, warmupReported: 0})), [])
+  })
+
+  it('when the checkpoint is P2P, the model comes from the other members', () => {
+    const state = toWarmup({checkpoint: {P2P: {repo_id: 'x'}}})
+    assert.deepEqual(nextWork(state, view('bob')), {kind: 'load_model', step: 0, from: ['alice', 'carol']})
+  })
+
+  it('a client that is neither in the epoch nor pending asks to join; a pending one waits', () => {
+    const state = toWarmup()
+    assert.deepEqual(nextWork(state, view('dave')), {kind: 'join'})
+    const pending = ok(state, {type: 'join', id: 'dave'}, 100)
+    assert.equal(nextWork(pending, view('dave')), undefined)
+  })
+})
+
+describe('client decisions: rounds', () => {
+  const witnesses3 = {witness_nodes: 3}
+
+  it('the first round trains on the assigned range with nothing to apply', () => {
+    const {state} = toFirstRound(IDS, witnesses3)
+    const work = nextWork(state, view('bob', {modelStep: 0}))
+    assert.deepEqual(work, {kind: 'train', round: state.epoch.round, range: batchRangeFor(state, 'bob')})
+    // trained already: nothing more to do in this round
+    assert.equal(nextWork(state, view('bob', {modelStep: 0, trainedStep: 1})), undefined)
+    // no model (e.g. joined without loading): cannot train
+    assert.equal(nextWork(state, view('bob')), undefined)
+  })
+
+  it('a witness sends its proof as soon as it holds every result, and with what it has once training time is up', () => {
+    const {state, now} = toFirstRound(IDS, witnesses3)
+    const round = state.epoch.round!
+    const all = view('alice', {modelStep: 0, trainedStep: 1, results: new Map([[1, held(state, round)]])})
+    const [proof] = messagesToSend(state, all)
+    assert.equal(proof.kind, 'witness')
+    assert.equal(proof.kind === 'witness' && proof.seen.length, 3)
+    assert.deepEqual(messagesToSend(state, {...all, witnessSent: new Set([1])}), [])
+
+    const partial = view('alice', {modelStep: 0, trainedStep: 1, results: new Map([[1, held(state, round, ['alice', 'bob'])]])})
+    assert.deepEqual(messagesToSend(state, partial), [])
+    const late = advance(state, now).state
+    assert.equal(late.run_state, 'RoundWitness')
+    const [lateProof] = messagesToSend(late, partial)
+    assert.equal(lateProof.kind === 'witness' && lateProof.seen.map((r) => r.client_id).sort().join(), 'alice,bob')
+  })
+
+  it('a result announced but not yet downloaded does not count as seen', () => {
+    const {state} = toFirstRound(IDS, witnesses3)
+    const results = held(state, state.epoch.round!)
+    delete results.get('carol')!.bytes
+    assert.deepEqual(messagesToSend(state, view('alice', {modelStep: 0, trainedStep: 1, results: new Map([[1, results]])})), [])
+  })
+
+  it('the next round applies exactly the quorum-witnessed results of the previous one, folded into training', () => {
+    let {state, now} = toFirstRound(IDS, witnesses3)
+    state = witness(state, now, ['alice', 'bob'])
+    while (state.run_state !== 'RoundTrain' || state.epoch.round!.step !== 2) ({state, now} = advance(state, now))
+    const [previous] = finalRounds(state)
+    assert.equal(previous.step, 1)
+    // carol's result was not witnessed; bob's copy we hold has another commitment than the witnessed one
+    const mine = held(state, previous, ['alice', 'carol'])
+    mine.set('bob', {...held(state, previous, ['bob'], OTHER).get('bob')!})
+    const {accepted, missing} = acceptedResults(state, previous, mine)
+    assert.deepEqual(accepted.map((r) => r.client_id), ['alice'])
+    // bob was seen by a quorum, so his real result exists somewhere: wait for it rather than fork
+    assert.deepEqual(missing, ['bob'])
+
+    const v = view('alice', {modelStep: 0, trainedStep: 1, finalRounds: new Map([[1, previous]])})
+    assert.deepEqual(nextWork(state, v), {kind: 'train', round: state.epoch.round, range: batchRangeFor(state, 'alice'), previous})
+  })
+
+  it('witnesses of the current round accuse the previous round\'s unseen trainers, once', () => {
+    let {state, now} = toFirstRound(IDS, witnesses3)
+    state = witness(state, now, ['alice', 'bob'])
+    while (state.run_state !== 'RoundTrain' || state.epoch.round!.step !== 2) ({state, now} = advance(state, now))
+    const checks = messagesToSend(state, view('alice', {modelStep: 1, trainedStep: 2})).filter((m) => m.kind === 'health_check')
+    assert.deepEqual(checks, [{kind: 'health_check', step: 2, judged: 1, accused: ['carol']}])
+    assert.deepEqual(messagesToSend(state, view('alice', {modelStep: 1, trainedStep: 2, healthChecked: new Set([1])})).filter((m) => m.kind === 'health_check'), [])
+    // the coordinator accepts it: carol is dropped
+    const after = ok(state, {type: 'health_check', from: 'alice', accused: ['carol']}, now)
+    assert.equal(after.epoch.clients.find((c) => c.id === 'carol')!.state, 'Dropped')
+  })
+
+  it('at Cooldown the epoch\'s last round is applied; a missing round blocks every later apply', () => {
+    let {state, now} = toFirstRound(IDS, {...witnesses3, rounds_per_epoch: 2} as never)
+    const seen: Round[] = []
+    while (state.run_state !== 'Cooldown') {
+      if (state.run_state === 'RoundTrain' && state.epoch.round!.witnesses.length === 0) state = witness(state, now)
+      ;({state, now} = advance(state, now))
+      seen.push(...finalRounds(state))
+    }
+    const rounds = new Map(seen.map((r) => [r.step, r]))
+    assert.deepEqual([...rounds.keys()].sort(), [1, 2])
+    assert.deepEqual(nextWork(state, view('bob', {modelStep: 1, trainedStep: 2, finalRounds: rounds})), {kind: 'apply', round: rounds.get(2)})
+    assert.equal(nextWork(state, view('bob', {modelStep: 2, trainedStep: 2, finalRounds: rounds})), undefined)
+    // round 1 never seen: cannot apply round 2 (it would fork); stays behind
+    assert.equal(nextWork(state, view('bob', {modelStep: 0, trainedStep: 2, finalRounds: new Map([[2, rounds.get(2)!]])})), undefined)
+  })
+})
+
+describe('client decisions: which rounds are final', () => {
+  it('in a round only the previous round is final; past the rounds, the last one is too', () => {
+    const {state} = toFirstRound(IDS)
+    assert.deepEqual(finalRounds(state), [])
+    const cooldownLike = {...state, run_state: 'Cooldown' as const}
+    assert.deepEqual(finalRounds(cooldownLike).map((r) => r.step), [1])
+  })
+})
