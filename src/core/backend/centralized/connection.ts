@@ -79,6 +79,7 @@ export class CoordinatorConnection extends EventEmitter implements CoordinatorBa
   serverId: string | undefined
   private link?: Link
   private closed = false
+  private replaced = false
   private readonly log: (event: object) => void
   private readonly target: {host: string; port: number}
 
@@ -209,7 +210,15 @@ export class CoordinatorConnection extends EventEmitter implements CoordinatorBa
     const decoded = decodeServerMessage(bytes)
     if (!decoded.ok) return this.drop(link, decoded.reason, decoded.detail)
     const m: ServerEnvelope = decoded.envelope
-    if (this.opts.serverId && m.from !== this.opts.serverId) return this.drop(link, 'wrong_server', `signed by ${m.from}, not the pinned server ${this.opts.serverId}`)
+    if (this.opts.serverId && m.from !== this.opts.serverId) {
+      const detail = `signed by ${m.from}, not the pinned server ${this.opts.serverId}`
+      // Before the handshake completes this is simply the wrong server: retrying will not make it right.
+      if (!link.welcomed) {
+        this.log({event: 'server_message_dropped', reason: 'wrong_server', detail})
+        return new AttemptFailed(`server identity ${m.from} is not the pinned ${this.opts.serverId}`, true, 'wrong_server')
+      }
+      return this.drop(link, 'wrong_server', detail)
+    }
     if (link.serverId && m.from !== link.serverId) return this.drop(link, 'wrong_server', `signed by ${m.from}, not ${link.serverId} that opened this connection`)
     if (link.session && m.session !== link.session) return this.drop(link, 'wrong_session', 'message bound to another connection')
     if (m.seq <= link.serverSeq) return this.drop(link, 'replayed_seq', `sequence number ${m.seq} is not above ${link.serverSeq}`)
@@ -248,6 +257,8 @@ export class CoordinatorConnection extends EventEmitter implements CoordinatorBa
         this.log({event: 'rejected_by_server', code: m.body.code, reason: m.body.reason, ...(m.body.of ? {of: m.body.of} : {})})
         // Refused before we were welcomed: this connection attempt is over, and retrying will not help.
         if (!link.welcomed) return new AttemptFailed(`refused: ${m.body.reason}`, true, m.body.code)
+        // Another process connected with our identity: reconnecting would only take the run back and forth.
+        if (m.body.code === 'replaced') this.replaced = true
         this.emit('rejected', m.body.reason, info)
         return undefined
       }
@@ -260,7 +271,7 @@ export class CoordinatorConnection extends EventEmitter implements CoordinatorBa
     this.emit('disconnected')
     this.log({event: 'disconnected', addr: this.opts.addr})
     if (this.closed) return
-    if (this.opts.reconnect === false) {
+    if (this.opts.reconnect === false || this.replaced) {
       this.closed = true
       this.emit('closed')
       return

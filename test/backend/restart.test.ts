@@ -1,0 +1,123 @@
+import assert from 'node:assert/strict'
+import {existsSync, readFileSync, readdirSync, writeFileSync} from 'node:fs'
+import {join} from 'node:path'
+import {test} from 'node:test'
+import {CoordinatorConnection, SAVED_IDENTITY_FILE, SAVED_STATE_FILE} from '../../src/core/backend/index.js'
+import {buildWitnessProof, deserializeState} from '../../src/core/coordinator/index.js'
+import type {CoordinatorState} from '../../src/core/coordinator/types.js'
+import {PsycheError} from '../../src/core/errors.js'
+import {generateIdentity} from '../../src/core/protocol/index.js'
+import {tempDir} from '../helpers.js'
+import {Clock, RUN_ID, startTestServer, waitUntil, writeRunConfig} from './helpers.js'
+
+function nextState(c: CoordinatorConnection, pred: (s: CoordinatorState) => boolean): Promise<CoordinatorState> {
+  if (c.state && pred(c.state)) return Promise.resolve(c.state)
+  return new Promise((resolve) => {
+    const on = (s: CoordinatorState) => {
+      if (pred(s)) {
+        c.off('state', on)
+        resolve(s)
+      }
+    }
+    c.on('state', on)
+  })
+}
+
+test('a stopped server restarted from --save-state-dir resumes the run; the client reconnects and training goes on', async () => {
+  const dir = tempDir()
+  const saveDir = join(dir.path, 'saved')
+  const statePath = writeRunConfig(dir.path)
+  const clock = new Clock()
+  const alice = generateIdentity()
+  let c: CoordinatorConnection | undefined
+  let second: Awaited<ReturnType<typeof startTestServer>> | undefined
+  try {
+    const first = await startTestServer(statePath, {saveStateDir: saveDir, clock})
+    c = await CoordinatorConnection.connect({addr: first.addr, runId: RUN_ID, identity: alice, p2pAddrs: ['/ip4/127.0.0.1/tcp/4001'], join: true})
+    clock.advance(2)
+    await nextState(c, (s) => s.run_state === 'Warmup')
+    c.sendWarmupReady()
+    const round1 = await nextState(c, (s) => s.run_state === 'RoundTrain')
+
+    // Every transition is on disk, atomically: the file is the state, and no temporary file is left.
+    const saved = JSON.parse(readFileSync(join(saveDir, SAVED_STATE_FILE), 'utf8'))
+    assert.deepEqual(deserializeState(saved.state), first.server.state)
+    assert.deepEqual(saved.peers, {[alice.id]: ['/ip4/127.0.0.1/tcp/4001']})
+    assert.deepEqual(readdirSync(saveDir).sort(), [SAVED_STATE_FILE, SAVED_IDENTITY_FILE].sort())
+
+    const before = first.server.state
+    const port = first.server.port
+    const disconnected = new Promise((r) => c!.once('disconnected', r))
+    await first.server.stop()
+    await disconnected
+    // Stopping is not leaving: the client was not withdrawn.
+    assert.equal(first.logs.some((l) => l.event === 'withdrawn'), false)
+
+    const reconnected = new Promise((r) => c!.once('reconnected', r))
+    second = await startTestServer(statePath, {saveStateDir: saveDir, clock, port})
+    const resumed = await second.waitLog({event: 'resumed'})
+    assert.equal(resumed.run_state, 'RoundTrain')
+    assert.equal(resumed.step, 1)
+    assert.deepEqual(second.server.state, before)
+    assert.equal(second.server.identity.id, first.server.identity.id, 'the server keeps its identity across restarts')
+    await reconnected
+    await second.waitLog({event: 'rejoined', client: alice.id})
+    assert.equal(c.state?.run_state, 'RoundTrain')
+    assert.deepEqual(c.state?.epoch.clients, [{id: alice.id, state: 'Healthy'}])
+
+    // Training resumes: the witness proof for step 1 ends the round, and step 2 begins.
+    assert.ok(c.sendWitness(1, buildWitnessProof(round1.epoch.round!, [])))
+    await nextState(c, (s) => s.run_state === 'RoundWitness')
+    clock.advance(2)
+    const round2 = await nextState(c, (s) => s.run_state === 'RoundTrain' && s.progress.step === 2)
+    assert.notEqual(round2.epoch.round?.seed, round1.epoch.round?.seed)
+  } finally {
+    await c?.close()
+    await second?.server.stop()
+    dir.cleanup()
+  }
+})
+
+test('a saved state that is not this run\'s, or not a state at all, is refused naming the file', async () => {
+  const dir = tempDir()
+  try {
+    const statePath = writeRunConfig(dir.path)
+    const saveDir = join(dir.path, 'saved')
+    const first = await startTestServer(statePath, {saveStateDir: saveDir})
+    await first.server.stop()
+    const file = join(saveDir, SAVED_STATE_FILE)
+    assert.ok(existsSync(file))
+    const saved = JSON.parse(readFileSync(file, 'utf8'))
+    writeFileSync(file, JSON.stringify({...saved, state: saved.state.replace('"run_id":"tiny-demo"', '"run_id":"other-run"')}))
+    await assert.rejects(startTestServer(statePath, {saveStateDir: saveDir}), (e: Error) => e instanceof PsycheError && e.message.includes(file) && /run "other-run"/.test(e.message))
+    writeFileSync(file, '{"half a file')
+    await assert.rejects(startTestServer(statePath, {saveStateDir: saveDir}), (e: Error) => e instanceof PsycheError && e.message.includes(file))
+  } finally {
+    dir.cleanup()
+  }
+})
+
+test('a client that connects again replaces its old connection without being withdrawn', async () => {
+  const dir = tempDir()
+  const t = await startTestServer(writeRunConfig(dir.path))
+  const alice = generateIdentity()
+  const opts = {addr: t.addr, runId: RUN_ID, identity: alice, p2pAddrs: [], join: true}
+  const a1 = await CoordinatorConnection.connect(opts)
+  const a1Closed = new Promise((r) => a1.once('closed', r))
+  const a2 = await CoordinatorConnection.connect(opts)
+  try {
+    await t.waitLog({event: 'rejected', code: 'replaced', client: alice.id})
+    // The replaced client is told, and does not reconnect to take the identity back.
+    await a1Closed
+    await waitUntil(() => !a1.connected, 'the old connection to close')
+    await new Promise((r) => setTimeout(r, 100))
+    assert.deepEqual(t.server.state.pending, [alice.id])
+    assert.equal(t.logs.some((l) => l.event === 'withdrawn'), false)
+    assert.deepEqual(t.server.connectedClients, [alice.id])
+    assert.ok(a2.connected)
+  } finally {
+    await Promise.all([a1.close(), a2.close()])
+    await t.server.stop()
+    dir.cleanup()
+  }
+})

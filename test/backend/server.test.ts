@@ -1,0 +1,226 @@
+import assert from 'node:assert/strict'
+import {randomBytes} from 'node:crypto'
+import {test} from 'node:test'
+import {CoordinatorConnection} from '../../src/core/backend/index.js'
+import {buildWitnessProof} from '../../src/core/coordinator/index.js'
+import type {CoordinatorState} from '../../src/core/coordinator/types.js'
+import {PsycheError} from '../../src/core/errors.js'
+import {DEFAULT_MAX_FRAME_BYTES, encodeFrame, generateIdentity, type Identity} from '../../src/core/protocol/index.js'
+import {tempDir} from '../helpers.js'
+import {RUN_ID, RawClient, startTestServer, waitUntil, writeRunConfig, type TestServer} from './helpers.js'
+
+async function withServer(config: Record<string, number>, options: Parameters<typeof startTestServer>[1], body: (t: TestServer) => Promise<void>): Promise<void> {
+  const dir = tempDir()
+  const t = await startTestServer(writeRunConfig(dir.path, config), options)
+  try {
+    await body(t)
+  } finally {
+    // Close clients even when the test failed, or their reconnect loops keep the process alive.
+    await Promise.all(opened.splice(0).map((c) => c.close()))
+    await t.server.stop()
+    dir.cleanup()
+  }
+}
+
+const opened: CoordinatorConnection[] = []
+
+async function connectClient(t: TestServer, identity: Identity, extra: Partial<Parameters<typeof CoordinatorConnection.connect>[0]> = {}): Promise<CoordinatorConnection> {
+  const c = await CoordinatorConnection.connect({addr: t.addr, runId: RUN_ID, identity, p2pAddrs: [`/ip4/127.0.0.1/tcp/${4000 + identity.publicKey[0]}`], join: true, ...extra})
+  opened.push(c)
+  return c
+}
+
+/** Resolves with the first state pushed to `c` (from now on) that satisfies `pred`. */
+function nextState(c: CoordinatorConnection, pred: (s: CoordinatorState) => boolean): Promise<CoordinatorState> {
+  if (c.state && pred(c.state)) return Promise.resolve(c.state)
+  return new Promise((resolve) => {
+    const on = (s: CoordinatorState) => {
+      if (pred(s)) {
+        c.off('state', on)
+        resolve(s)
+      }
+    }
+    c.on('state', on)
+  })
+}
+
+test('clients join, every state change is pushed to all with the peer directory, and training starts', async () => {
+  await withServer({init_min_clients: 2}, {}, async (t) => {
+    const [alice, bob] = [generateIdentity(), generateIdentity()]
+    const a = await connectClient(t, alice)
+    assert.deepEqual(a.state?.pending, [alice.id])
+    assert.equal(a.serverId, t.server.identity.id)
+    const b = await connectClient(t, bob)
+    // Alice hears of Bob (his join and his p2p addresses) without asking.
+    const seen = await nextState(a, (s) => s.pending.length === 2)
+    assert.deepEqual(seen.pending, [alice.id, bob.id])
+    assert.deepEqual(a.peers[bob.id], [`/ip4/127.0.0.1/tcp/${4000 + bob.publicKey[0]}`])
+    assert.deepEqual(Object.keys(b.peers).sort(), [alice.id, bob.id].sort())
+
+    t.clock.advance(2)
+    const warmup = await nextState(b, (s) => s.run_state === 'Warmup')
+    assert.deepEqual(warmup.epoch.clients.map((c) => c.id), [alice.id, bob.id])
+    assert.ok(a.sendWarmupReady() && b.sendWarmupReady())
+    const training = await nextState(a, (s) => s.run_state === 'RoundTrain')
+    assert.deepEqual(training.epoch.round?.roster, [alice.id, bob.id])
+    assert.equal(t.server.state.run_state, 'RoundTrain')
+    await t.waitLog({event: 'transition', from: 'Warmup', to: 'RoundTrain'})
+    await Promise.all([a.close(), b.close()])
+  })
+})
+
+test('a wrong run id is refused with the server\'s reason (and logged); the server keeps serving', async () => {
+  await withServer({}, {}, async (t) => {
+    await assert.rejects(
+      connectClient(t, generateIdentity(), {runId: 'another-run'}),
+      (e: Error) => e instanceof PsycheError && /coordinates run "tiny-demo", not "another-run"/.test(e.message),
+    )
+    const line = await t.waitLog({event: 'rejected', code: 'wrong_run_id'})
+    assert.match(String(line.peer), /^127\.0\.0\.1:\d+$/)
+    assert.equal(line.closed, true)
+    // A pinned server id that does not match is refused just as clearly.
+    await assert.rejects(connectClient(t, generateIdentity(), {serverId: generateIdentity().id}), /is not the pinned/)
+    const ok = await connectClient(t, generateIdentity())
+    assert.equal(ok.state?.run_id, RUN_ID)
+    await ok.close()
+  })
+})
+
+test('forged, foreign, duplicate, out-of-order, other-session and pre-hello messages are refused with logged reasons; the connection still works', async () => {
+  await withServer({}, {}, async (t) => {
+    const [alice, mallory] = [generateIdentity(), generateIdentity()]
+    const raw = await RawClient.open(t.server.port)
+    const expectRefusal = async (code: string, send: () => void) => {
+      const [logFrom, msgFrom] = [t.logs.length, raw.messages.length]
+      send()
+      const line = await t.waitLog({event: 'rejected', code}, logFrom)
+      assert.ok(line.peer && String(line.reason).length > 0, JSON.stringify(line))
+      await raw.rejection(code, msgFrom)
+    }
+    await expectRefusal('expected_hello', () => raw.send(alice, 'withdraw', {}))
+    await raw.hello(alice)
+    assert.deepEqual(t.server.state.pending, [alice.id])
+
+    // Mallory's signature under Alice's key: the signature does not verify.
+    await expectRefusal('bad_signature', () => {
+      const frame = raw.frame(mallory, 'withdraw', {}, {seq: 100})
+      Buffer.from(alice.publicKey).copy(frame, 4 + 6)
+      raw.write(frame)
+    })
+    // Alice's message with its signature zeroed: unsigned.
+    await expectRefusal('bad_signature', () => {
+      const frame = raw.frame(alice, 'withdraw', {}, {seq: 100})
+      frame.fill(0, 4 + 38, 4 + 102)
+      raw.write(frame)
+    })
+    // Mallory signing her own message on Alice's connection.
+    await expectRefusal('wrong_sender', () => raw.send(mallory, 'withdraw', {}, {seq: 101}))
+    // A message the coordinator itself refuses (no Cooldown yet): answered with its code, not a wire error.
+    await expectRefusal('InvalidRunState', () => raw.send(alice, 'checkpoint', {repo: {repo_id: 'org/m'}}, {seq: 200}))
+    await expectRefusal('replayed_seq', () => raw.send(alice, 'checkpoint', {repo: {repo_id: 'org/m'}}, {seq: 200}))
+    await expectRefusal('replayed_seq', () => raw.send(alice, 'checkpoint', {repo: {repo_id: 'org/m'}}, {seq: 150}))
+    await expectRefusal('wrong_session', () => raw.send(alice, 'withdraw', {}, {seq: 201, session: 'ab'.repeat(16)}))
+    await expectRefusal('wrong_run_id', () => raw.send(alice, 'withdraw', {}, {seq: 202, run_id: 'other'}))
+    await expectRefusal('hello_twice', () => raw.send(alice, 'hello', {run_id: RUN_ID, client_id: alice.id, p2p_addrs: [], want_join: true}, {seq: 203}))
+    // After all that Alice is still in, and her real withdraw is honoured.
+    assert.equal(raw.closed, false)
+    assert.deepEqual(t.server.state.pending, [alice.id])
+    const from = raw.messages.length
+    raw.send(alice, 'withdraw', {}, {seq: 204})
+    await raw.next((m) => m.kind === 'state' && m.body.state.pending.length === 0, from)
+    await raw.close()
+  })
+})
+
+test('a witness replayed at a later step is refused: same connection (seq), another connection (session), re-signed (stale step)', async () => {
+  await withServer({}, {}, async (t) => {
+    const alice = generateIdentity()
+    const raw = await RawClient.open(t.server.port)
+    await raw.hello(alice)
+    t.clock.advance(2)
+    await raw.next((m) => m.kind === 'state' && m.body.state.run_state === 'Warmup')
+    raw.send(alice, 'witness', {proof: {participant_bloom: '', broadcast_bloom: ''}}, {step: 1}) // warmup: model loaded
+    const round1 = await raw.next((m) => m.kind === 'state' && m.body.state.run_state === 'RoundTrain')
+    assert.ok(round1.kind === 'state')
+    const proof1 = buildWitnessProof(round1.body.state.epoch.round!, [])
+    const witness1 = raw.send(alice, 'witness', {proof: proof1}, {step: 1})
+    await raw.next((m) => m.kind === 'state' && m.body.state.run_state === 'RoundWitness')
+    t.clock.advance(2)
+    const round2 = await raw.next((m) => m.kind === 'state' && m.body.state.run_state === 'RoundTrain' && m.body.state.progress.step === 2)
+    assert.ok(round2.kind === 'state')
+
+    let from = t.logs.length
+    raw.write(witness1)
+    await t.waitLog({event: 'rejected', code: 'replayed_seq', of: 'witness'}, from)
+    const other = await RawClient.open(t.server.port)
+    from = t.logs.length
+    other.write(witness1)
+    await t.waitLog({event: 'rejected', code: 'wrong_session'}, from)
+    from = t.logs.length
+    raw.send(alice, 'witness', {proof: proof1}, {step: 1})
+    const stale = await t.waitLog({event: 'rejected', code: 'stale_step'}, from)
+    assert.match(String(stale.reason), /step 1, but the run is at step 2/)
+    // The current step's proof is accepted.
+    raw.send(alice, 'witness', {proof: buildWitnessProof(round2.body.state.epoch.round!, [])}, {step: 2})
+    await raw.next((m) => m.kind === 'state' && m.body.state.run_state === 'RoundWitness' && m.body.state.progress.step === 2)
+    await Promise.all([raw.close(), other.close()])
+  })
+})
+
+test('an oversized frame closes only its connection; garbage is refused with reasons; the server keeps serving', async () => {
+  await withServer({}, {}, async (t) => {
+    const watcher = await connectClient(t, generateIdentity())
+    const big = await RawClient.open(t.server.port)
+    const head = Buffer.alloc(4)
+    head.writeUInt32LE(DEFAULT_MAX_FRAME_BYTES + 1)
+    big.write(head)
+    const line = await t.waitLog({event: 'rejected', code: 'oversized'})
+    assert.equal(line.closed, true)
+    assert.match(String(line.reason), /exceeds the 16777216-byte limit/)
+    await waitUntil(() => big.closed, 'the oversized connection to close')
+
+    const junk = await RawClient.open(t.server.port)
+    const from = t.logs.length
+    junk.write(encodeFrame(randomBytes(200)))
+    junk.write(encodeFrame(Buffer.concat([Buffer.from('PSYC'), Buffer.from([1, 0]), randomBytes(150)])))
+    await t.waitLog({event: 'rejected', code: 'bad_magic'}, from)
+    await t.waitLog({event: 'rejected', code: 'bad_signature'}, from)
+    // Enough garbage and the connection is cut.
+    for (let i = 0; i < 20; i++) junk.write(encodeFrame(randomBytes(64)))
+    await waitUntil(() => junk.closed, 'the garbage connection to close')
+    await t.waitLog({event: 'rejected', code: 'too_many_rejections'}, from)
+
+    const noise = await RawClient.open(t.server.port)
+    noise.write(randomBytes(4096))
+    await waitUntil(() => t.logs.slice(from).some((l) => l.event === 'rejected' && ['oversized', 'bad_magic', 'truncated', 'empty'].includes(String(l.code))), 'noise to be refused')
+
+    // Still serving: a new client joins, and the watcher is told.
+    const late = generateIdentity()
+    const c = await connectClient(t, late)
+    await nextState(watcher, (s) => s.pending.includes(late.id))
+    await Promise.all([watcher.close(), c.close(), noise.close()])
+  })
+})
+
+test('withdraw on disconnect (default): a client that leaves is withdrawn and dropped from the peer directory; off: it stays', async () => {
+  await withServer({init_min_clients: 2}, {}, async (t) => {
+    const [alice, bob] = [generateIdentity(), generateIdentity()]
+    const a = await connectClient(t, alice)
+    const b = await connectClient(t, bob)
+    await nextState(a, (s) => s.pending.length === 2)
+    await b.close()
+    const after = await nextState(a, (s) => s.pending.length === 1)
+    assert.deepEqual(after.pending, [alice.id])
+    assert.equal(a.peers[bob.id], undefined)
+    await t.waitLog({event: 'withdrawn', client: bob.id})
+    await a.close()
+  })
+  await withServer({init_min_clients: 2}, {withdrawOnDisconnect: false}, async (t) => {
+    const alice = generateIdentity()
+    const a = await connectClient(t, alice)
+    await a.close()
+    await t.waitLog({event: 'disconnected', client: alice.id})
+    await new Promise((r) => setTimeout(r, 100))
+    assert.deepEqual(t.server.state.pending, [alice.id])
+  })
+})
