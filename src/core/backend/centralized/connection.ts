@@ -2,6 +2,7 @@ import {EventEmitter} from 'node:events'
 import {connect as tcpConnect, type Socket} from 'node:net'
 import type {HubRepo} from '../../config/types.js'
 import type {ClientId, CoordinatorState, WitnessProof} from '../../coordinator/types.js'
+import {parseHostPort} from '../../data/tcp.js'
 import {PsycheError} from '../../errors.js'
 import {DEFAULT_MAX_FRAME_BYTES, FrameReader} from '../../protocol/frames.js'
 import type {Identity} from '../../protocol/identity.js'
@@ -58,14 +59,6 @@ interface Link {
   bad: number
 }
 
-function parseAddr(addr: string): {host: string; port: number} {
-  const i = addr.lastIndexOf(':')
-  const port = Number(addr.slice(i + 1))
-  const host = addr.slice(0, i).replace(/^\[(.*)\]$/, '$1')
-  if (i <= 0 || !Number.isInteger(port) || port <= 0 || port > 65535) throw new PsycheError(`coordinator address "${addr}": expected host:port`)
-  return {host, port}
-}
-
 /**
  * A client's link to the centralized coordinator server (the TCP CoordinatorBackend). Every message
  * is signed with the client's identity and bound to the connection's session; every message from the
@@ -87,7 +80,7 @@ export class CoordinatorConnection extends EventEmitter implements CoordinatorBa
     super()
     this.log = opts.log ?? (() => {})
     this.serverId = opts.serverId
-    this.target = parseAddr(opts.addr)
+    this.target = parseHostPort(opts.addr, 'coordinator address')
   }
 
   /** Connects, says hello, and resolves once welcomed and given the first state. A refusal (wrong run id...) is a PsycheError with the server's reason. */

@@ -106,6 +106,7 @@ export class CoordinatorServer {
     let identity = options.identity
     let state: CoordinatorState | undefined
     let peers: Peers = {}
+    let resumedFrom: string | undefined
     if (options.saveStateDir) {
       mkdirSync(options.saveStateDir, {recursive: true})
       const identityPath = join(options.saveStateDir, SAVED_IDENTITY_FILE)
@@ -117,7 +118,7 @@ export class CoordinatorServer {
       const statePath = join(options.saveStateDir, SAVED_STATE_FILE)
       if (existsSync(statePath)) {
         ;({state, peers} = readSavedState(statePath, runId))
-        log({event: 'resumed', path: statePath, run_id: runId, run_state: state.run_state, step: state.progress.step, epoch: state.progress.epoch, clients: state.epoch.clients.length, pending: state.pending.length})
+        resumedFrom = statePath
       }
     }
     identity ??= generateIdentity()
@@ -140,7 +141,9 @@ export class CoordinatorServer {
     net.on('error', (error) => log({event: 'server_error', message: error.message}))
     server.save()
     server.timer = setInterval(() => server.advance(), options.tickIntervalMs ?? 200)
+    // 'listening' comes first: launchers read the port from the first log line.
     log({event: 'listening', host: options.host ?? '127.0.0.1', port: server.port, run_id: runId, server_id: identity.id, run_state: state.run_state, step: state.progress.step})
+    if (resumedFrom) log({event: 'resumed', path: resumedFrom, run_id: runId, run_state: state.run_state, step: state.progress.step, epoch: state.progress.epoch, clients: state.epoch.clients.length, pending: state.pending.length})
     return server
   }
 

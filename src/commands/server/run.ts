@@ -1,0 +1,94 @@
+import {Flags} from '@oclif/core'
+import {dirname, isAbsolute, resolve} from 'node:path'
+import {CoordinatorServer} from '../../core/backend/index.js'
+import {PsycheCommand} from '../../core/cli/base-command.js'
+import {checkDataServerForRun, formatIssue, loadDataServerConfig, loadRunConfigFile} from '../../core/config/index.js'
+import {DataServer, LocalTokenDataset, parseHostPort, parseShuffle, parseTokenSize} from '../../core/data/index.js'
+import {PsycheError} from '../../core/errors.js'
+import {loadIdentity} from '../../core/protocol/index.js'
+
+export default class ServerRun extends PsycheCommand {
+  static summary = 'Run the centralized coordinator: a TCP server that owns the run\'s state and ticks it'
+  static description = `Loads the state.toml, listens for clients (psyche join), ticks the coordinator every --tick-ms and after every accepted message, and pushes each new state to every connected client. Every message is signed, bound to the run, the connection and the step; anything else is refused with a logged reason. With --save-state-dir the state is saved atomically after every transition and a restarted server resumes from it. With --data-config it also serves the run's token data (data_location.Server). Runs until SIGINT/SIGTERM.
+
+--json prints one JSON object per line on stdout; the first is {"event":"listening","port":...}.`
+  static examples = [
+    '<%= config.bin %> server run --state state.toml --server-port 20000',
+    '<%= config.bin %> server run --state state.toml --host 0.0.0.0 --save-state-dir ./saved --identity server.json --json',
+  ]
+
+  static flags = {
+    state: Flags.string({summary: 'path to the run\'s state.toml', required: true}),
+    'data-config': Flags.string({summary: 'also serve token data with this data.toml, on the port of model.LLM.data_location.Server'}),
+    'server-port': Flags.integer({summary: 'TCP port for clients (0: any free port)', default: 0, min: 0, max: 65535}),
+    host: Flags.string({summary: 'address to listen on (0.0.0.0 to serve other machines)', default: '127.0.0.1'}),
+    'save-state-dir': Flags.string({summary: 'save the coordinator state here after every transition, and resume from it'}),
+    'withdraw-on-disconnect': Flags.string({summary: 'withdraw clients whose connection closes', options: ['true', 'false'], default: 'true'}),
+    identity: Flags.string({summary: 'the server\'s identity file (psyche identity new); default: kept in --save-state-dir, else random'}),
+    'tick-ms': Flags.integer({summary: 'how often to tick the coordinator, in milliseconds', default: 200, min: 10}),
+  }
+
+  async run(): Promise<void> {
+    const {flags} = await this.parse(ServerRun)
+    const run = await loadRunConfigFile(flags.state)
+    const identity = flags.identity ? await loadIdentity(flags.identity) : undefined
+    const json = this.jsonEnabled()
+    const log = (event: object) => {
+      if (json) process.stdout.write(`${JSON.stringify({...event, time: new Date().toISOString()})}\n`)
+      else process.stderr.write(`${formatLogLine(event)}\n`)
+    }
+
+    const server = await CoordinatorServer.start({
+      run,
+      host: flags.host,
+      port: flags['server-port'],
+      saveStateDir: flags['save-state-dir'],
+      withdrawOnDisconnect: flags['withdraw-on-disconnect'] === 'true',
+      tickIntervalMs: flags['tick-ms'],
+      identity,
+      log,
+    })
+    let data: {server: DataServer; close: () => Promise<void>} | undefined
+    try {
+      if (flags['data-config']) data = await startDataServer(run, flags['data-config'], flags.host, log)
+    } catch (error) {
+      await server.stop()
+      throw error
+    }
+    await new Promise<void>((done) => {
+      process.once('SIGINT', done)
+      process.once('SIGTERM', done)
+    })
+    await data?.close()
+    await server.stop()
+  }
+}
+
+/** The run's TCP data server, on the port its clients are told (model.LLM.data_location.Server). */
+async function startDataServer(run: Awaited<ReturnType<typeof loadRunConfigFile>>, path: string, host: string, log: (event: object) => void) {
+  const config = await loadDataServerConfig(path)
+  const {errors} = checkDataServerForRun(run, config)
+  if (errors.length > 0) throw new PsycheError(errors.map(formatIssue).join('\n'), {code: 'ECONFIG'})
+  const location = run.model.LLM.data_location
+  if (typeof location !== 'object' || !('Server' in location)) throw new PsycheError(`${path}: ${run.path} model.LLM.data_location is not Server, so no client would ask this data server`, {code: 'ECONFIG'})
+  const {port} = parseHostPort(location.Server, `${run.path}: model.LLM.data_location.Server`)
+  const dir = isAbsolute(config.dir) ? config.dir : resolve(dirname(path), config.dir)
+  const dataset = await LocalTokenDataset.open(dir, {tokenSize: parseTokenSize(config.token_size, `${path}: token_size`)})
+  const provider = dataset.provider({seqLen: config.seq_len, shuffleSeed: parseShuffle(config.shuffle_seed, `${path}: shuffle_seed`)})
+  const server = await DataServer.start(provider, {host, port, log: (line) => log({event: 'data_server', message: line})})
+  log({event: 'data_server_listening', host, port: server.port, dir, samples: provider.numSamples()})
+  return {
+    server,
+    close: async () => {
+      await server.close()
+      await dataset.close()
+    },
+  }
+}
+
+/** A log event as one readable line: `event key=value ...`. */
+function formatLogLine(event: object): string {
+  const {event: name, ...rest} = event as {event?: string}
+  const fields = Object.entries(rest).map(([k, v]) => `${k}=${typeof v === 'string' ? (/\s/.test(v) ? JSON.stringify(v) : v) : JSON.stringify(v)}`)
+  return [name ?? 'log', ...fields].join(' ')
+}
