@@ -1,0 +1,109 @@
+import assert from 'node:assert/strict'
+import {readFileSync, statSync} from 'node:fs'
+import {join} from 'node:path'
+import {test} from 'node:test'
+import type {ResultPromise} from 'execa'
+import {CoordinatorConnection} from '../../src/core/backend/index.js'
+import {buildWitnessProof} from '../../src/core/coordinator/index.js'
+import type {CoordinatorState} from '../../src/core/coordinator/types.js'
+import {generateIdentity, loadIdentity} from '../../src/core/protocol/index.js'
+import {runCli, startCli, tempDir} from '../helpers.js'
+import {RUN_ID, waitUntil, writeRunConfig} from './helpers.js'
+
+test('psyche identity new writes a 0600 identity and prints its id, refuses to overwrite without --force; show prints the id', async () => {
+  const dir = tempDir()
+  try {
+    const path = join(dir.path, 'me.json')
+    const made = await runCli(['identity', 'new', '--out', path])
+    assert.equal(made.exitCode, 0, made.stderr)
+    const id = made.stdout.trim()
+    assert.equal((await loadIdentity(path)).id, id)
+    assert.equal(statSync(path).mode & 0o777, 0o600)
+    const again = await runCli(['identity', 'new', '--out', path])
+    assert.equal(again.exitCode, 1)
+    assert.match(again.stderr, /already exists.*--force/)
+    assert.equal((await loadIdentity(path)).id, id, 'the identity was not replaced')
+    const forced = await runCli(['identity', 'new', '--out', path, '--force', '--json'])
+    assert.equal(forced.exitCode, 0)
+    assert.notEqual(JSON.parse(forced.stdout).id, id)
+    const shown = await runCli(['identity', 'show', '--identity', path])
+    assert.equal(shown.stdout.trim(), JSON.parse(forced.stdout).id)
+    const missing = await runCli(['identity', 'show', '--identity', join(dir.path, 'nope.json')])
+    assert.equal(missing.exitCode, 1)
+    assert.match(missing.stderr, /nope\.json: no such file/)
+  } finally {
+    dir.cleanup()
+  }
+})
+
+/** The server's --json log lines as they arrive. */
+function jsonLines(child: ResultPromise): Record<string, unknown>[] {
+  const lines: Record<string, unknown>[] = []
+  let buffered = ''
+  child.stdout!.on('data', (chunk: Buffer) => {
+    buffered += chunk.toString('utf8')
+    const parts = buffered.split('\n')
+    buffered = parts.pop()!
+    for (const p of parts) if (p.trim()) lines.push(JSON.parse(p))
+  })
+  return lines
+}
+
+function nextState(c: CoordinatorConnection, pred: (s: CoordinatorState) => boolean, timeoutMs = 10_000): Promise<CoordinatorState> {
+  return waitUntil(() => c.state && pred(c.state) && c.state, 'a coordinator state', timeoutMs)
+}
+
+test('psyche server run: killed (SIGKILL) and restarted with --save-state-dir, the client reconnects and training resumes; SIGINT stops it cleanly', async () => {
+  const dir = tempDir()
+  const saveDir = join(dir.path, 'saved')
+  const statePath = writeRunConfig(dir.path, {warmup_time: 30, max_round_train_time: 30})
+  const args = ['server', 'run', '--state', statePath, '--save-state-dir', saveDir, '--tick-ms', '50', '--json']
+  let client: CoordinatorConnection | undefined
+  const children: ResultPromise[] = []
+  try {
+    const first = startCli(args)
+    children.push(first)
+    const firstLog = jsonLines(first)
+    const listening = await waitUntil(() => firstLog[0], 'the listening line', 15_000)
+    assert.equal(listening.event, 'listening', 'the first line says where the server listens')
+    const port = Number(listening.port)
+    assert.ok(port > 0)
+
+    const alice = generateIdentity()
+    client = await CoordinatorConnection.connect({addr: `127.0.0.1:${port}`, runId: RUN_ID, identity: alice, p2pAddrs: [], join: true, serverId: String(listening.server_id)})
+    await nextState(client, (s) => s.run_state === 'Warmup')
+    client.sendWarmupReady()
+    const round1 = await nextState(client, (s) => s.run_state === 'RoundTrain')
+
+    first.kill('SIGKILL')
+    await first
+    const reconnected = new Promise((r) => client!.once('reconnected', r))
+    const second = startCli([...args, '--server-port', String(port)])
+    children.push(second)
+    const secondLog = jsonLines(second)
+    await waitUntil(() => secondLog.find((l) => l.event === 'resumed'), 'the resumed line', 15_000)
+    assert.equal(secondLog[0].event, 'listening')
+    assert.equal(secondLog[0].server_id, listening.server_id, 'the same server identity, so the pinned client accepts it')
+    const resumed = secondLog.find((l) => l.event === 'resumed')!
+    assert.equal(resumed.run_state, 'RoundTrain')
+    assert.equal(resumed.step, 1)
+    await reconnected
+    assert.ok(client.sendWitness(1, buildWitnessProof(round1.epoch.round!, [])))
+    await nextState(client, (s) => s.run_state === 'RoundTrain' && s.progress.step === 2)
+
+    // The saved file follows the run.
+    const saved = JSON.parse(readFileSync(join(saveDir, 'coordinator-state.json'), 'utf8'))
+    assert.equal(JSON.parse(saved.state).progress.step, 2)
+
+    await client.close()
+    client = undefined
+    second.kill('SIGINT')
+    const result = await second
+    assert.equal(result.exitCode, 0, String(result.stderr))
+    await waitUntil(() => secondLog.find((l) => l.event === 'stopped'), 'the stopped line', 1000)
+  } finally {
+    await client?.close()
+    for (const c of children) c.kill('SIGKILL')
+    dir.cleanup()
+  }
+})
