@@ -88,6 +88,7 @@ export class PsycheClient {
   private lastJoinAttempt = 0
   private roundsApplied = 0
   private lastHash: string | null = null
+  private workerGone: WorkerCrashedError | undefined
 
   private constructor(
     private readonly opts: ClientOptions,
@@ -110,6 +111,12 @@ export class PsycheClient {
       p2p = await P2PNode.start({identity: opts.identity, runId: opts.runId, log: (e) => log({...(e as Record<string, unknown>), source: 'p2p'})})
       const client = new PsycheClient(opts, worker, p2p, data)
       p2p.onAnnouncement((a) => client.onAnnouncement(a))
+      // A worker that dies while we wait for the next round is noticed at once, not at the next request.
+      void worker.client.exited.then(() => {
+        if (client.stopped) return
+        client.workerGone = new WorkerCrashedError(`worker (pid ${worker.pid}) exited unexpectedly`)
+        client.poke()
+      })
       p2p.serveModel(async () => {
         if (!client.snapshot) throw new PsycheError('no model loaded yet')
         return client.snapshot
@@ -245,6 +252,7 @@ export class PsycheClient {
   async run(): Promise<ClientSummary> {
     try {
       while (!this.stopped) {
+        if (this.workerGone) throw this.workerGone
         const work = nextWork(this.state, this.view())
         if (work?.kind === 'finished') break
         if (!work) {

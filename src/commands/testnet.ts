@@ -1,0 +1,101 @@
+import {Flags} from '@oclif/core'
+import {PsycheCommand} from '../core/cli/base-command.js'
+import {Progress} from '../core/cli/progress.js'
+import {runTestnet, type TestnetSummary} from '../core/client/testnet.js'
+import {ensureDemoCorpus} from '../core/corpus.js'
+
+export default class Testnet extends PsycheCommand {
+  static summary = 'Run a coordinator and N clients on this machine, as separate processes, and watch them train together'
+  static description = `Starts \`psyche server run\` and N \`psyche join\` processes for the run in --config (a run directory
+with state.toml), shows one status view (a live line on a terminal, plain lines otherwise, nothing with --json),
+optionally kills K random clients every S seconds and restarts them, and ends with a summary. With --json the
+summary is one object: {run_id, clients, rounds: [{step, epoch, clients: {name: {loss, param_hash}}, hashes_equal}],
+kills, rejoins, bytes: {name: {in, out}}, result_bytes_per_round, wall_seconds, ended}.`
+
+  static examples = [
+    '<%= config.bin %> testnet --clients 3 --config templates/tiny-demo --rounds 10',
+    '<%= config.bin %> testnet --clients 4 --config run --random-kill-num 1 --random-kill-interval 40 --json',
+  ]
+
+  static flags = {
+    clients: Flags.integer({summary: 'how many clients to start', required: true, min: 1}),
+    config: Flags.string({char: 'c', summary: 'run directory with state.toml (or the state.toml itself)', required: true}),
+    rounds: Flags.integer({summary: 'stop once every live client has applied this many rounds (default: until the run is Finished)', min: 1}),
+    'random-kill-num': Flags.integer({summary: 'kill this many random clients every --random-kill-interval seconds, then restart them', default: 0, min: 0}),
+    'random-kill-interval': Flags.integer({summary: 'seconds between random kills', default: 30, min: 1}),
+    threads: Flags.integer({summary: 'torch threads per client worker (default 1)', default: 1, min: 1}),
+    timeout: Flags.integer({summary: 'give up after this many seconds', default: 900, min: 1}),
+  }
+
+  async run(): Promise<TestnetSummary> {
+    const {flags} = await this.parse(Testnet)
+    const progress = Progress.for({json: this.jsonEnabled()})
+    // Prepare the bundled corpus once, before N clients would race to build it.
+    if (!this.jsonEnabled()) progress.status('preparing the demo corpus')
+    await ensureDemoCorpus(() => {})
+    const latest = new Map<string, {step: number; loss: number | null; hash: string}>()
+    const reported = new Set<number>()
+    const line = () => {
+      const parts = [...latest.entries()].sort().map(([name, r]) => `${name.replace('client-', 'c')}: ${r.step} ${r.loss === null ? '  -  ' : r.loss.toFixed(3)} ${r.hash.slice(0, 8)}`)
+      return parts.join(' | ')
+    }
+    const summary = await runTestnet({
+      clients: flags.clients,
+      config: flags.config,
+      rounds: flags.rounds,
+      randomKillNum: flags['random-kill-num'],
+      randomKillInterval: flags['random-kill-interval'],
+      threads: flags.threads,
+      timeout: flags.timeout,
+      onEvent: (e) => {
+        switch (e.kind) {
+          case 'server':
+            progress.status(`coordinator listening on 127.0.0.1:${e.port}; starting ${flags.clients} clients`)
+            break
+          case 'round': {
+            latest.set(e.client, {step: e.step, loss: e.loss, hash: e.param_hash})
+            progress.status(line())
+            // One plain line per round, once every client that reported it agrees or not.
+            const same = [...latest.values()].filter((r) => r.step === e.step)
+            if (!reported.has(e.step) && same.length === latest.size) {
+              reported.add(e.step)
+              const losses = same.map((r) => r.loss).filter((l): l is number => l !== null)
+              const mean = losses.length ? (losses.reduce((a, b) => a + b, 0) / losses.length).toFixed(3) : '-'
+              const equal = new Set(same.map((r) => r.hash)).size === 1
+              progress.note(`round ${e.step} (epoch ${e.epoch}): mean loss ${mean}, ${same.length} clients, parameter hashes ${equal ? 'equal' : 'DIFFER'} (${same[0].hash.slice(0, 12)})`)
+            }
+            break
+          }
+          case 'killed':
+            progress.note(`killed ${e.client} after step ${e.after_step ?? '-'}`)
+            latest.delete(e.client)
+            break
+          case 'client_started':
+            if (e.generation > 1) progress.note(`restarted ${e.client}`)
+            break
+          case 'note':
+            progress.note(`${e.client}: ${e.text}`)
+            break
+          case 'exited':
+            break
+        }
+      },
+    })
+    if (!this.jsonEnabled()) {
+      const first = summary.rounds[0]
+      const last = summary.rounds.at(-1)
+      const meanLoss = (r: typeof first) => {
+        const l = Object.values(r.clients).map((c) => c.loss).filter((x): x is number => x !== null)
+        return l.length ? (l.reduce((a, b) => a + b, 0) / l.length).toFixed(3) : '-'
+      }
+      progress.done(`testnet ${summary.ended} after ${summary.wall_seconds}s`)
+      this.log(`rounds: ${summary.rounds.length}${first && last ? `, mean loss ${meanLoss(first)} → ${meanLoss(last)}` : ''}`)
+      this.log(`parameter hashes equal in ${summary.rounds.filter((r) => r.hashes_equal).length}/${summary.rounds.length} rounds`)
+      this.log(`kills: ${summary.kills.length}, rejoins: ${summary.rejoins.filter((r) => r.first_step !== null).length}`)
+      if (summary.result_bytes_per_round !== null) this.log(`result per client per round: ${summary.result_bytes_per_round} bytes`)
+      for (const [name, b] of Object.entries(summary.bytes)) this.log(`${name}: ${(b.in / 1e6).toFixed(2)} MB in, ${(b.out / 1e6).toFixed(2)} MB out`)
+    }
+    if (summary.ended === 'failed') this.error('the testnet failed: the server or every client exited early', {exit: 1})
+    return summary
+  }
+}

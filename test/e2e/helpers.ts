@@ -1,0 +1,210 @@
+import {mkdirSync, writeFileSync} from 'node:fs'
+import {join} from 'node:path'
+import {execa, type ResultPromise} from 'execa'
+import {demoCorpusDir} from '../../src/core/corpus.js'
+import {projectRoot} from '../../src/core/worker/python.js'
+import {cliPath} from '../helpers.js'
+
+/** A small model for end-to-end runs: fast on one CPU thread, big enough that the loss visibly falls. */
+export const e2eModelConfig = {
+  architectures: ['LlamaForCausalLM'],
+  model_type: 'llama',
+  vocab_size: 4096,
+  hidden_size: 32,
+  intermediate_size: 64,
+  num_hidden_layers: 1,
+  num_attention_heads: 2,
+  num_key_value_heads: 2,
+  max_position_embeddings: 128,
+  rms_norm_eps: 1e-5,
+  rope_theta: 10000.0,
+  hidden_act: 'silu',
+  initializer_range: 0.02,
+  tie_word_embeddings: false,
+  torch_dtype: 'float32',
+}
+
+export interface RunShape {
+  runId?: string
+  roundsPerEpoch?: number
+  totalSteps?: number
+  minClients?: number
+  initMinClients?: number
+  warmupTime?: number
+  maxRoundTrainTime?: number
+  cooldownTime?: number
+  batchSize?: number
+  seqLen?: number
+  lr?: number
+}
+
+/**
+ * A run directory for end-to-end tests: state.toml (DisTrO, constant LR, short phases) and model/config.json.
+ * Absolute data path (the demo corpus), so the server and every client read the same file from anywhere.
+ */
+export function writeE2eRun(dir: string, shape: RunShape = {}): string {
+  mkdirSync(join(dir, 'model'), {recursive: true})
+  writeFileSync(join(dir, 'model', 'config.json'), JSON.stringify(e2eModelConfig, null, 2))
+  const text = `run_id = "${shape.runId ?? 'e2e'}"
+run_state = "WaitingForMembers"
+
+[config]
+warmup_time = ${shape.warmupTime ?? 10}
+cooldown_time = ${shape.cooldownTime ?? 2}
+epoch_time = 600
+rounds_per_epoch = ${shape.roundsPerEpoch ?? 3}
+max_round_train_time = ${shape.maxRoundTrainTime ?? 6}
+round_witness_time = 1
+min_clients = ${shape.minClients ?? 1}
+init_min_clients = ${shape.initMinClients ?? 3}
+verification_percent = 0
+witness_nodes = 0
+global_batch_size_start = ${shape.batchSize ?? 12}
+global_batch_size_end = ${shape.batchSize ?? 12}
+global_batch_size_warmup_tokens = 0
+total_steps = ${shape.totalSteps ?? 6}
+waiting_for_members_extra_time = 1
+
+[model.LLM]
+architecture = "HfLlama"
+data_type = "Pretraining"
+max_seq_len = ${shape.seqLen ?? 64}
+cold_start_warmup_steps = 0
+data_location = { Local = "${join(demoCorpusDir, 'train')}" }
+
+[model.LLM.checkpoint.Local]
+path = "model"
+
+[model.LLM.lr_schedule.Constant]
+base_lr = ${shape.lr ?? 3.0e-3}
+warmup_steps = 0
+warmup_init_lr = 0.0
+
+[model.LLM.optimizer.Distro]
+clip_grad_norm = 1.0
+compression_decay = 0.999
+compression_chunk = 32
+compression_topk = 8
+quantize_1bit = true
+`
+  const path = join(dir, 'state.toml')
+  writeFileSync(path, text)
+  return path
+}
+
+/** A CLI child process whose stdout is JSON lines, collected as they arrive. */
+export class JsonProcess {
+  readonly events: Record<string, unknown>[] = []
+  readonly stderr: string[] = []
+  readonly proc: ResultPromise
+  private waiters: (() => void)[] = []
+
+  constructor(readonly name: string, args: string[]) {
+    this.proc = execa(process.execPath, [cliPath, ...args], {cwd: projectRoot, env: {NO_COLOR: '1', CI: '1'}, reject: false, stdin: 'ignore', buffer: false, cleanup: true})
+    let partial = ''
+    this.proc.stdout!.setEncoding('utf8')
+    this.proc.stdout!.on('data', (chunk: string) => {
+      partial += chunk
+      const lines = partial.split('\n')
+      partial = lines.pop()!
+      for (const line of lines) {
+        if (!line.trim()) continue
+        try {
+          this.events.push(JSON.parse(line))
+        } catch {
+          this.stderr.push(`(stdout) ${line}`)
+        }
+      }
+      for (const w of this.waiters.splice(0)) w()
+    })
+    this.proc.stderr!.setEncoding('utf8')
+    this.proc.stderr!.on('data', (chunk: string) => {
+      this.stderr.push(chunk)
+      if (this.stderr.length > 200) this.stderr.splice(0, this.stderr.length - 200)
+    })
+    void this.proc.then(() => {
+      for (const w of this.waiters.splice(0)) w()
+    })
+  }
+
+  get exited(): boolean {
+    return this.proc.exitCode !== undefined && this.proc.exitCode !== null
+  }
+
+  /** The first event satisfying `match` (waiting for it), or throws after `timeoutMs` naming what it waited for. */
+  async waitFor(match: (e: Record<string, unknown>) => boolean, what: string, timeoutMs: number): Promise<Record<string, unknown>> {
+    const deadline = Date.now() + timeoutMs
+    for (;;) {
+      const hit = this.events.find(match)
+      if (hit) return hit
+      const left = deadline - Date.now()
+      if (left <= 0) throw new Error(`${this.name}: timed out after ${timeoutMs} ms waiting for ${what}; stderr tail: ${this.stderr.join('').slice(-1500)}`)
+      await new Promise<void>((resolve) => {
+        const timer = setTimeout(resolve, Math.min(left, 500))
+        this.waiters.push(() => {
+          clearTimeout(timer)
+          resolve()
+        })
+      })
+    }
+  }
+
+  rounds(): {step: number; loss: number | null; param_hash: string; epoch: number}[] {
+    return this.events.filter((e) => e.event === 'round') as never
+  }
+
+  kill(signal: NodeJS.Signals = 'SIGTERM'): void {
+    this.proc.kill(signal)
+  }
+
+  async stop(): Promise<void> {
+    if (this.exited) return
+    this.proc.kill('SIGTERM')
+    const timer = setTimeout(() => this.proc.kill('SIGKILL'), 5000)
+    await this.proc
+    clearTimeout(timer)
+  }
+}
+
+/** A free TCP port on 127.0.0.1 (for a server that must come back on the same port). */
+export async function freePort(): Promise<number> {
+  const {createServer} = await import('node:net')
+  return new Promise((resolve, reject) => {
+    const s = createServer()
+    s.once('error', reject)
+    s.listen(0, '127.0.0.1', () => {
+      const port = (s.address() as {port: number}).port
+      s.close(() => resolve(port))
+    })
+  })
+}
+
+/** `psyche server run` for a state.toml; resolves once it reports listening. */
+export async function startServer(statePath: string, options: {port?: number; saveStateDir?: string} = {}): Promise<{server: JsonProcess; port: number}> {
+  const args = ['server', 'run', '--state', statePath, '--json']
+  if (options.port) args.push('--server-port', String(options.port))
+  if (options.saveStateDir) args.push('--save-state-dir', options.saveStateDir)
+  const server = new JsonProcess('server', args)
+  const listening = await server.waitFor((e) => e.event === 'listening', 'the server to listen', 60_000)
+  return {server, port: listening.port as number}
+}
+
+/** `psyche join --json` with one torch thread (a 2-core machine runs several of these). */
+export function startClient(name: string, port: number, statePath: string, identityPath?: string): JsonProcess {
+  const args = ['join', '--server-addr', `127.0.0.1:${port}`, '--run-id', 'e2e', '--config', statePath, '--threads', '1', '--json']
+  if (identityPath) args.push('--identity', identityPath)
+  return new JsonProcess(name, args)
+}
+
+/** Each client's parameter hash by step, and the steps every given client applied. */
+export function hashesByStep(clients: JsonProcess[]): Map<number, Map<string, string>> {
+  const out = new Map<number, Map<string, string>>()
+  for (const c of clients) {
+    for (const r of c.rounds()) {
+      let m = out.get(r.step)
+      if (!m) out.set(r.step, (m = new Map()))
+      m.set(c.name, r.param_hash)
+    }
+  }
+  return out
+}
