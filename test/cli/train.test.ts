@@ -142,7 +142,7 @@ describe('psyche train: bad input gets one clear line and a non-zero exit', () =
   test('an unknown optimizer is a usage error (exit 2); one in a config names the field', async () => {
     await expectError(['train', '--optimizer', 'lion'], /lion/, 2)
     const path = join(tmp.path, 'opt.toml')
-    const text = readFileSync(join(import.meta.dirname, '..', '..', 'templates', 'tiny-demo', 'state.toml'), 'utf8').replace('[model.LLM.optimizer.AdamW]', '[model.LLM.optimizer.Lion]')
+    const text = readFileSync(join(import.meta.dirname, '..', '..', 'templates', 'tiny-demo', 'state.toml'), 'utf8').replace('[model.LLM.optimizer.Distro]', '[model.LLM.optimizer.Lion]')
     writeFileSync(path, text)
     await expectError(['train', '--config', path], /opt\.toml.*optimizer/)
   })
