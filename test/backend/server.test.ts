@@ -2,6 +2,7 @@ import assert from 'node:assert/strict'
 import {randomBytes} from 'node:crypto'
 import {test} from 'node:test'
 import {CoordinatorConnection} from '../../src/core/backend/index.js'
+import {MAX_PRE_HELLO_FRAME_BYTES} from '../../src/core/backend/centralized/server.js'
 import {buildWitnessProof} from '../../src/core/coordinator/index.js'
 import type {CoordinatorState} from '../../src/core/coordinator/types.js'
 import {PsycheError} from '../../src/core/errors.js'
@@ -170,11 +171,24 @@ test('a witness replayed at a later step is refused: same connection (seq), anot
 test('an oversized frame closes only its connection; garbage is refused with reasons; the server keeps serving', async () => {
   await withServer({}, {}, async (t) => {
     const watcher = await connectClient(t, generateIdentity())
+    const oversized = (bytes: number) => {
+      const head = Buffer.alloc(4)
+      head.writeUInt32LE(bytes)
+      return head
+    }
+    // Before hello a peer may only send small frames; after it, up to the 16 MiB limit.
+    const stranger = await RawClient.open(t.server.port)
+    stranger.write(oversized(MAX_PRE_HELLO_FRAME_BYTES + 1))
+    const early = await t.waitLog({event: 'rejected', code: 'oversized'})
+    assert.equal(early.closed, true)
+    assert.match(String(early.reason), /exceeds the 65536-byte limit/)
+    await waitUntil(() => stranger.closed, 'the oversized connection to close')
     const big = await RawClient.open(t.server.port)
-    const head = Buffer.alloc(4)
-    head.writeUInt32LE(DEFAULT_MAX_FRAME_BYTES + 1)
-    big.write(head)
-    const line = await t.waitLog({event: 'rejected', code: 'oversized'})
+    const bigId = generateIdentity()
+    await big.hello(bigId)
+    const logFrom = t.logs.length
+    big.write(oversized(DEFAULT_MAX_FRAME_BYTES + 1))
+    const line = await t.waitLog({event: 'rejected', code: 'oversized', client: bigId.id}, logFrom)
     assert.equal(line.closed, true)
     assert.match(String(line.reason), /exceeds the 16777216-byte limit/)
     await waitUntil(() => big.closed, 'the oversized connection to close')
@@ -194,7 +208,8 @@ test('an oversized frame closes only its connection; garbage is refused with rea
     noise.write(randomBytes(4096))
     await waitUntil(() => t.logs.slice(from).some((l) => l.event === 'rejected' && ['oversized', 'bad_magic', 'truncated', 'empty'].includes(String(l.code))), 'noise to be refused')
 
-    // Still serving: a new client joins, and the watcher is told.
+    // Still serving: a new client joins, and the watcher is told (the dropped client was withdrawn).
+    await nextState(watcher, (st) => !st.pending.includes(bigId.id))
     const late = generateIdentity()
     const c = await connectClient(t, late)
     await nextState(watcher, (s) => s.pending.includes(late.id))
@@ -222,5 +237,58 @@ test('withdraw on disconnect (default): a client that leaves is withdrawn and dr
     await t.waitLog({event: 'disconnected', client: alice.id})
     await new Promise((r) => setTimeout(r, 100))
     assert.deepEqual(t.server.state.pending, [alice.id])
+  })
+})
+
+test('the run\'s authority can pause and resume through the server; refusals come back with the coordinator\'s code', async () => {
+  await withServer({}, {}, async (t) => {
+    const c = await connectClient(t, generateIdentity())
+    assert.equal(t.server.applyAuthorityEvent({type: 'pause'}), undefined)
+    await nextState(c, (s) => s.run_state === 'Paused')
+    assert.equal(t.server.applyAuthorityEvent({type: 'pause'})?.code, 'Halted')
+    assert.equal(t.server.applyAuthorityEvent({type: 'resume'}), undefined)
+    await nextState(c, (s) => s.run_state === 'WaitingForMembers')
+    await t.waitLog({event: 'rejected', peer: 'authority', code: 'Halted'})
+  })
+})
+
+test('fuzz over TCP: signed messages of every kind with random fields, steps and sequence numbers never break the server', async () => {
+  await withServer({}, {}, async (t) => {
+    const watcher = await connectClient(t, generateIdentity())
+    let x = Number(process.env.FUZZ_SEED ?? Date.now() % 0xffffffff) || 1
+    const next = () => ((x ^= x << 13), (x ^= x >>> 17), (x ^= x << 5), x >>> 0)
+    const pick = <T>(xs: readonly T[]): T => xs[next() % xs.length]
+    const ids = [generateIdentity(), generateIdentity(), generateIdentity()]
+    const deadline = Date.now() + 1500
+    let sent = 0
+    while (Date.now() < deadline) {
+      const raw = await RawClient.open(t.server.port)
+      const me = pick(ids)
+      if (next() % 4) await raw.hello(me, next() % 2 === 0)
+      for (let i = 0; i < 12; i++) {
+        const step = pick([0, 1, 2, 2 ** 40])
+        const seq = pick([raw.seq + 1, raw.seq, 1, raw.seq + 1000])
+        const bloom = pick(['', 'AAAA', Buffer.from(Array.from({length: next() % 40}, next)).toString('base64'), '!!'])
+        const kind = pick(['witness', 'health_check', 'withdraw', 'checkpoint', 'hello'] as const)
+        const bodies = {
+          witness: {proof: {participant_bloom: bloom, broadcast_bloom: bloom}},
+          health_check: {accused: [pick(ids).id]},
+          withdraw: {},
+          checkpoint: {repo: {repo_id: 'org/m', revision: pick(['main', 'x'])}},
+          hello: {run_id: pick([RUN_ID, 'x']), client_id: pick(ids).id, p2p_addrs: [], want_join: true},
+        }
+        raw.send(pick([me, me, pick(ids)]), kind, bodies[kind] as never, {step, seq, ...(next() % 8 === 0 ? {session: 'ab'.repeat(16)} : {})})
+        sent++
+      }
+      if (next() % 2) await raw.close()
+      t.clock.advance(next() % 3)
+    }
+    // The server never failed on its own, and still serves.
+    assert.deepEqual(t.logs.filter((l) => l.event === 'error'), [])
+    assert.ok(sent > 100, `only ${sent} messages`)
+    const after = generateIdentity()
+    const c = await connectClient(t, after)
+    assert.ok(c.state)
+    await nextState(watcher, (s) => s.pending.includes(after.id) || s.epoch.clients.some((e) => e.id === after.id))
   })
 })

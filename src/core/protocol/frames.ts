@@ -23,7 +23,8 @@ export class FrameReader {
   private buffered = 0
   private dead = false
 
-  constructor(readonly maxFrameBytes = DEFAULT_MAX_FRAME_BYTES) {}
+  /** May be raised mid-stream (e.g. once a peer has identified itself); checked as each frame starts. */
+  constructor(public maxFrameBytes = DEFAULT_MAX_FRAME_BYTES) {}
 
   /** Bytes held that do not yet form a whole frame. */
   get pending(): number {

@@ -29,8 +29,10 @@ export interface CoordinatorServerOptions {
   log?: (event: object) => void
   /** The coordinator's clock: unix seconds (default: whole seconds of Date.now()). */
   now?: () => number
-  /** Largest frame accepted from a client (default 16 MiB). */
+  /** Largest frame accepted from a client once it said hello (default 16 MiB; 64 KiB before). */
   maxFrameBytes?: number
+  /** Open TCP connections accepted at once (default 16384); more are refused by the kernel's backlog. */
+  maxConnections?: number
   /** A connection must say hello within this time (default 10 s). */
   helloTimeoutMs?: number
 }
@@ -39,6 +41,8 @@ export interface CoordinatorServerOptions {
 export const SAVED_STATE_FILE = 'coordinator-state.json'
 export const SAVED_IDENTITY_FILE = 'server-identity.json'
 
+/** Until a peer has said hello it may only send small frames (a hello is well under this). */
+export const MAX_PRE_HELLO_FRAME_BYTES = 64 * 1024
 /** Protocol violations a connection may commit before it is closed (each is logged and answered). */
 const MAX_STRIKES = 16
 /** A client that does not read its state pushes is cut off rather than buffered without bound. */
@@ -125,6 +129,7 @@ export class CoordinatorServer {
     state ??= createCoordinator(options.run, {now: now()})
 
     const net = createServer({noDelay: true})
+    net.maxConnections = options.maxConnections ?? 16384
     const server = new CoordinatorServer(net, identity, state, peers, {
       withdrawOnDisconnect: options.withdrawOnDisconnect ?? true,
       maxFrameBytes: options.maxFrameBytes ?? DEFAULT_MAX_FRAME_BYTES,
@@ -164,6 +169,20 @@ export class CoordinatorServer {
   /** Ids of the clients connected now (that said hello). */
   get connectedClients(): ClientId[] {
     return [...this.byClient.keys()]
+  }
+
+  /**
+   * An event of the run's authority (pause, resume, config_update, eject): applied like a client's, then
+   * ticked and pushed. Returns the coordinator's refusal, if any.
+   */
+  applyAuthorityEvent(event: Extract<CoordinatorEvent, {type: 'pause' | 'resume' | 'config_update' | 'eject'}>): {code: string; reason: string} | undefined {
+    const result = this.apply(event)
+    if (result.ok) {
+      this.opts.log({event: 'authority', type: event.type})
+      return undefined
+    }
+    this.opts.log({event: 'rejected', peer: 'authority', code: result.code, reason: result.reason, of: event.type})
+    return {code: result.code, reason: result.reason}
   }
 
   /** Stops ticking and closes every connection. Clients are not withdrawn: a restarted server resumes them. */
@@ -252,7 +271,7 @@ export class CoordinatorServer {
       socket,
       peer: `${socket.remoteAddress}:${socket.remotePort}`,
       session: randomBytes(16).toString('hex'),
-      reader: new FrameReader(this.opts.maxFrameBytes),
+      reader: new FrameReader(Math.min(MAX_PRE_HELLO_FRAME_BYTES, this.opts.maxFrameBytes)),
       lastSeq: 0,
       sentSeq: 0,
       strikes: 0,
@@ -382,6 +401,7 @@ export class CoordinatorServer {
       this.drop(old, 'replaced', 'the client connected again')
     }
     s.clientId = m.from
+    s.reader.maxFrameBytes = this.opts.maxFrameBytes
     this.byClient.set(m.from, s)
     this.opts.log({event: 'hello', peer: s.peer, client: m.from, want_join: body.want_join, p2p_addrs: body.p2p_addrs})
     this.send(s, 'welcome', {run_id: this.runId, client_id: m.from, server_time: this.opts.now()})
