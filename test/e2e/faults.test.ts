@@ -1,0 +1,112 @@
+import assert from 'node:assert/strict'
+import {join} from 'node:path'
+import {after, before, describe, it} from 'node:test'
+import {ensureDemoCorpus} from '../../src/core/corpus.js'
+import {generateIdentity, saveIdentity} from '../../src/core/protocol/identity.js'
+import {processAlive, tempDir, waitFor} from '../helpers.js'
+import {freePort, hashesByStep, startClient, startServer, writeE2eRun, type JsonProcess} from './helpers.js'
+
+const finished = (e: Record<string, unknown>) => e.event === 'finished'
+const appliedStep = (step: number) => (e: Record<string, unknown>) => e.event === 'round' && e.step === step
+
+function assertIdentical(clients: JsonProcess[], steps: number[]): void {
+  const byStep = hashesByStep(clients)
+  for (const step of steps) {
+    const hashes = byStep.get(step)
+    assert.ok(hashes, `step ${step}: applied by nobody`)
+    for (const c of clients) assert.ok(hashes.has(c.name), `step ${step}: ${c.name} did not apply it`)
+    assert.equal(new Set(hashes.values()).size, 1, `step ${step}: parameter hashes differ: ${JSON.stringify([...hashes])}`)
+  }
+}
+
+describe('end to end: faults', {timeout: 300_000}, () => {
+  const procs: JsonProcess[] = []
+  const dirs: {cleanup: () => void}[] = []
+  before(async () => {
+    await ensureDemoCorpus()
+  })
+  after(async () => {
+    await Promise.all(procs.map((p) => p.stop()))
+    for (const d of dirs) d.cleanup()
+  })
+
+  it('a client killed mid-epoch: the run goes on, survivors stay identical, and the restarted client rejoins at the next epoch identical again', async () => {
+    const dir = tempDir('psyche-e2e-kill-')
+    dirs.push(dir)
+    const state = writeE2eRun(dir.path, {roundsPerEpoch: 4, totalSteps: 8, maxRoundTrainTime: 4, minClients: 2, lr: 1e-2})
+    const ids = ['a', 'b', 'c'].map((n) => join(dir.path, `${n}.json`))
+    for (const path of ids) await saveIdentity(generateIdentity(), path)
+    const {server, port} = await startServer(state)
+    procs.push(server)
+    const [a, b, c] = ['a', 'b', 'c'].map((name, i) => startClient(name, port, state, ids[i]))
+    procs.push(a, b, c)
+
+    await c.waitFor(appliedStep(2), 'c to apply step 2', 90_000)
+    c.kill('SIGKILL')
+    await c.proc
+    const restarted = startClient('c-restarted', port, state, ids[2])
+    procs.push(restarted)
+
+    for (const p of [a, b, restarted]) await p.waitFor(finished, 'the run to finish', 150_000)
+    // survivors: identical after every round of both epochs
+    assertIdentical([a, b], [1, 2, 3, 4, 5, 6, 7, 8])
+    // the kill cost at most one round's batches: afterwards the survivors applied every result of the two trainers left
+    const afterKill = a.rounds().filter((r) => r.step >= 4 && r.epoch === 0) as unknown as {applied: number; trainers: number}[]
+    for (const r of afterKill) assert.equal(r.applied, r.trainers)
+    assert.ok(afterKill.every((r) => r.trainers === 2), 'the killed client left the roster')
+    // the restarted client waited for the epoch boundary, loaded the model from a peer, and is identical from then on
+    const loaded = restarted.events.find((e) => e.event === 'model_loaded')!
+    assert.equal(loaded.source, 'peers')
+    assert.equal(loaded.step, 4)
+    assert.equal(loaded.param_hash, a.rounds().find((r) => r.step === 4)!.param_hash)
+    assert.deepEqual(restarted.rounds().map((r) => r.step), [5, 6, 7, 8])
+    assertIdentical([a, b, restarted], [5, 6, 7, 8])
+  })
+
+  it('the server killed and restarted from its saved state: clients reconnect and the run resumes, still identical', async () => {
+    const dir = tempDir('psyche-e2e-restart-')
+    dirs.push(dir)
+    const state = writeE2eRun(dir.path, {roundsPerEpoch: 3, totalSteps: 6, lr: 1e-2})
+    const saveStateDir = join(dir.path, 'saved')
+    const port = await freePort()
+    const first = await startServer(state, {port, saveStateDir})
+    procs.push(first.server)
+    const clients = ['a', 'b', 'c'].map((name) => startClient(name, port, state))
+    procs.push(...clients)
+
+    await clients[0].waitFor(appliedStep(2), 'step 2', 90_000)
+    first.server.kill('SIGKILL')
+    await first.server.proc
+    const second = await startServer(state, {port, saveStateDir})
+    procs.push(second.server)
+    const resumed = await second.server.waitFor((e) => e.event === 'resumed', 'the server to resume', 10_000)
+    assert.ok((resumed.step as number) >= 2, `resumed at step ${resumed.step}`)
+
+    for (const c of clients) await c.waitFor(finished, 'the run to finish', 150_000)
+    for (const c of clients) assert.ok(c.events.some((e) => e.event === 'reconnected'), `${c.name} reconnected`)
+    assertIdentical(clients, [1, 2, 3, 4, 5, 6])
+  })
+
+  it('a client whose worker crashes reports it, withdraws, and exits non-zero; the others go on', async () => {
+    const dir = tempDir('psyche-e2e-crash-')
+    dirs.push(dir)
+    const state = writeE2eRun(dir.path, {roundsPerEpoch: 100, totalSteps: 4, maxRoundTrainTime: 4, minClients: 1, initMinClients: 2})
+    const {server, port} = await startServer(state)
+    procs.push(server)
+    const [a, b] = ['a', 'b'].map((name) => startClient(name, port, state))
+    procs.push(a, b)
+    await b.waitFor(appliedStep(1), 'step 1', 90_000)
+    const workerPid = (await b.waitFor((e) => e.event === 'started', 'started', 1000)).worker_pid as number
+    process.kill(workerPid, 'SIGKILL')
+    const crash = await b.waitFor((e) => e.event === 'worker_crashed', 'the crash report', 20_000)
+    assert.match(String(crash.message), new RegExp(`worker \\(pid ${workerPid}\\)`))
+    const exit = await b.proc
+    assert.notEqual(exit.exitCode, 0)
+    // its explicit withdraw reached the coordinator (not just a dropped connection)
+    const bId = b.events.find((e) => e.event === 'started')!.client_id
+    await server.waitFor((e) => e.event === 'accepted' && e.kind === 'withdraw' && e.client === bId, 'b\'s withdraw', 10_000)
+    await a.waitFor(finished, 'the run to finish without b', 120_000)
+    assert.deepEqual(a.rounds().map((r) => r.step), [1, 2, 3, 4])
+    await waitFor(() => !processAlive(workerPid), 5000, 'the crashed worker to be gone')
+  })
+})
