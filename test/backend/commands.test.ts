@@ -1,5 +1,5 @@
 import assert from 'node:assert/strict'
-import {readFileSync, statSync} from 'node:fs'
+import {readFileSync, statSync, writeFileSync} from 'node:fs'
 import {join} from 'node:path'
 import {test} from 'node:test'
 import type {ResultPromise} from 'execa'
@@ -104,6 +104,49 @@ test('psyche server run: killed (SIGKILL) and restarted with --save-state-dir, t
   } finally {
     await client?.close()
     for (const c of children) c.kill('SIGKILL')
+    dir.cleanup()
+  }
+})
+
+test('psyche server run --data-config also serves the run\'s tokens on data_location.Server; a data.toml that does not fit the run is refused', async () => {
+  const dir = tempDir()
+  try {
+    const {createServer} = await import('node:net')
+    const probe = createServer()
+    const dataPort = await new Promise<number>((r) => probe.listen(0, '127.0.0.1', () => r((probe.address() as {port: number}).port)))
+    await new Promise((r) => probe.close(r))
+    const statePath = writeRunConfig(dir.path)
+    writeFileSync(statePath, readFileSync(statePath, 'utf8').replace(/^data_location = .*$/m, `data_location = { Server = "127.0.0.1:${dataPort}" }`))
+    const ids = new Uint16Array(129 * 4).map((_, i) => (i * 7) % 1000)
+    writeFileSync(join(dir.path, 'tokens.ds'), Buffer.from(ids.buffer))
+    const dataToml = join(dir.path, 'data.toml')
+    writeFileSync(dataToml, `dir = "."\ntoken_size = "TwoBytes"\nseq_len = 128\nshuffle_seed = [${Array(32).fill(0).join(', ')}]\n`)
+
+    const server = startCli(['server', 'run', '--state', statePath, '--data-config', dataToml, '--json'])
+    try {
+      const log = jsonLines(server)
+      const data = await waitUntil(() => log.find((l) => l.event === 'data_server_listening'), 'the data server', 15_000)
+      assert.equal(log[0].event, 'listening')
+      assert.equal(data.port, dataPort)
+      assert.equal(data.samples, 4)
+      // The same samples as reading the directory directly with the data.toml's shuffle.
+      const {LocalTokenDataset, TcpDataProvider, parseShuffle} = await import('../../src/core/data/index.js')
+      const provider = await TcpDataProvider.connect(`127.0.0.1:${dataPort}`, {seqLen: 128})
+      const dataset = await LocalTokenDataset.open(dir.path)
+      const local = dataset.provider({seqLen: 128, shuffleSeed: parseShuffle(Array(32).fill(0), 'seed')})
+      assert.deepEqual(await provider.getSamples([0, 3]), await local.getSamples([0, 3]))
+      await provider.close()
+      await dataset.close()
+    } finally {
+      server.kill('SIGINT')
+    }
+    assert.equal((await server).exitCode, 0)
+
+    writeFileSync(dataToml, `dir = "."\ntoken_size = "TwoBytes"\nseq_len = 64\nshuffle_seed = [${Array(32).fill(0).join(', ')}]\n`)
+    const bad = await runCli(['server', 'run', '--state', statePath, '--data-config', dataToml])
+    assert.equal(bad.exitCode, 1)
+    assert.match(bad.stderr, /data\.toml: seq_len.*must equal/)
+  } finally {
     dir.cleanup()
   }
 })
