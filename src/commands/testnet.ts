@@ -54,7 +54,7 @@ kills, rejoins, bytes: {name: {in, out}}, result_bytes_per_round, wall_seconds, 
             break
           case 'round': {
             latest.set(e.client, {step: e.step, loss: e.loss, hash: e.param_hash})
-            progress.status(line())
+            progress.update(line())
             // One plain line per round, once every client that reported it agrees or not.
             const same = [...latest.values()].filter((r) => r.step === e.step)
             if (!reported.has(e.step) && same.length === latest.size) {

@@ -1,6 +1,6 @@
-import {existsSync, mkdtempSync, rmSync, statSync} from 'node:fs'
+import {existsSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync} from 'node:fs'
 import {tmpdir} from 'node:os'
-import {join, resolve} from 'node:path'
+import {dirname, join, resolve} from 'node:path'
 import {execa, type ResultPromise} from 'execa'
 import {loadRunConfigFile} from '../config/index.js'
 import {PsycheError} from '../errors.js'
@@ -89,6 +89,21 @@ export function runConfigPath(config: string): string {
   const file = statSync(path).isDirectory() ? join(path, 'state.toml') : path
   if (!existsSync(file)) throw new PsycheError(`--config ${config}: no state.toml in this directory`)
   return file
+}
+
+/**
+ * The state.toml the testnet's server runs: the given one, except that the first epoch waits for all N clients
+ * (init_min_clients = N). Otherwise the first client to start would begin an epoch alone and the others would
+ * wait a whole epoch. Written next to the original (relative paths in it keep working) and removed at the end.
+ */
+function serverStateFile(statePath: string, clients: number, initMinClients: number | undefined): {path: string; remove: () => void} {
+  if (initMinClients !== undefined && initMinClients >= clients) return {path: statePath, remove: () => {}}
+  const text = readFileSync(statePath, 'utf8')
+  const line = /^init_min_clients\s*=.*$/m
+  if (!line.test(text)) return {path: statePath, remove: () => {}}
+  const path = join(dirname(statePath), `.testnet-${process.pid}-state.toml`)
+  writeFileSync(path, text.replace(line, `init_min_clients = ${clients}`))
+  return {path, remove: () => rmSync(path, {force: true})}
 }
 
 /**
@@ -181,8 +196,9 @@ export async function runTestnet(options: TestnetOptions): Promise<TestnetSummar
   }
 
   const timers: NodeJS.Timeout[] = []
+  const serverState = serverStateFile(statePath, options.clients, run.config?.init_min_clients)
   try {
-    server = spawn(['server', 'run', '--state', statePath, '--save-state-dir', join(work, 'server'), '--json'])
+    server = spawn(['server', 'run', '--state', serverState.path, '--save-state-dir', join(work, 'server'), '--json'])
     const port = await new Promise<number>((resolvePort, reject) => {
       const timer = setTimeout(() => reject(new PsycheError(`the coordinator server did not report listening within 60 s: ${serverTail.join(' | ')}`)), 60_000)
       lines(server!.stdout!, (line) => {
@@ -273,6 +289,7 @@ export async function runTestnet(options: TestnetOptions): Promise<TestnetSummar
     await Promise.all(all)
     clearTimeout(force)
     rmSync(work, {recursive: true, force: true})
+    serverState.remove()
   }
 
   const steps = [...rounds.keys()].sort((a, b) => a - b).filter((s) => options.rounds === undefined || s <= options.rounds)
