@@ -317,6 +317,8 @@ export class PsycheClient {
     }
   }
 
+  private parameters: number | undefined
+
   private async initModel(): Promise<void> {
     const {model, microBatch} = this.opts.plan
     // The run's state is authoritative for what every replica must agree on: the LR schedule, and DisTrO's
@@ -325,6 +327,7 @@ export class PsycheClient {
     const optimizer = typeof llm.optimizer === 'object' && 'Distro' in llm.optimizer ? llm.optimizer : this.opts.plan.optimizer
     const lrSchedule = llm.lr_schedule
     const info = model.kind === 'dir' ? await this.worker.load(model.dir, this.opts.seed) : await this.worker.initFromConfig(model.config, this.opts.seed)
+    this.parameters = info.parameters
     if (this.opts.plan.seqLen > info.max_position_embeddings) {
       throw new PsycheError(`max_seq_len ${this.opts.plan.seqLen} exceeds the model's max_position_embeddings ${info.max_position_embeddings}`)
     }
@@ -372,7 +375,7 @@ export class PsycheClient {
     this.modelStep = step
     this.trainedStep = Math.max(this.trainedStep, step)
     this.lastHash = hash
-    this.opts.log({event: 'model_loaded', step, source, param_hash: hash})
+    this.opts.log({event: 'model_loaded', step, source, param_hash: hash, parameters: this.parameters})
     this.flushMessages()
   }
 
