@@ -130,7 +130,7 @@ function positive(value: number | undefined, name: string): void {
 
 /** Optimizer settings used when --optimizer names the one the run config does not (the demo's tuned values). */
 const DEFAULT_ADAMW: OptimizerConfig = {AdamW: {betas: [0.9, 0.95], weight_decay: 0.1, eps: 1e-8, clip_grad_norm: 1.0}}
-const DEFAULT_DISTRO: OptimizerConfig = {Distro: {clip_grad_norm: 1.0, compression_decay: 0.97, compression_chunk: 64, compression_topk: 8, quantize_1bit: true}}
+const DEFAULT_DISTRO: OptimizerConfig = {Distro: {clip_grad_norm: 1.0, compression_decay: 0.96, compression_chunk: 64, compression_topk: 8, quantize_1bit: true}}
 
 export async function resolveTrainPlan(flags: TrainFlags): Promise<TrainPlan> {
   for (const name of ['steps', 'microBatch', 'totalBatch', 'seqLen', 'evalBatches', 'simulatePeers'] as const) positive(flags[name], `--${name.replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`)}`)
