@@ -77,7 +77,7 @@ trained, witness, health_check, rejected, worker_crashed, finished).`
           break
         case 'worker_crashed':
         case 'rejected':
-        case 'results_missing':
+        case 'out_of_sync':
         case 'health_check':
         case 'rejoining':
         case 'reconnected':

@@ -35,6 +35,9 @@ kills, rejoins, bytes: {name: {in, out}}, result_bytes_per_round, wall_seconds, 
     await ensureDemoCorpus(() => {})
     const latest = new Map<string, {step: number; loss: number | null; hash: string}>()
     const reported = new Set<number>()
+    const live = new Set<string>()
+    const byStep = new Map<number, Map<string, {loss: number | null; hash: string}>>()
+    const epochs = new Map<number, number>()
     const line = () => {
       const parts = [...latest.entries()].sort().map(([name, r]) => `${name.replace('client-', 'c')}: ${r.step} ${r.loss === null ? '  -  ' : r.loss.toFixed(3)} ${r.hash.slice(0, 8)}`)
       return parts.join(' | ')
@@ -55,28 +58,42 @@ kills, rejoins, bytes: {name: {in, out}}, result_bytes_per_round, wall_seconds, 
           case 'round': {
             latest.set(e.client, {step: e.step, loss: e.loss, hash: e.param_hash})
             progress.update(line())
-            // One plain line per round, once every client that reported it agrees or not.
-            const same = [...latest.values()].filter((r) => r.step === e.step)
-            if (!reported.has(e.step) && same.length === latest.size) {
-              reported.add(e.step)
+            // One line per round: once every live client has applied it, or (a client may be out of the epoch,
+            // still loading) once any client moves on to the next round.
+            let step = byStep.get(e.step)
+            if (!step) byStep.set(e.step, (step = new Map()))
+            step.set(e.client, {loss: e.loss, hash: e.param_hash})
+            const report = (n: number, epoch: number) => {
+              const at = byStep.get(n)
+              if (!at || reported.has(n)) return
+              reported.add(n)
+              const same = [...at.values()]
               const losses = same.map((r) => r.loss).filter((l): l is number => l !== null)
               const mean = losses.length ? (losses.reduce((a, b) => a + b, 0) / losses.length).toFixed(3) : '-'
               const equal = new Set(same.map((r) => r.hash)).size === 1
-              progress.note(`round ${e.step} (epoch ${e.epoch}): mean loss ${mean}, ${same.length} clients, parameter hashes ${equal ? 'equal' : 'DIFFER'} (${same[0].hash.slice(0, 12)})`)
+              progress.note(`round ${n} (epoch ${epoch}): mean loss ${mean}, ${same.length} clients, parameter hashes ${equal ? 'equal' : 'DIFFER'} (${same[0].hash.slice(0, 12)})`)
+              byStep.delete(n - 10)
             }
+            if (e.step > 1) report(e.step - 1, epochs.get(e.step - 1) ?? e.epoch)
+            epochs.set(e.step, e.epoch)
+            if ([...live].every((c) => step!.has(c))) report(e.step, e.epoch)
             break
           }
           case 'killed':
             progress.note(`killed ${e.client} after step ${e.after_step ?? '-'}`)
             latest.delete(e.client)
+            live.delete(e.client)
             break
           case 'client_started':
+            live.add(e.client)
             if (e.generation > 1) progress.note(`restarted ${e.client}`)
             break
           case 'note':
             progress.note(`${e.client}: ${e.text}`)
             break
           case 'exited':
+            live.delete(e.client)
+            latest.delete(e.client)
             break
         }
       },

@@ -89,6 +89,7 @@ export class PsycheClient {
   private roundsApplied = 0
   private lastHash: string | null = null
   private workerGone: WorkerCrashedError | undefined
+  private connectionLost: PsycheError | undefined
 
   private constructor(
     private readonly opts: ClientOptions,
@@ -147,6 +148,12 @@ export class PsycheClient {
     })
     conn.on('rejected', (reason: string, info: {code: string; of?: string}) => this.opts.log({event: 'rejected', reason, ...info}))
     conn.on('reconnected', () => this.opts.log({event: 'reconnected'}))
+    conn.on('closed', () => {
+      // The coordinator refused us for good while reconnecting: nothing left to follow.
+      if (this.conn !== conn || this.stopped) return
+      this.connectionLost = new PsycheError(`coordinator ${this.opts.serverAddr} closed the connection for good (see the rejected event)`, {code: 'ECOORDINATOR'})
+      this.poke()
+    })
     // The first state arrived during connect(), before these listeners.
     this.onState(conn.state!, conn.peers)
   }
@@ -253,6 +260,7 @@ export class PsycheClient {
     try {
       while (!this.stopped) {
         if (this.workerGone) throw this.workerGone
+        if (this.connectionLost) throw this.connectionLost
         const work = nextWork(this.state, this.view())
         if (work?.kind === 'finished') break
         if (!work) {
@@ -304,8 +312,9 @@ export class PsycheClient {
         this.lastJoinAttempt = Date.now()
         this.opts.log({event: 'rejoining', run_state: this.state.run_state})
         const old = this.conn
-        await old.close()
+        // Join again through a new connection (a join is part of the hello); the old one's close is not a loss.
         await this.connect()
+        await old.close()
         return true
       }
       case 'load_model':
@@ -379,30 +388,44 @@ export class PsycheClient {
     this.flushMessages()
   }
 
-  /** The accepted results of a final round, downloaded; undefined while a witnessed result is still unannounced to us. */
+  /**
+   * The accepted results of a final round, downloaded. Undefined while some are not here yet: a witnessed result
+   * we have no announcement of, or whose download failed. After missingResultWaitMs we give up on this epoch
+   * rather than apply a different set than our peers (that would fork the replica): the model is dropped, we
+   * stop training (health checks drop us), rejoin, and load the model from a peer at the next Warmup.
+   */
   private async acceptedBytes(round: Round): Promise<Uint8Array[] | undefined> {
     const {accepted, missing} = acceptedResults(this.state, round, this.results.get(round.step))
-    if (missing.length > 0) {
-      const since = this.missingSince.get(round.step) ?? Date.now()
-      this.missingSince.set(round.step, since)
-      if (Date.now() - since < (this.opts.missingResultWaitMs ?? 10_000)) return undefined
-      this.opts.log({event: 'results_missing', step: round.step, clients: missing, detail: 'a witness quorum saw results from these clients that never reached us; applying without them'})
-    }
-    const out: Uint8Array[] = []
+    const unfetched: string[] = []
     for (const r of accepted) {
-      if (!r.bytes) {
-        const a = this.announcements.get(r.commitment)
+      if (r.bytes) continue
+      const a = this.announcements.get(r.commitment)
+      try {
         r.bytes = a ? await this.p2p.fetchResult(a) : this.p2p.getResult(r.commitment)
-        if (!r.bytes) throw new PsycheError(`result ${r.commitment.slice(0, 16)}… of client ${r.client_id.slice(0, 16)}… for step ${round.step}: no holder`)
+      } catch (error) {
+        this.opts.log({event: 'result_fetch_failed', client_id: r.client_id, step: round.step, message: errorMessage(error)})
       }
-      out.push(r.bytes)
+      if (!r.bytes) unfetched.push(r.client_id)
     }
-    return out
+    if (missing.length === 0 && unfetched.length === 0) return accepted.map((r) => r.bytes!)
+    const since = this.missingSince.get(round.step) ?? Date.now()
+    this.missingSince.set(round.step, since)
+    if (Date.now() - since < (this.opts.missingResultWaitMs ?? 10_000)) return undefined
+    this.opts.log({
+      event: 'out_of_sync',
+      step: round.step,
+      unannounced: missing,
+      unfetched,
+      detail: 'a witness quorum accepted results that never reached us; dropping the model until the next epoch rather than fork',
+    })
+    this.modelStep = null
+    this.snapshot = undefined
+    return undefined
   }
 
   private async applyRound(round: Round): Promise<boolean> {
     const results = await this.acceptedBytes(round)
-    if (!results) return false
+    if (!results) return this.modelStep === null
     const hash = await this.worker.applyResults(round.step, results)
     this.afterApply(round, hash, results.length)
     // Past the epoch's rounds the model is what joiners of the next epoch fetch: refresh what we serve.
@@ -447,7 +470,7 @@ export class PsycheClient {
     let before: {applyStep: number; results: Uint8Array[]} | undefined
     if (previous) {
       const results = await this.acceptedBytes(previous)
-      if (!results) return false
+      if (!results) return this.modelStep === null
       before = {applyStep: previous.step, results}
     }
     const ids = Array.from({length: range.end - range.start}, (_, i) => range.start + i)

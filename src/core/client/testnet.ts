@@ -176,7 +176,7 @@ export async function runTestnet(options: TestnetOptions): Promise<TestnetSummar
       } else if (e.event === 'finished') {
         slot.finished = true
         wake()
-      } else if (e.event === 'model_loaded' || e.event === 'worker_crashed' || e.event === 'results_missing' || e.event === 'health_check') {
+      } else if (e.event === 'model_loaded' || e.event === 'worker_crashed' || e.event === 'out_of_sync' || e.event === 'rejoining' || e.event === 'health_check') {
         emit({kind: 'note', client: slot.name, text: `${e.event} ${JSON.stringify({...e, event: undefined, source: undefined})}`})
       }
     })
