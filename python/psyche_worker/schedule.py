@@ -19,6 +19,11 @@ def _warmup(step: int, warmup_steps: int, init_lr: float, base_lr: float) -> flo
     return None
 
 
+def _decay_progress(step: int, warmup_steps: int, total_steps: int) -> float:
+    """Fraction of the decay phase (after warmup, until total_steps) done at ``step``, in [0, 1]."""
+    return min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+
+
 @dataclass(frozen=True)
 class Constant:
     base_lr: float
@@ -42,9 +47,7 @@ class Linear:
         w = _warmup(step, self.warmup_steps, self.warmup_init_lr, self.base_lr)
         if w is not None:
             return w
-        span = max(1, self.total_steps - self.warmup_steps)
-        progress = min(1.0, (step - self.warmup_steps) / span)
-        return self.base_lr + (self.final_lr - self.base_lr) * progress
+        return self.base_lr + (self.final_lr - self.base_lr) * _decay_progress(step, self.warmup_steps, self.total_steps)
 
 
 @dataclass(frozen=True)
@@ -59,8 +62,7 @@ class Cosine:
         w = _warmup(step, self.warmup_steps, self.warmup_init_lr, self.base_lr)
         if w is not None:
             return w
-        span = max(1, self.total_steps - self.warmup_steps)
-        progress = min(1.0, (step - self.warmup_steps) / span)
+        progress = _decay_progress(step, self.warmup_steps, self.total_steps)
         return self.final_lr + (self.base_lr - self.final_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 

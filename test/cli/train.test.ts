@@ -6,6 +6,17 @@ import {execa} from 'execa'
 import {ensureDemoCorpus} from '../../src/core/corpus.js'
 import {processAlive, runCli, startCli, tempDir, tinyModelConfig, waitFor} from '../helpers.js'
 
+/** The pid of the PyTorch worker that the CLI process `parent` started (waits for it to appear). */
+async function workerPidOf(parent: number): Promise<number> {
+  let pid = 0
+  await waitFor(async () => {
+    const r = await execa('pgrep', ['-P', String(parent), '-f', 'psyche_worker'], {reject: false})
+    pid = Number(String(r.stdout).trim().split('\n')[0])
+    return pid > 0
+  }, 60_000, 'the worker process')
+  return pid
+}
+
 describe('psyche train (real CLI, worker and ZeroMQ)', () => {
   const tmp = tempDir()
   before(async () => {
@@ -52,12 +63,7 @@ describe('psyche train (real CLI, worker and ZeroMQ)', () => {
 
   test('a worker killed mid-run gives a clear error and leaves no process behind', async () => {
     const cli = startCli(['train', '--steps', '400', '--threads', '1', '--metrics', join(tmp.path, 'k.jsonl')])
-    let workerPid = 0
-    await waitFor(async () => {
-      const r = await execa('pgrep', ['-P', String(cli.pid), '-f', 'psyche_worker'], {reject: false})
-      workerPid = Number(String(r.stdout).trim().split('\n')[0])
-      return workerPid > 0
-    }, 60_000, 'the worker process')
+    const workerPid = await workerPidOf(cli.pid!)
     // let it get into training (the metrics file gets lines)
     await waitFor(() => {
       try {
@@ -75,12 +81,7 @@ describe('psyche train (real CLI, worker and ZeroMQ)', () => {
 
   test('interrupting the CLI (SIGTERM) takes its worker down too', async () => {
     const cli = startCli(['train', '--steps', '400', '--threads', '1', '--metrics', join(tmp.path, 't.jsonl')])
-    let workerPid = 0
-    await waitFor(async () => {
-      const r = await execa('pgrep', ['-P', String(cli.pid), '-f', 'psyche_worker'], {reject: false})
-      workerPid = Number(String(r.stdout).trim().split('\n')[0])
-      return workerPid > 0
-    }, 60_000, 'the worker process')
+    const workerPid = await workerPidOf(cli.pid!)
     cli.kill('SIGTERM')
     await cli
     await waitFor(() => !processAlive(workerPid), 10_000, 'the worker to exit')
