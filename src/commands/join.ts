@@ -1,6 +1,7 @@
 import {resolve} from 'node:path'
-import {Flags} from '@oclif/core'
+import {Errors, Flags} from '@oclif/core'
 import {PsycheCommand} from '../core/cli/base-command.js'
+import {PsycheError} from '../core/errors.js'
 import {Progress} from '../core/cli/progress.js'
 import {PsycheClient, seedForRun, type ClientSummary} from '../core/client/runner.js'
 import {demoCorpusDir, ensureDemoCorpus} from '../core/corpus.js'
@@ -39,6 +40,16 @@ trained, witness, health_check, rejected, worker_crashed, finished).`
     'micro-batch': Flags.integer({summary: 'sequences per forward/backward', min: 1}),
     threads: Flags.integer({summary: 'torch threads of the worker', min: 1}),
     device: Flags.string({summary: 'auto | cpu | cuda | cuda:N', default: 'auto'}),
+  }
+
+  /** With --json, stdout is a stream of one-line events: an error is one more line, not a pretty-printed object. */
+  protected async catch(error: Error & {exitCode?: number}): Promise<unknown> {
+    if (error instanceof PsycheError && this.jsonEnabled()) {
+      process.stdout.write(`${JSON.stringify({event: 'error', code: error.code, message: error.message})}\n`)
+      process.exitCode = error.exitCode
+      throw new Errors.ExitError(error.exitCode)
+    }
+    return super.catch(error)
   }
 
   async run(): Promise<ClientSummary | undefined> {

@@ -1,7 +1,7 @@
 import {Flags} from '@oclif/core'
 import {PsycheCommand} from '../core/cli/base-command.js'
 import {Progress} from '../core/cli/progress.js'
-import {runTestnet, type TestnetSummary} from '../core/client/testnet.js'
+import {runConfigPath, runTestnet, type TestnetSummary} from '../core/client/testnet.js'
 import {ensureDemoCorpus} from '../core/corpus.js'
 
 export default class Testnet extends PsycheCommand {
@@ -30,6 +30,7 @@ kills, rejoins, bytes: {name: {in, out}}, result_bytes_per_round, wall_seconds, 
   async run(): Promise<TestnetSummary> {
     const {flags} = await this.parse(Testnet)
     const progress = Progress.for({json: this.jsonEnabled()})
+    runConfigPath(flags.config) // a missing run directory fails before anything starts
     // Prepare the bundled corpus once, before N clients would race to build it.
     if (!this.jsonEnabled()) progress.status('preparing the demo corpus')
     await ensureDemoCorpus(() => {})
