@@ -62,6 +62,9 @@ describe('client decisions: Warmup', () => {
     assert.equal(nextWork(state, view('alice', {modelStep: 0})), undefined)
     assert.deepEqual(messagesToSend(state, view('alice', {modelStep: 0})), [{kind: 'warmup_ready', epoch: 0}])
     assert.deepEqual(messagesToSend(state, view('alice', {modelStep: 0, warmupReported: 0})), [])
+    // after a reconnect the client forgets what it sent; the state's record keeps it from reporting twice
+    const recorded = ok(state, {type: 'witness', from: 'alice', step: state.progress.step, proof: {participant_bloom: '', broadcast_bloom: ''}}, 100)
+    assert.deepEqual(messagesToSend(recorded, view('alice', {modelStep: 0})), [])
   })
 
   it('when the checkpoint is P2P, the model comes from the other members', () => {
@@ -98,6 +101,11 @@ describe('client decisions: rounds', () => {
     assert.equal(proof.kind, 'witness')
     assert.equal(proof.kind === 'witness' && proof.seen.length, 3)
     assert.deepEqual(messagesToSend(state, {...all, witnessSent: new Set([1])}), [])
+    // a proof the coordinator already records is not sent again (e.g. after a reconnect cleared witnessSent)
+    const proof0 = proof as Extract<typeof proof, {kind: 'witness'}>
+    const seenKeys = proof0.seen.map((r) => ({id: r.client_id, range: {start: r.batch_start, end: r.batch_end}, commitment: Buffer.from(r.commitment, 'hex')}))
+    const withMine = ok(state, {type: 'witness', from: 'alice', step: 1, proof: buildWitnessProof(round, seenKeys)}, now)
+    assert.deepEqual(messagesToSend(withMine, all).filter((m) => m.kind === 'witness'), [])
 
     const partial = view('alice', {modelStep: 0, trainedStep: 1, results: new Map([[1, held(state, round, ['alice', 'bob'])]])})
     assert.deepEqual(messagesToSend(state, partial), [])

@@ -172,13 +172,16 @@ export function messagesToSend(state: CoordinatorState, view: ClientView): Messa
   const out: Message[] = []
   const epoch = state.progress.epoch
   if (state.run_state === 'Warmup') {
-    if (view.modelStep === state.epoch.start_step - 1 && view.warmupReported !== epoch) out.push({kind: 'warmup_ready', epoch})
+    const recorded = state.epoch.warmup_witnesses.includes(id)
+    if (view.modelStep === state.epoch.start_step - 1 && view.warmupReported !== epoch && !recorded) out.push({kind: 'warmup_ready', epoch})
     return out
   }
   const round = state.epoch.round
   if (!round || !ROUND_PHASES.has(state.run_state) || !isWitness(state, id, round)) return out
 
-  if (!view.witnessSent.has(round.step)) {
+  // The round's record is checked too: after a reconnect the runner forgets what it sent (a restarted server
+  // may have lost it), and a proof the coordinator already holds must not be sent twice.
+  if (!view.witnessSent.has(round.step) && !round.witnesses.some((w) => w.from === id)) {
     const held = view.results.get(round.step)
     const seen = trainersWithBatches(state, round)
       .map(({id: t}) => held?.get(t))

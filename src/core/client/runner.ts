@@ -147,7 +147,14 @@ export class PsycheClient {
       if (this.conn === conn) this.onState(s, peers)
     })
     conn.on('rejected', (reason: string, info: {code: string; of?: string}) => this.opts.log({event: 'rejected', reason, ...info}))
-    conn.on('reconnected', () => this.opts.log({event: 'reconnected'}))
+    conn.on('reconnected', () => {
+      // A restarted server resumes from its last saved transition: proofs sent since may be lost. Forget what we
+      // sent; decide.ts re-sends what the pushed state does not record.
+      this.witnessSent.clear()
+      this.warmupReported = null
+      this.opts.log({event: 'reconnected'})
+      this.flushMessages()
+    })
     conn.on('closed', () => {
       // The coordinator refused us for good while reconnecting: nothing left to follow.
       if (this.conn !== conn || this.stopped) return
