@@ -63,6 +63,28 @@ describe('end to end: faults', {timeout: 300_000}, () => {
     assertIdentical([a, b, restarted], [5, 6, 7, 8])
   })
 
+  it('a vanished client that the coordinator does not withdraw is dropped by the survivors\' health checks', async () => {
+    const dir = tempDir('psyche-e2e-health-')
+    dirs.push(dir)
+    const state = writeE2eRun(dir.path, {roundsPerEpoch: 5, totalSteps: 5, maxRoundTrainTime: 3, minClients: 2, lr: 1e-2})
+    // Without withdraw-on-disconnect the coordinator learns of the loss only from the health checks.
+    const {server, port} = await startServer(state, {withdrawOnDisconnect: false})
+    procs.push(server)
+    const [a, b, c] = ['a', 'b', 'c'].map((name) => startClient(name, port, state))
+    procs.push(a, b, c)
+    const cId = (await c.waitFor((e) => e.event === 'started', 'c to start', 60_000)).client_id
+    await c.waitFor(appliedStep(1), 'c to apply step 1', 90_000)
+    c.kill('SIGKILL')
+    for (const p of [a, b]) await p.waitFor(finished, 'the run to finish', 120_000)
+    const accusations = [a, b].flatMap((p) => p.events.filter((e) => e.event === 'health_check'))
+    assert.ok(accusations.length > 0, 'a survivor sent a health check')
+    for (const h of accusations) assert.deepEqual(h.accused, [cId])
+    assert.ok(server.events.some((e) => e.event === 'accepted' && e.kind === 'health_check'), 'the coordinator accepted it')
+    // once dropped, c leaves the roster; the survivors stay identical throughout
+    assert.equal((a.rounds().at(-1) as unknown as {trainers: number}).trainers, 2)
+    assertIdentical([a, b], [1, 2, 3, 4, 5])
+  })
+
   it('the server killed and restarted from its saved state: clients reconnect and the run resumes, still identical', async () => {
     const dir = tempDir('psyche-e2e-restart-')
     dirs.push(dir)

@@ -180,8 +180,9 @@ export async function freePort(): Promise<number> {
 }
 
 /** `psyche server run` for a state.toml; resolves once it reports listening. */
-export async function startServer(statePath: string, options: {port?: number; saveStateDir?: string} = {}): Promise<{server: JsonProcess; port: number}> {
+export async function startServer(statePath: string, options: {port?: number; saveStateDir?: string; withdrawOnDisconnect?: boolean} = {}): Promise<{server: JsonProcess; port: number}> {
   const args = ['server', 'run', '--state', statePath, '--json']
+  if (options.withdrawOnDisconnect === false) args.push('--withdraw-on-disconnect', 'false')
   if (options.port) args.push('--server-port', String(options.port))
   if (options.saveStateDir) args.push('--save-state-dir', options.saveStateDir)
   const server = new JsonProcess('server', args)
