@@ -61,6 +61,27 @@ describe('psyche train (real CLI, worker and ZeroMQ)', () => {
     assert.ok(readFileSync(join(save, 'config.json'), 'utf8').includes('"vocab_size": 4096'))
   })
 
+  test('AdamW and DisTrO with simulated peers both train; DisTrO reports its bytes per step', async () => {
+    const common = ['train', '--steps', '12', '--total-batch', '8', '--micro-batch', '4', '--json', '--threads', '1', '--eval-batches', '2']
+    const [adamw, distro] = await Promise.all([
+      runCli([...common, '--optimizer', 'adamw', '--metrics', join(tmp.path, 'adamw.jsonl')]),
+      runCli([...common, '--optimizer', 'distro', '--simulate-peers', '2', '--metrics', join(tmp.path, 'distro.jsonl')]),
+    ])
+    assert.equal(adamw.exitCode, 0, adamw.stderr)
+    assert.equal(distro.exitCode, 0, distro.stderr)
+    const a = JSON.parse(adamw.stdout)
+    const d = JSON.parse(distro.stdout)
+    assert.ok(a.lastLoss < a.firstLoss - 0.5, `AdamW loss fell: ${a.firstLoss} → ${a.lastLoss}`)
+    assert.ok(d.lastLoss < d.firstLoss - 0.5, `DisTrO loss fell: ${d.firstLoss} → ${d.lastLoss}`)
+    assert.equal(a.distro, undefined)
+    assert.equal(d.distro.peers, 2)
+    assert.equal(d.distro.denseBytes, 4 * d.parameters)
+    assert.ok(d.distro.compression > 500, `a DisTrO result is much smaller than a dense update (${d.distro.compression}×)`)
+    const bad = await runCli([...common, '--optimizer', 'distro', '--simulate-peers', '3'])
+    assert.notEqual(bad.exitCode, 0)
+    assert.match(JSON.parse(bad.stdout).error.message, /total-batch 8 does not split evenly among 3 simulated peers/)
+  })
+
   test('a worker killed mid-run gives a clear error and leaves no process behind', async () => {
     const cli = startCli(['train', '--steps', '400', '--threads', '1', '--metrics', join(tmp.path, 'k.jsonl')])
     const workerPid = await workerPidOf(cli.pid!)

@@ -158,6 +158,10 @@ export async function resolveTrainPlan(flags: TrainFlags): Promise<TrainPlan> {
     throw new PsycheError('--simulate-peers needs the DisTrO optimizer (--optimizer distro)')
   }
 
+  if (totalBatch % simulatePeers !== 0) {
+    throw new PsycheError(`--total-batch ${totalBatch} does not split evenly among ${simulatePeers} simulated peers`)
+  }
+
   let data: DataLocation
   let dataBaseDir = dirname(resolve(run.path))
   if (flags.data) {

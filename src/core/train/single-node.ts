@@ -98,9 +98,6 @@ export async function runSingleNode(
       validation = await openDataProvider(plan.validation as ProviderLocation, {seqLen: plan.seqLen, baseDir: plan.dataBaseDir, vocabSize: info.vocab_size, wrap: true})
       checkVocab(validation, info.vocab_size)
     }
-    if (plan.totalBatch % plan.simulatePeers !== 0) {
-      throw new PsycheError(`--total-batch ${plan.totalBatch} does not split evenly among ${plan.simulatePeers} simulated peers`)
-    }
     await worker.configure({
       optimizer: plan.optimizer as Record<string, unknown>,
       lr_schedule: plan.lrSchedule as Record<string, unknown>,
