@@ -72,4 +72,32 @@ describe('end to end: a coordinator and three clients, each with its own worker'
       run.cleanup()
     }
   })
+
+  it('psyche testnet --random-kill-num 1: killed clients are restarted, rejoin at an epoch boundary, and every round\'s hashes agree', async () => {
+    const run = tempDir('psyche-testnet-kill-')
+    try {
+      writeE2eRun(run.path, {roundsPerEpoch: 4, totalSteps: 100, maxRoundTrainTime: 4, minClients: 2, initMinClients: 2, lr: 1e-2})
+      const r = await runCli(
+        ['testnet', '--clients', '3', '--config', run.path, '--rounds', '12', '--random-kill-num', '1', '--random-kill-interval', '12', '--threads', '1', '--timeout', '150', '--json'],
+        {timeoutMs: 180_000},
+      )
+      assert.equal(r.exitCode, 0, r.stderr)
+      const summary = JSON.parse(r.stdout)
+      assert.equal(summary.ended, 'rounds')
+      assert.ok(summary.kills.length >= 1, JSON.stringify(summary.kills))
+      const rejoined = summary.rejoins.filter((x: {first_step: number | null}) => x.first_step !== null)
+      assert.ok(rejoined.length >= 1, JSON.stringify(summary.rejoins))
+      for (const x of rejoined) {
+        // a rejoiner's first round is the first of an epoch, and it agrees with everyone there
+        const round = summary.rounds.find((y: {step: number}) => y.step === x.first_step)
+        const before = summary.rounds.find((y: {step: number}) => y.step === x.first_step - 1)
+        if (round && before) assert.equal(round.epoch, before.epoch + 1, JSON.stringify({x, round, before}))
+        if (round) assert.equal(round.clients[x.client].param_hash, x.param_hash)
+      }
+      for (const round of summary.rounds) assert.equal(round.hashes_equal, true, JSON.stringify(round))
+      assert.ok(summary.rounds.length >= 12)
+    } finally {
+      run.cleanup()
+    }
+  })
 })

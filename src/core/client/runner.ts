@@ -142,6 +142,11 @@ export class PsycheClient {
       join: true,
       log: (e) => this.opts.log({...(e as Record<string, unknown>), source: 'coordinator'}),
     })
+    const runSeqLen = conn.state!.model.LLM.max_seq_len
+    if (runSeqLen !== this.opts.plan.seqLen) {
+      await conn.close()
+      throw new PsycheError(`run ${this.opts.runId}: the coordinator trains sequences of ${runSeqLen} tokens, but this client's config gives ${this.opts.plan.seqLen} (pass the run's state.toml with --config)`)
+    }
     this.conn = conn
     conn.on('state', (s: CoordinatorState, peers: PeerDirectory) => {
       if (this.conn === conn) this.onState(s, peers)
