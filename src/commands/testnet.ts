@@ -114,6 +114,7 @@ kills, rejoins, bytes: {name: {in, out}}, result_bytes_per_round, wall_seconds, 
       for (const [name, b] of Object.entries(summary.bytes)) this.log(`${name}: ${(b.in / 1e6).toFixed(2)} MB in, ${(b.out / 1e6).toFixed(2)} MB out`)
     }
     if (summary.ended === 'failed') this.error('the testnet failed: the server or every client exited early', {exit: 1})
+    if (summary.ended === 'interrupted') process.exitCode = 130
     return summary
   }
 }

@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict'
 import {after, before, describe, it} from 'node:test'
-import {runCli, tempDir} from '../helpers.js'
+import {runCli, startCli, tempDir} from '../helpers.js'
 import {startServer, writeE2eRun, type JsonProcess} from '../e2e/helpers.js'
 
 describe('psyche join / testnet: bad input is one clear line and a non-zero exit', {timeout: 120_000}, () => {
@@ -41,5 +41,16 @@ describe('psyche join / testnet: bad input is one clear line and a non-zero exit
     const r = await runCli(['testnet', '--clients', '2', '--config', `${dir.path}/nope`])
     assert.equal(r.exitCode, 1)
     assert.equal(r.stderr.trim(), `Error: --config ${dir.path}/nope: no such file or directory`)
+  })
+
+  it('testnet stops every process and still prints its summary when interrupted (SIGTERM)', async () => {
+    const child = startCli(['testnet', '--clients', '2', '--config', dir.path, '--json'])
+    await new Promise((r) => setTimeout(r, 6000))
+    child.kill('SIGTERM')
+    const r = await child
+    assert.equal(r.exitCode, 130, String(r.stderr))
+    const summary = JSON.parse(String(r.stdout))
+    assert.equal(summary.ended, 'interrupted')
+    assert.deepEqual(summary.clients, ['client-0', 'client-1'])
   })
 })

@@ -54,7 +54,7 @@ export interface TestnetSummary {
   /** Mean compressed result size per client per round, and the dense fp32 size it replaces (when known). */
   result_bytes_per_round: number | null
   wall_seconds: number
-  ended: 'rounds' | 'finished' | 'timeout' | 'failed'
+  ended: 'rounds' | 'finished' | 'timeout' | 'failed' | 'interrupted'
 }
 
 interface ClientSlot {
@@ -133,6 +133,15 @@ export async function runTestnet(options: TestnetOptions): Promise<TestnetSummar
   let serverTail: string[] = []
   let ended: TestnetSummary['ended'] = 'timeout'
   let serverDown = false
+  let interrupted = false
+  // Ctrl-C (or SIGTERM) ends the testnet the orderly way: every child stopped, temporary files removed. `on`, not
+  // `once`: execa's signal-exit re-raises a signal that has no other listener left when it runs.
+  const onSignal = () => {
+    interrupted = true
+    wake()
+  }
+  process.on('SIGINT', onSignal)
+  process.on('SIGTERM', onSignal)
   let wake: () => void = () => {}
 
   const spawn = (args: string[]) => {
@@ -257,6 +266,10 @@ export async function runTestnet(options: TestnetOptions): Promise<TestnetSummar
 
     const deadline = Date.now() + (options.timeout ?? 900) * 1000
     for (;;) {
+      if (interrupted) {
+        ended = 'interrupted'
+        break
+      }
       const live = slots.filter((s) => s.alive)
       if (options.rounds !== undefined && live.length > 0 && live.every((s) => (s.lastStep ?? 0) >= options.rounds!)) {
         ended = 'rounds'
@@ -277,6 +290,8 @@ export async function runTestnet(options: TestnetOptions): Promise<TestnetSummar
       })
     }
   } finally {
+    process.removeListener('SIGINT', onSignal)
+    process.removeListener('SIGTERM', onSignal)
     for (const t of timers) clearTimeout(t)
     for (const t of timers) clearInterval(t)
     timers.length = 0
