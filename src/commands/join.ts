@@ -102,7 +102,15 @@ trained, witness, health_check, rejected, worker_crashed, finished).`
       }
     }
     progress.status(`connecting to ${flags['server-addr']} (run ${runId}) as ${identity.id.slice(0, 16)}…`)
-    const client = await PsycheClient.start({serverAddr: flags['server-addr'], runId, identity, plan, seed, shuffleSeed: shuffleSeedFor(seed), log})
+    // Ctrl-C / SIGTERM: withdraw from the run, then exit (the worker is killed on exit, see worker/client.ts).
+    let client: PsycheClient | undefined
+    for (const [signal, code] of [['SIGINT', 130], ['SIGTERM', 143]] as const) {
+      process.on(signal, () => {
+        client?.withdrawNow()
+        process.exit(code)
+      })
+    }
+    client = await PsycheClient.start({serverAddr: flags['server-addr'], runId, identity, plan, seed, shuffleSeed: shuffleSeedFor(seed), log})
     progress.status(`joined as ${client.id.slice(0, 16)}…; following the run`)
     const summary = await client.run()
     log({event: 'finished', ...summary})
