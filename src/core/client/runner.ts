@@ -479,6 +479,11 @@ export class PsycheClient {
     for (const step of this.results.keys()) if (step < round.step - 1) this.results.delete(step)
     for (const [c, a] of this.announcements) if (a.step < round.step - 1) this.announcements.delete(c)
     for (const step of this.trained.keys()) if (step <= round.step) this.trained.delete(step)
+    for (const step of this.rounds.keys()) if (step <= round.step) this.rounds.delete(step)
+    for (const step of this.roundEpoch.keys()) if (step <= round.step) this.roundEpoch.delete(step)
+    for (const step of this.missingSince.keys()) if (step <= round.step) this.missingSince.delete(step)
+    for (const step of this.witnessSent) if (step < round.step) this.witnessSent.delete(step)
+    for (const step of this.healthChecked) if (step < round.step - 1) this.healthChecked.delete(step)
     this.flushMessages()
   }
 
