@@ -26,7 +26,7 @@ async function plain(): Promise<number> {
 }
 
 async function psyche(): Promise<number> {
-  const plan = await resolveTrainPlan({steps: STEPS, threads: THREADS, totalBatch: 16, microBatch: 8, evalBatches: 1})
+  const plan = await resolveTrainPlan({optimizer: 'adamw', steps: STEPS, threads: THREADS, totalBatch: 16, microBatch: 8, evalBatches: 1})
   const metricsPath = join(projectRoot, '.cache', 'bench', 'train-metrics.jsonl')
   await runSingleNode(plan, {metricsPath})
   const lines = readFileSync(metricsPath, 'utf8').trim().split('\n').map((l) => JSON.parse(l))
