@@ -24,7 +24,7 @@ export function unsupportedFeatures(file: RunConfigFile): UnsupportedFeature[] {
   }
   if (typeof data === 'object' && ('WeightedHttp' in data || 'Preprocessed' in data)) {
     const variant = 'WeightedHttp' in data ? 'WeightedHttp' : 'Preprocessed'
-    out.push({path: `model.LLM.data_location.${variant}`, reason: 'not implemented by our data providers (they serve Local, Server and Http)'})
+    out.push({path: `model.LLM.data_location.${variant}`, reason: 'no data provider of ours serves it (they serve Local, Server and Http)'})
   }
   if (data === 'Dummy') out.push({path: 'model.LLM.data_location', reason: 'Dummy is Psyche\'s test placeholder: there is no data to train on'})
   if (llm.optimizer === 'Dummy') out.push({path: 'model.LLM.optimizer', reason: 'Dummy is Psyche\'s test placeholder: there is no optimizer to train with'})
