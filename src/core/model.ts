@@ -1,11 +1,12 @@
-import {existsSync, readdirSync} from 'node:fs'
-import {resolve} from 'node:path'
+import {existsSync} from 'node:fs'
+import {join, resolve} from 'node:path'
 import {PsycheError} from './errors.js'
 import {readModelConfig, templateModelConfigPath} from './train/plan.js'
 import {ModelWorker} from './worker/model-worker.js'
 
 export interface CreatedModel {
   dir: string
+  /** Where the model's config came from: a template name, or the config.json already in the directory. */
   template: string
   parameters: number
   paramHash: string
@@ -13,20 +14,24 @@ export interface CreatedModel {
 }
 
 /**
- * A randomly initialised model from templates/NAME/model/config.json, written in Hugging Face layout
- * (config.json + model.safetensors). The same template and seed always give the same parameter bytes.
+ * A randomly initialised model written in Hugging Face layout (config.json + model.safetensors), from
+ * templates/NAME/model/config.json, or — with no template named — from the config.json already in the
+ * output directory (as `psyche init` scaffolds it). The same config and seed give the same bytes.
  */
-export async function createModelFromTemplate(options: {template: string; out: string; seed: number; force?: boolean; overrides?: Record<string, unknown>}): Promise<CreatedModel> {
+export async function createModelFromTemplate(options: {template?: string; out: string; seed: number; force?: boolean; overrides?: Record<string, unknown>}): Promise<CreatedModel> {
   const out = resolve(options.out)
-  if (existsSync(out) && readdirSync(out).length > 0 && !options.force) {
-    throw new PsycheError(`${options.out}: directory exists and is not empty (use --force to replace it)`)
+  if (existsSync(join(out, 'model.safetensors')) && !options.force) {
+    throw new PsycheError(`${options.out}: already holds a model (model.safetensors); use --force to replace it`)
   }
-  const config = {...readModelConfig(templateModelConfigPath(options.template)), ...options.overrides}
+  const scaffolded = join(out, 'config.json')
+  const fromDir = !options.template && existsSync(scaffolded)
+  const template = options.template ?? (fromDir ? scaffolded : 'tiny-demo')
+  const config = {...readModelConfig(fromDir ? scaffolded : templateModelConfigPath(template)), ...options.overrides}
   const worker = await ModelWorker.start({threads: 1, device: 'cpu'})
   try {
     const info = await worker.initFromConfig(config, options.seed)
     await worker.save(out)
-    return {dir: out, template: options.template, parameters: info.parameters, paramHash: info.param_hash, seed: options.seed}
+    return {dir: out, template, parameters: info.parameters, paramHash: info.param_hash, seed: options.seed}
   } finally {
     await worker.shutdown()
   }

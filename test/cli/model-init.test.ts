@@ -1,0 +1,38 @@
+import assert from 'node:assert/strict'
+import {existsSync} from 'node:fs'
+import {join} from 'node:path'
+import {after, test} from 'node:test'
+import {runCli, tempDir} from '../helpers.js'
+
+const tmp = tempDir()
+after(() => tmp.cleanup())
+
+test('psyche init then psyche model init: weights from the scaffolded config, deterministic, never overwritten by accident', async () => {
+  const run = join(tmp.path, 'run')
+  const init = await runCli(['init', run, '--template', 'tiny-demo'])
+  assert.equal(init.exitCode, 0, init.stderr)
+  assert.ok(existsSync(join(run, 'model', 'config.json')) && !existsSync(join(run, 'model', 'model.safetensors')))
+
+  const [scaffolded, fromTemplate] = await Promise.all([
+    runCli(['model', 'init', '--out', join(run, 'model'), '--json']),
+    runCli(['model', 'init', '--template', 'tiny-demo', '--out', join(tmp.path, 'other'), '--json']),
+  ])
+  assert.equal(scaffolded.exitCode, 0, scaffolded.stderr)
+  assert.equal(fromTemplate.exitCode, 0, fromTemplate.stderr)
+  const a = JSON.parse(scaffolded.stdout)
+  const b = JSON.parse(fromTemplate.stdout)
+  assert.equal(a.parameters, 1_475_200)
+  assert.equal(a.template, join(run, 'model', 'config.json'))
+  assert.equal(a.paramHash, b.paramHash, 'same config and seed, same bytes')
+  assert.ok(existsSync(join(run, 'model', 'model.safetensors')))
+
+  const again = await runCli(['model', 'init', '--out', join(run, 'model')])
+  assert.equal(again.exitCode, 1)
+  assert.match(again.stderr, /already holds a model.*--force/)
+  const reseeded = await runCli(['model', 'init', '--out', join(run, 'model'), '--force', '--seed', '1', '--json'])
+  assert.equal(reseeded.exitCode, 0, reseeded.stderr)
+  assert.notEqual(JSON.parse(reseeded.stdout).paramHash, a.paramHash)
+
+  const validate = await runCli(['server', 'validate-config', '--state', join(run, 'state.toml')])
+  assert.equal(validate.exitCode, 0, validate.stderr)
+})
