@@ -1,5 +1,5 @@
 import {parse as parseToml, TomlError} from 'smol-toml'
-import {ConfigError, Reader, type Table} from './read.js'
+import {ConfigError, Reader, readConfigText, type Table} from './read.js'
 import type {ConfigIssue, DataServerConfig, RunConfigFile} from './types.js'
 
 /** Parses and validates a TCP data server's `data.toml` (dir, token_size, seq_len, shuffle_seed). */
@@ -31,14 +31,7 @@ export function parseDataServerConfig(text: string, path: string): DataServerCon
 
 /** Reads and parses a `data.toml` (see parseDataServerConfig). */
 export async function loadDataServerConfig(path: string): Promise<DataServerConfig> {
-  const {readFile} = await import('node:fs/promises')
-  let text: string
-  try {
-    text = await readFile(path, 'utf8')
-  } catch (error) {
-    throw new ConfigError([{file: path, path: '', message: `cannot read: ${(error as NodeJS.ErrnoException).code ?? (error as Error).message}`}])
-  }
-  return parseDataServerConfig(text, path)
+  return parseDataServerConfig(await readConfigText(path), path)
 }
 
 /**

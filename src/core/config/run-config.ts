@@ -1,6 +1,6 @@
 import {dirname, isAbsolute, resolve} from 'node:path'
 import {parse as parseToml, TomlError} from 'smol-toml'
-import {ConfigError, Reader, isTable, type Table} from './read.js'
+import {ConfigError, Reader, readConfigText, isTable, type Table} from './read.js'
 import type {
   AdamWConfig,
   CheckpointConfig,
@@ -341,14 +341,7 @@ export function parseRunConfig(text: string, path: string): RunConfigFile {
 
 /** Reads and parses a run configuration file (see parseRunConfig). */
 export async function loadRunConfigFile(path: string): Promise<RunConfigFile> {
-  const {readFile} = await import('node:fs/promises')
-  let text: string
-  try {
-    text = await readFile(path, 'utf8')
-  } catch (error) {
-    throw new ConfigError([{file: path, path: '', message: `cannot read: ${(error as NodeJS.ErrnoException).code ?? (error as Error).message}`}])
-  }
-  return parseRunConfig(text, path)
+  return parseRunConfig(await readConfigText(path), path)
 }
 
 /**
