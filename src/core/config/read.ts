@@ -4,7 +4,7 @@ import type {ConfigIssue} from './types.js'
 
 /**
  * A small schema reader over parsed TOML: each accessor checks one field, records a located issue
- * instead of throwing, and returns a placeholder so the rest of the file is still checked — a user
+ * instead of throwing, and returns a neutral stand-in value so the rest of the file is still checked — a user
  * sees every problem in one go. Unknown fields are issues too.
  */
 
