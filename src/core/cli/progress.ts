@@ -30,7 +30,8 @@ export class Progress {
   /** A status message: shown as the spinner's text, or as a plain line. */
   status(text: string): void {
     if (this.mode === 'tty') {
-      if (!this.spinner) this.spinner = ora({text, stream: process.stderr}).start()
+      // discardStdin off: it puts a terminal's stdin in raw mode and spins when stdin is at EOF
+      if (!this.spinner) this.spinner = ora({text, stream: process.stderr, discardStdin: false}).start()
       else this.spinner.text = text
     } else if (this.mode === 'plain') {
       process.stderr.write(`${text}\n`)
