@@ -3,6 +3,7 @@ import {createRequire} from 'node:module'
 import {dirname, join} from 'node:path'
 import {execa} from 'execa'
 import {PsycheError} from './errors.js'
+import {parseJsonLine} from './json-lines.js'
 import {projectRoot, pythonEnv, workerPython} from './worker/python.js'
 
 /** Where the demo corpus lives (generated once, ignored by git). */
@@ -43,12 +44,8 @@ export async function ensureDemoCorpus(onProgress?: (stage: string) => void, dir
     proc.stdout!.setEncoding('utf8')
     proc.stdout!.on('data', (chunk: string) => {
       for (const line of chunk.split('\n')) {
-        try {
-          const event = JSON.parse(line)
-          if (event.event === 'progress') onProgress?.(`demo corpus: ${event.stage} (${event.done}/${event.total})`)
-        } catch {
-          // not a JSON line
-        }
+        const event = parseJsonLine(line)
+        if (event?.event === 'progress') onProgress?.(`demo corpus: ${event.stage} (${event.done}/${event.total})`)
       }
     })
     const result = await proc

@@ -1,8 +1,9 @@
 import {readFileSync, writeFileSync} from 'node:fs'
 import {connect, type Socket} from 'node:net'
 import {join} from 'node:path'
-import {CoordinatorServer, type CoordinatorServerOptions} from '../../src/core/backend/index.js'
+import {CoordinatorConnection, CoordinatorServer, type CoordinatorServerOptions} from '../../src/core/backend/index.js'
 import {loadRunConfigFile} from '../../src/core/config/index.js'
+import type {CoordinatorState} from '../../src/core/coordinator/types.js'
 import {
   FrameReader,
   decodeServerMessage,
@@ -161,4 +162,18 @@ export class RawClient {
       this.socket.destroy()
     })
   }
+}
+
+/** Resolves with the first state pushed to `c` (from now on) that satisfies `pred`. */
+export function nextState(c: CoordinatorConnection, pred: (s: CoordinatorState) => boolean): Promise<CoordinatorState> {
+  if (c.state && pred(c.state)) return Promise.resolve(c.state)
+  return new Promise((resolve) => {
+    const on = (s: CoordinatorState) => {
+      if (pred(s)) {
+        c.off('state', on)
+        resolve(s)
+      }
+    }
+    c.on('state', on)
+  })
 }

@@ -8,20 +8,7 @@ import type {CoordinatorState} from '../../src/core/coordinator/types.js'
 import {PsycheError} from '../../src/core/errors.js'
 import {generateIdentity} from '../../src/core/protocol/index.js'
 import {tempDir} from '../helpers.js'
-import {Clock, RUN_ID, startTestServer, waitUntil, writeRunConfig} from './helpers.js'
-
-function nextState(c: CoordinatorConnection, pred: (s: CoordinatorState) => boolean): Promise<CoordinatorState> {
-  if (c.state && pred(c.state)) return Promise.resolve(c.state)
-  return new Promise((resolve) => {
-    const on = (s: CoordinatorState) => {
-      if (pred(s)) {
-        c.off('state', on)
-        resolve(s)
-      }
-    }
-    c.on('state', on)
-  })
-}
+import {Clock, RUN_ID, startTestServer, waitUntil, writeRunConfig, nextState} from './helpers.js'
 
 test('a stopped server restarted from --save-state-dir resumes the run; the client reconnects and training goes on', async () => {
   const dir = tempDir()

@@ -8,7 +8,7 @@ import type {CoordinatorState} from '../../src/core/coordinator/types.js'
 import {PsycheError} from '../../src/core/errors.js'
 import {DEFAULT_MAX_FRAME_BYTES, encodeFrame, generateIdentity, type Identity} from '../../src/core/protocol/index.js'
 import {tempDir} from '../helpers.js'
-import {RUN_ID, RawClient, startTestServer, waitUntil, writeRunConfig, type TestServer} from './helpers.js'
+import {RUN_ID, RawClient, startTestServer, waitUntil, writeRunConfig, type TestServer, nextState} from './helpers.js'
 
 async function withServer(config: Record<string, number>, options: Parameters<typeof startTestServer>[1], body: (t: TestServer) => Promise<void>): Promise<void> {
   const dir = tempDir()
@@ -29,20 +29,6 @@ async function connectClient(t: TestServer, identity: Identity, extra: Partial<P
   const c = await CoordinatorConnection.connect({addr: t.addr, runId: RUN_ID, identity, p2pAddrs: [`/ip4/127.0.0.1/tcp/${4000 + identity.publicKey[0]}`], join: true, ...extra})
   opened.push(c)
   return c
-}
-
-/** Resolves with the first state pushed to `c` (from now on) that satisfies `pred`. */
-function nextState(c: CoordinatorConnection, pred: (s: CoordinatorState) => boolean): Promise<CoordinatorState> {
-  if (c.state && pred(c.state)) return Promise.resolve(c.state)
-  return new Promise((resolve) => {
-    const on = (s: CoordinatorState) => {
-      if (pred(s)) {
-        c.off('state', on)
-        resolve(s)
-      }
-    }
-    c.on('state', on)
-  })
 }
 
 test('clients join, every state change is pushed to all with the peer directory, and training starts', async () => {

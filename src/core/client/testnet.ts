@@ -4,6 +4,7 @@ import {dirname, join, resolve} from 'node:path'
 import {execa, type ResultPromise} from 'execa'
 import {loadRunConfigFile} from '../config/index.js'
 import {PsycheError} from '../errors.js'
+import {parseJsonLine} from '../json-lines.js'
 import {generateIdentity, saveIdentity} from '../protocol/identity.js'
 import {projectRoot} from '../worker/python.js'
 
@@ -164,12 +165,8 @@ export async function runTestnet(options: TestnetOptions): Promise<TestnetSummar
     slot.proc = proc
     emit({kind: 'client_started', client: slot.name, generation})
     lines(proc.stdout!, (line) => {
-      let e: Record<string, unknown>
-      try {
-        e = JSON.parse(line)
-      } catch {
-        return
-      }
+      const e = parseJsonLine(line)
+      if (!e) return
       if (e.event === 'round') {
         const step = e.step as number
         let r = rounds.get(step)
@@ -211,14 +208,10 @@ export async function runTestnet(options: TestnetOptions): Promise<TestnetSummar
     const port = await new Promise<number>((resolvePort, reject) => {
       const timer = setTimeout(() => reject(new PsycheError(`the coordinator server did not report listening within 60 s: ${serverTail.join(' | ')}`)), 60_000)
       lines(server!.stdout!, (line) => {
-        try {
-          const e = JSON.parse(line)
-          if (e.event === 'listening' && typeof e.port === 'number') {
-            clearTimeout(timer)
-            resolvePort(e.port)
-          }
-        } catch {
-          // not a JSON line
+        const e = parseJsonLine(line)
+        if (e?.event === 'listening' && typeof e.port === 'number') {
+          clearTimeout(timer)
+          resolvePort(e.port)
         }
       })
       lines(server!.stderr!, (line) => {

@@ -1,6 +1,7 @@
 import {createInterface} from 'node:readline'
 import {execa} from 'execa'
 import {PsycheError} from '../errors.js'
+import {parseJsonLine} from '../json-lines.js'
 import {pythonEnv, workerPython} from '../worker/python.js'
 import type {TokenManifest} from './local.js'
 import type {TokenSize} from './token-file.js'
@@ -36,12 +37,8 @@ export async function tokenizeFiles(options: TokenizeOptions): Promise<TokenizeR
   let done: TokenizeResult | undefined
   let failure: string | undefined
   for await (const line of createInterface({input: child.stdout!})) {
-    let event: Record<string, unknown>
-    try {
-      event = JSON.parse(line)
-    } catch {
-      continue
-    }
+    const event = parseJsonLine(line)
+    if (!event) continue
     if (event.event === 'progress') {
       options.onProgress?.({file: String(event.file), bytesDone: Number(event.bytes_done), bytesTotal: Number(event.bytes_total), tokens: Number(event.tokens)})
     } else if (event.event === 'done') {

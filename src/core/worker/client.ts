@@ -5,6 +5,7 @@ import {join} from 'node:path'
 import {execa, type ResultPromise} from 'execa'
 import * as zmq from 'zeromq'
 import {PsycheError} from '../errors.js'
+import {parseJsonLine} from '../json-lines.js'
 import {projectRoot, pythonEnv, workerPython} from './python.js'
 
 export type WireDtype = 'uint8' | 'uint16' | 'uint32' | 'int32' | 'int64' | 'float16' | 'bfloat16' | 'float32' | 'float64'
@@ -228,12 +229,8 @@ async function waitForReady(proc: ResultPromise, timeoutMs: number, stderrTail: 
       while ((nl = buffered.indexOf('\n')) >= 0) {
         const line = buffered.slice(0, nl)
         buffered = buffered.slice(nl + 1)
-        let event: Record<string, unknown>
-        try {
-          event = JSON.parse(line)
-        } catch {
-          continue
-        }
+        const event = parseJsonLine(line)
+        if (!event) continue
         if (event.event === 'ready') {
           clearTimeout(timer)
           proc.stdout!.off('data', onData)
