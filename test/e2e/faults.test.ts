@@ -49,18 +49,29 @@ describe('end to end: faults', {timeout: 300_000}, () => {
 
     for (const p of [a, b, restarted]) await p.waitFor(finished, 'the run to finish', 150_000)
     // survivors: identical after every round of both epochs
-    assertIdentical([a, b], [1, 2, 3, 4, 5, 6, 7, 8])
+    // survivors: the same rounds applied, identical after every one. The kill costs at most the round it
+    // interrupted: if that round's witness quorum does not form, the coordinator closes the epoch early and no
+    // one applies it (rare on this 2-core machine; the rest of the run is then one round shorter).
+    const survivorSteps = [...hashesByStep([a, b]).keys()].sort((x, y) => x - y)
+    assertIdentical([a, b], survivorSteps)
+    const lost = [1, 2, 3, 4, 5, 6, 7, 8].filter((step) => !survivorSteps.includes(step))
+    assert.ok(lost.length <= 1 && lost.every((step) => step >= 3), `rounds lost: ${lost.join(', ')}`)
     // the kill cost at most one round's batches: afterwards the survivors applied every result of the two trainers left
     const afterKill = a.rounds().filter((r) => r.step >= 4 && r.epoch === 0) as unknown as {applied: number; trainers: number}[]
     for (const r of afterKill) assert.equal(r.applied, r.trainers)
     assert.ok(afterKill.every((r) => r.trainers === 2), 'the killed client left the roster')
-    // the restarted client waited for the epoch boundary, loaded the model from a peer, and is identical from then on
+    // the restarted client waited for the epoch boundary (step 4, or earlier if the epoch closed early), loaded
+    // the model from a peer, and is identical from then on
     const loaded = restarted.events.find((e) => e.event === 'model_loaded')!
     assert.equal(loaded.source, 'peers')
-    assert.equal(loaded.step, 4)
-    assert.equal(loaded.param_hash, a.rounds().find((r) => r.step === 4)!.param_hash)
-    assert.deepEqual(restarted.rounds().map((r) => r.step), [5, 6, 7, 8])
-    assertIdentical([a, b, restarted], [5, 6, 7, 8])
+    const boundary = loaded.step as number
+    assert.ok(boundary >= 2 && boundary <= 4, `model loaded at step ${boundary}`)
+    if (lost.length === 0) assert.equal(boundary, 4)
+    assert.equal(loaded.param_hash, a.rounds().find((r) => r.step === boundary)!.param_hash)
+    const later = survivorSteps.filter((step) => step > boundary)
+    assert.ok(later.length >= 3)
+    assert.deepEqual(restarted.rounds().map((r) => r.step), later)
+    assertIdentical([a, b, restarted], later)
   })
 
   it('a vanished client that the coordinator does not withdraw is dropped by the survivors\' health checks', async () => {
