@@ -22,6 +22,7 @@ import torch
 import zmq
 
 from . import model as models
+from .distro_codec import VALUE_FORMAT_NAMES
 from .protocol import (
     ProtocolError,
     WorkerError,
@@ -113,7 +114,15 @@ class Worker:
     def op_configure(self, h, frames) -> Reply:
         self.t.configure(h.get("optimizer") or {}, h.get("lr_schedule"), int(h.get("micro_batch", 8)),
                          simulate_peers=int(h.get("simulate_peers", 1)), delay_correction=bool(h.get("delay_correction", False)))
-        return {"optimizer": self.t.optimizer_name}, []
+        reply: dict[str, Any] = {"optimizer": self.t.optimizer_name}
+        if self.t.distro_peers:
+            # What a peer's result must look like, for the client's validator (src/core/verify/result.ts).
+            peer = self.t.distro_peers[0]
+            reply["result_format"] = {
+                "value_format": VALUE_FORMAT_NAMES[peer.value_format],
+                "tensors": [{"name": s.name, "shape": list(s.shape), "chunk": list(s.chunk), "topk": s.topk} for s in peer.specs],
+            }
+        return reply, []
 
     def _tokens(self, frames: list[torch.Tensor]) -> torch.Tensor:
         if len(frames) != 1:

@@ -51,3 +51,18 @@ def test_train_round_rejects_results_without_their_step(tiny_config):
         a.op_train_round({"step": 2}, [tokens(2), blob])
     with pytest.raises(WorkerError, match="1-D uint8"):
         a.op_train_round({"step": 2, "apply_step": 1}, [tokens(2), tokens(3)])
+
+
+def test_configure_reports_the_result_format_peers_must_send(tiny_config):
+    """The client validates peers' results against this (src/core/verify/result.ts): it must describe
+    exactly what produce() makes and decode() accepts."""
+    w = Worker("cpu", 1)
+    w.op_init_model({"config": tiny_config, "seed": 7}, [])
+    reply, _ = w.op_configure({"optimizer": DISTRO, "micro_batch": 4, "delay_correction": True}, [])
+    fmt = reply["result_format"]
+    specs = w.t.distro_peers[0].specs
+    assert fmt["value_format"] == "sign"
+    assert [t["name"] for t in fmt["tensors"]] == [s.name for s in specs] and len(specs) > 0
+    assert all(t["topk"] <= 16 * 16 and max(t["chunk"]) <= 16 for t in fmt["tensors"])
+    adamw, _ = w.op_configure({"optimizer": {"AdamW": {}}, "micro_batch": 4}, [])
+    assert "result_format" not in adamw

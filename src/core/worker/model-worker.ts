@@ -1,3 +1,4 @@
+import {parseResultFormat, type ResultFormat} from '../verify/result.js'
 import {type Frame, WorkerClient, type WorkerOptions} from './client.js'
 
 export interface ModelInfo {
@@ -52,8 +53,10 @@ export class ModelWorker {
     return (await this.client.call<ModelInfo & Record<string, unknown>>('init_model', {model_dir: modelDir, seed})).reply
   }
 
-  async configure(setup: TrainingSetup): Promise<void> {
-    await this.client.call('configure', {...setup})
+  /** Configures training; with DisTrO, returns the format peers' results must have (for validateResult). */
+  async configure(setup: TrainingSetup): Promise<{resultFormat?: ResultFormat}> {
+    const {reply} = await this.client.call<{result_format?: unknown}>('configure', {...setup})
+    return reply.result_format === undefined ? {} : {resultFormat: parseResultFormat(reply.result_format)}
   }
 
   async trainStep(tokens: Uint32Array, rows: number, step: number): Promise<StepResult> {
