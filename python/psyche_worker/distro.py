@@ -73,6 +73,9 @@ __all__ = ["DistroConfig", "DistroOptimizer", "ResultDecodeError", "dct_matrix",
            "ChunkedDCT", "topk_per_chunk"]
 
 
+MAX_CHUNK = 4096
+
+
 @dataclass
 class DistroConfig:
     """`[model.LLM.optimizer.Distro]` of a Psyche run config; field names exactly as in the TOML."""
@@ -110,8 +113,12 @@ class DistroConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"Distro config: {name} must be an integer >= 1, got {value!r}")
-        if self.compression_chunk > 4096:
-            raise ValueError(f"Distro config: compression_chunk must be <= 4096, got {self.compression_chunk}")
+        # The run-config validator enforces the same limits (src/core/config/run-config.ts DISTRO_MAX_CHUNK).
+        if self.compression_chunk > MAX_CHUNK:
+            raise ValueError(f"Distro config: compression_chunk must be <= {MAX_CHUNK}, got {self.compression_chunk}")
+        if self.compression_topk > self.compression_chunk:
+            raise ValueError(f"Distro config: compression_topk must be <= compression_chunk ({self.compression_chunk}), "
+                             f"got {self.compression_topk}")
         if not isinstance(self.quantize_1bit, bool):
             raise ValueError(f"Distro config: quantize_1bit must be true or false, got {self.quantize_1bit!r}")
         number("clip_grad_norm", self.clip_grad_norm, optional=True)

@@ -198,6 +198,12 @@ function readLrSchedule(r: Reader, llm: Table, path: string): LrSchedule | undef
   })
 }
 
+/**
+ * DisTrO limits, the same in the worker (python/psyche_worker/distro.py DistroConfig.validate; a test compares
+ * both on the boundaries): a chunk side of at most 4096 (the DCT basis is chunk² floats), top-k at most the chunk.
+ */
+export const DISTRO_MAX_CHUNK = 4096
+
 function readOptimizer(r: Reader, llm: Table, path: string): OptimizerConfig | undefined {
   return r.tagged<OptimizerConfig>(llm, 'optimizer', path, {
     unit: ['Dummy'],
@@ -220,9 +226,13 @@ function readOptimizer(r: Reader, llm: Table, path: string): OptimizerConfig | u
         const t = r.payload(v, at, ['clip_grad_norm', 'weight_decay', 'compression_decay', 'compression_chunk', 'compression_topk', 'quantize_1bit'])
         const distro: DistroConfig = {
           compression_decay: r.num(t, 'compression_decay', at, {min: 0, max: 1}),
-          compression_chunk: r.int(t, 'compression_chunk', at, {min: 1, max: 65535}),
-          compression_topk: r.int(t, 'compression_topk', at, {min: 1, max: 65535}),
+          compression_chunk: r.int(t, 'compression_chunk', at, {min: 1, max: DISTRO_MAX_CHUNK}),
+          compression_topk: r.int(t, 'compression_topk', at, {min: 1}),
           quantize_1bit: r.bool(t, 'quantize_1bit', at),
+        }
+        // The worker's DistroConfig.validate enforces the same: keep-k of a chunk can be at most a 1-D chunk's coefficients.
+        if (Number.isInteger(distro.compression_topk) && Number.isInteger(distro.compression_chunk) && distro.compression_topk > distro.compression_chunk) {
+          r.issue(`${at}.compression_topk`, `must be at most compression_chunk (${distro.compression_chunk}): a chunk of a 1-D tensor has that many coefficients`, distro.compression_topk)
         }
         if (t.clip_grad_norm !== undefined) distro.clip_grad_norm = r.num(t, 'clip_grad_norm', at, {above: 0})
         if (t.weight_decay !== undefined) distro.weight_decay = r.num(t, 'weight_decay', at, {min: 0})
