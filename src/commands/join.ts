@@ -5,6 +5,7 @@ import {PsycheError} from '../core/errors.js'
 import {Progress} from '../core/cli/progress.js'
 import {PsycheClient, seedForRun, type ClientSummary} from '../core/client/runner.js'
 import {demoCorpusDir, ensureDemoCorpus} from '../core/corpus.js'
+import {ClientMetrics, serveMetrics} from '../core/obs/metrics.js'
 import {generateIdentity, loadIdentity} from '../core/protocol/identity.js'
 import {resolveTrainPlan} from '../core/train/plan.js'
 import {shuffleSeedFor} from '../core/train/single-node.js'
@@ -40,6 +41,8 @@ trained, witness, health_check, rejected, worker_crashed, finished).`
     'micro-batch': Flags.integer({summary: 'sequences per forward/backward', min: 1}),
     threads: Flags.integer({summary: 'torch threads of the worker', min: 1}),
     device: Flags.string({summary: 'auto | cpu | cuda | cuda:N', default: 'auto'}),
+    'metrics-port': Flags.integer({summary: 'serve Prometheus metrics at http://HOST:PORT/metrics (0: any free port)', min: 0, max: 65535}),
+    'metrics-host': Flags.string({summary: 'address the metrics endpoint listens on', default: '127.0.0.1'}),
   }
 
   /** With --json, stdout is a stream of one-line events: an error is one more line, not a pretty-printed object. */
@@ -71,8 +74,11 @@ trained, witness, health_check, rejected, worker_crashed, finished).`
     const identity = flags.identity ? await loadIdentity(resolve(flags.identity)) : generateIdentity()
     const runId = flags['run-id']
     const seed = seedForRun(runId)
+    // Metrics are derived from the same event stream the terminal and --json show.
+    const metrics = flags['metrics-port'] === undefined ? undefined : new ClientMetrics({seqLen: plan.seqLen})
     // --json: every event is one line on stdout, flushed as it happens, for the testnet and scripts to follow.
     const log = (event: Record<string, unknown>) => {
+      metrics?.observe(event)
       if (json) {
         process.stdout.write(JSON.stringify(event) + '\n')
         return
@@ -101,6 +107,8 @@ trained, witness, health_check, rejected, worker_crashed, finished).`
           break
       }
     }
+    const metricsEndpoint = metrics ? await serveMetrics(metrics.registry, {port: flags['metrics-port']!, host: flags['metrics-host']}) : undefined
+    if (metricsEndpoint) log({event: 'metrics_listening', host: flags['metrics-host'], port: metricsEndpoint.port, path: '/metrics'})
     progress.status(`connecting to ${flags['server-addr']} (run ${runId}) as ${identity.id.slice(0, 16)}…`)
     // Ctrl-C / SIGTERM: withdraw from the run, then exit (the worker is killed on exit, see worker/client.ts).
     let client: PsycheClient | undefined
@@ -112,7 +120,7 @@ trained, witness, health_check, rejected, worker_crashed, finished).`
     }
     client = await PsycheClient.start({serverAddr: flags['server-addr'], runId, identity, plan, seed, shuffleSeed: shuffleSeedFor(seed), log})
     progress.status(`joined as ${client.id.slice(0, 16)}…; following the run`)
-    const summary = await client.run()
+    const summary = await client.run().finally(() => metricsEndpoint?.close())
     log({event: 'finished', ...summary})
     progress.done(`run finished: ${summary.rounds} rounds applied, last step ${summary.lastStep}, hash ${summary.paramHash?.slice(0, 12)}`)
     // --json: the finished event above is the last line; nothing else is printed.

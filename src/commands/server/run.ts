@@ -5,6 +5,7 @@ import {PsycheCommand} from '../../core/cli/base-command.js'
 import {checkDataServerForRun, formatIssue, loadDataServerConfig, loadRunConfigFile} from '../../core/config/index.js'
 import {DataServer, LocalTokenDataset, parseHostPort, parseShuffle, parseTokenSize} from '../../core/data/index.js'
 import {PsycheError} from '../../core/errors.js'
+import {ServerMetrics, serveMetrics} from '../../core/obs/metrics.js'
 import {loadIdentity} from '../../core/protocol/index.js'
 
 export default class ServerRun extends PsycheCommand {
@@ -26,6 +27,8 @@ export default class ServerRun extends PsycheCommand {
     'withdraw-on-disconnect': Flags.string({summary: 'withdraw clients whose connection closes', options: ['true', 'false'], default: 'true'}),
     identity: Flags.string({summary: 'the server\'s identity file (psyche identity new); default: kept in --save-state-dir, else random'}),
     'tick-ms': Flags.integer({summary: 'how often to tick the coordinator, in milliseconds', default: 200, min: 10}),
+    'metrics-port': Flags.integer({summary: 'serve Prometheus metrics at http://HOST:PORT/metrics (0: any free port)', min: 0, max: 65535}),
+    'metrics-host': Flags.string({summary: 'address the metrics endpoint listens on', default: '127.0.0.1'}),
   }
 
   async run(): Promise<void> {
@@ -33,12 +36,16 @@ export default class ServerRun extends PsycheCommand {
     const run = await loadRunConfigFile(flags.state)
     const identity = flags.identity ? await loadIdentity(flags.identity) : undefined
     const json = this.jsonEnabled()
+    // Observers of the event stream (metrics): they read the server's state at scrape time, never change it.
+    let server: CoordinatorServer | undefined
+    const metrics = flags['metrics-port'] === undefined ? undefined : new ServerMetrics({state: () => server!.state, connected: () => server!.connectedClients.length})
     const log = (event: object) => {
+      metrics?.observe(event as Record<string, unknown>)
       if (json) process.stdout.write(`${JSON.stringify({...event, time: new Date().toISOString()})}\n`)
       else process.stderr.write(`${formatLogLine(event)}\n`)
     }
 
-    const server = await CoordinatorServer.start({
+    server = await CoordinatorServer.start({
       run,
       host: flags.host,
       port: flags['server-port'],
@@ -49,9 +56,15 @@ export default class ServerRun extends PsycheCommand {
       log,
     })
     let data: {server: DataServer; close: () => Promise<void>} | undefined
+    let metricsEndpoint: Awaited<ReturnType<typeof serveMetrics>> | undefined
     try {
       if (flags['data-config']) data = await startDataServer(run, flags['data-config'], flags.host, log)
+      if (metrics) {
+        metricsEndpoint = await serveMetrics(metrics.registry, {port: flags['metrics-port']!, host: flags['metrics-host']})
+        log({event: 'metrics_listening', host: flags['metrics-host'], port: metricsEndpoint.port, path: '/metrics'})
+      }
     } catch (error) {
+      await data?.close()
       await server.stop()
       throw error
     }
@@ -59,6 +72,7 @@ export default class ServerRun extends PsycheCommand {
       process.once('SIGINT', done)
       process.once('SIGTERM', done)
     })
+    await metricsEndpoint?.close()
     await data?.close()
     await server.stop()
   }

@@ -1,0 +1,109 @@
+import assert from 'node:assert/strict'
+import {after, describe, it} from 'node:test'
+import {CoordinatorConnection} from '../../src/core/backend/index.js'
+import {ClientMetrics, serveMetrics} from '../../src/core/obs/metrics.js'
+import {generateIdentity} from '../../src/core/protocol/index.js'
+import {writeRunConfig, RUN_ID} from '../backend/helpers.js'
+import {JsonProcess} from '../e2e/helpers.js'
+import {tempDir} from '../helpers.js'
+
+/** Prometheus text format → {`name{labels}`: value}. */
+export function parseMetrics(text: string): Map<string, number> {
+  const out = new Map<string, number>()
+  for (const line of text.split('\n')) {
+    if (!line || line.startsWith('#')) continue
+    const m = /^(\S+?(?:\{[^}]*\})?) (\S+)$/.exec(line)
+    if (m) out.set(m[1], Number(m[2]))
+  }
+  return out
+}
+
+export async function scrape(port: number): Promise<{text: string; metrics: Map<string, number>; contentType: string | null}> {
+  const res = await fetch(`http://127.0.0.1:${port}/metrics`)
+  assert.equal(res.status, 200)
+  const text = await res.text()
+  return {text, metrics: parseMetrics(text), contentType: res.headers.get('content-type')}
+}
+
+describe('Prometheus metrics', () => {
+  const dir = tempDir('psyche-metrics-')
+  const procs: JsonProcess[] = []
+  after(async () => {
+    await Promise.all(procs.map((p) => p.stop()))
+    dir.cleanup()
+  })
+
+  it('psyche server run --metrics-port: a scrape shows the phase, the clients by state, connections and rejections by reason', async () => {
+    const state = writeRunConfig(dir.path, {init_min_clients: 2})
+    const server = new JsonProcess('server', ['server', 'run', '--state', state, '--metrics-port', '0', '--json'])
+    procs.push(server)
+    const {port} = (await server.waitFor((e) => e.event === 'listening', 'listening', 60_000)) as {port: number}
+    const {port: metricsPort} = (await server.waitFor((e) => e.event === 'metrics_listening', 'the metrics endpoint', 10_000)) as {port: number}
+
+    const before = await scrape(metricsPort)
+    assert.match(before.contentType ?? '', /^text\/plain; version=0\.0\.4/)
+    assert.equal(before.metrics.get('psyche_coordinator_connections'), 0)
+    assert.equal(before.metrics.get('psyche_coordinator_run_state{state="WaitingForMembers"}'), 1)
+    assert.equal(before.metrics.get('psyche_coordinator_run_state{state="RoundTrain"}'), 0)
+    assert.match(before.text, /# TYPE psyche_coordinator_phase_duration_seconds histogram/)
+
+    const conn = await CoordinatorConnection.connect({addr: `127.0.0.1:${port}`, runId: RUN_ID, identity: generateIdentity(), p2pAddrs: [], join: true})
+    try {
+      // A client configured for another run is refused (and counted by reason).
+      await assert.rejects(CoordinatorConnection.connect({addr: `127.0.0.1:${port}`, runId: 'another-run', identity: generateIdentity(), p2pAddrs: [], join: true, reconnect: false}), /another-run|run/)
+      await server.waitFor((e) => e.event === 'rejected' && e.code === 'wrong_run_id', 'the rejection', 10_000)
+      const now = await scrape(metricsPort)
+      assert.equal(now.metrics.get('psyche_coordinator_connections'), 1)
+      assert.equal(now.metrics.get('psyche_clients{state="Pending"}'), 1, 'one client waits for the next epoch (init_min_clients 2)')
+      assert.equal(now.metrics.get('psyche_clients{state="Healthy"}'), 0)
+      assert.equal(now.metrics.get('psyche_coordinator_rejected_messages_total{reason="wrong_run_id"}'), 1)
+      assert.equal(now.metrics.get('psyche_coordinator_step'), 1, 'a new run starts at step 1')
+      assert.equal(now.metrics.get('psyche_coordinator_epoch'), 0)
+      assert.ok((now.metrics.get('psyche_server_process_resident_memory_bytes') ?? 0) > 0)
+    } finally {
+      await conn.close()
+    }
+  })
+
+  it('client metrics from the event stream: tokens/s, histograms of times and sizes, byte counters, rejections by reason', async () => {
+    const m = new ClientMetrics({seqLen: 64})
+    m.observe({event: 'started'})
+    m.observe({event: 'trained', step: 1, loss: 7.5, batches: 4, result_bytes: 5000, compute_ms: 500, produce_ms: 20})
+    m.observe({event: 'round', step: 1, epoch: 0, loss: 7.5, applied: 3, trainers: 3, bytes_in: 10_000, bytes_out: 4000, peers: 2, apply_ms: 40, peer_bytes: {peerA: {in: 6000, out: 2000}}})
+    m.observe({event: 'trained', step: 2, loss: 7.1, batches: 4, result_bytes: 5100, compute_ms: 250})
+    m.observe({event: 'round', step: 2, epoch: 0, applied: 2, accepted: 3, trainers: 3, bytes_in: 25_000, bytes_out: 9000, peers: 2, peers_direct: 1, peers_relayed: 1, peer_bytes: {peerA: {in: 9000, out: 2500}}})
+    m.observe({event: 'rejected', code: 'stale_step', reason: 'x'})
+    m.observe({event: 'rejected', code: 'stale_step', reason: 'y'})
+    m.observe({event: 'announcement_ignored', client_id: 'c', step: 2})
+    m.observe({event: 'worker_crashed', message: 'gone'})
+    const endpoint = await serveMetrics(m.registry, {port: 0})
+    try {
+      const {metrics} = await scrape(endpoint.port)
+      assert.equal(metrics.get('psyche_client_step'), 2)
+      assert.equal(metrics.get('psyche_client_loss'), 7.1)
+      assert.equal(metrics.get('psyche_client_tokens_per_second'), (4 * 64) / 0.25)
+      assert.equal(metrics.get('psyche_client_compute_duration_seconds_count'), 2)
+      assert.equal(metrics.get('psyche_client_compute_duration_seconds_sum'), 0.75)
+      assert.equal(metrics.get('psyche_client_produce_duration_seconds_count'), 1)
+      assert.equal(metrics.get('psyche_client_apply_duration_seconds_count'), 1)
+      assert.equal(metrics.get('psyche_client_result_size_bytes_sum'), 10_100)
+      assert.equal(metrics.get('psyche_client_result_size_bytes_bucket{le="16000"}'), 2)
+      assert.equal(metrics.get('psyche_p2p_received_bytes_total'), 25_000)
+      assert.equal(metrics.get('psyche_p2p_sent_bytes_total'), 9000)
+      assert.equal(metrics.get('psyche_p2p_peer_bytes_total{peer="peerA",direction="in"}'), 9000)
+      assert.equal(metrics.get('psyche_p2p_peer_bytes_total{peer="peerA",direction="out"}'), 2500)
+      assert.equal(metrics.get('psyche_p2p_peers{kind="relayed"}'), 1)
+      assert.equal(metrics.get('psyche_client_results_applied'), 2)
+      assert.equal(metrics.get('psyche_client_results_accepted'), 3)
+      assert.equal(metrics.get('psyche_client_rounds_applied_total'), 2)
+      assert.equal(metrics.get('psyche_client_rejected_messages_total{reason="stale_step"}'), 2)
+      assert.equal(metrics.get('psyche_client_rejected_messages_total{reason="announcement_not_assigned"}'), 1)
+      assert.equal(metrics.get('psyche_worker_starts_total'), 1)
+      assert.equal(metrics.get('psyche_worker_crashes_total'), 1)
+      const notFound = await fetch(`http://127.0.0.1:${endpoint.port}/other`)
+      assert.equal(notFound.status, 404)
+    } finally {
+      await endpoint.close()
+    }
+  })
+})
