@@ -46,6 +46,8 @@ test('every client message round-trips with its sender, run, step, seq and sessi
     ['hello', {run_id: 'run-a', client_id: alice.id, p2p_addrs: ['/ip4/127.0.0.1/tcp/4001'], want_join: true}],
     ['witness', {proof: {participant_bloom: 'AAAA', broadcast_bloom: 'AAAA'}}],
     ['health_check', {accused: [bob]}],
+    ['accuse', {accused: bob, reason: 'invalid_result'}],
+    ['equivocation', {proof: {a: {step: 1}, b: {step: 1}}}],
     ['withdraw', {}],
     ['checkpoint', {repo: {repo_id: 'org/model', revision: 'abc'}}],
   ] as const
@@ -118,6 +120,9 @@ test('tampering anywhere, unsigned bytes, the wrong direction, or bad fields are
     [{kind: 'hello', run_id: 'r', step: 0, seq: 1, session: SESSION, body: {run_id: 'r', client_id: alice.id, p2p_addrs: Array(33).fill('a'), want_join: true}}, 'invalid_message', /more than 32/],
     [{kind: 'hello', run_id: 'r', step: 0, seq: 1, session: SESSION, body: {run_id: 'r', client_id: alice.id, p2p_addrs: [], want_join: 'yes'}}, 'invalid_message', /want_join/],
     [{kind: 'health_check', run_id: 'r', step: 0, seq: 1, session: SESSION, body: {accused: []}}, 'invalid_message', /non-empty/],
+    [{kind: 'accuse', run_id: 'r', step: 0, seq: 1, session: SESSION, body: {accused: alice.id, reason: 'rude'}}, 'invalid_message', /accuse.reason/],
+    [{kind: 'accuse', run_id: 'r', step: 0, seq: 1, session: SESSION, body: {accused: 'x', reason: 'invalid_result'}}, 'invalid_message', /accuse.accused/],
+    [{kind: 'equivocation', run_id: 'r', step: 0, seq: 1, session: SESSION, body: {proof: {a: {}}}}, 'invalid_message', /missing "b"/],
     [{kind: 'witness', run_id: 'r', step: 0, seq: 1, session: SESSION, body: {proof: {participant_bloom: 1, broadcast_bloom: ''}}}, 'invalid_message', /participant_bloom/],
     [{kind: 'checkpoint', run_id: 'r', step: 0, seq: 1, session: SESSION, body: {repo: {repo_id: ''}}}, 'invalid_message', /repo_id/],
   ]

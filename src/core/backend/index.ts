@@ -1,6 +1,7 @@
 import type {EventEmitter} from 'node:events'
 import type {HubRepo} from '../config/types.js'
-import type {ClientId, CoordinatorState, WitnessProof} from '../coordinator/types.js'
+import type {AccusationReason, ClientId, CoordinatorState, WitnessProof} from '../coordinator/types.js'
+import type {EquivocationProof} from '../verify/equivocation.js'
 
 /** Client id → the libp2p multiaddrs it announced. */
 export type PeerDirectory = Record<ClientId, string[]>
@@ -32,6 +33,10 @@ export interface CoordinatorBackend extends EventEmitter {
   /** Warmup's witness: the model is loaded (the coordinator counts these to start training early). */
   sendWarmupReady(): boolean
   sendHealthCheck(step: number, accused: ClientId[]): boolean
+  /** As a witness of `step`: `accused`'s result for it failed validation. */
+  sendAccusation(step: number, accused: ClientId, reason: AccusationReason): boolean
+  /** Two signed announcements of one producer for one step (it equivocated). */
+  sendEquivocation(proof: EquivocationProof): boolean
   sendWithdraw(): boolean
   sendCheckpoint(repo: HubRepo): boolean
   close(): Promise<void>

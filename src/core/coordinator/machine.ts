@@ -2,6 +2,7 @@ import {formatIssue} from '../config/read.js'
 import {validateRunConfig} from '../config/run-config.js'
 import type {CheckpointConfig, CoordinatorConfig, HubRepo, LLMConfig, RunConfigFile} from '../config/types.js'
 import {BloomFilter} from '../protocol/bloom.js'
+import {checkEquivocation} from '../verify/equivocation.js'
 import {fromHex, sha256, u64le} from './hash.js'
 import {
   batchRangeFor,
@@ -47,6 +48,7 @@ class Reject extends Error {
 const HALTED: readonly RunState[] = ['Uninitialized', 'Finished', 'Paused']
 /** Phases with an epoch under way, in which a pause waits for the epoch's end. */
 const ACTIVE: readonly RunState[] = ['RoundTrain', 'RoundWitness', 'Cooldown']
+const EPOCH_STATES: readonly RunState[] = ['Warmup', 'RoundTrain', 'RoundWitness', 'Cooldown']
 
 function emptyEpoch(now: number, startStep: number): EpochState {
   return {
@@ -173,6 +175,8 @@ function startRoundTrain(s: CoordinatorState, now: number, entropy: string | und
     started_at: now,
     roster: s.epoch.clients.map((c) => c.id),
     witnesses: [],
+    accusations: [],
+    excluded: [],
   }
   return changeState({...s, seed, epoch: {...s.epoch, first_round: false, round, previous_round: previous}}, now, 'RoundTrain')
 }
@@ -361,6 +365,49 @@ function onHealthCheck(s: CoordinatorState, event: Extract<CoordinatorEvent, {ty
   return clients ? {...s, epoch: {...s.epoch, clients}} : s
 }
 
+/** Ejects `id` if it is a Healthy client of the epoch (it leaves at the round's end), and excludes its result from `round`. */
+function ejectAndExclude(s: CoordinatorState, id: ClientId, round: Round | null): CoordinatorState {
+  if (round && !round.excluded.includes(id)) s = {...s, epoch: {...s.epoch, round: {...round, excluded: [...round.excluded, id]}}}
+  const i = clientIndex(s, id)
+  return i >= 0 && s.epoch.clients[i].state === 'Healthy' ? setClientState(s, i, 'Ejected') : s
+}
+
+function onAccuse(s: CoordinatorState, event: Extract<CoordinatorEvent, {type: 'accuse'}>): CoordinatorState {
+  if (s.run_state !== 'RoundTrain' && s.run_state !== 'RoundWitness') throw new Reject('InvalidRunState', `accusations are accepted during rounds, not in ${s.run_state}`)
+  const round = s.epoch.round!
+  const {from, accused} = event
+  // Only the current round: once the next one starts, this round's record is final and replicas apply it.
+  if (event.step !== round.step) throw new Reject('WrongStep', `accusation for step ${event.step}, but the round is step ${round.step}`)
+  if (event.reason !== 'invalid_result') throw new Reject('InvalidAccusation', `unknown accusation reason ${JSON.stringify(event.reason)}`)
+  checkId(accused, 'accused')
+  if (!isWitness(s, from, round)) throw new Reject('InvalidAccusation', `client ${from} is not a witness of step ${round.step}`)
+  if (from === accused) throw new Reject('InvalidAccusation', 'a client cannot accuse itself')
+  const range = batchRangeFor(s, accused, round)
+  if (!range || range.start === range.end) throw new Reject('InvalidAccusation', `client ${accused} has no batches in step ${round.step}, so no result to accuse`)
+  if (round.accusations.some((a) => a.from === from && a.accused === accused)) throw new Reject('DuplicateAccusation', `client ${from} already accused ${accused} in step ${round.step}`)
+  const accusations = [...round.accusations, {from, accused, reason: event.reason}]
+  s = {...s, epoch: {...s.epoch, round: {...round, accusations}}}
+  const backing = accusations.filter((a) => a.accused === accused).length
+  return backing >= witnessQuorum(witnessCount(s.config, round.roster.length)) ? ejectAndExclude(s, accused, s.epoch.round) : s
+}
+
+function onEquivocation(s: CoordinatorState, event: Extract<CoordinatorEvent, {type: 'equivocation'}>): CoordinatorState {
+  if (!EPOCH_STATES.includes(s.run_state)) throw new Reject('InvalidRunState', `equivocation proofs are accepted during an epoch, not in ${s.run_state}`)
+  const checked = checkEquivocation(event.proof, s.run_id)
+  if (!checked.ok) throw new Reject('InvalidProof', checked.reason)
+  const reporter = clientIndex(s, event.from)
+  if (reporter < 0) throw new Reject('UnknownClient', `reporter ${event.from} is not a client of this epoch`)
+  const i = clientIndex(s, checked.producer)
+  const round = s.epoch.round
+  const inRound = round && round.step === checked.step && (s.run_state === 'RoundTrain' || s.run_state === 'RoundWitness') && round.roster.includes(checked.producer)
+  const current = inRound ? round : null
+  if (i < 0 && !current) throw new Reject('UnknownClient', `client ${checked.producer} is not in this epoch`)
+  if (current?.excluded.includes(checked.producer) || (!current && s.epoch.clients[i].state === 'Ejected')) {
+    throw new Reject('DuplicateAccusation', `client ${checked.producer} is already ejected`)
+  }
+  return ejectAndExclude(s, checked.producer, current)
+}
+
 function onPause(s: CoordinatorState, now: number): CoordinatorState {
   if (HALTED.includes(s.run_state)) throw new Reject('Halted', `the run is already ${s.run_state}`)
   if (ACTIVE.includes(s.run_state)) return {...s, pending_pause: true}
@@ -416,6 +463,12 @@ function apply(s: CoordinatorState, event: CoordinatorEvent, now: number): Coord
       checkId(event.from, 'from')
       if (HALTED.includes(s.run_state)) throw new Reject('Halted', `the run is ${s.run_state}`)
       return onHealthCheck(s, event)
+    case 'accuse':
+      checkId(event.from, 'from')
+      return onAccuse(s, event)
+    case 'equivocation':
+      checkId(event.from, 'from')
+      return onEquivocation(s, event)
     case 'pause':
       return onPause(s, now)
     case 'resume':

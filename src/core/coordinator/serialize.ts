@@ -20,5 +20,12 @@ export function deserializeState(text: string): CoordinatorState {
   if (state?.version !== 1) throw new RangeError(`coordinator state: version ${JSON.stringify(state?.version)}: expected 1`)
   if (!RUN_STATES.includes(state.run_state)) throw new RangeError(`coordinator state: run_state ${JSON.stringify(state.run_state)}: expected one of ${RUN_STATES.join(', ')}`)
   if (!Array.isArray(state.epoch?.clients) || !Array.isArray(state.pending)) throw new RangeError('coordinator state: epoch.clients and pending must be arrays')
+  // States saved before rounds recorded accusations and exclusions: none then.
+  for (const r of [state.epoch.round, state.epoch.previous_round]) {
+    if (r && typeof r === 'object') {
+      r.accusations ??= []
+      r.excluded ??= []
+    }
+  }
   return state
 }

@@ -1,3 +1,4 @@
+import type {EquivocationProof} from '../verify/equivocation.js'
 import type {CheckpointConfig, CoordinatorConfig, HubRepo, LLMConfig, RunState} from '../config/types.js'
 
 export type {RunState} from '../config/types.js'
@@ -42,6 +43,22 @@ export interface Round {
   /** Client ids in epoch order at the round's start: the trainers. */
   roster: ClientId[]
   witnesses: WitnessRecord[]
+  /** Accusations against this round's results by its witnesses (one per accuser and accused). */
+  accusations: Accusation[]
+  /**
+   * Trainers whose results of this round no replica applies: a witness quorum found them invalid, or the
+   * producer equivocated (signed two results for the step). Final with the round, like its witness records.
+   */
+  excluded: ClientId[]
+}
+
+/** Why a witness accuses a trainer of a round. */
+export type AccusationReason = 'invalid_result'
+
+export interface Accusation {
+  from: ClientId
+  accused: ClientId
+  reason: AccusationReason
 }
 
 export interface EpochState {
@@ -94,6 +111,11 @@ export interface WitnessProof {
  * - pause / resume / config_update: the run's authority.
  * - checkpoint: a client uploaded the model at the end of the epoch (Cooldown).
  * - eject: the authority removes a client (ours: Psyche has the state but no event).
+ * - accuse: a witness of the current round found `accused`'s result invalid (it does not decode or validate
+ *   against the run's model). A quorum of the round's witnesses accusing the same trainer ejects it and
+ *   excludes its result from the round.
+ * - equivocation: `proof` holds two different results' announcements signed by one producer for one step;
+ *   the producer is ejected at once, and if the step is the current round, excluded from it.
  */
 export type CoordinatorEvent =
   | {type: 'join'; id: ClientId}
@@ -106,6 +128,8 @@ export type CoordinatorEvent =
   | {type: 'checkpoint'; from: ClientId; repo: HubRepo}
   | {type: 'config_update'; config?: CoordinatorConfig; model?: {LLM: LLMConfig}}
   | {type: 'eject'; id: ClientId}
+  | {type: 'accuse'; from: ClientId; step: number; accused: ClientId; reason: AccusationReason}
+  | {type: 'equivocation'; from: ClientId; proof: EquivocationProof}
 
 export type RejectionCode =
   | 'Halted'
@@ -118,6 +142,9 @@ export type RejectionCode =
   | 'WrongStep'
   | 'NoActiveRound'
   | 'InvalidHealthCheck'
+  | 'InvalidAccusation'
+  | 'DuplicateAccusation'
+  | 'InvalidProof'
   | 'AlreadyCheckpointed'
   | 'CannotResume'
   | 'InvalidConfig'

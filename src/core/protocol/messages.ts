@@ -1,7 +1,8 @@
 import {createHash} from 'node:crypto'
 import {MAX_RUN_ID_BYTES} from '../config/run-config.js'
 import type {HubRepo} from '../config/types.js'
-import type {ClientId, CoordinatorState, WitnessProof} from '../coordinator/types.js'
+import type {AccusationReason, ClientId, CoordinatorState, WitnessProof} from '../coordinator/types.js'
+import type {EquivocationProof} from '../verify/equivocation.js'
 import {deserializeState} from '../coordinator/serialize.js'
 import {encodeFrame} from './frames.js'
 import {isIdentityId, signBytes, verifyBytes, type Identity} from './identity.js'
@@ -24,6 +25,8 @@ import {isIdentityId, signBytes, verifyBytes, type Identity} from './identity.js
  * client → server  hello {run_id, client_id, p2p_addrs, want_join}   (first message; seq 1)
  *                  witness {proof}          step = the round it witnesses (in Warmup: "model loaded")
  *                  health_check {accused}   step = the current step when sent
+ *                  accuse {accused, reason} step = the round whose result the witness found invalid
+ *                  equivocation {proof}     two signed announcements of one producer for one step
  *                  withdraw {}
  *                  checkpoint {repo}
  * server → client  challenge {session}      (first message, as soon as the TCP connection opens)
@@ -60,6 +63,13 @@ export interface WitnessBody {
 export interface HealthCheckBody {
   accused: ClientId[]
 }
+export interface AccuseBody {
+  accused: ClientId
+  reason: AccusationReason
+}
+export interface EquivocationBody {
+  proof: EquivocationProof
+}
 export type WithdrawBody = Record<string, never>
 export interface CheckpointBody {
   repo: HubRepo
@@ -94,6 +104,8 @@ export interface ClientBodies {
   hello: HelloBody
   witness: WitnessBody
   health_check: HealthCheckBody
+  accuse: AccuseBody
+  equivocation: EquivocationBody
   withdraw: WithdrawBody
   checkpoint: CheckpointBody
 }
@@ -226,6 +238,19 @@ const clientBodyCheckers: {[K in ClientKind]: (b: Obj) => ClientBodies[K]} = {
     if (!Array.isArray(b.accused) || b.accused.length === 0) throw new Invalid('health_check.accused must be a non-empty list')
     if (b.accused.length > MAX_ACCUSED) throw new Invalid(`health_check.accused has more than ${MAX_ACCUSED} entries`)
     return {accused: b.accused.map((x, i) => id(x, `health_check.accused[${i}]`))}
+  },
+  accuse(b) {
+    exactKeys(b, ['accused', 'reason'], [], 'accuse')
+    if (b.reason !== 'invalid_result') throw new Invalid('accuse.reason must be "invalid_result"')
+    return {accused: id(b.accused, 'accuse.accused'), reason: b.reason}
+  },
+  equivocation(b) {
+    exactKeys(b, ['proof'], [], 'equivocation')
+    if (!isObj(b.proof)) throw new Invalid('equivocation.proof must be an object')
+    exactKeys(b.proof, ['a', 'b'], [], 'equivocation.proof')
+    // The coordinator checks the signatures (checkEquivocation); the frame size already bounds the rest.
+    if (!isObj(b.proof.a) || !isObj(b.proof.b)) throw new Invalid('equivocation.proof.a and .b must be announcements')
+    return {proof: b.proof as unknown as EquivocationProof}
   },
   withdraw(b) {
     exactKeys(b, [], [], 'withdraw')

@@ -1,7 +1,8 @@
 import {EventEmitter} from 'node:events'
 import {connect as tcpConnect, type Socket} from 'node:net'
 import type {HubRepo} from '../../config/types.js'
-import type {ClientId, CoordinatorState, WitnessProof} from '../../coordinator/types.js'
+import type {AccusationReason, ClientId, CoordinatorState, WitnessProof} from '../../coordinator/types.js'
+import type {EquivocationProof} from '../../verify/equivocation.js'
 import {parseHostPort} from '../../data/tcp.js'
 import {PsycheError} from '../../errors.js'
 import {DEFAULT_MAX_FRAME_BYTES, FrameReader} from '../../protocol/frames.js'
@@ -118,6 +119,15 @@ export class CoordinatorConnection extends EventEmitter implements CoordinatorBa
 
   sendHealthCheck(step: number, accused: ClientId[]): boolean {
     return this.send('health_check', {accused}, step)
+  }
+
+  /** As a witness of `step`: `accused`'s result for it is invalid. */
+  sendAccusation(step: number, accused: ClientId, reason: AccusationReason): boolean {
+    return this.send('accuse', {accused, reason}, step)
+  }
+
+  sendEquivocation(proof: EquivocationProof): boolean {
+    return this.send('equivocation', {proof}, proof.a.step)
   }
 
   sendWithdraw(): boolean {

@@ -374,6 +374,10 @@ export class CoordinatorServer {
           m.kind === 'witness' ? {type: 'witness', from, step: m.step, proof: m.body.proof} : {type: 'health_check', from, accused: m.body.accused}
         return this.applyFrom(s, m.kind, event)
       }
+      case 'accuse':
+        return this.applyFrom(s, m.kind, {type: 'accuse', from, step: m.step, accused: m.body.accused, reason: m.body.reason})
+      case 'equivocation':
+        return this.applyFrom(s, m.kind, {type: 'equivocation', from, proof: m.body.proof})
       case 'withdraw':
         return this.applyFrom(s, m.kind, {type: 'withdraw', id: from})
       case 'checkpoint':

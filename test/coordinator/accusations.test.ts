@@ -1,0 +1,115 @@
+import assert from 'node:assert/strict'
+import {describe, it} from 'node:test'
+import {batchRangeFor, deserializeState, selectWitnesses, serializeState, tick, type CoordinatorState} from '../../src/core/coordinator/index.js'
+import {signAnnouncement} from '../../src/core/p2p/announcement.js'
+import {generateIdentity, identityFromSeed} from '../../src/core/protocol/identity.js'
+import {checkEquivocation} from '../../src/core/verify/equivocation.js'
+import {ok, rejected, toFirstRound, witnessAll} from './helpers.js'
+
+/** Ticks one time unit at a time until the phase changes. */
+function tickUntilChange(state: CoordinatorState, now: number): {state: CoordinatorState; now: number} {
+  const phase = state.run_state
+  for (let i = 0; i < 1_000_000; i++) {
+    state = tick(state, ++now)
+    if (state.run_state !== phase) return {state, now}
+  }
+  throw new Error(`stayed in ${phase}`)
+}
+
+const people = Array.from({length: 4}, (_, i) => identityFromSeed(Buffer.alloc(32, i + 1)))
+const idsOf = people.map((p) => p.id)
+
+function firstRound(config = {witness_nodes: 0, min_clients: 2}): {state: CoordinatorState; now: number} {
+  return toFirstRound(idsOf, config)
+}
+
+function announce(state: CoordinatorState, who: number, commitmentByte: number, step = state.epoch.round!.step) {
+  const range = batchRangeFor(state, people[who].id, state.epoch.round!)!
+  return signAnnouncement(people[who], {run_id: state.run_id, step, client_id: people[who].id, batch_start: range.start, batch_end: range.end, commitment: Buffer.alloc(32, commitmentByte).toString('hex'), size: 100})
+}
+
+function stateOf(s: CoordinatorState, id: string): string | undefined {
+  return s.epoch.clients.find((c) => c.id === id)?.state
+}
+
+describe('accusations of invalid results', () => {
+  it('a witness quorum accusing one trainer ejects it and excludes its result from the round; fewer do nothing', () => {
+    let {state: s, now} = firstRound()
+    const round = s.epoch.round!
+    const witnesses = selectWitnesses(s)
+    assert.equal(witnesses.length, 4) // quorum of 4 witnesses: 2
+    const [bad, w1, w2] = [idsOf[3], ...witnesses.filter((w) => w !== idsOf[3])]
+    s = ok(s, {type: 'accuse', from: w1, step: round.step, accused: bad, reason: 'invalid_result'}, now)
+    assert.equal(stateOf(s, bad), 'Healthy')
+    assert.deepEqual(s.epoch.round!.excluded, [])
+    rejected(s, {type: 'accuse', from: w1, step: round.step, accused: bad, reason: 'invalid_result'}, now, 'DuplicateAccusation')
+    s = ok(s, {type: 'accuse', from: w2, step: round.step, accused: bad, reason: 'invalid_result'}, now)
+    assert.equal(stateOf(s, bad), 'Ejected')
+    assert.deepEqual(s.epoch.round!.excluded, [bad])
+    assert.deepEqual(s.epoch.round!.accusations.map((a) => a.from), [w1, w2])
+    // The record survives serialization, is final with the round, and the ejected client leaves at its end.
+    assert.deepEqual(deserializeState(serializeState(s)).epoch.round!.excluded, [bad])
+    s = witnessAll(s, now)
+    assert.equal(s.run_state, 'RoundWitness')
+    ;({state: s, now} = tickUntilChange(s, now))
+    assert.equal(s.run_state, 'RoundTrain')
+    assert.deepEqual(s.epoch.previous_round!.excluded, [bad])
+    assert.ok(!s.epoch.round!.roster.includes(bad))
+    assert.deepEqual(s.epoch.exited.map((c) => [c.id, c.state]), [[bad, 'Ejected']])
+    // The finished round cannot be accused any more.
+    rejected(s, {type: 'accuse', from: w1, step: round.step, accused: idsOf[2], reason: 'invalid_result'}, now, 'WrongStep')
+  })
+
+  it('rejects accusations from non-witnesses, of non-trainers, of oneself, with unknown reasons, outside rounds', () => {
+    const {state: s, now} = firstRound({witness_nodes: 1, min_clients: 2})
+    const step = s.epoch.round!.step
+    const [w] = selectWitnesses(s)
+    const other = idsOf.find((id) => id !== w)!
+    rejected(s, {type: 'accuse', from: other, step, accused: w, reason: 'invalid_result'}, now, 'InvalidAccusation')
+    rejected(s, {type: 'accuse', from: w, step, accused: 'stranger', reason: 'invalid_result'}, now, 'InvalidAccusation')
+    rejected(s, {type: 'accuse', from: w, step, accused: w, reason: 'invalid_result'}, now, 'InvalidAccusation')
+    rejected(s, {type: 'accuse', from: w, step, accused: other, reason: 'bad_vibes' as 'invalid_result'}, now, 'InvalidAccusation')
+    rejected(s, {type: 'accuse', from: w, step: step + 1, accused: other, reason: 'invalid_result'}, now, 'WrongStep')
+    // One witness is a quorum of one: it alone ejects.
+    const after = ok(s, {type: 'accuse', from: w, step, accused: other, reason: 'invalid_result'}, now)
+    assert.equal(stateOf(after, other), 'Ejected')
+  })
+})
+
+describe('equivocation', () => {
+  it('two signed announcements of different results for one step eject the producer and exclude it from the round', () => {
+    const {state: s0, now} = firstRound()
+    const proof = {a: announce(s0, 2, 1), b: announce(s0, 2, 2)}
+    const s = ok(s0, {type: 'equivocation', from: idsOf[0], proof}, now)
+    assert.equal(stateOf(s, idsOf[2]), 'Ejected')
+    assert.deepEqual(s.epoch.round!.excluded, [idsOf[2]])
+    rejected(s, {type: 'equivocation', from: idsOf[1], proof}, now, 'DuplicateAccusation')
+  })
+
+  it('a proof of an earlier step ejects without touching the current round', () => {
+    const {state: s0, now} = firstRound()
+    const proof = {a: announce(s0, 1, 1, 0), b: announce(s0, 1, 2, 0)}
+    const s = ok(s0, {type: 'equivocation', from: idsOf[0], proof}, now)
+    assert.equal(stateOf(s, idsOf[1]), 'Ejected')
+    assert.deepEqual(s.epoch.round!.excluded, [])
+  })
+
+  it('rejects proofs that do not hold', () => {
+    const {state: s, now} = firstRound()
+    const a = announce(s, 2, 1)
+    const same = {a, b: announce(s, 2, 1)}
+    rejected(s, {type: 'equivocation', from: idsOf[0], proof: same}, now, 'InvalidProof')
+    rejected(s, {type: 'equivocation', from: idsOf[0], proof: {a, b: announce(s, 3, 2)}}, now, 'InvalidProof')
+    rejected(s, {type: 'equivocation', from: idsOf[0], proof: {a, b: announce(s, 2, 2, 7)}}, now, 'InvalidProof')
+    const forged = {...announce(s, 2, 2), signature: announce(s, 3, 2).signature}
+    rejected(s, {type: 'equivocation', from: idsOf[0], proof: {a, b: forged}}, now, 'InvalidProof')
+    rejected(s, {type: 'equivocation', from: idsOf[0], proof: {a, b: {...announce(s, 2, 2), run_id: 'other'}}}, now, 'InvalidProof')
+    rejected(s, {type: 'equivocation', from: idsOf[0], proof: {a} as never}, now, 'InvalidProof')
+    rejected(s, {type: 'equivocation', from: 'stranger', proof: {a, b: announce(s, 2, 2)}}, now, 'UnknownClient')
+    // A well-signed pair by someone outside the run.
+    const outsider = generateIdentity()
+    const o = (c: number) => signAnnouncement(outsider, {...a, client_id: outsider.id, commitment: Buffer.alloc(32, c).toString('hex')})
+    assert.equal(checkEquivocation({a: o(1), b: o(2)}, s.run_id).ok, true)
+    rejected(s, {type: 'equivocation', from: idsOf[0], proof: {a: o(1), b: o(2)}}, now, 'UnknownClient')
+  })
+})
