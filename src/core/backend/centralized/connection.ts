@@ -13,6 +13,7 @@ import type {CoordinatorBackend, PeerDirectory, RejectionInfo} from '../index.js
 export interface ConnectOptions {
   /** The server, as host:port. */
   addr: string
+  /** The run; '' to watch whichever run the server coordinates (as its challenge names it; with join: false only). */
   runId: string
   identity: Identity
   /** Our libp2p multiaddrs, published to the other clients through the server's peer directory. */
@@ -82,7 +83,15 @@ export class CoordinatorConnection extends EventEmitter implements CoordinatorBa
     this.log = opts.log ?? (() => {})
     this.serverId = opts.serverId
     this.target = parseHostPort(opts.addr, 'coordinator address')
+    this.runId = opts.runId
+    if (opts.runId === '' && opts.join) throw new PsycheError('joining a run needs its run id')
   }
+
+  /** The server's clock (the coordinator's `now`) in its last state push. */
+  serverTime: number | undefined
+
+  /** The run followed: the one asked for, or the server's (runId ''), once its challenge arrived. */
+  runId: string
 
   /** Connects, says hello, and resolves once welcomed and given the first state. A refusal (wrong run id...) is a PsycheError with the server's reason. */
   static async connect(opts: ConnectOptions): Promise<CoordinatorConnection> {
@@ -157,7 +166,7 @@ export class CoordinatorConnection extends EventEmitter implements CoordinatorBa
     const link = this.link
     if (this.closed || !link?.session || !link.welcomed || link.socket.destroyed || !link.socket.writable) return false
     link.seq += 1
-    link.socket.write(encodeClientMessage(this.opts.identity, kind, {run_id: this.opts.runId, step, seq: link.seq, session: link.session}, body))
+    link.socket.write(encodeClientMessage(this.opts.identity, kind, {run_id: this.runId, step, seq: link.seq, session: link.session}, body))
     return true
   }
 
@@ -226,18 +235,19 @@ export class CoordinatorConnection extends EventEmitter implements CoordinatorBa
     if (link.session && m.session !== link.session) return this.drop(link, 'wrong_session', 'message bound to another connection')
     if (m.seq <= link.serverSeq) return this.drop(link, 'replayed_seq', `sequence number ${m.seq} is not above ${link.serverSeq}`)
     // challenge and rejected may name another run (we may have dialed the wrong server); welcome and state may not.
-    if ((m.kind === 'welcome' || m.kind === 'state') && m.run_id !== this.opts.runId) return this.drop(link, 'wrong_run_id', `message for run "${m.run_id}"`)
+    if ((m.kind === 'welcome' || m.kind === 'state') && m.run_id !== this.runId) return this.drop(link, 'wrong_run_id', `message for run "${m.run_id}"`)
     link.serverSeq = m.seq
     switch (m.kind) {
       case 'challenge': {
         if (link.session) return this.drop(link, 'unexpected', 'a second challenge')
         link.session = m.body.session
         link.serverId = m.from
+        if (this.runId === '') this.runId = m.run_id
         if (this.serverId && this.serverId !== m.from) this.log({event: 'server_identity_changed', previous: this.serverId, now: m.from})
         this.serverId = m.from
         link.seq += 1
-        const hello = {run_id: this.opts.runId, client_id: this.opts.identity.id, p2p_addrs: this.opts.p2pAddrs, want_join: this.opts.join}
-        link.socket.write(encodeClientMessage(this.opts.identity, 'hello', {run_id: this.opts.runId, step: this.state?.progress.step ?? 0, seq: link.seq, session: link.session}, hello))
+        const hello = {run_id: this.runId, client_id: this.opts.identity.id, p2p_addrs: this.opts.p2pAddrs, want_join: this.opts.join}
+        link.socket.write(encodeClientMessage(this.opts.identity, 'hello', {run_id: this.runId, step: this.state?.progress.step ?? 0, seq: link.seq, session: link.session}, hello))
         return undefined
       }
       case 'welcome':
@@ -247,9 +257,10 @@ export class CoordinatorConnection extends EventEmitter implements CoordinatorBa
         return undefined
       case 'state': {
         if (!link.welcomed) return this.drop(link, 'unexpected', 'state before welcome')
-        if (m.body.state.run_id !== this.opts.runId) return this.drop(link, 'wrong_run_id', `state of run "${m.body.state.run_id}"`)
+        if (m.body.state.run_id !== this.runId) return this.drop(link, 'wrong_run_id', `state of run "${m.body.state.run_id}"`)
         this.state = m.body.state
         this.peers = m.body.peers
+        this.serverTime = m.body.server_time
         const first = !link.gotState
         link.gotState = true
         this.emit('state', this.state, this.peers)
