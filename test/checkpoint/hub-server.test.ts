@@ -26,7 +26,7 @@ describe('hub server: the routes @huggingface/hub uses', () => {
       useXet: false,
       files: [
         {path: 'config.json', content: new Blob(['{"model_type": "llama"}\n'])},
-        {path: 'model.safetensors', content: new Blob([big])},
+        {path: 'model.safetensors', content: new Blob([new Uint8Array(big)])},
         {path: 'a/b/c.txt', content: new Blob(['deep'])},
         {path: 'a/d.bin', content: new Blob([Buffer.from([0, 1, 2, 3])])},
       ],
