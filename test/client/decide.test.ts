@@ -1,6 +1,7 @@
 import assert from 'node:assert/strict'
 import {describe, it} from 'node:test'
 import {
+  FORMAT_INVALID,
   acceptedResults,
   finalRounds,
   messagesToSend,
@@ -16,7 +17,7 @@ const COMMIT = '01'.repeat(32)
 const OTHER = '02'.repeat(32)
 
 function view(id: string, over: Partial<ClientView> = {}): ClientView {
-  return {id, modelStep: null, trainedStep: 0, warmupReported: null, witnessSent: new Set(), healthChecked: new Set(), finalRounds: new Map(), results: new Map(), ...over}
+  return {id, modelStep: null, trainedStep: 0, warmupReported: null, witnessSent: new Set(), healthChecked: new Set(), finalRounds: new Map(), results: new Map(), accused: new Set(), ...over}
 }
 
 /** What a client holds for a round: every trainer's result (or those in `from`), downloaded, with `commitment`. */
@@ -166,6 +167,47 @@ describe('client decisions: rounds', () => {
     assert.equal(nextWork(state, view('bob', {modelStep: 2, trainedStep: 2, finalRounds: rounds})), undefined)
     // round 1 never seen: cannot apply round 2 (it would fork); stays behind
     assert.equal(nextWork(state, view('bob', {modelStep: 0, trainedStep: 2, finalRounds: new Map([[2, rounds.get(2)!]])})), undefined)
+  })
+})
+
+describe('client decisions: invalid results', () => {
+  const witnesses3 = {witness_nodes: 3}
+
+  it('a witness does not attest an invalid result, accuses its producer once, and still witnesses the rest at once', () => {
+    const {state} = toFirstRound(IDS, witnesses3)
+    const round = state.epoch.round!
+    const results = held(state, round)
+    results.get('carol')!.invalid = `${FORMAT_INVALID}bad magic`
+    const v = view('alice', {modelStep: 0, trainedStep: 1, results: new Map([[1, results]])})
+    const messages = messagesToSend(state, v)
+    const proof = messages.find((m) => m.kind === 'witness')
+    assert.ok(proof && proof.kind === 'witness')
+    assert.deepEqual(proof.seen.map((r) => r.client_id).sort(), ['alice', 'bob'])
+    assert.deepEqual(messages.filter((m) => m.kind === 'accuse'), [{kind: 'accuse', step: 1, accused: 'carol', detail: `${FORMAT_INVALID}bad magic`}])
+    assert.deepEqual(messagesToSend(state, {...v, witnessSent: new Set([1]), accused: new Set(['1:carol'])}), [])
+    // The coordinator takes it from a witness.
+    ok(state, {type: 'accuse', from: 'alice', step: 1, accused: 'carol', reason: 'invalid_result'}, 1)
+  })
+
+  it('a witnessed result that fails validation is dropped at apply time; an excluded producer is neither applied nor waited for', () => {
+    let {state, now} = toFirstRound(IDS, witnesses3)
+    state = witness(state, now)
+    while (state.run_state !== 'RoundTrain' || state.epoch.round!.step !== 2) ({state, now} = advance(state, now))
+    const [previous] = finalRounds(state)
+    const mine = held(state, previous)
+    mine.get('bob')!.invalid = `${FORMAT_INVALID}duplicate index in chunk 3`
+    // A copy flagged by what this client saw is not a property of the bytes: a witnessed one is applied.
+    mine.get('carol')!.invalid = 'a copy of alice\'s result'
+    const r = acceptedResults(state, previous, mine)
+    assert.deepEqual(r.accepted.map((x) => x.client_id).sort(), ['alice', 'carol'])
+    assert.deepEqual(r.dropped.map((x) => x.client_id), ['bob'])
+    assert.deepEqual(r.missing, [])
+    // Excluded in the round's record (e.g. an equivocation proof): dropped by everyone, even when witnessed.
+    const excluded = {...previous, excluded: ['carol']}
+    mine.delete('carol')
+    const e = acceptedResults(state, excluded, mine)
+    assert.deepEqual(e.accepted.map((x) => x.client_id), ['alice'])
+    assert.deepEqual(e.missing, [])
   })
 })
 

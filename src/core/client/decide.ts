@@ -8,6 +8,9 @@ import {
   type CoordinatorState,
   type Round,
 } from '../coordinator/index.js'
+import {FORMAT_INVALID} from '../verify/intake.js'
+
+export {FORMAT_INVALID}
 
 /**
  * The client's decisions, as pure functions of (coordinator state, what this client holds). The I/O loop
@@ -35,6 +38,12 @@ export interface HeldResult {
   /** sha256 hex of the blob. */
   commitment: string
   bytes?: Uint8Array
+  /**
+   * Why this result is not counted (set once its bytes arrived and failed validation: it does not decode
+   * against the run's model, it copies or replays another result, its producer equivocated). Never witnessed,
+   * never applied; its producer is accused.
+   */
+  invalid?: string
 }
 
 export interface ClientView {
@@ -53,6 +62,8 @@ export interface ClientView {
   finalRounds: ReadonlyMap<number, Round>
   /** Results announced for each step, by producer (first valid announcement per producer wins). */
   results: ReadonlyMap<number, ReadonlyMap<ClientId, HeldResult>>
+  /** `${step}:${producer}` of the invalid results this client already accused. */
+  accused?: ReadonlySet<string>
 }
 
 export type Work =
@@ -71,6 +82,8 @@ export type Message =
   | {kind: 'warmup_ready'; epoch: number}
   | {kind: 'witness'; step: number; seen: HeldResult[]}
   | {kind: 'health_check'; step: number; judged: number; accused: ClientId[]}
+  /** As a witness of `step`: `accused`'s result failed validation (`detail` says how). */
+  | {kind: 'accuse'; step: number; accused: ClientId; detail: string}
 
 const ROUND_PHASES = new Set(['RoundTrain', 'RoundWitness'])
 const EPOCH_PHASES = new Set(['Warmup', 'RoundTrain', 'RoundWitness', 'Cooldown'])
@@ -116,15 +129,32 @@ function commitmentBytes(hex: string): Uint8Array {
  * quorum saw (participant bloom) whose confirmed result we hold no announcement of — the caller waits for
  * those, since applying without them would fork this replica.
  */
-export function acceptedResults(state: CoordinatorState, round: Round, held: ReadonlyMap<ClientId, HeldResult> | undefined): {accepted: HeldResult[]; missing: ClientId[]} {
+export function acceptedResults(state: CoordinatorState, round: Round, held: ReadonlyMap<ClientId, HeldResult> | undefined): {accepted: HeldResult[]; missing: ClientId[]; dropped: HeldResult[]} {
   const accepted: HeldResult[] = []
   const missing: ClientId[] = []
+  const dropped: HeldResult[] = []
+  const excluded = new Set(round.excluded ?? [])
   for (const {id, range} of trainersWithBatches(state, round)) {
+    // The round's record excludes it (a witness quorum found it invalid, or its producer equivocated).
+    if (excluded.has(id)) continue
     const r = held?.get(id)
-    if (r && belongsToRound(state, round, r) && isResultWitnessed(state, round, id, range, commitmentBytes(r.commitment))) accepted.push(r)
-    else if (isTrainerHealthy(state, round, id)) missing.push(id)
+    if (r && belongsToRound(state, round, r) && isResultWitnessed(state, round, id, range, commitmentBytes(r.commitment))) {
+      // Witnessed, yet it fails validation: every replica holds the same bytes (they hash to the witnessed
+      // commitment) and validates them the same way, so every replica drops it.
+      if (r.bytes && r.invalid !== undefined && isFormatInvalid(r)) dropped.push(r)
+      else accepted.push(r)
+    } else if (isTrainerHealthy(state, round, id)) missing.push(id)
   }
-  return {accepted, missing}
+  return {accepted, missing, dropped}
+}
+
+/**
+ * True when the result's own bytes are invalid. Only that drops a witnessed result at apply time: it is the
+ * same on every replica. Reasons that depend on what this client saw (copies, replays, equivocation) keep a
+ * client from witnessing, never from applying what a quorum witnessed.
+ */
+function isFormatInvalid(r: HeldResult): boolean {
+  return r.invalid?.startsWith(FORMAT_INVALID) ?? false
 }
 
 /** The next piece of work for the worker, or undefined when there is nothing to do until something changes. */
@@ -183,11 +213,20 @@ export function messagesToSend(state: CoordinatorState, view: ClientView): Messa
   // may have lost it), and a proof the coordinator already holds must not be sent twice.
   if (!view.witnessSent.has(round.step) && !round.witnesses.some((w) => w.from === id)) {
     const held = view.results.get(round.step)
-    const seen = trainersWithBatches(state, round)
+    const arrived = trainersWithBatches(state, round)
       .map(({id: t}) => held?.get(t))
       .filter((r): r is HeldResult => r !== undefined && r.bytes !== undefined && belongsToRound(state, round, r))
+    // A witness never attests a result that failed validation.
+    const seen = arrived.filter((r) => r.invalid === undefined)
     // Opportunistic: as soon as every trainer's result is here; otherwise with what we have once training time is up.
-    if (seen.length === trainersWithBatches(state, round).length || state.run_state === 'RoundWitness') out.push({kind: 'witness', step: round.step, seen})
+    if (arrived.length === trainersWithBatches(state, round).length || state.run_state === 'RoundWitness') out.push({kind: 'witness', step: round.step, seen})
+  }
+
+  // Accuse the producers of this round's invalid results (the coordinator ejects on a witness quorum).
+  for (const r of view.results.get(round.step)?.values() ?? []) {
+    if (r.invalid !== undefined && r.client_id !== id && !view.accused?.has(`${round.step}:${r.client_id}`) && belongsToRound(state, round, r) && !round.excluded?.includes(r.client_id)) {
+      out.push({kind: 'accuse', step: round.step, accused: r.client_id, detail: r.invalid})
+    }
   }
 
   // Health checks judge the previous round, whose witness records are final: its trainers with batches that no
