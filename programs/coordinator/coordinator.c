@@ -1,0 +1,860 @@
+/*
+ * psyche coordinator: the run's state machine as a Solana program (sBPF v0).
+ *
+ * The rules are those of src/core/coordinator/machine.ts (the reference); function names follow it.
+ * The account layout is `State` below; src/core/backend/solana/layout.ts decodes it and
+ * docs in programs/README.md list it. Every instruction either applies completely or fails with a
+ * custom error code (the runtime then discards every change), so the rules can mutate in place.
+ *
+ * Limits of sBPF shape the code: at most 5 arguments per function, no signed division, no mutable
+ * globals, 4 KiB stack frames (big structures live in the account, never on the stack).
+ */
+#include "sbpf.h"
+
+/* ---- capacity limits of one coordinator account ---- */
+#define MAX_CLIENTS 64     /* clients in an epoch; also pending joiners, exited clients, warmup reports */
+#define MAX_WITNESSES 32   /* witness proofs per round (MAX_AUTO_WITNESSES in rules.ts) */
+#define BLOOM_MAX 80       /* bytes of one witness bloom: the filter for MAX_CLIENTS trainers is 77 */
+#define RUN_ID_MAX 32      /* a PDA seed is at most 32 bytes */
+#define REPO_MAX 96
+#define REVISION_MAX 64
+#define MODEL_JSON_MAX 4096
+#define SHUFFLE_ROUNDS 90
+#define MAGIC 0x44524f4f43595350ull /* "PSYCOORD" */
+#define LAYOUT_VERSION 1
+
+/* ---- errors: custom program error codes (1..14 mirror RejectionCode in coordinator/types.ts) ---- */
+enum {
+  E_HALTED = 1,
+  E_INVALID_RUN_STATE,
+  E_ALREADY_JOINED,
+  E_UNKNOWN_CLIENT,
+  E_INVALID_WITHDRAW,
+  E_INVALID_WITNESS,
+  E_DUPLICATE_WITNESS,
+  E_WRONG_STEP,
+  E_NO_ACTIVE_ROUND,
+  E_INVALID_HEALTH_CHECK,
+  E_ALREADY_CHECKPOINTED,
+  E_CANNOT_RESUME,
+  E_INVALID_CONFIG,
+  E_INVALID_EVENT,
+  E_INVALID_INSTRUCTION = 100,
+  E_WRONG_ACCOUNT,
+  E_UNAUTHORIZED,
+  E_CAPACITY,
+  E_MISSING_SIGNATURE,
+  E_NOT_WRITABLE,
+  E_WRONG_PDA,
+  E_NOT_PERMITTED,
+};
+
+/* ---- run states (RUN_STATES order in config/types.ts) ---- */
+enum { UNINITIALIZED = 0, WAITING_FOR_MEMBERS, WARMUP, ROUND_TRAIN, ROUND_WITNESS, COOLDOWN, FINISHED, PAUSED };
+/* ---- client states ---- */
+enum { HEALTHY = 0, DROPPED, WITHDRAWN, EJECTED };
+/* ---- checkpoint kinds ---- */
+enum { CK_NONE = 0, CK_EPHEMERAL, CK_DUMMY, CK_HUB, CK_P2P };
+
+static const u16 BLOOM_BITS[MAX_CLIENTS] = {64, 64, 64, 64, 64, 64, 72, 80, 88, 96, 112, 120, 128, 136, 144, 160, 168, 176, 184, 192, 208, 216, 224, 232, 240, 256, 264, 272, 280, 288, 304, 312, 320, 328, 336, 352, 360, 368, 376, 384, 400, 408, 416, 424, 432, 448, 456, 464, 472, 480, 496, 504, 512, 520, 528, 544, 552, 560, 568, 576, 592, 600, 608, 616};
+static const u8 BLOOM_HASHES[MAX_CLIENTS] = {16, 16, 15, 11, 9, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7};
+
+typedef struct {
+  u64 warmup_time, cooldown_time, epoch_time, rounds_per_epoch /* 0: not set */, max_round_train_time, round_witness_time;
+  u64 min_clients, init_min_clients, witness_nodes, verification_percent;
+  u64 global_batch_size_start, global_batch_size_end, global_batch_size_warmup_tokens, total_steps;
+  u64 waiting_for_members_extra_time;
+} Config; /* 120 bytes */
+
+typedef struct {
+  u8 kind, repo_len, revision_len, has_revision, pad[4];
+  u8 repo[REPO_MAX];
+  u8 revision[REVISION_MAX];
+} Checkpoint; /* 168 bytes */
+
+typedef struct {
+  u8 key[32];
+  u64 state;
+  u64 exited_height;
+} ClientRec; /* 48 bytes */
+
+typedef struct {
+  u8 from[32];
+  u8 participant_bloom[BLOOM_MAX];
+  u8 broadcast_bloom[BLOOM_MAX];
+} Witness; /* 192 bytes */
+
+typedef struct {
+  u64 step, height, data_index, batch_size, started_at, roster_len, witness_len, reserved;
+  u8 seed[32];
+  u8 roster[MAX_CLIENTS][32];
+  Witness witnesses[MAX_WITNESSES];
+} Round; /* 8288 bytes */
+
+typedef struct {
+  u64 magic, version;
+  u8 run_id[RUN_ID_MAX];
+  u64 run_id_len, bump;
+  u8 main_authority[32], join_authority[32];
+  u64 run_state, run_state_start;
+  u64 has_config;
+  Config config;
+  u64 max_seq_len, cold_start_warmup_steps;
+  Checkpoint checkpoint, checkpoint_fallback;
+  u8 seed[32];
+  u64 progress_epoch, progress_step, epoch_start_data_index;
+  u64 epoch_start_time, epoch_start_step, first_round, checkpointed, cold_start;
+  u64 clients_len, exited_len, warmup_len, pending_len, has_round, has_previous_round, pending_pause;
+  ClientRec clients[MAX_CLIENTS];
+  ClientRec exited[MAX_CLIENTS];
+  u8 warmup_witnesses[MAX_CLIENTS][32];
+  u8 pending[MAX_CLIENTS][32];
+  Round round, previous_round;
+  u64 model_json_len;
+  u8 model_json[MODEL_JSON_MAX];
+} State;
+
+/* The documented layout (programs/README.md, src/core/backend/solana/layout.ts). */
+_Static_assert(__builtin_offsetof(State, config) == 152, "layout");
+_Static_assert(__builtin_offsetof(State, seed) == 624, "layout");
+_Static_assert(__builtin_offsetof(State, clients) == 776, "layout");
+_Static_assert(__builtin_offsetof(State, round) == 11016, "layout");
+_Static_assert(__builtin_offsetof(State, model_json) == 27600, "layout");
+_Static_assert(sizeof(State) == 31696, "layout");
+
+#define ACTIVE(s) ((s) == ROUND_TRAIN || (s) == ROUND_WITNESS || (s) == COOLDOWN)
+#define HALTED(s) ((s) == UNINITIALIZED || (s) == FINISHED || (s) == PAUSED)
+
+static u64 fail(u64 code, const char *why) {
+  log(why);
+  return code;
+}
+
+/* ---- pure rules (rules.ts) ---- */
+
+static u64 witness_count(const State *s, u64 roster) {
+  u64 wanted = s->config.witness_nodes == 0 ? MAX_WITNESSES : s->config.witness_nodes;
+  return wanted < roster ? wanted : roster;
+}
+
+static u64 witness_quorum(u64 witnesses) {
+  if (witnesses <= 2) return witnesses;
+  if (witnesses == 3) return 2;
+  return (witnesses * 2) / 3;
+}
+
+/* Math.round(start + (end - start) * tokens / warmup), with end ≥ start (validated). */
+static u64 global_batch_size(const State *s, u64 tokens) {
+  const Config *c = &s->config;
+  if (tokens >= c->global_batch_size_warmup_tokens) return c->global_batch_size_end;
+  u64 w = c->global_batch_size_warmup_tokens;
+  return c->global_batch_size_start + ((c->global_batch_size_end - c->global_batch_size_start) * tokens * 2 + w) / (2 * w);
+}
+
+static void sub_seed(const u8 *seed, const char *label, u8 *out) {
+  u64 n = 0;
+  while (label[n]) n++;
+  sha256_2(seed, 32, (const u8 *)label, n, out);
+}
+
+/* Swap-or-not shuffle (shuffle.ts): where `index` lands among n; `inverse` runs the rounds backwards. */
+static u64 shuffle_index(u64 index, u64 n, const u8 *seed, int inverse) {
+  u8 buf[40];
+  u8 h[32];
+  copy(buf, seed, 32);
+  for (u64 i = 0; i < SHUFFLE_ROUNDS; i++) {
+    u64 r = inverse ? SHUFFLE_ROUNDS - 1 - i : i;
+    buf[32] = (u8)r;
+    sha256_2(buf, 33, NULL, 0, h);
+    u64 pivot = read_u64(h) % n;
+    u64 flip = (pivot + n - index) % n;
+    u64 position = index > flip ? index : flip;
+    u64 chunk = position / 256;
+    buf[33] = (u8)chunk;
+    buf[34] = (u8)(chunk >> 8);
+    buf[35] = (u8)(chunk >> 16);
+    buf[36] = (u8)(chunk >> 24);
+    sha256_2(buf, 37, NULL, 0, h);
+    if ((h[(position % 256) >> 3] >> (position % 8)) & 1) index = flip;
+  }
+  return index;
+}
+
+static i64 roster_index(const Round *r, const u8 *key) {
+  for (u64 i = 0; i < r->roster_len; i++)
+    if (equal(r->roster[i], key, 32)) return (i64)i;
+  return -1;
+}
+
+static int is_witness(const State *s, const Round *r, const u8 *key) {
+  i64 i = roster_index(r, key);
+  if (i < 0) return 0;
+  u8 seed[32];
+  sub_seed(r->seed, "witness", seed);
+  return shuffle_index((u64)i, r->roster_len, seed, 0) < witness_count(s, r->roster_len);
+}
+
+/* The batch range [start, end) of a roster member (rangeForPosition of its shuffled position). */
+static void batch_range(const Round *r, u64 index, u64 *start, u64 *end) {
+  u8 seed[32];
+  sub_seed(r->seed, "data", seed);
+  u64 n = r->roster_len;
+  u64 position = shuffle_index(index, n, seed, 0);
+  u64 base = r->batch_size / n;
+  u64 extra = r->batch_size % n;
+  *start = r->data_index + position * base + (position < extra ? position : extra);
+  *end = *start + base + (position < extra ? 1 : 0);
+}
+
+static const char BASE58[] = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz";
+
+/* A client's id as the reference spells it: its public key in base58. Returns the length. */
+static u64 base58(const u8 *key, u8 *out) {
+  u8 digits[48];
+  u64 len = 0;
+  for (u64 i = 0; i < 32; i++) {
+    u64 carry = key[i];
+    for (u64 j = 0; j < len; j++) {
+      carry += (u64)digits[j] << 8;
+      digits[j] = (u8)(carry % 58);
+      carry /= 58;
+    }
+    while (carry) {
+      digits[len++] = (u8)(carry % 58);
+      carry /= 58;
+    }
+  }
+  u64 n = 0;
+  for (u64 i = 0; i < 32 && key[i] == 0; i++) out[n++] = '1';
+  for (u64 j = len; j > 0; j--) out[n++] = BASE58[digits[j - 1]];
+  return n;
+}
+
+static int bloom_contains(const u8 *bloom, u64 bits, u64 hashes, const u8 *item32) {
+  u8 d[32];
+  sha256_2(item32, 32, NULL, 0, d);
+  u64 h1 = read_u32(d);
+  u64 h2 = read_u32(d + 4) | 1;
+  for (u64 i = 0; i < hashes; i++) {
+    u64 p = (h1 + i * h2) % bits;
+    if ((bloom[p >> 3] & (1 << (p & 7))) == 0) return 0;
+  }
+  return 1;
+}
+
+/* isTrainerHealthy: a quorum of the round's witnesses have the trainer in their participant bloom. */
+static int trainer_healthy(const State *s, const Round *r, const u8 *key) {
+  static const char prefix[] = "psyche/participant";
+  u8 item[19 + 44];
+  copy(item, prefix, 19); /* the label and its terminating NUL */
+  u64 n = base58(key, item + 19);
+  u8 k[32];
+  sha256_2(item, 19 + n, NULL, 0, k);
+  u64 size = r->roster_len ? r->roster_len : 1;
+  u64 bits = BLOOM_BITS[size - 1];
+  u64 hashes = BLOOM_HASHES[size - 1];
+  u64 score = 0;
+  for (u64 w = 0; w < r->witness_len; w++)
+    if (bloom_contains(r->witnesses[w].participant_bloom, bits, hashes, k)) score++;
+  return score >= witness_quorum(witness_count(s, r->roster_len));
+}
+
+/* ---- helpers over a state (machine.ts) ---- */
+
+static void change_state(State *s, u64 now, u64 next) {
+  s->run_state = next;
+  s->run_state_start = now;
+}
+
+static int timed_out(const State *s, u64 now, u64 duration) {
+  return now != s->run_state_start && now >= s->run_state_start + duration;
+}
+
+static i64 client_index(const State *s, const u8 *key) {
+  for (u64 i = 0; i < s->clients_len; i++)
+    if (equal(s->clients[i].key, key, 32)) return (i64)i;
+  return -1;
+}
+
+static i64 pending_index(const State *s, const u8 *key) {
+  for (u64 i = 0; i < s->pending_len; i++)
+    if (equal(s->pending[i], key, 32)) return (i64)i;
+  return -1;
+}
+
+static void remove_pending(State *s, u64 p) {
+  for (u64 i = p + 1; i < s->pending_len; i++) copy(s->pending[i - 1], s->pending[i], 32);
+  s->pending_len--;
+}
+
+static void move_exited(State *s, u64 height) {
+  u64 kept = 0;
+  for (u64 i = 0; i < s->clients_len; i++) {
+    ClientRec *c = &s->clients[i];
+    if (c->state == HEALTHY) {
+      if (kept != i) copy(&s->clients[kept], c, sizeof(ClientRec));
+      kept++;
+    } else {
+      /* exited_len < MAX_CLIENTS: each client of the epoch exits at most once */
+      ClientRec *e = &s->exited[s->exited_len++];
+      copy(e->key, c->key, 32);
+      e->state = c->state;
+      e->exited_height = height;
+    }
+  }
+  s->clients_len = kept;
+}
+
+static u64 current_height(const State *s) {
+  return s->has_round ? s->round.height : 0;
+}
+
+static u64 next_data_index(const State *s) {
+  return s->has_round ? s->round.data_index + s->round.batch_size : s->epoch_start_data_index;
+}
+
+/* Healthy clients go first in the pending list, then the other pending joiners. */
+__attribute__((noinline)) static void keep_healthy_as_pending(State *s) {
+  u8 list[MAX_CLIENTS][32];
+  u64 n = 0;
+  for (u64 i = 0; i < s->clients_len; i++)
+    if (s->clients[i].state == HEALTHY) copy(list[n++], s->clients[i].key, 32);
+  u64 carried = n;
+  for (u64 i = 0; i < s->pending_len; i++) {
+    int seen = 0;
+    for (u64 j = 0; j < carried; j++)
+      if (equal(list[j], s->pending[i], 32)) seen = 1;
+    if (!seen) copy(list[n++], s->pending[i], 32); /* n <= MAX_CLIENTS: join keeps pending + clients below it */
+  }
+  copy(s->pending, list, n * 32);
+  s->pending_len = n;
+}
+
+static void start_waiting_for_members(State *s, u64 now) {
+  u64 next = s->progress_step > s->config.total_steps ? FINISHED : WAITING_FOR_MEMBERS;
+  keep_healthy_as_pending(s);
+  change_state(s, now, next);
+}
+
+static void checkpoint_to_p2p(State *s) {
+  u8 kind = s->checkpoint.kind;
+  if (kind != CK_HUB && kind != CK_DUMMY) return;
+  copy(&s->checkpoint_fallback, &s->checkpoint, sizeof(Checkpoint));
+  s->checkpoint.kind = CK_P2P;
+}
+
+static void start_round_train(State *s, u64 now) {
+  move_exited(s, current_height(s));
+  int has_previous = !s->first_round;
+  u64 data_index = has_previous ? next_data_index(s) : s->epoch_start_data_index;
+  if (has_previous) copy(&s->previous_round, &s->round, sizeof(Round));
+  u8 step[8];
+  write_u64(step, s->progress_step);
+  sha256_2(s->seed, 32, step, 8, s->seed);
+  Round *r = &s->round;
+  u64 height = has_previous ? s->previous_round.height + 1 : 0;
+  zero(r, sizeof(Round));
+  r->step = s->progress_step;
+  r->height = height;
+  r->data_index = data_index;
+  r->batch_size = global_batch_size(s, data_index * s->max_seq_len);
+  copy(r->seed, s->seed, 32);
+  r->started_at = now;
+  r->roster_len = s->clients_len;
+  for (u64 i = 0; i < s->clients_len; i++) copy(r->roster[i], s->clients[i].key, 32);
+  s->has_round = 1;
+  s->has_previous_round = has_previous;
+  s->first_round = 0;
+  change_state(s, now, ROUND_TRAIN);
+}
+
+static void empty_epoch(State *s, u64 now) {
+  s->epoch_start_time = now;
+  s->epoch_start_step = s->progress_step;
+  s->first_round = 1;
+  s->checkpointed = 0;
+  s->clients_len = 0;
+  s->exited_len = 0;
+  s->warmup_len = 0;
+  s->has_round = 0;
+  s->has_previous_round = 0;
+  zero(s->exited, sizeof(s->exited));
+  zero(s->warmup_witnesses, sizeof(s->warmup_witnesses));
+  zero(&s->round, sizeof(Round));
+  zero(&s->previous_round, sizeof(Round));
+}
+
+/* ---- ticks ---- */
+
+static void tick_waiting_for_members(State *s, u64 now) {
+  if (s->pending_len < s->config.init_min_clients || !timed_out(s, now, s->config.waiting_for_members_extra_time)) return;
+  int previous_present = 0;
+  for (u64 i = 0; i < s->clients_len; i++)
+    if (pending_index(s, s->clients[i].key) >= 0) previous_present = 1;
+  if (!previous_present && s->checkpoint.kind == CK_P2P && s->checkpoint_fallback.kind != CK_NONE)
+    copy(&s->checkpoint, &s->checkpoint_fallback, sizeof(Checkpoint));
+  empty_epoch(s, now);
+  for (u64 i = 0; i < s->pending_len; i++) {
+    copy(s->clients[i].key, s->pending[i], 32);
+    s->clients[i].state = HEALTHY;
+    s->clients[i].exited_height = 0;
+  }
+  s->clients_len = s->pending_len;
+  s->pending_len = 0;
+  change_state(s, now, WARMUP);
+}
+
+static void tick_warmup(State *s, u64 now) {
+  move_exited(s, 0);
+  if (s->clients_len < s->config.min_clients) start_waiting_for_members(s, now);
+  else if (timed_out(s, now, s->config.warmup_time)) start_round_train(s, now);
+}
+
+static void start_cooldown(State *s, u64 now) {
+  change_state(s, now, COOLDOWN);
+}
+
+static void tick_round_witness(State *s, u64 now) {
+  if (!timed_out(s, now, s->config.round_witness_time)) return;
+  const Round *r = &s->round;
+  s->progress_step++;
+  move_exited(s, r->height);
+  u64 witnessed = r->witness_len;
+  if (witnessed == 0) {
+    for (u64 i = 0; i < s->clients_len; i++) s->clients[i].state = WITHDRAWN;
+    start_cooldown(s, now);
+    return;
+  }
+  int epoch_over = now >= s->epoch_start_time + s->config.epoch_time ||
+                   (s->config.rounds_per_epoch != 0 && r->height + 1 >= s->config.rounds_per_epoch);
+  if (epoch_over || s->clients_len < s->config.min_clients || witnessed < witness_quorum(witness_count(s, r->roster_len)) ||
+      s->progress_step > s->config.total_steps || s->pending_pause) {
+    start_cooldown(s, now);
+    return;
+  }
+  start_round_train(s, now);
+}
+
+static void tick_cooldown(State *s, u64 now) {
+  if (!timed_out(s, now, s->config.cooldown_time) && !s->checkpointed) return;
+  move_exited(s, current_height(s));
+  checkpoint_to_p2p(s);
+  s->progress_epoch++;
+  s->epoch_start_data_index = next_data_index(s);
+  if (s->pending_pause) {
+    s->pending_pause = 0;
+    s->cold_start = 1;
+    keep_healthy_as_pending(s);
+    change_state(s, now, PAUSED);
+    return;
+  }
+  s->cold_start = 0;
+  start_waiting_for_members(s, now);
+}
+
+static u64 on_tick(State *s, u64 now) {
+  switch (s->run_state) {
+    case WAITING_FOR_MEMBERS: tick_waiting_for_members(s, now); return 0;
+    case WARMUP: tick_warmup(s, now); return 0;
+    case ROUND_TRAIN:
+      if (timed_out(s, now, s->config.max_round_train_time)) change_state(s, now, ROUND_WITNESS);
+      return 0;
+    case ROUND_WITNESS: tick_round_witness(s, now); return 0;
+    case COOLDOWN: tick_cooldown(s, now); return 0;
+    default: return fail(E_HALTED, "the run is halted: nothing to tick");
+  }
+}
+
+/* ---- events ---- */
+
+static u64 on_join(State *s, const u8 *key) {
+  if (s->run_state == FINISHED) return fail(E_HALTED, "the run is Finished");
+  if (pending_index(s, key) >= 0) return fail(E_ALREADY_JOINED, "this client is already waiting to join");
+  i64 i = client_index(s, key);
+  if (i >= 0 && s->clients[i].state == HEALTHY && s->run_state != WAITING_FOR_MEMBERS && !HALTED(s->run_state))
+    return fail(E_ALREADY_JOINED, "this client is already training in this epoch");
+  if (s->pending_len + s->clients_len >= MAX_CLIENTS) return fail(E_CAPACITY, "the run is full (MAX_CLIENTS = 64 clients and joiners)");
+  copy(s->pending[s->pending_len++], key, 32);
+  return 0;
+}
+
+static u64 on_withdraw(State *s, const u8 *key, u64 eject) {
+  i64 p = pending_index(s, key);
+  if (p >= 0) remove_pending(s, (u64)p);
+  i64 i = client_index(s, key);
+  int in_epoch = i >= 0 && s->clients[i].state == HEALTHY && (eject || s->run_state == WARMUP || ACTIVE(s->run_state));
+  if (in_epoch) {
+    s->clients[i].state = eject ? EJECTED : WITHDRAWN;
+    return 0;
+  }
+  if (p >= 0) return 0;
+  return eject ? fail(E_UNKNOWN_CLIENT, "this client is neither training nor waiting to join")
+               : fail(E_INVALID_WITHDRAW, "this client is neither training nor waiting to join");
+}
+
+/* Witness proofs: in Warmup "model loaded" (blooms ignored), in a round the witness's blooms. */
+static u64 on_witness(State *s, u64 now, const u8 *key, const u8 *data, u64 len) {
+  if (HALTED(s->run_state)) return fail(E_HALTED, "the run is halted");
+  if (s->run_state == WARMUP) {
+    i64 i = client_index(s, key);
+    if (i < 0 || s->clients[i].state != HEALTHY) return fail(E_INVALID_WITNESS, "this client is not in this epoch");
+    for (u64 j = 0; j < s->warmup_len; j++)
+      if (equal(s->warmup_witnesses[j], key, 32)) return fail(E_DUPLICATE_WITNESS, "this client already reported in Warmup");
+    copy(s->warmup_witnesses[s->warmup_len++], key, 32);
+    if (s->warmup_len >= witness_count(s, s->clients_len)) start_round_train(s, now);
+    return 0;
+  }
+  if (s->run_state != ROUND_TRAIN && s->run_state != ROUND_WITNESS)
+    return fail(E_INVALID_RUN_STATE, "witness proofs are accepted in Warmup, RoundTrain and RoundWitness");
+  /* data: step u64, bloom length u8, participant bloom, broadcast bloom */
+  if (len < 9) return fail(E_INVALID_INSTRUCTION, "witness: expected step and blooms");
+  Round *r = &s->round;
+  if (read_u64(data) != r->step) return fail(E_WRONG_STEP, "witness proof for another step than the round's");
+  if (!is_witness(s, r, key)) return fail(E_INVALID_WITNESS, "this client is not a witness of the round");
+  for (u64 w = 0; w < r->witness_len; w++)
+    if (equal(r->witnesses[w].from, key, 32)) return fail(E_DUPLICATE_WITNESS, "this client already sent a proof for the round");
+  u64 size = r->roster_len ? r->roster_len : 1;
+  u64 bytes = BLOOM_BITS[size - 1] / 8;
+  if (data[8] != bytes || len != 9 + 2 * bytes) return fail(E_INVALID_WITNESS, "bloom filters of the wrong size for the round");
+  if (r->witness_len >= MAX_WITNESSES) return fail(E_CAPACITY, "the round already holds MAX_WITNESSES = 32 proofs");
+  Witness *w = &r->witnesses[r->witness_len++];
+  copy(w->from, key, 32);
+  copy(w->participant_bloom, data + 9, bytes);
+  copy(w->broadcast_bloom, data + 9 + bytes, bytes);
+  if (s->run_state == ROUND_TRAIN && r->witness_len >= witness_quorum(witness_count(s, r->roster_len))) change_state(s, now, ROUND_WITNESS);
+  return 0;
+}
+
+/* data: count u8, then count public keys. */
+static u64 on_health_check(State *s, const u8 *key, const u8 *data, u64 len) {
+  if (HALTED(s->run_state)) return fail(E_HALTED, "the run is halted");
+  if (s->run_state != ROUND_TRAIN && s->run_state != ROUND_WITNESS) return fail(E_INVALID_RUN_STATE, "health checks are accepted during rounds");
+  if (!s->has_previous_round) return fail(E_NO_ACTIVE_ROUND, "no finished round in this epoch to judge yet");
+  i64 reporter = client_index(s, key);
+  if (reporter < 0 || s->clients[reporter].state != HEALTHY) return fail(E_INVALID_HEALTH_CHECK, "the reporter is not a healthy client of this epoch");
+  if (len < 1 || data[0] == 0) return fail(E_INVALID_HEALTH_CHECK, "a health check must accuse at least one client");
+  u64 n = data[0];
+  if (len != 1 + 32 * n) return fail(E_INVALID_INSTRUCTION, "health_check: expected count and public keys");
+  const Round *judged = &s->previous_round;
+  for (u64 a = 0; a < n; a++) {
+    const u8 *accused = data + 1 + 32 * a;
+    i64 index = roster_index(judged, accused);
+    if (index < 0) return fail(E_INVALID_HEALTH_CHECK, "an accused client did not train in the judged step");
+    u64 start, end;
+    batch_range(judged, (u64)index, &start, &end);
+    if (start == end) return fail(E_INVALID_HEALTH_CHECK, "an accused client had no batches in the judged step");
+    if (trainer_healthy(s, judged, accused)) return fail(E_INVALID_HEALTH_CHECK, "an accused client is healthy: a witness quorum saw its results");
+  }
+  for (u64 a = 0; a < n; a++) {
+    i64 i = client_index(s, data + 1 + 32 * a);
+    if (i >= 0 && s->clients[i].state == HEALTHY) s->clients[i].state = DROPPED;
+  }
+  return 0;
+}
+
+static u64 on_pause(State *s, u64 now) {
+  if (HALTED(s->run_state)) return fail(E_HALTED, "the run is already halted");
+  if (ACTIVE(s->run_state)) {
+    s->pending_pause = 1;
+    return 0;
+  }
+  keep_healthy_as_pending(s);
+  change_state(s, now, PAUSED);
+  return 0;
+}
+
+static u64 on_resume(State *s, u64 now) {
+  if (s->run_state != PAUSED && s->run_state != UNINITIALIZED) return fail(E_CANNOT_RESUME, "the run is not Paused");
+  if (!s->has_config) return fail(E_INVALID_CONFIG, "the run has no configuration yet: send update first");
+  change_state(s, now, s->progress_step > s->config.total_steps ? FINISHED : WAITING_FOR_MEMBERS);
+  return 0;
+}
+
+/* data: repo length u8, repo, revision flag u8, revision length u8, revision */
+static u64 read_repo(Checkpoint *c, const u8 *data, u64 len) {
+  if (len < 3) return fail(E_INVALID_INSTRUCTION, "expected a repo");
+  u64 repo_len = data[0];
+  if (repo_len > REPO_MAX || len < 3 + repo_len) return fail(E_INVALID_EVENT, "repo_id longer than 96 bytes");
+  u64 has_revision = data[1 + repo_len];
+  u64 revision_len = data[2 + repo_len];
+  if (revision_len > REVISION_MAX || len != 3 + repo_len + revision_len || has_revision > 1 || (!has_revision && revision_len))
+    return fail(E_INVALID_EVENT, "malformed revision (at most 64 bytes)");
+  c->repo_len = (u8)repo_len;
+  copy(c->repo, data + 1, repo_len);
+  zero(c->repo + repo_len, REPO_MAX - repo_len);
+  c->has_revision = (u8)has_revision;
+  c->revision_len = (u8)revision_len;
+  copy(c->revision, data + 3 + repo_len, revision_len);
+  zero(c->revision + revision_len, REVISION_MAX - revision_len);
+  return 0;
+}
+
+static u64 on_checkpoint(State *s, const u8 *key, const u8 *data, u64 len) {
+  if (s->run_state != COOLDOWN) return fail(E_INVALID_RUN_STATE, "checkpoints are reported in Cooldown");
+  if (client_index(s, key) < 0) return fail(E_UNKNOWN_CLIENT, "this client is not in this epoch");
+  if (s->checkpointed) return fail(E_ALREADY_CHECKPOINTED, "this epoch is already checkpointed");
+  Checkpoint repo;
+  u64 e = read_repo(&repo, data, len);
+  if (e) return e;
+  if (repo.repo_len == 0) return fail(E_INVALID_EVENT, "checkpoint repo_id must be a non-empty string");
+  repo.kind = CK_HUB;
+  u8 kind = s->checkpoint.kind;
+  copy(&s->checkpoint_fallback, &repo, sizeof(Checkpoint));
+  if (kind == CK_P2P || kind == CK_HUB) {
+    copy(&s->checkpoint, &repo, sizeof(Checkpoint));
+    s->checkpoint.kind = kind;
+  }
+  s->checkpointed = 1;
+  return 0;
+}
+
+/* The cross-field rules of validateRunConfig that concern the coordinator (the client validates the rest). */
+static u64 validate_config(const Config *c, u64 max_seq_len, u64 cold_start) {
+  if (c->cooldown_time < 1 || c->epoch_time < 1 || c->max_round_train_time < 1 || c->round_witness_time < 1)
+    return fail(E_INVALID_CONFIG, "cooldown_time, epoch_time, max_round_train_time and round_witness_time must be >= 1");
+  if (c->min_clients < 1 || c->init_min_clients < c->min_clients) return fail(E_INVALID_CONFIG, "need 1 <= min_clients <= init_min_clients");
+  if (c->init_min_clients > MAX_CLIENTS) return fail(E_INVALID_CONFIG, "init_min_clients exceeds MAX_CLIENTS = 64");
+  if (c->witness_nodes > c->min_clients) return fail(E_INVALID_CONFIG, "witness_nodes must be <= min_clients, or 0 for automatic");
+  if (c->verification_percent > 100) return fail(E_INVALID_CONFIG, "verification_percent must be <= 100");
+  if (c->global_batch_size_start < c->init_min_clients || c->global_batch_size_end < c->global_batch_size_start)
+    return fail(E_INVALID_CONFIG, "need init_min_clients <= global_batch_size_start <= global_batch_size_end");
+  if (c->global_batch_size_start != c->global_batch_size_end && c->global_batch_size_warmup_tokens == 0)
+    return fail(E_INVALID_CONFIG, "global_batch_size_warmup_tokens must be > 0 when the batch size ramps");
+  if (c->total_steps < 1 || max_seq_len < 1) return fail(E_INVALID_CONFIG, "total_steps and max_seq_len must be >= 1");
+  if ((c->global_batch_size_warmup_tokens + max_seq_len - 1) / max_seq_len > c->total_steps * c->global_batch_size_end)
+    return fail(E_INVALID_CONFIG, "global_batch_size_warmup_tokens exceeds the whole run's tokens");
+  if (c->epoch_time < c->max_round_train_time + c->round_witness_time) return fail(E_INVALID_CONFIG, "epoch_time must fit one round");
+  if (cold_start > c->total_steps) return fail(E_INVALID_CONFIG, "cold_start_warmup_steps must be <= total_steps");
+  return 0;
+}
+
+/*
+ * update data: has_config u8, Config (120 bytes), has_model u8, then if has_model: max_seq_len u64,
+ * cold_start_warmup_steps u64, checkpoint kind u8, repo (read_repo), model JSON length u16, JSON.
+ */
+static u64 on_update(State *s, const u8 *data, u64 len) {
+  if (s->run_state != PAUSED && s->run_state != UNINITIALIZED)
+    return fail(E_INVALID_RUN_STATE, "the configuration can change only while Paused or Uninitialized");
+  if (len < 2 + sizeof(Config)) return fail(E_INVALID_INSTRUCTION, "update: expected config and model");
+  Config config;
+  if (data[0]) copy(&config, data + 1, sizeof(Config));
+  else if (s->has_config) copy(&config, &s->config, sizeof(Config));
+  else return fail(E_INVALID_CONFIG, "the first update must set the configuration");
+  const u8 *m = data + 1 + sizeof(Config);
+  u64 rest = len - 1 - sizeof(Config);
+  u64 max_seq_len = s->max_seq_len, cold_start = s->cold_start_warmup_steps;
+  Checkpoint checkpoint;
+  copy(&checkpoint, &s->checkpoint, sizeof(Checkpoint));
+  u64 json_len = 0;
+  const u8 *json = NULL;
+  if (m[0]) {
+    if (rest < 1 + 17 + 3 + 2) return fail(E_INVALID_INSTRUCTION, "update: model too short");
+    max_seq_len = read_u64(m + 1);
+    cold_start = read_u64(m + 9);
+    u8 kind = m[17];
+    if (kind != CK_DUMMY && kind != CK_HUB && kind != CK_P2P)
+      return fail(E_INVALID_CONFIG, "model.LLM.checkpoint must be Hub, P2P or Dummy on Solana (Ephemeral cannot start a run)");
+    u64 repo_bytes = 3 + m[18] + m[18 + 2 + m[18]];
+    if (18 + repo_bytes + 2 > rest) return fail(E_INVALID_INSTRUCTION, "update: model too short");
+    u64 e = read_repo(&checkpoint, m + 18, repo_bytes);
+    if (e) return e;
+    checkpoint.kind = kind;
+    json_len = (u64)m[18 + repo_bytes] | ((u64)m[19 + repo_bytes] << 8);
+    json = m + 20 + repo_bytes;
+    if (json_len > MODEL_JSON_MAX) return fail(E_CAPACITY, "model JSON exceeds MODEL_JSON_MAX = 4096 bytes");
+    if (20 + repo_bytes + json_len != rest) return fail(E_INVALID_INSTRUCTION, "update: model JSON length mismatch");
+  } else if (rest != 1) return fail(E_INVALID_INSTRUCTION, "update: trailing bytes");
+  else if (!s->has_config) return fail(E_INVALID_CONFIG, "the first update must set the model");
+  u64 e = validate_config(&config, max_seq_len, cold_start);
+  if (e) return e;
+  copy(&s->config, &config, sizeof(Config));
+  s->has_config = 1;
+  s->max_seq_len = max_seq_len;
+  s->cold_start_warmup_steps = cold_start;
+  copy(&s->checkpoint, &checkpoint, sizeof(Checkpoint));
+  if (json) {
+    s->model_json_len = json_len;
+    copy(s->model_json, json, json_len);
+    zero(s->model_json + json_len, MODEL_JSON_MAX - json_len);
+  }
+  return 0;
+}
+
+/* ---- instructions ---- */
+
+enum {
+  IX_INIT_COORDINATOR = 0,
+  IX_UPDATE,
+  IX_SET_PAUSED,
+  IX_JOIN_RUN,
+  IX_TICK,
+  IX_WITNESS,
+  IX_WARMUP_WITNESS,
+  IX_HEALTH_CHECK,
+  IX_CHECKPOINT,
+  IX_FREE_COORDINATOR,
+  IX_WITHDRAW,
+  IX_EJECT,
+  IX_GROW,
+};
+
+static u64 now_seconds(void) {
+  SolClock clock;
+  sol_get_clock_sysvar(&clock);
+  return clock.unix_timestamp < 0 ? 0 : (u64)clock.unix_timestamp;
+}
+
+static const u8 SYSTEM_PROGRAM[32] = {0};
+
+/* accounts: payer (signer, writable), coordinator PDA (writable), system program.
+ * data: run id length u8, run id, main authority, join authority (zeros: anyone may join), lamports u64 */
+static u64 init_coordinator(Input *in) {
+  if (in->account_count < 3) return fail(E_INVALID_INSTRUCTION, "init_coordinator: expected payer, coordinator, system program");
+  SolAccountInfo *payer = &in->accounts[0], *coord = &in->accounts[1];
+  const u8 *d = in->data + 1;
+  u64 len = in->data_len - 1;
+  if (len < 1 || d[0] == 0 || d[0] > RUN_ID_MAX) return fail(E_INVALID_INSTRUCTION, "run id must be 1 to 32 bytes");
+  u64 id_len = d[0];
+  if (len != 1 + id_len + 64 + 8) return fail(E_INVALID_INSTRUCTION, "init_coordinator: bad data length");
+  if (!payer->is_signer) return fail(E_MISSING_SIGNATURE, "the payer must sign");
+  const u8 *run_id = d + 1;
+  SolSignerSeed seeds[3] = {{(const u8 *)"coordinator", 11}, {run_id, id_len}, {NULL, 1}};
+  u8 address[32], bump;
+  if (sol_try_find_program_address(seeds, 2, in->program_id, address, &bump)) return fail(E_WRONG_PDA, "no program address for this run id");
+  if (!equal(address, coord->key, 32)) return fail(E_WRONG_PDA, "the coordinator account is not the program address of this run id");
+  seeds[2].addr = &bump;
+  u8 create[52];
+  zero(create, 4); /* SystemInstruction::CreateAccount */
+  copy(create + 4, d + 1 + id_len + 64, 8);
+  /* A program may grow an account by MAX_PERMITTED_DATA_INCREASE per instruction: init_coordinator creates the
+   * first 10 KiB, and grow instructions in the same transaction extend it to sizeof(State). */
+  write_u64(create + 12, sizeof(State) < MAX_PERMITTED_DATA_INCREASE ? sizeof(State) : MAX_PERMITTED_DATA_INCREASE);
+  copy(create + 20, in->program_id, 32);
+  SolAccountMeta metas[2] = {{payer->key, 1, 1}, {coord->key, 1, 1}};
+  SolInstruction ix = {(u8 *)SYSTEM_PROGRAM, metas, 2, create, 52};
+  SolSignerSeeds signer = {seeds, 3};
+  u64 e = sol_invoke_signed_c(&ix, in->accounts, in->account_count, &signer, 1);
+  if (e) return e;
+  State *s = (State *)coord->data;
+  s->magic = MAGIC;
+  s->version = LAYOUT_VERSION;
+  copy(s->run_id, run_id, id_len);
+  s->run_id_len = id_len;
+  s->bump = bump;
+  copy(s->main_authority, d + 1 + id_len, 32);
+  copy(s->join_authority, d + 1 + id_len + 32, 32);
+  /* seed: SHA-256("psyche/run\0" ‖ run id), as createCoordinator */
+  sha256_2((const u8 *)"psyche/run", 11, run_id, id_len, s->seed);
+  s->run_state = UNINITIALIZED;
+  s->run_state_start = now_seconds();
+  s->progress_step = 1;
+  s->epoch_start_step = 1;
+  s->epoch_start_time = s->run_state_start;
+  s->first_round = 1;
+  return 0;
+}
+
+/* accounts: coordinator (writable). Extends it by up to 10 KiB towards sizeof(State), zero-filled. */
+static u64 grow(Input *in) {
+  if (in->account_count < 1) return fail(E_INVALID_INSTRUCTION, "grow: expected the coordinator account");
+  SolAccountInfo *a = &in->accounts[0];
+  if (!equal(a->owner, in->program_id, 32) || a->data_len < 16 || ((State *)a->data)->magic != MAGIC) return fail(E_WRONG_ACCOUNT, "not a coordinator account of this program");
+  if (!a->is_writable) return fail(E_NOT_WRITABLE, "the coordinator account must be writable");
+  if (a->data_len >= sizeof(State)) return fail(E_INVALID_INSTRUCTION, "the coordinator account is already full size");
+  u64 target = a->data_len + MAX_PERMITTED_DATA_INCREASE;
+  if (target > sizeof(State)) target = sizeof(State);
+  zero(a->data + a->data_len, target - a->data_len);
+  *(u64 *)(a->data - 8) = target; /* the serialized length the runtime reads back */
+  return 0;
+}
+
+static u64 load(Input *in, u64 index, State **out) {
+  if (in->account_count <= index) return fail(E_INVALID_INSTRUCTION, "missing the coordinator account");
+  SolAccountInfo *a = &in->accounts[index];
+  if (!equal(a->owner, in->program_id, 32) || a->data_len != sizeof(State)) return fail(E_WRONG_ACCOUNT, "not a coordinator account of this program");
+  State *s = (State *)a->data;
+  if (s->magic != MAGIC || s->version != LAYOUT_VERSION) return fail(E_WRONG_ACCOUNT, "not a coordinator account of this program");
+  if (!a->is_writable) return fail(E_NOT_WRITABLE, "the coordinator account must be writable");
+  *out = s;
+  return 0;
+}
+
+/* accounts[0] must have signed; with `authority`, it must also be that key. */
+static u64 signer(Input *in, const u8 *authority) {
+  if (in->account_count < 1 || !in->accounts[0].is_signer) return fail(E_MISSING_SIGNATURE, "the first account must sign");
+  if (authority && !equal(in->accounts[0].key, authority, 32)) return fail(E_UNAUTHORIZED, "the signer is not the run's authority for this instruction");
+  return 0;
+}
+
+u64 entrypoint(const u8 *input) {
+  Input in;
+  if (deserialize(input, &in)) return fail(E_INVALID_INSTRUCTION, "too many accounts");
+  if (in.data_len < 1) return fail(E_INVALID_INSTRUCTION, "empty instruction");
+  u8 tag = in.data[0];
+  const u8 *d = in.data + 1;
+  u64 len = in.data_len - 1;
+  if (tag == IX_INIT_COORDINATOR) return init_coordinator(&in);
+  if (tag == IX_GROW) return grow(&in);
+  State *s;
+  u64 e;
+  if (tag == IX_TICK) {
+    /* accounts: coordinator (anyone may tick; the fee payer signs the transaction) */
+    if ((e = load(&in, 0, &s))) return e;
+    if (len) return fail(E_INVALID_INSTRUCTION, "tick takes no data");
+    return on_tick(s, now_seconds());
+  }
+  /* every other instruction: accounts[0] signs, accounts[1] is the coordinator */
+  if ((e = load(&in, 1, &s))) return e;
+  const u8 *key = in.accounts[0].key;
+  switch (tag) {
+    case IX_UPDATE:
+      if ((e = signer(&in, s->main_authority))) return e;
+      return on_update(s, d, len);
+    case IX_SET_PAUSED:
+      if ((e = signer(&in, s->main_authority))) return e;
+      if (len != 1 || d[0] > 1) return fail(E_INVALID_INSTRUCTION, "set_paused: expected 1 (pause) or 0 (resume)");
+      return d[0] ? on_pause(s, now_seconds()) : on_resume(s, now_seconds());
+    case IX_JOIN_RUN: {
+      if ((e = signer(&in, NULL))) return e;
+      u8 none[32];
+      zero(none, 32);
+      if (!equal(s->join_authority, none, 32) && !equal(s->join_authority, key, 32))
+        return fail(E_NOT_PERMITTED, "this run is permissioned: only its join authority may join");
+      if (len) return fail(E_INVALID_INSTRUCTION, "join_run takes no data");
+      return on_join(s, key);
+    }
+    case IX_WITNESS:
+      if ((e = signer(&in, NULL))) return e;
+      return on_witness(s, now_seconds(), key, d, len);
+    case IX_WARMUP_WITNESS:
+      if ((e = signer(&in, NULL))) return e;
+      if (s->run_state == ROUND_TRAIN || s->run_state == ROUND_WITNESS) return fail(E_INVALID_RUN_STATE, "warmup_witness is accepted in Warmup only; send witness proofs in rounds");
+      return on_witness(s, now_seconds(), key, d, len);
+    case IX_HEALTH_CHECK:
+      if ((e = signer(&in, NULL))) return e;
+      return on_health_check(s, key, d, len);
+    case IX_CHECKPOINT:
+      if ((e = signer(&in, NULL))) return e;
+      return on_checkpoint(s, key, d, len);
+    case IX_WITHDRAW:
+      if ((e = signer(&in, NULL))) return e;
+      return on_withdraw(s, key, 0);
+    case IX_EJECT:
+      if ((e = signer(&in, s->main_authority))) return e;
+      if (len != 32) return fail(E_INVALID_INSTRUCTION, "eject: expected the client's public key");
+      return on_withdraw(s, d, 1);
+    case IX_FREE_COORDINATOR: {
+      /* accounts: main authority (signer), coordinator, recipient of its lamports */
+      if ((e = signer(&in, s->main_authority))) return e;
+      if (in.account_count < 3 || !in.accounts[2].is_writable) return fail(E_INVALID_INSTRUCTION, "free_coordinator: expected a writable recipient");
+      if (!HALTED(s->run_state)) return fail(E_INVALID_RUN_STATE, "pause the run (or let it finish) before freeing its coordinator");
+      SolAccountInfo *coord = &in.accounts[1], *to = &in.accounts[2];
+      *to->lamports += *coord->lamports;
+      *coord->lamports = 0;
+      zero(coord->data, coord->data_len);
+      return 0;
+    }
+    default:
+      return fail(E_INVALID_INSTRUCTION, "unknown instruction");
+  }
+}

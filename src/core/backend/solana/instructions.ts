@@ -1,0 +1,72 @@
+import {AccountRole, getProgramDerivedAddress, type Address, type Instruction, type TransactionSigner} from '@solana/kit'
+import type {CoordinatorConfig, HubRepo, LLMConfig} from '../../config/types.js'
+import {
+  IX,
+  MAX_CLIENTS,
+  STATE_SIZE,
+  encodeCheckpoint,
+  encodeEject,
+  encodeHealthCheck,
+  encodeInit,
+  encodeSetPaused,
+  encodeTag,
+  encodeUpdate,
+  encodeWitness,
+} from './layout.js'
+
+/** Instructions of the coordinator program, as @solana/kit instructions (signers attached). */
+
+export const SYSTEM_PROGRAM = '11111111111111111111111111111111' as Address
+
+/** One instruction may grow an account by this much (the runtime's MAX_PERMITTED_DATA_INCREASE). */
+export const GROW_STEP = 10240
+
+/** The coordinator account of a run: the program address of ("coordinator", run id). */
+export async function coordinatorAddress(programId: Address, runId: string): Promise<Address> {
+  const [address] = await getProgramDerivedAddress({programAddress: programId, seeds: ['coordinator', Buffer.from(runId, 'utf8')]})
+  return address
+}
+
+function signerMeta(signer: TransactionSigner, writable = false) {
+  return {address: signer.address, role: writable ? AccountRole.WRITABLE_SIGNER : AccountRole.READONLY_SIGNER, signer}
+}
+
+const writable = (address: Address) => ({address, role: AccountRole.WRITABLE})
+
+/**
+ * init_coordinator followed by the grow instructions that bring the account to its full size (one
+ * instruction may add 10 KiB); send them in one transaction. `lamports`: rent exemption for STATE_SIZE.
+ */
+export function initCoordinatorInstructions(o: {programId: Address; coordinator: Address; payer: TransactionSigner; runId: string; mainAuthority: Address; joinAuthority: Address | null; lamports: bigint}): Instruction[] {
+  const out: Instruction[] = [
+    {
+      programAddress: o.programId,
+      accounts: [signerMeta(o.payer, true), writable(o.coordinator), {address: SYSTEM_PROGRAM, role: AccountRole.READONLY}],
+      data: encodeInit(o.runId, o.mainAuthority, o.joinAuthority, o.lamports),
+    },
+  ]
+  for (let size = GROW_STEP; size < STATE_SIZE; size += GROW_STEP) out.push({programAddress: o.programId, accounts: [writable(o.coordinator)], data: encodeTag(IX.grow)})
+  return out
+}
+
+function signed(programId: Address, coordinator: Address, signer: TransactionSigner, data: Uint8Array, extra: Instruction['accounts'] = []): Instruction {
+  return {programAddress: programId, accounts: [signerMeta(signer), writable(coordinator), ...(extra ?? [])], data}
+}
+
+export const updateInstruction = (programId: Address, coordinator: Address, authority: TransactionSigner, config?: CoordinatorConfig, model?: {LLM: LLMConfig}) =>
+  signed(programId, coordinator, authority, encodeUpdate(config, model))
+export const setPausedInstruction = (programId: Address, coordinator: Address, authority: TransactionSigner, paused: boolean) => signed(programId, coordinator, authority, encodeSetPaused(paused))
+export const joinRunInstruction = (programId: Address, coordinator: Address, client: TransactionSigner) => signed(programId, coordinator, client, encodeTag(IX.join_run))
+export const withdrawInstruction = (programId: Address, coordinator: Address, client: TransactionSigner) => signed(programId, coordinator, client, encodeTag(IX.withdraw))
+export const tickInstruction = (programId: Address, coordinator: Address): Instruction => ({programAddress: programId, accounts: [writable(coordinator)], data: encodeTag(IX.tick)})
+export const witnessInstruction = (programId: Address, coordinator: Address, client: TransactionSigner, step: number, participant: Uint8Array, broadcast: Uint8Array) =>
+  signed(programId, coordinator, client, encodeWitness(step, participant, broadcast))
+export const warmupWitnessInstruction = (programId: Address, coordinator: Address, client: TransactionSigner) => signed(programId, coordinator, client, encodeTag(IX.warmup_witness))
+export const healthCheckInstruction = (programId: Address, coordinator: Address, client: TransactionSigner, accused: string[]) => {
+  if (accused.length > MAX_CLIENTS) throw new RangeError(`at most ${MAX_CLIENTS} accused clients`)
+  return signed(programId, coordinator, client, encodeHealthCheck(accused))
+}
+export const checkpointInstruction = (programId: Address, coordinator: Address, client: TransactionSigner, repo: HubRepo) => signed(programId, coordinator, client, encodeCheckpoint(repo))
+export const ejectInstruction = (programId: Address, coordinator: Address, authority: TransactionSigner, id: string) => signed(programId, coordinator, authority, encodeEject(id))
+export const freeCoordinatorInstruction = (programId: Address, coordinator: Address, authority: TransactionSigner, recipient: Address) =>
+  signed(programId, coordinator, authority, encodeTag(IX.free_coordinator), [writable(recipient)])

@@ -1,0 +1,344 @@
+import {getAddressDecoder, getAddressEncoder, type Address} from '@solana/kit'
+import {RUN_STATES, type CheckpointConfig, type CoordinatorConfig, type HubRepo, type LLMConfig} from '../../config/types.js'
+import type {Client, ClientState, CoordinatorState, ExitedClient, Round, WitnessRecord} from '../../coordinator/types.js'
+import {witnessBloomParams} from '../../coordinator/rules.js'
+
+/**
+ * The coordinator account of programs/coordinator (its `State` struct), byte for byte. Everything is
+ * little-endian; lists are fixed arrays with a length field. See programs/README.md for the table.
+ */
+
+/** Capacity limits of one coordinator account (the constants in coordinator.c). */
+export const MAX_CLIENTS = 64
+export const MAX_WITNESSES = 32
+export const BLOOM_MAX = 80
+export const RUN_ID_MAX = 32
+export const REPO_MAX = 96
+export const REVISION_MAX = 64
+export const MODEL_JSON_MAX = 4096
+export const MAGIC = 0x44524f4f43595350n // "PSYCOORD"
+export const LAYOUT_VERSION = 1n
+
+const CONFIG_FIELDS = [
+  'warmup_time',
+  'cooldown_time',
+  'epoch_time',
+  'rounds_per_epoch',
+  'max_round_train_time',
+  'round_witness_time',
+  'min_clients',
+  'init_min_clients',
+  'witness_nodes',
+  'verification_percent',
+  'global_batch_size_start',
+  'global_batch_size_end',
+  'global_batch_size_warmup_tokens',
+  'total_steps',
+  'waiting_for_members_extra_time',
+] as const
+export const CONFIG_SIZE = CONFIG_FIELDS.length * 8
+const CHECKPOINT_SIZE = 8 + REPO_MAX + REVISION_MAX
+const CLIENT_SIZE = 48
+const WITNESS_SIZE = 32 + 2 * BLOOM_MAX
+const ROUND_SIZE = 64 + 32 + MAX_CLIENTS * 32 + MAX_WITNESSES * WITNESS_SIZE
+
+/** Byte offsets of the State fields. */
+export const OFFSETS = (() => {
+  let o = 0
+  const at = (size: number): number => {
+    const here = o
+    o += size
+    return here
+  }
+  const offsets = {
+    magic: at(8),
+    version: at(8),
+    run_id: at(RUN_ID_MAX),
+    run_id_len: at(8),
+    bump: at(8),
+    main_authority: at(32),
+    join_authority: at(32),
+    run_state: at(8),
+    run_state_start: at(8),
+    has_config: at(8),
+    config: at(CONFIG_SIZE),
+    max_seq_len: at(8),
+    cold_start_warmup_steps: at(8),
+    checkpoint: at(CHECKPOINT_SIZE),
+    checkpoint_fallback: at(CHECKPOINT_SIZE),
+    seed: at(32),
+    progress_epoch: at(8),
+    progress_step: at(8),
+    epoch_start_data_index: at(8),
+    epoch_start_time: at(8),
+    epoch_start_step: at(8),
+    first_round: at(8),
+    checkpointed: at(8),
+    cold_start: at(8),
+    clients_len: at(8),
+    exited_len: at(8),
+    warmup_len: at(8),
+    pending_len: at(8),
+    has_round: at(8),
+    has_previous_round: at(8),
+    pending_pause: at(8),
+    clients: at(MAX_CLIENTS * CLIENT_SIZE),
+    exited: at(MAX_CLIENTS * CLIENT_SIZE),
+    warmup_witnesses: at(MAX_CLIENTS * 32),
+    pending: at(MAX_CLIENTS * 32),
+    round: at(ROUND_SIZE),
+    previous_round: at(ROUND_SIZE),
+    model_json_len: at(8),
+    model_json: at(MODEL_JSON_MAX),
+  }
+  return {...offsets, size: o}
+})()
+
+/** Size of a coordinator account in bytes. */
+export const STATE_SIZE = OFFSETS.size
+
+const CLIENT_STATES: ClientState[] = ['Healthy', 'Dropped', 'Withdrawn', 'Ejected']
+export const CHECKPOINT_KINDS = ['None', 'Ephemeral', 'Dummy', 'Hub', 'P2P'] as const
+
+/** What the account holds beside the reference's CoordinatorState. */
+export interface OnChainCoordinator {
+  state: CoordinatorState
+  main_authority: Address
+  /** null: anyone may join. */
+  join_authority: Address | null
+  bump: number
+  /** False until the first update: the run cannot be resumed before. */
+  has_config: boolean
+}
+
+const addressDecoder = getAddressDecoder()
+const addressEncoder = getAddressEncoder()
+
+export function addressBytes(address: string): Uint8Array {
+  return Uint8Array.from(addressEncoder.encode(address as Address))
+}
+
+function num(b: Buffer, offset: number, field: string): number {
+  const v = b.readBigUInt64LE(offset)
+  if (v > BigInt(Number.MAX_SAFE_INTEGER)) throw new RangeError(`coordinator account: ${field} = ${v} exceeds 2^53`)
+  return Number(v)
+}
+
+function readCheckpoint(b: Buffer, o: number): CheckpointConfig | null {
+  const kind = CHECKPOINT_KINDS[b[o]]
+  if (kind === undefined) throw new RangeError(`coordinator account: checkpoint kind ${b[o]} is unknown`)
+  if (kind === 'None') return null
+  if (kind === 'Ephemeral') return 'Ephemeral'
+  const repo: HubRepo = {repo_id: b.toString('utf8', o + 8, o + 8 + b[o + 1])}
+  if (b[o + 3]) repo.revision = b.toString('utf8', o + 8 + REPO_MAX, o + 8 + REPO_MAX + b[o + 2])
+  return {[kind]: repo} as CheckpointConfig
+}
+
+function readRound(b: Buffer, o: number): Round {
+  const rosterLen = num(b, o + 40, 'round.roster_len')
+  const witnessLen = num(b, o + 48, 'round.witness_len')
+  if (rosterLen > MAX_CLIENTS || witnessLen > MAX_WITNESSES) throw new RangeError('coordinator account: round lists exceed their capacity')
+  const bloomBytes = witnessBloomParams(rosterLen).bits / 8
+  const roster = Array.from({length: rosterLen}, (_, i) => addressDecoder.decode(b.subarray(o + 96 + i * 32, o + 128 + i * 32)) as string)
+  const witnesses: WitnessRecord[] = Array.from({length: witnessLen}, (_, i) => {
+    const w = o + 96 + MAX_CLIENTS * 32 + i * WITNESS_SIZE
+    return {
+      from: addressDecoder.decode(b.subarray(w, w + 32)),
+      participant_bloom: b.subarray(w + 32, w + 32 + bloomBytes).toString('base64'),
+      broadcast_bloom: b.subarray(w + 32 + BLOOM_MAX, w + 32 + BLOOM_MAX + bloomBytes).toString('base64'),
+    }
+  })
+  return {
+    step: num(b, o, 'round.step'),
+    height: num(b, o + 8, 'round.height'),
+    data_index: num(b, o + 16, 'round.data_index'),
+    batch_size: num(b, o + 24, 'round.batch_size'),
+    seed: b.toString('hex', o + 64, o + 96),
+    started_at: num(b, o + 32, 'round.started_at'),
+    roster,
+    witnesses,
+  }
+}
+
+function readClients(b: Buffer, o: number, count: number): ExitedClient[] {
+  if (count > MAX_CLIENTS) throw new RangeError('coordinator account: client list exceeds MAX_CLIENTS')
+  return Array.from({length: count}, (_, i) => {
+    const c = o + i * CLIENT_SIZE
+    const state = CLIENT_STATES[num(b, c + 32, 'client.state')]
+    if (!state) throw new RangeError('coordinator account: unknown client state')
+    return {id: addressDecoder.decode(b.subarray(c, c + 32)), state, exited_height: num(b, c + 40, 'client.exited_height')}
+  })
+}
+
+function readKeys(b: Buffer, o: number, count: number): string[] {
+  if (count > MAX_CLIENTS) throw new RangeError('coordinator account: key list exceeds MAX_CLIENTS')
+  return Array.from({length: count}, (_, i) => addressDecoder.decode(b.subarray(o + i * 32, o + i * 32 + 32)))
+}
+
+/** Decodes a coordinator account into the reference's CoordinatorState (and the on-chain extras). */
+export function decodeCoordinator(data: Uint8Array): OnChainCoordinator {
+  const b = Buffer.from(data.buffer, data.byteOffset, data.byteLength)
+  if (b.length !== STATE_SIZE) throw new RangeError(`coordinator account: ${b.length} bytes, expected ${STATE_SIZE}`)
+  if (b.readBigUInt64LE(OFFSETS.magic) !== MAGIC) throw new RangeError('coordinator account: wrong magic (not a psyche coordinator)')
+  if (b.readBigUInt64LE(OFFSETS.version) !== LAYOUT_VERSION) throw new RangeError(`coordinator account: layout version ${b.readBigUInt64LE(OFFSETS.version)}, expected ${LAYOUT_VERSION}`)
+  const O = OFFSETS
+  const config = {} as Record<string, number>
+  CONFIG_FIELDS.forEach((f, i) => (config[f] = num(b, O.config + i * 8, `config.${f}`)))
+  if (config.rounds_per_epoch === 0) delete config.rounds_per_epoch
+  const jsonLen = num(b, O.model_json_len, 'model_json_len')
+  if (jsonLen > MODEL_JSON_MAX) throw new RangeError('coordinator account: model JSON exceeds MODEL_JSON_MAX')
+  const hasConfig = b.readBigUInt64LE(O.has_config) !== 0n
+  const rest = jsonLen ? (JSON.parse(b.toString('utf8', O.model_json, O.model_json + jsonLen)) as Partial<LLMConfig>) : {}
+  const checkpoint = readCheckpoint(b, O.checkpoint) ?? 'Ephemeral'
+  const llm = {...rest, max_seq_len: num(b, O.max_seq_len, 'max_seq_len'), cold_start_warmup_steps: num(b, O.cold_start_warmup_steps, 'cold_start_warmup_steps'), checkpoint} as LLMConfig
+  const runState = RUN_STATES[num(b, O.run_state, 'run_state')]
+  if (!runState) throw new RangeError('coordinator account: unknown run state')
+  const exited = readClients(b, O.exited, num(b, O.exited_len, 'exited_len'))
+  const clients: Client[] = readClients(b, O.clients, num(b, O.clients_len, 'clients_len')).map(({id, state}) => ({id, state}))
+  const join = b.subarray(O.join_authority, O.join_authority + 32)
+  const state: CoordinatorState = {
+    version: 1,
+    run_id: b.toString('utf8', O.run_id, O.run_id + num(b, O.run_id_len, 'run_id_len')),
+    run_state: runState,
+    run_state_start: num(b, O.run_state_start, 'run_state_start'),
+    config: config as unknown as CoordinatorConfig,
+    model: {LLM: llm},
+    checkpoint_fallback: readCheckpoint(b, O.checkpoint_fallback),
+    seed: b.toString('hex', O.seed, O.seed + 32),
+    progress: {epoch: num(b, O.progress_epoch, 'progress.epoch'), step: num(b, O.progress_step, 'progress.step'), epoch_start_data_index: num(b, O.epoch_start_data_index, 'epoch_start_data_index')},
+    epoch: {
+      start_time: num(b, O.epoch_start_time, 'epoch.start_time'),
+      start_step: num(b, O.epoch_start_step, 'epoch.start_step'),
+      first_round: b.readBigUInt64LE(O.first_round) !== 0n,
+      checkpointed: b.readBigUInt64LE(O.checkpointed) !== 0n,
+      cold_start: b.readBigUInt64LE(O.cold_start) !== 0n,
+      clients,
+      exited,
+      warmup_witnesses: readKeys(b, O.warmup_witnesses, num(b, O.warmup_len, 'warmup_len')),
+      round: b.readBigUInt64LE(O.has_round) !== 0n ? readRound(b, O.round) : null,
+      previous_round: b.readBigUInt64LE(O.has_previous_round) !== 0n ? readRound(b, O.previous_round) : null,
+    },
+    pending: readKeys(b, O.pending, num(b, O.pending_len, 'pending_len')),
+    pending_pause: b.readBigUInt64LE(O.pending_pause) !== 0n,
+  }
+  return {
+    state,
+    main_authority: addressDecoder.decode(b.subarray(O.main_authority, O.main_authority + 32)),
+    join_authority: join.every((x) => x === 0) ? null : addressDecoder.decode(join),
+    bump: b[O.bump],
+    has_config: hasConfig,
+  }
+}
+
+// ---- instruction data ----
+
+export const IX = {
+  init_coordinator: 0,
+  update: 1,
+  set_paused: 2,
+  join_run: 3,
+  tick: 4,
+  witness: 5,
+  warmup_witness: 6,
+  health_check: 7,
+  checkpoint: 8,
+  free_coordinator: 9,
+  withdraw: 10,
+  eject: 11,
+  grow: 12,
+} as const
+
+/** The program's custom error codes: 1..14 are the reference's RejectionCodes, 100.. the program's own. */
+export const PROGRAM_ERRORS: Record<number, string> = {
+  1: 'Halted',
+  2: 'InvalidRunState',
+  3: 'AlreadyJoined',
+  4: 'UnknownClient',
+  5: 'InvalidWithdraw',
+  6: 'InvalidWitness',
+  7: 'DuplicateWitness',
+  8: 'WrongStep',
+  9: 'NoActiveRound',
+  10: 'InvalidHealthCheck',
+  11: 'AlreadyCheckpointed',
+  12: 'CannotResume',
+  13: 'InvalidConfig',
+  14: 'InvalidEvent',
+  100: 'InvalidInstruction',
+  101: 'WrongAccount',
+  102: 'Unauthorized',
+  103: 'CapacityExceeded',
+  104: 'MissingSignature',
+  105: 'NotWritable',
+  106: 'WrongProgramAddress',
+  107: 'NotPermitted',
+}
+
+function u64(n: number | bigint): Buffer {
+  const b = Buffer.alloc(8)
+  b.writeBigUInt64LE(BigInt(n))
+  return b
+}
+
+function repoBytes(repo: HubRepo): Buffer {
+  const id = Buffer.from(repo.repo_id, 'utf8')
+  const revision = Buffer.from(repo.revision ?? '', 'utf8')
+  if (id.length > REPO_MAX) throw new RangeError(`repo_id ${JSON.stringify(repo.repo_id)} exceeds ${REPO_MAX} bytes`)
+  if (revision.length > REVISION_MAX) throw new RangeError(`revision ${JSON.stringify(repo.revision)} exceeds ${REVISION_MAX} bytes`)
+  return Buffer.concat([Buffer.from([id.length]), id, Buffer.from([repo.revision === undefined ? 0 : 1, revision.length]), revision])
+}
+
+export function encodeInit(runId: string, mainAuthority: string, joinAuthority: string | null, lamports: bigint): Uint8Array {
+  const id = Buffer.from(runId, 'utf8')
+  if (id.length < 1 || id.length > RUN_ID_MAX) throw new RangeError(`run id ${JSON.stringify(runId)} must be 1 to ${RUN_ID_MAX} bytes`)
+  return Buffer.concat([Buffer.from([IX.init_coordinator, id.length]), id, addressBytes(mainAuthority), joinAuthority ? addressBytes(joinAuthority) : Buffer.alloc(32), u64(lamports)])
+}
+
+/** update: the whole [config] and/or [model.LLM] (validate it with validateRunConfig first). */
+export function encodeUpdate(config: CoordinatorConfig | undefined, model: {LLM: LLMConfig} | undefined): Uint8Array {
+  const parts: Buffer[] = [Buffer.from([IX.update, config ? 1 : 0])]
+  const c = Buffer.alloc(CONFIG_SIZE)
+  if (config) CONFIG_FIELDS.forEach((f, i) => c.writeBigUInt64LE(BigInt((config as unknown as Record<string, number | undefined>)[f] ?? 0), i * 8))
+  parts.push(c)
+  if (!model) parts.push(Buffer.from([0]))
+  else {
+    const {max_seq_len, cold_start_warmup_steps, checkpoint, ...rest} = model.LLM
+    if (typeof checkpoint !== 'object' || !('Hub' in checkpoint || 'P2P' in checkpoint || 'Dummy' in checkpoint)) {
+      throw new RangeError('model.LLM.checkpoint must be Hub, P2P or Dummy for a run on Solana')
+    }
+    const kind = 'Hub' in checkpoint ? 'Hub' : 'P2P' in checkpoint ? 'P2P' : 'Dummy'
+    const repo = (checkpoint as Record<string, HubRepo>)[kind]
+    const json = Buffer.from(JSON.stringify(rest), 'utf8')
+    if (json.length > MODEL_JSON_MAX) throw new RangeError(`the model configuration is ${json.length} bytes of JSON, more than the account holds (${MODEL_JSON_MAX})`)
+    const len = Buffer.alloc(2)
+    len.writeUInt16LE(json.length)
+    parts.push(Buffer.from([1]), u64(max_seq_len), u64(cold_start_warmup_steps ?? 0), Buffer.from([CHECKPOINT_KINDS.indexOf(kind)]), repoBytes(repo), len, json)
+  }
+  return Buffer.concat(parts)
+}
+
+export function encodeSetPaused(paused: boolean): Uint8Array {
+  return Uint8Array.from([IX.set_paused, paused ? 1 : 0])
+}
+
+export function encodeWitness(step: number, participantBloom: Uint8Array, broadcastBloom: Uint8Array): Uint8Array {
+  if (participantBloom.length !== broadcastBloom.length || participantBloom.length > BLOOM_MAX) throw new RangeError('witness blooms must have equal sizes of at most 80 bytes')
+  return Buffer.concat([Buffer.from([IX.witness]), u64(step), Buffer.from([participantBloom.length]), participantBloom, broadcastBloom])
+}
+
+export function encodeHealthCheck(accused: string[]): Uint8Array {
+  if (accused.length > 255) throw new RangeError('at most 255 accused clients per health check')
+  return Buffer.concat([Buffer.from([IX.health_check, accused.length]), ...accused.map(addressBytes)])
+}
+
+export function encodeCheckpoint(repo: HubRepo): Uint8Array {
+  return Buffer.concat([Buffer.from([IX.checkpoint]), repoBytes(repo)])
+}
+
+export function encodeEject(id: string): Uint8Array {
+  return Buffer.concat([Buffer.from([IX.eject]), addressBytes(id)])
+}
+
+export function encodeTag(tag: number): Uint8Array {
+  return Uint8Array.from([tag])
+}

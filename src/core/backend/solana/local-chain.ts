@@ -1,0 +1,84 @@
+import {readFileSync} from 'node:fs'
+import {dirname, join} from 'node:path'
+import {fileURLToPath} from 'node:url'
+import {
+  appendTransactionMessageInstructions,
+  createTransactionMessage,
+  lamports,
+  pipe,
+  setTransactionMessageFeePayerSigner,
+  setTransactionMessageLifetimeUsingBlockhash,
+  signTransactionMessageWithSigners,
+  type Address,
+  type Instruction,
+  type TransactionSigner,
+} from '@solana/kit'
+import {Clock, FailedTransactionMetadata, LiteSVM} from 'litesvm'
+import {PROGRAM_ERRORS} from './layout.js'
+
+/** The built coordinator program (committed; `npm run build:programs` rebuilds it). */
+export const COORDINATOR_PROGRAM_PATH = join(dirname(fileURLToPath(import.meta.url)), '..', '..', '..', '..', 'programs', 'build', 'psyche_coordinator.so')
+
+export interface SendResult {
+  ok: boolean
+  /** The program's custom error code, when it failed with one. */
+  code?: number
+  /** Its name (PROGRAM_ERRORS), or the runtime's error text. */
+  error?: string
+  logs: string[]
+  computeUnits: bigint
+}
+
+/**
+ * A Solana runtime in this process (LiteSVM: the real SVM, loader and syscalls, no network) with the
+ * coordinator program deployed. Time is what `setTime` says, so tests and simulations are repeatable.
+ */
+export class LocalChain {
+  readonly svm: LiteSVM
+
+  constructor(readonly programId: Address, programBytes: Uint8Array = readFileSync(COORDINATOR_PROGRAM_PATH)) {
+    this.svm = new LiteSVM()
+    this.svm.addProgram(programId, programBytes)
+  }
+
+  airdrop(address: Address, sol = 100n): void {
+    const r = this.svm.airdrop(address, lamports(sol * 1_000_000_000n))
+    if (r instanceof FailedTransactionMetadata) throw new Error(`airdrop to ${address} failed: ${r.toString()}`)
+  }
+
+  /** Sets the cluster clock's unix time (seconds), which the program reads as "now". */
+  setTime(unixSeconds: number): void {
+    const c = this.svm.getClock()
+    this.svm.setClock(new Clock(c.slot + 1n, c.epochStartTimestamp, c.epoch, c.leaderScheduleEpoch, BigInt(unixSeconds)))
+  }
+
+  rentExemption(bytes: number): bigint {
+    return this.svm.minimumBalanceForRentExemption(BigInt(bytes))
+  }
+
+  accountData(address: Address): Uint8Array | undefined {
+    const account = this.svm.getAccount(address)
+    return account.exists ? Uint8Array.from(account.data) : undefined
+  }
+
+  /** Signs and executes one transaction; failures are returned, not thrown. */
+  async send(payer: TransactionSigner, instructions: Instruction[]): Promise<SendResult> {
+    const message = pipe(
+      createTransactionMessage({version: 0}),
+      (m) => setTransactionMessageFeePayerSigner(payer, m),
+      (m) => setTransactionMessageLifetimeUsingBlockhash({blockhash: this.svm.latestBlockhash(), lastValidBlockHeight: 0n}, m),
+      (m) => appendTransactionMessageInstructions(instructions, m),
+    )
+    const tx = await signTransactionMessageWithSigners(message)
+    const r = this.svm.sendTransaction(tx)
+    this.svm.expireBlockhash() // the same instruction may be sent again (ticks): give it a new signature
+    if (r instanceof FailedTransactionMetadata) {
+      const meta = r.meta()
+      const err = r.err() as unknown as {err?: () => unknown}
+      const inner = typeof err.err === 'function' ? (err.err() as {code?: number}) : undefined
+      const code = typeof inner?.code === 'number' ? inner.code : undefined
+      return {ok: false, code, error: code !== undefined ? (PROGRAM_ERRORS[code] ?? `custom error ${code}`) : r.toString(), logs: meta.logs(), computeUnits: meta.computeUnitsConsumed()}
+    }
+    return {ok: true, logs: r.logs(), computeUnits: r.computeUnitsConsumed()}
+  }
+}

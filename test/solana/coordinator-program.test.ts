@@ -1,0 +1,216 @@
+import assert from 'node:assert/strict'
+import {createHash} from 'node:crypto'
+import {describe, it} from 'node:test'
+import {AccountRole, type Address} from '@solana/kit'
+import {
+  checkpointInstruction,
+  coordinatorAddress,
+  ejectInstruction,
+  freeCoordinatorInstruction,
+  healthCheckInstruction,
+  initCoordinatorInstructions,
+  joinRunInstruction,
+  setPausedInstruction,
+  tickInstruction,
+  updateInstruction,
+  warmupWitnessInstruction,
+  withdrawInstruction,
+} from '../../src/core/backend/solana/instructions.js'
+import {MAX_CLIENTS, STATE_SIZE, encodeTag, IX} from '../../src/core/backend/solana/layout.js'
+import type {CoordinatorConfig, LLMConfig} from '../../src/core/config/index.js'
+import {deployRun, keypair, readRun, type Deployed} from './harness.js'
+
+const config: CoordinatorConfig = {
+  warmup_time: 10,
+  cooldown_time: 5,
+  epoch_time: 100,
+  max_round_train_time: 10,
+  round_witness_time: 2,
+  min_clients: 1,
+  init_min_clients: 1,
+  witness_nodes: 1,
+  verification_percent: 0,
+  global_batch_size_start: 8,
+  global_batch_size_end: 8,
+  global_batch_size_warmup_tokens: 0,
+  total_steps: 100,
+  waiting_for_members_extra_time: 3,
+}
+const model: {LLM: LLMConfig} = {
+  LLM: {
+    architecture: 'HfLlama',
+    data_type: 'Pretraining',
+    max_seq_len: 16,
+    cold_start_warmup_steps: 0,
+    checkpoint: {Hub: {repo_id: 'org/model', revision: 'v1'}},
+    data_location: {Server: '127.0.0.1:20001'},
+    lr_schedule: {Constant: {base_lr: 1e-3, warmup_steps: 0, warmup_init_lr: 0}},
+    optimizer: {AdamW: {betas: [0.9, 0.95], weight_decay: 0, eps: 1e-8}},
+  },
+}
+
+const T0 = 1_700_000_000
+
+async function configuredRun(runId = 'prog-test', joinAuthority: Address | null = null): Promise<Deployed> {
+  const d = await deployRun(runId, T0, joinAuthority)
+  const r = await d.chain.send(d.authority, [updateInstruction(d.programId, d.coordinator, d.authority, config, model)])
+  assert.ok(r.ok, r.error)
+  return d
+}
+
+describe('coordinator program: accounts', () => {
+  it('init_coordinator creates the run id\'s program address, full size, rent exempt, owned by the program', async () => {
+    const d = await deployRun('acct-run', T0)
+    const account = d.chain.svm.getAccount(d.coordinator)
+    assert.ok(account.exists)
+    assert.equal(account.data.length, STATE_SIZE)
+    assert.equal(account.programAddress, d.programId)
+    assert.ok(account.lamports >= d.chain.rentExemption(STATE_SIZE))
+    const run = readRun(d)
+    assert.equal(run.state.run_id, 'acct-run')
+    assert.equal(run.state.run_state, 'Uninitialized')
+    assert.equal(run.state.run_state_start, T0)
+    assert.equal(run.main_authority, d.authority.address)
+    assert.equal(run.join_authority, null)
+    assert.equal(run.has_config, false)
+    // createCoordinator's default seed: SHA-256("psyche/run\0" ‖ run id)
+    assert.equal(run.state.seed, createHash('sha256').update('psyche/run\0acct-run').digest('hex'))
+  })
+
+  it('refuses an account that is not the program address of the run id, and a second init', async () => {
+    const d = await deployRun('pda-run', T0)
+    const wrong = await coordinatorAddress(d.programId, 'other-run')
+    const ixs = initCoordinatorInstructions({programId: d.programId, coordinator: wrong, payer: d.payer, runId: 'pda-run', mainAuthority: d.authority.address, joinAuthority: null, lamports: d.chain.rentExemption(STATE_SIZE)})
+    const r = await d.chain.send(d.payer, ixs)
+    assert.equal(r.error, 'WrongProgramAddress')
+    const again = await d.chain.send(d.payer, initCoordinatorInstructions({programId: d.programId, coordinator: d.coordinator, payer: d.payer, runId: 'pda-run', mainAuthority: d.payer.address, joinAuthority: null, lamports: d.chain.rentExemption(STATE_SIZE)}))
+    assert.equal(again.ok, false)
+    assert.equal(readRun(d).main_authority, d.authority.address) // unchanged
+  })
+
+  it('grow stops at the full size', async () => {
+    const d = await deployRun('grow-run', T0)
+    const r = await d.chain.send(d.payer, [{programAddress: d.programId, accounts: [{address: d.coordinator, role: AccountRole.WRITABLE}], data: encodeTag(IX.grow)}])
+    assert.equal(r.error, 'InvalidInstruction')
+  })
+
+  it('free_coordinator: main authority only, halted runs only; returns the lamports', async () => {
+    const d = await configuredRun('free-run')
+    const stranger = await keypair('stranger')
+    d.chain.airdrop(stranger.address)
+    const recipient = (await keypair('recipient')).address
+    assert.equal((await d.chain.send(stranger, [freeCoordinatorInstruction(d.programId, d.coordinator, stranger, recipient)])).error, 'Unauthorized')
+    assert.ok((await d.chain.send(d.authority, [setPausedInstruction(d.programId, d.coordinator, d.authority, false)])).ok)
+    assert.equal((await d.chain.send(d.authority, [freeCoordinatorInstruction(d.programId, d.coordinator, d.authority, recipient)])).error, 'InvalidRunState')
+    assert.ok((await d.chain.send(d.authority, [setPausedInstruction(d.programId, d.coordinator, d.authority, true)])).ok)
+    const held = d.chain.svm.getBalance(d.coordinator)!
+    const r = await d.chain.send(d.authority, [freeCoordinatorInstruction(d.programId, d.coordinator, d.authority, recipient)])
+    assert.ok(r.ok, r.error)
+    assert.equal(d.chain.svm.getBalance(recipient), held)
+    assert.equal(d.chain.accountData(d.coordinator), undefined)
+  })
+})
+
+describe('coordinator program: authority checks', () => {
+  it('update, set_paused and eject need the main authority\'s signature', async () => {
+    const d = await configuredRun('auth-run')
+    const mallory = await keypair('mallory')
+    d.chain.airdrop(mallory.address)
+    const {programId: p, coordinator: c} = d
+    assert.equal((await d.chain.send(mallory, [updateInstruction(p, c, mallory, {...config, total_steps: 1})])).error, 'Unauthorized')
+    assert.equal((await d.chain.send(mallory, [setPausedInstruction(p, c, mallory, false)])).error, 'Unauthorized')
+    assert.equal((await d.chain.send(mallory, [ejectInstruction(p, c, mallory, mallory.address)])).error, 'Unauthorized')
+    assert.equal(readRun(d).state.config.total_steps, 100)
+    assert.equal(readRun(d).state.run_state, 'Uninitialized')
+    assert.ok((await d.chain.send(d.authority, [setPausedInstruction(p, c, d.authority, false)])).ok)
+    assert.equal(readRun(d).state.run_state, 'WaitingForMembers')
+  })
+
+  it('an instruction whose signer account did not sign is refused', async () => {
+    const d = await configuredRun('nosig-run')
+    const client = await keypair('client-x')
+    const ix = joinRunInstruction(d.programId, d.coordinator, client)
+    const unsigned = {...ix, accounts: [{address: client.address, role: AccountRole.READONLY}, ix.accounts![1]]}
+    assert.equal((await d.chain.send(d.payer, [unsigned])).error, 'MissingSignature')
+  })
+
+  it('the first update must set a configuration, and a bad one is refused with InvalidConfig', async () => {
+    const d = await deployRun('cfg-run', T0)
+    const {programId: p, coordinator: c, authority: a} = d
+    assert.equal((await d.chain.send(a, [setPausedInstruction(p, c, a, false)])).error, 'InvalidConfig') // no config yet
+    assert.equal((await d.chain.send(a, [updateInstruction(p, c, a, {...config, min_clients: 2, init_min_clients: 1}, model)])).error, 'InvalidConfig')
+    assert.equal((await d.chain.send(a, [updateInstruction(p, c, a, config, {LLM: {...model.LLM, max_seq_len: 0}})])).error, 'InvalidConfig')
+    assert.throws(() => updateInstruction(p, c, a, config, {LLM: {...model.LLM, checkpoint: 'Ephemeral'}}), /Hub, P2P or Dummy/)
+    assert.ok((await d.chain.send(a, [updateInstruction(p, c, a, config, model)])).ok)
+    const run = readRun(d)
+    assert.deepEqual(run.state.config, config)
+    assert.deepEqual(run.state.model, model)
+    assert.equal(run.has_config, true)
+  })
+
+  it('a permissioned run admits only its join authority; an open one anyone', async () => {
+    const gate = await keypair('gatekeeper')
+    const d = await configuredRun('perm-run', gate.address)
+    const {programId: p, coordinator: c, authority: a} = d
+    assert.ok((await d.chain.send(a, [setPausedInstruction(p, c, a, false)])).ok)
+    const outsider = await keypair('outsider')
+    d.chain.airdrop(outsider.address)
+    d.chain.airdrop(gate.address)
+    assert.equal((await d.chain.send(outsider, [joinRunInstruction(p, c, outsider)])).error, 'NotPermitted')
+    assert.ok((await d.chain.send(gate, [joinRunInstruction(p, c, gate)])).ok)
+    assert.deepEqual(readRun(d).state.pending, [gate.address])
+  })
+})
+
+describe('coordinator program: client instructions', () => {
+  it('join, warmup_witness, tick (anyone), withdraw, health_check and checkpoint act for their signer only', async () => {
+    const d = await configuredRun('client-run')
+    const {programId: p, coordinator: c, authority: a, chain} = d
+    const alice = await keypair('alice')
+    const bob = await keypair('bob')
+    chain.airdrop(alice.address)
+    chain.airdrop(bob.address)
+    assert.ok((await chain.send(a, [setPausedInstruction(p, c, a, false)])).ok)
+    assert.ok((await chain.send(alice, [joinRunInstruction(p, c, alice)])).ok)
+    assert.ok((await chain.send(bob, [joinRunInstruction(p, c, bob)])).ok)
+    assert.ok((await chain.send(bob, [withdrawInstruction(p, c, bob)])).ok)
+    assert.deepEqual(readRun(d).state.pending, [alice.address])
+    chain.setTime(T0 + 5)
+    const ticker = await keypair('anyone')
+    chain.airdrop(ticker.address)
+    assert.ok((await chain.send(ticker, [tickInstruction(p, c)])).ok)
+    assert.equal(readRun(d).state.run_state, 'Warmup')
+    assert.equal((await chain.send(bob, [warmupWitnessInstruction(p, c, bob)])).error, 'InvalidWitness')
+    assert.ok((await chain.send(alice, [warmupWitnessInstruction(p, c, alice)])).ok)
+    const run = readRun(d).state
+    assert.equal(run.run_state, 'RoundTrain')
+    assert.deepEqual(run.epoch.round!.roster, [alice.address])
+    assert.equal((await chain.send(alice, [healthCheckInstruction(p, c, alice, [bob.address])])).error, 'NoActiveRound')
+    assert.equal((await chain.send(bob, [checkpointInstruction(p, c, bob, {repo_id: 'x/y'})])).error, 'InvalidRunState')
+  })
+
+  it(`capacity: at most MAX_CLIENTS = ${MAX_CLIENTS} clients and joiners, then CapacityExceeded`, async () => {
+    const d = await configuredRun('full-run-cap')
+    const {programId: p, coordinator: c, authority: a, chain} = d
+    assert.ok((await chain.send(a, [setPausedInstruction(p, c, a, false)])).ok)
+    for (let i = 0; i < MAX_CLIENTS; i++) {
+      const k = await keypair(`cap-${i}`)
+      const r = await chain.send(d.payer, [joinRunInstruction(p, c, k)])
+      assert.ok(r.ok, `join ${i}: ${r.error}`)
+    }
+    const extra = await keypair('cap-extra')
+    const r = await chain.send(d.payer, [joinRunInstruction(p, c, extra)])
+    assert.equal(r.error, 'CapacityExceeded')
+    assert.ok(r.logs.some((l) => l.includes('MAX_CLIENTS')), r.logs.join('\n'))
+    assert.equal(readRun(d).state.pending.length, MAX_CLIENTS)
+  })
+
+  it('rejects instructions it does not know and accounts it does not own', async () => {
+    const d = await configuredRun('bad-run')
+    const ix = joinRunInstruction(d.programId, d.coordinator, d.payer)
+    const r = await d.chain.send(d.payer, [{...ix, data: Uint8Array.from([200])}])
+    assert.equal(r.error, 'InvalidInstruction')
+    const notOurs = await d.chain.send(d.payer, [tickInstruction(d.programId, d.payer.address)])
+    assert.equal(notOurs.error, 'WrongAccount')
+  })
+})

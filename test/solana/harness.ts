@@ -1,0 +1,39 @@
+import {createKeyPairSignerFromPrivateKeyBytes, type Address, type KeyPairSigner} from '@solana/kit'
+import {createHash} from 'node:crypto'
+import {LocalChain} from '../../src/core/backend/solana/local-chain.js'
+import {coordinatorAddress, initCoordinatorInstructions} from '../../src/core/backend/solana/instructions.js'
+import {STATE_SIZE, decodeCoordinator} from '../../src/core/backend/solana/layout.js'
+
+/** A deterministic keypair from a label (tests and vectors name their clients). */
+export async function keypair(label: string): Promise<KeyPairSigner> {
+  return createKeyPairSignerFromPrivateKeyBytes(createHash('sha256').update(`psyche-test-key/${label}`).digest())
+}
+
+export interface Deployed {
+  chain: LocalChain
+  programId: Address
+  coordinator: Address
+  payer: KeyPairSigner
+  authority: KeyPairSigner
+}
+
+/** A LiteSVM with the committed program, and a run's coordinator account initialized at `now`. */
+export async function deployRun(runId: string, now: number, joinAuthority: Address | null = null): Promise<Deployed> {
+  const programId = (await keypair('program')).address
+  const chain = new LocalChain(programId)
+  const payer = await keypair('payer')
+  const authority = await keypair('authority')
+  chain.airdrop(payer.address)
+  chain.airdrop(authority.address)
+  chain.setTime(now)
+  const coordinator = await coordinatorAddress(programId, runId)
+  const r = await chain.send(payer, initCoordinatorInstructions({programId, coordinator, payer, runId, mainAuthority: authority.address, joinAuthority, lamports: chain.rentExemption(STATE_SIZE)}))
+  if (!r.ok) throw new Error(`init_coordinator failed: ${r.error}\n${r.logs.join('\n')}`)
+  return {chain, programId, coordinator, payer, authority}
+}
+
+export function readRun(d: Deployed) {
+  const data = d.chain.accountData(d.coordinator)
+  if (!data) throw new Error('no coordinator account')
+  return decodeCoordinator(data)
+}
