@@ -1,0 +1,124 @@
+import assert from 'node:assert/strict'
+import {describe, it} from 'node:test'
+import type {Instruction, KeyPairSigner} from '@solana/kit'
+import {
+  checkpointInstruction,
+  ejectInstruction,
+  healthCheckInstruction,
+  joinRunInstruction,
+  setPausedInstruction,
+  tickInstruction,
+  updateInstruction,
+  warmupWitnessInstruction,
+  witnessInstruction,
+  withdrawInstruction,
+} from '../../src/core/backend/solana/instructions.js'
+import type {CoordinatorEvent, CoordinatorState} from '../../src/core/coordinator/index.js'
+import {deployRun, keypair, readRun, type Deployed} from './harness.js'
+import {generateVectors, type VectorFile} from './vectors.js'
+
+// Generated from the reference as it is now (npm run vectors:solana writes the same to a file).
+const vectors = JSON.parse(JSON.stringify(await generateVectors())) as VectorFile
+
+/** The instruction (and its signer) that carries a reference event to the program. */
+function toInstruction(d: Deployed, signers: Map<string, KeyPairSigner>, event: CoordinatorEvent): {signer: KeyPairSigner; ix: Instruction} {
+  const {programId: p, coordinator: c, authority, payer} = d
+  const who = (id: string): KeyPairSigner => {
+    const s = signers.get(id)
+    if (!s) throw new Error(`no keypair for client ${id}`)
+    return s
+  }
+  switch (event.type) {
+    case 'join':
+      return {signer: who(event.id), ix: joinRunInstruction(p, c, who(event.id))}
+    case 'withdraw':
+      return {signer: who(event.id), ix: withdrawInstruction(p, c, who(event.id))}
+    case 'eject':
+      return {signer: authority, ix: ejectInstruction(p, c, authority, event.id)}
+    case 'tick':
+      return {signer: payer, ix: tickInstruction(p, c)}
+    case 'witness':
+      if (event.proof.participant_bloom === '' && event.proof.broadcast_bloom === '') return {signer: who(event.from), ix: warmupWitnessInstruction(p, c, who(event.from))}
+      return {signer: who(event.from), ix: witnessInstruction(p, c, who(event.from), event.step, Buffer.from(event.proof.participant_bloom, 'base64'), Buffer.from(event.proof.broadcast_bloom, 'base64'))}
+    case 'health_check':
+      return {signer: who(event.from), ix: healthCheckInstruction(p, c, who(event.from), event.accused)}
+    case 'pause':
+    case 'resume':
+      return {signer: authority, ix: setPausedInstruction(p, c, authority, event.type === 'pause')}
+    case 'checkpoint':
+      return {signer: who(event.from), ix: checkpointInstruction(p, c, who(event.from), event.repo)}
+    case 'config_update':
+      return {signer: authority, ix: updateInstruction(p, c, authority, event.config, event.model)}
+  }
+}
+
+/** The state transitions (from → to) and rejection codes a set of vectors exercises. */
+function coverage(v: VectorFile): {transitions: Set<string>; errors: Set<string>} {
+  const transitions = new Set<string>()
+  const errors = new Set<string>()
+  for (const s of v.scenarios) {
+    let previous: CoordinatorState['run_state'] = 'Uninitialized'
+    for (const step of s.steps) {
+      if (step.error) errors.add(step.error)
+      if (step.state.run_state !== previous) transitions.add(`${previous}→${step.state.run_state}`)
+      previous = step.state.run_state
+    }
+  }
+  return {transitions, errors}
+}
+
+describe('shared coordinator vectors: the on-chain program equals the TypeScript reference', () => {
+  it('cover every phase transition and every rejection code', () => {
+    const {transitions, errors} = coverage(vectors)
+    for (const t of [
+      'Uninitialized→WaitingForMembers',
+      'WaitingForMembers→Warmup',
+      'Warmup→RoundTrain',
+      'Warmup→WaitingForMembers',
+      'RoundTrain→RoundWitness',
+      'RoundWitness→RoundTrain',
+      'RoundWitness→Cooldown',
+      'Cooldown→WaitingForMembers',
+      'Cooldown→Paused',
+      'WaitingForMembers→Paused',
+      'Paused→WaitingForMembers',
+      'Paused→Finished',
+    ]) {
+      assert.ok(transitions.has(t), `no vector goes ${t} (have: ${[...transitions].join(', ')})`)
+    }
+    for (const code of ['Halted', 'InvalidRunState', 'AlreadyJoined', 'UnknownClient', 'InvalidWithdraw', 'InvalidWitness', 'DuplicateWitness', 'WrongStep', 'NoActiveRound', 'InvalidHealthCheck', 'AlreadyCheckpointed', 'CannotResume', 'InvalidConfig', 'InvalidEvent']) {
+      assert.ok(errors.has(code), `no vector is rejected with ${code}`)
+    }
+  })
+
+  for (const scenario of vectors.scenarios) {
+    it(`${scenario.name}: ${scenario.steps.length} events give identical states and rejections`, async () => {
+      const d = await deployRun(scenario.run_id, scenario.created_at)
+      const signers = new Map<string, KeyPairSigner>()
+      for (const label of Object.keys(scenario.clients)) {
+        const k = await keypair(label)
+        assert.equal(k.address, scenario.clients[label])
+        signers.set(k.address, k)
+        d.chain.airdrop(k.address)
+      }
+      // The reference run starts with its configuration: give the program the same one.
+      d.chain.setTime(scenario.created_at)
+      const setup = await d.chain.send(d.authority, [updateInstruction(d.programId, d.coordinator, d.authority, scenario.config, scenario.model)])
+      assert.ok(setup.ok, `update: ${setup.error}`)
+      let applied = 0
+      for (const [i, step] of scenario.steps.entries()) {
+        d.chain.setTime(step.now)
+        const {signer, ix} = toInstruction(d, signers, step.event)
+        const r = await d.chain.send(signer, [ix])
+        const where = `${scenario.name} step ${i} (${step.event.type} at ${step.now})`
+        if (step.error) assert.equal(r.error, step.error, `${where}: the reference rejects with ${step.error}; the program: ${r.ok ? 'accepted' : r.error}\n${r.logs.join('\n')}`)
+        else {
+          assert.ok(r.ok, `${where}: the reference accepts; the program: ${r.error}\n${r.logs.join('\n')}`)
+          applied++
+        }
+        assert.deepStrictEqual(readRun(d).state, step.state, `${where}: states differ`)
+      }
+      assert.ok(applied > 0)
+    })
+  }
+})

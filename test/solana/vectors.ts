@@ -1,0 +1,289 @@
+import {
+  applyEvent,
+  assignBatches,
+  buildWitnessProof,
+  createCoordinator,
+  selectWitnesses,
+  type CoordinatorEvent,
+  type CoordinatorState,
+  type RejectionCode,
+} from '../../src/core/coordinator/index.js'
+import type {CoordinatorConfig, LLMConfig} from '../../src/core/config/index.js'
+import {keypair} from './harness.js'
+
+/**
+ * Shared test vectors: event sequences run through the TypeScript reference (src/core/coordinator),
+ * with the state after every event (or the rejection code). test/solana/vectors.test.ts replays them
+ * against the on-chain program and requires identical states; `npm run vectors:solana` writes them
+ * to a file for other implementations.
+ */
+
+export interface VectorStep {
+  now: number
+  event: CoordinatorEvent
+  /** The rejection code, when the reference refuses the event. */
+  error?: RejectionCode
+  /** The reference's state after the event. */
+  state: CoordinatorState
+}
+
+export interface Scenario {
+  name: string
+  run_id: string
+  /** Unix seconds of init_coordinator. */
+  created_at: number
+  /** Client labels: keypair(label) signs for the client whose id is its address. */
+  clients: Record<string, string>
+  config: CoordinatorConfig
+  model: {LLM: LLMConfig}
+  steps: VectorStep[]
+}
+
+export interface VectorFile {
+  about: string
+  scenarios: Scenario[]
+}
+
+const baseConfig: CoordinatorConfig = {
+  warmup_time: 10,
+  cooldown_time: 5,
+  epoch_time: 100,
+  max_round_train_time: 10,
+  round_witness_time: 2,
+  min_clients: 2,
+  init_min_clients: 3,
+  witness_nodes: 2,
+  verification_percent: 0,
+  global_batch_size_start: 8,
+  global_batch_size_end: 8,
+  global_batch_size_warmup_tokens: 0,
+  total_steps: 1000,
+  waiting_for_members_extra_time: 3,
+}
+
+const baseLLM: LLMConfig = {
+  architecture: 'HfLlama',
+  data_type: 'Pretraining',
+  max_seq_len: 16,
+  cold_start_warmup_steps: 0,
+  checkpoint: {Hub: {repo_id: 'org/model'}},
+  data_location: {Server: '127.0.0.1:20001'},
+  lr_schedule: {Constant: {base_lr: 1e-3, warmup_steps: 0, warmup_init_lr: 0}},
+  optimizer: {AdamW: {betas: [0.9, 0.95], weight_decay: 0, eps: 1e-8}},
+}
+
+/** Records a scenario by driving the reference; every step's outcome is whatever the reference says. */
+class Recorder {
+  state: CoordinatorState
+  now: number
+  readonly steps: VectorStep[] = []
+
+  constructor(
+    readonly scenario: Omit<Scenario, 'steps'>,
+    readonly ids: Record<string, string>,
+  ) {
+    this.now = scenario.created_at
+    this.state = createCoordinator({run_id: scenario.run_id, run_state: 'Uninitialized', config: scenario.config, model: scenario.model}, {now: this.now})
+  }
+
+  apply(event: CoordinatorEvent, expect?: RejectionCode | 'ok'): CoordinatorState {
+    const r = applyEvent(this.state, event, this.now)
+    if (expect === 'ok' && r.error) throw new Error(`${this.scenario.name}: ${event.type} at ${this.now} rejected: ${r.error.code}: ${r.error.message}`)
+    if (expect && expect !== 'ok' && r.error?.code !== expect) throw new Error(`${this.scenario.name}: ${event.type} at ${this.now}: expected ${expect}, got ${r.error?.code ?? 'accepted'}`)
+    this.state = r.state
+    this.steps.push({now: this.now, event, ...(r.error ? {error: r.error.code} : {}), state: r.state})
+    return r.state
+  }
+
+  at(now: number): this {
+    this.now = now
+    return this
+  }
+
+  tick(seconds = 1): CoordinatorState {
+    this.now += seconds
+    return this.apply({type: 'tick'})
+  }
+
+  /** Ticks once a second until the run leaves `phase`. */
+  tickOut(limit = 200): CoordinatorState {
+    const phase = this.state.run_state
+    for (let i = 0; i < limit; i++) if (this.tick().run_state !== phase) return this.state
+    throw new Error(`${this.scenario.name}: stuck in ${phase}`)
+  }
+
+  id(label: string): string {
+    const id = this.ids[label]
+    if (!id) throw new Error(`unknown client ${label}`)
+    return id
+  }
+
+  proof(saw?: string[]): {participant_bloom: string; broadcast_bloom: string} {
+    const seen = [...assignBatches(this.state)].filter(([id, r]) => r.end > r.start && (!saw || saw.includes(id))).map(([id, range]) => ({id, range, commitment: Buffer.alloc(32, 7)}))
+    return buildWitnessProof(this.state.epoch.round!, seen)
+  }
+
+  witnessAll(saw?: string[]): void {
+    const step = this.state.epoch.round!.step
+    for (const w of selectWitnesses(this.state)) {
+      if (this.state.run_state !== 'RoundTrain' && this.state.run_state !== 'RoundWitness') break
+      this.apply({type: 'witness', from: w, step, proof: this.proof(saw)}, 'ok')
+    }
+  }
+
+  warmupAll(): void {
+    for (const c of this.state.epoch.clients) if (this.state.run_state === 'Warmup') this.apply({type: 'witness', from: c.id, step: 0, proof: {participant_bloom: '', broadcast_bloom: ''}}, 'ok')
+  }
+}
+
+async function recorder(name: string, labels: string[], config: Partial<CoordinatorConfig> = {}, llm: Partial<LLMConfig> = {}): Promise<Recorder> {
+  const clients: Record<string, string> = {}
+  for (const l of labels) clients[l] = (await keypair(l)).address
+  return new Recorder({name, run_id: `vec-${name}`.slice(0, 32), created_at: 1_700_000_000, clients, config: {...baseConfig, ...config}, model: {LLM: {...baseLLM, ...llm}}}, clients)
+}
+
+function finish(r: Recorder): Scenario {
+  return {...r.scenario, steps: r.steps}
+}
+
+/** Epochs of honest rounds, a health check, a withdrawal, checkpoints, pause and resume, to Finished. */
+async function fullRun(): Promise<Scenario> {
+  const r = await recorder('full-run', ['a', 'b', 'c', 'd'], {rounds_per_epoch: 3, total_steps: 7})
+  r.apply({type: 'config_update', config: r.scenario.config, model: r.scenario.model}, 'ok')
+  r.apply({type: 'resume'}, 'ok')
+  for (const l of ['a', 'b', 'c', 'd']) r.apply({type: 'join', id: r.id(l)}, 'ok')
+  r.tickOut() // → Warmup
+  r.warmupAll() // enough warmup reports start the first round
+  // round 1: every witness saw everyone
+  r.witnessAll()
+  r.tickOut() // RoundWitness → RoundTrain (round 2)
+  // round 2: witnesses did not see d; d is accused in round 3
+  r.witnessAll([r.id('a'), r.id('b'), r.id('c')])
+  r.tickOut()
+  r.apply({type: 'health_check', from: r.id('a'), accused: [r.id('b')]}) // b was seen: rejected
+  r.apply({type: 'health_check', from: r.id('a'), accused: [r.id('d')]}) // d was not (if it had batches)
+  r.apply({type: 'withdraw', id: r.id('c')}, 'ok')
+  r.witnessAll()
+  r.tickOut() // → Cooldown (rounds_per_epoch)
+  r.apply({type: 'checkpoint', from: r.id('a'), repo: {repo_id: 'org/model-step3', revision: 'main'}}, 'ok')
+  r.apply({type: 'checkpoint', from: r.id('b'), repo: {repo_id: 'org/other'}}, 'AlreadyCheckpointed')
+  r.tickOut() // → WaitingForMembers, epoch 1
+  r.apply({type: 'join', id: r.id('c')}, 'ok')
+  r.apply({type: 'pause'}, 'ok')
+  r.apply({type: 'tick'}, 'Halted')
+  r.apply({type: 'config_update', config: {...r.state.config, cooldown_time: 4}}, 'ok')
+  r.tick()
+  r.apply({type: 'resume'}, 'ok')
+  r.tickOut() // → Warmup
+  r.tickOut() // warmup_time → RoundTrain
+  for (let i = 0; i < 12 && !['WaitingForMembers', 'Finished', 'Paused'].includes(r.state.run_state); i++) {
+    if (r.state.run_state === 'RoundTrain') r.witnessAll()
+    if (r.state.run_state === 'Cooldown') r.apply({type: 'pause'}, 'ok') // pending pause: Paused after Cooldown
+    r.tickOut()
+  }
+  if ((r.state.run_state as string) === 'Paused') {
+    r.apply({type: 'resume'}, 'ok')
+    r.tickOut()
+    r.tickOut()
+    for (let i = 0; i < 12 && (r.state.run_state as string) !== 'Finished'; i++) {
+      if ((r.state.run_state as string) === 'RoundTrain') r.witnessAll()
+      r.tickOut()
+    }
+  }
+  r.apply({type: 'join', id: r.id('a')})
+  return finish(r)
+}
+
+/** Every rejection the reference has, each against the program's state at that moment. */
+async function rejections(): Promise<Scenario> {
+  const r = await recorder('rejections', ['a', 'b', 'c', 'e'])
+  r.apply({type: 'tick'}, 'Halted')
+  r.apply({type: 'pause'}, 'Halted')
+  r.apply({type: 'config_update', config: {...r.scenario.config, init_min_clients: 1}}, 'InvalidConfig')
+  r.apply({type: 'resume'}, 'ok')
+  r.apply({type: 'resume'}, 'CannotResume')
+  r.apply({type: 'config_update', config: r.scenario.config}, 'InvalidRunState')
+  r.apply({type: 'join', id: r.id('a')}, 'ok')
+  r.apply({type: 'join', id: r.id('a')}, 'AlreadyJoined')
+  r.apply({type: 'withdraw', id: r.id('e')}, 'InvalidWithdraw')
+  r.apply({type: 'eject', id: r.id('e')}, 'UnknownClient')
+  r.apply({type: 'witness', from: r.id('a'), step: 1, proof: {participant_bloom: '', broadcast_bloom: ''}}, 'InvalidRunState')
+  r.apply({type: 'health_check', from: r.id('a'), accused: [r.id('b')]}, 'InvalidRunState')
+  r.apply({type: 'checkpoint', from: r.id('a'), repo: {repo_id: 'x/y'}}, 'InvalidRunState')
+  r.apply({type: 'join', id: r.id('b')}, 'ok')
+  r.apply({type: 'join', id: r.id('c')}, 'ok')
+  r.apply({type: 'join', id: r.id('e')}, 'ok')
+  r.apply({type: 'withdraw', id: r.id('e')}, 'ok')
+  r.tickOut() // → Warmup
+  r.apply({type: 'join', id: r.id('a')}, 'AlreadyJoined')
+  r.apply({type: 'witness', from: r.id('e'), step: 0, proof: {participant_bloom: '', broadcast_bloom: ''}}, 'InvalidWitness')
+  r.apply({type: 'witness', from: r.id('a'), step: 0, proof: {participant_bloom: '', broadcast_bloom: ''}}, 'ok')
+  r.apply({type: 'witness', from: r.id('a'), step: 0, proof: {participant_bloom: '', broadcast_bloom: ''}}, 'DuplicateWitness')
+  r.tickOut() // warmup_time → RoundTrain
+  const step = r.state.epoch.round!.step
+  const witnesses = selectWitnesses(r.state)
+  const other = Object.values(r.ids).find((id) => r.state.epoch.round!.roster.includes(id) && !witnesses.includes(id))!
+  r.apply({type: 'witness', from: witnesses[0], step: step + 1, proof: r.proof()}, 'WrongStep')
+  r.apply({type: 'witness', from: other, step, proof: r.proof()}, 'InvalidWitness')
+  r.apply({type: 'witness', from: witnesses[0], step, proof: {participant_bloom: 'AAAA', broadcast_bloom: 'AAAA'}}, 'InvalidWitness')
+  r.apply({type: 'witness', from: witnesses[0], step, proof: r.proof()}, 'ok')
+  r.apply({type: 'witness', from: witnesses[0], step, proof: r.proof()}, 'DuplicateWitness')
+  r.apply({type: 'health_check', from: r.id('a'), accused: [r.id('b')]}, 'NoActiveRound')
+  r.apply({type: 'eject', id: r.id('b')}, 'ok')
+  r.apply({type: 'pause'}, 'ok') // pending: the epoch ends first
+  r.apply({type: 'resume'}, 'CannotResume')
+  r.tickOut() // RoundTrain → RoundWitness (timeout)
+  r.tickOut() // → Cooldown (pending pause)
+  r.apply({type: 'checkpoint', from: r.id('e'), repo: {repo_id: 'x/y'}}, 'UnknownClient')
+  r.apply({type: 'checkpoint', from: r.id('a'), repo: {repo_id: ''}}, 'InvalidEvent')
+  r.tickOut() // → Paused
+  r.apply({type: 'witness', from: r.id('a'), step, proof: r.proof()}, 'Halted')
+  r.apply({type: 'health_check', from: r.id('a'), accused: [r.id('b')]}, 'Halted')
+  r.apply({type: 'config_update', config: {...r.scenario.config, total_steps: 1}}, 'ok')
+  r.apply({type: 'resume'}, 'ok') // step 2 > total_steps 1: Finished
+  r.apply({type: 'join', id: r.id('a')}, 'Halted')
+  return finish(r)
+}
+
+/** A ramped batch size, automatic witnesses, a round nobody witnessed, and a too-small Warmup. */
+async function rampAndLosses(): Promise<Scenario> {
+  const r = await recorder('ramp-and-losses', ['a', 'b', 'c', 'd', 'e'], {
+    witness_nodes: 0,
+    min_clients: 3,
+    init_min_clients: 3,
+    global_batch_size_start: 3,
+    global_batch_size_end: 11,
+    global_batch_size_warmup_tokens: 16 * 40,
+    waiting_for_members_extra_time: 0,
+  }, {checkpoint: {P2P: {repo_id: 'org/p2p'}}})
+  r.apply({type: 'resume'}, 'ok')
+  for (const l of ['a', 'b', 'c']) r.apply({type: 'join', id: r.id(l)}, 'ok')
+  r.tickOut() // → Warmup
+  r.apply({type: 'withdraw', id: r.id('c')}, 'ok')
+  r.tickOut() // too few: back to WaitingForMembers
+  r.apply({type: 'join', id: r.id('c')}, 'ok')
+  r.apply({type: 'join', id: r.id('d')}, 'ok')
+  r.apply({type: 'join', id: r.id('e')}, 'ok')
+  r.tickOut() // → Warmup
+  r.tickOut() // → RoundTrain
+  for (let round = 0; round < 6 && r.state.run_state !== 'Cooldown'; round++) {
+    if (round === 3) {
+      r.tickOut() // nobody witnesses: RoundWitness, then Cooldown with everyone withdrawn
+      r.tickOut()
+      continue
+    }
+    r.witnessAll()
+    r.tickOut()
+  }
+  r.tickOut() // Cooldown → WaitingForMembers (fallback checkpoint when nobody is back)
+  for (const l of ['a', 'b', 'c']) r.apply({type: 'join', id: r.id(l)}, 'ok')
+  r.tickOut()
+  return finish(r)
+}
+
+export async function generateVectors(): Promise<VectorFile> {
+  return {
+    about: 'Generated from src/core/coordinator (the reference). Each step: the event at `now`, and the reference state after it (or its rejection code). test/solana/vectors.test.ts requires the on-chain program to reach identical states.',
+    scenarios: [await fullRun(), await rejections(), await rampAndLosses()],
+  }
+}
