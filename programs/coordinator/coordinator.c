@@ -14,6 +14,7 @@
 /* ---- capacity limits of one coordinator account ---- */
 #define MAX_CLIENTS 64     /* clients in an epoch; also pending joiners, exited clients, warmup reports */
 #define MAX_WITNESSES 32   /* witness proofs per round (MAX_AUTO_WITNESSES in rules.ts) */
+#define MAX_ACCUSATIONS 64 /* accusations per round (one per accuser and accused) */
 #define BLOOM_MAX 80       /* bytes of one witness bloom: the filter for MAX_CLIENTS trainers is 77 */
 #define RUN_ID_MAX 32      /* a PDA seed is at most 32 bytes */
 #define REPO_MAX 96
@@ -23,7 +24,7 @@
 #define MAGIC 0x44524f4f43595350ull /* "PSYCOORD" */
 #define LAYOUT_VERSION 1
 
-/* ---- errors: custom program error codes (1..14 mirror RejectionCode in coordinator/types.ts) ---- */
+/* ---- errors: custom program error codes (1..17 mirror RejectionCode in coordinator/types.ts) ---- */
 enum {
   E_HALTED = 1,
   E_INVALID_RUN_STATE,
@@ -35,6 +36,9 @@ enum {
   E_WRONG_STEP,
   E_NO_ACTIVE_ROUND,
   E_INVALID_HEALTH_CHECK,
+  E_INVALID_ACCUSATION,
+  E_DUPLICATE_ACCUSATION,
+  E_INVALID_PROOF,
   E_ALREADY_CHECKPOINTED,
   E_CANNOT_RESUME,
   E_INVALID_CONFIG,
@@ -85,11 +89,18 @@ typedef struct {
 } Witness; /* 192 bytes */
 
 typedef struct {
-  u64 step, height, data_index, batch_size, started_at, roster_len, witness_len, reserved;
+  u8 from[32];
+  u8 accused[32]; /* reason: invalid_result, the only one */
+} Accusation;
+
+typedef struct {
+  u64 step, height, data_index, batch_size, started_at, roster_len, witness_len, accusation_len, excluded_len, reserved;
   u8 seed[32];
   u8 roster[MAX_CLIENTS][32];
   Witness witnesses[MAX_WITNESSES];
-} Round; /* 8288 bytes */
+  Accusation accusations[MAX_ACCUSATIONS];
+  u8 excluded[MAX_CLIENTS][32];
+} Round; /* 14448 bytes */
 
 typedef struct {
   u64 magic, version;
@@ -119,8 +130,8 @@ _Static_assert(__builtin_offsetof(State, config) == 152, "layout");
 _Static_assert(__builtin_offsetof(State, seed) == 624, "layout");
 _Static_assert(__builtin_offsetof(State, clients) == 776, "layout");
 _Static_assert(__builtin_offsetof(State, round) == 11016, "layout");
-_Static_assert(__builtin_offsetof(State, model_json) == 27600, "layout");
-_Static_assert(sizeof(State) == 31696, "layout");
+_Static_assert(__builtin_offsetof(State, model_json) == 39920, "layout");
+_Static_assert(sizeof(State) == 44016, "layout");
 
 #define ACTIVE(s) ((s) == ROUND_TRAIN || (s) == ROUND_WITNESS || (s) == COOLDOWN)
 #define HALTED(s) ((s) == UNINITIALIZED || (s) == FINISHED || (s) == PAUSED)
@@ -552,6 +563,41 @@ static u64 on_health_check(State *s, const u8 *key, const u8 *data, u64 len) {
   return 0;
 }
 
+/* accuse data: step u64, accused key, reason u8 (0: invalid_result). A witness quorum of accusers ejects
+ * the accused and excludes its result from the round (onAccuse). */
+static u64 on_accuse(State *s, const u8 *key, const u8 *data, u64 len) {
+  if (s->run_state != ROUND_TRAIN && s->run_state != ROUND_WITNESS) return fail(E_INVALID_RUN_STATE, "accusations are accepted during rounds");
+  if (len != 8 + 32 + 1) return fail(E_INVALID_INSTRUCTION, "accuse: expected step, accused key and reason");
+  Round *r = &s->round;
+  const u8 *accused = data + 8;
+  if (read_u64(data) != r->step) return fail(E_WRONG_STEP, "accusation for another step than the round's");
+  if (data[40] != 0) return fail(E_INVALID_ACCUSATION, "unknown accusation reason");
+  if (!is_witness(s, r, key)) return fail(E_INVALID_ACCUSATION, "the accuser is not a witness of the round");
+  if (equal(key, accused, 32)) return fail(E_INVALID_ACCUSATION, "a client cannot accuse itself");
+  i64 index = roster_index(r, accused);
+  u64 start = 0, end = 0;
+  if (index >= 0) batch_range(r, (u64)index, &start, &end);
+  if (start == end) return fail(E_INVALID_ACCUSATION, "the accused has no batches in the round, so no result to accuse");
+  u64 backing = 1;
+  for (u64 a = 0; a < r->accusation_len; a++) {
+    if (!equal(r->accusations[a].accused, accused, 32)) continue;
+    if (equal(r->accusations[a].from, key, 32)) return fail(E_DUPLICATE_ACCUSATION, "this client already accused that client in this round");
+    backing++;
+  }
+  if (r->accusation_len >= MAX_ACCUSATIONS) return fail(E_CAPACITY, "the round already holds MAX_ACCUSATIONS = 64 accusations");
+  Accusation *x = &r->accusations[r->accusation_len++];
+  copy(x->from, key, 32);
+  copy(x->accused, accused, 32);
+  if (backing < witness_quorum(witness_count(s, r->roster_len))) return 0;
+  int excluded = 0;
+  for (u64 e = 0; e < r->excluded_len; e++)
+    if (equal(r->excluded[e], accused, 32)) excluded = 1;
+  if (!excluded) copy(r->excluded[r->excluded_len++], accused, 32); /* excluded_len < MAX_CLIENTS: roster members only */
+  i64 i = client_index(s, accused);
+  if (i >= 0 && s->clients[i].state == HEALTHY) s->clients[i].state = EJECTED;
+  return 0;
+}
+
 static u64 on_pause(State *s, u64 now) {
   if (HALTED(s->run_state)) return fail(E_HALTED, "the run is already halted");
   if (ACTIVE(s->run_state)) {
@@ -696,6 +742,7 @@ enum {
   IX_WITHDRAW,
   IX_EJECT,
   IX_GROW,
+  IX_ACCUSE,
 };
 
 static u64 now_seconds(void) {
@@ -836,6 +883,9 @@ u64 entrypoint(const u8 *input) {
     case IX_CHECKPOINT:
       if ((e = signer(&in, NULL))) return e;
       return on_checkpoint(s, key, d, len);
+    case IX_ACCUSE:
+      if ((e = signer(&in, NULL))) return e;
+      return on_accuse(s, key, d, len);
     case IX_WITHDRAW:
       if ((e = signer(&in, NULL))) return e;
       return on_withdraw(s, key, 0);

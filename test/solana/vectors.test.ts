@@ -2,6 +2,7 @@ import assert from 'node:assert/strict'
 import {describe, it} from 'node:test'
 import type {Instruction, KeyPairSigner} from '@solana/kit'
 import {
+  accuseInstruction,
   checkpointInstruction,
   ejectInstruction,
   healthCheckInstruction,
@@ -49,6 +50,10 @@ function toInstruction(d: Deployed, signers: Map<string, KeyPairSigner>, event: 
       return {signer: who(event.from), ix: checkpointInstruction(p, c, who(event.from), event.repo)}
     case 'config_update':
       return {signer: authority, ix: updateInstruction(p, c, authority, event.config, event.model)}
+    case 'accuse':
+      return {signer: who(event.from), ix: accuseInstruction(p, c, who(event.from), event.step, event.accused)}
+    case 'equivocation':
+      throw new Error('equivocation proofs are not carried by the Solana program (its ed25519 checks need the precompile)')
   }
 }
 
@@ -68,7 +73,7 @@ function coverage(v: VectorFile): {transitions: Set<string>; errors: Set<string>
 }
 
 describe('shared coordinator vectors: the on-chain program equals the TypeScript reference', () => {
-  it('cover every phase transition and every rejection code', () => {
+  it('cover every phase transition, every rejection code, and an ejection by accusation', () => {
     const {transitions, errors} = coverage(vectors)
     for (const t of [
       'Uninitialized→WaitingForMembers',
@@ -86,9 +91,12 @@ describe('shared coordinator vectors: the on-chain program equals the TypeScript
     ]) {
       assert.ok(transitions.has(t), `no vector goes ${t} (have: ${[...transitions].join(', ')})`)
     }
-    for (const code of ['Halted', 'InvalidRunState', 'AlreadyJoined', 'UnknownClient', 'InvalidWithdraw', 'InvalidWitness', 'DuplicateWitness', 'WrongStep', 'NoActiveRound', 'InvalidHealthCheck', 'AlreadyCheckpointed', 'CannotResume', 'InvalidConfig', 'InvalidEvent']) {
+    // InvalidProof is not here: equivocation proofs (ed25519-signed announcements) are not carried on chain.
+    for (const code of ['Halted', 'InvalidRunState', 'AlreadyJoined', 'UnknownClient', 'InvalidWithdraw', 'InvalidWitness', 'DuplicateWitness', 'WrongStep', 'NoActiveRound', 'InvalidHealthCheck', 'InvalidAccusation', 'DuplicateAccusation', 'AlreadyCheckpointed', 'CannotResume', 'InvalidConfig', 'InvalidEvent']) {
       assert.ok(errors.has(code), `no vector is rejected with ${code}`)
     }
+    const excluded = vectors.scenarios.flatMap((s) => s.steps.flatMap((step) => step.state.epoch.round?.excluded ?? []))
+    assert.ok(excluded.length > 0, 'no vector ejects a trainer by accusation')
   })
 
   for (const scenario of vectors.scenarios) {

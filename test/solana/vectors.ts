@@ -281,9 +281,35 @@ async function rampAndLosses(): Promise<Scenario> {
   return finish(r)
 }
 
+/** Accusations of invalid results: rejections, then a witness quorum ejects a trainer and excludes its result. */
+async function accusations(): Promise<Scenario> {
+  const r = await recorder('accusations', ['a', 'b', 'c', 'd'])
+  r.apply({type: 'resume'}, 'ok')
+  for (const l of ['a', 'b', 'c', 'd']) r.apply({type: 'join', id: r.id(l)}, 'ok')
+  r.apply({type: 'accuse', from: r.id('a'), step: 1, accused: r.id('b'), reason: 'invalid_result'}, 'InvalidRunState')
+  r.tickOut() // → Warmup
+  r.tickOut() // → RoundTrain
+  const round = r.state.epoch.round!
+  const [w0, w1] = selectWitnesses(r.state)
+  const others = round.roster.filter((id) => id !== w0 && id !== w1)
+  const [accused, bystander] = others
+  r.apply({type: 'accuse', from: bystander, step: round.step, accused, reason: 'invalid_result'}, 'InvalidAccusation') // not a witness
+  r.apply({type: 'accuse', from: w0, step: round.step, accused: w0, reason: 'invalid_result'}, 'InvalidAccusation') // itself
+  r.apply({type: 'accuse', from: w0, step: round.step + 1, accused, reason: 'invalid_result'}, 'WrongStep')
+  r.apply({type: 'accuse', from: w0, step: round.step, accused, reason: 'invalid_result'}, 'ok')
+  r.apply({type: 'accuse', from: w0, step: round.step, accused, reason: 'invalid_result'}, 'DuplicateAccusation')
+  r.apply({type: 'accuse', from: w1, step: round.step, accused, reason: 'invalid_result'}, 'ok') // quorum: ejected, excluded
+  r.apply({type: 'accuse', from: w1, step: round.step, accused: bystander, reason: 'invalid_result'}, 'ok')
+  r.witnessAll()
+  r.tickOut() // next round: the ejected trainer has left
+  r.witnessAll()
+  r.tickOut()
+  return finish(r)
+}
+
 export async function generateVectors(): Promise<VectorFile> {
   return {
     about: 'Generated from src/core/coordinator (the reference). Each step: the event at `now`, and the reference state after it (or its rejection code). test/solana/vectors.test.ts requires the on-chain program to reach identical states.',
-    scenarios: [await fullRun(), await rejections(), await rampAndLosses()],
+    scenarios: [await fullRun(), await rejections(), await rampAndLosses(), await accusations()],
   }
 }

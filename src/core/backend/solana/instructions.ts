@@ -4,6 +4,7 @@ import {
   IX,
   MAX_CLIENTS,
   STATE_SIZE,
+  encodeAccuse,
   encodeCheckpoint,
   encodeEject,
   encodeHealthCheck,
@@ -66,6 +67,7 @@ export const healthCheckInstruction = (programId: Address, coordinator: Address,
   if (accused.length > MAX_CLIENTS) throw new RangeError(`at most ${MAX_CLIENTS} accused clients`)
   return signed(programId, coordinator, client, encodeHealthCheck(accused))
 }
+export const accuseInstruction = (programId: Address, coordinator: Address, witness: TransactionSigner, step: number, accused: string) => signed(programId, coordinator, witness, encodeAccuse(step, accused))
 export const checkpointInstruction = (programId: Address, coordinator: Address, client: TransactionSigner, repo: HubRepo) => signed(programId, coordinator, client, encodeCheckpoint(repo))
 export const ejectInstruction = (programId: Address, coordinator: Address, authority: TransactionSigner, id: string) => signed(programId, coordinator, authority, encodeEject(id))
 export const freeCoordinatorInstruction = (programId: Address, coordinator: Address, authority: TransactionSigner, recipient: Address) =>

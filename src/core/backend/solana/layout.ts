@@ -1,6 +1,6 @@
 import {getAddressDecoder, getAddressEncoder, type Address} from '@solana/kit'
 import {RUN_STATES, type CheckpointConfig, type CoordinatorConfig, type HubRepo, type LLMConfig} from '../../config/types.js'
-import type {Client, ClientState, CoordinatorState, ExitedClient, Round, WitnessRecord} from '../../coordinator/types.js'
+import type {Accusation, Client, ClientState, CoordinatorState, ExitedClient, Round, WitnessRecord} from '../../coordinator/types.js'
 import {witnessBloomParams} from '../../coordinator/rules.js'
 
 /**
@@ -11,6 +11,7 @@ import {witnessBloomParams} from '../../coordinator/rules.js'
 /** Capacity limits of one coordinator account (the constants in coordinator.c). */
 export const MAX_CLIENTS = 64
 export const MAX_WITNESSES = 32
+export const MAX_ACCUSATIONS = 64
 export const BLOOM_MAX = 80
 export const RUN_ID_MAX = 32
 export const REPO_MAX = 96
@@ -40,7 +41,8 @@ export const CONFIG_SIZE = CONFIG_FIELDS.length * 8
 const CHECKPOINT_SIZE = 8 + REPO_MAX + REVISION_MAX
 const CLIENT_SIZE = 48
 const WITNESS_SIZE = 32 + 2 * BLOOM_MAX
-const ROUND_SIZE = 64 + 32 + MAX_CLIENTS * 32 + MAX_WITNESSES * WITNESS_SIZE
+const ROUND_HEADER = 80
+const ROUND_SIZE = ROUND_HEADER + 32 + MAX_CLIENTS * 32 + MAX_WITNESSES * WITNESS_SIZE + MAX_ACCUSATIONS * 64 + MAX_CLIENTS * 32
 
 /** Byte offsets of the State fields. */
 export const OFFSETS = (() => {
@@ -137,26 +139,35 @@ function readCheckpoint(b: Buffer, o: number): CheckpointConfig | null {
 function readRound(b: Buffer, o: number): Round {
   const rosterLen = num(b, o + 40, 'round.roster_len')
   const witnessLen = num(b, o + 48, 'round.witness_len')
-  if (rosterLen > MAX_CLIENTS || witnessLen > MAX_WITNESSES) throw new RangeError('coordinator account: round lists exceed their capacity')
+  const accusationLen = num(b, o + 56, 'round.accusation_len')
+  const excludedLen = num(b, o + 64, 'round.excluded_len')
+  if (rosterLen > MAX_CLIENTS || witnessLen > MAX_WITNESSES || accusationLen > MAX_ACCUSATIONS || excludedLen > MAX_CLIENTS) throw new RangeError('coordinator account: round lists exceed their capacity')
   const bloomBytes = witnessBloomParams(rosterLen).bits / 8
-  const roster = Array.from({length: rosterLen}, (_, i) => addressDecoder.decode(b.subarray(o + 96 + i * 32, o + 128 + i * 32)) as string)
+  const key = (at: number): string => addressDecoder.decode(b.subarray(at, at + 32))
+  const rosterAt = o + ROUND_HEADER + 32
+  const witnessesAt = rosterAt + MAX_CLIENTS * 32
+  const accusationsAt = witnessesAt + MAX_WITNESSES * WITNESS_SIZE
+  const excludedAt = accusationsAt + MAX_ACCUSATIONS * 64
   const witnesses: WitnessRecord[] = Array.from({length: witnessLen}, (_, i) => {
-    const w = o + 96 + MAX_CLIENTS * 32 + i * WITNESS_SIZE
+    const w = witnessesAt + i * WITNESS_SIZE
     return {
-      from: addressDecoder.decode(b.subarray(w, w + 32)),
+      from: key(w),
       participant_bloom: b.subarray(w + 32, w + 32 + bloomBytes).toString('base64'),
       broadcast_bloom: b.subarray(w + 32 + BLOOM_MAX, w + 32 + BLOOM_MAX + bloomBytes).toString('base64'),
     }
   })
+  const accusations: Accusation[] = Array.from({length: accusationLen}, (_, i) => ({from: key(accusationsAt + i * 64), accused: key(accusationsAt + i * 64 + 32), reason: 'invalid_result'}))
   return {
     step: num(b, o, 'round.step'),
     height: num(b, o + 8, 'round.height'),
     data_index: num(b, o + 16, 'round.data_index'),
     batch_size: num(b, o + 24, 'round.batch_size'),
-    seed: b.toString('hex', o + 64, o + 96),
+    seed: b.toString('hex', o + ROUND_HEADER, o + ROUND_HEADER + 32),
     started_at: num(b, o + 32, 'round.started_at'),
-    roster,
+    roster: Array.from({length: rosterLen}, (_, i) => key(rosterAt + i * 32)),
     witnesses,
+    accusations,
+    excluded: Array.from({length: excludedLen}, (_, i) => key(excludedAt + i * 32)),
   }
 }
 
@@ -246,9 +257,10 @@ export const IX = {
   withdraw: 10,
   eject: 11,
   grow: 12,
+  accuse: 13,
 } as const
 
-/** The program's custom error codes: 1..14 are the reference's RejectionCodes, 100.. the program's own. */
+/** The program's custom error codes: 1..17 are the reference's RejectionCodes, 100.. the program's own. */
 export const PROGRAM_ERRORS: Record<number, string> = {
   1: 'Halted',
   2: 'InvalidRunState',
@@ -260,10 +272,13 @@ export const PROGRAM_ERRORS: Record<number, string> = {
   8: 'WrongStep',
   9: 'NoActiveRound',
   10: 'InvalidHealthCheck',
-  11: 'AlreadyCheckpointed',
-  12: 'CannotResume',
-  13: 'InvalidConfig',
-  14: 'InvalidEvent',
+  11: 'InvalidAccusation',
+  12: 'DuplicateAccusation',
+  13: 'InvalidProof',
+  14: 'AlreadyCheckpointed',
+  15: 'CannotResume',
+  16: 'InvalidConfig',
+  17: 'InvalidEvent',
   100: 'InvalidInstruction',
   101: 'WrongAccount',
   102: 'Unauthorized',
@@ -333,6 +348,10 @@ export function encodeHealthCheck(accused: string[]): Uint8Array {
 
 export function encodeCheckpoint(repo: HubRepo): Uint8Array {
   return Buffer.concat([Buffer.from([IX.checkpoint]), repoBytes(repo)])
+}
+
+export function encodeAccuse(step: number, accused: string): Uint8Array {
+  return Buffer.concat([Buffer.from([IX.accuse]), u64(step), addressBytes(accused), Buffer.from([0])])
 }
 
 export function encodeEject(id: string): Uint8Array {
