@@ -6,7 +6,10 @@ import {join} from 'node:path'
 
 export const CFLAGS = ['-target', 'bpf', '-mcpu=v2', '-O2', '-ffreestanding', '-fno-builtin', '-Wall', '-Werror', '-mllvm', '-bpf-stack-size=4096']
 
-export const PROGRAMS = [{name: 'psyche_coordinator', dir: 'programs/coordinator', source: 'programs/coordinator/coordinator.c'}]
+export const PROGRAMS = [
+  {name: 'psyche_coordinator', dir: 'programs/coordinator', source: 'programs/coordinator/coordinator.c', also: ['programs/include/sbpf.h']},
+  {name: 'psyche_authorizer', dir: 'programs/authorizer', source: 'programs/authorizer/authorizer.c', also: ['programs/include/sbpf.h']},
+]
 
 export function programInputsHash(root, program) {
   const h = createHash('sha256')
@@ -16,6 +19,7 @@ export function programInputsHash(root, program) {
       .filter((f) => f.endsWith('.c') || f.endsWith('.h'))
       .sort()
       .map((f) => join(program.dir, f)),
+    ...(program.also ?? []),
     'programs/tools/sbpf-link.ts',
   ]
   for (const file of files) {

@@ -9,7 +9,7 @@
  * Limits of sBPF shape the code: at most 5 arguments per function, no signed division, no mutable
  * globals, 4 KiB stack frames (big structures live in the account, never on the stack).
  */
-#include "sbpf.h"
+#include "../include/sbpf.h"
 
 /* ---- capacity limits of one coordinator account ---- */
 #define MAX_CLIENTS 64     /* clients in an epoch; also pending joiners, exited clients, warmup reports */
@@ -106,7 +106,7 @@ typedef struct {
   u64 magic, version;
   u8 run_id[RUN_ID_MAX];
   u64 run_id_len, bump;
-  u8 main_authority[32], join_authority[32];
+  u8 main_authority[32], join_authority[32], authorizer[32];
   u64 run_state, run_state_start;
   u64 has_config;
   Config config;
@@ -126,12 +126,12 @@ typedef struct {
 } State;
 
 /* The documented layout (programs/README.md, src/core/backend/solana/layout.ts). */
-_Static_assert(__builtin_offsetof(State, config) == 152, "layout");
-_Static_assert(__builtin_offsetof(State, seed) == 624, "layout");
-_Static_assert(__builtin_offsetof(State, clients) == 776, "layout");
-_Static_assert(__builtin_offsetof(State, round) == 11016, "layout");
-_Static_assert(__builtin_offsetof(State, model_json) == 39920, "layout");
-_Static_assert(sizeof(State) == 44016, "layout");
+_Static_assert(__builtin_offsetof(State, config) == 184, "layout");
+_Static_assert(__builtin_offsetof(State, seed) == 656, "layout");
+_Static_assert(__builtin_offsetof(State, clients) == 808, "layout");
+_Static_assert(__builtin_offsetof(State, round) == 11048, "layout");
+_Static_assert(__builtin_offsetof(State, model_json) == 39952, "layout");
+_Static_assert(sizeof(State) == 44048, "layout");
 
 #define ACTIVE(s) ((s) == ROUND_TRAIN || (s) == ROUND_WITNESS || (s) == COOLDOWN)
 #define HALTED(s) ((s) == UNINITIALIZED || (s) == FINISHED || (s) == PAUSED)
@@ -754,7 +754,8 @@ static u64 now_seconds(void) {
 static const u8 SYSTEM_PROGRAM[32] = {0};
 
 /* accounts: payer (signer, writable), coordinator PDA (writable), system program.
- * data: run id length u8, run id, main authority, join authority (zeros: anyone may join), lamports u64 */
+ * data: run id length u8, run id, main authority, join authority (zeros: anyone may join), authorizer
+ * program (whose authorizations from the join authority admit clients), lamports u64 */
 static u64 init_coordinator(Input *in) {
   if (in->account_count < 3) return fail(E_INVALID_INSTRUCTION, "init_coordinator: expected payer, coordinator, system program");
   SolAccountInfo *payer = &in->accounts[0], *coord = &in->accounts[1];
@@ -762,7 +763,7 @@ static u64 init_coordinator(Input *in) {
   u64 len = in->data_len - 1;
   if (len < 1 || d[0] == 0 || d[0] > RUN_ID_MAX) return fail(E_INVALID_INSTRUCTION, "run id must be 1 to 32 bytes");
   u64 id_len = d[0];
-  if (len != 1 + id_len + 64 + 8) return fail(E_INVALID_INSTRUCTION, "init_coordinator: bad data length");
+  if (len != 1 + id_len + 96 + 8) return fail(E_INVALID_INSTRUCTION, "init_coordinator: bad data length");
   if (!payer->is_signer) return fail(E_MISSING_SIGNATURE, "the payer must sign");
   const u8 *run_id = d + 1;
   SolSignerSeed seeds[3] = {{(const u8 *)"coordinator", 11}, {run_id, id_len}, {NULL, 1}};
@@ -772,7 +773,7 @@ static u64 init_coordinator(Input *in) {
   seeds[2].addr = &bump;
   u8 create[52];
   zero(create, 4); /* SystemInstruction::CreateAccount */
-  copy(create + 4, d + 1 + id_len + 64, 8);
+  copy(create + 4, d + 1 + id_len + 96, 8);
   /* A program may grow an account by MAX_PERMITTED_DATA_INCREASE per instruction: init_coordinator creates the
    * first 10 KiB, and grow instructions in the same transaction extend it to sizeof(State). */
   write_u64(create + 12, sizeof(State) < MAX_PERMITTED_DATA_INCREASE ? sizeof(State) : MAX_PERMITTED_DATA_INCREASE);
@@ -790,6 +791,7 @@ static u64 init_coordinator(Input *in) {
   s->bump = bump;
   copy(s->main_authority, d + 1 + id_len, 32);
   copy(s->join_authority, d + 1 + id_len + 32, 32);
+  copy(s->authorizer, d + 1 + id_len + 64, 32);
   /* seed: SHA-256("psyche/run\0" ‖ run id), as createCoordinator */
   sha256_2((const u8 *)"psyche/run", 11, run_id, id_len, s->seed);
   s->run_state = UNINITIALIZED;
@@ -824,6 +826,31 @@ static u64 load(Input *in, u64 index, State **out) {
   if (!a->is_writable) return fail(E_NOT_WRITABLE, "the coordinator account must be writable");
   *out = s;
   return 0;
+}
+
+/* Authorization (programs/authorizer) of a permissioned join: accounts[2], owned by the run's authorizer
+ * program, granted by the join authority, active, to this key, to anyone, or to a grantee that made this key
+ * its delegate. */
+typedef struct {
+  u64 magic;
+  u8 grantor[32], grantee[32];
+  u64 active, delegates_len;
+  u8 delegates[16][32];
+} Authorization;
+
+static u64 authorized(Input *in, const State *s, const u8 *key) {
+  if (in->account_count < 3) return fail(E_NOT_PERMITTED, "this run is permissioned: pass an authorization from its join authority");
+  const SolAccountInfo *acc = &in->accounts[2];
+  const Authorization *a = (const Authorization *)acc->data;
+  if (!equal(acc->owner, s->authorizer, 32) || acc->data_len != sizeof(Authorization) || a->magic != 0x4854554148595350ull)
+    return fail(E_NOT_PERMITTED, "the authorization is not an account of the run's authorizer program");
+  if (!a->active || !equal(a->grantor, s->join_authority, 32)) return fail(E_NOT_PERMITTED, "the authorization is not granted by the run's join authority");
+  u8 none[32];
+  zero(none, 32);
+  if (equal(a->grantee, key, 32) || equal(a->grantee, none, 32)) return 0;
+  for (u64 i = 0; i < a->delegates_len && i < 16; i++)
+    if (equal(a->delegates[i], key, 32)) return 0;
+  return fail(E_NOT_PERMITTED, "the authorization names neither this key nor it as a delegate");
 }
 
 /* accounts[0] must have signed; with `authority`, it must also be that key. */
@@ -865,8 +892,7 @@ u64 entrypoint(const u8 *input) {
       if ((e = signer(&in, NULL))) return e;
       u8 none[32];
       zero(none, 32);
-      if (!equal(s->join_authority, none, 32) && !equal(s->join_authority, key, 32))
-        return fail(E_NOT_PERMITTED, "this run is permissioned: only its join authority may join");
+      if (!equal(s->join_authority, none, 32) && !equal(s->join_authority, key, 32) && (e = authorized(&in, s, key))) return e;
       if (len) return fail(E_INVALID_INSTRUCTION, "join_run takes no data");
       return on_join(s, key);
     }

@@ -1,6 +1,7 @@
 import {createKeyPairSignerFromPrivateKeyBytes, type Address, type KeyPairSigner} from '@solana/kit'
 import {createHash} from 'node:crypto'
-import {LocalChain} from '../../src/core/backend/solana/local-chain.js'
+import {readFileSync} from 'node:fs'
+import {AUTHORIZER_PROGRAM_PATH, LocalChain} from '../../src/core/backend/solana/local-chain.js'
 import {coordinatorAddress, initCoordinatorInstructions} from '../../src/core/backend/solana/instructions.js'
 import {STATE_SIZE, decodeCoordinator} from '../../src/core/backend/solana/layout.js'
 
@@ -15,6 +16,8 @@ export interface Deployed {
   coordinator: Address
   payer: KeyPairSigner
   authority: KeyPairSigner
+  /** The authorizer program, deployed beside the coordinator. */
+  authorizer: Address
 }
 
 /** A LiteSVM with the committed program, and a run's coordinator account initialized at `now`. */
@@ -25,11 +28,13 @@ export async function deployRun(runId: string, now: number, joinAuthority: Addre
   const authority = await keypair('authority')
   chain.airdrop(payer.address)
   chain.airdrop(authority.address)
+  const authorizer = (await keypair('authorizer-program')).address
+  chain.addProgram(authorizer, readFileSync(AUTHORIZER_PROGRAM_PATH))
   chain.setTime(now)
   const coordinator = await coordinatorAddress(programId, runId)
-  const r = await chain.send(payer, initCoordinatorInstructions({programId, coordinator, payer, runId, mainAuthority: authority.address, joinAuthority, lamports: chain.rentExemption(STATE_SIZE)}))
+  const r = await chain.send(payer, initCoordinatorInstructions({programId, coordinator, payer, runId, mainAuthority: authority.address, joinAuthority, authorizer, lamports: chain.rentExemption(STATE_SIZE)}))
   if (!r.ok) throw new Error(`init_coordinator failed: ${r.error}\n${r.logs.join('\n')}`)
-  return {chain, programId, coordinator, payer, authority}
+  return {chain, programId, coordinator, payer, authority, authorizer}
 }
 
 export function readRun(d: Deployed) {

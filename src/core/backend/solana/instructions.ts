@@ -28,7 +28,7 @@ export async function coordinatorAddress(programId: Address, runId: string): Pro
   return address
 }
 
-function signerMeta(signer: TransactionSigner, writable = false) {
+export function signerMeta(signer: TransactionSigner, writable = false) {
   return {address: signer.address, role: writable ? AccountRole.WRITABLE_SIGNER : AccountRole.READONLY_SIGNER, signer}
 }
 
@@ -38,12 +38,24 @@ const writable = (address: Address) => ({address, role: AccountRole.WRITABLE})
  * init_coordinator followed by the grow instructions that bring the account to its full size (one
  * instruction may add 10 KiB); send them in one transaction. `lamports`: rent exemption for STATE_SIZE.
  */
-export function initCoordinatorInstructions(o: {programId: Address; coordinator: Address; payer: TransactionSigner; runId: string; mainAuthority: Address; joinAuthority: Address | null; lamports: bigint}): Instruction[] {
+export function initCoordinatorInstructions(o: {
+  programId: Address
+  coordinator: Address
+  payer: TransactionSigner
+  runId: string
+  mainAuthority: Address
+  /** null: anyone may join. Otherwise the grantor of the authorizations that admit clients. */
+  joinAuthority: Address | null
+  /** The authorizer program (required with a join authority). */
+  authorizer?: Address | null
+  lamports: bigint
+}): Instruction[] {
+  if (o.joinAuthority && !o.authorizer) throw new RangeError('a permissioned run (join authority) needs the authorizer program id')
   const out: Instruction[] = [
     {
       programAddress: o.programId,
       accounts: [signerMeta(o.payer, true), writable(o.coordinator), {address: SYSTEM_PROGRAM, role: AccountRole.READONLY}],
-      data: encodeInit(o.runId, o.mainAuthority, o.joinAuthority, o.lamports),
+      data: encodeInit(o.runId, o.mainAuthority, o.joinAuthority, o.authorizer ?? null, o.lamports),
     },
   ]
   for (let size = GROW_STEP; size < STATE_SIZE; size += GROW_STEP) out.push({programAddress: o.programId, accounts: [writable(o.coordinator)], data: encodeTag(IX.grow)})
@@ -57,7 +69,9 @@ function signed(programId: Address, coordinator: Address, signer: TransactionSig
 export const updateInstruction = (programId: Address, coordinator: Address, authority: TransactionSigner, config?: CoordinatorConfig, model?: {LLM: LLMConfig}) =>
   signed(programId, coordinator, authority, encodeUpdate(config, model))
 export const setPausedInstruction = (programId: Address, coordinator: Address, authority: TransactionSigner, paused: boolean) => signed(programId, coordinator, authority, encodeSetPaused(paused))
-export const joinRunInstruction = (programId: Address, coordinator: Address, client: TransactionSigner) => signed(programId, coordinator, client, encodeTag(IX.join_run))
+/** join_run; in a permissioned run, pass the authorization (authorizer program) that admits the client. */
+export const joinRunInstruction = (programId: Address, coordinator: Address, client: TransactionSigner, authorization?: Address) =>
+  signed(programId, coordinator, client, encodeTag(IX.join_run), authorization ? [{address: authorization, role: AccountRole.READONLY}] : [])
 export const withdrawInstruction = (programId: Address, coordinator: Address, client: TransactionSigner) => signed(programId, coordinator, client, encodeTag(IX.withdraw))
 export const tickInstruction = (programId: Address, coordinator: Address): Instruction => ({programAddress: programId, accounts: [writable(coordinator)], data: encodeTag(IX.tick)})
 export const witnessInstruction = (programId: Address, coordinator: Address, client: TransactionSigner, step: number, participant: Uint8Array, broadcast: Uint8Array) =>

@@ -60,6 +60,7 @@ export const OFFSETS = (() => {
     bump: at(8),
     main_authority: at(32),
     join_authority: at(32),
+    authorizer: at(32),
     run_state: at(8),
     run_state_start: at(8),
     has_config: at(8),
@@ -108,6 +109,8 @@ export interface OnChainCoordinator {
   main_authority: Address
   /** null: anyone may join. */
   join_authority: Address | null
+  /** The authorizer program whose authorizations (granted by the join authority) admit clients. */
+  authorizer: Address
   bump: number
   /** False until the first update: the run cannot be resumed before. */
   has_config: boolean
@@ -236,6 +239,7 @@ export function decodeCoordinator(data: Uint8Array): OnChainCoordinator {
     state,
     main_authority: addressDecoder.decode(b.subarray(O.main_authority, O.main_authority + 32)),
     join_authority: join.every((x) => x === 0) ? null : addressDecoder.decode(join),
+    authorizer: addressDecoder.decode(b.subarray(O.authorizer, O.authorizer + 32)),
     bump: b[O.bump],
     has_config: hasConfig,
   }
@@ -303,10 +307,10 @@ function repoBytes(repo: HubRepo): Buffer {
   return Buffer.concat([Buffer.from([id.length]), id, Buffer.from([repo.revision === undefined ? 0 : 1, revision.length]), revision])
 }
 
-export function encodeInit(runId: string, mainAuthority: string, joinAuthority: string | null, lamports: bigint): Uint8Array {
+export function encodeInit(runId: string, mainAuthority: string, joinAuthority: string | null, authorizer: string | null, lamports: bigint): Uint8Array {
   const id = Buffer.from(runId, 'utf8')
   if (id.length < 1 || id.length > RUN_ID_MAX) throw new RangeError(`run id ${JSON.stringify(runId)} must be 1 to ${RUN_ID_MAX} bytes`)
-  return Buffer.concat([Buffer.from([IX.init_coordinator, id.length]), id, addressBytes(mainAuthority), joinAuthority ? addressBytes(joinAuthority) : Buffer.alloc(32), u64(lamports)])
+  return Buffer.concat([Buffer.from([IX.init_coordinator, id.length]), id, addressBytes(mainAuthority), joinAuthority ? addressBytes(joinAuthority) : Buffer.alloc(32), authorizer ? addressBytes(authorizer) : Buffer.alloc(32), u64(lamports)])
 }
 
 /** update: the whole [config] and/or [model.LLM] (validate it with validateRunConfig first). */

@@ -17,7 +17,10 @@ import {Clock, FailedTransactionMetadata, LiteSVM} from 'litesvm'
 import {PROGRAM_ERRORS} from './layout.js'
 
 /** The built coordinator program (committed; `npm run build:programs` rebuilds it). */
-export const COORDINATOR_PROGRAM_PATH = join(dirname(fileURLToPath(import.meta.url)), '..', '..', '..', '..', 'programs', 'build', 'psyche_coordinator.so')
+const BUILD = join(dirname(fileURLToPath(import.meta.url)), '..', '..', '..', '..', 'programs', 'build')
+export const COORDINATOR_PROGRAM_PATH = join(BUILD, 'psyche_coordinator.so')
+/** The built authorizer program (permissioned runs). */
+export const AUTHORIZER_PROGRAM_PATH = join(BUILD, 'psyche_authorizer.so')
 
 export interface SendResult {
   ok: boolean
@@ -39,6 +42,11 @@ export class LocalChain {
   constructor(readonly programId: Address, programBytes: Uint8Array = readFileSync(COORDINATOR_PROGRAM_PATH)) {
     this.svm = new LiteSVM()
     this.svm.addProgram(programId, programBytes)
+  }
+
+  /** Deploys another program (e.g. the authorizer at AUTHORIZER_PROGRAM_PATH). */
+  addProgram(programId: Address, bytes: Uint8Array): void {
+    this.svm.addProgram(programId, bytes)
   }
 
   airdrop(address: Address, sol = 100n): void {

@@ -83,7 +83,7 @@ typedef struct {
   const u8 *program_id;
 } Input;
 
-static u64 deserialize(const u8 *input, Input *out) {
+static inline u64 deserialize(const u8 *input, Input *out) {
   u64 n = *(const u64 *)input;
   input += 8;
   if (n > MAX_ACCOUNTS) return 1;
@@ -122,42 +122,42 @@ static u64 deserialize(const u8 *input, Input *out) {
   return 0;
 }
 
-static void copy(void *dst, const void *src, u64 n) {
+static inline void copy(void *dst, const void *src, u64 n) {
   if (n) sol_memcpy_(dst, src, n);
 }
 
-static void zero(void *dst, u64 n) {
+static inline void zero(void *dst, u64 n) {
   if (n) sol_memset_(dst, 0, n);
 }
 
-static int equal(const void *a, const void *b, u64 n) {
+static inline int equal(const void *a, const void *b, u64 n) {
   int r = 0;
   sol_memcmp_(a, b, n, &r);
   return r == 0;
 }
 
-static void log(const char *message) {
+static inline void log(const char *message) {
   u64 n = 0;
   while (message[n]) n++;
   sol_log_(message, n);
 }
 
-static void sha256_2(const u8 *a, u64 alen, const u8 *b, u64 blen, u8 *out) {
+static inline void sha256_2(const u8 *a, u64 alen, const u8 *b, u64 blen, u8 *out) {
   SolBytes parts[2] = {{a, alen}, {b, blen}};
   sol_sha256(parts, blen ? 2 : 1, out);
 }
 
-static u64 read_u64(const u8 *p) {
+static inline u64 read_u64(const u8 *p) {
   u64 v = 0;
   for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
   return v;
 }
 
-static u32 read_u32(const u8 *p) {
+static inline u32 read_u32(const u8 *p) {
   return (u32)p[0] | ((u32)p[1] << 8) | ((u32)p[2] << 16) | ((u32)p[3] << 24);
 }
 
-static void write_u64(u8 *p, u64 v) {
+static inline void write_u64(u8 *p, u64 v) {
   for (int i = 0; i < 8; i++) p[i] = (u8)(v >> (8 * i));
 }
 

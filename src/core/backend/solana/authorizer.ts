@@ -1,0 +1,83 @@
+import {AccountRole, getAddressDecoder, getProgramDerivedAddress, type Address, type Instruction, type TransactionSigner} from '@solana/kit'
+import {addressBytes} from './layout.js'
+import {SYSTEM_PROGRAM, signerMeta} from './instructions.js'
+
+/**
+ * The authorizer program (programs/authorizer): a grantor (a run's join authority) grants an
+ * authorization to a grantee, the grantee names delegate keys, and the coordinator admits the grantee
+ * and its delegates to runs whose join authority is the grantor. Revoking closes the authorization.
+ */
+
+export const AUTHORIZATION_SIZE = 600
+export const MAX_DELEGATES = 16
+const MAGIC = 0x4854554148595350n // "PSYHAUTH"
+/** A grantee of all zeros: the grantor authorizes anyone. */
+export const ANYONE = '11111111111111111111111111111111' as Address
+
+export interface Authorization {
+  grantor: Address
+  grantee: Address
+  active: boolean
+  delegates: Address[]
+}
+
+export async function authorizationAddress(authorizer: Address, grantor: Address, grantee: Address): Promise<Address> {
+  const [address] = await getProgramDerivedAddress({programAddress: authorizer, seeds: ['authorization', addressBytes(grantor), addressBytes(grantee)]})
+  return address
+}
+
+export function decodeAuthorization(data: Uint8Array): Authorization {
+  const b = Buffer.from(data.buffer, data.byteOffset, data.byteLength)
+  if (b.length !== AUTHORIZATION_SIZE || b.readBigUInt64LE(0) !== MAGIC) throw new RangeError('not an authorization account')
+  const d = getAddressDecoder()
+  const count = Number(b.readBigUInt64LE(80))
+  if (count > MAX_DELEGATES) throw new RangeError('authorization: delegate count exceeds MAX_DELEGATES')
+  return {
+    grantor: d.decode(b.subarray(8, 40)),
+    grantee: d.decode(b.subarray(40, 72)),
+    active: b.readBigUInt64LE(72) !== 0n,
+    delegates: Array.from({length: count}, (_, i) => d.decode(b.subarray(88 + i * 32, 120 + i * 32))),
+  }
+}
+
+export async function grantInstruction(authorizer: Address, grantor: TransactionSigner, grantee: Address, lamports: bigint): Promise<Instruction> {
+  const data = Buffer.alloc(41)
+  data[0] = 0
+  Buffer.from(addressBytes(grantee)).copy(data, 1)
+  data.writeBigUInt64LE(lamports, 33)
+  return {
+    programAddress: authorizer,
+    accounts: [
+      signerMeta(grantor, true),
+      {address: await authorizationAddress(authorizer, grantor.address, grantee), role: AccountRole.WRITABLE},
+      {address: SYSTEM_PROGRAM, role: AccountRole.READONLY},
+    ],
+    data,
+  }
+}
+
+/** Replaces the grantee's delegate list. */
+export function delegatesInstruction(authorizer: Address, grantee: TransactionSigner, authorization: Address, delegates: Address[]): Instruction {
+  if (delegates.length > MAX_DELEGATES) throw new RangeError(`at most ${MAX_DELEGATES} delegates`)
+  return {
+    programAddress: authorizer,
+    accounts: [
+      signerMeta(grantee),
+      {address: authorization, role: AccountRole.WRITABLE},
+    ],
+    data: Buffer.concat([Buffer.from([1, delegates.length]), ...delegates.map(addressBytes)]),
+  }
+}
+
+/** Closes the authorization; its lamports go to `recipient`. */
+export function revokeInstruction(authorizer: Address, grantor: TransactionSigner, authorization: Address, recipient: Address): Instruction {
+  return {
+    programAddress: authorizer,
+    accounts: [
+      signerMeta(grantor),
+      {address: authorization, role: AccountRole.WRITABLE},
+      {address: recipient, role: AccountRole.WRITABLE},
+    ],
+    data: Uint8Array.from([2]),
+  }
+}
