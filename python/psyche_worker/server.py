@@ -84,6 +84,7 @@ class Worker:
             "produce": self.op_produce,
             "apply_results": self.op_apply_results,
             "train_round": self.op_train_round,
+            "score_results": self.op_score_results,
         }
 
     @property
@@ -161,6 +162,17 @@ class Worker:
                                            [f.numpy().tobytes() for f in results])
         return {**reply, "applied": len(results), "param_hash": models.hash_named_tensors(self.t.replicated_parameters()),
                 "frames": [{"name": "result", "dtype": "uint8", "shape": [len(result)]}]}, [result]
+
+    def op_score_results(self, h, frames) -> Reply:
+        """Frames: `results` result frames (uint8), then token batches. Reply: losses before / after each."""
+        n = int(h.get("results", 0))
+        if n < 0 or n > len(frames):
+            raise WorkerError(f"score_results: {n} results but {len(frames)} frames")
+        for i, f in enumerate(frames[:n]):
+            if f.dtype != torch.uint8 or f.ndim != 1:
+                raise WorkerError(f"score_results: frame {i} must be a 1-D uint8 result")
+        reply = self.t.score_results([f.numpy().tobytes() for f in frames[:n]], int(h.get("step", 0)), frames[n:])
+        return reply, []
 
     def op_param_hash(self, h, frames) -> Reply:
         return {"param_hash": models.hash_named_tensors(self.t.replicated_parameters())}, []

@@ -214,6 +214,36 @@ class Trainer:
         return {"loss": loss, "grad_norm": norm, "lr": lr, "tokens": int(tokens.shape[0] * (tokens.shape[1] - 1)),
                 "result_bytes": len(result)}, result
 
+    @torch.no_grad()
+    def score_results(self, results: list[bytes], step: int, batches: list[torch.Tensor]) -> dict[str, Any]:
+        """Verification (src/core/verify/): the loss on each batch at the committed parameters, and after applying
+        each result alone at step `step`'s LR (as apply would, for one peer). Changes nothing: the parameters,
+        any speculation, the momentum and the lookahead scales are as before. A result that does not decode
+        scores None."""
+        if len(self.distro_peers) != 1:
+            raise WorkerError("score_results needs the Distro optimizer configured with one peer", kind="state")
+        peer = self.distro_peers[0]
+        lr = self.schedule(step)
+        current = [p.detach().clone() for p in peer.params]
+        base = [c.detach().clone() for _, c in peer.committed_parameters()]
+        try:
+            for p, b in zip(peer.params, base):
+                p.data.copy_(b)
+            before = [self.evaluate(t)["loss"] for t in batches]
+            after: list[list[float] | None] = []
+            for result in results:
+                try:
+                    decoded = peer.decode(result)
+                except ResultDecodeError:
+                    after.append(None)
+                    continue
+                peer._update(base, [decoded], lr)
+                after.append([self.evaluate(t)["loss"] for t in batches])
+        finally:
+            for p, c in zip(peer.params, current):
+                p.data.copy_(c)
+        return {"before": before, "after": after, "lr": lr}
+
     def replicated_parameters(self) -> list[tuple[str, torch.Tensor]]:
         """Parameters as every replica holds them (without a pending DisTrO speculation), sorted by name."""
         if self.distro_peers:

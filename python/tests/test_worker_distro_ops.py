@@ -66,3 +66,37 @@ def test_configure_reports_the_result_format_peers_must_send(tiny_config):
     assert all(t["topk"] <= 16 * 16 and max(t["chunk"]) <= 16 for t in fmt["tensors"])
     adamw, _ = w.op_configure({"optimizer": {"AdamW": {}}, "micro_batch": 4}, [])
     assert "result_format" not in adamw
+
+
+def flip_signs(blob: bytes, w: Worker) -> bytes:
+    """The result with every sign bit inverted (1-bit results: values are one bit each)."""
+    from psyche_worker.distro_codec import decode_result, encode_result, EncodedTensor, VALUE_SIGN
+    peer = w.t.distro_peers[0]
+    decoded = decode_result(blob, peer.specs, VALUE_SIGN)
+    out = []
+    for d in decoded:
+        negative = (d.values > 0).reshape(-1)  # flipped: previously positive values become negative
+        out.append(EncodedTensor(d.spec, d.indices, np.packbits(negative, bitorder="little").tobytes()))
+    return encode_result(out, VALUE_SIGN)
+
+
+def test_score_results_measures_each_result_alone_and_changes_nothing(tiny_config):
+    w = worker(tiny_config)
+    train, other = tokens(11), tokens(12)
+    _, out = w.op_train_round({"step": 1}, [train])
+    blob = bytes(out[0])
+    state_before = w.op_param_hash({}, [])[0]["param_hash"]
+    momentum = [m.clone() for m in w.t.distro_peers[0].momentum]
+    spec_params = [p.detach().clone() for p in w.t.distro_peers[0].params]
+    reply, _ = w.op_score_results({"step": 1, "results": 3},
+                                  [result_frame(blob), result_frame(flip_signs(blob, w)), result_frame(b"junk"), train, other])
+    (b_train, b_other), after = reply["before"], reply["after"]
+    honest, flipped, junk = after
+    assert junk is None
+    # The honest update lowers the loss on the batch it was trained on; its negation raises it.
+    assert honest[0] < b_train < flipped[0]
+    assert (b_train - honest[0]) > (b_other - honest[1])
+    # Nothing changed: committed parameters, speculation, momentum.
+    assert w.op_param_hash({}, [])[0]["param_hash"] == state_before
+    assert all(torch.equal(a, b) for a, b in zip(momentum, w.t.distro_peers[0].momentum))
+    assert all(torch.equal(a, b.detach()) for a, b in zip(spec_params, w.t.distro_peers[0].params))

@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict'
 import {describe, it} from 'node:test'
-import {batchRangeFor, deserializeState, selectWitnesses, serializeState, tick, type CoordinatorState} from '../../src/core/coordinator/index.js'
+import {batchRangeFor, deserializeState, isVerifier, selectVerifiers, selectWitnesses, serializeState, tick, verifierCount, type CoordinatorState} from '../../src/core/coordinator/index.js'
 import {signAnnouncement} from '../../src/core/p2p/announcement.js'
 import {generateIdentity, identityFromSeed} from '../../src/core/protocol/identity.js'
 import {checkEquivocation} from '../../src/core/verify/equivocation.js'
@@ -73,6 +73,35 @@ describe('accusations of invalid results', () => {
     // One witness is a quorum of one: it alone ejects.
     const after = ok(s, {type: 'accuse', from: w, step, accused: other, reason: 'invalid_result'}, now)
     assert.equal(stateOf(after, other), 'Ejected')
+  })
+})
+
+describe('verifiers and low-score accusations', () => {
+  it('verification_percent selects verifiers from the round seed; anyone recomputes the same set', () => {
+    const {state: s} = firstRound({witness_nodes: 0, min_clients: 2, verification_percent: 50} as never)
+    assert.equal(verifierCount(s.config, 4), 2)
+    const verifiers = selectVerifiers(s)
+    assert.equal(verifiers.length, 2)
+    assert.deepEqual(idsOf.filter((id) => isVerifier(s, id)).sort(), [...verifiers].sort())
+    assert.equal(verifierCount({...s.config, verification_percent: 0}, 4), 0)
+    assert.equal(verifierCount({...s.config, verification_percent: 1}, 4), 1)
+  })
+
+  it('a quorum of verifiers accusing a low scorer ejects it and excludes its in-flight result; a non-verifier cannot', () => {
+    let {state: s, now} = firstRound({witness_nodes: 0, min_clients: 2, verification_percent: 75} as never)
+    const step = s.epoch.round!.step
+    const verifiers = selectVerifiers(s) // 3 verifiers: quorum 2
+    assert.equal(verifiers.length, 3)
+    const outsider = idsOf.find((id) => !verifiers.includes(id))!
+    const target = verifiers[2]
+    rejected(s, {type: 'accuse', from: outsider, step, accused: target, reason: 'low_score'}, now, 'InvalidAccusation')
+    s = ok(s, {type: 'accuse', from: verifiers[0], step, accused: target, reason: 'low_score'}, now)
+    // An invalid_result accusation does not add up with a low_score one.
+    s = ok(s, {type: 'accuse', from: verifiers[1], step, accused: target, reason: 'invalid_result'}, now)
+    assert.equal(stateOf(s, target), 'Healthy')
+    s = ok(s, {type: 'accuse', from: verifiers[1], step, accused: target, reason: 'low_score'}, now)
+    assert.equal(stateOf(s, target), 'Ejected')
+    assert.deepEqual(s.epoch.round!.excluded, [target])
   })
 })
 

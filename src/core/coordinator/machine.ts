@@ -8,8 +8,10 @@ import {
   batchRangeFor,
   globalBatchSize,
   isTrainerHealthy,
+  isVerifier,
   isWitness,
   nextDataIndex,
+  verifierCount,
   witnessBloomParams,
   witnessCount,
   witnessQuorum,
@@ -378,17 +380,21 @@ function onAccuse(s: CoordinatorState, event: Extract<CoordinatorEvent, {type: '
   const {from, accused} = event
   // Only the current round: once the next one starts, this round's record is final and replicas apply it.
   if (event.step !== round.step) throw new Reject('WrongStep', `accusation for step ${event.step}, but the round is step ${round.step}`)
-  if (event.reason !== 'invalid_result') throw new Reject('InvalidAccusation', `unknown accusation reason ${JSON.stringify(event.reason)}`)
+  if (event.reason !== 'invalid_result' && event.reason !== 'low_score') throw new Reject('InvalidAccusation', `unknown accusation reason ${JSON.stringify(event.reason)}`)
   checkId(accused, 'accused')
-  if (!isWitness(s, from, round)) throw new Reject('InvalidAccusation', `client ${from} is not a witness of step ${round.step}`)
+  const byScore = event.reason === 'low_score'
+  if (!byScore && !isWitness(s, from, round)) throw new Reject('InvalidAccusation', `client ${from} is not a witness of step ${round.step}`)
+  if (byScore && !isVerifier(s, from, round)) throw new Reject('InvalidAccusation', `client ${from} is not a verifier of step ${round.step}`)
   if (from === accused) throw new Reject('InvalidAccusation', 'a client cannot accuse itself')
   const range = batchRangeFor(s, accused, round)
   if (!range || range.start === range.end) throw new Reject('InvalidAccusation', `client ${accused} has no batches in step ${round.step}, so no result to accuse`)
-  if (round.accusations.some((a) => a.from === from && a.accused === accused)) throw new Reject('DuplicateAccusation', `client ${from} already accused ${accused} in step ${round.step}`)
+  const same = (a: {accused: ClientId; reason: string}) => a.accused === accused && a.reason === event.reason
+  if (round.accusations.some((a) => a.from === from && same(a))) throw new Reject('DuplicateAccusation', `client ${from} already accused ${accused} (${event.reason}) in step ${round.step}`)
   const accusations = [...round.accusations, {from, accused, reason: event.reason}]
   s = {...s, epoch: {...s.epoch, round: {...round, accusations}}}
-  const backing = accusations.filter((a) => a.accused === accused).length
-  return backing >= witnessQuorum(witnessCount(s.config, round.roster.length)) ? ejectAndExclude(s, accused, s.epoch.round) : s
+  const backing = accusations.filter(same).length
+  const judges = byScore ? verifierCount(s.config, round.roster.length) : witnessCount(s.config, round.roster.length)
+  return backing >= witnessQuorum(judges) ? ejectAndExclude(s, accused, s.epoch.round) : s
 }
 
 function onEquivocation(s: CoordinatorState, event: Extract<CoordinatorEvent, {type: 'equivocation'}>): CoordinatorState {

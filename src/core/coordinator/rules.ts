@@ -126,6 +126,30 @@ export function isWitness(state: CoordinatorState, id: ClientId, round?: Round |
   return shuffledIndex(index, r.roster.length, subSeed(r.seed, 'witness')) < witnessCount(state.config, r.roster.length)
 }
 
+/** How many verifiers a round with `rosterSize` trainers has: verification_percent of them, at least one when it is not 0. */
+export function verifierCount(config: CoordinatorConfig, rosterSize: number): number {
+  if (!config.verification_percent || rosterSize === 0) return 0
+  return Math.min(rosterSize, Math.max(1, Math.ceil((config.verification_percent * rosterSize) / 100)))
+}
+
+/** Whether `id` verifies in the round (default: current): the seed shuffles the verifiers to the first positions, like witnesses. */
+export function isVerifier(state: CoordinatorState, id: ClientId, round?: Round | null): boolean {
+  const r = roundOf(state, round)
+  const index = r.roster.indexOf(id)
+  if (index < 0) return false
+  return shuffledIndex(index, r.roster.length, subSeed(r.seed, 'verify')) < verifierCount(state.config, r.roster.length)
+}
+
+/** The round's verifiers (default: current round), in verifier order. */
+export function selectVerifiers(state: CoordinatorState, round?: Round | null): ClientId[] {
+  const r = roundOf(state, round)
+  const n = r.roster.length
+  const seed = subSeed(r.seed, 'verify')
+  const out: ClientId[] = []
+  for (let p = 0; p < verifierCount(state.config, n); p++) out.push(r.roster[unshuffledIndex(p, n, seed)])
+  return out
+}
+
 /** Size of both witness blooms for a round of `rosterSize` trainers. */
 export function witnessBloomParams(rosterSize: number): BloomParams {
   return bloomParamsFor(rosterSize, WITNESS_BLOOM_FALSE_RATE)

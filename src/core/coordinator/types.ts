@@ -52,8 +52,11 @@ export interface Round {
   excluded: ClientId[]
 }
 
-/** Why a witness accuses a trainer of a round. */
-export type AccusationReason = 'invalid_result'
+/**
+ * Why a trainer of a round is accused: 'invalid_result' by a witness (its result fails validation);
+ * 'low_score' by a verifier (its results' scores stayed below the threshold: src/core/verify/score.ts).
+ */
+export type AccusationReason = 'invalid_result' | 'low_score'
 
 export interface Accusation {
   from: ClientId
@@ -112,8 +115,9 @@ export interface WitnessProof {
  * - checkpoint: a client uploaded the model at the end of the epoch (Cooldown).
  * - eject: the authority removes a client (ours: Psyche has the state but no event).
  * - accuse: a witness of the current round found `accused`'s result invalid (it does not decode or validate
- *   against the run's model). A quorum of the round's witnesses accusing the same trainer ejects it and
- *   excludes its result from the round.
+ *   against the run's model), or a verifier of the current round scored its results low. A quorum of the
+ *   round's witnesses (resp. verifiers) accusing the same trainer for the same reason ejects it and excludes its
+ *   result from the round.
  * - equivocation: `proof` holds two different results' announcements signed by one producer for one step;
  *   the producer is ejected at once, and if the step is the current round, excluded from it.
  */

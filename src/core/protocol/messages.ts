@@ -241,7 +241,7 @@ const clientBodyCheckers: {[K in ClientKind]: (b: Obj) => ClientBodies[K]} = {
   },
   accuse(b) {
     exactKeys(b, ['accused', 'reason'], [], 'accuse')
-    if (b.reason !== 'invalid_result') throw new Invalid('accuse.reason must be "invalid_result"')
+    if (b.reason !== 'invalid_result' && b.reason !== 'low_score') throw new Invalid('accuse.reason must be "invalid_result" or "low_score"')
     return {accused: id(b.accused, 'accuse.accused'), reason: b.reason}
   },
   equivocation(b) {
