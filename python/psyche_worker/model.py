@@ -52,6 +52,7 @@ def init_model(config_dict: dict[str, Any], seed: int) -> torch.nn.Module:
 
 def load_model(model_dir: str) -> torch.nn.Module:
     path = Path(model_dir)
+    recover_interrupted_save(path.resolve())
     cfg_path = path / "config.json"
     if not cfg_path.is_file():
         raise WorkerError(f"{model_dir}: not a model directory (no config.json)", kind="model")
@@ -96,14 +97,109 @@ def hash_named_tensors(named: list[tuple[str, torch.Tensor]]) -> str:
     return h.hexdigest()
 
 
-def save_model(model: torch.nn.Module, out_dir: str) -> None:
-    """Writes config.json + model.safetensors to ``out_dir`` atomically: into a temporary sibling
-    directory first, then renamed over, so a crash never leaves a half-written model."""
+EOS = "<|endoftext|>"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def byte_level_tokenizer(vocab_size: int = 257):
+    """A tokenizer for a model that came with none: one token per byte (byte-level BPE without merges) plus
+    <|endoftext|> — 257 ids, which round-trip any text. A model with fewer ids gets the first vocab_size - 1
+    byte symbols (others map to <|endoftext|>), so no id ever exceeds the model's vocabulary."""
+    from tokenizers import Tokenizer, decoders, models as tok_models, pre_tokenizers
+
+    if vocab_size < 2:
+        raise WorkerError(f"vocab_size {vocab_size} is too small for a tokenizer", kind="model")
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())[: min(256, vocab_size - 1)]
+    vocab = {ch: i for i, ch in enumerate(alphabet)}
+    vocab[EOS] = len(vocab)
+    tok = Tokenizer(tok_models.BPE(vocab=vocab, merges=[], unk_token=EOS))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([EOS])
+    return tok
+
+
+def write_tokenizer(dest: Path, config, source: str | None) -> str:
+    """Writes tokenizer.json + tokenizer_config.json into ``dest``: from ``source`` (a tokenizer.json file or a
+    model directory holding one), else a byte-level tokenizer. Returns where it came from."""
+    from tokenizers import Tokenizer
+
+    src = Path(source) if source else None
+    if src is not None and src.is_dir():
+        src = src / "tokenizer.json" if (src / "tokenizer.json").is_file() else None
+    if src is not None and not src.is_file():
+        raise WorkerError(f"tokenizer {source}: no such file", kind="model")
+    if src is not None:
+        try:
+            tok = Tokenizer.from_file(str(src))
+        except Exception as exc:
+            raise WorkerError(f"{src}: not a tokenizers tokenizer.json ({exc})", kind="model") from None
+        origin = str(src)
+    else:
+        vocab_size = int(getattr(config, "vocab_size", 0) or 0)
+        tok, origin = byte_level_tokenizer(vocab_size or 257), "byte-level (the model came without a tokenizer)"
+    vocab_size = int(getattr(config, "vocab_size", 0) or 0)
+    if vocab_size and tok.get_vocab_size() > vocab_size:
+        raise WorkerError(f"tokenizer {origin} has {tok.get_vocab_size()} tokens, more than the model's vocab_size {vocab_size}", kind="model")
+    if src is not None:
+        shutil.copyfile(src, dest / "tokenizer.json")
+    else:
+        tok.save(str(dest / "tokenizer.json"))
+    sibling_config = src.parent / "tokenizer_config.json" if src is not None else None
+    if sibling_config is not None and sibling_config.is_file():
+        shutil.copyfile(sibling_config, dest / "tokenizer_config.json")
+        if (src.parent / "special_tokens_map.json").is_file():
+            shutil.copyfile(src.parent / "special_tokens_map.json", dest / "special_tokens_map.json")
+    else:
+        tok_config: dict[str, Any] = {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "model_max_length": int(getattr(config, "max_position_embeddings", 2048) or 2048),
+            "clean_up_tokenization_spaces": False,
+        }
+        if tok.token_to_id(EOS) is not None:
+            tok_config.update(eos_token=EOS, bos_token=EOS, unk_token=EOS)
+        (dest / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2) + "\n")
+    return origin
+
+
+def model_card(name: str, parameters: int, phash: str, tokenizer: str, card: dict[str, Any]) -> str:
+    lines = ["---", "library_name: transformers", "pipeline_tag: text-generation", "tags:", "- psyche", "- llama", "---", "",
+             f"# {name}", "",
+             "A causal language model written by [psyche](https://github.com/PsycheFoundation/psyche) "
+             "(untrusted machines training one model together).", "",
+             "| | |", "|---|---|", f"| parameters | {parameters:,} |", f"| parameter hash (sha256) | `{phash}` |",
+             f"| tokenizer | {tokenizer} |"]
+    for key, value in card.items():
+        lines.append(f"| {str(key).replace('_', ' ')} | {value} |")
+    lines += ["", "```python", "from transformers import AutoModelForCausalLM, AutoTokenizer",
+              f'model = AutoModelForCausalLM.from_pretrained("{name}")', f'tokenizer = AutoTokenizer.from_pretrained("{name}")', "```", ""]
+    return "\n".join(lines)
+
+
+def recover_interrupted_save(out: Path) -> None:
+    """A save replaces ``out`` in two renames (out -> .out.old-PID, then the new one -> out). If it died between
+    them, ``out`` is missing and the previous model sits in the .old sibling: put it back."""
+    if out.exists():
+        return
+    olds = sorted(out.parent.glob(f".{out.name}.old-*"), key=lambda p: p.stat().st_mtime, reverse=True)
+    if olds and (olds[0] / "config.json").is_file():
+        os.rename(olds[0], out)
+
+
+def save_model(model: torch.nn.Module, out_dir: str, tokenizer: str | None = None, card: dict[str, Any] | None = None) -> None:
+    """Writes a complete model directory to ``out_dir`` atomically — config.json, model.safetensors, the tokenizer
+    (tokenizer.json + tokenizer_config.json) and a model card (README.md) — into a temporary sibling directory
+    first, then renamed over, so a crash never leaves a half-written model and the previous one stays intact."""
     out = Path(out_dir).resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
+    recover_interrupted_save(out)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         model.save_pretrained(str(tmp), safe_serialization=True)
+        origin = write_tokenizer(tmp, model.config, tokenizer)
+        parameters = sum(p.numel() for p in model.parameters())
+        (tmp / "README.md").write_text(model_card(out.name, parameters, param_hash(model), origin, card or {}))
+        os.chmod(tmp, 0o755)  # mkdtemp makes it private; a model is not secret
         old = None
         if out.exists():
             old = out.parent / f".{out.name}.old-{os.getpid()}"

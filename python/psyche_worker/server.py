@@ -100,8 +100,10 @@ class Worker:
 
     def op_init_model(self, h, frames) -> Reply:
         seed = int(h.get("seed", 0))
+        self.source_dir = None
         if h.get("model_dir"):
             m = models.load_model(h["model_dir"])
+            self.source_dir = h["model_dir"]
         elif isinstance(h.get("config"), dict):
             m = models.init_model(h["config"], seed)
         else:
@@ -207,7 +209,10 @@ class Worker:
         if self.t.distro_peers:
             # save what every replica holds, not a pending speculative update
             self.t.distro_peers[0].discard_speculation()
-        models.save_model(self.t.model, h["dir"])
+        # the tokenizer: as asked, else the one the loaded model came with, else a byte-level one
+        tokenizer = h.get("tokenizer") or getattr(self, "source_dir", None)
+        card = h.get("card") if isinstance(h.get("card"), dict) else None
+        models.save_model(self.t.model, h["dir"], tokenizer=tokenizer, card=card)
         return {"dir": h["dir"]}, []
 
     # -- loop --------------------------------------------------------------------------------------

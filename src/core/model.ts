@@ -14,11 +14,11 @@ export interface CreatedModel {
 }
 
 /**
- * A randomly initialised model written in Hugging Face layout (config.json + model.safetensors), from
+ * A randomly initialised model written in Hugging Face layout (config.json + model.safetensors + tokenizer + card), from
  * templates/NAME/model/config.json, or — with no template named — from the config.json already in the
  * output directory (as `psyche init` scaffolds it). The same config and seed give the same bytes.
  */
-export async function createModelFromTemplate(options: {template?: string; out: string; seed: number; force?: boolean; overrides?: Record<string, unknown>}): Promise<CreatedModel> {
+export async function createModelFromTemplate(options: {template?: string; out: string; seed: number; force?: boolean; overrides?: Record<string, unknown>; tokenizer?: string}): Promise<CreatedModel> {
   const out = resolve(options.out)
   if (existsSync(join(out, 'model.safetensors')) && !options.force) {
     throw new PsycheError(`${options.out}: already holds a model (model.safetensors); use --force to replace it`)
@@ -30,7 +30,7 @@ export async function createModelFromTemplate(options: {template?: string; out: 
   const worker = await ModelWorker.start({threads: 1, device: 'cpu'})
   try {
     const info = await worker.initFromConfig(config, options.seed)
-    await worker.save(out)
+    await worker.save(out, {tokenizer: options.tokenizer ?? (existsSync(join(out, 'tokenizer.json')) ? out : undefined), card: {seed: options.seed, template}})
     return {dir: out, template, parameters: info.parameters, paramHash: info.param_hash, seed: options.seed}
   } finally {
     await worker.shutdown()

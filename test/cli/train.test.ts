@@ -3,7 +3,8 @@ import {readFileSync, writeFileSync, mkdirSync} from 'node:fs'
 import {join} from 'node:path'
 import {after, before, describe, test} from 'node:test'
 import {execa} from 'execa'
-import {ensureDemoCorpus} from '../../src/core/corpus.js'
+import {demoCorpusDir, ensureDemoCorpus} from '../../src/core/corpus.js'
+import {python} from '../checkpoint/helpers.js'
 import {processAlive, runCli, startCli, tempDir, tinyModelConfig, waitFor} from '../helpers.js'
 
 /** The pid of the PyTorch worker that the CLI process `parent` started (waits for it to appear). */
@@ -59,6 +60,19 @@ describe('psyche train (real CLI, worker and ZeroMQ)', () => {
     assert.equal(reloaded.exitCode, 0, reloaded.stderr)
     assert.equal(JSON.parse(reloaded.stdout).paramHash, ha)
     assert.ok(readFileSync(join(save, 'config.json'), 'utf8').includes('"vocab_size": 4096'))
+    // with the tokenizer its training data was made with, a model card, and loadable by plain transformers
+    assert.deepEqual(readFileSync(join(save, 'tokenizer.json')), readFileSync(join(demoCorpusDir, 'tokenizer.json')))
+    assert.match(readFileSync(join(save, 'README.md'), 'utf8'), new RegExp(ha))
+    const loaded = await python(`
+import json
+from transformers import AutoModelForCausalLM, AutoTokenizer
+m = AutoModelForCausalLM.from_pretrained(${JSON.stringify(save)})
+t = AutoTokenizer.from_pretrained(${JSON.stringify(save)})
+ids = t("State of the Union")["input_ids"]
+print(json.dumps({"ids": ids, "text": t.decode(ids), "logits": list(m(__import__("torch").tensor([ids])).logits.shape)}))
+`)
+    assert.equal(loaded.text, 'State of the Union')
+    assert.deepEqual(loaded.logits, [1, loaded.ids.length, 4096])
   })
 
   test('AdamW and DisTrO with simulated peers both train; DisTrO reports its bytes per step', async () => {

@@ -1,6 +1,7 @@
 import {createHash} from 'node:crypto'
-import {mkdirSync, openSync, writeSync, closeSync} from 'node:fs'
-import {dirname, resolve} from 'node:path'
+import {closeSync, existsSync, mkdirSync, openSync, writeSync} from 'node:fs'
+import {readFile} from 'node:fs/promises'
+import {dirname, join, resolve} from 'node:path'
 import {ensureDemoCorpus, demoCorpusDir} from '../corpus.js'
 import {type DataProvider, openDataProvider} from '../data/index.js'
 import {PsycheError} from '../errors.js'
@@ -67,6 +68,25 @@ class JsonlWriter {
   }
   close(): void {
     closeSync(this.fd)
+  }
+}
+
+/**
+ * The tokenizer to save with a trained model: the model directory's own (the worker keeps it), else the
+ * tokenizer.json a Local data directory's manifest names (the one its tokens were made with), if any.
+ */
+async function dataTokenizer(plan: TrainPlan): Promise<string | undefined> {
+  if (plan.model.kind === 'dir' && existsSync(join(plan.model.dir, 'tokenizer.json'))) return undefined
+  const location = plan.data as {Local?: unknown}
+  if (typeof location?.Local !== 'string') return undefined
+  const dir = resolve(plan.dataBaseDir, location.Local)
+  try {
+    const manifest = JSON.parse(await readFile(join(dir, 'manifest.json'), 'utf8')) as {tokenizer?: unknown}
+    if (typeof manifest.tokenizer !== 'string') return undefined
+    const path = resolve(dir, manifest.tokenizer)
+    return existsSync(path) ? path : undefined
+  } catch {
+    return undefined
   }
 }
 
@@ -152,7 +172,7 @@ export async function runSingleNode(
     const paramHash = await worker.paramHash()
     if (options.savePath) {
       events.onStatus?.(`saving the model to ${options.savePath}`)
-      await worker.save(resolve(options.savePath))
+      await worker.save(resolve(options.savePath), {tokenizer: await dataTokenizer(plan), card: {steps: plan.steps, tokens}})
     }
     return {
       steps: plan.steps,

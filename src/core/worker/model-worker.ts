@@ -103,8 +103,13 @@ export class ModelWorker {
     return (await this.client.call<{param_hash: string}>('import_params', {}, frames)).reply.param_hash
   }
 
-  async save(dir: string): Promise<void> {
-    await this.client.call('save_model', {dir})
+  /**
+   * Writes the model directory (config, weights, tokenizer, model card) atomically. The tokenizer is `tokenizer`
+   * (a tokenizer.json or a model directory), else the loaded model's own, else a byte-level one; `card` adds rows
+   * (step, run id, ...) to the model card.
+   */
+  async save(dir: string, options: {tokenizer?: string; card?: Record<string, string | number>} = {}): Promise<void> {
+    await this.client.call('save_model', {dir, ...(options.tokenizer ? {tokenizer: options.tokenizer} : {}), ...(options.card ? {card: options.card} : {})})
   }
 
   async shutdown(): Promise<void> {
