@@ -14,6 +14,7 @@ import {
   type TransactionSigner,
 } from '@solana/kit'
 import {Clock, FailedTransactionMetadata, LiteSVM} from 'litesvm'
+import type {Chain} from './chain.js'
 import {PROGRAM_ERRORS} from './layout.js'
 
 /** The built coordinator program (committed; `npm run build:programs` rebuilds it). */
@@ -36,7 +37,7 @@ export interface SendResult {
  * A Solana runtime in this process (LiteSVM: the real SVM, loader and syscalls, no network) with the
  * coordinator program deployed. Time is what `setTime` says, so tests and simulations are repeatable.
  */
-export class LocalChain {
+export class LocalChain implements Chain {
   readonly svm: LiteSVM
 
   constructor(readonly programId: Address, programBytes: Uint8Array = readFileSync(COORDINATOR_PROGRAM_PATH)) {
@@ -67,6 +68,14 @@ export class LocalChain {
   accountData(address: Address): Uint8Array | undefined {
     const account = this.svm.getAccount(address)
     return account.exists ? Uint8Array.from(account.data) : undefined
+  }
+
+  async fetchAccount(address: Address): Promise<Uint8Array | undefined> {
+    return this.accountData(address)
+  }
+
+  async minimumBalance(bytes: number): Promise<bigint> {
+    return this.rentExemption(bytes)
   }
 
   /** Signs and executes one transaction; failures are returned, not thrown. */

@@ -1,0 +1,106 @@
+import {readFile} from 'node:fs/promises'
+import {createKeyPairSignerFromBytes, type Address, type KeyPairSigner, type TransactionSigner} from '@solana/kit'
+import type {RunConfigFile} from '../../config/types.js'
+import {PsycheError} from '../../errors.js'
+import {AUTHORIZATION_SIZE, authorizationAddress, decodeAuthorization, delegatesInstruction, grantInstruction, revokeInstruction, type Authorization} from './authorizer.js'
+import type {Chain} from './chain.js'
+import {coordinatorAddress, initCoordinatorInstructions, setPausedInstruction, updateInstruction} from './instructions.js'
+import {STATE_SIZE, decodeCoordinator, type OnChainCoordinator} from './layout.js'
+import type {SendResult} from './local-chain.js'
+
+/**
+ * What a run creator does on Solana (the commands create-run, update-config, set-paused, authorize):
+ * each builds the program's instructions, sends them through a Chain and reports the outcome.
+ */
+
+/** Reads a Solana CLI keypair file (a JSON array of 64 numbers: secret key then public key). */
+export async function loadKeypair(path: string): Promise<KeyPairSigner> {
+  let bytes: unknown
+  try {
+    bytes = JSON.parse(await readFile(path, 'utf8'))
+  } catch (error) {
+    throw new PsycheError(`${path}: cannot read a Solana keypair: ${(error as Error).message}`, {code: 'EKEYPAIR'})
+  }
+  if (!Array.isArray(bytes) || bytes.length !== 64 || !bytes.every((b) => Number.isInteger(b) && b >= 0 && b <= 255)) {
+    throw new PsycheError(`${path}: a Solana keypair file is a JSON array of 64 bytes (solana-keygen new -o ${path})`, {code: 'EKEYPAIR'})
+  }
+  try {
+    return await createKeyPairSignerFromBytes(Uint8Array.from(bytes))
+  } catch (error) {
+    throw new PsycheError(`${path}: not a valid ed25519 keypair: ${(error as Error).message}`, {code: 'EKEYPAIR'})
+  }
+}
+
+function check(r: SendResult, what: string): void {
+  if (r.ok) return
+  const why = r.logs.filter((l) => l.startsWith('Program log: ')).map((l) => l.slice('Program log: '.length))
+  throw new PsycheError(`${what} refused: ${r.error}${why.length ? ` (${why.join('; ')})` : ''}`, {code: 'EREFUSED'})
+}
+
+export interface RunTarget {
+  chain: Chain
+  programId: Address
+  runId: string
+}
+
+export async function readRun(t: RunTarget): Promise<OnChainCoordinator> {
+  const address = await coordinatorAddress(t.programId, t.runId)
+  const data = await t.chain.fetchAccount(address)
+  if (!data) throw new PsycheError(`run ${JSON.stringify(t.runId)}: no coordinator account ${address} (create it with psyche create-run)`, {code: 'ENORUN'})
+  return decodeCoordinator(data)
+}
+
+/** init_coordinator (+ grow) for the run id; the payer funds the account's rent exemption. */
+export async function createRun(t: RunTarget & {payer: TransactionSigner; mainAuthority: Address; joinAuthority: Address | null; authorizer: Address | null}): Promise<Address> {
+  const coordinator = await coordinatorAddress(t.programId, t.runId)
+  const lamports = await t.chain.minimumBalance(STATE_SIZE)
+  const r = await t.chain.send(t.payer, initCoordinatorInstructions({programId: t.programId, coordinator, payer: t.payer, runId: t.runId, mainAuthority: t.mainAuthority, joinAuthority: t.joinAuthority, authorizer: t.authorizer, lamports}))
+  check(r, `create-run ${t.runId}`)
+  return coordinator
+}
+
+/** update: the run's [config] and [model.LLM] from a validated run configuration file. */
+export async function updateConfig(t: RunTarget & {authority: TransactionSigner; file: RunConfigFile}): Promise<void> {
+  if (!t.file.config) throw new PsycheError(`${t.file.path}: no [config] table: update-config needs the run's configuration`, {code: 'ECONFIG'})
+  const coordinator = await coordinatorAddress(t.programId, t.runId)
+  let ix
+  try {
+    ix = updateInstruction(t.programId, coordinator, t.authority, t.file.config, t.file.model)
+  } catch (error) {
+    throw new PsycheError(`${t.file.path}: ${(error as Error).message}`, {code: 'ECONFIG'})
+  }
+  check(await t.chain.send(t.authority, [ix]), `update-config ${t.runId}`)
+}
+
+export async function setPaused(t: RunTarget & {authority: TransactionSigner; paused: boolean}): Promise<void> {
+  const coordinator = await coordinatorAddress(t.programId, t.runId)
+  check(await t.chain.send(t.authority, [setPausedInstruction(t.programId, coordinator, t.authority, t.paused)]), `set-paused ${t.paused ? 'pause' : 'resume'} ${t.runId}`)
+}
+
+export interface AuthorizerTarget {
+  chain: Chain
+  authorizer: Address
+}
+
+export async function grant(t: AuthorizerTarget & {grantor: TransactionSigner; grantee: Address}): Promise<Address> {
+  const r = await t.chain.send(t.grantor, [await grantInstruction(t.authorizer, t.grantor, t.grantee, await t.chain.minimumBalance(AUTHORIZATION_SIZE))])
+  check(r, `authorize grant to ${t.grantee}`)
+  return authorizationAddress(t.authorizer, t.grantor.address, t.grantee)
+}
+
+export async function setDelegates(t: AuthorizerTarget & {grantee: TransactionSigner; grantor: Address; delegates: Address[]}): Promise<Address> {
+  const authorization = await authorizationAddress(t.authorizer, t.grantor, t.grantee.address)
+  check(await t.chain.send(t.grantee, [delegatesInstruction(t.authorizer, t.grantee, authorization, t.delegates)]), 'authorize delegates')
+  return authorization
+}
+
+export async function revoke(t: AuthorizerTarget & {grantor: TransactionSigner; grantee: Address}): Promise<Address> {
+  const authorization = await authorizationAddress(t.authorizer, t.grantor.address, t.grantee)
+  check(await t.chain.send(t.grantor, [revokeInstruction(t.authorizer, t.grantor, authorization, t.grantor.address)]), `authorize revoke of ${t.grantee}`)
+  return authorization
+}
+
+export async function readAuthorization(t: AuthorizerTarget & {grantor: Address; grantee: Address}): Promise<Authorization | undefined> {
+  const data = await t.chain.fetchAccount(await authorizationAddress(t.authorizer, t.grantor, t.grantee))
+  return data ? decodeAuthorization(data) : undefined
+}

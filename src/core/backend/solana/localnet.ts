@@ -1,0 +1,155 @@
+import {createServer, type IncomingMessage, type Server, type ServerResponse} from 'node:http'
+import type {AddressInfo} from 'node:net'
+import {getBase58Decoder, getTransactionDecoder, lamports, type Address} from '@solana/kit'
+import {FailedTransactionMetadata} from 'litesvm'
+import {LocalChain} from './local-chain.js'
+
+/**
+ * A single-node Solana cluster on loopback: LiteSVM (the real runtime, loader and syscalls) behind the
+ * standard JSON-RPC methods psyche's RpcChain uses (getLatestBlockhash, sendTransaction with preflight,
+ * getSignatureStatuses, getAccountInfo, getMinimumBalanceForRentExemption, getBalance, requestAirdrop).
+ * The clock follows wall time. For trying runs on one machine and for testing the RPC path; a real
+ * cluster is solana-test-validator or devnet (README).
+ */
+
+interface Status {
+  slot: number
+  err: unknown
+}
+
+type Params = unknown[]
+
+export interface LocalnetOptions {
+  host?: string
+  port?: number
+  /** Programs to deploy: address → shared object bytes. */
+  programs: {address: Address; bytes: Uint8Array}[]
+}
+
+export class Localnet {
+  readonly chain: LocalChain
+  private server?: Server
+  private readonly statuses = new Map<string, Status>()
+  private slot = 1
+  url = ''
+
+  constructor(private readonly options: LocalnetOptions) {
+    const [first, ...rest] = options.programs
+    if (!first) throw new RangeError('localnet: no program to deploy')
+    this.chain = new LocalChain(first.address, first.bytes)
+    this.chain.svm.withBlockhashCheck(false)
+    for (const p of rest) this.chain.addProgram(p.address, p.bytes)
+  }
+
+  async start(): Promise<string> {
+    this.server = createServer((req, res) => void this.handle(req, res))
+    await new Promise<void>((resolve, reject) => {
+      this.server!.once('error', reject)
+      this.server!.listen(this.options.port ?? 0, this.options.host ?? '127.0.0.1', () => resolve())
+    })
+    const {address, port} = this.server.address() as AddressInfo
+    this.url = `http://${address}:${port}`
+    return this.url
+  }
+
+  async close(): Promise<void> {
+    const server = this.server
+    if (!server) return
+    this.server = undefined
+    server.closeAllConnections()
+    await new Promise<void>((resolve) => server.close(() => resolve()))
+  }
+
+  private async handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    const chunks: Buffer[] = []
+    for await (const c of req) chunks.push(c as Buffer)
+    let id: unknown = null
+    let body: string
+    try {
+      const request = JSON.parse(Buffer.concat(chunks).toString('utf8')) as {id?: unknown; method?: unknown; params?: unknown}
+      id = request.id ?? null
+      if (typeof request.method !== 'string') throw Object.assign(new Error('invalid request'), {rpcCode: -32600})
+      const result = this.dispatch(request.method, Array.isArray(request.params) ? request.params : [])
+      body = JSON.stringify({jsonrpc: '2.0', id, result})
+    } catch (error) {
+      const e = error as Error & {rpcCode?: number; data?: unknown}
+      body = JSON.stringify({jsonrpc: '2.0', id, error: {code: e.rpcCode ?? -32603, message: e.message, ...(e.data ? {data: e.data} : {})}})
+    }
+    res.writeHead(200, {'content-type': 'application/json'})
+    res.end(body)
+  }
+
+  private context() {
+    return {slot: this.slot, apiVersion: '2.0.0'}
+  }
+
+  private dispatch(method: string, params: Params): unknown {
+    const svm = this.chain.svm
+    switch (method) {
+      case 'getHealth':
+        return 'ok'
+      case 'getSlot':
+        return this.slot
+      case 'getLatestBlockhash':
+        return {context: this.context(), value: {blockhash: svm.latestBlockhash(), lastValidBlockHeight: this.slot + 150}}
+      case 'getMinimumBalanceForRentExemption':
+        return Number(svm.minimumBalanceForRentExemption(BigInt(params[0] as number)))
+      case 'getBalance':
+        return {context: this.context(), value: Number(svm.getBalance(params[0] as Address) ?? 0n)}
+      case 'getAccountInfo': {
+        const account = svm.getAccount(params[0] as Address)
+        if (!account.exists) return {context: this.context(), value: null}
+        return {
+          context: this.context(),
+          value: {data: [Buffer.from(account.data).toString('base64'), 'base64'], executable: account.executable, lamports: Number(account.lamports), owner: account.programAddress, rentEpoch: 0, space: account.data.length},
+        }
+      }
+      case 'requestAirdrop': {
+        const r = svm.airdrop(params[0] as Address, lamports(BigInt(params[1] as number)))
+        if (!r || r instanceof FailedTransactionMetadata) throw new Error(`airdrop failed: ${r?.toString()}`)
+        const signature = getBase58Decoder().decode(r.signature())
+        this.statuses.set(signature, {slot: this.slot++, err: null})
+        return signature
+      }
+      case 'sendTransaction':
+        return this.sendTransaction(params)
+      case 'getSignatureStatuses': {
+        const signatures = (params[0] as string[]) ?? []
+        return {
+          context: this.context(),
+          value: signatures.map((s) => {
+            const status = this.statuses.get(s)
+            return status ? {slot: status.slot, confirmations: null, err: status.err, status: status.err ? {Err: status.err} : {Ok: null}, confirmationStatus: 'finalized'} : null
+          }),
+        }
+      }
+      default:
+        throw Object.assign(new Error(`Method not found: ${method}`), {rpcCode: -32601})
+    }
+  }
+
+  private sendTransaction(params: Params): string {
+    const encoding = (params[1] as {encoding?: string} | undefined)?.encoding ?? 'base58'
+    if (encoding !== 'base64') throw Object.assign(new Error('localnet accepts base64 transactions only'), {rpcCode: -32602})
+    const tx = getTransactionDecoder().decode(Buffer.from(params[0] as string, 'base64'))
+    const feePayerSignature = Object.values(tx.signatures)[0]
+    if (!feePayerSignature) throw Object.assign(new Error('transaction is not signed'), {rpcCode: -32602})
+    const signature = getBase58Decoder().decode(feePayerSignature)
+    this.chain.setTime(Math.floor(Date.now() / 1000))
+    const r = this.chain.svm.sendTransaction(tx)
+    this.chain.svm.expireBlockhash()
+    this.slot++
+    if (r instanceof FailedTransactionMetadata) {
+      const meta = r.meta()
+      const err = r.err() as unknown as {index?: number; err?: () => unknown; toString(): string}
+      const inner = typeof err.err === 'function' ? (err.err() as {code?: number}) : undefined
+      const jsonErr = typeof inner?.code === 'number' ? {InstructionError: [err.index ?? 0, {Custom: inner.code}]} : r.toString()
+      throw Object.assign(new Error(`Transaction simulation failed: ${r.toString()}`), {
+        rpcCode: -32002,
+        data: {err: jsonErr, logs: meta.logs(), accounts: null, unitsConsumed: Number(meta.computeUnitsConsumed()), returnData: null},
+      })
+    }
+    this.statuses.set(signature, {slot: this.slot, err: null})
+    return signature
+  }
+}
