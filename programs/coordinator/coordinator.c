@@ -88,9 +88,12 @@ typedef struct {
   u8 broadcast_bloom[BLOOM_MAX];
 } Witness; /* 192 bytes */
 
+enum { REASON_INVALID_RESULT = 0, REASON_LOW_SCORE = 1 };
+
 typedef struct {
   u8 from[32];
-  u8 accused[32]; /* reason: invalid_result, the only one */
+  u8 accused[32];
+  u64 reason; /* REASON_INVALID_RESULT (by a witness) or REASON_LOW_SCORE (by a verifier) */
 } Accusation;
 
 typedef struct {
@@ -100,7 +103,7 @@ typedef struct {
   Witness witnesses[MAX_WITNESSES];
   Accusation accusations[MAX_ACCUSATIONS];
   u8 excluded[MAX_CLIENTS][32];
-} Round; /* 14448 bytes */
+} Round; /* 14960 bytes */
 
 typedef struct {
   u64 magic, version;
@@ -130,8 +133,8 @@ _Static_assert(__builtin_offsetof(State, config) == 184, "layout");
 _Static_assert(__builtin_offsetof(State, seed) == 656, "layout");
 _Static_assert(__builtin_offsetof(State, clients) == 808, "layout");
 _Static_assert(__builtin_offsetof(State, round) == 11048, "layout");
-_Static_assert(__builtin_offsetof(State, model_json) == 39952, "layout");
-_Static_assert(sizeof(State) == 44048, "layout");
+_Static_assert(__builtin_offsetof(State, model_json) == 40976, "layout");
+_Static_assert(sizeof(State) == 45072, "layout");
 
 #define ACTIVE(s) ((s) == ROUND_TRAIN || (s) == ROUND_WITNESS || (s) == COOLDOWN)
 #define HALTED(s) ((s) == UNINITIALIZED || (s) == FINISHED || (s) == PAUSED)
@@ -203,6 +206,23 @@ static int is_witness(const State *s, const Round *r, const u8 *key) {
   u8 seed[32];
   sub_seed(r->seed, "witness", seed);
   return shuffle_index((u64)i, r->roster_len, seed, 0) < witness_count(s, r->roster_len);
+}
+
+/* verifierCount: verification_percent of the roster, at least one when it is not 0. */
+static u64 verifier_count(const State *s, u64 roster) {
+  u64 pct = s->config.verification_percent;
+  if (pct == 0 || roster == 0) return 0;
+  u64 n = (pct * roster + 99) / 100;
+  if (n < 1) n = 1;
+  return n < roster ? n : roster;
+}
+
+static int is_verifier(const State *s, const Round *r, const u8 *key) {
+  i64 i = roster_index(r, key);
+  if (i < 0) return 0;
+  u8 seed[32];
+  sub_seed(r->seed, "verify", seed);
+  return shuffle_index((u64)i, r->roster_len, seed, 0) < verifier_count(s, r->roster_len);
 }
 
 /* The batch range [start, end) of a roster member (rangeForPosition of its shuffled position). */
@@ -563,16 +583,19 @@ static u64 on_health_check(State *s, const u8 *key, const u8 *data, u64 len) {
   return 0;
 }
 
-/* accuse data: step u64, accused key, reason u8 (0: invalid_result). A witness quorum of accusers ejects
- * the accused and excludes its result from the round (onAccuse). */
+/* accuse data: step u64, accused key, reason u8 (0: invalid_result, by a witness; 1: low_score, by a
+ * verifier). A quorum of the round's witnesses (resp. verifiers) accusing the same trainer for the same
+ * reason ejects it and excludes its result from the round (onAccuse). */
 static u64 on_accuse(State *s, const u8 *key, const u8 *data, u64 len) {
   if (s->run_state != ROUND_TRAIN && s->run_state != ROUND_WITNESS) return fail(E_INVALID_RUN_STATE, "accusations are accepted during rounds");
   if (len != 8 + 32 + 1) return fail(E_INVALID_INSTRUCTION, "accuse: expected step, accused key and reason");
   Round *r = &s->round;
   const u8 *accused = data + 8;
   if (read_u64(data) != r->step) return fail(E_WRONG_STEP, "accusation for another step than the round's");
-  if (data[40] != 0) return fail(E_INVALID_ACCUSATION, "unknown accusation reason");
-  if (!is_witness(s, r, key)) return fail(E_INVALID_ACCUSATION, "the accuser is not a witness of the round");
+  u64 reason = data[40];
+  if (reason != REASON_INVALID_RESULT && reason != REASON_LOW_SCORE) return fail(E_INVALID_ACCUSATION, "unknown accusation reason");
+  if (reason == REASON_INVALID_RESULT && !is_witness(s, r, key)) return fail(E_INVALID_ACCUSATION, "the accuser is not a witness of the round");
+  if (reason == REASON_LOW_SCORE && !is_verifier(s, r, key)) return fail(E_INVALID_ACCUSATION, "the accuser is not a verifier of the round");
   if (equal(key, accused, 32)) return fail(E_INVALID_ACCUSATION, "a client cannot accuse itself");
   i64 index = roster_index(r, accused);
   u64 start = 0, end = 0;
@@ -580,15 +603,17 @@ static u64 on_accuse(State *s, const u8 *key, const u8 *data, u64 len) {
   if (start == end) return fail(E_INVALID_ACCUSATION, "the accused has no batches in the round, so no result to accuse");
   u64 backing = 1;
   for (u64 a = 0; a < r->accusation_len; a++) {
-    if (!equal(r->accusations[a].accused, accused, 32)) continue;
-    if (equal(r->accusations[a].from, key, 32)) return fail(E_DUPLICATE_ACCUSATION, "this client already accused that client in this round");
+    if (r->accusations[a].reason != reason || !equal(r->accusations[a].accused, accused, 32)) continue;
+    if (equal(r->accusations[a].from, key, 32)) return fail(E_DUPLICATE_ACCUSATION, "this client already accused that client for that reason in this round");
     backing++;
   }
   if (r->accusation_len >= MAX_ACCUSATIONS) return fail(E_CAPACITY, "the round already holds MAX_ACCUSATIONS = 64 accusations");
   Accusation *x = &r->accusations[r->accusation_len++];
   copy(x->from, key, 32);
   copy(x->accused, accused, 32);
-  if (backing < witness_quorum(witness_count(s, r->roster_len))) return 0;
+  x->reason = reason;
+  u64 judges = reason == REASON_LOW_SCORE ? verifier_count(s, r->roster_len) : witness_count(s, r->roster_len);
+  if (backing < witness_quorum(judges)) return 0;
   int excluded = 0;
   for (u64 e = 0; e < r->excluded_len; e++)
     if (equal(r->excluded[e], accused, 32)) excluded = 1;

@@ -51,7 +51,7 @@ function toInstruction(d: Deployed, signers: Map<string, KeyPairSigner>, event: 
     case 'config_update':
       return {signer: authority, ix: updateInstruction(p, c, authority, event.config, event.model)}
     case 'accuse':
-      return {signer: who(event.from), ix: accuseInstruction(p, c, who(event.from), event.step, event.accused)}
+      return {signer: who(event.from), ix: accuseInstruction(p, c, who(event.from), event.step, event.accused, event.reason)}
     case 'equivocation':
       throw new Error('equivocation proofs are not carried by the Solana program (its ed25519 checks need the precompile)')
   }

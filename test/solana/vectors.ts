@@ -3,6 +3,7 @@ import {
   assignBatches,
   buildWitnessProof,
   createCoordinator,
+  selectVerifiers,
   selectWitnesses,
   type CoordinatorEvent,
   type CoordinatorState,
@@ -283,9 +284,9 @@ async function rampAndLosses(): Promise<Scenario> {
 
 /** Accusations of invalid results: rejections, then a witness quorum ejects a trainer and excludes its result. */
 async function accusations(): Promise<Scenario> {
-  const r = await recorder('accusations', ['a', 'b', 'c', 'd'])
+  const r = await recorder('accusations', ['a', 'b', 'c', 'd', 'e'], {verification_percent: 40})
   r.apply({type: 'resume'}, 'ok')
-  for (const l of ['a', 'b', 'c', 'd']) r.apply({type: 'join', id: r.id(l)}, 'ok')
+  for (const l of ['a', 'b', 'c', 'd', 'e']) r.apply({type: 'join', id: r.id(l)}, 'ok')
   r.apply({type: 'accuse', from: r.id('a'), step: 1, accused: r.id('b'), reason: 'invalid_result'}, 'InvalidRunState')
   r.tickOut() // → Warmup
   r.tickOut() // → RoundTrain
@@ -300,6 +301,14 @@ async function accusations(): Promise<Scenario> {
   r.apply({type: 'accuse', from: w0, step: round.step, accused, reason: 'invalid_result'}, 'DuplicateAccusation')
   r.apply({type: 'accuse', from: w1, step: round.step, accused, reason: 'invalid_result'}, 'ok') // quorum: ejected, excluded
   r.apply({type: 'accuse', from: w1, step: round.step, accused: bystander, reason: 'invalid_result'}, 'ok')
+  // Verifiers (verification_percent: 50) accuse by low scores; witnesses cannot, and the reasons count apart.
+  const [v0, v1] = selectVerifiers(r.state)
+  const target = round.roster.find((id) => id !== v0 && id !== v1 && id !== accused)!
+  const nonVerifier = round.roster.find((id) => id !== v0 && id !== v1)!
+  r.apply({type: 'accuse', from: nonVerifier, step: round.step, accused: target, reason: 'low_score'}, 'InvalidAccusation')
+  r.apply({type: 'accuse', from: v0, step: round.step, accused: target, reason: 'low_score'}, 'ok')
+  r.apply({type: 'accuse', from: v0, step: round.step, accused: target, reason: 'low_score'}, 'DuplicateAccusation')
+  r.apply({type: 'accuse', from: v1, step: round.step, accused: target, reason: 'low_score'}, 'ok') // verifier quorum: ejected
   r.witnessAll()
   r.tickOut() // next round: the ejected trainer has left
   r.witnessAll()

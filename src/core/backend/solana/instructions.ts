@@ -1,5 +1,6 @@
 import {AccountRole, getProgramDerivedAddress, type Address, type Instruction, type TransactionSigner} from '@solana/kit'
 import type {CoordinatorConfig, HubRepo, LLMConfig} from '../../config/types.js'
+import type {AccusationReason} from '../../coordinator/types.js'
 import {
   IX,
   MAX_CLIENTS,
@@ -81,7 +82,8 @@ export const healthCheckInstruction = (programId: Address, coordinator: Address,
   if (accused.length > MAX_CLIENTS) throw new RangeError(`at most ${MAX_CLIENTS} accused clients`)
   return signed(programId, coordinator, client, encodeHealthCheck(accused))
 }
-export const accuseInstruction = (programId: Address, coordinator: Address, witness: TransactionSigner, step: number, accused: string) => signed(programId, coordinator, witness, encodeAccuse(step, accused))
+export const accuseInstruction = (programId: Address, coordinator: Address, accuser: TransactionSigner, step: number, accused: string, reason: AccusationReason = 'invalid_result') =>
+  signed(programId, coordinator, accuser, encodeAccuse(step, accused, reason))
 export const checkpointInstruction = (programId: Address, coordinator: Address, client: TransactionSigner, repo: HubRepo) => signed(programId, coordinator, client, encodeCheckpoint(repo))
 export const ejectInstruction = (programId: Address, coordinator: Address, authority: TransactionSigner, id: string) => signed(programId, coordinator, authority, encodeEject(id))
 export const freeCoordinatorInstruction = (programId: Address, coordinator: Address, authority: TransactionSigner, recipient: Address) =>

@@ -1,6 +1,6 @@
 import {getAddressDecoder, getAddressEncoder, type Address} from '@solana/kit'
 import {RUN_STATES, type CheckpointConfig, type CoordinatorConfig, type HubRepo, type LLMConfig} from '../../config/types.js'
-import type {Accusation, Client, ClientState, CoordinatorState, ExitedClient, Round, WitnessRecord} from '../../coordinator/types.js'
+import type {Accusation, AccusationReason, Client, ClientState, CoordinatorState, ExitedClient, Round, WitnessRecord} from '../../coordinator/types.js'
 import {witnessBloomParams} from '../../coordinator/rules.js'
 
 /**
@@ -42,7 +42,9 @@ const CHECKPOINT_SIZE = 8 + REPO_MAX + REVISION_MAX
 const CLIENT_SIZE = 48
 const WITNESS_SIZE = 32 + 2 * BLOOM_MAX
 const ROUND_HEADER = 80
-const ROUND_SIZE = ROUND_HEADER + 32 + MAX_CLIENTS * 32 + MAX_WITNESSES * WITNESS_SIZE + MAX_ACCUSATIONS * 64 + MAX_CLIENTS * 32
+const ACCUSATION_SIZE = 72
+const ROUND_SIZE = ROUND_HEADER + 32 + MAX_CLIENTS * 32 + MAX_WITNESSES * WITNESS_SIZE + MAX_ACCUSATIONS * ACCUSATION_SIZE + MAX_CLIENTS * 32
+export const ACCUSATION_REASONS: AccusationReason[] = ['invalid_result', 'low_score']
 
 /** Byte offsets of the State fields. */
 export const OFFSETS = (() => {
@@ -150,7 +152,7 @@ function readRound(b: Buffer, o: number): Round {
   const rosterAt = o + ROUND_HEADER + 32
   const witnessesAt = rosterAt + MAX_CLIENTS * 32
   const accusationsAt = witnessesAt + MAX_WITNESSES * WITNESS_SIZE
-  const excludedAt = accusationsAt + MAX_ACCUSATIONS * 64
+  const excludedAt = accusationsAt + MAX_ACCUSATIONS * ACCUSATION_SIZE
   const witnesses: WitnessRecord[] = Array.from({length: witnessLen}, (_, i) => {
     const w = witnessesAt + i * WITNESS_SIZE
     return {
@@ -159,7 +161,12 @@ function readRound(b: Buffer, o: number): Round {
       broadcast_bloom: b.subarray(w + 32 + BLOOM_MAX, w + 32 + BLOOM_MAX + bloomBytes).toString('base64'),
     }
   })
-  const accusations: Accusation[] = Array.from({length: accusationLen}, (_, i) => ({from: key(accusationsAt + i * 64), accused: key(accusationsAt + i * 64 + 32), reason: 'invalid_result'}))
+  const accusations: Accusation[] = Array.from({length: accusationLen}, (_, i) => {
+    const a = accusationsAt + i * ACCUSATION_SIZE
+    const reason = ACCUSATION_REASONS[num(b, a + 64, 'accusation.reason')]
+    if (!reason) throw new RangeError('coordinator account: unknown accusation reason')
+    return {from: key(a), accused: key(a + 32), reason}
+  })
   return {
     step: num(b, o, 'round.step'),
     height: num(b, o + 8, 'round.height'),
@@ -354,8 +361,10 @@ export function encodeCheckpoint(repo: HubRepo): Uint8Array {
   return Buffer.concat([Buffer.from([IX.checkpoint]), repoBytes(repo)])
 }
 
-export function encodeAccuse(step: number, accused: string): Uint8Array {
-  return Buffer.concat([Buffer.from([IX.accuse]), u64(step), addressBytes(accused), Buffer.from([0])])
+export function encodeAccuse(step: number, accused: string, reason: AccusationReason): Uint8Array {
+  const r = ACCUSATION_REASONS.indexOf(reason)
+  if (r < 0) throw new RangeError(`unknown accusation reason ${JSON.stringify(reason)}`)
+  return Buffer.concat([Buffer.from([IX.accuse]), u64(step), addressBytes(accused), Buffer.from([r])])
 }
 
 export function encodeEject(id: string): Uint8Array {
