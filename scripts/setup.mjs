@@ -65,4 +65,23 @@ if (process.env.PSYCHE_PYTHON) {
     writeFileSync(pyStamp, reqHash)
   }
 }
+// --- Chromium (the dashboard's browser test) ------------------------------------------------------
+// Debian's chromium package, driven by playwright-core. Installed with apt when missing; where that cannot
+// work (not root, no apt, no network) we say why and go on: the dashboard test then skips with that reason.
+const chromium = '/usr/bin/chromium'
+if (!existsSync(chromium) && !process.env.PSYCHE_SKIP_CHROMIUM) {
+  const why = process.platform !== 'linux' ? 'not Linux'
+    : typeof process.getuid === 'function' && process.getuid() !== 0 ? 'not root (run: sudo apt-get install chromium)'
+    : spawnSync('apt-get', ['--version'], {stdio: 'ignore'}).status !== 0 ? 'no apt-get' : undefined
+  if (why) {
+    say(`skipping chromium (${chromium} missing, ${why}); the dashboard's browser test will be skipped`)
+  } else {
+    say('installing chromium with apt (for the dashboard test)')
+    const env = {...process.env, DEBIAN_FRONTEND: 'noninteractive'}
+    const update = spawnSync('apt-get', ['update'], {stdio: ['ignore', 'ignore', 'inherit'], env})
+    const install = update.status === 0 ? spawnSync('apt-get', ['install', '-y', '--no-install-recommends', 'chromium'], {stdio: ['ignore', 'ignore', 'inherit'], env}) : update
+    if (install.status !== 0 || !existsSync(chromium)) say(`could not install chromium (apt-get exit ${install.status}); the dashboard's browser test will be skipped`)
+  }
+}
+
 say('ready')

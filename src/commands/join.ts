@@ -6,6 +6,8 @@ import {Progress} from '../core/cli/progress.js'
 import {PsycheClient, seedForRun, type ClientSummary} from '../core/client/runner.js'
 import {demoCorpusDir, ensureDemoCorpus} from '../core/corpus.js'
 import {ClientMetrics, serveMetrics} from '../core/obs/metrics.js'
+import {RoundReporter} from '../core/obs/report.js'
+import type {CoordinatorConnection} from '../core/backend/index.js'
 import {generateIdentity, loadIdentity} from '../core/protocol/identity.js'
 import {resolveTrainPlan} from '../core/train/plan.js'
 import {shuffleSeedFor} from '../core/train/single-node.js'
@@ -77,8 +79,11 @@ trained, witness, health_check, rejected, worker_crashed, finished).`
     // Metrics are derived from the same event stream the terminal and --json show.
     const metrics = flags['metrics-port'] === undefined ? undefined : new ClientMetrics({seqLen: plan.seqLen})
     // --json: every event is one line on stdout, flushed as it happens, for the testnet and scripts to follow.
+    const reporter = new RoundReporter(plan.seqLen)
     const log = (event: Record<string, unknown>) => {
       metrics?.observe(event)
+      const r = reporter.observe(event)
+      if (r) (client as unknown as {conn?: CoordinatorConnection} | undefined)?.conn?.sendReport(r.step, r.report) // TEMP until [port-landed]
       if (json) {
         process.stdout.write(JSON.stringify(event) + '\n')
         return

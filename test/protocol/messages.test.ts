@@ -40,6 +40,8 @@ function signedEnvelope(identity: Identity, direction: 0 | 1, payload: Uint8Arra
   return Buffer.concat([header, signature, payload])
 }
 
+const REPORT = {loss: 5, val_loss: null, tokens_per_second: null, compute_ms: null, apply_ms: null, result_bytes: null, bytes_in: 0, bytes_out: 0, applied: 0, accepted: 0, peers: 0}
+
 test('every client message round-trips with its sender, run, step, seq and session', () => {
   const bob = generateIdentity().id
   const messages = [
@@ -50,6 +52,7 @@ test('every client message round-trips with its sender, run, step, seq and sessi
     ['equivocation', {proof: {a: {step: 1}, b: {step: 1}}}],
     ['withdraw', {}],
     ['checkpoint', {repo: {repo_id: 'org/model', revision: 'abc'}}],
+    ['report', {loss: 5.25, val_loss: null, tokens_per_second: 1234.5, compute_ms: 812, apply_ms: null, result_bytes: 6000, bytes_in: 120000, bytes_out: 40000, applied: 3, accepted: 3, peers: 2}],
   ] as const
   for (const [kind, b] of messages) {
     const d = decodeClientMessage(body(encodeClientMessage(alice, kind, fields(5, 9), b as never)))
@@ -125,6 +128,10 @@ test('tampering anywhere, unsigned bytes, the wrong direction, or bad fields are
     [{kind: 'equivocation', run_id: 'r', step: 0, seq: 1, session: SESSION, body: {proof: {a: {}}}}, 'invalid_message', /missing "b"/],
     [{kind: 'witness', run_id: 'r', step: 0, seq: 1, session: SESSION, body: {proof: {participant_bloom: 1, broadcast_bloom: ''}}}, 'invalid_message', /participant_bloom/],
     [{kind: 'checkpoint', run_id: 'r', step: 0, seq: 1, session: SESSION, body: {repo: {repo_id: ''}}}, 'invalid_message', /repo_id/],
+    [{kind: 'report', run_id: 'r', step: 0, seq: 1, session: SESSION, body: {...REPORT, loss: -1}}, 'invalid_message', /report.loss/],
+    [{kind: 'report', run_id: 'r', step: 0, seq: 1, session: SESSION, body: {...REPORT, loss: 'NaN'}}, 'invalid_message', /report.loss/],
+    [{kind: 'report', run_id: 'r', step: 0, seq: 1, session: SESSION, body: {...REPORT, applied: 1.5}}, 'invalid_message', /report.applied/],
+    [{kind: 'report', run_id: 'r', step: 0, seq: 1, session: SESSION, body: {...REPORT, peers: undefined}}, 'invalid_message', /missing "peers"/],
   ]
   for (const [payload, reason, detail] of cases) {
     const bytes = Buffer.from(typeof payload === 'string' ? payload : JSON.stringify(payload))

@@ -1,11 +1,14 @@
 import {Flags} from '@oclif/core'
-import {dirname, isAbsolute, resolve} from 'node:path'
+import {dirname, isAbsolute, join, resolve} from 'node:path'
 import {CoordinatorServer} from '../../core/backend/index.js'
 import {PsycheCommand} from '../../core/cli/base-command.js'
 import {checkDataServerForRun, formatIssue, loadDataServerConfig, loadRunConfigFile} from '../../core/config/index.js'
 import {DataServer, LocalTokenDataset, parseHostPort, parseShuffle, parseTokenSize} from '../../core/data/index.js'
 import {PsycheError} from '../../core/errors.js'
+import {clientTable, serveDashboard} from '../../core/obs/dashboard.js'
+import {HISTORY_FILE, RunHistory} from '../../core/obs/history.js'
 import {ServerMetrics, serveMetrics} from '../../core/obs/metrics.js'
+import {summarizeRun} from '../../core/obs/summary.js'
 import {loadIdentity} from '../../core/protocol/index.js'
 
 export default class ServerRun extends PsycheCommand {
@@ -29,6 +32,8 @@ export default class ServerRun extends PsycheCommand {
     'tick-ms': Flags.integer({summary: 'how often to tick the coordinator, in milliseconds', default: 200, min: 10}),
     'metrics-port': Flags.integer({summary: 'serve Prometheus metrics at http://HOST:PORT/metrics (0: any free port)', min: 0, max: 65535}),
     'metrics-host': Flags.string({summary: 'address the metrics endpoint listens on', default: '127.0.0.1'}),
+    'dashboard-port': Flags.integer({summary: 'serve the dashboard page at http://HOST:PORT/ (0: any free port); its history is kept in --save-state-dir', min: 0, max: 65535}),
+    'dashboard-host': Flags.string({summary: 'address the dashboard listens on', default: '127.0.0.1'}),
   }
 
   async run(): Promise<void> {
@@ -39,8 +44,11 @@ export default class ServerRun extends PsycheCommand {
     // Observers of the event stream (metrics): they read the server's state at scrape time, never change it.
     let server: CoordinatorServer | undefined
     const metrics = flags['metrics-port'] === undefined ? undefined : new ServerMetrics({state: () => server!.state, connected: () => server!.connectedClients.length})
+    const history =
+      flags['dashboard-port'] === undefined ? undefined : RunHistory.open(run.run_id!, {path: flags['save-state-dir'] ? join(flags['save-state-dir'], HISTORY_FILE) : undefined})
     const log = (event: object) => {
       metrics?.observe(event as Record<string, unknown>)
+      if (server) history?.observe(event as Record<string, unknown>, server.state)
       if (json) process.stdout.write(`${JSON.stringify({...event, time: new Date().toISOString()})}\n`)
       else process.stderr.write(`${formatLogLine(event)}\n`)
     }
@@ -57,13 +65,24 @@ export default class ServerRun extends PsycheCommand {
     })
     let data: {server: DataServer; close: () => Promise<void>} | undefined
     let metricsEndpoint: Awaited<ReturnType<typeof serveMetrics>> | undefined
+    let dashboard: Awaited<ReturnType<typeof serveDashboard>> | undefined
     try {
       if (flags['data-config']) data = await startDataServer(run, flags['data-config'], flags.host, log)
       if (metrics) {
         metricsEndpoint = await serveMetrics(metrics.registry, {port: flags['metrics-port']!, host: flags['metrics-host']})
         log({event: 'metrics_listening', host: flags['metrics-host'], port: metricsEndpoint.port, path: '/metrics'})
       }
+      if (history) {
+        const s = server
+        const summary = () => summarizeRun(s.state, coordinatorNow())
+        dashboard = await serveDashboard(
+          {summary, history: (since) => history.history(since), clients: () => clientTable(summary(), s.state.pending, s.connectedClients, history.clientRows())},
+          {port: flags['dashboard-port']!, host: flags['dashboard-host']},
+        )
+        log({event: 'dashboard_listening', host: flags['dashboard-host'], port: dashboard.port, url: dashboard.url})
+      }
     } catch (error) {
+      await metricsEndpoint?.close()
       await data?.close()
       await server.stop()
       throw error
@@ -72,9 +91,11 @@ export default class ServerRun extends PsycheCommand {
       process.once('SIGINT', done)
       process.once('SIGTERM', done)
     })
+    await dashboard?.close()
     await metricsEndpoint?.close()
     await data?.close()
     await server.stop()
+    history?.save()
   }
 }
 
@@ -98,6 +119,11 @@ async function startDataServer(run: Awaited<ReturnType<typeof loadRunConfigFile>
       await dataset.close()
     },
   }
+}
+
+/** The coordinator's clock as the server uses it (unix seconds, see CoordinatorServerOptions.now). */
+function coordinatorNow(): number {
+  return Date.now() / 1000
 }
 
 /** A log event as one readable line: `event key=value ...`. */

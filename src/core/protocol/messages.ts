@@ -27,12 +27,14 @@ import {isIdentityId, signBytes, verifyBytes, type Identity} from './identity.js
  *                  health_check {accused}   step = the current step when sent
  *                  accuse {accused, reason} step = the round whose result the witness found invalid
  *                  equivocation {proof}     two signed announcements of one producer for one step
+ *                  report {loss, ...}       step = the round applied; what the client measured (for dashboards only)
  *                  withdraw {}
  *                  checkpoint {repo}
  * server → client  challenge {session}      (first message, as soon as the TCP connection opens)
  *                  welcome {run_id, client_id, server_time}
  *                  state {state: serialized CoordinatorState, peers: {ClientId: multiaddrs}, server_time}
  *                  rejected {code, reason, of?}
+ *                  client_report {client, step, report}   a client's report, forwarded to watchers (dashboards)
  */
 export const ENVELOPE_MAGIC = Buffer.from('PSYC', 'latin1')
 export const PROTOCOL_VERSION = 1
@@ -71,6 +73,27 @@ export interface EquivocationBody {
   proof: EquivocationProof
 }
 export type WithdrawBody = Record<string, never>
+/**
+ * What a client measured in a round it applied, sent after applying it. Display only (dashboards, status):
+ * the coordinator's state never depends on it. Numbers are finite and non-negative; null when not measured.
+ */
+export interface ReportBody {
+  loss: number | null
+  val_loss: number | null
+  tokens_per_second: number | null
+  compute_ms: number | null
+  apply_ms: number | null
+  result_bytes: number | null
+  /** Cumulative P2P bytes of this client's process. */
+  bytes_in: number
+  bytes_out: number
+  /** Results applied in the round, and how many the witness quorum accepted. */
+  applied: number
+  accepted: number
+  peers: number
+}
+export const REPORT_NUMBERS = ['loss', 'val_loss', 'tokens_per_second', 'compute_ms', 'apply_ms', 'result_bytes'] as const
+export const REPORT_COUNTS = ['bytes_in', 'bytes_out', 'applied', 'accepted', 'peers'] as const
 export interface CheckpointBody {
   repo: HubRepo
 }
@@ -108,12 +131,20 @@ export interface ClientBodies {
   equivocation: EquivocationBody
   withdraw: WithdrawBody
   checkpoint: CheckpointBody
+  report: ReportBody
 }
 export interface ServerBodies {
   challenge: ChallengeBody
   welcome: WelcomeBody
   state: StateBody
   rejected: RejectedBody
+  client_report: ClientReportBody
+}
+/** A client's report (ReportBody) of round `step`, as the server forwards it to watching connections. */
+export interface ClientReportBody {
+  client: ClientId
+  step: number
+  report: ReportBody
 }
 type ServerWireBodies = Omit<ServerBodies, 'state'> & {state: StateWireBody}
 
@@ -256,6 +287,13 @@ const clientBodyCheckers: {[K in ClientKind]: (b: Obj) => ClientBodies[K]} = {
     exactKeys(b, [], [], 'withdraw')
     return {}
   },
+  report(b) {
+    exactKeys(b, [...REPORT_NUMBERS, ...REPORT_COUNTS], [], 'report')
+    const out: Record<string, number | null> = {}
+    for (const k of REPORT_NUMBERS) out[k] = b[k] === null ? null : time(b[k], `report.${k}`)
+    for (const k of REPORT_COUNTS) out[k] = count(b[k], `report.${k}`, 0)
+    return out as unknown as ReportBody
+  },
   checkpoint(b) {
     exactKeys(b, ['repo'], [], 'checkpoint')
     if (!isObj(b.repo)) throw new Invalid('checkpoint.repo must be an object')
@@ -294,6 +332,11 @@ const serverBodyCheckers: {[K in ServerKind]: (b: Obj) => ServerBodies[K]} = {
     const out: RejectedBody = {code: str(b.code, 'rejected.code', 64, {nonEmpty: true}), reason: str(b.reason, 'rejected.reason', MAX_REASON_CHARS)}
     if (b.of !== undefined) out.of = str(b.of, 'rejected.of', 64)
     return out
+  },
+  client_report(b) {
+    exactKeys(b, ['client', 'step', 'report'], [], 'client_report')
+    if (!isObj(b.report)) throw new Invalid('client_report.report must be an object')
+    return {client: id(b.client, 'client_report.client'), step: count(b.step, 'client_report.step', 0), report: clientBodyCheckers.report(b.report)}
   },
 }
 

@@ -139,6 +139,11 @@ export class CoordinatorConnection extends EventEmitter implements CoordinatorBa
     return this.send('equivocation', {proof}, proof.a.step)
   }
 
+  /** What we measured in an applied round (display only: dashboards and status). */
+  sendReport(step: number, report: ClientBodies['report']): boolean {
+    return this.send('report', report, step)
+  }
+
   sendWithdraw(): boolean {
     return this.send('withdraw', {})
   }
@@ -266,6 +271,11 @@ export class CoordinatorConnection extends EventEmitter implements CoordinatorBa
         this.emit('state', this.state, this.peers)
         return first ? 'ready' : undefined
       }
+      case 'client_report':
+        // Forwarded to watchers only (join: false): dashboards follow the clients' losses and bytes.
+        if (!link.welcomed) return this.drop(link, 'unexpected', 'client_report before welcome')
+        this.emit('client_report', m.body)
+        return undefined
       case 'rejected': {
         const info: RejectionInfo = {code: m.body.code, ...(m.body.of ? {of: m.body.of} : {})}
         this.log({event: 'rejected_by_server', code: m.body.code, reason: m.body.reason, ...(m.body.of ? {of: m.body.of} : {})})

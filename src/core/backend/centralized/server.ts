@@ -63,6 +63,8 @@ interface Session {
   replaced: boolean
   /** The state pushed to this connection last (its dedupe key), so each client gets each state once. */
   lastState?: string
+  /** Said hello without asking to join (psyche status, dashboards): gets the clients' reports forwarded. */
+  watcher?: boolean
 }
 
 interface SavedState {
@@ -382,6 +384,14 @@ export class CoordinatorServer {
         return this.applyFrom(s, m.kind, {type: 'withdraw', id: from})
       case 'checkpoint':
         return this.applyFrom(s, m.kind, {type: 'checkpoint', from, repo: m.body.repo})
+      case 'report': {
+        // Display only: logged for the metrics and dashboard layers, never an event of the coordinator.
+        const current = this.current.progress.step
+        if (m.step > current || m.step < current - 2) return this.reject(s, 'stale_step', `report for step ${m.step}, but the run is at step ${current}`, m.kind, {strike: false})
+        this.opts.log({event: 'client_report', client: from, step: m.step, ...m.body})
+        for (const w of this.sessions) if (w.watcher && !w.replaced) this.send(w, 'client_report', {client: from, step: m.step, report: m.body})
+        return
+      }
     }
   }
 
@@ -405,6 +415,7 @@ export class CoordinatorServer {
       this.drop(old, 'replaced', 'the client connected again')
     }
     s.clientId = m.from
+    s.watcher = !body.want_join
     s.reader.maxFrameBytes = this.opts.maxFrameBytes
     this.byClient.set(m.from, s)
     this.opts.log({event: 'hello', peer: s.peer, client: m.from, want_join: body.want_join, p2p_addrs: body.p2p_addrs})

@@ -1,0 +1,65 @@
+import {Flags} from '@oclif/core'
+import {CoordinatorConnection} from '../core/backend/index.js'
+import {PsycheCommand} from '../core/cli/base-command.js'
+import type {CoordinatorState} from '../core/coordinator/types.js'
+import {clientTable, serveDashboard} from '../core/obs/dashboard.js'
+import {RunHistory} from '../core/obs/history.js'
+import {coordinatorSeconds, summarizeRun} from '../core/obs/summary.js'
+import {generateIdentity, type ClientReportBody} from '../core/protocol/index.js'
+
+export default class Dashboard extends PsycheCommand {
+  static summary = 'Serve a dashboard page for a run: its state, live plots and the client table, from a coordinator you can reach'
+  static description = `Connects to the coordinator (psyche server run) as a watcher — it does not join — and serves a web page
+with the run's phase, round, epoch and witness quorum, plots of loss, throughput, round time (compute vs
+coordination), participation and P2P bytes, and a table of the clients. The clients' reports reach it through
+the coordinator from the moment it connects; with --history-file the history is saved there (atomically) and
+reloaded on the next start. A coordinator started with --dashboard-port serves the same page with the whole
+run's history. Runs until SIGINT/SIGTERM; --json prints {"event":"dashboard_listening","url":...} first.`
+
+  static examples = ['<%= config.bin %> dashboard --server-addr 127.0.0.1:20000 --dashboard-port 8080', '<%= config.bin %> dashboard --server-addr host:20000 --history-file run-history.json']
+
+  static flags = {
+    'server-addr': Flags.string({summary: 'the coordinator server, host:port', required: true}),
+    'run-id': Flags.string({summary: 'expect this run (default: whichever run the server coordinates)'}),
+    'dashboard-port': Flags.integer({summary: 'port of the page (0: any free port)', default: 0, min: 0, max: 65535}),
+    host: Flags.string({summary: 'address the page listens on', default: '127.0.0.1'}),
+    'history-file': Flags.string({summary: 'keep the metrics history in this file (JSON, written atomically) across restarts'}),
+  }
+
+  async run(): Promise<void> {
+    const {flags} = await this.parse(Dashboard)
+    const json = this.jsonEnabled()
+    const say = (event: Record<string, unknown>, text: string) => {
+      if (json) process.stdout.write(`${JSON.stringify(event)}\n`)
+      else process.stderr.write(`${text}\n`)
+    }
+    const conn = await CoordinatorConnection.connect({addr: flags['server-addr'], runId: flags['run-id'] ?? '', identity: generateIdentity(), p2pAddrs: [], join: false})
+    const history = RunHistory.open(conn.runId, {path: flags['history-file']})
+    // The watcher sees states, not the server's events: a phase change is a difference between two states.
+    let last: CoordinatorState = conn.state!
+    conn.on('state', (s: CoordinatorState) => {
+      if (s.run_state !== last.run_state || s.progress.step !== last.progress.step) history.observe({event: 'transition', from: last.run_state, to: s.run_state, step: s.progress.step}, s)
+      last = s
+    })
+    conn.on('client_report', (r: ClientReportBody) => history.observe({event: 'client_report', client: r.client, step: r.step, ...r.report}, last))
+    conn.on('disconnected', () => say({event: 'disconnected'}, `lost the coordinator ${flags['server-addr']}; reconnecting`))
+    conn.on('reconnected', () => say({event: 'reconnected'}, `reconnected to ${flags['server-addr']}`))
+    const summary = () => summarizeRun(last, coordinatorSeconds(conn.serverTime ?? Date.now() / 1000))
+    const page = await serveDashboard(
+      {
+        summary,
+        history: (since) => history.history(since),
+        clients: () => clientTable(summary(), last.pending, Object.entries(conn.peers).filter(([, a]) => a.length > 0).map(([id]) => id), history.clientRows()),
+      },
+      {port: flags['dashboard-port'], host: flags.host},
+    )
+    say({event: 'dashboard_listening', url: page.url, port: page.port, run_id: conn.runId}, `dashboard of run ${conn.runId}: ${page.url}`)
+    await new Promise<void>((done) => {
+      process.once('SIGINT', done)
+      process.once('SIGTERM', done)
+    })
+    await page.close()
+    await conn.close()
+    history.save()
+  }
+}

@@ -1,0 +1,94 @@
+import {readFileSync} from 'node:fs'
+import {createServer} from 'node:http'
+import {createRequire} from 'node:module'
+import {dirname, join} from 'node:path'
+import {PsycheError} from '../errors.js'
+import type {ClientRow, HistoryPoint} from './history.js'
+import type {RunSummary} from './summary.js'
+import {DASHBOARD_HTML, DASHBOARD_JS} from './dashboard-page.js'
+
+/** A dashboard row per client: its standing in the run and its latest report. */
+export interface DashboardClient {
+  id: string
+  state: string
+  connected: boolean
+  step: number | null
+  loss: number | null
+  tokens_per_second: number | null
+  bytes_in: number | null
+  bytes_out: number | null
+  peers: number | null
+}
+
+/** What the dashboard shows; read on every request. */
+export interface DashboardSource {
+  summary(): RunSummary
+  history(sinceStep?: number): HistoryPoint[]
+  clients(): DashboardClient[]
+}
+
+/** The table of clients: every client of the epoch and every pending one, joined with their latest reports. */
+export function clientTable(summary: RunSummary, pending: string[], connected: string[], rows: ClientRow[]): DashboardClient[] {
+  const byId = new Map(rows.map((r) => [r.id, r]))
+  const online = new Set(connected)
+  const list = [...summary.clients, ...pending.map((id) => ({id, state: 'Pending'}))]
+  return list.map(({id, state}) => {
+    const r = byId.get(id)
+    return {id, state, connected: online.has(id), step: r?.step ?? null, loss: r?.loss ?? null, tokens_per_second: r?.tokens_per_second ?? null, bytes_in: r?.bytes_in ?? null, bytes_out: r?.bytes_out ?? null, peers: r?.peers ?? null}
+  })
+}
+
+/** uPlot's files, from the installed package (no CDN). */
+function uplotAssets(): {js: Buffer; css: Buffer} {
+  const require = createRequire(import.meta.url)
+  const dir = join(dirname(require.resolve('uplot/package.json')), 'dist')
+  return {js: readFileSync(join(dir, 'uPlot.iife.min.js')), css: readFileSync(join(dir, 'uPlot.min.css'))}
+}
+
+/** The dashboard's HTTP server: the page, its assets, and /api/status and /api/history as JSON. */
+export async function serveDashboard(source: DashboardSource, opts: {port: number; host?: string}): Promise<{port: number; url: string; close: () => Promise<void>}> {
+  const assets = uplotAssets()
+  const server = createServer((req, res) => {
+    const url = new URL(req.url ?? '/', 'http://localhost')
+    const send = (status: number, type: string, body: string | Buffer) => res.writeHead(status, {'content-type': type, 'cache-control': 'no-store'}).end(body)
+    if (req.method !== 'GET') return send(405, 'text/plain', 'GET only\n')
+    try {
+      switch (url.pathname) {
+        case '/':
+          return send(200, 'text/html; charset=utf-8', DASHBOARD_HTML)
+        case '/dashboard.js':
+          return send(200, 'text/javascript; charset=utf-8', DASHBOARD_JS)
+        case '/uPlot.iife.min.js':
+          return send(200, 'text/javascript; charset=utf-8', assets.js)
+        case '/uPlot.min.css':
+          return send(200, 'text/css; charset=utf-8', assets.css)
+        case '/api/status':
+          return send(200, 'application/json', JSON.stringify({summary: source.summary(), clients: source.clients()}))
+        case '/api/history': {
+          const since = Number(url.searchParams.get('since') ?? '-1')
+          return send(200, 'application/json', JSON.stringify({points: source.history(Number.isFinite(since) ? since : -1)}))
+        }
+        default:
+          return send(404, 'text/plain', 'not found\n')
+      }
+    } catch (error) {
+      return send(500, 'text/plain', `${(error as Error).message}\n`)
+    }
+  })
+  const host = opts.host ?? '127.0.0.1'
+  await new Promise<void>((resolve, reject) => {
+    server.once('error', (error: NodeJS.ErrnoException) => reject(new PsycheError(`--dashboard-port: cannot listen on ${host}:${opts.port}: ${error.code ?? error.message}`, {cause: error})))
+    server.listen(opts.port, host, () => resolve())
+  })
+  const address = server.address()
+  const port = typeof address === 'object' && address ? address.port : opts.port
+  return {
+    port,
+    url: `http://${host.includes(':') ? `[${host}]` : host}:${port}/`,
+    close: () =>
+      new Promise<void>((resolve) => {
+        server.closeAllConnections()
+        server.close(() => resolve())
+      }),
+  }
+}

@@ -1,0 +1,59 @@
+import assert from 'node:assert/strict'
+import {after, describe, it} from 'node:test'
+import {CoordinatorConnection} from '../../src/core/backend/index.js'
+import {generateIdentity} from '../../src/core/protocol/index.js'
+import {RUN_ID, startTestServer, waitUntil, writeRunConfig, type TestServer} from '../backend/helpers.js'
+import {JsonProcess} from '../e2e/helpers.js'
+import {tempDir} from '../helpers.js'
+
+const REPORT = {loss: 6.5, val_loss: 6.75, tokens_per_second: 2048, compute_ms: 400, apply_ms: 30, result_bytes: 5000, bytes_in: 9000, bytes_out: 4000, applied: 1, accepted: 1, peers: 0}
+
+describe('psyche dashboard --server-addr', () => {
+  const dir = tempDir('psyche-dashboard-cmd-')
+  let t: TestServer | undefined
+  const procs: JsonProcess[] = []
+  let conn: CoordinatorConnection | undefined
+  after(async () => {
+    await Promise.all(procs.map((p) => p.stop()))
+    await conn?.close()
+    await t?.server.stop()
+    dir.cleanup()
+  })
+
+  it('watches the run without joining: rounds from the state pushes, losses from the reports the coordinator forwards', async () => {
+    t = await startTestServer(writeRunConfig(dir.path))
+    const dash = new JsonProcess('dashboard', ['dashboard', '--server-addr', t.addr, '--json'])
+    procs.push(dash)
+    const {url} = (await dash.waitFor((e) => e.event === 'dashboard_listening', 'the dashboard', 60_000)) as {url: string}
+    const api = async (path: string) => (await fetch(new URL(path, url))).json()
+    const page = await fetch(url)
+    assert.match(await page.text(), /<script src="\/uPlot\.iife\.min\.js">/)
+    assert.equal((await fetch(new URL('/uPlot.iife.min.js', url))).status, 200, 'uPlot is served by the dashboard itself')
+
+    const identity = generateIdentity()
+    conn = await CoordinatorConnection.connect({addr: t.addr, runId: RUN_ID, identity, p2pAddrs: ['/ip4/127.0.0.1/tcp/4001'], join: true})
+    t.clock.advance(2)
+    await waitUntil(() => t!.server.state.run_state === 'Warmup', 'Warmup')
+    conn.sendWarmupReady()
+    await waitUntil(() => t!.server.state.run_state === 'RoundTrain', 'RoundTrain')
+    const step = t.server.state.progress.step
+    assert.ok(conn.sendReport(step, REPORT))
+    await t.waitLog({event: 'client_report', client: identity.id})
+
+    type Point = {step: number; loss: number | null; val_loss: number | null; tokens_per_second: number | null}
+    let point: Point | undefined
+    for (const deadline = Date.now() + 10_000; !point && Date.now() < deadline; await new Promise((r) => setTimeout(r, 100))) {
+      point = ((await api('/api/history')) as {points: Point[]}).points.find((p) => p.step === step && p.loss !== null)
+    }
+    assert.ok(point, 'the forwarded report reached the dashboard\'s history')
+    assert.equal(point.loss, 6.5)
+    assert.equal(point.val_loss, 6.75)
+    assert.equal(point.tokens_per_second, 2048)
+    const status = (await api('/api/status')) as {summary: {run_state: string; step: number}; clients: {id: string; state: string; loss: number; connected: boolean}[]}
+    assert.equal(status.summary.run_state, 'RoundTrain')
+    assert.equal(status.summary.step, step)
+    assert.deepEqual(status.clients.map((c) => [c.id, c.state, c.loss, c.connected]), [[identity.id, 'Healthy', 6.5, true]])
+    // The dashboard watched: it is not a client of the run.
+    assert.deepEqual(t.server.state.epoch.clients.map((c) => c.id), [identity.id])
+  })
+})
