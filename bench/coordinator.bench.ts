@@ -58,20 +58,20 @@ for (const n of [256, 1_000, 10_000]) {
     for (const id of ids) s = must(s, {type: 'join', id}, 0)
   }).first
   const waiting = s
-  const epochStart = time(20, () => applyEvent(waiting, {type: 'tick'}, 5))
-  const warm = applyEvent(waiting, {type: 'tick'}, 5).state
-  const firstRound = time(20, () => applyEvent(warm, {type: 'tick'}, 20))
-  let train = applyEvent(warm, {type: 'tick'}, 20).state
-  const idle = time(200, () => applyEvent(train, {type: 'tick'}, 21))
+  const epochStart = time(20, () => applyEvent(waiting, {type: 'tick'}, 5_000))
+  const warm = applyEvent(waiting, {type: 'tick'}, 5_000).state
+  const firstRound = time(20, () => applyEvent(warm, {type: 'tick'}, 20_000))
+  let train = applyEvent(warm, {type: 'tick'}, 20_000).state
+  const idle = time(200, () => applyEvent(train, {type: 'tick'}, 21_000))
 
   const round = train.epoch.round!
   const seen = [...assignBatches(train)].map(([id, range]) => ({id, range, commitment: Buffer.alloc(32, 1)}))
   const proof = buildWitnessProof(round, seen)
   const witnesses = selectWitnesses(train)
-  const witnessEvent = time(20, () => applyEvent(train, {type: 'witness', from: witnesses[witnesses.length - 1], step: round.step, proof}, 21))
-  for (const w of witnesses) train = must(train, {type: 'witness', from: w, step: round.step, proof}, 21)
-  const inWitness = train.run_state === 'RoundWitness' ? train : must(train, {type: 'tick'}, 60)
-  const at = inWitness.run_state_start + config.round_witness_time
+  const witnessEvent = time(20, () => applyEvent(train, {type: 'witness', from: witnesses[witnesses.length - 1], step: round.step, proof}, 21_000))
+  for (const w of witnesses) train = must(train, {type: 'witness', from: w, step: round.step, proof}, 21_000)
+  const inWitness = train.run_state === 'RoundWitness' ? train : must(train, {type: 'tick'}, 60_000)
+  const at = inWitness.run_state_start + config.round_witness_time * 1000
   const roundTransition = time(20, () => applyEvent(inWitness, {type: 'tick'}, at))
   const second = applyEvent(inWitness, {type: 'tick'}, at).state
   const health = time(20, () => applyEvent(second, {type: 'health_check', from: ids[0], accused: [ids[1]]}, at))

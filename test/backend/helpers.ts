@@ -34,12 +34,12 @@ export function writeRunConfig(dir: string, config: Record<string, number> = {})
   return path
 }
 
-/** A clock the test moves by hand: the coordinator's unix seconds. */
+/** A clock the test moves by hand: the coordinator's unix milliseconds, advanced in seconds. */
 export class Clock {
-  t = 1_700_000_000
+  t = 1_700_000_000_000
   now = () => this.t
   advance(seconds: number): void {
-    this.t += seconds
+    this.t += seconds * 1000
   }
 }
 

@@ -42,7 +42,7 @@ function witness(state: CoordinatorState, now: number, saw: string[] = IDS): Coo
 function advance(state: CoordinatorState, now: number): {state: CoordinatorState; now: number} {
   const from = state.run_state
   for (let i = 0; i < 50; i++) {
-    state = applyEvent(state, {type: 'tick'}, ++now).state
+    state = applyEvent(state, {type: 'tick'}, (now += 1000)).state
     if (state.run_state !== from) return {state, now}
   }
   throw new Error(`stuck in ${from}`)

@@ -135,6 +135,19 @@ describe('parseRunConfig', () => {
     assert.equal(error.issues.length, 1)
   })
 
+  it('keeps Psyche\'s integer seconds, and accepts fractions of a second (our extension, millisecond precision)', () => {
+    const integers = parseRunConfig(good, 'state.toml')
+    assert.ok(Number.isInteger(integers.config!.round_witness_time))
+    const text = good.replace(/round_witness_time = \d+\n/, 'round_witness_time = 0.25\n').replace(/warmup_time = \d+\n/, 'warmup_time = 0.5\n')
+    const run = parseRunConfig(text, 'state.toml')
+    assert.equal(run.config!.round_witness_time, 0.25)
+    assert.equal(run.config!.warmup_time, 0.5)
+    expectIssue(good.replace(/round_witness_time = \d+\n/, 'round_witness_time = 0.0005\n'), 'state.toml', 'config.round_witness_time = 0.0005: must be a whole number of milliseconds')
+    expectIssue(good.replace(/round_witness_time = \d+\n/, 'round_witness_time = 0\n'), 'state.toml', 'config.round_witness_time = 0: must be ≥ 1')
+    expectIssue(good.replace(/round_witness_time = \d+\n/, 'round_witness_time = -0.5\n'), 'state.toml', 'config.round_witness_time = -0.5: must be > 0')
+    expectIssue(good.replace(/warmup_time = \d+\n/, 'warmup_time = -0.5\n'), 'state.toml', 'config.warmup_time = -0.5: must be ≥ 0')
+  })
+
   it('fills Psyche\'s defaults for optional fields', () => {
     const text = good.replace('waiting_for_members_extra_time = 3\n', '').replace('verification_percent = 0\n', '').replace('cold_start_warmup_steps = 0\n', '')
     const run = parseRunConfig(text, 'state.toml')

@@ -9,6 +9,9 @@ import {
 } from '../../src/core/coordinator/index.js'
 import type {CoordinatorConfig, LLMConfig} from '../../src/core/config/index.js'
 
+/** One second on the coordinator's clock (unix milliseconds). */
+export const S = 1000
+
 export const baseConfig: CoordinatorConfig = {
   warmup_time: 10,
   cooldown_time: 5,
@@ -75,11 +78,11 @@ export function witnessAll(state: CoordinatorState, now: number, saw?: string[])
   return state
 }
 
-/** Runs from WaitingForMembers with `ids` to the first RoundTrain; returns the state and the time. */
+/** Runs from WaitingForMembers with `ids` to the first RoundTrain, ticking once a second; returns the state and the time (ms). */
 export function toFirstRound(ids: string[], config: Partial<CoordinatorConfig> = {}, llm: Partial<LLMConfig> = {}): {state: CoordinatorState; now: number} {
   let state = joinAll(newRun(config, llm), ids, 0)
   let now = 0
-  for (let i = 0; i < 100 && state.run_state !== 'RoundTrain'; i++) state = applyEvent(state, {type: 'tick'}, ++now).state
+  for (let i = 0; i < 100 && state.run_state !== 'RoundTrain'; i++) state = applyEvent(state, {type: 'tick'}, (now += S)).state
   if (state.run_state !== 'RoundTrain') throw new Error(`never reached RoundTrain (${state.run_state})`)
   return {state, now}
 }

@@ -13,15 +13,15 @@ import {
 } from '../../src/core/coordinator/index.js'
 import {BloomFilter} from '../../src/core/protocol/bloom.js'
 import {loadRunConfigFile} from '../../src/core/config/index.js'
-import {baseConfig, baseLLM, honestProof, joinAll, newRun, ok, rejected, toFirstRound, witnessAll} from './helpers.js'
+import {S, baseConfig, baseLLM, honestProof, joinAll, newRun, ok, rejected, toFirstRound, witnessAll} from './helpers.js'
 
 const ids = (n: number, prefix = 'c') => Array.from({length: n}, (_, i) => `${prefix}${i}`)
 
-/** Ticks once a second until the phase changes (or `limit` seconds pass). */
+/** Ticks once a second (S ms) until the phase changes (or `limit` seconds pass). */
 function tickUntilChange(state: CoordinatorState, now: number, limit = 200): {state: CoordinatorState; now: number} {
   const phase = state.run_state
   for (let i = 0; i < limit; i++) {
-    state = tick(state, ++now)
+    state = tick(state, (now += S))
     if (state.run_state !== phase) return {state, now}
   }
   throw new Error(`stayed in ${phase} for ${limit}s`)
@@ -30,10 +30,10 @@ function tickUntilChange(state: CoordinatorState, now: number, limit = 200): {st
 describe('WaitingForMembers → Warmup', () => {
   it('waits for init_min_clients pending clients', () => {
     let s = joinAll(newRun(), ids(2), 0)
-    for (let t = 1; t <= 20; t++) s = tick(s, t)
+    for (let t = 1; t <= 20; t++) s = tick(s, t * S)
     assert.equal(s.run_state, 'WaitingForMembers')
-    s = ok(s, {type: 'join', id: 'c2'}, 20)
-    s = tick(s, 21)
+    s = ok(s, {type: 'join', id: 'c2'}, 20 * S)
+    s = tick(s, 21 * S)
     assert.equal(s.run_state, 'Warmup')
     assert.deepEqual(s.epoch.clients.map((c) => c.id), ['c0', 'c1', 'c2'])
     assert.deepEqual(s.pending, [])
@@ -42,11 +42,11 @@ describe('WaitingForMembers → Warmup', () => {
 
   it('waits the extra time after entering the phase, so more clients can join', () => {
     let s = joinAll(newRun({waiting_for_members_extra_time: 3}), ids(3), 0)
-    s = tick(s, 2)
+    s = tick(s, 2 * S)
     assert.equal(s.run_state, 'WaitingForMembers')
-    s = tick(s, 3)
+    s = tick(s, 3 * S)
     assert.equal(s.run_state, 'Warmup')
-    assert.equal(s.run_state_start, 3)
+    assert.equal(s.run_state_start, 3 * S)
   })
 
   it('never transitions in the second the phase began', () => {
@@ -56,13 +56,13 @@ describe('WaitingForMembers → Warmup', () => {
 })
 
 describe('Warmup', () => {
-  const warm = () => tick(joinAll(newRun(), ids(3), 0), 3)
+  const warm = () => tick(joinAll(newRun(), ids(3), 0), 3 * S)
 
   it('→ RoundTrain when warmup_time elapses', () => {
     let s = warm()
-    s = tick(s, 12)
+    s = tick(s, 12 * S)
     assert.equal(s.run_state, 'Warmup')
-    s = tick(s, 13)
+    s = tick(s, 13 * S)
     assert.equal(s.run_state, 'RoundTrain')
     assert.equal(s.epoch.round!.step, 1)
     assert.equal(s.epoch.round!.height, 0)
@@ -70,22 +70,22 @@ describe('Warmup', () => {
 
   it('→ RoundTrain as soon as a round\'s worth of clients report the model loaded', () => {
     let s = warm()
-    s = ok(s, {type: 'witness', from: 'c0', step: 1, proof: {participant_bloom: '', broadcast_bloom: ''}}, 4)
+    s = ok(s, {type: 'witness', from: 'c0', step: 1, proof: {participant_bloom: '', broadcast_bloom: ''}}, 4 * S)
     assert.equal(s.run_state, 'Warmup')
-    rejected(s, {type: 'witness', from: 'c0', step: 1, proof: {participant_bloom: '', broadcast_bloom: ''}}, 4, 'DuplicateWitness')
-    rejected(s, {type: 'witness', from: 'stranger', step: 1, proof: {participant_bloom: '', broadcast_bloom: ''}}, 4, 'InvalidWitness')
-    s = ok(s, {type: 'witness', from: 'c2', step: 1, proof: {participant_bloom: '', broadcast_bloom: ''}}, 5)
+    rejected(s, {type: 'witness', from: 'c0', step: 1, proof: {participant_bloom: '', broadcast_bloom: ''}}, 4 * S, 'DuplicateWitness')
+    rejected(s, {type: 'witness', from: 'stranger', step: 1, proof: {participant_bloom: '', broadcast_bloom: ''}}, 4 * S, 'InvalidWitness')
+    s = ok(s, {type: 'witness', from: 'c2', step: 1, proof: {participant_bloom: '', broadcast_bloom: ''}}, 5 * S)
     assert.equal(s.run_state, 'RoundTrain') // witness_nodes = 2
   })
 
   it('→ WaitingForMembers when clients fall below min_clients, keeping the rest as pending', () => {
     let s = warm()
-    s = ok(s, {type: 'withdraw', id: 'c0'}, 4)
-    s = tick(s, 5)
+    s = ok(s, {type: 'withdraw', id: 'c0'}, 4 * S)
+    s = tick(s, 5 * S)
     assert.equal(s.run_state, 'Warmup') // 2 left = min_clients
-    s = ok(s, {type: 'withdraw', id: 'c1'}, 6)
-    s = ok(s, {type: 'join', id: 'late'}, 6)
-    s = tick(s, 7)
+    s = ok(s, {type: 'withdraw', id: 'c1'}, 6 * S)
+    s = ok(s, {type: 'join', id: 'late'}, 6 * S)
+    s = tick(s, 7 * S)
     assert.equal(s.run_state, 'WaitingForMembers')
     assert.deepEqual(s.pending, ['c2', 'late'])
   })
@@ -97,9 +97,9 @@ describe('RoundTrain → RoundWitness', () => {
     const [w0, w1] = selectWitnesses(s)
     s = ok(s, {type: 'witness', from: w0, step: 1, proof: honestProof(s)}, now)
     assert.equal(s.run_state, 'RoundTrain') // quorum of 3 is 2
-    s = ok(s, {type: 'witness', from: w1, step: 1, proof: honestProof(s)}, now + 1)
+    s = ok(s, {type: 'witness', from: w1, step: 1, proof: honestProof(s)}, now + 1 * S)
     assert.equal(s.run_state, 'RoundWitness')
-    assert.equal(s.run_state_start, now + 1)
+    assert.equal(s.run_state_start, now + 1 * S)
   })
 
   it('when max_round_train_time elapses without a quorum', () => {
@@ -107,7 +107,7 @@ describe('RoundTrain → RoundWitness', () => {
     const start = now
     ;({state: s, now} = tickUntilChange(s, now))
     assert.equal(s.run_state, 'RoundWitness')
-    assert.equal(now, start + baseConfig.max_round_train_time)
+    assert.equal(now, start + baseConfig.max_round_train_time * S)
   })
 
   it('rejects proofs from non-witnesses, for another step, twice, or with a bloom of the wrong size', () => {
@@ -125,18 +125,23 @@ describe('RoundTrain → RoundWitness', () => {
 
   it('rejects proofs outside rounds', () => {
     const s = joinAll(newRun(), ids(3), 0)
-    rejected(s, {type: 'witness', from: 'c0', step: 1, proof: {participant_bloom: '', broadcast_bloom: ''}}, 1, 'InvalidRunState')
+    rejected(s, {type: 'witness', from: 'c0', step: 1, proof: {participant_bloom: '', broadcast_bloom: ''}}, 1 * S, 'InvalidRunState')
   })
 })
 
 describe('RoundWitness →', () => {
-  it('the next RoundTrain after round_witness_time: next step, next batches, fresh seed', () => {
+  it('the next RoundTrain after round_witness_time when a witness missed a result: next step, next batches, fresh seed', () => {
     let {state: s, now} = toFirstRound(ids(3))
-    s = witnessAll(s, now)
-    const first = s.epoch.round!
-    s = tick(s, now + 1)
+    const missed = s.epoch.round!.roster[2]
+    s = witnessAll(s, now, s.epoch.round!.roster.filter((id) => id !== missed))
     assert.equal(s.run_state, 'RoundWitness')
-    s = tick(s, now + 2)
+    assert.equal(s.epoch.round!.complete_witnesses, 0)
+    const first = s.epoch.round!
+    s = tick(s, now + 1 * S)
+    assert.equal(s.run_state, 'RoundWitness')
+    s = tick(s, now + baseConfig.round_witness_time * S - 1)
+    assert.equal(s.run_state, 'RoundWitness') // the window is measured in milliseconds, not rounded to seconds
+    s = tick(s, now + baseConfig.round_witness_time * S)
     assert.equal(s.run_state, 'RoundTrain')
     const second = s.epoch.round!
     assert.equal(second.step, 2)
@@ -144,24 +149,89 @@ describe('RoundWitness →', () => {
     assert.equal(second.height, 1)
     assert.equal(second.data_index, first.data_index + first.batch_size)
     assert.notEqual(second.seed, first.seed)
+    assert.equal(second.started_at, now + baseConfig.round_witness_time * S)
     assert.equal(s.epoch.previous_round, first)
+  })
+
+  it('closes the witness window as soon as every witness attested every trainer (no dead time)', () => {
+    let {state: s, now} = toFirstRound(ids(3))
+    s = witnessAll(s, now + 250)
+    assert.equal(s.run_state, 'RoundWitness')
+    assert.equal(s.epoch.round!.complete_witnesses, 2)
+    s = tick(s, now + 250) // the same millisecond: nothing more can arrive for this round
+    assert.equal(s.run_state, 'RoundTrain')
+    assert.equal(s.epoch.round!.step, 2)
+    assert.equal(s.run_state_start, now + 250)
+    assert.equal(s.epoch.previous_round!.witnesses.length, 2)
+  })
+
+  it('keeps the window open while one witness of several has not attested everyone', () => {
+    let {state: s, now} = toFirstRound(ids(5), {witness_nodes: 3, min_clients: 3})
+    const [w0, w1, w2] = selectWitnesses(s)
+    const roster = s.epoch.round!.roster
+    s = ok(s, {type: 'witness', from: w0, step: 1, proof: honestProof(s)}, now)
+    s = ok(s, {type: 'witness', from: w1, step: 1, proof: honestProof(s)}, now)
+    assert.equal(s.run_state, 'RoundWitness') // quorum of 3 is 2; the third witness may still be downloading
+    s = tick(s, now + 1)
+    assert.equal(s.run_state, 'RoundWitness')
+    s = ok(s, {type: 'witness', from: w2, step: 1, proof: honestProof(s, roster.slice(1))}, now + 2)
+    assert.equal(s.epoch.round!.complete_witnesses, 2)
+    s = tick(s, now + 3)
+    assert.equal(s.run_state, 'RoundWitness') // w2 missed a result: the window is waited out
+    s = tick(s, now + 2 + baseConfig.round_witness_time * S)
+    assert.equal(s.run_state, 'RoundTrain')
+  })
+
+  it('closes early when the last complete proof arrives in RoundWitness', () => {
+    let {state: s, now} = toFirstRound(ids(5), {witness_nodes: 3, min_clients: 3})
+    const [w0, w1, w2] = selectWitnesses(s)
+    s = ok(s, {type: 'witness', from: w0, step: 1, proof: honestProof(s)}, now)
+    s = ok(s, {type: 'witness', from: w1, step: 1, proof: honestProof(s)}, now)
+    s = ok(s, {type: 'witness', from: w2, step: 1, proof: honestProof(s)}, now + 400)
+    s = tick(s, now + 400)
+    assert.equal(s.run_state, 'RoundTrain')
+    assert.equal(s.epoch.round!.started_at, now + 400)
+  })
+
+  it('trainers without batches need no attestation', () => {
+    // 3 trainers, 2 batches: one trainer has an empty range and sends nothing.
+    let {state: s, now} = toFirstRound(ids(3), {witness_nodes: 0, global_batch_size_start: 2, global_batch_size_end: 2})
+    const empty = [...assignBatches(s)].filter(([, r]) => r.start === r.end)
+    assert.equal(empty.length, 1)
+    s = witnessAll(s, now) // honest proofs name only the trainers with batches
+    assert.equal(s.epoch.round!.complete_witnesses, 3)
+    s = tick(s, now)
+    assert.equal(s.run_state, 'RoundTrain')
+  })
+
+  it('fractions of a second in the config are milliseconds on the clock', () => {
+    let {state: s, now} = toFirstRound(ids(3), {max_round_train_time: 0.5, round_witness_time: 0.25})
+    s = tick(s, now + 499)
+    assert.equal(s.run_state, 'RoundTrain')
+    s = tick(s, now + 500)
+    assert.equal(s.run_state, 'RoundWitness') // no quorum: max_round_train_time elapsed
+    s = ok(s, {type: 'witness', from: selectWitnesses(s)[0], step: 1, proof: honestProof(s)}, now + 600)
+    s = tick(s, now + 749)
+    assert.equal(s.run_state, 'RoundWitness')
+    s = tick(s, now + 750)
+    assert.equal(s.run_state, 'Cooldown') // 1 of 2 witnesses: below quorum
   })
 
   it('Cooldown at the end of the epoch', () => {
     let {state: s, now} = toFirstRound(ids(3), {epoch_time: 30})
     for (let i = 0; i < 50 && s.run_state !== 'Cooldown'; i++) {
       if (s.run_state === 'RoundTrain') s = witnessAll(s, now)
-      s = tick(s, ++now)
+      s = tick(s, (now += S))
     }
     assert.equal(s.run_state, 'Cooldown')
-    assert.ok(now >= s.epoch.start_time + 30)
+    assert.ok(now >= s.epoch.start_time + 30 * S)
   })
 
   it('Cooldown after rounds_per_epoch rounds when the file sets it', () => {
     let {state: s, now} = toFirstRound(ids(3), {rounds_per_epoch: 2})
     for (let i = 0; i < 50 && s.run_state !== 'Cooldown'; i++) {
       if (s.run_state === 'RoundTrain') s = witnessAll(s, now)
-      s = tick(s, ++now)
+      s = tick(s, (now += S))
     }
     assert.equal(s.epoch.round!.height, 1)
     assert.equal(s.progress.step, 3)
@@ -172,7 +242,7 @@ describe('RoundWitness →', () => {
     s = witnessAll(s, now)
     s = ok(s, {type: 'withdraw', id: 'c0'}, now)
     s = ok(s, {type: 'withdraw', id: 'c1'}, now)
-    s = tick(s, now + 2)
+    s = tick(s, now + 2 * S)
     assert.equal(s.run_state, 'Cooldown')
     assert.deepEqual(s.epoch.clients.map((c) => c.id), ['c2'])
     assert.deepEqual(s.epoch.exited.map((c) => [c.id, c.state]), [['c0', 'Withdrawn'], ['c1', 'Withdrawn']])
@@ -211,12 +281,12 @@ describe('RoundWitness →', () => {
     assert.equal(s.run_state, 'Paused')
     assert.equal(s.pending_pause, false)
     assert.equal(s.epoch.cold_start, true)
-    for (let i = 0; i < 30; i++) assert.equal(applyEvent(s, {type: 'tick'}, now + i).error?.code, 'Halted')
+    for (let i = 0; i < 30; i++) assert.equal(applyEvent(s, {type: 'tick'}, now + i * S).error?.code, 'Halted')
     rejected(s, {type: 'pause'}, now, 'Halted')
-    s = ok(s, {type: 'resume'}, now + 1)
+    s = ok(s, {type: 'resume'}, now + 1 * S)
     assert.equal(s.run_state, 'WaitingForMembers')
     assert.deepEqual(s.pending, ['c0', 'c1', 'c2'])
-    ;({state: s, now} = tickUntilChange(s, now + 1))
+    ;({state: s, now} = tickUntilChange(s, now + 1 * S))
     assert.equal(s.run_state, 'Warmup')
     assert.equal(s.epoch.cold_start, true)
   })
@@ -229,7 +299,7 @@ describe('RoundWitness →', () => {
         steps.push(s.epoch.round!.step)
         s = witnessAll(s, now)
       }
-      s = tick(s, ++now)
+      s = tick(s, (now += S))
     }
     assert.equal(s.run_state, 'Finished')
     assert.deepEqual(steps, [1, 2, 3])
@@ -243,7 +313,7 @@ describe('Cooldown → next epoch', () => {
     let {state: s, now} = toFirstRound(ids(3), {epoch_time: 20, ...config})
     for (let i = 0; i < 100 && s.run_state !== 'Cooldown'; i++) {
       if (s.run_state === 'RoundTrain') s = witnessAll(s, now)
-      s = tick(s, ++now)
+      s = tick(s, (now += S))
     }
     return {state: s, now}
   }
@@ -270,13 +340,13 @@ describe('Cooldown → next epoch', () => {
     rejected(s, {type: 'checkpoint', from: 'stranger', repo: {repo_id: 'org/ckpt'}}, now, 'UnknownClient')
     s = ok(s, {type: 'checkpoint', from: 'c1', repo: {repo_id: 'org/ckpt', revision: 'abc'}}, now)
     rejected(s, {type: 'checkpoint', from: 'c2', repo: {repo_id: 'org/other'}}, now, 'AlreadyCheckpointed')
-    s = tick(s, now + 1)
+    s = tick(s, now + 1 * S)
     assert.equal(s.run_state, 'WaitingForMembers')
     assert.deepEqual(s.model.LLM.checkpoint, {P2P: {repo_id: 'org/ckpt', revision: 'abc'}})
     // Every previous client leaves; newcomers must load the uploaded checkpoint, not ask absent peers.
-    for (const id of ['c0', 'c1', 'c2']) s = ok(s, {type: 'withdraw', id}, now + 1)
-    s = joinAll(s, ids(3, 'n'), now + 1)
-    ;({state: s, now} = tickUntilChange(s, now + 1))
+    for (const id of ['c0', 'c1', 'c2']) s = ok(s, {type: 'withdraw', id}, now + 1 * S)
+    s = joinAll(s, ids(3, 'n'), now + 1 * S)
+    ;({state: s, now} = tickUntilChange(s, now + 1 * S))
     assert.equal(s.run_state, 'Warmup')
     assert.deepEqual(s.model.LLM.checkpoint, {Hub: {repo_id: 'org/ckpt', revision: 'abc'}})
   })
@@ -355,23 +425,23 @@ describe('pause, resume and config updates', () => {
   it('pausing while waiting pauses at once; a paused run accepts a valid config update', () => {
     let s = joinAll(newRun(), ids(2), 0)
     rejected(s, {type: 'config_update', config: {...baseConfig, total_steps: 5}}, 0, 'InvalidRunState')
-    s = ok(s, {type: 'pause'}, 1)
+    s = ok(s, {type: 'pause'}, 1 * S)
     assert.equal(s.run_state, 'Paused')
-    s = ok(s, {type: 'config_update', config: {...baseConfig, total_steps: 5}}, 2)
+    s = ok(s, {type: 'config_update', config: {...baseConfig, total_steps: 5}}, 2 * S)
     assert.equal(s.config.total_steps, 5)
-    const message = rejected(s, {type: 'config_update', config: {...baseConfig, min_clients: 0}}, 2, 'InvalidConfig')
+    const message = rejected(s, {type: 'config_update', config: {...baseConfig, min_clients: 0}}, 2 * S, 'InvalidConfig')
     assert.match(message, /config\.min_clients = 0: must be ≥ 1/)
-    s = ok(s, {type: 'resume'}, 3)
+    s = ok(s, {type: 'resume'}, 3 * S)
     assert.equal(s.run_state, 'WaitingForMembers')
-    rejected(s, {type: 'resume'}, 3, 'CannotResume')
+    rejected(s, {type: 'resume'}, 3 * S, 'CannotResume')
   })
 
   it('an Uninitialized run (update-config file) starts on resume', async () => {
     const file = await loadRunConfigFile('test/fixtures/psyche-configs/solana-test/nano-config.toml')
     let s = createCoordinator(file)
     assert.equal(s.run_state, 'Uninitialized')
-    rejected(s, {type: 'tick'}, 1, 'Halted')
-    s = ok(s, {type: 'resume'}, 1)
+    rejected(s, {type: 'tick'}, 1 * S, 'Halted')
+    s = ok(s, {type: 'resume'}, 1 * S)
     assert.equal(s.run_state, 'WaitingForMembers')
   })
 })
@@ -386,7 +456,7 @@ describe('batch sizes', () => {
         if (sizes.length === 0 || s.epoch.round!.step > sizes.length) sizes.push(batchSizeForStep(s))
         s = witnessAll(s, now)
       }
-      s = tick(s, ++now)
+      s = tick(s, (now += S))
     }
     // data index 0 → 4, 4 → round(4 + 8·64/400) = 5, 9 → 7, 16 → 9, 25 → 12 (≥ 400 tokens) ...
     assert.deepEqual(sizes, [4, 5, 7, 9, 12, 12, 12, 12])

@@ -7,13 +7,17 @@ import {
   buildWitnessProof,
   createCoordinator,
   deserializeState,
+  participantKey,
   selectWitnesses,
   serializeState,
+  witnessBloomParams,
+  witnessCount,
   type CoordinatorEvent,
   type CoordinatorState,
 } from '../../src/core/coordinator/index.js'
 import type {CoordinatorConfig} from '../../src/core/config/index.js'
-import {baseLLM} from './helpers.js'
+import {BloomFilter} from '../../src/core/protocol/bloom.js'
+import {S, baseLLM} from './helpers.js'
 
 /** Abstract commands, turned into concrete events from the state they meet (so they stay meaningful). */
 type Command =
@@ -30,7 +34,8 @@ const commandArb: fc.Arbitrary<Command> = fc.oneof(
   {weight: 3, arbitrary: fc.record({k: fc.constant('join' as const), i: fc.nat(POOL - 1)})},
   {weight: 1, arbitrary: fc.record({k: fc.constantFrom('withdraw' as const, 'eject' as const, 'checkpoint' as const), i: fc.nat(POOL - 1)})},
   {weight: 1, arbitrary: fc.record({k: fc.constant('loaded' as const), i: fc.nat(POOL - 1)})},
-  {weight: 6, arbitrary: fc.record({k: fc.constant('tick' as const), dt: fc.nat(12), entropy: fc.boolean()})},
+  // dt in milliseconds: whole seconds mostly (the configs' unit), and sub-second steps.
+  {weight: 6, arbitrary: fc.record({k: fc.constant('tick' as const), dt: fc.oneof(fc.nat(12).map((x) => x * S), fc.nat(1500)), entropy: fc.boolean()})},
   {weight: 4, arbitrary: fc.record({k: fc.constant('witness' as const), j: fc.nat(8), mask: fc.oneof(fc.constant(255), fc.nat(255)), asWitness: fc.oneof(fc.constant(true), fc.boolean()), stale: fc.oneof(fc.constant(false), fc.boolean())})},
   {weight: 1, arbitrary: fc.record({k: fc.constant('health' as const), from: fc.nat(POOL - 1), accused: fc.nat(POOL - 1)})},
   {weight: 1, arbitrary: fc.record({k: fc.constantFrom('pause' as const, 'resume' as const)})},
@@ -46,8 +51,8 @@ const configArb: fc.Arbitrary<CoordinatorConfig> = fc
     warmupTokens: fc.integer({min: 1, max: 600}),
     warmup_time: fc.integer({min: 0, max: 8}),
     cooldown_time: fc.integer({min: 1, max: 8}),
-    max_round_train_time: fc.integer({min: 1, max: 8}),
-    round_witness_time: fc.integer({min: 1, max: 4}),
+    max_round_train_time: fc.oneof(fc.integer({min: 1, max: 8}), fc.integer({min: 1, max: 8000}).map((x) => x / 1000)),
+    round_witness_time: fc.oneof(fc.integer({min: 1, max: 4}), fc.integer({min: 1, max: 4000}).map((x) => x / 1000)),
     epochExtra: fc.integer({min: 0, max: 60}),
     total_steps: fc.integer({min: 1, max: 25}),
     waiting: fc.integer({min: 0, max: 4}),
@@ -175,6 +180,43 @@ describe('coordinator invariants over random event sequences', () => {
     // Not vacuous: many rounds, some of them in later epochs (where repeats across epochs could hide).
     assert.ok(rounds > 200, `only ${rounds} rounds were exercised`)
     assert.ok(laterEpochRounds > 10, `only ${laterEpochRounds} rounds after the first epoch`)
+  })
+
+  it('the witness window closes early only when every witness attested every trainer, and never outlasts round_witness_time', () => {
+    let early = 0
+    let timedOut = 0
+    fc.assert(
+      fc.property(runsArb, ([config, seed, commands]) => {
+        let now = 0
+        let i = 0
+        run(config, seed, commands, (prev, next, event) => {
+          const c = commands[i++]
+          if (c.k === 'tick') now += c.dt
+          // An independent recount of complete proofs, straight from the blooms.
+          const round = next.epoch.round
+          if (round) {
+            const params = witnessBloomParams(round.roster.length)
+            const withBatches = [...assignBatches(next, round)].filter(([, r]) => r.end > r.start).map(([cid]) => participantKey(cid))
+            const complete = round.witnesses.filter((w) => withBatches.every((k) => BloomFilter.fromBase64(params, w.participant_bloom).contains(k))).length
+            assert.equal(round.complete_witnesses, complete)
+          }
+          if (prev.run_state !== 'RoundWitness' || event.type !== 'tick') return
+          const r = prev.epoch.round!
+          const windowOver = now !== prev.run_state_start && now >= prev.run_state_start + Math.round(prev.config.round_witness_time * 1000)
+          const allAttested = r.complete_witnesses === witnessCount(prev.config, r.roster.length)
+          // A tick leaves RoundWitness exactly when the window is over or every witness attested every trainer.
+          assert.equal(next.run_state !== 'RoundWitness', windowOver || allAttested)
+          if (next.run_state !== 'RoundWitness') {
+            if (windowOver) timedOut++
+            else early++
+          }
+        })
+      }),
+      {numRuns: 200},
+    )
+    // Not vacuous: both ways out of the window happened.
+    assert.ok(early > 20, `only ${early} early closes`)
+    assert.ok(timedOut > 20, `only ${timedOut} timed-out windows`)
   })
 
   it('recorded witness proofs come from selected witnesses of their round', () => {

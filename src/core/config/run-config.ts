@@ -1,6 +1,6 @@
 import {dirname, isAbsolute, resolve} from 'node:path'
 import {parse as parseToml, TomlError} from 'smol-toml'
-import {ConfigError, Reader, readConfigText, isTable, type Table} from './read.js'
+import {ConfigError, Reader, readConfigText, isTable, join, type Table} from './read.js'
 import type {
   AdamWConfig,
   CheckpointConfig,
@@ -34,14 +34,33 @@ const CONFIG_FIELDS = [
 ] as const
 const LLM_FIELDS = ['architecture', 'data_type', 'max_seq_len', 'cold_start_warmup_steps', 'checkpoint', 'data_location', 'lr_schedule', 'optimizer'] as const
 
+/**
+ * A duration in seconds. Psyche's files hold integers (u64 seconds) and mean the same here; a fraction is our
+ * extension (the coordinator's clock is in milliseconds), at most millisecond precision so the coordinator's
+ * integer arithmetic is exact. `positive`: Psyche's minimum of 1 for an integer, any fraction above 0 otherwise.
+ */
+function seconds(r: Reader, t: Table, key: string, path: string, rule: {positive: boolean; default?: number}): number {
+  const value = t[key]
+  if (typeof value === 'number' && Number.isFinite(value) && !Number.isInteger(value)) {
+    const v = r.num(t, key, path, rule.positive ? {above: 0} : {min: 0})
+    if (Number.isNaN(v)) return v
+    if (Math.abs(v * 1000 - Math.round(v * 1000)) > 1e-6) {
+      r.issue(join(path, key), 'must be a whole number of milliseconds (at most 3 decimals)', value)
+      return NaN
+    }
+    return v
+  }
+  return r.int(t, key, path, {min: rule.positive ? 1 : 0, ...(rule.default !== undefined ? {default: rule.default} : {})})
+}
+
 function readCoordinatorConfig(r: Reader, t: Table, path: string): CoordinatorConfig {
   r.known(t, path, CONFIG_FIELDS)
   const config: CoordinatorConfig = {
-    warmup_time: r.int(t, 'warmup_time', path, {min: 0}),
-    cooldown_time: r.int(t, 'cooldown_time', path, {min: 1}),
-    epoch_time: r.int(t, 'epoch_time', path, {min: 1}),
-    max_round_train_time: r.int(t, 'max_round_train_time', path, {min: 1}),
-    round_witness_time: r.int(t, 'round_witness_time', path, {min: 1}),
+    warmup_time: seconds(r, t, 'warmup_time', path, {positive: false}),
+    cooldown_time: seconds(r, t, 'cooldown_time', path, {positive: true}),
+    epoch_time: seconds(r, t, 'epoch_time', path, {positive: true}),
+    max_round_train_time: seconds(r, t, 'max_round_train_time', path, {positive: true}),
+    round_witness_time: seconds(r, t, 'round_witness_time', path, {positive: true}),
     min_clients: r.int(t, 'min_clients', path, {min: 1}),
     init_min_clients: r.int(t, 'init_min_clients', path, {min: 1}),
     witness_nodes: r.int(t, 'witness_nodes', path, {min: 0}),
@@ -50,7 +69,7 @@ function readCoordinatorConfig(r: Reader, t: Table, path: string): CoordinatorCo
     global_batch_size_end: r.int(t, 'global_batch_size_end', path, {min: 1}),
     global_batch_size_warmup_tokens: r.int(t, 'global_batch_size_warmup_tokens', path, {min: 0, default: 0}),
     total_steps: r.int(t, 'total_steps', path, {min: 1}),
-    waiting_for_members_extra_time: r.int(t, 'waiting_for_members_extra_time', path, {min: 0, default: DEFAULT_WAITING_FOR_MEMBERS_EXTRA_TIME}),
+    waiting_for_members_extra_time: seconds(r, t, 'waiting_for_members_extra_time', path, {positive: false, default: DEFAULT_WAITING_FOR_MEMBERS_EXTRA_TIME}),
   }
   if (t.rounds_per_epoch !== undefined) config.rounds_per_epoch = r.int(t, 'rounds_per_epoch', path, {min: 1})
   return config

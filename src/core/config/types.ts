@@ -8,7 +8,10 @@
 export const RUN_STATES = ['Uninitialized', 'WaitingForMembers', 'Warmup', 'RoundTrain', 'RoundWitness', 'Cooldown', 'Finished', 'Paused'] as const
 export type RunState = (typeof RUN_STATES)[number]
 
-/** The `[config]` table: timings (seconds), client thresholds, batch sizes, run length. */
+/**
+ * The `[config]` table: timings (seconds), client thresholds, batch sizes, run length. Psyche's timings are
+ * integer seconds; ours may also be fractions with millisecond precision (e.g. round_witness_time = 0.5).
+ */
 export interface CoordinatorConfig {
   /** Time to let clients download and load the model before the first round of an epoch. */
   warmup_time: number
@@ -19,6 +22,7 @@ export interface CoordinatorConfig {
   /** Newer Psyche files cap an epoch by rounds instead of (here: as well as) by time. Optional. */
   rounds_per_epoch?: number
   max_round_train_time: number
+  /** Upper bound of the witness window; it closes as soon as every witness attested every trainer's result. */
   round_witness_time: number
   /** Below this many clients an epoch ends. */
   min_clients: number

@@ -5,6 +5,7 @@ import {BloomFilter} from '../protocol/bloom.js'
 import {checkEquivocation} from '../verify/equivocation.js'
 import {fromHex, sha256, u64le} from './hash.js'
 import {
+  assignBatches,
   batchRangeFor,
   globalBatchSize,
   isTrainerHealthy,
@@ -15,6 +16,7 @@ import {
   witnessBloomParams,
   witnessCount,
   witnessQuorum,
+  participantKey,
 } from './rules.js'
 import type {
   ApplyResult,
@@ -36,7 +38,17 @@ import type {
  * that shares what did not change.
  *
  * Rejected events do not throw: applyEvent returns the unchanged state and a Rejection {code, message}.
+ *
+ * Time. `now` and every time in the state are unix milliseconds; the config's durations are seconds, as
+ * in Psyche's files (integers there; fractions are our extension, at millisecond resolution). A duration
+ * of d seconds has passed when now >= start + msOf(d): an integer config means exactly what it means in
+ * Psyche, measured on a finer clock, so a round no longer ends on the next whole-second boundary.
  */
+
+/** A config duration (seconds, possibly fractional) in whole milliseconds. */
+export function msOf(seconds: number): number {
+  return Math.round(seconds * 1000)
+}
 
 class Reject extends Error {
   constructor(
@@ -70,7 +82,7 @@ function emptyEpoch(now: number, startStep: number): EpochState {
 export interface CreateOptions {
   /** 64 hex digits. Default: SHA-256 of the run id, so a run's seeds are reproducible from its config. */
   seed?: string
-  /** When the run starts (unix seconds). */
+  /** When the run starts (unix milliseconds). */
   now?: number
 }
 
@@ -82,7 +94,7 @@ export function createCoordinator(file: Pick<RunConfigFile, 'run_id' | 'run_stat
   fromHex(seed)
   const now = options.now ?? 0
   return {
-    version: 1,
+    version: 2,
     run_id: runId,
     run_state: file.run_state ?? 'Uninitialized',
     run_state_start: now,
@@ -103,9 +115,12 @@ function changeState(s: CoordinatorState, now: number, next: RunState): Coordina
   return {...s, run_state: next, run_state_start: now}
 }
 
-/** Psyche's check_timeout: `duration` seconds have passed since the phase began, and not in the same second. */
+/**
+ * Psyche's check_timeout: `duration` seconds have passed since the phase began, and not at the same instant
+ * (so a zero duration still waits for a later tick: at most one transition per tick and time).
+ */
 function timedOut(s: CoordinatorState, now: number, duration: number): boolean {
-  return now !== s.run_state_start && now >= s.run_state_start + duration
+  return now !== s.run_state_start && now >= s.run_state_start + msOf(duration)
 }
 
 function clientIndex(s: CoordinatorState, id: ClientId): number {
@@ -179,6 +194,7 @@ function startRoundTrain(s: CoordinatorState, now: number, entropy: string | und
     witnesses: [],
     accusations: [],
     excluded: [],
+    complete_witnesses: 0,
   }
   return changeState({...s, seed, epoch: {...s.epoch, first_round: false, round, previous_round: previous}}, now, 'RoundTrain')
 }
@@ -215,14 +231,23 @@ function tickRoundTrain(s: CoordinatorState, now: number): CoordinatorState {
 }
 
 function epochOver(s: CoordinatorState, now: number, round: Round): boolean {
-  const byTime = now >= s.epoch.start_time + s.config.epoch_time
+  const byTime = now >= s.epoch.start_time + msOf(s.config.epoch_time)
   const byRounds = s.config.rounds_per_epoch !== undefined && round.height + 1 >= s.config.rounds_per_epoch
   return byTime || byRounds
 }
 
+/**
+ * Every witness of the round has sent a proof attesting every trainer's result: nothing more can arrive for
+ * this round, so waiting out round_witness_time would be dead time (our extension; Psyche always waits).
+ */
+function allAttested(s: CoordinatorState, round: Round): boolean {
+  return round.complete_witnesses >= witnessCount(s.config, round.roster.length)
+}
+
 function tickRoundWitness(s: CoordinatorState, now: number, entropy: string | undefined): CoordinatorState {
-  if (!timedOut(s, now, s.config.round_witness_time)) return s
   const round = s.epoch.round!
+  // round_witness_time stays the upper bound, for witnesses still downloading; it ends early once all attested.
+  if (!timedOut(s, now, s.config.round_witness_time) && !allAttested(s, round)) return s
   s = {...s, progress: {...s.progress, step: s.progress.step + 1}}
   s = moveExited(s, round.height)
   const witnessed = round.witnesses.length
@@ -316,6 +341,37 @@ function decodeBloom(text: unknown, rosterSize: number, field: string): BloomFil
   }
 }
 
+/**
+ * Whether a participant bloom names every trainer of the round that had batches (trainers with an empty
+ * range have nothing to send). A bloom can only err towards "present" (1 % false positives by design), so
+ * at worst the window closes early for a result the witness lacks — which is then judged exactly as when
+ * the window times out: by the quorum rules on the final witness record.
+ */
+function attestsEveryTrainer(s: CoordinatorState, round: Round, participants: BloomFilter): boolean {
+  return trainerPositionsWithBatches(s, round).every((positions) => participants.containsPositions(positions))
+}
+
+const trainerPositionsMemo = new WeakMap<readonly ClientId[], number[][]>()
+
+/**
+ * The participant-bloom bit positions of each trainer with batches: hashed once per round (memoized by its
+ * roster, which every copy of the round shares), so checking a proof costs bit lookups only.
+ */
+function trainerPositionsWithBatches(s: CoordinatorState, round: Round): number[][] {
+  const hit = trainerPositionsMemo.get(round.roster)
+  if (hit) return hit
+  const params = witnessBloomParams(round.roster.length)
+  let trainers: readonly ClientId[] = round.roster
+  // With at least as many batches as trainers every trainer has some; otherwise ask the assignment who has none.
+  if (round.roster.length > round.batch_size) {
+    const ranges = assignBatches(s, round)
+    trainers = round.roster.filter((id) => ranges.get(id)!.start < ranges.get(id)!.end)
+  }
+  const out = trainers.map((id) => BloomFilter.positionsFor(params, participantKey(id)))
+  trainerPositionsMemo.set(round.roster, out)
+  return out
+}
+
 function onWitness(s: CoordinatorState, now: number, event: Extract<CoordinatorEvent, {type: 'witness'}>, entropy?: string): CoordinatorState {
   const {from} = event
   if (s.run_state === 'Warmup') {
@@ -333,10 +389,11 @@ function onWitness(s: CoordinatorState, now: number, event: Extract<CoordinatorE
   if (!isWitness(s, from, round)) throw new Reject('InvalidWitness', `client ${from} is not a witness of step ${round.step}`)
   if (round.witnesses.some((w) => w.from === from)) throw new Reject('DuplicateWitness', `client ${from} already sent a proof for step ${round.step}`)
   const n = round.roster.length
-  decodeBloom(event.proof?.participant_bloom, n, 'participant_bloom')
+  const participants = decodeBloom(event.proof?.participant_bloom, n, 'participant_bloom')
   decodeBloom(event.proof?.broadcast_bloom, n, 'broadcast_bloom')
   const witnesses = [...round.witnesses, {from, participant_bloom: event.proof.participant_bloom, broadcast_bloom: event.proof.broadcast_bloom}]
-  s = {...s, epoch: {...s.epoch, round: {...round, witnesses}}}
+  const complete_witnesses = round.complete_witnesses + (attestsEveryTrainer(s, round, participants) ? 1 : 0)
+  s = {...s, epoch: {...s.epoch, round: {...round, witnesses, complete_witnesses}}}
   // Opportunistic witnessing: a quorum of proofs ends training early.
   if (s.run_state === 'RoundTrain' && witnesses.length >= witnessQuorum(witnessCount(s.config, n))) return changeState(s, now, 'RoundWitness')
   return s
@@ -490,11 +547,11 @@ function apply(s: CoordinatorState, event: CoordinatorEvent, now: number): Coord
 }
 
 /**
- * Applies one event at time `now` (unix seconds, from the backend). Returns the new state, or the
+ * Applies one event at time `now` (unix milliseconds, from the backend). Returns the new state, or the
  * same state and `error` when the event is rejected (wrong phase, not a witness, duplicate, ...).
  */
 export function applyEvent(state: CoordinatorState, event: CoordinatorEvent, now: number): ApplyResult {
-  if (!Number.isFinite(now) || now < 0) return {state, error: {code: 'InvalidEvent', message: `time ${now} must be a non-negative number of seconds`}}
+  if (!Number.isFinite(now) || now < 0) return {state, error: {code: 'InvalidEvent', message: `time ${now} must be a non-negative number of milliseconds`}}
   try {
     return {state: apply(state, event, now)}
   } catch (error) {

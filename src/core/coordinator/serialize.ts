@@ -1,5 +1,5 @@
 import {RUN_STATES} from '../config/types.js'
-import type {CoordinatorState} from './types.js'
+import type {CoordinatorState, Round} from './types.js'
 
 /**
  * The coordinator state as JSON. BigInts (none today, but backends may add u64 fields) are written
@@ -16,8 +16,24 @@ export function deserializeState(text: string): CoordinatorState {
       if (keys.length === 1 && keys[0] === '$bigint' && typeof value.$bigint === 'string' && /^-?\d+$/.test(value.$bigint)) return BigInt(value.$bigint)
     }
     return value
-  }) as CoordinatorState
-  if (state?.version !== 1) throw new RangeError(`coordinator state: version ${JSON.stringify(state?.version)}: expected 1`)
+  }) as CoordinatorState | (Omit<CoordinatorState, 'version'> & {version: 1})
+  if (state?.version === 1) return checked(migrateFromSeconds(state))
+  if (state?.version !== 2) throw new RangeError(`coordinator state: version ${JSON.stringify((state as {version?: unknown} | null)?.version)}: expected 1 or 2`)
+  return checked(state)
+}
+
+/**
+ * Version 1 kept unix seconds; version 2 keeps unix milliseconds (and counts complete witness proofs).
+ * A saved v1 state resumes as the same instants in milliseconds; its rounds start with no complete witness
+ * counted, so a round in progress at the upgrade simply waits out its witness window as before.
+ */
+function migrateFromSeconds(v1: Omit<CoordinatorState, 'version'>): CoordinatorState {
+  const round = (r: Round | null): Round | null => (r && typeof r === 'object' ? {...r, started_at: r.started_at * 1000, complete_witnesses: 0} : r)
+  const epoch = v1.epoch && typeof v1.epoch === 'object' ? {...v1.epoch, start_time: v1.epoch.start_time * 1000, round: round(v1.epoch.round), previous_round: round(v1.epoch.previous_round)} : v1.epoch
+  return {...v1, version: 2, run_state_start: v1.run_state_start * 1000, epoch}
+}
+
+function checked(state: CoordinatorState): CoordinatorState {
   if (!RUN_STATES.includes(state.run_state)) throw new RangeError(`coordinator state: run_state ${JSON.stringify(state.run_state)}: expected one of ${RUN_STATES.join(', ')}`)
   if (!Array.isArray(state.epoch?.clients) || !Array.isArray(state.pending)) throw new RangeError('coordinator state: epoch.clients and pending must be arrays')
   // States saved before rounds recorded accusations and exclusions: none then.

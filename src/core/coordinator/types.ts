@@ -39,6 +39,7 @@ export interface Round {
   batch_size: number
   /** 32-byte hex seed: data assignment and witness selection derive from it. */
   seed: string
+  /** Unix milliseconds when the round's RoundTrain began. */
   started_at: number
   /** Client ids in epoch order at the round's start: the trainers. */
   roster: ClientId[]
@@ -50,6 +51,12 @@ export interface Round {
    * producer equivocated (signed two results for the step). Final with the round, like its witness records.
    */
   excluded: ClientId[]
+  /**
+   * How many of `witnesses` attest every trainer with batches in their participant bloom (counted when each
+   * proof is accepted, so ticks stay O(1)). When it reaches the round's witness count, every witness has
+   * attested every trainer's result and the witness window closes early.
+   */
+  complete_witnesses: number
 }
 
 /**
@@ -65,7 +72,7 @@ export interface Accusation {
 }
 
 export interface EpochState {
-  /** When the epoch's Warmup began (epoch_time counts from here). */
+  /** When the epoch's Warmup began, unix milliseconds (epoch_time counts from here). */
   start_time: number
   start_step: number
   first_round: boolean
@@ -82,10 +89,11 @@ export interface EpochState {
 
 /** The coordinator's whole state: serializable (serializeState), and never mutated by this module. */
 export interface CoordinatorState {
-  version: 1
+  /** 2: times in unix milliseconds (version 1 kept whole seconds; deserializeState migrates it). */
+  version: 2
   run_id: string
   run_state: RunState
-  /** Unix seconds when run_state was entered; phase timeouts count from here. */
+  /** Unix milliseconds when run_state was entered; phase timeouts count from here. */
   run_state_start: number
   config: CoordinatorConfig
   model: {LLM: LLMConfig}
@@ -106,7 +114,7 @@ export interface WitnessProof {
 }
 
 /**
- * What can happen to a run. `now` is passed beside the event (applyEvent), never read from a clock.
+ * What can happen to a run. `now` (unix milliseconds) is passed beside the event (applyEvent), never read from a clock.
  * - join / withdraw: a client asks to take part in (or leave) the run.
  * - tick: time passed; `entropy` (hex, optional) is mixed into the next round's seed by backends that have some.
  * - witness: a witness proof for `step` (in Warmup: "my model is loaded", blooms ignored).

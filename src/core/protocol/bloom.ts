@@ -31,6 +31,16 @@ function toBytes(item: Uint8Array | string): Uint8Array {
   return typeof item === 'string' ? Buffer.from(item, 'utf8') : item
 }
 
+function positionsOf(params: BloomParams, item: Uint8Array | string): number[] {
+  const digest = createHash('sha256').update(toBytes(item)).digest()
+  const h1 = digest.readUInt32LE(0)
+  // Odd, so the stride visits distinct positions whenever the size is a power of two.
+  const h2 = (digest.readUInt32LE(4) | 1) >>> 0
+  const out = new Array<number>(params.hashes)
+  for (let i = 0; i < params.hashes; i++) out[i] = (h1 + i * h2) % params.bits
+  return out
+}
+
 export class BloomFilter {
   readonly params: BloomParams
   /** The bit array, little-endian within each byte. */
@@ -53,14 +63,19 @@ export class BloomFilter {
     return new BloomFilter(params, Buffer.from(text, 'base64'))
   }
 
+  /** The bit positions of `item` in any filter with `params` (so callers testing one item against many filters hash it once). */
+  static positionsFor(params: BloomParams, item: Uint8Array | string): number[] {
+    return positionsOf(params, item)
+  }
+
+  /** contains() for positions from positionsFor with the same params. */
+  containsPositions(positions: readonly number[]): boolean {
+    for (const p of positions) if ((this.bytes[p >> 3] & (1 << (p & 7))) === 0) return false
+    return true
+  }
+
   private positions(item: Uint8Array | string): number[] {
-    const digest = createHash('sha256').update(toBytes(item)).digest()
-    const h1 = digest.readUInt32LE(0)
-    // Odd, so the stride visits distinct positions whenever the size is a power of two.
-    const h2 = (digest.readUInt32LE(4) | 1) >>> 0
-    const out = new Array<number>(this.params.hashes)
-    for (let i = 0; i < this.params.hashes; i++) out[i] = (h1 + i * h2) % this.params.bits
-    return out
+    return positionsOf(this.params, item)
   }
 
   add(item: Uint8Array | string): this {

@@ -21,13 +21,13 @@ export interface CoordinatorServerOptions {
   saveStateDir?: string
   /** Withdraw a client from the run when its connection closes (default true, as Psyche). */
   withdrawOnDisconnect?: boolean
-  /** How often the coordinator is ticked, besides after every accepted event (default 200 ms). */
+  /** How often the coordinator is ticked, besides after every accepted event (default 50 ms: how late a timeout may fire). */
   tickIntervalMs?: number
   /** The server's signing identity. Default: the one saved in saveStateDir, else a new random one. */
   identity?: Identity
   /** Structured log lines ({event: ..., ...}); rejections among them with the peer and the reason. */
   log?: (event: object) => void
-  /** The coordinator's clock: unix seconds (default: whole seconds of Date.now()). */
+  /** The coordinator's clock: unix milliseconds (default: Date.now). */
   now?: () => number
   /** Largest frame accepted from a client once it said hello (default 16 MiB; 64 KiB before). */
   maxFrameBytes?: number
@@ -104,7 +104,7 @@ export class CoordinatorServer {
 
   static async start(options: CoordinatorServerOptions): Promise<CoordinatorServer> {
     const log = options.log ?? (() => {})
-    const now = options.now ?? (() => Math.floor(Date.now() / 1000))
+    const now = options.now ?? (() => Date.now())
     const runId = options.run.run_id
     if (runId === undefined || runId === '') throw new PsycheError(`${options.run.path}: run_id: a server needs a state.toml with a run_id`)
     if (!options.run.config) throw new PsycheError(`${options.run.path}: config: a server needs a state.toml with [config]`)
@@ -147,7 +147,7 @@ export class CoordinatorServer {
     })
     net.on('error', (error) => log({event: 'server_error', message: error.message}))
     server.save()
-    server.timer = setInterval(() => server.advance(), options.tickIntervalMs ?? 200)
+    server.timer = setInterval(() => server.advance(), options.tickIntervalMs ?? 50)
     // 'listening' comes first: launchers read the port from the first log line.
     log({event: 'listening', host: options.host ?? '127.0.0.1', port: server.port, run_id: runId, server_id: identity.id, run_state: state.run_state, step: state.progress.step})
     if (resumedFrom) log({event: 'resumed', path: resumedFrom, run_id: runId, run_state: state.run_state, step: state.progress.step, epoch: state.progress.epoch, clients: state.epoch.clients.length, pending: state.pending.length})
