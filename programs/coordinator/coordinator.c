@@ -22,7 +22,7 @@
 #define MODEL_JSON_MAX 4096
 #define SHUFFLE_ROUNDS 90
 #define MAGIC 0x44524f4f43595350ull /* "PSYCOORD" */
-#define LAYOUT_VERSION 1
+#define LAYOUT_VERSION 2 /* 2: times in unix milliseconds, rounds count complete witness proofs */
 
 /* ---- errors: custom program error codes (1..17 mirror RejectionCode in coordinator/types.ts) ---- */
 enum {
@@ -97,7 +97,7 @@ typedef struct {
 } Accusation;
 
 typedef struct {
-  u64 step, height, data_index, batch_size, started_at, roster_len, witness_len, accusation_len, excluded_len, reserved;
+  u64 step, height, data_index, batch_size, started_at, roster_len, witness_len, accusation_len, excluded_len, complete_witnesses;
   u8 seed[32];
   u8 roster[MAX_CLIENTS][32];
   Witness witnesses[MAX_WITNESSES];
@@ -273,14 +273,19 @@ static int bloom_contains(const u8 *bloom, u64 bits, u64 hashes, const u8 *item3
   return 1;
 }
 
-/* isTrainerHealthy: a quorum of the round's witnesses have the trainer in their participant bloom. */
-static int trainer_healthy(const State *s, const Round *r, const u8 *key) {
+/* participantKey(id): sha256("psyche/participant\0" || base58(id)). */
+static void participant_key(const u8 *key, u8 *out) {
   static const char prefix[] = "psyche/participant";
   u8 item[19 + 44];
   copy(item, prefix, 19); /* the label and its terminating NUL */
   u64 n = base58(key, item + 19);
+  sha256_2(item, 19 + n, NULL, 0, out);
+}
+
+/* isTrainerHealthy: a quorum of the round's witnesses have the trainer in their participant bloom. */
+static int trainer_healthy(const State *s, const Round *r, const u8 *key) {
   u8 k[32];
-  sha256_2(item, 19 + n, NULL, 0, k);
+  participant_key(key, k);
   u64 size = r->roster_len ? r->roster_len : 1;
   u64 bits = BLOOM_BITS[size - 1];
   u64 hashes = BLOOM_HASHES[size - 1];
@@ -290,6 +295,24 @@ static int trainer_healthy(const State *s, const Round *r, const u8 *key) {
   return score >= witness_quorum(witness_count(s, r->roster_len));
 }
 
+/*
+ * attestsEveryTrainer (machine.ts): the participant bloom names every trainer of the round. Only rounds with at
+ * least as many batches as trainers count (then every trainer has batches): finding the empty-handed trainers
+ * of a smaller batch would cost a shuffle each, which the compute budget does not allow.
+ */
+static int attests_every_trainer(const Round *r, const u8 *bloom) {
+  if (r->roster_len > r->batch_size) return 0;
+  u64 size = r->roster_len ? r->roster_len : 1;
+  u64 bits = BLOOM_BITS[size - 1];
+  u64 hashes = BLOOM_HASHES[size - 1];
+  for (u64 i = 0; i < r->roster_len; i++) {
+    u8 k[32];
+    participant_key(r->roster[i], k);
+    if (!bloom_contains(bloom, bits, hashes, k)) return 0;
+  }
+  return 1;
+}
+
 /* ---- helpers over a state (machine.ts) ---- */
 
 static void change_state(State *s, u64 now, u64 next) {
@@ -297,8 +320,9 @@ static void change_state(State *s, u64 now, u64 next) {
   s->run_state_start = now;
 }
 
+/* Times are unix milliseconds (the reference's clock); config durations are whole seconds. */
 static int timed_out(const State *s, u64 now, u64 duration) {
-  return now != s->run_state_start && now >= s->run_state_start + duration;
+  return now != s->run_state_start && now >= s->run_state_start + duration * 1000;
 }
 
 static i64 client_index(const State *s, const u8 *key) {
@@ -446,8 +470,9 @@ static void start_cooldown(State *s, u64 now) {
 }
 
 static void tick_round_witness(State *s, u64 now) {
-  if (!timed_out(s, now, s->config.round_witness_time)) return;
   const Round *r = &s->round;
+  /* The window is the upper bound; it closes as soon as every witness attested every trainer (allAttested). */
+  if (!timed_out(s, now, s->config.round_witness_time) && r->complete_witnesses < witness_count(s, r->roster_len)) return;
   s->progress_step++;
   move_exited(s, r->height);
   u64 witnessed = r->witness_len;
@@ -456,7 +481,7 @@ static void tick_round_witness(State *s, u64 now) {
     start_cooldown(s, now);
     return;
   }
-  int epoch_over = now >= s->epoch_start_time + s->config.epoch_time ||
+  int epoch_over = now >= s->epoch_start_time + s->config.epoch_time * 1000 ||
                    (s->config.rounds_per_epoch != 0 && r->height + 1 >= s->config.rounds_per_epoch);
   if (epoch_over || s->clients_len < s->config.min_clients || witnessed < witness_quorum(witness_count(s, r->roster_len)) ||
       s->progress_step > s->config.total_steps || s->pending_pause) {
@@ -552,6 +577,7 @@ static u64 on_witness(State *s, u64 now, const u8 *key, const u8 *data, u64 len)
   copy(w->from, key, 32);
   copy(w->participant_bloom, data + 9, bytes);
   copy(w->broadcast_bloom, data + 9 + bytes, bytes);
+  if (attests_every_trainer(r, w->participant_bloom)) r->complete_witnesses++;
   if (s->run_state == ROUND_TRAIN && r->witness_len >= witness_quorum(witness_count(s, r->roster_len))) change_state(s, now, ROUND_WITNESS);
   return 0;
 }
@@ -770,10 +796,11 @@ enum {
   IX_ACCUSE,
 };
 
-static u64 now_seconds(void) {
+/* The cluster clock (unix seconds) on the reference's millisecond scale. */
+static u64 now_ms(void) {
   SolClock clock;
   sol_get_clock_sysvar(&clock);
-  return clock.unix_timestamp < 0 ? 0 : (u64)clock.unix_timestamp;
+  return clock.unix_timestamp < 0 ? 0 : (u64)clock.unix_timestamp * 1000;
 }
 
 static const u8 SYSTEM_PROGRAM[32] = {0};
@@ -820,7 +847,7 @@ static u64 init_coordinator(Input *in) {
   /* seed: SHA-256("psyche/run\0" ‖ run id), as createCoordinator */
   sha256_2((const u8 *)"psyche/run", 11, run_id, id_len, s->seed);
   s->run_state = UNINITIALIZED;
-  s->run_state_start = now_seconds();
+  s->run_state_start = now_ms();
   s->progress_step = 1;
   s->epoch_start_step = 1;
   s->epoch_start_time = s->run_state_start;
@@ -900,7 +927,7 @@ u64 entrypoint(const u8 *input) {
     /* accounts: coordinator (anyone may tick; the fee payer signs the transaction) */
     if ((e = load(&in, 0, &s))) return e;
     if (len) return fail(E_INVALID_INSTRUCTION, "tick takes no data");
-    return on_tick(s, now_seconds());
+    return on_tick(s, now_ms());
   }
   /* every other instruction: accounts[0] signs, accounts[1] is the coordinator */
   if ((e = load(&in, 1, &s))) return e;
@@ -912,7 +939,7 @@ u64 entrypoint(const u8 *input) {
     case IX_SET_PAUSED:
       if ((e = signer(&in, s->main_authority))) return e;
       if (len != 1 || d[0] > 1) return fail(E_INVALID_INSTRUCTION, "set_paused: expected 1 (pause) or 0 (resume)");
-      return d[0] ? on_pause(s, now_seconds()) : on_resume(s, now_seconds());
+      return d[0] ? on_pause(s, now_ms()) : on_resume(s, now_ms());
     case IX_JOIN_RUN: {
       if ((e = signer(&in, NULL))) return e;
       u8 none[32];
@@ -923,11 +950,11 @@ u64 entrypoint(const u8 *input) {
     }
     case IX_WITNESS:
       if ((e = signer(&in, NULL))) return e;
-      return on_witness(s, now_seconds(), key, d, len);
+      return on_witness(s, now_ms(), key, d, len);
     case IX_WARMUP_WITNESS:
       if ((e = signer(&in, NULL))) return e;
       if (s->run_state == ROUND_TRAIN || s->run_state == ROUND_WITNESS) return fail(E_INVALID_RUN_STATE, "warmup_witness is accepted in Warmup only; send witness proofs in rounds");
-      return on_witness(s, now_seconds(), key, d, len);
+      return on_witness(s, now_ms(), key, d, len);
     case IX_HEALTH_CHECK:
       if ((e = signer(&in, NULL))) return e;
       return on_health_check(s, key, d, len);

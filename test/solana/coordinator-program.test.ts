@@ -69,7 +69,7 @@ describe('coordinator program: accounts', () => {
     const run = readRun(d)
     assert.equal(run.state.run_id, 'acct-run')
     assert.equal(run.state.run_state, 'Uninitialized')
-    assert.equal(run.state.run_state_start, T0)
+    assert.equal(run.state.run_state_start, T0 * 1000) // the chain clock in seconds, kept in milliseconds
     assert.equal(run.main_authority, d.authority.address)
     assert.equal(run.join_authority, null)
     assert.equal(run.has_config, false)

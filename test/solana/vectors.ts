@@ -84,11 +84,12 @@ class Recorder {
     readonly ids: Record<string, string>,
   ) {
     this.now = scenario.created_at
-    this.state = createCoordinator({run_id: scenario.run_id, run_state: 'Uninitialized', config: scenario.config, model: scenario.model}, {now: this.now})
+    this.state = createCoordinator({run_id: scenario.run_id, run_state: 'Uninitialized', config: scenario.config, model: scenario.model}, {now: this.now * 1000})
   }
 
   apply(event: CoordinatorEvent, expect?: RejectionCode | 'ok'): CoordinatorState {
-    const r = applyEvent(this.state, event, this.now)
+    // `now` is the chain's clock (unix seconds); the reference's clock is in milliseconds.
+    const r = applyEvent(this.state, event, this.now * 1000)
     if (expect === 'ok' && r.error) throw new Error(`${this.scenario.name}: ${event.type} at ${this.now} rejected: ${r.error.code}: ${r.error.message}`)
     if (expect && expect !== 'ok' && r.error?.code !== expect) throw new Error(`${this.scenario.name}: ${event.type} at ${this.now}: expected ${expect}, got ${r.error?.code ?? 'accepted'}`)
     this.state = r.state

@@ -5,7 +5,6 @@ import {BloomFilter} from '../protocol/bloom.js'
 import {checkEquivocation} from '../verify/equivocation.js'
 import {fromHex, sha256, u64le} from './hash.js'
 import {
-  assignBatches,
   batchRangeFor,
   globalBatchSize,
   isTrainerHealthy,
@@ -342,32 +341,30 @@ function decodeBloom(text: unknown, rosterSize: number, field: string): BloomFil
 }
 
 /**
- * Whether a participant bloom names every trainer of the round that had batches (trainers with an empty
- * range have nothing to send). A bloom can only err towards "present" (1 % false positives by design), so
- * at worst the window closes early for a result the witness lacks — which is then judged exactly as when
- * the window times out: by the quorum rules on the final witness record.
+ * Whether a participant bloom names every trainer of the round. Only rounds with at least as many batches as
+ * trainers count (then every trainer has batches, the usual case); a round with empty-handed trainers never
+ * closes early, because telling them apart costs a shuffle per trainer, more than the Solana program's compute
+ * budget allows (programs/coordinator mirrors this rule). A bloom can only err towards "present" (1 % false
+ * positives by design), so at worst the window closes early for a result the witness lacks — which is then
+ * judged exactly as when the window times out: by the quorum rules on the final witness record. (A witness
+ * that finds a result invalid leaves it out of its proof, so accusations are never cut short.)
  */
-function attestsEveryTrainer(s: CoordinatorState, round: Round, participants: BloomFilter): boolean {
-  return trainerPositionsWithBatches(s, round).every((positions) => participants.containsPositions(positions))
+function attestsEveryTrainer(round: Round, participants: BloomFilter): boolean {
+  if (round.roster.length > round.batch_size) return false
+  return trainerPositions(round).every((positions) => participants.containsPositions(positions))
 }
 
 const trainerPositionsMemo = new WeakMap<readonly ClientId[], number[][]>()
 
 /**
- * The participant-bloom bit positions of each trainer with batches: hashed once per round (memoized by its
- * roster, which every copy of the round shares), so checking a proof costs bit lookups only.
+ * The participant-bloom bit positions of each trainer: hashed once per round (memoized by its roster, which
+ * every copy of the round shares), so checking a proof costs bit lookups only.
  */
-function trainerPositionsWithBatches(s: CoordinatorState, round: Round): number[][] {
+function trainerPositions(round: Round): number[][] {
   const hit = trainerPositionsMemo.get(round.roster)
   if (hit) return hit
   const params = witnessBloomParams(round.roster.length)
-  let trainers: readonly ClientId[] = round.roster
-  // With at least as many batches as trainers every trainer has some; otherwise ask the assignment who has none.
-  if (round.roster.length > round.batch_size) {
-    const ranges = assignBatches(s, round)
-    trainers = round.roster.filter((id) => ranges.get(id)!.start < ranges.get(id)!.end)
-  }
-  const out = trainers.map((id) => BloomFilter.positionsFor(params, participantKey(id)))
+  const out = round.roster.map((id) => BloomFilter.positionsFor(params, participantKey(id)))
   trainerPositionsMemo.set(round.roster, out)
   return out
 }
@@ -392,7 +389,7 @@ function onWitness(s: CoordinatorState, now: number, event: Extract<CoordinatorE
   const participants = decodeBloom(event.proof?.participant_bloom, n, 'participant_bloom')
   decodeBloom(event.proof?.broadcast_bloom, n, 'broadcast_bloom')
   const witnesses = [...round.witnesses, {from, participant_bloom: event.proof.participant_bloom, broadcast_bloom: event.proof.broadcast_bloom}]
-  const complete_witnesses = round.complete_witnesses + (attestsEveryTrainer(s, round, participants) ? 1 : 0)
+  const complete_witnesses = round.complete_witnesses + (attestsEveryTrainer(round, participants) ? 1 : 0)
   s = {...s, epoch: {...s.epoch, round: {...round, witnesses, complete_witnesses}}}
   // Opportunistic witnessing: a quorum of proofs ends training early.
   if (s.run_state === 'RoundTrain' && witnesses.length >= witnessQuorum(witnessCount(s.config, n))) return changeState(s, now, 'RoundWitness')

@@ -18,7 +18,7 @@ export const REPO_MAX = 96
 export const REVISION_MAX = 64
 export const MODEL_JSON_MAX = 4096
 export const MAGIC = 0x44524f4f43595350n // "PSYCOORD"
-export const LAYOUT_VERSION = 1n
+export const LAYOUT_VERSION = 2n
 
 const CONFIG_FIELDS = [
   'warmup_time',
@@ -178,6 +178,7 @@ function readRound(b: Buffer, o: number): Round {
     witnesses,
     accusations,
     excluded: Array.from({length: excludedLen}, (_, i) => key(excludedAt + i * 32)),
+    complete_witnesses: num(b, o + 72, 'round.complete_witnesses'),
   }
 }
 
@@ -218,7 +219,7 @@ export function decodeCoordinator(data: Uint8Array): OnChainCoordinator {
   const clients: Client[] = readClients(b, O.clients, num(b, O.clients_len, 'clients_len')).map(({id, state}) => ({id, state}))
   const join = b.subarray(O.join_authority, O.join_authority + 32)
   const state: CoordinatorState = {
-    version: 1,
+    version: 2,
     run_id: b.toString('utf8', O.run_id, O.run_id + num(b, O.run_id_len, 'run_id_len')),
     run_state: runState,
     run_state_start: num(b, O.run_state_start, 'run_state_start'),
