@@ -70,6 +70,7 @@ trained, witness, health_check, rejected, worker_crashed, finished).`
       optimizer: 'distro',
       threads: flags.threads,
       device: flags.device,
+      hub: {onProgress: (p) => progress.update(`model from the Hub: ${p.phase} ${(p.done / 1e6).toFixed(1)} / ${(p.total / 1e6).toFixed(1)} MB`, p.phase === 'done')},
     })
     const d = plan.data
     if (typeof d === 'object' && 'Local' in d && resolve(plan.dataBaseDir, d.Local).startsWith(demoCorpusDir)) await ensureDemoCorpus((m) => progress.status(m))

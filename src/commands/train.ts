@@ -66,6 +66,7 @@ Per-step metrics go to a JSONL file; --json prints one summary object:
       evalEvery: flags['eval-every'],
       evalBatches: flags['eval-batches'],
       simulatePeers: flags['simulate-peers'],
+      hub: {onProgress: (p) => progress.update(`model from the Hub: ${p.phase} ${(p.done / 1e6).toFixed(1)} / ${(p.total / 1e6).toFixed(1)} MB`, p.phase === 'done')},
     })
     const stamp = new Date().toISOString().replace(/[:.]/g, '-')
     const metricsPath = flags.metrics ?? join('runs', `${plan.runId}-${stamp}`, 'metrics.jsonl')

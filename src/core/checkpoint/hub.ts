@@ -29,8 +29,8 @@ export interface TransferProgress {
   total: number
 }
 
-export function checkRepoId(repo: string): string {
-  if (!/^[A-Za-z0-9][A-Za-z0-9._-]*\/[A-Za-z0-9][A-Za-z0-9._-]*$/.test(repo)) throw new PsycheError(`--repo ${repo}: expected NAMESPACE/NAME`, {code: 'EREPO'})
+export function checkRepoId(repo: string, where = '--repo'): string {
+  if (!/^[A-Za-z0-9][A-Za-z0-9._-]*\/[A-Za-z0-9][A-Za-z0-9._-]*$/.test(repo)) throw new PsycheError(`${where} ${repo}: expected NAMESPACE/NAME`, {code: 'EREPO'})
   return repo
 }
 

@@ -4,6 +4,7 @@ import {loadRunConfigFile} from '../config/index.js'
 import type {LLMConfig, LrSchedule, OptimizerConfig, RunConfigFile, DataLocation} from '../config/index.js'
 import {demoCorpusDir} from '../corpus.js'
 import {PsycheError} from '../errors.js'
+import {checkRepoId, downloadCheckpoint, type TransferProgress} from '../checkpoint/hub.js'
 import {projectRoot} from '../worker/python.js'
 
 export const templatesDir = join(projectRoot, 'templates')
@@ -56,6 +57,8 @@ export interface TrainFlags {
   evalEvery?: number
   evalBatches?: number
   simulatePeers?: number
+  /** Where a `Hub` checkpoint is downloaded from and with which token (default: HF_ENDPOINT, HF_TOKEN) and into which cache. */
+  hub?: {url?: string; token?: string; cacheDir?: string; onProgress?: (p: TransferProgress) => void}
 }
 
 export function templateStatePath(name: string): string {
@@ -95,7 +98,7 @@ export function modelSourceFromDir(dir: string, where: string): ModelSource {
   return {kind: 'config', configPath, config: readModelConfig(configPath)}
 }
 
-function modelFromCheckpoint(run: RunConfigFile, llm: LLMConfig): ModelSource {
+async function modelFromCheckpoint(run: RunConfigFile, llm: LLMConfig, hub: TrainFlags['hub'] = {}): Promise<ModelSource> {
   const base = dirname(resolve(run.path))
   const checkpoint = llm.checkpoint
   if (typeof checkpoint === 'object' && 'Local' in checkpoint) {
@@ -107,7 +110,14 @@ function modelFromCheckpoint(run: RunConfigFile, llm: LLMConfig): ModelSource {
       // from_pretrained semantics: a repo id that names a local directory is that directory
       const local = resolve(base, repo.repo_id)
       if (existsSync(join(local, 'config.json'))) return modelSourceFromDir(local, `${run.path}: model.LLM.checkpoint.${variant}.repo_id`)
-      throw new PsycheError(`${run.path}: model.LLM.checkpoint.${variant}.repo_id = "${repo.repo_id}": not a local model directory, and psyche train does not download from the Hub; pass --model DIR`)
+      if (variant === 'Hub' || variant === 'P2P') {
+        // a Hub repository: download it (resumable, hash-checked) into the Hub cache and use the snapshot
+        const {repo_id, revision} = repo as {repo_id: string; revision?: string | null}
+        const where = `${run.path}: model.LLM.checkpoint.${variant}`
+        const got = await downloadCheckpoint({repo: checkRepoId(repo_id, `${where}.repo_id`), revision: revision ?? undefined, hubUrl: hub.url ?? process.env.HF_ENDPOINT, token: hub.token ?? process.env.HF_TOKEN, cacheDir: hub.cacheDir, onProgress: hub.onProgress})
+        return modelSourceFromDir(got.dir, where)
+      }
+      throw new PsycheError(`${run.path}: model.LLM.checkpoint.${variant}.repo_id = "${repo.repo_id}": not a local model directory; pass --model DIR`)
     }
   }
   throw new PsycheError(`${run.path}: model.LLM.checkpoint = ${JSON.stringify(checkpoint)}: psyche train needs a model directory; pass --model DIR`)
@@ -141,7 +151,7 @@ export async function resolveTrainPlan(flags: TrainFlags): Promise<TrainPlan> {
   if (llm.architecture !== 'HfLlama') {
     throw new PsycheError(`${run.path}: model.LLM.architecture = "${llm.architecture}": psyche train supports HfLlama`)
   }
-  const model = flags.model ? modelSourceFromDir(resolve(flags.model), '--model') : modelFromCheckpoint(run, llm)
+  const model = flags.model ? modelSourceFromDir(resolve(flags.model), '--model') : await modelFromCheckpoint(run, llm, flags.hub)
 
   let optimizer = llm.optimizer
   if (flags.optimizer === 'adamw' && !(typeof optimizer === 'object' && 'AdamW' in optimizer)) optimizer = DEFAULT_ADAMW
