@@ -1,5 +1,6 @@
 import {createHash} from 'node:crypto'
 import {MAX_RUN_ID_BYTES} from '../config/run-config.js'
+import type {PeerDirectory} from '../backend/types.js'
 import type {HubRepo} from '../config/types.js'
 import type {AccusationReason, ClientId, CoordinatorState, WitnessProof} from '../coordinator/types.js'
 import type {EquivocationProof} from '../verify/equivocation.js'
@@ -106,10 +107,9 @@ export interface WelcomeBody {
   /** Unix seconds on the server's clock (the coordinator's `now`). */
   server_time: number
 }
-export type Peers = Record<ClientId, string[]>
 export interface StateBody {
   state: CoordinatorState
-  peers: Peers
+  peers: PeerDirectory
   server_time: number
 }
 /** On the wire the state travels as serializeState's text (so BigInts survive). */
@@ -323,7 +323,7 @@ const serverBodyCheckers: {[K in ServerKind]: (b: Obj) => ServerBodies[K]} = {
       throw new Invalid(`state.state: ${(error as Error).message}`)
     }
     if (!isObj(b.peers)) throw new Invalid('state.peers must be an object')
-    const peers: Peers = {}
+    const peers: PeerDirectory = {}
     for (const [k, v] of Object.entries(b.peers)) peers[id(k, 'state.peers key')] = strings(v, `state.peers.${k}`, MAX_P2P_ADDRS, MAX_ADDR_CHARS)
     return {state, peers, server_time: time(b.server_time, 'state.server_time')}
   },

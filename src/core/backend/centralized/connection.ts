@@ -8,7 +8,7 @@ import {PsycheError} from '../../errors.js'
 import {DEFAULT_MAX_FRAME_BYTES, FrameReader} from '../../protocol/frames.js'
 import type {Identity} from '../../protocol/identity.js'
 import {decodeServerMessage, encodeClientMessage, type ClientBodies, type ClientKind, type ServerEnvelope} from '../../protocol/messages.js'
-import type {CoordinatorBackend, PeerDirectory, RejectionInfo} from '../index.js'
+import type {CoordinatorBackend, PeerDirectory, RejectionInfo} from '../types.js'
 
 export interface ConnectOptions {
   /** The server, as host:port. */

@@ -5,11 +5,12 @@ import {join} from 'node:path'
 import type {RunConfigFile} from '../../config/types.js'
 import {applyEvent, createCoordinator, deserializeState, serializeState, tick} from '../../coordinator/index.js'
 import type {ClientId, CoordinatorEvent, CoordinatorState} from '../../coordinator/types.js'
+import type {PeerDirectory} from '../types.js'
 import {PsycheError} from '../../errors.js'
 import {writeFileAtomicSync} from '../../protocol/atomic-file.js'
 import {DEFAULT_MAX_FRAME_BYTES, FrameReader} from '../../protocol/frames.js'
 import {generateIdentity, loadIdentity, saveIdentity, type Identity} from '../../protocol/identity.js'
-import {decodeClientMessage, encodeServerMessage, type ClientEnvelope, type Peers, type ServerBodies, type ServerKind} from '../../protocol/messages.js'
+import {decodeClientMessage, encodeServerMessage, type ClientEnvelope, type ServerBodies, type ServerKind} from '../../protocol/messages.js'
 
 export interface CoordinatorServerOptions {
   run: RunConfigFile
@@ -71,7 +72,7 @@ interface SavedState {
   type: 'psyche-coordinator-state'
   version: 1
   state: string
-  peers: Peers
+  peers: PeerDirectory
 }
 
 /**
@@ -92,7 +93,7 @@ export class CoordinatorServer {
     private readonly net: Server,
     readonly identity: Identity,
     private current: CoordinatorState,
-    private directory: Peers,
+    private directory: PeerDirectory,
     private readonly opts: Required<Pick<CoordinatorServerOptions, 'withdrawOnDisconnect' | 'maxFrameBytes' | 'helloTimeoutMs'>> & {
       log: (event: object) => void
       now: () => number
@@ -111,7 +112,7 @@ export class CoordinatorServer {
 
     let identity = options.identity
     let state: CoordinatorState | undefined
-    let peers: Peers = {}
+    let peers: PeerDirectory = {}
     let resumedFrom: string | undefined
     if (options.saveStateDir) {
       mkdirSync(options.saveStateDir, {recursive: true})
@@ -164,7 +165,7 @@ export class CoordinatorServer {
   }
 
   /** Client id → the libp2p multiaddrs it announced in its hello. */
-  get peers(): Peers {
+  get peers(): PeerDirectory {
     return this.directory
   }
 
@@ -458,7 +459,7 @@ export class CoordinatorServer {
   }
 }
 
-function readSavedState(path: string, runId: string): {state: CoordinatorState; peers: Peers} {
+function readSavedState(path: string, runId: string): {state: CoordinatorState; peers: PeerDirectory} {
   const bad = (what: string) => new PsycheError(`saved state ${path}: ${what} (move the file away to start the run afresh)`, {code: 'ESAVEDSTATE'})
   let saved: SavedState
   try {
@@ -474,7 +475,7 @@ function readSavedState(path: string, runId: string): {state: CoordinatorState; 
     throw bad((error as Error).message)
   }
   if (state.run_id !== runId) throw bad(`it is run "${state.run_id}", but the state.toml is run "${runId}"`)
-  const peers: Peers = {}
+  const peers: PeerDirectory = {}
   if (saved.peers && typeof saved.peers === 'object') {
     for (const [k, v] of Object.entries(saved.peers)) if (Array.isArray(v) && v.every((a) => typeof a === 'string')) peers[k] = v
   }
