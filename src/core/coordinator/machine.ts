@@ -17,6 +17,7 @@ import {
   witnessQuorum,
   participantKey,
 } from './rules.js'
+import {ACTIVE_PHASES, EPOCH_PHASES, HALTED_PHASES, isCheckpointP2P, isRoundPhase} from './phases.js'
 import type {
   ApplyResult,
   Client,
@@ -58,10 +59,6 @@ class Reject extends Error {
   }
 }
 
-const HALTED: readonly RunState[] = ['Uninitialized', 'Finished', 'Paused']
-/** Phases with an epoch under way, in which a pause waits for the epoch's end. */
-const ACTIVE: readonly RunState[] = ['RoundTrain', 'RoundWitness', 'Cooldown']
-const EPOCH_STATES: readonly RunState[] = ['Warmup', 'RoundTrain', 'RoundWitness', 'Cooldown']
 
 function emptyEpoch(now: number, startStep: number): EpochState {
   return {
@@ -161,14 +158,10 @@ function startWaitingForMembers(s: CoordinatorState, now: number): CoordinatorSt
   return changeState(keepHealthyAsPending(s), now, next)
 }
 
-function isP2P(c: CheckpointConfig): c is {P2P: HubRepo} {
-  return typeof c === 'object' && 'P2P' in c
-}
-
 /** After an epoch the newest model lives in the clients: new joiners fetch it peer to peer. */
 function checkpointToP2P(s: CoordinatorState): CoordinatorState {
   const checkpoint = s.model.LLM.checkpoint
-  if (isP2P(checkpoint) || typeof checkpoint !== 'object') return s
+  if (isCheckpointP2P(checkpoint) || typeof checkpoint !== 'object') return s
   let repo: HubRepo
   if ('Hub' in checkpoint) repo = checkpoint.Hub
   else if ('Dummy' in checkpoint) repo = checkpoint.Dummy
@@ -209,7 +202,7 @@ function tickWaitingForMembers(s: CoordinatorState, now: number): CoordinatorSta
   const pending = new Set(s.pending)
   const previousPresent = s.epoch.clients.some((c) => pending.has(c.id))
   // Nobody who holds the trained model is back: new clients must load the last uploaded checkpoint.
-  if (!previousPresent && isP2P(s.model.LLM.checkpoint) && s.checkpoint_fallback) {
+  if (!previousPresent && isCheckpointP2P(s.model.LLM.checkpoint) && s.checkpoint_fallback) {
     s = {...s, model: {LLM: {...s.model.LLM, checkpoint: s.checkpoint_fallback}}}
   }
   const epoch = emptyEpoch(now, s.progress.step)
@@ -303,7 +296,7 @@ function onJoin(s: CoordinatorState, id: ClientId): CoordinatorState {
   if (s.run_state === 'Finished') throw new Reject('Halted', 'the run is Finished')
   if (s.pending.includes(id)) throw new Reject('AlreadyJoined', `client ${id} is already waiting to join`)
   const i = clientIndex(s, id)
-  const inEpoch = i >= 0 && s.epoch.clients[i].state === 'Healthy' && s.run_state !== 'WaitingForMembers' && !HALTED.includes(s.run_state)
+  const inEpoch = i >= 0 && s.epoch.clients[i].state === 'Healthy' && EPOCH_PHASES.has(s.run_state)
   if (inEpoch) throw new Reject('AlreadyJoined', `client ${id} is already training in this epoch`)
   return {...s, pending: [...s.pending, id]}
 }
@@ -316,7 +309,7 @@ function onWithdraw(s: CoordinatorState, id: ClientId): CoordinatorState {
     s = {...s, pending}
   }
   const i = clientIndex(s, id)
-  const inEpoch = i >= 0 && s.epoch.clients[i].state === 'Healthy' && (s.run_state === 'Warmup' || ACTIVE.includes(s.run_state))
+  const inEpoch = i >= 0 && s.epoch.clients[i].state === 'Healthy' && EPOCH_PHASES.has(s.run_state)
   if (inEpoch) return setClientState(s, i, 'Withdrawn')
   if (p >= 0) return s
   throw new Reject('InvalidWithdraw', `client ${id} is neither training nor waiting to join`)
@@ -380,7 +373,7 @@ function onWitness(s: CoordinatorState, now: number, event: Extract<CoordinatorE
     s = {...s, epoch: {...s.epoch, warmup_witnesses}}
     return warmup_witnesses.length >= witnessCount(s.config, s.epoch.clients.length) ? startRoundTrain(s, now, entropy) : s
   }
-  if (s.run_state !== 'RoundTrain' && s.run_state !== 'RoundWitness') throw new Reject('InvalidRunState', `witness proofs are accepted in Warmup, RoundTrain and RoundWitness, not ${s.run_state}`)
+  if (!isRoundPhase(s.run_state)) throw new Reject('InvalidRunState', `witness proofs are accepted in Warmup, RoundTrain and RoundWitness, not ${s.run_state}`)
   const round = s.epoch.round!
   if (event.step !== round.step) throw new Reject('WrongStep', `witness proof for step ${event.step}, but the round is step ${round.step}`)
   if (!isWitness(s, from, round)) throw new Reject('InvalidWitness', `client ${from} is not a witness of step ${round.step}`)
@@ -397,7 +390,7 @@ function onWitness(s: CoordinatorState, now: number, event: Extract<CoordinatorE
 }
 
 function onHealthCheck(s: CoordinatorState, event: Extract<CoordinatorEvent, {type: 'health_check'}>): CoordinatorState {
-  if (s.run_state !== 'RoundTrain' && s.run_state !== 'RoundWitness') throw new Reject('InvalidRunState', `health checks are accepted during rounds, not in ${s.run_state}`)
+  if (!isRoundPhase(s.run_state)) throw new Reject('InvalidRunState', `health checks are accepted during rounds, not in ${s.run_state}`)
   const judged = s.epoch.previous_round
   // Results arrive one round late, so a round can only be judged once the next one is under way.
   if (!judged) throw new Reject('NoActiveRound', 'no finished round in this epoch to judge yet')
@@ -429,7 +422,7 @@ function ejectAndExclude(s: CoordinatorState, id: ClientId, round: Round | null)
 }
 
 function onAccuse(s: CoordinatorState, event: Extract<CoordinatorEvent, {type: 'accuse'}>): CoordinatorState {
-  if (s.run_state !== 'RoundTrain' && s.run_state !== 'RoundWitness') throw new Reject('InvalidRunState', `accusations are accepted during rounds, not in ${s.run_state}`)
+  if (!isRoundPhase(s.run_state)) throw new Reject('InvalidRunState', `accusations are accepted during rounds, not in ${s.run_state}`)
   const round = s.epoch.round!
   const {from, accused} = event
   // Only the current round: once the next one starts, this round's record is final and replicas apply it.
@@ -452,14 +445,14 @@ function onAccuse(s: CoordinatorState, event: Extract<CoordinatorEvent, {type: '
 }
 
 function onEquivocation(s: CoordinatorState, event: Extract<CoordinatorEvent, {type: 'equivocation'}>): CoordinatorState {
-  if (!EPOCH_STATES.includes(s.run_state)) throw new Reject('InvalidRunState', `equivocation proofs are accepted during an epoch, not in ${s.run_state}`)
+  if (!EPOCH_PHASES.has(s.run_state)) throw new Reject('InvalidRunState', `equivocation proofs are accepted during an epoch, not in ${s.run_state}`)
   const checked = checkEquivocation(event.proof, s.run_id)
   if (!checked.ok) throw new Reject('InvalidProof', checked.reason)
   const reporter = clientIndex(s, event.from)
   if (reporter < 0) throw new Reject('UnknownClient', `reporter ${event.from} is not a client of this epoch`)
   const i = clientIndex(s, checked.producer)
   const round = s.epoch.round
-  const inRound = round && round.step === checked.step && (s.run_state === 'RoundTrain' || s.run_state === 'RoundWitness') && round.roster.includes(checked.producer)
+  const inRound = round && round.step === checked.step && isRoundPhase(s.run_state) && round.roster.includes(checked.producer)
   const current = inRound ? round : null
   if (i < 0 && !current) throw new Reject('UnknownClient', `client ${checked.producer} is not in this epoch`)
   if (current?.excluded.includes(checked.producer) || (!current && s.epoch.clients[i].state === 'Ejected')) {
@@ -469,8 +462,8 @@ function onEquivocation(s: CoordinatorState, event: Extract<CoordinatorEvent, {t
 }
 
 function onPause(s: CoordinatorState, now: number): CoordinatorState {
-  if (HALTED.includes(s.run_state)) throw new Reject('Halted', `the run is already ${s.run_state}`)
-  if (ACTIVE.includes(s.run_state)) return {...s, pending_pause: true}
+  if (HALTED_PHASES.has(s.run_state)) throw new Reject('Halted', `the run is already ${s.run_state}`)
+  if (ACTIVE_PHASES.has(s.run_state)) return {...s, pending_pause: true}
   return changeState(keepHealthyAsPending(s), now, 'Paused')
 }
 
@@ -486,7 +479,7 @@ function onCheckpoint(s: CoordinatorState, event: Extract<CoordinatorEvent, {typ
   if (typeof event.repo?.repo_id !== 'string' || event.repo.repo_id === '') throw new Reject('InvalidEvent', 'checkpoint repo_id must be a non-empty string')
   const repo: HubRepo = event.repo.revision === undefined ? {repo_id: event.repo.repo_id} : {repo_id: event.repo.repo_id, revision: event.repo.revision}
   const checkpoint = s.model.LLM.checkpoint
-  const next: CheckpointConfig = isP2P(checkpoint) ? {P2P: repo} : typeof checkpoint === 'object' && 'Hub' in checkpoint ? {Hub: repo} : checkpoint
+  const next: CheckpointConfig = isCheckpointP2P(checkpoint) ? {P2P: repo} : typeof checkpoint === 'object' && 'Hub' in checkpoint ? {Hub: repo} : checkpoint
   return {...s, checkpoint_fallback: {Hub: repo}, model: {LLM: {...s.model.LLM, checkpoint: next}}, epoch: {...s.epoch, checkpointed: true}}
 }
 
@@ -517,11 +510,11 @@ function apply(s: CoordinatorState, event: CoordinatorEvent, now: number): Coord
       return onEject(s, event.id)
     case 'witness':
       checkId(event.from, 'from')
-      if (HALTED.includes(s.run_state)) throw new Reject('Halted', `the run is ${s.run_state}`)
+      if (HALTED_PHASES.has(s.run_state)) throw new Reject('Halted', `the run is ${s.run_state}`)
       return onWitness(s, now, event)
     case 'health_check':
       checkId(event.from, 'from')
-      if (HALTED.includes(s.run_state)) throw new Reject('Halted', `the run is ${s.run_state}`)
+      if (HALTED_PHASES.has(s.run_state)) throw new Reject('Halted', `the run is ${s.run_state}`)
       return onHealthCheck(s, event)
     case 'accuse':
       checkId(event.from, 'from')

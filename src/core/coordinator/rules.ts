@@ -1,6 +1,7 @@
 import {BloomFilter, bloomParamsFor, type BloomParams} from '../protocol/bloom.js'
 import type {CoordinatorConfig} from '../config/types.js'
 import {sha256, subSeed, u64le} from './hash.js'
+import {isRoundPhase} from './phases.js'
 import {shuffleAll, shuffledIndex, unshuffledIndex} from './shuffle.js'
 import type {ClientId, CoordinatorState, Round} from './types.js'
 
@@ -42,7 +43,7 @@ export function nextDataIndex(state: CoordinatorState): number {
  */
 export function batchSizeForStep(state: CoordinatorState, step?: number): number {
   const {round, previous_round: previous} = state.epoch
-  const active = round && (state.run_state === 'RoundTrain' || state.run_state === 'RoundWitness')
+  const active = round && isRoundPhase(state.run_state)
   const wanted = step ?? (active ? round!.step : state.progress.step)
   if (round && round.step === wanted) return round.batch_size
   if (previous && previous.step === wanted) return previous.batch_size
