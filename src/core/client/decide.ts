@@ -1,6 +1,9 @@
 import {
   batchRangeFor,
+  EPOCH_PHASES,
+  isCheckpointP2P,
   isResultWitnessed,
+  isRoundPhase,
   isTrainerHealthy,
   isWitness,
   type BatchRange,
@@ -85,16 +88,13 @@ export type Message =
   /** As a witness of `step`: `accused`'s result failed validation (`detail` says how). */
   | {kind: 'accuse'; step: number; accused: ClientId; detail: string}
 
-const ROUND_PHASES = new Set(['RoundTrain', 'RoundWitness'])
-const EPOCH_PHASES = new Set(['Warmup', 'RoundTrain', 'RoundWitness', 'Cooldown'])
-
 /** Rounds of `state` whose witness records can no longer change (see the module comment). */
 export function finalRounds(state: CoordinatorState): Round[] {
   const {round, previous_round: previous} = state.epoch
   const out: Round[] = []
   if (previous) out.push(previous)
   // Past RoundWitness (Cooldown, WaitingForMembers, Paused, Finished) the epoch's last round is final too.
-  if (round && !ROUND_PHASES.has(state.run_state) && state.run_state !== 'Warmup') out.push(round)
+  if (round && !isRoundPhase(state.run_state) && state.run_state !== 'Warmup') out.push(round)
   return out
 }
 
@@ -179,9 +179,7 @@ export function nextWork(state: CoordinatorState, view: ClientView): Work | unde
   if (member && state.run_state === 'Warmup') {
     const target = state.epoch.start_step - 1
     if (modelStep === target) return undefined
-    const checkpoint = state.model.LLM.checkpoint
-    const fromPeers = typeof checkpoint === 'object' && 'P2P' in checkpoint
-    if (!fromPeers) return {kind: 'load_model', step: target, from: 'checkpoint'}
+    if (!isCheckpointP2P(state.model.LLM.checkpoint)) return {kind: 'load_model', step: target, from: 'checkpoint'}
     const peers = state.epoch.clients.filter((c) => c.id !== id && c.state === 'Healthy').map((c) => c.id)
     return {kind: 'load_model', step: target, from: peers}
   }
@@ -207,7 +205,7 @@ export function messagesToSend(state: CoordinatorState, view: ClientView): Messa
     return out
   }
   const round = state.epoch.round
-  if (!round || !ROUND_PHASES.has(state.run_state) || !isWitness(state, id, round)) return out
+  if (!round || !isRoundPhase(state.run_state) || !isWitness(state, id, round)) return out
 
   // The round's record is checked too: after a reconnect the runner forgets what it sent (a restarted server
   // may have lost it), and a proof the coordinator already holds must not be sent twice.
