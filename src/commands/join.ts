@@ -3,17 +3,69 @@ import {Errors, Flags} from '@oclif/core'
 import {PsycheCommand} from '../core/cli/base-command.js'
 import {PsycheError} from '../core/errors.js'
 import {Progress} from '../core/cli/progress.js'
+import {CoordinatorConnection, type BackendConnector} from '../core/backend/index.js'
+import {systemClock, type ClientComponents} from '../core/client/components.js'
 import {PsycheClient, seedForRun, type ClientSummary} from '../core/client/runner.js'
+import {openDataProvider, type DataProvider} from '../core/data/index.js'
+import {P2PNode} from '../core/p2p/index.js'
 import {demoCorpusDir, ensureDemoCorpus} from '../core/corpus.js'
 import {ClientMetrics, serveMetrics} from '../core/obs/metrics.js'
 import {RoundReporter} from '../core/obs/report.js'
-import type {CoordinatorConnection} from '../core/backend/index.js'
-import {generateIdentity, loadIdentity} from '../core/protocol/identity.js'
-import {resolveTrainPlan} from '../core/train/plan.js'
+import {generateIdentity, loadIdentity, type Identity} from '../core/protocol/identity.js'
+import {resolveTrainPlan, type TrainPlan} from '../core/train/plan.js'
 import {shuffleSeedFor} from '../core/train/single-node.js'
+import {ModelWorker} from '../core/worker/model-worker.js'
 
 function mb(bytes: number): string {
   return `${(bytes / 1e6).toFixed(2)} MB`
+}
+
+type ProviderLocation = Parameters<typeof openDataProvider>[0]
+type Log = (event: Record<string, unknown>) => void
+
+/**
+ * The real components of a client: a PyTorch worker, the run's data, a libp2p node, and the TCP coordinator
+ * server (a new connection per join). Whatever started is stopped again if a later part fails.
+ */
+async function startComponents(o: {
+  serverAddr: string
+  runId: string
+  identity: Identity
+  plan: TrainPlan
+  seed: number
+  log: Log
+  /** Each new coordinator connection (the first, and each rejoin's). */
+  onConnected?: (connection: CoordinatorConnection) => void
+}): Promise<ClientComponents> {
+  const {serverAddr, runId, identity, plan, log} = o
+  const worker = await ModelWorker.start({threads: plan.threads, device: plan.device, label: 'client'})
+  let p2p: P2PNode | undefined
+  let data: DataProvider | undefined
+  try {
+    data = await openDataProvider(plan.data as ProviderLocation, {seqLen: plan.seqLen, baseDir: plan.dataBaseDir, shuffleSeed: shuffleSeedFor(o.seed), wrap: true})
+    p2p = await P2PNode.start({identity, runId, log: (e) => log({...(e as Record<string, unknown>), source: 'p2p'})})
+  } catch (error) {
+    await p2p?.stop()
+    await data?.close()
+    await worker.shutdown()
+    throw error
+  }
+  const backend: BackendConnector = {
+    description: `coordinator ${serverAddr}`,
+    connect: async ({p2pAddrs}) => {
+      const connection = await CoordinatorConnection.connect({
+        addr: serverAddr,
+        runId,
+        identity,
+        p2pAddrs,
+        join: true,
+        log: (e) => log({...(e as Record<string, unknown>), source: 'coordinator'}),
+      })
+      o.onConnected?.(connection)
+      return connection
+    },
+  }
+  return {backend, p2p, worker, data, clock: systemClock}
 }
 
 export default class Join extends PsycheCommand {
@@ -81,10 +133,12 @@ trained, witness, health_check, rejected, worker_crashed, finished).`
     const metrics = flags['metrics-port'] === undefined ? undefined : new ClientMetrics({seqLen: plan.seqLen})
     // --json: every event is one line on stdout, flushed as it happens, for the testnet and scripts to follow.
     const reporter = new RoundReporter(plan.seqLen)
+    let connection: CoordinatorConnection | undefined
     const log = (event: Record<string, unknown>) => {
       metrics?.observe(event)
       const r = reporter.observe(event)
-      if (r) (client as unknown as {conn?: CoordinatorConnection} | undefined)?.conn?.sendReport(r.step, r.report) // TEMP until [port-landed]
+      // Display-only reports go over the centralized server's connection (the latest one: a rejoin opens a new one).
+      if (r) connection?.sendReport(r.step, r.report)
       if (json) {
         process.stdout.write(JSON.stringify(event) + '\n')
         return
@@ -124,7 +178,8 @@ trained, witness, health_check, rejected, worker_crashed, finished).`
         process.exit(code)
       })
     }
-    client = await PsycheClient.start({serverAddr: flags['server-addr'], runId, identity, plan, seed, shuffleSeed: shuffleSeedFor(seed), log})
+    const components = await startComponents({serverAddr: flags['server-addr'], runId, identity, plan, seed, log, onConnected: (c) => (connection = c)})
+    client = await PsycheClient.start({id: identity.id, runId, plan, seed, log}, components)
     progress.status(`joined as ${client.id.slice(0, 16)}…; following the run`)
     const summary = await client.run().finally(() => metricsEndpoint?.close())
     log({event: 'finished', ...summary})

@@ -1,27 +1,23 @@
-import {CoordinatorConnection, type PeerDirectory} from '../backend/index.js'
-import {buildWitnessProof, type ClientId, type CoordinatorState, type Round} from '../coordinator/index.js'
-import {type DataProvider, openDataProvider} from '../data/index.js'
+import type {CoordinatorBackend, PeerDirectory, RejectionInfo} from '../backend/types.js'
+import {buildWitnessProof, isRoundPhase, type ClientId, type CoordinatorState, type Round} from '../coordinator/index.js'
 import {errorMessage, PsycheError} from '../errors.js'
-import {P2PNode, type ModelSnapshot, type ResultAnnouncement} from '../p2p/index.js'
-import type {Identity} from '../protocol/identity.js'
+import type {ModelSnapshot, ResultAnnouncement} from '../p2p/index.js'
 import type {TrainPlan} from '../train/plan.js'
 import {WorkerCrashedError} from '../worker/client.js'
-import {ModelWorker} from '../worker/model-worker.js'
+import type {ClientComponents} from './components.js'
 import {acceptedResults, belongsToRound, finalRounds, messagesToSend, nextWork, type ClientView, type HeldResult, type Message, type Work} from './decide.js'
-
-type ProviderLocation = Parameters<typeof openDataProvider>[0]
+import {StepLedger} from './ledger.js'
 
 /** What a client trains with: the resolved plan's model, data and worker settings; LR and optimizer come from the run. */
-export type ClientPlan = Pick<TrainPlan, 'model' | 'data' | 'dataBaseDir' | 'seqLen' | 'microBatch' | 'threads' | 'device' | 'optimizer' | 'lrSchedule'>
+export type ClientPlan = Pick<TrainPlan, 'model' | 'seqLen' | 'microBatch' | 'optimizer'>
 
 export interface ClientOptions {
-  serverAddr: string
+  /** This client's identity id (the key its P2P layer signs with and the coordinator knows it by). */
+  id: ClientId
   runId: string
-  identity: Identity
   plan: ClientPlan
-  /** Model init and data order: every first-epoch client must use the same (seedForRun). */
+  /** Model init: every first-epoch client must use the same (seedForRun). */
   seed: number
-  shuffleSeed: Uint8Array
   /** Structured events, one object per line in --json mode. */
   log: (event: Record<string, unknown>) => void
   /** How long an apply waits for a witnessed result it has no announcement of before applying without it. */
@@ -54,68 +50,59 @@ export interface ClientSummary {
   bytesOut: number
 }
 
-interface Trained {
-  loss: number
-  resultBytes: number
-  computeMs: number
-}
-
 /**
  * The client's I/O loop: follows the coordinator's state pushes, and executes what decide.ts says — work on
  * the worker one piece at a time, messages to the coordinator as soon as they are due. Results travel over
- * the P2P node: ours are published after training; everyone else's are downloaded as soon as announced.
+ * the P2P layer: ours are published after training; everyone else's are downloaded as soon as announced.
+ * Its parts (backend, p2p, worker, data, clock) come from outside: see components.ts.
  */
 export class PsycheClient {
-  private conn!: CoordinatorConnection
+  private conn!: CoordinatorBackend
   private state!: CoordinatorState
   private modelStep: number | null = null
   private trainedStep = 0
   private warmupReported: number | null = null
-  private readonly witnessSent = new Set<number>()
-  private readonly healthChecked = new Set<number>()
-  private readonly rounds = new Map<number, Round>()
-  private readonly roundEpoch = new Map<number, number>()
-  private readonly results = new Map<number, Map<ClientId, HeldResult>>()
-  private readonly announcements = new Map<string, ResultAnnouncement>()
-  private readonly ownAnnouncements = new Map<number, ResultAnnouncement>()
-  private readonly trained = new Map<number, Trained>()
-  private readonly missingSince = new Map<number, number>()
+  /** Per-step memory (results, training, witness and health-check sends...), pruned as rounds are applied. */
+  private readonly ledger = new StepLedger()
   private snapshot: ModelSnapshot | undefined
   private loadAttempts = 0
   private knownTopicPeers = 0
   private wake: (() => void) | undefined
   private stopped = false
-  private lastJoinAttempt = 0
+  private lastJoinAttempt = Number.NEGATIVE_INFINITY
   private roundsApplied = 0
   private lastHash: string | null = null
   private workerGone: WorkerCrashedError | undefined
   private connectionLost: PsycheError | undefined
+  private readonly worker: ClientComponents['worker']
+  private readonly p2p: ClientComponents['p2p']
+  private readonly data: ClientComponents['data']
+  private readonly clock: ClientComponents['clock']
 
   private constructor(
     private readonly opts: ClientOptions,
-    private readonly worker: ModelWorker,
-    private readonly p2p: P2PNode,
-    private readonly data: DataProvider,
-  ) {}
-
-  get id(): ClientId {
-    return this.opts.identity.id
+    private readonly components: ClientComponents,
+  ) {
+    ;({worker: this.worker, p2p: this.p2p, data: this.data, clock: this.clock} = components)
   }
 
-  static async start(opts: ClientOptions): Promise<PsycheClient> {
-    const log = opts.log
-    const worker = await ModelWorker.start({threads: opts.plan.threads, device: opts.plan.device, label: 'client'})
-    let p2p: P2PNode | undefined
-    let data: DataProvider | undefined
+  get id(): ClientId {
+    return this.opts.id
+  }
+
+  /**
+   * Wires the components together and joins the run (resolves once the first state is in). From here on the
+   * client owns the components: run() (or a failed start) stops them all.
+   */
+  static async start(opts: ClientOptions, components: ClientComponents): Promise<PsycheClient> {
+    const client = new PsycheClient(opts, components)
+    const {worker, p2p} = components
     try {
-      data = await openDataProvider(opts.plan.data as ProviderLocation, {seqLen: opts.plan.seqLen, baseDir: opts.plan.dataBaseDir, shuffleSeed: opts.shuffleSeed, wrap: true})
-      p2p = await P2PNode.start({identity: opts.identity, runId: opts.runId, log: (e) => log({...(e as Record<string, unknown>), source: 'p2p'})})
-      const client = new PsycheClient(opts, worker, p2p, data)
       p2p.onAnnouncement((a) => client.onAnnouncement(a))
       // A worker that dies while we wait for the next round is noticed at once, not at the next request.
-      void worker.client.exited.then(() => {
+      void worker.exited.then(() => {
         if (client.stopped) return
-        client.workerGone = new WorkerCrashedError(`worker (pid ${worker.pid}) exited unexpectedly`)
+        client.workerGone = new WorkerCrashedError(`worker${worker.pid === undefined ? '' : ` (pid ${worker.pid})`} exited unexpectedly`)
         client.poke()
       })
       p2p.serveModel(async () => {
@@ -123,25 +110,19 @@ export class PsycheClient {
         return client.snapshot
       })
       await client.connect()
-      log({event: 'started', client_id: opts.identity.id, p2p: p2p.addresses(), worker_pid: worker.pid})
+      opts.log({event: 'started', client_id: opts.id, p2p: p2p.addresses(), worker_pid: worker.pid})
       return client
     } catch (error) {
-      await p2p?.stop()
-      await data?.close()
-      await worker.shutdown()
+      client.stopped = true
+      await p2p.stop().catch(() => {})
+      await components.data.close().catch(() => {})
+      await worker.shutdown().catch(() => {})
       throw error
     }
   }
 
   private async connect(): Promise<void> {
-    const conn = await CoordinatorConnection.connect({
-      addr: this.opts.serverAddr,
-      runId: this.opts.runId,
-      identity: this.opts.identity,
-      p2pAddrs: this.p2p.addresses(),
-      join: true,
-      log: (e) => this.opts.log({...(e as Record<string, unknown>), source: 'coordinator'}),
-    })
+    const conn = await this.components.backend.connect({p2pAddrs: this.p2p.addresses()})
     const runSeqLen = conn.state!.model.LLM.max_seq_len
     if (runSeqLen !== this.opts.plan.seqLen) {
       await conn.close()
@@ -151,11 +132,11 @@ export class PsycheClient {
     conn.on('state', (s: CoordinatorState, peers: PeerDirectory) => {
       if (this.conn === conn) this.onState(s, peers)
     })
-    conn.on('rejected', (reason: string, info: {code: string; of?: string}) => this.opts.log({event: 'rejected', reason, ...info}))
+    conn.on('rejected', (reason: string, info: RejectionInfo) => this.opts.log({event: 'rejected', reason, ...info}))
     conn.on('reconnected', () => {
       // A restarted server resumes from its last saved transition: proofs sent since may be lost. Forget what we
       // sent; decide.ts re-sends what the pushed state does not record.
-      this.witnessSent.clear()
+      this.ledger.forgetWitnessesSent()
       this.warmupReported = null
       this.opts.log({event: 'reconnected'})
       this.flushMessages()
@@ -163,7 +144,7 @@ export class PsycheClient {
     conn.on('closed', () => {
       // The coordinator refused us for good while reconnecting: nothing left to follow.
       if (this.conn !== conn || this.stopped) return
-      this.connectionLost = new PsycheError(`coordinator ${this.opts.serverAddr} closed the connection for good (see the rejected event)`, {code: 'ECOORDINATOR'})
+      this.connectionLost = new PsycheError(`${this.components.backend.description} closed the connection for good (see the rejected event)`, {code: 'ECOORDINATOR'})
       this.poke()
     })
     // The first state arrived during connect(), before these listeners.
@@ -176,10 +157,10 @@ export class PsycheClient {
       modelStep: this.modelStep,
       trainedStep: this.trainedStep,
       warmupReported: this.warmupReported,
-      witnessSent: this.witnessSent,
-      healthChecked: this.healthChecked,
-      finalRounds: this.rounds,
-      results: this.results,
+      witnessSent: this.ledger.witnessSent(),
+      healthChecked: this.ledger.healthChecked(),
+      finalRounds: this.ledger.finalRounds(),
+      results: this.ledger.results(),
     }
   }
 
@@ -192,8 +173,8 @@ export class PsycheClient {
   private onState(state: CoordinatorState, peers: PeerDirectory): void {
     this.state = state
     const round = state.epoch.round
-    if (round && !this.roundEpoch.has(round.step)) this.roundEpoch.set(round.step, state.progress.epoch)
-    for (const r of finalRounds(state)) this.rounds.set(r.step, r)
+    if (round) this.ledger.at(round.step).epoch ??= state.progress.epoch
+    for (const r of finalRounds(state)) this.ledger.at(r.step).finalRound = r
     const addrs = Object.entries(peers)
       .filter(([id]) => id !== this.id)
       .flatMap(([, a]) => a)
@@ -207,7 +188,7 @@ export class PsycheClient {
     const n = this.p2p.topicPeers()
     if (n <= this.knownTopicPeers) return
     this.knownTopicPeers = n
-    const latest = this.ownAnnouncements.get(this.trainedStep)
+    const latest = this.ledger.get(this.trainedStep)?.own
     if (latest) await this.p2p.reannounce(latest).catch((e) => this.opts.log({event: 'reannounce_failed', message: errorMessage(e)}))
   }
 
@@ -219,12 +200,11 @@ export class PsycheClient {
       this.opts.log({event: 'announcement_ignored', client_id: a.client_id, step: a.step, reason: `batches [${a.batch_start}, ${a.batch_end}) are not its assignment in step ${a.step}`})
       return
     }
-    let byClient = this.results.get(a.step)
-    if (!byClient) this.results.set(a.step, (byClient = new Map()))
-    if (byClient.has(a.client_id)) return // first valid announcement per producer and step wins
+    const record = this.ledger.at(a.step)
+    if (record.results.has(a.client_id)) return // first valid announcement per producer and step wins
     const held: HeldResult = {client_id: a.client_id, step: a.step, batch_start: a.batch_start, batch_end: a.batch_end, commitment: a.commitment}
-    byClient.set(a.client_id, held)
-    this.announcements.set(a.commitment, a)
+    record.results.set(a.client_id, held)
+    record.announcements.set(a.client_id, a)
     this.p2p.fetchResult(a).then(
       (bytes) => {
         held.bytes = bytes
@@ -255,13 +235,13 @@ export class PsycheClient {
           m.seen.map((r) => ({id: r.client_id, range: {start: r.batch_start, end: r.batch_end}, commitment: Buffer.from(r.commitment, 'hex')})),
         )
         if (this.conn.sendWitness(m.step, proof)) {
-          this.witnessSent.add(m.step)
+          this.ledger.at(m.step).witnessSent = true
           this.opts.log({event: 'witness', step: m.step, seen: m.seen.length})
         }
         return
       }
       case 'health_check':
-        this.healthChecked.add(m.judged)
+        this.ledger.at(m.judged).healthChecked = true
         if (m.accused.length > 0 && this.conn.sendHealthCheck(m.step, m.accused)) this.opts.log({event: 'health_check', step: m.step, judged: m.judged, accused: m.accused})
         return
     }
@@ -278,12 +258,12 @@ export class PsycheClient {
         if (!work) {
           await new Promise<void>((resolve) => {
             this.wake = resolve
-            setTimeout(resolve, 1000)
+            void this.clock.sleep(1000).then(resolve)
           })
           continue
         }
         const progressed = await this.execute(work)
-        if (!progressed) await new Promise((r) => setTimeout(r, 250))
+        if (!progressed) await this.clock.sleep(250)
       }
     } catch (error) {
       if (error instanceof WorkerCrashedError) {
@@ -324,8 +304,8 @@ export class PsycheClient {
   private async execute(work: Exclude<Work, {kind: 'finished'}>): Promise<boolean> {
     switch (work.kind) {
       case 'join': {
-        if (Date.now() - this.lastJoinAttempt < 3000) return false
-        this.lastJoinAttempt = Date.now()
+        if (this.clock.now() - this.lastJoinAttempt < 3000) return false
+        this.lastJoinAttempt = this.clock.now()
         this.opts.log({event: 'rejoining', run_state: this.state.run_state})
         const old = this.conn
         // Join again through a new connection (a join is part of the hello); the old one's close is not a loss.
@@ -411,11 +391,12 @@ export class PsycheClient {
    * stop training (health checks drop us), rejoin, and load the model from a peer at the next Warmup.
    */
   private async acceptedBytes(round: Round): Promise<Uint8Array[] | undefined> {
-    const {accepted, missing} = acceptedResults(this.state, round, this.results.get(round.step))
+    const record = this.ledger.get(round.step)
+    const {accepted, missing} = acceptedResults(this.state, round, record?.results)
     const unfetched: string[] = []
     for (const r of accepted) {
       if (r.bytes) continue
-      const a = this.announcements.get(r.commitment)
+      const a = record?.announcements.get(r.client_id)
       try {
         r.bytes = a ? await this.p2p.fetchResult(a) : this.p2p.getResult(r.commitment)
       } catch (error) {
@@ -424,9 +405,8 @@ export class PsycheClient {
       if (!r.bytes) unfetched.push(r.client_id)
     }
     if (missing.length === 0 && unfetched.length === 0) return accepted.map((r) => r.bytes!)
-    const since = this.missingSince.get(round.step) ?? Date.now()
-    this.missingSince.set(round.step, since)
-    if (Date.now() - since < (this.opts.missingResultWaitMs ?? 10_000)) return undefined
+    const since = (this.ledger.at(round.step).missingSince ??= this.clock.now())
+    if (this.clock.now() - since < (this.opts.missingResultWaitMs ?? 10_000)) return undefined
     this.opts.log({
       event: 'out_of_sync',
       step: round.step,
@@ -445,7 +425,7 @@ export class PsycheClient {
     const hash = await this.worker.applyResults(round.step, results)
     this.afterApply(round, hash, results.length)
     // Past the epoch's rounds the model is what joiners of the next epoch fetch: refresh what we serve.
-    if (this.state.run_state !== 'RoundTrain' && this.state.run_state !== 'RoundWitness') {
+    if (!isRoundPhase(this.state.run_state)) {
       const {frames, paramHash} = await this.worker.exportParams()
       this.snapshot = {step: round.step, paramHash, frames: frames.map((f) => ({name: f.name!, dtype: f.dtype, shape: f.shape, data: f.data as Uint8Array}))}
     }
@@ -457,12 +437,13 @@ export class PsycheClient {
     this.trainedStep = Math.max(this.trainedStep, round.step)
     this.lastHash = hash
     this.roundsApplied++
-    const mine = this.trained.get(round.step)
+    const record = this.ledger.get(round.step)
+    const mine = record?.trained
     const stats = this.p2p.stats()
     const event: RoundEvent = {
       event: 'round',
       step: round.step,
-      epoch: this.roundEpoch.get(round.step) ?? this.state.progress.epoch,
+      epoch: record?.epoch ?? this.state.progress.epoch,
       loss: mine?.loss ?? null,
       param_hash: hash,
       applied,
@@ -474,16 +455,9 @@ export class PsycheClient {
       peers: stats.peers,
     }
     this.opts.log(event as unknown as Record<string, unknown>)
-    // Keep one applied round back: slower peers may still fetch it from us.
+    // Keep one applied round back: slower peers may still fetch it from us, and the next round's witnesses judge it.
     this.p2p.dropResultsBefore(round.step - 1)
-    for (const step of this.results.keys()) if (step < round.step - 1) this.results.delete(step)
-    for (const [c, a] of this.announcements) if (a.step < round.step - 1) this.announcements.delete(c)
-    for (const step of this.trained.keys()) if (step <= round.step) this.trained.delete(step)
-    for (const step of this.rounds.keys()) if (step <= round.step) this.rounds.delete(step)
-    for (const step of this.roundEpoch.keys()) if (step <= round.step) this.roundEpoch.delete(step)
-    for (const step of this.missingSince.keys()) if (step <= round.step) this.missingSince.delete(step)
-    for (const step of this.witnessSent) if (step < round.step) this.witnessSent.delete(step)
-    for (const step of this.healthChecked) if (step < round.step - 1) this.healthChecked.delete(step)
+    this.ledger.pruneBefore(round.step - 1)
     this.flushMessages()
   }
 
@@ -500,14 +474,12 @@ export class PsycheClient {
     const r = await this.worker.trainRound(tokens, ids.length, round.step, before)
     const computeMs = performance.now() - started
     this.trainedStep = round.step
-    this.trained.set(round.step, {loss: r.loss, resultBytes: r.result.length, computeMs})
+    this.ledger.at(round.step).trained = {loss: r.loss, resultBytes: r.result.length, computeMs}
     if (previous && before) this.afterApply(previous, r.paramHash, before.results.length)
     const announcement = await this.p2p.publishResult(round.step, range.start, range.end, r.result)
-    this.ownAnnouncements.set(round.step, announcement)
-    for (const step of this.ownAnnouncements.keys()) if (step < round.step) this.ownAnnouncements.delete(step)
-    let byClient = this.results.get(round.step)
-    if (!byClient) this.results.set(round.step, (byClient = new Map()))
-    byClient.set(this.id, {client_id: this.id, step: round.step, batch_start: range.start, batch_end: range.end, commitment: announcement.commitment, bytes: r.result})
+    const record = this.ledger.at(round.step)
+    record.own = announcement
+    record.results.set(this.id, {client_id: this.id, step: round.step, batch_start: range.start, batch_end: range.end, commitment: announcement.commitment, bytes: r.result})
     this.opts.log({event: 'trained', step: round.step, loss: r.loss, batches: ids.length, result_bytes: r.result.length, compute_ms: Math.round(computeMs)})
     this.flushMessages()
     return true

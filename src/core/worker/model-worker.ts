@@ -45,6 +45,11 @@ export class ModelWorker {
     return this.client.pid
   }
 
+  /** Settles when the worker process has exited (for whatever reason). */
+  get exited(): Promise<void> {
+    return this.client.exited
+  }
+
   async initFromConfig(config: Record<string, unknown>, seed: number): Promise<ModelInfo> {
     return (await this.client.call<ModelInfo & Record<string, unknown>>('init_model', {config, seed})).reply
   }

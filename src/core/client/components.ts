@@ -1,0 +1,88 @@
+import type {BackendConnector} from '../backend/types.js'
+import type {DataProvider} from '../data/provider.js'
+import type {ModelSnapshot, ResultAnnouncement} from '../p2p/index.js'
+import type {ResultFormat} from '../verify/result.js'
+import type {Frame} from '../worker/client.js'
+import type {ModelInfo, StepResult, TrainingSetup} from '../worker/model-worker.js'
+
+/**
+ * The parts a PsycheClient runs with, passed in from outside (the way js-libp2p passes its components): the
+ * `join` command builds the real ones (TCP coordinator connection, libp2p node, PyTorch worker, data provider,
+ * system clock); the in-process simulation builds in-memory ones. The client owns them once started: it stops
+ * them all when it ends.
+ */
+export interface ClientComponents {
+  backend: BackendConnector
+  p2p: ClientP2P
+  worker: ClientWorker
+  data: DataProvider
+  clock: Clock
+}
+
+/** Traffic counters of the P2P layer, reported in each round event. */
+export interface ClientP2PStats {
+  bytesSent: number
+  bytesReceived: number
+  peers: number
+}
+
+/** What the client needs from its P2P layer (the libp2p P2PNode satisfies it). */
+export interface ClientP2P {
+  /** Our addresses, published to the other clients through the coordinator's peer directory. */
+  addresses(): string[]
+  /** Connects to peers learned from the coordinator's peer directory (a failed dial is retried by a later call). */
+  connect(addrs: string[]): Promise<void>
+  /** Stores our result for serving and announces it to the run. */
+  publishResult(step: number, batchStart: number, batchEnd: number, blob: Uint8Array): Promise<ResultAnnouncement>
+  /** Announces one of ours again (new peers do not get earlier gossip). */
+  reannounce(a: ResultAnnouncement): Promise<void>
+  /** How many peers receive our announcements. */
+  topicPeers(): number
+  /** Verified announcements of other clients' results, each delivered once. */
+  onAnnouncement(handler: (a: ResultAnnouncement) => void): void
+  /** Downloads an announced result (bytes checked against its commitment). */
+  fetchResult(a: ResultAnnouncement): Promise<Uint8Array>
+  /** A result already held (ours, or downloaded). */
+  getResult(commitment: string): Uint8Array | undefined
+  dropResultsBefore(step: number): void
+  /** What we answer model requests with (a rejoining client's source). */
+  serveModel(provider: () => Promise<ModelSnapshot>): void
+  /** Downloads the model from the first of these clients that has it. */
+  fetchModel(fromClientIds: string[]): Promise<ModelSnapshot>
+  stats(): ClientP2PStats
+  stop(): Promise<void>
+}
+
+/** What the client needs from its model worker (the PyTorch ModelWorker satisfies it). */
+export interface ClientWorker {
+  /** For logs: the worker's process id (undefined in-process). */
+  readonly pid: number | undefined
+  /** Settles when the worker is gone (a crash while the client waits is noticed at once). */
+  readonly exited: Promise<void>
+  load(modelDir: string, seed?: number): Promise<ModelInfo>
+  initFromConfig(config: Record<string, unknown>, seed: number): Promise<ModelInfo>
+  /** Sets up training; the reply says how results are laid out when the worker knows (DisTrO). */
+  configure(setup: TrainingSetup): Promise<{resultFormat?: ResultFormat}>
+  trainRound(
+    tokens: Uint32Array,
+    rows: number,
+    step: number,
+    previous?: {applyStep: number; results: Uint8Array[]},
+  ): Promise<StepResult & {result: Uint8Array; paramHash: string; applied: number}>
+  applyResults(step: number, results: Uint8Array[]): Promise<string>
+  exportParams(): Promise<{frames: Frame[]; paramHash: string}>
+  importParams(frames: Frame[]): Promise<string>
+  shutdown(): Promise<void>
+}
+
+/** Time as the client sees it: wall-clock milliseconds and waiting (a manual clock in the simulation). */
+export interface Clock {
+  now(): number
+  /** Resolves after `ms`. */
+  sleep(ms: number): Promise<void>
+}
+
+export const systemClock: Clock = {
+  now: () => Date.now(),
+  sleep: (ms) => new Promise((resolve) => setTimeout(resolve, ms)),
+}
