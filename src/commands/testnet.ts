@@ -1,7 +1,7 @@
 import {Flags} from '@oclif/core'
 import {PsycheCommand} from '../core/cli/base-command.js'
 import {Progress} from '../core/cli/progress.js'
-import {runConfigPath, runTestnet, type TestnetSummary} from '../core/client/testnet.js'
+import {runConfigPath, runTestnet, type TestnetSummary} from '../core/testnet/index.js'
 import {ensureDemoCorpus} from '../core/corpus.js'
 
 export default class Testnet extends PsycheCommand {

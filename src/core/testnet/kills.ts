@@ -1,0 +1,56 @@
+/**
+ * The testnet's kill scheduler: every interval, K random live clients are killed and, after a delay,
+ * restarted. Victim choice is a pure function of the live clients and the random source.
+ */
+
+/** Up to `count` distinct victims among `alive`, never all of them: the run (and the model) lives in the survivors. */
+export function pickVictims<T>(alive: readonly T[], count: number, random: () => number): T[] {
+  const victims: T[] = []
+  while (victims.length < Math.min(count, alive.length - 1)) {
+    const pick = alive[Math.floor(random() * alive.length)]
+    if (!victims.includes(pick)) victims.push(pick)
+  }
+  return victims
+}
+
+export interface KillSchedulerOptions<T> {
+  /** Victims per interval. */
+  count: number
+  intervalMs: number
+  /** How long a killed client stays down before restart() is called. */
+  restartDelayMs: number
+  random: () => number
+  /** The clients that may be killed now (alive, not finished). */
+  candidates: () => T[]
+  kill: (victim: T) => void
+  restart: (victim: T) => void
+}
+
+export class KillScheduler<T> {
+  private readonly timers: NodeJS.Timeout[] = []
+  private interval: NodeJS.Timeout | undefined
+
+  constructor(private readonly o: KillSchedulerOptions<T>) {}
+
+  start(): void {
+    if (this.o.count <= 0 || this.interval) return
+    this.interval = setInterval(() => {
+      for (const victim of pickVictims(this.o.candidates(), this.o.count, this.o.random)) {
+        this.o.kill(victim)
+        this.timers.push(setTimeout(() => this.o.restart(victim), this.o.restartDelayMs))
+      }
+    }, this.o.intervalMs)
+  }
+
+  /** True once started (until stopped): dead clients may still come back. */
+  get active(): boolean {
+    return this.interval !== undefined
+  }
+
+  stop(): void {
+    if (this.interval) clearInterval(this.interval)
+    this.interval = undefined
+    for (const t of this.timers) clearTimeout(t)
+    this.timers.length = 0
+  }
+}

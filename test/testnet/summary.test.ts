@@ -1,0 +1,55 @@
+import assert from 'node:assert/strict'
+import {describe, it} from 'node:test'
+import {parseRoundLine, pickVictims, RoundBook} from '../../src/core/testnet/index.js'
+
+const line = (step: number, hash: string, bytesIn = 10, bytesOut = 20, result: number | null = 100) =>
+  ({step, epoch: 0, loss: 1.5, param_hash: hash, bytes_in: bytesIn, bytes_out: bytesOut, result_bytes: result})
+
+describe('testnet round summary (pure)', () => {
+  it('gathers each client\'s rounds, flags differing hashes, cuts at --rounds, averages result sizes', () => {
+    const b = new RoundBook(['client-0', 'client-1'])
+    b.recordRound('client-0', line(1, 'aa'))
+    b.recordRound('client-1', line(1, 'aa'))
+    b.recordRound('client-0', line(2, 'bb', 10, 20, 300))
+    b.recordRound('client-1', line(2, 'cc'))
+    b.recordRound('client-0', line(3, 'dd'))
+    const s = b.summary({runId: 'r', rounds: 2, wallSeconds: 12.345, ended: 'rounds'})
+    assert.deepEqual(s.rounds.map((r) => [r.step, r.hashes_equal]), [[1, true], [2, false]])
+    assert.deepEqual(s.rounds[1].clients['client-1'], {loss: 1.5, param_hash: 'cc'})
+    assert.equal(s.result_bytes_per_round, 140)
+    assert.equal(s.wall_seconds, 12.3)
+    assert.deepEqual(s.clients, ['client-0', 'client-1'])
+  })
+
+  it('sums bytes over a restarted client\'s generations, and records kills and rejoins', () => {
+    const b = new RoundBook(['client-0'])
+    b.recordRound('client-0', line(1, 'aa', 100, 200))
+    b.recordKill('client-0', 3, 1)
+    b.recordExit('client-0')
+    b.recordRound('client-0', line(5, 'ee', 7, 9))
+    b.recordRejoin('client-0', 8, {step: 5, param_hash: 'ee'})
+    const s = b.summary({runId: 'r', wallSeconds: 9, ended: 'finished'})
+    assert.deepEqual(s.bytes['client-0'], {in: 107, out: 209})
+    assert.deepEqual(s.kills, [{client: 'client-0', at_seconds: 3, after_step: 1}])
+    assert.deepEqual(s.rejoins, [{client: 'client-0', at_seconds: 8, first_step: 5, param_hash: 'ee'}])
+  })
+
+  it('parseRoundLine reads round events and refuses other lines', () => {
+    assert.deepEqual(parseRoundLine({event: 'round', step: 2, epoch: 1, loss: null, param_hash: 'ab', bytes_in: 1, bytes_out: 2}), {
+      step: 2, epoch: 1, loss: null, param_hash: 'ab', bytes_in: 1, bytes_out: 2, result_bytes: null,
+    })
+    assert.equal(parseRoundLine({event: 'trained', step: 2}), undefined)
+    assert.equal(parseRoundLine({event: 'round', step: '2', param_hash: 'ab'}), undefined)
+  })
+})
+
+describe('testnet kill scheduler: victims', () => {
+  it('never kills every client, and picks distinct ones', () => {
+    let i = 0
+    const seq = [0.1, 0.1, 0.9, 0.5]
+    const random = () => seq[i++ % seq.length]
+    assert.deepEqual(pickVictims(['a', 'b', 'c'], 2, random), ['a', 'c'])
+    assert.deepEqual(pickVictims(['a', 'b'], 5, Math.random).length, 1)
+    assert.deepEqual(pickVictims(['a'], 1, Math.random), [])
+  })
+})
