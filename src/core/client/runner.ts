@@ -280,6 +280,12 @@ export class PsycheClient {
     return {rounds: this.roundsApplied, lastStep: this.modelStep, paramHash: this.lastHash, bytesIn: stats.bytesReceived, bytesOut: stats.bytesSent}
   }
 
+  /** Ends run() after the piece of work under way (run() then closes the components and resolves with the summary). */
+  stop(): void {
+    this.stopped = true
+    this.poke()
+  }
+
   /**
    * Tells the coordinator we leave (synchronously: usable from a signal handler right before the process exits).
    * The coordinator then drops us at once instead of waiting for a disconnect or a health check.

@@ -1,0 +1,144 @@
+import assert from 'node:assert/strict'
+import {describe, it} from 'node:test'
+import type {ClientSummary} from '../../src/core/client/runner.js'
+import {Simulation, simRun, type SimClient} from './harness.js'
+
+/**
+ * Several real PsycheClients (runner.ts and decide.ts unchanged) in one process, on in-memory components:
+ * the pure coordinator, a map-backed P2P layer, a deterministic worker double and a manual clock. Every test
+ * asserts that work happened — results were exchanged and applied, and the parameters changed — not only that
+ * replicas agree.
+ */
+
+/** Steps every listed client applied, with the hashes equal across them at each. */
+function assertReplicasAgree(sim: Simulation, who: SimClient[], steps: number[]): void {
+  const byStep = sim.hashesByStep(who)
+  for (const step of steps) {
+    const hashes = byStep.get(step)
+    assert.ok(hashes, `nobody applied step ${step}`)
+    assert.deepEqual([...hashes.keys()].sort(), who.map((c) => c.name).sort(), `step ${step} applied by ${[...hashes.keys()]}`)
+    assert.equal(new Set(hashes.values()).size, 1, `step ${step}: replicas differ: ${JSON.stringify(Object.fromEntries(hashes))}`)
+  }
+}
+
+/** The parameters changed at every listed step (each apply folded in results). */
+function assertModelChanged(c: SimClient, steps: number[]): void {
+  const byStep = new Map(c.rounds.map((r) => [r.step, r.param_hash]))
+  const loaded = c.events.find((e) => e.event === 'model_loaded')
+  let previous = loaded?.param_hash as string
+  assert.ok(previous, `${c.name} never loaded a model`)
+  for (const step of steps) {
+    const hash = byStep.get(step)
+    assert.ok(hash, `${c.name} did not apply step ${step}`)
+    assert.notEqual(hash, previous, `${c.name}: step ${step} left the parameters unchanged`)
+    previous = hash
+  }
+}
+
+function summaryOf(result: ClientSummary | Error): ClientSummary {
+  if (result instanceof Error) throw result
+  return result
+}
+
+describe('in-process simulation: real clients, in-memory coordinator, P2P and worker', {timeout: 60_000}, () => {
+  it('three clients train a run to the end: every round\'s results are exchanged, witnessed and applied identically', async () => {
+    const started = performance.now()
+    const sim = new Simulation(simRun({total_steps: 6}))
+    const [a, b, c] = [await sim.addClient('a'), await sim.addClient('b'), await sim.addClient('c')]
+    await sim.runUntil(() => sim.coordinator.state.run_state === 'Finished', {what: 'the run to finish'})
+    const summaries = (await Promise.all([a.done, b.done, c.done])).map(summaryOf)
+
+    const steps = [1, 2, 3, 4, 5, 6]
+    assertReplicasAgree(sim, [a, b, c], steps)
+    for (const s of [a, b, c]) assertModelChanged(s, steps)
+    for (const s of summaries) {
+      assert.equal(s.rounds, 6)
+      assert.equal(s.lastStep, 6)
+      assert.ok(s.bytesIn > 0 && s.bytesOut > 0, 'results travelled over the P2P layer')
+    }
+    assert.equal(summaries[0].paramHash, a.worker.paramHash)
+    // Every round applied every trainer's result (3 per round), and trained on its own batches.
+    for (const s of [a, b, c]) {
+      for (const r of s.rounds) assert.equal(r.applied, r.trainers, `${s.name} step ${r.step}: applied ${r.applied} of ${r.trainers}`)
+      assert.ok(s.events.some((e) => e.event === 'trained'))
+    }
+    assert.ok((sim.coordinator.accepted.get('witness') ?? 0) >= 6, 'witness proofs reached the coordinator')
+    // The coordinator refused nothing a client sent with an up-to-date view (a warmup-ready that crosses the
+    // start of RoundTrain is a race every backend has, and is refused harmlessly).
+    assert.deepEqual(sim.coordinator.refusals.filter((r) => r.client_saw === r.run_state), [])
+    assert.ok(performance.now() - started < 20_000, `took ${Math.round(performance.now() - started)} ms`)
+  })
+
+  it('a client cut off from its peers is dropped by health checks, the others go on, and it rejoins with the model from a peer', async () => {
+    const sim = new Simulation(simRun({total_steps: 40, epoch_time: 20, witness_nodes: 3}))
+    const [a, b, c] = [await sim.addClient('a'), await sim.addClient('b'), await sim.addClient('c')]
+    await sim.untilApplied(2)
+    sim.net.setOnline(c.identity.id, false)
+    await sim.runUntil(() => sim.coordinator.state.epoch.clients.some((x) => x.id === c.identity.id && x.state === 'Dropped'), {what: 'c to be dropped'})
+    assert.ok(a.events.some((e) => e.event === 'health_check' && (e.accused as string[]).includes(c.identity.id)) || b.events.some((e) => e.event === 'health_check' && (e.accused as string[]).includes(c.identity.id)), 'a witness accused c')
+    const lastWhileOff = Math.max(...a.rounds.map((r) => r.step))
+    sim.net.setOnline(c.identity.id, true)
+    // c noticed it could not apply what the quorum accepted, dropped its model, rejoins and fetches the model from a peer.
+    await sim.runUntil(() => c.events.some((e) => e.event === 'model_loaded' && e.source === 'peers'), {what: 'c to reload from peers'})
+    const reloadAt = c.events.filter((e) => e.event === 'model_loaded').at(-1)!.step as number
+    assert.ok(reloadAt >= lastWhileOff, `reloaded at ${reloadAt}`)
+    await sim.untilApplied(reloadAt + 2, [a, b, c])
+    const after = [reloadAt + 1, reloadAt + 2]
+    assertReplicasAgree(sim, [a, b, c], after)
+    assertModelChanged(c, after)
+    assert.ok(c.events.some((e) => e.event === 'out_of_sync' || e.event === 'rejoining'), 'c knew it fell out')
+    await sim.stop()
+  })
+
+  it('a lost coordinator link withdraws the client; it reconnects, rejoins at the next epoch and trains again', async () => {
+    const sim = new Simulation(simRun({total_steps: 40, epoch_time: 15}))
+    const [a, b, c] = [await sim.addClient('a'), await sim.addClient('b'), await sim.addClient('c')]
+    await sim.untilApplied(2)
+    sim.coordinator.cutLink(b.identity.id, 3000)
+    assert.ok(sim.coordinator.state.epoch.clients.some((x) => x.id === b.identity.id && x.state === 'Withdrawn'), 'the lost link withdrew b')
+    await sim.runUntil(() => b.events.some((e) => e.event === 'reconnected'), {what: 'b to reconnect'})
+    // Withdrawn from the epoch, b joins again (its hello asks to) and loads the model from a peer at the next Warmup.
+    await sim.runUntil(() => b.events.some((e) => e.event === 'model_loaded' && e.source === 'peers'), {what: 'b to reload from peers'})
+    const reloadAt = b.events.filter((e) => e.event === 'model_loaded').at(-1)!.step as number
+    await sim.untilApplied(reloadAt + 2, [a, b, c])
+    const after = [reloadAt + 1, reloadAt + 2]
+    assertReplicasAgree(sim, [a, b, c], after)
+    assertModelChanged(b, after)
+    assert.ok(b.rounds.some((r) => r.step > reloadAt && r.loss !== null), 'b trained again after rejoining')
+    await sim.stop()
+  })
+
+  it('a paused run stops between epochs with the model kept; resumed, it goes on from the same parameters', async () => {
+    const sim = new Simulation(simRun({total_steps: 40, epoch_time: 12}))
+    const clients = [await sim.addClient('a'), await sim.addClient('b'), await sim.addClient('c')]
+    await sim.untilApplied(2)
+    sim.coordinator.authority({type: 'pause'})
+    await sim.runUntil(() => sim.coordinator.state.run_state === 'Paused', {what: 'Paused'})
+    await sim.runUntil(() => false, {maxMs: 30_000}).catch(() => {}) // 30 s of paused time: nothing moves
+    const pausedAt = sim.coordinator.state.progress.step
+    const last = clients.map((c) => c.rounds.at(-1)!)
+    assert.equal(new Set(last.map((r) => r.param_hash)).size, 1)
+    assert.ok(last.every((r) => r.step === pausedAt - 1), `last applied ${last.map((r) => r.step)}, paused at step ${pausedAt}`)
+    sim.coordinator.authority({type: 'resume'})
+    await sim.untilApplied(pausedAt + 1)
+    assertReplicasAgree(sim, clients, [pausedAt, pausedAt + 1])
+    for (const c of clients) assertModelChanged(c, [pausedAt, pausedAt + 1])
+    await sim.stop()
+  })
+
+  it('a crashed worker withdraws its client; the two others finish the run', async () => {
+    const sim = new Simulation(simRun({total_steps: 8, min_clients: 2}))
+    const [a, b, c] = [await sim.addClient('a'), await sim.addClient('b'), await sim.addClient('c')]
+    await sim.untilApplied(2)
+    c.worker.crash()
+    await sim.runUntil(() => sim.coordinator.state.run_state === 'Finished', {what: 'the run to finish'})
+    const cResult = await c.done
+    assert.ok(cResult instanceof Error && /withdrew/.test(cResult.message), `c ended with ${cResult}`)
+    assert.ok(sim.coordinator.state.epoch.exited.some((x) => x.id === c.identity.id) || !sim.coordinator.state.epoch.clients.some((x) => x.id === c.identity.id && x.state === 'Healthy'))
+    const [sa, sb] = [summaryOf(await a.done), summaryOf(await b.done)]
+    assert.equal(sa.paramHash, sb.paramHash)
+    assert.equal(sa.lastStep, 8)
+    assertReplicasAgree(sim, [a, b], [6, 7, 8])
+    assertModelChanged(a, [6, 7, 8])
+  })
+})
