@@ -4,11 +4,13 @@ import type {BackendConnector, CoordinatorBackend, JoinRequest, PeerDirectory, R
 import type {Clock, ClientComponents, ClientP2P, ClientP2PStats, ClientWorker} from '../../src/core/client/components.js'
 import {PsycheClient, type ClientSummary, type RoundEvent} from '../../src/core/client/runner.js'
 import type {HubRepo} from '../../src/core/config/types.js'
-import {applyEvent, createCoordinator, tick, type ClientId, type CoordinatorEvent, type CoordinatorState, type WitnessProof} from '../../src/core/coordinator/index.js'
+import {applyEvent, createCoordinator, tick, type AccusationReason, type ClientId, type CoordinatorEvent, type CoordinatorState, type WitnessProof} from '../../src/core/coordinator/index.js'
 import type {DataProvider} from '../../src/core/data/provider.js'
 import type {ModelSnapshot, ResultAnnouncement} from '../../src/core/p2p/index.js'
 import {sha256Hex, signAnnouncement} from '../../src/core/p2p/announcement.js'
 import {generateIdentity, type Identity} from '../../src/core/protocol/identity.js'
+import type {EquivocationProof} from '../../src/core/verify/equivocation.js'
+import type {ResultFormat} from '../../src/core/verify/result.js'
 import type {Frame} from '../../src/core/worker/client.js'
 import type {ModelInfo, StepResult, TrainingSetup} from '../../src/core/worker/model-worker.js'
 import {baseConfig, baseLLM} from '../coordinator/helpers.js'
@@ -244,6 +246,14 @@ export class InProcessBackend extends EventEmitter implements CoordinatorBackend
     return this.send({type: 'health_check', from: this.id, accused}, 'health_check')
   }
 
+  sendAccusation(step: number, accused: ClientId, reason: AccusationReason): boolean {
+    return this.send({type: 'accuse', from: this.id, step, accused, reason}, 'accuse')
+  }
+
+  sendEquivocation(proof: EquivocationProof): boolean {
+    return this.send({type: 'equivocation', from: this.id, proof}, 'equivocation')
+  }
+
   sendWithdraw(): boolean {
     return this.send({type: 'withdraw', id: this.id}, 'withdraw')
   }
@@ -470,9 +480,10 @@ export class DeterministicWorker implements ClientWorker {
     return this.info()
   }
 
-  async configure(setup: TrainingSetup): Promise<void> {
+  async configure(setup: TrainingSetup): Promise<{resultFormat?: ResultFormat}> {
     await this.op()
     this.configured = setup
+    return {}
   }
 
   async trainRound(
