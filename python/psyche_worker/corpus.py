@@ -16,7 +16,6 @@ import hashlib
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path

@@ -255,7 +255,7 @@ def test_apply_is_order_invariant(kw):
     results = peers_results(5, cfg, **kw)
     hashes = set()
     rng = random.Random(7)
-    for trial in range(4):
+    for _trial in range(4):
         shuffled = results[:]
         rng.shuffle(shuffled)
         model = Toy()

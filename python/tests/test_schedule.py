@@ -1,6 +1,5 @@
 """LR schedules with Psyche's names and fields."""
 
-import math
 
 import pytest
 
