@@ -1,0 +1,35 @@
+import {Flags} from '@oclif/core'
+import {createRun, updateConfig} from '../core/backend/solana/admin.js'
+import {PsycheCommand} from '../core/cli/base-command.js'
+import {parseAddress, solanaContext, solanaFlags} from '../core/cli/solana-flags.js'
+import {loadRunConfigFile} from '../core/config/index.js'
+
+export default class CreateRun extends PsycheCommand {
+  static summary = 'Create a run on Solana: its coordinator account, owned by the coordinator program'
+  static description = `Sends init_coordinator for --run-id: the account is the program address of ("coordinator", run id), funded by --keypair, whose key becomes the run's main authority. With --join-authority the run is permissioned (clients need an authorization from that key: psyche authorize grant); without, anyone may join. With --config-path the configuration is set too (as update-config). The run starts paused: resume it with psyche set-paused --run-id ID resume.`
+  static examples = [
+    '<%= config.bin %> create-run --rpc http://127.0.0.1:8899 --program-id <ID> --run-id my-run --config-path state.toml',
+    '<%= config.bin %> create-run --program-id <ID> --authorizer-id <AUTH> --run-id closed-run --join-authority <KEY>',
+  ]
+
+  static flags = {
+    ...solanaFlags,
+    'run-id': Flags.string({summary: 'the run id (1 to 32 bytes)', required: true}),
+    'join-authority': Flags.string({summary: 'make the run permissioned: clients need an authorization granted by this key'}),
+    'config-path': Flags.string({summary: 'also set the configuration from this state.toml / config.toml'}),
+  }
+
+  async run(): Promise<{run_id: string; coordinator: string; main_authority: string; join_authority: string | null; configured: boolean}> {
+    const {flags} = await this.parse(CreateRun)
+    const {chain, signer} = await solanaContext(flags)
+    const programId = parseAddress(flags['program-id'], 'program-id')
+    const joinAuthority = flags['join-authority'] ? parseAddress(flags['join-authority'], 'join-authority') : null
+    const authorizer = joinAuthority ? parseAddress(flags['authorizer-id'], 'authorizer-id') : null
+    const file = flags['config-path'] ? await loadRunConfigFile(flags['config-path']) : undefined
+    const target = {chain, programId, runId: flags['run-id']}
+    const coordinator = await createRun({...target, payer: signer, mainAuthority: signer.address, joinAuthority, authorizer})
+    if (file) await updateConfig({...target, authority: signer, file})
+    if (!this.jsonEnabled()) this.log(`created run ${flags['run-id']}: coordinator ${coordinator}${file ? ', configured' : ''} (paused; resume with psyche set-paused --run-id ${flags['run-id']} resume)`)
+    return {run_id: flags['run-id'], coordinator, main_authority: signer.address, join_authority: joinAuthority, configured: Boolean(file)}
+  }
+}

@@ -1,0 +1,25 @@
+import {homedir} from 'node:os'
+import {join} from 'node:path'
+import {Flags} from '@oclif/core'
+import {address, isAddress, type Address} from '@solana/kit'
+import {loadKeypair} from '../backend/solana/admin.js'
+import {RpcChain} from '../backend/solana/chain.js'
+import {PsycheError} from '../errors.js'
+
+/** Flags shared by the Solana commands (as the Solana CLI names them where it has them). */
+export const solanaFlags = {
+  rpc: Flags.string({summary: 'JSON-RPC URL of the cluster', default: 'http://127.0.0.1:8899', env: 'PSYCHE_SOLANA_RPC'}),
+  keypair: Flags.string({summary: 'Solana keypair file (JSON array of 64 bytes) that signs and pays', default: join(homedir(), '.config', 'solana', 'id.json')}),
+  'program-id': Flags.string({summary: 'address of the deployed coordinator program (programs/build/psyche_coordinator.so)', env: 'PSYCHE_COORDINATOR_PROGRAM'}),
+  'authorizer-id': Flags.string({summary: 'address of the deployed authorizer program (programs/build/psyche_authorizer.so)', env: 'PSYCHE_AUTHORIZER_PROGRAM'}),
+}
+
+export function parseAddress(value: string | undefined, flag: string): Address {
+  if (!value) throw new PsycheError(`--${flag} is required (or its environment variable)`, {code: 'EUSAGE'})
+  if (!isAddress(value)) throw new PsycheError(`--${flag} ${JSON.stringify(value)} is not a base58 Solana address`, {code: 'EUSAGE'})
+  return address(value)
+}
+
+export async function solanaContext(flags: {rpc: string; keypair: string}) {
+  return {chain: new RpcChain(flags.rpc), signer: await loadKeypair(flags.keypair)}
+}
