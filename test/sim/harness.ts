@@ -60,7 +60,7 @@ interface Link {
 }
 
 /**
- * The coordinator in-process: the pure machine, ticked on the manual clock (unix seconds = clock ms / 1000),
+ * The coordinator in-process: the pure machine, ticked on the manual clock (milliseconds),
  * with the centralized server's rules around it — a hello joins, a lost link withdraws (withdrawOnDisconnect),
  * every accepted event is followed by a tick, and every new state is pushed to every link.
  */
@@ -81,8 +81,9 @@ export class InProcessCoordinator {
     this.state = state
   }
 
+  /** The coordinator's clock: unix milliseconds, as the machine counts time. */
   get now(): number {
-    return Math.floor(this.clock.now() / 1000)
+    return this.clock.now()
   }
 
   /** A connector for one client: each connect() is a new link (hello, join, first state). */
@@ -140,6 +141,12 @@ export class InProcessCoordinator {
     this.commit(r.state)
     this.tick()
     return true
+  }
+
+  /** True while `backend` is `id`'s live link (a cut link delivers nothing until it is back). */
+  isUp(id: ClientId, backend: InProcessBackend): boolean {
+    const link = this.links.get(id)
+    return link !== undefined && link.backend === backend && link.up
   }
 
   closed(id: ClientId, backend: InProcessBackend): void {
@@ -203,7 +210,7 @@ export class InProcessBackend extends EventEmitter implements CoordinatorBackend
     this.pushPending = true
     setImmediate(() => {
       this.pushPending = false
-      if (this.closed) return
+      if (this.closed || !this.coordinator.isUp(this.id, this)) return
       const {state, peers} = this.coordinator
       if (state === this.state && peers === this.peers) return
       this.state = state
@@ -578,7 +585,7 @@ export function simRun(config: Partial<typeof baseConfig> = {}, llm: Partial<typ
       config: {...baseConfig, warmup_time: 5, cooldown_time: 2, max_round_train_time: 5, round_witness_time: 2, epoch_time: 30, min_clients: 2, init_min_clients: 3, witness_nodes: 2, total_steps: 1000, ...config},
       model: {LLM: {...baseLLM, max_seq_len: SIM_SEQ_LEN, checkpoint: {Hub: {repo_id: 'org/sim'}}, ...llm}},
     },
-    {now: 1000, seed: '11'.repeat(32)},
+    {now: 1_000_000, seed: '11'.repeat(32)},
   )
 }
 
