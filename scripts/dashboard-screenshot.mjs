@@ -38,14 +38,14 @@ function cli(args, onEvent) {
   return child
 }
 
-const stop = () => {
-  for (const c of children) c.kill('SIGTERM')
+const stop = async () => {
+  await Promise.all(children.map((c) => (c.exitCode !== null ? undefined : new Promise((resolve) => {
+    c.once('exit', resolve)
+    c.kill('SIGTERM')
+  }))))
   rmSync(saveDir, {recursive: true, force: true})
 }
-process.on('SIGINT', () => {
-  stop()
-  process.exit(130)
-})
+process.on('SIGINT', () => stop().then(() => process.exit(130)))
 
 try {
   const dashboard = await new Promise((resolve) => {
@@ -72,5 +72,5 @@ try {
   await browser.close()
   process.stderr.write(`wrote ${out}\n`)
 } finally {
-  stop()
+  await stop()
 }

@@ -9,6 +9,7 @@ import {clientTable, serveDashboard} from '../../core/obs/dashboard.js'
 import {HISTORY_FILE, RunHistory} from '../../core/obs/history.js'
 import {ServerMetrics, serveMetrics} from '../../core/obs/metrics.js'
 import {summarizeRun} from '../../core/obs/summary.js'
+import {startTerminalView, Warnings} from '../../core/obs/terminal-view.js'
 import {loadIdentity} from '../../core/protocol/index.js'
 
 export default class ServerRun extends PsycheCommand {
@@ -44,13 +45,19 @@ export default class ServerRun extends PsycheCommand {
     // Observers of the event stream (metrics): they read the server's state at scrape time, never change it.
     let server: CoordinatorServer | undefined
     const metrics = flags['metrics-port'] === undefined ? undefined : new ServerMetrics({state: () => server!.state, connected: () => server!.connectedClients.length})
+    // On a terminal (not --json): a live view instead of log lines; it keeps the last warnings.
+    const live = !this.plain
+    const warnings = new Warnings()
     const history =
-      flags['dashboard-port'] === undefined ? undefined : RunHistory.open(run.run_id!, {path: flags['save-state-dir'] ? join(flags['save-state-dir'], HISTORY_FILE) : undefined})
+      flags['dashboard-port'] === undefined && !live ? undefined : RunHistory.open(run.run_id!, {path: flags['save-state-dir'] ? join(flags['save-state-dir'], HISTORY_FILE) : undefined})
     const log = (event: object) => {
       metrics?.observe(event as Record<string, unknown>)
       if (server) history?.observe(event as Record<string, unknown>, server.state)
       if (json) process.stdout.write(`${JSON.stringify({...event, time: new Date().toISOString()})}\n`)
-      else process.stderr.write(`${formatLogLine(event)}\n`)
+      else if (live) {
+        const e = event as Record<string, unknown>
+        if (e.event === 'rejected' || e.event === 'error' || e.event === 'server_error') warnings.add(formatLogLine(event))
+      } else process.stderr.write(`${formatLogLine(event)}\n`)
     }
 
     server = await CoordinatorServer.start({
@@ -72,7 +79,7 @@ export default class ServerRun extends PsycheCommand {
         metricsEndpoint = await serveMetrics(metrics.registry, {port: flags['metrics-port']!, host: flags['metrics-host']})
         log({event: 'metrics_listening', host: flags['metrics-host'], port: metricsEndpoint.port, path: '/metrics'})
       }
-      if (history) {
+      if (history && flags['dashboard-port'] !== undefined) {
         const s = server
         const summary = () => summarizeRun(s.state, coordinatorNow())
         dashboard = await serveDashboard(
@@ -87,10 +94,38 @@ export default class ServerRun extends PsycheCommand {
       await server.stop()
       throw error
     }
+    const s = server
+    const view = live
+      ? startTerminalView(() => {
+          const summary = summarizeRun(s.state, coordinatorNow())
+          const points = history!.history()
+          const lastWith = <K extends keyof (typeof points)[number]>(k: K) => [...points].reverse().find((p) => p[k] !== null)?.[k] ?? null
+          return {
+            title: `psyche server · run ${summary.run_id} · ${flags.host}:${s.port}${dashboard ? ` · dashboard ${dashboard.url}` : ''}${metricsEndpoint ? ` · metrics :${metricsEndpoint.port}` : ''}`,
+            summary,
+            clients: clientTable(summary, s.state.pending, s.connectedClients, history!.clientRows()).map((c) => ({
+              name: `${c.id.slice(0, 12)}…`,
+              state: c.state,
+              step: c.step,
+              loss: c.loss,
+              note: c.connected ? '' : 'not connected',
+            })),
+            losses: points.map((p) => p.loss).filter((l): l is number => l !== null),
+            tokensPerSecond: lastWith('tokens_per_second') as number | null,
+            bytesIn: points.reduce((a, p) => a + p.bytes_in, 0),
+            bytesOut: points.reduce((a, p) => a + p.bytes_out, 0),
+            applied: lastWith('applied') as number | null,
+            accepted: lastWith('accepted') as number | null,
+            peers: {all: Object.values(s.peers).filter((a) => a.length > 0).length},
+            warnings: warnings.list,
+          }
+        })
+      : undefined
     await new Promise<void>((done) => {
       process.once('SIGINT', done)
       process.once('SIGTERM', done)
     })
+    view?.stop()
     await dashboard?.close()
     await metricsEndpoint?.close()
     await data?.close()

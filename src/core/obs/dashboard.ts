@@ -31,7 +31,9 @@ export interface DashboardSource {
 export function clientTable(summary: RunSummary, pending: string[], connected: string[], rows: ClientRow[]): DashboardClient[] {
   const byId = new Map(rows.map((r) => [r.id, r]))
   const online = new Set(connected)
-  const list = [...summary.clients, ...pending.map((id) => ({id, state: 'Pending'}))]
+  // A healthy client of this epoch is also pending for the next one: one row each, its epoch state first.
+  const seen = new Set<string>()
+  const list = [...summary.clients, ...pending.map((id) => ({id, state: 'Pending'}))].filter((c) => !seen.has(c.id) && seen.add(c.id))
   return list.map(({id, state}) => {
     const r = byId.get(id)
     return {id, state, connected: online.has(id), step: r?.step ?? null, loss: r?.loss ?? null, tokens_per_second: r?.tokens_per_second ?? null, bytes_in: r?.bytes_in ?? null, bytes_out: r?.bytes_out ?? null, peers: r?.peers ?? null}
