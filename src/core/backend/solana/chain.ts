@@ -17,7 +17,17 @@ import {
 } from '@solana/kit'
 import {PsycheError} from '../../errors.js'
 import {PROGRAM_ERRORS} from './layout.js'
-import type {SendResult} from './local-chain.js'
+
+/** The outcome of one transaction. */
+export interface SendResult {
+  ok: boolean
+  /** The program's custom error code, when it failed with one. */
+  code?: number
+  /** Its name (PROGRAM_ERRORS), or the runtime's error text. */
+  error?: string
+  logs: string[]
+  computeUnits: bigint
+}
 
 /**
  * What psyche needs from a Solana cluster: send a transaction, read an account, price rent. Two

@@ -14,8 +14,10 @@ import {
   type TransactionSigner,
 } from '@solana/kit'
 import {Clock, FailedTransactionMetadata, LiteSVM} from 'litesvm'
-import type {Chain} from './chain.js'
+import type {Chain, SendResult} from './chain.js'
 import {PROGRAM_ERRORS} from './layout.js'
+
+export type {SendResult} from './chain.js'
 
 /** The built coordinator program (committed; `npm run build:programs` rebuilds it). */
 const BUILD = join(dirname(fileURLToPath(import.meta.url)), '..', '..', '..', '..', 'programs', 'build')
@@ -23,15 +25,6 @@ export const COORDINATOR_PROGRAM_PATH = join(BUILD, 'psyche_coordinator.so')
 /** The built authorizer program (permissioned runs). */
 export const AUTHORIZER_PROGRAM_PATH = join(BUILD, 'psyche_authorizer.so')
 
-export interface SendResult {
-  ok: boolean
-  /** The program's custom error code, when it failed with one. */
-  code?: number
-  /** Its name (PROGRAM_ERRORS), or the runtime's error text. */
-  error?: string
-  logs: string[]
-  computeUnits: bigint
-}
 
 /**
  * A Solana runtime in this process (LiteSVM: the real SVM, loader and syscalls, no network) with the
