@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 // `npm test`: the TypeScript tests (node:test, every test/**/*.test.ts, listed explicitly because
 // Node 20 neither globs nor finds .ts files) and the Python tests (pytest python/tests), then one
-// combined closing line. Usage: node scripts/test.mjs [--only ts|py] [test files...]
+// combined closing line, after the import-cycle check. Usage: node scripts/test.mjs [--only ts|py|cycles] [test files...]
 import {spawnSync} from 'node:child_process'
 import {readdirSync, statSync} from 'node:fs'
 import {dirname, join, relative} from 'node:path'
@@ -28,7 +28,18 @@ let passed = 0
 let failed = 0
 let ok = true
 
-if (only !== 'ts') {
+// The import graph of src/ has no cycle (dependency-cruiser): with the full suite, or `--only cycles`.
+if ((only === undefined && args.length === 0) || only === 'cycles') {
+  const r = spawnSync(process.execPath, [join(root, 'scripts', 'check-cycles.mjs')], {cwd: root, env, encoding: 'utf8', stdio: ['ignore', 'pipe', 'inherit']})
+  process.stdout.write(r.stdout ?? '')
+  if (r.status === 0) passed += 1
+  else {
+    failed += 1
+    ok = false
+  }
+}
+
+if (only !== 'ts' && only !== 'cycles') {
   const pyFiles = args.filter((a) => a.endsWith('.py'))
   const r = spawnSync(python, ['-m', 'pytest', '-q', '-p', 'no:cacheprovider', ...(pyFiles.length ? pyFiles : ['python/tests'])], {cwd: root, env, encoding: 'utf8', stdio: ['ignore', 'pipe', 'inherit'], maxBuffer: 1 << 28})
   process.stdout.write(r.stdout ?? '')
@@ -38,7 +49,7 @@ if (only !== 'ts') {
   if (r.status !== 0) ok = false
 }
 
-if (only !== 'py') {
+if (only !== 'py' && only !== 'cycles') {
   const tsFiles = args.filter((a) => a.endsWith('.ts'))
   const files = tsFiles.length ? tsFiles : findTests(join(root, 'test'))
   const r = spawnSync(process.execPath, ['--import', 'tsx', '--test', '--test-reporter=spec', '--test-concurrency=1', ...files], {cwd: root, env, encoding: 'utf8', stdio: ['ignore', 'pipe', 'inherit'], maxBuffer: 1 << 28})
