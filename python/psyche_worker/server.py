@@ -32,6 +32,7 @@ from .protocol import (
     frame_to_tensor,
     tensor_to_frame,
 )
+from .parallel import Group, free_port, join_group, parse_devices, start_followers
 from .trainer import Trainer
 
 Reply = tuple[dict[str, Any], list]
@@ -61,8 +62,13 @@ def die_with_parent() -> None:
     threading.Thread(target=watch, daemon=True, name="parent-watchdog").start()
 
 
+def _buffer(part: Any) -> Any:
+    """A request frame's bytes: a zmq.Frame on rank 0, plain bytes on the followers (parallel.py)."""
+    return part.buffer if isinstance(part, zmq.Frame) else part
+
+
 class Worker:
-    def __init__(self, device: str, threads: int | None):
+    def __init__(self, device: str, threads: int | None, group: Group | None = None):
         if threads:
             torch.set_num_threads(threads)
             try:
@@ -70,6 +76,7 @@ class Worker:
             except RuntimeError:
                 pass  # already set once in this process
         self.device = models.resolve_device(device)
+        self.group = group
         self.trainer: Trainer | None = None
         self.ops: dict[str, Callable[[dict[str, Any], list[torch.Tensor]], Reply]] = {
             "hello": self.op_hello,
@@ -96,7 +103,8 @@ class Worker:
     # -- ops ---------------------------------------------------------------------------------------
     def op_hello(self, h, frames) -> Reply:
         return {"pid": os.getpid(), "torch": torch.__version__, "device": str(self.device),
-                "threads": torch.get_num_threads(), "cuda": torch.cuda.is_available()}, []
+                "threads": torch.get_num_threads(), "cuda": torch.cuda.is_available(),
+                "data_parallel": self.group.world if self.group else 1}, []
 
     def op_init_model(self, h, frames) -> Reply:
         seed = int(h.get("seed", 0))
@@ -109,7 +117,7 @@ class Worker:
         else:
             raise WorkerError("init_model needs model_dir or config")
         torch.manual_seed(seed)
-        self.trainer = Trainer(m, self.device)
+        self.trainer = Trainer(m, self.device, group=self.group)
         n = sum(p.numel() for p in m.parameters())
         return {"parameters": n, "vocab_size": self.trainer.vocab_size,
                 "max_position_embeddings": self.trainer.max_positions, "param_hash": models.param_hash(m)}, []
@@ -206,6 +214,8 @@ class Worker:
     def op_save_model(self, h, frames) -> Reply:
         if not h.get("dir"):
             raise WorkerError("save_model needs dir")
+        if self.group and self.group.rank != 0:
+            return {"dir": h["dir"]}, []  # the ranks hold identical parameters: rank 0 writes them
         if self.t.distro_peers:
             # save what every replica holds, not a pending speculative update
             self.t.distro_peers[0].discard_speculation()
@@ -219,7 +229,7 @@ class Worker:
     def handle(self, parts: list[zmq.Frame]) -> tuple[dict[str, Any], list, bool]:
         header: dict[str, Any] = {}
         try:
-            header = decode_header(parts[0].buffer)
+            header = decode_header(_buffer(parts[0]))
             rid = header.get("id")
             if header["op"] == "shutdown":
                 return {"id": rid, "ok": True}, [], True
@@ -228,7 +238,7 @@ class Worker:
                 raise ProtocolError(f"unknown op {header['op']!r}")
             specs = frame_specs(header, len(parts) - 1)
             started = time.perf_counter()
-            tensors = [frame_to_tensor(s, p.buffer) for s, p in zip(specs, parts[1:])]
+            tensors = [frame_to_tensor(s, _buffer(p)) for s, p in zip(specs, parts[1:])]
             result, out_frames = op(header, tensors)
             # time spent inside the worker: the client subtracts it from its round trip to see overhead
             return {"id": rid, "ok": True, **result, "op_seconds": time.perf_counter() - started}, out_frames, False
@@ -245,18 +255,28 @@ class Worker:
 def serve(endpoint: str, device: str, threads: int | None) -> None:
     die_with_parent()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    worker = Worker(device, threads)
+    devices = parse_devices(device)
+    group: Group | None = None
+    followers = []
+    if len(devices) > 1:
+        # data parallelism (parallel.py): this process is rank 0 and the only one the client talks to
+        port = free_port()
+        followers = start_followers(devices, threads, port)
+        group = join_group(0, len(devices), port, models.resolve_device(devices[0]))
+    worker = Worker(devices[0], threads, group)
     ctx = zmq.Context.instance()
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 1000)
     sock.bind(endpoint)
     print(json.dumps({"event": "ready", "pid": os.getpid(), "endpoint": endpoint, "device": str(worker.device),
-                      "threads": torch.get_num_threads(), "torch": torch.__version__}), flush=True)
+                      "devices": devices, "threads": torch.get_num_threads(), "torch": torch.__version__}), flush=True)
     try:
         while True:
             identity, *parts = sock.recv_multipart(copy=False)
             if not parts:
                 continue
+            if group:
+                group.broadcast_request([bytes(p.buffer) for p in parts])
             reply, frames, stop = worker.handle(parts)
             sock.send_multipart([identity, encode_header(reply), *frames], copy=False)
             if stop:
@@ -269,15 +289,43 @@ def serve(endpoint: str, device: str, threads: int | None) -> None:
                 os.unlink(endpoint[len("ipc://"):])
             except OSError:
                 pass
+        for p in followers:
+            try:
+                p.wait(timeout=10)
+            except Exception:
+                p.kill()
+
+
+def follow(rank: int, world: int, port: int, device: str, threads: int | None) -> None:
+    """A data-parallel rank > 0: runs every request rank 0 broadcasts, and answers nothing (parallel.py)."""
+    die_with_parent()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    group = join_group(rank, world, port, models.resolve_device(device))
+    worker = Worker(device, threads, group)
+    while True:
+        parts = group.broadcast_request(None)
+        _, _, stop = worker.handle(parts)
+        if stop:
+            break
+    torch.distributed.destroy_process_group()
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="psyche_worker", description="psyche's PyTorch worker")
     parser.add_argument("--endpoint", required=True, help="ZeroMQ endpoint to bind, e.g. ipc:///tmp/w.sock")
-    parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
-    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    parser.add_argument("--device", default="auto",
+                        help="auto | cpu | cuda | cuda:N, or one device per data-parallel rank: cuda:0,cuda:1 or cpu,cpu")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (per rank)")
+    # internal: a data-parallel rank > 0, started by rank 0 (parallel.start_followers)
+    parser.add_argument("--follower", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--world", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--master-port", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     try:
+        if args.follower:
+            follow(args.rank, args.world, args.master_port, args.device, args.threads)
+            return
         serve(args.endpoint, args.device, args.threads)
     except WorkerError as exc:
         print(json.dumps({"event": "fatal", "kind": exc.kind, "message": str(exc)}), flush=True)

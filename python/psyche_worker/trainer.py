@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -13,6 +13,9 @@ import torch.nn.functional as F
 from .distro import DistroConfig, DistroOptimizer, ResultDecodeError
 from .protocol import WorkerError
 from .schedule import Constant, schedule_from_config
+
+if TYPE_CHECKING:
+    from .parallel import Group
 
 
 @dataclass
@@ -45,9 +48,11 @@ def split_decay_groups(model: torch.nn.Module, weight_decay: float) -> list[dict
 
 
 class Trainer:
-    def __init__(self, model: torch.nn.Module, device: torch.device):
+    def __init__(self, model: torch.nn.Module, device: torch.device, group: Group | None = None):
         self.model = model.to(device)
         self.device = device
+        # data parallelism inside this client (parallel.py): this rank's share of each batch, gradients summed
+        self.group = group if group is not None and group.world > 1 else None
         self.vocab_size = int(model.config.vocab_size)
         self.max_positions = int(getattr(model.config, "max_position_embeddings", 1 << 30))
         self.schedule = Constant(base_lr=1e-3)
@@ -120,18 +125,27 @@ class Trainer:
 
     # -- steps -----------------------------------------------------------------------------------
     def forward_backward(self, tokens: torch.Tensor) -> float:
-        """Accumulates gradients over micro-batches into .grad (zeroed first); returns the mean loss."""
+        """Accumulates gradients over micro-batches into .grad (zeroed first); returns the mean loss.
+        With data parallelism each rank takes its shard of the rows; the sum over ranks of the weighted
+        gradients is the whole batch's mean gradient, identical on every rank after the all-reduce."""
         batch = self.to_device_tokens(tokens)
         self.model.train()
         for p in self.model.parameters():
             p.grad = None
         rows = batch.shape[0]
+        first, last = self.group.shard(rows) if self.group else (0, rows)
         total = torch.zeros((), device=self.device)
-        for start in range(0, rows, self.micro_batch):
-            micro = batch[start:start + self.micro_batch]
+        for start in range(first, last, self.micro_batch):
+            micro = batch[start:min(start + self.micro_batch, last)]
             loss = self._loss(micro)
             (loss * (micro.shape[0] / rows)).backward()
             total += loss.detach() * micro.shape[0]
+        if self.group:
+            params = [p for _, p in sorted(self.model.named_parameters(), key=lambda kv: kv[0]) if p.requires_grad]
+            for p in params:
+                if p.grad is None:  # an empty shard (fewer rows than ranks) still joins the sum
+                    p.grad = torch.zeros_like(p)
+            self.group.all_reduce_sum([*(p.grad for p in params), total.reshape(1)])
         return float(total) / rows
 
     def clip(self) -> float:

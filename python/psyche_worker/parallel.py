@@ -1,0 +1,101 @@
+"""Data parallelism inside one client: one worker, N ranks (Psyche's data parallelism within a client).
+
+The client starts one worker with ``--device cuda:0,cuda:1`` (or ``cpu,cpu``). That process is rank 0: it
+serves the client over ZeroMQ as always, starts ranks 1..N-1 as child processes (``--follower``), and joins
+them in a ``torch.distributed`` group: NCCL between GPUs, gloo on CPU. Every request rank 0 receives is
+broadcast to the followers (over a gloo group) before rank 0 runs it, so all ranks execute the same ops on
+the same inputs in the same order. Only ``forward_backward`` differs per rank: each takes a contiguous shard
+of the batch's rows, and the gradients (and the loss) are summed across ranks with one all-reduce before
+anything reads them. From there on every rank holds identical gradients and runs the identical optimizer
+step, so parameters stay identical on all ranks; only rank 0 answers, writes files, and reports hashes.
+The rest of the system sees one client, one result and one parameter hash.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .protocol import WorkerError
+
+
+@dataclass
+class Group:
+    rank: int
+    world: int
+    #: all-reduce of gradients: the default group (NCCL on GPUs, gloo on CPU)
+    data: Any
+    #: requests from rank 0 to the followers: always gloo (Python objects on the CPU)
+    control: Any
+
+    def shard(self, rows: int) -> tuple[int, int]:
+        """This rank's contiguous rows [start, end) of a batch of `rows`: sizes differ by at most one."""
+        base, extra = divmod(rows, self.world)
+        start = self.rank * base + min(self.rank, extra)
+        return start, start + base + (1 if self.rank < extra else 0)
+
+    def all_reduce_sum(self, tensors: list[torch.Tensor]) -> None:
+        """Sums `tensors` across ranks in place, as one flat buffer (one collective per step)."""
+        if not tensors:
+            return
+        flat = torch.cat([t.reshape(-1) for t in tensors])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.data)
+        offset = 0
+        for t in tensors:
+            n = t.numel()
+            t.copy_(flat[offset:offset + n].view_as(t))
+            offset += n
+
+    def broadcast_request(self, parts: list[bytes] | None) -> list[bytes]:
+        """Rank 0 sends a request's raw frames; followers receive them. Returns the frames on every rank."""
+        box = [parts]
+        dist.broadcast_object_list(box, src=0, group=self.control)
+        return box[0]
+
+
+def parse_devices(spec: str) -> list[str]:
+    """``cuda:0,cuda:1`` -> one device per rank; a single name -> one rank."""
+    devices = [d.strip() for d in spec.split(",")]
+    if any(not d for d in devices):
+        raise WorkerError(f"device list {spec!r}: empty entry (expected e.g. cuda:0,cuda:1)", kind="device")
+    kinds = {d.split(":")[0] for d in devices}
+    if len(devices) > 1 and (len(kinds) != 1 or kinds - {"cpu", "cuda"}):
+        raise WorkerError(f"device list {spec!r}: all ranks must be cpu, or all cuda", kind="device")
+    cuda = [d for d in devices if d.startswith("cuda")]
+    if len(cuda) > 1 and len(set(cuda)) != len(cuda):
+        raise WorkerError(f"device list {spec!r}: each GPU may appear once", kind="device")
+    return devices
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_followers(devices: list[str], threads: int | None, port: int) -> list[subprocess.Popen]:
+    """Ranks 1..N-1 as child processes of rank 0 (they exit when it does: see server.die_with_parent)."""
+    procs = []
+    for rank in range(1, len(devices)):
+        args = [sys.executable, "-m", "psyche_worker", "--follower", "--rank", str(rank), "--world", str(len(devices)),
+                "--master-port", str(port), "--device", devices[rank], "--endpoint", "-"]
+        if threads:
+            args += ["--threads", str(threads)]
+        procs.append(subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=os.environ.copy()))
+    return procs
+
+
+def join_group(rank: int, world: int, port: int, device: torch.device) -> Group:
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    control = dist.new_group(backend="gloo") if backend != "gloo" else dist.group.WORLD
+    return Group(rank=rank, world=world, data=dist.group.WORLD, control=control)
