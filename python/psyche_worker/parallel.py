@@ -60,9 +60,25 @@ class Group:
         return box[0]
 
 
-def parse_devices(spec: str) -> list[str]:
-    """``cuda:0,cuda:1`` -> one device per rank; a single name -> one rank."""
+def parse_devices(spec: str, data_parallel: int = 1) -> list[str]:
+    """``cuda:0,cuda:1`` -> one device per rank; a single name -> one rank, or `data_parallel` ranks: on CPU
+    that many CPU ranks, on CUDA (or auto with a GPU) GPUs 0..N-1."""
+    if data_parallel < 1:
+        raise WorkerError(f"--data-parallel {data_parallel}: must be ≥ 1", kind="device")
     devices = [d.strip() for d in spec.split(",")]
+    if data_parallel > 1:
+        if len(devices) > 1 and len(devices) != data_parallel:
+            raise WorkerError(f"--data-parallel {data_parallel} with {len(devices)} devices ({spec}): give one or the other", kind="device")
+        if len(devices) == 1:
+            one = devices[0]
+            if one == "auto":
+                one = "cuda" if torch.cuda.is_available() else "cpu"
+            if one == "cpu":
+                devices = ["cpu"] * data_parallel
+            elif one == "cuda":
+                devices = [f"cuda:{i}" for i in range(data_parallel)]
+            else:
+                raise WorkerError(f"--data-parallel {data_parallel} with device {one!r}: use --device cpu or cuda, or list the devices", kind="device")
     if any(not d for d in devices):
         raise WorkerError(f"device list {spec!r}: empty entry (expected e.g. cuda:0,cuda:1)", kind="device")
     kinds = {d.split(":")[0] for d in devices}

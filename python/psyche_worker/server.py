@@ -252,10 +252,10 @@ class Worker:
                     "error": {"kind": "internal", "message": f"{type(exc).__name__}: {exc}"}}, [], False
 
 
-def serve(endpoint: str, device: str, threads: int | None) -> None:
+def serve(endpoint: str, device: str, threads: int | None, data_parallel: int = 1) -> None:
     die_with_parent()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    devices = parse_devices(device)
+    devices = parse_devices(device, data_parallel)
     group: Group | None = None
     followers = []
     if len(devices) > 1:
@@ -316,6 +316,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="auto",
                         help="auto | cpu | cuda | cuda:N, or one device per data-parallel rank: cuda:0,cuda:1 or cpu,cpu")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (per rank)")
+    parser.add_argument("--data-parallel", type=int, default=1, help="ranks of one device kind (cpu: N processes; cuda: GPUs 0..N-1)")
     # internal: a data-parallel rank > 0, started by rank 0 (parallel.start_followers)
     parser.add_argument("--follower", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
@@ -326,7 +327,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.follower:
             follow(args.rank, args.world, args.master_port, args.device, args.threads)
             return
-        serve(args.endpoint, args.device, args.threads)
+        serve(args.endpoint, args.device, args.threads, args.data_parallel)
     except WorkerError as exc:
         print(json.dumps({"event": "fatal", "kind": exc.kind, "message": str(exc)}), flush=True)
         sys.exit(2)

@@ -38,7 +38,7 @@ async function startComponents(o: {
   onConnected?: (connection: CoordinatorConnection) => void
 }): Promise<ClientComponents> {
   const {serverAddr, runId, identity, plan, log} = o
-  const worker = await ModelWorker.start({threads: plan.threads, device: plan.device, label: 'client'})
+  const worker = await ModelWorker.start({threads: plan.threads, device: plan.device, dataParallel: plan.dataParallel, label: 'client'})
   let p2p: P2PNode | undefined
   let data: DataProvider | undefined
   try {
@@ -95,6 +95,8 @@ trained, witness, health_check, rejected, worker_crashed, finished).`
     'micro-batch': Flags.integer({summary: 'sequences per forward/backward', min: 1}),
     threads: Flags.integer({summary: 'torch threads of the worker', min: 1}),
     device: Flags.string({summary: 'auto | cpu | cuda | cuda:N', default: 'auto'}),
+    devices: Flags.string({summary: 'several devices in this client, one data-parallel rank each (torch.distributed): cuda:0,cuda:1'}),
+    'data-parallel': Flags.integer({summary: 'N data-parallel ranks on --device (cpu: N processes with gloo; cuda: GPUs 0..N-1 with NCCL)', min: 1}),
     'metrics-port': Flags.integer({summary: 'serve Prometheus metrics at http://HOST:PORT/metrics (0: any free port)', min: 0, max: 65535}),
     'metrics-host': Flags.string({summary: 'address the metrics endpoint listens on', default: '127.0.0.1'}),
   }
@@ -122,6 +124,8 @@ trained, witness, health_check, rejected, worker_crashed, finished).`
       optimizer: 'distro',
       threads: flags.threads,
       device: flags.device,
+      devices: flags.devices,
+      dataParallel: flags['data-parallel'],
       hub: {onProgress: (p) => progress.update(`model from the Hub: ${p.phase} ${(p.done / 1e6).toFixed(1)} / ${(p.total / 1e6).toFixed(1)} MB`, p.phase === 'done')},
     })
     const d = plan.data

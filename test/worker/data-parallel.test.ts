@@ -2,6 +2,7 @@ import assert from 'node:assert/strict'
 import {readFileSync} from 'node:fs'
 import {join} from 'node:path'
 import {after, describe, it} from 'node:test'
+import {devicePlan} from '../../src/core/train/plan.js'
 import {ModelWorker} from '../../src/core/worker/model-worker.js'
 import {projectRoot} from '../../src/core/worker/python.js'
 
@@ -14,7 +15,7 @@ import {projectRoot} from '../../src/core/worker/python.js'
  * other micro-batch sizes the sums differ in reduction order (measured below, in floating-point ulps).
  */
 const config = JSON.parse(readFileSync(join(projectRoot, 'templates', 'tiny-demo', 'model', 'config.json'), 'utf8')) as Record<string, unknown>
-const small = {...config, hidden_size: 32, intermediate_size: 64, num_hidden_layers: 2, num_attention_heads: 2, num_key_value_heads: 2}
+const small: Record<string, unknown> = {...config, hidden_size: 32, intermediate_size: 64, num_hidden_layers: 2, num_attention_heads: 2, num_key_value_heads: 2}
 const distro = {Distro: {clip_grad_norm: 1.0, compression_decay: 0.96, compression_chunk: 16, compression_topk: 4, quantize_1bit: true}}
 const ROWS = 8
 const SEQ = 33
@@ -68,5 +69,16 @@ describe('data parallelism inside one client (2 gloo ranks on CPU)', () => {
     // Work happened: the model changed every round, and the results are real DisTrO results.
     assert.equal(new Set(one.hashes).size, 3)
     assert.ok(one.results.every((r) => r.length > 100))
+  })
+})
+
+describe('--devices / --data-parallel', () => {
+  it('become the worker\'s device list and rank count, and conflicting flags are refused by name', () => {
+    assert.deepEqual(devicePlan({devices: 'cuda:0, cuda:1'}), {device: 'cuda:0,cuda:1', dataParallel: 1})
+    assert.deepEqual(devicePlan({device: 'cpu', dataParallel: 2}), {device: 'cpu', dataParallel: 2})
+    assert.deepEqual(devicePlan({}), {device: 'auto', dataParallel: 1})
+    assert.throws(() => devicePlan({devices: 'cuda:0,tpu'}), /--devices cuda:0,tpu/)
+    assert.throws(() => devicePlan({devices: 'cuda:0,cuda:1', dataParallel: 3}), /--data-parallel/)
+    assert.throws(() => devicePlan({devices: 'cuda:0,cuda:1', device: 'cpu'}), /--devices and --device/)
   })
 })

@@ -33,7 +33,10 @@ export interface TrainPlan {
   lrSchedule: LrSchedule
   seed: number
   threads?: number
+  /** One device, or one per data-parallel rank (cuda:0,cuda:1). */
   device: string
+  /** Data-parallel ranks inside this client (python/psyche_worker/parallel.py); 1 = none. */
+  dataParallel: number
   evalEvery: number
   evalBatches: number
   simulatePeers: number
@@ -54,6 +57,10 @@ export interface TrainFlags {
   seed?: number
   threads?: number
   device?: string
+  /** --devices cuda:0,cuda:1 (one rank each). */
+  devices?: string
+  /** --data-parallel N. */
+  dataParallel?: number
   evalEvery?: number
   evalBatches?: number
   simulatePeers?: number
@@ -201,9 +208,21 @@ export async function resolveTrainPlan(flags: TrainFlags): Promise<TrainPlan> {
     lrSchedule: flags.lr !== undefined ? withBaseLr(llm.lr_schedule, flags.lr) : llm.lr_schedule,
     seed: flags.seed ?? 0,
     threads: flags.threads,
-    device: flags.device ?? 'auto',
+    ...devicePlan(flags),
     evalEvery: flags.evalEvery ?? 0,
     evalBatches: flags.evalBatches ?? 8,
     simulatePeers,
   }
+}
+
+/** --device / --devices / --data-parallel as the worker takes them: a device (list) and a rank count. */
+export function devicePlan(flags: Pick<TrainFlags, 'device' | 'devices' | 'dataParallel'>): {device: string; dataParallel: number} {
+  if (flags.devices !== undefined) {
+    const list = flags.devices.split(',').map((d) => d.trim())
+    if (list.some((d) => !/^(cpu|cuda(:\d+)?)$/.test(d))) throw new PsycheError(`--devices ${flags.devices}: expected a comma-separated list like cuda:0,cuda:1`)
+    if (flags.dataParallel !== undefined && flags.dataParallel !== list.length) throw new PsycheError(`--devices lists ${list.length} devices but --data-parallel is ${flags.dataParallel}: give one or the other`)
+    if (flags.device !== undefined && flags.device !== 'auto') throw new PsycheError('--devices and --device: give one or the other')
+    return {device: list.join(','), dataParallel: 1}
+  }
+  return {device: flags.device ?? 'auto', dataParallel: flags.dataParallel ?? 1}
 }

@@ -103,7 +103,7 @@ export async function runSingleNode(
   if (isInDemoCorpus(plan)) await ensureDemoCorpus(events.onStatus)
 
   events.onStatus?.('starting the PyTorch worker')
-  const worker = await ModelWorker.start({threads: plan.threads, device: plan.device})
+  const worker = await ModelWorker.start({threads: plan.threads, device: plan.device, dataParallel: plan.dataParallel})
   let train: DataProvider | undefined
   let validation: DataProvider | undefined
   let metrics: JsonlWriter | undefined

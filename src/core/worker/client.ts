@@ -20,7 +20,10 @@ export interface Frame {
 
 export interface WorkerOptions {
   threads?: number
+  /** auto | cpu | cuda | cuda:N, or one device per data-parallel rank: cuda:0,cuda:1 (python/psyche_worker/parallel.py). */
   device?: string
+  /** Data-parallel ranks on `device`'s kind (cpu: N processes, cuda: GPUs 0..N-1); default 1. */
+  dataParallel?: number
   /** ms to wait for the worker to import torch and listen. */
   readyTimeoutMs?: number
   /** default per-request timeout, ms. */
@@ -105,6 +108,7 @@ export class WorkerClient {
     const endpointPath = join(tmpdir(), `psyche-worker-${process.pid}-${randomBytes(4).toString('hex')}.sock`)
     const args = ['-m', 'psyche_worker', '--endpoint', `ipc://${endpointPath}`, '--device', options.device ?? 'auto']
     if (options.threads) args.push('--threads', String(options.threads))
+    if (options.dataParallel && options.dataParallel > 1) args.push('--data-parallel', String(options.dataParallel))
     const env = pythonEnv(options.threads ? {OMP_NUM_THREADS: String(options.threads), MKL_NUM_THREADS: String(options.threads)} : {})
     const proc = execa(python, args, {cwd: projectRoot, env, stdin: 'ignore', stdout: 'pipe', stderr: 'pipe', cleanup: true, buffer: false, reject: false})
     const stderrTail: string[] = []
