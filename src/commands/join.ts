@@ -27,7 +27,7 @@ type Log = (event: Record<string, unknown>) => void
  * The real components of a client: a PyTorch worker, the run's data, a libp2p node, and the TCP coordinator
  * server (a new connection per join). Whatever started is stopped again if a later part fails.
  */
-async function startComponents(o: {
+export async function startComponents(o: {
   serverAddr: string
   runId: string
   identity: Identity

@@ -36,6 +36,7 @@ export interface RunShape {
   batchSize?: number
   seqLen?: number
   lr?: number
+  verificationPercent?: number
 }
 
 /**
@@ -57,7 +58,7 @@ max_round_train_time = ${shape.maxRoundTrainTime ?? 6}
 round_witness_time = 1
 min_clients = ${shape.minClients ?? 1}
 init_min_clients = ${shape.initMinClients ?? 3}
-verification_percent = 0
+verification_percent = ${shape.verificationPercent ?? 0}
 witness_nodes = 0
 global_batch_size_start = ${shape.batchSize ?? 12}
 global_batch_size_end = ${shape.batchSize ?? 12}
@@ -99,8 +100,9 @@ export class JsonProcess {
   readonly proc: ResultPromise
   private waiters: (() => void)[] = []
 
-  constructor(readonly name: string, args: string[]) {
-    this.proc = execa(process.execPath, [cliPath, ...args], {cwd: projectRoot, env: {NO_COLOR: '1', CI: '1'}, reject: false, stdin: 'ignore', buffer: false, cleanup: true})
+  /** `entry`: what node runs (default the psyche CLI; the adversarial tests run their hostile client). */
+  constructor(readonly name: string, args: string[], entry: string[] = [cliPath]) {
+    this.proc = execa(process.execPath, [...entry, ...args], {cwd: projectRoot, env: {NO_COLOR: '1', CI: '1'}, reject: false, stdin: 'ignore', buffer: false, cleanup: true})
     let partial = ''
     this.proc.stdout!.setEncoding('utf8')
     this.proc.stdout!.on('data', (chunk: string) => {

@@ -70,6 +70,8 @@ export interface ClientWorker {
     previous?: {applyStep: number; results: Uint8Array[]},
   ): Promise<StepResult & {result: Uint8Array; paramHash: string; applied: number}>
   applyResults(step: number, results: Uint8Array[]): Promise<string>
+  /** Verification (optional: a worker without it does not verify): losses before/after each result alone. */
+  scoreResults?(step: number, results: Uint8Array[], batches: {tokens: Uint32Array; rows: number}[]): Promise<{before: number[]; after: (number[] | null)[]}>
   exportParams(): Promise<{frames: Frame[]; paramHash: string}>
   importParams(frames: Frame[]): Promise<string>
   shutdown(): Promise<void>

@@ -1,9 +1,12 @@
 import type {CoordinatorBackend, PeerDirectory, RejectionInfo} from '../backend/types.js'
-import {buildWitnessProof, isRoundPhase, type ClientId, type CoordinatorState, type Round} from '../coordinator/index.js'
+import {batchRangeFor, buildWitnessProof, isRoundPhase, isVerifier, type ClientId, type CoordinatorState, type Round} from '../coordinator/index.js'
 import {errorMessage, PsycheError} from '../errors.js'
 import type {ModelSnapshot, ResultAnnouncement} from '../p2p/index.js'
 import type {TrainPlan} from '../train/plan.js'
-import {WorkerCrashedError} from '../worker/client.js'
+import {FORMAT_INVALID, ResultIntake} from '../verify/intake.js'
+import type {ResultFormat} from '../verify/result.js'
+import {randomBatchIds, scoreOf, Scorer} from '../verify/score.js'
+import {WorkerCrashedError, WorkerRequestError} from '../worker/client.js'
 import type {ClientComponents} from './components.js'
 import {acceptedResults, belongsToRound, finalRounds, messagesToSend, nextWork, type ClientView, type HeldResult, type Message, type Work} from './decide.js'
 import {StepLedger} from './ledger.js'
@@ -22,6 +25,32 @@ export interface ClientOptions {
   log: (event: Record<string, unknown>) => void
   /** How long an apply waits for a witnessed result it has no announcement of before applying without it. */
   missingResultWaitMs?: number
+  /**
+   * Test-only (no CLI flag reaches it): replaces how this client publishes its result, so the adversarial tests
+   * run the real client with a hostile producer (test/adversarial/).
+   */
+  producer?: ResultProducer
+}
+
+/** What a hostile producer gets: the honest result, the peers' results so far, and a way to publish anything. */
+export interface ProducerContext {
+  step: number
+  range: {start: number; end: number}
+  honest: Uint8Array
+  format: ResultFormat | undefined
+  /** Downloaded results of peers for `step`, by producer. */
+  peerResults(step: number): Map<ClientId, Uint8Array>
+  /** Signs, serves and gossips `bytes` as our result for `step` (any step, any batches). */
+  publish(bytes: Uint8Array, step?: number, range?: {start: number; end: number}): Promise<ResultAnnouncement>
+  /** The current coordinator state. */
+  state(): CoordinatorState
+}
+
+export interface ResultProducer {
+  /** Which batch ids to train on instead of the assigned ones (default: the assigned ones). */
+  batches?(ids: number[], round: Round): number[]
+  /** Publishes this round's result its own way; returns what this client keeps as its own result (or nothing). */
+  publish(ctx: ProducerContext): Promise<Uint8Array | undefined>
 }
 
 /** One line per applied round: what the testnet and the tests compare across clients. */
@@ -64,6 +93,14 @@ export class PsycheClient {
   private warmupReported: number | null = null
   /** Per-step memory (results, training, witness and health-check sends...), pruned as rounds are applied. */
   private readonly ledger = new StepLedger()
+  /** `${step}:${producer}` (and `…:low_score`) of the accusations sent. */
+  private readonly accused = new Set<string>()
+  private readonly equivocationsSent = new Set<string>()
+  private readonly intake = new ResultIntake(undefined)
+  private readonly scorer = new Scorer()
+  private resultFormat: ResultFormat | undefined
+  /** The results of the apply under way, in the order handed to the worker. */
+  private applying: HeldResult[] = []
   private snapshot: ModelSnapshot | undefined
   private loadAttempts = 0
   private knownTopicPeers = 0
@@ -161,6 +198,7 @@ export class PsycheClient {
       healthChecked: this.ledger.healthChecked(),
       finalRounds: this.ledger.finalRounds(),
       results: this.ledger.results(),
+      accused: this.accused,
     }
   }
 
@@ -201,18 +239,53 @@ export class PsycheClient {
       return
     }
     const record = this.ledger.at(a.step)
+    const verdict = this.intake.announcement(a)
+    if (!verdict.ok && 'proof' in verdict) {
+      // Two signed results for one step: the proof goes to the coordinator, which ejects the producer and
+      // excludes it from the round; we stop counting either result.
+      const first = record.results.get(a.client_id)
+      if (first) first.invalid = verdict.reason
+      const key = `${a.step}:${a.client_id}`
+      if (!this.equivocationsSent.has(key)) {
+        this.equivocationsSent.add(key)
+        this.opts.log({event: 'result_rejected', client_id: a.client_id, step: a.step, reason: verdict.reason})
+        if (this.conn.sendEquivocation(verdict.proof)) this.opts.log({event: 'equivocation_reported', client_id: a.client_id, step: a.step})
+        this.flushMessages()
+      }
+      return
+    }
     if (record.results.has(a.client_id)) return // first valid announcement per producer and step wins
     const held: HeldResult = {client_id: a.client_id, step: a.step, batch_start: a.batch_start, batch_end: a.batch_end, commitment: a.commitment}
     record.results.set(a.client_id, held)
+    if (!verdict.ok) {
+      // Refused without downloading (a size no result of this model has): counted as arrived, and invalid.
+      held.invalid = verdict.reason
+      held.bytes = new Uint8Array(0)
+      this.opts.log({event: 'result_rejected', client_id: a.client_id, step: a.step, reason: verdict.reason})
+      this.flushMessages()
+      this.poke()
+      return
+    }
     record.announcements.set(a.client_id, a)
     this.p2p.fetchResult(a).then(
       (bytes) => {
-        held.bytes = bytes
+        this.received(held, bytes)
         this.flushMessages()
         this.poke()
       },
       (error) => this.opts.log({event: 'result_fetch_failed', client_id: a.client_id, step: a.step, message: errorMessage(error)}),
     )
+  }
+
+  /** Validates downloaded bytes before they count anywhere (decide.ts never attests or applies an invalid one). */
+  private received(held: HeldResult, bytes: Uint8Array): void {
+    if (held.bytes) return
+    const reason = held.invalid ?? this.intake.bytes(held, bytes)
+    held.bytes = bytes
+    if (reason !== undefined && held.invalid === undefined) {
+      held.invalid = reason
+      this.opts.log({event: 'result_rejected', client_id: held.client_id, step: held.step, reason})
+    }
   }
 
   private flushMessages(): void {
@@ -240,6 +313,12 @@ export class PsycheClient {
         }
         return
       }
+      case 'accuse':
+        if (this.conn.sendAccusation(m.step, m.accused, 'invalid_result')) {
+          this.accused.add(`${m.step}:${m.accused}`)
+          this.opts.log({event: 'accused', step: m.step, client_id: m.accused, reason: m.detail})
+        }
+        return
       case 'health_check':
         this.ledger.at(m.judged).healthChecked = true
         if (m.accused.length > 0 && this.conn.sendHealthCheck(m.step, m.accused)) this.opts.log({event: 'health_check', step: m.step, judged: m.judged, accused: m.accused})
@@ -342,12 +421,14 @@ export class PsycheClient {
     if (this.opts.plan.seqLen > info.max_position_embeddings) {
       throw new PsycheError(`max_seq_len ${this.opts.plan.seqLen} exceeds the model's max_position_embeddings ${info.max_position_embeddings}`)
     }
-    await this.worker.configure({
+    const {resultFormat} = await this.worker.configure({
       optimizer: optimizer as Record<string, unknown>,
       lr_schedule: lrSchedule as Record<string, unknown>,
       micro_batch: microBatch,
       delay_correction: true,
     })
+    this.resultFormat = resultFormat
+    this.intake.setFormat(resultFormat)
   }
 
   private async loadModel(step: number, from: 'checkpoint' | ClientId[]): Promise<boolean> {
@@ -398,19 +479,29 @@ export class PsycheClient {
    */
   private async acceptedBytes(round: Round): Promise<Uint8Array[] | undefined> {
     const record = this.ledger.get(round.step)
-    const {accepted, missing} = acceptedResults(this.state, round, record?.results)
-    const unfetched: string[] = []
-    for (const r of accepted) {
+    for (const r of acceptedResults(this.state, round, record?.results).accepted) {
       if (r.bytes) continue
       const a = record?.announcements.get(r.client_id)
       try {
-        r.bytes = a ? await this.p2p.fetchResult(a) : this.p2p.getResult(r.commitment)
+        const bytes = a ? await this.p2p.fetchResult(a) : this.p2p.getResult(r.commitment)
+        if (bytes) this.received(r, bytes)
       } catch (error) {
         this.opts.log({event: 'result_fetch_failed', client_id: r.client_id, step: round.step, message: errorMessage(error)})
       }
-      if (!r.bytes) unfetched.push(r.client_id)
     }
-    if (missing.length === 0 && unfetched.length === 0) return accepted.map((r) => r.bytes!)
+    // Again, now that every accepted result we could get is downloaded and validated.
+    const {accepted, missing, dropped} = acceptedResults(this.state, round, record?.results)
+    const unfetched = accepted.filter((r) => !r.bytes).map((r) => r.client_id)
+    if (missing.length === 0 && unfetched.length === 0) {
+      // The same on every replica: the witnessed bytes are the same everywhere, and so is their validation.
+      for (const r of dropped) this.opts.log({event: 'result_dropped', client_id: r.client_id, step: round.step, reason: r.invalid})
+      const excluded = round.excluded ?? []
+      if (excluded.length > 0) this.opts.log({event: 'results_excluded', step: round.step, client_ids: excluded})
+      this.applying = accepted.filter((r) => !dropped.includes(r))
+      // Verification never stops an apply: a failure is logged and the round goes on.
+      await this.verify(round, this.applying).catch((error) => this.opts.log({event: 'verify_failed', step: round.step, message: errorMessage(error)}))
+      return this.applying.map((r) => r.bytes!)
+    }
     const since = (this.ledger.at(round.step).missingSince ??= this.clock.now())
     if (this.clock.now() - since < (this.opts.missingResultWaitMs ?? 10_000)) return undefined
     this.opts.log({
@@ -425,10 +516,78 @@ export class PsycheClient {
     return undefined
   }
 
+  /**
+   * As a verifier of the current round: scores each peer's result of the final `round` (before it is applied,
+   * so the worker's parameters are those its producers trained from), keeps moving averages, and accuses peers
+   * whose average stays low. Scores appear as `scored` events.
+   */
+  private async verify(round: Round, results: HeldResult[]): Promise<void> {
+    const current = this.state.epoch.round
+    if (!current || !isRoundPhase(this.state.run_state) || !isVerifier(this.state, this.id, current) || !this.worker.scoreResults) return
+    const peers = results.filter((r) => r.client_id !== this.id && r.bytes)
+    if (peers.length === 0) return
+    const size = Math.max(...peers.map((r) => r.batch_end - r.batch_start))
+    const batches = []
+    for (const r of peers) {
+      const ids = Array.from({length: r.batch_end - r.batch_start}, (_, i) => r.batch_start + i)
+      batches.push({tokens: await this.data.getSamples(ids), rows: ids.length})
+    }
+    const randomIds = randomBatchIds(round, size)
+    batches.push({tokens: await this.data.getSamples(randomIds), rows: randomIds.length})
+    const {before, after} = await this.worker.scoreResults(round.step, peers.map((r) => r.bytes!), batches)
+    const k = peers.length
+    for (const [j, r] of peers.entries()) {
+      const losses = after[j]
+      if (!losses) continue
+      const l = {assigned: {before: before[j], after: losses[j]}, random: {before: before[k], after: losses[k]}}
+      const score = scoreOf(l)
+      const peer = this.scorer.add(r.client_id, score)
+      this.opts.log({
+        event: 'scored',
+        step: round.step,
+        client_id: r.client_id,
+        score,
+        average: peer.average,
+        count: peer.count,
+        gain_assigned: l.assigned.before - l.assigned.after,
+        gain_random: l.random.before - l.random.after,
+      })
+    }
+    for (const id of this.scorer.lowScorers()) {
+      const key = `${current.step}:${id}:low_score`
+      const range = batchRangeFor(this.state, id, current)
+      if (this.accused.has(key) || !range || range.end === range.start || current.excluded?.includes(id)) continue
+      if (this.conn.sendAccusation(current.step, id, 'low_score')) {
+        this.accused.add(key)
+        this.opts.log({event: 'accused', step: current.step, client_id: id, reason: `low_score: moving average ${this.scorer.get(id)!.average.toFixed(3)} below ${this.scorer.settings.threshold}`})
+      }
+    }
+  }
+
+  /**
+   * The worker refused a result we validated (validateResult and its decoder disagree: a bug, never expected).
+   * Its decoder is as deterministic as ours, so every replica refuses the same result: drop it and try again.
+   */
+  private refusedByWorker(error: unknown, step: number): boolean {
+    if (!(error instanceof WorkerRequestError) || error.kind !== 'bad_result') return false
+    const index = Number(/result (\d+):/.exec(error.message)?.[1])
+    const r = this.applying[index]
+    if (!r) return false
+    r.invalid = `${FORMAT_INVALID}the worker refused it: ${error.message}`
+    this.opts.log({event: 'result_dropped', client_id: r.client_id, step, reason: r.invalid})
+    return true
+  }
+
   private async applyRound(round: Round): Promise<boolean> {
     const results = await this.acceptedBytes(round)
     if (!results) return this.modelStep === null
-    const hash = await this.worker.applyResults(round.step, results)
+    let hash: string
+    try {
+      hash = await this.worker.applyResults(round.step, results)
+    } catch (error) {
+      if (this.refusedByWorker(error, round.step)) return false
+      throw error
+    }
     this.afterApply(round, hash, results.length)
     // Past the epoch's rounds the model is what joiners of the next epoch fetch: refresh what we serve.
     if (!isRoundPhase(this.state.run_state)) {
@@ -464,6 +623,8 @@ export class PsycheClient {
     // Keep one applied round back: slower peers may still fetch it from us, and the next round's witnesses judge it.
     this.p2p.dropResultsBefore(round.step - 1)
     this.ledger.pruneBefore(round.step - 1)
+    this.intake.forget(round.step - 1)
+    for (const key of this.accused) if (Number(key.split(':')[0]) < round.step - 1) this.accused.delete(key)
     this.flushMessages()
   }
 
@@ -474,21 +635,56 @@ export class PsycheClient {
       if (!results) return this.modelStep === null
       before = {applyStep: previous.step, results}
     }
-    const ids = Array.from({length: range.end - range.start}, (_, i) => range.start + i)
+    const assigned = Array.from({length: range.end - range.start}, (_, i) => range.start + i)
+    const ids = this.opts.producer?.batches?.(assigned, round) ?? assigned
     const tokens = await this.data.getSamples(ids)
     const started = performance.now()
-    const r = await this.worker.trainRound(tokens, ids.length, round.step, before)
+    let r: Awaited<ReturnType<ClientComponents['worker']['trainRound']>>
+    try {
+      r = await this.worker.trainRound(tokens, ids.length, round.step, before)
+    } catch (error) {
+      if (previous && this.refusedByWorker(error, previous.step)) return false
+      throw error
+    }
     const computeMs = performance.now() - started
     this.trainedStep = round.step
     this.ledger.at(round.step).trained = {loss: r.loss, resultBytes: r.result.length, computeMs}
     if (previous && before) this.afterApply(previous, r.paramHash, before.results.length)
-    const announcement = await this.p2p.publishResult(round.step, range.start, range.end, r.result)
+    const own = this.opts.producer
+      ? await this.hostilePublish(round, range, r.result)
+      : {announcement: await this.p2p.publishResult(round.step, range.start, range.end, r.result), bytes: r.result}
     const record = this.ledger.at(round.step)
-    record.own = announcement
-    record.results.set(this.id, {client_id: this.id, step: round.step, batch_start: range.start, batch_end: range.end, commitment: announcement.commitment, bytes: r.result})
+    if (own) {
+      record.own = own.announcement
+      this.intake.own(own.announcement)
+      record.results.set(this.id, {client_id: this.id, step: round.step, batch_start: range.start, batch_end: range.end, commitment: own.announcement.commitment, bytes: own.bytes})
+    }
     this.opts.log({event: 'trained', step: round.step, loss: r.loss, batches: ids.length, result_bytes: r.result.length, compute_ms: Math.round(computeMs)})
     this.flushMessages()
     return true
+  }
+  /** Test-only: a hostile producer publishes instead of us (ClientOptions.producer). */
+  private async hostilePublish(round: Round, range: {start: number; end: number}, honest: Uint8Array): Promise<{announcement: ResultAnnouncement; bytes: Uint8Array} | undefined> {
+    let first: ResultAnnouncement | undefined
+    const ctx: ProducerContext = {
+      step: round.step,
+      range,
+      honest,
+      format: this.resultFormat,
+      peerResults: (step) => {
+        const out = new Map<ClientId, Uint8Array>()
+        for (const [id, h] of this.ledger.get(step)?.results ?? []) if (id !== this.id && h.bytes && h.bytes.length > 0) out.set(id, h.bytes)
+        return out
+      },
+      publish: async (bytes, step = round.step, r = range) => {
+        const announcement = await this.p2p.publishResult(step, r.start, r.end, bytes)
+        if (step === round.step) first ??= announcement
+        return announcement
+      },
+      state: () => this.state,
+    }
+    const kept = await this.opts.producer!.publish(ctx)
+    return kept && first ? {announcement: first, bytes: kept} : undefined
   }
 }
 

@@ -194,6 +194,25 @@ function check(b: Uint8Array, format: ResultFormat): void {
   }
 }
 
+/**
+ * The (tensor, chunk, index) positions a valid result selects, as numbers: for copy detection by index overlap
+ * (src/core/verify/score.ts indexOverlap). `bytes` must have passed validateResult.
+ */
+export function resultIndices(bytes: Uint8Array, format: ResultFormat): Set<number> {
+  const fmt = bytes[5]
+  const out = new Set<number>()
+  let pos = 10
+  let base = 0
+  for (const {spec, name, n, chunkElems, bits} of layoutOf(format)) {
+    pos += 2 + name.length + 1 + 8 * spec.shape.length + 4 + (fmt === VALUE_FP16 ? 1 : 0)
+    const read = bits <= 24 ? readBits : readBitsSlow
+    for (let i = 0; i < n; i++) out.add(base + Math.floor(i / spec.topk) * chunkElems + read(bytes, pos, i * bits, bits))
+    base += (n / spec.topk) * chunkElems
+    pos += Math.ceil((n * bits) / 8) + valueBytes(fmt, n)
+  }
+  return out
+}
+
 /** Checks a worker's `result_format` reply (it is ours, but a wrong one would make us reject every peer). */
 export function parseResultFormat(raw: unknown): ResultFormat {
   const r = raw as {value_format?: unknown; tensors?: unknown}

@@ -91,6 +91,18 @@ export class ModelWorker {
     return (await this.client.call<{param_hash: string}>('apply_results', {step}, frames)).reply.param_hash
   }
 
+  /**
+   * Verification: the loss on each batch at the committed parameters (`before`), and after applying each result
+   * alone at `step`'s learning rate (`after[result][batch]`; null for a result that does not decode). Changes nothing.
+   */
+  async scoreResults(step: number, results: Uint8Array[], batches: {tokens: Uint32Array; rows: number}[]): Promise<{before: number[]; after: (number[] | null)[]}> {
+    const frames: Frame[] = [
+      ...results.map((r, i) => ({name: `result${i}`, dtype: 'uint8' as const, shape: [r.length], data: r})),
+      ...batches.map((b) => tokensFrame(b.tokens, b.rows)),
+    ]
+    return (await this.client.call<{before: number[]; after: (number[] | null)[]}>('score_results', {step, results: results.length}, frames)).reply
+  }
+
   async evaluate(tokens: Uint32Array, rows: number): Promise<{loss: number; tokens: number}> {
     return (await this.client.call<{loss: number; tokens: number}>('evaluate', {}, [tokensFrame(tokens, rows)])).reply
   }

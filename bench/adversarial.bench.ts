@@ -1,0 +1,150 @@
+// `npm run bench -- adversarial`: four DisTrO peers on the demo corpus (templates/tiny-demo model and data),
+// each a real worker process, exchanging results in-process with the client's own defenses (validateResult,
+// ResultIntake copy/replay checks, τemplar-style scoring by a verifier with the Scorer's moving averages and
+// threshold). Measures (1) honest peers' score and index-overlap distributions, from which the thresholds are
+// set, and (2) validation loss at equal steps, honest-only against 1 attacker of 4 for each attack.
+// BENCH_ROUNDS (default 40) rounds of 16 sequences × 128 tokens.
+import {randomBytes} from 'node:crypto'
+import {openDataProvider} from '../src/core/data/index.js'
+import {sha256Hex} from '../src/core/p2p/announcement.js'
+import {resolveTrainPlan} from '../src/core/train/plan.js'
+import {shuffleSeedFor} from '../src/core/train/single-node.js'
+import {ResultIntake} from '../src/core/verify/intake.js'
+import {resultIndices, validateResult, type ResultFormat} from '../src/core/verify/result.js'
+import {indexOverlap, scoreOf, Scorer} from '../src/core/verify/score.js'
+import {ModelWorker} from '../src/core/worker/model-worker.js'
+import {randomWellFormed, signFlipped} from '../test/adversarial/forge.js'
+
+const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 40)
+const PEERS = 4
+const PER_PEER = 4
+const plan = await resolveTrainPlan({template: 'tiny-demo', optimizer: 'distro', threads: 1, device: 'cpu'})
+const data = await openDataProvider(plan.data as never, {seqLen: plan.seqLen, baseDir: plan.dataBaseDir, shuffleSeed: shuffleSeedFor(1), wrap: true})
+const EVAL_IDS = Array.from({length: 32}, (_, i) => 1_000_000 + i)
+const evalTokens = await data.getSamples(EVAL_IDS)
+
+type Attack = 'none' | 'garbage' | 'random' | 'sign_flip' | 'copy' | 'wrong_batches' | 'replay' | 'oversized'
+const ATTACKS: Attack[] = ['none', 'garbage', 'random', 'sign_flip', 'copy', 'wrong_batches', 'replay', 'oversized']
+
+async function startPeers(): Promise<{workers: ModelWorker[]; format: ResultFormat}> {
+  const workers = await Promise.all(Array.from({length: PEERS}, () => ModelWorker.start({threads: 1, device: 'cpu', label: 'bench'})))
+  let format: ResultFormat | undefined
+  for (const w of workers) {
+    if (plan.model.kind === 'dir') await w.load(plan.model.dir, 1)
+    else await w.initFromConfig(plan.model.config, 1)
+    const r = await w.configure({optimizer: plan.optimizer as Record<string, unknown>, lr_schedule: plan.lrSchedule as Record<string, unknown>, micro_batch: 4, delay_correction: true})
+    format = r.resultFormat
+  }
+  return {workers, format: format!}
+}
+
+interface RunResult {
+  attack: Attack
+  valLoss: number
+  honestScores: number[]
+  attackerScores: number[]
+  overlaps: number[]
+  detectedAt: number | null
+  excludedResults: number
+}
+
+async function run(attack: Attack): Promise<RunResult> {
+  const {workers, format} = await startPeers()
+  const intake = new ResultIntake(format)
+  const scorer = new Scorer()
+  const ids = ['p0', 'p1', 'p2', 'p3']
+  const attacker = attack === 'none' ? -1 : 3
+  let previous: Uint8Array[] | undefined
+  let firstAttackerResult: Uint8Array | undefined
+  const out: RunResult = {attack, valLoss: NaN, honestScores: [], attackerScores: [], overlaps: [], detectedAt: null, excludedResults: 0}
+  let ejected = false
+  try {
+    for (let step = 1; step <= ROUNDS; step++) {
+      const results: Uint8Array[] = []
+      for (let p = 0; p < PEERS; p++) {
+        const start = (step - 1) * PEERS * PER_PEER + p * PER_PEER
+        let batch = Array.from({length: PER_PEER}, (_, i) => start + i)
+        if (p === attacker && attack === 'wrong_batches') batch = batch.map((b) => b + 500_000)
+        const r = await workers[p].trainRound(await data.getSamples(batch), PER_PEER, step, previous ? {applyStep: step - 1, results: previous} : undefined)
+        let bytes: Uint8Array = r.result
+        if (p === attacker) {
+          firstAttackerResult ??= bytes
+          if (attack === 'garbage') bytes = randomBytes(bytes.length)
+          if (attack === 'random') bytes = randomWellFormed(bytes, format)
+          if (attack === 'sign_flip') bytes = signFlipped(bytes, format)
+          if (attack === 'copy') bytes = results[0]
+          if (attack === 'replay') bytes = firstAttackerResult
+          if (attack === 'oversized') bytes = Buffer.concat([bytes, Buffer.alloc(65_536)])
+        }
+        results.push(bytes)
+      }
+      // What every honest client does with the round's results: validate, then a verifier scores them.
+      const accepted: {p: number; bytes: Uint8Array}[] = []
+      for (const [p, bytes] of results.entries()) {
+        const commitment = sha256Hex(bytes)
+        const problem = !validateResult(bytes, format).ok ? 'invalid' : intake.bytes({client_id: ids[p], step, commitment}, bytes)
+        if (problem !== undefined || (p === attacker && ejected)) {
+          out.excludedResults++
+          continue
+        }
+        accepted.push({p, bytes})
+      }
+      const batches = []
+      for (const a of accepted) {
+        const start = (step - 1) * PEERS * PER_PEER + a.p * PER_PEER
+        batches.push({tokens: await data.getSamples(Array.from({length: PER_PEER}, (_, i) => start + i)), rows: PER_PEER})
+      }
+      const randomStart = 2_000_000 + step * 64
+      batches.push({tokens: await data.getSamples(Array.from({length: PER_PEER}, (_, i) => randomStart + i)), rows: PER_PEER})
+      const {before, after} = await workers[0].scoreResults(step, accepted.map((a) => a.bytes), batches)
+      for (const [j, a] of accepted.entries()) {
+        const losses = after[j]!
+        const score = scoreOf({assigned: {before: before[j], after: losses[j]}, random: {before: before[accepted.length], after: losses[accepted.length]}})
+        scorer.add(ids[a.p], score)
+        if (a.p === attacker) out.attackerScores.push(score)
+        else out.honestScores.push(score)
+      }
+      const honestIdx = accepted.filter((a) => a.p !== attacker).map((a) => resultIndices(a.bytes, format))
+      for (let i = 0; i < honestIdx.length; i++) for (let j = i + 1; j < honestIdx.length; j++) out.overlaps.push(indexOverlap(honestIdx[i], honestIdx[j]))
+      if (attacker >= 0 && !ejected && scorer.lowScorers().includes(ids[attacker])) {
+        ejected = true
+        out.detectedAt = step
+      }
+      // The attacker's result of a round it is caught in is excluded (the coordinator excludes in-flight results).
+      previous = accepted.filter((a) => !(ejected && a.p === attacker)).map((a) => a.bytes)
+      if (ejected && accepted.some((a) => a.p === attacker)) out.excludedResults++
+      const falsely = scorer.lowScorers().filter((id) => id !== ids[attacker])
+      if (falsely.length) console.error(`${attack}: honest peers below the threshold at step ${step}: ${falsely.join(', ')}`)
+    }
+    await workers[0].applyResults(ROUNDS, previous ?? [])
+    out.valLoss = (await workers[0].evaluate(evalTokens, EVAL_IDS.length)).loss
+  } finally {
+    await Promise.all(workers.map((w) => w.shutdown()))
+  }
+  return out
+}
+
+function quantiles(xs: number[]): string {
+  if (xs.length === 0) return '—'
+  const s = [...xs].sort((a, b) => a - b)
+  const q = (f: number) => s[Math.min(s.length - 1, Math.floor(f * s.length))].toFixed(3)
+  return `min ${s[0].toFixed(3)} · p5 ${q(0.05)} · median ${q(0.5)} · max ${s[s.length - 1].toFixed(3)} (n=${s.length})`
+}
+
+const rows: RunResult[] = []
+for (const attack of ATTACKS) {
+  const r = await run(attack)
+  rows.push(r)
+  console.error(`${attack}: validation loss ${r.valLoss.toFixed(4)}, detected at ${r.detectedAt ?? '—'}, honest scores ${quantiles(r.honestScores)}, attacker ${quantiles(r.attackerScores)}`)
+}
+await data.close()
+const base = rows[0].valLoss
+console.log(JSON.stringify({date: new Date().toISOString().slice(0, 10), rounds: ROUNDS, rows}, (k, v) => (Array.isArray(v) && typeof v[0] === 'number' && v.length > 8 ? quantiles(v) : v), 2))
+console.log(`\nHonest peers' scores (all runs): ${quantiles(rows.flatMap((r) => r.honestScores))}`)
+console.log(`Honest peers' index overlap (pairs of results, all runs): ${quantiles(rows.flatMap((r) => r.overlaps))}`)
+console.log(`\n| attack (1 of ${PEERS} peers) | validation loss after ${ROUNDS} rounds | vs honest-only | attacker detected at round | attacker's results excluded | attacker's scores |`)
+console.log('|---|---|---|---|---|---|')
+for (const r of rows) {
+  const rel = ((r.valLoss / base - 1) * 100).toFixed(2)
+  console.log(`| ${r.attack === 'none' ? 'none (honest-only)' : r.attack} | ${r.valLoss.toFixed(4)} | ${r === rows[0] ? '—' : `${Number(rel) >= 0 ? '+' : ''}${rel}%`} | ${r.detectedAt ?? '—'} | ${r.excludedResults} | ${r.attack === 'none' ? '—' : quantiles(r.attackerScores)} |`)
+}

@@ -1,0 +1,109 @@
+import assert from 'node:assert/strict'
+import {join} from 'node:path'
+import {after, before, describe, it} from 'node:test'
+import {ensureDemoCorpus} from '../../src/core/corpus.js'
+import {projectRoot} from '../../src/core/worker/python.js'
+import {tempDir} from '../helpers.js'
+import {hashesByStep, JsonProcess, startClient, startServer, writeE2eRun} from '../e2e/helpers.js'
+
+/**
+ * Real processes: a coordinator, three honest clients (`psyche join`) and two hostile ones (the real client with
+ * a hostile result producer, test/adversarial/adversary.ts) per run. Every attack must be detected and logged
+ * by the honest clients with the attacker's id and a reason, its results never applied, and the honest replicas
+ * must keep training bit-identically while applying each other's results.
+ */
+
+const adversaryEntry = ['--import', 'tsx', join(projectRoot, 'test', 'adversarial', 'adversary.ts')]
+
+interface Expect {
+  attack: string
+  /** What every honest client logs about the attacker (event and reason). */
+  detected: (e: Record<string, unknown>, attacker: string) => boolean
+  /** Steps in which this attacker still behaves honestly (a replay needs an old result first). */
+  honestSteps?: number[]
+}
+
+const rejected = (pattern: RegExp) => (e: Record<string, unknown>, attacker: string) => e.event === 'result_rejected' && e.client_id === attacker && pattern.test(String(e.reason))
+const unseen = (e: Record<string, unknown>, attacker: string) => e.event === 'health_check' && Array.isArray(e.accused) && e.accused.includes(attacker)
+
+async function attackRun(name: string, cases: Expect[]): Promise<void> {
+  const dir = tempDir(`psyche-adv-${name}-`)
+  const procs: JsonProcess[] = []
+  try {
+    const state = writeE2eRun(dir.path, {runId: 'e2e', roundsPerEpoch: 4, totalSteps: 4, initMinClients: 5, minClients: 2, maxRoundTrainTime: 20, warmupTime: 120, lr: 1e-2})
+    const {server, port} = await startServer(state)
+    procs.push(server)
+    const honest = ['h1', 'h2', 'h3'].map((n) => startClient(n, port, state))
+    const adversaries = cases.map((c) => new JsonProcess(`adversary-${c.attack}`, [`127.0.0.1:${port}`, 'e2e', state, c.attack], adversaryEntry))
+    procs.push(...honest, ...adversaries)
+    for (const c of honest) await c.waitFor((e) => e.event === 'finished', 'the run to finish', 480_000)
+    const ids = await Promise.all(adversaries.map(async (a) => (await a.waitFor((e) => e.event === 'adversary', 'the adversary to start', 10_000)).client_id as string))
+
+    // Detected, logged with the peer and the reason, by every honest client.
+    for (const [i, c] of cases.entries()) {
+      for (const h of honest) {
+        const hit = h.events.find((e) => c.detected(e, ids[i]))
+        assert.ok(hit, `${h.name} never logged the ${c.attack} attack by ${ids[i].slice(0, 12)}: ${JSON.stringify(h.events.filter((e) => e.client_id === ids[i] || e.event === 'health_check').slice(0, 5))}`)
+      }
+    }
+    // Honest replicas: identical after every round, the model changes every round, and they apply each other's
+    // results — never more than the three honest ones.
+    const byStep = hashesByStep(honest)
+    assert.deepEqual([...byStep.keys()].sort((x, y) => x - y), [1, 2, 3, 4])
+    for (const [step, hashes] of byStep) {
+      assert.equal(hashes.size, 3, `step ${step}: every honest client applied it`)
+      assert.equal(new Set(hashes.values()).size, 1, `step ${step}: honest parameter hashes differ: ${JSON.stringify([...hashes])}`)
+    }
+    const summary = honest[0].rounds().map((r) => `step ${r.step}: applied ${(r as unknown as {applied: number}).applied} hash ${r.param_hash.slice(0, 8)}`)
+    assert.equal(new Set([...byStep.values()].map((h) => [...h.values()][0])).size, 4, `the model changed every round: ${summary.join('; ')}`)
+    const allowed = (step: number) => 3 + cases.filter((c) => c.honestSteps?.includes(step)).length
+    for (const h of honest) {
+      const applied = h.rounds().map((r) => (r as unknown as {applied: number}).applied)
+      for (const r of h.rounds()) {
+        const n = (r as unknown as {applied: number}).applied
+        assert.ok(n <= allowed(r.step), `${h.name}: step ${r.step} applied ${n} results: an attacker's result was applied`)
+      }
+      assert.ok(applied.filter((n) => n >= 2).length >= 3, `${h.name}: applied ${applied.join(',')}: honest results were not exchanged`)
+      assert.ok(!h.events.some((e) => e.event === 'error' || e.event === 'out_of_sync'), `${h.name} failed: ${JSON.stringify(h.events.filter((e) => e.event === 'error' || e.event === 'out_of_sync'))}`)
+    }
+  } catch (error) {
+    const {writeFileSync} = await import('node:fs')
+    for (const p of procs) writeFileSync(`/tmp/psyche-adv-${name}-${p.name}.jsonl`, p.events.map((e) => JSON.stringify(e)).join('\n'))
+    for (const p of procs) {
+      const tail = p.events.slice(-25).map((e) => JSON.stringify(e).slice(0, 300))
+      console.error(`--- ${p.name} (last events)\n${tail.join('\n')}\n${p.stderr.join('').slice(-800)}`)
+    }
+    throw error
+  } finally {
+    await Promise.all(procs.map((p) => p.stop()))
+    dir.cleanup()
+  }
+}
+
+describe('adversarial: hostile clients among honest ones (real processes)', {timeout: 900_000}, () => {
+  before(async () => {
+    await ensureDemoCorpus()
+  })
+  after(() => {})
+
+  it('garbage bytes and equivocation: rejected, the producers accused or proven, ejected by the coordinator', async () => {
+    await attackRun('garbage-equivocation', [
+      {attack: 'garbage', detected: rejected(/^invalid result: bad magic/)},
+      {attack: 'equivocation', detected: rejected(/^equivocation: .* signed two different results for step \d+/)},
+    ])
+  })
+
+  it('a copy of another client\'s result and an oversized payload', async () => {
+    await attackRun('copy-oversized', [
+      {attack: 'copy', detected: rejected(/^copy: the same result as [0-9a-f]{64}'s for step \d+/)},
+      {attack: 'oversized', detected: rejected(/^invalid result: announced size \d+ bytes/)},
+    ])
+  })
+
+  it('a replayed old result and a result sent after the round', async () => {
+    await attackRun('replay-late', [
+      {attack: 'replay', detected: rejected(/^replay: the same result as its own for step \d+/), honestSteps: [1]},
+      {attack: 'late', detected: unseen},
+    ])
+  })
+})

@@ -1,0 +1,37 @@
+import assert from 'node:assert/strict'
+import {test} from 'node:test'
+import {indexOverlap, randomBatchIds, scoreOf, Scorer} from '../../src/core/verify/score.js'
+
+test('scoreOf: improvement on the assigned batch beyond the random batch, scale-free', () => {
+  const honest = scoreOf({assigned: {before: 5, after: 4.9}, random: {before: 5, after: 4.98}})
+  const flipped = scoreOf({assigned: {before: 5, after: 5.1}, random: {before: 5, after: 5.02}})
+  const random = scoreOf({assigned: {before: 5, after: 5.01}, random: {before: 5, after: 5.01}})
+  assert.ok(honest > 0.5, String(honest))
+  assert.ok(flipped < -0.5, String(flipped))
+  assert.ok(Math.abs(random) < 1e-6, String(random))
+  // Scale-free: the same picture at a 10× smaller step scores the same.
+  assert.ok(Math.abs(scoreOf({assigned: {before: 5, after: 4.99}, random: {before: 5, after: 4.998}}) - honest) < 1e-6)
+})
+
+test('Scorer: moving averages; a peer is a low scorer only with enough scores below the threshold', () => {
+  const s = new Scorer({alpha: 0.5, threshold: 0.05, window: 2})
+  s.add('bad', -0.9)
+  s.add('good', 0.6)
+  assert.deepEqual(s.lowScorers(), []) // one score is not a window
+  s.add('bad', -0.8)
+  s.add('good', -0.2) // one bad round of an honest peer: its average stays above
+  assert.deepEqual(s.lowScorers(), ['bad'])
+  assert.ok(Math.abs(s.get('good')!.average - 0.2) < 1e-12)
+  assert.equal(s.get('bad')!.count, 2)
+})
+
+test('randomBatchIds: after the round\'s own batches, from the seed; indexOverlap counts shared positions', () => {
+  const round = {seed: 'ab'.repeat(32), data_index: 100, batch_size: 16}
+  const ids = randomBatchIds(round, 4)
+  assert.equal(ids.length, 4)
+  assert.ok(ids[0] >= 116)
+  assert.deepEqual(randomBatchIds(round, 4), ids)
+  assert.notDeepEqual(randomBatchIds({...round, seed: 'cd'.repeat(32)}, 4), ids)
+  assert.equal(indexOverlap(new Set([1, 2, 3, 4]), new Set([3, 4, 5, 6])), 0.5)
+  assert.equal(indexOverlap(new Set(), new Set([1])), 0)
+})
