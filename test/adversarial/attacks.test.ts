@@ -67,8 +67,6 @@ async function attackRun(name: string, cases: Expect[]): Promise<void> {
       assert.ok(!h.events.some((e) => e.event === 'error' || e.event === 'out_of_sync'), `${h.name} failed: ${JSON.stringify(h.events.filter((e) => e.event === 'error' || e.event === 'out_of_sync'))}`)
     }
   } catch (error) {
-    const {writeFileSync} = await import('node:fs')
-    for (const p of procs) writeFileSync(`/tmp/psyche-adv-${name}-${p.name}.jsonl`, p.events.map((e) => JSON.stringify(e)).join('\n'))
     for (const p of procs) {
       const tail = p.events.slice(-25).map((e) => JSON.stringify(e).slice(0, 300))
       console.error(`--- ${p.name} (last events)\n${tail.join('\n')}\n${p.stderr.join('').slice(-800)}`)
