@@ -15,7 +15,9 @@ import {
   updateInstruction,
   warmupWitnessInstruction,
   withdrawInstruction,
+  witnessInstruction,
 } from '../../src/core/backend/solana/instructions.js'
+import {assignBatches, buildWitnessProof, selectWitnesses} from '../../src/core/coordinator/index.js'
 import {MAX_CLIENTS, STATE_SIZE, encodeTag, IX} from '../../src/core/backend/solana/layout.js'
 import type {CoordinatorConfig, LLMConfig} from '../../src/core/config/index.js'
 import {deployRun, keypair, readRun, type Deployed} from './harness.js'
@@ -191,6 +193,27 @@ describe('coordinator program: client instructions', () => {
     assert.equal(r.error, 'CapacityExceeded')
     assert.ok(r.logs.some((l) => l.includes('MAX_CLIENTS')), r.logs.join('\n'))
     assert.equal(readRun(d).state.pending.length, MAX_CLIENTS)
+  })
+
+  it('a witness proof of a full round (64 trainers, every one checked for early close) fits the default 200,000 compute units', async () => {
+    const d = await deployRun('cu-run', T0)
+    const {programId: p, coordinator: c, authority: a, chain} = d
+    assert.ok((await chain.send(a, [updateInstruction(p, c, a, {...config, init_min_clients: MAX_CLIENTS, witness_nodes: 0, global_batch_size_start: 128, global_batch_size_end: 128}, model)])).ok)
+    assert.ok((await chain.send(a, [setPausedInstruction(p, c, a, false)])).ok)
+    const clients = await Promise.all(Array.from({length: MAX_CLIENTS}, (_, i) => keypair(`cu-${i}`)))
+    for (const k of clients) assert.ok((await chain.send(d.payer, [joinRunInstruction(p, c, k)])).ok)
+    chain.setTime(T0 + 4)
+    assert.ok((await chain.send(d.payer, [tickInstruction(p, c)])).ok)
+    for (const k of clients) if (readRun(d).state.run_state === 'Warmup') assert.ok((await chain.send(d.payer, [warmupWitnessInstruction(p, c, k)])).ok)
+    const state = readRun(d).state
+    assert.equal(state.run_state, 'RoundTrain')
+    assert.equal(state.epoch.round!.roster.length, MAX_CLIENTS)
+    const seen = [...assignBatches(state)].map(([id, range]) => ({id, range, commitment: Buffer.alloc(32, 1)}))
+    const proof = buildWitnessProof(state.epoch.round!, seen)
+    const witness = clients.find((k) => k.address === selectWitnesses(state)[0])!
+    const r = await chain.send(d.payer, [witnessInstruction(p, c, witness, state.epoch.round!.step, Buffer.from(proof.participant_bloom, 'base64'), Buffer.from(proof.broadcast_bloom, 'base64'))])
+    assert.ok(r.ok, r.error)
+    assert.ok(r.computeUnits < 200_000n, `a witness proof took ${r.computeUnits} CU`)
   })
 
   it('rejects instructions it does not know and accounts it does not own', async () => {

@@ -16,6 +16,7 @@ import {
   type TransactionSigner,
 } from '@solana/kit'
 import {PsycheError} from '../../errors.js'
+import {withComputeBudget} from './instructions.js'
 import {PROGRAM_ERRORS} from './layout.js'
 
 /** The outcome of one transaction. */
@@ -67,7 +68,7 @@ export class RpcChain implements Chain {
       createTransactionMessage({version: 0}),
       (m) => setTransactionMessageFeePayerSigner(payer, m),
       (m) => setTransactionMessageLifetimeUsingBlockhash(blockhash, m),
-      (m) => appendTransactionMessageInstructions(instructions, m),
+      (m) => appendTransactionMessageInstructions(withComputeBudget(instructions), m),
     )
     const tx = await signTransactionMessageWithSigners(message)
     const signature = getSignatureFromTransaction(tx)

@@ -20,6 +20,23 @@ import {
 
 export const SYSTEM_PROGRAM = '11111111111111111111111111111111' as Address
 
+export const COMPUTE_BUDGET_PROGRAM = 'ComputeBudget111111111111111111111111111111' as Address
+/** The most compute units a transaction may ask for; the chains ask for it (a full round's witness proof needs more than the default 200,000 per instruction). */
+export const MAX_COMPUTE_UNITS = 1_400_000
+
+/** ComputeBudgetInstruction::SetComputeUnitLimit. */
+export function computeUnitLimitInstruction(units = MAX_COMPUTE_UNITS): Instruction {
+  const data = Buffer.alloc(5)
+  data[0] = 2
+  data.writeUInt32LE(units, 1)
+  return {programAddress: COMPUTE_BUDGET_PROGRAM, accounts: [], data}
+}
+
+/** The instructions with a compute unit limit first (unless they set one). */
+export function withComputeBudget(instructions: Instruction[]): Instruction[] {
+  return instructions.some((ix) => ix.programAddress === COMPUTE_BUDGET_PROGRAM) ? instructions : [computeUnitLimitInstruction(), ...instructions]
+}
+
 /** One instruction may grow an account by this much (the runtime's MAX_PERMITTED_DATA_INCREASE). */
 export const GROW_STEP = 10240
 

@@ -15,6 +15,7 @@ import {
 } from '@solana/kit'
 import {Clock, FailedTransactionMetadata, LiteSVM} from 'litesvm'
 import type {Chain, SendResult} from './chain.js'
+import {withComputeBudget} from './instructions.js'
 import {PROGRAM_ERRORS} from './layout.js'
 
 export type {SendResult} from './chain.js'
@@ -77,7 +78,7 @@ export class LocalChain implements Chain {
       createTransactionMessage({version: 0}),
       (m) => setTransactionMessageFeePayerSigner(payer, m),
       (m) => setTransactionMessageLifetimeUsingBlockhash({blockhash: this.svm.latestBlockhash(), lastValidBlockHeight: 0n}, m),
-      (m) => appendTransactionMessageInstructions(instructions, m),
+      (m) => appendTransactionMessageInstructions(withComputeBudget(instructions), m),
     )
     const tx = await signTransactionMessageWithSigners(message)
     const r = this.svm.sendTransaction(tx)

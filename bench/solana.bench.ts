@@ -1,0 +1,111 @@
+// `npm run bench -- solana`: compute units of the coordinator program's instructions at full capacity
+// (MAX_CLIENTS = 64 clients, 32 automatic witnesses) in LiteSVM — the chains ask for the maximum of
+// 1,400,000 CU per transaction (the default is 200,000 per instruction) — and LiteSVM's time per transaction.
+import {performance} from 'node:perf_hooks'
+import type {Address, KeyPairSigner} from '@solana/kit'
+import {
+  accuseInstruction,
+  healthCheckInstruction,
+  joinRunInstruction,
+  setPausedInstruction,
+  tickInstruction,
+  updateInstruction,
+  warmupWitnessInstruction,
+  witnessInstruction,
+} from '../src/core/backend/solana/instructions.js'
+import {MAX_CLIENTS} from '../src/core/backend/solana/layout.js'
+import {assignBatches, buildWitnessProof, selectWitnesses, type CoordinatorState} from '../src/core/coordinator/index.js'
+import {deployRun, keypair, readRun} from '../test/solana/harness.js'
+
+const config = {
+  warmup_time: 10,
+  cooldown_time: 5,
+  epoch_time: 10_000,
+  max_round_train_time: 30,
+  round_witness_time: 2,
+  min_clients: 1,
+  init_min_clients: MAX_CLIENTS,
+  witness_nodes: 0,
+  verification_percent: 0,
+  global_batch_size_start: 128,
+  global_batch_size_end: 128,
+  global_batch_size_warmup_tokens: 0,
+  total_steps: 1000,
+  waiting_for_members_extra_time: 0,
+}
+const model = {
+  LLM: {
+    architecture: 'HfLlama' as const,
+    data_type: 'Pretraining' as const,
+    max_seq_len: 512,
+    cold_start_warmup_steps: 0,
+    checkpoint: {Hub: {repo_id: 'org/model'}},
+    data_location: {Server: '127.0.0.1:20001'},
+    lr_schedule: {Constant: {base_lr: 1e-3, warmup_steps: 0, warmup_init_lr: 0}},
+    optimizer: {AdamW: {betas: [0.9, 0.95] as [number, number], weight_decay: 0, eps: 1e-8}},
+  },
+}
+
+const T0 = 1_700_000_000
+const d = await deployRun('bench-run', T0)
+const {chain, programId: p, coordinator: c, authority: a} = d
+const cu = new Map<string, bigint[]>()
+let txs = 0
+let txSeconds = 0
+/** The run's payer pays every fee; the instruction's own signer (client, authority) signs too. */
+async function send(name: string, _signer: KeyPairSigner, ix: Parameters<typeof chain.send>[1][number]): Promise<void> {
+  const start = performance.now()
+  const r = await chain.send(d.payer, [ix])
+  txSeconds += (performance.now() - start) / 1000
+  txs++
+  if (!r.ok) throw new Error(`${name}: ${r.error}\n${r.logs.join('\n')}`)
+  cu.set(name, [...(cu.get(name) ?? []), r.computeUnits])
+}
+
+const clients: KeyPairSigner[] = []
+for (let i = 0; i < MAX_CLIENTS; i++) clients.push(await keypair(`bench-${i}`))
+const byId = new Map<string, KeyPairSigner>(clients.map((k) => [k.address, k]))
+await send('update', a, updateInstruction(p, c, a, config, model))
+await send('set_paused', a, setPausedInstruction(p, c, a, false))
+for (const k of clients) await send('join_run', k, joinRunInstruction(p, c, k))
+let now = T0
+const state = (): CoordinatorState => readRun(d).state
+async function tick(): Promise<void> {
+  chain.setTime(++now)
+  await send(`tick (${state().run_state})`, d.payer, tickInstruction(p, c))
+}
+await tick() // WaitingForMembers → Warmup: 64 clients
+for (const k of clients.slice(0, 32)) if (state().run_state === 'Warmup') await send('warmup_witness', k, warmupWitnessInstruction(p, c, k))
+
+async function witnessRound(skip?: string): Promise<void> {
+  const s = state()
+  const round = s.epoch.round!
+  const seen = [...assignBatches(s)].filter(([id, r]) => r.end > r.start && id !== skip).map(([id, range]) => ({id, range, commitment: Buffer.alloc(32, 1)}))
+  const proof = buildWitnessProof(round, seen)
+  for (const w of selectWitnesses(s)) {
+    if (state().run_state !== 'RoundTrain' && state().run_state !== 'RoundWitness') break
+    await send('witness', byId.get(w)!, witnessInstruction(p, c, byId.get(w)!, round.step, Buffer.from(proof.participant_bloom, 'base64'), Buffer.from(proof.broadcast_bloom, 'base64')))
+  }
+}
+
+if (state().run_state !== 'RoundTrain') throw new Error(`expected RoundTrain, got ${state().run_state}`)
+const first = state()
+const absent = first.epoch.round!.roster.find((id) => !selectWitnesses(first).includes(id))!
+await witnessRound(absent) // round 1: nobody saw `absent`
+while (state().run_state !== 'RoundTrain' || state().epoch.round!.step === first.epoch.round!.step) await tick()
+const witnesses = selectWitnesses(state())
+const reporter = byId.get(witnesses[0])!
+await send('health_check (1 accused)', reporter, healthCheckInstruction(p, c, reporter, [absent]))
+const victim = state().epoch.round!.roster.find((id) => !witnesses.includes(id) && id !== absent)!
+for (const w of witnesses.slice(0, 22)) await send('accuse', byId.get(w)!, accuseInstruction(p, c, byId.get(w)!, state().epoch.round!.step, victim as Address))
+await witnessRound()
+await tick()
+
+const rows = [...cu.entries()].map(([name, values]) => {
+  const sorted = values.map(Number).sort((x, y) => x - y)
+  return {name, n: sorted.length, median: sorted[Math.floor(sorted.length / 2)], max: sorted[sorted.length - 1]}
+})
+console.log('| instruction | count | median CU | max CU |')
+console.log('|---|---|---|---|')
+for (const r of rows) console.log(`| ${r.name} | ${r.n} | ${r.median.toLocaleString('en-US')} | ${r.max.toLocaleString('en-US')} |`)
+console.log(`\n${txs} transactions in LiteSVM: ${((txSeconds / txs) * 1000).toFixed(2)} ms each on average (sign, execute, read back excluded)`)
