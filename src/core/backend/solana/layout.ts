@@ -210,7 +210,15 @@ export function decodeCoordinator(data: Uint8Array): OnChainCoordinator {
   const jsonLen = num(b, O.model_json_len, 'model_json_len')
   if (jsonLen > MODEL_JSON_MAX) throw new RangeError('coordinator account: model JSON exceeds MODEL_JSON_MAX')
   const hasConfig = b.readBigUInt64LE(O.has_config) !== 0n
-  const rest = jsonLen ? (JSON.parse(b.toString('utf8', O.model_json, O.model_json + jsonLen)) as Partial<LLMConfig>) : {}
+  let rest: Partial<LLMConfig> = {}
+  if (jsonLen) {
+    try {
+      rest = JSON.parse(b.toString('utf8', O.model_json, O.model_json + jsonLen)) as Partial<LLMConfig>
+    } catch (error) {
+      throw new RangeError(`coordinator account: model JSON does not parse: ${(error as Error).message}`)
+    }
+    if (typeof rest !== 'object' || rest === null || Array.isArray(rest)) throw new RangeError('coordinator account: model JSON is not an object')
+  }
   const checkpoint = readCheckpoint(b, O.checkpoint) ?? 'Ephemeral'
   const llm = {...rest, max_seq_len: num(b, O.max_seq_len, 'max_seq_len'), cold_start_warmup_steps: num(b, O.cold_start_warmup_steps, 'cold_start_warmup_steps'), checkpoint} as LLMConfig
   const runState = RUN_STATES[num(b, O.run_state, 'run_state')]
