@@ -12,6 +12,8 @@ import {join} from 'node:path'
 import {writeFileSync} from 'node:fs'
 import {tempDir} from '../helpers.js'
 import {keypair} from './harness.js'
+import {pollAccount, subscribeAccount} from '../../src/core/backend/solana/watch.js'
+import {decodeCoordinator} from '../../src/core/backend/solana/layout.js'
 
 /** The tiny demo's run configuration with a Hub checkpoint (a run on Solana cannot point at a local directory). */
 function hubConfigFile(dir: string): string {
@@ -87,5 +89,26 @@ describe('the JSON-RPC path (RpcChain with @solana/kit) against a LiteSVM localn
     const refused = await chain.send(alice, [joinRunInstruction(ids.program as never, coordinator, alice, authorization)])
     assert.equal(refused.error, 'NotPermitted')
     assert.ok(refused.logs.some((l) => l.includes('authorization')), refused.logs.join('\n'))
+  })
+  it('follows the coordinator account: websocket accountSubscribe, and polling', async () => {
+    const creator = await keypair('rpc-watcher')
+    net.chain.airdrop(creator.address)
+    const target = {chain, programId: ids.program as never, runId: 'rpc-watch'}
+    const coordinator = await createRun({...target, payer: creator, mainAuthority: creator.address, joinAuthority: null, authorizer: null})
+    await updateConfig({...target, authority: creator, file: await loadRunConfigFile(configPath)})
+    const seen = {ws: [] as string[], poll: [] as string[]}
+    const stop = new AbortController()
+    const ws = subscribeAccount(net.wsUrl, coordinator, (data) => seen.ws.push(decodeCoordinator(data).state.run_state), stop.signal)
+    const poll = pollAccount(chain, coordinator, (data) => seen.poll.push(decodeCoordinator(data).state.run_state), stop.signal, 20)
+    await new Promise((r) => setTimeout(r, 200)) // both are listening
+    await setPaused({...target, authority: creator, paused: false})
+    await setPaused({...target, authority: creator, paused: true})
+    const deadline = Date.now() + 10_000
+    while ((seen.ws.length < 2 || !seen.poll.includes('Paused')) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20))
+    stop.abort()
+    await Promise.all([ws, poll])
+    assert.deepEqual(seen.ws, ['WaitingForMembers', 'Paused'])
+    assert.equal(seen.poll[0], 'Uninitialized')
+    assert.equal(seen.poll.at(-1), 'Paused')
   })
 })

@@ -2,12 +2,14 @@ import {createServer, type IncomingMessage, type Server, type ServerResponse} fr
 import type {AddressInfo} from 'node:net'
 import {getBase58Decoder, getTransactionDecoder, lamports, type Address} from '@solana/kit'
 import {FailedTransactionMetadata} from 'litesvm'
+import {WebSocketServer, type WebSocket} from 'ws'
 import {LocalChain} from './local-chain.js'
 
 /**
  * A single-node Solana cluster on loopback: LiteSVM (the real runtime, loader and syscalls) behind the
  * standard JSON-RPC methods psyche's RpcChain uses (getLatestBlockhash, sendTransaction with preflight,
- * getSignatureStatuses, getAccountInfo, getMinimumBalanceForRentExemption, getBalance, requestAirdrop).
+ * getSignatureStatuses, getAccountInfo, getMinimumBalanceForRentExemption, getBalance, requestAirdrop),
+ * and accountSubscribe / accountUnsubscribe on a websocket at the same address.
  * The clock follows wall time. For trying runs on one machine and for testing the RPC path; a real
  * cluster is solana-test-validator or devnet (README).
  */
@@ -31,7 +33,11 @@ export class Localnet {
   private server?: Server
   private readonly statuses = new Map<string, Status>()
   private slot = 1
+  private wss?: WebSocketServer
+  private readonly subscriptions = new Map<number, {socket: WebSocket; address: Address; last?: string}>()
+  private nextSubscription = 1
   url = ''
+  wsUrl = ''
 
   constructor(private readonly options: LocalnetOptions) {
     const [first, ...rest] = options.programs
@@ -47,8 +53,11 @@ export class Localnet {
       this.server!.once('error', reject)
       this.server!.listen(this.options.port ?? 0, this.options.host ?? '127.0.0.1', () => resolve())
     })
+    this.wss = new WebSocketServer({server: this.server})
+    this.wss.on('connection', (socket) => this.onSocket(socket))
     const {address, port} = this.server.address() as AddressInfo
     this.url = `http://${address}:${port}`
+    this.wsUrl = `ws://${address}:${port}`
     return this.url
   }
 
@@ -56,6 +65,8 @@ export class Localnet {
     const server = this.server
     if (!server) return
     this.server = undefined
+    for (const client of this.wss?.clients ?? []) client.terminate()
+    this.wss?.close()
     server.closeAllConnections()
     await new Promise<void>((resolve) => server.close(() => resolve()))
   }
@@ -77,6 +88,40 @@ export class Localnet {
     }
     res.writeHead(200, {'content-type': 'application/json'})
     res.end(body)
+  }
+
+  private onSocket(socket: WebSocket): void {
+    socket.on('message', (raw) => {
+      let id: unknown = null
+      try {
+        const request = JSON.parse(String(raw)) as {id?: unknown; method?: string; params?: unknown[]}
+        id = request.id ?? null
+        if (request.method === 'accountSubscribe') {
+          const subscription = this.nextSubscription++
+          this.subscriptions.set(subscription, {socket, address: (request.params ?? [])[0] as Address})
+          socket.send(JSON.stringify({jsonrpc: '2.0', id, result: subscription}))
+        } else if (request.method === 'accountUnsubscribe') {
+          socket.send(JSON.stringify({jsonrpc: '2.0', id, result: this.subscriptions.delete((request.params ?? [])[0] as number)}))
+        } else throw new Error(`Method not found: ${request.method}`)
+      } catch (error) {
+        socket.send(JSON.stringify({jsonrpc: '2.0', id, error: {code: -32601, message: (error as Error).message}}))
+      }
+    })
+    socket.on('close', () => {
+      for (const [k, sub] of this.subscriptions) if (sub.socket === socket) this.subscriptions.delete(k)
+    })
+  }
+
+  /** After a transaction: a notification to every subscriber whose account changed. */
+  private notify(): void {
+    for (const [subscription, sub] of this.subscriptions) {
+      const account = this.chain.svm.getAccount(sub.address)
+      const data = account.exists ? Buffer.from(account.data).toString('base64') : ''
+      if (!account.exists || data === sub.last) continue
+      sub.last = data
+      const value = {data: [data, 'base64'], executable: account.executable, lamports: Number(account.lamports), owner: account.programAddress, rentEpoch: 0, space: account.data.length}
+      sub.socket.send(JSON.stringify({jsonrpc: '2.0', method: 'accountNotification', params: {result: {context: {slot: this.slot}, value}, subscription}}))
+    }
   }
 
   private context() {
@@ -150,6 +195,7 @@ export class Localnet {
       })
     }
     this.statuses.set(signature, {slot: this.slot, err: null})
+    this.notify()
     return signature
   }
 }
