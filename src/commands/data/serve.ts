@@ -1,8 +1,6 @@
 import {Flags} from '@oclif/core'
-import {dirname, isAbsolute, resolve} from 'node:path'
 import {PsycheCommand} from '../../core/cli/base-command.js'
-import {loadDataServerConfig} from '../../core/config/index.js'
-import {DataServer, LocalTokenDataset, parseShuffle, parseTokenSize} from '../../core/data/index.js'
+import {openDataServer} from '../../core/data/index.js'
 
 export default class DataServe extends PsycheCommand {
   static summary = 'Serve a token directory to the clients of a run over TCP (data_location.Server)'
@@ -18,22 +16,17 @@ export default class DataServe extends PsycheCommand {
   async run(): Promise<{host: string; port: number; dir: string; seqLen: number; samples: number; vocabSize: number | null}> {
     const {flags} = await this.parse(DataServe)
     const path = flags['data-config']
-    const config = await loadDataServerConfig(path)
-    const dir = isAbsolute(config.dir) ? config.dir : resolve(dirname(path), config.dir)
-    const dataset = await LocalTokenDataset.open(dir, {tokenSize: parseTokenSize(config.token_size, `${path}: token_size`)})
-    const shuffleSeed = parseShuffle(config.shuffle_seed, `${path}: shuffle_seed`)
-    const provider = dataset.provider({seqLen: config.seq_len, shuffleSeed})
-    const server = await DataServer.start(provider, {host: flags.host, port: flags.port, log: (line) => this.logToStderr(line)})
-    const info = {host: flags.host, port: server.port, dir, seqLen: config.seq_len, samples: provider.numSamples(), vocabSize: provider.vocabSize() ?? null}
+    const opened = await openDataServer(path, {host: flags.host, port: flags.port, log: (line) => this.logToStderr(line)})
+    const {server, config, dir} = opened
+    const info = {host: flags.host, port: server.port, dir, seqLen: config.seq_len, samples: opened.samples, vocabSize: opened.vocabSize ?? null}
     // --json prints one object once listening, since the command only returns when stopped.
     if (this.jsonEnabled()) process.stdout.write(`${JSON.stringify({listening: info})}\n`)
-    else this.logToStderr(`serving ${info.samples} samples of ${config.seq_len + 1} tokens from ${dir} on ${flags.host}:${server.port}${shuffleSeed ? ' (shuffled)' : ''}`)
+    else this.logToStderr(`serving ${info.samples} samples of ${config.seq_len + 1} tokens from ${dir} on ${flags.host}:${server.port}${opened.shuffled ? ' (shuffled)' : ''}`)
     await new Promise<void>((done) => {
       process.once('SIGINT', done)
       process.once('SIGTERM', done)
     })
-    await server.close()
-    await dataset.close()
+    await opened.close()
     return info
   }
 }

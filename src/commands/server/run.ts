@@ -1,9 +1,10 @@
 import {Flags} from '@oclif/core'
-import {dirname, isAbsolute, join, resolve} from 'node:path'
+import {join} from 'node:path'
 import {CoordinatorServer} from '../../core/backend/index.js'
 import {PsycheCommand} from '../../core/cli/base-command.js'
-import {checkDataServerForRun, formatIssue, loadDataServerConfig, loadRunConfigFile} from '../../core/config/index.js'
-import {DataServer, LocalTokenDataset, parseHostPort, parseShuffle, parseTokenSize} from '../../core/data/index.js'
+import {checkDataServerForRun, formatIssue, loadRunConfigFile} from '../../core/config/index.js'
+import {openDataServer, type DataServer} from '../../core/data/index.js'
+import {parseHostPort} from '../../core/protocol/address.js'
 import {PsycheError} from '../../core/errors.js'
 import {clientTable, serveDashboard} from '../../core/obs/dashboard.js'
 import {HISTORY_FILE, RunHistory} from '../../core/obs/history.js'
@@ -136,24 +137,19 @@ export default class ServerRun extends PsycheCommand {
 
 /** The run's TCP data server, on the port its clients are told (model.LLM.data_location.Server). */
 async function startDataServer(run: Awaited<ReturnType<typeof loadRunConfigFile>>, path: string, host: string, log: (event: object) => void) {
-  const config = await loadDataServerConfig(path)
-  const {errors} = checkDataServerForRun(run, config)
-  if (errors.length > 0) throw new PsycheError(errors.map(formatIssue).join('\n'), {code: 'ECONFIG'})
   const location = run.model.LLM.data_location
-  if (typeof location !== 'object' || !('Server' in location)) throw new PsycheError(`${path}: ${run.path} model.LLM.data_location is not Server, so no client would ask this data server`, {code: 'ECONFIG'})
-  const {port} = parseHostPort(location.Server, `${run.path}: model.LLM.data_location.Server`)
-  const dir = isAbsolute(config.dir) ? config.dir : resolve(dirname(path), config.dir)
-  const dataset = await LocalTokenDataset.open(dir, {tokenSize: parseTokenSize(config.token_size, `${path}: token_size`)})
-  const provider = dataset.provider({seqLen: config.seq_len, shuffleSeed: parseShuffle(config.shuffle_seed, `${path}: shuffle_seed`)})
-  const server = await DataServer.start(provider, {host, port, log: (line) => log({event: 'data_server', message: line})})
-  log({event: 'data_server_listening', host, port: server.port, dir, samples: provider.numSamples()})
-  return {
-    server,
-    close: async () => {
-      await server.close()
-      await dataset.close()
+  const opened = await openDataServer(path, {
+    host,
+    log: (line) => log({event: 'data_server', message: line}),
+    check: (config) => {
+      const {errors} = checkDataServerForRun(run, config)
+      if (errors.length > 0) throw new PsycheError(errors.map(formatIssue).join('\n'), {code: 'ECONFIG'})
+      if (typeof location !== 'object' || !('Server' in location)) throw new PsycheError(`${path}: ${run.path} model.LLM.data_location is not Server, so no client would ask this data server`, {code: 'ECONFIG'})
     },
-  }
+    port: () => parseHostPort((location as {Server: string}).Server, `${run.path}: model.LLM.data_location.Server`).port,
+  })
+  log({event: 'data_server_listening', host, port: opened.server.port, dir: opened.dir, samples: opened.samples})
+  return {server: opened.server, close: () => opened.close()}
 }
 
 /** The coordinator's clock as the server uses it (unix seconds, see CoordinatorServerOptions.now). */

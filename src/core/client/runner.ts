@@ -2,6 +2,7 @@ import type {CoordinatorBackend, PeerDirectory, RejectionInfo} from '../backend/
 import {batchRangeFor, buildWitnessProof, isRoundPhase, isVerifier, type ClientId, type CoordinatorState, type Round} from '../coordinator/index.js'
 import {errorMessage, PsycheError} from '../errors.js'
 import type {ModelSnapshot, ResultAnnouncement} from '../p2p/index.js'
+import {loadModel} from '../train/load-model.js'
 import type {TrainPlan} from '../train/plan.js'
 import {FORMAT_INVALID, ResultIntake} from '../verify/intake.js'
 import type {ResultFormat} from '../verify/result.js'
@@ -416,11 +417,8 @@ export class PsycheClient {
     const llm = this.state.model.LLM
     const optimizer = typeof llm.optimizer === 'object' && 'Distro' in llm.optimizer ? llm.optimizer : this.opts.plan.optimizer
     const lrSchedule = llm.lr_schedule
-    const info = model.kind === 'dir' ? await this.worker.load(model.dir, this.opts.seed) : await this.worker.initFromConfig(model.config, this.opts.seed)
+    const info = await loadModel(this.worker, model, this.opts.seed, this.opts.plan.seqLen)
     this.parameters = info.parameters
-    if (this.opts.plan.seqLen > info.max_position_embeddings) {
-      throw new PsycheError(`max_seq_len ${this.opts.plan.seqLen} exceeds the model's max_position_embeddings ${info.max_position_embeddings}`)
-    }
     const {resultFormat} = await this.worker.configure({
       optimizer: optimizer as Record<string, unknown>,
       lr_schedule: lrSchedule as Record<string, unknown>,

@@ -1,5 +1,6 @@
 import {createServer, connect, type AddressInfo, type Server, type Socket} from 'node:net'
 import {PsycheError, errorMessage} from '../errors.js'
+import {parseHostPort} from '../protocol/address.js'
 import {checkVocab} from './batches.js'
 import type {DataProvider, TokenFilesProvider} from './provider.js'
 import {
@@ -116,14 +117,6 @@ export class DataServer {
     for (const socket of this.sockets) socket.destroy()
     await new Promise<void>((resolve) => this.server.close(() => resolve()))
   }
-}
-
-/** "host:port" or "[v6]:port". */
-export function parseHostPort(address: string, where: string): {host: string; port: number} {
-  const match = /^(?:\[([^\]]+)\]|([^:]+)):(\d+)$/.exec(address)
-  const port = Number(match?.[3])
-  if (!match || port <= 0 || port > 65535) throw new PsycheError(`${where}: ${JSON.stringify(address)}: expected "host:port"`)
-  return {host: match[1] ?? match[2], port}
 }
 
 interface Pending {

@@ -6,6 +6,7 @@ import {ensureDemoCorpus, demoCorpusDir} from '../corpus.js'
 import {type DataProvider, openDataProvider} from '../data/index.js'
 import {PsycheError} from '../errors.js'
 import {ModelWorker} from '../worker/model-worker.js'
+import {loadModel} from './load-model.js'
 import type {TrainPlan} from './plan.js'
 
 // the config's DataLocation also names variants no provider serves (Dummy, WeightedHttp): openDataProvider rejects those by name
@@ -108,10 +109,7 @@ export async function runSingleNode(
   let validation: DataProvider | undefined
   let metrics: JsonlWriter | undefined
   try {
-    const info = plan.model.kind === 'dir' ? await worker.load(plan.model.dir, plan.seed) : await worker.initFromConfig(plan.model.config, plan.seed)
-    if (plan.seqLen > info.max_position_embeddings) {
-      throw new PsycheError(`max_seq_len ${plan.seqLen} exceeds the model's max_position_embeddings ${info.max_position_embeddings}`)
-    }
+    const info = await loadModel(worker, plan.model, plan.seed, plan.seqLen)
     train = await openDataProvider(plan.data as ProviderLocation, {seqLen: plan.seqLen, baseDir: plan.dataBaseDir, vocabSize: info.vocab_size, shuffleSeed: shuffleSeedFor(plan.seed), wrap: true})
     checkVocab(train, info.vocab_size)
     if (plan.validation) {
