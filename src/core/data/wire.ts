@@ -1,4 +1,5 @@
 import {endianness} from 'node:os'
+import {FrameReader} from '../protocol/frames.js'
 import {decodeTokens} from './token-file.js'
 
 const littleEndianHost = endianness() === 'LE'
@@ -41,37 +42,30 @@ export type ServerMessage =
   | {type: 'samples'; requestId: number; rows: number; rowLength: number; ids: Uint32Array}
   | {type: 'error'; requestId: number; message: string}
 
-/** Splits a byte stream into frame bodies, refusing any frame longer than `maxBody` before buffering it. */
+/**
+ * Splits a byte stream into frame bodies (the protocol's one u32-LE frame reader, protocol/frames.ts), refusing
+ * any frame longer than `maxBody` before buffering it. An empty or oversized frame throws a WireError, then and
+ * on every later push: the stream cannot be re-synchronised.
+ */
 export class FrameDecoder {
-  private chunks: Buffer[] = []
-  private buffered = 0
+  private readonly reader: FrameReader
+  private failed: WireError | undefined
 
-  constructor(private readonly maxBody: number) {}
+  constructor(private readonly maxBody: number) {
+    this.reader = new FrameReader(maxBody)
+  }
 
   /** Bytes received but not yet forming a whole frame, and the size of the frame they start (if known). */
   get partial(): {have: number; need: number | undefined} {
-    const need = this.buffered >= 4 ? this.peekLength() + 4 : undefined
-    return {have: this.buffered, need}
-  }
-
-  private peekLength(): number {
-    const head = this.chunks[0].length >= 4 ? this.chunks[0] : Buffer.concat(this.chunks)
-    return head.readUInt32LE(0)
+    return {have: this.reader.pending, need: this.reader.nextFrameBytes}
   }
 
   push(chunk: Buffer): Buffer[] {
-    this.chunks.push(chunk)
-    this.buffered += chunk.length
+    if (this.failed) throw this.failed
     const frames: Buffer[] = []
-    while (this.buffered >= 4) {
-      const length = this.peekLength()
-      if (length === 0 || length > this.maxBody) throw new WireError(`frame of ${length} bytes (allowed: 1 to ${this.maxBody})`)
-      if (this.buffered < 4 + length) break
-      const all = this.chunks.length === 1 ? this.chunks[0] : Buffer.concat(this.chunks)
-      frames.push(all.subarray(4, 4 + length))
-      const rest = all.subarray(4 + length)
-      this.chunks = rest.length ? [rest] : []
-      this.buffered = rest.length
+    for (const frame of this.reader.push(chunk)) {
+      if (!frame.ok) throw (this.failed = new WireError(`frame of ${frame.length} bytes (allowed: 1 to ${this.maxBody})`))
+      frames.push(frame.body)
     }
     return frames
   }

@@ -15,7 +15,7 @@ export function encodeFrame(body: Uint8Array): Buffer {
 export type FrameEvent =
   | {ok: true; body: Buffer}
   /** `fatal`: the stream cannot be resynchronised (its length prefix is unusable); close the connection. */
-  | {ok: false; reason: 'oversized' | 'empty'; detail: string; fatal: boolean}
+  | {ok: false; reason: 'oversized' | 'empty'; detail: string; fatal: boolean; length: number}
 
 /** Splits a byte stream into frames. After a fatal event it ignores everything that follows. */
 export class FrameReader {
@@ -31,6 +31,11 @@ export class FrameReader {
     return this.buffered
   }
 
+  /** Size (header included) of the frame the held bytes start, once its length prefix is here. */
+  get nextFrameBytes(): number | undefined {
+    return this.buffered >= FRAME_HEADER_BYTES ? FRAME_HEADER_BYTES + this.peekLength() : undefined
+  }
+
   push(chunk: Uint8Array): FrameEvent[] {
     if (this.dead || chunk.length === 0) return []
     this.chunks.push(Buffer.from(chunk.buffer, chunk.byteOffset, chunk.length))
@@ -42,12 +47,12 @@ export class FrameReader {
         this.dead = true
         this.chunks = []
         this.buffered = 0
-        out.push({ok: false, reason: 'oversized', detail: `frame of ${length} bytes exceeds the ${this.maxFrameBytes}-byte limit`, fatal: true})
+        out.push({ok: false, reason: 'oversized', detail: `frame of ${length} bytes exceeds the ${this.maxFrameBytes}-byte limit`, fatal: true, length})
         break
       }
       if (this.buffered < FRAME_HEADER_BYTES + length) break
       const frame = this.take(FRAME_HEADER_BYTES + length).subarray(FRAME_HEADER_BYTES)
-      out.push(length === 0 ? {ok: false, reason: 'empty', detail: 'empty frame', fatal: false} : {ok: true, body: frame})
+      out.push(length === 0 ? {ok: false, reason: 'empty', detail: 'empty frame', fatal: false, length} : {ok: true, body: frame})
     }
     return out
   }
