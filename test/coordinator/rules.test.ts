@@ -10,7 +10,7 @@ import {
   witnessCount,
   witnessQuorum,
 } from '../../src/core/coordinator/index.js'
-import {BloomFilter, bloomParamsFor} from '../../src/core/protocol/bloom.js'
+import {BloomFilter, bloomParamsFor} from '../../src/core/coordinator/bloom.js'
 import {baseConfig} from './helpers.js'
 
 describe('swap-or-not shuffle', () => {

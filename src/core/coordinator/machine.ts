@@ -1,7 +1,7 @@
 import {formatIssue} from '../config/read.js'
 import {validateRunConfig} from '../config/run-config.js'
 import type {CheckpointConfig, CoordinatorConfig, HubRepo, LLMConfig, RunConfigFile} from '../config/types.js'
-import {BloomFilter} from '../protocol/bloom.js'
+import {BloomFilter} from './bloom.js'
 import {checkEquivocation} from '../verify/equivocation.js'
 import {fromHex, sha256, u64le} from './hash.js'
 import {

@@ -1,4 +1,4 @@
-import {BloomFilter, bloomParamsFor, type BloomParams} from '../protocol/bloom.js'
+import {BloomFilter, bloomParamsFor, type BloomParams} from './bloom.js'
 import type {CoordinatorConfig} from '../config/types.js'
 import {sha256, subSeed, u64le} from './hash.js'
 import {isRoundPhase} from './phases.js'

@@ -1,4 +1,4 @@
-import {createHash} from 'node:crypto'
+import {sha256Hex} from '../hash.js'
 import {signBytes, verifyBytes, type Identity} from '../protocol/identity.js'
 
 /** The identity a node signs with (the coordinator identity: id = hex of the raw ed25519 public key). */
@@ -28,9 +28,7 @@ const DOMAIN = 'psyche/result-announcement/1\n'
 const HEX_32 = /^[0-9a-f]{64}$/
 const HEX_SIG = /^[0-9a-f]{128}$/
 
-export function sha256Hex(bytes: Uint8Array): string {
-  return createHash('sha256').update(bytes).digest('hex')
-}
+export {sha256Hex}
 
 /** The bytes that are signed: a domain tag and the fields in a fixed order, so no field can be moved into another. */
 export function announcementSigningBytes(a: UnsignedAnnouncement): Uint8Array {

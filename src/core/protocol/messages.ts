@@ -1,4 +1,4 @@
-import {createHash} from 'node:crypto'
+import {sha256} from '../hash.js'
 import {MAX_RUN_ID_BYTES} from '../config/run-config.js'
 import type {PeerDirectory} from '../backend/types.js'
 import type {HubRepo} from '../config/types.js'
@@ -168,7 +168,7 @@ export type Decoded<E> = {ok: true; envelope: E} | {ok: false; reason: DecodeRea
 const DIRECTION_BYTE: Record<Direction, number> = {to_server: 0, to_client: 1}
 
 function signedBytes(header: Uint8Array, payload: Uint8Array): Buffer {
-  return Buffer.concat([SIGNING_DOMAIN, header, createHash('sha256').update(payload).digest()])
+  return Buffer.concat([SIGNING_DOMAIN, header, sha256(payload)])
 }
 
 function encodeEnvelope(identity: Identity, direction: Direction, kind: string, fields: EnvelopeFields, bodyJson: string): Buffer {

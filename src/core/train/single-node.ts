@@ -1,10 +1,10 @@
-import {createHash} from 'node:crypto'
 import {closeSync, existsSync, mkdirSync, openSync, writeSync} from 'node:fs'
 import {readFile} from 'node:fs/promises'
 import {dirname, join, resolve} from 'node:path'
 import {ensureDemoCorpus, demoCorpusDir} from '../corpus.js'
 import {type DataProvider, openDataProvider} from '../data/index.js'
 import {PsycheError} from '../errors.js'
+import {sha256} from '../hash.js'
 import {ModelWorker} from '../worker/model-worker.js'
 import {loadModel} from './load-model.js'
 import type {TrainPlan} from './plan.js'
@@ -49,7 +49,7 @@ export interface TrainEvents {
 
 /** The 32-byte data shuffle seed of a run seed: every party derives the same order from it. */
 export function shuffleSeedFor(seed: number): Uint8Array {
-  return createHash('sha256').update(`psyche/train-shuffle/${seed}`).digest()
+  return sha256(`psyche/train-shuffle/${seed}`)
 }
 
 function isInDemoCorpus(plan: TrainPlan): boolean {

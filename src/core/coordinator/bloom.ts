@@ -1,4 +1,4 @@
-import {createHash} from 'node:crypto'
+import {sha256} from '../hash.js'
 
 /**
  * A bloom filter over byte strings, as witnesses use it to attest which results they saw. Positions
@@ -32,7 +32,7 @@ function toBytes(item: Uint8Array | string): Uint8Array {
 }
 
 function positionsOf(params: BloomParams, item: Uint8Array | string): number[] {
-  const digest = createHash('sha256').update(toBytes(item)).digest()
+  const digest = sha256(toBytes(item))
   const h1 = digest.readUInt32LE(0)
   // Odd, so the stride visits distinct positions whenever the size is a power of two.
   const h2 = (digest.readUInt32LE(4) | 1) >>> 0
