@@ -11,8 +11,9 @@ const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.len
 const mb = (bytes: number) => bytes / 1e6
 
 const producerIdentity = generateIdentity()
-const producer = await P2PNode.start({identity: producerIdentity, runId: 'bench'})
-const fetcher = await P2PNode.start({identity: generateIdentity(), runId: 'bench'})
+const LOOPBACK = ['/ip4/127.0.0.1/tcp/0']
+const producer = await P2PNode.start({identity: producerIdentity, runId: 'bench', listen: LOOPBACK})
+const fetcher = await P2PNode.start({identity: generateIdentity(), runId: 'bench', listen: LOOPBACK})
 try {
   await fetcher.connect(producer.addresses())
   const deadline = Date.now() + 10_000

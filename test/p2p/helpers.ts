@@ -3,6 +3,8 @@ import {generateIdentity} from '../../src/core/protocol/identity.js'
 import {P2PNode, type P2PNodeOptions, type SigningIdentity} from '../../src/core/p2p/index.js'
 import {waitFor} from '../helpers.js'
 
+export const LOOPBACK = ['/ip4/127.0.0.1/tcp/0']
+
 export function testIdentity(): SigningIdentity {
   return generateIdentity()
 }
@@ -18,7 +20,8 @@ export async function startNodes(count: number, options: Partial<P2PNodeOptions>
   for (let i = 0; i < count; i++) {
     const identity = testIdentity()
     const events: Record<string, unknown>[] = []
-    const node = await P2PNode.start({runId: 'test-run', ...options, identity, log: (e) => events.push(e as Record<string, unknown>)})
+    // Loopback only: in-process tests never send traffic to this machine's other addresses.
+    const node = await P2PNode.start({runId: 'test-run', listen: LOOPBACK, ...options, identity, log: (e) => events.push(e as Record<string, unknown>)})
     out.push({node, identity, events})
   }
   return out

@@ -6,7 +6,7 @@ import {meshUp, randomBlob, stopAll, testIdentity, type TestNode} from './helper
 async function startNode(options: {maxBlobBytes?: number; maxConcurrentDownloads?: number} = {}): Promise<TestNode> {
   const identity = testIdentity()
   const events: Record<string, unknown>[] = []
-  const node = await P2PNode.start({identity, runId: 'limits-run', ...options, log: (e) => events.push(e as Record<string, unknown>)})
+  const node = await P2PNode.start({identity, runId: 'limits-run', listen: ['/ip4/127.0.0.1/tcp/0'], ...options, log: (e) => events.push(e as Record<string, unknown>)})
   return {node, identity, events}
 }
 

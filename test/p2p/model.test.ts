@@ -52,7 +52,7 @@ describe('p2p: model sharing over /psyche/model/1', () => {
   it('refuses a model larger than maxModelBytes before reading its frames', async () => {
     const identity = testIdentity()
     const events: Record<string, unknown>[] = []
-    const small = await P2PNode.start({identity, runId: 'test-run', maxModelBytes: 1000, log: (e) => events.push(e as Record<string, unknown>)})
+    const small = await P2PNode.start({identity, runId: 'test-run', listen: ['/ip4/127.0.0.1/tcp/0'], maxModelBytes: 1000, log: (e) => events.push(e as Record<string, unknown>)})
     try {
       await small.connect(nodes[0].node.addresses())
       await assert.rejects(small.fetchModel([nodes[0].identity.id]), /exceeds the 1000-byte maximum/)

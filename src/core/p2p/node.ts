@@ -2,13 +2,16 @@ import './polyfill.js'
 import {setMaxListeners} from 'node:events'
 import {noise} from '@chainsafe/libp2p-noise'
 import {yamux} from '@chainsafe/libp2p-yamux'
+import {autoNAT} from '@libp2p/autonat'
+import {circuitRelayTransport} from '@libp2p/circuit-relay-v2'
 import {generateKeyPairFromSeed, publicKeyFromRaw} from '@libp2p/crypto/keys'
 import {gossipsub, TopicValidatorResult, type GossipSub, type Message} from '@libp2p/gossipsub'
+import {dcutr} from '@libp2p/dcutr'
 import {identify} from '@libp2p/identify'
 import type {Connection, PeerId, Stream} from '@libp2p/interface'
-import {peerIdFromPublicKey} from '@libp2p/peer-id'
+import {peerIdFromPublicKey, peerIdFromString} from '@libp2p/peer-id'
 import {tcp} from '@libp2p/tcp'
-import {multiaddr} from '@multiformats/multiaddr'
+import {multiaddr, type Multiaddr} from '@multiformats/multiaddr'
 import {createLibp2p, type Libp2p} from 'libp2p'
 import {errorMessage, PsycheError} from '../errors.js'
 import {identityPrivateSeed} from '../protocol/identity.js'
@@ -21,6 +24,7 @@ import {
   type SigningIdentity,
 } from './announcement.js'
 import {CHUNK_BYTES, framed, OverrunError, readChunksInto, readJsonObject, writeChunks, writeJson} from './framing.js'
+import {addrPeerId, isCircuit, listenAddrsForPort, publishableAddrs} from './addresses.js'
 import {validateModelHeader, type ModelSnapshot} from './model.js'
 
 export const RESULT_PROTOCOL = '/psyche/result/1'
@@ -57,8 +61,19 @@ export function peerIdOfClient(clientIdHex: string): PeerId {
 export interface P2PNodeOptions {
   identity: SigningIdentity
   runId: string
-  /** multiaddrs to listen on; default ['/ip4/127.0.0.1/tcp/0'] */
+  /** multiaddrs to listen on; default ['/ip4/0.0.0.0/tcp/0'] (every IPv4 interface, any free port) */
   listen?: string[]
+  /**
+   * Tell peers exactly these addresses (a public address, a forwarded port) instead of the interface and observed
+   * addresses (a relayed address is still added when we hold a reservation).
+   */
+  announce?: string[]
+  /**
+   * Circuit relay v2 (default true): dial relayed addresses, reserve a slot on the relays we connect to (useRelays),
+   * and announce our relayed address after the direct ones. DCUtR then upgrades relayed connections to direct ones
+   * where the NATs allow it.
+   */
+  relay?: boolean
   /** largest result blob accepted or served; default 64 MiB */
   maxBlobBytes?: number
   /** largest model (all frames) accepted; default 4 GiB */
@@ -105,7 +120,21 @@ class Semaphore {
   }
 }
 
-type Services = {identify: ReturnType<ReturnType<typeof identify>>; pubsub: GossipSub}
+type Services = {identify: ReturnType<ReturnType<typeof identify>>; pubsub: GossipSub; autonat: unknown; dcutr: unknown}
+
+/** A peer we were told about but could not reach, with the addresses we tried (for the no-exchange warning). */
+export interface DialFailure {
+  peer_id: string
+  addrs: string[]
+  reason: string
+  at: number
+}
+
+/** Our protocols also run over relayed connections, which the relay limits in time and bytes (see psyche relay). */
+const ON_LIMITED = {runOnLimitedConnection: true} as const
+/** A direct dial gives up quickly: a private address of another network may never answer (no ICMP on the internet). */
+const DIRECT_DIAL_TIMEOUT_MS = 8_000
+const RELAYED_DIAL_TIMEOUT_MS = 30_000
 
 /**
  * One client's libp2p node: gossips signed result announcements on `psyche/<run_id>/results`, serves and fetches
@@ -135,6 +164,13 @@ export class P2PNode {
   private bytesReceived = 0
   private badBlobs = 0
   private stopped = false
+  private readonly dialFailures = new Map<string, DialFailure>()
+  /** Peers being dialled now. */
+  private readonly dialing = new Set<string>()
+  /** Peer -> its direct addresses that did not answer (it is dialled through the relay first while they stay the same). */
+  private readonly directFailed = new Map<string, string>()
+  private readonly addressHandlers: ((addrs: string[]) => void)[] = []
+  private lastPublished = ''
 
   private constructor(libp2p: Libp2p<Services>, options: P2PNodeOptions) {
     this.libp2p = libp2p
@@ -160,15 +196,26 @@ export class P2PNode {
     // The peer key is the coordinator identity's key, so peer id <-> client id needs no directory.
     const seed = identityPrivateSeed(options.identity)
     const privateKey = await generateKeyPairFromSeed('Ed25519', seed)
+    const relay = options.relay ?? true
+    const listen = [...(options.listen ?? listenAddrsForPort(undefined))]
+    // '/p2p-circuit': reserve a slot on the first relay we connect to (useRelays dials the coordinator's).
+    if (relay) listen.push('/p2p-circuit')
     const libp2p = await createLibp2p<Services>({
       privateKey,
-      addresses: {listen: options.listen ?? ['/ip4/127.0.0.1/tcp/0']},
-      transports: [tcp()],
+      addresses: {listen, ...(options.announce?.length ? {announce: options.announce} : {})},
+      transports: relay ? [tcp(), circuitRelayTransport({reservationCompletionTimeout: 20_000})] : [tcp()],
       connectionEncrypters: [noise()],
       streamMuxers: [yamux()],
+      connectionManager: {dialTimeout: RELAYED_DIAL_TIMEOUT_MS, addressDialTimeout: RELAYED_DIAL_TIMEOUT_MS},
       services: {
         identify: identify(),
+        // Asks peers to dial our observed addresses back; confirmed ones are announced (a port-forwarded client).
+        autonat: autoNAT(),
+        // Upgrades a relayed connection to a direct one by hole punching where both NATs allow it.
+        dcutr: dcutr(),
         pubsub: gossipsub({
+          // Announcements must also reach peers we only reach through a relay.
+          runOnLimitedConnection: true,
           // A run has a handful to a few hundred clients: a small mesh, and the publisher floods its own
           // announcement to every subscribed peer so a 2-4 node network delivers without a formed mesh.
           D: 4,
@@ -194,36 +241,160 @@ export class P2PNode {
     pubsub.topicValidators.set(this.topic, (propagationSource, message) => this.validateGossip(propagationSource, message))
     pubsub.addEventListener('message', (event) => this.onGossip(event.detail))
     pubsub.subscribe(this.topic)
-    await this.libp2p.handle(RESULT_PROTOCOL, (stream, connection) => this.serveResult(stream, connection), {maxInboundStreams: 64})
-    await this.libp2p.handle(MODEL_PROTOCOL, (stream, connection) => this.serveModelStream(stream, connection), {maxInboundStreams: 4})
+    await this.libp2p.handle(RESULT_PROTOCOL, (stream, connection) => this.serveResult(stream, connection), {maxInboundStreams: 64, ...ON_LIMITED})
+    await this.libp2p.handle(MODEL_PROTOCOL, (stream, connection) => this.serveModelStream(stream, connection), {maxInboundStreams: 4, ...ON_LIMITED})
+    // Our addresses change as identify learns observed ones and as relay reservations come and go.
+    this.libp2p.addEventListener('self:peer:update', () => {
+      const addrs = this.addresses()
+      const key = addrs.join(' ')
+      if (key === this.lastPublished) return
+      this.lastPublished = key
+      this.log({event: 'addresses_changed', addrs})
+      for (const handler of this.addressHandlers) {
+        try {
+          handler(addrs)
+        } catch (error) {
+          this.log({event: 'address_handler_failed', reason: errorMessage(error)})
+        }
+      }
+    })
+    this.lastPublished = this.addresses().join(' ')
   }
 
-  /** Multiaddrs to publish to the coordinator, each ending in /p2p/<peerId>. */
+  /**
+   * Multiaddrs to publish to the coordinator, each ending in /p2p/<peerId>: only addresses a remote peer can use
+   * (see publishableAddrs), direct ones before relayed ones.
+   */
   addresses(): string[] {
+    const ours = `/p2p/${this.peerId}`
+    return publishableAddrs(this.libp2p.getMultiaddrs()).map((a) => (a.endsWith(ours) ? a : `${a}${ours}`))
+  }
+
+  /** Every address libp2p knows for us, unfiltered (loopback included): for logs and tests. */
+  allAddresses(): string[] {
     return this.libp2p.getMultiaddrs().map((a) => a.toString())
   }
 
-  /** Dials peers learned from the coordinator. Skips self; a failed dial is logged, and may be retried by a later call. */
+  /** Called with our new publishable addresses whenever they change (new observed address, relay reservation). */
+  onAddressesChanged(handler: (addrs: string[]) => void): void {
+    this.addressHandlers.push(handler)
+  }
+
+  /**
+   * Connects to relays (multiaddrs ending in /p2p/<relay id>): with relaying on, the first one we connect to
+   * grants us a reservation, and our relayed address joins the published ones (onAddressesChanged).
+   */
+  async useRelays(addrs: string[]): Promise<void> {
+    await this.connect(addrs)
+  }
+
+  /** Our relayed addresses (held reservations), for logs and tests. */
+  relayedAddresses(): string[] {
+    return this.libp2p.getMultiaddrs().filter(isCircuit).map((a) => a.toString())
+  }
+
+  /**
+   * Dials peers learned from the coordinator: every address of one peer is tried by libp2p in turn (direct before
+   * relayed). Skips self and peers we are connected to; a failed dial is logged and remembered (dialFailures),
+   * and may be retried by a later call.
+   */
   async connect(addrs: string[]): Promise<void> {
-    await Promise.all(
-      addrs.map(async (addr) => {
-        let target
+    const byPeer = new Map<string, Multiaddr[]>()
+    for (const addr of addrs) {
+      let target: Multiaddr
+      try {
+        target = multiaddr(addr)
+      } catch (error) {
+        this.log({event: 'dial_failed', addr, reason: `not a multiaddr: ${errorMessage(error)}`})
+        continue
+      }
+      const peer = addrPeerId(target)
+      if (peer === undefined) {
+        this.log({event: 'dial_failed', addr, reason: 'the address does not end in /p2p/<peer id>'})
+        continue
+      }
+      if (peer === this.peerId) continue
+      let list = byPeer.get(peer)
+      if (!list) byPeer.set(peer, (list = []))
+      list.push(target)
+    }
+    await Promise.all([...byPeer].map(([peer, targets]) => this.dialPeer(peer, targets)))
+  }
+
+  /**
+   * One peer: its direct addresses first (briefly: a private address of someone else's network may never answer),
+   * then its relayed ones. A peer whose direct addresses failed is dialled through the relay first next time.
+   * One dial per peer at a time: state pushes arrive faster than dials to unreachable addresses time out.
+   */
+  private async dialPeer(peer: string, targets: Multiaddr[]): Promise<void> {
+    if (this.stopped || this.dialing.has(peer)) return
+    if (this.libp2p.getConnections().some((c) => c.remotePeer.toString() === peer)) {
+      this.dialFailures.delete(peer)
+      return
+    }
+    this.dialing.add(peer)
+    try {
+      const direct = targets.filter((t) => !isCircuit(t))
+      const relayed = targets.filter(isCircuit)
+      const directKey = direct.map((t) => t.toString()).join(' ')
+      const attempts: [Multiaddr[], number][] = []
+      if (direct.length > 0 && this.directFailed.get(peer) !== directKey) attempts.push([direct, DIRECT_DIAL_TIMEOUT_MS])
+      if (relayed.length > 0) attempts.push([relayed, RELAYED_DIAL_TIMEOUT_MS])
+      if (attempts.length === 0 && direct.length > 0) attempts.push([direct, DIRECT_DIAL_TIMEOUT_MS])
+      const reasons: string[] = []
+      for (const [addrs, timeoutMs] of attempts) {
         try {
-          target = multiaddr(addr)
-        } catch (error) {
-          this.log({event: 'dial_failed', addr, reason: `not a multiaddr: ${errorMessage(error)}`})
+          await this.libp2p.dial(addrs, {signal: AbortSignal.timeout(timeoutMs)})
+          this.dialFailures.delete(peer)
           return
-        }
-        const peer = target.getComponents().find((c) => c.name === 'p2p')?.value
-        if (peer === this.peerId) return
-        if (peer !== undefined && this.libp2p.getConnections().some((c) => c.remotePeer.toString() === peer)) return
-        try {
-          await this.libp2p.dial(target, {signal: AbortSignal.timeout(10_000)})
         } catch (error) {
-          this.log({event: 'dial_failed', addr, reason: errorMessage(error)})
+          reasons.push(`${isCircuit(addrs[0]) ? 'relayed' : 'direct'}: ${errorMessage(error)}`)
+          if (addrs === direct && relayed.length > 0) this.directFailed.set(peer, directKey)
         }
-      }),
-    )
+      }
+      const reason = reasons.join('; ') || 'no address'
+      this.dialFailures.set(peer, {peer_id: peer, addrs: targets.map((t) => t.toString()), reason, at: Date.now()})
+      this.log({event: 'dial_failed', peer_id: peer, addrs: targets.map((t) => t.toString()), reason})
+    } finally {
+      this.dialing.delete(peer)
+    }
+  }
+
+  /** Peers we were told about and could not reach the last time we tried (none: everyone dialled is reachable). */
+  unreachablePeers(): DialFailure[] {
+    const connected = new Set(this.libp2p.getConnections().map((c) => c.remotePeer.toString()))
+    return [...this.dialFailures.values()].filter((f) => !connected.has(f.peer_id))
+  }
+
+  /** Of these clients, the ones we have no connection to, or that do not subscribe to our run's results yet. */
+  notConnected(clientIds: string[]): string[] {
+    const subscribers = new Set(this.libp2p.services.pubsub.getSubscribers(this.topic).map((p) => p.toString()))
+    return clientIds.filter((id) => {
+      let peer: string
+      try {
+        peer = peerIdOfClient(id).toString()
+      } catch {
+        return true
+      }
+      return peer !== this.peerId && (this.libp2p.getConnections(peerIdOfClient(id)).length === 0 || !subscribers.has(peer))
+    })
+  }
+
+  /** True when every connection we hold to this peer goes through a relay (no direct one). */
+  onlyRelayed(peer: PeerId): boolean {
+    const connections = this.libp2p.getConnections(peer)
+    return connections.length > 0 && connections.every((c) => isCircuit(c.remoteAddr))
+  }
+
+  /** Connections now, by kind: direct (TCP) or relayed (through a circuit relay, limited). */
+  connectionKinds(): {direct: number; relayed: number} {
+    let direct = 0
+    let relayed = 0
+    for (const c of this.libp2p.getConnections()) {
+      if (isCircuit(c.remoteAddr)) relayed++
+      else direct++
+    }
+    return {direct, relayed}
   }
 
   /** Stores the blob for serving and gossips its signed announcement. */
@@ -343,7 +514,8 @@ export class P2PNode {
       throw new PsycheError(`result ${a.commitment.slice(0, 16)}… from ${a.client_id.slice(0, 16)}… is ${a.size} bytes, more than the ${this.maxBlobBytes}-byte maximum`)
     }
     const producer = peerIdOfClient(a.client_id)
-    const holders = [producer, ...this.libp2p.getPeers().filter((p) => !p.equals(producer))]
+    // Every run member re-serves what it downloaded; other peers (a relay) hold nothing of ours.
+    const holders = [producer, ...this.libp2p.services.pubsub.getSubscribers(this.topic).filter((p) => !p.equals(producer))]
     const failures: string[] = []
     await this.downloads.acquire()
     try {
@@ -379,7 +551,7 @@ export class P2PNode {
 
   private async downloadFrom(holder: PeerId, a: ResultAnnouncement): Promise<Uint8Array> {
     const signal = deadline(this.downloadTimeoutMs)
-    const stream = await this.libp2p.dialProtocol(holder, RESULT_PROTOCOL, {signal})
+    const stream = await this.libp2p.dialProtocol(holder, RESULT_PROTOCOL, {signal, ...ON_LIMITED})
     try {
       const lp = framed(stream, Math.max(MAX_BLOB_HEADER_BYTES, CHUNK_BYTES))
       await writeJson(lp, {run_id: this.runId, commitment: a.commitment}, {signal})
@@ -484,8 +656,9 @@ export class P2PNode {
   }
 
   private async downloadModelFrom(peer: PeerId): Promise<ModelSnapshot> {
+    const started = performance.now()
     const signal = deadline(Math.max(this.downloadTimeoutMs, MODEL_TRANSFER_TIMEOUT_MS))
-    const stream = await this.libp2p.dialProtocol(peer, MODEL_PROTOCOL, {signal: deadline(this.downloadTimeoutMs)})
+    const stream = await this.libp2p.dialProtocol(peer, MODEL_PROTOCOL, {signal: deadline(this.downloadTimeoutMs), ...ON_LIMITED})
     stream.inactivityTimeout = MODEL_TRANSFER_TIMEOUT_MS
     try {
       const lp = framed(stream, Math.max(MAX_MODEL_HEADER_BYTES, CHUNK_BYTES))
@@ -503,6 +676,7 @@ export class P2PNode {
       }
       this.bytesReceived += totalBytes
       await stream.close({signal}).catch(() => {})
+      this.log({event: 'model_fetched', from: peer.toString(), step, bytes: totalBytes, ms: Math.round(performance.now() - started), relayed: this.onlyRelayed(peer)})
       return {step, paramHash, frames: out}
     } catch (error) {
       stream.abort(error instanceof Error ? error : new Error(String(error)))

@@ -1,0 +1,142 @@
+import './polyfill.js'
+import {noise} from '@chainsafe/libp2p-noise'
+import {yamux} from '@chainsafe/libp2p-yamux'
+import {autoNAT} from '@libp2p/autonat'
+import {circuitRelayServer, type CircuitRelayService} from '@libp2p/circuit-relay-v2'
+import {generateKeyPairFromSeed} from '@libp2p/crypto/keys'
+import {identify} from '@libp2p/identify'
+import {tcp} from '@libp2p/tcp'
+import {multiaddr} from '@multiformats/multiaddr'
+import {createLibp2p, type Libp2p} from 'libp2p'
+import {PsycheError, errorMessage} from '../errors.js'
+import {identityPrivateSeed} from '../protocol/identity.js'
+import type {SigningIdentity} from './announcement.js'
+import {addressScope, listenAddrsForPort} from './addresses.js'
+
+/**
+ * What one relayed connection may carry before the relay resets it (the peers then dial again). Sized for
+ * results (KiB to MiB per round) and a whole model for a rejoining client (the tiny demo is 6 MB, real runs GBs).
+ */
+export interface RelayLimits {
+  /** Reservations held at once (one per client behind NAT); default 512. */
+  maxReservations: number
+  /** A reservation's lifetime before the client must refresh it (libp2p refreshes on its own); default 2 h. */
+  reservationTtlMs: number
+  /** Bytes through one relayed connection, each direction counted; default 4 GiB. */
+  dataLimitBytes: bigint
+  /** Lifetime of one relayed connection; default 1 h. */
+  durationLimitMs: number
+}
+
+export const DEFAULT_RELAY_LIMITS: RelayLimits = {
+  maxReservations: 512,
+  reservationTtlMs: 2 * 60 * 60 * 1000,
+  dataLimitBytes: 4n * 1024n * 1024n * 1024n,
+  durationLimitMs: 60 * 60 * 1000,
+}
+
+export interface RelayNodeOptions {
+  identity: SigningIdentity
+  /** default ['/ip4/0.0.0.0/tcp/0'] */
+  listen?: string[]
+  /** Addresses to give clients instead of our interface addresses (a public IP in front of a private one). */
+  announce?: string[]
+  limits?: Partial<RelayLimits>
+  log?: (event: object) => void
+}
+
+type RelayServices = {identify: ReturnType<ReturnType<typeof identify>>; relay: CircuitRelayService; autonat: unknown}
+
+/**
+ * A libp2p circuit relay v2 server (@libp2p/circuit-relay-v2): clients behind NAT reserve a slot on it and are
+ * reached through it; it also answers AutoNAT dial-back requests and identify (telling clients their observed
+ * address, which DCUtR hole punching needs). `psyche server run` runs one next to the coordinator (the
+ * coordinator's host is reachable by every client by definition); `psyche relay` runs one alone.
+ */
+export class RelayNode {
+  readonly peerId: string
+  private constructor(
+    readonly libp2p: Libp2p<RelayServices>,
+    readonly limits: RelayLimits,
+    private readonly announce: string[],
+  ) {
+    this.peerId = libp2p.peerId.toString()
+  }
+
+  static async start(options: RelayNodeOptions): Promise<RelayNode> {
+    const limits = {...DEFAULT_RELAY_LIMITS, ...options.limits}
+    const log = options.log ?? (() => {})
+    const privateKey = await generateKeyPairFromSeed('Ed25519', identityPrivateSeed(options.identity))
+    let libp2p: Libp2p<RelayServices>
+    try {
+      libp2p = await createLibp2p<RelayServices>({
+        privateKey,
+        addresses: {listen: options.listen ?? listenAddrsForPort(undefined), ...(options.announce?.length ? {announce: options.announce} : {})},
+        transports: [tcp()],
+        connectionEncrypters: [noise()],
+        streamMuxers: [yamux()],
+        connectionManager: {maxConnections: Math.max(300, limits.maxReservations * 2 + 64)},
+        services: {
+          identify: identify(),
+          autonat: autoNAT(),
+          relay: circuitRelayServer({
+            reservations: {
+              maxReservations: limits.maxReservations,
+              reservationTtl: limits.reservationTtlMs,
+              applyDefaultLimit: true,
+              defaultDataLimit: limits.dataLimitBytes,
+              defaultDurationLimit: limits.durationLimitMs,
+            },
+            // A relayed connection per pair of NATed clients, a few streams each.
+            maxInboundHopStreams: Math.max(64, limits.maxReservations),
+            maxOutboundStopStreams: Math.max(300, limits.maxReservations),
+          }),
+        },
+      })
+    } catch (error) {
+      throw new PsycheError(`cannot start the relay on ${(options.listen ?? listenAddrsForPort(undefined)).join(', ')}: ${errorMessage(error)}`, {cause: error})
+    }
+    const node = new RelayNode(libp2p, limits, options.announce ?? [])
+    libp2p.services.relay.addEventListener('relay:reservation', (event) => {
+      log({event: 'relay_reservation', addr: event.detail.addr.toString(), expiry: event.detail.expiry.toISOString()})
+    })
+    return node
+  }
+
+  /** Our TCP port (the first listener's). */
+  get port(): number {
+    for (const a of this.libp2p.getMultiaddrs()) {
+      const tcpPart = a.getComponents().find((c) => c.name === 'tcp')
+      if (tcpPart?.value) return Number(tcpPart.value)
+    }
+    return 0
+  }
+
+  /** Every address libp2p gives for us, each ending in /p2p/<peer id>. */
+  addresses(): string[] {
+    return this.libp2p.getMultiaddrs().map((a) => a.toString())
+  }
+
+  /**
+   * The relay's address as a client that reached us at `localAddress` (the address its TCP connection to the
+   * coordinator arrived on) can use it: the same IP, the relay's port. Announced addresses, when configured, win.
+   */
+  addressFor(localAddress: string | undefined): string[] {
+    const withId = (a: string) => (a.includes(`/p2p/${this.peerId}`) ? a : `${a}/p2p/${this.peerId}`)
+    if (this.announce.length > 0) return this.announce.map(withId)
+    if (localAddress === undefined || localAddress === '') {
+      return this.libp2p.getMultiaddrs().filter((a) => addressScope(a) === 'remote').map((a) => withId(a.toString()))
+    }
+    const ip = localAddress.startsWith('::ffff:') ? localAddress.slice(7) : localAddress
+    return [withId(multiaddr(`/${ip.includes(':') ? 'ip6' : 'ip4'}/${ip}/tcp/${this.port}`).toString())]
+  }
+
+  /** Reservations held now. */
+  reservations(): number {
+    return this.libp2p.services.relay.reservations.size
+  }
+
+  async stop(): Promise<void> {
+    await this.libp2p.stop()
+  }
+}
