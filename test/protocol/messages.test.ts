@@ -53,6 +53,7 @@ test('every client message round-trips with its sender, run, step, seq and sessi
     ['withdraw', {}],
     ['checkpoint', {repo: {repo_id: 'org/model', revision: 'abc'}}],
     ['report', {loss: 5.25, val_loss: null, tokens_per_second: 1234.5, compute_ms: 812, apply_ms: null, result_bytes: 6000, bytes_in: 120000, bytes_out: 40000, applied: 3, accepted: 3, peers: 2}],
+    ['addresses', {p2p_addrs: ['/ip4/10.0.0.2/tcp/4001/p2p/12D3KooWA', '/ip4/203.0.113.7/tcp/4001/p2p/12D3KooWR/p2p-circuit/p2p/12D3KooWA']}],
   ] as const
   for (const [kind, b] of messages) {
     const d = decodeClientMessage(body(encodeClientMessage(alice, kind, fields(5, 9), b as never)))
@@ -76,6 +77,7 @@ test('every server message round-trips; the state arrives as a CoordinatorState'
   for (const [kind, b] of [
     ['challenge', {session: SESSION}],
     ['welcome', {run_id: 'run-a', client_id: alice.id, server_time: 5}],
+    ['welcome', {run_id: 'run-a', client_id: alice.id, server_time: 5, relay_addrs: ['/ip4/203.0.113.7/tcp/4001/p2p/12D3KooWR']}],
     ['rejected', {code: 'wrong_run_id', reason: 'no', of: 'hello'}],
   ] as const) {
     const d = decodeServerMessage(body(encodeServerMessage(server, kind, fields(), b as never)))
@@ -132,6 +134,10 @@ test('tampering anywhere, unsigned bytes, the wrong direction, or bad fields are
     [{kind: 'report', run_id: 'r', step: 0, seq: 1, session: SESSION, body: {...REPORT, loss: 'NaN'}}, 'invalid_message', /report.loss/],
     [{kind: 'report', run_id: 'r', step: 0, seq: 1, session: SESSION, body: {...REPORT, applied: 1.5}}, 'invalid_message', /report.applied/],
     [{kind: 'report', run_id: 'r', step: 0, seq: 1, session: SESSION, body: {...REPORT, peers: undefined}}, 'invalid_message', /missing "peers"/],
+    [{kind: 'addresses', run_id: 'r', step: 0, seq: 1, session: SESSION, body: {p2p_addrs: Array(33).fill('a')}}, 'invalid_message', /addresses.p2p_addrs has more than 32/],
+    [{kind: 'addresses', run_id: 'r', step: 0, seq: 1, session: SESSION, body: {p2p_addrs: ['x'.repeat(513)]}}, 'invalid_message', /longer than 512/],
+    [{kind: 'addresses', run_id: 'r', step: 0, seq: 1, session: SESSION, body: {p2p_addrs: [1]}}, 'invalid_message', /must be text/],
+    [{kind: 'addresses', run_id: 'r', step: 0, seq: 1, session: SESSION, body: {}}, 'invalid_message', /missing "p2p_addrs"/],
   ]
   for (const [payload, reason, detail] of cases) {
     const bytes = Buffer.from(typeof payload === 'string' ? payload : JSON.stringify(payload))
@@ -193,6 +199,8 @@ test('fuzz: random and mutated frames through FrameReader and both decoders neve
     body(encodeClientMessage(bob, 'health_check', fields(3), {accused: [alice.id]})),
     body(encodeServerMessage(server, 'rejected', fields(), {code: 'x', reason: 'y'})),
     body(encodeServerMessage(server, 'welcome', fields(), {run_id: 'run-a', client_id: alice.id, server_time: 1})),
+    body(encodeServerMessage(server, 'welcome', fields(), {run_id: 'run-a', client_id: alice.id, server_time: 1, relay_addrs: ['/ip4/1.2.3.4/tcp/9/p2p/12D3KooWR']})),
+    body(encodeClientMessage(alice, 'addresses', fields(4), {p2p_addrs: ['/ip4/1.1.1.1/tcp/1']})),
   ]
   const payloads = valid.map((v) => v.subarray(102).toString('utf8'))
   const mutators: ((b: Buffer) => Buffer)[] = [

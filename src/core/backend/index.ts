@@ -1,3 +1,3 @@
 export type {BackendConnector, CoordinatorBackend, JoinRequest, PeerDirectory, RejectionInfo} from './types.js'
 export {CoordinatorConnection, type ConnectOptions} from './centralized/connection.js'
-export {CoordinatorServer, SAVED_IDENTITY_FILE, SAVED_STATE_FILE, type CoordinatorServerOptions} from './centralized/server.js'
+export {CoordinatorServer, serverIdentity, SAVED_IDENTITY_FILE, SAVED_STATE_FILE, type CoordinatorServerOptions} from './centralized/server.js'

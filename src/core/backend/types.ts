@@ -40,6 +40,10 @@ export interface CoordinatorBackend extends EventEmitter {
   sendEquivocation(proof: EquivocationProof): boolean
   sendWithdraw(): boolean
   sendCheckpoint(repo: HubRepo): boolean
+  /** The coordinator's circuit relay, as this client can dial it (absent or empty: none). */
+  readonly relayAddrs?: string[]
+  /** Our libp2p addresses changed (a relay reservation, an observed address): publish them in the peer directory. */
+  sendAddresses?(p2pAddrs: string[]): boolean
   close(): Promise<void>
 }
 

@@ -31,8 +31,10 @@ import {isIdentityId, signBytes, verifyBytes, type Identity} from './identity.js
  *                  report {loss, ...}       step = the round applied; what the client measured (for dashboards only)
  *                  withdraw {}
  *                  checkpoint {repo}
+ *                  addresses {p2p_addrs}    our libp2p addresses changed (a relay reservation, an observed address)
  * server → client  challenge {session}      (first message, as soon as the TCP connection opens)
- *                  welcome {run_id, client_id, server_time}
+ *                  welcome {run_id, client_id, server_time, relay_addrs?}
+ *                                           relay_addrs: the coordinator's circuit relay, as this client can dial it
  *                  state {state: serialized CoordinatorState, peers: {ClientId: multiaddrs}, server_time}
  *                  rejected {code, reason, of?}
  *                  client_report {client, step, report}   a client's report, forwarded to watchers (dashboards)
@@ -48,6 +50,7 @@ export type Direction = 'to_server' | 'to_client'
 
 // Bounds on what a peer may send inside one (already size-bounded) frame.
 export const MAX_P2P_ADDRS = 32
+export const MAX_RELAY_ADDRS = 8
 export const MAX_ADDR_CHARS = 512
 export const MAX_ACCUSED = 10_000
 export const MAX_REASON_CHARS = 4096
@@ -95,6 +98,9 @@ export interface ReportBody {
 }
 export const REPORT_NUMBERS = ['loss', 'val_loss', 'tokens_per_second', 'compute_ms', 'apply_ms', 'result_bytes'] as const
 export const REPORT_COUNTS = ['bytes_in', 'bytes_out', 'applied', 'accepted', 'peers'] as const
+export interface AddressesBody {
+  p2p_addrs: string[]
+}
 export interface CheckpointBody {
   repo: HubRepo
 }
@@ -106,6 +112,8 @@ export interface WelcomeBody {
   client_id: ClientId
   /** Unix seconds on the server's clock (the coordinator's `now`). */
   server_time: number
+  /** The coordinator's libp2p circuit relay, as multiaddrs this client can dial (absent: the server runs none). */
+  relay_addrs?: string[]
 }
 export interface StateBody {
   state: CoordinatorState
@@ -132,6 +140,7 @@ export interface ClientBodies {
   withdraw: WithdrawBody
   checkpoint: CheckpointBody
   report: ReportBody
+  addresses: AddressesBody
 }
 export interface ServerBodies {
   challenge: ChallengeBody
@@ -302,6 +311,10 @@ const clientBodyCheckers: {[K in ClientKind]: (b: Obj) => ClientBodies[K]} = {
     if (b.repo.revision !== undefined && b.repo.revision !== null) repo.revision = str(b.repo.revision, 'checkpoint.repo.revision', MAX_REPO_CHARS)
     return {repo}
   },
+  addresses(b) {
+    exactKeys(b, ['p2p_addrs'], [], 'addresses')
+    return {p2p_addrs: strings(b.p2p_addrs, 'addresses.p2p_addrs', MAX_P2P_ADDRS, MAX_ADDR_CHARS)}
+  },
 }
 
 const serverBodyCheckers: {[K in ServerKind]: (b: Obj) => ServerBodies[K]} = {
@@ -310,8 +323,10 @@ const serverBodyCheckers: {[K in ServerKind]: (b: Obj) => ServerBodies[K]} = {
     return {session: session(b.session, 'challenge.session')}
   },
   welcome(b) {
-    exactKeys(b, ['run_id', 'client_id', 'server_time'], [], 'welcome')
-    return {run_id: str(b.run_id, 'welcome.run_id', MAX_RUN_ID_BYTES * 4), client_id: id(b.client_id, 'welcome.client_id'), server_time: time(b.server_time, 'welcome.server_time')}
+    exactKeys(b, ['run_id', 'client_id', 'server_time'], ['relay_addrs'], 'welcome')
+    const out: WelcomeBody = {run_id: str(b.run_id, 'welcome.run_id', MAX_RUN_ID_BYTES * 4), client_id: id(b.client_id, 'welcome.client_id'), server_time: time(b.server_time, 'welcome.server_time')}
+    if (b.relay_addrs !== undefined) out.relay_addrs = strings(b.relay_addrs, 'welcome.relay_addrs', MAX_RELAY_ADDRS, MAX_ADDR_CHARS)
+    return out
   },
   state(b) {
     exactKeys(b, ['state', 'peers', 'server_time'], [], 'state')

@@ -72,6 +72,9 @@ export class CoordinatorConnection extends EventEmitter implements CoordinatorBa
   peers: PeerDirectory = {}
   /** The server's identity id (pinned, or as first seen). */
   serverId: string | undefined
+  /** The coordinator's circuit relay as we can dial it (from the last welcome; empty: the server runs none). */
+  relayAddrs: string[] = []
+  private p2pAddrs: string[]
   private link?: Link
   private closed = false
   private replaced = false
@@ -82,6 +85,7 @@ export class CoordinatorConnection extends EventEmitter implements CoordinatorBa
     super()
     this.log = opts.log ?? (() => {})
     this.serverId = opts.serverId
+    this.p2pAddrs = opts.p2pAddrs
     this.target = parseHostPort(opts.addr, 'coordinator address')
     this.runId = opts.runId
     if (opts.runId === '' && opts.join) throw new PsycheError('joining a run needs its run id')
@@ -150,6 +154,15 @@ export class CoordinatorConnection extends EventEmitter implements CoordinatorBa
 
   sendCheckpoint(repo: HubRepo): boolean {
     return this.send('checkpoint', {repo})
+  }
+
+  /**
+   * Our libp2p addresses changed (a relay reservation, a confirmed observed address): tell the server, whose peer
+   * directory then carries them to every client. Later hellos (after a reconnect) carry them too.
+   */
+  sendAddresses(p2pAddrs: string[]): boolean {
+    this.p2pAddrs = p2pAddrs
+    return this.send('addresses', {p2p_addrs: p2pAddrs})
   }
 
   /** Closes the link for good (no reconnect). The server withdraws us if it is configured to. */
@@ -251,7 +264,7 @@ export class CoordinatorConnection extends EventEmitter implements CoordinatorBa
         if (this.serverId && this.serverId !== m.from) this.log({event: 'server_identity_changed', previous: this.serverId, now: m.from})
         this.serverId = m.from
         link.seq += 1
-        const hello = {run_id: this.runId, client_id: this.opts.identity.id, p2p_addrs: this.opts.p2pAddrs, want_join: this.opts.join}
+        const hello = {run_id: this.runId, client_id: this.opts.identity.id, p2p_addrs: this.p2pAddrs, want_join: this.opts.join}
         link.socket.write(encodeClientMessage(this.opts.identity, 'hello', {run_id: this.runId, step: this.state?.progress.step ?? 0, seq: link.seq, session: link.session}, hello))
         return undefined
       }
@@ -259,6 +272,7 @@ export class CoordinatorConnection extends EventEmitter implements CoordinatorBa
         if (!link.session) return this.drop(link, 'unexpected', 'welcome before challenge')
         if (m.body.client_id !== this.opts.identity.id) return this.drop(link, 'unexpected', `welcome for client ${m.body.client_id}`)
         link.welcomed = true
+        this.relayAddrs = m.body.relay_addrs ?? []
         return undefined
       case 'state': {
         if (!link.welcomed) return this.drop(link, 'unexpected', 'state before welcome')

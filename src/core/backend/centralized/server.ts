@@ -36,6 +36,11 @@ export interface CoordinatorServerOptions {
   maxConnections?: number
   /** A connection must say hello within this time (default 10 s). */
   helloTimeoutMs?: number
+  /**
+   * The run's circuit relay (psyche server run starts one): each client is told its addresses in the welcome, as
+   * that client can dial them (`localAddress`: the server address its TCP connection arrived on).
+   */
+  relayAddrs?: (localAddress: string | undefined) => string[]
 }
 
 /** File names inside saveStateDir. */
@@ -98,6 +103,7 @@ export class CoordinatorServer {
       log: (event: object) => void
       now: () => number
       saveStateDir?: string
+      relayAddrs?: (localAddress: string | undefined) => string[]
     },
   ) {
     if (opts.saveStateDir) this.statePath = join(opts.saveStateDir, SAVED_STATE_FILE)
@@ -115,13 +121,7 @@ export class CoordinatorServer {
     let peers: PeerDirectory = {}
     let resumedFrom: string | undefined
     if (options.saveStateDir) {
-      mkdirSync(options.saveStateDir, {recursive: true})
-      const identityPath = join(options.saveStateDir, SAVED_IDENTITY_FILE)
-      // Keep the server's id across restarts, so clients that pin it reconnect.
-      if (!identity) {
-        if (existsSync(identityPath)) identity = await loadIdentity(identityPath)
-        else await saveIdentity((identity = generateIdentity()), identityPath)
-      }
+      identity = await serverIdentity(options.saveStateDir, identity)
       const statePath = join(options.saveStateDir, SAVED_STATE_FILE)
       if (existsSync(statePath)) {
         ;({state, peers} = readSavedState(statePath, runId))
@@ -140,6 +140,7 @@ export class CoordinatorServer {
       log,
       now,
       saveStateDir: options.saveStateDir,
+      relayAddrs: options.relayAddrs,
     })
     net.on('connection', (socket) => server.accept(socket))
     await new Promise<void>((resolve, reject) => {
@@ -393,6 +394,8 @@ export class CoordinatorServer {
         for (const w of this.sessions) if (w.watcher && !w.replaced) this.send(w, 'client_report', {client: from, step: m.step, report: m.body})
         return
       }
+      case 'addresses':
+        return this.setAddresses(s, from, m.body.p2p_addrs)
     }
   }
 
@@ -420,7 +423,10 @@ export class CoordinatorServer {
     s.reader.maxFrameBytes = this.opts.maxFrameBytes
     this.byClient.set(m.from, s)
     this.opts.log({event: 'hello', peer: s.peer, client: m.from, want_join: body.want_join, p2p_addrs: body.p2p_addrs})
-    this.send(s, 'welcome', {run_id: this.runId, client_id: m.from, server_time: this.opts.now()})
+    const welcome: ServerBodies['welcome'] = {run_id: this.runId, client_id: m.from, server_time: this.opts.now()}
+    const relay = this.opts.relayAddrs?.(s.socket.localAddress)
+    if (relay && relay.length > 0) welcome.relay_addrs = relay
+    this.send(s, 'welcome', welcome)
     const known = this.directory[m.from]
     const peersChanged = !known || known.length !== body.p2p_addrs.length || known.some((a, i) => a !== body.p2p_addrs[i])
     if (peersChanged) this.directory = {...this.directory, [m.from]: body.p2p_addrs}
@@ -442,6 +448,15 @@ export class CoordinatorServer {
     this.pushState(s)
   }
 
+  /** A client's libp2p addresses changed: the directory (and so every client) gets the new list. */
+  private setAddresses(s: Session, from: ClientId, addrs: string[]): void {
+    const known = this.directory[from]
+    if (known && known.length === addrs.length && known.every((a, i) => a === addrs[i])) return
+    this.directory = {...this.directory, [from]: addrs}
+    this.opts.log({event: 'addresses', peer: s.peer, client: from, p2p_addrs: addrs})
+    this.commit(this.current, true)
+  }
+
   private onClose(s: Session): void {
     clearTimeout(s.helloTimer)
     this.sessions.delete(s)
@@ -457,6 +472,21 @@ export class CoordinatorServer {
     this.commit(result.state, true)
     this.advance()
   }
+}
+
+/**
+ * The server's identity: the given one, else the one kept in saveStateDir (created there on first use, so clients
+ * that pin it reconnect after a restart), else a new random one.
+ */
+export async function serverIdentity(saveStateDir: string | undefined, identity?: Identity): Promise<Identity> {
+  if (identity) return identity
+  if (!saveStateDir) return generateIdentity()
+  mkdirSync(saveStateDir, {recursive: true})
+  const identityPath = join(saveStateDir, SAVED_IDENTITY_FILE)
+  if (existsSync(identityPath)) return loadIdentity(identityPath)
+  const created = generateIdentity()
+  await saveIdentity(created, identityPath)
+  return created
 }
 
 function readSavedState(path: string, runId: string): {state: CoordinatorState; peers: PeerDirectory} {
