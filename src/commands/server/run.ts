@@ -1,7 +1,8 @@
 import {Flags} from '@oclif/core'
 import {join} from 'node:path'
-import {CoordinatorServer} from '../../core/backend/index.js'
+import {CoordinatorServer, serverIdentity} from '../../core/backend/index.js'
 import {PsycheCommand} from '../../core/cli/base-command.js'
+import {relayFlags, relayOptionsFromFlags} from '../../core/cli/relay-flags.js'
 import {checkDataServerForRun, formatIssue, loadRunConfigFile} from '../../core/config/index.js'
 import {openDataServer, type DataServer} from '../../core/data/index.js'
 import {parseHostPort} from '../../core/protocol/address.js'
@@ -11,11 +12,17 @@ import {HISTORY_FILE, RunHistory} from '../../core/obs/history.js'
 import {ServerMetrics, serveMetrics} from '../../core/obs/metrics.js'
 import {summarizeRun} from '../../core/obs/summary.js'
 import {startTerminalView, Warnings} from '../../core/obs/terminal-view.js'
+import {RelayNode} from '../../core/p2p/relay.js'
 import {loadIdentity} from '../../core/protocol/index.js'
 
 export default class ServerRun extends PsycheCommand {
   static summary = 'Run the centralized coordinator: a TCP server that owns the run\'s state and ticks it'
   static description = `Loads the state.toml, listens for clients (psyche join), ticks the coordinator every --tick-ms and after every accepted message, and pushes each new state to every connected client. Every message is signed, bound to the run, the connection and the step; anything else is refused with a logged reason. With --save-state-dir the state is saved atomically after every transition and a restarted server resumes from it. With --data-config it also serves the run's token data (data_location.Server). Runs until SIGINT/SIGTERM.
+
+It also runs a libp2p circuit relay v2 (unless --no-relay), signed with the server's identity: every client is
+told its address in the welcome (as that client reached the server) and reserves a slot on it, so clients
+behind NAT reach each other through it; DCUtR upgrades to direct connections where the NATs allow. The relay's
+limits per relayed connection are flags (--relay-data-limit-mb, --relay-duration-limit-s).
 
 --json prints one JSON object per line on stdout; the first is {"event":"listening","port":...}.`
   static examples = [
@@ -27,7 +34,7 @@ export default class ServerRun extends PsycheCommand {
     state: Flags.string({summary: 'path to the run\'s state.toml', required: true}),
     'data-config': Flags.string({summary: 'also serve token data with this data.toml, on the port of model.LLM.data_location.Server'}),
     'server-port': Flags.integer({summary: 'TCP port for clients (0: any free port)', default: 0, min: 0, max: 65535}),
-    host: Flags.string({summary: 'address to listen on (0.0.0.0 to serve other machines)', default: '127.0.0.1'}),
+    host: Flags.string({summary: 'address to listen on (default every IPv4 interface; 127.0.0.1 for this machine only)', default: '0.0.0.0'}),
     'save-state-dir': Flags.string({summary: 'save the coordinator state here after every transition, and resume from it'}),
     'withdraw-on-disconnect': Flags.string({summary: 'withdraw clients whose connection closes', options: ['true', 'false'], default: 'true'}),
     identity: Flags.string({summary: 'the server\'s identity file (psyche identity new); default: kept in --save-state-dir, else random'}),
@@ -36,6 +43,8 @@ export default class ServerRun extends PsycheCommand {
     'metrics-host': Flags.string({summary: 'address the metrics endpoint listens on', default: '127.0.0.1'}),
     'dashboard-port': Flags.integer({summary: 'serve the dashboard page at http://HOST:PORT/ (0: any free port); its history is kept in --save-state-dir', min: 0, max: 65535}),
     'dashboard-host': Flags.string({summary: 'address the dashboard listens on', default: '127.0.0.1'}),
+    relay: Flags.boolean({summary: 'run a circuit relay for clients behind NAT (--no-relay: none)', default: true, allowNo: true}),
+    ...relayFlags,
   }
 
   async run(): Promise<void> {
@@ -61,6 +70,10 @@ export default class ServerRun extends PsycheCommand {
       } else process.stderr.write(`${formatLogLine(event)}\n`)
     }
 
+    // The relay signs with the server's identity (its peer id is the server id), and starts first: every client
+    // that says hello is told its address.
+    const id = await serverIdentity(flags['save-state-dir'], identity)
+    const relay = flags.relay ? await RelayNode.start({identity: id, ...relayOptionsFromFlags(flags, flags.host), log}) : undefined
     server = await CoordinatorServer.start({
       run,
       host: flags.host,
@@ -68,9 +81,15 @@ export default class ServerRun extends PsycheCommand {
       saveStateDir: flags['save-state-dir'],
       withdrawOnDisconnect: flags['withdraw-on-disconnect'] === 'true',
       tickIntervalMs: flags['tick-ms'],
-      identity,
+      identity: id,
       log,
+      relayAddrs: (localAddress) => relay?.addressFor(localAddress) ?? [],
+    }).catch(async (error) => {
+      await relay?.stop()
+      throw error
     })
+    // After 'listening', which launchers read first.
+    if (relay) log({event: 'relay_listening', peer_id: relay.peerId, port: relay.port, addrs: relay.addresses(), max_reservations: relay.limits.maxReservations, data_limit_bytes: Number(relay.limits.dataLimitBytes), duration_limit_ms: relay.limits.durationLimitMs})
     let data: {server: DataServer; close: () => Promise<void>} | undefined
     let metricsEndpoint: Awaited<ReturnType<typeof serveMetrics>> | undefined
     let dashboard: Awaited<ReturnType<typeof serveDashboard>> | undefined
@@ -92,6 +111,7 @@ export default class ServerRun extends PsycheCommand {
     } catch (error) {
       await metricsEndpoint?.close()
       await data?.close()
+      await relay?.stop()
       await server.stop()
       throw error
     }
@@ -130,6 +150,7 @@ export default class ServerRun extends PsycheCommand {
     await dashboard?.close()
     await metricsEndpoint?.close()
     await data?.close()
+    await relay?.stop()
     await server.stop()
     history?.save()
   }

@@ -1,0 +1,48 @@
+import {Flags} from '@oclif/core'
+import {PsycheCommand} from '../core/cli/base-command.js'
+import {relayFlags, relayOptionsFromFlags} from '../core/cli/relay-flags.js'
+import {RelayNode} from '../core/p2p/relay.js'
+import {generateIdentity, loadIdentity} from '../core/protocol/identity.js'
+
+export default class Relay extends PsycheCommand {
+  static summary = 'Run a standalone libp2p circuit relay for clients behind NAT'
+  static description = `A libp2p circuit relay v2 (@libp2p/circuit-relay-v2) with AutoNAT and identify, on a host every client can reach.
+Clients pass one of the printed addresses to \`psyche join --relay\`: each reserves a slot and is reached through
+it when no direct connection works; DCUtR then upgrades to a direct connection where the NATs allow it.
+\`psyche server run\` already runs one next to the coordinator; use this one for a second relay, or when the
+coordinator is elsewhere (e.g. on Solana). Runs until SIGINT/SIGTERM.
+
+--json prints one JSON object per line; the first is {"event":"relay_listening","peer_id","port","addrs",...}.`
+
+  static examples = [
+    '<%= config.bin %> relay --relay-port 4001 --identity relay.json',
+    '<%= config.bin %> relay --relay-port 4001 --relay-announce /ip4/203.0.113.7/tcp/4001 --json',
+  ]
+
+  static flags = {
+    identity: Flags.string({summary: 'identity file (psyche identity new): keeps the relay\'s peer id across restarts; default a random one'}),
+    ...relayFlags,
+  }
+
+  async run(): Promise<void> {
+    const {flags} = await this.parse(Relay)
+    const identity = flags.identity ? await loadIdentity(flags.identity) : generateIdentity()
+    const json = this.jsonEnabled()
+    const log = (event: object) => {
+      if (json) process.stdout.write(`${JSON.stringify({...event, time: new Date().toISOString()})}\n`)
+      else if ((event as {event?: string}).event === 'relay_reservation') process.stderr.write(`reservation: ${(event as {addr: string}).addr}\n`)
+    }
+    const relay = await RelayNode.start({identity, ...relayOptionsFromFlags(flags), log})
+    const addrs = relay.addressFor(undefined)
+    log({event: 'relay_listening', peer_id: relay.peerId, port: relay.port, addrs, max_reservations: relay.limits.maxReservations, data_limit_bytes: Number(relay.limits.dataLimitBytes), duration_limit_ms: relay.limits.durationLimitMs})
+    if (!json) {
+      process.stdout.write(`relay ${relay.peerId} listening on port ${relay.port}\n`)
+      process.stdout.write(`clients join with one of:\n${(addrs.length ? addrs : relay.addresses()).map((a) => `  --relay ${a}`).join('\n')}\n`)
+    }
+    await new Promise<void>((done) => {
+      process.once('SIGINT', done)
+      process.once('SIGTERM', done)
+    })
+    await relay.stop()
+  }
+}
