@@ -8,6 +8,7 @@ import {systemClock, type ClientComponents} from '../core/client/components.js'
 import {PsycheClient, seedForRun, type ClientSummary} from '../core/client/runner.js'
 import {openDataProvider, type DataProvider} from '../core/data/index.js'
 import {P2PNode} from '../core/p2p/index.js'
+import {listenAddrsForPort, parseMultiaddrs} from '../core/p2p/addresses.js'
 import {demoCorpusDir, ensureDemoCorpus} from '../core/corpus.js'
 import {ClientMetrics, serveMetrics} from '../core/obs/metrics.js'
 import {RoundReporter} from '../core/obs/report.js'
@@ -34,6 +35,8 @@ export async function startComponents(o: {
   plan: TrainPlan
   seed: number
   log: Log
+  /** libp2p listen and announce addresses. */
+  p2p: {listen: string[]; announce?: string[]}
   /** Each new coordinator connection (the first, and each rejoin's). */
   onConnected?: (connection: CoordinatorConnection) => void
 }): Promise<ClientComponents> {
@@ -43,7 +46,7 @@ export async function startComponents(o: {
   let data: DataProvider | undefined
   try {
     data = await openDataProvider(plan.data as ProviderLocation, {seqLen: plan.seqLen, baseDir: plan.dataBaseDir, shuffleSeed: shuffleSeedFor(o.seed), wrap: true})
-    p2p = await P2PNode.start({identity, runId, log: (e) => log({...(e as Record<string, unknown>), source: 'p2p'})})
+    p2p = await P2PNode.start({identity, runId, listen: o.p2p.listen, announce: o.p2p.announce, log: (e) => log({...(e as Record<string, unknown>), source: 'p2p'})})
   } catch (error) {
     await p2p?.stop()
     await data?.close()
@@ -76,8 +79,17 @@ over libp2p, applies the results a witness quorum confirmed, witnesses when sele
 The model and data come from --config (the run's state.toml, for its model directory and data) or the
 tiny-demo template; the LR schedule and DisTrO settings come from the coordinator's state.
 With --json, one JSON object per line on stdout: {"event":"round","step","epoch","loss","param_hash",
-"applied","bytes_in","bytes_out","peers",...} after each applied round, and other events (model_loaded,
-trained, witness, health_check, rejected, worker_crashed, finished).`
+"applied","peers_applied","peers_accepted","other_trainers","bytes_in","bytes_out","peers",...} after each
+applied round, and other events (model_loaded, trained, witness, health_check, rejected, worker_crashed,
+no_exchange, finished).
+
+Networking: the libp2p node listens on every interface (any free port; --p2p-port or --p2p-listen to choose)
+and tells its peers, through the coordinator, only addresses they can use: interface addresses and the
+observed addresses AutoNAT confirms, never a loopback address (unless it listens on loopback only), or
+exactly --p2p-announce. It reserves a slot on the coordinator's circuit relay (and on --relay) and publishes
+its relayed address after its direct ones, so peers behind NAT reach each other through the relay; DCUtR
+upgrades such connections to direct ones where the NATs allow. A client that applies no peer's results for
+several rounds while others train prints a no_exchange warning naming the addresses it failed to dial.`
 
   static examples = [
     '<%= config.bin %> join --server-addr 127.0.0.1:5000 --run-id tiny-demo',
@@ -99,6 +111,10 @@ trained, witness, health_check, rejected, worker_crashed, finished).`
     'data-parallel': Flags.integer({summary: 'N data-parallel ranks on --device (cpu: N processes with gloo; cuda: GPUs 0..N-1 with NCCL)', min: 1}),
     'metrics-port': Flags.integer({summary: 'serve Prometheus metrics at http://HOST:PORT/metrics (0: any free port)', min: 0, max: 65535}),
     'metrics-host': Flags.string({summary: 'address the metrics endpoint listens on', default: '127.0.0.1'}),
+    'p2p-listen': Flags.string({summary: 'libp2p listen multiaddr(s) (default /ip4/0.0.0.0/tcp/0: every interface)', multiple: true, exclusive: ['p2p-port']}),
+    'p2p-port': Flags.integer({summary: 'libp2p TCP port on every interface (default: any free port)', min: 0, max: 65535}),
+    'p2p-announce': Flags.string({summary: 'tell peers exactly these multiaddr(s): a public address or a forwarded port', multiple: true}),
+    relay: Flags.string({summary: 'also reserve a slot on this circuit relay (multiaddr ending in /p2p/<id>, from psyche relay)', multiple: true}),
   }
 
   /** With --json, stdout is a stream of one-line events: an error is one more line, not a pretty-printed object. */
@@ -130,6 +146,11 @@ trained, witness, health_check, rejected, worker_crashed, finished).`
     })
     const d = plan.data
     if (typeof d === 'object' && 'Local' in d && resolve(plan.dataBaseDir, d.Local).startsWith(demoCorpusDir)) await ensureDemoCorpus((m) => progress.status(m))
+    const p2p = {
+      listen: flags['p2p-listen'] ? parseMultiaddrs(flags['p2p-listen'], '--p2p-listen') : listenAddrsForPort(flags['p2p-port']),
+      announce: flags['p2p-announce'] ? parseMultiaddrs(flags['p2p-announce'], '--p2p-announce') : undefined,
+    }
+    const relays = flags.relay ? parseMultiaddrs(flags.relay, '--relay', {needPeer: true}) : undefined
     const identity = flags.identity ? await loadIdentity(resolve(flags.identity)) : generateIdentity()
     const runId = flags['run-id']
     const seed = seedForRun(runId)
@@ -150,7 +171,12 @@ trained, witness, health_check, rejected, worker_crashed, finished).`
       switch (event.event) {
         case 'round': {
           const loss = typeof event.loss === 'number' ? event.loss.toFixed(3) : '  -  '
-          progress.note(`round ${event.step} (epoch ${event.epoch})  loss ${loss}  hash ${String(event.param_hash).slice(0, 12)}  applied ${event.applied}/${event.trainers}  peers ${event.peers}  in ${mb(event.bytes_in as number)}  out ${mb(event.bytes_out as number)}`)
+          progress.note(`round ${event.step} (epoch ${event.epoch})  loss ${loss}  hash ${String(event.param_hash).slice(0, 12)}  peers' results applied ${event.peers_applied}/${event.peers_accepted} accepted (${event.other_trainers} others trained)  connected ${event.peers}  in ${mb(event.bytes_in as number)}  out ${mb(event.bytes_out as number)}`)
+          break
+        }
+        case 'no_exchange': {
+          const unreachable = (event.unreachable as {peer_id: string; addrs: string[]; reason: string}[]).map((u) => `${u.peer_id.slice(0, 16)}… at ${u.addrs.join(', ')} (${u.reason})`)
+          progress.note(`WARNING: ${event.detail}. ${unreachable.length ? `Could not dial: ${unreachable.join('; ')}` : `Connected to ${event.peers} peer(s), yet no result arrived`}. See the README, "Training across machines".`)
           break
         }
         case 'model_loaded':
@@ -182,8 +208,8 @@ trained, witness, health_check, rejected, worker_crashed, finished).`
         process.exit(code)
       })
     }
-    const components = await startComponents({serverAddr: flags['server-addr'], runId, identity, plan, seed, log, onConnected: (c) => (connection = c)})
-    client = await PsycheClient.start({id: identity.id, runId, plan, seed, log}, components)
+    const components = await startComponents({serverAddr: flags['server-addr'], runId, identity, plan, seed, log, p2p, onConnected: (c) => (connection = c)})
+    client = await PsycheClient.start({id: identity.id, runId, plan, seed, log, relays}, components)
     progress.status(`joined as ${client.id.slice(0, 16)}…; following the run`)
     const summary = await client.run().finally(() => metricsEndpoint?.close())
     log({event: 'finished', ...summary})

@@ -109,11 +109,17 @@ kills, rejoins, bytes: {name: {in, out}}, result_bytes_per_round, wall_seconds, 
       progress.done(`testnet ${summary.ended} after ${summary.wall_seconds}s`)
       this.log(`rounds: ${summary.rounds.length}${first && last ? `, mean loss ${meanLoss(first)} → ${meanLoss(last)}` : ''}`)
       this.log(`parameter hashes equal in ${summary.rounds.filter((r) => r.hashes_equal).length}/${summary.rounds.length} rounds`)
+      // Equal hashes mean nothing when nobody took anyone's results: say so, loudly.
+      if (summary.rounds_without_exchange > 0) this.log(`WARNING: in ${summary.rounds_without_exchange}/${summary.rounds.length} rounds some client applied no other client's results (no exchange: see the clients' no_exchange warnings)`)
+      else this.log(`every round applied every client's peers' results`)
       this.log(`kills: ${summary.kills.length}, rejoins: ${summary.rejoins.filter((r) => r.first_step !== null).length}`)
       if (summary.result_bytes_per_round !== null) this.log(`result per client per round: ${summary.result_bytes_per_round} bytes`)
       for (const [name, b] of Object.entries(summary.bytes)) this.log(`${name}: ${(b.in / 1e6).toFixed(2)} MB in, ${(b.out / 1e6).toFixed(2)} MB out`)
     }
     if (summary.ended === 'failed') this.error('the testnet failed: the server or every client exited early', {exit: 1})
+    if (flags.clients > 1 && summary.rounds.length > 0 && summary.rounds_without_exchange === summary.rounds.length) {
+      this.error(`the testnet failed: in none of its ${summary.rounds.length} rounds did the clients exchange results`, {exit: 1})
+    }
     if (summary.ended === 'interrupted') process.exitCode = 130
     return summary
   }

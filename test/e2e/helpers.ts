@@ -96,13 +96,19 @@ quantize_1bit = true
 /** A CLI child process whose stdout is JSON lines, collected as they arrive. */
 export class JsonProcess {
   readonly events: Record<string, unknown>[] = []
+  /** When each event arrived (ms since the epoch), index for index. */
+  readonly times: number[] = []
   readonly stderr: string[] = []
   readonly proc: ResultPromise
   private waiters: (() => void)[] = []
 
-  /** `entry`: what node runs (default the psyche CLI; the adversarial tests run their hostile client). */
-  constructor(readonly name: string, args: string[], entry: string[] = [cliPath]) {
-    this.proc = execa(process.execPath, [...entry, ...args], {cwd: projectRoot, env: {NO_COLOR: '1', CI: '1'}, reject: false, stdin: 'ignore', buffer: false, cleanup: true})
+  /**
+   * `entry`: what node runs (default the psyche CLI; the adversarial tests run their hostile client). `wrap`: a
+   * command that runs it, e.g. ['ip', 'netns', 'exec', 'ns'] (test/net runs clients on other hosts).
+   */
+  constructor(readonly name: string, args: string[], entry: string[] = [cliPath], wrap: string[] = []) {
+    const argv = [...wrap, process.execPath, ...entry, ...args]
+    this.proc = execa(argv[0], argv.slice(1), {cwd: projectRoot, env: {NO_COLOR: '1', CI: '1'}, reject: false, stdin: 'ignore', buffer: false, cleanup: true})
     let partial = ''
     this.proc.stdout!.setEncoding('utf8')
     this.proc.stdout!.on('data', (chunk: string) => {
@@ -113,6 +119,7 @@ export class JsonProcess {
         if (!line.trim()) continue
         try {
           this.events.push(JSON.parse(line))
+          this.times.push(Date.now())
         } catch {
           this.stderr.push(`(stdout) ${line}`)
         }
@@ -183,7 +190,7 @@ export async function freePort(): Promise<number> {
 
 /** `psyche server run` for a state.toml; resolves once it reports listening. */
 export async function startServer(statePath: string, options: {port?: number; saveStateDir?: string; withdrawOnDisconnect?: boolean} = {}): Promise<{server: JsonProcess; port: number}> {
-  const args = ['server', 'run', '--state', statePath, '--json']
+  const args = ['server', 'run', '--state', statePath, '--host', '127.0.0.1', '--json']
   if (options.withdrawOnDisconnect === false) args.push('--withdraw-on-disconnect', 'false')
   if (options.port) args.push('--server-port', String(options.port))
   if (options.saveStateDir) args.push('--save-state-dir', options.saveStateDir)
@@ -194,7 +201,8 @@ export async function startServer(statePath: string, options: {port?: number; sa
 
 /** `psyche join --json` with one torch thread (a 2-core machine runs several of these). */
 export function startClient(name: string, port: number, statePath: string, identityPath?: string): JsonProcess {
-  const args = ['join', '--server-addr', `127.0.0.1:${port}`, '--run-id', 'e2e', '--config', statePath, '--threads', '1', '--json']
+  // One machine: the libp2p node listens on loopback only (and so tells peers its loopback address).
+  const args = ['join', '--server-addr', `127.0.0.1:${port}`, '--run-id', 'e2e', '--config', statePath, '--threads', '1', '--p2p-listen', '/ip4/127.0.0.1/tcp/0', '--json']
   if (identityPath) args.push('--identity', identityPath)
   return new JsonProcess(name, args)
 }

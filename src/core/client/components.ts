@@ -51,6 +51,17 @@ export interface ClientP2P {
   fetchModel(fromClientIds: string[]): Promise<ModelSnapshot>
   stats(): ClientP2PStats
   stop(): Promise<void>
+  // Networking across hosts (libp2p); an in-process P2P layer has no addresses to change and no relays.
+  /** Called with our new addresses when they change (a relay reservation, a confirmed observed address). */
+  onAddressesChanged?(handler: (addrs: string[]) => void): void
+  /** Reserve a slot on these circuit relays (multiaddrs ending in /p2p/<relay id>). */
+  useRelays?(addrs: string[]): Promise<void>
+  /** Of these clients, the ones we are not connected to (or that do not receive our announcements yet). */
+  notConnected?(clientIds: string[]): string[]
+  /** Peers we were told about and could not dial, with the addresses tried. */
+  unreachablePeers?(): {peer_id: string; addrs: string[]; reason: string}[]
+  /** Connections now, direct and relayed. */
+  connectionKinds?(): {direct: number; relayed: number}
 }
 
 /** What the client needs from its model worker (the PyTorch ModelWorker satisfies it). */

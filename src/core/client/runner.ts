@@ -9,7 +9,7 @@ import type {ResultFormat} from '../verify/result.js'
 import {randomBatchIds, scoreOf, Scorer} from '../verify/score.js'
 import {WorkerCrashedError, WorkerRequestError} from '../worker/client.js'
 import type {ClientComponents} from './components.js'
-import {acceptedResults, belongsToRound, finalRounds, messagesToSend, nextWork, type ClientView, type HeldResult, type Message, type Work} from './decide.js'
+import {acceptedResults, belongsToRound, finalRounds, messagesToSend, nextWork, trainersWithBatches, type ClientView, type HeldResult, type Message, type Work} from './decide.js'
 import {StepLedger} from './ledger.js'
 
 /** What a client trains with: the resolved plan's model, data and worker settings; LR and optimizer come from the run. */
@@ -26,6 +26,9 @@ export interface ClientOptions {
   log: (event: Record<string, unknown>) => void
   /** How long an apply waits for a witnessed result it has no announcement of before applying without it. */
   missingResultWaitMs?: number
+  /** Relays (multiaddrs) to reserve a slot on besides the coordinator's; `relay: false` uses none. */
+  relays?: string[]
+  relay?: boolean
   /**
    * Test-only (no CLI flag reaches it): replaces how this client publishes its result, so the adversarial tests
    * run the real client with a hostile producer (test/adversarial/).
@@ -54,6 +57,11 @@ export interface ResultProducer {
   publish(ctx: ProducerContext): Promise<Uint8Array | undefined>
 }
 
+/** Applied rounds in a row without any peer's result (while others trained) before the no_exchange warning. */
+export const NO_EXCHANGE_WARN_ROUNDS = 3
+/** In Warmup, how long a loaded client waits to be connected to its peers before it reports ready anyway. */
+const WARMUP_CONNECT_WAIT_MS = 20_000
+
 /** One line per applied round: what the testnet and the tests compare across clients. */
 export interface RoundEvent {
   event: 'round'
@@ -65,11 +73,20 @@ export interface RoundEvent {
   param_hash: string
   applied: number
   trainers: number
+  /** Other clients' results applied in this round (our own excluded). */
+  peers_applied: number
+  /** Other clients' results the witness quorum accepted for this round. */
+  peers_accepted: number
+  /** Other clients that had batches to train in this round. */
+  other_trainers: number
   result_bytes: number | null
   compute_ms: number | null
   bytes_in: number
   bytes_out: number
   peers: number
+  /** P2P connections now: direct and relayed (through a circuit relay); null when the P2P layer cannot tell. */
+  conn_direct: number | null
+  conn_relayed: number | null
 }
 
 export interface ClientSummary {
@@ -112,6 +129,8 @@ export class PsycheClient {
   private lastHash: string | null = null
   private workerGone: WorkerCrashedError | undefined
   private connectionLost: PsycheError | undefined
+  private noExchangeRounds = 0
+  private readyWaitSince: number | undefined
   private readonly worker: ClientComponents['worker']
   private readonly p2p: ClientComponents['p2p']
   private readonly data: ClientComponents['data']
@@ -148,6 +167,8 @@ export class PsycheClient {
         return client.snapshot
       })
       await client.connect()
+      // New addresses (a relay reservation, a confirmed observed address) go to every peer through the coordinator.
+      p2p.onAddressesChanged?.((addrs) => client.conn.sendAddresses?.(addrs))
       opts.log({event: 'started', client_id: opts.id, p2p: p2p.addresses(), worker_pid: worker.pid})
       return client
     } catch (error) {
@@ -177,6 +198,7 @@ export class PsycheClient {
       this.ledger.forgetWitnessesSent()
       this.warmupReported = null
       this.opts.log({event: 'reconnected'})
+      this.useRelays()
       this.flushMessages()
     })
     conn.on('closed', () => {
@@ -187,6 +209,16 @@ export class PsycheClient {
     })
     // The first state arrived during connect(), before these listeners.
     this.onState(conn.state!, conn.peers)
+    this.useRelays()
+  }
+
+  /** Reserve a slot on the coordinator's relay (and any --relay): peers behind NAT reach us through it. */
+  private useRelays(): void {
+    if (this.opts.relay === false || !this.p2p.useRelays) return
+    const relays = [...(this.opts.relays ?? []), ...(this.conn.relayAddrs ?? [])]
+    if (relays.length === 0) return
+    this.opts.log({event: 'relay', addrs: relays})
+    void this.p2p.useRelays(relays)
   }
 
   private view(): ClientView {
@@ -297,7 +329,9 @@ export class PsycheClient {
   private send(m: Message): void {
     switch (m.kind) {
       case 'warmup_ready':
+        if (!this.peersReachable()) return
         if (this.conn.sendWarmupReady()) {
+          this.readyWaitSince = undefined
           this.warmupReported = m.epoch
           this.opts.log({event: 'warmup_ready', epoch: m.epoch, step: this.modelStep})
         }
@@ -325,6 +359,21 @@ export class PsycheClient {
         if (m.accused.length > 0 && this.conn.sendHealthCheck(m.step, m.accused)) this.opts.log({event: 'health_check', step: m.step, judged: m.judged, accused: m.accused})
         return
     }
+  }
+
+  /**
+   * "Ready" in Warmup also means ready to exchange: connected to the epoch's other clients (directly or through a
+   * relay), so the first round's results reach everyone. Not forever: after WARMUP_CONNECT_WAIT_MS we report
+   * ready anyway (the rounds then show who could not be reached, and the no_exchange warning names them).
+   */
+  private peersReachable(): boolean {
+    if (!this.p2p.notConnected) return true
+    const others = this.state.epoch.clients.map((c) => c.id).filter((id) => id !== this.id)
+    if (this.p2p.notConnected(others).length === 0) return true
+    this.readyWaitSince ??= this.clock.now()
+    if (this.clock.now() - this.readyWaitSince >= WARMUP_CONNECT_WAIT_MS) return true
+    void this.clock.sleep(500).then(() => this.flushMessages())
+    return false
   }
 
   /** Runs until the run is Finished (or stop()). A crashed worker withdraws us and rejects. */
@@ -475,7 +524,7 @@ export class PsycheClient {
    * rather than apply a different set than our peers (that would fork the replica): the model is dropped, we
    * stop training (health checks drop us), rejoin, and load the model from a peer at the next Warmup.
    */
-  private async acceptedBytes(round: Round): Promise<Uint8Array[] | undefined> {
+  private async acceptedBytes(round: Round): Promise<(Uint8Array[] & {peers?: number; peersAccepted?: number}) | undefined> {
     const record = this.ledger.get(round.step)
     for (const r of acceptedResults(this.state, round, record?.results).accepted) {
       if (r.bytes) continue
@@ -498,7 +547,10 @@ export class PsycheClient {
       this.applying = accepted.filter((r) => !dropped.includes(r))
       // Verification never stops an apply: a failure is logged and the round goes on.
       await this.verify(round, this.applying).catch((error) => this.opts.log({event: 'verify_failed', step: round.step, message: errorMessage(error)}))
-      return this.applying.map((r) => r.bytes!)
+      const out: Uint8Array[] & {peers?: number; peersAccepted?: number} = this.applying.map((r) => r.bytes!)
+      out.peers = this.applying.filter((r) => r.client_id !== this.id).length
+      out.peersAccepted = accepted.filter((r) => r.client_id !== this.id).length
+      return out
     }
     const since = (this.ledger.at(round.step).missingSince ??= this.clock.now())
     if (this.clock.now() - since < (this.opts.missingResultWaitMs ?? 10_000)) return undefined
@@ -586,7 +638,7 @@ export class PsycheClient {
       if (this.refusedByWorker(error, round.step)) return false
       throw error
     }
-    this.afterApply(round, hash, results.length)
+    this.afterApply(round, hash, results.length, results.peers ?? 0, results.peersAccepted ?? 0)
     // Past the epoch's rounds the model is what joiners of the next epoch fetch: refresh what we serve.
     if (!isRoundPhase(this.state.run_state)) {
       const {frames, paramHash} = await this.worker.exportParams()
@@ -595,7 +647,7 @@ export class PsycheClient {
     return true
   }
 
-  private afterApply(round: Round, hash: string, applied: number): void {
+  private afterApply(round: Round, hash: string, applied: number, peersApplied: number, peersAccepted: number): void {
     this.modelStep = round.step
     this.trainedStep = Math.max(this.trainedStep, round.step)
     this.lastHash = hash
@@ -603,6 +655,8 @@ export class PsycheClient {
     const record = this.ledger.get(round.step)
     const mine = record?.trained
     const stats = this.p2p.stats()
+    const kinds = this.p2p.connectionKinds?.()
+    const otherTrainers = trainersWithBatches(this.state, round).filter((t) => t.id !== this.id).length
     const event: RoundEvent = {
       event: 'round',
       step: round.step,
@@ -611,13 +665,21 @@ export class PsycheClient {
       param_hash: hash,
       applied,
       trainers: round.roster.length,
+      // Every accepted result is fetched before the apply (else we wait, or drop out); one that fails validation
+      // is dropped by every replica alike, so applied < accepted only by such drops.
+      peers_applied: peersApplied,
+      peers_accepted: peersAccepted,
+      other_trainers: otherTrainers,
       result_bytes: mine?.resultBytes ?? null,
       compute_ms: mine?.computeMs ?? null,
       bytes_in: stats.bytesReceived,
       bytes_out: stats.bytesSent,
       peers: stats.peers,
+      conn_direct: kinds?.direct ?? null,
+      conn_relayed: kinds?.relayed ?? null,
     }
     this.opts.log(event as unknown as Record<string, unknown>)
+    this.checkExchange(round.step, peersApplied, otherTrainers)
     // Keep one applied round back: slower peers may still fetch it from us, and the next round's witnesses judge it.
     this.p2p.dropResultsBefore(round.step - 1)
     this.ledger.pruneBefore(round.step - 1)
@@ -626,12 +688,37 @@ export class PsycheClient {
     this.flushMessages()
   }
 
+  /**
+   * Loud, not silent: a round in which others trained but none of their results reached us is a failure of the
+   * network, not a good round. After NO_EXCHANGE_WARN_ROUNDS such rounds in a row we say so, naming the peers we
+   * could not dial and the addresses we tried (then again every 10 rounds while it lasts).
+   */
+  private checkExchange(step: number, peersApplied: number, otherTrainers: number): void {
+    if (peersApplied > 0 || otherTrainers === 0) {
+      this.noExchangeRounds = 0
+      return
+    }
+    this.noExchangeRounds++
+    const n = this.noExchangeRounds
+    if (n < NO_EXCHANGE_WARN_ROUNDS || (n - NO_EXCHANGE_WARN_ROUNDS) % 10 !== 0) return
+    const unreachable = (this.p2p.unreachablePeers?.() ?? []).map((f) => ({peer_id: f.peer_id, addrs: f.addrs, reason: f.reason.slice(0, 300)}))
+    this.opts.log({
+      event: 'no_exchange',
+      step,
+      rounds: n,
+      other_trainers: otherTrainers,
+      peers: this.p2p.stats().peers,
+      unreachable,
+      detail: `applied no peer's results for ${n} rounds while ${otherTrainers} other client(s) trained: this client trains alone`,
+    })
+  }
+
   private async train(round: Round, range: {start: number; end: number}, previous?: Round): Promise<boolean> {
-    let before: {applyStep: number; results: Uint8Array[]} | undefined
+    let before: {applyStep: number; results: Uint8Array[]; peers: number; peersAccepted: number} | undefined
     if (previous) {
       const results = await this.acceptedBytes(previous)
       if (!results) return this.modelStep === null
-      before = {applyStep: previous.step, results}
+      before = {applyStep: previous.step, results, peers: results.peers ?? 0, peersAccepted: results.peersAccepted ?? 0}
     }
     const assigned = Array.from({length: range.end - range.start}, (_, i) => range.start + i)
     const ids = this.opts.producer?.batches?.(assigned, round) ?? assigned
@@ -647,7 +734,7 @@ export class PsycheClient {
     const computeMs = performance.now() - started
     this.trainedStep = round.step
     this.ledger.at(round.step).trained = {loss: r.loss, resultBytes: r.result.length, computeMs}
-    if (previous && before) this.afterApply(previous, r.paramHash, before.results.length)
+    if (previous && before) this.afterApply(previous, r.paramHash, before.results.length, before.peers, before.peersAccepted)
     const own = this.opts.producer
       ? await this.hostilePublish(round, range, r.result)
       : {announcement: await this.p2p.publishResult(round.step, range.start, range.end, r.result), bytes: r.result}

@@ -121,7 +121,8 @@ export async function runTestnet(options: TestnetOptions): Promise<TestnetSummar
     emit({kind: 'client_started', client: client.name, generation: client.generation})
   }
   const newClient = (name: string, identityPath: string, port: number) => {
-    const joinArgs = ['--server-addr', `127.0.0.1:${port}`, '--run-id', runId, '--config', statePath]
+    // One machine: libp2p on loopback only, so clients are told (and dial) loopback addresses.
+    const joinArgs = ['--server-addr', `127.0.0.1:${port}`, '--run-id', runId, '--config', statePath, '--p2p-listen', '/ip4/127.0.0.1/tcp/0']
     if (options.threads) joinArgs.push('--threads', String(options.threads))
     const client: ClientProcess = new ClientProcess(name, identityPath, group, joinArgs, {
       onEvent: (e, generation) => {

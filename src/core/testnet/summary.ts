@@ -6,13 +6,21 @@
 export interface ClientRound {
   loss: number | null
   param_hash: string
+  /** Other clients' results it applied, and how many other clients trained in the round (null: not reported). */
+  peers_applied: number | null
+  other_trainers: number | null
 }
 
 export interface TestnetSummary {
   run_id: string
   clients: string[]
   /** Per applied round: each client's loss (null: did not train in it) and parameter hash, and whether all hashes agree. */
-  rounds: {step: number; epoch: number; clients: Record<string, ClientRound>; hashes_equal: boolean}[]
+  rounds: {step: number; epoch: number; clients: Record<string, ClientRound>; hashes_equal: boolean; exchanged: boolean}[]
+  /**
+   * Rounds in which some client applied no other client's result although others trained: no exchange happened
+   * for it (equal hashes then prove nothing). A healthy run has none.
+   */
+  rounds_without_exchange: number
   kills: {client: string; at_seconds: number; after_step: number | null}[]
   /** A killed client's first applied round after its restart (null: it did not get to apply one). */
   rejoins: {client: string; at_seconds: number; first_step: number | null; param_hash: string | null}[]
@@ -33,6 +41,8 @@ export interface RoundLine {
   bytes_in: number
   bytes_out: number
   result_bytes: number | null
+  peers_applied: number | null
+  other_trainers: number | null
 }
 
 /** Reads a `round` event's fields, or undefined when the line is not a well-formed one. */
@@ -46,6 +56,8 @@ export function parseRoundLine(e: Record<string, unknown>): RoundLine | undefine
     bytes_in: e.bytes_in as number,
     bytes_out: e.bytes_out as number,
     result_bytes: typeof e.result_bytes === 'number' ? e.result_bytes : null,
+    peers_applied: typeof e.peers_applied === 'number' ? e.peers_applied : null,
+    other_trainers: typeof e.other_trainers === 'number' ? e.other_trainers : null,
   }
 }
 
@@ -69,7 +81,7 @@ export class RoundBook {
   recordRound(client: string, r: RoundLine): void {
     let round = this.rounds.get(r.step)
     if (!round) this.rounds.set(r.step, (round = {epoch: r.epoch, clients: {}}))
-    round.clients[client] = {loss: r.loss, param_hash: r.param_hash}
+    round.clients[client] = {loss: r.loss, param_hash: r.param_hash, peers_applied: r.peers_applied, other_trainers: r.other_trainers}
     this.bytesOf(client).now = {in: r.bytes_in, out: r.bytes_out}
     if (r.result_bytes !== null) this.resultBytes.push(r.result_bytes)
   }
@@ -92,14 +104,18 @@ export class RoundBook {
   /** The summary; with `rounds`, steps past it are left out (clients may have applied a few more before stopping). */
   summary(o: {runId: string; rounds?: number; wallSeconds: number; ended: TestnetSummary['ended']}): TestnetSummary {
     const steps = [...this.rounds.keys()].sort((a, b) => a - b).filter((s) => o.rounds === undefined || s <= o.rounds)
+    const rounds = steps.map((step) => {
+      const r = this.rounds.get(step)!
+      const hashes = new Set(Object.values(r.clients).map((c) => c.param_hash))
+      // A client whose peers trained but whose round took none of their results did not exchange anything.
+      const alone = Object.values(r.clients).some((c) => c.other_trainers !== null && c.other_trainers > 0 && c.peers_applied === 0)
+      return {step, epoch: r.epoch, clients: r.clients, hashes_equal: hashes.size === 1, exchanged: !alone}
+    })
     return {
       run_id: o.runId,
       clients: [...this.clients],
-      rounds: steps.map((step) => {
-        const r = this.rounds.get(step)!
-        const hashes = new Set(Object.values(r.clients).map((c) => c.param_hash))
-        return {step, epoch: r.epoch, clients: r.clients, hashes_equal: hashes.size === 1}
-      }),
+      rounds,
+      rounds_without_exchange: rounds.filter((r) => !r.exchanged).length,
       kills: this.kills,
       rejoins: this.rejoins,
       bytes: Object.fromEntries(this.clients.map((c) => {

@@ -44,7 +44,7 @@ export class ProcessGroup {
 
 /** Starts `psyche server run` and resolves with its port once it reports listening (rejects if it exits first). */
 export async function startServer(group: ProcessGroup, statePath: string, saveStateDir: string): Promise<{proc: ResultPromise; port: number}> {
-  const proc = group.spawn(['server', 'run', '--state', statePath, '--save-state-dir', saveStateDir, '--json'])
+  const proc = group.spawn(['server', 'run', '--state', statePath, '--host', '127.0.0.1', '--save-state-dir', saveStateDir, '--json'])
   let tail: string[] = []
   const port = await new Promise<number>((resolvePort, reject) => {
     const timer = setTimeout(() => reject(new PsycheError(`the coordinator server did not report listening within 60 s: ${tail.join(' | ')}`)), 60_000)
