@@ -84,4 +84,20 @@ if (!existsSync(chromium) && !process.env.PSYCHE_SKIP_CHROMIUM) {
   }
 }
 
+// --- System packages for the multi-host tests (test/net): iproute2 (ip, tc) and nftables (nft) ----
+// Installed with apt when missing and we may (root, Debian/Ubuntu); otherwise test/net skips with the reason.
+const missingTools = ['ip', 'tc', 'nft'].filter((tool) => spawnSync('sh', ['-c', `command -v ${tool}`], {stdio: 'ignore'}).status !== 0)
+if (missingTools.length > 0) {
+  const isRoot = typeof process.getuid === 'function' && process.getuid() === 0
+  const hasApt = spawnSync('sh', ['-c', 'command -v apt-get'], {stdio: 'ignore'}).status === 0
+  if (isRoot && hasApt) {
+    const env = {...process.env, DEBIAN_FRONTEND: 'noninteractive'}
+    say(`installing iproute2 and nftables for the multi-host tests (missing: ${missingTools.join(', ')})`)
+    spawnSync('apt-get', ['update', '-qq'], {stdio: 'ignore', env})
+    const r = spawnSync('apt-get', ['install', '-y', '-qq', '--no-install-recommends', 'iproute2', 'nftables'], {stdio: ['ignore', 'ignore', 'inherit'], env})
+    if (r.status !== 0) say('could not install iproute2/nftables: the multi-host tests (test/net) will be skipped')
+  } else {
+    say(`${missingTools.join(', ')} not installed (needs root and apt): the multi-host tests (test/net) will be skipped`)
+  }
+}
 say('ready')

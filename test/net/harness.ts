@@ -1,0 +1,132 @@
+import assert from 'node:assert/strict'
+import {join} from 'node:path'
+import {generateIdentity, saveIdentity} from '../../src/core/protocol/identity.js'
+import {JsonProcess, writeE2eRun, type RunShape} from '../e2e/helpers.js'
+import {Lab, type Host} from './lab.js'
+
+/**
+ * Runs of psyche across the hosts of a Lab: `psyche server run` on one host, `psyche join` on others, each a
+ * real process inside its host's network namespace, talking over the lab's links only.
+ */
+export class NetRun {
+  readonly clients = new Map<string, {host: Host; identityPath: string; procs: JsonProcess[]}>()
+  server!: JsonProcess
+  port = 0
+  relay: {peer_id: string; port: number} | undefined
+  readonly state: string
+  constructor(
+    readonly lab: Lab,
+    readonly dir: string,
+    readonly coordinator: Host,
+    shape: RunShape,
+  ) {
+    this.state = writeE2eRun(dir, shape)
+  }
+
+  async startServer(extra: string[] = []): Promise<void> {
+    this.server = new JsonProcess('server', ['server', 'run', '--state', this.state, '--host', '0.0.0.0', '--json', ...extra], this.lab.exec(this.coordinator, []))
+    const listening = await this.server.waitFor((e) => e.event === 'listening', 'the server to listen', 60_000)
+    this.port = listening.port as number
+    if (!extra.includes('--no-relay')) {
+      const relay = await this.server.waitFor((e) => e.event === 'relay_listening', 'the relay to listen', 10_000)
+      this.relay = {peer_id: relay.peer_id as string, port: relay.port as number}
+    }
+  }
+
+  /** Starts (or restarts, with the same identity) the client `name` on `host`. */
+  async startClient(name: string, host: Host, extra: string[] = []): Promise<JsonProcess> {
+    let slot = this.clients.get(name)
+    if (!slot) {
+      const identityPath = join(this.dir, `${name}.json`)
+      await saveIdentity(generateIdentity(), identityPath)
+      this.clients.set(name, (slot = {host, identityPath, procs: []}))
+    }
+    const args = ['join', '--server-addr', `${this.coordinator.ip}:${this.port}`, '--run-id', 'e2e', '--config', this.state, '--identity', slot.identityPath, '--threads', '1', '--json', ...extra]
+    const proc = new JsonProcess(slot.procs.length ? `${name}#${slot.procs.length + 1}` : name, args, this.lab.exec(host, []))
+    slot.procs.push(proc)
+    return proc
+  }
+
+  /** The latest process of each client. */
+  latest(): JsonProcess[] {
+    return [...this.clients.values()].map((c) => c.procs.at(-1)!)
+  }
+
+  all(): JsonProcess[] {
+    return [this.server, ...[...this.clients.values()].flatMap((c) => c.procs)].filter(Boolean)
+  }
+
+  async stop(): Promise<void> {
+    await Promise.all(this.all().map((p) => p.stop()))
+  }
+
+  /** Server and client logs, for a failing assertion's message. */
+  tails(): string {
+    return this.all()
+      .map((p) => `--- ${p.name}: ${p.events.slice(-8).map((e) => JSON.stringify(e)).join('\n')}\n${p.stderr.join('').slice(-800)}`)
+      .join('\n')
+  }
+}
+
+export interface RoundLine {
+  step: number
+  epoch: number
+  loss: number | null
+  param_hash: string
+  applied: number
+  peers_applied: number
+  peers_accepted: number
+  other_trainers: number
+  bytes_in: number
+  bytes_out: number
+  compute_ms: number | null
+  conn_direct: number
+  conn_relayed: number
+}
+
+export function meanLoss(clients: JsonProcess[], step: number): number {
+  const l = clients.map((c) => rounds(c).find((r) => r.step === step)?.loss).filter((x): x is number => typeof x === 'number')
+  return l.reduce((a, b) => a + b, 0) / l.length
+}
+
+export function rounds(p: JsonProcess): RoundLine[] {
+  return p.events.filter((e) => e.event === 'round') as unknown as RoundLine[]
+}
+
+/**
+ * What every scenario asserts: in each of `steps`, every listed client applied the round, applied the results
+ * of every other client that trained in it (and others did train), all hold the same parameters, and the mean
+ * loss fell from the first step to the last. A run that exchanged nothing fails here.
+ */
+export function assertExchanged(clients: JsonProcess[], steps: number[], expectOthers: number, options: {loss?: boolean} = {}): void {
+  const hashes = new Set<string>()
+  for (const step of steps) {
+    const at = clients.map((c) => ({c, r: rounds(c).find((r) => r.step === step)}))
+    for (const {c, r} of at) {
+      assert.ok(r, `${c.name} applied step ${step}`)
+      assert.equal(r.other_trainers, expectOthers, `${c.name} step ${step}: ${expectOthers} other clients trained (${JSON.stringify(r)})`)
+      assert.equal(r.peers_applied, expectOthers, `${c.name} step ${step}: applied every other client's result (${JSON.stringify(r)})`)
+    }
+    const stepHashes = new Set(at.map(({r}) => r!.param_hash))
+    assert.equal(stepHashes.size, 1, `step ${step}: parameter hashes differ: ${JSON.stringify(at.map(({c, r}) => [c.name, r!.param_hash]))}`)
+    hashes.add([...stepHashes][0])
+  }
+  assert.equal(hashes.size, steps.length, 'the parameters changed every round')
+  if (options.loss === false) return
+  const mean = (step: number) => {
+    const l = clients.map((c) => rounds(c).find((r) => r.step === step)?.loss).filter((x): x is number => typeof x === 'number')
+    return l.reduce((a, b) => a + b, 0) / l.length
+  }
+  const first = mean(steps[0])
+  const last = mean(steps.at(-1)!)
+  assert.ok(last < first, `loss fell: ${first} -> ${last}`)
+}
+
+/** Waits until each client has applied `step`, or throws with every process's log tail. */
+export async function waitForStep(run: NetRun, clients: JsonProcess[], step: number, timeoutMs: number): Promise<void> {
+  try {
+    await Promise.all(clients.map((c) => c.waitFor((e) => e.event === 'round' && (e.step as number) >= step, `round ${step}`, timeoutMs)))
+  } catch (error) {
+    throw new Error(`${(error as Error).message}\n${run.tails()}`)
+  }
+}

@@ -1,0 +1,190 @@
+import {spawnSync} from 'node:child_process'
+import {randomBytes} from 'node:crypto'
+
+/**
+ * A small internet inside Linux network namespaces, for multi-host tests on one machine:
+ *
+ *   - a "switch" namespace holding one bridge: the public segment 10.77.0.0/24;
+ *   - public hosts: a namespace with one veth into the switch (10.77.0.N);
+ *   - NATed hosts: a router namespace (WAN 10.77.0.N on the switch, LAN 10.77.K.1/24) doing nftables masquerade
+ *     and dropping new inbound connections, and the host namespace behind it (10.77.K.2, default route via .1).
+ *     Nothing routes 10.77.K.0/24 on the public side, as on the internet;
+ *   - optional link rates with `tc qdisc ... tbf` on both directions of a host's link (no netem on this kernel).
+ *
+ * Every name starts with a prefix unique to this lab, every address lives only inside these namespaces, and
+ * destroy() (also run on process exit) deletes the namespaces — which removes their links — after killing the
+ * processes this lab started in them. Traffic never leaves the namespaces.
+ */
+
+export interface Host {
+  name: string
+  ns: string
+  /** The host's own address (private for a NATed host). */
+  ip: string
+  /** The address the public segment sees it as (its router's WAN address when NATed). */
+  publicIp: string
+  nat: boolean
+  /** The interface of the host's link (for tc). */
+  dev: string
+  /** The NAT router's namespace (NATed hosts). */
+  router?: string
+}
+
+const live = new Set<Lab>()
+let exitHookInstalled = false
+
+function sh(args: string[], what: string, options: {input?: string; allowFail?: boolean} = {}): string {
+  const r = spawnSync(args[0], args.slice(1), {encoding: 'utf8', input: options.input, stdio: [options.input === undefined ? 'ignore' : 'pipe', 'pipe', 'pipe']})
+  if ((r.status !== 0 || r.error) && !options.allowFail) throw new Error(`${what}: ${args.join(' ')} failed: ${r.error?.message ?? r.stderr.trim()}`)
+  return r.stdout
+}
+
+/** Why network-namespace tests cannot run here (undefined: they can). */
+export function labUnavailable(options: {nat?: boolean; rates?: boolean} = {}): string | undefined {
+  if (process.platform !== 'linux') return `network namespaces need Linux (this is ${process.platform})`
+  if (typeof process.getuid === 'function' && process.getuid() !== 0) return 'network namespaces need root (run the tests as root, as CI does)'
+  for (const tool of ['ip', ...(options.nat ? ['nft'] : []), ...(options.rates ? ['tc'] : [])]) {
+    if (spawnSync('sh', ['-c', `command -v ${tool}`]).status !== 0) return `\`${tool}\` is not installed (scripts/setup.mjs installs iproute2 and nftables with apt)`
+  }
+  const probe = `pnprobe${randomBytes(3).toString('hex')}`
+  const r = spawnSync('ip', ['netns', 'add', probe], {encoding: 'utf8'})
+  if (r.status !== 0) return `cannot create a network namespace: ${r.stderr.trim() || r.error?.message}`
+  spawnSync('ip', ['netns', 'del', probe])
+  return undefined
+}
+
+export class Lab {
+  readonly prefix = `pn${randomBytes(3).toString('hex')}`
+  readonly hosts = new Map<string, Host>()
+  private readonly namespaces: string[] = []
+  private readonly switchNs: string
+  private nextPublic = 1
+  private nextLan = 10
+  private ifaces = 0
+  private destroyed = false
+
+  constructor() {
+    this.switchNs = this.addNs('sw')
+    sh(['ip', '-n', this.switchNs, 'link', 'add', 'br0', 'type', 'bridge'], 'bridge')
+    sh(['ip', '-n', this.switchNs, 'link', 'set', 'br0', 'up'], 'bridge up')
+    live.add(this)
+    if (!exitHookInstalled) {
+      exitHookInstalled = true
+      process.on('exit', () => {
+        for (const lab of live) lab.destroySync()
+      })
+    }
+  }
+
+  private addNs(suffix: string): string {
+    const ns = `${this.prefix}-${suffix}`
+    sh(['ip', 'netns', 'add', ns], 'netns')
+    this.namespaces.push(ns)
+    sh(['ip', '-n', ns, 'link', 'set', 'lo', 'up'], 'lo up')
+    return ns
+  }
+
+  /** A veth pair: `a` into namespace nsA, `b` into nsB (names are short: interface names have 15 characters). */
+  private veth(nsA: string, nsB: string): {a: string; b: string} {
+    const n = this.ifaces++
+    const a = `${this.prefix}a${n}`
+    const b = `${this.prefix}b${n}`
+    sh(['ip', 'link', 'add', a, 'netns', nsA, 'type', 'veth', 'peer', 'name', b, 'netns', nsB], 'veth')
+    return {a, b}
+  }
+
+  private plugIntoSwitch(ns: string): {dev: string; switchDev: string; ip: string} {
+    const ip = `10.77.0.${this.nextPublic++}`
+    const {a, b} = this.veth(ns, this.switchNs)
+    sh(['ip', '-n', this.switchNs, 'link', 'set', b, 'master', 'br0'], 'bridge port')
+    sh(['ip', '-n', this.switchNs, 'link', 'set', b, 'up'], 'port up')
+    sh(['ip', '-n', ns, 'addr', 'add', `${ip}/24`, 'dev', a], 'addr')
+    sh(['ip', '-n', ns, 'link', 'set', a, 'up'], 'link up')
+    return {dev: a, switchDev: b, ip}
+  }
+
+  /** A host on the public segment. */
+  addPublicHost(name: string): Host {
+    const ns = this.addNs(name)
+    const {dev, ip} = this.plugIntoSwitch(ns)
+    const host: Host = {name, ns, ip, publicIp: ip, nat: false, dev}
+    this.hosts.set(name, host)
+    return host
+  }
+
+  /** A host behind its own NAT router (masquerade; new inbound connections dropped), like a home router. */
+  addNatHost(name: string): Host {
+    const router = this.addNs(`${name}-r`)
+    const wan = this.plugIntoSwitch(router)
+    const lan = this.nextLan++
+    const ns = this.addNs(name)
+    const {a: routerLan, b: hostDev} = this.veth(router, ns)
+    sh(['ip', '-n', router, 'addr', 'add', `10.77.${lan}.1/24`, 'dev', routerLan], 'router lan addr')
+    sh(['ip', '-n', router, 'link', 'set', routerLan, 'up'], 'router lan up')
+    sh(['ip', 'netns', 'exec', router, 'sysctl', '-qw', 'net.ipv4.ip_forward=1'], 'ip_forward')
+    sh(['ip', '-n', ns, 'addr', 'add', `10.77.${lan}.2/24`, 'dev', hostDev], 'host addr')
+    sh(['ip', '-n', ns, 'link', 'set', hostDev, 'up'], 'host up')
+    sh(['ip', '-n', ns, 'route', 'add', 'default', 'via', `10.77.${lan}.1`], 'default route')
+    const rules = `table ip nat {
+  chain postrouting { type nat hook postrouting priority srcnat; policy accept; oifname "${wan.dev}" masquerade; }
+}
+table ip filter {
+  chain forward { type filter hook forward priority filter; policy drop;
+    ct state established,related accept
+    iifname "${routerLan}" oifname "${wan.dev}" accept
+  }
+}
+`
+    sh(['ip', 'netns', 'exec', router, 'nft', '-f', '-'], 'nftables', {input: rules})
+    const host: Host = {name, ns, ip: `10.77.${lan}.2`, publicIp: wan.ip, nat: true, dev: hostDev, router}
+    this.hosts.set(name, host)
+    return host
+  }
+
+  /** Limits a host's link to `mbit` Mbit/s in both directions (tbf on its interface and on the far end). */
+  limitRate(host: Host, mbit: number): void {
+    const peerNs = host.router ?? this.switchNs
+    const out = sh(['ip', '-n', host.ns, '-o', 'link', 'show', host.dev], 'link')
+    const peerIndex = /@if(\d+)/.exec(out)?.[1]
+    const peerDev = sh(['ip', '-n', peerNs, '-o', 'link'], 'links')
+      .split('\n')
+      .map((l) => /^(\d+):\s+([^@:]+)/.exec(l))
+      .find((m) => m?.[1] === peerIndex)?.[2]
+    if (!peerDev) throw new Error(`cannot find the far end of ${host.dev}`)
+    const tbf = ['root', 'tbf', 'rate', `${mbit}mbit`, 'burst', '32kbit', 'latency', '400ms']
+    sh(['ip', 'netns', 'exec', host.ns, 'tc', 'qdisc', 'add', 'dev', host.dev, ...tbf], 'tc (egress)')
+    sh(['ip', 'netns', 'exec', peerNs, 'tc', 'qdisc', 'add', 'dev', peerDev, ...tbf], 'tc (ingress)')
+  }
+
+  /** The command prefix that runs a program inside a host's namespace. */
+  exec(host: Host, argv: string[]): string[] {
+    return ['ip', 'netns', 'exec', host.ns, ...argv]
+  }
+
+  /** Kills whatever still runs in our namespaces (only processes we started live there), then deletes them. */
+  destroySync(): void {
+    if (this.destroyed) return
+    this.destroyed = true
+    live.delete(this)
+    for (const ns of this.namespaces) {
+      const pids = sh(['ip', 'netns', 'pids', ns], 'pids', {allowFail: true}).split(/\s+/).filter(Boolean)
+      for (const pid of pids) {
+        try {
+          process.kill(Number(pid), 'SIGKILL')
+        } catch {
+          // already gone
+        }
+      }
+    }
+    for (const ns of [...this.namespaces].reverse()) sh(['ip', 'netns', 'del', ns], 'netns del', {allowFail: true})
+  }
+
+  /** The namespaces this lab still has (for the test that checks cleanup). */
+  remaining(): string[] {
+    const all = sh(['ip', 'netns', 'list'], 'netns list', {allowFail: true})
+    return all
+      .split('\n')
+      .map((l) => l.split(' ')[0])
+      .filter((n) => n.startsWith(`${this.prefix}-`))
+  }
+}

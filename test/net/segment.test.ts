@@ -1,0 +1,81 @@
+import assert from 'node:assert/strict'
+import {after, before, describe, it} from 'node:test'
+import {ensureDemoCorpus} from '../../src/core/corpus.js'
+import {tempDir} from '../helpers.js'
+import {assertExchanged, NetRun, rounds, waitForStep} from './harness.js'
+import {Lab, labUnavailable} from './lab.js'
+
+// Real processes on separate network hosts (namespaces on one bridge); see lab.ts.
+const unavailable = labUnavailable({rates: true})
+if (unavailable) console.log(`# test/net skipped: ${unavailable}`)
+
+describe('across hosts on one segment', {skip: unavailable, timeout: 420_000}, () => {
+  before(async () => {
+    await ensureDemoCorpus()
+  })
+
+  it('(a) a coordinator and 3 clients on 3 other hosts: every round applies the other clients\' results over direct connections, hashes agree, the loss falls', async () => {
+    const lab = new Lab()
+    const dir = tempDir('psyche-net-a-')
+    const run = new NetRun(lab, dir.path, lab.addPublicHost('coord'), {roundsPerEpoch: 4, totalSteps: 4, initMinClients: 3, lr: 1e-2, maxRoundTrainTime: 20, warmupTime: 40})
+    try {
+      await run.startServer()
+      const clients = await Promise.all(['a', 'b', 'c'].map((n) => run.startClient(n, lab.addPublicHost(n))))
+      await waitForStep(run, clients, 4, 240_000)
+      assertExchanged(clients, [1, 2, 3, 4], 2)
+      for (const c of clients) {
+        // Peers were told the hosts' own addresses, never a loopback one, and connected directly.
+        const started = c.events.find((e) => e.event === 'started')!
+        for (const a of started.p2p as string[]) assert.match(a, /^\/ip4\/10\.77\.0\.\d+\/tcp\/\d+\/p2p\//, `${c.name} announced ${a}`)
+        assert.ok(rounds(c).at(-1)!.bytes_in > 0, `${c.name} downloaded results`)
+        assert.equal(c.events.filter((e) => e.event === 'model_fetched' && e.relayed).length, 0)
+      }
+    } finally {
+      await run.stop()
+      lab.destroySync()
+      dir.cleanup()
+    }
+    assert.deepEqual(lab.remaining(), [], 'every namespace is gone')
+  })
+
+  it('(c) one client on a 5 Mbit/s link: it keeps up, and every round still applies everyone\'s results', async () => {
+    const lab = new Lab()
+    const dir = tempDir('psyche-net-c-')
+    const run = new NetRun(lab, dir.path, lab.addPublicHost('coord'), {roundsPerEpoch: 4, totalSteps: 4, initMinClients: 3, lr: 1e-2, maxRoundTrainTime: 20, warmupTime: 40})
+    try {
+      await run.startServer()
+      const slowHost = lab.addPublicHost('slow')
+      lab.limitRate(slowHost, 5)
+      const clients = [await run.startClient('slow', slowHost), ...(await Promise.all(['b', 'c'].map((n) => run.startClient(n, lab.addPublicHost(n)))))]
+      await waitForStep(run, clients, 4, 240_000)
+      assertExchanged(clients, [1, 2, 3, 4], 2)
+    } finally {
+      await run.stop()
+      lab.destroySync()
+      dir.cleanup()
+    }
+  })
+
+  it('a run in which nothing can be exchanged is loud: no peer\'s result applied, and a no_exchange warning naming the addresses that failed', async () => {
+    // What the issue saw: libp2p on loopback only and no relay, so every peer is told an address it cannot use.
+    const lab = new Lab()
+    const dir = tempDir('psyche-net-x-')
+    const run = new NetRun(lab, dir.path, lab.addPublicHost('coord'), {roundsPerEpoch: 5, totalSteps: 5, initMinClients: 3, lr: 1e-2, maxRoundTrainTime: 4, warmupTime: 25})
+    try {
+      await run.startServer(['--no-relay'])
+      const clients = await Promise.all(['a', 'b', 'c'].map((n) => run.startClient(n, lab.addPublicHost(n), ['--p2p-listen', '/ip4/127.0.0.1/tcp/0'])))
+      const warnings = await Promise.all(clients.map((c) => c.waitFor((e) => e.event === 'no_exchange', 'the no_exchange warning', 240_000).catch((error) => assert.fail(`${error.message}\n${run.tails()}`))))
+      for (const [i, w] of warnings.entries()) {
+        assert.ok((w.rounds as number) >= 3 && (w.other_trainers as number) === 2, JSON.stringify(w))
+        const unreachable = w.unreachable as {addrs: string[]}[]
+        assert.equal(unreachable.length, 2, `${clients[i].name} names both peers: ${JSON.stringify(w)}`)
+        for (const u of unreachable) assert.ok(u.addrs.every((a) => a.startsWith('/ip4/127.0.0.1/')), JSON.stringify(u))
+        for (const r of rounds(clients[i])) assert.equal(r.peers_applied, 0, JSON.stringify(r))
+      }
+    } finally {
+      await run.stop()
+      lab.destroySync()
+      dir.cleanup()
+    }
+  })
+})
