@@ -73,6 +73,13 @@ export class Lab {
       process.on('exit', () => {
         for (const lab of live) lab.destroySync()
       })
+      // Interrupted (Ctrl-C, a killed test run): clean up too, then die of the signal as usual.
+      for (const signal of ['SIGINT', 'SIGTERM', 'SIGHUP'] as const) {
+        process.once(signal, () => {
+          for (const lab of live) lab.destroySync()
+          process.kill(process.pid, signal)
+        })
+      }
     }
   }
 
