@@ -24,7 +24,7 @@ export class NetRun {
   }
 
   async startServer(extra: string[] = []): Promise<void> {
-    this.server = new JsonProcess('server', ['server', 'run', '--state', this.state, '--host', '0.0.0.0', '--json', ...extra], this.lab.exec(this.coordinator, []))
+    this.server = new JsonProcess('server', ['server', 'run', '--state', this.state, '--host', '0.0.0.0', '--json', ...extra], undefined, this.lab.exec(this.coordinator, []))
     const listening = await this.server.waitFor((e) => e.event === 'listening', 'the server to listen', 60_000)
     this.port = listening.port as number
     if (!extra.includes('--no-relay')) {
@@ -42,7 +42,7 @@ export class NetRun {
       this.clients.set(name, (slot = {host, identityPath, procs: []}))
     }
     const args = ['join', '--server-addr', `${this.coordinator.ip}:${this.port}`, '--run-id', 'e2e', '--config', this.state, '--identity', slot.identityPath, '--threads', '1', '--json', ...extra]
-    const proc = new JsonProcess(slot.procs.length ? `${name}#${slot.procs.length + 1}` : name, args, this.lab.exec(host, []))
+    const proc = new JsonProcess(slot.procs.length ? `${name}#${slot.procs.length + 1}` : name, args, undefined, this.lab.exec(host, []))
     slot.procs.push(proc)
     return proc
   }
