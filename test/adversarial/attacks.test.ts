@@ -19,18 +19,19 @@ interface Expect {
   attack: string
   /** What every honest client logs about the attacker (event and reason). */
   detected: (e: Record<string, unknown>, attacker: string) => boolean
-  /** Steps in which this attacker still behaves honestly (a replay needs an old result first). */
+  /** Steps in which this attacker's result may still be applied (a replay needs an old result first; scoring needs a window). */
   honestSteps?: number[]
 }
 
 const rejected = (pattern: RegExp) => (e: Record<string, unknown>, attacker: string) => e.event === 'result_rejected' && e.client_id === attacker && pattern.test(String(e.reason))
 const unseen = (e: Record<string, unknown>, attacker: string) => e.event === 'health_check' && Array.isArray(e.accused) && e.accused.includes(attacker)
 
-async function attackRun(name: string, cases: Expect[]): Promise<void> {
+async function attackRun(name: string, cases: Expect[], shape: {rounds?: number; verificationPercent?: number} = {}): Promise<void> {
+  const rounds = shape.rounds ?? 4
   const dir = tempDir(`psyche-adv-${name}-`)
   const procs: JsonProcess[] = []
   try {
-    const state = writeE2eRun(dir.path, {runId: 'e2e', roundsPerEpoch: 4, totalSteps: 4, initMinClients: 5, minClients: 2, maxRoundTrainTime: 20, warmupTime: 120, lr: 1e-2})
+    const state = writeE2eRun(dir.path, {runId: 'e2e', roundsPerEpoch: rounds, totalSteps: rounds, initMinClients: 3 + cases.length, minClients: 2, maxRoundTrainTime: 20, warmupTime: 120, lr: 1e-2, verificationPercent: shape.verificationPercent ?? 0})
     const {server, port} = await startServer(state)
     procs.push(server)
     const honest = ['h1', 'h2', 'h3'].map((n) => startClient(n, port, state))
@@ -49,13 +50,13 @@ async function attackRun(name: string, cases: Expect[]): Promise<void> {
     // Honest replicas: identical after every round, the model changes every round, and they apply each other's
     // results — never more than the three honest ones.
     const byStep = hashesByStep(honest)
-    assert.deepEqual([...byStep.keys()].sort((x, y) => x - y), [1, 2, 3, 4])
+    assert.deepEqual([...byStep.keys()].sort((x, y) => x - y), Array.from({length: rounds}, (_, i) => i + 1))
     for (const [step, hashes] of byStep) {
       assert.equal(hashes.size, 3, `step ${step}: every honest client applied it`)
       assert.equal(new Set(hashes.values()).size, 1, `step ${step}: honest parameter hashes differ: ${JSON.stringify([...hashes])}`)
     }
     const summary = honest[0].rounds().map((r) => `step ${r.step}: applied ${(r as unknown as {applied: number}).applied} hash ${r.param_hash.slice(0, 8)}`)
-    assert.equal(new Set([...byStep.values()].map((h) => [...h.values()][0])).size, 4, `the model changed every round: ${summary.join('; ')}`)
+    assert.equal(new Set([...byStep.values()].map((h) => [...h.values()][0])).size, rounds, `the model changed every round: ${summary.join('; ')}`)
     const allowed = (step: number) => 3 + cases.filter((c) => c.honestSteps?.includes(step)).length
     for (const h of honest) {
       const applied = h.rounds().map((r) => (r as unknown as {applied: number}).applied)
@@ -103,5 +104,11 @@ describe('adversarial: hostile clients among honest ones (real processes)', {tim
       {attack: 'replay', detected: rejected(/^replay: the same result as its own for step \d+/), honestSteps: [1]},
       {attack: 'late', detected: unseen},
     ])
+  })
+
+  it('a sign-flipped result: verifiers score it low, a verifier quorum ejects its producer, its in-flight result is excluded', async () => {
+    const lowScore = (e: Record<string, unknown>, attacker: string) => e.event === 'accused' && e.client_id === attacker && /^low_score: moving average -?[\d.]+ below/.test(String(e.reason))
+    // Scores of round s are taken while round s + 1 runs; the window is two scores: rounds 1 and 2 are applied.
+    await attackRun('sign-flip', [{attack: 'sign_flip', detected: lowScore, honestSteps: [1, 2]}], {rounds: 5, verificationPercent: 100})
   })
 })
