@@ -79,7 +79,7 @@ async function attackRun(name: string, cases: Expect[], shape: {rounds?: number;
   }
 }
 
-describe('adversarial: hostile clients among honest ones (real processes)', {timeout: 900_000}, () => {
+describe('adversarial: hostile clients among honest ones (real processes)', {timeout: 1_800_000}, () => {
   before(async () => {
     await ensureDemoCorpus()
   })
