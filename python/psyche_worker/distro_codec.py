@@ -79,10 +79,6 @@ class DecodedTensor:
     values: np.ndarray
 
 
-def index_bits_for(chunk_elems: int) -> int:
-    return max(1, math.ceil(math.log2(chunk_elems)))
-
-
 # ---- value quantization (shared by the encoder and the optimizer's own speculative update) ----
 
 

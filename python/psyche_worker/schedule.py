@@ -36,7 +36,10 @@ class Constant:
 
 
 @dataclass(frozen=True)
-class Linear:
+class _WarmupThenDecay:
+    """Linear warmup to ``base_lr``, then a decay to ``final_lr`` at ``total_steps`` whose shape ``decay``
+    gives: the LR at a fraction ``progress`` in [0, 1] of the decay phase."""
+
     base_lr: float
     total_steps: int
     final_lr: float = 0.0
@@ -47,22 +50,21 @@ class Linear:
         w = _warmup(step, self.warmup_steps, self.warmup_init_lr, self.base_lr)
         if w is not None:
             return w
-        return self.base_lr + (self.final_lr - self.base_lr) * _decay_progress(step, self.warmup_steps, self.total_steps)
+        return self.decay(_decay_progress(step, self.warmup_steps, self.total_steps))
+
+    def decay(self, progress: float) -> float:
+        raise NotImplementedError
 
 
 @dataclass(frozen=True)
-class Cosine:
-    base_lr: float
-    total_steps: int
-    final_lr: float = 0.0
-    warmup_steps: int = 0
-    warmup_init_lr: float = 0.0
+class Linear(_WarmupThenDecay):
+    def decay(self, progress: float) -> float:
+        return self.base_lr + (self.final_lr - self.base_lr) * progress
 
-    def __call__(self, step: int) -> float:
-        w = _warmup(step, self.warmup_steps, self.warmup_init_lr, self.base_lr)
-        if w is not None:
-            return w
-        progress = _decay_progress(step, self.warmup_steps, self.total_steps)
+
+@dataclass(frozen=True)
+class Cosine(_WarmupThenDecay):
+    def decay(self, progress: float) -> float:
         return self.final_lr + (self.base_lr - self.final_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 

@@ -88,7 +88,6 @@ class Worker:
             "export_params": self.op_export_params,
             "import_params": self.op_import_params,
             "save_model": self.op_save_model,
-            "produce": self.op_produce,
             "apply_results": self.op_apply_results,
             "train_round": self.op_train_round,
             "score_results": self.op_score_results,
@@ -145,10 +144,6 @@ class Worker:
 
     def op_evaluate(self, h, frames) -> Reply:
         return self.t.evaluate(self._tokens(frames)), []
-
-    def op_produce(self, h, frames) -> Reply:
-        reply, result = self.t.produce(self._tokens(frames), int(h.get("step", 0)))
-        return {**reply, "frames": [{"name": "result", "dtype": "uint8", "shape": [len(result)]}]}, [result]
 
     def op_apply_results(self, h, frames) -> Reply:
         for i, f in enumerate(frames):

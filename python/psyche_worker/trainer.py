@@ -47,6 +47,12 @@ def split_decay_groups(model: torch.nn.Module, weight_decay: float) -> list[dict
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
+def _check_finite(loss: float, step: int) -> None:
+    """A non-finite loss ends training with the one "diverged" error the client reports."""
+    if not math.isfinite(loss):
+        raise WorkerError(f"loss is {loss} at step {step}: training diverged (lower the learning rate)", kind="diverged")
+
+
 class Trainer:
     def __init__(self, model: torch.nn.Module, device: torch.device, group: Group | None = None):
         self.model = model.to(device)
@@ -164,8 +170,7 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.step()
-        if not math.isfinite(loss):
-            raise WorkerError(f"loss is {loss} at step {step}: training diverged (lower the learning rate)", kind="diverged")
+        _check_finite(loss, step)
         return {"loss": loss, "grad_norm": grad_norm, "lr": lr, "tokens": int(tokens.shape[0] * (tokens.shape[1] - 1))}
 
     def distro_step(self, tokens: torch.Tensor, step: int) -> dict[str, Any]:
@@ -185,26 +190,17 @@ class Trainer:
             results.append(peer.produce(lr))
         peers[0].apply(results, lr)  # the parameters are shared: apply once
         loss = sum(losses) / len(losses)
-        if not math.isfinite(loss):
-            raise WorkerError(f"loss is {loss} at step {step}: training diverged (lower the learning rate)", kind="diverged")
+        _check_finite(loss, step)
         return {"loss": loss, "grad_norm": sum(norms) / len(norms), "lr": lr,
                 "tokens": int(rows * (tokens.shape[1] - 1)), "result_bytes": sum(len(r) for r in results) // len(results)}
 
-    def produce(self, tokens: torch.Tensor, step: int) -> tuple[dict[str, Any], bytes]:
-        """Network path: gradient at the current (possibly speculative) parameters, then this client's
-        compressed result for `step`. Its peers' results arrive later through apply_results."""
+    def _one_distro_peer(self, op: str) -> None:
+        """The network path's ops need DisTrO configured with exactly one (this client's) peer."""
         if len(self.distro_peers) != 1:
-            raise WorkerError("produce needs the Distro optimizer configured with one peer", kind="state")
-        lr = self.schedule(step)
-        loss = self.forward_backward(tokens)
-        norm = self.clip()
-        result = self.distro_peers[0].produce(lr)
-        return {"loss": loss, "grad_norm": norm, "lr": lr, "tokens": int(tokens.shape[0] * (tokens.shape[1] - 1)),
-                "result_bytes": len(result)}, result
+            raise WorkerError(f"{op} needs the Distro optimizer configured with one peer", kind="state")
 
     def apply_results(self, results: list[bytes], step: int) -> None:
-        if len(self.distro_peers) != 1:
-            raise WorkerError("apply_results needs the Distro optimizer configured with one peer", kind="state")
+        self._one_distro_peer("apply_results")
         try:
             self.distro_peers[0].apply(results, self.schedule(step))
         except ResultDecodeError as exc:
@@ -215,16 +211,14 @@ class Trainer:
         (at the speculative parameters), then apply the previous round's accepted results (`apply_step`'s
         LR; restores the committed parameters first), then produce this round's result (which speculates
         again). `apply_step` None: nothing to apply (the first round of an epoch)."""
-        if len(self.distro_peers) != 1:
-            raise WorkerError("train_round needs the Distro optimizer configured with one peer", kind="state")
+        self._one_distro_peer("train_round")
         lr = self.schedule(step)
         loss = self.forward_backward(tokens)
         norm = self.clip()
         if apply_step is not None:
             self.apply_results(results, apply_step)
         result = self.distro_peers[0].produce(lr)
-        if not math.isfinite(loss):
-            raise WorkerError(f"loss is {loss} at step {step}: training diverged (lower the learning rate)", kind="diverged")
+        _check_finite(loss, step)
         return {"loss": loss, "grad_norm": norm, "lr": lr, "tokens": int(tokens.shape[0] * (tokens.shape[1] - 1)),
                 "result_bytes": len(result)}, result
 
@@ -234,8 +228,7 @@ class Trainer:
         each result alone at step `step`'s LR (as apply would, for one peer). Changes nothing: the parameters,
         any speculation, the momentum and the lookahead scales are as before. A result that does not decode
         scores None."""
-        if len(self.distro_peers) != 1:
-            raise WorkerError("score_results needs the Distro optimizer configured with one peer", kind="state")
+        self._one_distro_peer("score_results")
         peer = self.distro_peers[0]
         lr = self.schedule(step)
         current = [p.detach().clone() for p in peer.params]
