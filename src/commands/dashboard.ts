@@ -1,11 +1,11 @@
 import {Flags} from '@oclif/core'
 import {CoordinatorConnection} from '../core/backend/index.js'
 import {PsycheCommand} from '../core/cli/base-command.js'
-import type {CoordinatorState} from '../core/coordinator/types.js'
 import {clientTable, serveDashboard} from '../core/obs/dashboard.js'
 import {RunHistory} from '../core/obs/history.js'
 import {coordinatorSeconds, summarizeRun} from '../core/obs/summary.js'
-import {generateIdentity, type ClientReportBody} from '../core/protocol/index.js'
+import {watchRun} from '../core/obs/watch.js'
+import {generateIdentity} from '../core/protocol/index.js'
 
 export default class Dashboard extends PsycheCommand {
   static summary = 'Serve a dashboard page for a run: its state, live plots and the client table, from a coordinator you can reach'
@@ -35,21 +35,15 @@ run's history. Runs until SIGINT/SIGTERM; --json prints {"event":"dashboard_list
     }
     const conn = await CoordinatorConnection.connect({addr: flags['server-addr'], runId: flags['run-id'] ?? '', identity: generateIdentity(), p2pAddrs: [], join: false})
     const history = RunHistory.open(conn.runId, {path: flags['history-file']})
-    // The watcher sees states, not the server's events: a phase change is a difference between two states.
-    let last: CoordinatorState = conn.state!
-    conn.on('state', (s: CoordinatorState) => {
-      if (s.run_state !== last.run_state || s.progress.step !== last.progress.step) history.observe({event: 'transition', from: last.run_state, to: s.run_state, step: s.progress.step}, s)
-      last = s
-    })
-    conn.on('client_report', (r: ClientReportBody) => history.observe({event: 'client_report', client: r.client, step: r.step, ...r.report}, last))
+    const state = watchRun(conn, history)
     conn.on('disconnected', () => say({event: 'disconnected'}, `lost the coordinator ${flags['server-addr']}; reconnecting`))
     conn.on('reconnected', () => say({event: 'reconnected'}, `reconnected to ${flags['server-addr']}`))
-    const summary = () => summarizeRun(last, coordinatorSeconds(conn.serverTime ?? Date.now() / 1000))
+    const summary = () => summarizeRun(state(), coordinatorSeconds(conn.serverTime ?? Date.now() / 1000))
     const page = await serveDashboard(
       {
         summary,
         history: (since) => history.history(since),
-        clients: () => clientTable(summary(), last.pending, Object.entries(conn.peers).filter(([, a]) => a.length > 0).map(([id]) => id), history.clientRows()),
+        clients: () => clientTable(summary(), state().pending, Object.entries(conn.peers).filter(([, a]) => a.length > 0).map(([id]) => id), history.clientRows()),
       },
       {port: flags['dashboard-port'], host: flags.host},
     )

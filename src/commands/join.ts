@@ -12,6 +12,8 @@ import {listenAddrsForPort, parseMultiaddrs} from '../core/p2p/addresses.js'
 import {demoCorpusDir, ensureDemoCorpus} from '../core/corpus.js'
 import {ClientMetrics, serveMetrics} from '../core/obs/metrics.js'
 import {RoundReporter} from '../core/obs/report.js'
+import {coordinatorSeconds, summarizeRun} from '../core/obs/summary.js'
+import {startTerminalView, Warnings} from '../core/obs/terminal-view.js'
 import {generateIdentity, loadIdentity, type Identity} from '../core/protocol/identity.js'
 import {resolveTrainPlan, type TrainPlan} from '../core/train/plan.js'
 import {shuffleSeedFor} from '../core/train/single-node.js'
@@ -130,7 +132,10 @@ several rounds while others train prints a no_exchange warning naming the addres
   async run(): Promise<ClientSummary | undefined> {
     const {flags} = await this.parse(Join)
     const json = this.jsonEnabled()
-    const progress = Progress.for({json})
+    // On a terminal: a live view (ink) replaces the progress lines; piped: plain lines; --json: JSON only.
+    const live = !this.plain
+    const progress = Progress.for({json: json || live})
+    const watch = {losses: [] as number[], last: undefined as Record<string, unknown> | undefined, tokensPerSecond: null as number | null, warnings: new Warnings()}
     const plan = await resolveTrainPlan({
       config: flags.config,
       template: flags.template,
@@ -164,6 +169,17 @@ several rounds while others train prints a no_exchange warning naming the addres
       const r = reporter.observe(event)
       // Display-only reports go over the centralized server's connection (the latest one: a rejoin opens a new one).
       if (r) connection?.sendReport(r.step, r.report)
+      if (live) {
+        if (event.event === 'round') {
+          watch.last = event
+          if (typeof event.loss === 'number') watch.losses.push(event.loss)
+          if (watch.losses.length > 200) watch.losses.shift()
+          watch.tokensPerSecond = r?.report.tokens_per_second ?? watch.tokensPerSecond
+        } else if (['worker_crashed', 'rejected', 'out_of_sync', 'health_check', 'result_fetch_failed', 'model_fetch_failed', 'rejoining'].includes(String(event.event))) {
+          const {event: name, ...rest} = event
+          watch.warnings.add(`${name}: ${JSON.stringify(rest)}`)
+        }
+      }
       if (json) {
         process.stdout.write(JSON.stringify(event) + '\n')
         return
@@ -211,9 +227,36 @@ several rounds while others train prints a no_exchange warning naming the addres
     const components = await startComponents({serverAddr: flags['server-addr'], runId, identity, plan, seed, log, p2p, onConnected: (c) => (connection = c)})
     client = await PsycheClient.start({id: identity.id, runId, plan, seed, log, relays}, components)
     progress.status(`joined as ${client.id.slice(0, 16)}…; following the run`)
-    const summary = await client.run().finally(() => metricsEndpoint?.close())
+    const me = client.id
+    const view = live
+      ? startTerminalView(() => {
+          const state = connection?.state
+          const summary = state ? summarizeRun(state, coordinatorSeconds(connection?.serverTime ?? Date.now() / 1000)) : undefined
+          const last = watch.last
+          const n = (v: unknown) => (typeof v === 'number' ? v : null)
+          return {
+            title: `psyche join · run ${runId} · ${me.slice(0, 12)}… · ${flags['server-addr']}${metricsEndpoint ? ` · metrics :${metricsEndpoint.port}` : ''}`,
+            summary,
+            clients: (summary?.clients ?? []).map((c) => ({name: `${c.id.slice(0, 12)}…${c.id === me ? ' (me)' : ''}`, state: c.state})),
+            losses: watch.losses,
+            tokensPerSecond: watch.tokensPerSecond,
+            bytesIn: n(last?.bytes_in),
+            bytesOut: n(last?.bytes_out),
+            applied: n(last?.applied),
+            accepted: n(last?.accepted) ?? n(last?.trainers),
+            peers: last ? {all: n(last.peers) ?? 0, direct: n(last.peers_direct), relayed: n(last.peers_relayed)} : null,
+            warnings: watch.warnings.list,
+          }
+        })
+      : undefined
+    const summary = await client.run().finally(() => {
+      view?.stop()
+      return metricsEndpoint?.close()
+    })
     log({event: 'finished', ...summary})
-    progress.done(`run finished: ${summary.rounds} rounds applied, last step ${summary.lastStep}, hash ${summary.paramHash?.slice(0, 12)}`)
+    const done = `run finished: ${summary.rounds} rounds applied, last step ${summary.lastStep}, hash ${summary.paramHash?.slice(0, 12)}`
+    if (live) process.stderr.write(`${done}\n`)
+    else progress.done(done)
     // --json: the finished event above is the last line; nothing else is printed.
     return json ? undefined : summary
   }

@@ -3,6 +3,13 @@ import {PsycheCommand} from '../core/cli/base-command.js'
 import {Progress} from '../core/cli/progress.js'
 import {runConfigPath, runTestnet, type TestnetSummary} from '../core/testnet/index.js'
 import {ensureDemoCorpus} from '../core/corpus.js'
+import {CoordinatorConnection} from '../core/backend/index.js'
+import type {CoordinatorState} from '../core/coordinator/types.js'
+import {RunHistory} from '../core/obs/history.js'
+import {coordinatorSeconds, summarizeRun} from '../core/obs/summary.js'
+import {historyFigures, startTerminalView, Warnings} from '../core/obs/terminal-view.js'
+import {watchRun} from '../core/obs/watch.js'
+import {generateIdentity} from '../core/protocol/index.js'
 
 export default class Testnet extends PsycheCommand {
   static summary = 'Run a coordinator and N clients on this machine, as separate processes, and watch them train together'
@@ -29,7 +36,13 @@ kills, rejoins, bytes: {name: {in, out}}, result_bytes_per_round, wall_seconds, 
 
   async run(): Promise<TestnetSummary> {
     const {flags} = await this.parse(Testnet)
-    const progress = Progress.for({json: this.jsonEnabled()})
+    // On a terminal: a live view (ink) of the run, watched through the coordinator; piped: plain lines; --json: the summary only.
+    const liveView = !this.plain
+    const progress = Progress.for({json: this.jsonEnabled() || liveView})
+    const watched: {conn?: CoordinatorConnection; history?: RunHistory; state?: () => CoordinatorState; port?: number} = {}
+    const rows = new Map<string, {state: string; step: number | null; loss: number | null; note?: string}>()
+    const warnings = new Warnings()
+    let view: {stop: () => void} | undefined
     runConfigPath(flags.config) // a missing run directory fails before anything starts
     // Prepare the bundled corpus once, before N clients would race to build it.
     if (!this.jsonEnabled()) progress.status('preparing the demo corpus')
@@ -55,9 +68,33 @@ kills, rejoins, bytes: {name: {in, out}}, result_bytes_per_round, wall_seconds, 
         switch (e.kind) {
           case 'server':
             progress.status(`coordinator listening on 127.0.0.1:${e.port}; starting ${flags.clients} clients`)
+            if (liveView) {
+              watched.port = e.port
+              void CoordinatorConnection.connect({addr: `127.0.0.1:${e.port}`, runId: '', identity: generateIdentity(), p2pAddrs: [], join: false}).then(
+                (conn) => {
+                  watched.conn = conn
+                  watched.history = RunHistory.open(conn.runId)
+                  watched.state = watchRun(conn, watched.history)
+                },
+                (error: Error) => warnings.add(`cannot watch the coordinator: ${error.message}`),
+              )
+              view = startTerminalView(() => {
+                const state = watched.state?.()
+                const summary = state ? summarizeRun(state, coordinatorSeconds(watched.conn?.serverTime ?? Date.now() / 1000)) : undefined
+                return {
+                  title: `psyche testnet · ${flags.clients} clients · coordinator 127.0.0.1:${watched.port}`,
+                  summary,
+                  clients: [...rows.entries()].sort().map(([name, r]) => ({name, ...r})),
+                  ...(watched.history ? historyFigures(watched.history.history()) : {losses: []}),
+                  peers: null,
+                  warnings: warnings.list,
+                }
+              })
+            }
             break
           case 'round': {
             latest.set(e.client, {step: e.step, loss: e.loss, hash: e.param_hash})
+            rows.set(e.client, {state: 'training', step: e.step, loss: e.loss, note: `hash ${e.param_hash.slice(0, 8)}`})
             progress.update(line())
             // One line per round: once every live client has applied it, or (a client may be out of the epoch,
             // still loading) once any client moves on to the next round.
@@ -82,23 +119,30 @@ kills, rejoins, bytes: {name: {in, out}}, result_bytes_per_round, wall_seconds, 
           }
           case 'killed':
             progress.note(`killed ${e.client} after step ${e.after_step ?? '-'}`)
+            rows.set(e.client, {...(rows.get(e.client) ?? {step: null, loss: null}), state: 'killed'})
+            warnings.add(`killed ${e.client} after step ${e.after_step ?? '-'}`)
             latest.delete(e.client)
             live.delete(e.client)
             break
           case 'client_started':
             live.add(e.client)
+            rows.set(e.client, {state: e.generation > 1 ? 'restarted' : 'started', step: null, loss: null})
             if (e.generation > 1) progress.note(`restarted ${e.client}`)
             break
           case 'note':
             progress.note(`${e.client}: ${e.text}`)
+            warnings.add(`${e.client}: ${e.text}`)
             break
           case 'exited':
+            rows.set(e.client, {...(rows.get(e.client) ?? {step: null, loss: null}), state: 'exited'})
             live.delete(e.client)
             latest.delete(e.client)
             break
         }
       },
     })
+    view?.stop()
+    await watched.conn?.close()
     if (!this.jsonEnabled()) {
       const first = summary.rounds[0]
       const last = summary.rounds.at(-1)

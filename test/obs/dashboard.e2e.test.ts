@@ -131,6 +131,8 @@ describe('dashboard and metrics of a live run, in headless Chromium', {timeout: 
       assert.ok(m.get('psyche_client_tokens_per_second')! > 0)
       assert.ok(m.get('psyche_client_compute_duration_seconds_count')! >= 1)
       assert.ok(m.get('psyche_client_result_size_bytes_count')! >= 1)
+      assert.ok(m.get('psyche_client_produce_duration_seconds_count')! >= 1, 'produce times')
+      assert.ok(m.get('psyche_client_apply_duration_seconds_count')! >= 1, 'apply times')
       assert.ok(m.get('psyche_p2p_received_bytes_total')! > 0, 'downloaded the peer\'s results')
       assert.ok(m.get('psyche_client_results_applied')! >= 1)
       assert.equal(m.get('psyche_worker_starts_total'), 1)

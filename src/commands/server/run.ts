@@ -11,7 +11,7 @@ import {clientTable, serveDashboard} from '../../core/obs/dashboard.js'
 import {HISTORY_FILE, RunHistory} from '../../core/obs/history.js'
 import {ServerMetrics, serveMetrics} from '../../core/obs/metrics.js'
 import {summarizeRun} from '../../core/obs/summary.js'
-import {startTerminalView, Warnings} from '../../core/obs/terminal-view.js'
+import {historyFigures, startTerminalView, Warnings} from '../../core/obs/terminal-view.js'
 import {RelayNode} from '../../core/p2p/relay.js'
 import {loadIdentity} from '../../core/protocol/index.js'
 
@@ -119,8 +119,6 @@ limits per relayed connection are flags (--relay-data-limit-mb, --relay-duration
     const view = live
       ? startTerminalView(() => {
           const summary = summarizeRun(s.state, coordinatorNow())
-          const points = history!.history()
-          const lastWith = <K extends keyof (typeof points)[number]>(k: K) => [...points].reverse().find((p) => p[k] !== null)?.[k] ?? null
           return {
             title: `psyche server · run ${summary.run_id} · ${flags.host}:${s.port}${dashboard ? ` · dashboard ${dashboard.url}` : ''}${metricsEndpoint ? ` · metrics :${metricsEndpoint.port}` : ''}`,
             summary,
@@ -131,12 +129,7 @@ limits per relayed connection are flags (--relay-data-limit-mb, --relay-duration
               loss: c.loss,
               note: c.connected ? '' : 'not connected',
             })),
-            losses: points.map((p) => p.loss).filter((l): l is number => l !== null),
-            tokensPerSecond: lastWith('tokens_per_second') as number | null,
-            bytesIn: points.reduce((a, p) => a + p.bytes_in, 0),
-            bytesOut: points.reduce((a, p) => a + p.bytes_out, 0),
-            applied: lastWith('applied') as number | null,
-            accepted: lastWith('accepted') as number | null,
+            ...historyFigures(history!.history()),
             peers: {all: Object.values(s.peers).filter((a) => a.length > 0).length},
             warnings: warnings.list,
           }

@@ -81,6 +81,8 @@ export interface RoundEvent {
   other_trainers: number
   result_bytes: number | null
   compute_ms: number | null
+  /** Time spent applying the round outside the worker's training call (collecting results, a separate apply). */
+  apply_ms: number
   bytes_in: number
   bytes_out: number
   peers: number
@@ -629,6 +631,7 @@ export class PsycheClient {
   }
 
   private async applyRound(round: Round): Promise<boolean> {
+    const started = performance.now()
     const results = await this.acceptedBytes(round)
     if (!results) return this.modelStep === null
     let hash: string
@@ -638,7 +641,7 @@ export class PsycheClient {
       if (this.refusedByWorker(error, round.step)) return false
       throw error
     }
-    this.afterApply(round, hash, results.length, results.peers ?? 0, results.peersAccepted ?? 0)
+    this.afterApply(round, hash, results.length, results.peers ?? 0, results.peersAccepted ?? 0, performance.now() - started)
     // Past the epoch's rounds the model is what joiners of the next epoch fetch: refresh what we serve.
     if (!isRoundPhase(this.state.run_state)) {
       const {frames, paramHash} = await this.worker.exportParams()
@@ -647,7 +650,8 @@ export class PsycheClient {
     return true
   }
 
-  private afterApply(round: Round, hash: string, applied: number, peersApplied: number, peersAccepted: number): void {
+  /** applyMs: time spent applying outside the worker's training call (collecting the results, and a separate apply). */
+  private afterApply(round: Round, hash: string, applied: number, peersApplied: number, peersAccepted: number, applyMs: number): void {
     this.modelStep = round.step
     this.trainedStep = Math.max(this.trainedStep, round.step)
     this.lastHash = hash
@@ -672,6 +676,7 @@ export class PsycheClient {
       other_trainers: otherTrainers,
       result_bytes: mine?.resultBytes ?? null,
       compute_ms: mine?.computeMs ?? null,
+      apply_ms: Math.round(applyMs),
       bytes_in: stats.bytesReceived,
       bytes_out: stats.bytesSent,
       peers: stats.peers,
@@ -715,8 +720,11 @@ export class PsycheClient {
 
   private async train(round: Round, range: {start: number; end: number}, previous?: Round): Promise<boolean> {
     let before: {applyStep: number; results: Uint8Array[]; peers: number; peersAccepted: number} | undefined
+    let applyMs = 0
     if (previous) {
+      const collecting = performance.now()
       const results = await this.acceptedBytes(previous)
+      applyMs = performance.now() - collecting
       if (!results) return this.modelStep === null
       before = {applyStep: previous.step, results, peers: results.peers ?? 0, peersAccepted: results.peersAccepted ?? 0}
     }
@@ -734,17 +742,19 @@ export class PsycheClient {
     const computeMs = performance.now() - started
     this.trainedStep = round.step
     this.ledger.at(round.step).trained = {loss: r.loss, resultBytes: r.result.length, computeMs}
-    if (previous && before) this.afterApply(previous, r.paramHash, before.results.length, before.peers, before.peersAccepted)
+    if (previous && before) this.afterApply(previous, r.paramHash, before.results.length, before.peers, before.peersAccepted, applyMs)
+    const producing = performance.now()
     const own = this.opts.producer
       ? await this.hostilePublish(round, range, r.result)
       : {announcement: await this.p2p.publishResult(round.step, range.start, range.end, r.result), bytes: r.result}
+    const produceMs = performance.now() - producing
     const record = this.ledger.at(round.step)
     if (own) {
       record.own = own.announcement
       this.intake.own(own.announcement)
       record.results.set(this.id, {client_id: this.id, step: round.step, batch_start: range.start, batch_end: range.end, commitment: own.announcement.commitment, bytes: own.bytes})
     }
-    this.opts.log({event: 'trained', step: round.step, loss: r.loss, batches: ids.length, result_bytes: r.result.length, compute_ms: Math.round(computeMs)})
+    this.opts.log({event: 'trained', step: round.step, loss: r.loss, batches: ids.length, result_bytes: r.result.length, compute_ms: Math.round(computeMs), produce_ms: Math.round(produceMs)})
     this.flushMessages()
     return true
   }

@@ -1,5 +1,6 @@
 import {Box, render, Text} from 'ink'
 import {createElement as h, useEffect, useState, type ReactElement} from 'react'
+import type {HistoryPoint} from './history.js'
 import type {RunSummary} from './summary.js'
 
 /** What the live terminal view shows; every field optional but the title. Built by the command from its events. */
@@ -117,5 +118,21 @@ export class Warnings {
   add(text: string): void {
     this.list.push(`${new Date().toISOString().slice(11, 19)} ${text.slice(0, 160)}`)
     if (this.list.length > 20) this.list.shift()
+  }
+}
+
+/** The run-wide part of a view from a metrics history (server run, testnet): the loss series, last throughput, total bytes. */
+export function historyFigures(points: HistoryPoint[]): Pick<TerminalView, 'losses' | 'tokensPerSecond' | 'bytesIn' | 'bytesOut' | 'applied' | 'accepted'> {
+  const lastWith = (f: (p: HistoryPoint) => number | null) => {
+    for (let i = points.length - 1; i >= 0; i--) if (f(points[i]) !== null) return f(points[i])
+    return null
+  }
+  return {
+    losses: points.map((p) => p.loss).filter((l): l is number => l !== null),
+    tokensPerSecond: lastWith((p) => p.tokens_per_second),
+    bytesIn: points.reduce((a, p) => a + p.bytes_in, 0),
+    bytesOut: points.reduce((a, p) => a + p.bytes_out, 0),
+    applied: lastWith((p) => p.applied),
+    accepted: lastWith((p) => p.accepted),
   }
 }
