@@ -10,7 +10,7 @@ import {openDataProvider, type DataProvider} from '../core/data/index.js'
 import {P2PNode} from '../core/p2p/index.js'
 import {listenAddrsForPort, parseMultiaddrs} from '../core/p2p/addresses.js'
 import {demoCorpusDir, ensureDemoCorpus} from '../core/corpus.js'
-import {ClientMetrics, serveMetrics} from '../core/obs/metrics.js'
+import {acceptedOf, ClientMetrics, serveMetrics} from '../core/obs/metrics.js'
 import {RoundReporter} from '../core/obs/report.js'
 import {coordinatorSeconds, summarizeRun} from '../core/obs/summary.js'
 import {startTerminalView, Warnings} from '../core/obs/terminal-view.js'
@@ -243,8 +243,8 @@ several rounds while others train prints a no_exchange warning naming the addres
             bytesIn: n(last?.bytes_in),
             bytesOut: n(last?.bytes_out),
             applied: n(last?.applied),
-            accepted: n(last?.accepted) ?? n(last?.trainers),
-            peers: last ? {all: n(last.peers) ?? 0, direct: n(last.peers_direct), relayed: n(last.peers_relayed)} : null,
+            accepted: last ? (acceptedOf(last) ?? null) : null,
+            peers: last ? {all: n(last.peers) ?? 0, direct: n(last.conn_direct) ?? n(last.peers_direct), relayed: n(last.conn_relayed) ?? n(last.peers_relayed)} : null,
             warnings: watch.warnings.list,
           }
         })

@@ -18,6 +18,19 @@ type Event = Record<string, unknown>
 const num = (v: unknown): number | undefined => (typeof v === 'number' && Number.isFinite(v) ? v : undefined)
 const text = (v: unknown): string | undefined => (typeof v === 'string' && v.length > 0 ? v.slice(0, 64) : undefined)
 
+/**
+ * Results the witness quorum accepted in a round event: `accepted` when given, else this client's own applied
+ * results plus the peers' accepted ones (peers_applied/peers_accepted), else the round's trainers.
+ */
+export function acceptedOf(e: Event): number | undefined {
+  const applied = num(e.applied)
+  const peersApplied = num(e.peers_applied)
+  const peersAccepted = num(e.peers_accepted)
+  if (num(e.accepted) !== undefined) return num(e.accepted)
+  if (applied !== undefined && peersApplied !== undefined && peersAccepted !== undefined) return applied - peersApplied + peersAccepted
+  return num(e.trainers)
+}
+
 /** The coordinator server's metrics: fed by its log events; run state and clients are read from the state at scrape time. */
 export class ServerMetrics {
   readonly registry = new Registry()
@@ -202,7 +215,7 @@ export class ClientMetrics {
         if (num(e.epoch) !== undefined) this.epoch.set(num(e.epoch)!)
         this.rounds.inc()
         if (num(e.applied) !== undefined) this.applied.set(num(e.applied)!)
-        const accepted = num(e.accepted) ?? num(e.trainers)
+        const accepted = acceptedOf(e)
         if (accepted !== undefined) this.accepted.set(accepted)
         if (num(e.apply_ms) !== undefined) this.apply.observe(num(e.apply_ms)! / 1000)
         const bytesIn = num(e.bytes_in)
@@ -212,8 +225,10 @@ export class ClientMetrics {
         if (bytesIn !== undefined) this.lastIn = bytesIn
         if (bytesOut !== undefined) this.lastOut = bytesOut
         if (num(e.peers) !== undefined) this.peers.set({kind: 'all'}, num(e.peers)!)
-        if (num(e.peers_direct) !== undefined) this.peers.set({kind: 'direct'}, num(e.peers_direct)!)
-        if (num(e.peers_relayed) !== undefined) this.peers.set({kind: 'relayed'}, num(e.peers_relayed)!)
+        const direct = num(e.conn_direct) ?? num(e.peers_direct)
+        const relayed = num(e.conn_relayed) ?? num(e.peers_relayed)
+        if (direct !== undefined) this.peers.set({kind: 'direct'}, direct)
+        if (relayed !== undefined) this.peers.set({kind: 'relayed'}, relayed)
         this.observePeerBytes(e.peer_bytes)
         break
       }

@@ -1,4 +1,5 @@
 import type {ReportBody} from '../protocol/messages.js'
+import {acceptedOf} from './metrics.js'
 
 const num = (v: unknown): number | null => (typeof v === 'number' && Number.isFinite(v) && v >= 0 ? v : null)
 const count = (v: unknown): number => (typeof v === 'number' && Number.isSafeInteger(v) && v >= 0 ? v : 0)
@@ -37,7 +38,7 @@ export class RoundReporter {
         bytes_in: count(e.bytes_in),
         bytes_out: count(e.bytes_out),
         applied: count(e.applied),
-        accepted: count(e.accepted ?? e.trainers),
+        accepted: count(acceptedOf(e)),
         peers: count(e.peers),
       },
     }
