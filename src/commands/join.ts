@@ -16,6 +16,7 @@ import {coordinatorSeconds, summarizeRun} from '../core/obs/summary.js'
 import {startTerminalView, Warnings} from '../core/obs/terminal-view.js'
 import {generateIdentity, loadIdentity, type Identity} from '../core/protocol/identity.js'
 import {resolveTrainPlan, type TrainPlan} from '../core/train/plan.js'
+import {checkRepoId, checkToken} from '../core/checkpoint/hub.js'
 import {shuffleSeedFor} from '../core/train/single-node.js'
 import {ModelWorker} from '../core/worker/model-worker.js'
 
@@ -117,6 +118,10 @@ several rounds while others train prints a no_exchange warning naming the addres
     'p2p-port': Flags.integer({summary: 'libp2p TCP port on every interface (default: any free port)', min: 0, max: 65535}),
     'p2p-announce': Flags.string({summary: 'tell peers exactly these multiaddr(s): a public address or a forwarded port', multiple: true}),
     relay: Flags.string({summary: 'also reserve a slot on this circuit relay (multiaddr ending in /p2p/<id>, from psyche relay)', multiple: true}),
+    'hub-repo': Flags.string({summary: 'be a checkpointer: upload the model to this Hub repository (NS/NAME) after each epoch'}),
+    'hub-revision': Flags.string({summary: 'branch the checkpoints are committed to', default: 'main'}),
+    'hub-url': Flags.string({summary: 'Hub endpoint for checkpoints', env: 'HF_ENDPOINT'}),
+    'hub-token': Flags.string({summary: 'Hub token (starts with hf_) for uploads and private repositories', env: 'HF_TOKEN'}),
   }
 
   /** With --json, stdout is a stream of one-line events: an error is one more line, not a pretty-printed object. */
@@ -147,7 +152,7 @@ several rounds while others train prints a no_exchange warning naming the addres
       device: flags.device,
       devices: flags.devices,
       dataParallel: flags['data-parallel'],
-      hub: {onProgress: (p) => progress.update(`model from the Hub: ${p.phase} ${(p.done / 1e6).toFixed(1)} / ${(p.total / 1e6).toFixed(1)} MB`, p.phase === 'done')},
+      hub: {url: flags['hub-url'], token: flags['hub-token'], onProgress: (p) => progress.update(`model from the Hub: ${p.phase} ${(p.done / 1e6).toFixed(1)} / ${(p.total / 1e6).toFixed(1)} MB`, p.phase === 'done')},
     })
     const d = plan.data
     if (typeof d === 'object' && 'Local' in d && resolve(plan.dataBaseDir, d.Local).startsWith(demoCorpusDir)) await ensureDemoCorpus((m) => progress.status(m))
@@ -226,6 +231,13 @@ several rounds while others train prints a no_exchange warning naming the addres
     }
     const components = await startComponents({serverAddr: flags['server-addr'], runId, identity, plan, seed, log, p2p, onConnected: (c) => (connection = c)})
     client = await PsycheClient.start({id: identity.id, runId, plan, seed, log, relays}, components)
+    const components = await startComponents({serverAddr: flags['server-addr'], runId, identity, plan, seed, log, onConnected: (c) => (connection = c)})
+    const hub = {url: flags['hub-url'], token: flags['hub-token'], repo: flags['hub-repo'], revision: flags['hub-revision']}
+    if (hub.repo) {
+      checkRepoId(hub.repo, '--hub-repo')
+      checkToken(hub.token, true)
+    }
+    client = await PsycheClient.start({id: identity.id, runId, plan, seed, log, hub}, components)
     progress.status(`joined as ${client.id.slice(0, 16)}…; following the run`)
     const me = client.id
     const view = live

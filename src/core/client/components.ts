@@ -85,6 +85,8 @@ export interface ClientWorker {
   scoreResults?(step: number, results: Uint8Array[], batches: {tokens: Uint32Array; rows: number}[]): Promise<{before: number[]; after: (number[] | null)[]}>
   exportParams(): Promise<{frames: Frame[]; paramHash: string}>
   importParams(frames: Frame[]): Promise<string>
+  /** Writes the model directory (config, weights, tokenizer, card): what a checkpointer uploads. */
+  save?(dir: string, options?: {card?: Record<string, string | number>}): Promise<void>
   shutdown(): Promise<void>
 }
 

@@ -11,6 +11,11 @@ import {WorkerCrashedError, WorkerRequestError} from '../worker/client.js'
 import type {ClientComponents} from './components.js'
 import {acceptedResults, belongsToRound, finalRounds, messagesToSend, nextWork, trainersWithBatches, type ClientView, type HeldResult, type Message, type Work} from './decide.js'
 import {StepLedger} from './ledger.js'
+import {Checkpointer} from '../checkpoint/checkpointer.js'
+import {downloadCheckpoint} from '../checkpoint/hub.js'
+import {existsSync} from 'node:fs'
+import {tmpdir} from 'node:os'
+import {join, resolve} from 'node:path'
 
 /** What a client trains with: the resolved plan's model, data and worker settings; LR and optimizer come from the run. */
 export type ClientPlan = Pick<TrainPlan, 'model' | 'seqLen' | 'microBatch' | 'optimizer'>
@@ -34,6 +39,11 @@ export interface ClientOptions {
    * run the real client with a hostile producer (test/adversarial/).
    */
   producer?: ResultProducer
+  /**
+   * The Hugging Face Hub: where a `Hub` checkpoint the coordinator names is downloaded from, and — with `repo` —
+   * where this client, as a checkpointer (Psyche's `--hub-repo`), uploads the model after each epoch.
+   */
+  hub?: {url?: string; token?: string; cacheDir?: string; repo?: string; revision?: string; stagingDir?: string; maxShardBytes?: number}
 }
 
 /** What a hostile producer gets: the honest result, the peers' results so far, and a way to publish anything. */
@@ -137,12 +147,48 @@ export class PsycheClient {
   private readonly p2p: ClientComponents['p2p']
   private readonly data: ClientComponents['data']
   private readonly clock: ClientComponents['clock']
+  private readonly checkpointer: Checkpointer | undefined
+  private checkpointedEpoch: number | null = null
 
   private constructor(
     private readonly opts: ClientOptions,
     private readonly components: ClientComponents,
   ) {
     ;({worker: this.worker, p2p: this.p2p, data: this.data, clock: this.clock} = components)
+    const hub = opts.hub
+    if (hub?.repo) {
+      const worker = this.worker
+      if (!worker.save) throw new PsycheError('this worker cannot save models, so the client cannot be a checkpointer')
+      if (!hub.token) throw new PsycheError('a checkpointer needs a Hub token (--hub-token or HF_TOKEN)')
+      this.checkpointer = new Checkpointer({
+        repo: hub.repo,
+        revision: hub.revision,
+        hubUrl: hub.url,
+        token: hub.token,
+        maxShardBytes: hub.maxShardBytes,
+        stagingDir: hub.stagingDir ?? join(tmpdir(), `psyche-checkpoints-${opts.id.slice(0, 16)}`),
+        save: (dir, card) => worker.save!(dir, {card: {...card, run_id: opts.runId}}),
+        log: opts.log,
+        onUploaded: (c) => {
+          // the coordinator takes a checkpoint only in the Cooldown of the epoch it ends
+          if (this.state.run_state !== 'Cooldown' || this.state.progress.epoch !== c.epoch) {
+            this.opts.log({event: 'checkpoint_not_reported', step: c.step, revision: c.revision, reason: `the run is in ${this.state.run_state} of epoch ${this.state.progress.epoch} now`})
+            return
+          }
+          if (this.state.epoch.checkpointed) return
+          if (this.conn.sendCheckpoint({repo_id: c.repo_id, revision: c.revision})) this.opts.log({event: 'checkpoint', step: c.step, repo_id: c.repo_id, revision: c.revision})
+        },
+      })
+    }
+  }
+
+  /** A checkpointer saves the model once per epoch, when the epoch's last round is applied (Cooldown); the upload runs in the background. */
+  private async maybeCheckpoint(round: Round): Promise<void> {
+    if (!this.checkpointer || this.state.run_state !== 'Cooldown' || this.state.epoch.round?.step !== round.step) return
+    const epoch = this.state.progress.epoch
+    if (this.checkpointedEpoch === epoch) return
+    this.checkpointedEpoch = epoch
+    await this.checkpointer.checkpoint(round.step, epoch).catch((error: unknown) => this.opts.log({event: 'checkpoint_save_failed', step: round.step, message: errorMessage(error)}))
   }
 
   get id(): ClientId {
@@ -406,6 +452,8 @@ export class PsycheClient {
       await this.close()
       throw error
     }
+    // the last epoch's checkpoint upload is not abandoned when the run finishes
+    await this.checkpointer?.idle()
     const stats = this.p2p.stats()
     await this.close()
     return {rounds: this.roundsApplied, lastStep: this.modelStep, paramHash: this.lastHash, bytesIn: stats.bytesReceived, bytesOut: stats.bytesSent}
@@ -461,8 +509,29 @@ export class PsycheClient {
 
   private parameters: number | undefined
 
-  private async initModel(): Promise<void> {
-    const {model, microBatch} = this.opts.plan
+  /**
+   * The model directory of the coordinator's `Hub` checkpoint (downloaded into the Hub cache: resumable,
+   * hash-checked), or undefined when the checkpoint is not a Hub repository (the plan's model is used), or null
+   * when the download failed (retried on the next pass).
+   */
+  private async hubCheckpointDir(step: number): Promise<string | undefined | null> {
+    const checkpoint = this.state.model.LLM.checkpoint
+    if (typeof checkpoint !== 'object' || !('Hub' in checkpoint)) return undefined
+    const {repo_id, revision} = checkpoint.Hub
+    if (!repo_id || existsSync(join(resolve(repo_id), 'config.json'))) return undefined // a local directory: the plan resolved it
+    try {
+      const got = await downloadCheckpoint({repo: repo_id, revision: revision ?? undefined, hubUrl: this.opts.hub?.url, token: this.opts.hub?.token, cacheDir: this.opts.hub?.cacheDir})
+      this.opts.log({event: 'checkpoint_downloaded', step, repo_id, revision: got.commit, bytes: got.bytes, downloaded_bytes: got.downloaded_bytes})
+      return got.dir
+    } catch (error) {
+      this.opts.log({event: 'checkpoint_download_failed', step, repo_id, message: errorMessage(error)})
+      return null
+    }
+  }
+
+  private async initModel(fromDir?: string): Promise<void> {
+    const {microBatch} = this.opts.plan
+    const model = fromDir ? ({kind: 'dir', dir: fromDir} as const) : this.opts.plan.model
     // The run's state is authoritative for what every replica must agree on: the LR schedule, and DisTrO's
     // settings when the run names DisTrO (the network path needs it; other optimizers fall back to the plan's).
     const llm = this.state.model.LLM
@@ -482,7 +551,9 @@ export class PsycheClient {
 
   private async loadModel(step: number, from: 'checkpoint' | ClientId[]): Promise<boolean> {
     if (from === 'checkpoint') {
-      await this.initModel()
+      const dir = await this.hubCheckpointDir(step)
+      if (dir === null) return false
+      await this.initModel(dir)
       const {frames, paramHash} = await this.worker.exportParams()
       this.snapshot = {step, paramHash, frames: frames.map((f) => ({name: f.name!, dtype: f.dtype, shape: f.shape, data: f.data as Uint8Array}))}
       this.setLoaded(step, paramHash, 'checkpoint')
@@ -646,6 +717,7 @@ export class PsycheClient {
     if (!isRoundPhase(this.state.run_state)) {
       const {frames, paramHash} = await this.worker.exportParams()
       this.snapshot = {step: round.step, paramHash, frames: frames.map((f) => ({name: f.name!, dtype: f.dtype, shape: f.shape, data: f.data as Uint8Array}))}
+      await this.maybeCheckpoint(round)
     }
     return true
   }
