@@ -176,7 +176,7 @@ export class PsycheClient {
             return
           }
           if (this.state.epoch.checkpointed) return
-          if (this.conn.sendCheckpoint({repo_id: c.repo_id, revision: c.revision})) this.opts.log({event: 'checkpoint', step: c.step, repo_id: c.repo_id, revision: c.revision})
+          if (this.conn.sendCheckpoint({repo_id: c.repo_id, revision: c.revision})) this.opts.log({event: 'checkpoint', step: c.step, epoch: c.epoch, repo_id: c.repo_id, revision: c.revision})
         },
       })
     }
