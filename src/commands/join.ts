@@ -230,14 +230,12 @@ several rounds while others train prints a no_exchange warning naming the addres
       })
     }
     const components = await startComponents({serverAddr: flags['server-addr'], runId, identity, plan, seed, log, p2p, onConnected: (c) => (connection = c)})
-    client = await PsycheClient.start({id: identity.id, runId, plan, seed, log, relays}, components)
-    const components = await startComponents({serverAddr: flags['server-addr'], runId, identity, plan, seed, log, onConnected: (c) => (connection = c)})
     const hub = {url: flags['hub-url'], token: flags['hub-token'], repo: flags['hub-repo'], revision: flags['hub-revision']}
     if (hub.repo) {
       checkRepoId(hub.repo, '--hub-repo')
       checkToken(hub.token, true)
     }
-    client = await PsycheClient.start({id: identity.id, runId, plan, seed, log, hub}, components)
+    client = await PsycheClient.start({id: identity.id, runId, plan, seed, log, relays, hub}, components)
     progress.status(`joined as ${client.id.slice(0, 16)}…; following the run`)
     const me = client.id
     const view = live
