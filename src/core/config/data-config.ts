@@ -1,5 +1,6 @@
 import {parse as parseToml, TomlError} from 'smol-toml'
-import {ConfigError, Reader, readConfigText, type Table} from './read.js'
+import {readConfigText} from './file.js'
+import {ConfigError, Reader, type Table} from './read.js'
 import type {ConfigIssue, DataServerConfig, RunConfigFile} from './types.js'
 
 /** Parses and validates a TCP data server's `data.toml` (dir, token_size, seq_len, shuffle_seed). */

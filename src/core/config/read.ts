@@ -1,4 +1,3 @@
-import {readFile} from 'node:fs/promises'
 import {PsycheError} from '../errors.js'
 import type {ConfigIssue} from './types.js'
 
@@ -9,15 +8,6 @@ import type {ConfigIssue} from './types.js'
  */
 
 export type Table = Record<string, unknown>
-
-/** A config file's text; a file that cannot be read is a ConfigError naming it. */
-export async function readConfigText(path: string): Promise<string> {
-  try {
-    return await readFile(path, 'utf8')
-  } catch (error) {
-    throw new ConfigError([{file: path, path: '', message: `cannot read: ${(error as NodeJS.ErrnoException).code ?? (error as Error).message}`}])
-  }
-}
 
 export function formatIssue(issue: ConfigIssue): string {
   const where = issue.path === '' ? issue.file : `${issue.file}: ${issue.path}`

@@ -1,6 +1,8 @@
-import {dirname, isAbsolute, resolve} from 'node:path'
-import {parse as parseToml, TomlError} from 'smol-toml'
-import {ConfigError, Reader, readConfigText, isTable, join, type Table} from './read.js'
+/**
+ * The run config's pure validator: `[config]` and `[model.LLM]` as objects (parsed TOML, or a config_update event)
+ * to normalized values or located issues. No I/O: the coordinator runs it. Files are read by run-config-file.ts.
+ */
+import {Reader, isTable, join, type Table} from './read.js'
 import type {
   AdamWConfig,
   CheckpointConfig,
@@ -323,7 +325,8 @@ export function validateRunConfig(config: unknown, model: unknown, file = 'confi
   return r.issues.length > 0 || result === undefined ? {issues: r.issues} : result
 }
 
-function readRunSections(r: Reader, root: Table): {config: CoordinatorConfig; model: {LLM: LLMConfig}} | undefined {
+/** The `[config]` and `[model]` sections of a parsed run config, read with `r` (issues recorded there). */
+export function readRunSections(r: Reader, root: Table): {config: CoordinatorConfig; model: {LLM: LLMConfig}} | undefined {
   const configTable = r.table(root, 'config', '')
   const modelTable = r.table(root, 'model', '')
   let llm: LLMConfig | undefined
@@ -336,49 +339,3 @@ function readRunSections(r: Reader, root: Table): {config: CoordinatorConfig; mo
   if (config && llm) checkCrossFieldRules(r, config, llm)
   return config && llm ? {config, model: {LLM: llm}} : undefined
 }
-
-/**
- * Parses and validates a run configuration: a server `state.toml` or an `update-config` `config.toml`.
- * `path` names the file in errors and anchors relative paths. Throws a ConfigError listing every problem.
- */
-export function parseRunConfig(text: string, path: string): RunConfigFile {
-  let root: Table
-  try {
-    root = parseToml(text) as Table
-  } catch (error) {
-    if (error instanceof TomlError) {
-      throw new ConfigError([{file: path, path: '', message: `not valid TOML at line ${error.line}, column ${error.column}: ${error.message.split('\n')[0]}`}])
-    }
-    throw error
-  }
-  const r = new Reader(path)
-  r.known(root, '', ['run_id', 'run_state', 'config', 'model'])
-  const file: Partial<RunConfigFile> = {path}
-  if (root.run_id !== undefined) file.run_id = r.str(root, 'run_id', '', {nonEmpty: true, maxBytes: MAX_RUN_ID_BYTES})
-  if (root.run_state !== undefined) {
-    const state = root.run_state
-    if (typeof state !== 'string' || !STARTING_RUN_STATES.includes(state as RunState)) {
-      r.issue('run_state', `must be one of: ${STARTING_RUN_STATES.join(', ')} (a file starts a run before its first epoch)`, state)
-    }
-    file.run_state = state as RunState
-  }
-  if (file.run_state !== undefined && file.run_id === undefined) r.issue('run_id', 'missing: a server state file with run_state needs a run_id')
-  const sections = readRunSections(r, root)
-  r.done()
-  return {...file, ...sections!} as RunConfigFile
-}
-
-/** Reads and parses a run configuration file (see parseRunConfig). */
-export async function loadRunConfigFile(path: string): Promise<RunConfigFile> {
-  return parseRunConfig(await readConfigText(path), path)
-}
-
-/**
- * Resolves a path written inside a config file (a `Local` data location or checkpoint) against the
- * file's directory — our extension; Psyche resolves against the process's working directory.
- */
-export function resolveConfigPath(file: Pick<RunConfigFile, 'path'>, p: string): string {
-  return isAbsolute(p) ? p : resolve(dirname(file.path), p)
-}
-
-

@@ -2,7 +2,7 @@ import {cp, mkdir, readFile, readdir, stat, writeFile} from 'node:fs/promises'
 import {dirname, isAbsolute, join, relative, resolve} from 'node:path'
 import {fileURLToPath} from 'node:url'
 import {PsycheError} from '../errors.js'
-import {loadRunConfigFile, parseRunConfig, resolveConfigPath} from './run-config.js'
+import {loadRunConfigFile, parseRunConfig, resolveConfigPath} from './run-config-file.js'
 import {parseDataServerConfig} from './data-config.js'
 
 /** The project's templates/ folder: each run template has state.toml, optional data.toml, and model/. */
