@@ -583,7 +583,8 @@ export function simRun(config: Partial<typeof baseConfig> = {}, llm: Partial<typ
       run_id: 'sim-run',
       run_state: 'WaitingForMembers',
       config: {...baseConfig, warmup_time: 5, cooldown_time: 2, max_round_train_time: 5, round_witness_time: 2, epoch_time: 30, min_clients: 2, init_min_clients: 3, witness_nodes: 2, total_steps: 1000, ...config},
-      model: {LLM: {...baseLLM, max_seq_len: SIM_SEQ_LEN, checkpoint: {Hub: {repo_id: 'org/sim'}}, ...llm}},
+      // Dummy: the plan's model at the first epoch (a Hub checkpoint would be downloaded), P2P after it.
+      model: {LLM: {...baseLLM, max_seq_len: SIM_SEQ_LEN, checkpoint: {Dummy: {repo_id: 'org/sim'}}, ...llm}},
     },
     {now: 1_000_000, seed: '11'.repeat(32)},
   )
