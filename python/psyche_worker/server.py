@@ -90,6 +90,8 @@ class Worker:
             "save_model": self.op_save_model,
             "apply_results": self.op_apply_results,
             "train_round": self.op_train_round,
+            "begin_round": self.op_begin_round,
+            "finish_round": self.op_finish_round,
             "score_results": self.op_score_results,
         }
 
@@ -156,16 +158,26 @@ class Worker:
         """Frames: token ids, then the previous round's result frames (uint8) to apply."""
         if not frames:
             raise WorkerError("train_round: expected a frame of token ids first")
-        tokens, results = frames[0], frames[1:]
-        for i, f in enumerate(results):
+        self.op_begin_round(h, frames[:1])
+        return self.op_finish_round(h, frames[1:])
+
+    def op_begin_round(self, h, frames) -> Reply:
+        """Frame: token ids. Forward/backward of the round; finish_round applies and produces."""
+        if len(frames) != 1:
+            raise WorkerError("begin_round: expected one frame of token ids")
+        return self.t.begin_round(frames[0], int(h.get("step", 0))), []
+
+    def op_finish_round(self, h, frames) -> Reply:
+        """Frames: the previous round's result frames (uint8) to apply, then this round's result is produced."""
+        for i, f in enumerate(frames):
             if f.dtype != torch.uint8 or f.ndim != 1:
                 raise WorkerError(f"train_round: result frame {i} must be a 1-D uint8 result")
         apply_step = h.get("apply_step")
-        if apply_step is None and results:
+        if apply_step is None and frames:
             raise WorkerError("train_round: results given without apply_step")
-        reply, result = self.t.train_round(tokens, int(h.get("step", 0)), None if apply_step is None else int(apply_step),
-                                           [f.numpy().tobytes() for f in results])
-        return {**reply, "applied": len(results), "param_hash": models.hash_named_tensors(self.t.replicated_parameters()),
+        reply, result = self.t.finish_round(int(h.get("step", 0)), None if apply_step is None else int(apply_step),
+                                            [f.numpy().tobytes() for f in frames])
+        return {**reply, "applied": len(frames), "param_hash": models.hash_named_tensors(self.t.replicated_parameters()),
                 "frames": [{"name": "result", "dtype": "uint8", "shape": [len(result)]}]}, [result]
 
     def op_score_results(self, h, frames) -> Reply:

@@ -210,16 +210,34 @@ class Trainer:
         """Network path, DisTrO's intended order for one round: forward/backward on this round's tokens
         (at the speculative parameters), then apply the previous round's accepted results (`apply_step`'s
         LR; restores the committed parameters first), then produce this round's result (which speculates
-        again). `apply_step` None: nothing to apply (the first round of an epoch)."""
+        again). `apply_step` None: nothing to apply (the first round of an epoch). The same as begin_round
+        then finish_round, which let the client download the previous round's results meanwhile."""
+        self.begin_round(tokens, step)
+        return self.finish_round(step, apply_step, results)
+
+    def begin_round(self, tokens: torch.Tensor, step: int) -> dict[str, Any]:
+        """The first half of train_round: forward/backward (and the gradient norm) for `step`. The gradients
+        wait in .grad for finish_round; nothing else changes, so the previous round's results may still be
+        on their way."""
         self._one_distro_peer("train_round")
-        lr = self.schedule(step)
         loss = self.forward_backward(tokens)
         norm = self.clip()
+        self.pending_round = {"step": step, "loss": loss, "grad_norm": norm, "tokens": int(tokens.shape[0] * (tokens.shape[1] - 1))}
+        return {"loss": loss, "grad_norm": norm}
+
+    def finish_round(self, step: int, apply_step: int | None, results: list[bytes]) -> tuple[dict[str, Any], bytes]:
+        """The second half: apply the previous round's accepted results, then produce `step`'s result."""
+        pending = getattr(self, "pending_round", None)
+        if pending is None or pending["step"] != step:
+            raise WorkerError(f"finish_round for step {step} without its begin_round", kind="state")
+        self.pending_round = None
+        lr = self.schedule(step)
         if apply_step is not None:
             self.apply_results(results, apply_step)
         result = self.distro_peers[0].produce(lr)
+        loss = pending["loss"]
         _check_finite(loss, step)
-        return {"loss": loss, "grad_norm": norm, "lr": lr, "tokens": int(tokens.shape[0] * (tokens.shape[1] - 1)),
+        return {"loss": loss, "grad_norm": pending["grad_norm"], "lr": lr, "tokens": pending["tokens"],
                 "result_bytes": len(result)}, result
 
     @torch.no_grad()

@@ -116,6 +116,27 @@ describe('client decisions: rounds', () => {
     assert.equal(lateProof.kind === 'witness' && lateProof.seen.map((r) => r.client_id).sort().join(), 'alice,bob')
   })
 
+  it('early in the witness window a witness waits for a result still downloading, then sends what it has', () => {
+    const {state, now} = toFirstRound(IDS, witnesses3)
+    const late = advance(state, now).state
+    assert.equal(late.run_state, 'RoundWitness')
+    const results = held(late, late.epoch.round!)
+    delete results.get('carol')!.bytes // announced, download in flight
+    const downloading = view('alice', {modelStep: 0, trainedStep: 1, results: new Map([[1, results]])})
+    // In the grace period: no partial proof (it would hold the coordinator's window open to its end).
+    assert.deepEqual(messagesToSend(late, {...downloading, witnessGrace: new Set([1])}).filter((m) => m.kind === 'witness'), [])
+    // Once the download lands, the complete proof goes at once.
+    const landed = held(late, late.epoch.round!)
+    const [complete] = messagesToSend(late, {...downloading, results: new Map([[1, landed]]), witnessGrace: new Set([1])})
+    assert.equal(complete.kind === 'witness' && complete.seen.length, 3)
+    // After the grace period (or with nothing in flight): what it has.
+    const [partial] = messagesToSend(late, downloading)
+    assert.equal(partial.kind === 'witness' && partial.seen.map((r) => r.client_id).sort().join(), 'alice,bob')
+    const missing = held(late, late.epoch.round!, ['alice', 'bob'])
+    const [unannounced] = messagesToSend(late, {...downloading, results: new Map([[1, missing]]), witnessGrace: new Set([1])})
+    assert.equal(unannounced.kind, 'witness')
+  })
+
   it('a result announced but not yet downloaded does not count as seen', () => {
     const {state} = toFirstRound(IDS, witnesses3)
     const results = held(state, state.epoch.round!)

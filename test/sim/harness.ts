@@ -493,17 +493,24 @@ export class DeterministicWorker implements ClientWorker {
     return {}
   }
 
-  async trainRound(
-    tokens: Uint32Array,
-    rows: number,
-    step: number,
-    previous?: {applyStep: number; results: Uint8Array[]},
-  ): Promise<StepResult & {result: Uint8Array; paramHash: string; applied: number}> {
+  private begun: {step: number; result: Uint8Array; tokens: number} | undefined
+
+  /** Like the real worker: the result depends on the parameters the forward/backward ran at. */
+  async beginRound(tokens: Uint32Array, rows: number, step: number): Promise<{loss: number; grad_norm: number}> {
     await this.op()
     const result = new Uint8Array(sha256('result', this.params, String(step), new Uint8Array(tokens.buffer, tokens.byteOffset, tokens.byteLength)))
+    this.begun = {step, result, tokens: tokens.length - rows}
+    return {loss: 2 + (result[0] / 255) * 0.5, grad_norm: 1}
+  }
+
+  async finishRound(step: number, previous?: {applyStep: number; results: Uint8Array[]}): Promise<StepResult & {result: Uint8Array; paramHash: string; applied: number}> {
+    await this.op()
+    if (this.begun?.step !== step) throw new Error(`finish_round for step ${step} without its begin_round`)
+    const {result, tokens} = this.begun
+    this.begun = undefined
     if (previous) this.apply(previous.applyStep, previous.results)
     const loss = 2 + (result[0] / 255) * 0.5
-    return {loss, grad_norm: 1, lr: 1e-3, tokens: tokens.length - rows, result, paramHash: this.paramHash, applied: previous?.results.length ?? 0}
+    return {loss, grad_norm: 1, lr: 1e-3, tokens, result, paramHash: this.paramHash, applied: previous?.results.length ?? 0}
   }
 
   async applyResults(step: number, results: Uint8Array[]): Promise<string> {

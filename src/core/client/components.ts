@@ -74,12 +74,12 @@ export interface ClientWorker {
   initFromConfig(config: Record<string, unknown>, seed: number): Promise<ModelInfo>
   /** Sets up training; the reply says how results are laid out when the worker knows (DisTrO). */
   configure(setup: TrainingSetup): Promise<{resultFormat?: ResultFormat}>
-  trainRound(
-    tokens: Uint32Array,
-    rows: number,
-    step: number,
-    previous?: {applyStep: number; results: Uint8Array[]},
-  ): Promise<StepResult & {result: Uint8Array; paramHash: string; applied: number}>
+  /**
+   * A round in two requests (ModelWorker.trainRound split): the forward/backward of `step` on `tokens`, then —
+   * once the previous round's accepted results are downloaded — apply them and produce this step's result.
+   */
+  beginRound(tokens: Uint32Array, rows: number, step: number): Promise<{loss: number; grad_norm: number}>
+  finishRound(step: number, previous?: {applyStep: number; results: Uint8Array[]}): Promise<StepResult & {result: Uint8Array; paramHash: string; applied: number}>
   applyResults(step: number, results: Uint8Array[]): Promise<string>
   /** Verification (optional: a worker without it does not verify): losses before/after each result alone. */
   scoreResults?(step: number, results: Uint8Array[], batches: {tokens: Uint32Array; rows: number}[]): Promise<{before: number[]; after: (number[] | null)[]}>

@@ -67,6 +67,11 @@ export interface ClientView {
   results: ReadonlyMap<number, ReadonlyMap<ClientId, HeldResult>>
   /** `${step}:${producer}` of the invalid results this client already accused. */
   accused?: ReadonlySet<string>
+  /**
+   * Steps whose witness window this client still waits in for results it is downloading (see messagesToSend):
+   * the runner adds a step when it first sees the step's RoundWitness and removes it after a grace period.
+   */
+  witnessGrace?: ReadonlySet<number>
 }
 
 export type Work =
@@ -216,8 +221,13 @@ export function messagesToSend(state: CoordinatorState, view: ClientView): Messa
       .filter((r): r is HeldResult => r !== undefined && r.bytes !== undefined && belongsToRound(state, round, r))
     // A witness never attests a result that failed validation.
     const seen = arrived.filter((r) => r.invalid === undefined)
-    // Opportunistic: as soon as every trainer's result is here; otherwise with what we have once training time is up.
-    if (arrived.length === trainersWithBatches(state, round).length || state.run_state === 'RoundWitness') out.push({kind: 'witness', step: round.step, seen})
+    // Opportunistic: as soon as every trainer's result is here; otherwise with what we have once training time is up
+    // — except that early in the witness window a result still downloading is worth waiting for: a complete proof
+    // from every witness closes the window at once (the coordinator's early close), a partial one holds it open.
+    const complete = arrived.length === trainersWithBatches(state, round).length
+    const downloading = [...(held?.values() ?? [])].some((r) => r.bytes === undefined && r.invalid === undefined && belongsToRound(state, round, r))
+    const waiting = downloading && view.witnessGrace?.has(round.step) === true
+    if (complete || (state.run_state === 'RoundWitness' && !waiting)) out.push({kind: 'witness', step: round.step, seen})
   }
 
   // Accuse the producers of this round's invalid results (the coordinator ejects on a witness quorum).

@@ -280,7 +280,25 @@ export class PsycheClient {
       finalRounds: this.ledger.finalRounds(),
       results: this.ledger.results(),
       accused: this.accused,
+      witnessGrace: this.witnessGrace,
     }
+  }
+
+  /** Steps in whose witness window we still wait for downloads in flight (decide.ts messagesToSend). */
+  private readonly witnessGrace = new Set<number>()
+  private readonly witnessWindowsSeen = new Set<number>()
+
+  /** On a step's first RoundWitness: wait up to half the window for results still downloading, then send what we have. */
+  private startWitnessGrace(state: CoordinatorState): void {
+    const round = state.epoch.round
+    if (state.run_state !== 'RoundWitness' || !round || this.witnessWindowsSeen.has(round.step)) return
+    this.witnessWindowsSeen.add(round.step)
+    for (const step of this.witnessWindowsSeen) if (step < round.step - 1) this.witnessWindowsSeen.delete(step)
+    this.witnessGrace.add(round.step)
+    void this.clock.sleep((state.config.round_witness_time * 1000) / 2).then(() => {
+      this.witnessGrace.delete(round.step)
+      this.flushMessages()
+    })
   }
 
   private poke(): void {
@@ -294,6 +312,7 @@ export class PsycheClient {
     const round = state.epoch.round
     if (round) this.ledger.at(round.step).epoch ??= state.progress.epoch
     for (const r of finalRounds(state)) this.ledger.at(r.step).finalRound = r
+    this.startWitnessGrace(state)
     const addrs = Object.entries(peers)
       .filter(([id]) => id !== this.id)
       .flatMap(([, a]) => a)
@@ -790,28 +809,45 @@ export class PsycheClient {
     })
   }
 
+  /** This round's forward/backward, started before the previous round's results are all here (train). */
+  private begun: {step: number; batches: number; done: Promise<number>} | undefined
+
   private async train(round: Round, range: {start: number; end: number}, previous?: Round): Promise<boolean> {
+    // Overlap: the forward/backward of this round needs only this round's data, so it runs on the worker while the
+    // previous round's accepted results finish downloading; applying them and producing our result come after.
+    if (this.begun?.step !== round.step) {
+      const assigned = Array.from({length: range.end - range.start}, (_, i) => range.start + i)
+      const ids = this.opts.producer?.batches?.(assigned, round) ?? assigned
+      const tokens = await this.data.getSamples(ids)
+      const started = performance.now()
+      this.begun = {step: round.step, batches: ids.length, done: this.worker.beginRound(tokens, ids.length, round.step).then(() => performance.now() - started)}
+    }
+    const begun = this.begun
     let before: {applyStep: number; results: Uint8Array[]; peers: number; peersAccepted: number} | undefined
     let applyMs = 0
     if (previous) {
       const collecting = performance.now()
       const results = await this.acceptedBytes(previous)
       applyMs = performance.now() - collecting
-      if (!results) return this.modelStep === null
+      if (!results) {
+        await begun.done // one request at a time on the worker; retried (or the model dropped) after this
+        if (this.modelStep === null) this.begun = undefined
+        return this.modelStep === null
+      }
       before = {applyStep: previous.step, results, peers: results.peers ?? 0, peersAccepted: results.peersAccepted ?? 0}
     }
-    const assigned = Array.from({length: range.end - range.start}, (_, i) => range.start + i)
-    const ids = this.opts.producer?.batches?.(assigned, round) ?? assigned
-    const tokens = await this.data.getSamples(ids)
-    const started = performance.now()
-    let r: Awaited<ReturnType<ClientComponents['worker']['trainRound']>>
+    const forwardBackwardMs = await begun.done
+    // finish_round consumes the forward/backward whatever happens: a retry begins the round again
+    this.begun = undefined
+    const finishing = performance.now()
+    let r: Awaited<ReturnType<ClientComponents['worker']['finishRound']>>
     try {
-      r = await this.worker.trainRound(tokens, ids.length, round.step, before)
+      r = await this.worker.finishRound(round.step, before)
     } catch (error) {
       if (previous && this.refusedByWorker(error, previous.step)) return false
       throw error
     }
-    const computeMs = performance.now() - started
+    const computeMs = forwardBackwardMs + performance.now() - finishing
     this.trainedStep = round.step
     this.ledger.at(round.step).trained = {loss: r.loss, resultBytes: r.result.length, computeMs}
     if (previous && before) this.afterApply(previous, r.paramHash, before.results.length, before.peers, before.peersAccepted, applyMs)
@@ -826,7 +862,7 @@ export class PsycheClient {
       this.intake.own(own.announcement)
       record.results.set(this.id, {client_id: this.id, step: round.step, batch_start: range.start, batch_end: range.end, commitment: own.announcement.commitment, bytes: own.bytes})
     }
-    this.opts.log({event: 'trained', step: round.step, loss: r.loss, batches: ids.length, result_bytes: r.result.length, compute_ms: Math.round(computeMs), produce_ms: Math.round(produceMs)})
+    this.opts.log({event: 'trained', step: round.step, loss: r.loss, batches: begun.batches, result_bytes: r.result.length, compute_ms: Math.round(computeMs), produce_ms: Math.round(produceMs)})
     this.flushMessages()
     return true
   }

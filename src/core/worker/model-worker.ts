@@ -85,6 +85,21 @@ export class ModelWorker {
     return {...reply, result: new Uint8Array(frames[0]), paramHash: reply.param_hash, applied: reply.applied}
   }
 
+  /**
+   * trainRound in two requests, so the client can download `previous` meanwhile: beginRound runs the
+   * forward/backward of `step`, finishRound applies `previous` and produces the result (same outcome, bit for bit).
+   */
+  async beginRound(tokens: Uint32Array, rows: number, step: number): Promise<{loss: number; grad_norm: number}> {
+    return (await this.client.call<{loss: number; grad_norm: number} & Record<string, unknown>>('begin_round', {step}, [tokensFrame(tokens, rows)])).reply
+  }
+
+  async finishRound(step: number, previous?: {applyStep: number; results: Uint8Array[]}): Promise<StepResult & {result: Uint8Array; paramHash: string; applied: number}> {
+    const resultFrames: Frame[] = (previous?.results ?? []).map((r, i) => ({name: `result${i}`, dtype: 'uint8', shape: [r.length], data: r}))
+    const header = previous ? {step, apply_step: previous.applyStep} : {step}
+    const {reply, frames} = await this.client.call<StepResult & {param_hash: string; applied: number} & Record<string, unknown>>('finish_round', header, resultFrames)
+    return {...reply, result: new Uint8Array(frames[0]), paramHash: reply.param_hash, applied: reply.applied}
+  }
+
   /** Applies the results accepted for `step` (network path). Returns the committed parameters' hash. */
   async applyResults(step: number, results: Uint8Array[]): Promise<string> {
     const frames: Frame[] = results.map((r, i) => ({name: `result${i}`, dtype: 'uint8', shape: [r.length], data: r}))
