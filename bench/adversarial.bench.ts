@@ -32,7 +32,12 @@ async function startPeers(): Promise<{workers: ModelWorker[]; format: ResultForm
   for (const w of workers) {
     if (plan.model.kind === 'dir') await w.load(plan.model.dir, 1)
     else await w.initFromConfig(plan.model.config, 1)
-    const r = await w.configure({optimizer: plan.optimizer as Record<string, unknown>, lr_schedule: plan.lrSchedule as Record<string, unknown>, micro_batch: 4, delay_correction: true})
+    const r = await w.configure({
+      optimizer: plan.optimizer as Record<string, unknown>,
+      lr_schedule: plan.lrSchedule as Record<string, unknown>,
+      micro_batch: 4,
+      delay_correction: true,
+    })
     format = r.resultFormat
   }
   return {workers, format: format!}
@@ -96,7 +101,11 @@ async function run(attack: Attack): Promise<RunResult> {
       }
       const randomStart = 2_000_000 + step * 64
       batches.push({tokens: await data.getSamples(Array.from({length: PER_PEER}, (_, i) => randomStart + i)), rows: PER_PEER})
-      const {before, after} = await workers[0].scoreResults(step, accepted.map((a) => a.bytes), batches)
+      const {before, after} = await workers[0].scoreResults(
+        step,
+        accepted.map((a) => a.bytes),
+        batches,
+      )
       for (const [j, a] of accepted.entries()) {
         const losses = after[j]!
         const score = scoreOf({assigned: {before: before[j], after: losses[j]}, random: {before: before[accepted.length], after: losses[accepted.length]}})
@@ -135,16 +144,28 @@ const rows: RunResult[] = []
 for (const attack of ATTACKS) {
   const r = await run(attack)
   rows.push(r)
-  console.error(`${attack}: validation loss ${r.valLoss.toFixed(4)}, detected at ${r.detectedAt ?? '—'}, honest scores ${quantiles(r.honestScores)}, attacker ${quantiles(r.attackerScores)}`)
+  console.error(
+    `${attack}: validation loss ${r.valLoss.toFixed(4)}, detected at ${r.detectedAt ?? '—'}, honest scores ${quantiles(r.honestScores)}, attacker ${quantiles(r.attackerScores)}`,
+  )
 }
 await data.close()
 const base = rows[0].valLoss
-console.log(JSON.stringify({date: new Date().toISOString().slice(0, 10), rounds: ROUNDS, rows}, (k, v) => (Array.isArray(v) && typeof v[0] === 'number' && v.length > 8 ? quantiles(v) : v), 2))
+console.log(
+  JSON.stringify(
+    {date: new Date().toISOString().slice(0, 10), rounds: ROUNDS, rows},
+    (k, v) => (Array.isArray(v) && typeof v[0] === 'number' && v.length > 8 ? quantiles(v) : v),
+    2,
+  ),
+)
 console.log(`\nHonest peers' scores (all runs): ${quantiles(rows.flatMap((r) => r.honestScores))}`)
 console.log(`Honest peers' index overlap (pairs of results, all runs): ${quantiles(rows.flatMap((r) => r.overlaps))}`)
-console.log(`\n| attack (1 of ${PEERS} peers) | validation loss after ${ROUNDS} rounds | vs honest-only | attacker detected at round | attacker's results excluded | attacker's scores |`)
+console.log(
+  `\n| attack (1 of ${PEERS} peers) | validation loss after ${ROUNDS} rounds | vs honest-only | attacker detected at round | attacker's results excluded | attacker's scores |`,
+)
 console.log('|---|---|---|---|---|---|')
 for (const r of rows) {
   const rel = ((r.valLoss / base - 1) * 100).toFixed(2)
-  console.log(`| ${r.attack === 'none' ? 'none (honest-only)' : r.attack} | ${r.valLoss.toFixed(4)} | ${r === rows[0] ? '—' : `${Number(rel) >= 0 ? '+' : ''}${rel}%`} | ${r.detectedAt ?? '—'} | ${r.excludedResults} | ${r.attack === 'none' ? '—' : quantiles(r.attackerScores)} |`)
+  console.log(
+    `| ${r.attack === 'none' ? 'none (honest-only)' : r.attack} | ${r.valLoss.toFixed(4)} | ${r === rows[0] ? '—' : `${Number(rel) >= 0 ? '+' : ''}${rel}%`} | ${r.detectedAt ?? '—'} | ${r.excludedResults} | ${r.attack === 'none' ? '—' : quantiles(r.attackerScores)} |`,
+  )
 }

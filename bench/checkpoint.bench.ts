@@ -17,10 +17,19 @@ await createModelFromTemplate({template: 'llama2-20m', out: model, seed: 0})
 const server = execa(process.execPath, ['bin/psyche.js', 'hub', 'serve', '--dir', join(tmp, 'hub'), '--json'], {reject: false})
 try {
   const url: string = JSON.parse(await new Promise<string>((resolve) => createInterface({input: server.stdout!}).once('line', resolve))).listening.url
-  const job = async (args: string[]) => JSON.parse(String((await execa(process.execPath, ['--import', 'tsx', 'bench/checkpoint-job.ts', ...args])).stdout).trim().split('\n').pop()!)
+  const job = async (args: string[]) =>
+    JSON.parse(
+      String((await execa(process.execPath, ['--import', 'tsx', 'bench/checkpoint-job.ts', ...args])).stdout)
+        .trim()
+        .split('\n')
+        .pop()!,
+    )
   const rows: string[] = []
   let n = 0
-  for (const [label, shard] of [['one file', undefined], ['sharded 25 MB', '25000000']] as const) {
+  for (const [label, shard] of [
+    ['one file', undefined],
+    ['sharded 25 MB', '25000000'],
+  ] as const) {
     const up: {seconds: number; bytes: number; peak_rss_bytes: number; files: number}[] = []
     const down: typeof up = []
     for (let i = 0; i < REPEATS; i++) {
@@ -32,7 +41,9 @@ try {
     }
     const mbps = (xs: typeof up) => `${(xs[0]!.bytes / 1e6 / median(xs.map((x) => x.seconds))).toFixed(0)} MB/s`
     const rss = (xs: typeof up) => `${(median(xs.map((x) => x.peak_rss_bytes)) / 2 ** 20).toFixed(0)} MiB`
-    rows.push(`| ${label} (${up[0]!.files} files, ${(up[0]!.bytes / 1e6).toFixed(1)} MB) | ${median(up.map((x) => x.seconds)).toFixed(2)} s (${mbps(up)}) | ${rss(up)} | ${median(down.map((x) => x.seconds)).toFixed(2)} s (${mbps(down)}) | ${rss(down)} |`)
+    rows.push(
+      `| ${label} (${up[0]!.files} files, ${(up[0]!.bytes / 1e6).toFixed(1)} MB) | ${median(up.map((x) => x.seconds)).toFixed(2)} s (${mbps(up)}) | ${rss(up)} | ${median(down.map((x) => x.seconds)).toFixed(2)} s (${mbps(down)}) | ${rss(down)} |`,
+    )
   }
   console.log(`| llama2-20m | upload (median of ${REPEATS}) | upload peak RSS | download | download peak RSS |\n|---|---|---|---|---|\n${rows.join('\n')}`)
 } finally {

@@ -51,7 +51,11 @@ async function measure(mode: Mode) {
   let parameters = 0
   const clients: ResultPromise[] = []
   for (let i = 0; i < CLIENTS; i++) {
-    const child = execa(process.execPath, [join(projectRoot, 'bin', 'psyche.js'), 'join', '--server-addr', `127.0.0.1:${server.port}`, '--run-id', run.run_id!, '--config', statePath, '--threads', '1', '--json'], {reject: false, stdin: 'ignore', buffer: false, cleanup: true})
+    const child = execa(
+      process.execPath,
+      [join(projectRoot, 'bin', 'psyche.js'), 'join', '--server-addr', `127.0.0.1:${server.port}`, '--run-id', run.run_id!, '--config', statePath, '--threads', '1', '--json'],
+      {reject: false, stdin: 'ignore', buffer: false, cleanup: true},
+    )
     clients.push(child)
     let partial = ''
     let lastOut = 0

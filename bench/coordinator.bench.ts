@@ -16,15 +16,30 @@ import {
 import type {CoordinatorConfig, LLMConfig} from '../src/core/config/index.js'
 
 const config: CoordinatorConfig = {
-  warmup_time: 10, cooldown_time: 5, epoch_time: 100_000, max_round_train_time: 30, round_witness_time: 2,
-  min_clients: 1, init_min_clients: 1, witness_nodes: 0, verification_percent: 0,
-  global_batch_size_start: 20_000, global_batch_size_end: 20_000, global_batch_size_warmup_tokens: 0,
-  total_steps: 1_000_000, waiting_for_members_extra_time: 1,
+  warmup_time: 10,
+  cooldown_time: 5,
+  epoch_time: 100_000,
+  max_round_train_time: 30,
+  round_witness_time: 2,
+  min_clients: 1,
+  init_min_clients: 1,
+  witness_nodes: 0,
+  verification_percent: 0,
+  global_batch_size_start: 20_000,
+  global_batch_size_end: 20_000,
+  global_batch_size_warmup_tokens: 0,
+  total_steps: 1_000_000,
+  waiting_for_members_extra_time: 1,
 }
 const llm: LLMConfig = {
-  architecture: 'HfLlama', data_type: 'Pretraining', max_seq_len: 2048, cold_start_warmup_steps: 0,
-  checkpoint: {Hub: {repo_id: 'org/model'}}, data_location: {Server: '127.0.0.1:20001'},
-  lr_schedule: {Constant: {base_lr: 1e-4, warmup_steps: 0, warmup_init_lr: 0}}, optimizer: {AdamW: {betas: [0.9, 0.95], weight_decay: 0, eps: 1e-8}},
+  architecture: 'HfLlama',
+  data_type: 'Pretraining',
+  max_seq_len: 2048,
+  cold_start_warmup_steps: 0,
+  checkpoint: {Hub: {repo_id: 'org/model'}},
+  data_location: {Server: '127.0.0.1:20001'},
+  lr_schedule: {Constant: {base_lr: 1e-4, warmup_steps: 0, warmup_init_lr: 0}},
+  optimizer: {AdamW: {betas: [0.9, 0.95], weight_decay: 0, eps: 1e-8}},
 }
 
 function must(state: CoordinatorState, event: CoordinatorEvent, now: number): CoordinatorState {
@@ -98,7 +113,20 @@ for (const n of [256, 1_000, 10_000]) {
   ])
 }
 
-const header = ['clients', 'tick (no change)', 'round → round tick', 'epoch start tick', 'first round tick', 'witness proof', 'health check', 'assignBatches (all)', 'batchRangeFor (one)', 'selectWitnesses', 'serialize / size', 'join (each)']
+const header = [
+  'clients',
+  'tick (no change)',
+  'round → round tick',
+  'epoch start tick',
+  'first round tick',
+  'witness proof',
+  'health check',
+  'assignBatches (all)',
+  'batchRangeFor (one)',
+  'selectWitnesses',
+  'serialize / size',
+  'join (each)',
+]
 console.log(`coordinator bench: ${cpus()[0]?.model ?? 'unknown CPU'}, ${cpus().length} cores, node ${process.version}`)
 console.log(`| ${header.join(' | ')} |`)
 console.log(`| ${header.map(() => '---').join(' | ')} |`)

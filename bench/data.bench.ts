@@ -40,12 +40,24 @@ try {
   const base = `http://127.0.0.1:${(http.address() as AddressInfo).port}`
 
   const rows: string[] = []
-  for (const [batch, seqLen] of [[16, 128], [8, 2048]]) {
+  for (const [batch, seqLen] of [
+    [16, 128],
+    [8, 2048],
+  ]) {
     const dataset = await LocalTokenDataset.open(dir, {tokenSize: 2})
     const server = await DataServer.start(dataset.provider({seqLen, shuffleSeed: Uint8Array.from(SEED)}), {host: '127.0.0.1', port: 0})
     const locations: Array<[string, DataLocation]> = [
       ['Local', {Local: dir}],
-      ['Http', {Http: {location: {NumberedFiles: {url_template: `${base}/{}.ds`, start_index: 0, n_left_pad_zeros: 3, num_files: FILES}}, token_size_in_bytes: 'TwoBytes', shuffle: {Seeded: SEED}}}],
+      [
+        'Http',
+        {
+          Http: {
+            location: {NumberedFiles: {url_template: `${base}/{}.ds`, start_index: 0, n_left_pad_zeros: 3, num_files: FILES}},
+            token_size_in_bytes: 'TwoBytes',
+            shuffle: {Seeded: SEED},
+          },
+        },
+      ],
       ['Server (TCP)', {Server: `127.0.0.1:${server.port}`}],
     ]
     for (const [name, location] of locations) {
@@ -62,7 +74,9 @@ try {
       }
       const seconds = (performance.now() - started) / 1000
       const perSecond = batches / seconds
-      rows.push(`| ${batch} × ${seqLen + 1} | ${name} | ${perSecond.toFixed(0)} | ${((1000 * seconds) / batches).toFixed(2)} | ${((perSecond * batch * (seqLen + 1)) / 1e6).toFixed(1)} |`)
+      rows.push(
+        `| ${batch} × ${seqLen + 1} | ${name} | ${perSecond.toFixed(0)} | ${((1000 * seconds) / batches).toFixed(2)} | ${((perSecond * batch * (seqLen + 1)) / 1e6).toFixed(1)} |`,
+      )
       await provider.close()
     }
     await server.close()

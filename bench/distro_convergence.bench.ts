@@ -21,9 +21,21 @@ for (const v of variants) {
   const plan = await resolveTrainPlan({...v.flags, threads: THREADS, evalBatches: 32})
   const metricsPath = join(projectRoot, '.cache', 'bench', `convergence-${rows.length}.jsonl`)
   const s = await runSingleNode(plan, {metricsPath})
-  const losses = readFileSync(metricsPath, 'utf8').trim().split('\n').map((l) => JSON.parse(l).loss as number)
+  const losses = readFileSync(metricsPath, 'utf8')
+    .trim()
+    .split('\n')
+    .map((l) => JSON.parse(l).loss as number)
   const trainLoss = losses.slice(-20).reduce((a, b) => a + b, 0) / 20
-  rows.push({name: v.name, steps: s.steps, tokens: s.tokens, trainLoss, valLoss: s.valLoss!, wallSeconds: s.wallSeconds, bytesPerPeerStep: s.distro?.resultBytes, compression: s.distro?.compression})
+  rows.push({
+    name: v.name,
+    steps: s.steps,
+    tokens: s.tokens,
+    trainLoss,
+    valLoss: s.valLoss!,
+    wallSeconds: s.wallSeconds,
+    bytesPerPeerStep: s.distro?.resultBytes,
+    compression: s.distro?.compression,
+  })
   console.error(`${v.name}: train ${trainLoss.toFixed(3)}, validation ${s.valLoss!.toFixed(3)}`)
 }
 const base = rows[0].valLoss
@@ -32,5 +44,7 @@ console.log('\n| run | tokens | train loss (last 20 steps) | validation loss | v
 console.log('|---|---|---|---|---|---|---|')
 for (const r of rows) {
   const rel = ((r.valLoss / base - 1) * 100).toFixed(1)
-  console.log(`| ${r.name} | ${r.tokens.toLocaleString('en-US')} | ${r.trainLoss.toFixed(3)} | ${r.valLoss.toFixed(3)} | ${r === rows[0] ? '—' : `${Number(rel) >= 0 ? '+' : ''}${rel}%`} | ${r.bytesPerPeerStep ? Math.round(r.bytesPerPeerStep).toLocaleString('en-US') : '—'} | ${r.compression ? `${Math.round(r.compression)}× smaller` : '—'} |`)
+  console.log(
+    `| ${r.name} | ${r.tokens.toLocaleString('en-US')} | ${r.trainLoss.toFixed(3)} | ${r.valLoss.toFixed(3)} | ${r === rows[0] ? '—' : `${Number(rel) >= 0 ? '+' : ''}${rel}%`} | ${r.bytesPerPeerStep ? Math.round(r.bytesPerPeerStep).toLocaleString('en-US') : '—'} | ${r.compression ? `${Math.round(r.compression)}× smaller` : '—'} |`,
+  )
 }

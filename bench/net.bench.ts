@@ -37,7 +37,16 @@ interface Row {
 async function measure(topology: 'segment' | 'nat' | 'slow'): Promise<Row> {
   const lab = new Lab()
   const dir = mkdtempSync(join(tmpdir(), 'psyche-bench-net-'))
-  const run = new NetRun(lab, dir, lab.addPublicHost('coord'), {roundsPerEpoch: ROUNDS + 2, totalSteps: ROUNDS + 1, initMinClients: 3, minClients: 2, lr: 1e-2, maxRoundTrainTime: 30, warmupTime: 60, seqLen: 128})
+  const run = new NetRun(lab, dir, lab.addPublicHost('coord'), {
+    roundsPerEpoch: ROUNDS + 2,
+    totalSteps: ROUNDS + 1,
+    initMinClients: 3,
+    minClients: 2,
+    lr: 1e-2,
+    maxRoundTrainTime: 30,
+    warmupTime: 60,
+    seqLen: 128,
+  })
   // The tiny-demo model instead of the tests' smaller one.
   copyFileSync(join(projectRoot, 'templates', 'tiny-demo', 'model', 'config.json'), join(dir, 'model', 'config.json'))
   try {
@@ -90,9 +99,13 @@ for (const topology of ['segment', 'nat', 'slow'] as const) {
   rows.push(row)
   console.log(JSON.stringify(row))
 }
-console.log(`\n| topology | s/round (median) | compute ms (median) | result bytes | bytes in/round/client | relayed connections | rounds with all peers' results | model to a restarted client |`)
+console.log(
+  `\n| topology | s/round (median) | compute ms (median) | result bytes | bytes in/round/client | relayed connections | rounds with all peers' results | model to a restarted client |`,
+)
 console.log('|---|---|---|---|---|---|---|---|')
 for (const r of rows) {
   const model = r.model ? `${(r.model.bytes / 1e6).toFixed(1)} MB in ${r.model.seconds.toFixed(1)} s (from start, ${r.model.relayed ? 'relayed' : 'direct'})` : '-'
-  console.log(`| ${r.topology} | ${r.secondsPerRound.toFixed(2)} | ${r.computeMs.toFixed(0)} | ${r.resultBytes} | ${r.bytesInPerRound.toFixed(0)} | ${r.relayed} | ${r.exchanged} | ${model} |`)
+  console.log(
+    `| ${r.topology} | ${r.secondsPerRound.toFixed(2)} | ${r.computeMs.toFixed(0)} | ${r.resultBytes} | ${r.bytesInPerRound.toFixed(0)} | ${r.relayed} | ${r.exchanged} | ${model} |`,
+  )
 }

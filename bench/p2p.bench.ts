@@ -61,8 +61,7 @@ try {
   const model = await fetcher.fetchModel([producerIdentity.id])
   const modelMs = performance.now() - tm
   const bytes = model.frames.reduce((s, f) => s + f.data.length, 0)
-  console.log(`model transfer: ${(mb(bytes)).toFixed(1)} MB in ${modelMs.toFixed(0)} ms, ${(mb(bytes) / (modelMs / 1000)).toFixed(0)} MB/s`)
+  console.log(`model transfer: ${mb(bytes).toFixed(1)} MB in ${modelMs.toFixed(0)} ms, ${(mb(bytes) / (modelMs / 1000)).toFixed(0)} MB/s`)
 } finally {
   await Promise.all([producer.stop(), fetcher.stop()])
 }
-

@@ -84,7 +84,11 @@ async function witnessRound(skip?: string): Promise<void> {
   const proof = buildWitnessProof(round, seen)
   for (const w of selectWitnesses(s)) {
     if (state().run_state !== 'RoundTrain' && state().run_state !== 'RoundWitness') break
-    await send('witness', byId.get(w)!, witnessInstruction(p, c, byId.get(w)!, round.step, Buffer.from(proof.participant_bloom, 'base64'), Buffer.from(proof.broadcast_bloom, 'base64')))
+    await send(
+      'witness',
+      byId.get(w)!,
+      witnessInstruction(p, c, byId.get(w)!, round.step, Buffer.from(proof.participant_bloom, 'base64'), Buffer.from(proof.broadcast_bloom, 'base64')),
+    )
   }
 }
 

@@ -19,8 +19,21 @@ const corpus = await ensureDemoCorpus()
 const rate = (seconds: number[], tokensPerStep: number) => (tokensPerStep * seconds.length) / seconds.reduce((a, b) => a + b, 0)
 
 async function plain(): Promise<number> {
-  const r = await execa(workerPython(), [join(projectRoot, 'bench', 'plain_train_loop.py'), '--model-config', join(projectRoot, 'templates', 'tiny-demo', 'model', 'config.json'),
-    '--tokens', join(corpus.trainDir, '000.bin'), '--steps', String(STEPS), '--threads', String(THREADS)], {env: pythonEnv()})
+  const r = await execa(
+    workerPython(),
+    [
+      join(projectRoot, 'bench', 'plain_train_loop.py'),
+      '--model-config',
+      join(projectRoot, 'templates', 'tiny-demo', 'model', 'config.json'),
+      '--tokens',
+      join(corpus.trainDir, '000.bin'),
+      '--steps',
+      String(STEPS),
+      '--threads',
+      String(THREADS),
+    ],
+    {env: pythonEnv()},
+  )
   const out = JSON.parse(String(r.stdout))
   return rate(out.step_seconds.slice(WARMUP), out.tokens_per_step)
 }
@@ -29,7 +42,10 @@ async function psyche(): Promise<number> {
   const plan = await resolveTrainPlan({optimizer: 'adamw', steps: STEPS, threads: THREADS, totalBatch: 16, microBatch: 8, evalBatches: 1})
   const metricsPath = join(projectRoot, '.cache', 'bench', 'train-metrics.jsonl')
   await runSingleNode(plan, {metricsPath})
-  const lines = readFileSync(metricsPath, 'utf8').trim().split('\n').map((l) => JSON.parse(l))
+  const lines = readFileSync(metricsPath, 'utf8')
+    .trim()
+    .split('\n')
+    .map((l) => JSON.parse(l))
   // wall time between the end of step WARMUP-1 and the end of the last step: includes every overhead
   // of the TypeScript side (batch fetch, ZeroMQ, JSON header) between steps, not just the worker's compute
   const span = lines.at(-1).elapsed_seconds - lines[WARMUP - 1].elapsed_seconds
@@ -42,5 +58,20 @@ for (let i = 0; i < REPEATS; i++) {
   results.psyche.push(await psyche())
 }
 const best = {plain: Math.max(...results.plain), psyche: Math.max(...results.psyche)}
-console.log(JSON.stringify({date: new Date().toISOString().slice(0, 10), cpu: cpus()[0]?.model, cores: cpus().length, threads: THREADS, steps: STEPS, runs: results, best, ratio: best.psyche / best.plain}, null, 2))
-console.log(`psyche train: ${best.psyche.toFixed(0)} tok/s, plain PyTorch loop: ${best.plain.toFixed(0)} tok/s → ${(100 * best.psyche / best.plain).toFixed(1)}% (target ≥ 95%)`)
+console.log(
+  JSON.stringify(
+    {
+      date: new Date().toISOString().slice(0, 10),
+      cpu: cpus()[0]?.model,
+      cores: cpus().length,
+      threads: THREADS,
+      steps: STEPS,
+      runs: results,
+      best,
+      ratio: best.psyche / best.plain,
+    },
+    null,
+    2,
+  ),
+)
+console.log(`psyche train: ${best.psyche.toFixed(0)} tok/s, plain PyTorch loop: ${best.plain.toFixed(0)} tok/s → ${((100 * best.psyche) / best.plain).toFixed(1)}% (target ≥ 95%)`)

@@ -19,6 +19,9 @@ for (const name of benches) {
   const path = join('bench', name)
   const [cmd, args] = name.endsWith('.ts') ? [process.execPath, ['--import', 'tsx', path]] : [python, [path]]
   const r = spawnSync(cmd, args, {cwd: root, stdio: 'inherit', env: {...process.env, PYTHONPATH: join(root, 'python')}})
-  if (r.status !== 0) { failed++; console.error(`bench/${name} failed (exit ${r.status})`) }
+  if (r.status !== 0) {
+    failed++
+    console.error(`bench/${name} failed (exit ${r.status})`)
+  }
 }
 process.exit(failed ? 1 : 0)

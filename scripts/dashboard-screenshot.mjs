@@ -39,10 +39,16 @@ function cli(args, onEvent) {
 }
 
 const stop = async () => {
-  await Promise.all(children.map((c) => (c.exitCode !== null ? undefined : new Promise((resolve) => {
-    c.once('exit', resolve)
-    c.kill('SIGTERM')
-  }))))
+  await Promise.all(
+    children.map((c) =>
+      c.exitCode !== null
+        ? undefined
+        : new Promise((resolve) => {
+            c.once('exit', resolve)
+            c.kill('SIGTERM')
+          }),
+    ),
+  )
   rmSync(saveDir, {recursive: true, force: true})
 }
 process.on('SIGINT', () => stop().then(() => process.exit(130)))
@@ -58,7 +64,10 @@ try {
       if (e.event === 'dashboard_listening') resolve(e.url)
     })
   })
-  const browser = await chromium.launch({executablePath: '/usr/bin/chromium', args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking', '--disable-component-update', '--no-first-run']})
+  const browser = await chromium.launch({
+    executablePath: '/usr/bin/chromium',
+    args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking', '--disable-component-update', '--no-first-run'],
+  })
   const page = await browser.newPage({viewport: {width: 1200, height: 860}})
   await page.goto(dashboard)
   process.stderr.write(`dashboard at ${dashboard}; waiting for ${rounds} rounds\n`)

@@ -10,7 +10,9 @@ import {fileURLToPath} from 'node:url'
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..')
 const quiet = process.argv.includes('--quiet')
-const say = (msg) => { if (!quiet) process.stderr.write(`[setup] ${msg}\n`) }
+const say = (msg) => {
+  if (!quiet) process.stderr.write(`[setup] ${msg}\n`)
+}
 
 function sha256(path) {
   return createHash('sha256').update(readFileSync(path)).digest('hex')
@@ -70,9 +72,14 @@ if (process.env.PSYCHE_PYTHON) {
 // work (not root, no apt, no network) we say why and go on: the dashboard test then skips with that reason.
 const chromium = '/usr/bin/chromium'
 if (!existsSync(chromium) && !process.env.PSYCHE_SKIP_CHROMIUM) {
-  const why = process.platform !== 'linux' ? 'not Linux'
-    : typeof process.getuid === 'function' && process.getuid() !== 0 ? 'not root (run: sudo apt-get install chromium)'
-    : spawnSync('apt-get', ['--version'], {stdio: 'ignore'}).status !== 0 ? 'no apt-get' : undefined
+  const why =
+    process.platform !== 'linux'
+      ? 'not Linux'
+      : typeof process.getuid === 'function' && process.getuid() !== 0
+        ? 'not root (run: sudo apt-get install chromium)'
+        : spawnSync('apt-get', ['--version'], {stdio: 'ignore'}).status !== 0
+          ? 'no apt-get'
+          : undefined
   if (why) {
     say(`skipping chromium (${chromium} missing, ${why}); the dashboard's browser test will be skipped`)
   } else {

@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 // `npm test`: the TypeScript tests (node:test, every test/**/*.test.ts, listed explicitly because
 // Node 20 neither globs nor finds .ts files) and the Python tests (pytest python/tests), then one
-// combined closing line, after the import-cycle check. Usage: node scripts/test.mjs [--only ts|py|cycles] [test files...]
+// combined closing line, after the lint (formatting and import cycles). Usage: node scripts/test.mjs [--only ts|py|lint] [test files...]
 import {spawnSync} from 'node:child_process'
 import {readdirSync, statSync} from 'node:fs'
 import {dirname, join, relative} from 'node:path'
@@ -29,9 +29,9 @@ let failed = 0
 let skipped = 0
 let ok = true
 
-// The import graph of src/ has no cycle (dependency-cruiser): with the full suite, or `--only cycles`.
-if ((only === undefined && args.length === 0) || only === 'cycles') {
-  const r = spawnSync(process.execPath, [join(root, 'scripts', 'check-cycles.mjs')], {cwd: root, env, encoding: 'utf8', stdio: ['ignore', 'pipe', 'inherit']})
+// `npm run lint` (prettier, ruff check, ruff format, and no import cycle in src/): with the full suite, or `--only lint`.
+if ((only === undefined && args.length === 0) || only === 'lint') {
+  const r = spawnSync(process.execPath, [join(root, 'scripts', 'lint.mjs')], {cwd: root, env, encoding: 'utf8', stdio: ['ignore', 'pipe', 'inherit']})
   process.stdout.write(r.stdout ?? '')
   if (r.status === 0) passed += 1
   else {
@@ -40,9 +40,15 @@ if ((only === undefined && args.length === 0) || only === 'cycles') {
   }
 }
 
-if (only !== 'ts' && only !== 'cycles') {
+if (only !== 'ts' && only !== 'lint') {
   const pyFiles = args.filter((a) => a.endsWith('.py'))
-  const r = spawnSync(python, ['-m', 'pytest', '-q', '-p', 'no:cacheprovider', ...(pyFiles.length ? pyFiles : ['python/tests'])], {cwd: root, env, encoding: 'utf8', stdio: ['ignore', 'pipe', 'inherit'], maxBuffer: 1 << 28})
+  const r = spawnSync(python, ['-m', 'pytest', '-q', '-p', 'no:cacheprovider', ...(pyFiles.length ? pyFiles : ['python/tests'])], {
+    cwd: root,
+    env,
+    encoding: 'utf8',
+    stdio: ['ignore', 'pipe', 'inherit'],
+    maxBuffer: 1 << 28,
+  })
   process.stdout.write(r.stdout ?? '')
   const last = (r.stdout ?? '').trim().split('\n').pop() ?? ''
   passed += Number(/(\d+) passed/.exec(last)?.[1] ?? 0)
@@ -50,10 +56,16 @@ if (only !== 'ts' && only !== 'cycles') {
   if (r.status !== 0) ok = false
 }
 
-if (only !== 'py' && only !== 'cycles') {
+if (only !== 'py' && only !== 'lint') {
   const tsFiles = args.filter((a) => a.endsWith('.ts'))
   const files = tsFiles.length ? tsFiles : findTests(join(root, 'test'))
-  const r = spawnSync(process.execPath, ['--import', 'tsx', '--test', '--test-reporter=spec', '--test-concurrency=1', ...files], {cwd: root, env, encoding: 'utf8', stdio: ['ignore', 'pipe', 'inherit'], maxBuffer: 1 << 28})
+  const r = spawnSync(process.execPath, ['--import', 'tsx', '--test', '--test-reporter=spec', '--test-concurrency=1', ...files], {
+    cwd: root,
+    env,
+    encoding: 'utf8',
+    stdio: ['ignore', 'pipe', 'inherit'],
+    maxBuffer: 1 << 28,
+  })
   process.stdout.write(r.stdout ?? '')
   passed += Number(/ℹ pass (\d+)/.exec(r.stdout ?? '')?.[1] ?? 0)
   failed += Number(/ℹ fail (\d+)/.exec(r.stdout ?? '')?.[1] ?? 0)

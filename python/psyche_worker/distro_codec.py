@@ -129,9 +129,9 @@ def unpack_indices(data: bytes | memoryview, count: int, bits: int) -> np.ndarra
     """Inverse of pack_indices; `data` must be exactly ceil(count*bits/8) bytes (checked by caller)."""
     raw = np.frombuffer(data, dtype=np.uint8)
     bit_stream = np.unpackbits(raw, bitorder="little")
-    if bit_stream[count * bits:].any():
+    if bit_stream[count * bits :].any():
         raise ResultDecodeError("nonzero padding bits after the indices")
-    weights = (np.uint64(1) << np.arange(bits, dtype=np.uint64))
+    weights = np.uint64(1) << np.arange(bits, dtype=np.uint64)
     return (bit_stream[: count * bits].reshape(count, bits).astype(np.uint64) * weights).sum(axis=1).astype(np.int64)
 
 
@@ -178,9 +178,8 @@ class _Reader:
 
     def take(self, n: int, what: str) -> memoryview:
         if n > len(self.view) - self.pos:
-            raise ResultDecodeError(
-                f"truncated: {what} needs {n} bytes at offset {self.pos}, only {len(self.view) - self.pos} left")
-        out = self.view[self.pos:self.pos + n]
+            raise ResultDecodeError(f"truncated: {what} needs {n} bytes at offset {self.pos}, only {len(self.view) - self.pos} left")
+        out = self.view[self.pos : self.pos + n]
         self.pos += n
         return out
 
@@ -206,9 +205,7 @@ def decode_result(data: bytes, expected: list[TensorSpec], value_format: int | N
     if value_format is not None:
         want_sign = value_format == VALUE_SIGN
         if (fmt == VALUE_SIGN) != want_sign:
-            raise ResultDecodeError(
-                f"value format {VALUE_FORMAT_NAMES[fmt]} does not match the run's "
-                f"{'1-bit' if want_sign else 'full-value'} configuration")
+            raise ResultDecodeError(f"value format {VALUE_FORMAT_NAMES[fmt]} does not match the run's {'1-bit' if want_sign else 'full-value'} configuration")
     if count != len(expected):
         raise ResultDecodeError(f"result has {count} tensors, the model has {len(expected)}")
 
@@ -251,8 +248,8 @@ def decode_result(data: bytes, expected: list[TensorSpec], value_format: int | N
         if n and int(indices.max()) >= spec.chunk_elems:
             bad = int(np.argmax(indices.reshape(-1) >= spec.chunk_elems))
             raise ResultDecodeError(
-                f"{where}: index {int(indices.reshape(-1)[bad])} at chunk {bad // topk} is out of range "
-                f"(chunk has {spec.chunk_elems} elements)")
+                f"{where}: index {int(indices.reshape(-1)[bad])} at chunk {bad // topk} is out of range (chunk has {spec.chunk_elems} elements)"
+            )
         if topk > 1:
             ordered = np.sort(indices, axis=1)
             dup_rows = np.nonzero((ordered[:, 1:] == ordered[:, :-1]).any(axis=1))[0]

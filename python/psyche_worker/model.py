@@ -163,16 +163,36 @@ def write_tokenizer(dest: Path, config, source: str | None) -> str:
 
 
 def model_card(name: str, parameters: int, phash: str, tokenizer: str, card: dict[str, Any]) -> str:
-    lines = ["---", "library_name: transformers", "pipeline_tag: text-generation", "tags:", "- psyche", "- llama", "---", "",
-             f"# {name}", "",
-             "A causal language model written by [psyche](https://github.com/PsycheFoundation/psyche) "
-             "(untrusted machines training one model together).", "",
-             "| | |", "|---|---|", f"| parameters | {parameters:,} |", f"| parameter hash (sha256) | `{phash}` |",
-             f"| tokenizer | {tokenizer} |"]
+    lines = [
+        "---",
+        "library_name: transformers",
+        "pipeline_tag: text-generation",
+        "tags:",
+        "- psyche",
+        "- llama",
+        "---",
+        "",
+        f"# {name}",
+        "",
+        "A causal language model written by [psyche](https://github.com/PsycheFoundation/psyche) (untrusted machines training one model together).",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| parameters | {parameters:,} |",
+        f"| parameter hash (sha256) | `{phash}` |",
+        f"| tokenizer | {tokenizer} |",
+    ]
     for key, value in card.items():
         lines.append(f"| {str(key).replace('_', ' ')} | {value} |")
-    lines += ["", "```python", "from transformers import AutoModelForCausalLM, AutoTokenizer",
-              f'model = AutoModelForCausalLM.from_pretrained("{name}")', f'tokenizer = AutoTokenizer.from_pretrained("{name}")', "```", ""]
+    lines += [
+        "",
+        "```python",
+        "from transformers import AutoModelForCausalLM, AutoTokenizer",
+        f'model = AutoModelForCausalLM.from_pretrained("{name}")',
+        f'tokenizer = AutoTokenizer.from_pretrained("{name}")',
+        "```",
+        "",
+    ]
     return "\n".join(lines)
 
 

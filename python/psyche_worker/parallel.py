@@ -50,7 +50,7 @@ class Group:
         offset = 0
         for t in tensors:
             n = t.numel()
-            t.copy_(flat[offset:offset + n].view_as(t))
+            t.copy_(flat[offset : offset + n].view_as(t))
             offset += n
 
     def broadcast_request(self, parts: list[bytes] | None) -> list[bytes]:
@@ -100,8 +100,22 @@ def start_followers(devices: list[str], threads: int | None, port: int) -> list[
     """Ranks 1..N-1 as child processes of rank 0 (they exit when it does: see server.die_with_parent)."""
     procs = []
     for rank in range(1, len(devices)):
-        args = [sys.executable, "-m", "psyche_worker", "--follower", "--rank", str(rank), "--world", str(len(devices)),
-                "--master-port", str(port), "--device", devices[rank], "--endpoint", "-"]
+        args = [
+            sys.executable,
+            "-m",
+            "psyche_worker",
+            "--follower",
+            "--rank",
+            str(rank),
+            "--world",
+            str(len(devices)),
+            "--master-port",
+            str(port),
+            "--device",
+            devices[rank],
+            "--endpoint",
+            "-",
+        ]
         if threads:
             args += ["--threads", str(threads)]
         procs.append(subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=os.environ.copy()))

@@ -107,7 +107,7 @@ def schedule_from_config(config: dict[str, Any]):
     """Builds a schedule from Psyche's externally tagged form, e.g. ``{"Cosine": {"base_lr": ...}}``."""
     if not isinstance(config, dict) or len(config) != 1:
         raise WorkerError(f"lr_schedule must name exactly one of {sorted(SCHEDULES)}")
-    (name, params), = config.items()
+    ((name, params),) = config.items()
     cls = SCHEDULES.get(name)
     if cls is None:
         raise WorkerError(f"lr_schedule: unknown schedule {name!r}; expected one of {sorted(SCHEDULES)}")

@@ -103,9 +103,14 @@ class Worker:
 
     # -- ops ---------------------------------------------------------------------------------------
     def op_hello(self, h, frames) -> Reply:
-        return {"pid": os.getpid(), "torch": torch.__version__, "device": str(self.device),
-                "threads": torch.get_num_threads(), "cuda": torch.cuda.is_available(),
-                "data_parallel": self.group.world if self.group else 1}, []
+        return {
+            "pid": os.getpid(),
+            "torch": torch.__version__,
+            "device": str(self.device),
+            "threads": torch.get_num_threads(),
+            "cuda": torch.cuda.is_available(),
+            "data_parallel": self.group.world if self.group else 1,
+        }, []
 
     def op_init_model(self, h, frames) -> Reply:
         seed = int(h.get("seed", 0))
@@ -120,12 +125,21 @@ class Worker:
         torch.manual_seed(seed)
         self.trainer = Trainer(m, self.device, group=self.group)
         n = sum(p.numel() for p in m.parameters())
-        return {"parameters": n, "vocab_size": self.trainer.vocab_size,
-                "max_position_embeddings": self.trainer.max_positions, "param_hash": models.param_hash(m)}, []
+        return {
+            "parameters": n,
+            "vocab_size": self.trainer.vocab_size,
+            "max_position_embeddings": self.trainer.max_positions,
+            "param_hash": models.param_hash(m),
+        }, []
 
     def op_configure(self, h, frames) -> Reply:
-        self.t.configure(h.get("optimizer") or {}, h.get("lr_schedule"), int(h.get("micro_batch", 8)),
-                         simulate_peers=int(h.get("simulate_peers", 1)), delay_correction=bool(h.get("delay_correction", False)))
+        self.t.configure(
+            h.get("optimizer") or {},
+            h.get("lr_schedule"),
+            int(h.get("micro_batch", 8)),
+            simulate_peers=int(h.get("simulate_peers", 1)),
+            delay_correction=bool(h.get("delay_correction", False)),
+        )
         reply: dict[str, Any] = {"optimizer": self.t.optimizer_name}
         if self.t.distro_peers:
             # What a peer's result must look like, for the client's validator (src/core/verify/result.ts).
@@ -175,10 +189,13 @@ class Worker:
         apply_step = h.get("apply_step")
         if apply_step is None and frames:
             raise WorkerError("train_round: results given without apply_step")
-        reply, result = self.t.finish_round(int(h.get("step", 0)), None if apply_step is None else int(apply_step),
-                                            [f.numpy().tobytes() for f in frames])
-        return {**reply, "applied": len(frames), "param_hash": models.hash_named_tensors(self.t.replicated_parameters()),
-                "frames": [{"name": "result", "dtype": "uint8", "shape": [len(result)]}]}, [result]
+        reply, result = self.t.finish_round(int(h.get("step", 0)), None if apply_step is None else int(apply_step), [f.numpy().tobytes() for f in frames])
+        return {
+            **reply,
+            "applied": len(frames),
+            "param_hash": models.hash_named_tensors(self.t.replicated_parameters()),
+            "frames": [{"name": "result", "dtype": "uint8", "shape": [len(result)]}],
+        }, [result]
 
     def op_score_results(self, h, frames) -> Reply:
         """Frames: `results` result frames (uint8), then token batches. Reply: losses before / after each."""
@@ -255,8 +272,7 @@ class Worker:
             return {"id": header.get("id"), "ok": False, "error": {"kind": exc.kind, "message": str(exc)}}, [], False
         except Exception as exc:  # a bug or a torch error: report it rather than die silently
             traceback.print_exc(file=sys.stderr)
-            return {"id": header.get("id"), "ok": False,
-                    "error": {"kind": "internal", "message": f"{type(exc).__name__}: {exc}"}}, [], False
+            return {"id": header.get("id"), "ok": False, "error": {"kind": "internal", "message": f"{type(exc).__name__}: {exc}"}}, [], False
 
 
 def serve(endpoint: str, device: str, threads: int | None, data_parallel: int = 1) -> None:
@@ -275,8 +291,20 @@ def serve(endpoint: str, device: str, threads: int | None, data_parallel: int = 
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 1000)
     sock.bind(endpoint)
-    print(json.dumps({"event": "ready", "pid": os.getpid(), "endpoint": endpoint, "device": str(worker.device),
-                      "devices": devices, "threads": torch.get_num_threads(), "torch": torch.__version__}), flush=True)
+    print(
+        json.dumps(
+            {
+                "event": "ready",
+                "pid": os.getpid(),
+                "endpoint": endpoint,
+                "device": str(worker.device),
+                "devices": devices,
+                "threads": torch.get_num_threads(),
+                "torch": torch.__version__,
+            }
+        ),
+        flush=True,
+    )
     try:
         while True:
             identity, *parts = sock.recv_multipart(copy=False)
@@ -293,7 +321,7 @@ def serve(endpoint: str, device: str, threads: int | None, data_parallel: int = 
         ctx.term()
         if endpoint.startswith("ipc://"):
             try:
-                os.unlink(endpoint[len("ipc://"):])
+                os.unlink(endpoint[len("ipc://") :])
             except OSError:
                 pass
         for p in followers:
@@ -320,8 +348,7 @@ def follow(rank: int, world: int, port: int, device: str, threads: int | None) -
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="psyche_worker", description="psyche's PyTorch worker")
     parser.add_argument("--endpoint", required=True, help="ZeroMQ endpoint to bind, e.g. ipc:///tmp/w.sock")
-    parser.add_argument("--device", default="auto",
-                        help="auto | cpu | cuda | cuda:N, or one device per data-parallel rank: cuda:0,cuda:1 or cpu,cpu")
+    parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N, or one device per data-parallel rank: cuda:0,cuda:1 or cpu,cpu")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (per rank)")
     parser.add_argument("--data-parallel", type=int, default=1, help="ranks of one device kind (cpu: N processes; cuda: GPUs 0..N-1)")
     # internal: a data-parallel rank > 0, started by rank 0 (parallel.start_followers)

@@ -122,8 +122,17 @@ class ShardWriter:
             self._tmp(self.files[-1]).unlink(missing_ok=True)
 
 
-def tokenize(inputs: list[Path], tokenizer_path: Path, out: Path, token_size: int, text_field: str = "text",
-             eos_token: str | None = None, no_eos: bool = False, shard_tokens: int = 1 << 28, force: bool = False) -> dict:
+def tokenize(
+    inputs: list[Path],
+    tokenizer_path: Path,
+    out: Path,
+    token_size: int,
+    text_field: str = "text",
+    eos_token: str | None = None,
+    no_eos: bool = False,
+    shard_tokens: int = 1 << 28,
+    force: bool = False,
+) -> dict:
     from tokenizers import Tokenizer
 
     for path in inputs:
@@ -223,8 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.shard_tokens <= 0:
         parser.error("--shard-tokens must be positive")
     try:
-        result = tokenize(args.inputs, args.tokenizer, args.out, args.token_size, args.text_field, args.eos_token,
-                          args.no_eos, args.shard_tokens, args.force)
+        result = tokenize(args.inputs, args.tokenizer, args.out, args.token_size, args.text_field, args.eos_token, args.no_eos, args.shard_tokens, args.force)
     except InputError as error:
         emit("error", message=str(error))
         return 1

@@ -34,8 +34,12 @@ class AdamWConfig:
         if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
             raise WorkerError(f"optimizer.AdamW.betas = {list(betas)}: expected two numbers in [0, 1)")
         clip = d.get("clip_grad_norm")
-        return cls(betas=(float(betas[0]), float(betas[1])), weight_decay=float(d.get("weight_decay", 0.0)),
-                   eps=float(d.get("eps", 1e-8)), clip_grad_norm=None if clip is None else float(clip))
+        return cls(
+            betas=(float(betas[0]), float(betas[1])),
+            weight_decay=float(d.get("weight_decay", 0.0)),
+            eps=float(d.get("eps", 1e-8)),
+            clip_grad_norm=None if clip is None else float(clip),
+        )
 
 
 def split_decay_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -70,14 +74,15 @@ class Trainer:
         self.distro_peers: list[DistroOptimizer] = []
 
     # -- configuration ---------------------------------------------------------------------------
-    def configure(self, optimizer: dict[str, Any], lr_schedule: dict[str, Any] | None, micro_batch: int,
-                  simulate_peers: int = 1, delay_correction: bool = False) -> None:
+    def configure(
+        self, optimizer: dict[str, Any], lr_schedule: dict[str, Any] | None, micro_batch: int, simulate_peers: int = 1, delay_correction: bool = False
+    ) -> None:
         """`simulate_peers` > 1 (DisTrO only): each train step splits its batch among that many simulated
         clients, each with its own momentum, and applies all of their results. `delay_correction`: the
         network path, where results of step t are applied during step t+1 (produce/apply ops)."""
         if not isinstance(optimizer, dict) or len(optimizer) != 1:
             raise WorkerError("optimizer must name exactly one of AdamW, Distro")
-        (name, params), = optimizer.items()
+        ((name, params),) = optimizer.items()
         if not isinstance(simulate_peers, int) or simulate_peers < 1:
             raise WorkerError(f"simulate_peers = {simulate_peers!r}: must be a positive integer")
         if simulate_peers > 1 and name != "Distro":
@@ -99,8 +104,7 @@ class Trainer:
             cfg = AdamWConfig.from_dict(params or {})
             # fused kernels on CUDA; on CPU torch's default (single-tensor) path, as a plain loop would use
             fused = True if self.device.type == "cuda" else None
-            self.optimizer = torch.optim.AdamW(split_decay_groups(self.model, cfg.weight_decay), lr=0.0,
-                                               betas=cfg.betas, eps=cfg.eps, fused=fused)
+            self.optimizer = torch.optim.AdamW(split_decay_groups(self.model, cfg.weight_decay), lr=0.0, betas=cfg.betas, eps=cfg.eps, fused=fused)
             self.clip_grad_norm = cfg.clip_grad_norm
         else:
             raise WorkerError(f"optimizer {name!r} is not supported; expected AdamW or Distro", kind="unsupported")
@@ -142,7 +146,7 @@ class Trainer:
         first, last = self.group.shard(rows) if self.group else (0, rows)
         total = torch.zeros((), device=self.device)
         for start in range(first, last, self.micro_batch):
-            micro = batch[start:min(start + self.micro_batch, last)]
+            micro = batch[start : min(start + self.micro_batch, last)]
             loss = self._loss(micro)
             (loss * (micro.shape[0] / rows)).backward()
             total += loss.detach() * micro.shape[0]
@@ -185,14 +189,19 @@ class Trainer:
         per_peer = rows // len(peers)
         results, losses, norms = [], [], []
         for i, peer in enumerate(peers):
-            losses.append(self.forward_backward(tokens[i * per_peer:(i + 1) * per_peer]))
+            losses.append(self.forward_backward(tokens[i * per_peer : (i + 1) * per_peer]))
             norms.append(self.clip())  # clip_grad_norm is None here: this only measures the norm
             results.append(peer.produce(lr))
         peers[0].apply(results, lr)  # the parameters are shared: apply once
         loss = sum(losses) / len(losses)
         _check_finite(loss, step)
-        return {"loss": loss, "grad_norm": sum(norms) / len(norms), "lr": lr,
-                "tokens": int(rows * (tokens.shape[1] - 1)), "result_bytes": sum(len(r) for r in results) // len(results)}
+        return {
+            "loss": loss,
+            "grad_norm": sum(norms) / len(norms),
+            "lr": lr,
+            "tokens": int(rows * (tokens.shape[1] - 1)),
+            "result_bytes": sum(len(r) for r in results) // len(results),
+        }
 
     def _one_distro_peer(self, op: str) -> None:
         """The network path's ops need DisTrO configured with exactly one (this client's) peer."""
@@ -237,8 +246,7 @@ class Trainer:
         result = self.distro_peers[0].produce(lr)
         loss = pending["loss"]
         _check_finite(loss, step)
-        return {"loss": loss, "grad_norm": pending["grad_norm"], "lr": lr, "tokens": pending["tokens"],
-                "result_bytes": len(result)}, result
+        return {"loss": loss, "grad_norm": pending["grad_norm"], "lr": lr, "tokens": pending["tokens"], "result_bytes": len(result)}, result
 
     @torch.no_grad()
     def score_results(self, results: list[bytes], step: int, batches: list[torch.Tensor]) -> dict[str, Any]:
@@ -281,6 +289,6 @@ class Trainer:
         self.model.eval()
         total, rows = 0.0, batch.shape[0]
         for start in range(0, rows, self.micro_batch):
-            micro = batch[start:start + self.micro_batch]
+            micro = batch[start : start + self.micro_batch]
             total += float(self._loss(micro)) * micro.shape[0]
         return {"loss": total / rows, "tokens": int(rows * (batch.shape[1] - 1))}

@@ -31,8 +31,10 @@ def test_unknown_device_names_the_value():
 @pytest.mark.skipif(not HAS_CUDA, reason="no CUDA GPU on this machine")
 def test_train_and_distro_on_cuda_match_hash_format(tiny_config):
     device = resolve_device("cuda")
-    for optimizer in ({"AdamW": {"clip_grad_norm": 1.0}},
-                      {"Distro": {"compression_decay": 0.9, "compression_chunk": 8, "compression_topk": 2, "quantize_1bit": True}}):
+    for optimizer in (
+        {"AdamW": {"clip_grad_norm": 1.0}},
+        {"Distro": {"compression_decay": 0.9, "compression_chunk": 8, "compression_topk": 2, "quantize_1bit": True}},
+    ):
         trainer = Trainer(init_model(tiny_config, 0), device)
         trainer.configure(optimizer, {"Constant": {"base_lr": 1e-2}}, micro_batch=2)
         tokens = torch.randint(0, tiny_config["vocab_size"], (4, 17), dtype=torch.int64).to(torch.int32)

@@ -40,12 +40,12 @@ def reference_chunked_dct(x: np.ndarray, chunk) -> np.ndarray:
     """Per-chunk loop in float64: [n_chunks, chunk elements], chunks row-major over the grid."""
     if x.ndim == 1:
         d = reference_dct_matrix(chunk[0])
-        return np.stack([d @ x[i:i + chunk[0]] for i in range(0, x.shape[0], chunk[0])])
+        return np.stack([d @ x[i : i + chunk[0]] for i in range(0, x.shape[0], chunk[0])])
     d_r, d_c = reference_dct_matrix(chunk[0]), reference_dct_matrix(chunk[1])
     out = []
     for r in range(0, x.shape[0], chunk[0]):
         for c in range(0, x.shape[1], chunk[1]):
-            out.append((d_r @ x[r:r + chunk[0], c:c + chunk[1]] @ d_c.T).reshape(-1))
+            out.append((d_r @ x[r : r + chunk[0], c : c + chunk[1]] @ d_c.T).reshape(-1))
     return np.stack(out)
 
 
@@ -87,7 +87,7 @@ def test_chunked_dct_matches_float64_reference_and_round_trips(shape, limit):
     np.testing.assert_allclose(coeffs.double().numpy(), expected, atol=2e-5)
     np.testing.assert_allclose(transform.inverse(coeffs).double().numpy(), x, atol=2e-5)
     # Orthonormal: energy preserved.
-    assert abs(float((coeffs.double() ** 2).sum()) - float((x ** 2).sum())) < 1e-4 * float((x ** 2).sum())
+    assert abs(float((coeffs.double() ** 2).sum()) - float((x**2).sum())) < 1e-4 * float((x**2).sum())
 
 
 @pytest.mark.parametrize("shape, chunk", [((128, 192), (64, 64)), ((96, 40), (16, 10)), ((100,), (50,))])
@@ -125,16 +125,19 @@ def test_config_from_every_shipped_run_config():
     assert found >= 3, f"expected at least 3 DisTrO run configs under {CONFIGS}"
 
 
-@pytest.mark.parametrize("table, field", [
-    ({"compression_topk": 8, "compresion_chunk": 64}, "compresion_chunk"),
-    ({"compression_chunk": 0}, "compression_chunk"),
-    ({"compression_topk": 2.5}, "compression_topk"),
-    ({"compression_topk": True}, "compression_topk"),
-    ({"compression_decay": 1.5}, "compression_decay"),
-    ({"quantize_1bit": "yes"}, "quantize_1bit"),
-    ({"clip_grad_norm": -1.0}, "clip_grad_norm"),
-    ({"weight_decay": float("nan")}, "weight_decay"),
-])
+@pytest.mark.parametrize(
+    "table, field",
+    [
+        ({"compression_topk": 8, "compresion_chunk": 64}, "compresion_chunk"),
+        ({"compression_chunk": 0}, "compression_chunk"),
+        ({"compression_topk": 2.5}, "compression_topk"),
+        ({"compression_topk": True}, "compression_topk"),
+        ({"compression_decay": 1.5}, "compression_decay"),
+        ({"quantize_1bit": "yes"}, "quantize_1bit"),
+        ({"clip_grad_norm": -1.0}, "clip_grad_norm"),
+        ({"weight_decay": float("nan")}, "weight_decay"),
+    ],
+)
 def test_config_rejects_bad_fields_by_name(table, field):
     with pytest.raises(ValueError, match=field):
         DistroConfig.from_dict(table)
@@ -206,8 +209,9 @@ def test_produce_conserves_momentum_sent_plus_residual_equals_lr_grad():
         sent = torch.gather(coeffs_exp, 1, torch.from_numpy(tensor.indices))
         assert torch.gather(coeffs_res, 1, torch.from_numpy(tensor.indices)).abs().max() < 1e-6
         np.testing.assert_allclose(tensor.values, sent.double().numpy(), rtol=2e-3, atol=1e-12)
-        torch.testing.assert_close(transform.inverse(coeffs_res + torch.zeros_like(coeffs_res).scatter_(
-            1, torch.from_numpy(tensor.indices), sent)), exp, atol=1e-6, rtol=1e-4)
+        torch.testing.assert_close(
+            transform.inverse(coeffs_res + torch.zeros_like(coeffs_res).scatter_(1, torch.from_numpy(tensor.indices), sent)), exp, atol=1e-6, rtol=1e-4
+        )
 
 
 def test_momentum_decays_between_steps():
@@ -230,8 +234,7 @@ def test_apply_is_sign_of_idct_of_per_coefficient_mean():
     results = peers_results(3, DistroConfig(compression_chunk=16, compression_topk=4, quantize_1bit=False))
     model = Toy()
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    opt = DistroOptimizer(list(model.named_parameters()),
-                          DistroConfig(compression_chunk=16, compression_topk=4, quantize_1bit=False))
+    opt = DistroOptimizer(list(model.named_parameters()), DistroConfig(compression_chunk=16, compression_topk=4, quantize_1bit=False))
     decoded = [opt.decode(r) for r in results]
     opt.apply(results, lr=0.01)
     for t, (name, p) in enumerate(model.named_parameters()):
@@ -297,8 +300,7 @@ def test_apply_rejects_a_bad_result_by_index_and_changes_nothing():
     with pytest.raises(ResultDecodeError, match=r"result 1: truncated"):
         opt.apply([results[0], results[1][:-3], results[2]], lr=0.01)
     with pytest.raises(ResultDecodeError, match=r"result 2: value format bf16 does not match the run's 1-bit"):
-        opt.apply(results[:2] + peers_results(1, DistroConfig(compression_chunk=16, compression_topk=4,
-                                                              quantize_1bit=False)), lr=0.01)
+        opt.apply(results[:2] + peers_results(1, DistroConfig(compression_chunk=16, compression_topk=4, quantize_1bit=False)), lr=0.01)
     other = torch.nn.Linear(48, 16)
     foreign = DistroOptimizer([("linear.weight", other.weight), ("linear.bias", other.bias)], CFG)
     other(torch.randn(2, 48)).sum().backward()
@@ -322,8 +324,7 @@ def test_weight_decay_and_clipping():
     n = sum(p.numel() for p in reference_model.parameters())
     for p in reference_model.parameters():
         p.grad = torch.full_like(p, 1.0 / math.sqrt(n))
-    reference = DistroOptimizer(list(reference_model.named_parameters()),
-                                DistroConfig(compression_chunk=16, compression_topk=4), delay_correction=False)
+    reference = DistroOptimizer(list(reference_model.named_parameters()), DistroConfig(compression_chunk=16, compression_topk=4), delay_correction=False)
     assert reference.produce(0.1) == result
     for m, m_ref in zip(opt.momentum, reference.momentum):
         torch.testing.assert_close(m, m_ref, atol=1e-7, rtol=1e-4)
@@ -359,8 +360,11 @@ def run_trajectory(steps, delayed, delay_correction, n_peers=1, quantize_1bit=Tr
     if pending is not None:
         for o in opts:
             o.apply(pending, lr=0.01)
-    return param_hash(models[0].named_parameters()), float(loss_of(models[0], 12345).detach()), \
-        torch.cat([p.detach().reshape(-1) for p in models[0].parameters()])
+    return (
+        param_hash(models[0].named_parameters()),
+        float(loss_of(models[0], 12345).detach()),
+        torch.cat([p.detach().reshape(-1) for p in models[0].parameters()]),
+    )
 
 
 def test_delay_correction_with_one_peer_reproduces_the_undelayed_trajectory_bit_for_bit():

@@ -50,7 +50,7 @@ def random_result(specs, value_format, seed=0, scale=1e-3):
 def test_index_packing_round_trips_and_uses_exactly_the_needed_bits(bits):
     rng = np.random.default_rng(bits)
     for count in (0, 1, 7, 8, 9, 1001):
-        indices = rng.integers(0, 2 ** bits, size=count, dtype=np.int64)
+        indices = rng.integers(0, 2**bits, size=count, dtype=np.int64)
         packed = pack_indices(indices, bits)
         assert len(packed) == (count * bits + 7) // 8
         np.testing.assert_array_equal(unpack_indices(packed, count, bits), indices)
@@ -202,7 +202,7 @@ def test_fuzzed_inputs_are_rejected_or_decoded_never_crash():
                 elif op == 2:  # insert bytes
                     data[pos:pos] = bytes(rng.getrandbits(8) for _ in range(rng.randint(1, 8)))
                 else:  # delete a range
-                    del data[pos:pos + rng.randint(1, 8)]
+                    del data[pos : pos + rng.randint(1, 8)]
             data = bytes(data)
         try:
             decoded = decode_result(data, SPECS)

@@ -1,6 +1,5 @@
 """LR schedules with Psyche's names and fields."""
 
-
 import pytest
 
 from psyche_worker.protocol import WorkerError
@@ -20,14 +19,25 @@ def test_linear_and_cosine_reach_final_lr_at_total_steps():
 
 
 def test_warmup_stable_decay_phases():
-    s = schedule_from_config({"WarmupStableDecay": {"warmup_steps": 10, "warmup_init_lr": 0.0, "base_lr": 2.0,
-                                                     "stable_steps": 20, "cosine_decay_steps": 10, "cosine_decay_final_lr": 1.0,
-                                                     "linear_decay_steps": 10, "linear_decay_final_lr": 0.0}})
-    assert s(5) == pytest.approx(1.0)            # warmup
-    assert s(25) == pytest.approx(2.0)           # stable
-    assert s(35) == pytest.approx(1.5)           # halfway down the cosine
-    assert s(40) == pytest.approx(1.0)           # cosine done
-    assert s(45) == pytest.approx(0.5)           # halfway down the linear tail
+    s = schedule_from_config(
+        {
+            "WarmupStableDecay": {
+                "warmup_steps": 10,
+                "warmup_init_lr": 0.0,
+                "base_lr": 2.0,
+                "stable_steps": 20,
+                "cosine_decay_steps": 10,
+                "cosine_decay_final_lr": 1.0,
+                "linear_decay_steps": 10,
+                "linear_decay_final_lr": 0.0,
+            }
+        }
+    )
+    assert s(5) == pytest.approx(1.0)  # warmup
+    assert s(25) == pytest.approx(2.0)  # stable
+    assert s(35) == pytest.approx(1.5)  # halfway down the cosine
+    assert s(40) == pytest.approx(1.0)  # cosine done
+    assert s(45) == pytest.approx(0.5)  # halfway down the linear tail
     assert s(60) == pytest.approx(0.0)
 
 

@@ -21,8 +21,7 @@ def tokenizer_path(tmp_path_factory) -> Path:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"], show_progress=False, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator([TEXT] * 20, trainer=trainer)
     path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
     tok.save(str(path))
@@ -41,8 +40,20 @@ def test_text_and_jsonl_round_trip_with_eos_and_shards(tmp_path, tokenizer_path,
     (tmp_path / "a.txt").write_text(TEXT)
     (tmp_path / "b.jsonl").write_text(json.dumps({"text": "five dozen"}) + "\n\n" + json.dumps({"text": "lazy dog", "id": 2}) + "\n")
     out = tmp_path / "out"
-    code = tokenize_files.main([str(tmp_path / "a.txt"), str(tmp_path / "b.jsonl"), "--tokenizer", str(tokenizer_path),
-                                "--out", str(out), "--token-size", str(token_size), "--shard-tokens", "7"])
+    code = tokenize_files.main(
+        [
+            str(tmp_path / "a.txt"),
+            str(tmp_path / "b.jsonl"),
+            "--tokenizer",
+            str(tokenizer_path),
+            "--out",
+            str(out),
+            "--token-size",
+            str(token_size),
+            "--shard-tokens",
+            "7",
+        ]
+    )
     assert code == 0
     events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [e["event"] for e in events][0] == "start" and events[-1]["event"] == "done"
@@ -82,9 +93,13 @@ def test_bad_inputs_are_one_clear_line(tmp_path, tokenizer_path, capsys):
 
 def test_runs_as_a_module_printing_json_lines(tmp_path, tokenizer_path):
     (tmp_path / "a.txt").write_text(TEXT * 3)
-    result = subprocess.run([sys.executable, "-m", "psyche_worker.tokenize_files", str(tmp_path / "a.txt"), "--tokenizer",
-                             str(tokenizer_path), "--out", str(tmp_path / "out")], capture_output=True, text=True,
-                            env={"PYTHONPATH": str(ROOT / "python"), "PATH": "/usr/bin:/bin"}, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "psyche_worker.tokenize_files", str(tmp_path / "a.txt"), "--tokenizer", str(tokenizer_path), "--out", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(ROOT / "python"), "PATH": "/usr/bin:/bin"},
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     events = [json.loads(line) for line in result.stdout.splitlines()]
     assert events[-1]["event"] == "done" and events[-1]["tokens"] > 0

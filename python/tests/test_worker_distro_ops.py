@@ -7,15 +7,13 @@ import torch
 from psyche_worker.protocol import WorkerError
 from psyche_worker.server import Worker
 
-DISTRO = {"Distro": {"clip_grad_norm": 1.0, "compression_decay": 0.999, "compression_chunk": 16,
-                     "compression_topk": 4, "quantize_1bit": True}}
+DISTRO = {"Distro": {"clip_grad_norm": 1.0, "compression_decay": 0.999, "compression_chunk": 16, "compression_topk": 4, "quantize_1bit": True}}
 
 
 def worker(tiny_config) -> Worker:
     w = Worker("cpu", 1)
     w.op_init_model({"config": tiny_config, "seed": 7}, [])
-    w.op_configure({"optimizer": DISTRO, "lr_schedule": {"Constant": {"base_lr": 1e-2, "warmup_steps": 0}},
-                    "micro_batch": 4, "delay_correction": True}, [])
+    w.op_configure({"optimizer": DISTRO, "lr_schedule": {"Constant": {"base_lr": 1e-2, "warmup_steps": 0}}, "micro_batch": 4, "delay_correction": True}, [])
     return w
 
 
@@ -71,6 +69,7 @@ def test_configure_reports_the_result_format_peers_must_send(tiny_config):
 def flip_signs(blob: bytes, w: Worker) -> bytes:
     """The result with every sign bit inverted (1-bit results: values are one bit each)."""
     from psyche_worker.distro_codec import decode_result, encode_result, EncodedTensor, VALUE_SIGN
+
     peer = w.t.distro_peers[0]
     decoded = decode_result(blob, peer.specs, VALUE_SIGN)
     out = []
@@ -88,8 +87,7 @@ def test_score_results_measures_each_result_alone_and_changes_nothing(tiny_confi
     state_before = w.op_param_hash({}, [])[0]["param_hash"]
     momentum = [m.clone() for m in w.t.distro_peers[0].momentum]
     spec_params = [p.detach().clone() for p in w.t.distro_peers[0].params]
-    reply, _ = w.op_score_results({"step": 1, "results": 3},
-                                  [result_frame(blob), result_frame(flip_signs(blob, w)), result_frame(b"junk"), train, other])
+    reply, _ = w.op_score_results({"step": 1, "results": 3}, [result_frame(blob), result_frame(flip_signs(blob, w)), result_frame(b"junk"), train, other])
     (b_train, b_other), after = reply["before"], reply["after"]
     honest, flipped, junk = after
     assert junk is None

@@ -19,8 +19,9 @@ class Client:
     def __init__(self, tmp_path: Path):
         self.endpoint = f"ipc://{tmp_path}/w.sock"
         env = {**os.environ, "PYTHONPATH": str(ROOT / "python")}
-        self.proc = subprocess.Popen([sys.executable, "-m", "psyche_worker", "--endpoint", self.endpoint, "--threads", "1"],
-                                     stdout=subprocess.PIPE, env=env, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "psyche_worker", "--endpoint", self.endpoint, "--threads", "1"], stdout=subprocess.PIPE, env=env, text=True
+        )
         ready = json.loads(self.proc.stdout.readline())
         assert ready["event"] == "ready"
         self.ctx = zmq.Context()
@@ -65,8 +66,9 @@ def test_train_loss_falls_and_hash_is_deterministic(client, tiny_config, tmp_pat
     first_hash = r["param_hash"]
     r, _ = client.call("init_model", config=tiny_config, seed=7)
     assert r["param_hash"] == first_hash, "same config and seed must give identical parameters"
-    r, _ = client.call("configure", optimizer={"AdamW": {"betas": [0.9, 0.95], "clip_grad_norm": 1.0}},
-                       lr_schedule={"Constant": {"base_lr": 1e-2}}, micro_batch=2)
+    r, _ = client.call(
+        "configure", optimizer={"AdamW": {"betas": [0.9, 0.95], "clip_grad_norm": 1.0}}, lr_schedule={"Constant": {"base_lr": 1e-2}}, micro_batch=2
+    )
     assert r["ok"], r
     batch = tokens(4, 16, 64)
     losses = [client.call("train_step", [batch], step=s)[0]["loss"] for s in range(15)]
@@ -92,6 +94,7 @@ def test_export_import_roundtrip_and_save(client, tiny_config, tmp_path):
     loaded, _ = client.call("init_model", model_dir=str(tmp_path / "m"))
     assert loaded["param_hash"] == exported["param_hash"]
     from transformers import AutoModelForCausalLM
+
     hf = AutoModelForCausalLM.from_pretrained(str(tmp_path / "m"))
     assert hf.config.vocab_size == 64
 

@@ -29,7 +29,8 @@ export default class CreateRun extends PsycheCommand {
     const target = {chain, programId, runId: flags['run-id']}
     const coordinator = await createRun({...target, payer: signer, mainAuthority: signer.address, joinAuthority, authorizer})
     if (file) await updateConfig({...target, authority: signer, file})
-    if (!this.jsonEnabled()) this.log(`created run ${flags['run-id']}: coordinator ${coordinator}${file ? ', configured' : ''} (paused; resume with psyche set-paused --run-id ${flags['run-id']} resume)`)
+    if (!this.jsonEnabled())
+      this.log(`created run ${flags['run-id']}: coordinator ${coordinator}${file ? ', configured' : ''} (paused; resume with psyche set-paused --run-id ${flags['run-id']} resume)`)
     return {run_id: flags['run-id'], coordinator, main_authority: signer.address, join_authority: joinAuthority, configured: Boolean(file)}
   }
 }

@@ -16,7 +16,10 @@ the coordinator from the moment it connects; with --history-file the history is 
 reloaded on the next start. A coordinator started with --dashboard-port serves the same page with the whole
 run's history. Runs until SIGINT/SIGTERM; --json prints {"event":"dashboard_listening","url":...} first.`
 
-  static examples = ['<%= config.bin %> dashboard --server-addr 127.0.0.1:20000 --dashboard-port 8080', '<%= config.bin %> dashboard --server-addr host:20000 --history-file run-history.json']
+  static examples = [
+    '<%= config.bin %> dashboard --server-addr 127.0.0.1:20000 --dashboard-port 8080',
+    '<%= config.bin %> dashboard --server-addr host:20000 --history-file run-history.json',
+  ]
 
   static flags = {
     'server-addr': Flags.string({summary: 'the coordinator server, host:port', required: true}),
@@ -43,7 +46,15 @@ run's history. Runs until SIGINT/SIGTERM; --json prints {"event":"dashboard_list
       {
         summary,
         history: (since) => history.history(since),
-        clients: () => clientTable(summary(), state().pending, Object.entries(conn.peers).filter(([, a]) => a.length > 0).map(([id]) => id), history.clientRows()),
+        clients: () =>
+          clientTable(
+            summary(),
+            state().pending,
+            Object.entries(conn.peers)
+              .filter(([, a]) => a.length > 0)
+              .map(([id]) => id),
+            history.clientRows(),
+          ),
       },
       {port: flags['dashboard-port'], host: flags.host},
     )

@@ -20,7 +20,7 @@ export default class Init extends PsycheCommand {
 
   static flags = {
     template: Flags.string({summary: 'run template (a folder of templates/ with a state.toml)', default: 'tiny-demo'}),
-    'run-id': Flags.string({summary: 'run id to write into state.toml (default: the template\'s)'}),
+    'run-id': Flags.string({summary: "run id to write into state.toml (default: the template's)"}),
     force: Flags.boolean({summary: 'write into a non-empty directory, replacing files of the same name'}),
   }
 

@@ -101,12 +101,12 @@ several rounds while others train prints a no_exchange warning naming the addres
 
   static flags = {
     'server-addr': Flags.string({summary: 'the coordinator server, host:port', required: true}),
-    'run-id': Flags.string({summary: 'the run to join (must match the server\'s)', required: true}),
+    'run-id': Flags.string({summary: "the run to join (must match the server's)", required: true}),
     identity: Flags.string({summary: 'identity file (psyche-identity JSON); default: a new random identity for this process'}),
     config: Flags.string({char: 'c', summary: 'the run config (state.toml) whose model directory and data this client uses'}),
     template: Flags.string({summary: 'use templates/NAME/state.toml for model and data (default tiny-demo when no --config)'}),
-    model: Flags.string({summary: 'model directory (config.json [+ model.safetensors]); overrides the config\'s checkpoint'}),
-    data: Flags.string({summary: 'directory of token files; overrides the config\'s data_location'}),
+    model: Flags.string({summary: "model directory (config.json [+ model.safetensors]); overrides the config's checkpoint"}),
+    data: Flags.string({summary: "directory of token files; overrides the config's data_location"}),
     'micro-batch': Flags.integer({summary: 'sequences per forward/backward', min: 1}),
     threads: Flags.integer({summary: 'torch threads of the worker', min: 1}),
     device: Flags.string({summary: 'auto | cpu | cuda | cuda:N', default: 'auto'}),
@@ -152,7 +152,11 @@ several rounds while others train prints a no_exchange warning naming the addres
       device: flags.device,
       devices: flags.devices,
       dataParallel: flags['data-parallel'],
-      hub: {url: flags['hub-url'], token: flags['hub-token'], onProgress: (p) => progress.update(`model from the Hub: ${p.phase} ${(p.done / 1e6).toFixed(1)} / ${(p.total / 1e6).toFixed(1)} MB`, p.phase === 'done')},
+      hub: {
+        url: flags['hub-url'],
+        token: flags['hub-token'],
+        onProgress: (p) => progress.update(`model from the Hub: ${p.phase} ${(p.done / 1e6).toFixed(1)} / ${(p.total / 1e6).toFixed(1)} MB`, p.phase === 'done'),
+      },
     })
     const d = plan.data
     if (typeof d === 'object' && 'Local' in d && resolve(plan.dataBaseDir, d.Local).startsWith(demoCorpusDir)) await ensureDemoCorpus((m) => progress.status(m))
@@ -192,12 +196,18 @@ several rounds while others train prints a no_exchange warning naming the addres
       switch (event.event) {
         case 'round': {
           const loss = typeof event.loss === 'number' ? event.loss.toFixed(3) : '  -  '
-          progress.note(`round ${event.step} (epoch ${event.epoch})  loss ${loss}  hash ${String(event.param_hash).slice(0, 12)}  peers' results applied ${event.peers_applied}/${event.peers_accepted} accepted (${event.other_trainers} others trained)  connected ${event.peers}  in ${mb(event.bytes_in as number)}  out ${mb(event.bytes_out as number)}`)
+          progress.note(
+            `round ${event.step} (epoch ${event.epoch})  loss ${loss}  hash ${String(event.param_hash).slice(0, 12)}  peers' results applied ${event.peers_applied}/${event.peers_accepted} accepted (${event.other_trainers} others trained)  connected ${event.peers}  in ${mb(event.bytes_in as number)}  out ${mb(event.bytes_out as number)}`,
+          )
           break
         }
         case 'no_exchange': {
-          const unreachable = (event.unreachable as {peer_id: string; addrs: string[]; reason: string}[]).map((u) => `${u.peer_id.slice(0, 16)}… at ${u.addrs.join(', ')} (${u.reason})`)
-          progress.note(`WARNING: ${event.detail}. ${unreachable.length ? `Could not dial: ${unreachable.join('; ')}` : `Connected to ${event.peers} peer(s), yet no result arrived`}. See the README, "Training across machines".`)
+          const unreachable = (event.unreachable as {peer_id: string; addrs: string[]; reason: string}[]).map(
+            (u) => `${u.peer_id.slice(0, 16)}… at ${u.addrs.join(', ')} (${u.reason})`,
+          )
+          progress.note(
+            `WARNING: ${event.detail}. ${unreachable.length ? `Could not dial: ${unreachable.join('; ')}` : `Connected to ${event.peers} peer(s), yet no result arrived`}. See the README, "Training across machines".`,
+          )
           break
         }
         case 'model_loaded':
@@ -223,7 +233,10 @@ several rounds while others train prints a no_exchange warning naming the addres
     progress.status(`connecting to ${flags['server-addr']} (run ${runId}) as ${identity.id.slice(0, 16)}…`)
     // Ctrl-C / SIGTERM: withdraw from the run, then exit (the worker is killed on exit, see worker/client.ts).
     let client: PsycheClient | undefined
-    for (const [signal, code] of [['SIGINT', 130], ['SIGTERM', 143]] as const) {
+    for (const [signal, code] of [
+      ['SIGINT', 130],
+      ['SIGTERM', 143],
+    ] as const) {
       process.on(signal, () => {
         client?.withdrawNow()
         process.exit(code)

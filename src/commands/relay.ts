@@ -20,7 +20,7 @@ coordinator is elsewhere (e.g. on Solana). Runs until SIGINT/SIGTERM.
   ]
 
   static flags = {
-    identity: Flags.string({summary: 'identity file (psyche identity new): keeps the relay\'s peer id across restarts; default a random one'}),
+    identity: Flags.string({summary: "identity file (psyche identity new): keeps the relay's peer id across restarts; default a random one"}),
     ...relayFlags,
   }
 
@@ -34,7 +34,15 @@ coordinator is elsewhere (e.g. on Solana). Runs until SIGINT/SIGTERM.
     }
     const relay = await RelayNode.start({identity, ...relayOptionsFromFlags(flags), log})
     const addrs = relay.addressFor(undefined)
-    log({event: 'relay_listening', peer_id: relay.peerId, port: relay.port, addrs, max_reservations: relay.limits.maxReservations, data_limit_bytes: Number(relay.limits.dataLimitBytes), duration_limit_ms: relay.limits.durationLimitMs})
+    log({
+      event: 'relay_listening',
+      peer_id: relay.peerId,
+      port: relay.port,
+      addrs,
+      max_reservations: relay.limits.maxReservations,
+      data_limit_bytes: Number(relay.limits.dataLimitBytes),
+      duration_limit_ms: relay.limits.durationLimitMs,
+    })
     if (!json) {
       process.stdout.write(`relay ${relay.peerId} listening on port ${relay.port}\n`)
       process.stdout.write(`clients join with one of:\n${(addrs.length ? addrs : relay.addresses()).map((a) => `  --relay ${a}`).join('\n')}\n`)

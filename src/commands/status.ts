@@ -46,7 +46,10 @@ export function formatSummary(s: RunSummary & {peers: number}): string[] {
     `epoch ${s.epoch}, step ${s.step} of ${s.total_steps} (${(s.progress * 100).toFixed(1)}%)`,
     `clients: ${c.healthy} healthy, ${c.dropped} dropped, ${c.withdrawn} withdrawn, ${c.ejected} ejected, ${c.pending} waiting for the next epoch; ${s.peers} in the peer directory`,
   ]
-  if (s.round) lines.push(`round ${s.round.step} (height ${s.round.height}): ${s.round.trainers} trainers, batch ${s.round.batch_size}, witness proofs ${s.round.witness_proofs}/${s.round.witnesses_expected} (quorum ${s.round.witness_quorum})`)
+  if (s.round)
+    lines.push(
+      `round ${s.round.step} (height ${s.round.height}): ${s.round.trainers} trainers, batch ${s.round.batch_size}, witness proofs ${s.round.witness_proofs}/${s.round.witnesses_expected} (quorum ${s.round.witness_quorum})`,
+    )
   if (s.pause_pending) lines.push('a pause is pending (at the end of the epoch)')
   for (const client of s.clients) lines.push(`  ${client.id.slice(0, 16)}…  ${client.state}`)
   return lines

@@ -53,7 +53,9 @@ kills, rejoins, bytes: {name: {in, out}}, result_bytes_per_round, wall_seconds, 
     const byStep = new Map<number, Map<string, {loss: number | null; hash: string}>>()
     const epochs = new Map<number, number>()
     const line = () => {
-      const parts = [...latest.entries()].sort().map(([name, r]) => `${name.replace('client-', 'c')}: ${r.step} ${r.loss === null ? '  -  ' : r.loss.toFixed(3)} ${r.hash.slice(0, 8)}`)
+      const parts = [...latest.entries()]
+        .sort()
+        .map(([name, r]) => `${name.replace('client-', 'c')}: ${r.step} ${r.loss === null ? '  -  ' : r.loss.toFixed(3)} ${r.hash.slice(0, 8)}`)
       return parts.join(' | ')
     }
     const summary = await runTestnet({
@@ -147,14 +149,19 @@ kills, rejoins, bytes: {name: {in, out}}, result_bytes_per_round, wall_seconds, 
       const first = summary.rounds[0]
       const last = summary.rounds.at(-1)
       const meanLoss = (r: typeof first) => {
-        const l = Object.values(r.clients).map((c) => c.loss).filter((x): x is number => x !== null)
+        const l = Object.values(r.clients)
+          .map((c) => c.loss)
+          .filter((x): x is number => x !== null)
         return l.length ? (l.reduce((a, b) => a + b, 0) / l.length).toFixed(3) : '-'
       }
       progress.done(`testnet ${summary.ended} after ${summary.wall_seconds}s`)
       this.log(`rounds: ${summary.rounds.length}${first && last ? `, mean loss ${meanLoss(first)} → ${meanLoss(last)}` : ''}`)
       this.log(`parameter hashes equal in ${summary.rounds.filter((r) => r.hashes_equal).length}/${summary.rounds.length} rounds`)
       // Equal hashes mean nothing when nobody took anyone's results: say so, loudly.
-      if (summary.rounds_without_exchange > 0) this.log(`WARNING: in ${summary.rounds_without_exchange}/${summary.rounds.length} rounds some client applied no other client's results (no exchange: see the clients' no_exchange warnings)`)
+      if (summary.rounds_without_exchange > 0)
+        this.log(
+          `WARNING: in ${summary.rounds_without_exchange}/${summary.rounds.length} rounds some client applied no other client's results (no exchange: see the clients' no_exchange warnings)`,
+        )
       else this.log(`every round applied every client's peers' results`)
       this.log(`kills: ${summary.kills.length}, rejoins: ${summary.rejoins.filter((r) => r.first_step !== null).length}`)
       if (summary.result_bytes_per_round !== null) this.log(`result per client per round: ${summary.result_bytes_per_round} bytes`)

@@ -21,17 +21,17 @@ Per-step metrics go to a JSONL file; --json prints one summary object:
   static flags = {
     config: Flags.string({char: 'c', summary: 'run config (Psyche state.toml or config.toml) with [model.LLM]'}),
     template: Flags.string({summary: 'use templates/NAME/state.toml as the run config (default tiny-demo when no --config)'}),
-    model: Flags.string({summary: 'model directory in Hugging Face layout (config.json [+ model.safetensors]); overrides the config\'s checkpoint'}),
-    data: Flags.string({summary: 'directory of token files (.bin/.ds + optional manifest.json); overrides the config\'s data_location'}),
+    model: Flags.string({summary: "model directory in Hugging Face layout (config.json [+ model.safetensors]); overrides the config's checkpoint"}),
+    data: Flags.string({summary: "directory of token files (.bin/.ds + optional manifest.json); overrides the config's data_location"}),
     'val-data': Flags.string({summary: 'directory of held-out token files for validation loss'}),
-    steps: Flags.integer({summary: 'optimizer steps to run (default: the LR schedule\'s total_steps)', min: 1}),
+    steps: Flags.integer({summary: "optimizer steps to run (default: the LR schedule's total_steps)", min: 1}),
     'micro-batch': Flags.integer({summary: 'sequences per forward/backward (gradient accumulation splits the total batch)', min: 1}),
     'total-batch': Flags.integer({summary: 'sequences per optimizer step (default: config.global_batch_size_start)', min: 1}),
     'seq-len': Flags.integer({summary: 'tokens per sequence (default: model.LLM.max_seq_len)', min: 1}),
-    optimizer: Flags.string({summary: 'optimizer (default: the config\'s)', options: ['adamw', 'distro']}),
+    optimizer: Flags.string({summary: "optimizer (default: the config's)", options: ['adamw', 'distro']}),
     lr: Flags.string({summary: 'base learning rate; the schedule keeps its shape'}),
     seed: Flags.integer({summary: 'seed of model initialisation and data order', default: 0}),
-    threads: Flags.integer({summary: 'torch threads of the worker (default: torch\'s choice)', min: 1}),
+    threads: Flags.integer({summary: "torch threads of the worker (default: torch's choice)", min: 1}),
     device: Flags.string({summary: 'auto | cpu | cuda | cuda:N', default: 'auto'}),
     devices: Flags.string({summary: 'several devices in this client, one data-parallel rank each (torch.distributed): cuda:0,cuda:1'}),
     'data-parallel': Flags.integer({summary: 'N data-parallel ranks on --device (cpu: N processes with gloo; cuda: GPUs 0..N-1 with NCCL)', min: 1}),
@@ -82,13 +82,18 @@ Per-step metrics go to a JSONL file; --json prints one summary object:
           onStatus: (m) => progress.status(m),
           onStep: (m, p) => {
             const eta = (m.elapsed_seconds / (m.step + 1)) * (p.steps - m.step - 1)
-            progress.update(`step ${m.step + 1}/${p.steps}  loss ${m.loss.toFixed(3)}  lr ${m.lr.toExponential(2)}  ${formatRate(m.tokens_per_second)} tok/s  ETA ${formatDuration(eta)}`, m.step + 1 === p.steps)
+            progress.update(
+              `step ${m.step + 1}/${p.steps}  loss ${m.loss.toFixed(3)}  lr ${m.lr.toExponential(2)}  ${formatRate(m.tokens_per_second)} tok/s  ETA ${formatDuration(eta)}`,
+              m.step + 1 === p.steps,
+            )
             if (m.val_loss !== undefined) progress.note(`step ${m.step + 1}: validation loss ${m.val_loss.toFixed(3)}`)
           },
         },
       })
       const val = summary.valLoss !== undefined ? `; validation ${summary.firstValLoss!.toFixed(3)} → ${summary.valLoss.toFixed(3)}` : ''
-      progress.done(`trained ${summary.steps} steps, ${summary.tokens.toLocaleString('en-US')} tokens in ${formatDuration(summary.wallSeconds)} (${formatRate(summary.tokensPerSecond)} tok/s): loss ${summary.firstLoss.toFixed(3)} → ${summary.lastLoss.toFixed(3)}${val}`)
+      progress.done(
+        `trained ${summary.steps} steps, ${summary.tokens.toLocaleString('en-US')} tokens in ${formatDuration(summary.wallSeconds)} (${formatRate(summary.tokensPerSecond)} tok/s): loss ${summary.firstLoss.toFixed(3)} → ${summary.lastLoss.toFixed(3)}${val}`,
+      )
       if (!this.jsonEnabled()) {
         this.log(`metrics: ${summary.metricsPath}`)
         if (summary.savedTo) this.log(`model: ${summary.savedTo}`)

@@ -5,7 +5,7 @@ import {parseAddress, solanaContext, solanaFlags} from '../core/cli/solana-flags
 import {loadRunConfigFile} from '../core/config/index.js'
 
 export default class UpdateConfig extends PsycheCommand {
-  static summary = 'Set a Solana run\'s configuration and model from a run configuration file (main authority only, while paused)'
+  static summary = "Set a Solana run's configuration and model from a run configuration file (main authority only, while paused)"
   static examples = ['<%= config.bin %> update-config --program-id <ID> --run-id my-run --config-path state.toml']
 
   static flags = {

@@ -39,7 +39,12 @@ export async function ensureDemoCorpus(onProgress?: (stage: string) => void, dir
   if (!existsSync(infoPath)) {
     onProgress?.('building the demo corpus (State of the Union addresses → BPE tokenizer → token files)')
     const proc = execa(workerPython(), ['-m', 'psyche_worker.corpus', '--source', sotuSource(), '--out', dir], {
-      cwd: projectRoot, env: pythonEnv(), reject: false, stdin: 'ignore', buffer: {stdout: false, stderr: true}, stdout: 'pipe',
+      cwd: projectRoot,
+      env: pythonEnv(),
+      reject: false,
+      stdin: 'ignore',
+      buffer: {stdout: false, stderr: true},
+      stdout: 'pipe',
     })
     proc.stdout!.setEncoding('utf8')
     proc.stdout!.on('data', (chunk: string) => {

@@ -18,7 +18,14 @@ export interface CreatedModel {
  * templates/NAME/model/config.json, or — with no template named — from the config.json already in the
  * output directory (as `psyche init` scaffolds it). The same config and seed give the same bytes.
  */
-export async function createModelFromTemplate(options: {template?: string; out: string; seed: number; force?: boolean; overrides?: Record<string, unknown>; tokenizer?: string}): Promise<CreatedModel> {
+export async function createModelFromTemplate(options: {
+  template?: string
+  out: string
+  seed: number
+  force?: boolean
+  overrides?: Record<string, unknown>
+  tokenizer?: string
+}): Promise<CreatedModel> {
   const out = resolve(options.out)
   if (existsSync(join(out, 'model.safetensors')) && !options.force) {
     throw new PsycheError(`${options.out}: already holds a model (model.safetensors); use --force to replace it`)

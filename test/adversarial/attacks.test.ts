@@ -31,7 +31,17 @@ async function attackRun(name: string, cases: Expect[], shape: {rounds?: number;
   const dir = tempDir(`psyche-adv-${name}-`)
   const procs: JsonProcess[] = []
   try {
-    const state = writeE2eRun(dir.path, {runId: 'e2e', roundsPerEpoch: rounds, totalSteps: rounds, initMinClients: 3 + cases.length, minClients: 2, maxRoundTrainTime: 20, warmupTime: 120, lr: 1e-2, verificationPercent: shape.verificationPercent ?? 0})
+    const state = writeE2eRun(dir.path, {
+      runId: 'e2e',
+      roundsPerEpoch: rounds,
+      totalSteps: rounds,
+      initMinClients: 3 + cases.length,
+      minClients: 2,
+      maxRoundTrainTime: 20,
+      warmupTime: 120,
+      lr: 1e-2,
+      verificationPercent: shape.verificationPercent ?? 0,
+    })
     const {server, port} = await startServer(state)
     procs.push(server)
     const honest = ['h1', 'h2', 'h3'].map((n) => startClient(n, port, state))
@@ -44,13 +54,19 @@ async function attackRun(name: string, cases: Expect[], shape: {rounds?: number;
     for (const [i, c] of cases.entries()) {
       for (const h of honest) {
         const hit = h.events.find((e) => c.detected(e, ids[i]))
-        assert.ok(hit, `${h.name} never logged the ${c.attack} attack by ${ids[i].slice(0, 12)}: ${JSON.stringify(h.events.filter((e) => e.client_id === ids[i] || e.event === 'health_check').slice(0, 5))}`)
+        assert.ok(
+          hit,
+          `${h.name} never logged the ${c.attack} attack by ${ids[i].slice(0, 12)}: ${JSON.stringify(h.events.filter((e) => e.client_id === ids[i] || e.event === 'health_check').slice(0, 5))}`,
+        )
       }
     }
     // Honest replicas: identical after every round, the model changes every round, and they apply each other's
     // results — never more than the three honest ones.
     const byStep = hashesByStep(honest)
-    assert.deepEqual([...byStep.keys()].sort((x, y) => x - y), Array.from({length: rounds}, (_, i) => i + 1))
+    assert.deepEqual(
+      [...byStep.keys()].sort((x, y) => x - y),
+      Array.from({length: rounds}, (_, i) => i + 1),
+    )
     for (const [step, hashes] of byStep) {
       assert.equal(hashes.size, 3, `step ${step}: every honest client applied it`)
       assert.equal(new Set(hashes.values()).size, 1, `step ${step}: honest parameter hashes differ: ${JSON.stringify([...hashes])}`)
@@ -65,7 +81,10 @@ async function attackRun(name: string, cases: Expect[], shape: {rounds?: number;
         assert.ok(n <= allowed(r.step), `${h.name}: step ${r.step} applied ${n} results: an attacker's result was applied`)
       }
       assert.ok(applied.filter((n) => n >= 2).length >= 3, `${h.name}: applied ${applied.join(',')}: honest results were not exchanged`)
-      assert.ok(!h.events.some((e) => e.event === 'error' || e.event === 'out_of_sync'), `${h.name} failed: ${JSON.stringify(h.events.filter((e) => e.event === 'error' || e.event === 'out_of_sync'))}`)
+      assert.ok(
+        !h.events.some((e) => e.event === 'error' || e.event === 'out_of_sync'),
+        `${h.name} failed: ${JSON.stringify(h.events.filter((e) => e.event === 'error' || e.event === 'out_of_sync'))}`,
+      )
     }
   } catch (error) {
     for (const p of procs) {
@@ -92,7 +111,7 @@ describe('adversarial: hostile clients among honest ones (real processes)', {tim
     ])
   })
 
-  it('a copy of another client\'s result and an oversized payload', async () => {
+  it("a copy of another client's result and an oversized payload", async () => {
     await attackRun('copy-oversized', [
       {attack: 'copy', detected: rejected(/^copy: the same result as [0-9a-f]{64}'s for step \d+/)},
       {attack: 'oversized', detected: rejected(/^invalid result: announced size \d+ bytes/)},
@@ -107,7 +126,8 @@ describe('adversarial: hostile clients among honest ones (real processes)', {tim
   })
 
   it('a sign-flipped result: verifiers score it low, a verifier quorum ejects its producer, its in-flight result is excluded', async () => {
-    const lowScore = (e: Record<string, unknown>, attacker: string) => e.event === 'accused' && e.client_id === attacker && /^low_score: moving average -?[\d.]+ below/.test(String(e.reason))
+    const lowScore = (e: Record<string, unknown>, attacker: string) =>
+      e.event === 'accused' && e.client_id === attacker && /^low_score: moving average -?[\d.]+ below/.test(String(e.reason))
     // Scores of round s are taken while round s + 1 runs; the window is two scores: rounds 1 and 2 are applied.
     await attackRun('sign-flip', [{attack: 'sign_flip', detected: lowScore, honestSteps: [1, 2]}], {rounds: 5, verificationPercent: 100})
   })

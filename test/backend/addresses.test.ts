@@ -24,7 +24,7 @@ test('the welcome tells each client the relay as it reached the server; an addre
     await waitUntil(() => b.peers[alice.id], 'alice in the directory')
     const relayed = ['/ip4/10.0.0.2/tcp/1/p2p/A', '/ip4/127.0.0.1/tcp/4001/p2p/12D3KooWRelay/p2p-circuit/p2p/A']
     assert.ok(a.sendAddresses(relayed))
-    await waitUntil(() => b.peers[alice.id]?.length === 2, 'alice\'s relayed address to reach bob')
+    await waitUntil(() => b.peers[alice.id]?.length === 2, "alice's relayed address to reach bob")
     assert.deepEqual(b.peers[alice.id], relayed)
     assert.deepEqual(t.server.peers[alice.id], relayed)
     await t.waitLog({event: 'addresses', client: alice.id})

@@ -108,7 +108,7 @@ test('psyche server run: killed (SIGKILL) and restarted with --save-state-dir, t
   }
 })
 
-test('psyche server run --data-config also serves the run\'s tokens on data_location.Server; a data.toml that does not fit the run is refused', async () => {
+test("psyche server run --data-config also serves the run's tokens on data_location.Server; a data.toml that does not fit the run is refused", async () => {
   const dir = tempDir()
   try {
     const {createServer} = await import('node:net')

@@ -44,7 +44,15 @@ test('the client trusts nothing from the server: garbage, another signer, anothe
   await new Promise<void>((r) => fake.listen(0, '127.0.0.1', r))
   const logs: Record<string, unknown>[] = []
   const alice = generateIdentity()
-  const c = await CoordinatorConnection.connect({addr: `127.0.0.1:${(fake.address() as {port: number}).port}`, runId: RUN_ID, identity: alice, p2pAddrs: [], join: true, reconnect: false, log: (e) => logs.push(e as Record<string, unknown>)})
+  const c = await CoordinatorConnection.connect({
+    addr: `127.0.0.1:${(fake.address() as {port: number}).port}`,
+    runId: RUN_ID,
+    identity: alice,
+    p2pAddrs: [],
+    join: true,
+    reconnect: false,
+    log: (e) => logs.push(e as Record<string, unknown>),
+  })
   try {
     assert.equal(c.state?.run_state, 'WaitingForMembers', 'only the genuine state was taken')
     assert.equal(c.serverId, server.id)
@@ -99,7 +107,10 @@ test('connect keeps trying until the server is up, then gives up with a clear er
     } finally {
       await t.server.stop()
     }
-    await assert.rejects(CoordinatorConnection.connect({addr: 'no-port', runId: RUN_ID, identity: generateIdentity(), p2pAddrs: [], join: true}), /coordinator address: "no-port": expected "host:port"/)
+    await assert.rejects(
+      CoordinatorConnection.connect({addr: 'no-port', runId: RUN_ID, identity: generateIdentity(), p2pAddrs: [], join: true}),
+      /coordinator address: "no-port": expected "host:port"/,
+    )
   } finally {
     dir.cleanup()
   }

@@ -4,15 +4,7 @@ import {join} from 'node:path'
 import {CoordinatorConnection, CoordinatorServer, type CoordinatorServerOptions} from '../../src/core/backend/index.js'
 import {loadRunConfigFile} from '../../src/core/config/index.js'
 import type {CoordinatorState} from '../../src/core/coordinator/types.js'
-import {
-  FrameReader,
-  decodeServerMessage,
-  encodeClientMessage,
-  type ClientBodies,
-  type ClientKind,
-  type Identity,
-  type ServerEnvelope,
-} from '../../src/core/protocol/index.js'
+import {FrameReader, decodeServerMessage, encodeClientMessage, type ClientBodies, type ClientKind, type Identity, type ServerEnvelope} from '../../src/core/protocol/index.js'
 import {projectRoot} from '../../src/core/worker/python.js'
 
 export const RUN_ID = 'tiny-demo'
@@ -65,7 +57,13 @@ export interface TestServer {
 export async function startTestServer(statePath: string, options: Partial<CoordinatorServerOptions> & {clock?: Clock} = {}): Promise<TestServer> {
   const logs: Record<string, unknown>[] = []
   const clock = options.clock ?? new Clock()
-  const server = await CoordinatorServer.start({run: await loadRunConfigFile(statePath), tickIntervalMs: 20, now: clock.now, log: (e) => logs.push(e as Record<string, unknown>), ...options})
+  const server = await CoordinatorServer.start({
+    run: await loadRunConfigFile(statePath),
+    tickIntervalMs: 20,
+    now: clock.now,
+    log: (e) => logs.push(e as Record<string, unknown>),
+    ...options,
+  })
   const matches = (line: Record<string, unknown>, match: Record<string, unknown>) => Object.entries(match).every(([k, v]) => line[k] === v)
   return {
     server,

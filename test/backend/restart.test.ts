@@ -38,7 +38,10 @@ test('a stopped server restarted from --save-state-dir resumes the run; the clie
     await first.server.stop()
     await disconnected
     // Stopping is not leaving: the client was not withdrawn.
-    assert.equal(first.logs.some((l) => l.event === 'withdrawn'), false)
+    assert.equal(
+      first.logs.some((l) => l.event === 'withdrawn'),
+      false,
+    )
 
     const reconnected = new Promise((r) => c!.once('reconnected', r))
     second = await startTestServer(statePath, {saveStateDir: saveDir, clock, port})
@@ -65,7 +68,7 @@ test('a stopped server restarted from --save-state-dir resumes the run; the clie
   }
 })
 
-test('a saved state that is not this run\'s, or not a state at all, is refused naming the file', async () => {
+test("a saved state that is not this run's, or not a state at all, is refused naming the file", async () => {
   const dir = tempDir()
   try {
     const statePath = writeRunConfig(dir.path)
@@ -76,7 +79,10 @@ test('a saved state that is not this run\'s, or not a state at all, is refused n
     assert.ok(existsSync(file))
     const saved = JSON.parse(readFileSync(file, 'utf8'))
     writeFileSync(file, JSON.stringify({...saved, state: saved.state.replace('"run_id":"tiny-demo"', '"run_id":"other-run"')}))
-    await assert.rejects(startTestServer(statePath, {saveStateDir: saveDir}), (e: Error) => e instanceof PsycheError && e.message.includes(file) && /run "other-run"/.test(e.message))
+    await assert.rejects(
+      startTestServer(statePath, {saveStateDir: saveDir}),
+      (e: Error) => e instanceof PsycheError && e.message.includes(file) && /run "other-run"/.test(e.message),
+    )
     writeFileSync(file, '{"half a file')
     await assert.rejects(startTestServer(statePath, {saveStateDir: saveDir}), (e: Error) => e instanceof PsycheError && e.message.includes(file))
   } finally {
@@ -99,7 +105,10 @@ test('a client that connects again replaces its old connection without being wit
     await waitUntil(() => !a1.connected, 'the old connection to close')
     await new Promise((r) => setTimeout(r, 100))
     assert.deepEqual(t.server.state.pending, [alice.id])
-    assert.equal(t.logs.some((l) => l.event === 'withdrawn'), false)
+    assert.equal(
+      t.logs.some((l) => l.event === 'withdrawn'),
+      false,
+    )
     assert.deepEqual(t.server.connectedClients, [alice.id])
     assert.ok(a2.connected)
   } finally {

@@ -46,7 +46,10 @@ test('clients join, every state change is pushed to all with the peer directory,
 
     t.clock.advance(2)
     const warmup = await nextState(b, (s) => s.run_state === 'Warmup')
-    assert.deepEqual(warmup.epoch.clients.map((c) => c.id), [alice.id, bob.id])
+    assert.deepEqual(
+      warmup.epoch.clients.map((c) => c.id),
+      [alice.id, bob.id],
+    )
     assert.ok(a.sendWarmupReady() && b.sendWarmupReady())
     const training = await nextState(a, (s) => s.run_state === 'RoundTrain')
     assert.deepEqual(training.epoch.round?.roster, [alice.id, bob.id])
@@ -56,7 +59,7 @@ test('clients join, every state change is pushed to all with the peer directory,
   })
 })
 
-test('a wrong run id is refused with the server\'s reason (and logged); the server keeps serving', async () => {
+test("a wrong run id is refused with the server's reason (and logged); the server keeps serving", async () => {
   await withServer({}, {}, async (t) => {
     await assert.rejects(
       connectClient(t, generateIdentity(), {runId: 'another-run'}),
@@ -192,7 +195,10 @@ test('an oversized frame closes only its connection; garbage is refused with rea
 
     const noise = await RawClient.open(t.server.port)
     noise.write(randomBytes(4096))
-    await waitUntil(() => t.logs.slice(from).some((l) => l.event === 'rejected' && ['oversized', 'bad_magic', 'truncated', 'empty'].includes(String(l.code))), 'noise to be refused')
+    await waitUntil(
+      () => t.logs.slice(from).some((l) => l.event === 'rejected' && ['oversized', 'bad_magic', 'truncated', 'empty'].includes(String(l.code))),
+      'noise to be refused',
+    )
 
     // Still serving: a new client joins, and the watcher is told (the dropped client was withdrawn).
     await nextState(watcher, (st) => !st.pending.includes(bigId.id))
@@ -226,7 +232,7 @@ test('withdraw on disconnect (default): a client that leaves is withdrawn and dr
   })
 })
 
-test('the run\'s authority can pause and resume through the server; refusals come back with the coordinator\'s code', async () => {
+test("the run's authority can pause and resume through the server; refusals come back with the coordinator's code", async () => {
   await withServer({}, {}, async (t) => {
     const c = await connectClient(t, generateIdentity())
     assert.equal(t.server.applyAuthorityEvent({type: 'pause'}), undefined)
@@ -270,7 +276,10 @@ test('fuzz over TCP: signed messages of every kind with random fields, steps and
       t.clock.advance(next() % 3)
     }
     // The server never failed on its own, and still serves.
-    assert.deepEqual(t.logs.filter((l) => l.event === 'error'), [])
+    assert.deepEqual(
+      t.logs.filter((l) => l.event === 'error'),
+      [],
+    )
     assert.ok(sent > 100, `only ${sent} messages`)
     const after = generateIdentity()
     const c = await connectClient(t, after)

@@ -37,17 +37,28 @@ describe('checkpointer: save on the training path, upload in the background', ()
       save: (dir, card) => worker.save(dir, {card}),
       onUploaded: (c) => reported.push({step: c.step, revision: c.revision}),
     })
-    for (const [step, seed] of [[10, 1], [20, 2], [30, 3]] as const) {
+    for (const [step, seed] of [
+      [10, 1],
+      [20, 2],
+      [30, 3],
+    ] as const) {
       hashes.set(step, (await worker.initFromConfig(tinyModelConfig, seed)).param_hash)
       const t = performance.now()
       await checkpointer.checkpoint(step, step / 10)
-      assert.ok(reported.every((r) => r.step !== step), 'checkpoint() returns before its upload is reported')
+      assert.ok(
+        reported.every((r) => r.step !== step),
+        'checkpoint() returns before its upload is reported',
+      )
       assert.ok(performance.now() - t < 30_000)
     }
     await checkpointer.idle()
     const steps = reported.map((r) => r.step)
     assert.equal(steps.at(-1), 30, 'the newest checkpoint is uploaded')
-    assert.deepEqual([...steps].sort((a, b) => a - b), steps, 'in order')
+    assert.deepEqual(
+      [...steps].sort((a, b) => a - b),
+      steps,
+      'in order',
+    )
     assert.deepEqual(readdirSync(join(tmp.path, 'staging')), [], 'staging directories are removed')
     const down = await downloadCheckpoint({repo: 'run/ckpt', revision: reported.at(-1)!.revision, out: join(tmp.path, 'out'), cacheDir: join(tmp.path, 'cache'), hubUrl: hub.url})
     assert.ok(existsSync(join(down.dir, 'tokenizer.json')) && existsSync(join(down.dir, 'README.md')))
@@ -58,7 +69,15 @@ describe('checkpointer: save on the training path, upload in the background', ()
 
   it('a failed upload is logged, not thrown: training goes on', async () => {
     const events: Record<string, unknown>[] = []
-    const checkpointer = new Checkpointer({repo: 'run/other', hubUrl: 'http://127.0.0.1:9', token: TOKEN, stagingDir: join(tmp.path, 'staging2'), save: (dir, card) => worker.save(dir, {card}), onUploaded: () => assert.fail('nothing was uploaded'), log: (e) => events.push(e)})
+    const checkpointer = new Checkpointer({
+      repo: 'run/other',
+      hubUrl: 'http://127.0.0.1:9',
+      token: TOKEN,
+      stagingDir: join(tmp.path, 'staging2'),
+      save: (dir, card) => worker.save(dir, {card}),
+      onUploaded: () => assert.fail('nothing was uploaded'),
+      log: (e) => events.push(e),
+    })
     await checkpointer.checkpoint(5, 1)
     await checkpointer.idle()
     assert.ok(events.some((e) => e.event === 'checkpoint_upload_failed' && e.step === 5))

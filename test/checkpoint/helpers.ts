@@ -28,7 +28,11 @@ export function writeSafetensors(path: string, shapes: Record<string, number[]>)
 
 /** Runs a Python snippet in the project's venv (huggingface_hub without Xet) and parses its last stdout line as JSON. */
 export async function python(code: string, env: Record<string, string> = {}): Promise<any> {
-  const r = await execa(workerPython(), ['-c', code], {cwd: projectRoot, env: pythonEnv({HF_HUB_DISABLE_XET: '1', HF_HUB_DISABLE_PROGRESS_BARS: '1', HF_HUB_DISABLE_TELEMETRY: '1', HF_HUB_OFFLINE: '0', ...env}), reject: false})
+  const r = await execa(workerPython(), ['-c', code], {
+    cwd: projectRoot,
+    env: pythonEnv({HF_HUB_DISABLE_XET: '1', HF_HUB_DISABLE_PROGRESS_BARS: '1', HF_HUB_DISABLE_TELEMETRY: '1', HF_HUB_OFFLINE: '0', ...env}),
+    reject: false,
+  })
   if (r.exitCode !== 0) throw new Error(`python failed (${r.exitCode}): ${r.stderr}`)
   return JSON.parse(String(r.stdout).trim().split('\n').pop()!)
 }

@@ -101,15 +101,31 @@ describe('hub server: the routes @huggingface/hub uses', () => {
     for await (const e of listFiles({repo: 'org/model', hubUrl: hub.url, recursive: true})) entries.push(`${e.type}:${e.path}`)
     assert.deepEqual(entries.sort(), ['directory:a', 'directory:a/b', 'file:.gitattributes', 'file:a/b/c.txt', 'file:a/d.bin', 'file:config.json', 'file:model.safetensors'])
     const top = await (await fetch(`${hub.url}/api/models/org/model/tree/main/a`)).json()
-    assert.deepEqual((top as {path: string}[]).map((e) => e.path), ['a/b', 'a/d.bin'])
+    assert.deepEqual(
+      (top as {path: string}[]).map((e) => e.path),
+      ['a/b', 'a/d.bin'],
+    )
   })
 
   it('answers paths-info from a JSON body and from form data', async () => {
-    const json = await fetch(`${hub.url}/api/models/org/model/paths-info/main`, {method: 'POST', headers: {'Content-Type': 'application/json'}, body: JSON.stringify({paths: ['config.json', 'a', 'nope'], expand: true})})
+    const json = await fetch(`${hub.url}/api/models/org/model/paths-info/main`, {
+      method: 'POST',
+      headers: {'Content-Type': 'application/json'},
+      body: JSON.stringify({paths: ['config.json', 'a', 'nope'], expand: true}),
+    })
     const a = (await json.json()) as {path: string; type: string; lastCommit?: {id: string}}[]
-    assert.deepEqual(a.map((e) => `${e.type}:${e.path}`), ['file:config.json', 'directory:a'])
+    assert.deepEqual(
+      a.map((e) => `${e.type}:${e.path}`),
+      ['file:config.json', 'directory:a'],
+    )
     assert.equal(a[0]!.lastCommit?.id, commit)
-    const form = await fetch(`${hub.url}/api/models/org/model/paths-info/main`, {method: 'POST', body: new URLSearchParams([['paths', 'model.safetensors'], ['expand', 'False']])})
+    const form = await fetch(`${hub.url}/api/models/org/model/paths-info/main`, {
+      method: 'POST',
+      body: new URLSearchParams([
+        ['paths', 'model.safetensors'],
+        ['expand', 'False'],
+      ]),
+    })
     const b = (await form.json()) as {path: string; lfs?: {oid: string; size: number}}[]
     assert.equal(b.length, 1)
     assert.equal(b[0]!.lfs?.size, big.length)
@@ -118,12 +134,30 @@ describe('hub server: the routes @huggingface/hub uses', () => {
   it('refuses writes without an hf_ token, and a commit whose parentCommit is not the head (412)', async () => {
     const noToken = await fetch(`${hub.url}/api/repos/create`, {method: 'POST', body: JSON.stringify({name: 'x', organization: 'org', type: 'model'})})
     assert.equal(noToken.status, 401)
-    const badToken = await fetch(`${hub.url}/api/repos/create`, {method: 'POST', headers: {Authorization: 'Bearer abc'}, body: JSON.stringify({name: 'x', organization: 'org', type: 'model'})})
+    const badToken = await fetch(`${hub.url}/api/repos/create`, {
+      method: 'POST',
+      headers: {Authorization: 'Bearer abc'},
+      body: JSON.stringify({name: 'x', organization: 'org', type: 'model'}),
+    })
     assert.equal(badToken.status, 401)
-    const ndjson = (parent: string) => [{key: 'header', value: {summary: 'edit', parentCommit: parent}}, {key: 'file', value: {path: 'note.txt', content: 'aGk=', encoding: 'base64'}}].map((l) => JSON.stringify(l)).join('\n')
-    const stale = await fetch(`${hub.url}/api/models/org/model/commit/main`, {method: 'POST', headers: {Authorization: `Bearer ${TOKEN}`, 'Content-Type': 'application/x-ndjson'}, body: ndjson('f'.repeat(40))})
+    const ndjson = (parent: string) =>
+      [
+        {key: 'header', value: {summary: 'edit', parentCommit: parent}},
+        {key: 'file', value: {path: 'note.txt', content: 'aGk=', encoding: 'base64'}},
+      ]
+        .map((l) => JSON.stringify(l))
+        .join('\n')
+    const stale = await fetch(`${hub.url}/api/models/org/model/commit/main`, {
+      method: 'POST',
+      headers: {Authorization: `Bearer ${TOKEN}`, 'Content-Type': 'application/x-ndjson'},
+      body: ndjson('f'.repeat(40)),
+    })
     assert.equal(stale.status, 412)
-    const ok = await fetch(`${hub.url}/api/models/org/model/commit/main`, {method: 'POST', headers: {Authorization: `Bearer ${TOKEN}`, 'Content-Type': 'application/x-ndjson'}, body: ndjson(commit)})
+    const ok = await fetch(`${hub.url}/api/models/org/model/commit/main`, {
+      method: 'POST',
+      headers: {Authorization: `Bearer ${TOKEN}`, 'Content-Type': 'application/x-ndjson'},
+      body: ndjson(commit),
+    })
     assert.equal(ok.status, 200)
     const {commitOid} = (await ok.json()) as {commitOid: string}
     assert.notEqual(commitOid, commit)
@@ -146,8 +180,15 @@ describe('hub server: the routes @huggingface/hub uses', () => {
     const put = await fetch(reply.objects[0]!.actions.upload.href, {method: 'PUT', body: content})
     assert.equal(put.status, 400)
     assert.match(((await put.json()) as {error: string}).error, /hashes to/)
-    const lines = [{key: 'header', value: {summary: 'bad'}}, {key: 'lfsFile', value: {path: 'w.safetensors', algo: 'sha256', oid: wrongOid, size: content.length}}]
-    const res = await fetch(`${hub.url}/api/models/org/model/commit/main`, {method: 'POST', headers: {Authorization: `Bearer ${TOKEN}`}, body: lines.map((l) => JSON.stringify(l)).join('\n')})
+    const lines = [
+      {key: 'header', value: {summary: 'bad'}},
+      {key: 'lfsFile', value: {path: 'w.safetensors', algo: 'sha256', oid: wrongOid, size: content.length}},
+    ]
+    const res = await fetch(`${hub.url}/api/models/org/model/commit/main`, {
+      method: 'POST',
+      headers: {Authorization: `Bearer ${TOKEN}`},
+      body: lines.map((l) => JSON.stringify(l)).join('\n'),
+    })
     assert.equal(res.status, 400)
     assert.equal(readdirSync(join(tmp.path, 'store', 'tmp')).length, 0, 'no temporary upload left behind')
   })

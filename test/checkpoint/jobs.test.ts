@@ -31,7 +31,22 @@ describe('checkpoint upload / download jobs, cross-checked with Python huggingfa
   })
 
   it('psyche uploads a sharded model (CLI, --json); Python snapshot_download gets every tensor back', async () => {
-    const r = await runCli(['checkpoint', 'upload', join(tmp.path, 'model'), '--repo', 'ci/sharded', '--message', 'step 10', '--max-shard-size', '10000', '--hub-url', hub.url, '--token', TOKEN, '--json'])
+    const r = await runCli([
+      'checkpoint',
+      'upload',
+      join(tmp.path, 'model'),
+      '--repo',
+      'ci/sharded',
+      '--message',
+      'step 10',
+      '--max-shard-size',
+      '10000',
+      '--hub-url',
+      hub.url,
+      '--token',
+      TOKEN,
+      '--json',
+    ])
     assert.equal(r.exitCode, 0, r.stderr)
     const out = JSON.parse(r.stdout)
     assert.equal(out.sharded, true)
@@ -119,7 +134,10 @@ print(json.dumps({"oid": info.oid}))
       assert.equal(r.exitCode, 4, r.stderr)
       assert.match(r.stderr, /model\.safetensors.*sha256/)
       assert.throws(() => readdirSync(join(tmp.path, 'out5')))
-      assert.deepEqual(readdirSync(join(tmp.path, 'cache-bad', 'models--py--model', 'blobs')).filter((f) => f.startsWith(sha)), [])
+      assert.deepEqual(
+        readdirSync(join(tmp.path, 'cache-bad', 'models--py--model', 'blobs')).filter((f) => f.startsWith(sha)),
+        [],
+      )
     } finally {
       writeFileSync(objectPath, weights)
     }
@@ -129,7 +147,10 @@ print(json.dumps({"oid": info.oid}))
     const unknown = await runCli(['checkpoint', 'download', '--repo', 'nobody/none', '--out', join(tmp.path, 'x'), '--hub-url', hub.url, '--json'])
     assert.equal(unknown.exitCode, 3)
     assert.match(JSON.parse(unknown.stdout).error.message, /404.*not found/)
-    await assert.rejects(downloadCheckpoint({repo: 'py/model', revision: 'nope', out: join(tmp.path, 'y'), cacheDir: join(tmp.path, 'c'), hubUrl: hub.url}), (e: Error & {exitCode?: number}) => e.exitCode === 3 && /nope/.test(e.message))
+    await assert.rejects(
+      downloadCheckpoint({repo: 'py/model', revision: 'nope', out: join(tmp.path, 'y'), cacheDir: join(tmp.path, 'c'), hubUrl: hub.url}),
+      (e: Error & {exitCode?: number}) => e.exitCode === 3 && /nope/.test(e.message),
+    )
     await assert.rejects(uploadCheckpoint({dir: join(tmp.path, 'model'), repo: 'ci/x', token: 'abc', hubUrl: hub.url}), /does not start with hf_/)
     await assert.rejects(uploadCheckpoint({dir: join(tmp.path, 'missing'), repo: 'ci/x', token: TOKEN, hubUrl: hub.url}), /no such directory/)
     await assert.rejects(uploadCheckpoint({dir: join(tmp.path, 'model'), repo: 'ci/x', hubUrl: hub.url}), /HF_TOKEN/)

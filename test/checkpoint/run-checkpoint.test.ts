@@ -51,8 +51,18 @@ describe('Hub checkpoints in a run', () => {
 
     // the next epoch's warmup (the coordinator ends Cooldown once it takes the checkpoint)
     const epoch = reported.epoch as number
-    const trace = () => a.events.filter((e) => ['round', 'checkpoint', 'warmup_ready', 'model_loaded', 'checkpoint_uploaded', 'checkpoint_not_reported', 'checkpoint_upload_started', 'rejected'].includes(e.event as string)).map((e) => `${e.event}:${e.step ?? ''}:${e.epoch ?? ''}:${e.reason ?? ''}`).join(' ')
-    await a.waitFor((e) => e.event === 'warmup_ready' && (e.epoch as number) === epoch + 1, 'the next epoch', 150_000).catch((error: Error) => assert.fail(`${error.message}\n${trace()}`))
+    const trace = () =>
+      a.events
+        .filter((e) =>
+          ['round', 'checkpoint', 'warmup_ready', 'model_loaded', 'checkpoint_uploaded', 'checkpoint_not_reported', 'checkpoint_upload_started', 'rejected'].includes(
+            e.event as string,
+          ),
+        )
+        .map((e) => `${e.event}:${e.step ?? ''}:${e.epoch ?? ''}:${e.reason ?? ''}`)
+        .join(' ')
+    await a
+      .waitFor((e) => e.event === 'warmup_ready' && (e.epoch as number) === epoch + 1, 'the next epoch', 150_000)
+      .catch((error: Error) => assert.fail(`${error.message}\n${trace()}`))
     assert.ok(!a.events.some((e) => e.event === 'rejected'), `the coordinator rejected nothing: ${trace()}`)
     // (Restarting the whole killed run from this checkpoint works only intermittently so far; not tested here.)
   })

@@ -40,7 +40,27 @@ describe('a run config whose checkpoint is a Hub repository', () => {
 
   it('downloads the pinned revision from HF_ENDPOINT into the cache and trains from it', async () => {
     const cache = join(tmp.path, 'cache')
-    const args = [cliPath, 'train', '--config', join(tmp.path, 'state.toml'), '--steps', '1', '--total-batch', '1', '--seq-len', '8', '--lr', '1e-30', '--json', '--threads', '1', '--eval-batches', '1', '--metrics', join(tmp.path, 'm.jsonl')]
+    const args = [
+      cliPath,
+      'train',
+      '--config',
+      join(tmp.path, 'state.toml'),
+      '--steps',
+      '1',
+      '--total-batch',
+      '1',
+      '--seq-len',
+      '8',
+      '--lr',
+      '1e-30',
+      '--json',
+      '--threads',
+      '1',
+      '--eval-batches',
+      '1',
+      '--metrics',
+      join(tmp.path, 'm.jsonl'),
+    ]
     const r = await execa(process.execPath, args, {env: {HF_ENDPOINT: hub.url, HF_HUB_CACHE: cache, CI: '1'}, reject: false})
     assert.equal(r.exitCode, 0, String(r.stderr))
     // a step at lr 1e-30 moves no float32 parameter: the hash is the uploaded model's

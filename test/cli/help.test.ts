@@ -11,7 +11,13 @@ function commandIds(dir = join(projectRoot, 'src', 'commands')): string[] {
   for (const name of readdirSync(dir)) {
     const path = join(dir, name)
     if (statSync(path).isDirectory()) ids.push(...commandIds(path))
-    else if (name.endsWith('.ts') && name !== 'index.ts') ids.push(relative(join(projectRoot, 'src', 'commands'), path).replace(/\.ts$/, '').split('/').join(' '))
+    else if (name.endsWith('.ts') && name !== 'index.ts')
+      ids.push(
+        relative(join(projectRoot, 'src', 'commands'), path)
+          .replace(/\.ts$/, '')
+          .split('/')
+          .join(' '),
+      )
   }
   return ids.sort()
 }

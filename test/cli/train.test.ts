@@ -10,11 +10,15 @@ import {processAlive, runCli, startCli, tempDir, tinyModelConfig, waitFor} from 
 /** The pid of the PyTorch worker that the CLI process `parent` started (waits for it to appear). */
 async function workerPidOf(parent: number): Promise<number> {
   let pid = 0
-  await waitFor(async () => {
-    const r = await execa('pgrep', ['-P', String(parent), '-f', 'psyche_worker'], {reject: false})
-    pid = Number(String(r.stdout).trim().split('\n')[0])
-    return pid > 0
-  }, 60_000, 'the worker process')
+  await waitFor(
+    async () => {
+      const r = await execa('pgrep', ['-P', String(parent), '-f', 'psyche_worker'], {reject: false})
+      pid = Number(String(r.stdout).trim().split('\n')[0])
+      return pid > 0
+    },
+    60_000,
+    'the worker process',
+  )
   return pid
 }
 
@@ -37,9 +41,15 @@ describe('psyche train (real CLI, worker and ZeroMQ)', () => {
     assert.ok(summary.lastLoss < summary.firstLoss - 1, `loss fell: ${summary.firstLoss} → ${summary.lastLoss}`)
     assert.ok(summary.valLoss < summary.firstValLoss - 1, `validation loss fell: ${summary.firstValLoss} → ${summary.valLoss}`)
     assert.match(summary.paramHash, /^[0-9a-f]{64}$/)
-    const lines = readFileSync(metrics, 'utf8').trim().split('\n').map((l) => JSON.parse(l))
+    const lines = readFileSync(metrics, 'utf8')
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l))
     assert.equal(lines.length, 30)
-    assert.deepEqual(lines.map((l) => l.step), [...Array(30).keys()])
+    assert.deepEqual(
+      lines.map((l) => l.step),
+      [...Array(30).keys()],
+    )
     assert.ok(lines.every((l) => Number.isFinite(l.loss) && l.tokens === 16 * 128))
   })
 
@@ -56,7 +66,26 @@ describe('psyche train (real CLI, worker and ZeroMQ)', () => {
     assert.equal(ha, hb)
     assert.notEqual(ha, hc)
     // the saved model reloads with the same bytes (a step at lr 1e-30 moves no float32 parameter)
-    const reloaded = await runCli(['train', '--model', save, '--steps', '1', '--total-batch', '1', '--seq-len', '8', '--lr', '1e-30', '--json', '--threads', '1', '--eval-batches', '1', '--metrics', join(tmp.path, 'r.jsonl')])
+    const reloaded = await runCli([
+      'train',
+      '--model',
+      save,
+      '--steps',
+      '1',
+      '--total-batch',
+      '1',
+      '--seq-len',
+      '8',
+      '--lr',
+      '1e-30',
+      '--json',
+      '--threads',
+      '1',
+      '--eval-batches',
+      '1',
+      '--metrics',
+      join(tmp.path, 'r.jsonl'),
+    ])
     assert.equal(reloaded.exitCode, 0, reloaded.stderr)
     assert.equal(JSON.parse(reloaded.stdout).paramHash, ha)
     assert.ok(readFileSync(join(save, 'config.json'), 'utf8').includes('"vocab_size": 4096'))
@@ -100,13 +129,17 @@ print(json.dumps({"ids": ids, "text": t.decode(ids), "logits": list(m(__import__
     const cli = startCli(['train', '--steps', '400', '--threads', '1', '--metrics', join(tmp.path, 'k.jsonl')])
     const workerPid = await workerPidOf(cli.pid!)
     // let it get into training (the metrics file gets lines)
-    await waitFor(() => {
-      try {
-        return readFileSync(join(tmp.path, 'k.jsonl'), 'utf8').split('\n').length > 2
-      } catch {
-        return false
-      }
-    }, 90_000, 'training steps')
+    await waitFor(
+      () => {
+        try {
+          return readFileSync(join(tmp.path, 'k.jsonl'), 'utf8').split('\n').length > 2
+        } catch {
+          return false
+        }
+      },
+      90_000,
+      'training steps',
+    )
     process.kill(workerPid, 'SIGKILL')
     const r = await cli
     assert.notEqual(r.exitCode, 0)
@@ -178,7 +211,10 @@ describe('psyche train: bad input gets one clear line and a non-zero exit', () =
   test('an unknown optimizer is a usage error (exit 2); one in a config names the field', async () => {
     await expectError(['train', '--optimizer', 'lion'], /lion/, 2)
     const path = join(tmp.path, 'opt.toml')
-    const text = readFileSync(join(import.meta.dirname, '..', '..', 'templates', 'tiny-demo', 'state.toml'), 'utf8').replace('[model.LLM.optimizer.Distro]', '[model.LLM.optimizer.Lion]')
+    const text = readFileSync(join(import.meta.dirname, '..', '..', 'templates', 'tiny-demo', 'state.toml'), 'utf8').replace(
+      '[model.LLM.optimizer.Distro]',
+      '[model.LLM.optimizer.Lion]',
+    )
     writeFileSync(path, text)
     await expectError(['train', '--config', path], /opt\.toml.*optimizer/)
   })

@@ -27,7 +27,10 @@ describe('psyche join / testnet: bad input is one clear line and a non-zero exit
   it('join --json reports the refusal as one JSON line, like its other events', async () => {
     const r = await runCli(['join', '--server-addr', `127.0.0.1:${port}`, '--run-id', 'other-run', '--config', state, '--threads', '1', '--json'])
     assert.equal(r.exitCode, 1)
-    const lines = r.stdout.trim().split('\n').map((l) => JSON.parse(l))
+    const lines = r.stdout
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l))
     assert.deepEqual(lines.at(-1), {event: 'error', code: 'EWRONGRUN', message: `coordinator 127.0.0.1:${port}: refused: this server coordinates run "e2e", not "other-run"`})
   })
 

@@ -1,14 +1,6 @@
 import assert from 'node:assert/strict'
 import {describe, it} from 'node:test'
-import {
-  FORMAT_INVALID,
-  acceptedResults,
-  finalRounds,
-  messagesToSend,
-  nextWork,
-  type ClientView,
-  type HeldResult,
-} from '../../src/core/client/decide.js'
+import {FORMAT_INVALID, acceptedResults, finalRounds, messagesToSend, nextWork, type ClientView, type HeldResult} from '../../src/core/client/decide.js'
 import {applyEvent, assignBatches, batchRangeFor, buildWitnessProof, selectWitnesses, type CoordinatorState, type Round} from '../../src/core/coordinator/index.js'
 import {joinAll, newRun, ok, toFirstRound} from '../coordinator/helpers.js'
 
@@ -17,7 +9,18 @@ const COMMIT = '01'.repeat(32)
 const OTHER = '02'.repeat(32)
 
 function view(id: string, over: Partial<ClientView> = {}): ClientView {
-  return {id, modelStep: null, trainedStep: 0, warmupReported: null, witnessSent: new Set(), healthChecked: new Set(), finalRounds: new Map(), results: new Map(), accused: new Set(), ...over}
+  return {
+    id,
+    modelStep: null,
+    trainedStep: 0,
+    warmupReported: null,
+    witnessSent: new Set(),
+    healthChecked: new Set(),
+    finalRounds: new Map(),
+    results: new Map(),
+    accused: new Set(),
+    ...over,
+  }
 }
 
 /** What a client holds for a round: every trainer's result (or those in `from`), downloaded, with `commitment`. */
@@ -106,14 +109,24 @@ describe('client decisions: rounds', () => {
     const proof0 = proof as Extract<typeof proof, {kind: 'witness'}>
     const seenKeys = proof0.seen.map((r) => ({id: r.client_id, range: {start: r.batch_start, end: r.batch_end}, commitment: Buffer.from(r.commitment, 'hex')}))
     const withMine = ok(state, {type: 'witness', from: 'alice', step: 1, proof: buildWitnessProof(round, seenKeys)}, now)
-    assert.deepEqual(messagesToSend(withMine, all).filter((m) => m.kind === 'witness'), [])
+    assert.deepEqual(
+      messagesToSend(withMine, all).filter((m) => m.kind === 'witness'),
+      [],
+    )
 
     const partial = view('alice', {modelStep: 0, trainedStep: 1, results: new Map([[1, held(state, round, ['alice', 'bob'])]])})
     assert.deepEqual(messagesToSend(state, partial), [])
     const late = advance(state, now).state
     assert.equal(late.run_state, 'RoundWitness')
     const [lateProof] = messagesToSend(late, partial)
-    assert.equal(lateProof.kind === 'witness' && lateProof.seen.map((r) => r.client_id).sort().join(), 'alice,bob')
+    assert.equal(
+      lateProof.kind === 'witness' &&
+        lateProof.seen
+          .map((r) => r.client_id)
+          .sort()
+          .join(),
+      'alice,bob',
+    )
   })
 
   it('early in the witness window a witness waits for a result still downloading, then sends what it has', () => {
@@ -124,14 +137,24 @@ describe('client decisions: rounds', () => {
     delete results.get('carol')!.bytes // announced, download in flight
     const downloading = view('alice', {modelStep: 0, trainedStep: 1, results: new Map([[1, results]])})
     // In the grace period: no partial proof (it would hold the coordinator's window open to its end).
-    assert.deepEqual(messagesToSend(late, {...downloading, witnessGrace: new Set([1])}).filter((m) => m.kind === 'witness'), [])
+    assert.deepEqual(
+      messagesToSend(late, {...downloading, witnessGrace: new Set([1])}).filter((m) => m.kind === 'witness'),
+      [],
+    )
     // Once the download lands, the complete proof goes at once.
     const landed = held(late, late.epoch.round!)
     const [complete] = messagesToSend(late, {...downloading, results: new Map([[1, landed]]), witnessGrace: new Set([1])})
     assert.equal(complete.kind === 'witness' && complete.seen.length, 3)
     // After the grace period (or with nothing in flight): what it has.
     const [partial] = messagesToSend(late, downloading)
-    assert.equal(partial.kind === 'witness' && partial.seen.map((r) => r.client_id).sort().join(), 'alice,bob')
+    assert.equal(
+      partial.kind === 'witness' &&
+        partial.seen
+          .map((r) => r.client_id)
+          .sort()
+          .join(),
+      'alice,bob',
+    )
     const missing = held(late, late.epoch.round!, ['alice', 'bob'])
     const [unannounced] = messagesToSend(late, {...downloading, results: new Map([[1, missing]]), witnessGrace: new Set([1])})
     assert.equal(unannounced.kind, 'witness')
@@ -154,7 +177,10 @@ describe('client decisions: rounds', () => {
     const mine = held(state, previous, ['alice', 'carol'])
     mine.set('bob', {...held(state, previous, ['bob'], OTHER).get('bob')!})
     const {accepted, missing} = acceptedResults(state, previous, mine)
-    assert.deepEqual(accepted.map((r) => r.client_id), ['alice'])
+    assert.deepEqual(
+      accepted.map((r) => r.client_id),
+      ['alice'],
+    )
     // bob was seen by a quorum, so his real result exists somewhere: wait for it rather than fork
     assert.deepEqual(missing, ['bob'])
 
@@ -162,19 +188,22 @@ describe('client decisions: rounds', () => {
     assert.deepEqual(nextWork(state, v), {kind: 'train', round: state.epoch.round, range: batchRangeFor(state, 'alice'), previous})
   })
 
-  it('witnesses of the current round accuse the previous round\'s unseen trainers, once', () => {
+  it("witnesses of the current round accuse the previous round's unseen trainers, once", () => {
     let {state, now} = toFirstRound(IDS, witnesses3)
     state = witness(state, now, ['alice', 'bob'])
     while (state.run_state !== 'RoundTrain' || state.epoch.round!.step !== 2) ({state, now} = advance(state, now))
     const checks = messagesToSend(state, view('alice', {modelStep: 1, trainedStep: 2})).filter((m) => m.kind === 'health_check')
     assert.deepEqual(checks, [{kind: 'health_check', step: 2, judged: 1, accused: ['carol']}])
-    assert.deepEqual(messagesToSend(state, view('alice', {modelStep: 1, trainedStep: 2, healthChecked: new Set([1])})).filter((m) => m.kind === 'health_check'), [])
+    assert.deepEqual(
+      messagesToSend(state, view('alice', {modelStep: 1, trainedStep: 2, healthChecked: new Set([1])})).filter((m) => m.kind === 'health_check'),
+      [],
+    )
     // the coordinator accepts it: carol is dropped
     const after = ok(state, {type: 'health_check', from: 'alice', accused: ['carol']}, now)
     assert.equal(after.epoch.clients.find((c) => c.id === 'carol')!.state, 'Dropped')
   })
 
-  it('at Cooldown the epoch\'s last round is applied; a missing round blocks every later apply', () => {
+  it("at Cooldown the epoch's last round is applied; a missing round blocks every later apply", () => {
     let {state, now} = toFirstRound(IDS, {...witnesses3, rounds_per_epoch: 2} as never)
     const seen: Round[] = []
     while (state.run_state !== 'Cooldown') {
@@ -204,7 +233,10 @@ describe('client decisions: invalid results', () => {
     const proof = messages.find((m) => m.kind === 'witness')
     assert.ok(proof && proof.kind === 'witness')
     assert.deepEqual(proof.seen.map((r) => r.client_id).sort(), ['alice', 'bob'])
-    assert.deepEqual(messages.filter((m) => m.kind === 'accuse'), [{kind: 'accuse', step: 1, accused: 'carol', detail: `${FORMAT_INVALID}bad magic`}])
+    assert.deepEqual(
+      messages.filter((m) => m.kind === 'accuse'),
+      [{kind: 'accuse', step: 1, accused: 'carol', detail: `${FORMAT_INVALID}bad magic`}],
+    )
     assert.deepEqual(messagesToSend(state, {...v, witnessSent: new Set([1]), accused: new Set(['1:carol'])}), [])
     // The coordinator takes it from a witness.
     ok(state, {type: 'accuse', from: 'alice', step: 1, accused: 'carol', reason: 'invalid_result'}, 1)
@@ -218,16 +250,22 @@ describe('client decisions: invalid results', () => {
     const mine = held(state, previous)
     mine.get('bob')!.invalid = `${FORMAT_INVALID}duplicate index in chunk 3`
     // A copy flagged by what this client saw is not a property of the bytes: a witnessed one is applied.
-    mine.get('carol')!.invalid = 'a copy of alice\'s result'
+    mine.get('carol')!.invalid = "a copy of alice's result"
     const r = acceptedResults(state, previous, mine)
     assert.deepEqual(r.accepted.map((x) => x.client_id).sort(), ['alice', 'carol'])
-    assert.deepEqual(r.dropped.map((x) => x.client_id), ['bob'])
+    assert.deepEqual(
+      r.dropped.map((x) => x.client_id),
+      ['bob'],
+    )
     assert.deepEqual(r.missing, [])
     // Excluded in the round's record (e.g. an equivocation proof): dropped by everyone, even when witnessed.
     const excluded = {...previous, excluded: ['carol']}
     mine.delete('carol')
     const e = acceptedResults(state, excluded, mine)
-    assert.deepEqual(e.accepted.map((x) => x.client_id), ['alice'])
+    assert.deepEqual(
+      e.accepted.map((x) => x.client_id),
+      ['alice'],
+    )
     assert.deepEqual(e.missing, [])
   })
 })
@@ -237,6 +275,9 @@ describe('client decisions: which rounds are final', () => {
     const {state} = toFirstRound(IDS)
     assert.deepEqual(finalRounds(state), [])
     const cooldownLike = {...state, run_state: 'Cooldown' as const}
-    assert.deepEqual(finalRounds(cooldownLike).map((r) => r.step), [1])
+    assert.deepEqual(
+      finalRounds(cooldownLike).map((r) => r.step),
+      [1],
+    )
   })
 })

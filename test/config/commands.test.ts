@@ -99,7 +99,13 @@ describe('scaffoldRun', () => {
     writeFileSync(join(templates, 't', 'data.toml'), `dir = "../tokens"\ntoken_size = "TwoBytes"\nseq_len = 512\nshuffle_seed = [${Array(32).fill(1).join(', ')}]\n`)
     const out = join(tmp, 'deep', 'er', 'run')
     const result = await scaffoldRun({template: 't', dir: out, templatesDir: templates})
-    assert.deepEqual(result.rewritten.map((r) => [r.file, r.to]), [['state.toml', join(templates, 'shared-data')], ['data.toml', join(templates, 'tokens')]])
+    assert.deepEqual(
+      result.rewritten.map((r) => [r.file, r.to]),
+      [
+        ['state.toml', join(templates, 'shared-data')],
+        ['data.toml', join(templates, 'tokens')],
+      ],
+    )
     const run = await loadRunConfigFile(join(out, 'state.toml'))
     const llm = run.model.LLM
     assert.deepEqual(llm.data_location, {Local: join(templates, 'shared-data')})

@@ -35,6 +35,7 @@ test('the run-config validator and the worker accept the same DisTrO chunk and t
   ].join('\n')
   const r = await execa(workerPython(), ['-c', script, JSON.stringify(cases)], {env: pythonEnv()})
   const py = JSON.parse(r.stdout) as boolean[]
-  for (const [i, [chunk, topk]] of cases.entries()) assert.equal(ts[i], py[i], `chunk ${chunk}, topk ${topk}: validate-config ${ts[i] ? 'accepts' : 'refuses'}, the worker ${py[i] ? 'accepts' : 'refuses'}`)
+  for (const [i, [chunk, topk]] of cases.entries())
+    assert.equal(ts[i], py[i], `chunk ${chunk}, topk ${topk}: validate-config ${ts[i] ? 'accepts' : 'refuses'}, the worker ${py[i] ? 'accepts' : 'refuses'}`)
   assert.ok(ts.includes(true) && ts.includes(false))
 })

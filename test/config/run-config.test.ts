@@ -44,7 +44,7 @@ function expectIssue(text: string, path: string, expected: string): ConfigError 
   assert.fail(`${path} should not load`)
 }
 
-describe('Psyche\'s own configs (test/fixtures/psyche-configs)', () => {
+describe("Psyche's own configs (test/fixtures/psyche-configs)", () => {
   const files = tomlFiles(join(fixtures, 'psyche-configs'))
   it('finds all 16 files', () => assert.equal(files.length, 16))
   it('are unchanged copies of ../shared/psyche-configs (when that folder is present)', (t) => {
@@ -60,7 +60,7 @@ describe('Psyche\'s own configs (test/fixtures/psyche-configs)', () => {
       const raw = parseToml(readFileSync(file, 'utf8')) as Record<string, unknown>
       if (file.endsWith('data.toml')) {
         const data = await loadDataServerConfig(file)
-        assert.deepEqual({...plain(data) as object, path: undefined}, {...plain(raw) as object, path: undefined})
+        assert.deepEqual({...(plain(data) as object), path: undefined}, {...(plain(raw) as object), path: undefined})
         return
       }
       const run = await loadRunConfigFile(file)
@@ -73,7 +73,10 @@ describe('Psyche\'s own configs (test/fixtures/psyche-configs)', () => {
 
   it('names the GCS variants we cannot serve, and only those files', async () => {
     const gcs = await loadRunConfigFile(join(fixtures, 'psyche-configs/solana-test/light-config-gcs.toml'))
-    assert.deepEqual(unsupportedFeatures(gcs).map((u) => u.path), ['model.LLM.checkpoint.Gcs', 'model.LLM.data_location.Http.location.Gcp'])
+    assert.deepEqual(
+      unsupportedFeatures(gcs).map((u) => u.path),
+      ['model.LLM.checkpoint.Gcs', 'model.LLM.data_location.Http.location.Gcp'],
+    )
     assert.match(unsupportedFeatures(gcs)[0].reason, /no GCS credentials support/)
     const served = await loadRunConfigFile(join(fixtures, 'psyche-configs/llama2-20m-dolma-noverify-first-checkpointer/state.toml'))
     assert.deepEqual(unsupportedFeatures(served), [])
@@ -102,7 +105,9 @@ describe('Psyche\'s own configs (test/fixtures/psyche-configs)', () => {
 
 describe('broken configs (test/fixtures/broken-configs)', () => {
   const dir = join(fixtures, 'broken-configs')
-  for (const name of readdirSync(dir).filter((n) => n.endsWith('.toml')).sort()) {
+  for (const name of readdirSync(dir)
+    .filter((n) => n.endsWith('.toml'))
+    .sort()) {
     it(`rejects ${name}, naming the field`, () => {
       const text = readFileSync(join(dir, name), 'utf8')
       const expected = /^# expect: (.*)$/m.exec(text)?.[1]
@@ -135,20 +140,24 @@ describe('parseRunConfig', () => {
     assert.equal(error.issues.length, 1)
   })
 
-  it('keeps Psyche\'s integer seconds, and accepts fractions of a second (our extension, millisecond precision)', () => {
+  it("keeps Psyche's integer seconds, and accepts fractions of a second (our extension, millisecond precision)", () => {
     const integers = parseRunConfig(good, 'state.toml')
     assert.ok(Number.isInteger(integers.config!.round_witness_time))
     const text = good.replace(/round_witness_time = \d+\n/, 'round_witness_time = 0.25\n').replace(/warmup_time = \d+\n/, 'warmup_time = 0.5\n')
     const run = parseRunConfig(text, 'state.toml')
     assert.equal(run.config!.round_witness_time, 0.25)
     assert.equal(run.config!.warmup_time, 0.5)
-    expectIssue(good.replace(/round_witness_time = \d+\n/, 'round_witness_time = 0.0005\n'), 'state.toml', 'config.round_witness_time = 0.0005: must be a whole number of milliseconds')
+    expectIssue(
+      good.replace(/round_witness_time = \d+\n/, 'round_witness_time = 0.0005\n'),
+      'state.toml',
+      'config.round_witness_time = 0.0005: must be a whole number of milliseconds',
+    )
     expectIssue(good.replace(/round_witness_time = \d+\n/, 'round_witness_time = 0\n'), 'state.toml', 'config.round_witness_time = 0: must be ≥ 1')
     expectIssue(good.replace(/round_witness_time = \d+\n/, 'round_witness_time = -0.5\n'), 'state.toml', 'config.round_witness_time = -0.5: must be > 0')
     expectIssue(good.replace(/warmup_time = \d+\n/, 'warmup_time = -0.5\n'), 'state.toml', 'config.warmup_time = -0.5: must be ≥ 0')
   })
 
-  it('fills Psyche\'s defaults for optional fields', () => {
+  it("fills Psyche's defaults for optional fields", () => {
     const text = good.replace('waiting_for_members_extra_time = 3\n', '').replace('verification_percent = 0\n', '').replace('cold_start_warmup_steps = 0\n', '')
     const run = parseRunConfig(text, 'state.toml')
     assert.equal(run.config!.waiting_for_members_extra_time, 3)
@@ -169,7 +178,8 @@ describe('parseRunConfig', () => {
       Constant: 'base_lr = 1e-3\nwarmup_steps = 10\nwarmup_init_lr = 0.0',
       Linear: 'base_lr = 1e-3\nwarmup_steps = 10\nwarmup_init_lr = 0.0\ntotal_steps = 100\nfinal_lr = 1e-4',
       Cosine: 'base_lr = 1e-3\nwarmup_steps = 10\nwarmup_init_lr = 0.0\ntotal_steps = 100\nfinal_lr = 1e-4',
-      WarmupStableDecay: 'base_lr = 1e-3\nwarmup_steps = 10\nwarmup_init_lr = 0.0\nstable_steps = 50\ncosine_decay_steps = 30\ncosine_decay_final_lr = 1e-4\nlinear_decay_steps = 10\nlinear_decay_final_lr = 1e-5',
+      WarmupStableDecay:
+        'base_lr = 1e-3\nwarmup_steps = 10\nwarmup_init_lr = 0.0\nstable_steps = 50\ncosine_decay_steps = 30\ncosine_decay_final_lr = 1e-4\nlinear_decay_steps = 10\nlinear_decay_final_lr = 1e-5',
     }
     const head = good.slice(0, good.indexOf('[model.LLM.lr_schedule.Cosine]')).replace('optimizer = "Dummy"\n', '')
     for (const [variant, body] of Object.entries(lrs)) {
@@ -186,7 +196,18 @@ describe('parseRunConfig', () => {
       ['data_location = { Local = "data/tokens" }', {Local: 'data/tokens'}],
       ['data_location = { Server = "10.0.0.1:20001" }', {Server: '10.0.0.1:20001'}],
       ['data_location = { Preprocessed = "some/dir" }', {Preprocessed: 'some/dir'}],
-      ['[model.LLM.data_location.Http]\ntoken_size_in_bytes = "FourBytes"\nshuffle = { Seeded = [' + Array(32).fill(7).join(',') + '] }\n[model.LLM.data_location.Http.location.NumberedFiles]\nurl_template = "https://x/{}.ds"\nstart_index = 0\nn_left_pad_zeros = 3\nnum_files = 10', {Http: {location: {NumberedFiles: {url_template: 'https://x/{}.ds', start_index: 0, n_left_pad_zeros: 3, num_files: 10}}, token_size_in_bytes: 'FourBytes', shuffle: {Seeded: Array(32).fill(7)}}}],
+      [
+        '[model.LLM.data_location.Http]\ntoken_size_in_bytes = "FourBytes"\nshuffle = { Seeded = [' +
+          Array(32).fill(7).join(',') +
+          '] }\n[model.LLM.data_location.Http.location.NumberedFiles]\nurl_template = "https://x/{}.ds"\nstart_index = 0\nn_left_pad_zeros = 3\nnum_files = 10',
+        {
+          Http: {
+            location: {NumberedFiles: {url_template: 'https://x/{}.ds', start_index: 0, n_left_pad_zeros: 3, num_files: 10}},
+            token_size_in_bytes: 'FourBytes',
+            shuffle: {Seeded: Array(32).fill(7)},
+          },
+        },
+      ],
     ] as const
     for (const [toml, expected] of ok) {
       const text = toml.startsWith('[') ? `${head}\n${toml}\n` : head.replace('cold_start_warmup_steps = 0\n', `cold_start_warmup_steps = 0\n${toml}\n`)
@@ -233,10 +254,16 @@ describe('validateRunConfig (objects in the TOML shape)', () => {
 
 describe('data.toml', () => {
   it('rejects a bad shuffle seed and token size with the field named', () => {
-    assert.throws(() => parseDataServerConfig('dir = "x"\ntoken_size = "ThreeBytes"\nseq_len = 8\nshuffle_seed = [1]\n', 'data.toml'), (e: ConfigError) => {
-      assert.deepEqual(e.issues.map((i) => i.path), ['shuffle_seed', 'token_size'])
-      return true
-    })
+    assert.throws(
+      () => parseDataServerConfig('dir = "x"\ntoken_size = "ThreeBytes"\nseq_len = 8\nshuffle_seed = [1]\n', 'data.toml'),
+      (e: ConfigError) => {
+        assert.deepEqual(
+          e.issues.map((i) => i.path),
+          ['shuffle_seed', 'token_size'],
+        )
+        return true
+      },
+    )
   })
 })
 

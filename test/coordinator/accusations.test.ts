@@ -1,6 +1,16 @@
 import assert from 'node:assert/strict'
 import {describe, it} from 'node:test'
-import {batchRangeFor, deserializeState, isVerifier, selectVerifiers, selectWitnesses, serializeState, tick, verifierCount, type CoordinatorState} from '../../src/core/coordinator/index.js'
+import {
+  batchRangeFor,
+  deserializeState,
+  isVerifier,
+  selectVerifiers,
+  selectWitnesses,
+  serializeState,
+  tick,
+  verifierCount,
+  type CoordinatorState,
+} from '../../src/core/coordinator/index.js'
 import {signAnnouncement} from '../../src/core/p2p/announcement.js'
 import {generateIdentity, identityFromSeed} from '../../src/core/protocol/identity.js'
 import {checkEquivocation} from '../../src/core/verify/equivocation.js'
@@ -25,7 +35,15 @@ function firstRound(config = {witness_nodes: 0, min_clients: 2}): {state: Coordi
 
 function announce(state: CoordinatorState, who: number, commitmentByte: number, step = state.epoch.round!.step) {
   const range = batchRangeFor(state, people[who].id, state.epoch.round!)!
-  return signAnnouncement(people[who], {run_id: state.run_id, step, client_id: people[who].id, batch_start: range.start, batch_end: range.end, commitment: Buffer.alloc(32, commitmentByte).toString('hex'), size: 100})
+  return signAnnouncement(people[who], {
+    run_id: state.run_id,
+    step,
+    client_id: people[who].id,
+    batch_start: range.start,
+    batch_end: range.end,
+    commitment: Buffer.alloc(32, commitmentByte).toString('hex'),
+    size: 100,
+  })
 }
 
 function stateOf(s: CoordinatorState, id: string): string | undefined {
@@ -46,7 +64,10 @@ describe('accusations of invalid results', () => {
     s = ok(s, {type: 'accuse', from: w2, step: round.step, accused: bad, reason: 'invalid_result'}, now)
     assert.equal(stateOf(s, bad), 'Ejected')
     assert.deepEqual(s.epoch.round!.excluded, [bad])
-    assert.deepEqual(s.epoch.round!.accusations.map((a) => a.from), [w1, w2])
+    assert.deepEqual(
+      s.epoch.round!.accusations.map((a) => a.from),
+      [w1, w2],
+    )
     // The record survives serialization, is final with the round, and the ejected client leaves at its end.
     assert.deepEqual(deserializeState(serializeState(s)).epoch.round!.excluded, [bad])
     s = witnessAll(s, now)
@@ -55,7 +76,10 @@ describe('accusations of invalid results', () => {
     assert.equal(s.run_state, 'RoundTrain')
     assert.deepEqual(s.epoch.previous_round!.excluded, [bad])
     assert.ok(!s.epoch.round!.roster.includes(bad))
-    assert.deepEqual(s.epoch.exited.map((c) => [c.id, c.state]), [[bad, 'Ejected']])
+    assert.deepEqual(
+      s.epoch.exited.map((c) => [c.id, c.state]),
+      [[bad, 'Ejected']],
+    )
     // The finished round cannot be accused any more.
     rejected(s, {type: 'accuse', from: w1, step: round.step, accused: idsOf[2], reason: 'invalid_result'}, now, 'WrongStep')
   })

@@ -1,12 +1,4 @@
-import {
-  applyEvent,
-  assignBatches,
-  buildWitnessProof,
-  createCoordinator,
-  selectWitnesses,
-  type CoordinatorEvent,
-  type CoordinatorState,
-} from '../../src/core/coordinator/index.js'
+import {applyEvent, assignBatches, buildWitnessProof, createCoordinator, selectWitnesses, type CoordinatorEvent, type CoordinatorState} from '../../src/core/coordinator/index.js'
 import type {CoordinatorConfig, LLMConfig} from '../../src/core/config/index.js'
 
 /** One second on the coordinator's clock (unix milliseconds). */
@@ -41,7 +33,10 @@ export const baseLLM: LLMConfig = {
 }
 
 export function newRun(config: Partial<CoordinatorConfig> = {}, llm: Partial<LLMConfig> = {}, seed?: string): CoordinatorState {
-  return createCoordinator({run_id: 'test-run', run_state: 'WaitingForMembers', config: {...baseConfig, ...config}, model: {LLM: {...baseLLM, ...llm}}}, {now: 0, ...(seed ? {seed} : {})})
+  return createCoordinator(
+    {run_id: 'test-run', run_state: 'WaitingForMembers', config: {...baseConfig, ...config}, model: {LLM: {...baseLLM, ...llm}}},
+    {now: 0, ...(seed ? {seed} : {})},
+  )
 }
 
 /** Applies an event that must be accepted. */

@@ -35,7 +35,10 @@ describe('WaitingForMembers → Warmup', () => {
     s = ok(s, {type: 'join', id: 'c2'}, 20 * S)
     s = tick(s, 21 * S)
     assert.equal(s.run_state, 'Warmup')
-    assert.deepEqual(s.epoch.clients.map((c) => c.id), ['c0', 'c1', 'c2'])
+    assert.deepEqual(
+      s.epoch.clients.map((c) => c.id),
+      ['c0', 'c1', 'c2'],
+    )
     assert.deepEqual(s.pending, [])
     assert.ok(s.epoch.clients.every((c) => c.state === 'Healthy'))
   })
@@ -68,7 +71,7 @@ describe('Warmup', () => {
     assert.equal(s.epoch.round!.height, 0)
   })
 
-  it('→ RoundTrain as soon as a round\'s worth of clients report the model loaded', () => {
+  it("→ RoundTrain as soon as a round's worth of clients report the model loaded", () => {
     let s = warm()
     s = ok(s, {type: 'witness', from: 'c0', step: 1, proof: {participant_bloom: '', broadcast_bloom: ''}}, 4 * S)
     assert.equal(s.run_state, 'Warmup')
@@ -133,7 +136,11 @@ describe('RoundWitness →', () => {
   it('the next RoundTrain after round_witness_time when a witness missed a result: next step, next batches, fresh seed', () => {
     let {state: s, now} = toFirstRound(ids(3))
     const missed = s.epoch.round!.roster[2]
-    s = witnessAll(s, now, s.epoch.round!.roster.filter((id) => id !== missed))
+    s = witnessAll(
+      s,
+      now,
+      s.epoch.round!.roster.filter((id) => id !== missed),
+    )
     assert.equal(s.run_state, 'RoundWitness')
     assert.equal(s.epoch.round!.complete_witnesses, 0)
     const first = s.epoch.round!
@@ -245,8 +252,17 @@ describe('RoundWitness →', () => {
     s = ok(s, {type: 'withdraw', id: 'c1'}, now)
     s = tick(s, now + 2 * S)
     assert.equal(s.run_state, 'Cooldown')
-    assert.deepEqual(s.epoch.clients.map((c) => c.id), ['c2'])
-    assert.deepEqual(s.epoch.exited.map((c) => [c.id, c.state]), [['c0', 'Withdrawn'], ['c1', 'Withdrawn']])
+    assert.deepEqual(
+      s.epoch.clients.map((c) => c.id),
+      ['c2'],
+    )
+    assert.deepEqual(
+      s.epoch.exited.map((c) => [c.id, c.state]),
+      [
+        ['c0', 'Withdrawn'],
+        ['c1', 'Withdrawn'],
+      ],
+    )
   })
 
   it('Cooldown when fewer witnesses than the quorum sent proofs', () => {
@@ -362,7 +378,11 @@ describe('health checks', () => {
   /** Round 1 where the witnesses saw everyone but `missing`, then round 2 under way. */
   function secondRound(missing: string) {
     let {state: s, now} = toFirstRound(ids(4), {witness_nodes: 3, min_clients: 2})
-    s = witnessAll(s, now, s.epoch.round!.roster.filter((id) => id !== missing))
+    s = witnessAll(
+      s,
+      now,
+      s.epoch.round!.roster.filter((id) => id !== missing),
+    )
     ;({state: s, now} = tickUntilChange(s, now))
     assert.equal(s.run_state, 'RoundTrain')
     return {state: s, now}
@@ -381,7 +401,10 @@ describe('health checks', () => {
     ;({state: s, now} = tickUntilChange(s, now))
     assert.equal(s.run_state, 'RoundTrain')
     assert.ok(!s.epoch.round!.roster.includes('c3'))
-    assert.deepEqual(s.epoch.exited.map((c) => c.id), ['c3'])
+    assert.deepEqual(
+      s.epoch.exited.map((c) => c.id),
+      ['c3'],
+    )
   })
 
   it('accusing a healthy client is rejected, and nobody is dropped', () => {
@@ -412,13 +435,16 @@ describe('joining, withdrawing, ejecting', () => {
     rejected(newRun(), {type: 'join', id: ''}, 0, 'InvalidEvent')
   })
 
-  it('an ejected client leaves at the round\'s end', () => {
+  it("an ejected client leaves at the round's end", () => {
     let {state: s, now} = toFirstRound(ids(3))
     s = ok(s, {type: 'eject', id: 'c1'}, now)
     s = witnessAll(s, now)
     ;({state: s, now} = tickUntilChange(s, now))
     ;({state: s, now} = tickUntilChange(s, now))
-    assert.deepEqual(s.epoch.exited.map((c) => [c.id, c.state]), [['c1', 'Ejected']])
+    assert.deepEqual(
+      s.epoch.exited.map((c) => [c.id, c.state]),
+      [['c1', 'Ejected']],
+    )
   })
 })
 
@@ -450,7 +476,13 @@ describe('pause, resume and config updates', () => {
 describe('batch sizes', () => {
   it('ramp linearly from start to end over the warmup tokens, round after round', () => {
     // 16 tokens per batch; ramp from 4 to 12 batches over 400 tokens.
-    let {state: s, now} = toFirstRound(ids(3), {global_batch_size_start: 4, global_batch_size_end: 12, global_batch_size_warmup_tokens: 400, init_min_clients: 3, epoch_time: 10_000})
+    let {state: s, now} = toFirstRound(ids(3), {
+      global_batch_size_start: 4,
+      global_batch_size_end: 12,
+      global_batch_size_warmup_tokens: 400,
+      init_min_clients: 3,
+      epoch_time: 10_000,
+    })
     const sizes: number[] = []
     for (let i = 0; i < 400 && sizes.length < 8; i++) {
       if (s.run_state === 'RoundTrain') {

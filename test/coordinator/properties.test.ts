@@ -35,8 +35,27 @@ const commandArb: fc.Arbitrary<Command> = fc.oneof(
   {weight: 1, arbitrary: fc.record({k: fc.constantFrom('withdraw' as const, 'eject' as const, 'checkpoint' as const), i: fc.nat(POOL - 1)})},
   {weight: 1, arbitrary: fc.record({k: fc.constant('loaded' as const), i: fc.nat(POOL - 1)})},
   // dt in milliseconds: whole seconds mostly (the configs' unit), and sub-second steps.
-  {weight: 6, arbitrary: fc.record({k: fc.constant('tick' as const), dt: fc.oneof(fc.nat(12).map((x) => x * S), fc.nat(1500)), entropy: fc.boolean()})},
-  {weight: 4, arbitrary: fc.record({k: fc.constant('witness' as const), j: fc.nat(8), mask: fc.oneof(fc.constant(255), fc.nat(255)), asWitness: fc.oneof(fc.constant(true), fc.boolean()), stale: fc.oneof(fc.constant(false), fc.boolean())})},
+  {
+    weight: 6,
+    arbitrary: fc.record({
+      k: fc.constant('tick' as const),
+      dt: fc.oneof(
+        fc.nat(12).map((x) => x * S),
+        fc.nat(1500),
+      ),
+      entropy: fc.boolean(),
+    }),
+  },
+  {
+    weight: 4,
+    arbitrary: fc.record({
+      k: fc.constant('witness' as const),
+      j: fc.nat(8),
+      mask: fc.oneof(fc.constant(255), fc.nat(255)),
+      asWitness: fc.oneof(fc.constant(true), fc.boolean()),
+      stale: fc.oneof(fc.constant(false), fc.boolean()),
+    }),
+  },
   {weight: 1, arbitrary: fc.record({k: fc.constant('health' as const), from: fc.nat(POOL - 1), accused: fc.nat(POOL - 1)})},
   {weight: 1, arbitrary: fc.record({k: fc.constantFrom('pause' as const, 'resume' as const)})},
 )
@@ -51,8 +70,14 @@ const configArb: fc.Arbitrary<CoordinatorConfig> = fc
     warmupTokens: fc.integer({min: 1, max: 600}),
     warmup_time: fc.integer({min: 0, max: 8}),
     cooldown_time: fc.integer({min: 1, max: 8}),
-    max_round_train_time: fc.oneof(fc.integer({min: 1, max: 8}), fc.integer({min: 1, max: 8000}).map((x) => x / 1000)),
-    round_witness_time: fc.oneof(fc.integer({min: 1, max: 4}), fc.integer({min: 1, max: 4000}).map((x) => x / 1000)),
+    max_round_train_time: fc.oneof(
+      fc.integer({min: 1, max: 8}),
+      fc.integer({min: 1, max: 8000}).map((x) => x / 1000),
+    ),
+    round_witness_time: fc.oneof(
+      fc.integer({min: 1, max: 4}),
+      fc.integer({min: 1, max: 4000}).map((x) => x / 1000),
+    ),
     epochExtra: fc.integer({min: 0, max: 60}),
     total_steps: fc.integer({min: 1, max: 25}),
     waiting: fc.integer({min: 0, max: 4}),
@@ -97,7 +122,9 @@ function toEvent(s: CoordinatorState, c: Command): CoordinatorEvent {
       if (!round) return {type: 'witness', from: id(c.j), step: s.progress.step, proof: {participant_bloom: '', broadcast_bloom: ''}}
       const witnesses = selectWitnesses(s, round)
       const from = c.asWitness && witnesses.length > 0 ? witnesses[c.j % witnesses.length] : round.roster[c.j % round.roster.length]
-      const seen = [...assignBatches(s, round)].filter(([, r], k) => r.end > r.start && (c.mask >> k) % 2 === 1).map(([cid, range]) => ({id: cid, range, commitment: Buffer.alloc(32, 3)}))
+      const seen = [...assignBatches(s, round)]
+        .filter(([, r], k) => r.end > r.start && (c.mask >> k) % 2 === 1)
+        .map(([cid, range]) => ({id: cid, range, commitment: Buffer.alloc(32, 3)}))
       return {type: 'witness', from, step: c.stale ? round.step - 1 : round.step, proof: buildWitnessProof(round, seen)}
     }
     case 'health':
@@ -121,7 +148,12 @@ interface Trace {
   states: CoordinatorState[]
 }
 
-function run(config: CoordinatorConfig, seed: string, commands: Command[], onStep?: (prev: CoordinatorState, next: CoordinatorState, event: CoordinatorEvent, accepted: boolean) => void): Trace {
+function run(
+  config: CoordinatorConfig,
+  seed: string,
+  commands: Command[],
+  onStep?: (prev: CoordinatorState, next: CoordinatorState, event: CoordinatorEvent, accepted: boolean) => void,
+): Trace {
   let state = createCoordinator({run_id: 'prop', run_state: 'WaitingForMembers', config, model: {LLM: baseLLM}}, {seed, now: 0})
   let now = 0
   const errors: (string | undefined)[] = []
@@ -142,7 +174,7 @@ function run(config: CoordinatorConfig, seed: string, commands: Command[], onSte
 const runsArb = fc.tuple(configArb, seedArb, fc.array(commandArb, {minLength: 40, maxLength: 200}))
 
 describe('coordinator invariants over random event sequences', () => {
-  it('batch ranges partition each round\'s global batch and never repeat across rounds; witnesses are clients', () => {
+  it("batch ranges partition each round's global batch and never repeat across rounds; witnesses are clients", () => {
     let rounds = 0
     let laterEpochRounds = 0
     fc.assert(

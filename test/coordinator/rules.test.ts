@@ -1,15 +1,7 @@
 import assert from 'node:assert/strict'
 import {randomBytes} from 'node:crypto'
 import {describe, it} from 'node:test'
-import {
-  globalBatchSize,
-  rangeForPosition,
-  shuffleAll,
-  shuffledIndex,
-  unshuffledIndex,
-  witnessCount,
-  witnessQuorum,
-} from '../../src/core/coordinator/index.js'
+import {globalBatchSize, rangeForPosition, shuffleAll, shuffledIndex, unshuffledIndex, witnessCount, witnessQuorum} from '../../src/core/coordinator/index.js'
 import {BloomFilter, bloomParamsFor} from '../../src/core/coordinator/bloom.js'
 import {baseConfig} from './helpers.js'
 
@@ -58,8 +50,15 @@ describe('swap-or-not shuffle', () => {
 })
 
 describe('batch ranges', () => {
-  it('partition the round\'s batches contiguously, sizes differing by at most one', () => {
-    for (const [batch, trainers] of [[8, 3], [8, 8], [4, 10], [12288, 16], [1, 1], [7, 2]]) {
+  it("partition the round's batches contiguously, sizes differing by at most one", () => {
+    for (const [batch, trainers] of [
+      [8, 3],
+      [8, 8],
+      [4, 10],
+      [12288, 16],
+      [1, 1],
+      [7, 2],
+    ]) {
       const round = {data_index: 100, batch_size: batch}
       const ranges = Array.from({length: trainers}, (_, p) => rangeForPosition(round, trainers, p))
       assert.equal(ranges[0].start, 100)

@@ -17,7 +17,12 @@ describe('serializeState / deserializeState', () => {
     const round = v2.epoch.round!
     // What a version 1 server saved: the same state in whole seconds, without the complete-proof count.
     const {complete_witnesses: _dropped, ...v1Round} = round
-    const v1 = {...v2, version: 1, run_state_start: v2.run_state_start / S, epoch: {...v2.epoch, start_time: v2.epoch.start_time / S, round: {...v1Round, started_at: round.started_at / S}}}
+    const v1 = {
+      ...v2,
+      version: 1,
+      run_state_start: v2.run_state_start / S,
+      epoch: {...v2.epoch, start_time: v2.epoch.start_time / S, round: {...v1Round, started_at: round.started_at / S}},
+    }
     const migrated = deserializeState(JSON.stringify(v1))
     assert.equal(migrated.version, 2)
     assert.equal(migrated.run_state_start, v2.run_state_start)

@@ -7,7 +7,7 @@ import {PsycheError} from '../../src/core/errors.js'
 const seed = (n: number) => Uint8Array.from({length: 32}, (_, i) => (i * 7 + n) % 256)
 
 describe('batch id → window mapping', () => {
-  it("cuts each file like Psyche: starts 0, s, 2s, … below numTokens - (s + 1)", () => {
+  it('cuts each file like Psyche: starts 0, s, 2s, … below numTokens - (s + 1)', () => {
     assert.equal(windowsInFile(10, 4), 2) // starts 0 and 4
     assert.equal(windowsInFile(9, 4), 1) // start 4 would fit exactly, Psyche's bound leaves it out
     assert.equal(windowsInFile(5, 4), 0)
@@ -18,18 +18,24 @@ describe('batch id → window mapping', () => {
   it('numbers windows file by file and never spans two files, skipping files too short for a sample', () => {
     const layout = new SampleLayout([10, 3, 0, 14], 4)
     assert.equal(layout.numSamples, 2 + 0 + 0 + 3)
-    assert.deepEqual([0, 1, 2, 3, 4].map((b) => layout.locate(b, 'd')), [
-      {file: 0, start: 0, length: 5},
-      {file: 0, start: 4, length: 5},
-      {file: 3, start: 0, length: 5},
-      {file: 3, start: 4, length: 5},
-      {file: 3, start: 8, length: 5},
-    ])
+    assert.deepEqual(
+      [0, 1, 2, 3, 4].map((b) => layout.locate(b, 'd')),
+      [
+        {file: 0, start: 0, length: 5},
+        {file: 0, start: 4, length: 5},
+        {file: 3, start: 0, length: 5},
+        {file: 3, start: 4, length: 5},
+        {file: 3, start: 8, length: 5},
+      ],
+    )
   })
 
   it('fails a batch past the end naming it, or wraps around when configured', () => {
     const layout = new SampleLayout([10], 4)
-    assert.throws(() => layout.locate(2, 'data/x'), (e: Error) => e instanceof PsycheError && /data\/x: batch 2 is past the end .*2 samples.*wrap-around is off/.test(e.message))
+    assert.throws(
+      () => layout.locate(2, 'data/x'),
+      (e: Error) => e instanceof PsycheError && /data\/x: batch 2 is past the end .*2 samples.*wrap-around is off/.test(e.message),
+    )
     assert.deepEqual(layout.locate(5, 'd', true), {file: 0, start: 4, length: 5})
     assert.deepEqual(new SampleLayout([10], 4, {wrap: true}).locate(4, 'd'), {file: 0, start: 0, length: 5})
     assert.throws(() => layout.locate(-1, 'd'), /batch -1: a batch id is a non-negative integer/)

@@ -14,7 +14,10 @@ describe('HTTP data provider', () => {
   it('reads NumberedFiles with range requests only, HEADing each file once per process', async () => {
     const dir = await tempDir()
     const files = [tokens(50, 900, 1), tokens(33, 900, 2)]
-    await writeTokenFiles(dir, [{name: 'shard-007.ds', ids: files[0], tokenSize: 4}, {name: 'shard-008.ds', ids: files[1], tokenSize: 4}])
+    await writeTokenFiles(dir, [
+      {name: 'shard-007.ds', ids: files[0], tokenSize: 4},
+      {name: 'shard-008.ds', ids: files[1], tokenSize: 4},
+    ])
     const {base, requests} = await serveDirectory(dir)
     const location = http({NumberedFiles: {url_template: `${base}/shard-{}.ds`, start_index: 7, n_left_pad_zeros: 3, num_files: 2}}, 'FourBytes')
     const provider = await openDataProvider(location, {seqLen: SEQ, http: fast})
@@ -22,7 +25,10 @@ describe('HTTP data provider', () => {
     const got = await provider.getSamples([7, 0])
     assert.deepEqual(got.subarray(0, SEQ + 1), files[1].slice(SEQ, 2 * SEQ + 1))
     assert.deepEqual(got.subarray(SEQ + 1), files[0].slice(0, SEQ + 1))
-    assert.ok(requests.filter((r) => r.startsWith('GET')).every((r) => /bytes=\d+-\d+$/.test(r)), 'every GET is a range request')
+    assert.ok(
+      requests.filter((r) => r.startsWith('GET')).every((r) => /bytes=\d+-\d+$/.test(r)),
+      'every GET is a range request',
+    )
     assert.ok(requests.includes(`GET /shard-008.ds bytes=${SEQ * 4}-${2 * SEQ * 4 + 3}`))
     await openDataProvider(location, {seqLen: SEQ, http: fast})
     assert.equal(requests.filter((r) => r.startsWith('HEAD')).length, 2, 'file sizes are cached')
@@ -64,17 +70,29 @@ describe('HTTP data provider', () => {
     await assert.rejects(slow.getSamples([1]), new RegExp(`${base}/a.bin: server down or unreachable: GET bytes=16-33 failed 2 times \\(last: timed out after 100 ms\\)`))
     server.closeAllConnections()
     await new Promise((resolve) => server.close(resolve))
-    await assert.rejects(openDataProvider(http({SingleUrl: `${base}/b.bin`}), {seqLen: SEQ, http: fast}), new RegExp(`${base}/b.bin: server down or unreachable: HEAD failed 3 times \\(last: ECONNREFUSED\\)`))
+    await assert.rejects(
+      openDataProvider(http({SingleUrl: `${base}/b.bin`}), {seqLen: SEQ, http: fast}),
+      new RegExp(`${base}/b.bin: server down or unreachable: HEAD failed 3 times \\(last: ECONNREFUSED\\)`),
+    )
   })
 
   it('rejects bad locations and files with clear errors', async () => {
     const dir = await tempDir()
     await writeTokenFiles(dir, [{name: 'odd.bin', ids: tokens(11, 900), tokenSize: 2}])
     const {base} = await serveDirectory(dir)
-    await assert.rejects(openDataProvider(http({SingleUrl: `${base}/odd.bin`}, 'FourBytes'), {seqLen: SEQ, http: fast}), /odd.bin: size 22 bytes is not a multiple of the token size \(4 bytes\)/)
+    await assert.rejects(
+      openDataProvider(http({SingleUrl: `${base}/odd.bin`}, 'FourBytes'), {seqLen: SEQ, http: fast}),
+      /odd.bin: size 22 bytes is not a multiple of the token size \(4 bytes\)/,
+    )
     await assert.rejects(openDataProvider(http({SingleUrl: `${base}/missing.bin`}), {seqLen: SEQ, http: fast}), /missing.bin: HEAD answered HTTP 404/)
-    await assert.rejects(openDataProvider(http({NumberedFiles: {url_template: `${base}/x.bin`, start_index: 0, n_left_pad_zeros: 0, num_files: 2}}), {seqLen: SEQ}), /url_template: .* must contain exactly one "\{\}"/)
-    await assert.rejects(openDataProvider(http({Gcp: {bucket_name: 'b', filter_directory: ''}}), {seqLen: SEQ}), /data_location.Http.location.Gcp: Google Cloud Storage buckets are not supported/)
+    await assert.rejects(
+      openDataProvider(http({NumberedFiles: {url_template: `${base}/x.bin`, start_index: 0, n_left_pad_zeros: 0, num_files: 2}}), {seqLen: SEQ}),
+      /url_template: .* must contain exactly one "\{\}"/,
+    )
+    await assert.rejects(
+      openDataProvider(http({Gcp: {bucket_name: 'b', filter_directory: ''}}), {seqLen: SEQ}),
+      /data_location.Http.location.Gcp: Google Cloud Storage buckets are not supported/,
+    )
     await assert.rejects(openDataProvider({WeightedHttp: 'x'}, {seqLen: SEQ}), /data_location: "WeightedHttp" is not supported here/)
     await assert.rejects(openDataProvider('Dummy', {seqLen: SEQ}), /data_location: "Dummy" is not supported here/)
   })

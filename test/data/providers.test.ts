@@ -14,7 +14,10 @@ describe('one dataset through all three providers', () => {
       const dir = await tempDir()
       const names = ['000.ds', '001.ds', '002.ds']
       const files = [tokens(1000, 32000, 1), tokens(517, 32000, 2), tokens(2049, 32000, 3)]
-      await writeTokenFiles(dir, names.map((name, i) => ({name, ids: files[i], tokenSize: 2 as const})))
+      await writeTokenFiles(
+        dir,
+        names.map((name, i) => ({name, ids: files[i], tokenSize: 2 as const})),
+      )
       await writeFile(join(dir, 'manifest.json'), JSON.stringify({format: 'psyche-tokens/1', token_size: 2, vocab_size: 32000, tokens: 1000 + 517 + 2049, files: names}))
 
       const {base} = await serveDirectory(dir)
@@ -23,7 +26,13 @@ describe('one dataset through all three providers', () => {
       const common = {seqLen: SEQ, vocabSize: 32000, wrap: true}
       const locations: DataLocation[] = [
         {Local: dir},
-        {Http: {location: {NumberedFiles: {url_template: `${base}/{}.ds`, start_index: 0, n_left_pad_zeros: 3, num_files: 3}}, token_size_in_bytes: 'TwoBytes', shuffle: shuffled ? {Seeded: SEED} : 'DontShuffle'}},
+        {
+          Http: {
+            location: {NumberedFiles: {url_template: `${base}/{}.ds`, start_index: 0, n_left_pad_zeros: 3, num_files: 3}},
+            token_size_in_bytes: 'TwoBytes',
+            shuffle: shuffled ? {Seeded: SEED} : 'DontShuffle',
+          },
+        },
         {Server: `127.0.0.1:${server.port}`},
       ]
       const providers: DataProvider[] = []

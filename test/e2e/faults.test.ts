@@ -59,7 +59,10 @@ describe('end to end: faults', {timeout: 300_000}, () => {
     // the kill cost at most one round's batches: afterwards the survivors applied every result of the two trainers left
     const afterKill = a.rounds().filter((r) => r.step >= 4 && r.epoch === 0) as unknown as {applied: number; trainers: number}[]
     for (const r of afterKill) assert.equal(r.applied, r.trainers)
-    assert.ok(afterKill.every((r) => r.trainers === 2), 'the killed client left the roster')
+    assert.ok(
+      afterKill.every((r) => r.trainers === 2),
+      'the killed client left the roster',
+    )
     // the restarted client waited for the epoch boundary (step 4, or earlier if the epoch closed early), loaded
     // the model from a peer, and is identical from then on
     const loaded = restarted.events.find((e) => e.event === 'model_loaded')!
@@ -70,11 +73,14 @@ describe('end to end: faults', {timeout: 300_000}, () => {
     assert.equal(loaded.param_hash, a.rounds().find((r) => r.step === boundary)!.param_hash)
     const later = survivorSteps.filter((step) => step > boundary)
     assert.ok(later.length >= 3)
-    assert.deepEqual(restarted.rounds().map((r) => r.step), later)
+    assert.deepEqual(
+      restarted.rounds().map((r) => r.step),
+      later,
+    )
     assertIdentical([a, b, restarted], later)
   })
 
-  it('a vanished client that the coordinator does not withdraw is dropped by the survivors\' health checks', async () => {
+  it("a vanished client that the coordinator does not withdraw is dropped by the survivors' health checks", async () => {
     const dir = tempDir('psyche-e2e-health-')
     dirs.push(dir)
     const state = writeE2eRun(dir.path, {roundsPerEpoch: 5, totalSteps: 5, maxRoundTrainTime: 3, minClients: 2, lr: 1e-2})
@@ -90,7 +96,10 @@ describe('end to end: faults', {timeout: 300_000}, () => {
     const accusations = [a, b].flatMap((p) => p.events.filter((e) => e.event === 'health_check'))
     assert.ok(accusations.length > 0, 'a survivor sent a health check')
     for (const h of accusations) assert.deepEqual(h.accused, [cId])
-    assert.ok(server.events.some((e) => e.event === 'accepted' && e.kind === 'health_check'), 'the coordinator accepted it')
+    assert.ok(
+      server.events.some((e) => e.event === 'accepted' && e.kind === 'health_check'),
+      'the coordinator accepted it',
+    )
     // once dropped, c leaves the roster; the survivors stay identical throughout
     assert.equal((a.rounds().at(-1) as unknown as {trainers: number}).trainers, 2)
     assertIdentical([a, b], [1, 2, 3, 4, 5])
@@ -109,7 +118,7 @@ describe('end to end: faults', {timeout: 300_000}, () => {
     c.kill('SIGTERM')
     assert.equal((await c.proc).exitCode, 143)
     // the coordinator does not withdraw on disconnect here: this is c's own withdraw message
-    await server.waitFor((e) => e.event === 'accepted' && e.kind === 'withdraw' && e.client === cId, 'c\'s withdraw', 10_000)
+    await server.waitFor((e) => e.event === 'accepted' && e.kind === 'withdraw' && e.client === cId, "c's withdraw", 10_000)
     for (const p of [a, b]) await p.waitFor(finished, 'the run to finish without c', 120_000)
     assert.equal((a.rounds().at(-1) as unknown as {trainers: number}).trainers, 2)
     assertIdentical([a, b], [1, 2, 3, 4])
@@ -135,7 +144,11 @@ describe('end to end: faults', {timeout: 300_000}, () => {
     assert.ok((resumed.step as number) >= 2, `resumed at step ${resumed.step}`)
 
     for (const c of clients) await c.waitFor(finished, 'the run to finish', 150_000)
-    for (const c of clients) assert.ok(c.events.some((e) => e.event === 'reconnected'), `${c.name} reconnected`)
+    for (const c of clients)
+      assert.ok(
+        c.events.some((e) => e.event === 'reconnected'),
+        `${c.name} reconnected`,
+      )
     assertIdentical(clients, [1, 2, 3, 4, 5, 6])
   })
 
@@ -158,7 +171,7 @@ describe('end to end: faults', {timeout: 300_000}, () => {
     assert.notEqual(exit.exitCode, 0)
     // its explicit withdraw reached the coordinator (not just a dropped connection)
     const bId = b.events.find((e) => e.event === 'started')!.client_id
-    await server.waitFor((e) => e.event === 'accepted' && e.kind === 'withdraw' && e.client === bId, 'b\'s withdraw', 10_000)
+    await server.waitFor((e) => e.event === 'accepted' && e.kind === 'withdraw' && e.client === bId, "b's withdraw", 10_000)
     for (const p of [a, c]) await p.waitFor(finished, 'the run to finish without b', 120_000)
     assertIdentical([a, c], [1, 2, 3, 4])
     await waitFor(() => !processAlive(workerPid), 5000, 'the crashed worker to be gone')

@@ -106,7 +106,12 @@ export class JsonProcess {
    * `entry`: what node runs (default the psyche CLI; the adversarial tests run their hostile client). `wrap`: a
    * command that runs it, e.g. ['ip', 'netns', 'exec', 'ns'] (test/net runs clients on other hosts).
    */
-  constructor(readonly name: string, args: string[], entry: string[] = [cliPath], wrap: string[] = []) {
+  constructor(
+    readonly name: string,
+    args: string[],
+    entry: string[] = [cliPath],
+    wrap: string[] = [],
+  ) {
     const argv = [...wrap, process.execPath, ...entry, ...args]
     this.proc = execa(argv[0], argv.slice(1), {cwd: projectRoot, env: {NO_COLOR: '1', CI: '1'}, reject: false, stdin: 'ignore', buffer: false, cleanup: true})
     let partial = ''
@@ -189,7 +194,10 @@ export async function freePort(): Promise<number> {
 }
 
 /** `psyche server run` for a state.toml; resolves once it reports listening. */
-export async function startServer(statePath: string, options: {port?: number; saveStateDir?: string; withdrawOnDisconnect?: boolean} = {}): Promise<{server: JsonProcess; port: number}> {
+export async function startServer(
+  statePath: string,
+  options: {port?: number; saveStateDir?: string; withdrawOnDisconnect?: boolean} = {},
+): Promise<{server: JsonProcess; port: number}> {
   const args = ['server', 'run', '--state', statePath, '--host', '127.0.0.1', '--json']
   if (options.withdrawOnDisconnect === false) args.push('--withdraw-on-disconnect', 'false')
   if (options.port) args.push('--server-port', String(options.port))

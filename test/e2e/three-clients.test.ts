@@ -5,7 +5,12 @@ import {runCli, tempDir} from '../helpers.js'
 import {hashesByStep, startClient, startServer, writeE2eRun, type JsonProcess} from './helpers.js'
 
 const meanLoss = (c: JsonProcess[], step: number) => {
-  const losses = c.flatMap((p) => p.rounds().filter((r) => r.step === step && r.loss !== null).map((r) => r.loss!))
+  const losses = c.flatMap((p) =>
+    p
+      .rounds()
+      .filter((r) => r.step === step && r.loss !== null)
+      .map((r) => r.loss!),
+  )
   return losses.reduce((a, b) => a + b, 0) / losses.length
 }
 
@@ -29,7 +34,10 @@ describe('end to end: a coordinator and three clients, each with its own worker'
     for (const c of clients) await c.waitFor((e) => e.event === 'finished', 'the run to finish', 180_000)
 
     const byStep = hashesByStep(clients)
-    assert.deepEqual([...byStep.keys()].sort((x, y) => x - y), [1, 2, 3, 4, 5, 6])
+    assert.deepEqual(
+      [...byStep.keys()].sort((x, y) => x - y),
+      [1, 2, 3, 4, 5, 6],
+    )
     for (const [step, hashes] of byStep) {
       assert.equal(hashes.size, 3, `step ${step}: every client applied it`)
       assert.equal(new Set(hashes.values()).size, 1, `step ${step}: parameter hashes differ: ${JSON.stringify([...hashes])}`)
@@ -60,7 +68,10 @@ describe('end to end: a coordinator and three clients, each with its own worker'
       const summary = JSON.parse(r.stdout)
       assert.equal(summary.ended, 'rounds')
       assert.deepEqual(summary.clients, ['client-0', 'client-1', 'client-2'])
-      assert.deepEqual(summary.rounds.map((x: {step: number}) => x.step), [1, 2, 3])
+      assert.deepEqual(
+        summary.rounds.map((x: {step: number}) => x.step),
+        [1, 2, 3],
+      )
       for (const round of summary.rounds) {
         assert.equal(Object.keys(round.clients).length, 3)
         assert.equal(round.hashes_equal, true, JSON.stringify(round))
@@ -73,12 +84,29 @@ describe('end to end: a coordinator and three clients, each with its own worker'
     }
   })
 
-  it('psyche testnet --random-kill-num 1: killed clients are restarted, rejoin at an epoch boundary, and every round\'s hashes agree', async () => {
+  it("psyche testnet --random-kill-num 1: killed clients are restarted, rejoin at an epoch boundary, and every round's hashes agree", async () => {
     const run = tempDir('psyche-testnet-kill-')
     try {
       writeE2eRun(run.path, {roundsPerEpoch: 4, totalSteps: 100, maxRoundTrainTime: 4, minClients: 2, initMinClients: 2, lr: 1e-2})
       const r = await runCli(
-        ['testnet', '--clients', '3', '--config', run.path, '--rounds', '12', '--random-kill-num', '1', '--random-kill-interval', '12', '--threads', '1', '--timeout', '150', '--json'],
+        [
+          'testnet',
+          '--clients',
+          '3',
+          '--config',
+          run.path,
+          '--rounds',
+          '12',
+          '--random-kill-num',
+          '1',
+          '--random-kill-interval',
+          '12',
+          '--threads',
+          '1',
+          '--timeout',
+          '150',
+          '--json',
+        ],
         {timeoutMs: 180_000},
       )
       assert.equal(r.exitCode, 0, r.stderr)

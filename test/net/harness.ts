@@ -41,7 +41,21 @@ export class NetRun {
       await saveIdentity(generateIdentity(), identityPath)
       this.clients.set(name, (slot = {host, identityPath, procs: []}))
     }
-    const args = ['join', '--server-addr', `${this.coordinator.ip}:${this.port}`, '--run-id', 'e2e', '--config', this.state, '--identity', slot.identityPath, '--threads', '1', '--json', ...extra]
+    const args = [
+      'join',
+      '--server-addr',
+      `${this.coordinator.ip}:${this.port}`,
+      '--run-id',
+      'e2e',
+      '--config',
+      this.state,
+      '--identity',
+      slot.identityPath,
+      '--threads',
+      '1',
+      '--json',
+      ...extra,
+    ]
     const proc = new JsonProcess(slot.procs.length ? `${name}#${slot.procs.length + 1}` : name, args, undefined, this.lab.exec(host, []))
     slot.procs.push(proc)
     return proc
@@ -63,7 +77,13 @@ export class NetRun {
   /** Server and client logs, for a failing assertion's message. */
   tails(): string {
     return this.all()
-      .map((p) => `--- ${p.name}: ${p.events.slice(-8).map((e) => JSON.stringify(e)).join('\n')}\n${p.stderr.join('').slice(-800)}`)
+      .map(
+        (p) =>
+          `--- ${p.name}: ${p.events
+            .slice(-8)
+            .map((e) => JSON.stringify(e))
+            .join('\n')}\n${p.stderr.join('').slice(-800)}`,
+      )
       .join('\n')
   }
 }

@@ -14,7 +14,7 @@ describe('across hosts on one segment', {skip: unavailable, timeout: 420_000}, (
     await ensureDemoCorpus()
   })
 
-  it('(a) a coordinator and 3 clients on 3 other hosts: every round applies the other clients\' results over direct connections, hashes agree, the loss falls', async () => {
+  it("(a) a coordinator and 3 clients on 3 other hosts: every round applies the other clients' results over direct connections, hashes agree, the loss falls", async () => {
     const lab = new Lab()
     const dir = tempDir('psyche-net-a-')
     const run = new NetRun(lab, dir.path, lab.addPublicHost('coord'), {roundsPerEpoch: 4, totalSteps: 4, initMinClients: 3, lr: 1e-2, maxRoundTrainTime: 20, warmupTime: 40})
@@ -38,7 +38,7 @@ describe('across hosts on one segment', {skip: unavailable, timeout: 420_000}, (
     assert.deepEqual(lab.remaining(), [], 'every namespace is gone')
   })
 
-  it('(c) one client on a 5 Mbit/s link: it keeps up, and every round still applies everyone\'s results', async () => {
+  it("(c) one client on a 5 Mbit/s link: it keeps up, and every round still applies everyone's results", async () => {
     const lab = new Lab()
     const dir = tempDir('psyche-net-c-')
     const run = new NetRun(lab, dir.path, lab.addPublicHost('coord'), {roundsPerEpoch: 4, totalSteps: 4, initMinClients: 3, lr: 1e-2, maxRoundTrainTime: 20, warmupTime: 40})
@@ -56,7 +56,7 @@ describe('across hosts on one segment', {skip: unavailable, timeout: 420_000}, (
     }
   })
 
-  it('a run in which nothing can be exchanged is loud: no peer\'s result applied, and a no_exchange warning naming the addresses that failed', async () => {
+  it("a run in which nothing can be exchanged is loud: no peer's result applied, and a no_exchange warning naming the addresses that failed", async () => {
     // What the issue saw: libp2p on loopback only and no relay, so every peer is told an address it cannot use.
     const lab = new Lab()
     const dir = tempDir('psyche-net-x-')
@@ -64,12 +64,18 @@ describe('across hosts on one segment', {skip: unavailable, timeout: 420_000}, (
     try {
       await run.startServer(['--no-relay'])
       const clients = await Promise.all(['a', 'b', 'c'].map((n) => run.startClient(n, lab.addPublicHost(n), ['--p2p-listen', '/ip4/127.0.0.1/tcp/0'])))
-      const warnings = await Promise.all(clients.map((c) => c.waitFor((e) => e.event === 'no_exchange', 'the no_exchange warning', 240_000).catch((error) => assert.fail(`${error.message}\n${run.tails()}`))))
+      const warnings = await Promise.all(
+        clients.map((c) => c.waitFor((e) => e.event === 'no_exchange', 'the no_exchange warning', 240_000).catch((error) => assert.fail(`${error.message}\n${run.tails()}`))),
+      )
       for (const [i, w] of warnings.entries()) {
         assert.ok((w.rounds as number) >= 3 && (w.other_trainers as number) === 2, JSON.stringify(w))
         const unreachable = w.unreachable as {addrs: string[]}[]
         assert.equal(unreachable.length, 2, `${clients[i].name} names both peers: ${JSON.stringify(w)}`)
-        for (const u of unreachable) assert.ok(u.addrs.every((a) => a.startsWith('/ip4/127.0.0.1/')), JSON.stringify(u))
+        for (const u of unreachable)
+          assert.ok(
+            u.addrs.every((a) => a.startsWith('/ip4/127.0.0.1/')),
+            JSON.stringify(u),
+          )
         for (const r of rounds(clients[i])) assert.equal(r.peers_applied, 0, JSON.stringify(r))
       }
     } finally {

@@ -6,7 +6,19 @@ import {RUN_ID, startTestServer, waitUntil, writeRunConfig, type TestServer} fro
 import {JsonProcess} from '../e2e/helpers.js'
 import {tempDir} from '../helpers.js'
 
-const REPORT = {loss: 6.5, val_loss: 6.75, tokens_per_second: 2048, compute_ms: 400, apply_ms: 30, result_bytes: 5000, bytes_in: 9000, bytes_out: 4000, applied: 1, accepted: 1, peers: 0}
+const REPORT = {
+  loss: 6.5,
+  val_loss: 6.75,
+  tokens_per_second: 2048,
+  compute_ms: 400,
+  apply_ms: 30,
+  result_bytes: 5000,
+  bytes_in: 9000,
+  bytes_out: 4000,
+  applied: 1,
+  accepted: 1,
+  peers: 0,
+}
 
 describe('psyche dashboard --server-addr', () => {
   const dir = tempDir('psyche-dashboard-cmd-')
@@ -45,15 +57,21 @@ describe('psyche dashboard --server-addr', () => {
     for (const deadline = Date.now() + 10_000; !point && Date.now() < deadline; await new Promise((r) => setTimeout(r, 100))) {
       point = ((await api('/api/history')) as {points: Point[]}).points.find((p) => p.step === step && p.loss !== null)
     }
-    assert.ok(point, 'the forwarded report reached the dashboard\'s history')
+    assert.ok(point, "the forwarded report reached the dashboard's history")
     assert.equal(point.loss, 6.5)
     assert.equal(point.val_loss, 6.75)
     assert.equal(point.tokens_per_second, 2048)
     const status = (await api('/api/status')) as {summary: {run_state: string; step: number}; clients: {id: string; state: string; loss: number; connected: boolean}[]}
     assert.equal(status.summary.run_state, 'RoundTrain')
     assert.equal(status.summary.step, step)
-    assert.deepEqual(status.clients.map((c) => [c.id, c.state, c.loss, c.connected]), [[identity.id, 'Healthy', 6.5, true]])
+    assert.deepEqual(
+      status.clients.map((c) => [c.id, c.state, c.loss, c.connected]),
+      [[identity.id, 'Healthy', 6.5, true]],
+    )
     // The dashboard watched: it is not a client of the run.
-    assert.deepEqual(t.server.state.epoch.clients.map((c) => c.id), [identity.id])
+    assert.deepEqual(
+      t.server.state.epoch.clients.map((c) => c.id),
+      [identity.id],
+    )
   })
 })

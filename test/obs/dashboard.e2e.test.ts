@@ -66,95 +66,106 @@ async function until<T>(page: Page, check: (s: Seen) => T | false, what: string,
   throw new Error(`dashboard: timed out waiting for ${what}; it shows ${JSON.stringify(last)}`)
 }
 
-describe('dashboard and metrics of a live run, in headless Chromium', {timeout: 420_000, skip: existsSync(CHROMIUM) ? false : `${CHROMIUM} is not installed (scripts/setup.mjs installs it with apt)`}, () => {
-  const dir = tempDir('psyche-dashboard-')
-  const procs: JsonProcess[] = []
-  let browser: Browser | undefined
-  before(async () => {
-    await ensureDemoCorpus()
-  })
-  after(async () => {
-    await browser?.close()
-    await Promise.all(procs.map((p) => p.stop()))
-    dir.cleanup()
-  })
+describe(
+  'dashboard and metrics of a live run, in headless Chromium',
+  {timeout: 420_000, skip: existsSync(CHROMIUM) ? false : `${CHROMIUM} is not installed (scripts/setup.mjs installs it with apt)`},
+  () => {
+    const dir = tempDir('psyche-dashboard-')
+    const procs: JsonProcess[] = []
+    let browser: Browser | undefined
+    before(async () => {
+      await ensureDemoCorpus()
+    })
+    after(async () => {
+      await browser?.close()
+      await Promise.all(procs.map((p) => p.stop()))
+      dir.cleanup()
+    })
 
-  it('plots the rounds, advances the round, lists the clients; metrics scrape from the server and both clients; the history survives a reload and a server restart', async () => {
-    const state = writeE2eRun(dir.path, {roundsPerEpoch: 4, totalSteps: 6, initMinClients: 2, minClients: 1, maxRoundTrainTime: 20, lr: 1e-2})
-    const saveDir = join(dir.path, 'server')
-    const port = await freePort()
-    const serverArgs = ['server', 'run', '--state', state, '--server-port', String(port), '--save-state-dir', saveDir, '--dashboard-port', '0', '--metrics-port', '0', '--json']
-    const server = new JsonProcess('server', serverArgs)
-    procs.push(server)
-    const dash = (await server.waitFor((e) => e.event === 'dashboard_listening', 'the dashboard', 60_000)) as {url: string}
-    const serverMetrics = (await server.waitFor((e) => e.event === 'metrics_listening', 'the metrics endpoint', 10_000)) as {port: number}
-    const clients = ['a', 'b'].map((name) => new JsonProcess(name, ['join', '--server-addr', `127.0.0.1:${port}`, '--run-id', 'e2e', '--config', state, '--threads', '1', '--metrics-port', '0', '--json']))
-    procs.push(...clients)
-    const ids = await Promise.all(clients.map(async (c) => (await c.waitFor((e) => e.event === 'started', 'the client to start', 120_000)).client_id as string))
-    const clientMetricPorts = await Promise.all(clients.map(async (c) => (await c.waitFor((e) => e.event === 'metrics_listening', 'metrics', 10_000)).port as number))
+    it('plots the rounds, advances the round, lists the clients; metrics scrape from the server and both clients; the history survives a reload and a server restart', async () => {
+      const state = writeE2eRun(dir.path, {roundsPerEpoch: 4, totalSteps: 6, initMinClients: 2, minClients: 1, maxRoundTrainTime: 20, lr: 1e-2})
+      const saveDir = join(dir.path, 'server')
+      const port = await freePort()
+      const serverArgs = ['server', 'run', '--state', state, '--server-port', String(port), '--save-state-dir', saveDir, '--dashboard-port', '0', '--metrics-port', '0', '--json']
+      const server = new JsonProcess('server', serverArgs)
+      procs.push(server)
+      const dash = (await server.waitFor((e) => e.event === 'dashboard_listening', 'the dashboard', 60_000)) as {url: string}
+      const serverMetrics = (await server.waitFor((e) => e.event === 'metrics_listening', 'the metrics endpoint', 10_000)) as {port: number}
+      const clients = ['a', 'b'].map(
+        (name) => new JsonProcess(name, ['join', '--server-addr', `127.0.0.1:${port}`, '--run-id', 'e2e', '--config', state, '--threads', '1', '--metrics-port', '0', '--json']),
+      )
+      procs.push(...clients)
+      const ids = await Promise.all(clients.map(async (c) => (await c.waitFor((e) => e.event === 'started', 'the client to start', 120_000)).client_id as string))
+      const clientMetricPorts = await Promise.all(clients.map(async (c) => (await c.waitFor((e) => e.event === 'metrics_listening', 'metrics', 10_000)).port as number))
 
-    browser = await chromium.launch({executablePath: CHROMIUM, args: CHROMIUM_ARGS})
-    const page = await browser.newPage({viewport: {width: 1280, height: 1000}})
-    await page.goto(dash.url)
-    // The client table lists both clients once the epoch starts.
-    await until(page, (s) => s.rows.length === 2 && ids.every((id) => s.rows.some((r) => r.id === id)) && s.rows.every((r) => r.cells[1] === 'Healthy'), 'both clients as Healthy rows', 180_000)
-    // Rounds advance in the header, and the loss plot gets points (drawn: the series' colour is on the canvas).
-    const first = await until(page, (s) => s.loss >= 1 && s.bluePixels > 20 && s, 'a loss point', 240_000)
-    const firstRound = Number(first.round.split(' / ')[0])
-    const later = await until(page, (s) => Number(s.round.split(' / ')[0]) > firstRound && s.loss > first.loss && s, 'the round to advance', 180_000)
-    assert.ok(later.time >= 1 && later.participation >= 1 && later.bytes >= 1 && later.throughput >= 1, `every plot has points: ${JSON.stringify(later)}`)
-    for (const row of later.rows) assert.notEqual(row.cells[4], '–', `client ${row.id} reported a loss`)
-    mkdirSync(SCREENSHOT_DIR, {recursive: true})
-    await page.screenshot({path: join(SCREENSHOT_DIR, 'dashboard.png')})
+      browser = await chromium.launch({executablePath: CHROMIUM, args: CHROMIUM_ARGS})
+      const page = await browser.newPage({viewport: {width: 1280, height: 1000}})
+      await page.goto(dash.url)
+      // The client table lists both clients once the epoch starts.
+      await until(
+        page,
+        (s) => s.rows.length === 2 && ids.every((id) => s.rows.some((r) => r.id === id)) && s.rows.every((r) => r.cells[1] === 'Healthy'),
+        'both clients as Healthy rows',
+        180_000,
+      )
+      // Rounds advance in the header, and the loss plot gets points (drawn: the series' colour is on the canvas).
+      const first = await until(page, (s) => s.loss >= 1 && s.bluePixels > 20 && s, 'a loss point', 240_000)
+      const firstRound = Number(first.round.split(' / ')[0])
+      const later = await until(page, (s) => Number(s.round.split(' / ')[0]) > firstRound && s.loss > first.loss && s, 'the round to advance', 180_000)
+      assert.ok(later.time >= 1 && later.participation >= 1 && later.bytes >= 1 && later.throughput >= 1, `every plot has points: ${JSON.stringify(later)}`)
+      for (const row of later.rows) assert.notEqual(row.cells[4], '–', `client ${row.id} reported a loss`)
+      mkdirSync(SCREENSHOT_DIR, {recursive: true})
+      await page.screenshot({path: join(SCREENSHOT_DIR, 'dashboard.png')})
 
-    // Work happened: both clients applied both results in the same rounds, with equal parameters.
-    for (const c of clients) await c.waitFor((e) => e.event === 'round' && (e.step as number) >= 2, 'two applied rounds', 120_000)
-    const rounds = clients.map((c) => c.rounds())
-    const common = rounds[0].filter((r) => rounds[1].some((q) => q.step === r.step))
-    assert.ok(common.length >= 2)
-    for (const r of common) assert.equal(r.param_hash, rounds[1].find((q) => q.step === r.step)!.param_hash, `step ${r.step}: equal parameters`)
-    const full = common.filter((r) => (r as unknown as {applied: number}).applied === 2)
-    assert.ok(full.length >= 1, `a round applied both clients' results: ${JSON.stringify(common)}`)
-    assert.notEqual(common[0].param_hash, common.at(-1)!.param_hash, 'the model changed')
+      // Work happened: both clients applied both results in the same rounds, with equal parameters.
+      for (const c of clients) await c.waitFor((e) => e.event === 'round' && (e.step as number) >= 2, 'two applied rounds', 120_000)
+      const rounds = clients.map((c) => c.rounds())
+      const common = rounds[0].filter((r) => rounds[1].some((q) => q.step === r.step))
+      assert.ok(common.length >= 2)
+      for (const r of common) assert.equal(r.param_hash, rounds[1].find((q) => q.step === r.step)!.param_hash, `step ${r.step}: equal parameters`)
+      const full = common.filter((r) => (r as unknown as {applied: number}).applied === 2)
+      assert.ok(full.length >= 1, `a round applied both clients' results: ${JSON.stringify(common)}`)
+      assert.notEqual(common[0].param_hash, common.at(-1)!.param_hash, 'the model changed')
 
-    // Prometheus: the server's and every client's endpoint, scraped while the run goes on.
-    const sm = (await scrape(serverMetrics.port)).metrics
-    assert.ok(sm.get('psyche_coordinator_step')! >= 2)
-    assert.ok(sm.get('psyche_coordinator_round_duration_seconds_count')! >= 1)
-    assert.ok(sm.get('psyche_coordinator_client_reports_total')! >= 2)
-    assert.equal(sm.get('psyche_coordinator_connections'), 2)
-    for (const p of clientMetricPorts) {
-      const m = (await scrape(p)).metrics
-      assert.ok(m.get('psyche_client_rounds_applied_total')! >= 1, 'rounds applied')
-      assert.ok(m.get('psyche_client_step')! >= 1)
-      assert.ok(m.get('psyche_client_loss')! > 0)
-      assert.ok(m.get('psyche_client_tokens_per_second')! > 0)
-      assert.ok(m.get('psyche_client_compute_duration_seconds_count')! >= 1)
-      assert.ok(m.get('psyche_client_result_size_bytes_count')! >= 1)
-      assert.ok(m.get('psyche_client_produce_duration_seconds_count')! >= 1, 'produce times')
-      assert.ok(m.get('psyche_client_apply_duration_seconds_count')! >= 1, 'apply times')
-      assert.ok(m.get('psyche_p2p_received_bytes_total')! > 0, 'downloaded the peer\'s results')
-      assert.ok(m.get('psyche_client_results_applied')! >= 1)
-      assert.equal(m.get('psyche_worker_starts_total'), 1)
-    }
+      // Prometheus: the server's and every client's endpoint, scraped while the run goes on.
+      const sm = (await scrape(serverMetrics.port)).metrics
+      assert.ok(sm.get('psyche_coordinator_step')! >= 2)
+      assert.ok(sm.get('psyche_coordinator_round_duration_seconds_count')! >= 1)
+      assert.ok(sm.get('psyche_coordinator_client_reports_total')! >= 2)
+      assert.equal(sm.get('psyche_coordinator_connections'), 2)
+      for (const p of clientMetricPorts) {
+        const m = (await scrape(p)).metrics
+        assert.ok(m.get('psyche_client_rounds_applied_total')! >= 1, 'rounds applied')
+        assert.ok(m.get('psyche_client_step')! >= 1)
+        assert.ok(m.get('psyche_client_loss')! > 0)
+        assert.ok(m.get('psyche_client_tokens_per_second')! > 0)
+        assert.ok(m.get('psyche_client_compute_duration_seconds_count')! >= 1)
+        assert.ok(m.get('psyche_client_result_size_bytes_count')! >= 1)
+        assert.ok(m.get('psyche_client_produce_duration_seconds_count')! >= 1, 'produce times')
+        assert.ok(m.get('psyche_client_apply_duration_seconds_count')! >= 1, 'apply times')
+        assert.ok(m.get('psyche_p2p_received_bytes_total')! > 0, "downloaded the peer's results")
+        assert.ok(m.get('psyche_client_results_applied')! >= 1)
+        assert.equal(m.get('psyche_worker_starts_total'), 1)
+      }
 
-    // A reload shows the history at once (from the server, not the page's memory).
-    const before = await seen(page)
-    await page.reload()
-    await until(page, (s) => s.loss >= before.loss && s.rows.length === 2 && s, 'the history after a reload', 20_000)
+      // A reload shows the history at once (from the server, not the page's memory).
+      const before = await seen(page)
+      await page.reload()
+      await until(page, (s) => s.loss >= before.loss && s.rows.length === 2 && s, 'the history after a reload', 20_000)
 
-    // The run finishes; a restarted server (same --save-state-dir) serves the same history to a new page.
-    for (const c of clients) await c.waitFor((e) => e.event === 'finished', 'the run to finish', 240_000)
-    await page.reload()
-    const end = await until(page, (s) => s.phase === 'Finished' && s, 'Finished', 30_000)
-    await server.stop()
-    const again = new JsonProcess('server-2', serverArgs)
-    procs.push(again)
-    const dash2 = (await again.waitFor((e) => e.event === 'dashboard_listening', 'the restarted dashboard', 60_000)) as {url: string}
-    const page2 = await browser.newPage({viewport: {width: 1280, height: 1000}})
-    await page2.goto(dash2.url)
-    const restored = await until(page2, (s) => s.loss >= end.loss && s.bluePixels > 20 && s, 'the saved history', 20_000)
-    assert.equal(restored.round, end.round)
-    assert.ok(restored.loss >= 4, `loss points of rounds 1..6 (some clients report late): ${restored.loss}`)
-  })
-})
+      // The run finishes; a restarted server (same --save-state-dir) serves the same history to a new page.
+      for (const c of clients) await c.waitFor((e) => e.event === 'finished', 'the run to finish', 240_000)
+      await page.reload()
+      const end = await until(page, (s) => s.phase === 'Finished' && s, 'Finished', 30_000)
+      await server.stop()
+      const again = new JsonProcess('server-2', serverArgs)
+      procs.push(again)
+      const dash2 = (await again.waitFor((e) => e.event === 'dashboard_listening', 'the restarted dashboard', 60_000)) as {url: string}
+      const page2 = await browser.newPage({viewport: {width: 1280, height: 1000}})
+      await page2.goto(dash2.url)
+      const restored = await until(page2, (s) => s.loss >= end.loss && s.bluePixels > 20 && s, 'the saved history', 20_000)
+      assert.equal(restored.round, end.round)
+      assert.ok(restored.loss >= 4, `loss points of rounds 1..6 (some clients report late): ${restored.loss}`)
+    })
+  },
+)

@@ -33,7 +33,10 @@ describe('Prometheus metrics', () => {
     const conn = await CoordinatorConnection.connect({addr: `127.0.0.1:${port}`, runId: RUN_ID, identity: generateIdentity(), p2pAddrs: [], join: true})
     try {
       // A client configured for another run is refused (and counted by reason).
-      await assert.rejects(CoordinatorConnection.connect({addr: `127.0.0.1:${port}`, runId: 'another-run', identity: generateIdentity(), p2pAddrs: [], join: true, reconnect: false}), /another-run|run/)
+      await assert.rejects(
+        CoordinatorConnection.connect({addr: `127.0.0.1:${port}`, runId: 'another-run', identity: generateIdentity(), p2pAddrs: [], join: true, reconnect: false}),
+        /another-run|run/,
+      )
       await server.waitFor((e) => e.event === 'rejected' && e.code === 'wrong_run_id', 'the rejection', 10_000)
       const now = await scrape(metricsPort)
       assert.equal(now.metrics.get('psyche_coordinator_connections'), 1)
@@ -52,9 +55,34 @@ describe('Prometheus metrics', () => {
     const m = new ClientMetrics({seqLen: 64})
     m.observe({event: 'started'})
     m.observe({event: 'trained', step: 1, loss: 7.5, batches: 4, result_bytes: 5000, compute_ms: 500, produce_ms: 20})
-    m.observe({event: 'round', step: 1, epoch: 0, loss: 7.5, applied: 3, trainers: 3, bytes_in: 10_000, bytes_out: 4000, peers: 2, apply_ms: 40, peer_bytes: {peerA: {in: 6000, out: 2000}}})
+    m.observe({
+      event: 'round',
+      step: 1,
+      epoch: 0,
+      loss: 7.5,
+      applied: 3,
+      trainers: 3,
+      bytes_in: 10_000,
+      bytes_out: 4000,
+      peers: 2,
+      apply_ms: 40,
+      peer_bytes: {peerA: {in: 6000, out: 2000}},
+    })
     m.observe({event: 'trained', step: 2, loss: 7.1, batches: 4, result_bytes: 5100, compute_ms: 250})
-    m.observe({event: 'round', step: 2, epoch: 0, applied: 2, accepted: 3, trainers: 3, bytes_in: 25_000, bytes_out: 9000, peers: 2, peers_direct: 1, peers_relayed: 1, peer_bytes: {peerA: {in: 9000, out: 2500}}})
+    m.observe({
+      event: 'round',
+      step: 2,
+      epoch: 0,
+      applied: 2,
+      accepted: 3,
+      trainers: 3,
+      bytes_in: 25_000,
+      bytes_out: 9000,
+      peers: 2,
+      peers_direct: 1,
+      peers_relayed: 1,
+      peer_bytes: {peerA: {in: 9000, out: 2500}},
+    })
     m.observe({event: 'rejected', code: 'stale_step', reason: 'x'})
     m.observe({event: 'rejected', code: 'stale_step', reason: 'y'})
     m.observe({event: 'announcement_ignored', client_id: 'c', step: 2})

@@ -17,7 +17,8 @@ describe('psyche status', () => {
 
   it('--json: the run as the coordinator holds it, without joining; plain text names the phase and the clients', async () => {
     t = await startTestServer(writeRunConfig(dir.path, {init_min_clients: 2, warmup_time: 30}))
-    for (let i = 0; i < 2; i++) conns.push(await CoordinatorConnection.connect({addr: t.addr, runId: RUN_ID, identity: generateIdentity(), p2pAddrs: [`/ip4/127.0.0.1/tcp/${4000 + i}`], join: true}))
+    for (let i = 0; i < 2; i++)
+      conns.push(await CoordinatorConnection.connect({addr: t.addr, runId: RUN_ID, identity: generateIdentity(), p2pAddrs: [`/ip4/127.0.0.1/tcp/${4000 + i}`], join: true}))
     t.clock.advance(2) // waiting_for_members_extra_time: the epoch starts
     await waitUntil(() => t!.server.state.run_state === 'Warmup', 'Warmup')
     t.clock.advance(4)

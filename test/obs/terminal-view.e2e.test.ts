@@ -38,10 +38,34 @@ describe('live terminal view (ink) in a tmux pane', {timeout: 300_000, skip: has
   it('server run and join on a terminal: phase, round and epoch with time left, clients and their health, witness quorum, loss with a sparkline, bytes, applied of accepted', async () => {
     const state = writeE2eRun(dir.path, {roundsPerEpoch: 20, totalSteps: 20, initMinClients: 2, maxRoundTrainTime: 20, lr: 1e-2})
     const port = await freePort()
-    tmux('new-session', '-d', '-s', session, '-n', 'server', '-x', '150', '-y', '40', '-c', projectRoot, `${process.execPath} ${cliPath} server run --state ${state} --server-port ${port}; sleep 60`)
+    tmux(
+      'new-session',
+      '-d',
+      '-s',
+      session,
+      '-n',
+      'server',
+      '-x',
+      '150',
+      '-y',
+      '40',
+      '-c',
+      projectRoot,
+      `${process.execPath} ${cliPath} server run --state ${state} --server-port ${port}; sleep 60`,
+    )
     await until((t) => t.includes('psyche server · run e2e') && t.includes('phase WaitingForMembers'), 'the view', 60_000)
     // One client on a terminal (its own live view), one with --json (its events tell the test what happened).
-    tmux('new-window', '-d', '-t', session, '-n', 'join', '-c', projectRoot, `${process.execPath} ${cliPath} join --server-addr 127.0.0.1:${port} --run-id e2e --config ${state} --threads 1; sleep 60`)
+    tmux(
+      'new-window',
+      '-d',
+      '-t',
+      session,
+      '-n',
+      'join',
+      '-c',
+      projectRoot,
+      `${process.execPath} ${cliPath} join --server-addr 127.0.0.1:${port} --run-id e2e --config ${state} --threads 1; sleep 60`,
+    )
     const clients = ['b'].map((name) => new JsonProcess(name, ['join', '--server-addr', `127.0.0.1:${port}`, '--run-id', 'e2e', '--config', state, '--threads', '1', '--json']))
     procs.push(...clients)
     const first = await until((t) => /phase Round(Train|Witness)/.test(t) && /clients 2 healthy/.test(t), 'a round with both clients', 180_000)
@@ -54,16 +78,29 @@ describe('live terminal view (ink) in a tmux pane', {timeout: 300_000, skip: has
     assert.match(later, /in \d+\.\d\d MB {3}out \d+\.\d\d MB/)
     const rows = later.split('\n').filter((l) => /^\s*│?\s+[0-9a-f]{12}… +\w+ +step [\d–]+ +loss/.test(l))
     assert.equal(rows.length, 2, `a row per client:\n${later}`)
-    assert.ok(rows.some((r) => /Healthy +step \d+ +loss \d/.test(r)), `a healthy client that reported:\n${later}`)
+    assert.ok(
+      rows.some((r) => /Healthy +step \d+ +loss \d/.test(r)),
+      `a healthy client that reported:\n${later}`,
+    )
     assert.doesNotMatch(later, /Warning:|Encountered/, 'nothing but the view on the screen')
     // Work happened: the --json client applied a round with results in it.
     await clients[0].waitFor((e) => e.event === 'round' && (e.applied as number) >= 1, 'a round with results applied', 120_000)
-    const joined = await until((t) => /psyche join · run e2e · [0-9a-f]{12}…/.test(t) && /\(me\)/.test(t) && /phase \w+/.test(t), 'the client\'s own view', 60_000, 'join')
+    const joined = await until((t) => /psyche join · run e2e · [0-9a-f]{12}…/.test(t) && /\(me\)/.test(t) && /phase \w+/.test(t), "the client's own view", 60_000, 'join')
     assert.match(joined, /round \d+\/20 {3}epoch \d/)
     assert.match(joined, /loss [\d.–]+/)
     assert.match(joined, /tokens\/s [\d–]+ {3}in /)
     assert.doesNotMatch(joined, /Warning:|Encountered/)
-    process.stdout.write(`# the client's view, as captured:\n${joined.split('\n').map((l) => `# ${l}`).join('\n')}\n`)
-    process.stdout.write(`# the terminal view, as captured:\n${later.split('\n').map((l) => `# ${l}`).join('\n')}\n`)
+    process.stdout.write(
+      `# the client's view, as captured:\n${joined
+        .split('\n')
+        .map((l) => `# ${l}`)
+        .join('\n')}\n`,
+    )
+    process.stdout.write(
+      `# the terminal view, as captured:\n${later
+        .split('\n')
+        .map((l) => `# ${l}`)
+        .join('\n')}\n`,
+    )
   })
 })

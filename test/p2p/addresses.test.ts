@@ -47,8 +47,14 @@ test('flags with a bad multiaddr fail with an error naming the flag and the addr
 test('a node listening on every interface (the default) publishes no loopback address; --p2p-announce replaces what it publishes', async () => {
   const node = await P2PNode.start({identity: generateIdentity(), runId: 'r', relay: false})
   try {
-    assert.ok(node.allAddresses().some((a) => a.startsWith('/ip4/127.0.0.1/')), `listens on loopback too: ${node.allAddresses()}`)
-    assert.ok(node.addresses().every((a) => !a.startsWith('/ip4/127.') && a.endsWith(`/p2p/${node.peerId}`)), node.addresses().join(' '))
+    assert.ok(
+      node.allAddresses().some((a) => a.startsWith('/ip4/127.0.0.1/')),
+      `listens on loopback too: ${node.allAddresses()}`,
+    )
+    assert.ok(
+      node.addresses().every((a) => !a.startsWith('/ip4/127.') && a.endsWith(`/p2p/${node.peerId}`)),
+      node.addresses().join(' '),
+    )
   } finally {
     await node.stop()
   }

@@ -30,11 +30,7 @@ export async function startNodes(count: number, options: Partial<P2PNodeOptions>
 /** Connects every node to every other and waits until each sees the others subscribed to the results topic. */
 export async function meshUp(nodes: TestNode[]): Promise<void> {
   for (const n of nodes) await n.node.connect(nodes.flatMap((m) => m.node.addresses()))
-  await waitFor(
-    () => nodes.every((n) => n.node.libp2p.services.pubsub.getSubscribers(n.node.topic).length >= nodes.length - 1),
-    10_000,
-    'topic subscriptions to propagate',
-  )
+  await waitFor(() => nodes.every((n) => n.node.libp2p.services.pubsub.getSubscribers(n.node.topic).length >= nodes.length - 1), 10_000, 'topic subscriptions to propagate')
 }
 
 export async function stopAll(nodes: TestNode[]): Promise<void> {

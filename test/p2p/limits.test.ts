@@ -35,7 +35,11 @@ describe('p2p: size and concurrency bounds', () => {
     const blobs = Array.from({length: 6}, (_, i) => randomBlob((i === 0 ? 20 : 2) << 20))
     const announcements = await Promise.all(blobs.map((b, i) => producer.node.publishResult(2, i, i + 1, b)))
     // Counted independently of the node's own bookkeeping: open result streams on the fetcher's connections.
-    const openResultStreams = () => fetcher.node.libp2p.getConnections().flatMap((c) => c.streams).filter((s) => s.protocol === RESULT_PROTOCOL && s.direction === 'outbound').length
+    const openResultStreams = () =>
+      fetcher.node.libp2p
+        .getConnections()
+        .flatMap((c) => c.streams)
+        .filter((s) => s.protocol === RESULT_PROTOCOL && s.direction === 'outbound').length
     let observedMax = 0
     const sampler = setInterval(() => (observedMax = Math.max(observedMax, openResultStreams())), 2)
     const fetched = await Promise.all(announcements.map((a) => fetcher.node.fetchResult(a)))
@@ -44,7 +48,10 @@ describe('p2p: size and concurrency bounds', () => {
     assert.equal(fetcher.node.stats().peakDownloadsInFlight, 2, 'the bound was reached and never exceeded')
     assert.ok(observedMax >= 1 && observedMax <= 2, `observed ${observedMax} open result streams`)
     assert.equal(fetcher.node.stats().downloadsInFlight, 0)
-    assert.equal(fetcher.node.stats().bytesReceived, blobs.reduce((s, b) => s + b.length, 0))
+    assert.equal(
+      fetcher.node.stats().bytesReceived,
+      blobs.reduce((s, b) => s + b.length, 0),
+    )
   })
 
   it('concurrent fetches of one result share a single download', async () => {

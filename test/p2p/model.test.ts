@@ -8,7 +8,12 @@ function snapshot(): ModelSnapshot {
   return {
     step: 42,
     paramHash: 'abc123',
-    frames: [f32('model.embed_tokens.weight', [4096, 64]), f32('model.layers.0.mlp.up_proj.weight', [128, 64]), {name: 'lm_head.bias', dtype: 'bfloat16', shape: [7], data: randomBlob(14)}, f32('scalar', [])],
+    frames: [
+      f32('model.embed_tokens.weight', [4096, 64]),
+      f32('model.layers.0.mlp.up_proj.weight', [128, 64]),
+      {name: 'lm_head.bias', dtype: 'bfloat16', shape: [7], data: randomBlob(14)},
+      f32('scalar', []),
+    ],
   }
 }
 
@@ -32,11 +37,17 @@ describe('p2p: model sharing over /psyche/model/1', () => {
     const got = await joiner.node.fetchModel([stranger, noModel.identity.id, server.identity.id])
     assert.equal(got.step, 42)
     assert.equal(got.paramHash, 'abc123')
-    assert.deepEqual(got.frames.map((f) => [f.name, f.dtype, f.shape]), model.frames.map((f) => [f.name, f.dtype, f.shape]))
+    assert.deepEqual(
+      got.frames.map((f) => [f.name, f.dtype, f.shape]),
+      model.frames.map((f) => [f.name, f.dtype, f.shape]),
+    )
     got.frames.forEach((f, i) => assert.deepEqual(Buffer.from(f.data), Buffer.from(model.frames[i].data)))
     assert.equal(provided, 1)
     const failed = joiner.events.filter((e) => e.event === 'model_fetch_failed')
-    assert.deepEqual(failed.map((e) => e.client_id), [stranger, noModel.identity.id])
+    assert.deepEqual(
+      failed.map((e) => e.client_id),
+      [stranger, noModel.identity.id],
+    )
     assert.match(String(failed[1].reason), /not_available/)
     const total = model.frames.reduce((s, f) => s + f.data.length, 0)
     assert.equal(joiner.node.stats().bytesReceived, total)

@@ -41,7 +41,11 @@ describe('p2p: forged announcements and dishonest blobs are rejected with a logg
     for (const d of delivered) assert.deepEqual(d, [honest])
     for (const n of [a, b]) {
       const rejected = n.events.filter((e) => e.event === 'announcement_rejected')
-      assert.deepEqual(rejected.map((e) => forgeries.findIndex(([reason]) => String(e.reason).includes(reason)) >= 0), forgeries.map(() => true), JSON.stringify(rejected))
+      assert.deepEqual(
+        rejected.map((e) => forgeries.findIndex(([reason]) => String(e.reason).includes(reason)) >= 0),
+        forgeries.map(() => true),
+        JSON.stringify(rejected),
+      )
       for (const e of rejected) assert.equal(e.from, forger.node.peerId, 'the sender is named')
     }
   })
@@ -81,7 +85,10 @@ describe('p2p: forged announcements and dishonest blobs are rejected with a logg
     await assert.rejects(fetcher.node.fetchResult(a), /declared 5000 bytes, announcement says 1000/)
     assert.equal(fetcher.node.stats().badBlobs, before + 1)
     const reported = fetcher.events.filter((e) => e.event === 'bad_blob' && /declared 5000 bytes/.test(String(e.reason)))
-    assert.deepEqual(reported.map((e) => e.from), [liar.node.peerId])
+    assert.deepEqual(
+      reported.map((e) => e.from),
+      [liar.node.peerId],
+    )
     assert.equal(fetcher.node.hasResult(commitment), false)
   })
 })

@@ -21,7 +21,7 @@ describe('p2p: result gossip and blob transfer between three real libp2p nodes',
     for (const n of nodes) assert.ok(n.node.addresses().every((a) => a.startsWith('/ip4/127.0.0.1/tcp/') && a.endsWith(`/p2p/${n.node.peerId}`)))
   })
 
-  it('every node receives the others\' announcements and fetches their blobs', async () => {
+  it("every node receives the others' announcements and fetches their blobs", async () => {
     nodes.forEach((n, i) => n.node.onAnnouncement((a) => received[i].push(a)))
     const blobs = nodes.map((_, i) => randomBlob(200_000 + i * 1_500_000))
     published = await Promise.all(nodes.map((n, i) => n.node.publishResult(7, i * 4, i * 4 + 4, blobs[i])))
@@ -33,7 +33,13 @@ describe('p2p: result gossip and blob transfer between three real libp2p nodes',
     await waitFor(() => received.every((r) => r.length >= 2), 10_000, 'announcements to arrive')
     for (const [i, r] of received.entries()) {
       assert.equal(r.length, 2, 'own announcement is not delivered, the other two are, once each')
-      assert.deepEqual(r.map((a) => a.client_id).sort(), nodes.filter((_, j) => j !== i).map((n) => n.identity.id).sort())
+      assert.deepEqual(
+        r.map((a) => a.client_id).sort(),
+        nodes
+          .filter((_, j) => j !== i)
+          .map((n) => n.identity.id)
+          .sort(),
+      )
       for (const a of r) {
         const bytes = await nodes[i].node.fetchResult(a)
         const producer = nodes.findIndex((n) => n.identity.id === a.client_id)
@@ -65,7 +71,10 @@ describe('p2p: result gossip and blob transfer between three real libp2p nodes',
     await nodes[0].node.stop()
     const bytes = await joiner.node.fetchResult(got[0])
     assert.equal(sha256Hex(bytes), published[0].commitment)
-    assert.ok(joiner.events.some((e) => e.event === 'fetch_failed' && e.from === nodes[0].node.peerId), 'the producer was tried first')
+    assert.ok(
+      joiner.events.some((e) => e.event === 'fetch_failed' && e.from === nodes[0].node.peerId),
+      'the producer was tried first',
+    )
     assert.equal(nodes[1].node.stats().bytesSent + nodes[2].node.stats().bytesSent - sentBefore, published[0].size)
     await new Promise((r) => setTimeout(r, 300))
     assert.equal(received[1].length, 2)

@@ -3,15 +3,7 @@ import {statSync, writeFileSync} from 'node:fs'
 import {join} from 'node:path'
 import {test} from 'node:test'
 import {PsycheError} from '../../src/core/errors.js'
-import {
-  generateIdentity,
-  identityFromSeed,
-  identityPrivateSeed,
-  loadIdentity,
-  saveIdentity,
-  signBytes,
-  verifyBytes,
-} from '../../src/core/protocol/index.js'
+import {generateIdentity, identityFromSeed, identityPrivateSeed, loadIdentity, saveIdentity, signBytes, verifyBytes} from '../../src/core/protocol/index.js'
 import {tempDir} from '../helpers.js'
 
 // RFC 8032, test 1: the public key of the all-known seed, so our raw-key handling matches the standard.

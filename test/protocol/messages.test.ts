@@ -40,7 +40,19 @@ function signedEnvelope(identity: Identity, direction: 0 | 1, payload: Uint8Arra
   return Buffer.concat([header, signature, payload])
 }
 
-const REPORT = {loss: 5, val_loss: null, tokens_per_second: null, compute_ms: null, apply_ms: null, result_bytes: null, bytes_in: 0, bytes_out: 0, applied: 0, accepted: 0, peers: 0}
+const REPORT = {
+  loss: 5,
+  val_loss: null,
+  tokens_per_second: null,
+  compute_ms: null,
+  apply_ms: null,
+  result_bytes: null,
+  bytes_in: 0,
+  bytes_out: 0,
+  applied: 0,
+  accepted: 0,
+  peers: 0,
+}
 
 test('every client message round-trips with its sender, run, step, seq and session', () => {
   const bob = generateIdentity().id
@@ -52,7 +64,22 @@ test('every client message round-trips with its sender, run, step, seq and sessi
     ['equivocation', {proof: {a: {step: 1}, b: {step: 1}}}],
     ['withdraw', {}],
     ['checkpoint', {repo: {repo_id: 'org/model', revision: 'abc'}}],
-    ['report', {loss: 5.25, val_loss: null, tokens_per_second: 1234.5, compute_ms: 812, apply_ms: null, result_bytes: 6000, bytes_in: 120000, bytes_out: 40000, applied: 3, accepted: 3, peers: 2}],
+    [
+      'report',
+      {
+        loss: 5.25,
+        val_loss: null,
+        tokens_per_second: 1234.5,
+        compute_ms: 812,
+        apply_ms: null,
+        result_bytes: 6000,
+        bytes_in: 120000,
+        bytes_out: 40000,
+        applied: 3,
+        accepted: 3,
+        peers: 2,
+      },
+    ],
     ['addresses', {p2p_addrs: ['/ip4/10.0.0.2/tcp/4001/p2p/12D3KooWA', '/ip4/203.0.113.7/tcp/4001/p2p/12D3KooWR/p2p-circuit/p2p/12D3KooWA']}],
   ] as const
   for (const [kind, b] of messages) {
@@ -63,7 +90,27 @@ test('every client message round-trips with its sender, run, step, seq and sessi
 })
 
 test('every server message round-trips; the state arrives as a CoordinatorState', () => {
-  const state = createCoordinator({run_id: 'run-a', run_state: 'WaitingForMembers', config: {warmup_time: 1, cooldown_time: 1, epoch_time: 10, max_round_train_time: 1, round_witness_time: 1, min_clients: 1, init_min_clients: 1, witness_nodes: 0, verification_percent: 0, global_batch_size_start: 1, global_batch_size_end: 1, global_batch_size_warmup_tokens: 0, total_steps: 5, waiting_for_members_extra_time: 0}, model: {LLM: {} as never}})
+  const state = createCoordinator({
+    run_id: 'run-a',
+    run_state: 'WaitingForMembers',
+    config: {
+      warmup_time: 1,
+      cooldown_time: 1,
+      epoch_time: 10,
+      max_round_train_time: 1,
+      round_witness_time: 1,
+      min_clients: 1,
+      init_min_clients: 1,
+      witness_nodes: 0,
+      verification_percent: 0,
+      global_batch_size_start: 1,
+      global_batch_size_end: 1,
+      global_batch_size_warmup_tokens: 0,
+      total_steps: 5,
+      waiting_for_members_extra_time: 0,
+    },
+    model: {LLM: {} as never},
+  })
   const peers = {[alice.id]: ['/ip4/1.2.3.4/tcp/1']}
   const state1 = decodeServerMessage(body(encodeServerMessage(server, 'state', fields(), {state: serializeState(state), peers, server_time: 12})))
   assert.ok(state1.ok, !state1.ok ? state1.detail : '')
@@ -122,7 +169,11 @@ test('tampering anywhere, unsigned bytes, the wrong direction, or bad fields are
     [{kind: 'withdraw', run_id: 'r', step: 0, seq: 1, session: 'short', body: {}}, 'invalid_message', /session/],
     [{kind: 'withdraw', run_id: 'r', step: 0, seq: 1, session: SESSION, body: {}, extra: 1}, 'invalid_message', /unexpected field "extra"/],
     [{kind: 'hello', run_id: 'r', step: 0, seq: 1, session: SESSION, body: {run_id: 'r', client_id: 'me', p2p_addrs: [], want_join: true}}, 'invalid_message', /client_id/],
-    [{kind: 'hello', run_id: 'r', step: 0, seq: 1, session: SESSION, body: {run_id: 'r', client_id: alice.id, p2p_addrs: Array(33).fill('a'), want_join: true}}, 'invalid_message', /more than 32/],
+    [
+      {kind: 'hello', run_id: 'r', step: 0, seq: 1, session: SESSION, body: {run_id: 'r', client_id: alice.id, p2p_addrs: Array(33).fill('a'), want_join: true}},
+      'invalid_message',
+      /more than 32/,
+    ],
     [{kind: 'hello', run_id: 'r', step: 0, seq: 1, session: SESSION, body: {run_id: 'r', client_id: alice.id, p2p_addrs: [], want_join: 'yes'}}, 'invalid_message', /want_join/],
     [{kind: 'health_check', run_id: 'r', step: 0, seq: 1, session: SESSION, body: {accused: []}}, 'invalid_message', /non-empty/],
     [{kind: 'accuse', run_id: 'r', step: 0, seq: 1, session: SESSION, body: {accused: alice.id, reason: 'rude'}}, 'invalid_message', /accuse.reason/],
@@ -149,7 +200,11 @@ test('tampering anywhere, unsigned bytes, the wrong direction, or bad fields are
     }
   }
   // A server state whose text is not a coordinator state is refused, not handed to the client.
-  const badState = signedEnvelope(server, 1, Buffer.from(JSON.stringify({kind: 'state', run_id: 'r', step: 0, seq: 1, session: SESSION, body: {state: '{"version":9}', peers: {}, server_time: 0}})))
+  const badState = signedEnvelope(
+    server,
+    1,
+    Buffer.from(JSON.stringify({kind: 'state', run_id: 'r', step: 0, seq: 1, session: SESSION, body: {state: '{"version":9}', peers: {}, server_time: 0}})),
+  )
   const d = decodeServerMessage(badState)
   assert.ok(!d.ok && d.reason === 'invalid_message' && /version/.test(d.detail))
 })
@@ -160,7 +215,10 @@ test('FrameReader: frames split at every byte boundary come out whole; oversized
   for (let cut = 0; cut <= stream.length; cut++) {
     const reader = new FrameReader(1024)
     const out = [...reader.push(stream.subarray(0, cut)), ...reader.push(stream.subarray(cut))]
-    assert.deepEqual(out.map((e) => (e.ok ? e.body.toString('hex') : e.reason)), ['61', Buffer.alloc(300, 7).toString('hex'), '78797a'])
+    assert.deepEqual(
+      out.map((e) => (e.ok ? e.body.toString('hex') : e.reason)),
+      ['61', Buffer.alloc(300, 7).toString('hex'), '78797a'],
+    )
     assert.equal(reader.pending, 0)
   }
   const reader = new FrameReader(100)
@@ -206,7 +264,7 @@ test('fuzz: random and mutated frames through FrameReader and both decoders neve
   const mutators: ((b: Buffer) => Buffer)[] = [
     (b) => {
       const c = Buffer.from(b)
-      for (let k = 1 + (next() % 4); k > 0; k--) c[next() % c.length] ^= 1 << next() % 8
+      for (let k = 1 + (next() % 4); k > 0; k--) c[next() % c.length] ^= 1 << (next() % 8)
       return c
     },
     (b) => b.subarray(0, next() % b.length),
@@ -263,5 +321,6 @@ test('fuzz: random and mutated frames through FrameReader and both decoders neve
   assert.ok(n >= 3000, `only ${n} cases`)
   assert.ok(counts.rejected > n, `seed ${seed}: ${JSON.stringify(counts)}`)
   // Every layer of checks was reached.
-  for (const r of ['truncated', 'bad_magic', 'wrong_direction', 'bad_signature', 'malformed', 'invalid_message']) assert.ok(reasons.has(r), `seed ${seed}: no case reached ${r} (${[...reasons]})`)
+  for (const r of ['truncated', 'bad_magic', 'wrong_direction', 'bad_signature', 'malformed', 'invalid_message'])
+    assert.ok(reasons.has(r), `seed ${seed}: no case reached ${r} (${[...reasons]})`)
 })

@@ -4,7 +4,16 @@ import type {BackendConnector, CoordinatorBackend, JoinRequest, PeerDirectory, R
 import type {Clock, ClientComponents, ClientP2P, ClientP2PStats, ClientWorker} from '../../src/core/client/components.js'
 import {PsycheClient, type ClientSummary, type RoundEvent} from '../../src/core/client/runner.js'
 import type {HubRepo} from '../../src/core/config/types.js'
-import {applyEvent, createCoordinator, tick, type AccusationReason, type ClientId, type CoordinatorEvent, type CoordinatorState, type WitnessProof} from '../../src/core/coordinator/index.js'
+import {
+  applyEvent,
+  createCoordinator,
+  tick,
+  type AccusationReason,
+  type ClientId,
+  type CoordinatorEvent,
+  type CoordinatorState,
+  type WitnessProof,
+} from '../../src/core/coordinator/index.js'
 import type {DataProvider} from '../../src/core/data/provider.js'
 import type {ModelSnapshot, ResultAnnouncement} from '../../src/core/p2p/index.js'
 import {sha256Hex, signAnnouncement} from '../../src/core/p2p/announcement.js'
@@ -133,7 +142,14 @@ export class InProcessCoordinator {
     if (r.error) {
       // What the client had seen when it sent: a refusal of a message sent on a stale view is a race, not a bug.
       const saw = backend.state
-      this.refusals.push({from: id, type: event.type, code: r.error.code, message: r.error.message, run_state: `${this.state.run_state}@${this.state.progress.step}`, client_saw: `${saw?.run_state}@${saw?.progress.step}`})
+      this.refusals.push({
+        from: id,
+        type: event.type,
+        code: r.error.code,
+        message: r.error.message,
+        run_state: `${this.state.run_state}@${this.state.progress.step}`,
+        client_saw: `${saw?.run_state}@${saw?.progress.step}`,
+      })
       backend.emitLater('rejected', r.error.message, {code: r.error.code, of})
       return true
     }
@@ -340,7 +356,15 @@ export class MemoryP2P implements ClientP2P {
   }
 
   async publishResult(step: number, batchStart: number, batchEnd: number, blob: Uint8Array): Promise<ResultAnnouncement> {
-    const a = signAnnouncement(this.identity, {run_id: this.net.runId, step, client_id: this.id, batch_start: batchStart, batch_end: batchEnd, commitment: sha256Hex(blob), size: blob.length})
+    const a = signAnnouncement(this.identity, {
+      run_id: this.net.runId,
+      step,
+      client_id: this.id,
+      batch_start: batchStart,
+      batch_end: batchEnd,
+      commitment: sha256Hex(blob),
+      size: blob.length,
+    })
     this.results.set(a.commitment, {step, bytes: blob})
     this.seen.add(a.signature)
     this.gossip(a)
@@ -589,7 +613,19 @@ export function simRun(config: Partial<typeof baseConfig> = {}, llm: Partial<typ
     {
       run_id: 'sim-run',
       run_state: 'WaitingForMembers',
-      config: {...baseConfig, warmup_time: 5, cooldown_time: 2, max_round_train_time: 5, round_witness_time: 2, epoch_time: 30, min_clients: 2, init_min_clients: 3, witness_nodes: 2, total_steps: 1000, ...config},
+      config: {
+        ...baseConfig,
+        warmup_time: 5,
+        cooldown_time: 2,
+        max_round_train_time: 5,
+        round_witness_time: 2,
+        epoch_time: 30,
+        min_clients: 2,
+        init_min_clients: 3,
+        witness_nodes: 2,
+        total_steps: 1000,
+        ...config,
+      },
       // Dummy: the plan's model at the first epoch (a Hub checkpoint would be downloaded), P2P after it.
       model: {LLM: {...baseLLM, max_seq_len: SIM_SEQ_LEN, checkpoint: {Dummy: {repo_id: 'org/sim'}}, ...llm}},
     },
@@ -615,7 +651,18 @@ export class Simulation {
     const p2p = this.net.node(identity)
     const components: ClientComponents = {backend: this.coordinator.connector(identity.id), p2p, worker, data: memoryData(SIM_SEQ_LEN), clock: this.clock}
     const client = await PsycheClient.start(
-      {id: identity.id, runId: this.coordinator.state.run_id, plan: {model: {kind: 'config', configPath: 'sim/config.json', config: {sim: true}}, seqLen: SIM_SEQ_LEN, microBatch: 1, optimizer: {AdamW: {betas: [0.9, 0.95], weight_decay: 0, eps: 1e-8}}} as never, seed: 7, log: (e) => events.push(e)},
+      {
+        id: identity.id,
+        runId: this.coordinator.state.run_id,
+        plan: {
+          model: {kind: 'config', configPath: 'sim/config.json', config: {sim: true}},
+          seqLen: SIM_SEQ_LEN,
+          microBatch: 1,
+          optimizer: {AdamW: {betas: [0.9, 0.95], weight_decay: 0, eps: 1e-8}},
+        } as never,
+        seed: 7,
+        log: (e) => events.push(e),
+      },
       components,
     )
     const sim: SimClient = {
@@ -641,7 +688,10 @@ export class Simulation {
     let elapsed = 0
     await settle()
     while (!until()) {
-      if (elapsed >= maxMs) throw new Error(`simulation: ${o.what ?? 'condition'} not reached within ${maxMs / 1000} s of virtual time (run state ${this.coordinator.state.run_state}, step ${this.coordinator.state.progress.step})`)
+      if (elapsed >= maxMs)
+        throw new Error(
+          `simulation: ${o.what ?? 'condition'} not reached within ${maxMs / 1000} s of virtual time (run state ${this.coordinator.state.run_state}, step ${this.coordinator.state.progress.step})`,
+        )
       this.clock.advance(stepMs)
       elapsed += stepMs
       this.coordinator.tick()

@@ -41,7 +41,7 @@ function summaryOf(result: ClientSummary | Error): ClientSummary {
 }
 
 describe('in-process simulation: real clients, in-memory coordinator, P2P and worker', {timeout: 60_000}, () => {
-  it('three clients train a run to the end: every round\'s results are exchanged, witnessed and applied identically', async () => {
+  it("three clients train a run to the end: every round's results are exchanged, witnessed and applied identically", async () => {
     const started = performance.now()
     const sim = new Simulation(simRun({total_steps: 6}))
     const [a, b, c] = [await sim.addClient('a'), await sim.addClient('b'), await sim.addClient('c')]
@@ -65,7 +65,10 @@ describe('in-process simulation: real clients, in-memory coordinator, P2P and wo
     assert.ok((sim.coordinator.accepted.get('witness') ?? 0) >= 6, 'witness proofs reached the coordinator')
     // The coordinator refused nothing a client sent with an up-to-date view (a warmup-ready that crosses the
     // start of RoundTrain is a race every backend has, and is refused harmlessly).
-    assert.deepEqual(sim.coordinator.refusals.filter((r) => r.client_saw === r.run_state), [])
+    assert.deepEqual(
+      sim.coordinator.refusals.filter((r) => r.client_saw === r.run_state),
+      [],
+    )
     assert.ok(performance.now() - started < 20_000, `took ${Math.round(performance.now() - started)} ms`)
   })
 
@@ -75,7 +78,11 @@ describe('in-process simulation: real clients, in-memory coordinator, P2P and wo
     await sim.untilApplied(2)
     sim.net.setOnline(c.identity.id, false)
     await sim.runUntil(() => sim.coordinator.state.epoch.clients.some((x) => x.id === c.identity.id && x.state === 'Dropped'), {what: 'c to be dropped'})
-    assert.ok(a.events.some((e) => e.event === 'health_check' && (e.accused as string[]).includes(c.identity.id)) || b.events.some((e) => e.event === 'health_check' && (e.accused as string[]).includes(c.identity.id)), 'a witness accused c')
+    assert.ok(
+      a.events.some((e) => e.event === 'health_check' && (e.accused as string[]).includes(c.identity.id)) ||
+        b.events.some((e) => e.event === 'health_check' && (e.accused as string[]).includes(c.identity.id)),
+      'a witness accused c',
+    )
     const lastWhileOff = Math.max(...a.rounds.map((r) => r.step))
     sim.net.setOnline(c.identity.id, true)
     // c noticed it could not apply what the quorum accepted, dropped its model, rejoins and fetches the model from a peer.
@@ -86,7 +93,10 @@ describe('in-process simulation: real clients, in-memory coordinator, P2P and wo
     const after = [reloadAt + 1, reloadAt + 2]
     assertReplicasAgree(sim, [a, b, c], after)
     assertModelChanged(c, after)
-    assert.ok(c.events.some((e) => e.event === 'out_of_sync' || e.event === 'rejoining'), 'c knew it fell out')
+    assert.ok(
+      c.events.some((e) => e.event === 'out_of_sync' || e.event === 'rejoining'),
+      'c knew it fell out',
+    )
     await sim.stop()
   })
 
@@ -95,7 +105,10 @@ describe('in-process simulation: real clients, in-memory coordinator, P2P and wo
     const [a, b, c] = [await sim.addClient('a'), await sim.addClient('b'), await sim.addClient('c')]
     await sim.untilApplied(2)
     sim.coordinator.cutLink(b.identity.id, 3000)
-    assert.ok(sim.coordinator.state.epoch.clients.some((x) => x.id === b.identity.id && x.state === 'Withdrawn'), 'the lost link withdrew b')
+    assert.ok(
+      sim.coordinator.state.epoch.clients.some((x) => x.id === b.identity.id && x.state === 'Withdrawn'),
+      'the lost link withdrew b',
+    )
     const epochAtCut = sim.coordinator.state.progress.epoch
     await sim.runUntil(() => b.events.some((e) => e.event === 'reconnected'), {what: 'b to reconnect'})
     // Withdrawn from the epoch, b joins again (its hello asks to) and trains in a later epoch, with the model it
@@ -119,7 +132,10 @@ describe('in-process simulation: real clients, in-memory coordinator, P2P and wo
     const pausedAt = sim.coordinator.state.progress.step
     const last = clients.map((c) => c.rounds.at(-1)!)
     assert.equal(new Set(last.map((r) => r.param_hash)).size, 1)
-    assert.ok(last.every((r) => r.step === pausedAt - 1), `last applied ${last.map((r) => r.step)}, paused at step ${pausedAt}`)
+    assert.ok(
+      last.every((r) => r.step === pausedAt - 1),
+      `last applied ${last.map((r) => r.step)}, paused at step ${pausedAt}`,
+    )
     sim.coordinator.authority({type: 'resume'})
     await sim.untilApplied(pausedAt + 1)
     assertReplicasAgree(sim, clients, [pausedAt, pausedAt + 1])
@@ -135,7 +151,9 @@ describe('in-process simulation: real clients, in-memory coordinator, P2P and wo
     await sim.runUntil(() => sim.coordinator.state.run_state === 'Finished', {what: 'the run to finish'})
     const cResult = await c.done
     assert.ok(cResult instanceof Error && /withdrew/.test(cResult.message), `c ended with ${cResult}`)
-    assert.ok(sim.coordinator.state.epoch.exited.some((x) => x.id === c.identity.id) || !sim.coordinator.state.epoch.clients.some((x) => x.id === c.identity.id && x.state === 'Healthy'))
+    assert.ok(
+      sim.coordinator.state.epoch.exited.some((x) => x.id === c.identity.id) || !sim.coordinator.state.epoch.clients.some((x) => x.id === c.identity.id && x.state === 'Healthy'),
+    )
     const [sa, sb] = [summaryOf(await a.done), summaryOf(await b.done)]
     assert.equal(sa.paramHash, sb.paramHash)
     assert.equal(sa.lastStep, 8)

@@ -2,7 +2,15 @@ import assert from 'node:assert/strict'
 import {describe, it} from 'node:test'
 import {AccountRole, lamports, type Address, type KeyPairSigner} from '@solana/kit'
 import {addressBytes} from '../../src/core/backend/solana/layout.js'
-import {ANYONE, AUTHORIZATION_SIZE, authorizationAddress, decodeAuthorization, delegatesInstruction, grantInstruction, revokeInstruction} from '../../src/core/backend/solana/authorizer.js'
+import {
+  ANYONE,
+  AUTHORIZATION_SIZE,
+  authorizationAddress,
+  decodeAuthorization,
+  delegatesInstruction,
+  grantInstruction,
+  revokeInstruction,
+} from '../../src/core/backend/solana/authorizer.js'
 import {joinRunInstruction, setPausedInstruction, updateInstruction, withdrawInstruction} from '../../src/core/backend/solana/instructions.js'
 import {deployRun, keypair, readRun, type Deployed} from './harness.js'
 
@@ -78,7 +86,7 @@ describe('authorizer program and permissioned joins', () => {
     assert.deepEqual(readRun(d).state.pending, [alice.address])
   })
 
-  it('the grantee\'s delegates may join; only the grantee sets them', async () => {
+  it("the grantee's delegates may join; only the grantee sets them", async () => {
     const {d, grantor, who} = await permissionedRun()
     const alice = await who('alice')
     const hot = await who('alice-hot-key')

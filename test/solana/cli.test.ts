@@ -35,7 +35,13 @@ describe('Solana commands against a localnet (psyche solana localnet)', () => {
     ids.program = writeKeypair(join(dir.path, 'program.json'))
     ids.authorizer = writeKeypair(join(dir.path, 'authorizer.json'))
     configPath = join(dir.path, 'state.toml')
-    writeFileSync(configPath, readFileSync(join(projectRoot, 'templates', 'tiny-demo', 'state.toml'), 'utf8').replace('[model.LLM.checkpoint.Local]\npath = "model"', '[model.LLM.checkpoint.Hub]\nrepo_id = "psyche/tiny-demo"'))
+    writeFileSync(
+      configPath,
+      readFileSync(join(projectRoot, 'templates', 'tiny-demo', 'state.toml'), 'utf8').replace(
+        '[model.LLM.checkpoint.Local]\npath = "model"',
+        '[model.LLM.checkpoint.Hub]\nrepo_id = "psyche/tiny-demo"',
+      ),
+    )
     net = startCli(['solana', 'localnet', '--port', '0', '--json', '--program-id', ids.program, '--authorizer-id', ids.authorizer, '--fund', ids.creator, '--fund', ids.alice])
     url = await new Promise<string>((resolve, reject) => {
       let out = ''
@@ -56,10 +62,13 @@ describe('Solana commands against a localnet (psyche solana localnet)', () => {
 
   const cli = (...args: string[]) => runCli([...args, '--rpc', url, '--program-id', ids.program, '--authorizer-id', ids.authorizer], {timeoutMs: 60_000})
 
-  it('the run creator\'s workflow: create-run (permissioned, configured), set-paused, update-config refused while running, authorize grant / delegates / revoke', async () => {
+  it("the run creator's workflow: create-run (permissioned, configured), set-paused, update-config refused while running, authorize grant / delegates / revoke", async () => {
     const created = await cli('create-run', '--keypair', creator, '--run-id', 'cli-run', '--config-path', configPath, '--join-authority', ids.creator, '--json')
     assert.equal(created.exitCode, 0, created.stderr)
-    assert.deepEqual({...json(created.stdout), coordinator: undefined}, {run_id: 'cli-run', coordinator: undefined, main_authority: ids.creator, join_authority: ids.creator, configured: true})
+    assert.deepEqual(
+      {...json(created.stdout), coordinator: undefined},
+      {run_id: 'cli-run', coordinator: undefined, main_authority: ids.creator, join_authority: ids.creator, configured: true},
+    )
     const resumed = await cli('set-paused', 'resume', '--keypair', creator, '--run-id', 'cli-run', '--json')
     assert.equal(resumed.exitCode, 0, resumed.stderr)
     assert.equal(json(resumed.stdout).run_state, 'WaitingForMembers')

@@ -61,7 +61,7 @@ async function configuredRun(runId = 'prog-test', joinAuthority: Address | null 
 }
 
 describe('coordinator program: accounts', () => {
-  it('init_coordinator creates the run id\'s program address, full size, rent exempt, owned by the program', async () => {
+  it("init_coordinator creates the run id's program address, full size, rent exempt, owned by the program", async () => {
     const d = await deployRun('acct-run', T0)
     const account = d.chain.svm.getAccount(d.coordinator)
     assert.ok(account.exists)
@@ -82,10 +82,29 @@ describe('coordinator program: accounts', () => {
   it('refuses an account that is not the program address of the run id, and a second init', async () => {
     const d = await deployRun('pda-run', T0)
     const wrong = await coordinatorAddress(d.programId, 'other-run')
-    const ixs = initCoordinatorInstructions({programId: d.programId, coordinator: wrong, payer: d.payer, runId: 'pda-run', mainAuthority: d.authority.address, joinAuthority: null, lamports: d.chain.rentExemption(STATE_SIZE)})
+    const ixs = initCoordinatorInstructions({
+      programId: d.programId,
+      coordinator: wrong,
+      payer: d.payer,
+      runId: 'pda-run',
+      mainAuthority: d.authority.address,
+      joinAuthority: null,
+      lamports: d.chain.rentExemption(STATE_SIZE),
+    })
     const r = await d.chain.send(d.payer, ixs)
     assert.equal(r.error, 'WrongProgramAddress')
-    const again = await d.chain.send(d.payer, initCoordinatorInstructions({programId: d.programId, coordinator: d.coordinator, payer: d.payer, runId: 'pda-run', mainAuthority: d.payer.address, joinAuthority: null, lamports: d.chain.rentExemption(STATE_SIZE)}))
+    const again = await d.chain.send(
+      d.payer,
+      initCoordinatorInstructions({
+        programId: d.programId,
+        coordinator: d.coordinator,
+        payer: d.payer,
+        runId: 'pda-run',
+        mainAuthority: d.payer.address,
+        joinAuthority: null,
+        lamports: d.chain.rentExemption(STATE_SIZE),
+      }),
+    )
     assert.equal(again.ok, false)
     assert.equal(readRun(d).main_authority, d.authority.address) // unchanged
   })
@@ -114,7 +133,7 @@ describe('coordinator program: accounts', () => {
 })
 
 describe('coordinator program: authority checks', () => {
-  it('update, set_paused and eject need the main authority\'s signature', async () => {
+  it("update, set_paused and eject need the main authority's signature", async () => {
     const d = await configuredRun('auth-run')
     const mallory = await keypair('mallory')
     d.chain.airdrop(mallory.address)
@@ -149,7 +168,6 @@ describe('coordinator program: authority checks', () => {
     assert.deepEqual(run.state.model, model)
     assert.equal(run.has_config, true)
   })
-
 })
 
 describe('coordinator program: client instructions', () => {
@@ -191,14 +209,23 @@ describe('coordinator program: client instructions', () => {
     const extra = await keypair('cap-extra')
     const r = await chain.send(d.payer, [joinRunInstruction(p, c, extra)])
     assert.equal(r.error, 'CapacityExceeded')
-    assert.ok(r.logs.some((l) => l.includes('MAX_CLIENTS')), r.logs.join('\n'))
+    assert.ok(
+      r.logs.some((l) => l.includes('MAX_CLIENTS')),
+      r.logs.join('\n'),
+    )
     assert.equal(readRun(d).state.pending.length, MAX_CLIENTS)
   })
 
   it('a witness proof of a full round (64 trainers, every one checked for early close) fits the default 200,000 compute units', async () => {
     const d = await deployRun('cu-run', T0)
     const {programId: p, coordinator: c, authority: a, chain} = d
-    assert.ok((await chain.send(a, [updateInstruction(p, c, a, {...config, init_min_clients: MAX_CLIENTS, witness_nodes: 0, global_batch_size_start: 128, global_batch_size_end: 128}, model)])).ok)
+    assert.ok(
+      (
+        await chain.send(a, [
+          updateInstruction(p, c, a, {...config, init_min_clients: MAX_CLIENTS, witness_nodes: 0, global_batch_size_start: 128, global_batch_size_end: 128}, model),
+        ])
+      ).ok,
+    )
     assert.ok((await chain.send(a, [setPausedInstruction(p, c, a, false)])).ok)
     const clients = await Promise.all(Array.from({length: MAX_CLIENTS}, (_, i) => keypair(`cu-${i}`)))
     for (const k of clients) assert.ok((await chain.send(d.payer, [joinRunInstruction(p, c, k)])).ok)
@@ -211,7 +238,9 @@ describe('coordinator program: client instructions', () => {
     const seen = [...assignBatches(state)].map(([id, range]) => ({id, range, commitment: Buffer.alloc(32, 1)}))
     const proof = buildWitnessProof(state.epoch.round!, seen)
     const witness = clients.find((k) => k.address === selectWitnesses(state)[0])!
-    const r = await chain.send(d.payer, [witnessInstruction(p, c, witness, state.epoch.round!.step, Buffer.from(proof.participant_bloom, 'base64'), Buffer.from(proof.broadcast_bloom, 'base64'))])
+    const r = await chain.send(d.payer, [
+      witnessInstruction(p, c, witness, state.epoch.round!.step, Buffer.from(proof.participant_bloom, 'base64'), Buffer.from(proof.broadcast_bloom, 'base64')),
+    ])
     assert.ok(r.ok, r.error)
     assert.ok(r.computeUnits < 200_000n, `a witness proof took ${r.computeUnits} CU`)
   })

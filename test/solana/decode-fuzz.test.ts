@@ -19,16 +19,47 @@ describe('decoders of account bytes (fuzzed)', () => {
   it('coordinator accounts: random lengths, random bytes, and single-byte mutations of a real account', async () => {
     const d = await deployRun('fuzz-run', 1_700_000_000)
     const r = await d.chain.send(d.authority, [
-      updateInstruction(d.programId, d.coordinator, d.authority, {
-        warmup_time: 10, cooldown_time: 5, epoch_time: 100, max_round_train_time: 10, round_witness_time: 2, min_clients: 1, init_min_clients: 1,
-        witness_nodes: 1, verification_percent: 0, global_batch_size_start: 8, global_batch_size_end: 8, global_batch_size_warmup_tokens: 0,
-        total_steps: 10, waiting_for_members_extra_time: 3,
-      }, {LLM: {architecture: 'HfLlama', data_type: 'Pretraining', max_seq_len: 16, cold_start_warmup_steps: 0, checkpoint: {Hub: {repo_id: 'o/m'}}, data_location: 'Dummy', lr_schedule: {Constant: {base_lr: 1e-3, warmup_steps: 0, warmup_init_lr: 0}}, optimizer: 'Dummy'}}),
+      updateInstruction(
+        d.programId,
+        d.coordinator,
+        d.authority,
+        {
+          warmup_time: 10,
+          cooldown_time: 5,
+          epoch_time: 100,
+          max_round_train_time: 10,
+          round_witness_time: 2,
+          min_clients: 1,
+          init_min_clients: 1,
+          witness_nodes: 1,
+          verification_percent: 0,
+          global_batch_size_start: 8,
+          global_batch_size_end: 8,
+          global_batch_size_warmup_tokens: 0,
+          total_steps: 10,
+          waiting_for_members_extra_time: 3,
+        },
+        {
+          LLM: {
+            architecture: 'HfLlama',
+            data_type: 'Pretraining',
+            max_seq_len: 16,
+            cold_start_warmup_steps: 0,
+            checkpoint: {Hub: {repo_id: 'o/m'}},
+            data_location: 'Dummy',
+            lr_schedule: {Constant: {base_lr: 1e-3, warmup_steps: 0, warmup_init_lr: 0}},
+            optimizer: 'Dummy',
+          },
+        },
+      ),
     ])
     assert.ok(r.ok, r.error)
     const real = d.chain.accountData(d.coordinator)!
     assert.equal(readRun(d).state.run_id, 'fuzz-run')
-    fc.assert(fc.property(fc.uint8Array({maxLength: 64}), (b) => decodesOrRangeError(decodeCoordinator, b)), {numRuns: 200})
+    fc.assert(
+      fc.property(fc.uint8Array({maxLength: 64}), (b) => decodesOrRangeError(decodeCoordinator, b)),
+      {numRuns: 200},
+    )
     // Mutations where the decoder looks: the header, the list lengths, the rounds' lengths, the model JSON.
     const hot = fc.oneof(fc.integer({min: 0, max: 900}), fc.integer({min: 11048, max: 11140}), fc.integer({min: 40960, max: 41100}), fc.integer({min: 0, max: STATE_SIZE - 1}))
     fc.assert(
@@ -42,10 +73,16 @@ describe('decoders of account bytes (fuzzed)', () => {
   })
 
   it('authorization accounts', () => {
-    fc.assert(fc.property(fc.uint8Array({minLength: AUTHORIZATION_SIZE, maxLength: AUTHORIZATION_SIZE}), (b) => {
-      b.set([0x50, 0x53, 0x59, 0x48, 0x41, 0x55, 0x54, 0x48], 0) // the magic, so the body is decoded
-      decodesOrRangeError(decodeAuthorization, b)
-    }), {numRuns: 300})
-    fc.assert(fc.property(fc.uint8Array({maxLength: 700}), (b) => decodesOrRangeError(decodeAuthorization, b)), {numRuns: 200})
+    fc.assert(
+      fc.property(fc.uint8Array({minLength: AUTHORIZATION_SIZE, maxLength: AUTHORIZATION_SIZE}), (b) => {
+        b.set([0x50, 0x53, 0x59, 0x48, 0x41, 0x55, 0x54, 0x48], 0) // the magic, so the body is decoded
+        decodesOrRangeError(decodeAuthorization, b)
+      }),
+      {numRuns: 300},
+    )
+    fc.assert(
+      fc.property(fc.uint8Array({maxLength: 700}), (b) => decodesOrRangeError(decodeAuthorization, b)),
+      {numRuns: 200},
+    )
   })
 })

@@ -32,7 +32,10 @@ export async function deployRun(runId: string, now: number, joinAuthority: Addre
   chain.addProgram(authorizer, readFileSync(AUTHORIZER_PROGRAM_PATH))
   chain.setTime(now)
   const coordinator = await coordinatorAddress(programId, runId)
-  const r = await chain.send(payer, initCoordinatorInstructions({programId, coordinator, payer, runId, mainAuthority: authority.address, joinAuthority, authorizer, lamports: chain.rentExemption(STATE_SIZE)}))
+  const r = await chain.send(
+    payer,
+    initCoordinatorInstructions({programId, coordinator, payer, runId, mainAuthority: authority.address, joinAuthority, authorizer, lamports: chain.rentExemption(STATE_SIZE)}),
+  )
   if (!r.ok) throw new Error(`init_coordinator failed: ${r.error}\n${r.logs.join('\n')}`)
   return {chain, programId, coordinator, payer, authority, authorizer}
 }

@@ -17,7 +17,10 @@ import {decodeCoordinator} from '../../src/core/backend/solana/layout.js'
 
 /** The tiny demo's run configuration with a Hub checkpoint (a run on Solana cannot point at a local directory). */
 function hubConfigFile(dir: string): string {
-  const text = readFileSync(join(projectRoot, 'templates', 'tiny-demo', 'state.toml'), 'utf8').replace('[model.LLM.checkpoint.Local]\npath = "model"', '[model.LLM.checkpoint.Hub]\nrepo_id = "psyche/tiny-demo"')
+  const text = readFileSync(join(projectRoot, 'templates', 'tiny-demo', 'state.toml'), 'utf8').replace(
+    '[model.LLM.checkpoint.Local]\npath = "model"',
+    '[model.LLM.checkpoint.Hub]\nrepo_id = "psyche/tiny-demo"',
+  )
   assert.match(text, /checkpoint\.Hub/)
   const path = join(dir, 'state.toml')
   writeFileSync(path, text)
@@ -47,7 +50,7 @@ describe('the JSON-RPC path (RpcChain with @solana/kit) against a LiteSVM localn
     dir.cleanup()
   })
 
-  it('a run creator creates, configures and resumes a run; program errors come back by name with the program\'s reason', async () => {
+  it("a run creator creates, configures and resumes a run; program errors come back by name with the program's reason", async () => {
     const creator = await keypair('rpc-creator')
     net.chain.airdrop(creator.address)
     const target = {chain, programId: ids.program as never, runId: 'rpc-run'}
@@ -88,7 +91,10 @@ describe('the JSON-RPC path (RpcChain with @solana/kit) against a LiteSVM localn
     assert.equal(await readAuthorization({...auth, grantor: grantor.address, grantee: alice.address}), undefined)
     const refused = await chain.send(alice, [joinRunInstruction(ids.program as never, coordinator, alice, authorization)])
     assert.equal(refused.error, 'NotPermitted')
-    assert.ok(refused.logs.some((l) => l.includes('authorization')), refused.logs.join('\n'))
+    assert.ok(
+      refused.logs.some((l) => l.includes('authorization')),
+      refused.logs.join('\n'),
+    )
   })
   it('follows the coordinator account: websocket accountSubscribe, and polling', async () => {
     const creator = await keypair('rpc-watcher')

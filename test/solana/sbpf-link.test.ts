@@ -12,7 +12,7 @@ import {keypair} from './harness.js'
 const fixture = (name: string) => readFileSync(join(projectRoot, 'test', 'fixtures', 'sbpf', name))
 
 describe('sbpf-link', () => {
-  it('murmur3_32 gives the runtime\'s syscall keys', () => {
+  it("murmur3_32 gives the runtime's syscall keys", () => {
     // Keys from the Solana C SDK headers (static syscall hashes) and the murmur3 reference vectors.
     assert.equal(murmur3(''), 0)
     assert.equal(murmur3('', 1), 0x514e28b7)
@@ -39,7 +39,10 @@ describe('sbpf-link', () => {
     assert.equal(elf.entry, entry)
     assert.ok(elf.entry >= text.addr && elf.entry < text.addr + text.size)
     assert.deepEqual(syscalls.map((s) => s.name).sort(), ['sol_log_', 'sol_log_64_'])
-    assert.deepEqual(elf.dynamicSymbols.map((s) => s.name), ['', 'entrypoint', ...syscalls.map((s) => s.name)])
+    assert.deepEqual(
+      elf.dynamicSymbols.map((s) => s.name),
+      ['', 'entrypoint', ...syscalls.map((s) => s.name)],
+    )
     assert.equal(elf.relocations.length, 2)
     for (const r of elf.relocations) {
       assert.equal(r.type, R_BPF_64_32)
@@ -74,18 +77,27 @@ describe('sbpf-link', () => {
     assert.ok(a.logs.includes('Program log: hello from psyche'), a.logs.join('\n'))
     const b = await run(1)
     assert.ok(b.logs.includes('Program log: second greeting'), b.logs.join('\n'))
-    assert.ok(b.logs.some((l) => l.includes('0x1, 0xf')), b.logs.join('\n')) // sol_log_64_(which, length)
+    assert.ok(
+      b.logs.some((l) => l.includes('0x1, 0xf')),
+      b.logs.join('\n'),
+    ) // sol_log_64_(which, length)
     const c = await run(7)
     assert.equal(c.code, 7)
   })
 
   it('refuses calls to unknown functions, naming them', () => {
-    assert.throws(() => link(fixture('unknown-syscall.o'), {file: 'unknown-syscall.o'}), (e: unknown) => e instanceof LinkError && /unknown-syscall\.o: call to unknown function "printf"/.test(e.message))
+    assert.throws(
+      () => link(fixture('unknown-syscall.o'), {file: 'unknown-syscall.o'}),
+      (e: unknown) => e instanceof LinkError && /unknown-syscall\.o: call to unknown function "printf"/.test(e.message),
+    )
     assert.ok(!KNOWN_SYSCALLS.includes('printf'))
   })
 
   it('refuses writable data (mutable globals)', () => {
-    assert.throws(() => link(fixture('writable.o'), {file: 'writable.o'}), (e: unknown) => e instanceof LinkError && /section \.data is writable data/.test(e.message))
+    assert.throws(
+      () => link(fixture('writable.o'), {file: 'writable.o'}),
+      (e: unknown) => e instanceof LinkError && /section \.data is writable data/.test(e.message),
+    )
   })
 
   it('moves the callx register into the immediate field, and refuses JMP32', () => {

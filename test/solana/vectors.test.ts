@@ -40,7 +40,10 @@ function toInstruction(d: Deployed, signers: Map<string, KeyPairSigner>, event: 
       return {signer: payer, ix: tickInstruction(p, c)}
     case 'witness':
       if (event.proof.participant_bloom === '' && event.proof.broadcast_bloom === '') return {signer: who(event.from), ix: warmupWitnessInstruction(p, c, who(event.from))}
-      return {signer: who(event.from), ix: witnessInstruction(p, c, who(event.from), event.step, Buffer.from(event.proof.participant_bloom, 'base64'), Buffer.from(event.proof.broadcast_bloom, 'base64'))}
+      return {
+        signer: who(event.from),
+        ix: witnessInstruction(p, c, who(event.from), event.step, Buffer.from(event.proof.participant_bloom, 'base64'), Buffer.from(event.proof.broadcast_bloom, 'base64')),
+      }
     case 'health_check':
       return {signer: who(event.from), ix: healthCheckInstruction(p, c, who(event.from), event.accused)}
     case 'pause':
@@ -92,7 +95,24 @@ describe('shared coordinator vectors: the on-chain program equals the TypeScript
       assert.ok(transitions.has(t), `no vector goes ${t} (have: ${[...transitions].join(', ')})`)
     }
     // InvalidProof is not here: equivocation proofs (ed25519-signed announcements) are not carried on chain.
-    for (const code of ['Halted', 'InvalidRunState', 'AlreadyJoined', 'UnknownClient', 'InvalidWithdraw', 'InvalidWitness', 'DuplicateWitness', 'WrongStep', 'NoActiveRound', 'InvalidHealthCheck', 'InvalidAccusation', 'DuplicateAccusation', 'AlreadyCheckpointed', 'CannotResume', 'InvalidConfig', 'InvalidEvent']) {
+    for (const code of [
+      'Halted',
+      'InvalidRunState',
+      'AlreadyJoined',
+      'UnknownClient',
+      'InvalidWithdraw',
+      'InvalidWitness',
+      'DuplicateWitness',
+      'WrongStep',
+      'NoActiveRound',
+      'InvalidHealthCheck',
+      'InvalidAccusation',
+      'DuplicateAccusation',
+      'AlreadyCheckpointed',
+      'CannotResume',
+      'InvalidConfig',
+      'InvalidEvent',
+    ]) {
       assert.ok(errors.has(code), `no vector is rejected with ${code}`)
     }
     const excluded = vectors.scenarios.flatMap((s) => s.steps.flatMap((step) => step.state.epoch.round?.excluded ?? []))

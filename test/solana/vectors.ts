@@ -91,7 +91,8 @@ class Recorder {
     // `now` is the chain's clock (unix seconds); the reference's clock is in milliseconds.
     const r = applyEvent(this.state, event, this.now * 1000)
     if (expect === 'ok' && r.error) throw new Error(`${this.scenario.name}: ${event.type} at ${this.now} rejected: ${r.error.code}: ${r.error.message}`)
-    if (expect && expect !== 'ok' && r.error?.code !== expect) throw new Error(`${this.scenario.name}: ${event.type} at ${this.now}: expected ${expect}, got ${r.error?.code ?? 'accepted'}`)
+    if (expect && expect !== 'ok' && r.error?.code !== expect)
+      throw new Error(`${this.scenario.name}: ${event.type} at ${this.now}: expected ${expect}, got ${r.error?.code ?? 'accepted'}`)
     this.state = r.state
     this.steps.push({now: this.now, event, ...(r.error ? {error: r.error.code} : {}), state: r.state})
     return r.state
@@ -121,7 +122,9 @@ class Recorder {
   }
 
   proof(saw?: string[]): {participant_bloom: string; broadcast_bloom: string} {
-    const seen = [...assignBatches(this.state)].filter(([id, r]) => r.end > r.start && (!saw || saw.includes(id))).map(([id, range]) => ({id, range, commitment: Buffer.alloc(32, 7)}))
+    const seen = [...assignBatches(this.state)]
+      .filter(([id, r]) => r.end > r.start && (!saw || saw.includes(id)))
+      .map(([id, range]) => ({id, range, commitment: Buffer.alloc(32, 7)}))
     return buildWitnessProof(this.state.epoch.round!, seen)
   }
 
@@ -134,14 +137,18 @@ class Recorder {
   }
 
   warmupAll(): void {
-    for (const c of this.state.epoch.clients) if (this.state.run_state === 'Warmup') this.apply({type: 'witness', from: c.id, step: 0, proof: {participant_bloom: '', broadcast_bloom: ''}}, 'ok')
+    for (const c of this.state.epoch.clients)
+      if (this.state.run_state === 'Warmup') this.apply({type: 'witness', from: c.id, step: 0, proof: {participant_bloom: '', broadcast_bloom: ''}}, 'ok')
   }
 }
 
 async function recorder(name: string, labels: string[], config: Partial<CoordinatorConfig> = {}, llm: Partial<LLMConfig> = {}): Promise<Recorder> {
   const clients: Record<string, string> = {}
   for (const l of labels) clients[l] = (await keypair(l)).address
-  return new Recorder({name, run_id: `vec-${name}`.slice(0, 32), created_at: 1_700_000_000, clients, config: {...baseConfig, ...config}, model: {LLM: {...baseLLM, ...llm}}}, clients)
+  return new Recorder(
+    {name, run_id: `vec-${name}`.slice(0, 32), created_at: 1_700_000_000, clients, config: {...baseConfig, ...config}, model: {LLM: {...baseLLM, ...llm}}},
+    clients,
+  )
 }
 
 function finish(r: Recorder): Scenario {
@@ -249,15 +256,20 @@ async function rejections(): Promise<Scenario> {
 
 /** A ramped batch size, automatic witnesses, a round nobody witnessed, and a too-small Warmup. */
 async function rampAndLosses(): Promise<Scenario> {
-  const r = await recorder('ramp-and-losses', ['a', 'b', 'c', 'd', 'e'], {
-    witness_nodes: 0,
-    min_clients: 3,
-    init_min_clients: 3,
-    global_batch_size_start: 3,
-    global_batch_size_end: 11,
-    global_batch_size_warmup_tokens: 16 * 40,
-    waiting_for_members_extra_time: 0,
-  }, {checkpoint: {P2P: {repo_id: 'org/p2p'}}})
+  const r = await recorder(
+    'ramp-and-losses',
+    ['a', 'b', 'c', 'd', 'e'],
+    {
+      witness_nodes: 0,
+      min_clients: 3,
+      init_min_clients: 3,
+      global_batch_size_start: 3,
+      global_batch_size_end: 11,
+      global_batch_size_warmup_tokens: 16 * 40,
+      waiting_for_members_extra_time: 0,
+    },
+    {checkpoint: {P2P: {repo_id: 'org/p2p'}}},
+  )
   r.apply({type: 'resume'}, 'ok')
   for (const l of ['a', 'b', 'c']) r.apply({type: 'join', id: r.id(l)}, 'ok')
   r.tickOut() // → Warmup
@@ -319,7 +331,8 @@ async function accusations(): Promise<Scenario> {
 
 export async function generateVectors(): Promise<VectorFile> {
   return {
-    about: 'Generated from src/core/coordinator (the reference). Each step: the event at `now`, and the reference state after it (or its rejection code). test/solana/vectors.test.ts requires the on-chain program to reach identical states.',
+    about:
+      'Generated from src/core/coordinator (the reference). Each step: the event at `now`, and the reference state after it (or its rejection code). test/solana/vectors.test.ts requires the on-chain program to reach identical states.',
     scenarios: [await fullRun(), await rejections(), await rampAndLosses(), await accusations()],
   }
 }

@@ -2,11 +2,20 @@ import assert from 'node:assert/strict'
 import {describe, it} from 'node:test'
 import {parseRoundLine, pickVictims, RoundBook} from '../../src/core/testnet/index.js'
 
-const line = (step: number, hash: string, bytesIn = 10, bytesOut = 20, result: number | null = 100, peers: [number, number] | null = [1, 1]) =>
-  ({step, epoch: 0, loss: 1.5, param_hash: hash, bytes_in: bytesIn, bytes_out: bytesOut, result_bytes: result, peers_applied: peers?.[0] ?? null, other_trainers: peers?.[1] ?? null})
+const line = (step: number, hash: string, bytesIn = 10, bytesOut = 20, result: number | null = 100, peers: [number, number] | null = [1, 1]) => ({
+  step,
+  epoch: 0,
+  loss: 1.5,
+  param_hash: hash,
+  bytes_in: bytesIn,
+  bytes_out: bytesOut,
+  result_bytes: result,
+  peers_applied: peers?.[0] ?? null,
+  other_trainers: peers?.[1] ?? null,
+})
 
 describe('testnet round summary (pure)', () => {
-  it('gathers each client\'s rounds, flags differing hashes, cuts at --rounds, averages result sizes', () => {
+  it("gathers each client's rounds, flags differing hashes, cuts at --rounds, averages result sizes", () => {
     const b = new RoundBook(['client-0', 'client-1'])
     b.recordRound('client-0', line(1, 'aa'))
     b.recordRound('client-1', line(1, 'aa'))
@@ -14,14 +23,20 @@ describe('testnet round summary (pure)', () => {
     b.recordRound('client-1', line(2, 'cc'))
     b.recordRound('client-0', line(3, 'dd'))
     const s = b.summary({runId: 'r', rounds: 2, wallSeconds: 12.345, ended: 'rounds'})
-    assert.deepEqual(s.rounds.map((r) => [r.step, r.hashes_equal]), [[1, true], [2, false]])
+    assert.deepEqual(
+      s.rounds.map((r) => [r.step, r.hashes_equal]),
+      [
+        [1, true],
+        [2, false],
+      ],
+    )
     assert.deepEqual(s.rounds[1].clients['client-1'], {loss: 1.5, param_hash: 'cc', peers_applied: 1, other_trainers: 1})
     assert.equal(s.result_bytes_per_round, 140)
     assert.equal(s.wall_seconds, 12.3)
     assert.deepEqual(s.clients, ['client-0', 'client-1'])
   })
 
-  it('sums bytes over a restarted client\'s generations, and records kills and rejoins', () => {
+  it("sums bytes over a restarted client's generations, and records kills and rejoins", () => {
     const b = new RoundBook(['client-0'])
     b.recordRound('client-0', line(1, 'aa', 100, 200))
     b.recordKill('client-0', 3, 1)
@@ -34,7 +49,7 @@ describe('testnet round summary (pure)', () => {
     assert.deepEqual(s.rejoins, [{client: 'client-0', at_seconds: 8, first_step: 5, param_hash: 'ee'}])
   })
 
-  it('a round in which a client applied none of its peers\' results (while they trained) counts as no exchange, equal hashes or not', () => {
+  it("a round in which a client applied none of its peers' results (while they trained) counts as no exchange, equal hashes or not", () => {
     const b = new RoundBook(['client-0', 'client-1'])
     b.recordRound('client-0', line(1, 'aa', 10, 20, 100, [1, 1]))
     b.recordRound('client-1', line(1, 'aa', 10, 20, 100, [1, 1]))
@@ -44,13 +59,28 @@ describe('testnet round summary (pure)', () => {
     // Alone in the round: nobody else trained, nothing to exchange.
     b.recordRound('client-0', line(3, 'bb', 10, 20, 100, [0, 0]))
     const s = b.summary({runId: 'r', wallSeconds: 1, ended: 'rounds'})
-    assert.deepEqual(s.rounds.map((r) => [r.step, r.hashes_equal, r.exchanged]), [[1, true, true], [2, true, false], [3, true, true]])
+    assert.deepEqual(
+      s.rounds.map((r) => [r.step, r.hashes_equal, r.exchanged]),
+      [
+        [1, true, true],
+        [2, true, false],
+        [3, true, true],
+      ],
+    )
     assert.equal(s.rounds_without_exchange, 1)
   })
 
   it('parseRoundLine reads round events and refuses other lines', () => {
     assert.deepEqual(parseRoundLine({event: 'round', step: 2, epoch: 1, loss: null, param_hash: 'ab', bytes_in: 1, bytes_out: 2}), {
-      step: 2, epoch: 1, loss: null, param_hash: 'ab', bytes_in: 1, bytes_out: 2, result_bytes: null, peers_applied: null, other_trainers: null,
+      step: 2,
+      epoch: 1,
+      loss: null,
+      param_hash: 'ab',
+      bytes_in: 1,
+      bytes_out: 2,
+      result_bytes: null,
+      peers_applied: null,
+      other_trainers: null,
     })
     assert.equal(parseRoundLine({event: 'trained', step: 2}), undefined)
     assert.equal(parseRoundLine({event: 'round', step: '2', param_hash: 'ab'}), undefined)

@@ -55,8 +55,11 @@ def main() -> None:
     rng = random.Random(seed)
     torch.manual_seed(seed)
     # 1-D and 2-D tensors, chunks that divide unevenly (largest divisor), topk > chunk for the tiny bias.
-    params = [("a.weight", torch.nn.Parameter(torch.randn(12, 10))), ("b.bias", torch.nn.Parameter(torch.randn(3))),
-              ("c.weight", torch.nn.Parameter(torch.randn(20, 8)))]
+    params = [
+        ("a.weight", torch.nn.Parameter(torch.randn(12, 10))),
+        ("b.bias", torch.nn.Parameter(torch.randn(3))),
+        ("c.weight", torch.nn.Parameter(torch.randn(20, 8))),
+    ]
     out = []
     for quantize, value_format in ((True, "bf16"), (False, "bf16"), (False, "fp16")):
         cfg = DistroConfig(compression_chunk=4, compression_topk=3, quantize_1bit=quantize)
@@ -73,11 +76,15 @@ def main() -> None:
             else:
                 data = mutate(rng, rng.choice(valid))
             cases.append({"hex": data.hex(), "ok": accepts(data, opt)})
-        out.append({
-            "format": {"value_format": VALUE_FORMAT_NAMES[opt.value_format],
-                       "tensors": [{"name": s.name, "shape": list(s.shape), "chunk": list(s.chunk), "topk": s.topk} for s in opt.specs]},
-            "cases": cases,
-        })
+        out.append(
+            {
+                "format": {
+                    "value_format": VALUE_FORMAT_NAMES[opt.value_format],
+                    "tensors": [{"name": s.name, "shape": list(s.shape), "chunk": list(s.chunk), "topk": s.topk} for s in opt.specs],
+                },
+                "cases": cases,
+            }
+        )
     json.dump(out, sys.stdout)
 
 

@@ -24,7 +24,11 @@ test('the TypeScript validator accepts exactly what the worker decoder accepts (
     let accepted = 0
     for (const [i, c] of set.cases.entries()) {
       const v = validateResult(Buffer.from(c.hex, 'hex'), format)
-      assert.equal(v.ok, c.ok, `${format.value_format} case ${i} (${c.hex.slice(0, 40)}…): python ${c.ok ? 'accepts' : 'rejects'}, TypeScript ${v.ok ? 'accepts' : `rejects: ${(v as {reason: string}).reason}`}`)
+      assert.equal(
+        v.ok,
+        c.ok,
+        `${format.value_format} case ${i} (${c.hex.slice(0, 40)}…): python ${c.ok ? 'accepts' : 'rejects'}, TypeScript ${v.ok ? 'accepts' : `rejects: ${(v as {reason: string}).reason}`}`,
+      )
       if (v.ok) accepted++
     }
     // Both sides of the comparison are exercised: valid results and mutations that stay valid, and rejections.

@@ -25,7 +25,7 @@ test('Scorer: moving averages; a peer is a low scorer only with enough scores be
   assert.equal(s.get('bad')!.count, 2)
 })
 
-test('randomBatchIds: after the round\'s own batches, from the seed; indexOverlap counts shared positions', () => {
+test("randomBatchIds: after the round's own batches, from the seed; indexOverlap counts shared positions", () => {
   const round = {seed: 'ab'.repeat(32), data_index: 100, batch_size: 16}
   const ids = randomBatchIds(round, 4)
   assert.equal(ids.length, 4)

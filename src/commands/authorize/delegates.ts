@@ -9,7 +9,7 @@ export default class AuthorizeDelegates extends PsycheCommand {
 
   static flags = {
     ...solanaFlags,
-    grantor: Flags.string({summary: 'the key that granted the authorization (the run\'s join authority)', required: true}),
+    grantor: Flags.string({summary: "the key that granted the authorization (the run's join authority)", required: true}),
     delegate: Flags.string({summary: 'a key that may join for you (repeat; none clears the list)', multiple: true, default: []}),
   }
 
@@ -17,7 +17,13 @@ export default class AuthorizeDelegates extends PsycheCommand {
     const {flags} = await this.parse(AuthorizeDelegates)
     const {chain, signer} = await solanaContext(flags)
     const delegates = flags.delegate.map((d) => parseAddress(d, 'delegate'))
-    const authorization = await setDelegates({chain, authorizer: parseAddress(flags['authorizer-id'], 'authorizer-id'), grantee: signer, grantor: parseAddress(flags.grantor, 'grantor'), delegates})
+    const authorization = await setDelegates({
+      chain,
+      authorizer: parseAddress(flags['authorizer-id'], 'authorizer-id'),
+      grantee: signer,
+      grantor: parseAddress(flags.grantor, 'grantor'),
+      delegates,
+    })
     if (!this.jsonEnabled()) this.log(`authorization ${authorization}: ${delegates.length} delegate(s)`)
     return {authorization, delegates}
   }

@@ -39,7 +39,9 @@ Exit codes: 0 downloaded; 1 bad input (repository id, token, --out not empty); 3
         token: flags.token,
         onProgress: (p) => progress.update(`${p.phase}${p.file ? ` ${p.file}` : ''}: ${mib(p.done)} / ${mib(p.total)} MiB`, p.phase === 'done'),
       })
-      progress.done(`downloaded ${result.repo}@${result.commit.slice(0, 12)}: ${result.files.length} files, ${mib(result.bytes)} MiB (${mib(result.downloaded_bytes)} MiB fetched) in ${result.seconds.toFixed(1)} s`)
+      progress.done(
+        `downloaded ${result.repo}@${result.commit.slice(0, 12)}: ${result.files.length} files, ${mib(result.bytes)} MiB (${mib(result.downloaded_bytes)} MiB fetched) in ${result.seconds.toFixed(1)} s`,
+      )
       if (!this.jsonEnabled()) this.log(result.dir)
       return result
     } catch (error) {

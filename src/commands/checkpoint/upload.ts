@@ -39,7 +39,9 @@ Exit codes: 0 uploaded; 1 bad input (directory, repository id, token); 3 the Hub
         maxShardBytes: parseSize(flags['max-shard-size'], '--max-shard-size'),
         onProgress: (p) => progress.update(`${p.phase}: ${mib(p.done)} / ${mib(p.total)} MiB`, p.phase !== 'uploading'),
       })
-      progress.done(`uploaded ${result.files.length} files (${mib(result.bytes)} MiB${result.sharded ? ', sharded' : ''}) to ${result.repo}@${result.revision} as ${result.commit.slice(0, 12)} in ${result.seconds.toFixed(1)} s`)
+      progress.done(
+        `uploaded ${result.files.length} files (${mib(result.bytes)} MiB${result.sharded ? ', sharded' : ''}) to ${result.repo}@${result.revision} as ${result.commit.slice(0, 12)} in ${result.seconds.toFixed(1)} s`,
+      )
       if (!this.jsonEnabled()) this.log(result.commit)
       return result
     } catch (error) {

@@ -22,7 +22,7 @@ export default class DataTokenize extends PsycheCommand {
     out: Flags.string({summary: 'output directory', required: true}),
     'token-size': Flags.integer({summary: 'bytes per token id (2: TwoBytes, 4: FourBytes)', options: ['2', '4'], default: 2}),
     'text-field': Flags.string({summary: 'JSONL field holding the text', default: 'text'}),
-    'eos-token': Flags.string({summary: 'token appended after each document (default: the tokenizer\'s <|endoftext|>, </s>, <eos> or <|end_of_text|>)'}),
+    'eos-token': Flags.string({summary: "token appended after each document (default: the tokenizer's <|endoftext|>, </s>, <eos> or <|end_of_text|>)"}),
     'no-eos': Flags.boolean({summary: 'append nothing between documents'}),
     'shard-tokens': Flags.integer({summary: 'most token ids per output file', min: 1}),
     force: Flags.boolean({summary: 'replace token data already in the output directory'}),

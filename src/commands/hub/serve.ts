@@ -6,7 +6,10 @@ import {parseSize} from '../../core/checkpoint/hub.js'
 export default class HubServe extends PsycheCommand {
   static summary = 'Serve a small Hugging Face Hub API on this machine (for tests and development)'
   static description = `Model repositories stored under --dir: repo create, model info, tree, paths-info, preupload, git-LFS batch (basic and multipart), NDJSON commits and resolve/raw downloads with ranges — the routes @huggingface/hub and Python huggingface_hub use (set HF_HUB_DISABLE_XET=1 for Python). Writes need a token starting with hf_ (or one of --token). Runs until interrupted. Not a production Hub: no users, no access control beyond the token.`
-  static examples = ['<%= config.bin %> hub serve --dir ./hub-data --port 8080', 'HF_ENDPOINT=http://127.0.0.1:8080 HF_TOKEN=hf_dev <%= config.bin %> checkpoint upload ./model --repo me/model']
+  static examples = [
+    '<%= config.bin %> hub serve --dir ./hub-data --port 8080',
+    'HF_ENDPOINT=http://127.0.0.1:8080 HF_TOKEN=hf_dev <%= config.bin %> checkpoint upload ./model --repo me/model',
+  ]
 
   static flags = {
     dir: Flags.string({summary: 'where repositories and objects are stored', required: true}),

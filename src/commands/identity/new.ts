@@ -5,7 +5,7 @@ import {PsycheError} from '../../core/errors.js'
 import {generateIdentity, saveIdentity} from '../../core/protocol/index.js'
 
 export default class IdentityNew extends PsycheCommand {
-  static summary = 'Create a new ed25519 identity (a client\'s or a server\'s) and print its id'
+  static summary = "Create a new ed25519 identity (a client's or a server's) and print its id"
   static description = `Writes a random ed25519 key to FILE (JSON, mode 0600: {"type":"psyche-identity","version":1,"algorithm":"ed25519","id":...,"secret_seed":...}). The id — the hex public key — is what the coordinator calls the client, and what clients pin a server by. Refuses to overwrite an existing file without --force.`
   static examples = ['<%= config.bin %> identity new --out client.json', '<%= config.bin %> identity new --out server.json --json']
 

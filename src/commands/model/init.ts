@@ -5,8 +5,13 @@ import {type CreatedModel, createModelFromTemplate} from '../../core/model.js'
 
 export default class ModelInit extends PsycheCommand {
   static summary = 'Create a randomly initialised model (Hugging Face layout) from a template'
-  static description = 'Writes config.json, model.safetensors, tokenizer.json + tokenizer_config.json and a model card (README.md), loadable by transformers AutoModelForCausalLM / AutoTokenizer.from_pretrained. Templates live in templates/NAME/model/config.json (tiny-demo: ~1.5M parameters for CPUs; llama2-20m: the Psyche llama2-20m shape).'
-  static examples = ['<%= config.bin %> model init --template tiny-demo --out run/model', '<%= config.bin %> model init --out myrun/model   # after psyche init: uses myrun/model/config.json', '<%= config.bin %> model init --template llama2-20m --out m --seed 3 --json']
+  static description =
+    'Writes config.json, model.safetensors, tokenizer.json + tokenizer_config.json and a model card (README.md), loadable by transformers AutoModelForCausalLM / AutoTokenizer.from_pretrained. Templates live in templates/NAME/model/config.json (tiny-demo: ~1.5M parameters for CPUs; llama2-20m: the Psyche llama2-20m shape).'
+  static examples = [
+    '<%= config.bin %> model init --template tiny-demo --out run/model',
+    '<%= config.bin %> model init --out myrun/model   # after psyche init: uses myrun/model/config.json',
+    '<%= config.bin %> model init --template llama2-20m --out m --seed 3 --json',
+  ]
 
   static flags = {
     template: Flags.string({summary: 'template name (a folder of templates/); default: the config.json already in --out, else tiny-demo'}),

@@ -16,7 +16,7 @@ import {RelayNode} from '../../core/p2p/relay.js'
 import {loadIdentity} from '../../core/protocol/index.js'
 
 export default class ServerRun extends PsycheCommand {
-  static summary = 'Run the centralized coordinator: a TCP server that owns the run\'s state and ticks it'
+  static summary = "Run the centralized coordinator: a TCP server that owns the run's state and ticks it"
   static description = `Loads the state.toml, listens for clients (psyche join), ticks the coordinator every --tick-ms and after every accepted message, and pushes each new state to every connected client. Every message is signed, bound to the run, the connection and the step; anything else is refused with a logged reason. With --save-state-dir the state is saved atomically after every transition and a restarted server resumes from it. With --data-config it also serves the run's token data (data_location.Server). Runs until SIGINT/SIGTERM.
 
 It also runs a libp2p circuit relay v2 (unless --no-relay), signed with the server's identity: every client is
@@ -31,13 +31,13 @@ limits per relayed connection are flags (--relay-data-limit-mb, --relay-duration
   ]
 
   static flags = {
-    state: Flags.string({summary: 'path to the run\'s state.toml', required: true}),
+    state: Flags.string({summary: "path to the run's state.toml", required: true}),
     'data-config': Flags.string({summary: 'also serve token data with this data.toml, on the port of model.LLM.data_location.Server'}),
     'server-port': Flags.integer({summary: 'TCP port for clients (0: any free port)', default: 0, min: 0, max: 65535}),
     host: Flags.string({summary: 'address to listen on (default every IPv4 interface; 127.0.0.1 for this machine only)', default: '0.0.0.0'}),
     'save-state-dir': Flags.string({summary: 'save the coordinator state here after every transition, and resume from it'}),
     'withdraw-on-disconnect': Flags.string({summary: 'withdraw clients whose connection closes', options: ['true', 'false'], default: 'true'}),
-    identity: Flags.string({summary: 'the server\'s identity file (psyche identity new); default: kept in --save-state-dir, else random'}),
+    identity: Flags.string({summary: "the server's identity file (psyche identity new); default: kept in --save-state-dir, else random"}),
     'tick-ms': Flags.integer({summary: 'how often to tick the coordinator, in milliseconds', default: 200, min: 10}),
     'metrics-port': Flags.integer({summary: 'serve Prometheus metrics at http://HOST:PORT/metrics (0: any free port)', min: 0, max: 65535}),
     'metrics-host': Flags.string({summary: 'address the metrics endpoint listens on', default: '127.0.0.1'}),
@@ -59,7 +59,9 @@ limits per relayed connection are flags (--relay-data-limit-mb, --relay-duration
     const live = !this.plain
     const warnings = new Warnings()
     const history =
-      flags['dashboard-port'] === undefined && !live ? undefined : RunHistory.open(run.run_id!, {path: flags['save-state-dir'] ? join(flags['save-state-dir'], HISTORY_FILE) : undefined})
+      flags['dashboard-port'] === undefined && !live
+        ? undefined
+        : RunHistory.open(run.run_id!, {path: flags['save-state-dir'] ? join(flags['save-state-dir'], HISTORY_FILE) : undefined})
     const log = (event: object) => {
       metrics?.observe(event as Record<string, unknown>)
       if (server) history?.observe(event as Record<string, unknown>, server.state)
@@ -89,7 +91,16 @@ limits per relayed connection are flags (--relay-data-limit-mb, --relay-duration
       throw error
     })
     // After 'listening', which launchers read first.
-    if (relay) log({event: 'relay_listening', peer_id: relay.peerId, port: relay.port, addrs: relay.addresses(), max_reservations: relay.limits.maxReservations, data_limit_bytes: Number(relay.limits.dataLimitBytes), duration_limit_ms: relay.limits.durationLimitMs})
+    if (relay)
+      log({
+        event: 'relay_listening',
+        peer_id: relay.peerId,
+        port: relay.port,
+        addrs: relay.addresses(),
+        max_reservations: relay.limits.maxReservations,
+        data_limit_bytes: Number(relay.limits.dataLimitBytes),
+        duration_limit_ms: relay.limits.durationLimitMs,
+      })
     let data: {server: DataServer; close: () => Promise<void>} | undefined
     let metricsEndpoint: Awaited<ReturnType<typeof serveMetrics>> | undefined
     let dashboard: Awaited<ReturnType<typeof serveDashboard>> | undefined
@@ -158,7 +169,8 @@ async function startDataServer(run: Awaited<ReturnType<typeof loadRunConfigFile>
     check: (config) => {
       const {errors} = checkDataServerForRun(run, config)
       if (errors.length > 0) throw new PsycheError(errors.map(formatIssue).join('\n'), {code: 'ECONFIG'})
-      if (typeof location !== 'object' || !('Server' in location)) throw new PsycheError(`${path}: ${run.path} model.LLM.data_location is not Server, so no client would ask this data server`, {code: 'ECONFIG'})
+      if (typeof location !== 'object' || !('Server' in location))
+        throw new PsycheError(`${path}: ${run.path} model.LLM.data_location is not Server, so no client would ask this data server`, {code: 'ECONFIG'})
     },
     port: () => parseHostPort((location as {Server: string}).Server, `${run.path}: model.LLM.data_location.Server`).port,
   })

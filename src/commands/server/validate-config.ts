@@ -16,14 +16,11 @@ import {PsycheError} from '../../core/errors.js'
 export default class ServerValidateConfig extends PsycheCommand {
   static summary = 'Check a run configuration (state.toml or config.toml) and its data.toml'
   static description = `Loads the file as the coordinator would and prints a short summary of the run, or every problem found (file: field = value: what was expected) and exits non-zero. Variants of Psyche's format that this implementation does not serve (e.g. GCS buckets) are reported as warnings; --strict makes them errors.`
-  static examples = [
-    '<%= config.bin %> server validate-config --state state.toml',
-    '<%= config.bin %> server validate-config --state state.toml --data-config data.toml --json',
-  ]
+  static examples = ['<%= config.bin %> server validate-config --state state.toml', '<%= config.bin %> server validate-config --state state.toml --data-config data.toml --json']
 
   static flags = {
     state: Flags.string({summary: 'path to the state.toml (or update-config config.toml) to validate', required: true}),
-    'data-config': Flags.string({summary: 'path to the data server\'s data.toml to validate with it'}),
+    'data-config': Flags.string({summary: "path to the data server's data.toml to validate with it"}),
     strict: Flags.boolean({summary: 'treat variants this implementation cannot serve as errors'}),
   }
 

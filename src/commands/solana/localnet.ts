@@ -6,7 +6,7 @@ import {PsycheCommand} from '../../core/cli/base-command.js'
 import {parseAddress} from '../../core/cli/solana-flags.js'
 
 export default class SolanaLocalnet extends PsycheCommand {
-  static summary = 'Serve a one-machine Solana cluster (LiteSVM) with psyche\'s programs, on the standard JSON-RPC API'
+  static summary = "Serve a one-machine Solana cluster (LiteSVM) with psyche's programs, on the standard JSON-RPC API"
   static description = `For trying Solana runs without a validator: the committed coordinator and authorizer programs run in the real Solana runtime (LiteSVM), with a clock that follows wall time, behind the JSON-RPC methods psyche's commands use and accountSubscribe on a websocket at the same address. --fund airdrops 100 SOL to an address. Not a validator: no consensus, state lost on exit. For a real cluster use solana-test-validator or devnet (README).
 
 --json prints {"event":"listening","url":...} on stdout when ready.`

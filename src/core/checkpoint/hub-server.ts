@@ -49,7 +49,24 @@ interface Commit {
   files: Record<string, FileEntry>
 }
 
-const LFS_PATTERNS = [/\.safetensors$/, /\.bin$/, /\.pt$/, /\.pth$/, /\.ckpt$/, /\.h5$/, /\.msgpack$/, /\.onnx$/, /\.npy$/, /\.npz$/, /\.zip$/, /\.tar(\.gz)?$/, /\.gz$/, /\.pkl$/, /\.parquet$/, /\.arrow$/]
+const LFS_PATTERNS = [
+  /\.safetensors$/,
+  /\.bin$/,
+  /\.pt$/,
+  /\.pth$/,
+  /\.ckpt$/,
+  /\.h5$/,
+  /\.msgpack$/,
+  /\.onnx$/,
+  /\.npy$/,
+  /\.npz$/,
+  /\.zip$/,
+  /\.tar(\.gz)?$/,
+  /\.gz$/,
+  /\.pkl$/,
+  /\.parquet$/,
+  /\.arrow$/,
+]
 const GITATTRIBUTES = LFS_PATTERNS.map((p) => `*${p.source.replace(/\\/g, '').replace(/\$$/, '').replace('(.gz)?', '')} filter=lfs diff=lfs merge=lfs -text`).join('\n') + '\n'
 const NAME = /^[A-Za-z0-9][A-Za-z0-9._-]{0,95}$/
 const SHA256 = /^[0-9a-f]{64}$/
@@ -57,7 +74,11 @@ const COMMIT_ID = /^[0-9a-f]{40}$/
 const MAX_JSON_BODY = 256 * 1024 * 1024
 
 class HttpError extends Error {
-  constructor(readonly status: number, message: string, readonly code?: string) {
+  constructor(
+    readonly status: number,
+    message: string,
+    readonly code?: string,
+  ) {
     super(message)
   }
 }
@@ -129,7 +150,10 @@ export class HubServer {
 
   private async handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
     const url = new URL(req.url ?? '/', 'http://hub.invalid')
-    const segments = url.pathname.split('/').slice(1).map((s) => decodeURIComponent(s))
+    const segments = url.pathname
+      .split('/')
+      .slice(1)
+      .map((s) => decodeURIComponent(s))
     const method = req.method ?? 'GET'
     this.options.log?.(`${method} ${url.pathname}${url.search}`)
     const base = this.baseUrl(req)
@@ -190,7 +214,12 @@ export class HubServer {
   }
 
   private fail(res: ServerResponse, error: unknown): void {
-    const http = error instanceof HttpError ? error : error instanceof StoreError ? new HttpError(400, error.message) : new HttpError(500, `internal error: ${(error as Error)?.message ?? String(error)}`)
+    const http =
+      error instanceof HttpError
+        ? error
+        : error instanceof StoreError
+          ? new HttpError(400, error.message)
+          : new HttpError(500, `internal error: ${(error as Error)?.message ?? String(error)}`)
     if (!(error instanceof HttpError) && !(error instanceof StoreError)) this.options.log?.(`error: ${(error as Error)?.stack ?? String(error)}`)
     if (res.headersSent) {
       res.destroy()
@@ -282,7 +311,18 @@ export class HubServer {
   private async writeCommit(repo: string, branch: string, parent: Commit | undefined, title: string, message: string, files: Record<string, FileEntry>): Promise<Commit> {
     const date = new Date().toISOString()
     const id = createHash('sha1')
-      .update(JSON.stringify({parent: parent?.id ?? null, title, message, date, nonce: randomBytes(8).toString('hex'), files: Object.keys(files).sort().map((p) => [p, files[p]!.gitOid])}))
+      .update(
+        JSON.stringify({
+          parent: parent?.id ?? null,
+          title,
+          message,
+          date,
+          nonce: randomBytes(8).toString('hex'),
+          files: Object.keys(files)
+            .sort()
+            .map((p) => [p, files[p]!.gitOid]),
+        }),
+      )
       .digest('hex')
     for (const entry of Object.values(files)) if (entry.lastCommit === '') entry.lastCommit = id
     const commit: Commit = {id, parents: parent ? [parent.id] : [], title, message, date, files}
@@ -299,7 +339,16 @@ export class HubServer {
   }
 
   private dirJson(path: string, commit: Commit): Record<string, unknown> {
-    const oid = createHash('sha1').update(`tree ${path}\0`).update(JSON.stringify(Object.entries(commit.files).filter(([p]) => p.startsWith(`${path}/`)).map(([p, f]) => [p, f.gitOid]))).digest('hex')
+    const oid = createHash('sha1')
+      .update(`tree ${path}\0`)
+      .update(
+        JSON.stringify(
+          Object.entries(commit.files)
+            .filter(([p]) => p.startsWith(`${path}/`))
+            .map(([p, f]) => [p, f.gitOid]),
+        ),
+      )
+      .digest('hex')
     return {type: 'directory', oid, size: 0, path}
   }
 
@@ -333,7 +382,10 @@ export class HubServer {
       }
       await this.writeCommit(repo, 'main', undefined, 'initial commit', '', files)
       // repo.json last: a repository exists once its first commit and branch are in place
-      await writeFileAtomic(join(this.repoDir(repo), 'repo.json'), JSON.stringify({type: 'model', created: new Date().toISOString(), private: body.private === true || body.visibility === 'private'}))
+      await writeFileAtomic(
+        join(this.repoDir(repo), 'repo.json'),
+        JSON.stringify({type: 'model', created: new Date().toISOString(), private: body.private === true || body.visibility === 'private'}),
+      )
       return true
     })
     if (created) this.json(res, 200, {url, name: repo, id: repo})
@@ -358,7 +410,9 @@ export class HubServer {
       likes: 0,
       tags: [],
       library_name: 'transformers',
-      siblings: Object.keys(commit.files).sort().map((rfilename) => ({rfilename})),
+      siblings: Object.keys(commit.files)
+        .sort()
+        .map((rfilename) => ({rfilename})),
       usedStorage: Object.values(commit.files).reduce((a, f) => a + f.size, 0),
     })
   }
@@ -467,7 +521,9 @@ export class HubServer {
       }
       const present = await this.store.has(oid, size)
       if (operation === 'download') {
-        objects.push(present ? {oid, size, authenticated: true, actions: {download: {href: `${base}/lfs-objects/${oid}`}}} : {oid, size, error: {code: 404, message: 'object not found'}})
+        objects.push(
+          present ? {oid, size, authenticated: true, actions: {download: {href: `${base}/lfs-objects/${oid}`}}} : {oid, size, error: {code: 404, message: 'object not found'}},
+        )
       } else if (present) {
         objects.push({oid, size, authenticated: true})
       } else if (size > this.options.multipartThreshold && transfers.includes('multipart')) {
@@ -599,7 +655,8 @@ export class HubServer {
         } else if (op.key === 'lfsFile') {
           const oid = typeof v.oid === 'string' ? v.oid : ''
           const size = v.size
-          if (!SHA256.test(oid) || typeof size !== 'number' || !(await this.store.has(oid, size))) throw new HttpError(400, `commit: ${path}: LFS object ${oid} (${String(size)} bytes) was not uploaded`)
+          if (!SHA256.test(oid) || typeof size !== 'number' || !(await this.store.has(oid, size)))
+            throw new HttpError(400, `commit: ${path}: LFS object ${oid} (${String(size)} bytes) was not uploaded`)
           const gitOid = gitBlobOid(Buffer.from(lfsPointer(oid, size)))
           files[path] = {size, sha256: oid, gitOid, lfs: true, lastCommit: files[path]?.gitOid === gitOid ? files[path]!.lastCommit : ''}
         } else if (op.key === 'deletedFile') {
@@ -619,7 +676,8 @@ export class HubServer {
 
   private async createBranch(req: IncomingMessage, res: ServerResponse, repo: string, branch: string): Promise<void> {
     this.authorize(req)
-    if (!branch || branch.length > 200 || COMMIT_ID.test(branch) || !/^[A-Za-z0-9][A-Za-z0-9._/-]*$/.test(branch) || branch.includes('..')) throw new HttpError(400, `invalid branch name ${branch}`)
+    if (!branch || branch.length > 200 || COMMIT_ID.test(branch) || !/^[A-Za-z0-9][A-Za-z0-9._/-]*$/.test(branch) || branch.includes('..'))
+      throw new HttpError(400, `invalid branch name ${branch}`)
     const body = await this.readJson(req)
     await this.withLock(repo, async () => {
       const start = await this.resolveRevision(repo, typeof body.startingPoint === 'string' ? body.startingPoint : 'main')
@@ -690,7 +748,12 @@ export class HubServer {
     }
     const {start, end} = range ?? {start: 0, end: content.length - 1}
     const body = content.subarray(start, end + 1)
-    res.writeHead(range ? 206 : 200, {...headers, 'Accept-Ranges': 'bytes', 'Content-Length': body.length, ...(range ? {'Content-Range': `bytes ${start}-${end}/${content.length}`} : {})})
+    res.writeHead(range ? 206 : 200, {
+      ...headers,
+      'Accept-Ranges': 'bytes',
+      'Content-Length': body.length,
+      ...(range ? {'Content-Range': `bytes ${start}-${end}/${content.length}`} : {}),
+    })
     res.end(req.method === 'HEAD' ? undefined : body)
   }
 }

@@ -78,7 +78,9 @@ export interface UploadResult {
  * model.safetensors.index.json. The commit names the branch head it builds on (parentCommit), so a concurrent
  * writer makes it fail instead of being overwritten silently.
  */
-export async function uploadCheckpoint(options: HubTarget & {dir: string; message?: string; maxShardBytes?: number; onProgress?: (p: TransferProgress) => void}): Promise<UploadResult> {
+export async function uploadCheckpoint(
+  options: HubTarget & {dir: string; message?: string; maxShardBytes?: number; onProgress?: (p: TransferProgress) => void},
+): Promise<UploadResult> {
   const started = performance.now()
   const repo = checkRepoId(options.repo)
   const accessToken = checkToken(options.token, true)!
@@ -190,7 +192,14 @@ function validRelativePath(path: string): boolean {
  * (with a Range request) and checking the whole file against the Hub's hash (sha256 for LFS files, the git blob
  * id otherwise) before renaming it into place. A file that fails the check is deleted and fetched once more.
  */
-async function fetchBlob(options: {url: string; blobPath: string; size: number; check: {algorithm: 'sha256' | 'git-sha1'; digest: string}; headers: Record<string, string>; onBytes: (n: number) => void}): Promise<number> {
+async function fetchBlob(options: {
+  url: string
+  blobPath: string
+  size: number
+  check: {algorithm: 'sha256' | 'git-sha1'; digest: string}
+  headers: Record<string, string>
+  onBytes: (n: number) => void
+}): Promise<number> {
   const incomplete = `${options.blobPath}.incomplete`
   await mkdir(dirname(options.blobPath), {recursive: true})
   let fetched = 0
@@ -239,7 +248,10 @@ async function fetchBlob(options: {url: string; blobPath: string; size: number; 
     await rm(incomplete, {force: true})
     options.onBytes(-size)
     if (attempt === 2) {
-      throw new PsycheError(`${options.url}: downloaded ${size} bytes hashing to ${digest}, the Hub lists ${options.size} bytes with ${options.check.algorithm} ${options.check.digest}`, {code: 'EINTEGRITY', exitCode: EXIT.integrity})
+      throw new PsycheError(
+        `${options.url}: downloaded ${size} bytes hashing to ${digest}, the Hub lists ${options.size} bytes with ${options.check.algorithm} ${options.check.digest}`,
+        {code: 'EINTEGRITY', exitCode: EXIT.integrity},
+      )
     }
   }
   return fetched
@@ -250,7 +262,9 @@ async function fetchBlob(options: {url: string; blobPath: string; size: number; 
  * models--NS--NAME/{blobs,snapshots/COMMIT,refs}) and returns the snapshot directory; with `out`, also places a
  * copy there (hard links where possible), atomically: a temporary directory renamed into place.
  */
-export async function downloadCheckpoint(options: HubTarget & {out?: string; cacheDir?: string; force?: boolean; onProgress?: (p: TransferProgress) => void}): Promise<DownloadResult> {
+export async function downloadCheckpoint(
+  options: HubTarget & {out?: string; cacheDir?: string; force?: boolean; onProgress?: (p: TransferProgress) => void},
+): Promise<DownloadResult> {
   const started = performance.now()
   const repo = checkRepoId(options.repo)
   const accessToken = checkToken(options.token, false)
@@ -271,7 +285,7 @@ export async function downloadCheckpoint(options: HubTarget & {out?: string; cac
     for await (const entry of listFiles({repo, hubUrl, accessToken, revision: commit, recursive: true})) {
       if (entry.type !== 'file') continue
       if (!validRelativePath(entry.path)) throw new PsycheError(`${repo}: the Hub lists an unsafe path ${JSON.stringify(entry.path)}`, {exitCode: EXIT.integrity})
-      entries.push({path: entry.path, size: entry.size, oid: entry.oid ?? "", lfs: entry.lfs ? {oid: entry.lfs.oid, size: entry.lfs.size} : undefined})
+      entries.push({path: entry.path, size: entry.size, oid: entry.oid ?? '', lfs: entry.lfs ? {oid: entry.lfs.oid, size: entry.lfs.size} : undefined})
     }
   } catch (error) {
     throw hubError(error, `download from ${hubUrl} ${repo}@${revision}`)

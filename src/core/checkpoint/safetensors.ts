@@ -43,7 +43,8 @@ export async function readSafetensorsHeader(path: string): Promise<SafetensorsHe
     for (const [name, entry] of Object.entries(header)) {
       if (name === '__metadata__') continue
       const offsets = entry.data_offsets
-      if (typeof entry.dtype !== 'string' || !Array.isArray(entry.shape) || !Array.isArray(offsets) || offsets.length !== 2) throw new PsycheError(`${path}: tensor ${name} has a malformed header entry`)
+      if (typeof entry.dtype !== 'string' || !Array.isArray(entry.shape) || !Array.isArray(offsets) || offsets.length !== 2)
+        throw new PsycheError(`${path}: tensor ${name} has a malformed header entry`)
       const [a, b] = offsets as number[]
       if (!Number.isSafeInteger(a) || !Number.isSafeInteger(b) || a > b || dataStart + b > size) throw new PsycheError(`${path}: tensor ${name} lies outside the file`)
       tensors.push({name, dtype: entry.dtype, shape: entry.shape as number[], start: dataStart + a, end: dataStart + b})
@@ -67,7 +68,11 @@ export interface Shard {
  * model.safetensors.index.json weight map. The shards are Blobs over slices of the original file: nothing is
  * copied into memory or onto disk.
  */
-export async function shardSafetensors(path: string, maxShardBytes: number, baseName = 'model'): Promise<{shards: Shard[]; index: {metadata: {total_size: number}; weight_map: Record<string, string>}}> {
+export async function shardSafetensors(
+  path: string,
+  maxShardBytes: number,
+  baseName = 'model',
+): Promise<{shards: Shard[]; index: {metadata: {total_size: number}; weight_map: Record<string, string>}}> {
   const header = await readSafetensorsHeader(path)
   const file = await openAsBlob(path)
   const groups: SafetensorsEntry[][] = []

@@ -20,7 +20,10 @@ export class Progress {
   private spinner: Ora | undefined
   private lastPlain = 0
 
-  constructor(private readonly mode: 'tty' | 'plain' | 'silent', private readonly plainEverySeconds = 5) {}
+  constructor(
+    private readonly mode: 'tty' | 'plain' | 'silent',
+    private readonly plainEverySeconds = 5,
+  ) {}
 
   static for(options: {json: boolean}): Progress {
     if (options.json) return new Progress('silent')

@@ -5,12 +5,24 @@ import {DEFAULT_RELAY_LIMITS, type RelayLimits} from '../p2p/relay.js'
 /** The circuit relay's flags, shared by `psyche server run` (its built-in relay) and `psyche relay`. */
 export const relayFlags = {
   'relay-port': Flags.integer({summary: 'TCP port of the circuit relay (libp2p), on every interface (default: any free port)', min: 0, max: 65535}),
-  'relay-listen': Flags.string({summary: 'the relay\'s listen multiaddr(s) instead of every interface (e.g. /ip4/0.0.0.0/tcp/4001)', multiple: true, exclusive: ['relay-port']}),
+  'relay-listen': Flags.string({summary: "the relay's listen multiaddr(s) instead of every interface (e.g. /ip4/0.0.0.0/tcp/4001)", multiple: true, exclusive: ['relay-port']}),
   'relay-announce': Flags.string({summary: 'give clients these relay multiaddr(s) (a public address in front of a private one)', multiple: true}),
   'relay-max-reservations': Flags.integer({summary: 'clients behind NAT the relay holds a slot for at once', default: DEFAULT_RELAY_LIMITS.maxReservations, min: 1}),
-  'relay-data-limit-mb': Flags.integer({summary: 'MiB one relayed connection may carry before it is reset (results, and whole models for rejoining clients)', default: Number(DEFAULT_RELAY_LIMITS.dataLimitBytes / 1024n / 1024n), min: 1}),
-  'relay-duration-limit-s': Flags.integer({summary: 'seconds one relayed connection may stay open before it is reset (peers then dial again)', default: DEFAULT_RELAY_LIMITS.durationLimitMs / 1000, min: 10}),
-  'relay-reservation-ttl-s': Flags.integer({summary: 'seconds a reservation lasts before the client must refresh it (libp2p refreshes on its own)', default: DEFAULT_RELAY_LIMITS.reservationTtlMs / 1000, min: 60}),
+  'relay-data-limit-mb': Flags.integer({
+    summary: 'MiB one relayed connection may carry before it is reset (results, and whole models for rejoining clients)',
+    default: Number(DEFAULT_RELAY_LIMITS.dataLimitBytes / 1024n / 1024n),
+    min: 1,
+  }),
+  'relay-duration-limit-s': Flags.integer({
+    summary: 'seconds one relayed connection may stay open before it is reset (peers then dial again)',
+    default: DEFAULT_RELAY_LIMITS.durationLimitMs / 1000,
+    min: 10,
+  }),
+  'relay-reservation-ttl-s': Flags.integer({
+    summary: 'seconds a reservation lasts before the client must refresh it (libp2p refreshes on its own)',
+    default: DEFAULT_RELAY_LIMITS.reservationTtlMs / 1000,
+    min: 60,
+  }),
 }
 
 export interface RelayFlagValues {

@@ -134,7 +134,11 @@ function commitmentBytes(hex: string): Uint8Array {
  * quorum saw (participant bloom) whose confirmed result we hold no announcement of — the caller waits for
  * those, since applying without them would fork this replica.
  */
-export function acceptedResults(state: CoordinatorState, round: Round, held: ReadonlyMap<ClientId, HeldResult> | undefined): {accepted: HeldResult[]; missing: ClientId[]; dropped: HeldResult[]} {
+export function acceptedResults(
+  state: CoordinatorState,
+  round: Round,
+  held: ReadonlyMap<ClientId, HeldResult> | undefined,
+): {accepted: HeldResult[]; missing: ClientId[]; dropped: HeldResult[]} {
   const accepted: HeldResult[] = []
   const missing: ClientId[] = []
   const dropped: HeldResult[] = []
@@ -232,7 +236,13 @@ export function messagesToSend(state: CoordinatorState, view: ClientView): Messa
 
   // Accuse the producers of this round's invalid results (the coordinator ejects on a witness quorum).
   for (const r of view.results.get(round.step)?.values() ?? []) {
-    if (r.invalid !== undefined && r.client_id !== id && !view.accused?.has(`${round.step}:${r.client_id}`) && belongsToRound(state, round, r) && !round.excluded?.includes(r.client_id)) {
+    if (
+      r.invalid !== undefined &&
+      r.client_id !== id &&
+      !view.accused?.has(`${round.step}:${r.client_id}`) &&
+      belongsToRound(state, round, r) &&
+      !round.excluded?.includes(r.client_id)
+    ) {
       out.push({kind: 'accuse', step: round.step, accused: r.client_id, detail: r.invalid})
     }
   }

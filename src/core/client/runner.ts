@@ -172,11 +172,17 @@ export class PsycheClient {
         onUploaded: (c) => {
           // the coordinator takes a checkpoint only in the Cooldown of the epoch it ends
           if (this.state.run_state !== 'Cooldown' || this.state.progress.epoch !== c.epoch) {
-            this.opts.log({event: 'checkpoint_not_reported', step: c.step, revision: c.revision, reason: `the run is in ${this.state.run_state} of epoch ${this.state.progress.epoch} now`})
+            this.opts.log({
+              event: 'checkpoint_not_reported',
+              step: c.step,
+              revision: c.revision,
+              reason: `the run is in ${this.state.run_state} of epoch ${this.state.progress.epoch} now`,
+            })
             return
           }
           if (this.state.epoch.checkpointed) return
-          if (this.conn.sendCheckpoint({repo_id: c.repo_id, revision: c.revision})) this.opts.log({event: 'checkpoint', step: c.step, epoch: c.epoch, repo_id: c.repo_id, revision: c.revision})
+          if (this.conn.sendCheckpoint({repo_id: c.repo_id, revision: c.revision}))
+            this.opts.log({event: 'checkpoint', step: c.step, epoch: c.epoch, repo_id: c.repo_id, revision: c.revision})
         },
       })
     }
@@ -188,7 +194,9 @@ export class PsycheClient {
     const epoch = this.state.progress.epoch
     if (this.checkpointedEpoch === epoch) return
     this.checkpointedEpoch = epoch
-    await this.checkpointer.checkpoint(round.step, epoch).catch((error: unknown) => this.opts.log({event: 'checkpoint_save_failed', step: round.step, message: errorMessage(error)}))
+    await this.checkpointer
+      .checkpoint(round.step, epoch)
+      .catch((error: unknown) => this.opts.log({event: 'checkpoint_save_failed', step: round.step, message: errorMessage(error)}))
   }
 
   get id(): ClientId {
@@ -233,7 +241,9 @@ export class PsycheClient {
     const runSeqLen = conn.state!.model.LLM.max_seq_len
     if (runSeqLen !== this.opts.plan.seqLen) {
       await conn.close()
-      throw new PsycheError(`run ${this.opts.runId}: the coordinator trains sequences of ${runSeqLen} tokens, but this client's config gives ${this.opts.plan.seqLen} (pass the run's state.toml with --config)`)
+      throw new PsycheError(
+        `run ${this.opts.runId}: the coordinator trains sequences of ${runSeqLen} tokens, but this client's config gives ${this.opts.plan.seqLen} (pass the run's state.toml with --config)`,
+      )
     }
     this.conn = conn
     conn.on('state', (s: CoordinatorState, peers: PeerDirectory) => {
@@ -335,7 +345,12 @@ export class PsycheClient {
     if (a.step <= floor) return
     const round = this.state?.epoch.round
     if (round && round.step === a.step && !belongsToRound(this.state, round, a)) {
-      this.opts.log({event: 'announcement_ignored', client_id: a.client_id, step: a.step, reason: `batches [${a.batch_start}, ${a.batch_end}) are not its assignment in step ${a.step}`})
+      this.opts.log({
+        event: 'announcement_ignored',
+        client_id: a.client_id,
+        step: a.step,
+        reason: `batches [${a.batch_start}, ${a.batch_end}) are not its assignment in step ${a.step}`,
+      })
       return
     }
     const record = this.ledger.at(a.step)
@@ -539,7 +554,13 @@ export class PsycheClient {
     const {repo_id, revision} = checkpoint.Hub
     if (!repo_id || existsSync(join(resolve(repo_id), 'config.json'))) return undefined // a local directory: the plan resolved it
     try {
-      const got = await downloadCheckpoint({repo: repo_id, revision: revision ?? undefined, hubUrl: this.opts.hub?.url, token: this.opts.hub?.token, cacheDir: this.opts.hub?.cacheDir})
+      const got = await downloadCheckpoint({
+        repo: repo_id,
+        revision: revision ?? undefined,
+        hubUrl: this.opts.hub?.url,
+        token: this.opts.hub?.token,
+        cacheDir: this.opts.hub?.cacheDir,
+      })
       this.opts.log({event: 'checkpoint_downloaded', step, repo_id, revision: got.commit, bytes: got.bytes, downloaded_bytes: got.downloaded_bytes})
       return got.dir
     } catch (error) {
@@ -676,7 +697,11 @@ export class PsycheClient {
     }
     const randomIds = randomBatchIds(round, size)
     batches.push({tokens: await this.data.getSamples(randomIds), rows: randomIds.length})
-    const {before, after} = await this.worker.scoreResults(round.step, peers.map((r) => r.bytes!), batches)
+    const {before, after} = await this.worker.scoreResults(
+      round.step,
+      peers.map((r) => r.bytes!),
+      batches,
+    )
     const k = peers.length
     for (const [j, r] of peers.entries()) {
       const losses = after[j]
@@ -701,7 +726,12 @@ export class PsycheClient {
       if (this.accused.has(key) || !range || range.end === range.start || current.excluded?.includes(id)) continue
       if (this.conn.sendAccusation(current.step, id, 'low_score')) {
         this.accused.add(key)
-        this.opts.log({event: 'accused', step: current.step, client_id: id, reason: `low_score: moving average ${this.scorer.get(id)!.average.toFixed(3)} below ${this.scorer.settings.threshold}`})
+        this.opts.log({
+          event: 'accused',
+          step: current.step,
+          client_id: id,
+          reason: `low_score: moving average ${this.scorer.get(id)!.average.toFixed(3)} below ${this.scorer.settings.threshold}`,
+        })
       }
     }
   }
@@ -862,7 +892,15 @@ export class PsycheClient {
       this.intake.own(own.announcement)
       record.results.set(this.id, {client_id: this.id, step: round.step, batch_start: range.start, batch_end: range.end, commitment: own.announcement.commitment, bytes: own.bytes})
     }
-    this.opts.log({event: 'trained', step: round.step, loss: r.loss, batches: begun.batches, result_bytes: r.result.length, compute_ms: Math.round(computeMs), produce_ms: Math.round(produceMs)})
+    this.opts.log({
+      event: 'trained',
+      step: round.step,
+      loss: r.loss,
+      batches: begun.batches,
+      result_bytes: r.result.length,
+      compute_ms: Math.round(computeMs),
+      produce_ms: Math.round(produceMs),
+    })
     this.flushMessages()
     return true
   }

@@ -9,7 +9,8 @@ export function parseDataServerConfig(text: string, path: string): DataServerCon
   try {
     root = parseToml(text) as Table
   } catch (error) {
-    if (error instanceof TomlError) throw new ConfigError([{file: path, path: '', message: `not valid TOML at line ${error.line}, column ${error.column}: ${error.message.split('\n')[0]}`}])
+    if (error instanceof TomlError)
+      throw new ConfigError([{file: path, path: '', message: `not valid TOML at line ${error.line}, column ${error.column}: ${error.message.split('\n')[0]}`}])
     throw error
   }
   const r = new Reader(path)
@@ -47,7 +48,12 @@ export function checkDataServerForRun(run: RunConfigFile, data: DataServerConfig
     warnings.push({file: data.path, path: '', message: `unused: ${run.path} model.LLM.data_location is not Server, so no client asks a data server`})
   }
   if (data.seq_len !== llm.max_seq_len) {
-    errors.push({file: data.path, path: 'seq_len', value: String(data.seq_len), message: `must equal ${run.path} model.LLM.max_seq_len (${llm.max_seq_len}): the server cuts samples of this length`})
+    errors.push({
+      file: data.path,
+      path: 'seq_len',
+      value: String(data.seq_len),
+      message: `must equal ${run.path} model.LLM.max_seq_len (${llm.max_seq_len}): the server cuts samples of this length`,
+    })
   }
   return {errors, warnings}
 }

@@ -128,11 +128,15 @@ export class Reader {
       return NaN
     }
     const broken =
-      rule.min !== undefined && value < rule.min ? `must be ≥ ${rule.min}`
-      : rule.max !== undefined && value > rule.max ? `must be ≤ ${rule.max}`
-      : rule.above !== undefined && value <= rule.above ? `must be > ${rule.above}`
-      : rule.below !== undefined && value >= rule.below ? `must be < ${rule.below}`
-      : undefined
+      rule.min !== undefined && value < rule.min
+        ? `must be ≥ ${rule.min}`
+        : rule.max !== undefined && value > rule.max
+          ? `must be ≤ ${rule.max}`
+          : rule.above !== undefined && value <= rule.above
+            ? `must be > ${rule.above}`
+            : rule.below !== undefined && value >= rule.below
+              ? `must be < ${rule.below}`
+              : undefined
     if (broken) {
       this.issue(at, broken, value)
       return NaN
@@ -190,12 +194,7 @@ export class Reader {
    * A serde externally tagged enum: a bare string for a unit variant (`"Dummy"`), or a table with
    * exactly one key naming the variant (`{Cosine = {...}}`, `[x.Cosine]`). Returns undefined when invalid.
    */
-  tagged<T>(
-    parent: Table,
-    key: string,
-    path: string,
-    variants: {unit?: readonly string[]; data: Record<string, (payload: unknown, path: string) => T>},
-  ): T | undefined {
+  tagged<T>(parent: Table, key: string, path: string, variants: {unit?: readonly string[]; data: Record<string, (payload: unknown, path: string) => T>}): T | undefined {
     const value = parent[key]
     const at = join(path, key)
     const unit = variants.unit ?? []
@@ -206,7 +205,11 @@ export class Reader {
     }
     if (typeof value === 'string') {
       if (unit.includes(value)) return value as T
-      this.issue(at, Object.keys(variants.data).includes(value) ? `variant ${value} needs fields: write [${at}.${value}]` : `unknown variant (expected one of: ${all.join(', ')})`, value)
+      this.issue(
+        at,
+        Object.keys(variants.data).includes(value) ? `variant ${value} needs fields: write [${at}.${value}]` : `unknown variant (expected one of: ${all.join(', ')})`,
+        value,
+      )
       return undefined
     }
     if (!isTable(value)) {
@@ -221,7 +224,10 @@ export class Reader {
     const variant = keys[0]
     const parse = variants.data[variant]
     if (parse === undefined) {
-      this.issue(join(at, variant), unit.includes(variant) ? `variant ${variant} takes no fields: write ${key} = "${variant}"` : `unknown variant (expected one of: ${all.join(', ')})`)
+      this.issue(
+        join(at, variant),
+        unit.includes(variant) ? `variant ${variant} takes no fields: write ${key} = "${variant}"` : `unknown variant (expected one of: ${all.join(', ')})`,
+      )
       return undefined
     }
     return parse(value[variant], join(at, variant))

@@ -48,5 +48,3 @@ export async function loadRunConfigFile(path: string): Promise<RunConfigFile> {
 export function resolveConfigPath(file: Pick<RunConfigFile, 'path'>, p: string): string {
   return isAbsolute(p) ? p : resolve(dirname(file.path), p)
 }
-
-

@@ -29,9 +29,20 @@ export const MAX_RUN_ID_BYTES = 64
 export const STARTING_RUN_STATES: readonly RunState[] = ['Uninitialized', 'WaitingForMembers', 'Paused']
 
 const CONFIG_FIELDS = [
-  'warmup_time', 'cooldown_time', 'epoch_time', 'rounds_per_epoch', 'max_round_train_time', 'round_witness_time',
-  'min_clients', 'init_min_clients', 'witness_nodes', 'verification_percent',
-  'global_batch_size_start', 'global_batch_size_end', 'global_batch_size_warmup_tokens', 'total_steps',
+  'warmup_time',
+  'cooldown_time',
+  'epoch_time',
+  'rounds_per_epoch',
+  'max_round_train_time',
+  'round_witness_time',
+  'min_clients',
+  'init_min_clients',
+  'witness_nodes',
+  'verification_percent',
+  'global_batch_size_start',
+  'global_batch_size_end',
+  'global_batch_size_warmup_tokens',
+  'total_steps',
   'waiting_for_members_extra_time',
 ] as const
 const LLM_FIELDS = ['architecture', 'data_type', 'max_seq_len', 'cold_start_warmup_steps', 'checkpoint', 'data_location', 'lr_schedule', 'optimizer'] as const
@@ -201,7 +212,16 @@ function readLrSchedule(r: Reader, llm: Table, path: string): LrSchedule | undef
       Linear: (v, at) => ({Linear: decaying(v, at)}),
       Cosine: (v, at) => ({Cosine: decaying(v, at)}),
       WarmupStableDecay: (v, at) => {
-        const t = r.payload(v, at, ['base_lr', 'warmup_steps', 'warmup_init_lr', 'stable_steps', 'cosine_decay_steps', 'cosine_decay_final_lr', 'linear_decay_steps', 'linear_decay_final_lr'])
+        const t = r.payload(v, at, [
+          'base_lr',
+          'warmup_steps',
+          'warmup_init_lr',
+          'stable_steps',
+          'cosine_decay_steps',
+          'cosine_decay_final_lr',
+          'linear_decay_steps',
+          'linear_decay_final_lr',
+        ])
         const lr = {
           ...base(t, at),
           stable_steps: r.int(t, 'stable_steps', at, {min: 0}),
@@ -212,7 +232,8 @@ function readLrSchedule(r: Reader, llm: Table, path: string): LrSchedule | undef
         }
         // Psyche asserts these while computing the rate; a file breaking them would crash every client mid-run.
         if (lr.cosine_decay_final_lr > lr.base_lr) r.issue(`${at}.cosine_decay_final_lr`, `must be ≤ base_lr (${lr.base_lr})`, lr.cosine_decay_final_lr)
-        if (lr.linear_decay_final_lr > lr.cosine_decay_final_lr) r.issue(`${at}.linear_decay_final_lr`, `must be ≤ cosine_decay_final_lr (${lr.cosine_decay_final_lr})`, lr.linear_decay_final_lr)
+        if (lr.linear_decay_final_lr > lr.cosine_decay_final_lr)
+          r.issue(`${at}.linear_decay_final_lr`, `must be ≤ cosine_decay_final_lr (${lr.cosine_decay_final_lr})`, lr.linear_decay_final_lr)
         return {WarmupStableDecay: lr}
       },
     },
@@ -253,7 +274,11 @@ function readOptimizer(r: Reader, llm: Table, path: string): OptimizerConfig | u
         }
         // The worker's DistroConfig.validate enforces the same: keep-k of a chunk can be at most a 1-D chunk's coefficients.
         if (Number.isInteger(distro.compression_topk) && Number.isInteger(distro.compression_chunk) && distro.compression_topk > distro.compression_chunk) {
-          r.issue(`${at}.compression_topk`, `must be at most compression_chunk (${distro.compression_chunk}): a chunk of a 1-D tensor has that many coefficients`, distro.compression_topk)
+          r.issue(
+            `${at}.compression_topk`,
+            `must be at most compression_chunk (${distro.compression_chunk}): a chunk of a 1-D tensor has that many coefficients`,
+            distro.compression_topk,
+          )
         }
         if (t.clip_grad_norm !== undefined) distro.clip_grad_norm = r.num(t, 'clip_grad_norm', at, {above: 0})
         if (t.weight_decay !== undefined) distro.weight_decay = r.num(t, 'weight_decay', at, {min: 0})
@@ -291,19 +316,39 @@ function checkCrossFieldRules(r: Reader, config: CoordinatorConfig, llm: LLMConf
     r.issue('config.global_batch_size_end', `must be ≥ global_batch_size_start (${c.global_batch_size_start})`, c.global_batch_size_end)
   }
   if (ok(c.global_batch_size_start, c.init_min_clients) && c.global_batch_size_start < c.init_min_clients) {
-    r.issue('config.global_batch_size_start', `must be ≥ init_min_clients (${c.init_min_clients}): every client of the first round needs at least one batch`, c.global_batch_size_start)
+    r.issue(
+      'config.global_batch_size_start',
+      `must be ≥ init_min_clients (${c.init_min_clients}): every client of the first round needs at least one batch`,
+      c.global_batch_size_start,
+    )
   }
-  if (ok(c.global_batch_size_start, c.global_batch_size_end, c.global_batch_size_warmup_tokens) && c.global_batch_size_start !== c.global_batch_size_end && c.global_batch_size_warmup_tokens === 0) {
-    r.issue('config.global_batch_size_warmup_tokens', `must be > 0 when global_batch_size_start (${c.global_batch_size_start}) ≠ global_batch_size_end (${c.global_batch_size_end}): the batch size ramps over these tokens`, 0)
+  if (
+    ok(c.global_batch_size_start, c.global_batch_size_end, c.global_batch_size_warmup_tokens) &&
+    c.global_batch_size_start !== c.global_batch_size_end &&
+    c.global_batch_size_warmup_tokens === 0
+  ) {
+    r.issue(
+      'config.global_batch_size_warmup_tokens',
+      `must be > 0 when global_batch_size_start (${c.global_batch_size_start}) ≠ global_batch_size_end (${c.global_batch_size_end}): the batch size ramps over these tokens`,
+      0,
+    )
   }
   if (ok(c.global_batch_size_warmup_tokens, c.total_steps, c.global_batch_size_end, llm.max_seq_len)) {
     const runTokens = c.total_steps * c.global_batch_size_end * llm.max_seq_len
     if (c.global_batch_size_warmup_tokens > runTokens) {
-      r.issue('config.global_batch_size_warmup_tokens', `exceeds the whole run's ${runTokens} tokens (total_steps × global_batch_size_end × model.LLM.max_seq_len): the batch size would never reach global_batch_size_end`, c.global_batch_size_warmup_tokens)
+      r.issue(
+        'config.global_batch_size_warmup_tokens',
+        `exceeds the whole run's ${runTokens} tokens (total_steps × global_batch_size_end × model.LLM.max_seq_len): the batch size would never reach global_batch_size_end`,
+        c.global_batch_size_warmup_tokens,
+      )
     }
   }
   if (ok(c.epoch_time, c.max_round_train_time, c.round_witness_time) && c.epoch_time < c.max_round_train_time + c.round_witness_time) {
-    r.issue('config.epoch_time', `must be ≥ max_round_train_time + round_witness_time (${c.max_round_train_time + c.round_witness_time}): an epoch must fit one round`, c.epoch_time)
+    r.issue(
+      'config.epoch_time',
+      `must be ≥ max_round_train_time + round_witness_time (${c.max_round_train_time + c.round_witness_time}): an epoch must fit one round`,
+      c.epoch_time,
+    )
   }
   if (ok(c.total_steps, llm.cold_start_warmup_steps) && llm.cold_start_warmup_steps > c.total_steps) {
     r.issue('model.LLM.cold_start_warmup_steps', `must be ≤ config.total_steps (${c.total_steps})`, llm.cold_start_warmup_steps)

@@ -43,7 +43,12 @@ function describeData(d: DataLocation): string {
   if (typeof d === 'string') return d
   if ('Http' in d) {
     const loc = d.Http.location
-    const where = 'SingleUrl' in loc ? loc.SingleUrl : 'NumberedFiles' in loc ? `${loc.NumberedFiles.num_files} files ${loc.NumberedFiles.url_template}` : `gs://${loc.Gcp.bucket_name}/${loc.Gcp.filter_directory}`
+    const where =
+      'SingleUrl' in loc
+        ? loc.SingleUrl
+        : 'NumberedFiles' in loc
+          ? `${loc.NumberedFiles.num_files} files ${loc.NumberedFiles.url_template}`
+          : `gs://${loc.Gcp.bucket_name}/${loc.Gcp.filter_directory}`
     return `Http ${where} (${d.Http.token_size_in_bytes})`
   }
   const [variant, value] = Object.entries(d)[0]
@@ -79,7 +84,10 @@ export function summarizeRunConfig(file: RunConfigFile): RunSummary {
     min_clients: c.min_clients,
     init_min_clients: c.init_min_clients,
     witness_nodes: c.witness_nodes === 0 ? 'automatic' : String(c.witness_nodes),
-    global_batch_size: c.global_batch_size_start === c.global_batch_size_end ? String(c.global_batch_size_end) : `${c.global_batch_size_start} → ${c.global_batch_size_end} over ${c.global_batch_size_warmup_tokens} tokens`,
+    global_batch_size:
+      c.global_batch_size_start === c.global_batch_size_end
+        ? String(c.global_batch_size_end)
+        : `${c.global_batch_size_start} → ${c.global_batch_size_end} over ${c.global_batch_size_warmup_tokens} tokens`,
     total_steps: c.total_steps,
     total_tokens: c.total_steps * c.global_batch_size_end * llm.max_seq_len,
     unsupported: unsupportedFeatures(file),

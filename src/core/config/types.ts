@@ -54,14 +54,7 @@ export interface GcsRepo {
  * Where clients get the model. `Local` is our extension (not Psyche's): a model directory in Hugging
  * Face layout on local disk, relative paths resolving against the config file's directory.
  */
-export type CheckpointConfig =
-  | 'Ephemeral'
-  | {Dummy: HubRepo}
-  | {Hub: HubRepo}
-  | {P2P: HubRepo}
-  | {Gcs: GcsRepo}
-  | {P2PGcs: GcsRepo}
-  | {Local: {path: string}}
+export type CheckpointConfig = 'Ephemeral' | {Dummy: HubRepo} | {Hub: HubRepo} | {P2P: HubRepo} | {Gcs: GcsRepo} | {P2PGcs: GcsRepo} | {Local: {path: string}}
 
 export type TokenSize = 'TwoBytes' | 'FourBytes'
 export type Shuffle = 'DontShuffle' | {Seeded: number[]}
@@ -78,13 +71,7 @@ export interface HttpDataLocation {
 }
 
 /** Where the training tokens come from. A relative `Local` path resolves against the config file's directory (our extension). */
-export type DataLocation =
-  | 'Dummy'
-  | {Server: string}
-  | {Local: string}
-  | {Http: HttpDataLocation}
-  | {WeightedHttp: string}
-  | {Preprocessed: string}
+export type DataLocation = 'Dummy' | {Server: string} | {Local: string} | {Http: HttpDataLocation} | {WeightedHttp: string} | {Preprocessed: string}
 
 export interface ConstantLr {
   base_lr: number

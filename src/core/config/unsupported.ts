@@ -20,13 +20,16 @@ export function unsupportedFeatures(file: RunConfigFile): UnsupportedFeature[] {
   }
   const data = llm.data_location
   if (typeof data === 'object' && 'Http' in data && 'Gcp' in data.Http.location) {
-    out.push({path: 'model.LLM.data_location.Http.location.Gcp', reason: 'reading a Google Cloud Storage bucket is not supported (no GCS credentials or bucket listing); use SingleUrl, NumberedFiles, Server or Local'})
+    out.push({
+      path: 'model.LLM.data_location.Http.location.Gcp',
+      reason: 'reading a Google Cloud Storage bucket is not supported (no GCS credentials or bucket listing); use SingleUrl, NumberedFiles, Server or Local',
+    })
   }
   if (typeof data === 'object' && ('WeightedHttp' in data || 'Preprocessed' in data)) {
     const variant = 'WeightedHttp' in data ? 'WeightedHttp' : 'Preprocessed'
     out.push({path: `model.LLM.data_location.${variant}`, reason: 'no data provider of ours serves it (they serve Local, Server and Http)'})
   }
-  if (data === 'Dummy') out.push({path: 'model.LLM.data_location', reason: 'Dummy is Psyche\'s test placeholder: there is no data to train on'})
-  if (llm.optimizer === 'Dummy') out.push({path: 'model.LLM.optimizer', reason: 'Dummy is Psyche\'s test placeholder: there is no optimizer to train with'})
+  if (data === 'Dummy') out.push({path: 'model.LLM.data_location', reason: "Dummy is Psyche's test placeholder: there is no data to train on"})
+  if (llm.optimizer === 'Dummy') out.push({path: 'model.LLM.optimizer', reason: "Dummy is Psyche's test placeholder: there is no optimizer to train with"})
   return out
 }

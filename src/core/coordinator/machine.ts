@@ -18,18 +18,7 @@ import {
   participantKey,
 } from './rules.js'
 import {ACTIVE_PHASES, EPOCH_PHASES, HALTED_PHASES, isCheckpointP2P, isRoundPhase} from './phases.js'
-import type {
-  ApplyResult,
-  Client,
-  ClientId,
-  CoordinatorEvent,
-  CoordinatorState,
-  EpochState,
-  Rejection,
-  RejectionCode,
-  Round,
-  RunState,
-} from './types.js'
+import type {ApplyResult, Client, ClientId, CoordinatorEvent, CoordinatorState, EpochState, Rejection, RejectionCode, Round, RunState} from './types.js'
 
 /**
  * The coordinator state machine: (state, event, now) -> state. Pure — no I/O, no clock, no
@@ -58,7 +47,6 @@ class Reject extends Error {
     super(message)
   }
 }
-
 
 function emptyEpoch(now: number, startStep: number): EpochState {
   return {
@@ -436,7 +424,8 @@ function onAccuse(s: CoordinatorState, event: Extract<CoordinatorEvent, {type: '
   const range = batchRangeFor(s, accused, round)
   if (!range || range.start === range.end) throw new Reject('InvalidAccusation', `client ${accused} has no batches in step ${round.step}, so no result to accuse`)
   const same = (a: {accused: ClientId; reason: string}) => a.accused === accused && a.reason === event.reason
-  if (round.accusations.some((a) => a.from === from && same(a))) throw new Reject('DuplicateAccusation', `client ${from} already accused ${accused} (${event.reason}) in step ${round.step}`)
+  if (round.accusations.some((a) => a.from === from && same(a)))
+    throw new Reject('DuplicateAccusation', `client ${from} already accused ${accused} (${event.reason}) in step ${round.step}`)
   const accusations = [...round.accusations, {from, accused, reason: event.reason}]
   s = {...s, epoch: {...s.epoch, round: {...round, accusations}}}
   const backing = accusations.filter(same).length
@@ -484,7 +473,8 @@ function onCheckpoint(s: CoordinatorState, event: Extract<CoordinatorEvent, {typ
 }
 
 function onConfigUpdate(s: CoordinatorState, event: Extract<CoordinatorEvent, {type: 'config_update'}>): CoordinatorState {
-  if (s.run_state !== 'Paused' && s.run_state !== 'Uninitialized') throw new Reject('InvalidRunState', `the configuration can change only while Paused or Uninitialized, not ${s.run_state}`)
+  if (s.run_state !== 'Paused' && s.run_state !== 'Uninitialized')
+    throw new Reject('InvalidRunState', `the configuration can change only while Paused or Uninitialized, not ${s.run_state}`)
   const result = validateRunConfig(event.config ?? s.config, event.model ?? s.model, 'config_update')
   if ('issues' in result) throw new Reject('InvalidConfig', formatIssue(result.issues[0]))
   return {...s, config: result.config as CoordinatorConfig, model: result.model as {LLM: LLMConfig}}

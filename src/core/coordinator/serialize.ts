@@ -29,7 +29,10 @@ export function deserializeState(text: string): CoordinatorState {
  */
 function migrateFromSeconds(v1: Omit<CoordinatorState, 'version'>): CoordinatorState {
   const round = (r: Round | null): Round | null => (r && typeof r === 'object' ? {...r, started_at: r.started_at * 1000, complete_witnesses: 0} : r)
-  const epoch = v1.epoch && typeof v1.epoch === 'object' ? {...v1.epoch, start_time: v1.epoch.start_time * 1000, round: round(v1.epoch.round), previous_round: round(v1.epoch.previous_round)} : v1.epoch
+  const epoch =
+    v1.epoch && typeof v1.epoch === 'object'
+      ? {...v1.epoch, start_time: v1.epoch.start_time * 1000, round: round(v1.epoch.round), previous_round: round(v1.epoch.previous_round)}
+      : v1.epoch
   return {...v1, version: 2, run_state_start: v1.run_state_start * 1000, epoch}
 }
 

@@ -29,7 +29,7 @@ function roundKeys(seed: Buffer, n: number): RoundKeys {
     prefixes.push(prefix)
     const h = sha256(prefix)
     // (hi · 2^32 + lo) mod n without BigInt: n < 2^31 keeps every product below 2^53.
-    pivots[r] = (((h.readUInt32LE(4) % n) * (TWO_32 % n)) % n + (h.readUInt32LE(0) % n)) % n
+    pivots[r] = ((((h.readUInt32LE(4) % n) * (TWO_32 % n)) % n) + (h.readUInt32LE(0) % n)) % n
   }
   const keys = {pivots, prefixes}
   if (keyCache.size > 64) keyCache.clear() // a memo, not state: bounded, and results never depend on it

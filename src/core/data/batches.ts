@@ -64,7 +64,10 @@ export class SampleLayout {
     if (this.numSamples === 0) throw new PsycheError(`${where}: batch ${batchId}: no file holds a whole sample of ${this.seqLen + 1} tokens`, {code: 'EDATA_BATCH'})
     let index = batchId
     if (index >= this.numSamples) {
-      if (!wrap) throw new PsycheError(`${where}: batch ${batchId} is past the end of the data (${this.numSamples} samples of ${this.seqLen + 1} tokens; wrap-around is off)`, {code: 'EDATA_BATCH'})
+      if (!wrap)
+        throw new PsycheError(`${where}: batch ${batchId} is past the end of the data (${this.numSamples} samples of ${this.seqLen + 1} tokens; wrap-around is off)`, {
+          code: 'EDATA_BATCH',
+        })
       index %= this.numSamples
     }
     return this.permutation ? this.permutation.apply(index) : index

@@ -30,7 +30,11 @@ export function httpLocationUrls(location: HttpLocation, where: string): string[
     if (typeof template !== 'string' || template.split('{}').length !== 2) {
       throw new PsycheError(`${where}.NumberedFiles.url_template: ${JSON.stringify(template)} must contain exactly one "{}" for the file number`)
     }
-    for (const [name, value] of [['start_index', start], ['n_left_pad_zeros', pad], ['num_files', count]] as const) {
+    for (const [name, value] of [
+      ['start_index', start],
+      ['n_left_pad_zeros', pad],
+      ['num_files', count],
+    ] as const) {
       if (!Number.isSafeInteger(value) || value < 0) throw new PsycheError(`${where}.NumberedFiles.${name}: expected a non-negative integer, got ${JSON.stringify(value)}`)
     }
     if (count === 0) throw new PsycheError(`${where}.NumberedFiles.num_files: must be at least 1`)
@@ -122,7 +126,9 @@ export class HttpByteSource implements ByteSource {
       }
       if (response.status === 200) {
         await response.body?.cancel()
-        throw new PsycheError(`${this.name}: the server ignored the Range header (200 instead of 206 for ${range}); it must support HTTP range requests`, {code: 'EDATA_HTTP_RANGE'})
+        throw new PsycheError(`${this.name}: the server ignored the Range header (200 instead of 206 for ${range}); it must support HTTP range requests`, {
+          code: 'EDATA_HTTP_RANGE',
+        })
       }
       if (response.status !== 206) {
         await response.body?.cancel()

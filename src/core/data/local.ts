@@ -34,7 +34,11 @@ async function readManifest(path: string): Promise<TokenManifest> {
   parseTokenSize(manifest.token_size, `${path}: token_size`)
   if (!Number.isSafeInteger(manifest.vocab_size) || manifest.vocab_size <= 0) throw new PsycheError(`${path}: vocab_size must be a positive integer`)
   if (!Number.isSafeInteger(manifest.tokens) || manifest.tokens < 0) throw new PsycheError(`${path}: tokens must be a non-negative integer`)
-  if (!Array.isArray(manifest.files) || manifest.files.length === 0 || !manifest.files.every((f) => typeof f === 'string' && TOKEN_FILE_PATTERN.test(f) && !f.includes('/') && !f.includes('\\'))) {
+  if (
+    !Array.isArray(manifest.files) ||
+    manifest.files.length === 0 ||
+    !manifest.files.every((f) => typeof f === 'string' && TOKEN_FILE_PATTERN.test(f) && !f.includes('/') && !f.includes('\\'))
+  ) {
     throw new PsycheError(`${path}: files must be a non-empty list of token file names (*.bin, *.ds, *.npy) in the same directory`)
   }
   return manifest
@@ -79,7 +83,9 @@ export class LocalTokenDataset {
         throw new PsycheError(`${manifestPath}: token_size ${manifest.token_size} but ${options.tokenSize} was configured`)
       }
       if (options.tokenizerSha256 !== undefined && manifest.tokenizer_sha256 !== options.tokenizerSha256) {
-        throw new PsycheError(`${manifestPath}: tokenized with tokenizer sha256 ${manifest.tokenizer_sha256 ?? '(not recorded)'}, but the model's tokenizer is ${options.tokenizerSha256}`)
+        throw new PsycheError(
+          `${manifestPath}: tokenized with tokenizer sha256 ${manifest.tokenizer_sha256 ?? '(not recorded)'}, but the model's tokenizer is ${options.tokenizerSha256}`,
+        )
       }
     }
     const tokenSize = manifest?.token_size ?? options.tokenSize ?? 2
@@ -110,7 +116,10 @@ export class LocalTokenDataset {
 
   /** Number of samples of seqLen + 1 ids (the batch ids before wrap-around). */
   numSamples(seqLen: number): number {
-    return new SampleLayout(this.files.map((f) => f.numTokens), seqLen).numSamples
+    return new SampleLayout(
+      this.files.map((f) => f.numTokens),
+      seqLen,
+    ).numSamples
   }
 
   /** Samples for `batchIds` (unshuffled, wrapping around), concatenated row-major: shape [batchIds.length, seqLen + 1]. */

@@ -57,7 +57,11 @@ export class TokenFilesProvider implements DataProvider {
     readonly files: readonly TokenFile[],
     private readonly options: TokenFilesOptions,
   ) {
-    this.layout = new SampleLayout(files.map((f) => f.numTokens), options.seqLen, options)
+    this.layout = new SampleLayout(
+      files.map((f) => f.numTokens),
+      options.seqLen,
+      options,
+    )
   }
 
   get seqLen(): number {

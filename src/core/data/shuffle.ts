@@ -39,7 +39,10 @@ export class SeededPermutation {
   private readonly mask: number
   private readonly keys: Uint32Array
 
-  constructor(readonly size: number, seed: ShuffleSeed) {
+  constructor(
+    readonly size: number,
+    seed: ShuffleSeed,
+  ) {
     if (!Number.isSafeInteger(size) || size < 0 || size > 2 ** 32) throw new RangeError(`cannot shuffle ${size} windows (at most 2^32)`)
     let bits = 2
     while (2 ** bits < size) bits += 2

@@ -4,8 +4,20 @@ import {parseHostPort} from '../protocol/address.js'
 import {checkVocab} from './batches.js'
 import type {DataProvider, TokenFilesProvider} from './provider.js'
 import {
-  FrameDecoder, MAX_BATCH_IDS, MAX_REQUEST_BYTES, MAX_RESPONSE_BYTES, NO_REQUEST, WIRE_VERSION, WireError,
-  decodeClientMessage, decodeServerMessage, encodeError, encodeGet, encodeHello, encodeInfo, encodeSamples,
+  FrameDecoder,
+  MAX_BATCH_IDS,
+  MAX_REQUEST_BYTES,
+  MAX_RESPONSE_BYTES,
+  NO_REQUEST,
+  WIRE_VERSION,
+  WireError,
+  decodeClientMessage,
+  decodeServerMessage,
+  encodeError,
+  encodeGet,
+  encodeHello,
+  encodeInfo,
+  encodeSamples,
   type ServerMessage,
 } from './wire.js'
 
@@ -31,7 +43,9 @@ export class DataServer {
     const server = createServer()
     const instance = new DataServer(server, provider, options.log ?? (() => {}))
     await new Promise<void>((resolve, reject) => {
-      server.once('error', (error: NodeJS.ErrnoException) => reject(new PsycheError(`data server: cannot listen on ${options.host ?? '0.0.0.0'}:${options.port ?? 0} (${error.code ?? error.message})`)))
+      server.once('error', (error: NodeJS.ErrnoException) =>
+        reject(new PsycheError(`data server: cannot listen on ${options.host ?? '0.0.0.0'}:${options.port ?? 0} (${error.code ?? error.message})`)),
+      )
       server.listen(options.port ?? 0, options.host ?? '0.0.0.0', () => resolve())
     })
     return instance
@@ -76,7 +90,14 @@ export class DataServer {
         if (message.type === 'hello') {
           const seqLen = this.provider.seqLen
           if (message.version !== WIRE_VERSION || (message.seqLen !== 0 && message.seqLen !== seqLen)) {
-            send(encodeError(NO_REQUEST, message.version !== WIRE_VERSION ? `wire version ${message.version} not supported (server speaks ${WIRE_VERSION})` : `client expects seq_len ${message.seqLen} but this server serves seq_len ${seqLen}`))
+            send(
+              encodeError(
+                NO_REQUEST,
+                message.version !== WIRE_VERSION
+                  ? `wire version ${message.version} not supported (server speaks ${WIRE_VERSION})`
+                  : `client expects seq_len ${message.seqLen} but this server serves seq_len ${seqLen}`,
+              ),
+            )
             socket.end()
             return
           }
@@ -212,7 +233,9 @@ export class TcpDataProvider implements DataProvider {
     }
     if (this.options.vocabSize !== undefined && info.vocabSize !== undefined && info.vocabSize > this.options.vocabSize) {
       socket.destroy()
-      throw new PsycheError(`${this.description}: data tokenized with a vocabulary of ${info.vocabSize} ids, larger than the model's ${this.options.vocabSize}`, {code: 'EDATA_VOCAB'})
+      throw new PsycheError(`${this.description}: data tokenized with a vocabulary of ${info.vocabSize} ids, larger than the model's ${this.options.vocabSize}`, {
+        code: 'EDATA_VOCAB',
+      })
     }
     this.info = info
   }
@@ -276,7 +299,9 @@ export class TcpDataProvider implements DataProvider {
     })
     const rowLength = this.options.seqLen + 1
     if (message.rows !== batchIds.length || message.rowLength !== rowLength) {
-      throw new PsycheError(`${this.description}: batches ${batchIds.join(', ')}: answered ${message.rows}×${message.rowLength} ids, expected ${batchIds.length}×${rowLength}`, {code: 'EDATA_SERVER'})
+      throw new PsycheError(`${this.description}: batches ${batchIds.join(', ')}: answered ${message.rows}×${message.rowLength} ids, expected ${batchIds.length}×${rowLength}`, {
+        code: 'EDATA_SERVER',
+      })
     }
     for (const [row, id] of batchIds.entries()) checkVocab(message.ids, row * rowLength, rowLength, this.options.vocabSize, id, this.description)
     return message.ids

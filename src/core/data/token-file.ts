@@ -48,7 +48,8 @@ export class LocalByteSource implements ByteSource {
     let done = 0
     while (done < length) {
       const {bytesRead} = await this.handle.read(bytes, done, length - done, offset + done)
-      if (bytesRead === 0) throw new PsycheError(`${this.name}: file is shorter than expected: no bytes at offset ${offset + done} (truncated while in use?)`, {code: 'EDATA_SHORT'})
+      if (bytesRead === 0)
+        throw new PsycheError(`${this.name}: file is shorter than expected: no bytes at offset ${offset + done} (truncated while in use?)`, {code: 'EDATA_SHORT'})
       done += bytesRead
     }
     return bytes
@@ -81,7 +82,11 @@ async function readNpyHeader(source: ByteSource): Promise<{dataOffset: number; t
   if (descr === undefined || fortran === undefined || shapeText === undefined) throw bad(`unreadable header ${JSON.stringify(header.trim())}`)
   const tokenSize = ({'<u2': 2, '=u2': 2, '<u4': 4, '=u4': 4} as Record<string, TokenSize>)[descr]
   if (tokenSize === undefined) throw bad(`dtype ${descr}: expected little-endian uint16 (<u2) or uint32 (<u4)`)
-  const shape = shapeText.split(',').map((s) => s.trim()).filter(Boolean).map(Number)
+  const shape = shapeText
+    .split(',')
+    .map((s) => s.trim())
+    .filter(Boolean)
+    .map(Number)
   if (shape.some((n) => !Number.isSafeInteger(n) || n < 0)) throw bad(`shape (${shapeText})`)
   if (fortran === 'True' && shape.length > 1) throw bad('Fortran-ordered arrays are not a flat token stream')
   const numTokens = shape.reduce((a, b) => a * b, 1)
@@ -144,7 +149,9 @@ export class TokenFile {
       return new TokenFile(source, tokenSize, npy.dataOffset, npy.numTokens)
     }
     if (source.size % tokenSize !== 0) {
-      throw new PsycheError(`${source.name}: size ${source.size} bytes is not a multiple of the token size (${tokenSize} bytes); wrong token size or a truncated file`, {code: 'EDATA_FILE'})
+      throw new PsycheError(`${source.name}: size ${source.size} bytes is not a multiple of the token size (${tokenSize} bytes); wrong token size or a truncated file`, {
+        code: 'EDATA_FILE',
+      })
     }
     return new TokenFile(source, tokenSize, 0, source.size / tokenSize)
   }

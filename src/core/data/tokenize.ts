@@ -51,7 +51,10 @@ export async function tokenizeFiles(options: TokenizeOptions): Promise<TokenizeR
   const result = await child
   if (failure) throw new PsycheError(failure)
   if (result.exitCode !== 0 || !done) {
-    const last = String(result.stderr ?? '').trim().split('\n').pop()
+    const last = String(result.stderr ?? '')
+      .trim()
+      .split('\n')
+      .pop()
     throw new PsycheError(`tokenizer process failed (exit ${result.exitCode ?? result.signal}): ${last || 'no output'}`)
   }
   return done

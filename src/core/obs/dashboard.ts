@@ -36,7 +36,17 @@ export function clientTable(summary: RunSummary, pending: string[], connected: s
   const list = [...summary.clients, ...pending.map((id) => ({id, state: 'Pending'}))].filter((c) => !seen.has(c.id) && seen.add(c.id))
   return list.map(({id, state}) => {
     const r = byId.get(id)
-    return {id, state, connected: online.has(id), step: r?.step ?? null, loss: r?.loss ?? null, tokens_per_second: r?.tokens_per_second ?? null, bytes_in: r?.bytes_in ?? null, bytes_out: r?.bytes_out ?? null, peers: r?.peers ?? null}
+    return {
+      id,
+      state,
+      connected: online.has(id),
+      step: r?.step ?? null,
+      loss: r?.loss ?? null,
+      tokens_per_second: r?.tokens_per_second ?? null,
+      bytes_in: r?.bytes_in ?? null,
+      bytes_out: r?.bytes_out ?? null,
+      peers: r?.peers ?? null,
+    }
   })
 }
 
@@ -79,7 +89,9 @@ export async function serveDashboard(source: DashboardSource, opts: {port: numbe
   })
   const host = opts.host ?? '127.0.0.1'
   await new Promise<void>((resolve, reject) => {
-    server.once('error', (error: NodeJS.ErrnoException) => reject(new PsycheError(`--dashboard-port: cannot listen on ${host}:${opts.port}: ${error.code ?? error.message}`, {cause: error})))
+    server.once('error', (error: NodeJS.ErrnoException) =>
+      reject(new PsycheError(`--dashboard-port: cannot listen on ${host}:${opts.port}: ${error.code ?? error.message}`, {cause: error})),
+    )
     server.listen(opts.port, host, () => resolve())
   })
   const address = server.address()

@@ -62,7 +62,17 @@ export const HISTORY_FILE = 'metrics-history.json'
 const MAX_POINTS = 20_000
 const MAX_CLIENT_ROWS = 10_000
 
-type Report = {loss: number | null; val_loss: number | null; tokens_per_second: number | null; compute_ms: number | null; bytes_in: number; bytes_out: number; applied: number; accepted: number; peers: number}
+type Report = {
+  loss: number | null
+  val_loss: number | null
+  tokens_per_second: number | null
+  compute_ms: number | null
+  bytes_in: number
+  bytes_out: number
+  applied: number
+  accepted: number
+  peers: number
+}
 const num = (v: unknown): number | null => (typeof v === 'number' && Number.isFinite(v) ? v : null)
 const mean = (xs: number[]) => (xs.length ? xs.reduce((a, b) => a + b, 0) / xs.length : null)
 const median = (xs: number[]) => {
@@ -150,7 +160,24 @@ export class RunHistory {
       if (!round) return
       let p = this.byStep.get(round.step)
       if (!p) {
-        p = {step: round.step, epoch: state.progress.epoch, time: at, round_seconds: null, compute_seconds: null, coordination_seconds: null, trainers: round.roster.length, witnesses: 0, loss: null, val_loss: null, tokens_per_second: null, bytes_in: 0, bytes_out: 0, applied: null, accepted: null, reports: 0}
+        p = {
+          step: round.step,
+          epoch: state.progress.epoch,
+          time: at,
+          round_seconds: null,
+          compute_seconds: null,
+          coordination_seconds: null,
+          trainers: round.roster.length,
+          witnesses: 0,
+          loss: null,
+          val_loss: null,
+          tokens_per_second: null,
+          bytes_in: 0,
+          bytes_out: 0,
+          applied: null,
+          accepted: null,
+          reports: 0,
+        }
         this.add(p)
       }
       this.roundStart = {step: round.step, at}
@@ -197,7 +224,16 @@ export class RunHistory {
     const dOut = last && r.bytes_out >= last.out ? r.bytes_out - last.out : r.bytes_out
     this.lastBytes.set(client, {in: r.bytes_in, out: r.bytes_out})
     if (this.clients.size >= MAX_CLIENT_ROWS && !this.clients.has(client)) this.clients.delete(this.clients.keys().next().value!)
-    this.clients.set(client, {id: client, step, loss: r.loss, tokens_per_second: r.tokens_per_second, bytes_in: r.bytes_in, bytes_out: r.bytes_out, peers: r.peers, time: this.now()})
+    this.clients.set(client, {
+      id: client,
+      step,
+      loss: r.loss,
+      tokens_per_second: r.tokens_per_second,
+      bytes_in: r.bytes_in,
+      bytes_out: r.bytes_out,
+      peers: r.peers,
+      time: this.now(),
+    })
     if (p) {
       const all = [...byClient.values()]
       const vals = (f: (r: Report) => number | null) => all.map(f).filter((x): x is number => x !== null)

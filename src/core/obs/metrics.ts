@@ -50,11 +50,25 @@ export class ServerMetrics {
     const self = this
     const r = this.registry
     collectDefaultMetrics({register: r, prefix: 'psyche_server_'})
-    new Gauge({name: 'psyche_coordinator_step', help: 'The run\'s current step (round number)', registers: [r], collect() { this.set(source.state().progress.step) }})
-    new Gauge({name: 'psyche_coordinator_epoch', help: 'The run\'s current epoch', registers: [r], collect() { this.set(source.state().progress.epoch) }})
+    new Gauge({
+      name: 'psyche_coordinator_step',
+      help: "The run's current step (round number)",
+      registers: [r],
+      collect() {
+        this.set(source.state().progress.step)
+      },
+    })
+    new Gauge({
+      name: 'psyche_coordinator_epoch',
+      help: "The run's current epoch",
+      registers: [r],
+      collect() {
+        this.set(source.state().progress.epoch)
+      },
+    })
     new Gauge({
       name: 'psyche_coordinator_run_state',
-      help: 'The coordinator\'s phase: 1 for the current one, 0 for the others',
+      help: "The coordinator's phase: 1 for the current one, 0 for the others",
       labelNames: ['state'],
       registers: [r],
       collect() {
@@ -81,17 +95,47 @@ export class ServerMetrics {
         this.set({state: 'Pending'}, s.pending.length)
       },
     })
-    new Gauge({name: 'psyche_coordinator_connections', help: 'Clients connected to the server now (said hello)', registers: [r], collect() { this.set(source.connected()) }})
+    new Gauge({
+      name: 'psyche_coordinator_connections',
+      help: 'Clients connected to the server now (said hello)',
+      registers: [r],
+      collect() {
+        this.set(source.connected())
+      },
+    })
     new Gauge({
       name: 'psyche_coordinator_round_witnesses',
       help: 'Witness proofs received for the current round',
       registers: [r],
-      collect() { this.set(source.state().epoch.round?.witnesses.length ?? 0) },
+      collect() {
+        this.set(source.state().epoch.round?.witnesses.length ?? 0)
+      },
     })
-    this.phaseSeconds = new Histogram({name: 'psyche_coordinator_phase_duration_seconds', help: 'How long each completed phase lasted', labelNames: ['phase'], buckets: TIME_BUCKETS, registers: [r]})
-    this.roundSeconds = new Histogram({name: 'psyche_coordinator_round_duration_seconds', help: 'Wall time from one RoundTrain to the next (or the end of the epoch)', buckets: TIME_BUCKETS, registers: [r]})
-    this.rejected = new Counter({name: 'psyche_coordinator_rejected_messages_total', help: 'Messages refused by the server, by reason code', labelNames: ['reason'], registers: [r]})
-    this.accepted = new Counter({name: 'psyche_coordinator_accepted_messages_total', help: 'Client messages the coordinator applied, by kind', labelNames: ['kind'], registers: [r]})
+    this.phaseSeconds = new Histogram({
+      name: 'psyche_coordinator_phase_duration_seconds',
+      help: 'How long each completed phase lasted',
+      labelNames: ['phase'],
+      buckets: TIME_BUCKETS,
+      registers: [r],
+    })
+    this.roundSeconds = new Histogram({
+      name: 'psyche_coordinator_round_duration_seconds',
+      help: 'Wall time from one RoundTrain to the next (or the end of the epoch)',
+      buckets: TIME_BUCKETS,
+      registers: [r],
+    })
+    this.rejected = new Counter({
+      name: 'psyche_coordinator_rejected_messages_total',
+      help: 'Messages refused by the server, by reason code',
+      labelNames: ['reason'],
+      registers: [r],
+    })
+    this.accepted = new Counter({
+      name: 'psyche_coordinator_accepted_messages_total',
+      help: 'Client messages the coordinator applied, by kind',
+      labelNames: ['kind'],
+      registers: [r],
+    })
     this.reports = new Counter({name: 'psyche_coordinator_client_reports_total', help: 'Per-round metric reports received from clients', registers: [r]})
     this.transitions = new Counter({name: 'psyche_coordinator_transitions_total', help: 'Phase changes, by the phase entered', labelNames: ['to'], registers: [r]})
   }
@@ -171,20 +215,49 @@ export class ClientMetrics {
     collectDefaultMetrics({register: r, prefix: 'psyche_client_'})
     this.step = new Gauge({name: 'psyche_client_step', help: 'The last round this client applied', registers: [r]})
     this.epoch = new Gauge({name: 'psyche_client_epoch', help: 'The epoch of the last round this client applied', registers: [r]})
-    this.loss = new Gauge({name: 'psyche_client_loss', help: 'Training loss of this client\'s batches in its last trained round (nats per token)', registers: [r]})
+    this.loss = new Gauge({name: 'psyche_client_loss', help: "Training loss of this client's batches in its last trained round (nats per token)", registers: [r]})
     this.tokensPerSecond = new Gauge({name: 'psyche_client_tokens_per_second', help: 'Tokens trained per second of compute in the last trained round', registers: [r]})
-    this.compute = new Histogram({name: 'psyche_client_compute_duration_seconds', help: 'Worker time to train a round (forward/backward, DisTrO compression)', buckets: TIME_BUCKETS, registers: [r]})
-    this.apply = new Histogram({name: 'psyche_client_apply_duration_seconds', help: 'Time to apply a round\'s accepted results (download wait + worker apply)', buckets: TIME_BUCKETS, registers: [r]})
-    this.produce = new Histogram({name: 'psyche_client_produce_duration_seconds', help: 'Time from a trained result to its announcement to peers (hash, sign, publish)', buckets: TIME_BUCKETS, registers: [r]})
-    this.resultBytes = new Histogram({name: 'psyche_client_result_size_bytes', help: 'Size of this client\'s compressed result per round', buckets: SIZE_BUCKETS, registers: [r]})
+    this.compute = new Histogram({
+      name: 'psyche_client_compute_duration_seconds',
+      help: 'Worker time to train a round (forward/backward, DisTrO compression)',
+      buckets: TIME_BUCKETS,
+      registers: [r],
+    })
+    this.apply = new Histogram({
+      name: 'psyche_client_apply_duration_seconds',
+      help: "Time to apply a round's accepted results (download wait + worker apply)",
+      buckets: TIME_BUCKETS,
+      registers: [r],
+    })
+    this.produce = new Histogram({
+      name: 'psyche_client_produce_duration_seconds',
+      help: 'Time from a trained result to its announcement to peers (hash, sign, publish)',
+      buckets: TIME_BUCKETS,
+      registers: [r],
+    })
+    this.resultBytes = new Histogram({name: 'psyche_client_result_size_bytes', help: "Size of this client's compressed result per round", buckets: SIZE_BUCKETS, registers: [r]})
     this.received = new Counter({name: 'psyche_p2p_received_bytes_total', help: 'Bytes of results and models downloaded from peers', registers: [r]})
     this.sent = new Counter({name: 'psyche_p2p_sent_bytes_total', help: 'Bytes of results and models served to peers', registers: [r]})
-    this.peerBytes = new Counter({name: 'psyche_p2p_peer_bytes_total', help: 'Bytes exchanged per peer and direction (in: downloaded from it, out: served to it)', labelNames: ['peer', 'direction'], registers: [r]})
+    this.peerBytes = new Counter({
+      name: 'psyche_p2p_peer_bytes_total',
+      help: 'Bytes exchanged per peer and direction (in: downloaded from it, out: served to it)',
+      labelNames: ['peer', 'direction'],
+      registers: [r],
+    })
     this.peers = new Gauge({name: 'psyche_p2p_peers', help: 'Connected libp2p peers (kind: all, direct, relayed)', labelNames: ['kind'], registers: [r]})
-    this.rejected = new Counter({name: 'psyche_client_rejected_messages_total', help: 'Messages refused: by the coordinator (its reason code) or by this client (announcements, results)', labelNames: ['reason'], registers: [r]})
+    this.rejected = new Counter({
+      name: 'psyche_client_rejected_messages_total',
+      help: 'Messages refused: by the coordinator (its reason code) or by this client (announcements, results)',
+      labelNames: ['reason'],
+      registers: [r],
+    })
     this.rounds = new Counter({name: 'psyche_client_rounds_applied_total', help: 'Rounds this client applied', registers: [r]})
     this.applied = new Gauge({name: 'psyche_client_results_applied', help: 'Results applied in the last applied round', registers: [r]})
-    this.accepted = new Gauge({name: 'psyche_client_results_accepted', help: 'Results the witness quorum accepted in the last applied round (the round\'s trainers when not reported)', registers: [r]})
+    this.accepted = new Gauge({
+      name: 'psyche_client_results_accepted',
+      help: "Results the witness quorum accepted in the last applied round (the round's trainers when not reported)",
+      registers: [r],
+    })
     this.witness = new Counter({name: 'psyche_client_witness_proofs_total', help: 'Witness proofs this client sent', registers: [r]})
     this.trainedBatches = new Counter({name: 'psyche_client_trained_batches_total', help: 'Batches (sequences) this client trained', registers: [r]})
     this.workerStarts = new Counter({name: 'psyche_worker_starts_total', help: 'PyTorch worker processes started by this client', registers: [r]})
@@ -282,7 +355,9 @@ export async function serveMetrics(registry: Registry, opts: {port: number; host
   })
   const host = opts.host ?? '127.0.0.1'
   await new Promise<void>((resolve, reject) => {
-    server.once('error', (error: NodeJS.ErrnoException) => reject(new PsycheError(`--metrics-port: cannot listen on ${host}:${opts.port}: ${error.code ?? error.message}`, {cause: error})))
+    server.once('error', (error: NodeJS.ErrnoException) =>
+      reject(new PsycheError(`--metrics-port: cannot listen on ${host}:${opts.port}: ${error.code ?? error.message}`, {cause: error})),
+    )
     server.listen(opts.port, host, () => resolve())
   })
   const address = server.address()

@@ -42,13 +42,19 @@ export function viewLines(v: TerminalView): string[] {
     const left = s.phase_time_left_seconds === null ? '' : `  ${s.phase_time_left_seconds.toFixed(0)}s left`
     lines.push(`phase ${s.run_state}${left}   round ${s.step}/${s.total_steps}   epoch ${s.epoch}`)
     const c = s.clients_by_state
-    lines.push(`clients ${c.healthy} healthy, ${c.dropped} dropped, ${c.withdrawn} withdrawn, ${c.ejected} ejected, ${c.pending} pending` + (s.round ? `   witnesses ${s.round.witness_proofs}/${s.round.witnesses_expected} (quorum ${s.round.witness_quorum})` : ''))
+    lines.push(
+      `clients ${c.healthy} healthy, ${c.dropped} dropped, ${c.withdrawn} withdrawn, ${c.ejected} ejected, ${c.pending} pending` +
+        (s.round ? `   witnesses ${s.round.witness_proofs}/${s.round.witnesses_expected} (quorum ${s.round.witness_quorum})` : ''),
+    )
   }
   const last = v.losses.at(-1)
   lines.push(`loss ${fixed(last, 3)} ${sparkline(v.losses)}`)
   const peers = v.peers ? `${v.peers.all}${v.peers.direct !== undefined && v.peers.direct !== null ? ` (${v.peers.direct} direct, ${v.peers.relayed ?? 0} relayed)` : ''}` : '–'
-  lines.push(`tokens/s ${fixed(v.tokensPerSecond, 0)}   in ${mb(v.bytesIn)}   out ${mb(v.bytesOut)}   applied ${v.applied ?? '–'} of ${v.accepted ?? '–'} accepted   peers ${peers}`)
-  for (const c of v.clients) lines.push(`  ${c.name.padEnd(18)} ${c.state.padEnd(10)} step ${String(c.step ?? '–').padEnd(5)} loss ${fixed(c.loss, 3)}${c.note ? `  ${c.note}` : ''}`)
+  lines.push(
+    `tokens/s ${fixed(v.tokensPerSecond, 0)}   in ${mb(v.bytesIn)}   out ${mb(v.bytesOut)}   applied ${v.applied ?? '–'} of ${v.accepted ?? '–'} accepted   peers ${peers}`,
+  )
+  for (const c of v.clients)
+    lines.push(`  ${c.name.padEnd(18)} ${c.state.padEnd(10)} step ${String(c.step ?? '–').padEnd(5)} loss ${fixed(c.loss, 3)}${c.note ? `  ${c.note}` : ''}`)
   for (const w of v.warnings.slice(-3)) lines.push(`! ${w}`)
   return lines
 }
@@ -87,7 +93,11 @@ function View({get, intervalMs}: {get: () => TerminalView; intervalMs: number}):
         s.round ? `   witnesses ${s.round.witness_proofs}/${s.round.witnesses_expected} (quorum ${s.round.witness_quorum})` : '',
       ),
     h(Text, null, 'loss ', h(Text, {bold: true}, fixed(last, 3)), ' ', h(Text, {color: 'blue'}, sparkline(v.losses))),
-    h(Text, null, `tokens/s ${fixed(v.tokensPerSecond, 0)}   in ${mb(v.bytesIn)}   out ${mb(v.bytesOut)}   applied ${v.applied ?? '–'} of ${v.accepted ?? '–'} accepted   peers ${peers}`),
+    h(
+      Text,
+      null,
+      `tokens/s ${fixed(v.tokensPerSecond, 0)}   in ${mb(v.bytesIn)}   out ${mb(v.bytesOut)}   applied ${v.applied ?? '–'} of ${v.accepted ?? '–'} accepted   peers ${peers}`,
+    ),
     ...v.clients.map((c, i) =>
       h(
         Text,

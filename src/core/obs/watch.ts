@@ -11,7 +11,8 @@ import type {RunHistory} from './history.js'
 export function watchRun(conn: CoordinatorConnection, history: RunHistory): () => CoordinatorState {
   let last: CoordinatorState = conn.state!
   conn.on('state', (s: CoordinatorState) => {
-    if (s.run_state !== last.run_state || s.progress.step !== last.progress.step) history.observe({event: 'transition', from: last.run_state, to: s.run_state, step: s.progress.step}, s)
+    if (s.run_state !== last.run_state || s.progress.step !== last.progress.step)
+      history.observe({event: 'transition', from: last.run_state, to: s.run_state, step: s.progress.step}, s)
     last = s
   })
   conn.on('client_report', (r: ClientReportBody) => history.observe({event: 'client_report', client: r.client, step: r.step, ...r.report}, last))

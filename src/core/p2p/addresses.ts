@@ -77,7 +77,8 @@ export function parseMultiaddrs(values: readonly string[], flag: string, options
     }
     const names = addr.getComponents().map((c) => c.name)
     if (!names.includes('tcp')) throw new PsycheError(`${flag} ${value}: psyche's peers speak TCP; the address needs a /tcp/PORT part`, {code: 'EUSAGE'})
-    if (options.needPeer && addrPeerId(addr) === undefined) throw new PsycheError(`${flag} ${value}: a relay address must end in /p2p/<the relay's peer id> (psyche relay prints it)`, {code: 'EUSAGE'})
+    if (options.needPeer && addrPeerId(addr) === undefined)
+      throw new PsycheError(`${flag} ${value}: a relay address must end in /p2p/<the relay's peer id> (psyche relay prints it)`, {code: 'EUSAGE'})
     return addr.toString()
   })
 }

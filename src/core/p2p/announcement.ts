@@ -77,7 +77,8 @@ export function parseAnnouncement(bytes: Uint8Array, runId: string): {ok: true; 
     size: r.size as number,
     signature: r.signature,
   }
-  if (!verifyBytes(a.client_id, announcementSigningBytes(a), Buffer.from(a.signature, 'hex'))) return {ok: false, reason: `signature does not verify against client_id ${a.client_id.slice(0, 16)}…`}
+  if (!verifyBytes(a.client_id, announcementSigningBytes(a), Buffer.from(a.signature, 'hex')))
+    return {ok: false, reason: `signature does not verify against client_id ${a.client_id.slice(0, 16)}…`}
   return {ok: true, announcement: a}
 }
 

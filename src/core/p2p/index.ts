@@ -1,5 +1,15 @@
 // Public API of the peer-to-peer layer (see node.ts for the protocols).
-export {P2PNode, peerIdOfClient, resultsTopic, RESULT_PROTOCOL, MODEL_PROTOCOL, DEFAULT_MAX_BLOB_BYTES, DEFAULT_MAX_CONCURRENT_DOWNLOADS, DEFAULT_DOWNLOAD_TIMEOUT_MS, DEFAULT_MAX_MODEL_BYTES} from './node.js'
+export {
+  P2PNode,
+  peerIdOfClient,
+  resultsTopic,
+  RESULT_PROTOCOL,
+  MODEL_PROTOCOL,
+  DEFAULT_MAX_BLOB_BYTES,
+  DEFAULT_MAX_CONCURRENT_DOWNLOADS,
+  DEFAULT_DOWNLOAD_TIMEOUT_MS,
+  DEFAULT_MAX_MODEL_BYTES,
+} from './node.js'
 export type {P2PNodeOptions, P2PStats} from './node.js'
 export {announcementSigningBytes, parseAnnouncement, signAnnouncement, sha256Hex, MAX_ANNOUNCEMENT_BYTES} from './announcement.js'
 export type {ResultAnnouncement, SigningIdentity, UnsignedAnnouncement} from './announcement.js'

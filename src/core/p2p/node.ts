@@ -15,14 +15,7 @@ import {multiaddr, type Multiaddr} from '@multiformats/multiaddr'
 import {createLibp2p, type Libp2p} from 'libp2p'
 import {errorMessage, PsycheError} from '../errors.js'
 import {identityPrivateSeed} from '../protocol/identity.js'
-import {
-  encodeAnnouncement,
-  parseAnnouncement,
-  sha256Hex,
-  signAnnouncement,
-  type ResultAnnouncement,
-  type SigningIdentity,
-} from './announcement.js'
+import {encodeAnnouncement, parseAnnouncement, sha256Hex, signAnnouncement, type ResultAnnouncement, type SigningIdentity} from './announcement.js'
 import {CHUNK_BYTES, framed, OverrunError, readChunksInto, readJsonObject, writeChunks, writeJson} from './framing.js'
 import {addrPeerId, isCircuit, listenAddrsForPort, publishableAddrs} from './addresses.js'
 import {validateModelHeader, type ModelSnapshot} from './model.js'
@@ -290,7 +283,10 @@ export class P2PNode {
 
   /** Our relayed addresses (held reservations), for logs and tests. */
   relayedAddresses(): string[] {
-    return this.libp2p.getMultiaddrs().filter(isCircuit).map((a) => a.toString())
+    return this.libp2p
+      .getMultiaddrs()
+      .filter(isCircuit)
+      .map((a) => a.toString())
   }
 
   /**

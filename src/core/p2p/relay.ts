@@ -125,7 +125,10 @@ export class RelayNode {
     const withId = (a: string) => (a.includes(`/p2p/${this.peerId}`) ? a : `${a}/p2p/${this.peerId}`)
     if (this.announce.length > 0) return this.announce.map(withId)
     if (localAddress === undefined || localAddress === '') {
-      return this.libp2p.getMultiaddrs().filter((a) => addressScope(a) === 'remote').map((a) => withId(a.toString()))
+      return this.libp2p
+        .getMultiaddrs()
+        .filter((a) => addressScope(a) === 'remote')
+        .map((a) => withId(a.toString()))
     }
     const ip = localAddress.startsWith('::ffff:') ? localAddress.slice(7) : localAddress
     return [withId(multiaddr(`/${ip.includes(':') ? 'ip6' : 'ip4'}/${ip}/tcp/${this.port}`).toString())]

@@ -324,7 +324,11 @@ const serverBodyCheckers: {[K in ServerKind]: (b: Obj) => ServerBodies[K]} = {
   },
   welcome(b) {
     exactKeys(b, ['run_id', 'client_id', 'server_time'], ['relay_addrs'], 'welcome')
-    const out: WelcomeBody = {run_id: str(b.run_id, 'welcome.run_id', MAX_RUN_ID_BYTES * 4), client_id: id(b.client_id, 'welcome.client_id'), server_time: time(b.server_time, 'welcome.server_time')}
+    const out: WelcomeBody = {
+      run_id: str(b.run_id, 'welcome.run_id', MAX_RUN_ID_BYTES * 4),
+      client_id: id(b.client_id, 'welcome.client_id'),
+      server_time: time(b.server_time, 'welcome.server_time'),
+    }
     if (b.relay_addrs !== undefined) out.relay_addrs = strings(b.relay_addrs, 'welcome.relay_addrs', MAX_RELAY_ADDRS, MAX_ADDR_CHARS)
     return out
   },
@@ -366,7 +370,8 @@ function decode(bytes: Uint8Array, direction: Direction, checkers: Record<string
     const buf = Buffer.from(bytes.buffer, bytes.byteOffset, bytes.length)
     if (!buf.subarray(0, 4).equals(ENVELOPE_MAGIC)) return {ok: false, reason: 'bad_magic', detail: 'not a psyche envelope (bad magic)'}
     if (buf[4] !== PROTOCOL_VERSION) return {ok: false, reason: 'bad_version', detail: `protocol version ${buf[4]}, expected ${PROTOCOL_VERSION}`}
-    if (buf[5] !== DIRECTION_BYTE[direction]) return {ok: false, reason: 'wrong_direction', detail: `a message meant for the ${buf[5] === 0 ? 'server' : buf[5] === 1 ? 'client' : 'unknown side'}`}
+    if (buf[5] !== DIRECTION_BYTE[direction])
+      return {ok: false, reason: 'wrong_direction', detail: `a message meant for the ${buf[5] === 0 ? 'server' : buf[5] === 1 ? 'client' : 'unknown side'}`}
     const from = buf.subarray(6, HEADER_BYTES).toString('hex')
     const header = buf.subarray(0, HEADER_BYTES)
     const signature = buf.subarray(HEADER_BYTES, ENVELOPE_OVERHEAD)

@@ -118,10 +118,12 @@ export class RoundBook {
       rounds_without_exchange: rounds.filter((r) => !r.exchanged).length,
       kills: this.kills,
       rejoins: this.rejoins,
-      bytes: Object.fromEntries(this.clients.map((c) => {
-        const b = this.bytesOf(c)
-        return [c, {in: b.before.in + b.now.in, out: b.before.out + b.now.out}]
-      })),
+      bytes: Object.fromEntries(
+        this.clients.map((c) => {
+          const b = this.bytesOf(c)
+          return [c, {in: b.before.in + b.now.in, out: b.before.out + b.now.out}]
+        }),
+      ),
       result_bytes_per_round: this.resultBytes.length ? Math.round(this.resultBytes.reduce((a, b) => a + b, 0) / this.resultBytes.length) : null,
       wall_seconds: Math.round(o.wallSeconds * 10) / 10,
       ended: o.ended,

@@ -121,7 +121,14 @@ async function modelFromCheckpoint(run: RunConfigFile, llm: LLMConfig, hub: Trai
         // a Hub repository: download it (resumable, hash-checked) into the Hub cache and use the snapshot
         const {repo_id, revision} = repo as {repo_id: string; revision?: string | null}
         const where = `${run.path}: model.LLM.checkpoint.${variant}`
-        const got = await downloadCheckpoint({repo: checkRepoId(repo_id, `${where}.repo_id`), revision: revision ?? undefined, hubUrl: hub.url ?? process.env.HF_ENDPOINT, token: hub.token ?? process.env.HF_TOKEN, cacheDir: hub.cacheDir, onProgress: hub.onProgress})
+        const got = await downloadCheckpoint({
+          repo: checkRepoId(repo_id, `${where}.repo_id`),
+          revision: revision ?? undefined,
+          hubUrl: hub.url ?? process.env.HF_ENDPOINT,
+          token: hub.token ?? process.env.HF_TOKEN,
+          cacheDir: hub.cacheDir,
+          onProgress: hub.onProgress,
+        })
         return modelSourceFromDir(got.dir, where)
       }
       throw new PsycheError(`${run.path}: model.LLM.checkpoint.${variant}.repo_id = "${repo.repo_id}": not a local model directory; pass --model DIR`)
@@ -150,7 +157,8 @@ const DEFAULT_ADAMW: OptimizerConfig = {AdamW: {betas: [0.9, 0.95], weight_decay
 const DEFAULT_DISTRO: OptimizerConfig = {Distro: {clip_grad_norm: 1.0, compression_decay: 0.96, compression_chunk: 64, compression_topk: 8, quantize_1bit: true}}
 
 export async function resolveTrainPlan(flags: TrainFlags): Promise<TrainPlan> {
-  for (const name of ['steps', 'microBatch', 'totalBatch', 'seqLen', 'evalBatches', 'simulatePeers'] as const) positive(flags[name], `--${name.replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`)}`)
+  for (const name of ['steps', 'microBatch', 'totalBatch', 'seqLen', 'evalBatches', 'simulatePeers'] as const)
+    positive(flags[name], `--${name.replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`)}`)
   if (flags.config && flags.template) throw new PsycheError('--config and --template are alternatives: give one')
   const configPath = flags.config ? resolve(flags.config) : templateStatePath(flags.template ?? DEFAULT_TEMPLATE)
   const run = await loadRunConfigFile(configPath)
@@ -220,7 +228,8 @@ export function devicePlan(flags: Pick<TrainFlags, 'device' | 'devices' | 'dataP
   if (flags.devices !== undefined) {
     const list = flags.devices.split(',').map((d) => d.trim())
     if (list.some((d) => !/^(cpu|cuda(:\d+)?)$/.test(d))) throw new PsycheError(`--devices ${flags.devices}: expected a comma-separated list like cuda:0,cuda:1`)
-    if (flags.dataParallel !== undefined && flags.dataParallel !== list.length) throw new PsycheError(`--devices lists ${list.length} devices but --data-parallel is ${flags.dataParallel}: give one or the other`)
+    if (flags.dataParallel !== undefined && flags.dataParallel !== list.length)
+      throw new PsycheError(`--devices lists ${list.length} devices but --data-parallel is ${flags.dataParallel}: give one or the other`)
     if (flags.device !== undefined && flags.device !== 'auto') throw new PsycheError('--devices and --device: give one or the other')
     return {device: list.join(','), dataParallel: 1}
   }

@@ -96,10 +96,7 @@ async function dataTokenizer(plan: TrainPlan): Promise<string | undefined> {
  * configured optimizer and schedule. Step s trains on batch ids [s·B, (s+1)·B) of the (seed-shuffled)
  * data; the next batch is fetched while the worker computes the current one.
  */
-export async function runSingleNode(
-  plan: TrainPlan,
-  options: {metricsPath?: string; savePath?: string; events?: TrainEvents} = {},
-): Promise<TrainSummary> {
+export async function runSingleNode(plan: TrainPlan, options: {metricsPath?: string; savePath?: string; events?: TrainEvents} = {}): Promise<TrainSummary> {
   const events = options.events ?? {}
   if (isInDemoCorpus(plan)) await ensureDemoCorpus(events.onStatus)
 
@@ -110,7 +107,13 @@ export async function runSingleNode(
   let metrics: JsonlWriter | undefined
   try {
     const info = await loadModel(worker, plan.model, plan.seed, plan.seqLen)
-    train = await openDataProvider(plan.data as ProviderLocation, {seqLen: plan.seqLen, baseDir: plan.dataBaseDir, vocabSize: info.vocab_size, shuffleSeed: shuffleSeedFor(plan.seed), wrap: true})
+    train = await openDataProvider(plan.data as ProviderLocation, {
+      seqLen: plan.seqLen,
+      baseDir: plan.dataBaseDir,
+      vocabSize: info.vocab_size,
+      shuffleSeed: shuffleSeedFor(plan.seed),
+      wrap: true,
+    })
     checkVocab(train, info.vocab_size)
     if (plan.validation) {
       validation = await openDataProvider(plan.validation as ProviderLocation, {seqLen: plan.seqLen, baseDir: plan.dataBaseDir, vocabSize: info.vocab_size, wrap: true})
@@ -185,7 +188,14 @@ export async function runSingleNode(
       ...(options.metricsPath ? {metricsPath: options.metricsPath} : {}),
       ...(options.savePath ? {savedTo: resolve(options.savePath)} : {}),
       ...(resultBytes > 0
-        ? {distro: {peers: plan.simulatePeers, resultBytes: resultBytes / plan.steps, denseBytes: 4 * info.parameters, compression: (4 * info.parameters) / (resultBytes / plan.steps)}}
+        ? {
+            distro: {
+              peers: plan.simulatePeers,
+              resultBytes: resultBytes / plan.steps,
+              denseBytes: 4 * info.parameters,
+              compression: (4 * info.parameters) / (resultBytes / plan.steps),
+            },
+          }
         : {}),
     }
   } finally {

@@ -105,7 +105,7 @@ function readBitsSlow(b: Uint8Array, start: number, pos: number, bits: number): 
 
 function paddingIsZero(b: Uint8Array, start: number, usedBits: number, bytes: number): boolean {
   if (usedBits % 8 === 0) return true
-  return b[start + bytes - 1] >>> usedBits % 8 === 0
+  return b[start + bytes - 1] >>> (usedBits % 8) === 0
 }
 
 /**

@@ -42,7 +42,11 @@ export class WorkerCrashedError extends PsycheError {
 
 /** The worker answered with a typed error (bad request, bad data, unsupported, …). */
 export class WorkerRequestError extends PsycheError {
-  constructor(readonly kind: string, message: string, readonly op: string) {
+  constructor(
+    readonly kind: string,
+    message: string,
+    readonly op: string,
+  ) {
     super(message, {code: `EWORKER_${kind.toUpperCase()}`})
   }
 }
@@ -64,7 +68,11 @@ function installExitHandlers(): void {
   process.on('exit', () => {
     for (const w of live) w.kill('SIGKILL')
   })
-  for (const [signal, code] of [['SIGINT', 130], ['SIGTERM', 143], ['SIGHUP', 129]] as const) {
+  for (const [signal, code] of [
+    ['SIGINT', 130],
+    ['SIGTERM', 143],
+    ['SIGHUP', 129],
+  ] as const) {
     process.once(signal, () => {
       for (const w of live) w.kill('SIGKILL')
       process.exit(code)
@@ -247,9 +255,12 @@ async function waitForReady(proc: ResultPromise, timeoutMs: number, stderrTail: 
       }
     }
     proc.stdout!.on('data', onData)
-    proc.then((r) => {
-      clearTimeout(timer)
-      reject(new WorkerCrashedError(`worker exited during start-up (${r.signal ?? `code ${r.exitCode}`}); last stderr: ${stderrTail.slice(-5).join(' | ') || '(none)'}`))
-    }, () => undefined)
+    proc.then(
+      (r) => {
+        clearTimeout(timer)
+        reject(new WorkerCrashedError(`worker exited during start-up (${r.signal ?? `code ${r.exitCode}`}); last stderr: ${stderrTail.slice(-5).join(' | ') || '(none)'}`))
+      },
+      () => undefined,
+    )
   })
 }

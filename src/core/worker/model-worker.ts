@@ -81,7 +81,10 @@ export class ModelWorker {
   ): Promise<StepResult & {result: Uint8Array; paramHash: string; applied: number}> {
     const resultFrames: Frame[] = (previous?.results ?? []).map((r, i) => ({name: `result${i}`, dtype: 'uint8', shape: [r.length], data: r}))
     const header = previous ? {step, apply_step: previous.applyStep} : {step}
-    const {reply, frames} = await this.client.call<StepResult & {param_hash: string; applied: number} & Record<string, unknown>>('train_round', header, [tokensFrame(tokens, rows), ...resultFrames])
+    const {reply, frames} = await this.client.call<StepResult & {param_hash: string; applied: number} & Record<string, unknown>>('train_round', header, [
+      tokensFrame(tokens, rows),
+      ...resultFrames,
+    ])
     return {...reply, result: new Uint8Array(frames[0]), paramHash: reply.param_hash, applied: reply.applied}
   }
 

@@ -144,7 +144,9 @@ export class CoordinatorServer {
     })
     net.on('connection', (socket) => server.accept(socket))
     await new Promise<void>((resolve, reject) => {
-      net.once('error', (error: NodeJS.ErrnoException) => reject(new PsycheError(`cannot listen on ${options.host ?? '127.0.0.1'}:${options.port ?? 0}: ${error.code ?? error.message}`, {cause: error})))
+      net.once('error', (error: NodeJS.ErrnoException) =>
+        reject(new PsycheError(`cannot listen on ${options.host ?? '127.0.0.1'}:${options.port ?? 0}: ${error.code ?? error.message}`, {cause: error})),
+      )
       net.listen(options.port ?? 0, options.host ?? '127.0.0.1', () => resolve())
     })
     net.on('error', (error) => log({event: 'server_error', message: error.message}))
@@ -152,7 +154,17 @@ export class CoordinatorServer {
     server.timer = setInterval(() => server.advance(), options.tickIntervalMs ?? 50)
     // 'listening' comes first: launchers read the port from the first log line.
     log({event: 'listening', host: options.host ?? '127.0.0.1', port: server.port, run_id: runId, server_id: identity.id, run_state: state.run_state, step: state.progress.step})
-    if (resumedFrom) log({event: 'resumed', path: resumedFrom, run_id: runId, run_state: state.run_state, step: state.progress.step, epoch: state.progress.epoch, clients: state.epoch.clients.length, pending: state.pending.length})
+    if (resumedFrom)
+      log({
+        event: 'resumed',
+        path: resumedFrom,
+        run_id: runId,
+        run_state: state.run_state,
+        step: state.progress.step,
+        epoch: state.progress.epoch,
+        clients: state.epoch.clients.length,
+        pending: state.pending.length,
+      })
     return server
   }
 
@@ -234,7 +246,15 @@ export class CoordinatorServer {
     if (next === previous && !peersChanged) return
     this.current = next
     if (next.run_state !== previous.run_state || next.progress.step !== previous.progress.step) {
-      this.opts.log({event: 'transition', from: previous.run_state, to: next.run_state, step: next.progress.step, epoch: next.progress.epoch, clients: next.epoch.clients.length, pending: next.pending.length})
+      this.opts.log({
+        event: 'transition',
+        from: previous.run_state,
+        to: next.run_state,
+        step: next.progress.step,
+        epoch: next.progress.epoch,
+        clients: next.epoch.clients.length,
+        pending: next.pending.length,
+      })
     }
     this.save()
     this.pushState()
@@ -374,8 +394,7 @@ export class CoordinatorServer {
         // Witness proofs and health checks are about a step; anything older than the current one is stale or replayed.
         const current = this.current.progress.step
         if (m.step < current) return this.reject(s, 'stale_step', `${m.kind} for step ${m.step}, but the run is at step ${current}`, m.kind)
-        const event: CoordinatorEvent =
-          m.kind === 'witness' ? {type: 'witness', from, step: m.step, proof: m.body.proof} : {type: 'health_check', from, accused: m.body.accused}
+        const event: CoordinatorEvent = m.kind === 'witness' ? {type: 'witness', from, step: m.step, proof: m.body.proof} : {type: 'health_check', from, accused: m.body.accused}
         return this.applyFrom(s, m.kind, event)
       }
       case 'accuse':

@@ -54,7 +54,19 @@ export async function readRun(t: RunTarget): Promise<OnChainCoordinator> {
 export async function createRun(t: RunTarget & {payer: TransactionSigner; mainAuthority: Address; joinAuthority: Address | null; authorizer: Address | null}): Promise<Address> {
   const coordinator = await coordinatorAddress(t.programId, t.runId)
   const lamports = await t.chain.minimumBalance(STATE_SIZE)
-  const r = await t.chain.send(t.payer, initCoordinatorInstructions({programId: t.programId, coordinator, payer: t.payer, runId: t.runId, mainAuthority: t.mainAuthority, joinAuthority: t.joinAuthority, authorizer: t.authorizer, lamports}))
+  const r = await t.chain.send(
+    t.payer,
+    initCoordinatorInstructions({
+      programId: t.programId,
+      coordinator,
+      payer: t.payer,
+      runId: t.runId,
+      mainAuthority: t.mainAuthority,
+      joinAuthority: t.joinAuthority,
+      authorizer: t.authorizer,
+      lamports,
+    }),
+  )
   check(r, `create-run ${t.runId}`)
   return coordinator
 }

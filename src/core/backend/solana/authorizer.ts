@@ -61,10 +61,7 @@ export function delegatesInstruction(authorizer: Address, grantee: TransactionSi
   if (delegates.length > MAX_DELEGATES) throw new RangeError(`at most ${MAX_DELEGATES} delegates`)
   return {
     programAddress: authorizer,
-    accounts: [
-      signerMeta(grantee),
-      {address: authorization, role: AccountRole.WRITABLE},
-    ],
+    accounts: [signerMeta(grantee), {address: authorization, role: AccountRole.WRITABLE}],
     data: Buffer.concat([Buffer.from([1, delegates.length]), ...delegates.map(addressBytes)]),
   }
 }
@@ -73,11 +70,7 @@ export function delegatesInstruction(authorizer: Address, grantee: TransactionSi
 export function revokeInstruction(authorizer: Address, grantor: TransactionSigner, authorization: Address, recipient: Address): Instruction {
   return {
     programAddress: authorizer,
-    accounts: [
-      signerMeta(grantor),
-      {address: authorization, role: AccountRole.WRITABLE},
-      {address: recipient, role: AccountRole.WRITABLE},
-    ],
+    accounts: [signerMeta(grantor), {address: authorization, role: AccountRole.WRITABLE}, {address: recipient, role: AccountRole.WRITABLE}],
     data: Uint8Array.from([2]),
   }
 }

@@ -86,7 +86,8 @@ function signed(programId: Address, coordinator: Address, signer: TransactionSig
 
 export const updateInstruction = (programId: Address, coordinator: Address, authority: TransactionSigner, config?: CoordinatorConfig, model?: {LLM: LLMConfig}) =>
   signed(programId, coordinator, authority, encodeUpdate(config, model))
-export const setPausedInstruction = (programId: Address, coordinator: Address, authority: TransactionSigner, paused: boolean) => signed(programId, coordinator, authority, encodeSetPaused(paused))
+export const setPausedInstruction = (programId: Address, coordinator: Address, authority: TransactionSigner, paused: boolean) =>
+  signed(programId, coordinator, authority, encodeSetPaused(paused))
 /** join_run; in a permissioned run, pass the authorization (authorizer program) that admits the client. */
 export const joinRunInstruction = (programId: Address, coordinator: Address, client: TransactionSigner, authorization?: Address) =>
   signed(programId, coordinator, client, encodeTag(IX.join_run), authorization ? [{address: authorization, role: AccountRole.READONLY}] : [])
@@ -94,14 +95,22 @@ export const withdrawInstruction = (programId: Address, coordinator: Address, cl
 export const tickInstruction = (programId: Address, coordinator: Address): Instruction => ({programAddress: programId, accounts: [writable(coordinator)], data: encodeTag(IX.tick)})
 export const witnessInstruction = (programId: Address, coordinator: Address, client: TransactionSigner, step: number, participant: Uint8Array, broadcast: Uint8Array) =>
   signed(programId, coordinator, client, encodeWitness(step, participant, broadcast))
-export const warmupWitnessInstruction = (programId: Address, coordinator: Address, client: TransactionSigner) => signed(programId, coordinator, client, encodeTag(IX.warmup_witness))
+export const warmupWitnessInstruction = (programId: Address, coordinator: Address, client: TransactionSigner) =>
+  signed(programId, coordinator, client, encodeTag(IX.warmup_witness))
 export const healthCheckInstruction = (programId: Address, coordinator: Address, client: TransactionSigner, accused: string[]) => {
   if (accused.length > MAX_CLIENTS) throw new RangeError(`at most ${MAX_CLIENTS} accused clients`)
   return signed(programId, coordinator, client, encodeHealthCheck(accused))
 }
-export const accuseInstruction = (programId: Address, coordinator: Address, accuser: TransactionSigner, step: number, accused: string, reason: AccusationReason = 'invalid_result') =>
-  signed(programId, coordinator, accuser, encodeAccuse(step, accused, reason))
-export const checkpointInstruction = (programId: Address, coordinator: Address, client: TransactionSigner, repo: HubRepo) => signed(programId, coordinator, client, encodeCheckpoint(repo))
+export const accuseInstruction = (
+  programId: Address,
+  coordinator: Address,
+  accuser: TransactionSigner,
+  step: number,
+  accused: string,
+  reason: AccusationReason = 'invalid_result',
+) => signed(programId, coordinator, accuser, encodeAccuse(step, accused, reason))
+export const checkpointInstruction = (programId: Address, coordinator: Address, client: TransactionSigner, repo: HubRepo) =>
+  signed(programId, coordinator, client, encodeCheckpoint(repo))
 export const ejectInstruction = (programId: Address, coordinator: Address, authority: TransactionSigner, id: string) => signed(programId, coordinator, authority, encodeEject(id))
 export const freeCoordinatorInstruction = (programId: Address, coordinator: Address, authority: TransactionSigner, recipient: Address) =>
   signed(programId, coordinator, authority, encodeTag(IX.free_coordinator), [writable(recipient)])

@@ -146,7 +146,8 @@ function readRound(b: Buffer, o: number): Round {
   const witnessLen = num(b, o + 48, 'round.witness_len')
   const accusationLen = num(b, o + 56, 'round.accusation_len')
   const excludedLen = num(b, o + 64, 'round.excluded_len')
-  if (rosterLen > MAX_CLIENTS || witnessLen > MAX_WITNESSES || accusationLen > MAX_ACCUSATIONS || excludedLen > MAX_CLIENTS) throw new RangeError('coordinator account: round lists exceed their capacity')
+  if (rosterLen > MAX_CLIENTS || witnessLen > MAX_WITNESSES || accusationLen > MAX_ACCUSATIONS || excludedLen > MAX_CLIENTS)
+    throw new RangeError('coordinator account: round lists exceed their capacity')
   const bloomBytes = witnessBloomParams(rosterLen).bits / 8
   const key = (at: number): string => addressDecoder.decode(b.subarray(at, at + 32))
   const rosterAt = o + ROUND_HEADER + 32
@@ -202,7 +203,8 @@ export function decodeCoordinator(data: Uint8Array): OnChainCoordinator {
   const b = Buffer.from(data.buffer, data.byteOffset, data.byteLength)
   if (b.length !== STATE_SIZE) throw new RangeError(`coordinator account: ${b.length} bytes, expected ${STATE_SIZE}`)
   if (b.readBigUInt64LE(OFFSETS.magic) !== MAGIC) throw new RangeError('coordinator account: wrong magic (not a psyche coordinator)')
-  if (b.readBigUInt64LE(OFFSETS.version) !== LAYOUT_VERSION) throw new RangeError(`coordinator account: layout version ${b.readBigUInt64LE(OFFSETS.version)}, expected ${LAYOUT_VERSION}`)
+  if (b.readBigUInt64LE(OFFSETS.version) !== LAYOUT_VERSION)
+    throw new RangeError(`coordinator account: layout version ${b.readBigUInt64LE(OFFSETS.version)}, expected ${LAYOUT_VERSION}`)
   const O = OFFSETS
   const config = {} as Record<string, number>
   CONFIG_FIELDS.forEach((f, i) => (config[f] = num(b, O.config + i * 8, `config.${f}`)))
@@ -220,7 +222,12 @@ export function decodeCoordinator(data: Uint8Array): OnChainCoordinator {
     if (typeof rest !== 'object' || rest === null || Array.isArray(rest)) throw new RangeError('coordinator account: model JSON is not an object')
   }
   const checkpoint = readCheckpoint(b, O.checkpoint) ?? 'Ephemeral'
-  const llm = {...rest, max_seq_len: num(b, O.max_seq_len, 'max_seq_len'), cold_start_warmup_steps: num(b, O.cold_start_warmup_steps, 'cold_start_warmup_steps'), checkpoint} as LLMConfig
+  const llm = {
+    ...rest,
+    max_seq_len: num(b, O.max_seq_len, 'max_seq_len'),
+    cold_start_warmup_steps: num(b, O.cold_start_warmup_steps, 'cold_start_warmup_steps'),
+    checkpoint,
+  } as LLMConfig
   const runState = RUN_STATES[num(b, O.run_state, 'run_state')]
   if (!runState) throw new RangeError('coordinator account: unknown run state')
   const exited = readClients(b, O.exited, num(b, O.exited_len, 'exited_len'))
@@ -235,7 +242,11 @@ export function decodeCoordinator(data: Uint8Array): OnChainCoordinator {
     model: {LLM: llm},
     checkpoint_fallback: readCheckpoint(b, O.checkpoint_fallback),
     seed: b.toString('hex', O.seed, O.seed + 32),
-    progress: {epoch: num(b, O.progress_epoch, 'progress.epoch'), step: num(b, O.progress_step, 'progress.step'), epoch_start_data_index: num(b, O.epoch_start_data_index, 'epoch_start_data_index')},
+    progress: {
+      epoch: num(b, O.progress_epoch, 'progress.epoch'),
+      step: num(b, O.progress_step, 'progress.step'),
+      epoch_start_data_index: num(b, O.epoch_start_data_index, 'epoch_start_data_index'),
+    },
     epoch: {
       start_time: num(b, O.epoch_start_time, 'epoch.start_time'),
       start_step: num(b, O.epoch_start_step, 'epoch.start_step'),
@@ -326,7 +337,14 @@ function repoBytes(repo: HubRepo): Buffer {
 export function encodeInit(runId: string, mainAuthority: string, joinAuthority: string | null, authorizer: string | null, lamports: bigint): Uint8Array {
   const id = Buffer.from(runId, 'utf8')
   if (id.length < 1 || id.length > RUN_ID_MAX) throw new RangeError(`run id ${JSON.stringify(runId)} must be 1 to ${RUN_ID_MAX} bytes`)
-  return Buffer.concat([Buffer.from([IX.init_coordinator, id.length]), id, addressBytes(mainAuthority), joinAuthority ? addressBytes(joinAuthority) : Buffer.alloc(32), authorizer ? addressBytes(authorizer) : Buffer.alloc(32), u64(lamports)])
+  return Buffer.concat([
+    Buffer.from([IX.init_coordinator, id.length]),
+    id,
+    addressBytes(mainAuthority),
+    joinAuthority ? addressBytes(joinAuthority) : Buffer.alloc(32),
+    authorizer ? addressBytes(authorizer) : Buffer.alloc(32),
+    u64(lamports),
+  ])
 }
 
 /** update: the whole [config] and/or [model.LLM] (validate it with validateRunConfig first). */

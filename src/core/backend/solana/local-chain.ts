@@ -26,7 +26,6 @@ export const COORDINATOR_PROGRAM_PATH = join(BUILD, 'psyche_coordinator.so')
 /** The built authorizer program (permissioned runs). */
 export const AUTHORIZER_PROGRAM_PATH = join(BUILD, 'psyche_authorizer.so')
 
-
 /**
  * A Solana runtime in this process (LiteSVM: the real SVM, loader and syscalls, no network) with the
  * coordinator program deployed. Time is what `setTime` says, so tests and simulations are repeatable.
@@ -34,7 +33,10 @@ export const AUTHORIZER_PROGRAM_PATH = join(BUILD, 'psyche_authorizer.so')
 export class LocalChain implements Chain {
   readonly svm: LiteSVM
 
-  constructor(readonly programId: Address, programBytes: Uint8Array = readFileSync(COORDINATOR_PROGRAM_PATH)) {
+  constructor(
+    readonly programId: Address,
+    programBytes: Uint8Array = readFileSync(COORDINATOR_PROGRAM_PATH),
+  ) {
     this.svm = new LiteSVM()
     this.svm.addProgram(programId, programBytes)
   }
@@ -88,7 +90,13 @@ export class LocalChain implements Chain {
       const err = r.err() as unknown as {err?: () => unknown}
       const inner = typeof err.err === 'function' ? (err.err() as {code?: number}) : undefined
       const code = typeof inner?.code === 'number' ? inner.code : undefined
-      return {ok: false, code, error: code !== undefined ? (PROGRAM_ERRORS[code] ?? `custom error ${code}`) : r.toString(), logs: meta.logs(), computeUnits: meta.computeUnitsConsumed()}
+      return {
+        ok: false,
+        code,
+        error: code !== undefined ? (PROGRAM_ERRORS[code] ?? `custom error ${code}`) : r.toString(),
+        logs: meta.logs(),
+        computeUnits: meta.computeUnitsConsumed(),
+      }
     }
     return {ok: true, logs: r.logs(), computeUnits: r.computeUnitsConsumed()}
   }

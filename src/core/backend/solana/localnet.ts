@@ -119,7 +119,14 @@ export class Localnet {
       const data = account.exists ? Buffer.from(account.data).toString('base64') : ''
       if (!account.exists || data === sub.last) continue
       sub.last = data
-      const value = {data: [data, 'base64'], executable: account.executable, lamports: Number(account.lamports), owner: account.programAddress, rentEpoch: 0, space: account.data.length}
+      const value = {
+        data: [data, 'base64'],
+        executable: account.executable,
+        lamports: Number(account.lamports),
+        owner: account.programAddress,
+        rentEpoch: 0,
+        space: account.data.length,
+      }
       sub.socket.send(JSON.stringify({jsonrpc: '2.0', method: 'accountNotification', params: {result: {context: {slot: this.slot}, value}, subscription}}))
     }
   }
@@ -146,7 +153,14 @@ export class Localnet {
         if (!account.exists) return {context: this.context(), value: null}
         return {
           context: this.context(),
-          value: {data: [Buffer.from(account.data).toString('base64'), 'base64'], executable: account.executable, lamports: Number(account.lamports), owner: account.programAddress, rentEpoch: 0, space: account.data.length},
+          value: {
+            data: [Buffer.from(account.data).toString('base64'), 'base64'],
+            executable: account.executable,
+            lamports: Number(account.lamports),
+            owner: account.programAddress,
+            rentEpoch: 0,
+            space: account.data.length,
+          },
         }
       }
       case 'requestAirdrop': {
