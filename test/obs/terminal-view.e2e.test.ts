@@ -10,6 +10,8 @@ const hasTmux = spawnSync('tmux', ['-V'], {stdio: 'ignore'}).status === 0
 const session = `psyche-view-${process.pid}`
 const tmux = (...args: string[]) => execFileSync('tmux', args, {encoding: 'utf8'})
 /** What a person sees in the tmux pane now. */
+// A person's terminal: CI runs this test with CI=true, which (like ink) turns the live view into plain lines.
+const asPerson = `env -u CI -u CONTINUOUS_INTEGRATION`
 const screen = (window: string) => tmux('capture-pane', '-p', '-t', `${session}:${window}`)
 
 async function until(check: (text: string) => boolean, what: string, timeoutMs: number, window = 'server'): Promise<string> {
@@ -51,7 +53,7 @@ describe('live terminal view (ink) in a tmux pane', {timeout: 300_000, skip: has
       '40',
       '-c',
       projectRoot,
-      `${process.execPath} ${cliPath} server run --state ${state} --server-port ${port}; sleep 60`,
+      `${asPerson} ${process.execPath} ${cliPath} server run --state ${state} --server-port ${port}; sleep 60`,
     )
     await until((t) => t.includes('psyche server · run e2e') && t.includes('phase WaitingForMembers'), 'the view', 60_000)
     // One client on a terminal (its own live view), one with --json (its events tell the test what happened).
@@ -64,7 +66,7 @@ describe('live terminal view (ink) in a tmux pane', {timeout: 300_000, skip: has
       'join',
       '-c',
       projectRoot,
-      `${process.execPath} ${cliPath} join --server-addr 127.0.0.1:${port} --run-id e2e --config ${state} --threads 1; sleep 60`,
+      `${asPerson} ${process.execPath} ${cliPath} join --server-addr 127.0.0.1:${port} --run-id e2e --config ${state} --threads 1; sleep 60`,
     )
     const clients = ['b'].map((name) => new JsonProcess(name, ['join', '--server-addr', `127.0.0.1:${port}`, '--run-id', 'e2e', '--config', state, '--threads', '1', '--json']))
     procs.push(...clients)
