@@ -19,37 +19,7 @@ import {
 } from '../../src/core/backend/solana/instructions.js'
 import {assignBatches, buildWitnessProof, selectWitnesses} from '../../src/core/coordinator/index.js'
 import {MAX_CLIENTS, STATE_SIZE, encodeTag, IX} from '../../src/core/backend/solana/layout.js'
-import type {CoordinatorConfig, LLMConfig} from '../../src/core/config/index.js'
-import {deployRun, keypair, readRun, type Deployed} from './harness.js'
-
-const config: CoordinatorConfig = {
-  warmup_time: 10,
-  cooldown_time: 5,
-  epoch_time: 100,
-  max_round_train_time: 10,
-  round_witness_time: 2,
-  min_clients: 1,
-  init_min_clients: 1,
-  witness_nodes: 1,
-  verification_percent: 0,
-  global_batch_size_start: 8,
-  global_batch_size_end: 8,
-  global_batch_size_warmup_tokens: 0,
-  total_steps: 100,
-  waiting_for_members_extra_time: 3,
-}
-const model: {LLM: LLMConfig} = {
-  LLM: {
-    architecture: 'HfLlama',
-    data_type: 'Pretraining',
-    max_seq_len: 16,
-    cold_start_warmup_steps: 0,
-    checkpoint: {Hub: {repo_id: 'org/model', revision: 'v1'}},
-    data_location: {Server: '127.0.0.1:20001'},
-    lr_schedule: {Constant: {base_lr: 1e-3, warmup_steps: 0, warmup_init_lr: 0}},
-    optimizer: {AdamW: {betas: [0.9, 0.95], weight_decay: 0, eps: 1e-8}},
-  },
-}
+import {deployRun, keypair, readRun, testConfig as config, testModel as model, type Deployed} from './harness.js'
 
 const T0 = 1_700_000_000
 

@@ -4,6 +4,7 @@ import {readFileSync} from 'node:fs'
 import {AUTHORIZER_PROGRAM_PATH, LocalChain} from '../../src/core/backend/solana/local-chain.js'
 import {coordinatorAddress, initCoordinatorInstructions} from '../../src/core/backend/solana/instructions.js'
 import {STATE_SIZE, decodeCoordinator} from '../../src/core/backend/solana/layout.js'
+import type {CoordinatorConfig, LLMConfig} from '../../src/core/config/index.js'
 
 /** A deterministic keypair from a label (tests and vectors name their clients). */
 export async function keypair(label: string): Promise<KeyPairSigner> {
@@ -44,4 +45,34 @@ export function readRun(d: Deployed) {
   const data = d.chain.accountData(d.coordinator)
   if (!data) throw new Error('no coordinator account')
   return decodeCoordinator(data)
+}
+
+/** The run config the program tests install with `update`. */
+export const testConfig: CoordinatorConfig = {
+  warmup_time: 10,
+  cooldown_time: 5,
+  epoch_time: 100,
+  max_round_train_time: 10,
+  round_witness_time: 2,
+  min_clients: 1,
+  init_min_clients: 1,
+  witness_nodes: 1,
+  verification_percent: 0,
+  global_batch_size_start: 8,
+  global_batch_size_end: 8,
+  global_batch_size_warmup_tokens: 0,
+  total_steps: 100,
+  waiting_for_members_extra_time: 3,
+}
+export const testModel: {LLM: LLMConfig} = {
+  LLM: {
+    architecture: 'HfLlama',
+    data_type: 'Pretraining',
+    max_seq_len: 16,
+    cold_start_warmup_steps: 0,
+    checkpoint: {Hub: {repo_id: 'org/model', revision: 'v1'}},
+    data_location: {Server: '127.0.0.1:20001'},
+    lr_schedule: {Constant: {base_lr: 1e-3, warmup_steps: 0, warmup_init_lr: 0}},
+    optimizer: {AdamW: {betas: [0.9, 0.95], weight_decay: 0, eps: 1e-8}},
+  },
 }
