@@ -7,13 +7,15 @@ import {
   accuseInstruction,
   healthCheckInstruction,
   joinRunInstruction,
+  peerAddress,
   setPausedInstruction,
+  setPeerInstruction,
   tickInstruction,
   updateInstruction,
   warmupWitnessInstruction,
   witnessInstruction,
 } from '../src/core/backend/solana/instructions.js'
-import {MAX_CLIENTS} from '../src/core/backend/solana/layout.js'
+import {MAX_CLIENTS, PEER_SIZE, clientIdOf} from '../src/core/backend/solana/layout.js'
 import {assignBatches, buildWitnessProof, selectWitnesses, type CoordinatorState} from '../src/core/coordinator/index.js'
 import {deployRun, keypair, readRun} from '../test/solana/harness.js'
 
@@ -64,10 +66,17 @@ async function send(name: string, _signer: KeyPairSigner, ix: Parameters<typeof 
 
 const clients: KeyPairSigner[] = []
 for (let i = 0; i < MAX_CLIENTS; i++) clients.push(await keypair(`bench-${i}`))
-const byId = new Map<string, KeyPairSigner>(clients.map((k) => [k.address, k]))
+const byId = new Map<string, KeyPairSigner>(clients.map((k) => [clientIdOf(k.address), k]))
 await send('update', a, updateInstruction(p, c, a, config, model))
 await send('set_paused', a, setPausedInstruction(p, c, a, false))
 for (const k of clients) await send('join_run', k, joinRunInstruction(p, c, k))
+const addrs = ['/ip4/203.0.113.7/tcp/4001', '/ip4/203.0.113.7/tcp/4001/p2p/12D3KooWAbCdEfGhIjKlMnOpQrStUvWxYz0123456789abcdefgh']
+for (const k of clients.slice(0, 8)) {
+  chain.airdrop(k.address)
+  const record = await peerAddress(p, c, k.address)
+  await send('set_peer (creates the record)', k, setPeerInstruction(p, c, k, record, addrs, chain.rentExemption(PEER_SIZE)))
+  await send('set_peer (updates it)', k, setPeerInstruction(p, c, k, record, addrs.slice(0, 1), chain.rentExemption(PEER_SIZE)))
+}
 let now = T0
 const state = (): CoordinatorState => readRun(d).state
 async function tick(): Promise<void> {

@@ -237,36 +237,16 @@ static void batch_range(const Round *r, u64 index, u64 *start, u64 *end) {
   *end = *start + base + (position < extra ? 1 : 0);
 }
 
-static const char BASE58[] = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz";
+static const char HEX[] = "0123456789abcdef";
 
-/* A client's id as the reference spells it: its public key in base58. Returns the length.
- * The key is divided by 58^5 at a time in 32-bit limbs (9 passes of 8 divisions instead of ~700 byte
- * divisions): a witness proof spells every trainer of the round, so this is the program's hot loop. */
-#define B58_CHUNK 656356768ull /* 58^5 */
-static u64 base58(const u8 *key, u8 *out) {
-  u32 limbs[8];
-  for (u64 i = 0; i < 8; i++) limbs[i] = ((u32)key[4 * i] << 24) | ((u32)key[4 * i + 1] << 16) | ((u32)key[4 * i + 2] << 8) | key[4 * i + 3];
-  u8 digits[50]; /* least significant first */
-  u64 nd = 0, first = 0;
-  while (first < 8 && limbs[first] == 0) first++;
-  while (first < 8) {
-    u64 rem = 0;
-    for (u64 i = first; i < 8; i++) {
-      u64 cur = (rem << 32) | limbs[i];
-      limbs[i] = (u32)(cur / B58_CHUNK);
-      rem = cur % B58_CHUNK;
-    }
-    for (u64 j = 0; j < 5; j++) {
-      digits[nd++] = (u8)(rem % 58);
-      rem /= 58;
-    }
-    while (first < 8 && limbs[first] == 0) first++;
+/* A client's id as the reference spells it (ClientId): its public key in lowercase hex (64 characters), the
+ * spelling psyche's clients use everywhere (p2p announcements, peer ids); the key's base58 is only its Solana
+ * address. */
+static void hex_id(const u8 *key, u8 *out) {
+  for (u64 i = 0; i < 32; i++) {
+    out[2 * i] = HEX[key[i] >> 4];
+    out[2 * i + 1] = HEX[key[i] & 15];
   }
-  while (nd > 0 && digits[nd - 1] == 0) nd--;
-  u64 n = 0;
-  for (u64 i = 0; i < 32 && key[i] == 0; i++) out[n++] = '1';
-  for (u64 j = nd; j > 0; j--) out[n++] = BASE58[digits[j - 1]];
-  return n;
 }
 
 static int bloom_contains(const u8 *bloom, u64 bits, u64 hashes, const u8 *item32) {
@@ -281,13 +261,13 @@ static int bloom_contains(const u8 *bloom, u64 bits, u64 hashes, const u8 *item3
   return 1;
 }
 
-/* participantKey(id): sha256("psyche/participant\0" || base58(id)). */
+/* participantKey(id): sha256("psyche/participant\0" || hex(id)). */
 static void participant_key(const u8 *key, u8 *out) {
   static const char prefix[] = "psyche/participant";
-  u8 item[19 + 44];
+  u8 item[19 + 64];
   copy(item, prefix, 19); /* the label and its terminating NUL */
-  u64 n = base58(key, item + 19);
-  sha256_2(item, 19 + n, NULL, 0, out);
+  hex_id(key, item + 19);
+  sha256_2(item, 19 + 64, NULL, 0, out);
 }
 
 /* isTrainerHealthy: a quorum of the round's witnesses have the trainer in their participant bloom. */
@@ -802,6 +782,7 @@ enum {
   IX_EJECT,
   IX_GROW,
   IX_ACCUSE,
+  IX_SET_PEER,
 };
 
 /* The cluster clock (unix seconds) on the reference's millisecond scale. */
@@ -877,6 +858,64 @@ static u64 grow(Input *in) {
   return 0;
 }
 
+/*
+ * The peer directory: one account per client and run, the program address of ["peer", coordinator, client key],
+ * holding the libp2p multiaddrs the client announced (newline-separated UTF-8). Only the client's own signature
+ * writes it; its libp2p peer id is derived from the same ed25519 key, so a dialer checks whom it reached.
+ */
+#define PEER_ADDRS_MAX 1024
+#define PEER_MAGIC 0x5245455043595350ull /* "PSYCPEER" */
+typedef struct {
+  u64 magic;
+  u8 coordinator[32], client[32];
+  u64 addrs_len;
+  u8 addrs[PEER_ADDRS_MAX];
+} Peer; /* 1104 bytes */
+
+/* accounts: client (signer, writable: pays the first time), coordinator, peer account (writable), system program.
+ * data: lamports u64 (rent of a new peer account), addrs length u16, addrs */
+static u64 set_peer(Input *in) {
+  if (in->account_count < 4) return fail(E_INVALID_INSTRUCTION, "set_peer: expected client, coordinator, peer account, system program");
+  SolAccountInfo *client = &in->accounts[0], *coord = &in->accounts[1], *peer = &in->accounts[2];
+  if (!client->is_signer) return fail(E_MISSING_SIGNATURE, "the client must sign its peer record");
+  if (!equal(coord->owner, in->program_id, 32) || coord->data_len != sizeof(State) || ((const State *)coord->data)->magic != MAGIC)
+    return fail(E_WRONG_ACCOUNT, "not a coordinator account of this program");
+  const u8 *d = in->data + 1;
+  u64 len = in->data_len - 1;
+  if (len < 10) return fail(E_INVALID_INSTRUCTION, "set_peer: expected lamports u64, length u16, addresses");
+  u64 n = (u64)d[8] | ((u64)d[9] << 8);
+  if (n > PEER_ADDRS_MAX) return fail(E_CAPACITY, "set_peer: the addresses exceed PEER_ADDRS_MAX (1024 bytes)");
+  if (len != 10 + n) return fail(E_INVALID_INSTRUCTION, "set_peer: bad data length");
+  if (!peer->is_writable) return fail(E_NOT_WRITABLE, "the peer account must be writable");
+  SolSignerSeed seeds[4] = {{(const u8 *)"peer", 4}, {coord->key, 32}, {client->key, 32}, {NULL, 1}};
+  u8 address[32], bump;
+  if (sol_try_find_program_address(seeds, 3, in->program_id, address, &bump)) return fail(E_WRONG_PDA, "no program address for this peer");
+  if (!equal(address, peer->key, 32)) return fail(E_WRONG_PDA, "the peer account is not the program address of this run and client");
+  if (peer->data_len == 0) {
+    seeds[3].addr = &bump;
+    u8 create[52];
+    zero(create, 4); /* SystemInstruction::CreateAccount */
+    copy(create + 4, d, 8);
+    write_u64(create + 12, sizeof(Peer));
+    copy(create + 20, in->program_id, 32);
+    SolAccountMeta metas[2] = {{client->key, 1, 1}, {peer->key, 1, 1}};
+    SolInstruction ix = {(u8 *)SYSTEM_PROGRAM, metas, 2, create, 52};
+    SolSignerSeeds signer = {seeds, 4};
+    u64 e = sol_invoke_signed_c(&ix, in->accounts, in->account_count, &signer, 1);
+    if (e) return e;
+  } else if (!equal(peer->owner, in->program_id, 32) || peer->data_len != sizeof(Peer)) {
+    return fail(E_WRONG_ACCOUNT, "the peer account is not a peer record of this program");
+  }
+  Peer *p = (Peer *)peer->data;
+  p->magic = PEER_MAGIC;
+  copy(p->coordinator, coord->key, 32);
+  copy(p->client, client->key, 32);
+  p->addrs_len = n;
+  copy(p->addrs, d + 10, n);
+  zero(p->addrs + n, PEER_ADDRS_MAX - n);
+  return 0;
+}
+
 static u64 load(Input *in, u64 index, State **out) {
   if (in->account_count <= index) return fail(E_INVALID_INSTRUCTION, "missing the coordinator account");
   SolAccountInfo *a = &in->accounts[index];
@@ -929,6 +968,7 @@ u64 entrypoint(const u8 *input) {
   u64 len = in.data_len - 1;
   if (tag == IX_INIT_COORDINATOR) return init_coordinator(&in);
   if (tag == IX_GROW) return grow(&in);
+  if (tag == IX_SET_PEER) return set_peer(&in);
   State *s;
   u64 e;
   if (tag == IX_TICK) {

@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict'
 import {describe, it} from 'node:test'
 import {AccountRole, lamports, type Address, type KeyPairSigner} from '@solana/kit'
-import {addressBytes} from '../../src/core/backend/solana/layout.js'
+import {addressBytes, clientIdOf} from '../../src/core/backend/solana/layout.js'
 import {
   ANYONE,
   AUTHORIZATION_SIZE,
@@ -54,7 +54,7 @@ describe('authorizer program and permissioned joins', () => {
     assert.equal((await join(d, bob, auth)).error, 'NotPermitted')
     const r = await join(d, alice, auth)
     assert.ok(r.ok, r.error)
-    assert.deepEqual(readRun(d).state.pending, [alice.address])
+    assert.deepEqual(readRun(d).state.pending, [clientIdOf(alice.address)])
   })
 
   it("the grantee's delegates may join; only the grantee sets them", async () => {
@@ -68,7 +68,7 @@ describe('authorizer program and permissioned joins', () => {
     assert.deepEqual(decodeAuthorization(d.chain.accountData(auth)!).delegates, [hot.address])
     assert.ok((await join(d, hot, auth)).ok)
     assert.equal((await join(d, mallory, auth)).error, 'NotPermitted')
-    assert.deepEqual(readRun(d).state.pending, [hot.address])
+    assert.deepEqual(readRun(d).state.pending, [clientIdOf(hot.address)])
   })
 
   it('an authorization from another grantor, or a look-alike account of another program, does not admit', async () => {

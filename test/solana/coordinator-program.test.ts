@@ -10,7 +10,9 @@ import {
   healthCheckInstruction,
   initCoordinatorInstructions,
   joinRunInstruction,
+  peerAddress,
   setPausedInstruction,
+  setPeerInstruction,
   tickInstruction,
   updateInstruction,
   warmupWitnessInstruction,
@@ -18,7 +20,7 @@ import {
   witnessInstruction,
 } from '../../src/core/backend/solana/instructions.js'
 import {assignBatches, buildWitnessProof, selectWitnesses} from '../../src/core/coordinator/index.js'
-import {MAX_CLIENTS, STATE_SIZE, encodeTag, IX} from '../../src/core/backend/solana/layout.js'
+import {MAX_CLIENTS, PEER_ADDRS_MAX, PEER_SIZE, STATE_SIZE, clientIdOf, decodePeer, encodeTag, IX} from '../../src/core/backend/solana/layout.js'
 import {deployRun, keypair, readRun, testConfig as config, testModel as model, type Deployed} from './harness.js'
 
 const T0 = 1_700_000_000
@@ -152,7 +154,7 @@ describe('coordinator program: client instructions', () => {
     assert.ok((await chain.send(alice, [joinRunInstruction(p, c, alice)])).ok)
     assert.ok((await chain.send(bob, [joinRunInstruction(p, c, bob)])).ok)
     assert.ok((await chain.send(bob, [withdrawInstruction(p, c, bob)])).ok)
-    assert.deepEqual(readRun(d).state.pending, [alice.address])
+    assert.deepEqual(readRun(d).state.pending, [clientIdOf(alice.address)])
     chain.setTime(T0 + 5)
     const ticker = await keypair('anyone')
     chain.airdrop(ticker.address)
@@ -162,9 +164,43 @@ describe('coordinator program: client instructions', () => {
     assert.ok((await chain.send(alice, [warmupWitnessInstruction(p, c, alice)])).ok)
     const run = readRun(d).state
     assert.equal(run.run_state, 'RoundTrain')
-    assert.deepEqual(run.epoch.round!.roster, [alice.address])
+    assert.deepEqual(run.epoch.round!.roster, [clientIdOf(alice.address)])
     assert.equal((await chain.send(alice, [healthCheckInstruction(p, c, alice, [bob.address])])).error, 'NoActiveRound')
     assert.equal((await chain.send(bob, [checkpointInstruction(p, c, bob, {repo_id: 'x/y'})])).error, 'InvalidRunState')
+  })
+
+  it("set_peer: a client's own peer record (created, then updated) holds its addresses; nobody else writes it", async () => {
+    const d = await configuredRun('peer-run')
+    const {programId: p, coordinator: c, chain} = d
+    const alice = await keypair('alice')
+    const mallory = await keypair('mallory')
+    chain.airdrop(alice.address)
+    chain.airdrop(mallory.address)
+    const rent = chain.rentExemption(PEER_SIZE)
+    const record = await peerAddress(p, c, alice.address)
+    const first = ['/ip4/10.0.0.1/tcp/4001', '/ip4/10.0.0.1/tcp/4001/p2p-circuit']
+    assert.ok((await chain.send(alice, [setPeerInstruction(p, c, alice, record, first, rent)])).ok)
+    const account = chain.svm.getAccount(record)
+    assert.ok(account.exists && account.programAddress === p && account.lamports >= rent)
+    assert.deepEqual(decodePeer(chain.accountData(record)!), {coordinator: c, client: clientIdOf(alice.address), addrs: first})
+    // an update overwrites (shorter addresses leave no tail behind)
+    assert.ok((await chain.send(alice, [setPeerInstruction(p, c, alice, record, ['/ip4/10.0.0.2/tcp/1'], rent)])).ok)
+    assert.deepEqual(decodePeer(chain.accountData(record)!).addrs, ['/ip4/10.0.0.2/tcp/1'])
+    // mallory cannot write alice's record: it is not the program address of (run, mallory)
+    const r = await chain.send(mallory, [setPeerInstruction(p, c, mallory, record, ['/ip4/6.6.6.6/tcp/1'], rent)])
+    assert.equal(r.error, 'WrongProgramAddress')
+    assert.deepEqual(decodePeer(chain.accountData(record)!).addrs, ['/ip4/10.0.0.2/tcp/1'])
+    // nor pass a record of another run, nor a coordinator that is not one
+    const other = await configuredRun('peer-run-2')
+    assert.equal((await chain.send(alice, [setPeerInstruction(p, c, alice, await peerAddress(p, other.coordinator, alice.address), ['/x'], rent)])).error, 'WrongProgramAddress')
+    assert.equal((await chain.send(alice, [setPeerInstruction(p, alice.address, alice, record, ['/x'], rent)])).error, 'WrongAccount')
+    // too long: refused by the encoder, and by the program when sent anyway
+    assert.throws(() => setPeerInstruction(p, c, alice, record, ['/'.repeat(PEER_ADDRS_MAX + 1)], rent), /more than a peer account holds/)
+    const ix = setPeerInstruction(p, c, alice, record, ['/x'], rent)
+    const data = Buffer.from(ix.data!)
+    const big = Buffer.concat([data.subarray(0, 9), Buffer.from([0x01, 0x04]), Buffer.alloc(PEER_ADDRS_MAX + 1, 0x2f)])
+    assert.equal((await chain.send(alice, [{...ix, data: big}])).error, 'CapacityExceeded')
+    assert.equal((await chain.send(alice, [{...ix, data: data.subarray(0, 5)}])).error, 'InvalidInstruction')
   })
 
   it(`capacity: at most MAX_CLIENTS = ${MAX_CLIENTS} clients and joiners, then CapacityExceeded`, async () => {
@@ -207,7 +243,7 @@ describe('coordinator program: client instructions', () => {
     assert.equal(state.epoch.round!.roster.length, MAX_CLIENTS)
     const seen = [...assignBatches(state)].map(([id, range]) => ({id, range, commitment: Buffer.alloc(32, 1)}))
     const proof = buildWitnessProof(state.epoch.round!, seen)
-    const witness = clients.find((k) => k.address === selectWitnesses(state)[0])!
+    const witness = clients.find((k) => clientIdOf(k.address) === selectWitnesses(state)[0])!
     const r = await chain.send(d.payer, [
       witnessInstruction(p, c, witness, state.epoch.round!.step, Buffer.from(proof.participant_bloom, 'base64'), Buffer.from(proof.broadcast_bloom, 'base64')),
     ])

@@ -13,7 +13,7 @@ import {writeFileSync} from 'node:fs'
 import {tempDir} from '../helpers.js'
 import {keypair} from './harness.js'
 import {pollAccount, subscribeAccount} from '../../src/core/backend/solana/watch.js'
-import {decodeCoordinator} from '../../src/core/backend/solana/layout.js'
+import {clientIdOf, decodeCoordinator} from '../../src/core/backend/solana/layout.js'
 
 /** The tiny demo's run configuration with a Hub checkpoint (a run on Solana cannot point at a local directory). */
 function hubConfigFile(dir: string): string {
@@ -86,7 +86,7 @@ describe('the JSON-RPC path (RpcChain with @solana/kit) against a LiteSVM localn
     assert.deepEqual((await readAuthorization({...auth, grantor: grantor.address, grantee: alice.address}))!.delegates, [hot.address])
     const joined = await chain.send(hot, [joinRunInstruction(ids.program as never, coordinator, hot, authorization)])
     assert.ok(joined.ok, joined.error)
-    assert.deepEqual((await readRun(target)).state.pending, [hot.address])
+    assert.deepEqual((await readRun(target)).state.pending, [clientIdOf(hot.address)])
     await revoke({...auth, grantor, grantee: alice.address})
     assert.equal(await readAuthorization({...auth, grantor: grantor.address, grantee: alice.address}), undefined)
     const refused = await chain.send(alice, [joinRunInstruction(ids.program as never, coordinator, alice, authorization)])

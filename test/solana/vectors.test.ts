@@ -15,6 +15,7 @@ import {
   withdrawInstruction,
 } from '../../src/core/backend/solana/instructions.js'
 import type {CoordinatorEvent, CoordinatorState} from '../../src/core/coordinator/index.js'
+import {clientIdOf} from '../../src/core/backend/solana/layout.js'
 import {deployRun, keypair, readRun, type Deployed} from './harness.js'
 import {generateVectors, type VectorFile} from './vectors.js'
 
@@ -125,8 +126,8 @@ describe('shared coordinator vectors: the on-chain program equals the TypeScript
       const signers = new Map<string, KeyPairSigner>()
       for (const label of Object.keys(scenario.clients)) {
         const k = await keypair(label)
-        assert.equal(k.address, scenario.clients[label])
-        signers.set(k.address, k)
+        assert.equal(clientIdOf(k.address), scenario.clients[label])
+        signers.set(clientIdOf(k.address), k)
         d.chain.airdrop(k.address)
       }
       // The reference run starts with its configuration: give the program the same one.

@@ -10,6 +10,7 @@ import {
   type RejectionCode,
 } from '../../src/core/coordinator/index.js'
 import type {CoordinatorConfig, LLMConfig} from '../../src/core/config/index.js'
+import {clientIdOf} from '../../src/core/backend/solana/layout.js'
 import {keypair} from './harness.js'
 
 /**
@@ -33,7 +34,7 @@ export interface Scenario {
   run_id: string
   /** Unix seconds of init_coordinator. */
   created_at: number
-  /** Client labels: keypair(label) signs for the client whose id is its address. */
+  /** Client labels: keypair(label) signs for the client whose id is its public key in hex (clientIdOf its address). */
   clients: Record<string, string>
   config: CoordinatorConfig
   model: {LLM: LLMConfig}
@@ -144,7 +145,7 @@ class Recorder {
 
 async function recorder(name: string, labels: string[], config: Partial<CoordinatorConfig> = {}, llm: Partial<LLMConfig> = {}): Promise<Recorder> {
   const clients: Record<string, string> = {}
-  for (const l of labels) clients[l] = (await keypair(l)).address
+  for (const l of labels) clients[l] = clientIdOf((await keypair(l)).address)
   return new Recorder(
     {name, run_id: `vec-${name}`.slice(0, 32), created_at: 1_700_000_000, clients, config: {...baseConfig, ...config}, model: {LLM: {...baseLLM, ...llm}}},
     clients,

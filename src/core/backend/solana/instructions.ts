@@ -1,4 +1,4 @@
-import {AccountRole, getProgramDerivedAddress, type Address, type Instruction, type TransactionSigner} from '@solana/kit'
+import {AccountRole, getAddressEncoder, getProgramDerivedAddress, type Address, type Instruction, type TransactionSigner} from '@solana/kit'
 import type {CoordinatorConfig, HubRepo, LLMConfig} from '../../config/types.js'
 import type {AccusationReason} from '../../coordinator/types.js'
 import {
@@ -10,6 +10,7 @@ import {
   encodeEject,
   encodeHealthCheck,
   encodeInit,
+  encodeSetPeer,
   encodeSetPaused,
   encodeTag,
   encodeUpdate,
@@ -44,6 +45,24 @@ export const GROW_STEP = 10240
 export async function coordinatorAddress(programId: Address, runId: string): Promise<Address> {
   const [address] = await getProgramDerivedAddress({programAddress: programId, seeds: ['coordinator', Buffer.from(runId, 'utf8')]})
   return address
+}
+
+/** A client's peer record in a run (the peer directory): the program address of ("peer", coordinator, client key). */
+export async function peerAddress(programId: Address, coordinator: Address, client: Address): Promise<Address> {
+  const [address] = await getProgramDerivedAddress({
+    programAddress: programId,
+    seeds: ['peer', getAddressEncoder().encode(coordinator), getAddressEncoder().encode(client)],
+  })
+  return address
+}
+
+/** set_peer: the client's libp2p addresses into its peer record (created on first use; `lamports`: its rent, PEER_SIZE bytes). */
+export function setPeerInstruction(programId: Address, coordinator: Address, client: TransactionSigner, peer: Address, addrs: string[], lamports: bigint): Instruction {
+  return {
+    programAddress: programId,
+    accounts: [signerMeta(client, true), {address: coordinator, role: AccountRole.READONLY}, writable(peer), {address: SYSTEM_PROGRAM, role: AccountRole.READONLY}],
+    data: encodeSetPeer(addrs, lamports),
+  }
 }
 
 export function signerMeta(signer: TransactionSigner, writable = false) {

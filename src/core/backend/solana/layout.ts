@@ -125,6 +125,26 @@ export function addressBytes(address: string): Uint8Array {
   return Uint8Array.from(addressEncoder.encode(address as Address))
 }
 
+const HEX_ID = /^[0-9a-f]{64}$/
+
+/**
+ * A client's id (ClientId) is its ed25519 public key in lowercase hex, as everywhere in psyche (p2p announcements,
+ * libp2p peer ids); on Solana the same key is an address, spelled in base58. These convert between the two.
+ */
+export function clientIdOf(address: string): string {
+  return Buffer.from(addressBytes(address)).toString('hex')
+}
+
+export function addressOfClient(id: string): Address {
+  if (!HEX_ID.test(id)) throw new RangeError(`client id ${JSON.stringify(id.slice(0, 80))} is not a 32-byte lowercase hex public key`)
+  return addressDecoder.decode(Buffer.from(id, 'hex'))
+}
+
+/** The 32 key bytes of a client id (hex) or of a base58 address. */
+export function keyBytes(idOrAddress: string): Uint8Array {
+  return HEX_ID.test(idOrAddress) ? Uint8Array.from(Buffer.from(idOrAddress, 'hex')) : addressBytes(idOrAddress)
+}
+
 function num(b: Buffer, offset: number, field: string): number {
   const v = b.readBigUInt64LE(offset)
   if (v > BigInt(Number.MAX_SAFE_INTEGER)) throw new RangeError(`coordinator account: ${field} = ${v} exceeds 2^53`)
@@ -149,7 +169,7 @@ function readRound(b: Buffer, o: number): Round {
   if (rosterLen > MAX_CLIENTS || witnessLen > MAX_WITNESSES || accusationLen > MAX_ACCUSATIONS || excludedLen > MAX_CLIENTS)
     throw new RangeError('coordinator account: round lists exceed their capacity')
   const bloomBytes = witnessBloomParams(rosterLen).bits / 8
-  const key = (at: number): string => addressDecoder.decode(b.subarray(at, at + 32))
+  const key = (at: number): string => b.toString('hex', at, at + 32)
   const rosterAt = o + ROUND_HEADER + 32
   const witnessesAt = rosterAt + MAX_CLIENTS * 32
   const accusationsAt = witnessesAt + MAX_WITNESSES * WITNESS_SIZE
@@ -189,13 +209,13 @@ function readClients(b: Buffer, o: number, count: number): ExitedClient[] {
     const c = o + i * CLIENT_SIZE
     const state = CLIENT_STATES[num(b, c + 32, 'client.state')]
     if (!state) throw new RangeError('coordinator account: unknown client state')
-    return {id: addressDecoder.decode(b.subarray(c, c + 32)), state, exited_height: num(b, c + 40, 'client.exited_height')}
+    return {id: b.toString('hex', c, c + 32), state, exited_height: num(b, c + 40, 'client.exited_height')}
   })
 }
 
 function readKeys(b: Buffer, o: number, count: number): string[] {
   if (count > MAX_CLIENTS) throw new RangeError('coordinator account: key list exceeds MAX_CLIENTS')
-  return Array.from({length: count}, (_, i) => addressDecoder.decode(b.subarray(o + i * 32, o + i * 32 + 32)))
+  return Array.from({length: count}, (_, i) => b.toString('hex', o + i * 32, o + i * 32 + 32))
 }
 
 /** Decodes a coordinator account into the reference's CoordinatorState (and the on-chain extras). */
@@ -289,6 +309,7 @@ export const IX = {
   eject: 11,
   grow: 12,
   accuse: 13,
+  set_peer: 14,
 } as const
 
 /** The program's custom error codes: 1..17 are the reference's RejectionCodes, 100.. the program's own. */
@@ -381,7 +402,7 @@ export function encodeWitness(step: number, participantBloom: Uint8Array, broadc
 
 export function encodeHealthCheck(accused: string[]): Uint8Array {
   if (accused.length > 255) throw new RangeError('at most 255 accused clients per health check')
-  return Buffer.concat([Buffer.from([IX.health_check, accused.length]), ...accused.map(addressBytes)])
+  return Buffer.concat([Buffer.from([IX.health_check, accused.length]), ...accused.map(keyBytes)])
 }
 
 export function encodeCheckpoint(repo: HubRepo): Uint8Array {
@@ -391,13 +412,48 @@ export function encodeCheckpoint(repo: HubRepo): Uint8Array {
 export function encodeAccuse(step: number, accused: string, reason: AccusationReason): Uint8Array {
   const r = ACCUSATION_REASONS.indexOf(reason)
   if (r < 0) throw new RangeError(`unknown accusation reason ${JSON.stringify(reason)}`)
-  return Buffer.concat([Buffer.from([IX.accuse]), u64(step), addressBytes(accused), Buffer.from([r])])
+  return Buffer.concat([Buffer.from([IX.accuse]), u64(step), keyBytes(accused), Buffer.from([r])])
 }
 
 export function encodeEject(id: string): Uint8Array {
-  return Buffer.concat([Buffer.from([IX.eject]), addressBytes(id)])
+  return Buffer.concat([Buffer.from([IX.eject]), keyBytes(id)])
 }
 
 export function encodeTag(tag: number): Uint8Array {
   return Uint8Array.from([tag])
+}
+
+// ---- the peer directory (set_peer) ----
+
+export const PEER_ADDRS_MAX = 1024
+export const PEER_MAGIC = 0x5245455043595350n // "PSYCPEER"
+/** Size of a peer account: magic, coordinator [32], client [32], addrs_len u64, addrs [PEER_ADDRS_MAX]. */
+export const PEER_SIZE = 8 + 32 + 32 + 8 + PEER_ADDRS_MAX
+
+export interface PeerRecord {
+  coordinator: Address
+  /** The client id (hex public key). */
+  client: string
+  addrs: string[]
+}
+
+/** set_peer's data: the rent of a new peer account, then the multiaddrs, newline-separated. */
+export function encodeSetPeer(addrs: string[], lamports: bigint): Uint8Array {
+  for (const a of addrs) if (a.includes('\n') || a.length === 0) throw new RangeError(`peer address ${JSON.stringify(a)} is empty or holds a newline`)
+  const bytes = Buffer.from(addrs.join('\n'), 'utf8')
+  if (bytes.length > PEER_ADDRS_MAX) throw new RangeError(`the peer addresses are ${bytes.length} bytes, more than a peer account holds (${PEER_ADDRS_MAX})`)
+  const len = Buffer.alloc(2)
+  len.writeUInt16LE(bytes.length)
+  return Buffer.concat([Buffer.from([IX.set_peer]), u64(lamports), len, bytes])
+}
+
+/** Decodes a peer account (RangeError when it is not one). */
+export function decodePeer(data: Uint8Array): PeerRecord {
+  const b = Buffer.from(data.buffer, data.byteOffset, data.byteLength)
+  if (b.length !== PEER_SIZE) throw new RangeError(`peer account: ${b.length} bytes, expected ${PEER_SIZE}`)
+  if (b.readBigUInt64LE(0) !== PEER_MAGIC) throw new RangeError('peer account: wrong magic (not a psyche peer record)')
+  const n = b.readBigUInt64LE(72)
+  if (n > BigInt(PEER_ADDRS_MAX)) throw new RangeError('peer account: addresses exceed PEER_ADDRS_MAX')
+  const text = b.toString('utf8', 80, 80 + Number(n))
+  return {coordinator: addressDecoder.decode(b.subarray(8, 40)), client: b.toString('hex', 40, 72), addrs: text === '' ? [] : text.split('\n')}
 }
