@@ -76,13 +76,20 @@ export class LocalChain implements Chain {
 
   /** Signs and executes one transaction; failures are returned, not thrown. */
   async send(payer: TransactionSigner, instructions: Instruction[]): Promise<SendResult> {
-    const message = pipe(
-      createTransactionMessage({version: 0}),
-      (m) => setTransactionMessageFeePayerSigner(payer, m),
-      (m) => setTransactionMessageLifetimeUsingBlockhash({blockhash: this.svm.latestBlockhash(), lastValidBlockHeight: 0n}, m),
-      (m) => appendTransactionMessageInstructions(withComputeBudget(instructions), m),
-    )
-    const tx = await signTransactionMessageWithSigners(message)
+    // Several senders may share this chain: each send expires the blockhash, so a transaction signed while another
+    // was sent is signed again with the new one.
+    let tx
+    let blockhash: ReturnType<LiteSVM['latestBlockhash']>
+    do {
+      blockhash = this.svm.latestBlockhash()
+      const message = pipe(
+        createTransactionMessage({version: 0}),
+        (m) => setTransactionMessageFeePayerSigner(payer, m),
+        (m) => setTransactionMessageLifetimeUsingBlockhash({blockhash, lastValidBlockHeight: 0n}, m),
+        (m) => appendTransactionMessageInstructions(withComputeBudget(instructions), m),
+      )
+      tx = await signTransactionMessageWithSigners(message)
+    } while (blockhash !== this.svm.latestBlockhash())
     const r = this.svm.sendTransaction(tx)
     this.svm.expireBlockhash() // the same instruction may be sent again (ticks): give it a new signature
     if (r instanceof FailedTransactionMetadata) {

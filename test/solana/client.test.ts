@@ -1,0 +1,245 @@
+import assert from 'node:assert/strict'
+import {createHash} from 'node:crypto'
+import {describe, it} from 'node:test'
+import {createKeyPairSignerFromPrivateKeyBytes, type KeyPairSigner} from '@solana/kit'
+import {grant} from '../../src/core/backend/solana/admin.js'
+import {SolanaBackend, SolanaConnector} from '../../src/core/backend/solana/client.js'
+import {setPausedInstruction, updateInstruction} from '../../src/core/backend/solana/instructions.js'
+import {clientIdOf} from '../../src/core/backend/solana/layout.js'
+import type {ClientComponents} from '../../src/core/client/components.js'
+import {PsycheClient, type ClientSummary, type RoundEvent} from '../../src/core/client/runner.js'
+import type {CoordinatorConfig} from '../../src/core/config/index.js'
+import {identityFromSeed, type Identity} from '../../src/core/protocol/identity.js'
+import {DeterministicWorker, ManualClock, MemoryNetwork, SIM_SEQ_LEN, memoryData, settle, type MemoryP2P} from '../sim/harness.js'
+import {deployRun, readRun, testModel, type Deployed} from './harness.js'
+
+/**
+ * The Solana backend in-process: real PsycheClients (runner.ts unchanged) whose coordinator is the committed
+ * program in LiteSVM, with the simulation's in-memory P2P layer, deterministic worker and manual clock. The chain's
+ * clock follows the manual clock; the clients find each other only through their on-chain peer records.
+ */
+
+const T0 = 1_800_000_000
+
+const config: CoordinatorConfig = {
+  warmup_time: 5,
+  cooldown_time: 2,
+  epoch_time: 30,
+  max_round_train_time: 5,
+  round_witness_time: 2,
+  min_clients: 2,
+  init_min_clients: 3,
+  witness_nodes: 2,
+  verification_percent: 0,
+  global_batch_size_start: 6,
+  global_batch_size_end: 6,
+  global_batch_size_warmup_tokens: 0,
+  total_steps: 6,
+  waiting_for_members_extra_time: 1,
+}
+
+interface SolClient {
+  name: string
+  identity: Identity
+  signer: KeyPairSigner
+  client: PsycheClient
+  worker: DeterministicWorker
+  p2p: MemoryP2P
+  backends: SolanaBackend[]
+  events: Record<string, unknown>[]
+  rounds: RoundEvent[]
+  done: Promise<ClientSummary | Error>
+}
+
+/** A client's ed25519 seed: its psyche identity and its Solana key are the same key. */
+async function keys(name: string): Promise<{identity: Identity; signer: KeyPairSigner}> {
+  const seed = createHash('sha256').update(`psyche-sol-client/${name}`).digest()
+  return {identity: identityFromSeed(seed), signer: await createKeyPairSignerFromPrivateKeyBytes(seed)}
+}
+
+class SolanaSim {
+  readonly clock = new ManualClock()
+  readonly net: MemoryNetwork
+  readonly clients: SolClient[] = []
+
+  constructor(readonly d: Deployed) {
+    this.clock.advance(T0 * 1000 - this.clock.now())
+    this.net = new MemoryNetwork(readRun(d).state.run_id)
+  }
+
+  get state() {
+    return readRun(this.d).state
+  }
+
+  async addClient(name: string): Promise<SolClient> {
+    const {identity, signer} = await keys(name)
+    this.d.chain.airdrop(signer.address)
+    const events: Record<string, unknown>[] = []
+    const backends: SolanaBackend[] = []
+    const connector = new SolanaConnector({
+      chain: this.d.chain,
+      programId: this.d.programId,
+      runId: this.state.run_id,
+      signer,
+      clock: this.clock,
+      log: (e) => events.push({...e, source: 'solana'}),
+    })
+    const worker = new DeterministicWorker()
+    const p2p = this.net.node(identity)
+    const components: ClientComponents = {
+      backend: {
+        description: connector.description,
+        connect: async (join) => {
+          const b = await connector.connect(join)
+          backends.push(b)
+          return b
+        },
+      },
+      p2p,
+      worker,
+      data: memoryData(SIM_SEQ_LEN),
+      clock: this.clock,
+    }
+    const client = await PsycheClient.start(
+      {
+        id: identity.id,
+        runId: this.state.run_id,
+        plan: {
+          model: {kind: 'config', configPath: 'sim/config.json', config: {sim: true}},
+          seqLen: SIM_SEQ_LEN,
+          microBatch: 1,
+          optimizer: {AdamW: {betas: [0.9, 0.95], weight_decay: 0, eps: 1e-8}},
+        } as never,
+        seed: 7,
+        log: (e) => events.push(e),
+      },
+      components,
+    )
+    const c: SolClient = {
+      name,
+      identity,
+      signer,
+      client,
+      worker,
+      p2p,
+      backends,
+      events,
+      get rounds() {
+        return events.filter((e) => e.event === 'round') as unknown as RoundEvent[]
+      },
+      done: client.run().catch((error: Error) => error),
+    }
+    this.clients.push(c)
+    return c
+  }
+
+  /** Lets the clients, their queued transactions and reads run to quiescence. */
+  async quiesce(): Promise<void> {
+    for (let i = 0; i < 4; i++) {
+      await settle()
+      await Promise.all(this.clients.flatMap((c) => c.backends.map((b) => b.idle())))
+    }
+  }
+
+  /** Advances virtual time (and the chain's clock with it) until `until()` holds. */
+  async runUntil(until: () => boolean, what: string, maxMs = 300_000, stepMs = 250): Promise<void> {
+    let elapsed = 0
+    await this.quiesce()
+    while (!until()) {
+      if (elapsed >= maxMs) throw new Error(`${what} not reached within ${maxMs / 1000} s of virtual time (run ${this.state.run_state}, step ${this.state.progress.step})`)
+      this.clock.advance(stepMs)
+      elapsed += stepMs
+      this.d.chain.setTime(Math.floor(this.clock.now() / 1000))
+      await this.quiesce()
+    }
+  }
+}
+
+async function configured(runId: string, joinAuthority: KeyPairSigner | null = null, c: Partial<CoordinatorConfig> = {}): Promise<Deployed> {
+  const d = await deployRun(runId, T0, joinAuthority?.address ?? null)
+  const model = {LLM: {...testModel.LLM, max_seq_len: SIM_SEQ_LEN, checkpoint: {Dummy: {repo_id: 'org/sim'}}}}
+  const r = await d.chain.send(d.authority, [updateInstruction(d.programId, d.coordinator, d.authority, {...config, ...c}, model)])
+  assert.ok(r.ok, r.error)
+  assert.ok((await d.chain.send(d.authority, [setPausedInstruction(d.programId, d.coordinator, d.authority, false)])).ok)
+  return d
+}
+
+describe('Solana backend: real clients over the on-chain coordinator (LiteSVM, in process)', {timeout: 120_000}, () => {
+  it('three clients train a run to the end over the program: peers found on chain, results exchanged, witnessed and applied identically', async () => {
+    const sim = new SolanaSim(await configured('sol-sim'))
+    const [a, b, c] = [await sim.addClient('a'), await sim.addClient('b'), await sim.addClient('c')]
+    // The peer directory comes from the on-chain peer records only.
+    await sim.runUntil(() => sim.state.run_state !== 'WaitingForMembers', 'Warmup')
+    for (const x of [a, b, c]) {
+      const peers = x.backends.at(-1)!.peers
+      for (const y of [a, b, c]) assert.deepEqual(peers[y.identity.id], [`/memory/${y.identity.id}`], `${x.name} knows ${y.name}'s addresses`)
+    }
+    let ended = 0
+    for (const x of [a, b, c]) void x.done.then(() => ended++)
+    await sim.runUntil(() => sim.state.run_state === 'Finished' && ended === 3, 'the run to finish and every client to end')
+    const summaries = await Promise.all([a, b, c].map((x) => x.done))
+    for (const s of summaries) if (s instanceof Error) throw s
+    const steps = [1, 2, 3, 4, 5, 6]
+    for (const step of steps) {
+      const hashes = [a, b, c].map((x) => x.rounds.find((r) => r.step === step)?.param_hash)
+      assert.ok(
+        hashes.every((h) => h !== undefined),
+        `step ${step} applied by all: ${hashes}`,
+      )
+      assert.equal(new Set(hashes).size, 1, `step ${step}: replicas differ`)
+    }
+    for (const x of [a, b, c]) {
+      let previous = x.events.find((e) => e.event === 'model_loaded')?.param_hash
+      assert.ok(previous, `${x.name} loaded a model`)
+      for (const r of x.rounds) {
+        assert.notEqual(r.param_hash, previous, `${x.name}: step ${r.step} changed the model`)
+        previous = r.param_hash
+        assert.equal(r.applied, r.trainers, `${x.name} step ${r.step}: applied ${r.applied} of ${r.trainers}`)
+        assert.equal(r.peers_applied, r.trainers - 1, `${x.name} step ${r.step}: applied its peers' results`)
+      }
+      assert.ok(x.p2p.stats().bytesReceived > 0, `${x.name} downloaded peers' results`)
+      assert.ok(
+        x.events.some((e) => e.event === 'witness'),
+        `${x.name} witnessed on chain`,
+      )
+      // The program refused nothing, except (at most) a warmup report that crossed the early start of RoundTrain:
+      // a race every backend has, refused harmlessly.
+      assert.deepEqual(
+        x.events.filter((e) => e.event === 'rejected' && !(e.of === 'warmup_witness' && e.code === 'InvalidRunState')),
+        [],
+        `${x.name}: the program refused a message`,
+      )
+    }
+    const final = sim.state
+    assert.equal(final.progress.step, 7)
+    assert.deepEqual(final.epoch.clients.map((x) => x.id).sort(), [a, b, c].map((x) => clientIdOf(x.signer.address)).sort())
+  })
+
+  it('a permissioned run: a client without an authorization is refused with a clear error; granted, it joins', async () => {
+    const joinAuthority = (await keys('join-authority')).signer
+    const d = await configured('sol-perm', joinAuthority)
+    d.chain.airdrop(joinAuthority.address)
+    const {signer} = await keys('granted')
+    d.chain.airdrop(signer.address)
+    const connector = new SolanaConnector({chain: d.chain, programId: d.programId, runId: 'sol-perm', signer, tick: false})
+    await assert.rejects(connector.connect({p2pAddrs: ['/memory/x']}), /permissioned: no authorization from its join authority/)
+    await grant({chain: d.chain, authorizer: d.authorizer, grantor: joinAuthority, grantee: signer.address})
+    const backend = await connector.connect({p2pAddrs: ['/memory/x']})
+    assert.deepEqual(backend.state!.pending, [clientIdOf(signer.address)])
+    assert.deepEqual(backend.peers, {[clientIdOf(signer.address)]: ['/memory/x']})
+    // its messages are the program's instructions: a witness now is refused by the program, and reported
+    const rejected = new Promise<unknown[]>((resolve) => backend.once('rejected', (...args) => resolve(args)))
+    assert.equal(backend.sendWitness(1, {participant_bloom: '', broadcast_bloom: ''}), true)
+    const [reason, info] = await rejected
+    assert.match(String(reason), /witness refused/)
+    assert.equal((info as {of: string}).of, 'witness')
+    // addresses change: the peer record follows
+    assert.ok(backend.sendAddresses(['/memory/y']))
+    await backend.poll()
+    await backend.idle()
+    await backend.close()
+    const again = await connector.connect({p2pAddrs: []})
+    assert.deepEqual(again.peers, {[clientIdOf(signer.address)]: ['/memory/y']})
+    await again.close()
+  })
+})
