@@ -184,7 +184,11 @@ several rounds while others train prints a no_exchange warning naming the addres
           if (typeof event.loss === 'number') watch.losses.push(event.loss)
           if (watch.losses.length > 200) watch.losses.shift()
           watch.tokensPerSecond = r?.report.tokens_per_second ?? watch.tokensPerSecond
-        } else if (['worker_crashed', 'rejected', 'out_of_sync', 'health_check', 'result_fetch_failed', 'model_fetch_failed', 'rejoining'].includes(String(event.event))) {
+        } else if (
+          ['worker_crashed', 'rejected', 'out_of_sync', 'health_check', 'result_fetch_failed', 'model_fetch_failed', 'model_peer_dropped', 'rejoining'].includes(
+            String(event.event),
+          )
+        ) {
           const {event: name, ...rest} = event
           watch.warnings.add(`${name}: ${JSON.stringify(rest)}`)
         }

@@ -17,24 +17,32 @@ function snapshot(): ModelSnapshot {
   }
 }
 
-describe('p2p: model sharing over /psyche/model/1', () => {
+describe('p2p: model sharing over /psyche/model/2', () => {
   let nodes: TestNode[] = []
   const model = snapshot()
+  // three pieces of > 4 MiB, so a download spreads over both serving peers
+  const big: ModelSnapshot = {
+    step: 9,
+    paramHash: 'big',
+    frames: ['a', 'b', 'c'].map((name) => ({name, dtype: 'float32', shape: [1024, 1025], data: randomBlob(1024 * 1025 * 4)})),
+  }
   let provided = 0
   before(async () => {
-    nodes = await startNodes(3)
+    nodes = await startNodes(5)
     await meshUp(nodes)
-    nodes[0].node.serveModel(async () => {
-      provided++
-      return model
-    })
+    for (const i of [0, 3]) {
+      nodes[i].node.serveModel(async () => {
+        provided++
+        return model
+      })
+    }
   })
   after(async () => stopAll(nodes))
 
-  it('a joining node gets identical frames from the first listed peer that serves the model', async () => {
-    const [server, joiner, noModel] = nodes
+  it('a joining node gets identical frames, checked against the manifest its peers signed', async () => {
+    const [server, joiner, noModel, server2] = nodes
     const stranger = testIdentity().id // a valid key nobody runs
-    const got = await joiner.node.fetchModel([stranger, noModel.identity.id, server.identity.id])
+    const got = await joiner.node.fetchModel([stranger, noModel.identity.id, server.identity.id, server2.identity.id], {step: 42})
     assert.equal(got.step, 42)
     assert.equal(got.paramHash, 'abc123')
     assert.deepEqual(
@@ -42,21 +50,60 @@ describe('p2p: model sharing over /psyche/model/1', () => {
       model.frames.map((f) => [f.name, f.dtype, f.shape]),
     )
     got.frames.forEach((f, i) => assert.deepEqual(Buffer.from(f.data), Buffer.from(model.frames[i].data)))
-    assert.equal(provided, 1)
+    assert.ok(provided >= 3, 'both servers were asked for a manifest, and one for the tensors')
     const failed = joiner.events.filter((e) => e.event === 'model_fetch_failed')
-    assert.deepEqual(
-      failed.map((e) => e.client_id),
-      [stranger, noModel.identity.id],
-    )
-    assert.match(String(failed[1].reason), /not_available/)
+    assert.deepEqual(new Set(failed.map((e) => e.client_id)), new Set([stranger, noModel.identity.id]))
+    assert.match(String(failed.find((e) => e.client_id === noModel.identity.id)!.reason), /not_available/)
+    const fetched = joiner.events.find((e) => e.event === 'model_fetched')!
+    assert.equal(fetched.attesters, 2)
+    assert.equal(fetched.relayed, false)
     const total = model.frames.reduce((s, f) => s + f.data.length, 0)
+    assert.equal(fetched.bytes, total)
     assert.equal(joiner.node.stats().bytesReceived, total)
-    assert.equal(server.node.stats().bytesSent, total)
+    assert.equal(server.node.stats().bytesSent + server2.node.stats().bytesSent, total)
+  })
+
+  it('spreads the tensors over the signers, and drops a peer whose bytes do not match the manifest it signed', async () => {
+    const [, , , , joiner] = nodes
+    const honest = testIdentity()
+    const liar = testIdentity()
+    const extra: P2PNode[] = []
+    try {
+      for (const identity of [honest, liar]) {
+        const node = await P2PNode.start({identity, runId: 'test-run', listen: ['/ip4/127.0.0.1/tcp/0']})
+        extra.push(node)
+        await joiner.node.connect(node.addresses())
+      }
+      extra[0].serveModel(async () => big)
+      // the liar signs the true manifest, then serves other bytes
+      const tampered: ModelSnapshot = {...big, frames: big.frames.map((f) => ({...f}))}
+      let asked = 0
+      extra[1].serveModel(async () => {
+        if (asked++ === 1) tampered.frames.forEach((f) => (f.data = randomBlob(f.data.length)))
+        return tampered
+      })
+      const got = await joiner.node.fetchModel([honest.id, liar.id], {step: 9})
+      got.frames.forEach((f, i) => assert.ok(Buffer.from(f.data).equals(Buffer.from(big.frames[i].data)), `frame ${f.name}`))
+      const dropped = joiner.events.filter((e) => e.event === 'model_peer_dropped')
+      assert.deepEqual(
+        dropped.map((e) => [e.client_id, e.bad]),
+        [[liar.id, true]],
+      )
+      assert.match(String(dropped[0].reason), /do not hash to the manifest's sha256/)
+      assert.ok(extra[1].stats().bytesSent > 0, 'the liar was asked for tensors (the download spread over both)')
+    } finally {
+      await Promise.all(extra.map((n) => n.stop()))
+    }
   })
 
   it('throws naming every peer tried when none serves the model', async () => {
     const [, joiner, noModel] = nodes
-    await assert.rejects(joiner.node.fetchModel([noModel.identity.id, 'zz']), /could not fetch the model from any peer: .*not_available.*not a 32-byte hex public key/)
+    await assert.rejects(joiner.node.fetchModel([noModel.identity.id, 'zz']), (error: Error) => {
+      assert.match(error.message, /could not fetch the model: no peer served a manifest; /)
+      assert.match(error.message, /not_available/)
+      assert.match(error.message, /zz is not a 32-byte hex public key/)
+      return true
+    })
     await assert.rejects(joiner.node.fetchModel([]), /no peers given/)
   })
 

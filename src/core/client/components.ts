@@ -47,8 +47,11 @@ export interface ClientP2P {
   dropResultsBefore(step: number): void
   /** What we answer model requests with (a rejoining client's source). */
   serveModel(provider: () => Promise<ModelSnapshot>): void
-  /** Downloads the model from the first of these clients that has it. */
-  fetchModel(fromClientIds: string[]): Promise<ModelSnapshot>
+  /**
+   * Downloads the model from these clients: the tensors of the manifest a majority of them sign (at `step` when
+   * given), spread over its signers and each checked against its hash.
+   */
+  fetchModel(fromClientIds: string[], options?: {step?: number}): Promise<ModelSnapshot>
   stats(): ClientP2PStats
   stop(): Promise<void>
   // Networking across hosts (libp2p); an in-process P2P layer has no addresses to change and no relays.

@@ -132,7 +132,6 @@ export class PsycheClient {
   /** The results of the apply under way, in the order handed to the worker. */
   private applying: HeldResult[] = []
   private snapshot: ModelSnapshot | undefined
-  private loadAttempts = 0
   private knownTopicPeers = 0
   private wake: (() => void) | undefined
   private stopped = false
@@ -601,9 +600,8 @@ export class PsycheClient {
     }
     let snapshot: ModelSnapshot
     try {
-      // Start at a different peer on each attempt: the first may serve an older step (still applying its Cooldown).
-      const shift = this.loadAttempts++ % Math.max(1, from.length)
-      snapshot = await this.p2p.fetchModel([...from.slice(shift), ...from.slice(0, shift)])
+      // Every peer is asked for its signed manifest; only those whose model is at `step` count.
+      snapshot = await this.p2p.fetchModel(from, {step})
     } catch (error) {
       this.opts.log({event: 'model_fetch_failed', step, message: errorMessage(error)})
       return false

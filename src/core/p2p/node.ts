@@ -18,10 +18,11 @@ import {identityPrivateSeed} from '../protocol/identity.js'
 import {encodeAnnouncement, parseAnnouncement, sha256Hex, signAnnouncement, type ResultAnnouncement, type SigningIdentity} from './announcement.js'
 import {CHUNK_BYTES, framed, OverrunError, readChunksInto, readJsonObject, writeChunks, writeJson} from './framing.js'
 import {addrPeerId, isCircuit, listenAddrsForPort, publishableAddrs} from './addresses.js'
-import {validateModelHeader, type ModelSnapshot} from './model.js'
+import {parseTensorRequest, signManifest, type ModelManifest, type ModelSnapshot} from './model.js'
+import {BadPeerError, downloadModel, type ModelPeerTransport} from './model-download.js'
 
 export const RESULT_PROTOCOL = '/psyche/result/1'
-export const MODEL_PROTOCOL = '/psyche/model/1'
+export const MODEL_PROTOCOL = '/psyche/model/2'
 export const DEFAULT_MAX_BLOB_BYTES = 64 * 1024 * 1024
 export const DEFAULT_MAX_MODEL_BYTES = 4 * 1024 * 1024 * 1024
 export const DEFAULT_MAX_CONCURRENT_DOWNLOADS = 4
@@ -131,7 +132,7 @@ const RELAYED_DIAL_TIMEOUT_MS = 30_000
 
 /**
  * One client's libp2p node: gossips signed result announcements on `psyche/<run_id>/results`, serves and fetches
- * result blobs over /psyche/result/1, and shares the model over /psyche/model/1.
+ * result blobs over /psyche/result/1, and shares the model over /psyche/model/2.
  */
 export class P2PNode {
   readonly peerId: string
@@ -153,6 +154,7 @@ export class P2PNode {
   private readonly announcementHandlers: ((a: ResultAnnouncement) => void)[] = []
   private readonly validated = new WeakMap<Message, ResultAnnouncement>()
   private modelProvider?: () => Promise<ModelSnapshot>
+  private readonly manifests = new WeakMap<ModelSnapshot, ModelManifest>()
   private bytesSent = 0
   private bytesReceived = 0
   private badBlobs = 0
@@ -594,7 +596,10 @@ export class P2PNode {
     }
   }
 
-  /** Answers /psyche/model/1 requests with the provider's current parameters (a rejoining client's source). */
+  /**
+   * Answers /psyche/model/2 requests from the provider's current parameters (a joining client's source): the signed
+   * manifest of the model (cached per snapshot), or the bytes of some of its tensors.
+   */
   serveModel(provider: () => Promise<ModelSnapshot>): void {
     this.modelProvider = provider
   }
@@ -610,14 +615,25 @@ export class P2PNode {
         await writeJson(lp, {status: 'error', reason: 'wrong run'}, {signal})
       } else if (this.modelProvider === undefined) {
         await writeJson(lp, {status: 'not_available'}, {signal})
-      } else {
+      } else if (request.kind === 'manifest') {
         const model = await this.modelProvider()
-        const frames = model.frames.map((f) => ({name: f.name, dtype: f.dtype, shape: f.shape, size: f.data.length}))
-        await writeJson(lp, {status: 'ok', step: model.step, paramHash: model.paramHash, frames}, {signal})
-        for (const frame of model.frames) {
-          await writeChunks(lp, frame.data, {signal})
-          this.bytesSent += frame.data.length
+        let manifest = this.manifests.get(model)
+        if (!manifest) this.manifests.set(model, (manifest = signManifest(this.identity, this.runId, model)))
+        await writeJson(lp, {status: 'ok', manifest}, {signal})
+      } else if (request.kind === 'tensors') {
+        const {step, indices} = parseTensorRequest(request)
+        const model = await this.modelProvider()
+        if (step !== model.step) await writeJson(lp, {status: 'stale', step: model.step}, {signal})
+        else if (indices.some((i) => i >= model.frames.length)) await writeJson(lp, {status: 'error', reason: 'no such tensor'}, {signal})
+        else {
+          await writeJson(lp, {status: 'ok'}, {signal})
+          for (const i of indices) {
+            await writeChunks(lp, model.frames[i].data, {signal})
+            this.bytesSent += model.frames[i].data.length
+          }
         }
+      } else {
+        await writeJson(lp, {status: 'error', reason: 'unknown request kind'}, {signal})
       }
       await stream.close({signal})
     } catch (error) {
@@ -627,56 +643,78 @@ export class P2PNode {
   }
 
   /**
-   * Downloads the model from the first of these clients that has it (in order). Sizes are checked against shapes
-   * and dtypes and bounded by maxModelBytes; the caller's worker checks paramHash after importing the frames.
+   * Downloads the model from these clients (see downloadModel): signed manifests from all, the tensors of the
+   * manifest a majority of them signed spread over its signers, every tensor checked against its sha256. With
+   * `step`, only peers whose model is at that step count. The caller's worker checks paramHash after importing.
    */
-  async fetchModel(fromClientIds: string[]): Promise<ModelSnapshot> {
-    const failures: string[] = []
-    for (const clientId of fromClientIds) {
-      if (clientId === this.identity.id) continue
-      let peer: PeerId
-      try {
-        peer = peerIdOfClient(clientId)
-      } catch (error) {
-        failures.push(`${clientId.slice(0, 16)}: ${errorMessage(error)}`)
-        continue
-      }
-      try {
-        return await this.downloadModelFrom(peer)
-      } catch (error) {
-        this.log({event: 'model_fetch_failed', from: peer.toString(), client_id: clientId, reason: errorMessage(error)})
-        failures.push(`${clientId.slice(0, 16)}…: ${errorMessage(error)}`)
-      }
-    }
-    throw new PsycheError(`could not fetch the model from any peer${failures.length ? `: ${failures.join('; ')}` : ' (no peers given)'}`)
+  async fetchModel(fromClientIds: string[], options: {step?: number} = {}): Promise<ModelSnapshot> {
+    const started = performance.now()
+    const got = await downloadModel(this.modelTransport(), {
+      runId: this.runId,
+      peers: fromClientIds,
+      selfId: this.identity.id,
+      step: options.step,
+      maxModelBytes: this.maxModelBytes,
+      attemptTimeoutMs: this.downloadTimeoutMs,
+      log: (e) => this.log(e),
+    })
+    const sources = Object.entries(got.bytesFrom).filter(([, b]) => b > 0)
+    const relayed = sources.some(([id]) => this.onlyRelayed(peerIdOfClient(id)))
+    this.log({
+      event: 'model_fetched',
+      from: sources.map(([id]) => peerIdOfClient(id).toString()),
+      step: got.snapshot.step,
+      bytes: got.totalBytes,
+      peers: sources.length,
+      attesters: got.attesters.length,
+      dropped: got.dropped.length,
+      root: got.root,
+      ms: Math.round(performance.now() - started),
+      relayed,
+    })
+    return got.snapshot
   }
 
-  private async downloadModelFrom(peer: PeerId): Promise<ModelSnapshot> {
-    const started = performance.now()
-    const signal = deadline(Math.max(this.downloadTimeoutMs, MODEL_TRANSFER_TIMEOUT_MS))
-    const stream = await this.libp2p.dialProtocol(peer, MODEL_PROTOCOL, {signal: deadline(this.downloadTimeoutMs), ...ON_LIMITED})
+  private modelTransport(): ModelPeerTransport {
+    return {
+      manifest: (clientId, signal) => this.modelRequest(clientId, {kind: 'manifest'}, signal, async (_lp, header) => header.manifest),
+      tensors: (clientId, step, tensors, signal) =>
+        this.modelRequest(clientId, {kind: 'tensors', step, indices: tensors.map((t) => t.index)}, signal, async (lp) => {
+          const total = tensors.reduce((s, t) => s + t.size, 0)
+          const data = new Uint8Array(total)
+          const out: Uint8Array[] = []
+          let offset = 0
+          for (const t of tensors) {
+            await readChunksInto(lp, data, offset, t.size, {signal})
+            out.push(data.subarray(offset, offset + t.size))
+            offset += t.size
+          }
+          this.bytesReceived += total
+          return out
+        }),
+    }
+  }
+
+  private async modelRequest<T>(
+    clientId: string,
+    request: Record<string, unknown>,
+    signal: AbortSignal,
+    read: (lp: ReturnType<typeof framed>, header: Record<string, unknown>) => Promise<T>,
+  ): Promise<T> {
+    setMaxListeners(Infinity, signal)
+    const stream = await this.libp2p.dialProtocol(peerIdOfClient(clientId), MODEL_PROTOCOL, {signal, ...ON_LIMITED})
     stream.inactivityTimeout = MODEL_TRANSFER_TIMEOUT_MS
     try {
       const lp = framed(stream, Math.max(MAX_MODEL_HEADER_BYTES, CHUNK_BYTES))
-      await writeJson(lp, {run_id: this.runId}, {signal})
-      const header = await readJsonObject(lp, 'model response header', {signal})
+      await writeJson(lp, {run_id: this.runId, ...request}, {signal})
+      const header = await readJsonObject(lp, 'model response', {signal})
       if (header.status !== 'ok') throw new Error(`refused: ${String(header.reason ?? header.status).slice(0, 200)}`)
-      const {step, paramHash, frames, totalBytes} = validateModelHeader(header, this.maxModelBytes)
-      const data = new Uint8Array(totalBytes)
-      let offset = 0
-      const out = []
-      for (const frame of frames) {
-        await readChunksInto(lp, data, offset, frame.size, {signal})
-        out.push({name: frame.name, dtype: frame.dtype, shape: frame.shape, data: data.subarray(offset, offset + frame.size)})
-        offset += frame.size
-      }
-      this.bytesReceived += totalBytes
+      const out = await read(lp, header)
       await stream.close({signal}).catch(() => {})
-      this.log({event: 'model_fetched', from: peer.toString(), step, bytes: totalBytes, ms: Math.round(performance.now() - started), relayed: this.onlyRelayed(peer)})
-      return {step, paramHash, frames: out}
+      return out
     } catch (error) {
       stream.abort(error instanceof Error ? error : new Error(String(error)))
-      throw error
+      throw error instanceof OverrunError ? new BadPeerError(error.message) : error
     }
   }
 
