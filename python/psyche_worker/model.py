@@ -33,6 +33,23 @@ def resolve_device(name: str) -> torch.device:
     raise WorkerError(f"device {name!r}: expected auto, cpu, cuda or cuda:N")
 
 
+PRECISIONS = ("auto", "fp32", "bf16")
+
+
+def resolve_precision(name: str, device: torch.device) -> str:
+    """The compute precision of forward passes: "fp32", or "bf16" (torch.autocast to bfloat16; the master
+    weights, gradients, optimizer state and everything hashed or sent stay fp32). "auto": bf16 on a CUDA
+    device that supports it, fp32 otherwise (CPU bf16 autocast works but is slower than fp32 on most CPUs)."""
+    if name not in PRECISIONS:
+        raise WorkerError(f"precision {name!r}: expected auto, fp32 or bf16", kind="device")
+    cuda_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+    if name == "auto":
+        return "bf16" if cuda_bf16 else "fp32"
+    if name == "bf16" and device.type == "cuda" and not cuda_bf16:
+        raise WorkerError(f"precision bf16: {torch.cuda.get_device_name(device)} does not support bfloat16", kind="device")
+    return name
+
+
 def _llama_from_config(config_dict: dict[str, Any]):
     from transformers import LlamaConfig, LlamaForCausalLM
 

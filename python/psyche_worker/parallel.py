@@ -96,7 +96,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_followers(devices: list[str], threads: int | None, port: int) -> list[subprocess.Popen]:
+def start_followers(devices: list[str], threads: int | None, port: int, precision: str = "auto") -> list[subprocess.Popen]:
     """Ranks 1..N-1 as child processes of rank 0 (they exit when it does: see server.die_with_parent)."""
     procs = []
     for rank in range(1, len(devices)):
@@ -113,6 +113,8 @@ def start_followers(devices: list[str], threads: int | None, port: int) -> list[
             str(port),
             "--device",
             devices[rank],
+            "--precision",
+            precision,
             "--endpoint",
             "-",
         ]

@@ -68,7 +68,7 @@ def _buffer(part: Any) -> Any:
 
 
 class Worker:
-    def __init__(self, device: str, threads: int | None, group: Group | None = None):
+    def __init__(self, device: str, threads: int | None, group: Group | None = None, precision: str = "auto"):
         if threads:
             torch.set_num_threads(threads)
             try:
@@ -76,6 +76,7 @@ class Worker:
             except RuntimeError:
                 pass  # already set once in this process
         self.device = models.resolve_device(device)
+        self.precision = models.resolve_precision(precision, self.device)
         self.group = group
         self.trainer: Trainer | None = None
         self.ops: dict[str, Callable[[dict[str, Any], list[torch.Tensor]], Reply]] = {
@@ -110,6 +111,7 @@ class Worker:
             "threads": torch.get_num_threads(),
             "cuda": torch.cuda.is_available(),
             "data_parallel": self.group.world if self.group else 1,
+            "precision": self.precision,
         }, []
 
     def op_init_model(self, h, frames) -> Reply:
@@ -123,7 +125,7 @@ class Worker:
         else:
             raise WorkerError("init_model needs model_dir or config")
         torch.manual_seed(seed)
-        self.trainer = Trainer(m, self.device, group=self.group)
+        self.trainer = Trainer(m, self.device, group=self.group, precision=self.precision)
         n = sum(p.numel() for p in m.parameters())
         return {
             "parameters": n,
@@ -275,7 +277,7 @@ class Worker:
             return {"id": header.get("id"), "ok": False, "error": {"kind": "internal", "message": f"{type(exc).__name__}: {exc}"}}, [], False
 
 
-def serve(endpoint: str, device: str, threads: int | None, data_parallel: int = 1) -> None:
+def serve(endpoint: str, device: str, threads: int | None, data_parallel: int = 1, precision: str = "auto") -> None:
     die_with_parent()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     devices = parse_devices(device, data_parallel)
@@ -284,9 +286,9 @@ def serve(endpoint: str, device: str, threads: int | None, data_parallel: int = 
     if len(devices) > 1:
         # data parallelism (parallel.py): this process is rank 0 and the only one the client talks to
         port = free_port()
-        followers = start_followers(devices, threads, port)
+        followers = start_followers(devices, threads, port, precision)
         group = join_group(0, len(devices), port, models.resolve_device(devices[0]))
-    worker = Worker(devices[0], threads, group)
+    worker = Worker(devices[0], threads, group, precision)
     ctx = zmq.Context.instance()
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 1000)
@@ -301,6 +303,7 @@ def serve(endpoint: str, device: str, threads: int | None, data_parallel: int = 
                 "devices": devices,
                 "threads": torch.get_num_threads(),
                 "torch": torch.__version__,
+                "precision": worker.precision,
             }
         ),
         flush=True,
@@ -331,12 +334,12 @@ def serve(endpoint: str, device: str, threads: int | None, data_parallel: int = 
                 p.kill()
 
 
-def follow(rank: int, world: int, port: int, device: str, threads: int | None) -> None:
+def follow(rank: int, world: int, port: int, device: str, threads: int | None, precision: str = "auto") -> None:
     """A data-parallel rank > 0: runs every request rank 0 broadcasts, and answers nothing (parallel.py)."""
     die_with_parent()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     group = join_group(rank, world, port, models.resolve_device(device))
-    worker = Worker(device, threads, group)
+    worker = Worker(device, threads, group, precision)
     while True:
         parts = group.broadcast_request(None)
         _, _, stop = worker.handle(parts)
@@ -351,6 +354,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N, or one device per data-parallel rank: cuda:0,cuda:1 or cpu,cpu")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (per rank)")
     parser.add_argument("--data-parallel", type=int, default=1, help="ranks of one device kind (cpu: N processes; cuda: GPUs 0..N-1)")
+    parser.add_argument("--precision", default="auto", help="auto | fp32 | bf16: forward passes under bf16 autocast (weights stay fp32); auto = bf16 on CUDA")
     # internal: a data-parallel rank > 0, started by rank 0 (parallel.start_followers)
     parser.add_argument("--follower", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
@@ -359,9 +363,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         if args.follower:
-            follow(args.rank, args.world, args.master_port, args.device, args.threads)
+            follow(args.rank, args.world, args.master_port, args.device, args.threads, args.precision)
             return
-        serve(args.endpoint, args.device, args.threads, args.data_parallel)
+        serve(args.endpoint, args.device, args.threads, args.data_parallel, args.precision)
     except WorkerError as exc:
         print(json.dumps({"event": "fatal", "kind": exc.kind, "message": str(exc)}), flush=True)
         sys.exit(2)

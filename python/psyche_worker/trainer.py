@@ -58,9 +58,14 @@ def _check_finite(loss: float, step: int) -> None:
 
 
 class Trainer:
-    def __init__(self, model: torch.nn.Module, device: torch.device, group: Group | None = None):
+    def __init__(self, model: torch.nn.Module, device: torch.device, group: Group | None = None, precision: str = "fp32"):
+        if precision not in ("fp32", "bf16"):
+            raise WorkerError(f"precision {precision!r}: expected fp32 or bf16", kind="device")
         self.model = model.to(device)
         self.device = device
+        # bf16: forward passes under torch.autocast (matmuls in bfloat16); parameters, gradients and the
+        # optimizer stay fp32, so hashes, DisTrO results and applies are exactly as in fp32 given the gradients
+        self.precision = precision
         # data parallelism inside this client (parallel.py): this rank's share of each batch, gradients summed
         self.group = group if group is not None and group.world > 1 else None
         self.vocab_size = int(model.config.vocab_size)
@@ -130,7 +135,8 @@ class Trainer:
         return tokens
 
     def _loss(self, batch: torch.Tensor) -> torch.Tensor:
-        logits = self.model(input_ids=batch[:, :-1]).logits
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16"):
+            logits = self.model(input_ids=batch[:, :-1]).logits
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), batch[:, 1:].reshape(-1))
 
     # -- steps -----------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import {RoundReporter} from '../core/obs/report.js'
 import {coordinatorSeconds, summarizeRun} from '../core/obs/summary.js'
 import {startTerminalView, Warnings} from '../core/obs/terminal-view.js'
 import {generateIdentity, loadIdentity, type Identity} from '../core/protocol/identity.js'
-import {resolveTrainPlan, type TrainPlan} from '../core/train/plan.js'
+import {resolveTrainPlan, type Precision, type TrainPlan} from '../core/train/plan.js'
 import {checkRepoId, checkToken} from '../core/checkpoint/hub.js'
 import {shuffleSeedFor} from '../core/train/single-node.js'
 import {ModelWorker} from '../core/worker/model-worker.js'
@@ -44,7 +44,7 @@ export async function startComponents(o: {
   onConnected?: (connection: CoordinatorConnection) => void
 }): Promise<ClientComponents> {
   const {serverAddr, runId, identity, plan, log} = o
-  const worker = await ModelWorker.start({threads: plan.threads, device: plan.device, dataParallel: plan.dataParallel, label: 'client'})
+  const worker = await ModelWorker.start({threads: plan.threads, device: plan.device, dataParallel: plan.dataParallel, precision: plan.precision, label: 'client'})
   let p2p: P2PNode | undefined
   let data: DataProvider | undefined
   try {
@@ -112,6 +112,11 @@ several rounds while others train prints a no_exchange warning naming the addres
     device: Flags.string({summary: 'auto | cpu | cuda | cuda:N', default: 'auto'}),
     devices: Flags.string({summary: 'several devices in this client, one data-parallel rank each (torch.distributed): cuda:0,cuda:1'}),
     'data-parallel': Flags.integer({summary: 'N data-parallel ranks on --device (cpu: N processes with gloo; cuda: GPUs 0..N-1 with NCCL)', min: 1}),
+    precision: Flags.string({
+      summary: 'forward-pass precision: bf16 = torch autocast to bfloat16 with fp32 master weights; auto = bf16 on CUDA, fp32 on CPU',
+      options: ['auto', 'fp32', 'bf16'],
+      default: 'auto',
+    }),
     'metrics-port': Flags.integer({summary: 'serve Prometheus metrics at http://HOST:PORT/metrics (0: any free port)', min: 0, max: 65535}),
     'metrics-host': Flags.string({summary: 'address the metrics endpoint listens on', default: '127.0.0.1'}),
     'p2p-listen': Flags.string({summary: 'libp2p listen multiaddr(s) (default /ip4/0.0.0.0/tcp/0: every interface)', multiple: true, exclusive: ['p2p-port']}),
@@ -152,6 +157,7 @@ several rounds while others train prints a no_exchange warning naming the addres
       device: flags.device,
       devices: flags.devices,
       dataParallel: flags['data-parallel'],
+      precision: flags.precision as Precision,
       hub: {
         url: flags['hub-url'],
         token: flags['hub-token'],

@@ -2,7 +2,7 @@ import {join} from 'node:path'
 import {Flags} from '@oclif/core'
 import {PsycheCommand} from '../core/cli/base-command.js'
 import {Progress, formatDuration, formatRate} from '../core/cli/progress.js'
-import {resolveTrainPlan} from '../core/train/plan.js'
+import {resolveTrainPlan, type Precision} from '../core/train/plan.js'
 import {runSingleNode, type TrainSummary} from '../core/train/single-node.js'
 
 export default class Train extends PsycheCommand {
@@ -35,6 +35,11 @@ Per-step metrics go to a JSONL file; --json prints one summary object:
     device: Flags.string({summary: 'auto | cpu | cuda | cuda:N', default: 'auto'}),
     devices: Flags.string({summary: 'several devices in this client, one data-parallel rank each (torch.distributed): cuda:0,cuda:1'}),
     'data-parallel': Flags.integer({summary: 'N data-parallel ranks on --device (cpu: N processes with gloo; cuda: GPUs 0..N-1 with NCCL)', min: 1}),
+    precision: Flags.string({
+      summary: 'forward-pass precision: bf16 = torch autocast to bfloat16 with fp32 master weights; auto = bf16 on CUDA, fp32 on CPU',
+      options: ['auto', 'fp32', 'bf16'],
+      default: 'auto',
+    }),
     'eval-every': Flags.integer({summary: 'validation loss every N steps (0: at start and end only)', default: 0, min: 0}),
     'eval-batches': Flags.integer({summary: 'validation sequences per evaluation', default: 8, min: 1}),
     'simulate-peers': Flags.integer({summary: 'DisTrO only: train N simulated clients in one process, each on its own batches', min: 1}),
@@ -67,6 +72,7 @@ Per-step metrics go to a JSONL file; --json prints one summary object:
       device: flags.device,
       devices: flags.devices,
       dataParallel: flags['data-parallel'],
+      precision: flags.precision as Precision,
       evalEvery: flags['eval-every'],
       evalBatches: flags['eval-batches'],
       simulatePeers: flags['simulate-peers'],

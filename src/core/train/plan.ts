@@ -10,6 +10,9 @@ import {projectRoot} from '../worker/python.js'
 export const templatesDir = join(projectRoot, 'templates')
 export const DEFAULT_TEMPLATE = 'tiny-demo'
 
+/** The worker's forward-pass precision: `auto` is bf16 on a CUDA device with bfloat16, fp32 otherwise. */
+export type Precision = 'auto' | 'fp32' | 'bf16'
+
 /** Where the model's weights come from. */
 export type ModelSource =
   | {kind: 'dir'; dir: string}
@@ -37,6 +40,8 @@ export interface TrainPlan {
   device: string
   /** Data-parallel ranks inside this client (python/psyche_worker/parallel.py); 1 = none. */
   dataParallel: number
+  /** Forward-pass precision (python/psyche_worker/model.py resolve_precision): bf16 autocast, fp32 master weights. */
+  precision: Precision
   evalEvery: number
   evalBatches: number
   simulatePeers: number
@@ -61,6 +66,8 @@ export interface TrainFlags {
   devices?: string
   /** --data-parallel N. */
   dataParallel?: number
+  /** --precision auto | fp32 | bf16 (default auto: bf16 on CUDA, fp32 on CPU). */
+  precision?: Precision
   evalEvery?: number
   evalBatches?: number
   simulatePeers?: number
@@ -217,6 +224,7 @@ export async function resolveTrainPlan(flags: TrainFlags): Promise<TrainPlan> {
     seed: flags.seed ?? 0,
     threads: flags.threads,
     ...devicePlan(flags),
+    precision: flags.precision ?? 'auto',
     evalEvery: flags.evalEvery ?? 0,
     evalBatches: flags.evalBatches ?? 8,
     simulatePeers,
