@@ -43,3 +43,22 @@ def test_train_and_distro_on_cuda_match_hash_format(tiny_config):
             last = trainer.train_step(tokens, step)["loss"]
         assert last < first
         assert all(p.device.type == "cuda" for p in trainer.model.parameters())
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA GPU on this machine")
+def test_cuda_batches_go_through_pinned_memory_to_the_device(tiny_config):
+    trainer = Trainer(init_model(tiny_config, 0), resolve_device("cuda"))
+    tokens = torch.randint(0, tiny_config["vocab_size"], (4, 17), dtype=torch.int64).to(torch.int32)
+    on_device = trainer.to_device_tokens(tokens)
+    assert on_device.device.type == "cuda" and on_device.dtype == torch.int64
+    assert torch.equal(on_device.cpu(), tokens.to(torch.int64))
+    assert tokens.to(torch.int64).pin_memory().is_pinned()  # the host staging buffer the worker uses
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA GPU on this machine")
+def test_worker_on_cuda_defaults_to_bf16_where_supported():
+    from psyche_worker.server import Worker
+
+    hello, _ = Worker("auto", None).op_hello({}, [])
+    assert hello["device"].startswith("cuda") and hello["cuda"] is True
+    assert hello["precision"] == ("bf16" if torch.cuda.is_bf16_supported() else "fp32")
