@@ -765,6 +765,152 @@ static u64 on_update(State *s, const u8 *data, u64 len) {
   return 0;
 }
 
+
+/* ---- equivocation proofs (onEquivocation, verify/equivocation.ts) ---- */
+
+/* Sysvar1nstructions1111111111111111111111111 and Ed25519SigVerify111111111111111111111111111 */
+static const u8 SYSVAR_INSTRUCTIONS[32] = {0x06, 0xa7, 0xd5, 0x17, 0x18, 0x7b, 0xd1, 0x66, 0x35, 0xda, 0xd4, 0x04, 0x55, 0xfd, 0xc2, 0xc0,
+                                           0xc1, 0x24, 0xc6, 0x8f, 0x21, 0x56, 0x75, 0xa5, 0xdb, 0xba, 0xcb, 0x5f, 0x08, 0x00, 0x00, 0x00};
+static const u8 ED25519_PROGRAM[32] = {0x03, 0x7d, 0x46, 0xd6, 0x7c, 0x93, 0xfb, 0xbe, 0x12, 0xf9, 0x42, 0x8f, 0x83, 0x8d, 0x40, 0xff,
+                                       0x05, 0x70, 0x74, 0x49, 0x27, 0xf4, 0x8a, 0x64, 0xfc, 0xca, 0x70, 0x44, 0x80, 0x00, 0x00, 0x00};
+#define ANNOUNCEMENT_PREFIX_MAX 512
+
+static u64 read_u16(const u8 *p) { return (u64)p[0] | ((u64)p[1] << 8); }
+
+/* The start every announcement of (run, step, producer) signs: DOMAIN + JSON.stringify([run_id, step, client_id, (announcementSigningBytes).
+ * Returns its length, or 0 when it does not fit. */
+static u64 announcement_prefix(const State *s, u64 step, const u8 *producer, u8 *out) {
+  static const char domain[] = "psyche/result-announcement/1\n[\"";
+  u64 n = sizeof(domain) - 1;
+  copy(out, domain, n);
+  for (u64 i = 0; i < s->run_id_len; i++) {
+    u8 c = s->run_id[i];
+    if (n + 6 > ANNOUNCEMENT_PREFIX_MAX) return 0;
+    if (c == '"' || c == '\\') {
+      out[n++] = '\\';
+      out[n++] = c;
+    } else if (c < 0x20) {
+      out[n++] = '\\';
+      if (c == 8) out[n++] = 'b';
+      else if (c == 9) out[n++] = 't';
+      else if (c == 10) out[n++] = 'n';
+      else if (c == 12) out[n++] = 'f';
+      else if (c == 13) out[n++] = 'r';
+      else {
+        out[n++] = 'u';
+        out[n++] = '0';
+        out[n++] = '0';
+        out[n++] = HEX[c >> 4];
+        out[n++] = HEX[c & 15];
+      }
+    } else out[n++] = c;
+  }
+  out[n++] = '"';
+  out[n++] = ',';
+  u8 digits[20];
+  u64 nd = 0;
+  do {
+    digits[nd++] = (u8)('0' + step % 10);
+    step /= 10;
+  } while (step);
+  while (nd) out[n++] = digits[--nd];
+  out[n++] = ',';
+  out[n++] = '"';
+  hex_id(producer, out + n);
+  n += 64;
+  out[n++] = '"';
+  out[n++] = ',';
+  return n;
+}
+
+/* A JSON safe integer as JSON.stringify writes it (no sign, no leading zero); advances *at past it. */
+static int json_uint(const u8 *m, u64 len, u64 *at) {
+  u64 start = *at, v = 0;
+  while (*at < len && m[*at] >= '0' && m[*at] <= '9') {
+    if (*at - start >= 16) return 0;
+    v = v * 10 + (m[*at] - '0');
+    (*at)++;
+  }
+  if (*at == start || (m[start] == '0' && *at - start > 1)) return 0;
+  return v <= 9007199254740991ull;
+}
+
+/* The rest of an announcement after the prefix: batch_start,batch_end,"commitment",size] */
+static int announcement_tail(const u8 *m, u64 len) {
+  u64 at = 0;
+  if (!json_uint(m, len, &at) || at >= len || m[at++] != ',') return 0;
+  if (!json_uint(m, len, &at) || at + 68 > len || m[at++] != ',' || m[at++] != '"') return 0;
+  for (u64 i = 0; i < 64; i++, at++)
+    if (!((m[at] >= '0' && m[at] <= '9') || (m[at] >= 'a' && m[at] <= 'f'))) return 0;
+  if (m[at++] != '"' || at >= len || m[at++] != ',') return 0;
+  if (!json_uint(m, len, &at)) return 0;
+  return at + 1 == len && m[at] == ']';
+}
+
+/*
+ * checkEquivocation: the instruction right before this one is the Ed25519 program's (the runtime has verified its
+ * signatures, or the transaction fails), with exactly two signatures, each by `producer` over a message held in
+ * that instruction; both messages are well-formed announcements of this run, step and producer, of different
+ * results.
+ */
+static u64 check_equivocation(Input *in, const State *s, u64 step, const u8 *producer) {
+  if (in->account_count < 3 || !equal(in->accounts[2].key, SYSVAR_INSTRUCTIONS, 32)) return fail(E_INVALID_INSTRUCTION, "equivocation: expected the instructions sysvar as the third account");
+  const u8 *d = in->accounts[2].data;
+  u64 dlen = in->accounts[2].data_len;
+  if (dlen < 4) return fail(E_INVALID_PROOF, "equivocation: no instructions");
+  u64 count = read_u16(d), current = read_u16(d + dlen - 2);
+  if (current == 0 || current >= count || 2 + 2 * count > dlen) return fail(E_INVALID_PROOF, "equivocation: the Ed25519 instruction must come right before");
+  u64 at = read_u16(d + 2 + 2 * (current - 1));
+  if (at + 2 > dlen) return fail(E_INVALID_PROOF, "equivocation: malformed instructions sysvar");
+  at += 2 + read_u16(d + at) * 33;
+  if (at + 34 > dlen || !equal(d + at, ED25519_PROGRAM, 32)) return fail(E_INVALID_PROOF, "equivocation: the instruction before is not the Ed25519 program's");
+  u64 elen = read_u16(d + at + 32);
+  const u8 *e = d + at + 34;
+  if (at + 34 + elen > dlen || elen < 2 + 2 * 14 || e[0] != 2) return fail(E_INVALID_PROOF, "equivocation: the Ed25519 instruction must hold exactly two signatures");
+  u8 prefix[ANNOUNCEMENT_PREFIX_MAX];
+  u64 plen = announcement_prefix(s, step, producer, prefix);
+  if (!plen) return fail(E_INVALID_PROOF, "equivocation: the run id is too long to spell");
+  const u8 *msgs[2];
+  u64 lens[2];
+  for (u64 k = 0; k < 2; k++) {
+    const u8 *o = e + 2 + 14 * k;
+    if (read_u16(o + 2) != 0xffff || read_u16(o + 6) != 0xffff || read_u16(o + 12) != 0xffff)
+      return fail(E_INVALID_PROOF, "equivocation: signatures, keys and messages must be in the Ed25519 instruction");
+    u64 pk = read_u16(o + 4), mo = read_u16(o + 8), ml = read_u16(o + 10);
+    if (pk + 32 > elen || mo + ml > elen) return fail(E_INVALID_PROOF, "equivocation: offsets out of bounds");
+    if (!equal(e + pk, producer, 32)) return fail(E_INVALID_PROOF, "equivocation: a signature is not by the accused producer");
+    if (ml <= plen || !equal(e + mo, prefix, plen) || !announcement_tail(e + mo + plen, ml - plen))
+      return fail(E_INVALID_PROOF, "equivocation: a message is not an announcement of this run, step and producer");
+    msgs[k] = e + mo + plen;
+    lens[k] = ml - plen;
+  }
+  if (lens[0] == lens[1] && equal(msgs[0], msgs[1], lens[0])) return fail(E_INVALID_PROOF, "the announcements are of the same result");
+  return 0;
+}
+
+/* data: step u64, producer key. onEquivocation: a valid proof ejects the producer and excludes it from the round. */
+static u64 on_equivocation(Input *in, State *s, const u8 *key, const u8 *data, u64 len) {
+  if (s->run_state != WARMUP && !ACTIVE(s->run_state)) return fail(E_INVALID_RUN_STATE, "equivocation proofs are accepted during an epoch");
+  if (len != 8 + 32) return fail(E_INVALID_INSTRUCTION, "equivocation: expected step and producer key");
+  u64 step = read_u64(data);
+  const u8 *producer = data + 8;
+  u64 e = check_equivocation(in, s, step, producer);
+  if (e) return e;
+  if (client_index(s, key) < 0) return fail(E_UNKNOWN_CLIENT, "the reporter is not a client of this epoch");
+  i64 i = client_index(s, producer);
+  Round *r = s->has_round ? &s->round : NULL;
+  int in_round = r && r->step == step && (s->run_state == ROUND_TRAIN || s->run_state == ROUND_WITNESS) && roster_index(r, producer) >= 0;
+  if (i < 0 && !in_round) return fail(E_UNKNOWN_CLIENT, "the producer is not in this epoch");
+  int excluded = 0;
+  if (in_round)
+    for (u64 x = 0; x < r->excluded_len; x++)
+      if (equal(r->excluded[x], producer, 32)) excluded = 1;
+  if (in_round ? excluded : s->clients[i].state == EJECTED) return fail(E_DUPLICATE_ACCUSATION, "the producer is already ejected");
+  if (in_round) copy(r->excluded[r->excluded_len++], producer, 32); /* roster members only: excluded_len < MAX_CLIENTS */
+  if (i >= 0 && s->clients[i].state == HEALTHY) s->clients[i].state = EJECTED;
+  return 0;
+}
+
 /* ---- instructions ---- */
 
 enum {
@@ -783,6 +929,7 @@ enum {
   IX_GROW,
   IX_ACCUSE,
   IX_SET_PEER,
+  IX_EQUIVOCATION,
 };
 
 /* The cluster clock (unix seconds) on the reference's millisecond scale. */
@@ -1012,6 +1159,9 @@ u64 entrypoint(const u8 *input) {
     case IX_ACCUSE:
       if ((e = signer(&in, NULL))) return e;
       return on_accuse(s, key, d, len);
+    case IX_EQUIVOCATION:
+      if ((e = signer(&in, NULL))) return e;
+      return on_equivocation(&in, s, key, d, len);
     case IX_WITHDRAW:
       if ((e = signer(&in, NULL))) return e;
       return on_withdraw(s, key, 0);

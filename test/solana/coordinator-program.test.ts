@@ -6,6 +6,7 @@ import {
   checkpointInstruction,
   coordinatorAddress,
   ejectInstruction,
+  equivocationInstructions,
   freeCoordinatorInstruction,
   healthCheckInstruction,
   initCoordinatorInstructions,
@@ -20,6 +21,8 @@ import {
   witnessInstruction,
 } from '../../src/core/backend/solana/instructions.js'
 import {assignBatches, buildWitnessProof, selectWitnesses} from '../../src/core/coordinator/index.js'
+import {signAnnouncement} from '../../src/core/p2p/announcement.js'
+import {identityFromSeed} from '../../src/core/protocol/identity.js'
 import {MAX_CLIENTS, PEER_ADDRS_MAX, PEER_SIZE, STATE_SIZE, clientIdOf, decodePeer, encodeTag, IX} from '../../src/core/backend/solana/layout.js'
 import {deployRun, keypair, readRun, testConfig as config, testModel as model, type Deployed} from './harness.js'
 
@@ -201,6 +204,43 @@ describe('coordinator program: client instructions', () => {
     const big = Buffer.concat([data.subarray(0, 9), Buffer.from([0x01, 0x04]), Buffer.alloc(PEER_ADDRS_MAX + 1, 0x2f)])
     assert.equal((await chain.send(alice, [{...ix, data: big}])).error, 'CapacityExceeded')
     assert.equal((await chain.send(alice, [{...ix, data: data.subarray(0, 5)}])).error, 'InvalidInstruction')
+  })
+
+  it('equivocation: the runtime verifies both signatures (the Ed25519 program), and the proof must come right before', async () => {
+    const d = await configuredRun('equiv-run')
+    const {programId: p, coordinator: c, authority: a, chain} = d
+    const alice = await keypair('alice')
+    const bob = await keypair('bob')
+    for (const k of [alice, bob]) chain.airdrop(k.address)
+    assert.ok((await chain.send(a, [setPausedInstruction(p, c, a, false)])).ok)
+    for (const k of [alice, bob]) assert.ok((await chain.send(k, [joinRunInstruction(p, c, k)])).ok)
+    chain.setTime(T0 + 5)
+    assert.ok((await chain.send(d.payer, [tickInstruction(p, c)])).ok)
+    assert.equal(readRun(d).state.run_state, 'Warmup')
+    const identity = identityFromSeed(createHash('sha256').update('psyche-test-key/alice').digest())
+    const announce = (commitment: number) =>
+      signAnnouncement(identity, {
+        run_id: 'equiv-run',
+        step: 1,
+        client_id: identity.id,
+        batch_start: 0,
+        batch_end: 4,
+        commitment: Buffer.alloc(32, commitment).toString('hex'),
+        size: 10,
+      })
+    const proof = {a: announce(1), b: announce(2)}
+    // a forged signature: the Ed25519 program fails the transaction, nothing changes
+    const forged = {...proof, b: {...proof.b, signature: proof.a.signature}}
+    const r = await chain.send(bob, equivocationInstructions(p, c, bob, forged))
+    assert.equal(r.ok, false)
+    assert.ok(!r.logs.some((l) => l.includes(`Program ${p} invoke`)), `the Ed25519 program refused it before the coordinator ran:\n${r.logs.join('\n')}`)
+    assert.equal(readRun(d).state.epoch.clients.find((x) => x.id === identity.id)?.state, 'Healthy')
+    // the Ed25519 instruction elsewhere than right before: InvalidProof
+    const [ed, ix] = equivocationInstructions(p, c, bob, proof)
+    assert.equal((await chain.send(bob, [ed, tickInstruction(p, c), ix])).error, 'InvalidProof')
+    // a valid proof ejects alice
+    assert.ok((await chain.send(bob, [ed, ix])).ok)
+    assert.equal(readRun(d).state.epoch.clients.find((x) => x.id === identity.id)?.state, 'Ejected')
   })
 
   it(`capacity: at most MAX_CLIENTS = ${MAX_CLIENTS} clients and joiners, then CapacityExceeded`, async () => {

@@ -10,7 +10,11 @@ import {
   type RejectionCode,
 } from '../../src/core/coordinator/index.js'
 import type {CoordinatorConfig, LLMConfig} from '../../src/core/config/index.js'
+import {createHash} from 'node:crypto'
 import {clientIdOf} from '../../src/core/backend/solana/layout.js'
+import {signAnnouncement} from '../../src/core/p2p/announcement.js'
+import {identityFromSeed} from '../../src/core/protocol/identity.js'
+import type {EquivocationProof} from '../../src/core/verify/equivocation.js'
 import {keypair} from './harness.js'
 
 /**
@@ -330,10 +334,54 @@ async function accusations(): Promise<Scenario> {
   return finish(r)
 }
 
+/** A result announcement signed by keypair(label)'s key (the same seed: test/solana/harness.ts). */
+function announce(runId: string, label: string, step: number, batch: [number, number], commitmentByte: number, size = 1000) {
+  const identity = identityFromSeed(createHash('sha256').update(`psyche-test-key/${label}`).digest())
+  return signAnnouncement(identity, {
+    run_id: runId,
+    step,
+    client_id: identity.id,
+    batch_start: batch[0],
+    batch_end: batch[1],
+    commitment: Buffer.alloc(32, commitmentByte).toString('hex'),
+    size,
+  })
+}
+
+/** Equivocation proofs: two signed announcements of one producer for one step eject it (and exclude it from the round). */
+async function equivocation(): Promise<Scenario> {
+  const r = await recorder('equivocation', ['a', 'b', 'c', 'd', 'x'])
+  const run = r.scenario.run_id
+  const proof = (label: string, step: number, same = false, runId = run): EquivocationProof => ({
+    a: announce(runId, label, step, [0, 2], 1),
+    b: same ? announce(runId, label, step, [0, 2], 1) : announce(runId, label, step, [0, 2], 2),
+  })
+  r.apply({type: 'resume'}, 'ok')
+  for (const l of ['a', 'b', 'c', 'd']) r.apply({type: 'join', id: r.id(l)}, 'ok')
+  r.apply({type: 'equivocation', from: r.id('b'), proof: proof('a', 1)}, 'InvalidRunState')
+  r.tickOut() // → Warmup
+  r.tickOut() // → RoundTrain
+  const step = r.state.epoch.round!.step
+  r.apply({type: 'equivocation', from: r.id('b'), proof: proof('a', step, true)}, 'InvalidProof') // the same result twice
+  r.apply({type: 'equivocation', from: r.id('b'), proof: proof('a', step, false, 'another-run')}, 'InvalidProof')
+  r.apply({type: 'equivocation', from: r.id('b'), proof: {a: announce(run, 'a', step, [0, 2], 1), b: announce(run, 'a', step + 1, [0, 2], 2)}}, 'InvalidProof')
+  r.apply({type: 'equivocation', from: r.id('x'), proof: proof('a', step)}, 'UnknownClient') // not a client
+  r.apply({type: 'equivocation', from: r.id('b'), proof: proof('x', step)}, 'UnknownClient') // the producer is not either
+  r.apply({type: 'equivocation', from: r.id('b'), proof: proof('a', step)}, 'ok') // ejected and excluded
+  r.apply({type: 'equivocation', from: r.id('c'), proof: proof('a', step)}, 'DuplicateAccusation')
+  r.apply({type: 'equivocation', from: r.id('b'), proof: proof('c', step + 5)}, 'ok') // another step: ejected only
+  r.apply({type: 'equivocation', from: r.id('b'), proof: proof('c', step + 5)}, 'DuplicateAccusation')
+  r.witnessAll()
+  r.tickOut()
+  r.witnessAll()
+  r.tickOut()
+  return finish(r)
+}
+
 export async function generateVectors(): Promise<VectorFile> {
   return {
     about:
       'Generated from src/core/coordinator (the reference). Each step: the event at `now`, and the reference state after it (or its rejection code). test/solana/vectors.test.ts requires the on-chain program to reach identical states.',
-    scenarios: [await fullRun(), await rejections(), await rampAndLosses(), await accusations()],
+    scenarios: [await fullRun(), await rejections(), await rampAndLosses(), await accusations(), await equivocation()],
   }
 }

@@ -87,13 +87,14 @@ export class RpcChain implements Chain {
       throw this.unreachable(error)
     }
     const deadline = Date.now() + (this.options.confirmTimeoutMs ?? 60_000)
-    for (;;) {
+    // Asked at once, then every pollMs: a cluster that confirms quickly (a localnet at once) costs one round trip.
+    for (let wait = 50; ; wait = this.options.pollMs ?? 400) {
       const {value} = await this.call(() => this.rpc.getSignatureStatuses([signature]).send())
       const status = value[0]
       if (status?.err) return {ok: false, error: JSON.stringify(status.err, (_k, v) => (typeof v === 'bigint' ? Number(v) : v)), logs: [], computeUnits: 0n}
       if (status && (status.confirmationStatus === 'confirmed' || status.confirmationStatus === 'finalized')) return {ok: true, logs: [], computeUnits: 0n}
       if (Date.now() > deadline) throw new PsycheError(`${this.url}: transaction ${signature} was not confirmed within ${(this.options.confirmTimeoutMs ?? 60_000) / 1000} s`)
-      await new Promise((r) => setTimeout(r, this.options.pollMs ?? 400))
+      await new Promise((r) => setTimeout(r, wait))
     }
   }
 

@@ -11,6 +11,7 @@ import {
   accuseInstruction,
   checkpointInstruction,
   coordinatorAddress,
+  equivocationInstructions,
   healthCheckInstruction,
   joinRunInstruction,
   peerAddress,
@@ -229,7 +230,8 @@ export class SolanaBackend extends EventEmitter implements CoordinatorBackend {
     let changed = false
     for (const id of ids) {
       const cached = this.peerCache.get(id)
-      if (cached && now - cached.at < refreshMs) continue
+      // A client without a record yet is looked for again at every refresh (it publishes right before it joins).
+      if (cached && cached.addrs.length > 0 && now - cached.at < refreshMs) continue
       let record = this.peerRecords.get(id)
       if (!record) this.peerRecords.set(id, (record = await peerAddress(this.opts.programId, this.coordinator, addressOfClient(id))))
       const data = await this.opts.chain.fetchAccount(record)
@@ -326,13 +328,14 @@ export class SolanaBackend extends EventEmitter implements CoordinatorBackend {
   // ---- sending ----
 
   /** Sends one instruction after those before it; a refusal is a 'rejected' event. False once closed. */
-  private enqueue(of: string, build: () => Instruction, quiet = false): boolean {
+  private enqueue(of: string, build: () => Instruction | Instruction[], quiet = false): boolean {
     if (this.closed) return false
     this.busy++
     this.queue = this.queue
       .then(async () => {
         if (this.closed) return
-        const r = await this.opts.chain.send(this.opts.signer, [build()])
+        const built = build()
+        const r = await this.opts.chain.send(this.opts.signer, Array.isArray(built) ? built : [built])
         if (r.ok) {
           await this.refresh().catch(() => {})
           return
@@ -392,10 +395,9 @@ export class SolanaBackend extends EventEmitter implements CoordinatorBackend {
     return this.enqueue('accuse', () => accuseInstruction(this.opts.programId, this.coordinator, this.opts.signer, step, accused, reason))
   }
 
-  /** Not carried by the program yet (its ed25519 check needs the precompile): logged, and false (not sent). */
+  /** Both signed announcements, verified by the Ed25519 program in the same transaction; the program ejects the producer. */
   sendEquivocation(proof: EquivocationProof): boolean {
-    this.log({event: 'equivocation_not_sent', client_id: proof.a.client_id, step: proof.a.step, reason: 'the Solana program does not take equivocation proofs'})
-    return false
+    return this.enqueue('equivocation', () => equivocationInstructions(this.opts.programId, this.coordinator, this.opts.signer, proof))
   }
 
   sendWithdraw(): boolean {

@@ -1,6 +1,8 @@
 import {AccountRole, getAddressEncoder, getProgramDerivedAddress, type Address, type Instruction, type TransactionSigner} from '@solana/kit'
 import type {CoordinatorConfig, HubRepo, LLMConfig} from '../../config/types.js'
 import type {AccusationReason} from '../../coordinator/types.js'
+import {announcementSigningBytes} from '../../p2p/announcement.js'
+import type {EquivocationProof} from '../../verify/equivocation.js'
 import {
   IX,
   MAX_CLIENTS,
@@ -13,6 +15,7 @@ import {
   encodeSetPeer,
   encodeSetPaused,
   encodeTag,
+  keyBytes,
   encodeUpdate,
   encodeWitness,
 } from './layout.js'
@@ -133,3 +136,55 @@ export const checkpointInstruction = (programId: Address, coordinator: Address, 
 export const ejectInstruction = (programId: Address, coordinator: Address, authority: TransactionSigner, id: string) => signed(programId, coordinator, authority, encodeEject(id))
 export const freeCoordinatorInstruction = (programId: Address, coordinator: Address, authority: TransactionSigner, recipient: Address) =>
   signed(programId, coordinator, authority, encodeTag(IX.free_coordinator), [writable(recipient)])
+
+export const ED25519_PROGRAM = 'Ed25519SigVerify111111111111111111111111111' as Address
+export const INSTRUCTIONS_SYSVAR = 'Sysvar1nstructions1111111111111111111111111' as Address
+
+/**
+ * The Ed25519 program's instruction that has the runtime verify signatures (the transaction fails otherwise): each
+ * entry's public key, signature and message are held in the instruction itself.
+ */
+export function ed25519Instruction(entries: {publicKey: Uint8Array; signature: Uint8Array; message: Uint8Array}[]): Instruction {
+  const header = 2 + 14 * entries.length
+  const parts: Buffer[] = []
+  const offsets = Buffer.alloc(header)
+  offsets[0] = entries.length
+  let at = header
+  entries.forEach((x, k) => {
+    const o = 2 + 14 * k
+    const pk = at
+    const sig = pk + 32
+    const msg = sig + 64
+    offsets.writeUInt16LE(sig, o)
+    offsets.writeUInt16LE(0xffff, o + 2)
+    offsets.writeUInt16LE(pk, o + 4)
+    offsets.writeUInt16LE(0xffff, o + 6)
+    offsets.writeUInt16LE(msg, o + 8)
+    offsets.writeUInt16LE(x.message.length, o + 10)
+    offsets.writeUInt16LE(0xffff, o + 12)
+    parts.push(Buffer.from(x.publicKey), Buffer.from(x.signature), Buffer.from(x.message))
+    at = msg + x.message.length
+  })
+  return {programAddress: ED25519_PROGRAM, accounts: [], data: Buffer.concat([offsets, ...parts])}
+}
+
+/**
+ * An equivocation proof on chain: the Ed25519 program's instruction verifying both signed announcements, right
+ * before the coordinator's equivocation instruction (which reads it through the instructions sysvar). Send both in
+ * one transaction.
+ */
+export function equivocationInstructions(programId: Address, coordinator: Address, reporter: TransactionSigner, proof: EquivocationProof): Instruction[] {
+  const entries = [proof.a, proof.b].map((x) => ({
+    publicKey: keyBytes(x.client_id),
+    signature: Buffer.from(x.signature, 'hex'),
+    message: announcementSigningBytes(x),
+  }))
+  const data = Buffer.alloc(1 + 8 + 32)
+  data[0] = IX.equivocation
+  data.writeBigUInt64LE(BigInt(proof.a.step), 1)
+  Buffer.from(keyBytes(proof.a.client_id)).copy(data, 9)
+  return [
+    ed25519Instruction(entries),
+    {programAddress: programId, accounts: [signerMeta(reporter), writable(coordinator), {address: INSTRUCTIONS_SYSVAR, role: AccountRole.READONLY}], data},
+  ]
+}

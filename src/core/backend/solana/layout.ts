@@ -310,6 +310,7 @@ export const IX = {
   grow: 12,
   accuse: 13,
   set_peer: 14,
+  equivocation: 15,
 } as const
 
 /** The program's custom error codes: 1..17 are the reference's RejectionCodes, 100.. the program's own. */
