@@ -59,10 +59,7 @@ run's history. Runs until SIGINT/SIGTERM; --json prints {"event":"dashboard_list
       {port: flags['dashboard-port'], host: flags.host},
     )
     say({event: 'dashboard_listening', url: page.url, port: page.port, run_id: conn.runId}, `dashboard of run ${conn.runId}: ${page.url}`)
-    await new Promise<void>((done) => {
-      process.once('SIGINT', done)
-      process.once('SIGTERM', done)
-    })
+    await this.shutdown.requested()
     await page.close()
     await conn.close()
     history.save()

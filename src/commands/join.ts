@@ -19,6 +19,7 @@ import {resolveTrainPlan, type Precision, type TrainPlan} from '../core/train/pl
 import {checkRepoId, checkToken} from '../core/checkpoint/hub.js'
 import {shuffleSeedFor} from '../core/train/single-node.js'
 import {ModelWorker} from '../core/worker/model-worker.js'
+import {snakeKeys} from '../core/cli/json.js'
 
 function mb(bytes: number): string {
   return `${(bytes / 1e6).toFixed(2)} MB`
@@ -241,17 +242,12 @@ several rounds while others train prints a no_exchange warning naming the addres
     const metricsEndpoint = metrics ? await serveMetrics(metrics.registry, {port: flags['metrics-port']!, host: flags['metrics-host']}) : undefined
     if (metricsEndpoint) log({event: 'metrics_listening', host: flags['metrics-host'], port: metricsEndpoint.port, path: '/metrics'})
     progress.status(`connecting to ${flags['server-addr']} (run ${runId}) as ${identity.id.slice(0, 16)}…`)
-    // Ctrl-C / SIGTERM: withdraw from the run, then exit (the worker is killed on exit, see worker/client.ts).
+    // Ctrl-C / SIGTERM: withdraw from the run, then exit with the signal's code (the worker is killed on exit, see
+    // worker/client.ts).
     let client: PsycheClient | undefined
-    for (const [signal, code] of [
-      ['SIGINT', 130],
-      ['SIGTERM', 143],
-    ] as const) {
-      process.on(signal, () => {
-        client?.withdrawNow()
-        process.exit(code)
-      })
-    }
+    this.shutdown.onSignal(() => {
+      client?.withdrawNow()
+    })
     const components = await startComponents({serverAddr: flags['server-addr'], runId, identity, plan, seed, log, p2p, onConnected: (c) => (connection = c)})
     const hub = {url: flags['hub-url'], token: flags['hub-token'], repo: flags['hub-repo'], revision: flags['hub-revision']}
     if (hub.repo) {
@@ -286,7 +282,7 @@ several rounds while others train prints a no_exchange warning naming the addres
       view?.stop()
       return metricsEndpoint?.close()
     })
-    log({event: 'finished', ...summary})
+    log({event: 'finished', ...snakeKeys(summary)})
     const done = `run finished: ${summary.rounds} rounds applied, last step ${summary.lastStep}, hash ${summary.paramHash?.slice(0, 12)}`
     if (live) process.stderr.write(`${done}\n`)
     else progress.done(done)

@@ -47,10 +47,7 @@ coordinator is elsewhere (e.g. on Solana). Runs until SIGINT/SIGTERM.
       process.stdout.write(`relay ${relay.peerId} listening on port ${relay.port}\n`)
       process.stdout.write(`clients join with one of:\n${(addrs.length ? addrs : relay.addresses()).map((a) => `  --relay ${a}`).join('\n')}\n`)
     }
-    await new Promise<void>((done) => {
-      process.once('SIGINT', done)
-      process.once('SIGTERM', done)
-    })
+    await this.shutdown.requested()
     await relay.stop()
   }
 }

@@ -58,7 +58,11 @@ kills, rejoins, bytes: {name: {in, out}}, result_bytes_per_round, wall_seconds, 
         .map(([name, r]) => `${name.replace('client-', 'c')}: ${r.step} ${r.loss === null ? '  -  ' : r.loss.toFixed(3)} ${r.hash.slice(0, 8)}`)
       return parts.join(' | ')
     }
+    // Ctrl-C / SIGTERM: stop every process, then print the summary and exit with the signal's code.
+    const interrupt = new AbortController()
+    void this.shutdown.requested().then(() => interrupt.abort())
     const summary = await runTestnet({
+      signal: interrupt.signal,
       clients: flags.clients,
       config: flags.config,
       rounds: flags.rounds,
@@ -171,7 +175,7 @@ kills, rejoins, bytes: {name: {in, out}}, result_bytes_per_round, wall_seconds, 
     if (flags.clients > 1 && summary.rounds.length > 0 && summary.rounds_without_exchange === summary.rounds.length) {
       this.error(`the testnet failed: in none of its ${summary.rounds.length} rounds did the clients exchange results`, {exit: 1})
     }
-    if (summary.ended === 'interrupted') process.exitCode = 130
+    if (summary.ended === 'interrupted') process.exitCode = this.shutdown.exitCode ?? 130
     return summary
   }
 }

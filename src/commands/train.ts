@@ -1,6 +1,7 @@
 import {join} from 'node:path'
 import {Flags} from '@oclif/core'
 import {PsycheCommand} from '../core/cli/base-command.js'
+import {snakeKeys, type SnakeKeys} from '../core/cli/json.js'
 import {Progress, formatDuration, formatRate} from '../core/cli/progress.js'
 import {resolveTrainPlan, type Precision} from '../core/train/plan.js'
 import {runSingleNode, type TrainSummary} from '../core/train/single-node.js'
@@ -10,7 +11,7 @@ export default class Train extends PsycheCommand {
   static description = `Trains with the run config's model, data, optimizer and LR schedule, or flags that override them.
 With no --config it trains the tiny demo model (templates/tiny-demo) on the bundled State of the Union corpus.
 Per-step metrics go to a JSONL file; --json prints one summary object:
-{steps, tokens, wallSeconds, tokensPerSecond, firstLoss, lastLoss, paramHash, ...}.`
+{steps, tokens, wall_seconds, tokens_per_second, first_loss, last_loss, param_hash, ...}.`
 
   static examples = [
     '<%= config.bin %> train --steps 30 --json',
@@ -47,7 +48,7 @@ Per-step metrics go to a JSONL file; --json prints one summary object:
     save: Flags.string({summary: 'write the trained model (Hugging Face layout) to this directory'}),
   }
 
-  async run(): Promise<TrainSummary> {
+  async run(): Promise<SnakeKeys<TrainSummary>> {
     const {flags} = await this.parse(Train)
     const progress = Progress.for({json: this.jsonEnabled()})
     let lr: number | undefined
@@ -105,7 +106,7 @@ Per-step metrics go to a JSONL file; --json prints one summary object:
         if (summary.savedTo) this.log(`model: ${summary.savedTo}`)
         this.log(`parameter hash: ${summary.paramHash}`)
       }
-      return summary
+      return snakeKeys(summary)
     } catch (error) {
       progress.fail('training failed')
       throw error

@@ -7,6 +7,7 @@
  * Prints the client's events as JSON lines, like `psyche join --json`.
  */
 import {randomBytes} from 'node:crypto'
+import {snakeKeys} from '../../src/core/cli/json.js'
 import {PsycheClient, seedForRun, type ProducerContext, type ResultProducer} from '../../src/core/client/runner.js'
 import {generateIdentity} from '../../src/core/protocol/identity.js'
 import {resolveTrainPlan} from '../../src/core/train/plan.js'
@@ -91,7 +92,7 @@ async function main(): Promise<void> {
   const client = await PsycheClient.start({id: identity.id, runId, plan, seed, log, producer}, components)
   log({event: 'adversary', attack, client_id: client.id})
   const summary = await client.run()
-  log({event: 'finished', ...summary})
+  log({event: 'finished', ...snakeKeys(summary)})
 }
 
 main().catch((error) => {

@@ -2,6 +2,7 @@ import assert from 'node:assert/strict'
 import {existsSync} from 'node:fs'
 import {join} from 'node:path'
 import {after, test} from 'node:test'
+import {nonSnakeKeys} from '../../src/core/cli/json.js'
 import {runCli, tempDir} from '../helpers.js'
 
 const tmp = tempDir()
@@ -22,8 +23,9 @@ test('psyche init then psyche model init: weights from the scaffolded config, de
   const a = JSON.parse(scaffolded.stdout)
   const b = JSON.parse(fromTemplate.stdout)
   assert.equal(a.parameters, 1_475_200)
+  assert.deepEqual(nonSnakeKeys(a), [], 'every --json key is snake_case')
   assert.equal(a.template, join(run, 'model', 'config.json'))
-  assert.equal(a.paramHash, b.paramHash, 'same config and seed, same bytes')
+  assert.equal(a.param_hash, b.param_hash, 'same config and seed, same bytes')
   assert.ok(existsSync(join(run, 'model', 'model.safetensors')))
 
   const again = await runCli(['model', 'init', '--out', join(run, 'model')])
@@ -31,7 +33,7 @@ test('psyche init then psyche model init: weights from the scaffolded config, de
   assert.match(again.stderr, /already holds a model.*--force/)
   const reseeded = await runCli(['model', 'init', '--out', join(run, 'model'), '--force', '--seed', '1', '--json'])
   assert.equal(reseeded.exitCode, 0, reseeded.stderr)
-  assert.notEqual(JSON.parse(reseeded.stdout).paramHash, a.paramHash)
+  assert.notEqual(JSON.parse(reseeded.stdout).param_hash, a.param_hash)
 
   const validate = await runCli(['server', 'validate-config', '--state', join(run, 'state.toml')])
   assert.equal(validate.exitCode, 0, validate.stderr)

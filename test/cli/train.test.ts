@@ -3,6 +3,7 @@ import {readFileSync, writeFileSync, mkdirSync} from 'node:fs'
 import {join} from 'node:path'
 import {after, before, describe, test} from 'node:test'
 import {execa} from 'execa'
+import {nonSnakeKeys} from '../../src/core/cli/json.js'
 import {demoCorpusDir, ensureDemoCorpus} from '../../src/core/corpus.js'
 import {python} from '../checkpoint/helpers.js'
 import {processAlive, runCli, startCli, tempDir, tinyModelConfig, waitFor} from '../helpers.js'
@@ -34,13 +35,14 @@ describe('psyche train (real CLI, worker and ZeroMQ)', () => {
     const r = await runCli(['train', '--steps', '30', '--json', '--threads', '2', '--metrics', metrics])
     assert.equal(r.exitCode, 0, r.stderr)
     const summary = JSON.parse(r.stdout)
-    for (const key of ['steps', 'tokens', 'wallSeconds', 'tokensPerSecond', 'firstLoss', 'lastLoss', 'paramHash']) assert.ok(key in summary, `summary has ${key}`)
+    for (const key of ['steps', 'tokens', 'wall_seconds', 'tokens_per_second', 'first_loss', 'last_loss', 'param_hash']) assert.ok(key in summary, `summary has ${key}`)
+    assert.deepEqual(nonSnakeKeys(summary), [], 'every --json key is snake_case')
     assert.equal(summary.steps, 30)
     assert.equal(summary.tokens, 30 * 16 * 128)
-    assert.ok(summary.firstLoss > 8, `random init loss ~ln(4096)=8.3, got ${summary.firstLoss}`)
-    assert.ok(summary.lastLoss < summary.firstLoss - 1, `loss fell: ${summary.firstLoss} → ${summary.lastLoss}`)
-    assert.ok(summary.valLoss < summary.firstValLoss - 1, `validation loss fell: ${summary.firstValLoss} → ${summary.valLoss}`)
-    assert.match(summary.paramHash, /^[0-9a-f]{64}$/)
+    assert.ok(summary.first_loss > 8, `random init loss ~ln(4096)=8.3, got ${summary.first_loss}`)
+    assert.ok(summary.last_loss < summary.first_loss - 1, `loss fell: ${summary.first_loss} → ${summary.last_loss}`)
+    assert.ok(summary.val_loss < summary.first_val_loss - 1, `validation loss fell: ${summary.first_val_loss} → ${summary.val_loss}`)
+    assert.match(summary.param_hash, /^[0-9a-f]{64}$/)
     const lines = readFileSync(metrics, 'utf8')
       .trim()
       .split('\n')
@@ -62,7 +64,7 @@ describe('psyche train (real CLI, worker and ZeroMQ)', () => {
       runCli([...args, '--seed', '6', '--metrics', join(tmp.path, 'c.jsonl')]),
     ])
     for (const r of [a, b, c]) assert.equal(r.exitCode, 0, r.stderr)
-    const [ha, hb, hc] = [a, b, c].map((r) => JSON.parse(r.stdout).paramHash)
+    const [ha, hb, hc] = [a, b, c].map((r) => JSON.parse(r.stdout).param_hash)
     assert.equal(ha, hb)
     assert.notEqual(ha, hc)
     // the saved model reloads with the same bytes (a step at lr 1e-30 moves no float32 parameter)
@@ -87,7 +89,7 @@ describe('psyche train (real CLI, worker and ZeroMQ)', () => {
       join(tmp.path, 'r.jsonl'),
     ])
     assert.equal(reloaded.exitCode, 0, reloaded.stderr)
-    assert.equal(JSON.parse(reloaded.stdout).paramHash, ha)
+    assert.equal(JSON.parse(reloaded.stdout).param_hash, ha)
     assert.ok(readFileSync(join(save, 'config.json'), 'utf8').includes('"vocab_size": 4096'))
     // with the tokenizer its training data was made with, a model card, and loadable by plain transformers
     assert.deepEqual(readFileSync(join(save, 'tokenizer.json')), readFileSync(join(demoCorpusDir, 'tokenizer.json')))
@@ -114,11 +116,11 @@ print(json.dumps({"ids": ids, "text": t.decode(ids), "logits": list(m(__import__
     assert.equal(distro.exitCode, 0, distro.stderr)
     const a = JSON.parse(adamw.stdout)
     const d = JSON.parse(distro.stdout)
-    assert.ok(a.lastLoss < a.firstLoss - 0.5, `AdamW loss fell: ${a.firstLoss} → ${a.lastLoss}`)
-    assert.ok(d.lastLoss < d.firstLoss - 0.5, `DisTrO loss fell: ${d.firstLoss} → ${d.lastLoss}`)
+    assert.ok(a.last_loss < a.first_loss - 0.5, `AdamW loss fell: ${a.first_loss} → ${a.last_loss}`)
+    assert.ok(d.last_loss < d.first_loss - 0.5, `DisTrO loss fell: ${d.first_loss} → ${d.last_loss}`)
     assert.equal(a.distro, undefined)
     assert.equal(d.distro.peers, 2)
-    assert.equal(d.distro.denseBytes, 4 * d.parameters)
+    assert.equal(d.distro.dense_bytes, 4 * d.parameters)
     assert.ok(d.distro.compression > 500, `a DisTrO result is much smaller than a dense update (${d.distro.compression}×)`)
     const bad = await runCli([...common, '--optimizer', 'distro', '--simulate-peers', '3'])
     assert.notEqual(bad.exitCode, 0)

@@ -5,6 +5,7 @@ import {createInterface} from 'node:readline'
 import {describe, it} from 'node:test'
 import {execa} from 'execa'
 import {LocalTokenDataset, TcpDataProvider, parseShuffle} from '../../src/core/data/index.js'
+import {nonSnakeKeys} from '../../src/core/cli/json.js'
 import {tempDir, tokens, writeTokenFiles} from './fixtures.js'
 
 const SEED = Array.from({length: 32}, (_, i) => 32 - i)
@@ -19,6 +20,8 @@ describe('psyche data serve', () => {
       const first = await new Promise<string>((resolve) => createInterface({input: child.stdout!}).once('line', resolve))
       const {listening} = JSON.parse(first)
       assert.equal(listening.samples, 46)
+      assert.equal(listening.seq_len, 64)
+      assert.deepEqual(nonSnakeKeys(listening), [], 'every --json key is snake_case')
       const client = await TcpDataProvider.connect(`127.0.0.1:${listening.port}`, {seqLen: 64})
       const dataset = await LocalTokenDataset.open(dir)
       const local = dataset.provider({seqLen: 64, shuffleSeed: parseShuffle(SEED, 'seed')})

@@ -1,6 +1,7 @@
 import {mkdirSync, writeFileSync} from 'node:fs'
 import {join} from 'node:path'
 import {execa, type ResultPromise} from 'execa'
+import {nonSnakeKeys} from '../../src/core/cli/json.js'
 import {demoCorpusDir} from '../../src/core/corpus.js'
 import {projectRoot} from '../../src/core/worker/python.js'
 import {cliPath} from '../helpers.js'
@@ -101,6 +102,8 @@ export class JsonProcess {
   readonly stderr: string[] = []
   readonly proc: ResultPromise
   private waiters: (() => void)[] = []
+  /** Events whose keys break the `--json` convention (snake_case): every wait fails while there is one. */
+  readonly camelCase: string[] = []
 
   /**
    * `entry`: what node runs (default the psyche CLI; the adversarial tests run their hostile client). `wrap`: a
@@ -123,8 +126,11 @@ export class JsonProcess {
       for (const line of lines) {
         if (!line.trim()) continue
         try {
-          this.events.push(JSON.parse(line))
+          const event = JSON.parse(line)
+          this.events.push(event)
           this.times.push(Date.now())
+          const bad = nonSnakeKeys(event)
+          if (bad.length > 0) this.camelCase.push(`${String(event.event)}: ${bad.join(', ')}`)
         } catch {
           this.stderr.push(`(stdout) ${line}`)
         }
@@ -149,6 +155,7 @@ export class JsonProcess {
   async waitFor(match: (e: Record<string, unknown>) => boolean, what: string, timeoutMs: number): Promise<Record<string, unknown>> {
     const deadline = Date.now() + timeoutMs
     for (;;) {
+      if (this.camelCase.length > 0) throw new Error(`${this.name}: --json keys must be snake_case; found ${this.camelCase.join('; ')}`)
       const hit = this.events.find(match)
       if (hit) return hit
       const left = deadline - Date.now()

@@ -13,19 +13,16 @@ export default class DataServe extends PsycheCommand {
     host: Flags.string({summary: 'address to listen on', default: '0.0.0.0'}),
   }
 
-  async run(): Promise<{host: string; port: number; dir: string; seqLen: number; samples: number; vocabSize: number | null}> {
+  async run(): Promise<{host: string; port: number; dir: string; seq_len: number; samples: number; vocab_size: number | null}> {
     const {flags} = await this.parse(DataServe)
     const path = flags['data-config']
     const opened = await openDataServer(path, {host: flags.host, port: flags.port, log: (line) => this.logToStderr(line)})
     const {server, config, dir} = opened
-    const info = {host: flags.host, port: server.port, dir, seqLen: config.seq_len, samples: opened.samples, vocabSize: opened.vocabSize ?? null}
+    const info = {host: flags.host, port: server.port, dir, seq_len: config.seq_len, samples: opened.samples, vocab_size: opened.vocabSize ?? null}
     // --json prints one object once listening, since the command only returns when stopped.
     if (this.jsonEnabled()) process.stdout.write(`${JSON.stringify({listening: info})}\n`)
     else this.logToStderr(`serving ${info.samples} samples of ${config.seq_len + 1} tokens from ${dir} on ${flags.host}:${server.port}${opened.shuffled ? ' (shuffled)' : ''}`)
-    await new Promise<void>((done) => {
-      process.once('SIGINT', done)
-      process.once('SIGTERM', done)
-    })
+    await this.shutdown.requested()
     await opened.close()
     return info
   }

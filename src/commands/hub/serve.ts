@@ -35,10 +35,7 @@ export default class HubServe extends PsycheCommand {
     const info = {url: hub.url, dir: flags.dir}
     if (this.jsonEnabled()) process.stdout.write(`${JSON.stringify({listening: info})}\n`)
     else this.logToStderr(`Hub API on ${hub.url} (data in ${flags.dir})`)
-    await new Promise<void>((done) => {
-      process.once('SIGINT', done)
-      process.once('SIGTERM', done)
-    })
+    await this.shutdown.requested()
     await hub.close()
     return info
   }

@@ -1,5 +1,6 @@
 import {Flags} from '@oclif/core'
 import {PsycheCommand} from '../../core/cli/base-command.js'
+import {snakeKeys, type SnakeKeys} from '../../core/cli/json.js'
 import {Progress} from '../../core/cli/progress.js'
 import {type CreatedModel, createModelFromTemplate} from '../../core/model.js'
 
@@ -21,12 +22,12 @@ export default class ModelInit extends PsycheCommand {
     tokenizer: Flags.string({summary: 'tokenizer.json to save with the model (default: one already in --out, else a byte-level tokenizer)'}),
   }
 
-  async run(): Promise<CreatedModel> {
+  async run(): Promise<SnakeKeys<CreatedModel>> {
     const {flags} = await this.parse(ModelInit)
     const progress = Progress.for({json: this.jsonEnabled()})
     progress.status(`initialising ${flags.template ?? 'the model'} (seed ${flags.seed})`)
     const created = await createModelFromTemplate({template: flags.template, out: flags.out, seed: flags.seed, force: flags.force, tokenizer: flags.tokenizer})
     progress.done(`${created.parameters.toLocaleString('en-US')} parameters written to ${created.dir}`)
-    return created
+    return snakeKeys(created)
   }
 }

@@ -146,10 +146,7 @@ limits per relayed connection are flags (--relay-data-limit-mb, --relay-duration
           }
         })
       : undefined
-    await new Promise<void>((done) => {
-      process.once('SIGINT', done)
-      process.once('SIGTERM', done)
-    })
+    await this.shutdown.requested()
     view?.stop()
     await dashboard?.close()
     await metricsEndpoint?.close()

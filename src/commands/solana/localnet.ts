@@ -34,10 +34,7 @@ export default class SolanaLocalnet extends PsycheCommand {
     const url = await net.start()
     if (this.jsonEnabled()) process.stdout.write(`${JSON.stringify({event: 'listening', url})}\n`)
     else this.log(`localnet listening on ${url} (coordinator ${flags['program-id']}, authorizer ${flags['authorizer-id']})`)
-    await new Promise<void>((resolve) => {
-      process.once('SIGINT', resolve)
-      process.once('SIGTERM', resolve)
-    })
+    await this.shutdown.requested()
     await net.close()
   }
 }

@@ -1,12 +1,26 @@
 import {Command, Errors} from '@oclif/core'
 import {PsycheError} from '../errors.js'
+import {Shutdown} from './signals.js'
 
 /**
- * Base of every psyche command: `--json` (oclif prints what `run` returns), and user errors as one
- * line (`Error: <file>: <field>: <what>`) with a non-zero exit instead of a stack trace.
+ * Base of every psyche command: `--json` (oclif prints what `run` returns), user errors as one
+ * line (`Error: <file>: <field>: <what>`) with a non-zero exit instead of a stack trace, and signals
+ * (`this.shutdown`: SIGINT/SIGTERM/SIGHUP end the command at once unless it asks to stop in order).
  */
 export abstract class PsycheCommand extends Command {
   static enableJsonFlag = true
+
+  protected readonly shutdown = new Shutdown()
+
+  protected async init(): Promise<unknown> {
+    this.shutdown.install()
+    return super.init()
+  }
+
+  protected async finally(error: Error | undefined): Promise<unknown> {
+    this.shutdown.dispose()
+    return super.finally(error)
+  }
 
   /** True when output should be plain (no spinners, no colour): --json, or stdout is not a terminal. */
   protected get plain(): boolean {

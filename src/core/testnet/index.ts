@@ -34,6 +34,8 @@ export interface TestnetOptions {
   /** Random source for picking victims (default Math.random); tests pass a seeded one. */
   random?: () => number
   onEvent?: (event: TestnetEvent) => void
+  /** Aborting it (the command does on Ctrl-C or SIGTERM) ends the testnet the orderly way: every child stopped, temporary files removed. */
+  signal?: AbortSignal
 }
 
 export type TestnetEvent =
@@ -91,14 +93,12 @@ export async function runTestnet(options: TestnetOptions): Promise<TestnetSummar
   let serverDown = false
   let interrupted = false
   let wake: () => void = () => {}
-  // Ctrl-C (or SIGTERM) ends the testnet the orderly way: every child stopped, temporary files removed. `on`, not
-  // `once`: execa's signal-exit re-raises a signal that has no other listener left when it runs.
-  const onSignal = () => {
+  const onAbort = () => {
     interrupted = true
     wake()
   }
-  process.on('SIGINT', onSignal)
-  process.on('SIGTERM', onSignal)
+  options.signal?.addEventListener('abort', onAbort, {once: true})
+  if (options.signal?.aborted) interrupted = true
 
   const kills = new KillScheduler<ClientProcess>({
     count: options.randomKillNum ?? 0,
@@ -196,8 +196,7 @@ export async function runTestnet(options: TestnetOptions): Promise<TestnetSummar
       })
     }
   } finally {
-    process.removeListener('SIGINT', onSignal)
-    process.removeListener('SIGTERM', onSignal)
+    options.signal?.removeEventListener('abort', onAbort)
     kills.stop()
     for (const c of clients) c.alive = false
     await group.stopAll()

@@ -63,23 +63,16 @@ interface Pending {
 const live = new Set<WorkerClient>()
 let handlersInstalled = false
 
-/** Kill every live worker when this process exits or is interrupted: no orphans. */
+/**
+ * Kill every live worker when this process exits: no orphans. Signals are the command's business
+ * (cli/signals.ts): a command that is interrupted exits, and this hook runs then.
+ */
 function installExitHandlers(): void {
   if (handlersInstalled) return
   handlersInstalled = true
   process.on('exit', () => {
     for (const w of live) w.kill('SIGKILL')
   })
-  for (const [signal, code] of [
-    ['SIGINT', 130],
-    ['SIGTERM', 143],
-    ['SIGHUP', 129],
-  ] as const) {
-    process.once(signal, () => {
-      for (const w of live) w.kill('SIGKILL')
-      process.exit(code)
-    })
-  }
 }
 
 /**
