@@ -90,9 +90,9 @@ no_exchange, finished).
 Networking: the libp2p node listens on every interface (any free port; --p2p-port or --p2p-listen to choose)
 and tells its peers, through the coordinator, only addresses they can use: interface addresses and the
 observed addresses AutoNAT confirms, never a loopback address (unless it listens on loopback only), or
-exactly --p2p-announce. It reserves a slot on the coordinator's circuit relay (and on --relay) and publishes
-its relayed address after its direct ones, so peers behind NAT reach each other through the relay; DCUtR
-upgrades such connections to direct ones where the NATs allow. A client that applies no peer's results for
+exactly --p2p-announce. It asks the coordinator's circuit relay (or the first --relay) to dial it back; when
+that fails (behind NAT) it reserves a slot there and publishes its relayed address after its direct ones, so
+peers behind NAT reach each other through the relay (DCUtR tries to upgrade such connections to direct ones). A client that applies no peer's results for
 several rounds while others train prints a no_exchange warning naming the addresses it failed to dial.`
 
   static examples = [
@@ -123,7 +123,7 @@ several rounds while others train prints a no_exchange warning naming the addres
     'p2p-listen': Flags.string({summary: 'libp2p listen multiaddr(s) (default /ip4/0.0.0.0/tcp/0: every interface)', multiple: true, exclusive: ['p2p-port']}),
     'p2p-port': Flags.integer({summary: 'libp2p TCP port on every interface (default: any free port)', min: 0, max: 65535}),
     'p2p-announce': Flags.string({summary: 'tell peers exactly these multiaddr(s): a public address or a forwarded port', multiple: true}),
-    relay: Flags.string({summary: 'also reserve a slot on this circuit relay (multiaddr ending in /p2p/<id>, from psyche relay)', multiple: true}),
+    relay: Flags.string({summary: 'also use this circuit relay (multiaddr ending in /p2p/<id>, from psyche relay): reserve a slot there when not reachable', multiple: true}),
     'hub-repo': Flags.string({summary: 'be a checkpointer: upload the model to this Hub repository (NS/NAME) after each epoch'}),
     'hub-revision': Flags.string({summary: 'branch the checkpoints are committed to', default: 'main'}),
     'hub-url': Flags.string({summary: 'Hub endpoint for checkpoints', env: 'HF_ENDPOINT'}),

@@ -1,5 +1,6 @@
 import assert from 'node:assert/strict'
-import {join} from 'node:path'
+import {mkdirSync, writeFileSync} from 'node:fs'
+import {basename, join} from 'node:path'
 import {generateIdentity, saveIdentity} from '../../src/core/protocol/identity.js'
 import {JsonProcess, writeE2eRun, type RunShape} from '../e2e/helpers.js'
 import {Lab, type Host} from './lab.js'
@@ -72,6 +73,16 @@ export class NetRun {
 
   async stop(): Promise<void> {
     await Promise.all(this.all().map((p) => p.stop()))
+    // PSYCHE_NET_LOGS=DIR keeps every process's events (one JSON line each) and stderr, for a failure's post-mortem.
+    const keep = process.env.PSYCHE_NET_LOGS
+    if (keep) {
+      mkdirSync(keep, {recursive: true})
+      for (const p of this.all()) {
+        const file = join(keep, `${basename(this.dir)}-${p.name.replace(/[^\w#-]/g, '_')}`)
+        writeFileSync(`${file}.jsonl`, p.events.map((e, i) => JSON.stringify({t: p.times[i], ...e})).join('\n') + '\n')
+        writeFileSync(`${file}.stderr`, p.stderr.join(''))
+      }
+    }
   }
 
   /** Server and client logs, for a failing assertion's message. */

@@ -13,41 +13,40 @@ describe('clients behind NAT, the coordinator public (its relay connects them)',
     await ensureDemoCorpus()
   })
 
-  // Runs and reports, but does not fail npm test yet: most runs apply every peer's result in every round, but a
-  // relayed result download sometimes fails and that client drops its model until the next epoch (issue 9, open).
-  it(
-    "(b) 3 clients, each behind its own NAT router: they reach each other through the coordinator's relay; every round applies the others' results",
-    {todo: 'a relayed result download sometimes fails (All multiaddr dials failed) and that client goes out_of_sync for the epoch'},
-    async () => {
-      const lab = new Lab()
-      const dir = tempDir('psyche-net-b-')
-      const run = new NetRun(lab, dir.path, lab.addPublicHost('coord'), {roundsPerEpoch: 4, totalSteps: 4, initMinClients: 3, lr: 1e-2, maxRoundTrainTime: 20, warmupTime: 40})
-      try {
-        await run.startServer()
-        const hosts = ['a', 'b', 'c'].map((n) => lab.addNatHost(n))
-        const clients = await Promise.all(hosts.map((h) => run.startClient(h.name, h)))
-        await waitForStep(run, clients, 4, 240_000)
-        assertExchanged(clients, [1, 2, 3, 4], 2)
-        for (const c of clients) {
-          // Each announced its private address and its address through the relay, and talked to its peers over the relay.
-          const announced = c.events.filter((e) => e.event === 'addresses_changed').at(-1)?.addrs as string[]
-          assert.ok(
-            announced?.some((a) => a.startsWith(`/ip4/${run.coordinator.ip}/tcp/${run.relay!.port}/p2p/${run.relay!.peer_id}/p2p-circuit/p2p/`)),
-            `${c.name}: ${JSON.stringify(announced)}`,
-          )
-          assert.ok(
-            rounds(c).every((r) => r.conn_relayed >= 2),
-            `${c.name} reached both peers through the relay: ${JSON.stringify(rounds(c).map((r) => [r.conn_direct, r.conn_relayed]))}`,
-          )
-        }
-      } finally {
-        await run.stop()
-        lab.destroySync()
-        dir.cleanup()
+  it("(b) 3 clients, each behind its own NAT router: the relay's dial-back finds them unreachable, they reserve slots and reach each other through the coordinator's relay; every round applies the others' results", async () => {
+    const lab = new Lab()
+    const dir = tempDir('psyche-net-b-')
+    const run = new NetRun(lab, dir.path, lab.addPublicHost('coord'), {roundsPerEpoch: 4, totalSteps: 4, initMinClients: 3, lr: 1e-2, maxRoundTrainTime: 20, warmupTime: 40})
+    try {
+      await run.startServer()
+      const hosts = ['a', 'b', 'c'].map((n) => lab.addNatHost(n))
+      const clients = await Promise.all(hosts.map((h) => run.startClient(h.name, h)))
+      await waitForStep(run, clients, 4, 240_000)
+      assertExchanged(clients, [1, 2, 3, 4], 2)
+      for (const c of clients) {
+        const verdict = c.events.find((e) => e.event === 'reachability')
+        assert.equal(verdict?.reachable, false, `${c.name}: the relay could not reach it directly: ${JSON.stringify(verdict)}`)
+        // Each announced its private address and its address through the relay, and talked to its peers over the relay.
+        const announced = c.events.filter((e) => e.event === 'addresses_changed').at(-1)?.addrs as string[]
+        assert.ok(
+          announced?.some((a) => a.startsWith(`/ip4/${run.coordinator.ip}/tcp/${run.relay!.port}/p2p/${run.relay!.peer_id}/p2p-circuit/p2p/`)),
+          `${c.name}: ${JSON.stringify(announced)}`,
+        )
+        assert.ok(
+          rounds(c).every((r) => r.conn_relayed >= 2),
+          `${c.name} reached both peers through the relay: ${JSON.stringify(rounds(c).map((r) => [r.conn_direct, r.conn_relayed]))}`,
+        )
       }
-      assert.deepEqual(lab.remaining(), [], 'every namespace is gone')
-    },
-  )
+      // One reservation per client behind NAT.
+      const reserved = new Set(run.server.events.filter((e) => e.event === 'relay_reservation').map((e) => String(e.addr).split('/p2p/').at(-1)))
+      assert.equal(reserved.size, 3, JSON.stringify(run.server.events.filter((e) => e.event === 'relay_reservation')))
+    } finally {
+      await run.stop()
+      lab.destroySync()
+      dir.cleanup()
+    }
+    assert.deepEqual(lab.remaining(), [], 'every namespace is gone')
+  })
 
   // Runs and reports, but does not fail npm test yet: the rejoiner gets the model through the relay, yet in the rounds
   // after its rejoin a survivor may apply only one of its two peers' results (issue 9, open).

@@ -29,7 +29,16 @@ describe('across hosts on one segment', {skip: unavailable, timeout: 420_000}, (
         for (const a of started.p2p as string[]) assert.match(a, /^\/ip4\/10\.77\.0\.\d+\/tcp\/\d+\/p2p\//, `${c.name} announced ${a}`)
         assert.ok(rounds(c).at(-1)!.bytes_in > 0, `${c.name} downloaded results`)
         assert.equal(c.events.filter((e) => e.event === 'model_fetched' && e.relayed).length, 0)
+        // The relay dialled it back at its own address: publicly reachable, so it reserved no relay slot.
+        const verdict = c.events.find((e) => e.event === 'reachability')
+        assert.equal(verdict?.reachable, true, `${c.name}: ${JSON.stringify(verdict)}`)
+        assert.ok(!c.events.some((e) => e.event === 'addresses_changed' && (e.addrs as string[]).some((a) => a.includes('/p2p-circuit'))), `${c.name} announced no relayed address`)
       }
+      assert.deepEqual(
+        run.server.events.filter((e) => e.event === 'relay_reservation'),
+        [],
+        'no client reserved a relay slot',
+      )
     } finally {
       await run.stop()
       lab.destroySync()

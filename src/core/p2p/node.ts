@@ -20,6 +20,7 @@ import {CHUNK_BYTES, framed, OverrunError, readChunksInto, readJsonObject, write
 import {addrPeerId, isCircuit, listenAddrsForPort, publishableAddrs} from './addresses.js'
 import {parseTensorRequest, signManifest, type ModelManifest, type ModelSnapshot} from './model.js'
 import {BadPeerError, downloadModel, type ModelPeerTransport} from './model-download.js'
+import {DIALBACK_DIAL_TIMEOUT_MS, DIALBACK_PROTOCOL, MAX_DIALBACK_ADDRS, MAX_DIALBACK_REQUEST_BYTES, parseDialbackResponse} from './dialback.js'
 
 export const RESULT_PROTOCOL = '/psyche/result/1'
 export const MODEL_PROTOCOL = '/psyche/model/2'
@@ -63,9 +64,9 @@ export interface P2PNodeOptions {
    */
   announce?: string[]
   /**
-   * Circuit relay v2 (default true): dial relayed addresses, reserve a slot on the relays we connect to (useRelays),
-   * and announce our relayed address after the direct ones. DCUtR then upgrades relayed connections to direct ones
-   * where the NATs allow it.
+   * Circuit relay v2 (default true): dial relayed addresses; when the relay's dial-back finds us unreachable,
+   * reserve a slot on it (useRelays) and announce our relayed address after the direct ones. DCUtR tries to upgrade
+   * relayed connections to direct ones (see the README for why it cannot between two NATed TCP peers).
    */
   relay?: boolean
   /** largest result blob accepted or served; default 64 MiB */
@@ -129,6 +130,15 @@ const ON_LIMITED = {runOnLimitedConnection: true} as const
 /** A direct dial gives up quickly: a private address of another network may never answer (no ICMP on the internet). */
 const DIRECT_DIAL_TIMEOUT_MS = 8_000
 const RELAYED_DIAL_TIMEOUT_MS = 30_000
+/**
+ * A result download that failed with every holder is tried again after these pauses (a relayed connection reset by
+ * its relay, a peer whose reservation or addresses are not there yet, a holder that has not downloaded it yet).
+ */
+const FETCH_BACKOFF_MS = [500, 2_000, 5_000]
+
+function sleep(ms: number): Promise<void> {
+  return new Promise((resolve) => setTimeout(resolve, ms).unref?.())
+}
 
 /**
  * One client's libp2p node: gossips signed result announcements on `psyche/<run_id>/results`, serves and fetches
@@ -160,12 +170,17 @@ export class P2PNode {
   private badBlobs = 0
   private stopped = false
   private readonly dialFailures = new Map<string, DialFailure>()
-  /** Peers being dialled now. */
-  private readonly dialing = new Set<string>()
+  /** Peers being dialled now (one dial per peer at a time; a second caller waits for the first). */
+  private readonly dialing = new Map<string, Promise<void>>()
+  /** Peer -> the addresses the coordinator last gave for it. */
+  private readonly knownAddrs = new Map<string, Multiaddr[]>()
   /** Peer -> its direct addresses that did not answer (it is dialled through the relay first while they stay the same). */
   private readonly directFailed = new Map<string, string>()
   private readonly addressHandlers: ((addrs: string[]) => void)[] = []
   private lastPublished = ''
+  private readonly relayEnabled: boolean
+  private reachable: 'unknown' | 'public' | 'relayed' = 'unknown'
+  private deciding: Promise<void> | undefined
 
   private constructor(libp2p: Libp2p<Services>, options: P2PNodeOptions) {
     this.libp2p = libp2p
@@ -176,6 +191,7 @@ export class P2PNode {
     this.maxBlobBytes = options.maxBlobBytes ?? DEFAULT_MAX_BLOB_BYTES
     this.maxModelBytes = options.maxModelBytes ?? DEFAULT_MAX_MODEL_BYTES
     this.downloadTimeoutMs = options.downloadTimeoutMs ?? DEFAULT_DOWNLOAD_TIMEOUT_MS
+    this.relayEnabled = options.relay ?? true
     this.downloads = new Semaphore(Math.max(1, options.maxConcurrentDownloads ?? DEFAULT_MAX_CONCURRENT_DOWNLOADS))
     const log = options.log
     this.log = (event) => {
@@ -192,9 +208,8 @@ export class P2PNode {
     const seed = identityPrivateSeed(options.identity)
     const privateKey = await generateKeyPairFromSeed('Ed25519', seed)
     const relay = options.relay ?? true
+    // No '/p2p-circuit' here: useRelays reserves a slot only when the relay's dial-back says we are not reachable.
     const listen = [...(options.listen ?? listenAddrsForPort(undefined))]
-    // '/p2p-circuit': reserve a slot on the first relay we connect to (useRelays dials the coordinator's).
-    if (relay) listen.push('/p2p-circuit')
     const libp2p = await createLibp2p<Services>({
       privateKey,
       addresses: {listen, ...(options.announce?.length ? {announce: options.announce} : {})},
@@ -276,11 +291,85 @@ export class P2PNode {
   }
 
   /**
-   * Connects to relays (multiaddrs ending in /p2p/<relay id>): with relaying on, the first one we connect to
-   * grants us a reservation, and our relayed address joins the published ones (onAddressesChanged).
+   * Connects to relays (multiaddrs ending in /p2p/<relay id>) and decides whether we need one (see dialback.ts):
+   * the first relay we reach dials our direct addresses back. If one answers, we are reachable and reserve nothing
+   * ({event: 'reachability', reachable: true}); if none does (behind NAT), or the relay cannot tell, we reserve a
+   * slot on it, and our relayed address joins the published ones (onAddressesChanged). Called again after a
+   * reconnect: a held reservation or a reachable verdict is kept.
    */
   async useRelays(addrs: string[]): Promise<void> {
     await this.connect(addrs)
+    if (!this.relayEnabled || this.stopped) return
+    this.deciding ??= this.decideReachability(addrs).finally(() => (this.deciding = undefined))
+    await this.deciding
+  }
+
+  /** 'public': a relay reached us at a direct address; 'relayed': we hold (or asked for) a reservation. */
+  reachability(): 'unknown' | 'public' | 'relayed' {
+    return this.reachable
+  }
+
+  private async decideReachability(relayAddrs: string[]): Promise<void> {
+    if (this.reachable !== 'unknown') return
+    for (const addr of relayAddrs) {
+      let relayAddr: Multiaddr
+      try {
+        relayAddr = multiaddr(addr)
+      } catch {
+        continue
+      }
+      const relayPeer = addrPeerId(relayAddr)
+      if (relayPeer === undefined || isCircuit(relayAddr)) continue
+      const connection = this.libp2p.getConnections(peerIdFromString(relayPeer)).find((c) => c.status === 'open' && !isCircuit(c.remoteAddr))
+      if (!connection) continue
+      const asked = this.addresses().filter((a) => !isCircuit(multiaddr(a)))
+      let verdict: {reachable: string[]; checked: string[]} | undefined
+      let reason = ''
+      try {
+        verdict = await this.askDialback(connection, asked)
+      } catch (error) {
+        reason = `the relay could not check (${errorMessage(error)})`
+      }
+      if (verdict && verdict.reachable.length > 0) {
+        this.reachable = 'public'
+        this.log({event: 'reachability', reachable: true, via: relayPeer, addrs: verdict.reachable})
+        return
+      }
+      this.log({
+        event: 'reachability',
+        reachable: false,
+        via: relayPeer,
+        reason: reason || (verdict!.checked.length === 0 ? 'no direct address on the IP our connection comes from (behind NAT)' : 'no direct address answered'),
+      })
+      try {
+        await this.components().transportManager.listen([relayAddr.encapsulate('/p2p-circuit')])
+        this.reachable = 'relayed'
+        return
+      } catch (error) {
+        this.log({event: 'reservation_failed', relay: addr, reason: errorMessage(error)})
+      }
+    }
+  }
+
+  private async askDialback(connection: Connection, addrs: string[]): Promise<{reachable: string[]; checked: string[]}> {
+    const signal = deadline(4 * DIALBACK_DIAL_TIMEOUT_MS)
+    const stream = await connection.newStream(DIALBACK_PROTOCOL, {signal})
+    try {
+      const lp = framed(stream, MAX_DIALBACK_REQUEST_BYTES)
+      await writeJson(lp, {addrs: addrs.slice(0, MAX_DIALBACK_ADDRS)}, {signal})
+      const response = await readJsonObject(lp, 'dial-back response', {signal})
+      if (response.status !== 'ok') throw new Error(`refused: ${String(response.reason ?? response.status).slice(0, 200)}`)
+      await stream.close({signal}).catch(() => {})
+      return parseDialbackResponse(response, addrs)
+    } catch (error) {
+      stream.abort(error instanceof Error ? error : new Error(String(error)))
+      throw error
+    }
+  }
+
+  /** libp2p's internal components (the transport manager listens on a relay once we know we need one). */
+  private components(): {transportManager: {listen(addrs: Multiaddr[]): Promise<void>}} {
+    return (this.libp2p as unknown as {components: {transportManager: {listen(addrs: Multiaddr[]): Promise<void>}}}).components
   }
 
   /** Our relayed addresses (held reservations), for logs and tests. */
@@ -324,37 +413,81 @@ export class P2PNode {
    * then its relayed ones. A peer whose direct addresses failed is dialled through the relay first next time.
    * One dial per peer at a time: state pushes arrive faster than dials to unreachable addresses time out.
    */
-  private async dialPeer(peer: string, targets: Multiaddr[]): Promise<void> {
-    if (this.stopped || this.dialing.has(peer)) return
-    if (this.libp2p.getConnections().some((c) => c.remotePeer.toString() === peer)) {
+  private dialPeer(peer: string, targets: Multiaddr[]): Promise<void> {
+    if (targets.length > 0) this.knownAddrs.set(peer, targets)
+    const inFlight = this.dialing.get(peer)
+    if (inFlight) return inFlight
+    if (this.stopped) return Promise.resolve()
+    if (this.libp2p.getConnections().some((c) => c.remotePeer.toString() === peer && c.status === 'open')) {
       this.dialFailures.delete(peer)
-      return
+      return Promise.resolve()
     }
-    this.dialing.add(peer)
-    try {
-      const direct = targets.filter((t) => !isCircuit(t))
-      const relayed = targets.filter(isCircuit)
-      const directKey = direct.map((t) => t.toString()).join(' ')
-      const attempts: [Multiaddr[], number][] = []
-      if (direct.length > 0 && this.directFailed.get(peer) !== directKey) attempts.push([direct, DIRECT_DIAL_TIMEOUT_MS])
-      if (relayed.length > 0) attempts.push([relayed, RELAYED_DIAL_TIMEOUT_MS])
-      if (attempts.length === 0 && direct.length > 0) attempts.push([direct, DIRECT_DIAL_TIMEOUT_MS])
-      const reasons: string[] = []
-      for (const [addrs, timeoutMs] of attempts) {
+    const dial = this.dialPeerNow(peer, targets).finally(() => this.dialing.delete(peer))
+    this.dialing.set(peer, dial)
+    return dial
+  }
+
+  private async dialPeerNow(peer: string, targets: Multiaddr[]): Promise<void> {
+    const direct = targets.filter((t) => !isCircuit(t))
+    const relayed = targets.filter(isCircuit)
+    const directKey = direct.map((t) => t.toString()).join(' ')
+    const attempts: [Multiaddr[], number][] = []
+    if (direct.length > 0 && this.directFailed.get(peer) !== directKey) attempts.push([direct, DIRECT_DIAL_TIMEOUT_MS])
+    if (relayed.length > 0) attempts.push([relayed, RELAYED_DIAL_TIMEOUT_MS])
+    if (attempts.length === 0 && direct.length > 0) attempts.push([direct, DIRECT_DIAL_TIMEOUT_MS])
+    const reasons: string[] = []
+    for (const [addrs, timeoutMs] of attempts) {
+      try {
+        await this.libp2p.dial(addrs, {signal: AbortSignal.timeout(timeoutMs)})
+        this.dialFailures.delete(peer)
+        return
+      } catch (error) {
+        reasons.push(`${isCircuit(addrs[0]) ? 'relayed' : 'direct'}: ${dialErrorMessage(error)}`)
+        if (addrs === direct && relayed.length > 0) this.directFailed.set(peer, directKey)
+      }
+    }
+    const reason = reasons.join('; ') || 'no address'
+    this.dialFailures.set(peer, {peer_id: peer, addrs: targets.map((t) => t.toString()), reason, at: Date.now()})
+    this.log({event: 'dial_failed', peer_id: peer, addrs: targets.map((t) => t.toString()), reason})
+  }
+
+  /**
+   * A stream to a peer for one transfer. An open connection is used first, direct before relayed: libp2p's own
+   * dial would not reuse a relayed connection (it carries the relay's limits) and would dial the peer again through
+   * the relay for every transfer, a new relayed connection each time, which the relay or the peer may refuse.
+   * With no open connection, the peer is dialled as connect() does (its addresses from the coordinator: direct
+   * briefly, then relayed), and libp2p's own dial (its peer store) is the last resort.
+   */
+  private async openStream(peer: PeerId, protocol: string, signal: AbortSignal): Promise<Stream> {
+    const reasons: string[] = []
+    const tryOpen = async (): Promise<Stream | undefined> => {
+      const open = this.libp2p
+        .getConnections(peer)
+        .filter((c) => c.status === 'open')
+        .sort((a, b) => Number(isCircuit(a.remoteAddr)) - Number(isCircuit(b.remoteAddr)))
+      for (const connection of open) {
         try {
-          await this.libp2p.dial(addrs, {signal: AbortSignal.timeout(timeoutMs)})
-          this.dialFailures.delete(peer)
-          return
+          return await connection.newStream(protocol, {signal, ...ON_LIMITED})
         } catch (error) {
-          reasons.push(`${isCircuit(addrs[0]) ? 'relayed' : 'direct'}: ${errorMessage(error)}`)
-          if (addrs === direct && relayed.length > 0) this.directFailed.set(peer, directKey)
+          signal.throwIfAborted()
+          reasons.push(`${isCircuit(connection.remoteAddr) ? 'relayed' : 'direct'} connection: ${dialErrorMessage(error)}`)
         }
       }
-      const reason = reasons.join('; ') || 'no address'
-      this.dialFailures.set(peer, {peer_id: peer, addrs: targets.map((t) => t.toString()), reason, at: Date.now()})
-      this.log({event: 'dial_failed', peer_id: peer, addrs: targets.map((t) => t.toString()), reason})
-    } finally {
-      this.dialing.delete(peer)
+      return undefined
+    }
+    const existing = await tryOpen()
+    if (existing) return existing
+    const known = this.knownAddrs.get(peer.toString())
+    if (known) {
+      await this.dialPeer(peer.toString(), known)
+      const dialled = await tryOpen()
+      if (dialled) return dialled
+    }
+    try {
+      return await this.libp2p.dialProtocol(peer, protocol, {signal, ...ON_LIMITED})
+    } catch (error) {
+      reasons.push(`dial: ${dialErrorMessage(error)}`)
+      throw new Error(reasons.join('; '))
     }
   }
 
@@ -512,44 +645,57 @@ export class P2PNode {
       throw new PsycheError(`result ${a.commitment.slice(0, 16)}… from ${a.client_id.slice(0, 16)}… is ${a.size} bytes, more than the ${this.maxBlobBytes}-byte maximum`)
     }
     const producer = peerIdOfClient(a.client_id)
-    // Every run member re-serves what it downloaded; other peers (a relay) hold nothing of ours.
-    const holders = [producer, ...this.libp2p.services.pubsub.getSubscribers(this.topic).filter((p) => !p.equals(producer))]
     const failures: string[] = []
-    await this.downloads.acquire()
-    try {
-      for (const holder of holders) {
-        if (this.stopped) throw new PsycheError('p2p node stopped')
-        try {
-          const bytes = await this.downloadFrom(holder, a)
-          const hash = sha256Hex(bytes)
-          if (hash !== a.commitment) {
-            this.badBlobs++
-            this.log({event: 'bad_blob', from: holder.toString(), client_id: a.client_id, commitment: a.commitment, reason: `bytes hash to ${hash}, not the commitment`})
-            failures.push(`${holder.toString()}: bytes do not match the commitment`)
-            continue
+    /** Holders that sent wrong bytes are not asked again. */
+    const bad = new Set<string>()
+    for (let pass = 0; pass < FETCH_BACKOFF_MS.length + 1; pass++) {
+      // The pause holds no download slot.
+      if (pass > 0) await sleep(FETCH_BACKOFF_MS[pass - 1])
+      await this.downloads.acquire()
+      try {
+        // Every run member re-serves what it downloaded; other peers (a relay) hold nothing of ours. Asked again
+        // each pass: a peer that connected or subscribed since may hold it now.
+        const holders = [producer, ...this.libp2p.services.pubsub.getSubscribers(this.topic).filter((p) => !p.equals(producer))].filter((h) => !bad.has(h.toString()))
+        for (const holder of holders) {
+          if (this.stopped) throw new PsycheError('p2p node stopped')
+          try {
+            const bytes = await this.downloadFrom(holder, a)
+            const hash = sha256Hex(bytes)
+            if (hash !== a.commitment) {
+              this.badBlobs++
+              bad.add(holder.toString())
+              this.log({event: 'bad_blob', from: holder.toString(), client_id: a.client_id, commitment: a.commitment, reason: `bytes hash to ${hash}, not the commitment`})
+              failures.push(`${holder.toString()}: bytes do not match the commitment`)
+              continue
+            }
+            this.results.set(a.commitment, {step: a.step, bytes})
+            if (pass > 0) this.log({event: 'fetch_retried', from: holder.toString(), client_id: a.client_id, step: a.step, pass})
+            return bytes
+          } catch (error) {
+            const reason = dialErrorMessage(error)
+            if (error instanceof BadSenderError) {
+              this.badBlobs++
+              bad.add(holder.toString())
+              this.log({event: 'bad_blob', from: holder.toString(), client_id: a.client_id, commitment: a.commitment, reason})
+            } else {
+              this.log({event: 'fetch_failed', from: holder.toString(), client_id: a.client_id, commitment: a.commitment, step: a.step, pass, reason})
+            }
+            failures.push(`${holder.toString()}: ${reason}`)
           }
-          this.results.set(a.commitment, {step: a.step, bytes})
-          return bytes
-        } catch (error) {
-          const reason = errorMessage(error)
-          if (error instanceof BadSenderError) {
-            this.badBlobs++
-            this.log({event: 'bad_blob', from: holder.toString(), client_id: a.client_id, commitment: a.commitment, reason})
-          } else {
-            this.log({event: 'fetch_failed', from: holder.toString(), client_id: a.client_id, commitment: a.commitment, reason})
-          }
-          failures.push(`${holder.toString()}: ${reason}`)
         }
+        // Someone else downloaded it meanwhile (concurrent fetchResult calls share one download; publishResult, tests).
+        const local = this.results.get(a.commitment)
+        if (local) return local.bytes
+      } finally {
+        this.downloads.release()
       }
-    } finally {
-      this.downloads.release()
     }
     throw new PsycheError(`could not fetch result ${a.commitment.slice(0, 16)}… of client ${a.client_id.slice(0, 16)}… (step ${a.step}): ${failures.join('; ') || 'no peers'}`)
   }
 
   private async downloadFrom(holder: PeerId, a: ResultAnnouncement): Promise<Uint8Array> {
     const signal = deadline(this.downloadTimeoutMs)
-    const stream = await this.libp2p.dialProtocol(holder, RESULT_PROTOCOL, {signal, ...ON_LIMITED})
+    const stream = await this.openStream(holder, RESULT_PROTOCOL, signal)
     try {
       const lp = framed(stream, Math.max(MAX_BLOB_HEADER_BYTES, CHUNK_BYTES))
       await writeJson(lp, {run_id: this.runId, commitment: a.commitment}, {signal})
@@ -702,7 +848,7 @@ export class P2PNode {
     read: (lp: ReturnType<typeof framed>, header: Record<string, unknown>) => Promise<T>,
   ): Promise<T> {
     setMaxListeners(Infinity, signal)
-    const stream = await this.libp2p.dialProtocol(peerIdOfClient(clientId), MODEL_PROTOCOL, {signal, ...ON_LIMITED})
+    const stream = await this.openStream(peerIdOfClient(clientId), MODEL_PROTOCOL, signal)
     stream.inactivityTimeout = MODEL_TRANSFER_TIMEOUT_MS
     try {
       const lp = framed(stream, Math.max(MAX_MODEL_HEADER_BYTES, CHUNK_BYTES))
@@ -734,6 +880,13 @@ export class P2PNode {
     this.stopped = true
     await this.libp2p.stop()
   }
+}
+
+/** An error's message, with the reasons inside an AggregateError (libp2p's "All multiaddr dials failed"). */
+function dialErrorMessage(error: unknown): string {
+  const message = errorMessage(error)
+  if (error instanceof AggregateError && error.errors.length > 0) return `${message} (${error.errors.map((e) => errorMessage(e)).join('; ')})`
+  return message
 }
 
 /** The sender broke the protocol in a way that is its fault (lied about sizes): reported like a bad blob. */

@@ -8,10 +8,13 @@ import {identify} from '@libp2p/identify'
 import {tcp} from '@libp2p/tcp'
 import {multiaddr} from '@multiformats/multiaddr'
 import {createLibp2p, type Libp2p} from 'libp2p'
+import type {Connection, Stream} from '@libp2p/interface'
 import {PsycheError, errorMessage} from '../errors.js'
 import {identityPrivateSeed} from '../protocol/identity.js'
 import type {SigningIdentity} from './announcement.js'
 import {addressScope, listenAddrsForPort} from './addresses.js'
+import {DIALBACK_DIAL_TIMEOUT_MS, DIALBACK_PROTOCOL, dialbackTargets, hostOf, MAX_DIALBACK_REQUEST_BYTES} from './dialback.js'
+import {framed, readJsonObject, writeJson} from './framing.js'
 
 /**
  * What one relayed connection may carry before the relay resets it (the peers then dial again). Sized for
@@ -97,10 +100,47 @@ export class RelayNode {
       throw new PsycheError(`cannot start the relay on ${(options.listen ?? listenAddrsForPort(undefined)).join(', ')}: ${errorMessage(error)}`, {cause: error})
     }
     const node = new RelayNode(libp2p, limits, options.announce ?? [])
+    await libp2p.handle(DIALBACK_PROTOCOL, (stream, connection) => node.serveDialback(stream, connection, log), {maxInboundStreams: 2})
     libp2p.services.relay.addEventListener('relay:reservation', (event) => {
       log({event: 'relay_reservation', addr: event.detail.addr.toString(), expiry: event.detail.expiry.toISOString()})
     })
     return node
+  }
+
+  /**
+   * Answers a client's dial-back request (see dialback.ts): dials the addresses it gives on the IP its connection
+   * comes from, each once, on a new connection, and says which answered as that client.
+   */
+  private async serveDialback(stream: Stream, connection: Connection, log: (event: object) => void): Promise<void> {
+    const signal = AbortSignal.timeout(4 * DIALBACK_DIAL_TIMEOUT_MS)
+    const client = connection.remotePeer.toString()
+    try {
+      const lp = framed(stream, MAX_DIALBACK_REQUEST_BYTES)
+      const request = await readJsonObject(lp, 'dial-back request', {signal})
+      const selection = dialbackTargets(request, connection.limits === undefined ? hostOf(connection.remoteAddr) : undefined, client)
+      if (!selection.ok) {
+        await writeJson(lp, {status: 'error', reason: selection.reason}, {signal})
+        await stream.close({signal})
+        return
+      }
+      const reachable: string[] = []
+      for (const target of selection.targets) {
+        try {
+          // force: a new connection to that address, not the one the request came over.
+          const back = await this.libp2p.dial(target, {force: true, signal: AbortSignal.timeout(DIALBACK_DIAL_TIMEOUT_MS)})
+          if (back.remotePeer.toString() === client) reachable.push(target.toString())
+          await back.close().catch(() => {})
+        } catch {
+          // unreachable at that address
+        }
+      }
+      log({event: 'dialback', peer_id: client, checked: selection.targets.map((t) => t.toString()), reachable})
+      await writeJson(lp, {status: 'ok', reachable, checked: selection.targets.map((t) => t.toString())}, {signal})
+      await stream.close({signal})
+    } catch (error) {
+      log({event: 'dialback_failed', peer_id: client, reason: errorMessage(error)})
+      stream.abort(error instanceof Error ? error : new Error(String(error)))
+    }
   }
 
   /** Our TCP port (the first listener's). */
