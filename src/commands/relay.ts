@@ -30,7 +30,8 @@ coordinator is elsewhere (e.g. on Solana). Runs until SIGINT/SIGTERM.
     const json = this.jsonEnabled()
     const log = (event: object) => {
       if (json) process.stdout.write(`${JSON.stringify({...event, time: new Date().toISOString()})}\n`)
-      else if ((event as {event?: string}).event === 'relay_reservation') process.stderr.write(`reservation: ${(event as {addr: string}).addr}\n`)
+      else if ((event as {event?: string}).event === 'relay_reservation')
+        process.stderr.write(`reservation: ${(event as {peer_id: string}).peer_id} from ${(event as {addr: string}).addr}\n`)
     }
     const relay = await RelayNode.start({identity, ...relayOptionsFromFlags(flags), log})
     const addrs = relay.addressFor(undefined)

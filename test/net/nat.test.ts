@@ -38,7 +38,7 @@ describe('clients behind NAT, the coordinator public (its relay connects them)',
         )
       }
       // One reservation per client behind NAT.
-      const reserved = new Set(run.server.events.filter((e) => e.event === 'relay_reservation').map((e) => String(e.addr).split('/p2p/').at(-1)))
+      const reserved = new Set(run.server.events.filter((e) => e.event === 'relay_reservation').map((e) => e.peer_id))
       assert.equal(reserved.size, 3, JSON.stringify(run.server.events.filter((e) => e.event === 'relay_reservation')))
     } finally {
       await run.stop()
@@ -48,54 +48,48 @@ describe('clients behind NAT, the coordinator public (its relay connects them)',
     assert.deepEqual(lab.remaining(), [], 'every namespace is gone')
   })
 
-  // Runs and reports, but does not fail npm test yet: the rejoiner gets the model through the relay, yet in the rounds
-  // after its rejoin a survivor may apply only one of its two peers' results (issue 9, open).
-  it(
-    '(d) a NATed client killed mid-epoch and restarted rejoins and takes the model from its peers through the relay',
-    {todo: "after the rejoin a survivor sometimes applies 1 of 2 peers' results"},
-    async () => {
-      const lab = new Lab()
-      const dir = tempDir('psyche-net-d-')
-      const run = new NetRun(lab, dir.path, lab.addPublicHost('coord'), {
-        roundsPerEpoch: 3,
-        totalSteps: 9,
-        initMinClients: 3,
-        minClients: 2,
-        lr: 1e-2,
-        maxRoundTrainTime: 8,
-        warmupTime: 40,
-        cooldownTime: 3,
-      })
-      try {
-        await run.startServer()
-        const hosts = ['a', 'b', 'c'].map((n) => lab.addNatHost(n))
-        const [a, b, c] = await Promise.all(hosts.map((h) => run.startClient(h.name, h)))
-        await waitForStep(run, [c], 1, 240_000)
-        c.kill('SIGKILL')
-        await c.proc
-        const killedAfter = rounds(c).at(-1)!.step
-        const c2 = await run.startClient('c', hosts[2])
-        const loaded = await c2
-          .waitFor((e) => e.event === 'model_loaded', 'the restarted client to load the model', 240_000)
-          .catch((e) => assert.fail(`${e.message}\n${run.tails()}`))
-        assert.equal(loaded.source, 'peers', JSON.stringify(loaded))
-        const fetched = c2.events.find((e) => e.event === 'model_fetched')
-        assert.ok(fetched && fetched.relayed === true && (fetched.bytes as number) > 0, `the model came through the relay: ${JSON.stringify(fetched)}`)
-        const first = (await c2.waitFor((e) => e.event === 'round', "the rejoined client's first round", 240_000)).step as number
-        const last = first + 1
-        await waitForStep(run, [a, b, c2], last, 240_000)
-        // From its rejoin on, all three exchange every round; before, the survivors exchanged with each other.
-        const steps = Array.from({length: last - first + 1}, (_, i) => first + i)
-        assertExchanged([a, b, c2], steps, 2, {loss: false})
-        assert.ok(meanLoss([a, b], last) < meanLoss([a, b], 1), `loss fell: ${meanLoss([a, b], 1)} -> ${meanLoss([a, b], last)}`)
-        for (const s of rounds(a).filter((r) => r.step > killedAfter + 1 && r.step < first))
-          assert.ok(s.peers_applied >= 1 && s.peers_applied === s.other_trainers, `a step ${s.step}: ${JSON.stringify(s)}`)
-        assert.equal(rounds(c2)[0].param_hash, rounds(a).find((r) => r.step === first)!.param_hash)
-      } finally {
-        await run.stop()
-        lab.destroySync()
-        dir.cleanup()
-      }
-    },
-  )
+  it('(d) a NATed client killed mid-epoch and restarted rejoins and takes the model from its peers through the relay', async () => {
+    const lab = new Lab()
+    const dir = tempDir('psyche-net-d-')
+    const run = new NetRun(lab, dir.path, lab.addPublicHost('coord'), {
+      roundsPerEpoch: 3,
+      totalSteps: 9,
+      initMinClients: 3,
+      minClients: 2,
+      lr: 1e-2,
+      maxRoundTrainTime: 8,
+      warmupTime: 40,
+      cooldownTime: 3,
+    })
+    try {
+      await run.startServer()
+      const hosts = ['a', 'b', 'c'].map((n) => lab.addNatHost(n))
+      const [a, b, c] = await Promise.all(hosts.map((h) => run.startClient(h.name, h)))
+      await waitForStep(run, [c], 1, 240_000)
+      c.kill('SIGKILL')
+      await c.proc
+      const killedAfter = rounds(c).at(-1)!.step
+      const c2 = await run.startClient('c', hosts[2])
+      const loaded = await c2
+        .waitFor((e) => e.event === 'model_loaded', 'the restarted client to load the model', 240_000)
+        .catch((e) => assert.fail(`${e.message}\n${run.tails()}`))
+      assert.equal(loaded.source, 'peers', JSON.stringify(loaded))
+      const fetched = c2.events.find((e) => e.event === 'model_fetched')
+      assert.ok(fetched && fetched.relayed === true && (fetched.bytes as number) > 0, `the model came through the relay: ${JSON.stringify(fetched)}`)
+      const first = (await c2.waitFor((e) => e.event === 'round', "the rejoined client's first round", 240_000)).step as number
+      const last = first + 1
+      await waitForStep(run, [a, b, c2], last, 240_000)
+      // From its rejoin on, all three exchange every round; before, the survivors exchanged with each other.
+      const steps = Array.from({length: last - first + 1}, (_, i) => first + i)
+      assertExchanged([a, b, c2], steps, 2, {loss: false})
+      assert.ok(meanLoss([a, b], last) < meanLoss([a, b], 1), `loss fell: ${meanLoss([a, b], 1)} -> ${meanLoss([a, b], last)}`)
+      for (const s of rounds(a).filter((r) => r.step > killedAfter + 1 && r.step < first))
+        assert.ok(s.peers_applied >= 1 && s.peers_applied === s.other_trainers, `a step ${s.step}: ${JSON.stringify(s)}`)
+      assert.equal(rounds(c2)[0].param_hash, rounds(a).find((r) => r.step === first)!.param_hash)
+    } finally {
+      await run.stop()
+      lab.destroySync()
+      dir.cleanup()
+    }
+  })
 })

@@ -89,8 +89,9 @@ describe('relay: reserve a slot only when the dial-back fails', () => {
   let relay: RelayNode
   let reachable: TestNode
   let natted: TestNode
+  const relayEvents: Record<string, unknown>[] = []
   before(async () => {
-    relay = await RelayNode.start({identity: testIdentity(), listen: ['/ip4/127.0.0.1/tcp/0']})
+    relay = await RelayNode.start({identity: testIdentity(), listen: ['/ip4/127.0.0.1/tcp/0'], log: (e) => relayEvents.push(e as Record<string, unknown>)})
     ;[reachable] = await startNodes(1)
     // Listening on 127.0.0.2 but reaching the relay from 127.0.0.1: like a client behind NAT, its own address is
     // not the one its connection comes from, so the relay cannot check it.
@@ -118,6 +119,18 @@ describe('relay: reserve a slot only when the dial-back fails', () => {
     assert.equal(verdict?.reachable, false, JSON.stringify(natted.events))
     await waitFor(() => natted.node.relayedAddresses().length > 0, 10_000, 'the relayed address')
     assert.equal(relay.reservations(), 1)
+    await waitFor(() => relayEvents.some((e) => e.event === 'relay_reservation'), 5_000, 'the relay to log the reservation')
+    assert.deepEqual(
+      relayEvents.filter((e) => e.event === 'relay_reservation').map((e) => e.peer_id),
+      [natted.node.peerId],
+    )
+    assert.deepEqual(
+      relayEvents.filter((e) => e.event === 'dialback').map((e) => [e.peer_id, (e.reachable as string[]).length]),
+      [
+        [reachable.node.peerId, 1],
+        [natted.node.peerId, 0],
+      ],
+    )
     assert.ok(natted.node.addresses().some((a) => a.includes('/p2p-circuit/')))
   })
 

@@ -58,6 +58,7 @@ type RelayServices = {identify: ReturnType<ReturnType<typeof identify>>; relay: 
  */
 export class RelayNode {
   readonly peerId: string
+  private watch: NodeJS.Timeout | undefined
   private constructor(
     readonly libp2p: Libp2p<RelayServices>,
     readonly limits: RelayLimits,
@@ -101,9 +102,25 @@ export class RelayNode {
     }
     const node = new RelayNode(libp2p, limits, options.announce ?? [])
     await libp2p.handle(DIALBACK_PROTOCOL, (stream, connection) => node.serveDialback(stream, connection, log), {maxInboundStreams: 2})
-    libp2p.services.relay.addEventListener('relay:reservation', (event) => {
-      log({event: 'relay_reservation', addr: event.detail.addr.toString(), expiry: event.detail.expiry.toISOString()})
-    })
+    // The relay server emits no event for a reservation: its reservation table is watched instead (a peer and
+    // its expiry: a refresh is logged again).
+    const seen = new Map<string, number>()
+    node.watch = setInterval(() => {
+      const now = new Set<string>()
+      for (const [peer, reservation] of libp2p.services.relay.reservations) {
+        const id = peer.toString()
+        now.add(id)
+        if (seen.get(id) === reservation.expiry.getTime()) continue
+        seen.set(id, reservation.expiry.getTime())
+        log({event: 'relay_reservation', peer_id: id, addr: reservation.addr.toString(), expiry: reservation.expiry.toISOString()})
+      }
+      for (const id of seen.keys())
+        if (!now.has(id)) {
+          seen.delete(id)
+          log({event: 'relay_reservation_ended', peer_id: id})
+        }
+    }, 500)
+    node.watch.unref()
     return node
   }
 
@@ -180,6 +197,7 @@ export class RelayNode {
   }
 
   async stop(): Promise<void> {
+    clearInterval(this.watch)
     await this.libp2p.stop()
   }
 }
