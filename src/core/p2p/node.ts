@@ -686,6 +686,8 @@ export class P2PNode {
         // Someone else downloaded it meanwhile (concurrent fetchResult calls share one download; publishResult, tests).
         const local = this.results.get(a.commitment)
         if (local) return local.bytes
+        // Every holder sent wrong bytes: asking again would not help.
+        if (holders.every((h) => bad.has(h.toString()))) break
       } finally {
         this.downloads.release()
       }
