@@ -192,9 +192,18 @@ several rounds while others train prints a no_exchange warning naming the addres
           if (watch.losses.length > 200) watch.losses.shift()
           watch.tokensPerSecond = r?.report.tokens_per_second ?? watch.tokensPerSecond
         } else if (
-          ['worker_crashed', 'rejected', 'out_of_sync', 'health_check', 'result_fetch_failed', 'model_fetch_failed', 'model_peer_dropped', 'rejoining'].includes(
-            String(event.event),
-          )
+          [
+            'worker_crashed',
+            'rejected',
+            'out_of_sync',
+            'health_check',
+            'result_fetch_failed',
+            'model_fetch_failed',
+            'model_peer_dropped',
+            'checkpoint_late',
+            'checkpoint_rejected',
+            'rejoining',
+          ].includes(String(event.event))
         ) {
           const {event: name, ...rest} = event
           watch.warnings.add(`${name}: ${JSON.stringify(rest)}`)

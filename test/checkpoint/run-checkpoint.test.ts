@@ -54,9 +54,7 @@ describe('Hub checkpoints in a run', () => {
     const trace = () =>
       a.events
         .filter((e) =>
-          ['round', 'checkpoint', 'warmup_ready', 'model_loaded', 'checkpoint_uploaded', 'checkpoint_not_reported', 'checkpoint_upload_started', 'rejected'].includes(
-            e.event as string,
-          ),
+          ['round', 'checkpoint', 'warmup_ready', 'model_loaded', 'checkpoint_uploaded', 'checkpoint_late', 'checkpoint_upload_started', 'rejected'].includes(e.event as string),
         )
         .map((e) => `${e.event}:${e.step ?? ''}:${e.epoch ?? ''}:${e.reason ?? ''}`)
         .join(' ')

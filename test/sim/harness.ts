@@ -1,8 +1,10 @@
 import {createHash} from 'node:crypto'
+import {existsSync, mkdirSync, readFileSync, writeFileSync} from 'node:fs'
+import {join} from 'node:path'
 import {EventEmitter} from 'node:events'
 import type {BackendConnector, CoordinatorBackend, JoinRequest, PeerDirectory, RejectionInfo} from '../../src/core/backend/types.js'
 import type {Clock, ClientComponents, ClientP2P, ClientP2PStats, ClientWorker} from '../../src/core/client/components.js'
-import {PsycheClient, type ClientSummary, type RoundEvent} from '../../src/core/client/runner.js'
+import {PsycheClient, type ClientOptions, type ClientSummary, type RoundEvent} from '../../src/core/client/runner.js'
 import type {HubRepo} from '../../src/core/config/types.js'
 import {
   applyEvent,
@@ -499,10 +501,21 @@ export class DeterministicWorker implements ClientWorker {
     return {parameters: 8, vocab_size: 256, max_position_embeddings: 1024, param_hash: this.paramHash}
   }
 
+  /** A directory this worker saved holds its parameters (params.bin); any other is an init from its path. */
   async load(modelDir: string, seed = 0): Promise<ModelInfo> {
     await this.op()
-    this.params = sha256('init', modelDir, String(seed))
+    const saved = join(modelDir, 'params.bin')
+    this.params = existsSync(saved) ? readFileSync(saved) : sha256('init', modelDir, String(seed))
     return this.info()
+  }
+
+  /** Writes the parameters as a model directory (what a checkpointer uploads). */
+  async save(dir: string, options: {card?: Record<string, string | number>} = {}): Promise<void> {
+    await this.op()
+    mkdirSync(dir, {recursive: true})
+    writeFileSync(join(dir, 'params.bin'), this.params)
+    writeFileSync(join(dir, 'config.json'), JSON.stringify({sim: true}))
+    writeFileSync(join(dir, 'README.md'), JSON.stringify(options.card ?? {}))
   }
 
   async initFromConfig(config: Record<string, unknown>, seed: number): Promise<ModelInfo> {
@@ -645,7 +658,7 @@ export class Simulation {
   }
 
   /** Starts a real PsycheClient on in-memory components (joining through the in-process coordinator). */
-  async addClient(name: string, identity: Identity = generateIdentity()): Promise<SimClient> {
+  async addClient(name: string, identity: Identity = generateIdentity(), extra: {hub?: ClientOptions['hub']} = {}): Promise<SimClient> {
     const events: Record<string, unknown>[] = []
     const worker = new DeterministicWorker()
     const p2p = this.net.node(identity)
@@ -662,6 +675,7 @@ export class Simulation {
         } as never,
         seed: 7,
         log: (e) => events.push(e),
+        ...(extra.hub ? {hub: extra.hub} : {}),
       },
       components,
     )

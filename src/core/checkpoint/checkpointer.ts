@@ -1,7 +1,48 @@
-import {rm} from 'node:fs/promises'
+import {readFile, rm} from 'node:fs/promises'
 import {join} from 'node:path'
 import {errorMessage} from '../errors.js'
+import {writeFileAtomic} from './store.js'
 import {uploadCheckpoint, type UploadResult} from './hub.js'
+
+/**
+ * What psyche records next to a checkpoint's weights: the run, the step the model is at and the worker's hash of
+ * its parameters. A client loading the checkpoint checks the hash; one falling back to it from a P2P epoch checks
+ * that the step is the epoch's.
+ */
+export const CHECKPOINT_META_FILE = 'psyche-checkpoint.json'
+
+export interface CheckpointMeta {
+  run_id?: string
+  step: number
+  epoch?: number
+  param_hash?: string
+}
+
+/** The checkpoint's psyche-checkpoint.json (it came from the Hub: checked), or undefined when it has none. */
+export async function readCheckpointMeta(dir: string): Promise<CheckpointMeta | undefined> {
+  let text: string
+  try {
+    text = await readFile(join(dir, CHECKPOINT_META_FILE), 'utf8')
+  } catch {
+    return undefined
+  }
+  if (text.length > 64 * 1024) throw new Error(`${CHECKPOINT_META_FILE}: ${text.length} bytes is too long`)
+  let raw: unknown
+  try {
+    raw = JSON.parse(text)
+  } catch {
+    throw new Error(`${CHECKPOINT_META_FILE} is not JSON`)
+  }
+  if (typeof raw !== 'object' || raw === null || Array.isArray(raw)) throw new Error(`${CHECKPOINT_META_FILE} is not a JSON object`)
+  const r = raw as Record<string, unknown>
+  const uint = (v: unknown) => typeof v === 'number' && Number.isSafeInteger(v) && v >= 0
+  if (!uint(r.step)) throw new Error(`${CHECKPOINT_META_FILE}: step is not a non-negative integer`)
+  if (r.epoch !== undefined && !uint(r.epoch)) throw new Error(`${CHECKPOINT_META_FILE}: epoch is not a non-negative integer`)
+  if (r.param_hash !== undefined && (typeof r.param_hash !== 'string' || r.param_hash.length === 0 || r.param_hash.length > 256))
+    throw new Error(`${CHECKPOINT_META_FILE}: param_hash is not a short string`)
+  if (r.run_id !== undefined && typeof r.run_id !== 'string') throw new Error(`${CHECKPOINT_META_FILE}: run_id is not a string`)
+  return {run_id: r.run_id as string | undefined, step: r.step as number, epoch: r.epoch as number | undefined, param_hash: r.param_hash as string | undefined}
+}
 
 export interface CheckpointerOptions {
   repo: string
@@ -33,10 +74,12 @@ export class Checkpointer {
 
   constructor(private readonly options: CheckpointerOptions) {}
 
-  /** Saves the model now and queues its upload; resolves once saved (not uploaded). */
-  async checkpoint(step: number, epoch: number): Promise<void> {
+  /** Saves the model now (with its psyche-checkpoint.json) and queues its upload; resolves once saved (not uploaded). */
+  async checkpoint(step: number, epoch: number, meta: {run_id?: string; param_hash?: string} = {}): Promise<void> {
     const dir = join(this.options.stagingDir, `step-${step}`)
     await this.options.save(dir, {step, epoch})
+    const record: CheckpointMeta = {...(meta.run_id ? {run_id: meta.run_id} : {}), step, epoch, ...(meta.param_hash ? {param_hash: meta.param_hash} : {})}
+    await writeFileAtomic(join(dir, CHECKPOINT_META_FILE), JSON.stringify(record, null, 2) + '\n')
     if (this.waiting) {
       this.options.log?.({event: 'checkpoint_superseded', step: this.waiting.step, by: step})
       await rm(this.waiting.dir, {recursive: true, force: true})

@@ -1,6 +1,6 @@
 import {createHash} from 'node:crypto'
 import {createReadStream, createWriteStream, existsSync, openAsBlob} from 'node:fs'
-import {copyFile, link, mkdir, readdir, rename, rm, stat, writeFile} from 'node:fs/promises'
+import {copyFile, link, mkdir, open, readdir, rename, rm, stat, writeFile} from 'node:fs/promises'
 import {homedir} from 'node:os'
 import {dirname, join, relative, resolve, sep} from 'node:path'
 import {Readable} from 'node:stream'
@@ -200,8 +200,42 @@ async function fetchBlob(options: {
   headers: Record<string, string>
   onBytes: (n: number) => void
 }): Promise<number> {
-  const incomplete = `${options.blobPath}.incomplete`
   await mkdir(dirname(options.blobPath), {recursive: true})
+  // Clients on one machine share the cache: one process downloads a blob, the others wait for it.
+  return withBlobLock(options.blobPath, async () => {
+    if ((await stat(options.blobPath).catch(() => undefined))?.size === options.size) return 0
+    return fetchBlobLocked(options)
+  })
+}
+
+/** A lock held this long without the download growing is taken over (its holder died). */
+const STALE_LOCK_MS = 60_000
+
+async function withBlobLock<T>(blobPath: string, fn: () => Promise<T>): Promise<T> {
+  const lock = `${blobPath}.lock`
+  for (;;) {
+    try {
+      const handle = await open(lock, 'wx')
+      await handle.writeFile(String(process.pid))
+      await handle.close()
+      break
+    } catch (error) {
+      if ((error as NodeJS.ErrnoException).code !== 'EEXIST') throw error
+      const held = await stat(lock).catch(() => undefined)
+      const growing = await stat(`${blobPath}.incomplete`).catch(() => undefined)
+      if (held && Date.now() - Math.max(held.mtimeMs, growing?.mtimeMs ?? 0) > STALE_LOCK_MS) await rm(lock, {force: true})
+      else await new Promise((resolve) => setTimeout(resolve, 200))
+    }
+  }
+  try {
+    return await fn()
+  } finally {
+    await rm(lock, {force: true})
+  }
+}
+
+async function fetchBlobLocked(options: Parameters<typeof fetchBlob>[0]): Promise<number> {
+  const incomplete = `${options.blobPath}.incomplete`
   let fetched = 0
   for (let attempt = 1; attempt <= 2; attempt++) {
     let have = 0

@@ -1,5 +1,6 @@
 import type {CoordinatorBackend, PeerDirectory, RejectionInfo} from '../backend/types.js'
-import {batchRangeFor, buildWitnessProof, isRoundPhase, isVerifier, type ClientId, type CoordinatorState, type Round} from '../coordinator/index.js'
+import {batchRangeFor, buildWitnessProof, isCheckpointP2P, isRoundPhase, isVerifier, type ClientId, type CoordinatorState, type Round} from '../coordinator/index.js'
+import type {HubRepo} from '../config/types.js'
 import {errorMessage, PsycheError} from '../errors.js'
 import type {ModelSnapshot, ResultAnnouncement} from '../p2p/index.js'
 import {loadModel} from '../train/load-model.js'
@@ -11,7 +12,7 @@ import {WorkerCrashedError, WorkerRequestError} from '../worker/client.js'
 import type {ClientComponents} from './components.js'
 import {acceptedResults, belongsToRound, finalRounds, messagesToSend, nextWork, trainersWithBatches, type ClientView, type HeldResult, type Message, type Work} from './decide.js'
 import {StepLedger} from './ledger.js'
-import {Checkpointer} from '../checkpoint/checkpointer.js'
+import {Checkpointer, CHECKPOINT_META_FILE, readCheckpointMeta, type CheckpointMeta} from '../checkpoint/checkpointer.js'
 import {downloadCheckpoint} from '../checkpoint/hub.js'
 import {existsSync} from 'node:fs'
 import {tmpdir} from 'node:os'
@@ -170,16 +171,21 @@ export class PsycheClient {
         log: opts.log,
         onUploaded: (c) => {
           // the coordinator takes a checkpoint only in the Cooldown of the epoch it ends
-          if (this.state.run_state !== 'Cooldown' || this.state.progress.epoch !== c.epoch) {
+          // Finished after the Cooldown (or another checkpointer reported first): the commit is on the Hub branch
+          // but the coordinator will not take it; it is reported here, with what a user needs to find it.
+          if (this.state.run_state !== 'Cooldown' || this.state.progress.epoch !== c.epoch || this.state.epoch.checkpointed) {
             this.opts.log({
-              event: 'checkpoint_not_reported',
+              event: 'checkpoint_late',
               step: c.step,
+              epoch: c.epoch,
+              repo_id: c.repo_id,
               revision: c.revision,
-              reason: `the run is in ${this.state.run_state} of epoch ${this.state.progress.epoch} now`,
+              reason: this.state.epoch.checkpointed
+                ? 'another checkpointer reported this epoch first'
+                : `the upload finished in ${this.state.run_state} of epoch ${this.state.progress.epoch}, after the Cooldown the coordinator takes checkpoints in`,
             })
             return
           }
-          if (this.state.epoch.checkpointed) return
           if (this.conn.sendCheckpoint({repo_id: c.repo_id, revision: c.revision}))
             this.opts.log({event: 'checkpoint', step: c.step, epoch: c.epoch, repo_id: c.repo_id, revision: c.revision})
         },
@@ -194,7 +200,7 @@ export class PsycheClient {
     if (this.checkpointedEpoch === epoch) return
     this.checkpointedEpoch = epoch
     await this.checkpointer
-      .checkpoint(round.step, epoch)
+      .checkpoint(round.step, epoch, {run_id: this.opts.runId, param_hash: this.lastHash ?? undefined})
       .catch((error: unknown) => this.opts.log({event: 'checkpoint_save_failed', step: round.step, message: errorMessage(error)}))
   }
 
@@ -550,7 +556,11 @@ export class PsycheClient {
   private async hubCheckpointDir(step: number): Promise<string | undefined | null> {
     const checkpoint = this.state.model.LLM.checkpoint
     if (typeof checkpoint !== 'object' || !('Hub' in checkpoint)) return undefined
-    const {repo_id, revision} = checkpoint.Hub
+    return this.downloadHubRepo(step, checkpoint.Hub)
+  }
+
+  private async downloadHubRepo(step: number, repo: HubRepo): Promise<string | undefined | null> {
+    const {repo_id, revision} = repo
     if (!repo_id || existsSync(join(resolve(repo_id), 'config.json'))) return undefined // a local directory: the plan resolved it
     try {
       const got = await downloadCheckpoint({
@@ -566,6 +576,36 @@ export class PsycheClient {
       this.opts.log({event: 'checkpoint_download_failed', step, repo_id, message: errorMessage(error)})
       return null
     }
+  }
+
+  /**
+   * Loads a Hub checkpoint's directory into the worker and checks it against its psyche-checkpoint.json: the
+   * parameters must hash to its param_hash, and with `exactStep` it must be the model at that step (a P2P epoch's
+   * fallback: anything else would fork us from our peers). Returns the parameter hash, or undefined (logged).
+   */
+  private async loadCheckpointDir(dir: string, step: number, exactStep: boolean): Promise<string | undefined> {
+    let meta: CheckpointMeta | undefined
+    try {
+      meta = await readCheckpointMeta(dir)
+    } catch (error) {
+      this.opts.log({event: 'checkpoint_rejected', step, message: errorMessage(error)})
+      return undefined
+    }
+    if (exactStep && meta?.step !== step) {
+      const why = meta ? `it is the model at step ${meta.step}` : `it has no ${CHECKPOINT_META_FILE} naming its step`
+      this.opts.log({event: 'checkpoint_rejected', step, message: `the Hub checkpoint cannot stand in for our peers' model at step ${step}: ${why}`})
+      return undefined
+    }
+    await this.initModel(dir)
+    const {frames, paramHash} = await this.worker.exportParams()
+    if (meta?.param_hash !== undefined && meta.param_hash !== paramHash) {
+      this.opts.log({event: 'checkpoint_rejected', step, message: `its parameters hash to ${paramHash}, its ${CHECKPOINT_META_FILE} says ${meta.param_hash}`})
+      return undefined
+    }
+    // A whole run restarted from its last checkpoint: the coordinator may have closed rounds nobody trained since.
+    if (meta && meta.step !== step) this.opts.log({event: 'checkpoint_step', step, checkpoint_step: meta.step})
+    this.snapshot = {step, paramHash, frames: frames.map((f) => ({name: f.name!, dtype: f.dtype, shape: f.shape, data: f.data as Uint8Array}))}
+    return paramHash
   }
 
   private async initModel(fromDir?: string): Promise<void> {
@@ -592,10 +632,16 @@ export class PsycheClient {
     if (from === 'checkpoint') {
       const dir = await this.hubCheckpointDir(step)
       if (dir === null) return false
-      await this.initModel(dir)
-      const {frames, paramHash} = await this.worker.exportParams()
-      this.snapshot = {step, paramHash, frames: frames.map((f) => ({name: f.name!, dtype: f.dtype, shape: f.shape, data: f.data as Uint8Array}))}
-      this.setLoaded(step, paramHash, 'checkpoint')
+      if (dir === undefined) {
+        await this.initModel()
+        const {frames, paramHash} = await this.worker.exportParams()
+        this.snapshot = {step, paramHash, frames: frames.map((f) => ({name: f.name!, dtype: f.dtype, shape: f.shape, data: f.data as Uint8Array}))}
+        this.setLoaded(step, paramHash, 'checkpoint')
+        return true
+      }
+      const hash = await this.loadCheckpointDir(dir, step, false)
+      if (hash === undefined) return false
+      this.setLoaded(step, hash, 'checkpoint')
       return true
     }
     let snapshot: ModelSnapshot
@@ -604,7 +650,7 @@ export class PsycheClient {
       snapshot = await this.p2p.fetchModel(from, {step})
     } catch (error) {
       this.opts.log({event: 'model_fetch_failed', step, message: errorMessage(error)})
-      return false
+      return this.hubFallback(step)
     }
     if (snapshot.step !== step) {
       this.opts.log({event: 'model_fetch_failed', step, message: `a peer served the model at step ${snapshot.step}, the epoch starts after step ${step}`})
@@ -618,6 +664,21 @@ export class PsycheClient {
     }
     this.snapshot = snapshot
     this.setLoaded(step, hash, 'peers')
+    return true
+  }
+
+  /**
+   * Nobody served the model in a P2P epoch: load the last Hub checkpoint the coordinator took (the P2P checkpoint
+   * names its repository and revision), if it is the model at this step.
+   */
+  private async hubFallback(step: number): Promise<boolean> {
+    const checkpoint = this.state.model.LLM.checkpoint
+    if (!isCheckpointP2P(checkpoint) || !checkpoint.P2P.repo_id) return false
+    const dir = await this.downloadHubRepo(step, checkpoint.P2P)
+    if (!dir) return false
+    const hash = await this.loadCheckpointDir(dir, step, true)
+    if (hash === undefined) return false
+    this.setLoaded(step, hash, 'hub_fallback')
     return true
   }
 

@@ -1,0 +1,131 @@
+import assert from 'node:assert/strict'
+import {mkdirSync, writeFileSync} from 'node:fs'
+import {join} from 'node:path'
+import {after, describe, it} from 'node:test'
+import {CHECKPOINT_META_FILE, readCheckpointMeta} from '../../src/core/checkpoint/checkpointer.js'
+import {HubServer} from '../../src/core/checkpoint/hub-server.js'
+import {isCheckpointP2P} from '../../src/core/coordinator/index.js'
+import {tempDir} from '../helpers.js'
+import {settle, simRun, Simulation, type SimClient} from '../sim/harness.js'
+
+const TOKEN = 'hf_sim_fallback'
+
+/**
+ * Advances the virtual clock while real I/O (the Hub's HTTP) makes progress: a little virtual time per real
+ * millisecond, so an upload or download takes a plausible share of a phase.
+ */
+async function paced(sim: Simulation, until: () => boolean, what: string, virtualPerStepMs = 20, maxSteps = 50_000): Promise<void> {
+  for (let i = 0; !until(); i++) {
+    if (i >= maxSteps) throw new Error(`not reached: ${what} (run state ${sim.coordinator.state.run_state}, step ${sim.coordinator.state.progress.step})`)
+    await new Promise((resolve) => setTimeout(resolve, 1))
+    sim.clock.advance(virtualPerStepMs)
+    sim.coordinator.tick()
+    await settle()
+  }
+}
+
+/** Stops every client; a checkpointer finishes its upload first (real I/O), so time is paced meanwhile. */
+async function stopPaced(sim: Simulation): Promise<void> {
+  for (const c of sim.clients) c.client.stop()
+  let all = false
+  void Promise.all(sim.clients.map((c) => c.done)).then(() => (all = true))
+  await paced(sim, () => all, 'every client to stop')
+}
+
+const hashAt = (c: SimClient, step: number) => c.rounds.find((r) => r.step === step)?.param_hash
+
+describe('Hub checkpoints with the in-process simulation', () => {
+  const tmp = tempDir('psyche-hub-fallback-')
+  let hub: HubServer | undefined
+  after(async () => {
+    await hub?.close()
+    tmp.cleanup()
+  })
+
+  it('a client that finds nobody to fetch from in a P2P epoch falls back to the last reported Hub checkpoint (the model at that step)', async () => {
+    hub = await HubServer.start({root: join(tmp.path, 'hub')})
+    const cacheDir = join(tmp.path, 'cache')
+    const sim = new Simulation(simRun({total_steps: 40, epoch_time: 60, rounds_per_epoch: 3, cooldown_time: 60, witness_nodes: 0}))
+    const checkpointer = {url: hub.url, token: TOKEN, repo: 'sim/run', cacheDir, stagingDir: join(tmp.path, 'staging')}
+    const a = await sim.addClient('a', undefined, {hub: checkpointer})
+    const b = await sim.addClient('b', undefined, {hub: {url: hub.url, cacheDir}})
+    const c = await sim.addClient('c', undefined, {hub: {url: hub.url, cacheDir}})
+    // epoch 0 starts from the plan's model (Dummy); the checkpoint a reports at the end of epoch 1 is the one a
+    // P2P epoch names
+    const reported = () => a.events.find((e) => e.event === 'checkpoint' && (e.epoch as number) >= 1)
+    await paced(sim, () => reported() !== undefined, 'the checkpoint of epoch 1')
+    const {step, revision} = reported() as {step: number; revision: string}
+    assert.match(revision, /^[0-9a-f]{40}$/)
+
+    // nobody serves the model any more (each peer's model server fails), and a new client arrives
+    for (const x of [a, b, c]) x.p2p.serveModel(async () => Promise.reject(new Error('not serving (test)')))
+    const d = await sim.addClient('d', undefined, {hub: {url: hub.url, cacheDir: join(tmp.path, 'cache-d')}})
+    const loaded = () => d.events.find((e) => e.event === 'model_loaded')
+    await paced(sim, () => loaded() !== undefined, 'd to load the model', 5).catch((error: Error) =>
+      assert.fail(`${error.message}\n${d.events.map((e) => JSON.stringify(e)).join('\n')}`),
+    )
+    const checkpoint = sim.coordinator.state.model.LLM.checkpoint
+    assert.ok(isCheckpointP2P(checkpoint) && checkpoint.P2P.revision === revision, `a P2P epoch naming the reported revision: ${JSON.stringify(checkpoint)}`)
+    assert.ok(
+      d.events.some((e) => e.event === 'model_fetch_failed'),
+      'd tried its peers first',
+    )
+    const got = loaded()!
+    assert.equal(got.source, 'hub_fallback', JSON.stringify(got))
+    assert.equal(got.step, step)
+    assert.equal(got.param_hash, hashAt(a, step), 'the Hub checkpoint is the peers’ model at that step')
+    assert.equal(d.events.find((e) => e.event === 'checkpoint_downloaded')?.revision, revision)
+
+    // and it trains with them, identical
+    await paced(sim, () => d.rounds.some((r) => r.step >= step + 2), 'd to apply two rounds', 50)
+    for (const s of [step + 1, step + 2]) {
+      assert.equal(hashAt(d, s), hashAt(a, s), `step ${s}: d and a identical`)
+      assert.equal(hashAt(d, s), hashAt(b, s), `step ${s}: d and b identical`)
+    }
+    assert.ok(
+      d.rounds.some((r) => r.peers_applied > 0 && r.loss !== null),
+      'd trained and applied its peers’ results',
+    )
+    await stopPaced(sim)
+  })
+
+  it('an upload that finishes after the Cooldown is reported (checkpoint_late, with its revision), and the commit is on the Hub', async () => {
+    hub ??= await HubServer.start({root: join(tmp.path, 'hub')})
+    const sim = new Simulation(simRun({total_steps: 40, epoch_time: 60, rounds_per_epoch: 3, cooldown_time: 1}))
+    const a = await sim.addClient('a', undefined, {hub: {url: hub.url, token: TOKEN, repo: 'sim/late', cacheDir: join(tmp.path, 'c2'), stagingDir: join(tmp.path, 's2')}})
+    await sim.addClient('b')
+    await sim.addClient('c')
+    // virtual time runs far ahead of the upload's real HTTP: the 1-second Cooldown is over before it finishes
+    await sim.runUntil(() => a.events.some((e) => e.event === 'checkpoint_upload_started'), {what: 'the upload to start'})
+    await sim.runUntil(() => sim.coordinator.state.run_state !== 'Cooldown', {what: 'the Cooldown to end'})
+    await paced(sim, () => a.events.some((e) => e.event === 'checkpoint_late'), 'the late upload', 20, 5000)
+    const late = a.events.find((e) => e.event === 'checkpoint_late')!
+    assert.match(String(late.revision), /^[0-9a-f]{40}$/)
+    assert.equal(late.repo_id, 'sim/late')
+    assert.match(String(late.reason), /after the Cooldown/)
+    assert.ok(!a.events.some((e) => e.event === 'checkpoint'), 'not sent to the coordinator')
+    const info = (await (await fetch(`${hub.url}/api/models/sim/late`)).json()) as {sha: string; siblings: {rfilename: string}[]}
+    assert.equal(info.sha, late.revision, 'the late commit is the branch head')
+    assert.ok(info.siblings.some((s) => s.rfilename === CHECKPOINT_META_FILE))
+    await stopPaced(sim)
+  })
+
+  it('psyche-checkpoint.json from the Hub is checked', async () => {
+    const dir = join(tmp.path, 'meta')
+    mkdirSync(dir, {recursive: true})
+    assert.equal(await readCheckpointMeta(dir), undefined)
+    const write = (v: unknown) => writeFileSync(join(dir, CHECKPOINT_META_FILE), typeof v === 'string' ? v : JSON.stringify(v))
+    write({step: 4, epoch: 1, param_hash: 'ab', run_id: 'r'})
+    assert.deepEqual(await readCheckpointMeta(dir), {step: 4, epoch: 1, param_hash: 'ab', run_id: 'r'})
+    for (const [bad, reason] of [
+      ['{', /not JSON/],
+      ['[1]', /not a JSON object/],
+      [{step: -1}, /step is not a non-negative integer/],
+      [{step: 1, param_hash: 5}, /param_hash/],
+      [{step: 1, epoch: 'x'}, /epoch/],
+    ] as const) {
+      write(bad)
+      await assert.rejects(readCheckpointMeta(dir), reason)
+    }
+  })
+})
