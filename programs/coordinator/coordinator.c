@@ -685,9 +685,10 @@ static u64 on_checkpoint(State *s, const u8 *key, const u8 *data, u64 len) {
   repo.kind = CK_HUB;
   u8 kind = s->checkpoint.kind;
   copy(&s->checkpoint_fallback, &repo, sizeof(Checkpoint));
-  if (kind == CK_P2P || kind == CK_HUB) {
+  /* the model now lives in that repository: it replaces a Hub or Dummy starting point too (the reference's onCheckpoint) */
+  if (kind == CK_P2P || kind == CK_HUB || kind == CK_DUMMY) {
     copy(&s->checkpoint, &repo, sizeof(Checkpoint));
-    s->checkpoint.kind = kind;
+    s->checkpoint.kind = kind == CK_P2P ? CK_P2P : CK_HUB;
   }
   s->checkpointed = 1;
   return 0;

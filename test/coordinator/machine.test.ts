@@ -368,6 +368,25 @@ describe('Cooldown → next epoch', () => {
     assert.deepEqual(s.model.LLM.checkpoint, {Hub: {repo_id: 'org/ckpt', revision: 'abc'}})
   })
 
+  for (const start of [{Dummy: {repo_id: 'org/dummy'}}, {Local: {path: 'model'}}] as const) {
+    it(`a checkpoint reported in a run that started from ${Object.keys(start)[0]} becomes its Hub fallback too`, () => {
+      let {state: s, now} = toFirstRound(ids(3), {epoch_time: 20, cooldown_time: 50}, {checkpoint: start as never})
+      for (let i = 0; i < 100 && s.run_state !== 'Cooldown'; i++) {
+        if (s.run_state === 'RoundTrain') s = witnessAll(s, now)
+        s = tick(s, (now += S))
+      }
+      s = ok(s, {type: 'checkpoint', from: 'c1', repo: {repo_id: 'org/ckpt', revision: 'abc'}}, now)
+      assert.deepEqual(s.model.LLM.checkpoint, {Hub: {repo_id: 'org/ckpt', revision: 'abc'}})
+      s = tick(s, now + 1 * S)
+      assert.deepEqual(s.model.LLM.checkpoint, {P2P: {repo_id: 'org/ckpt', revision: 'abc'}})
+      for (const id of ['c0', 'c1', 'c2']) s = ok(s, {type: 'withdraw', id}, now + 1 * S)
+      s = joinAll(s, ids(3, 'n'), now + 1 * S)
+      ;({state: s, now} = tickUntilChange(s, now + 1 * S))
+      assert.equal(s.run_state, 'Warmup')
+      assert.deepEqual(s.model.LLM.checkpoint, {Hub: {repo_id: 'org/ckpt', revision: 'abc'}}, 'newcomers load the uploaded checkpoint, not the starting point')
+    })
+  }
+
   it('accepts checkpoints only in Cooldown', () => {
     const {state: s, now} = toFirstRound(ids(3))
     rejected(s, {type: 'checkpoint', from: 'c0', repo: {repo_id: 'x/y'}}, now, 'InvalidRunState')

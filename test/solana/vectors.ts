@@ -300,6 +300,31 @@ async function rampAndLosses(): Promise<Scenario> {
   return finish(r)
 }
 
+/** A run started from a Dummy checkpoint: the Hub checkpoint reported in Cooldown is what a run nobody returns to loads. */
+async function dummyThenHub(): Promise<Scenario> {
+  const r = await recorder(
+    'dummy-then-hub',
+    ['a', 'b', 'c'],
+    {rounds_per_epoch: 2, min_clients: 2, init_min_clients: 2, cooldown_time: 50},
+    {checkpoint: {Dummy: {repo_id: 'org/dummy'}}},
+  )
+  r.apply({type: 'resume'}, 'ok')
+  for (const l of ['a', 'b']) r.apply({type: 'join', id: r.id(l)}, 'ok')
+  r.tickOut() // → Warmup
+  r.warmupAll()
+  r.witnessAll()
+  r.tickOut() // → round 2
+  r.witnessAll()
+  r.tickOut() // → Cooldown (rounds_per_epoch)
+  r.apply({type: 'checkpoint', from: r.id('a'), repo: {repo_id: 'org/ckpt', revision: 'abc'}}, 'ok')
+  r.tickOut() // Cooldown ends on the checkpoint → WaitingForMembers, P2P
+  for (const l of ['a', 'b']) r.apply({type: 'withdraw', id: r.id(l)}, 'ok')
+  r.apply({type: 'join', id: r.id('c')}, 'ok')
+  r.apply({type: 'join', id: r.id('b')}, 'ok')
+  r.tickOut() // → Warmup from the Hub checkpoint
+  return finish(r)
+}
+
 /** Accusations of invalid results: rejections, then a witness quorum ejects a trainer and excludes its result. */
 async function accusations(): Promise<Scenario> {
   const r = await recorder('accusations', ['a', 'b', 'c', 'd', 'e'], {verification_percent: 40})
@@ -382,6 +407,6 @@ export async function generateVectors(): Promise<VectorFile> {
   return {
     about:
       'Generated from src/core/coordinator (the reference). Each step: the event at `now`, and the reference state after it (or its rejection code). test/solana/vectors.test.ts requires the on-chain program to reach identical states.',
-    scenarios: [await fullRun(), await rejections(), await rampAndLosses(), await accusations(), await equivocation()],
+    scenarios: [await fullRun(), await rejections(), await rampAndLosses(), await accusations(), await equivocation(), await dummyThenHub()],
   }
 }

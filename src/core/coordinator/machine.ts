@@ -468,7 +468,10 @@ function onCheckpoint(s: CoordinatorState, event: Extract<CoordinatorEvent, {typ
   if (typeof event.repo?.repo_id !== 'string' || event.repo.repo_id === '') throw new Reject('InvalidEvent', 'checkpoint repo_id must be a non-empty string')
   const repo: HubRepo = event.repo.revision === undefined ? {repo_id: event.repo.repo_id} : {repo_id: event.repo.repo_id, revision: event.repo.revision}
   const checkpoint = s.model.LLM.checkpoint
-  const next: CheckpointConfig = isCheckpointP2P(checkpoint) ? {P2P: repo} : typeof checkpoint === 'object' && 'Hub' in checkpoint ? {Hub: repo} : checkpoint
+  // The model now lives in that Hub repository: it replaces a Hub, Dummy or Local starting point too, so the
+  // epoch's end (checkpointToP2P) keeps it as the fallback a run whose clients are all gone starts from again.
+  const fromHub = typeof checkpoint === 'object' && ('Hub' in checkpoint || 'Dummy' in checkpoint || 'Local' in checkpoint)
+  const next: CheckpointConfig = isCheckpointP2P(checkpoint) ? {P2P: repo} : fromHub ? {Hub: repo} : checkpoint
   return {...s, checkpoint_fallback: {Hub: repo}, model: {LLM: {...s.model.LLM, checkpoint: next}}, epoch: {...s.epoch, checkpointed: true}}
 }
 
