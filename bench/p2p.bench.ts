@@ -1,7 +1,8 @@
 // libp2p on loopback (TCP + noise + yamux, both nodes in this process, so the numbers include both ends'
 // encryption): result-blob fetch throughput by size (a DisTrO result of llama2-20m is ~65 KB; 64 MiB is the
 // default maximum), 8 concurrent fetches at the default bound of 4, announcement latency (publish -> the
-// other node's handler), and a model transfer over /psyche/model/1.
+// other node's handler), and a model transfer over /psyche/model/2 (signed manifests, every tensor's sha256
+// checked) from one peer and spread over three.
 import {randomBytes} from 'node:crypto'
 import {P2PNode, type ResultAnnouncement} from '../src/core/p2p/index.js'
 import {generateIdentity} from '../src/core/protocol/identity.js'
@@ -54,14 +55,36 @@ try {
   }
   console.log(`announcement latency (publish -> handler, median of 20): ${median(latencies).toFixed(2)} ms`)
 
-  // A llama2-20m-sized model: 79.2 MB of fp32 in 39 tensors.
+  // A llama2-20m-sized model: 79.2 MB of fp32 in 39 tensors, from one peer, then spread over three.
   const frames = Array.from({length: 39}, (_, i) => ({name: `t${i}`, dtype: 'float32', shape: [507_546], data: new Uint8Array(randomBytes(507_546 * 4))}))
-  producer.serveModel(async () => ({step, paramHash: 'bench', frames}))
-  const tm = performance.now()
-  const model = await fetcher.fetchModel([producerIdentity.id])
-  const modelMs = performance.now() - tm
-  const bytes = model.frames.reduce((s, f) => s + f.data.length, 0)
-  console.log(`model transfer: ${mb(bytes).toFixed(1)} MB in ${modelMs.toFixed(0)} ms, ${(mb(bytes) / (modelMs / 1000)).toFixed(0)} MB/s`)
+  const snapshot = {step, paramHash: 'bench', frames}
+  producer.serveModel(async () => snapshot)
+  const otherIdentities = [generateIdentity(), generateIdentity()]
+  const otherIds = otherIdentities.map((i) => i.id)
+  const others = await Promise.all(otherIdentities.map((identity) => P2PNode.start({identity, runId: 'bench', listen: LOOPBACK})))
+  try {
+    for (const o of others) {
+      o.serveModel(async () => snapshot)
+      await fetcher.connect(o.addresses())
+    }
+    for (const [what, from] of [
+      ['1 peer', [producerIdentity.id]],
+      ['3 peers', [producerIdentity.id, ...otherIds]],
+    ] as const) {
+      const times: number[] = []
+      let bytes = 0
+      for (let i = 0; i < 3; i++) {
+        const tm = performance.now()
+        const model = await fetcher.fetchModel([...from], {step})
+        times.push(performance.now() - tm)
+        bytes = model.frames.reduce((s, f) => s + f.data.length, 0)
+      }
+      const ms = median(times)
+      console.log(`model transfer from ${what} (median of 3): ${mb(bytes).toFixed(1)} MB in ${ms.toFixed(0)} ms, ${(mb(bytes) / (ms / 1000)).toFixed(0)} MB/s`)
+    }
+  } finally {
+    await Promise.all(others.map((o) => o.stop()))
+  }
 } finally {
   await Promise.all([producer.stop(), fetcher.stop()])
 }
