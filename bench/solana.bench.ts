@@ -6,6 +6,7 @@ import type {Address, KeyPairSigner} from '@solana/kit'
 import {
   accuseInstruction,
   healthCheckInstruction,
+  equivocationInstructions,
   joinRunInstruction,
   peerAddress,
   setPausedInstruction,
@@ -18,6 +19,9 @@ import {
 import {MAX_CLIENTS, PEER_SIZE, clientIdOf} from '../src/core/backend/solana/layout.js'
 import {assignBatches, buildWitnessProof, selectWitnesses, type CoordinatorState} from '../src/core/coordinator/index.js'
 import {deployRun, keypair, readRun} from '../test/solana/harness.js'
+import {createHash} from 'node:crypto'
+import {signAnnouncement} from '../src/core/p2p/announcement.js'
+import {identityFromSeed} from '../src/core/protocol/identity.js'
 
 const config = {
   warmup_time: 10,
@@ -55,9 +59,9 @@ const cu = new Map<string, bigint[]>()
 let txs = 0
 let txSeconds = 0
 /** The run's payer pays every fee; the instruction's own signer (client, authority) signs too. */
-async function send(name: string, _signer: KeyPairSigner, ix: Parameters<typeof chain.send>[1][number]): Promise<void> {
+async function send(name: string, _signer: KeyPairSigner, ix: Parameters<typeof chain.send>[1][number] | Parameters<typeof chain.send>[1]): Promise<void> {
   const start = performance.now()
-  const r = await chain.send(d.payer, [ix])
+  const r = await chain.send(d.payer, Array.isArray(ix) ? ix : [ix])
   txSeconds += (performance.now() - start) / 1000
   txs++
   if (!r.ok) throw new Error(`${name}: ${r.error}\n${r.logs.join('\n')}`)
@@ -111,6 +115,25 @@ const reporter = byId.get(witnesses[0])!
 await send('health_check (1 accused)', reporter, healthCheckInstruction(p, c, reporter, [absent]))
 const victim = state().epoch.round!.roster.find((id) => !witnesses.includes(id) && id !== absent)!
 for (const w of witnesses.slice(0, 22)) await send('accuse', byId.get(w)!, accuseInstruction(p, c, byId.get(w)!, state().epoch.round!.step, victim as Address))
+// An equivocation proof: two signed announcements of one producer, checked by the Ed25519 program and the coordinator.
+const producer = state().epoch.round!.roster.find((id) => !witnesses.includes(id) && id !== absent && id !== victim)!
+const producerIdentity = identityFromSeed(
+  createHash('sha256')
+    .update(`psyche-test-key/bench-${clients.findIndex((k) => clientIdOf(k.address) === producer)}`)
+    .digest(),
+)
+const announce = (commitment: number) =>
+  signAnnouncement(producerIdentity, {
+    run_id: 'bench-run',
+    step: state().epoch.round!.step,
+    client_id: producer,
+    batch_start: 0,
+    batch_end: 2,
+    commitment: Buffer.alloc(32, commitment).toString('hex'),
+    size: 1000,
+  })
+await send('equivocation (with the Ed25519 check)', reporter, equivocationInstructions(p, c, reporter, {a: announce(1), b: announce(2)}))
+if (state().epoch.clients.find((x) => x.id === producer)?.state !== 'Ejected') throw new Error('the equivocation did not eject the producer')
 await witnessRound()
 await tick()
 
