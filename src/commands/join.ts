@@ -3,7 +3,14 @@ import {Errors, Flags} from '@oclif/core'
 import {PsycheCommand} from '../core/cli/base-command.js'
 import {PsycheError} from '../core/errors.js'
 import {Progress} from '../core/cli/progress.js'
-import {CoordinatorConnection, type BackendConnector} from '../core/backend/index.js'
+import {homedir} from 'node:os'
+import {join as joinPath} from 'node:path'
+import {createKeyPairSignerFromPrivateKeyBytes, type KeyPairSigner} from '@solana/kit'
+import {CoordinatorConnection, type BackendConnector, type CoordinatorBackend} from '../core/backend/index.js'
+import {loadKeypairWithSeed} from '../core/backend/solana/admin.js'
+import {RpcChain} from '../core/backend/solana/chain.js'
+import {SolanaConnector} from '../core/backend/solana/client.js'
+import {parseAddress} from '../core/cli/solana-flags.js'
 import {systemClock, type ClientComponents} from '../core/client/components.js'
 import {PsycheClient, seedForRun, type ClientSummary} from '../core/client/runner.js'
 import {openDataProvider, type DataProvider} from '../core/data/index.js'
@@ -14,7 +21,7 @@ import {acceptedOf, ClientMetrics, serveMetrics} from '../core/obs/metrics.js'
 import {RoundReporter} from '../core/obs/report.js'
 import {coordinatorSeconds, summarizeRun} from '../core/obs/summary.js'
 import {startTerminalView, Warnings} from '../core/obs/terminal-view.js'
-import {generateIdentity, loadIdentity, type Identity} from '../core/protocol/identity.js'
+import {generateIdentity, identityFromSeed, identityPrivateSeed, loadIdentity, type Identity} from '../core/protocol/identity.js'
 import {resolveTrainPlan, type Precision, type TrainPlan} from '../core/train/plan.js'
 import {checkRepoId, checkToken} from '../core/checkpoint/hub.js'
 import {shuffleSeedFor} from '../core/train/single-node.js'
@@ -29,11 +36,14 @@ type ProviderLocation = Parameters<typeof openDataProvider>[0]
 type Log = (event: Record<string, unknown>) => void
 
 /**
- * The real components of a client: a PyTorch worker, the run's data, a libp2p node, and the TCP coordinator
- * server (a new connection per join). Whatever started is stopped again if a later part fails.
+ * The real components of a client: a PyTorch worker, the run's data, a libp2p node, and the coordinator: the TCP
+ * server (a new connection per join), or `backend` (the Solana program). Whatever started is stopped again if a
+ * later part fails.
  */
 export async function startComponents(o: {
   serverAddr: string
+  /** Another backend than the TCP server at serverAddr (a run on Solana). */
+  backend?: BackendConnector
   runId: string
   identity: Identity
   plan: TrainPlan
@@ -57,7 +67,7 @@ export async function startComponents(o: {
     await worker.shutdown()
     throw error
   }
-  const backend: BackendConnector = {
+  const backend: BackendConnector = o.backend ?? {
     description: `coordinator ${serverAddr}`,
     connect: async ({p2pAddrs}) => {
       const connection = await CoordinatorConnection.connect({
@@ -77,11 +87,17 @@ export async function startComponents(o: {
 
 export default class Join extends PsycheCommand {
   static summary = 'Join a training run as a client: train assigned batches, exchange results with peers, witness'
-  static description = `Connects to a centralized coordinator (psyche server run), follows the run through Warmup, RoundTrain,
+  static description = `Connects to a centralized coordinator (psyche server run), or with --rpc to a run on Solana, follows the run through Warmup, RoundTrain,
 RoundWitness and Cooldown, drives a PyTorch worker (DisTrO on the network path), gossips results to its peers
 over libp2p, applies the results a witness quorum confirmed, witnesses when selected and sends health checks.
 The model and data come from --config (the run's state.toml, for its model directory and data) or the
 tiny-demo template; the LR schedule and DisTrO settings come from the coordinator's state.
+
+On Solana (--rpc, --program-id): the client's key is --keypair (a Solana keypair file, default
+~/.config/solana/id.json) or --identity (the same ed25519 key either way: its hex public key is the client id, its
+base58 the address that signs and pays for the client's transactions). The client publishes its libp2p addresses
+in its on-chain peer record, finds its peers' there, joins (with the run's authorization when permissioned),
+follows the coordinator account (--ws-rpc: accountSubscribe; else polling) and ticks the run when a tick is due.
 With --json, one JSON object per line on stdout: {"event":"round","step","epoch","loss","param_hash",
 "applied","peers_applied","peers_accepted","other_trainers","bytes_in","bytes_out","peers",...} after each
 applied round, and other events (model_loaded, trained, witness, health_check, rejected, worker_crashed,
@@ -98,12 +114,19 @@ several rounds while others train prints a no_exchange warning naming the addres
   static examples = [
     '<%= config.bin %> join --server-addr 127.0.0.1:5000 --run-id tiny-demo',
     '<%= config.bin %> join --server-addr host:5000 --run-id my-run --config run/state.toml --identity me.json --threads 2 --json',
+    '<%= config.bin %> join --rpc http://127.0.0.1:8899 --ws-rpc ws://127.0.0.1:8900 --program-id <ID> --run-id my-run --config run/state.toml --keypair me.json',
   ]
 
   static flags = {
-    'server-addr': Flags.string({summary: 'the coordinator server, host:port', required: true}),
+    'server-addr': Flags.string({summary: 'the coordinator server, host:port', exactlyOne: ['server-addr', 'rpc']}),
+    rpc: Flags.string({summary: 'join a run on Solana: JSON-RPC URL of the cluster', exactlyOne: ['server-addr', 'rpc']}),
+    'ws-rpc': Flags.string({summary: "Solana: the cluster's websocket URL (accountSubscribe); default: poll --rpc", dependsOn: ['rpc']}),
+    'program-id': Flags.string({summary: 'Solana: address of the coordinator program', env: 'PSYCHE_COORDINATOR_PROGRAM'}),
+    keypair: Flags.string({summary: 'Solana: keypair file (JSON array of 64 bytes) of the client (default ~/.config/solana/id.json)', exclusive: ['identity']}),
+    authorization: Flags.string({summary: "Solana, permissioned runs: the authorization that admits this key (default: the join authority's grant to it)"}),
+    'poll-ms': Flags.integer({summary: 'Solana: how often the coordinator account is read without --ws-rpc (ms)', default: 500, min: 50}),
     'run-id': Flags.string({summary: "the run to join (must match the server's)", required: true}),
-    identity: Flags.string({summary: 'identity file (psyche-identity JSON); default: a new random identity for this process'}),
+    identity: Flags.string({summary: 'identity file (psyche-identity JSON); default: a new random identity for this process (with --rpc: --keypair)'}),
     config: Flags.string({char: 'c', summary: 'the run config (state.toml) whose model directory and data this client uses'}),
     template: Flags.string({summary: 'use templates/NAME/state.toml for model and data (default tiny-demo when no --config)'}),
     model: Flags.string({summary: "model directory (config.json [+ model.safetensors]); overrides the config's checkpoint"}),
@@ -172,14 +195,38 @@ several rounds while others train prints a no_exchange warning naming the addres
       announce: flags['p2p-announce'] ? parseMultiaddrs(flags['p2p-announce'], '--p2p-announce') : undefined,
     }
     const relays = flags.relay ? parseMultiaddrs(flags.relay, '--relay', {needPeer: true}) : undefined
-    const identity = flags.identity ? await loadIdentity(resolve(flags.identity)) : generateIdentity()
     const runId = flags['run-id']
+    let identity: Identity
+    let solana: SolanaConnector | undefined
+    if (flags.rpc) {
+      // One ed25519 key: the psyche identity (client id, libp2p peer id) and the Solana signer.
+      let signer: KeyPairSigner
+      if (flags.identity) {
+        identity = await loadIdentity(resolve(flags.identity))
+        signer = await createKeyPairSignerFromPrivateKeyBytes(identityPrivateSeed(identity))
+      } else {
+        const k = await loadKeypairWithSeed(resolve(flags.keypair ?? joinPath(homedir(), '.config', 'solana', 'id.json')))
+        signer = k.signer
+        identity = identityFromSeed(k.seed)
+      }
+      solana = new SolanaConnector({
+        chain: new RpcChain(flags.rpc),
+        programId: parseAddress(flags['program-id'], 'program-id'),
+        runId,
+        signer,
+        wsUrl: flags['ws-rpc'],
+        pollMs: flags['poll-ms'],
+        authorization: flags.authorization ? parseAddress(flags.authorization, 'authorization') : undefined,
+        log: (e) => log({...e, source: 'coordinator'}),
+      })
+    } else identity = flags.identity ? await loadIdentity(resolve(flags.identity)) : generateIdentity()
     const seed = seedForRun(runId)
     // Metrics are derived from the same event stream the terminal and --json show.
     const metrics = flags['metrics-port'] === undefined ? undefined : new ClientMetrics({seqLen: plan.seqLen})
     // --json: every event is one line on stdout, flushed as it happens, for the testnet and scripts to follow.
     const reporter = new RoundReporter(plan.seqLen)
     let connection: CoordinatorConnection | undefined
+    let current: CoordinatorBackend | undefined
     const log = (event: Record<string, unknown>) => {
       metrics?.observe(event)
       const r = reporter.observe(event)
@@ -250,14 +297,33 @@ several rounds while others train prints a no_exchange warning naming the addres
     }
     const metricsEndpoint = metrics ? await serveMetrics(metrics.registry, {port: flags['metrics-port']!, host: flags['metrics-host']}) : undefined
     if (metricsEndpoint) log({event: 'metrics_listening', host: flags['metrics-host'], port: metricsEndpoint.port, path: '/metrics'})
-    progress.status(`connecting to ${flags['server-addr']} (run ${runId}) as ${identity.id.slice(0, 16)}…`)
+    const target = flags.rpc ? `${flags.rpc} (Solana)` : flags['server-addr']!
+    progress.status(`connecting to ${target} (run ${runId}) as ${identity.id.slice(0, 16)}…`)
     // Ctrl-C / SIGTERM: withdraw from the run, then exit with the signal's code (the worker is killed on exit, see
     // worker/client.ts).
     let client: PsycheClient | undefined
     this.shutdown.onSignal(() => {
       client?.withdrawNow()
     })
-    const components = await startComponents({serverAddr: flags['server-addr'], runId, identity, plan, seed, log, p2p, onConnected: (c) => (connection = c)})
+    const backend: BackendConnector | undefined = solana && {
+      description: solana.description,
+      connect: async (j) => {
+        const b = await solana.connect(j)
+        current = b
+        return b
+      },
+    }
+    const components = await startComponents({
+      serverAddr: flags['server-addr'] ?? '',
+      backend,
+      runId,
+      identity,
+      plan,
+      seed,
+      log,
+      p2p,
+      onConnected: (c) => (connection = current = c),
+    })
     const hub = {url: flags['hub-url'], token: flags['hub-token'], repo: flags['hub-repo'], revision: flags['hub-revision']}
     if (hub.repo) {
       checkRepoId(hub.repo, '--hub-repo')
@@ -268,12 +334,12 @@ several rounds while others train prints a no_exchange warning naming the addres
     const me = client.id
     const view = live
       ? startTerminalView(() => {
-          const state = connection?.state
+          const state = current?.state
           const summary = state ? summarizeRun(state, coordinatorSeconds(connection?.serverTime ?? Date.now() / 1000)) : undefined
           const last = watch.last
           const n = (v: unknown) => (typeof v === 'number' ? v : null)
           return {
-            title: `psyche join · run ${runId} · ${me.slice(0, 12)}… · ${flags['server-addr']}${metricsEndpoint ? ` · metrics :${metricsEndpoint.port}` : ''}`,
+            title: `psyche join · run ${runId} · ${me.slice(0, 12)}… · ${target}${metricsEndpoint ? ` · metrics :${metricsEndpoint.port}` : ''}`,
             summary,
             clients: (summary?.clients ?? []).map((c) => ({name: `${c.id.slice(0, 12)}…${c.id === me ? ' (me)' : ''}`, state: c.state})),
             losses: watch.losses,

@@ -13,8 +13,9 @@ import {generateIdentity} from '../core/protocol/index.js'
 
 export default class Testnet extends PsycheCommand {
   static summary = 'Run a coordinator and N clients on this machine, as separate processes, and watch them train together'
-  static description = `Starts \`psyche server run\` and N \`psyche join\` processes for the run in --config (a run directory
-with state.toml), shows one status view (a live line on a terminal, plain lines otherwise, nothing with --json),
+  static description = `Starts \`psyche server run\` (or, with --backend solana, the Solana coordinator program in a localnet:
+the run is created, configured and resumed on it, and the clients join with --rpc) and N \`psyche join\` processes
+for the run in --config (a run directory with state.toml), shows one status view (a live line on a terminal, plain lines otherwise, nothing with --json),
 optionally kills K random clients every S seconds and restarts them, and ends with a summary. With --json the
 summary is one object: {run_id, clients, rounds: [{step, epoch, clients: {name: {loss, param_hash}}, hashes_equal}],
 kills, rejoins, bytes: {name: {in, out}}, result_bytes_per_round, wall_seconds, ended}.`
@@ -32,6 +33,11 @@ kills, rejoins, bytes: {name: {in, out}}, result_bytes_per_round, wall_seconds, 
     'random-kill-interval': Flags.integer({summary: 'seconds between random kills', default: 30, min: 1}),
     threads: Flags.integer({summary: 'torch threads per client worker (default 1)', default: 1, min: 1}),
     timeout: Flags.integer({summary: 'give up after this many seconds', default: 900, min: 1}),
+    backend: Flags.string({
+      summary: 'the coordinator: psyche server run (centralized), or the Solana program in a localnet in this process (solana)',
+      options: ['centralized', 'solana'],
+      default: 'centralized',
+    }),
   }
 
   async run(): Promise<TestnetSummary> {
@@ -64,6 +70,7 @@ kills, rejoins, bytes: {name: {in, out}}, result_bytes_per_round, wall_seconds, 
     const summary = await runTestnet({
       signal: interrupt.signal,
       clients: flags.clients,
+      backend: flags.backend as 'centralized' | 'solana',
       config: flags.config,
       rounds: flags.rounds,
       randomKillNum: flags['random-kill-num'],
@@ -96,6 +103,19 @@ kills, rejoins, bytes: {name: {in, out}}, result_bytes_per_round, wall_seconds, 
                   warnings: warnings.list,
                 }
               })
+            }
+            break
+          case 'solana':
+            progress.status(`coordinator: program ${e.program_id} in a localnet at ${e.url}; starting ${flags.clients} clients`)
+            if (liveView) {
+              view = startTerminalView(() => ({
+                title: `psyche testnet · ${flags.clients} clients · Solana ${e.url}`,
+                summary: undefined,
+                clients: [...rows.entries()].sort().map(([name, r]) => ({name, ...r})),
+                losses: [],
+                peers: null,
+                warnings: warnings.list,
+              }))
             }
             break
           case 'round': {

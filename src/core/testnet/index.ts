@@ -7,6 +7,7 @@ import {generateIdentity, saveIdentity} from '../protocol/identity.js'
 import {KillScheduler} from './kills.js'
 import {parseRoundLine, RoundBook, type TestnetSummary} from './summary.js'
 import {ClientProcess, ProcessGroup, startServer} from './supervisor.js'
+import {startSolanaRun, type SolanaTestnet} from './solana.js'
 
 export {pickVictims} from './kills.js'
 export {RoundBook, parseRoundLine, type ClientRound, type RoundLine, type TestnetSummary} from './summary.js'
@@ -19,6 +20,8 @@ export {RoundBook, parseRoundLine, type ClientRound, type RoundLine, type Testne
 
 export interface TestnetOptions {
   clients: number
+  /** The coordinator: `psyche server run` (centralized, default), or the Solana program in a localnet (solana). */
+  backend?: 'centralized' | 'solana'
   /** A run directory holding state.toml, or the state.toml itself. */
   config: string
   /** Stop once every live client has applied this many rounds (steps); default: until the run is Finished. */
@@ -40,6 +43,7 @@ export interface TestnetOptions {
 
 export type TestnetEvent =
   | {kind: 'server'; port: number}
+  | {kind: 'solana'; url: string; program_id: string}
   | {kind: 'client_started'; client: string; generation: number}
   | {kind: 'round'; client: string; step: number; epoch: number; loss: number | null; param_hash: string}
   | {kind: 'killed'; client: string; after_step: number | null}
@@ -122,7 +126,8 @@ export async function runTestnet(options: TestnetOptions): Promise<TestnetSummar
   }
   const newClient = (name: string, identityPath: string, port: number) => {
     // One machine: libp2p on loopback only, so clients are told (and dial) loopback addresses.
-    const joinArgs = ['--server-addr', `127.0.0.1:${port}`, '--run-id', runId, '--config', statePath, '--p2p-listen', '/ip4/127.0.0.1/tcp/0']
+    const coordinator = solana ? ['--rpc', solana.url, '--ws-rpc', solana.wsUrl, '--program-id', solana.programId] : ['--server-addr', `127.0.0.1:${port}`]
+    const joinArgs = [...coordinator, '--run-id', runId, '--config', statePath, '--p2p-listen', '/ip4/127.0.0.1/tcp/0']
     if (options.threads) joinArgs.push('--threads', String(options.threads))
     const client: ClientProcess = new ClientProcess(name, identityPath, group, joinArgs, {
       onEvent: (e, generation) => {
@@ -153,18 +158,28 @@ export async function runTestnet(options: TestnetOptions): Promise<TestnetSummar
   }
 
   const serverState = serverStateFile(statePath, options.clients, run.config?.init_min_clients)
+  let solana: SolanaTestnet | undefined
   try {
-    const server = await startServer(group, serverState.path, join(work, 'server'))
-    emit({kind: 'server', port: server.port})
-    void server.proc.then(() => {
-      serverDown = true
-      wake()
-    })
+    let port = 0
+    if (options.backend === 'solana') {
+      solana = await startSolanaRun(serverState.path)
+      emit({kind: 'solana', url: solana.url, program_id: solana.programId})
+    } else {
+      const server = await startServer(group, serverState.path, join(work, 'server'))
+      port = server.port
+      emit({kind: 'server', port})
+      void server.proc.then(() => {
+        serverDown = true
+        wake()
+      })
+    }
 
     for (const name of names) {
       const identityPath = join(work, `${name}.json`)
-      await saveIdentity(generateIdentity(), identityPath)
-      const client = newClient(name, identityPath, server.port)
+      const identity = generateIdentity()
+      await saveIdentity(identity, identityPath)
+      solana?.fund(identity.id)
+      const client = newClient(name, identityPath, port)
       clients.push(client)
       startClient(client)
     }
@@ -200,6 +215,7 @@ export async function runTestnet(options: TestnetOptions): Promise<TestnetSummar
     kills.stop()
     for (const c of clients) c.alive = false
     await group.stopAll()
+    await solana?.close()
     rmSync(work, {recursive: true, force: true})
     serverState.remove()
   }

@@ -15,6 +15,11 @@ import type {SendResult} from './local-chain.js'
 
 /** Reads a Solana CLI keypair file (a JSON array of 64 numbers: secret key then public key). */
 export async function loadKeypair(path: string): Promise<KeyPairSigner> {
+  return (await loadKeypairWithSeed(path)).signer
+}
+
+/** A keypair file's signer and its 32-byte ed25519 seed (a psyche identity is the same key: identityFromSeed). */
+export async function loadKeypairWithSeed(path: string): Promise<{signer: KeyPairSigner; seed: Uint8Array}> {
   let bytes: unknown
   try {
     bytes = JSON.parse(await readFile(path, 'utf8'))
@@ -25,7 +30,7 @@ export async function loadKeypair(path: string): Promise<KeyPairSigner> {
     throw new PsycheError(`${path}: a Solana keypair file is a JSON array of 64 bytes (solana-keygen new -o ${path})`, {code: 'EKEYPAIR'})
   }
   try {
-    return await createKeyPairSignerFromBytes(Uint8Array.from(bytes))
+    return {signer: await createKeyPairSignerFromBytes(Uint8Array.from(bytes)), seed: Uint8Array.from(bytes.slice(0, 32))}
   } catch (error) {
     throw new PsycheError(`${path}: not a valid ed25519 keypair: ${(error as Error).message}`, {code: 'EKEYPAIR'})
   }
