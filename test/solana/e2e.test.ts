@@ -1,0 +1,145 @@
+import assert from 'node:assert/strict'
+import {randomBytes} from 'node:crypto'
+import {readFileSync, writeFileSync} from 'node:fs'
+import {join} from 'node:path'
+import {after, before, describe, it} from 'node:test'
+import {generateKeyPairSigner, type Address} from '@solana/kit'
+import {readRun} from '../../src/core/backend/solana/admin.js'
+import {RpcChain} from '../../src/core/backend/solana/chain.js'
+import {addressOfClient} from '../../src/core/backend/solana/layout.js'
+import {ensureDemoCorpus} from '../../src/core/corpus.js'
+import {identityFromSeed} from '../../src/core/protocol/identity.js'
+import {JsonProcess, hashesByStep, writeE2eRun} from '../e2e/helpers.js'
+import {runCli, tempDir} from '../helpers.js'
+
+/**
+ * End to end over Solana, with real processes: `psyche solana localnet` (the committed programs in LiteSVM behind the
+ * JSON-RPC API), the run creator's commands, and `psyche join --rpc` clients, each with its PyTorch worker and libp2p
+ * node; then `psyche testnet --backend solana`. Every test asserts that peers' results were applied, that the
+ * replicas' parameters are equal and that they changed every round.
+ */
+
+/** A Solana CLI keypair file (secret seed then public key) and its client id. */
+function writeKeypair(path: string): {address: Address; id: string} {
+  const seed = randomBytes(32)
+  const identity = identityFromSeed(seed)
+  writeFileSync(path, JSON.stringify([...seed, ...identity.publicKey]))
+  return {address: addressOfClient(identity.id), id: identity.id}
+}
+
+/** The e2e run, on chain: its model is the plan's (a Dummy checkpoint naming the run's model directory). */
+function writeSolanaRun(dir: string, shape: Parameters<typeof writeE2eRun>[1]): string {
+  const path = writeE2eRun(dir, shape)
+  const text = readFileSync(path, 'utf8')
+  assert.ok(text.includes('[model.LLM.checkpoint.Local]\npath = "model"'))
+  writeFileSync(path, text.replace('[model.LLM.checkpoint.Local]\npath = "model"', '[model.LLM.checkpoint.Dummy]\nrepo_id = "model"'))
+  return path
+}
+
+function assertTrainedTogether(clients: JsonProcess[], steps: number[]): void {
+  const byStep = hashesByStep(clients)
+  for (const step of steps) {
+    const hashes = byStep.get(step)
+    assert.ok(hashes && hashes.size === clients.length, `step ${step}: applied by ${hashes ? [...hashes.keys()] : 'nobody'}`)
+    assert.equal(new Set(hashes.values()).size, 1, `step ${step}: parameter hashes differ: ${JSON.stringify([...hashes])}`)
+  }
+  // the parameters changed every round, from the loaded model on
+  const loaded = clients[0].events.find((e) => e.event === 'model_loaded')?.param_hash
+  const chain = [loaded, ...steps.map((s) => [...byStep.get(s)!.values()][0])]
+  assert.equal(new Set(chain).size, chain.length, `the model changed every round: ${chain.map((h) => String(h).slice(0, 8))}`)
+  for (const c of clients) {
+    for (const r of c.rounds().filter((x) => steps.includes(x.step))) {
+      const round = r as unknown as {peers_applied: number; other_trainers: number; loss: number | null}
+      assert.equal(typeof round.loss, 'number', `${c.name} step ${r.step}: trained`)
+      assert.equal(round.peers_applied, clients.length - 1, `${c.name} step ${r.step}: applied its peers' results (${JSON.stringify(r)})`)
+    }
+  }
+}
+
+describe('end to end on Solana: localnet, run creator commands, join --rpc clients', {timeout: 300_000}, () => {
+  const dir = tempDir('psyche-sol-e2e-')
+  const procs: JsonProcess[] = []
+  before(async () => {
+    await ensureDemoCorpus()
+  })
+  after(async () => {
+    await Promise.all(procs.map((p) => p.stop()))
+    dir.cleanup()
+  })
+
+  it('two clients join a run created on the localnet and train 4 rounds over the program', async () => {
+    const state = writeSolanaRun(dir.path, {runId: 'sol-e2e', roundsPerEpoch: 2, totalSteps: 4, initMinClients: 2})
+    const authority = writeKeypair(join(dir.path, 'authority.json'))
+    const keys = ['a', 'b'].map((n) => ({name: n, path: join(dir.path, `${n}.json`), ...writeKeypair(join(dir.path, `${n}.json`))}))
+    const programId = (await generateKeyPairSigner()).address
+    const authorizerId = (await generateKeyPairSigner()).address
+    const fund = [authority, ...keys].flatMap((k) => ['--fund', k.address])
+    const localnet = new JsonProcess('localnet', ['solana', 'localnet', '--program-id', programId, '--authorizer-id', authorizerId, '--port', '0', ...fund, '--json'])
+    procs.push(localnet)
+    const url = (await localnet.waitFor((e) => e.event === 'listening', 'the localnet to listen', 60_000)).url as string
+    const solana = ['--rpc', url, '--program-id', programId]
+
+    const created = await runCli(['create-run', ...solana, '--run-id', 'sol-e2e', '--config-path', state, '--keypair', join(dir.path, 'authority.json'), '--json'])
+    assert.equal(created.exitCode, 0, created.stderr)
+    const resumed = await runCli(['set-paused', ...solana, '--run-id', 'sol-e2e', '--keypair', join(dir.path, 'authority.json'), 'resume'])
+    assert.equal(resumed.exitCode, 0, resumed.stderr)
+
+    const clients = keys.map(
+      (k) =>
+        new JsonProcess(k.name, [
+          'join',
+          ...solana,
+          '--ws-rpc',
+          url.replace('http', 'ws'),
+          '--run-id',
+          'sol-e2e',
+          '--keypair',
+          k.path,
+          '--config',
+          state,
+          '--threads',
+          '1',
+          '--p2p-listen',
+          '/ip4/127.0.0.1/tcp/0',
+          '--json',
+        ]),
+    )
+    procs.push(...clients)
+    for (const c of clients) await c.waitFor((e) => e.event === 'finished', 'the run to finish', 240_000)
+
+    assertTrainedTogether(clients, [1, 2, 3, 4])
+    for (const [i, c] of clients.entries()) assert.equal(c.events.find((e) => e.event === 'started')?.client_id, keys[i].id, `${c.name}: its client id is its key`)
+    // The run on chain: finished, with both keys as its clients.
+    const run = await readRun({chain: new RpcChain(url), programId, runId: 'sol-e2e'})
+    assert.equal(run.state.run_state, 'Finished')
+    assert.deepEqual(run.state.epoch.clients.map((c) => c.id).sort(), keys.map((k) => k.id).sort())
+    assert.equal(run.main_authority, authority.address)
+  })
+
+  it('psyche testnet --backend solana --json: the run on a localnet, clients joined with --rpc, rounds summarized', async () => {
+    const run = tempDir('psyche-sol-testnet-')
+    try {
+      writeE2eRun(run.path, {runId: 'sol-testnet', roundsPerEpoch: 3, totalSteps: 100, initMinClients: 2})
+      const r = await runCli(['testnet', '--backend', 'solana', '--clients', '2', '--config', run.path, '--rounds', '3', '--threads', '1', '--timeout', '150', '--json'], {
+        timeoutMs: 180_000,
+      })
+      assert.equal(r.exitCode, 0, r.stderr)
+      const summary = JSON.parse(r.stdout)
+      assert.equal(summary.ended, 'rounds')
+      assert.deepEqual(
+        summary.rounds.map((x: {step: number}) => x.step),
+        [1, 2, 3],
+      )
+      for (const round of summary.rounds) {
+        assert.equal(Object.keys(round.clients).length, 2)
+        assert.equal(round.hashes_equal, true, JSON.stringify(round))
+      }
+      const hashes = summary.rounds.map((x: {clients: Record<string, {param_hash: string}>}) => Object.values(x.clients)[0].param_hash)
+      assert.equal(new Set(hashes).size, 3, 'the model changed every round')
+      assert.equal(summary.rounds_without_exchange, 0, 'every round applied the peers’ results')
+      for (const b of Object.values(summary.bytes) as {in: number; out: number}[]) assert.ok(b.in > 0 && b.out > 0)
+    } finally {
+      run.cleanup()
+    }
+  })
+})
