@@ -31,10 +31,14 @@ function batch(seed: number): Uint32Array {
   return out
 }
 
-async function rounds(device: string, microBatch: number): Promise<{losses: number[]; results: Buffer[]; hashes: string[]; dataParallel: number}> {
-  const w = await ModelWorker.start({device, threads: 1, label: `dp-${device}`})
+async function rounds(
+  device: string,
+  microBatch: number,
+  precision: 'auto' | 'fp32' | 'bf16' = 'auto',
+): Promise<{losses: number[]; results: Buffer[]; hashes: string[]; dataParallel: number; precision: string}> {
+  const w = await ModelWorker.start({device, threads: 1, precision, label: `dp-${device}`})
   workers.push(w)
-  const hello = (await w.client.call<{data_parallel: number}>('hello')).reply
+  const hello = (await w.client.call<{data_parallel: number; precision: string}>('hello')).reply
   await w.initFromConfig(small, 7)
   await w.configure({optimizer: distro, lr_schedule: {Constant: {base_lr: 1e-2, warmup_steps: 0, warmup_init_lr: 0}}, micro_batch: microBatch, delay_correction: true})
   const losses: number[] = []
@@ -49,7 +53,7 @@ async function rounds(device: string, microBatch: number): Promise<{losses: numb
     previous = {applyStep: step, results: [r.result]}
   }
   await w.shutdown()
-  return {losses, results, hashes, dataParallel: hello.data_parallel}
+  return {losses, results, hashes, dataParallel: hello.data_parallel, precision: hello.precision}
 }
 
 const workers: ModelWorker[] = []
@@ -69,6 +73,22 @@ describe('data parallelism inside one client (2 gloo ranks on CPU)', () => {
     // Work happened: the model changed every round, and the results are real DisTrO results.
     assert.equal(new Set(one.hashes).size, 3)
     assert.ok(one.results.every((r) => r.length > 100))
+  })
+
+  it('--precision bf16 reaches every rank: 2 bf16 ranks equal 1 bf16 rank bit for bit, and differ from fp32', async () => {
+    const fp32 = await rounds('cpu', ROWS / 2)
+    const one = await rounds('cpu', ROWS / 2, 'bf16')
+    const two = await rounds('cpu,cpu', ROWS / 2, 'bf16')
+    assert.equal(fp32.precision, 'fp32') // auto on CPU
+    assert.equal(one.precision, 'bf16')
+    assert.equal(two.precision, 'bf16')
+    assert.deepEqual(two.losses, one.losses)
+    assert.deepEqual(two.hashes, one.hashes)
+    for (let i = 0; i < one.results.length; i++) assert.ok(two.results[i].equals(one.results[i]), `step ${i + 1}: bf16 results differ`)
+    // autocast ran (a rank left in fp32 would make the 2-rank losses differ from the 1-rank bf16 ones, too)
+    assert.notDeepEqual(one.losses, fp32.losses)
+    for (let i = 0; i < one.losses.length; i++) assert.ok(Math.abs(one.losses[i] - fp32.losses[i]) < 0.05 * fp32.losses[i], 'bf16 loss near the fp32 loss')
+    assert.equal(new Set(one.hashes).size, 3)
   })
 })
 
