@@ -59,7 +59,7 @@ try {
     cli(['server', 'run', '--state', state, '--save-state-dir', saveDir, '--dashboard-port', '0'], (e) => {
       if (e.event === 'listening') {
         port = e.port
-        for (let i = 0; i < 3; i++) cli(['join', '--server-addr', `127.0.0.1:${port}`, '--run-id', 'tiny-demo', '--config', state, '--threads', '1'], () => {})
+        for (let i = 0; i < 3; i++) cli(['join', '--server-addr', `127.0.0.1:${port}`, '--run-id', 'tiny-demo', '--config', state, '--threads', '1', '--eval-every', '5'], () => {})
       }
       if (e.event === 'dashboard_listening') resolve(e.url)
     })

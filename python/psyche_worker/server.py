@@ -161,7 +161,8 @@ class Worker:
         return self.t.train_step(self._tokens(frames), int(h.get("step", 0))), []
 
     def op_evaluate(self, h, frames) -> Reply:
-        return self.t.evaluate(self._tokens(frames)), []
+        """Frame: token ids. The mean loss on them at the replicated parameters (validation: changes nothing)."""
+        return self.t.evaluate_replicated(self._tokens(frames)), []
 
     def op_apply_results(self, h, frames) -> Reply:
         for i, f in enumerate(frames):

@@ -290,6 +290,23 @@ class Trainer:
         return [(n, p.detach()) for n, p in sorted(self.model.named_parameters(), key=lambda kv: kv[0])]
 
     @torch.no_grad()
+    def evaluate_replicated(self, tokens: torch.Tensor) -> dict[str, Any]:
+        """The loss on `tokens` at the replicated parameters (every replica holds the same: a pending DisTrO
+        speculation is set aside for the evaluation and put back bit-exactly), so every client that evaluates the
+        same held-out batches after the same step gets the same validation loss. Changes nothing."""
+        peer = self.distro_peers[0] if self.distro_peers else None
+        if peer is None or peer._committed is None:
+            return self.evaluate(tokens)
+        speculative = [p.detach().clone() for p in peer.params]
+        try:
+            for p, c in zip(peer.params, peer._committed):
+                p.data.copy_(c)
+            return self.evaluate(tokens)
+        finally:
+            for p, c in zip(peer.params, speculative):
+                p.data.copy_(c)
+
+    @torch.no_grad()
     def evaluate(self, tokens: torch.Tensor) -> dict[str, Any]:
         batch = self.to_device_tokens(tokens)
         self.model.eval()

@@ -55,15 +55,21 @@ export async function startComponents(o: {
   onConnected?: (connection: CoordinatorConnection) => void
 }): Promise<ClientComponents> {
   const {serverAddr, runId, identity, plan, log} = o
-  const worker = await ModelWorker.start({threads: plan.threads, device: plan.device, dataParallel: plan.dataParallel, precision: plan.precision, label: 'client'})
+  const startWorker = () => ModelWorker.start({threads: plan.threads, device: plan.device, dataParallel: plan.dataParallel, precision: plan.precision, label: 'client'})
+  const worker = await startWorker()
   let p2p: P2PNode | undefined
   let data: DataProvider | undefined
+  let evalData: DataProvider | undefined
   try {
     data = await openDataProvider(plan.data as ProviderLocation, {seqLen: plan.seqLen, baseDir: plan.dataBaseDir, shuffleSeed: shuffleSeedFor(o.seed), wrap: true})
+    // The held-out split, in the run's shuffled order (the same samples on every client: client/eval.ts).
+    if (plan.validation && plan.evalEvery > 0)
+      evalData = await openDataProvider(plan.validation as ProviderLocation, {seqLen: plan.seqLen, baseDir: plan.dataBaseDir, shuffleSeed: shuffleSeedFor(o.seed)})
     p2p = await P2PNode.start({identity, runId, listen: o.p2p.listen, announce: o.p2p.announce, log: (e) => log({...(e as Record<string, unknown>), source: 'p2p'})})
   } catch (error) {
     await p2p?.stop()
     await data?.close()
+    await evalData?.close()
     await worker.shutdown()
     throw error
   }
@@ -82,7 +88,7 @@ export async function startComponents(o: {
       return connection
     },
   }
-  return {backend, p2p, worker, data, clock: systemClock}
+  return {backend, p2p, worker, data, evalData, clock: systemClock, restartWorker: startWorker}
 }
 
 export default class Join extends PsycheCommand {
@@ -99,7 +105,8 @@ base58 the address that signs and pays for the client's transactions). The clien
 in its on-chain peer record, finds its peers' there, joins (with the run's authorization when permissioned),
 follows the coordinator account (--ws-rpc: accountSubscribe; else polling) and ticks the run when a tick is due.
 With --json, one JSON object per line on stdout: {"event":"round","step","epoch","loss","param_hash",
-"applied","peers_applied","peers_accepted","other_trainers","bytes_in","bytes_out","peers",...} after each
+"applied","peers_applied","peers_accepted","other_trainers","bytes_in","bytes_out","peers","peer_bytes",
+"val_loss","eval_ms",...} after each
 applied round, and other events (model_loaded, trained, witness, health_check, rejected, worker_crashed,
 no_exchange, finished).
 
@@ -147,6 +154,21 @@ several rounds while others train prints a no_exchange warning naming the addres
     'p2p-port': Flags.integer({summary: 'libp2p TCP port on every interface (default: any free port)', min: 0, max: 65535}),
     'p2p-announce': Flags.string({summary: 'tell peers exactly these multiaddr(s): a public address or a forwarded port', multiple: true}),
     relay: Flags.string({summary: 'also use this circuit relay (multiaddr ending in /p2p/<id>, from psyche relay): reserve a slot there when not reachable', multiple: true}),
+    'eval-every': Flags.integer({
+      summary: 'validation loss on held-out samples after every N-th round and the last (0: never); the same on every replica',
+      default: 10,
+      min: 0,
+    }),
+    'eval-batches': Flags.integer({summary: 'held-out samples (sequences) per validation', default: 8, min: 1}),
+    'eval-data': Flags.string({
+      summary:
+        "a held-out split (directory of token files) for the validation loss; default: the demo corpus's validation split, else the tail of the training data when the run never reaches it",
+    }),
+    'worker-restarts': Flags.integer({
+      summary: 'start a new worker this many times when the worker dies (it rejoins at the next epoch with the model from a peer); 0: a dead worker ends the client',
+      default: 0,
+      min: 0,
+    }),
     'hub-repo': Flags.string({summary: 'be a checkpointer: upload the model to this Hub repository (NS/NAME) after each epoch'}),
     'hub-revision': Flags.string({summary: 'branch the checkpoints are committed to', default: 'main'}),
     'hub-url': Flags.string({summary: 'Hub endpoint for checkpoints', env: 'HF_ENDPOINT'}),
@@ -169,7 +191,13 @@ several rounds while others train prints a no_exchange warning naming the addres
     // On a terminal: a live view (ink) replaces the progress lines; piped: plain lines; --json: JSON only.
     const live = !this.plain
     const progress = Progress.for({json: json || live})
-    const watch = {losses: [] as number[], last: undefined as Record<string, unknown> | undefined, tokensPerSecond: null as number | null, warnings: new Warnings()}
+    const watch = {
+      losses: [] as number[],
+      valLoss: null as number | null,
+      last: undefined as Record<string, unknown> | undefined,
+      tokensPerSecond: null as number | null,
+      warnings: new Warnings(),
+    }
     const plan = await resolveTrainPlan({
       config: flags.config,
       template: flags.template,
@@ -182,6 +210,9 @@ several rounds while others train prints a no_exchange warning naming the addres
       devices: flags.devices,
       dataParallel: flags['data-parallel'],
       precision: flags.precision as Precision,
+      valData: flags['eval-data'],
+      evalEvery: flags['eval-every'],
+      evalBatches: flags['eval-batches'],
       hub: {
         url: flags['hub-url'],
         token: flags['hub-token'],
@@ -236,11 +267,13 @@ several rounds while others train prints a no_exchange warning naming the addres
         if (event.event === 'round') {
           watch.last = event
           if (typeof event.loss === 'number') watch.losses.push(event.loss)
+          if (typeof event.val_loss === 'number') watch.valLoss = event.val_loss
           if (watch.losses.length > 200) watch.losses.shift()
           watch.tokensPerSecond = r?.report.tokens_per_second ?? watch.tokensPerSecond
         } else if (
           [
             'worker_crashed',
+            'worker_restarted',
             'rejected',
             'out_of_sync',
             'health_check',
@@ -281,6 +314,7 @@ several rounds while others train prints a no_exchange warning naming the addres
           progress.note(`model loaded at step ${event.step} from ${event.source} (hash ${String(event.param_hash).slice(0, 12)})`)
           break
         case 'worker_crashed':
+        case 'worker_restarted':
         case 'rejected':
         case 'out_of_sync':
         case 'health_check':
@@ -329,7 +363,10 @@ several rounds while others train prints a no_exchange warning naming the addres
       checkRepoId(hub.repo, '--hub-repo')
       checkToken(hub.token, true)
     }
-    client = await PsycheClient.start({id: identity.id, runId, plan, seed, log, relays, hub}, components)
+    client = await PsycheClient.start(
+      {id: identity.id, runId, plan, seed, log, relays, hub, workerRestarts: flags['worker-restarts'], eval: {every: plan.evalEvery, batches: plan.evalBatches}},
+      components,
+    )
     progress.status(`joined as ${client.id.slice(0, 16)}…; following the run`)
     const me = client.id
     const view = live
@@ -343,6 +380,7 @@ several rounds while others train prints a no_exchange warning naming the addres
             summary,
             clients: (summary?.clients ?? []).map((c) => ({name: `${c.id.slice(0, 12)}…${c.id === me ? ' (me)' : ''}`, state: c.state})),
             losses: watch.losses,
+            valLoss: watch.valLoss,
             tokensPerSecond: watch.tokensPerSecond,
             bytesIn: n(last?.bytes_in),
             bytesOut: n(last?.bytes_out),

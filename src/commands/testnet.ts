@@ -38,6 +38,7 @@ kills, rejoins, bytes: {name: {in, out}}, result_bytes_per_round, wall_seconds, 
       options: ['centralized', 'solana'],
       default: 'centralized',
     }),
+    'eval-every': Flags.integer({summary: "the clients' validation loss on held-out samples after every N-th round (join --eval-every; 0: never)", min: 0}),
   }
 
   async run(): Promise<TestnetSummary> {
@@ -76,6 +77,7 @@ kills, rejoins, bytes: {name: {in, out}}, result_bytes_per_round, wall_seconds, 
       randomKillNum: flags['random-kill-num'],
       randomKillInterval: flags['random-kill-interval'],
       threads: flags.threads,
+      evalEvery: flags['eval-every'],
       timeout: flags.timeout,
       onEvent: (e) => {
         switch (e.kind) {

@@ -18,21 +18,28 @@ const SCREENSHOT_DIR = join(projectRoot, '.cache', 'test-screenshots')
 const SEEN = `(() => {
   const canvas = document.querySelector('#plot-loss canvas')
   let blue = 0
+  let red = 0
   if (canvas) {
     const px = canvas.getContext('2d').getImageData(0, 0, canvas.width, canvas.height).data
-    // The train-loss series is drawn in #2563eb.
-    for (let i = 0; i < px.length; i += 4) if (Math.abs(px[i] - 0x25) < 40 && Math.abs(px[i + 1] - 0x63) < 40 && Math.abs(px[i + 2] - 0xeb) < 40 && px[i + 3] > 0) blue++
+    // The train-loss series is drawn in #2563eb, the validation loss in #dc2626.
+    const near = (i, r, g, b) => Math.abs(px[i] - r) < 40 && Math.abs(px[i + 1] - g) < 40 && Math.abs(px[i + 2] - b) < 40 && px[i + 3] > 0
+    for (let i = 0; i < px.length; i += 4) {
+      if (near(i, 0x25, 0x63, 0xeb)) blue++
+      if (near(i, 0xdc, 0x26, 0x26)) red++
+    }
   }
   const points = (id) => Number(document.getElementById('plot-' + id).dataset.points || 0)
   return {
     round: document.getElementById('round').textContent,
     phase: document.getElementById('phase').textContent,
     loss: points('loss'),
+    validation: Number((document.getElementById('plot-loss').dataset.seriesPoints || '0,0').split(',')[1]),
     throughput: points('throughput'),
     time: points('time'),
     participation: points('participation'),
     bytes: points('bytes'),
     bluePixels: blue,
+    redPixels: red,
     rows: [...document.querySelectorAll('#clients tr')].map((tr) => ({id: tr.getAttribute('title'), cells: [...tr.querySelectorAll('td')].map((td) => td.textContent)})),
   }
 })()`
@@ -41,11 +48,14 @@ interface Seen {
   round: string
   phase: string
   loss: number
+  /** Validation-loss points on the loss plot. */
+  validation: number
   throughput: number
   time: number
   participation: number
   bytes: number
   bluePixels: number
+  redPixels: number
   rows: {id: string | null; cells: (string | null)[]}[]
 }
 
@@ -92,7 +102,23 @@ describe(
       const dash = (await server.waitFor((e) => e.event === 'dashboard_listening', 'the dashboard', 60_000)) as {url: string}
       const serverMetrics = (await server.waitFor((e) => e.event === 'metrics_listening', 'the metrics endpoint', 10_000)) as {port: number}
       const clients = ['a', 'b'].map(
-        (name) => new JsonProcess(name, ['join', '--server-addr', `127.0.0.1:${port}`, '--run-id', 'e2e', '--config', state, '--threads', '1', '--metrics-port', '0', '--json']),
+        (name) =>
+          new JsonProcess(name, [
+            'join',
+            '--server-addr',
+            `127.0.0.1:${port}`,
+            '--run-id',
+            'e2e',
+            '--config',
+            state,
+            '--threads',
+            '1',
+            '--metrics-port',
+            '0',
+            '--eval-every',
+            '2',
+            '--json',
+          ]),
       )
       procs.push(...clients)
       const ids = await Promise.all(clients.map(async (c) => (await c.waitFor((e) => e.event === 'started', 'the client to start', 120_000)).client_id as string))
@@ -114,6 +140,9 @@ describe(
       const later = await until(page, (s) => Number(s.round.split(' / ')[0]) > firstRound && s.loss > first.loss && s, 'the round to advance', 180_000)
       assert.ok(later.time >= 1 && later.participation >= 1 && later.bytes >= 1 && later.throughput >= 1, `every plot has points: ${JSON.stringify(later)}`)
       for (const row of later.rows) assert.notEqual(row.cells[4], '–', `client ${row.id} reported a loss`)
+      // Validation: the clients evaluate the held-out split after every 2nd round; its points are on the loss plot, drawn.
+      const validated = await until(page, (s) => s.validation >= 1 && s.redPixels > 10 && s, 'a validation-loss point', 180_000)
+      assert.ok(validated.loss > validated.validation, 'train-loss points too')
       mkdirSync(SCREENSHOT_DIR, {recursive: true})
       await page.screenshot({path: join(SCREENSHOT_DIR, 'dashboard.png')})
 
@@ -126,6 +155,15 @@ describe(
       const full = common.filter((r) => (r as unknown as {applied: number}).applied === 2)
       assert.ok(full.length >= 1, `a round applied both clients' results: ${JSON.stringify(common)}`)
       assert.notEqual(common[0].param_hash, common.at(-1)!.param_hash, 'the model changed')
+      // Both replicas report the same validation loss after the same step (held-out split, same parameters).
+      const val = (r: object) => (r as {val_loss?: number | null}).val_loss
+      const evaluated = common.filter((r) => typeof val(r) === 'number')
+      assert.ok(evaluated.length >= 1, `an evaluated round: ${JSON.stringify(common.map((r) => [r.step, val(r)]))}`)
+      for (const r of evaluated) {
+        assert.equal(r.step % 2, 0)
+        assert.equal(val(r), val(rounds[1].find((q) => q.step === r.step)!), `step ${r.step}: equal validation loss`)
+        assert.ok(val(r)! > 0 && val(r)! < 20)
+      }
 
       // Prometheus: the server's and every client's endpoint, scraped while the run goes on.
       const sm = (await scrape(serverMetrics.port)).metrics
@@ -133,11 +171,13 @@ describe(
       assert.ok(sm.get('psyche_coordinator_round_duration_seconds_count')! >= 1)
       assert.ok(sm.get('psyche_coordinator_client_reports_total')! >= 2)
       assert.equal(sm.get('psyche_coordinator_connections'), 2)
-      for (const p of clientMetricPorts) {
+      for (const [i, p] of clientMetricPorts.entries()) {
         const m = (await scrape(p)).metrics
         assert.ok(m.get('psyche_client_rounds_applied_total')! >= 1, 'rounds applied')
         assert.ok(m.get('psyche_client_step')! >= 1)
         assert.ok(m.get('psyche_client_loss')! > 0)
+        assert.ok(m.get('psyche_client_validation_loss')! > 0, 'the validation loss')
+        assert.ok(m.get('psyche_client_eval_duration_seconds_count')! >= 1)
         assert.ok(m.get('psyche_client_tokens_per_second')! > 0)
         assert.ok(m.get('psyche_client_compute_duration_seconds_count')! >= 1)
         assert.ok(m.get('psyche_client_result_size_bytes_count')! >= 1)
@@ -145,7 +185,10 @@ describe(
         assert.ok(m.get('psyche_client_apply_duration_seconds_count')! >= 1, 'apply times')
         assert.ok(m.get('psyche_p2p_received_bytes_total')! > 0, "downloaded the peer's results")
         assert.ok(m.get('psyche_client_results_applied')! >= 1)
-        assert.equal(m.get('psyche_worker_starts_total'), 1)
+        // Bytes per peer: the other client's results came from it (labelled by its id's first 16 characters).
+        const other = ids[1 - i].slice(0, 16)
+        assert.ok(m.get(`psyche_p2p_peer_received_bytes_total{peer="${other}"}`)! > 0, `bytes received from ${other}`)
+        assert.equal(m.get('psyche_worker_restarts_total'), 0)
       }
 
       // A reload shows the history at once (from the server, not the page's memory).

@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict'
 import {after, describe, it} from 'node:test'
 import {CoordinatorConnection} from '../../src/core/backend/index.js'
-import {ClientMetrics, serveMetrics} from '../../src/core/obs/metrics.js'
+import {ClientMetrics, MAX_PEER_LABELS, serveMetrics} from '../../src/core/obs/metrics.js'
 import {generateIdentity} from '../../src/core/protocol/index.js'
 import {writeRunConfig, RUN_ID} from '../backend/helpers.js'
 import {JsonProcess} from '../e2e/helpers.js'
@@ -54,6 +54,8 @@ describe('Prometheus metrics', () => {
   it('client metrics from the event stream: tokens/s, histograms of times and sizes, byte counters, rejections by reason', async () => {
     const m = new ClientMetrics({seqLen: 64})
     m.observe({event: 'started'})
+    m.observe({event: 'worker_crashed', message: 'gone'})
+    m.observe({event: 'worker_restarted', restarts: 1})
     m.observe({event: 'trained', step: 1, loss: 7.5, batches: 4, result_bytes: 5000, compute_ms: 500, produce_ms: 20})
     m.observe({
       event: 'round',
@@ -66,7 +68,7 @@ describe('Prometheus metrics', () => {
       bytes_out: 4000,
       peers: 2,
       apply_ms: 40,
-      peer_bytes: {peerA: {in: 6000, out: 2000}},
+      peer_bytes: {peerA: {in: 6000, out: 2000}, peerB: {in: 4000, out: 2000}},
     })
     m.observe({event: 'trained', step: 2, loss: 7.1, batches: 4, result_bytes: 5100, compute_ms: 250})
     m.observe({
@@ -81,7 +83,9 @@ describe('Prometheus metrics', () => {
       peers: 2,
       peers_direct: 1,
       peers_relayed: 1,
-      peer_bytes: {peerA: {in: 9000, out: 2500}},
+      peer_bytes: {peerA: {in: 9000, out: 2500}, peerB: {in: 16_000, out: 6500}},
+      val_loss: 6.9,
+      eval_ms: 120,
     })
     m.observe({event: 'rejected', code: 'stale_step', reason: 'x'})
     m.observe({event: 'rejected', code: 'stale_step', reason: 'y'})
@@ -92,6 +96,9 @@ describe('Prometheus metrics', () => {
       const {metrics} = await scrape(endpoint.port)
       assert.equal(metrics.get('psyche_client_step'), 2)
       assert.equal(metrics.get('psyche_client_loss'), 7.1)
+      assert.equal(metrics.get('psyche_client_validation_loss'), 6.9)
+      assert.equal(metrics.get('psyche_client_eval_duration_seconds_count'), 1)
+      assert.equal(metrics.get('psyche_client_eval_duration_seconds_sum'), 0.12)
       assert.equal(metrics.get('psyche_client_tokens_per_second'), (4 * 64) / 0.25)
       assert.equal(metrics.get('psyche_client_compute_duration_seconds_count'), 2)
       assert.equal(metrics.get('psyche_client_compute_duration_seconds_sum'), 0.75)
@@ -101,18 +108,42 @@ describe('Prometheus metrics', () => {
       assert.equal(metrics.get('psyche_client_result_size_bytes_bucket{le="16000"}'), 2)
       assert.equal(metrics.get('psyche_p2p_received_bytes_total'), 25_000)
       assert.equal(metrics.get('psyche_p2p_sent_bytes_total'), 9000)
-      assert.equal(metrics.get('psyche_p2p_peer_bytes_total{peer="peerA",direction="in"}'), 9000)
-      assert.equal(metrics.get('psyche_p2p_peer_bytes_total{peer="peerA",direction="out"}'), 2500)
-      assert.equal(metrics.get('psyche_p2p_peers{kind="relayed"}'), 1)
+      assert.equal(metrics.get('psyche_p2p_peer_received_bytes_total{peer="peerA"}'), 9000)
+      assert.equal(metrics.get('psyche_p2p_peer_sent_bytes_total{peer="peerA"}'), 2500)
+      assert.equal(metrics.get('psyche_p2p_peer_received_bytes_total{peer="peerB"}'), 16_000)
+      assert.equal(metrics.get('psyche_p2p_peer_sent_bytes_total{peer="peerB"}'), 6500)
+      assert.equal(metrics.get('psyche_p2p_peers'), 2)
+      assert.equal(metrics.get('psyche_p2p_connections{kind="direct"}'), 1)
+      assert.equal(metrics.get('psyche_p2p_connections{kind="relayed"}'), 1)
+      assert.equal(metrics.get('psyche_client_trained_tokens_total'), 8 * 64)
       assert.equal(metrics.get('psyche_client_results_applied'), 2)
       assert.equal(metrics.get('psyche_client_results_accepted'), 3)
       assert.equal(metrics.get('psyche_client_rounds_applied_total'), 2)
       assert.equal(metrics.get('psyche_client_rejected_messages_total{reason="stale_step"}'), 2)
       assert.equal(metrics.get('psyche_client_rejected_messages_total{reason="announcement_not_assigned"}'), 1)
-      assert.equal(metrics.get('psyche_worker_starts_total'), 1)
-      assert.equal(metrics.get('psyche_worker_crashes_total'), 1)
+      assert.equal(metrics.get('psyche_worker_restarts_total'), 1)
+      assert.equal(metrics.get('psyche_worker_crashes_total'), 2)
       const notFound = await fetch(`http://127.0.0.1:${endpoint.port}/other`)
       assert.equal(notFound.status, 404)
+    } finally {
+      await endpoint.close()
+    }
+  })
+
+  it('counts bytes per peer under at most MAX_PEER_LABELS peer labels, the rest as "other"', async () => {
+    const m = new ClientMetrics({seqLen: 8})
+    const peers = (n: number, bytes: number) => Object.fromEntries(Array.from({length: n}, (_, i) => [`${String(i).padStart(4, '0')}${'ab'.repeat(30)}`, {in: bytes, out: 1}]))
+    m.observe({event: 'round', step: 1, epoch: 0, applied: 1, trainers: 1, peer_bytes: peers(MAX_PEER_LABELS + 10, 100)})
+    m.observe({event: 'round', step: 2, epoch: 0, applied: 1, trainers: 1, peer_bytes: peers(MAX_PEER_LABELS + 10, 250)})
+    const endpoint = await serveMetrics(m.registry, {port: 0})
+    try {
+      const {metrics} = await scrape(endpoint.port)
+      const received = [...metrics].filter(([k]) => k.startsWith('psyche_p2p_peer_received_bytes_total{'))
+      assert.equal(received.length, MAX_PEER_LABELS + 1, 'one series per labelled peer, plus "other"')
+      assert.equal(metrics.get(`psyche_p2p_peer_received_bytes_total{peer="0000${'ab'.repeat(6)}"}`), 250, "a label is the id's first 16 characters")
+      assert.equal(metrics.get('psyche_p2p_peer_received_bytes_total{peer="other"}'), 10 * 250)
+      const sum = received.reduce((a, [, v]) => a + v, 0)
+      assert.equal(sum, (MAX_PEER_LABELS + 10) * 250, 'nothing lost or counted twice')
     } finally {
       await endpoint.close()
     }

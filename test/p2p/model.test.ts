@@ -61,6 +61,10 @@ describe('p2p: model sharing over /psyche/model/2', () => {
     assert.equal(fetched.bytes, total)
     assert.equal(joiner.node.stats().bytesReceived, total)
     assert.equal(server.node.stats().bytesSent + server2.node.stats().bytesSent, total)
+    // bytes per peer (client ids): what the joiner received from each server is what that server sent it
+    const perPeer = joiner.node.stats().peerBytes
+    for (const srv of [server, server2]) assert.equal(perPeer[srv.identity.id]?.in ?? 0, srv.node.stats().peerBytes[joiner.identity.id]?.out ?? 0)
+    assert.equal((perPeer[server.identity.id]?.in ?? 0) + (perPeer[server2.identity.id]?.in ?? 0), total)
   })
 
   it('spreads the tensors over the signers, and drops a peer whose bytes do not match the manifest it signed', async () => {

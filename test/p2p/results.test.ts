@@ -54,6 +54,18 @@ describe('p2p: result gossip and blob transfer between three real libp2p nodes',
     assert.equal(sent, got)
     for (const n of nodes) assert.equal(n.node.stats().peers, 2)
     for (const n of nodes) assert.equal(n.node.stats().badBlobs, 0)
+    // Bytes per peer, keyed by client id: node i downloaded blob j from node j, and served its own to both others.
+    for (const [i, n] of nodes.entries()) {
+      const perPeer = n.node.stats().peerBytes
+      assert.deepEqual(
+        Object.keys(perPeer).sort(),
+        nodes
+          .filter((_, j) => j !== i)
+          .map((m) => m.identity.id)
+          .sort(),
+      )
+      for (const [j, m] of nodes.entries()) if (j !== i) assert.deepEqual(perPeer[m.identity.id], {in: blobs[j].length, out: blobs[i].length})
+    }
   })
 
   it('a late joiner gets a re-announced result and fetches it from a re-serving peer once the producer is gone; peers that saw it do not deliver it twice', async () => {

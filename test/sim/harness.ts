@@ -5,6 +5,7 @@ import {EventEmitter} from 'node:events'
 import type {BackendConnector, CoordinatorBackend, JoinRequest, PeerDirectory, RejectionInfo} from '../../src/core/backend/types.js'
 import type {Clock, ClientComponents, ClientP2P, ClientP2PStats, ClientWorker} from '../../src/core/client/components.js'
 import {PsycheClient, type ClientOptions, type ClientSummary, type RoundEvent} from '../../src/core/client/runner.js'
+import type {EvalSettings} from '../../src/core/client/eval.js'
 import type {HubRepo} from '../../src/core/config/types.js'
 import {
   applyEvent,
@@ -556,6 +557,17 @@ export class DeterministicWorker implements ClientWorker {
     return this.paramHash
   }
 
+  /** A loss that is a function of the parameters and the tokens: equal on equal replicas, changed by every apply. */
+  async evaluate(tokens: Uint32Array, rows: number): Promise<{loss: number; tokens: number}> {
+    await this.op()
+    const h = sha256('evaluate', this.params, Buffer.from(tokens.buffer, tokens.byteOffset, tokens.byteLength))
+    this.evaluations++
+    return {loss: 2 + h.readUInt32LE(0) / 2 ** 32, tokens: tokens.length - rows}
+  }
+
+  /** How many evaluations ran. */
+  evaluations = 0
+
   async exportParams(): Promise<{frames: Frame[]; paramHash: string}> {
     await this.op()
     return {frames: [{name: 'params', dtype: 'uint8', shape: [32], data: new Uint8Array(this.params)}], paramHash: this.paramHash}
@@ -658,11 +670,22 @@ export class Simulation {
   }
 
   /** Starts a real PsycheClient on in-memory components (joining through the in-process coordinator). */
-  async addClient(name: string, identity: Identity = generateIdentity(), extra: {hub?: ClientOptions['hub']} = {}): Promise<SimClient> {
+  async addClient(
+    name: string,
+    identity: Identity = generateIdentity(),
+    o: {hub?: ClientOptions['hub']; workerRestarts?: number; eval?: EvalSettings; evalData?: DataProvider} = {},
+  ): Promise<SimClient> {
     const events: Record<string, unknown>[] = []
     const worker = new DeterministicWorker()
     const p2p = this.net.node(identity)
     const components: ClientComponents = {backend: this.coordinator.connector(identity.id), p2p, worker, data: memoryData(SIM_SEQ_LEN), clock: this.clock}
+    if (o.evalData) components.evalData = o.evalData
+    if (o.workerRestarts) {
+      components.restartWorker = async () => {
+        sim.worker = new DeterministicWorker()
+        return sim.worker
+      }
+    }
     const client = await PsycheClient.start(
       {
         id: identity.id,
@@ -675,7 +698,9 @@ export class Simulation {
         } as never,
         seed: 7,
         log: (e) => events.push(e),
-        ...(extra.hub ? {hub: extra.hub} : {}),
+        ...(o.hub ? {hub: o.hub} : {}),
+        workerRestarts: o.workerRestarts,
+        eval: o.eval,
       },
       components,
     )

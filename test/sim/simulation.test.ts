@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict'
 import {describe, it} from 'node:test'
 import type {ClientSummary} from '../../src/core/client/runner.js'
-import {Simulation, simRun, type SimClient} from './harness.js'
+import {memoryData, SIM_SEQ_LEN, Simulation, simRun, type SimClient} from './harness.js'
 
 /**
  * Several real PsycheClients (runner.ts and decide.ts unchanged) in one process, on in-memory components:
@@ -159,5 +159,68 @@ describe('in-process simulation: real clients, in-memory coordinator, P2P and wo
     assert.equal(sa.lastStep, 8)
     assertReplicasAgree(sim, [a, b], [6, 7, 8])
     assertModelChanged(a, [6, 7, 8])
+  })
+
+  it('with workerRestarts, a crashed worker is replaced: the client withdraws, rejoins at the next epoch with the model from a peer, and trains identically again', async () => {
+    // witness_nodes 3: the next Warmup waits for c's "model loaded" too (with 2, the others start training without it)
+    const sim = new Simulation(simRun({total_steps: 400, epoch_time: 15, witness_nodes: 3}))
+    const [a, b, c] = [await sim.addClient('a'), await sim.addClient('b'), await sim.addClient('c', undefined, {workerRestarts: 1})]
+    await sim.untilApplied(2)
+    const first = c.worker
+    first.crash()
+    await sim.runUntil(() => c.events.some((e) => e.event === 'worker_restarted'), {what: "c's worker to be replaced"})
+    assert.notEqual(c.worker, first, 'a new worker')
+    assert.ok(c.events.some((e) => e.event === 'worker_crashed' && e.restarting === true))
+    assert.deepEqual(
+      c.events.filter((e) => e.event === 'worker_restarted').map((e) => e.restarts),
+      [1],
+    )
+    const epochAtCrash = sim.coordinator.state.progress.epoch
+    const trainedLater = () => c.rounds.find((r) => r.epoch > epochAtCrash && r.loss !== null)
+    await sim.runUntil(() => trainedLater() !== undefined, {what: 'c to train in a later epoch'})
+    assert.ok(
+      c.events.some((e) => e.event === 'model_loaded' && e.source === 'peers'),
+      'the new worker got the model from a peer',
+    )
+    const step = trainedLater()!.step
+    await sim.untilApplied(step + 1, [a, b, c])
+    assertReplicasAgree(sim, [a, b, c], [step, step + 1])
+    assertModelChanged(c, [step, step + 1])
+    assert.ok(c.worker.applies.length > 0, 'the new worker applied rounds')
+    await sim.stop()
+  })
+
+  it('validation: clients evaluate the held-out samples after every 2nd round and the last; replicas report the same validation loss, and it changes as the model does', async () => {
+    const sim = new Simulation(simRun({total_steps: 7, min_clients: 2, init_min_clients: 3}))
+    const settings = {every: 2, batches: 4}
+    const [a, b, c] = [
+      await sim.addClient('a', undefined, {eval: settings, evalData: memoryData(SIM_SEQ_LEN)}),
+      await sim.addClient('b', undefined, {eval: settings, evalData: memoryData(SIM_SEQ_LEN)}),
+      // no held-out split, and the memory data cannot say how many samples it has: no tail is known to be held out
+      await sim.addClient('c', undefined, {eval: settings}),
+    ]
+    await sim.runUntil(() => sim.coordinator.state.run_state === 'Finished', {what: 'the run to finish'})
+    for (const x of [a, b, c]) summaryOf(await x.done)
+    for (const x of [a, b]) {
+      assert.deepEqual(
+        x.events.filter((e) => e.event === 'eval_set').map((e) => [e.source, e.samples]),
+        [['split', 4]],
+      )
+      const due = x.rounds.filter((r) => r.val_loss !== null).map((r) => r.step)
+      assert.deepEqual(due, [2, 4, 6, 7], `${x.name} evaluated after steps ${due}`)
+      assert.ok(x.rounds.every((r) => (r.val_loss === null) === (r.eval_ms === null)))
+    }
+    const lossesA = a.rounds.filter((r) => r.val_loss !== null)
+    for (const r of lossesA) assert.equal(r.val_loss, b.rounds.find((q) => q.step === r.step)!.val_loss, `step ${r.step}: the same validation loss on both replicas`)
+    assert.equal(new Set(lossesA.map((r) => r.val_loss)).size, lossesA.length, 'the validation loss changed with the model')
+    assert.equal(a.worker.evaluations, 4)
+    assert.deepEqual(
+      c.events.filter((e) => e.event === 'eval_unavailable').map((e) => e.reason),
+      ['the training data does not say how many samples it has, so no tail of it is known to be held out (pass --eval-data)'],
+    )
+    assert.ok(c.rounds.every((r) => r.val_loss === null) && c.worker.evaluations === 0)
+    assertReplicasAgree(sim, [a, b, c], [1, 2, 3, 4, 5, 6, 7])
+    assertModelChanged(a, [2, 4, 6])
+    await sim.stop()
   })
 })

@@ -17,6 +17,10 @@ export interface ClientComponents {
   worker: ClientWorker
   data: DataProvider
   clock: Clock
+  /** A held-out split for the validation loss (eval.ts); without it the tail of `data` is held out, when the run never reaches it. */
+  evalData?: DataProvider
+  /** Starts a new worker, set up like the first, in place of one that died (ClientOptions.workerRestarts). */
+  restartWorker?: () => Promise<ClientWorker>
 }
 
 /** Traffic counters of the P2P layer, reported in each round event. */
@@ -24,6 +28,8 @@ export interface ClientP2PStats {
   bytesSent: number
   bytesReceived: number
   peers: number
+  /** Bytes per remote peer (client id, or libp2p peer id), cumulative; absent when the P2P layer does not count them. */
+  peerBytes?: Record<string, {in: number; out: number}>
 }
 
 /** What the client needs from its P2P layer (the libp2p P2PNode satisfies it). */
@@ -84,6 +90,8 @@ export interface ClientWorker {
   beginRound(tokens: Uint32Array, rows: number, step: number): Promise<{loss: number; grad_norm: number}>
   finishRound(step: number, previous?: {applyStep: number; results: Uint8Array[]}): Promise<StepResult & {result: Uint8Array; paramHash: string; applied: number}>
   applyResults(step: number, results: Uint8Array[]): Promise<string>
+  /** The mean loss on `tokens` at the replicated parameters (speculation set aside); changes nothing. */
+  evaluate(tokens: Uint32Array, rows: number): Promise<{loss: number; tokens: number}>
   /** Verification (optional: a worker without it does not verify): losses before/after each result alone. */
   scoreResults?(step: number, results: Uint8Array[], batches: {tokens: Uint32Array; rows: number}[]): Promise<{before: number[]; after: (number[] | null)[]}>
   exportParams(): Promise<{frames: Frame[]; paramHash: string}>

@@ -13,6 +13,7 @@ import type {ClientComponents} from './components.js'
 import {acceptedResults, belongsToRound, finalRounds, messagesToSend, nextWork, trainersWithBatches, type ClientView, type HeldResult, type Message, type Work} from './decide.js'
 import {StepLedger} from './ledger.js'
 import {Checkpointer, CHECKPOINT_META_FILE, readCheckpointMeta, type CheckpointMeta} from '../checkpoint/checkpointer.js'
+import {evalDue, heldOutIds, type EvalSettings} from './eval.js'
 import {downloadCheckpoint} from '../checkpoint/hub.js'
 import {existsSync} from 'node:fs'
 import {tmpdir} from 'node:os'
@@ -45,6 +46,14 @@ export interface ClientOptions {
    * where this client, as a checkpointer (Psyche's `--hub-repo`), uploads the model after each epoch.
    */
   hub?: {url?: string; token?: string; cacheDir?: string; repo?: string; revision?: string; stagingDir?: string; maxShardBytes?: number}
+  /**
+   * How many times a worker that died is replaced by a new one (components.restartWorker) before the client gives
+   * up (default 0: a dead worker withdraws the client and ends it). A replaced worker has lost the model: the
+   * client leaves the epoch and rejoins at the next one with the model from its peers.
+   */
+  workerRestarts?: number
+  /** Validation loss on held-out samples after every `every`-th round (eval.ts); absent or every 0: none. */
+  eval?: EvalSettings
 }
 
 /** What a hostile producer gets: the honest result, the peers' results so far, and a way to publish anything. */
@@ -100,6 +109,15 @@ export interface RoundEvent {
   /** P2P connections now: direct and relayed (through a circuit relay); null when the P2P layer cannot tell. */
   conn_direct: number | null
   conn_relayed: number | null
+  /**
+   * Loss on the run's held-out samples at the parameters after this round (the same on every replica); null when
+   * this client did not evaluate after this round (see join --eval-every).
+   */
+  val_loss: number | null
+  /** Worker time of that evaluation (run after our next result is published, so training does not wait for it). */
+  eval_ms: number | null
+  /** P2P bytes per peer since the client started (keyed by client id, or libp2p peer id); {} when not counted. */
+  peer_bytes: Record<string, {in: number; out: number}>
 }
 
 export interface ClientSummary {
@@ -143,7 +161,8 @@ export class PsycheClient {
   private connectionLost: PsycheError | undefined
   private noExchangeRounds = 0
   private readyWaitSince: number | undefined
-  private readonly worker: ClientComponents['worker']
+  private worker: ClientComponents['worker']
+  private workerRestarts = 0
   private readonly p2p: ClientComponents['p2p']
   private readonly data: ClientComponents['data']
   private readonly clock: ClientComponents['clock']
@@ -157,8 +176,7 @@ export class PsycheClient {
     ;({worker: this.worker, p2p: this.p2p, data: this.data, clock: this.clock} = components)
     const hub = opts.hub
     if (hub?.repo) {
-      const worker = this.worker
-      if (!worker.save) throw new PsycheError('this worker cannot save models, so the client cannot be a checkpointer')
+      if (!this.worker.save) throw new PsycheError('this worker cannot save models, so the client cannot be a checkpointer')
       if (!hub.token) throw new PsycheError('a checkpointer needs a Hub token (--hub-token or HF_TOKEN)')
       this.checkpointer = new Checkpointer({
         repo: hub.repo,
@@ -167,7 +185,7 @@ export class PsycheClient {
         token: hub.token,
         maxShardBytes: hub.maxShardBytes,
         stagingDir: hub.stagingDir ?? join(tmpdir(), `psyche-checkpoints-${opts.id.slice(0, 16)}`),
-        save: (dir, card) => worker.save!(dir, {card: {...card, run_id: opts.runId}}),
+        save: (dir, card) => this.worker.save!(dir, {card: {...card, run_id: opts.runId}}),
         log: opts.log,
         onUploaded: (c) => {
           // the coordinator takes a checkpoint only in the Cooldown of the epoch it ends
@@ -217,12 +235,7 @@ export class PsycheClient {
     const {worker, p2p} = components
     try {
       p2p.onAnnouncement((a) => client.onAnnouncement(a))
-      // A worker that dies while we wait for the next round is noticed at once, not at the next request.
-      void worker.exited.then(() => {
-        if (client.stopped) return
-        client.workerGone = new WorkerCrashedError(`worker${worker.pid === undefined ? '' : ` (pid ${worker.pid})`} exited unexpectedly`)
-        client.poke()
-      })
+      client.watchWorker(worker)
       p2p.serveModel(async () => {
         if (!client.snapshot) throw new PsycheError('no model loaded yet')
         return client.snapshot
@@ -236,9 +249,42 @@ export class PsycheClient {
       client.stopped = true
       await p2p.stop().catch(() => {})
       await components.data.close().catch(() => {})
+      await components.evalData?.close().catch(() => {})
       await worker.shutdown().catch(() => {})
       throw error
     }
+  }
+
+  /** A worker that dies while we wait for the next round is noticed at once, not at the next request. */
+  private watchWorker(worker: ClientComponents['worker']): void {
+    void worker.exited.then(() => {
+      if (this.stopped || this.worker !== worker) return
+      this.workerGone = new WorkerCrashedError(`worker${worker.pid === undefined ? '' : ` (pid ${worker.pid})`} exited unexpectedly`)
+      this.poke()
+    })
+  }
+
+  /**
+   * Replaces a dead worker (components.restartWorker), up to opts.workerRestarts times; false when not allowed.
+   * The model died with it: we withdraw from the epoch at once (peers need not wait for our results, nor drop us by
+   * health checks), and the work loop rejoins and loads the model from a peer at the next epoch.
+   */
+  private async replaceWorker(error: WorkerCrashedError): Promise<boolean> {
+    const restart = this.components.restartWorker
+    if (!restart || this.stopped || this.workerRestarts >= (this.opts.workerRestarts ?? 0)) return false
+    this.workerRestarts++
+    this.opts.log({event: 'worker_crashed', message: error.message, restarting: true})
+    this.conn.sendWithdraw()
+    await this.worker.shutdown().catch(() => {})
+    this.modelStep = null
+    this.snapshot = undefined
+    this.begun = undefined
+    this.applying = []
+    this.worker = await restart()
+    this.workerGone = undefined
+    this.watchWorker(this.worker)
+    this.opts.log({event: 'worker_restarted', restarts: this.workerRestarts, worker_pid: this.worker.pid})
+    return true
   }
 
   private async connect(): Promise<void> {
@@ -467,7 +513,10 @@ export class PsycheClient {
   async run(): Promise<ClientSummary> {
     try {
       while (!this.stopped) {
-        if (this.workerGone) throw this.workerGone
+        if (this.workerGone) {
+          if (await this.replaceWorker(this.workerGone)) continue
+          throw this.workerGone
+        }
         if (this.connectionLost) throw this.connectionLost
         const work = nextWork(this.state, this.view())
         if (work?.kind === 'finished') break
@@ -478,7 +527,15 @@ export class PsycheClient {
           })
           continue
         }
-        const progressed = await this.execute(work)
+        let progressed: boolean
+        try {
+          progressed = await this.execute(work)
+        } catch (error) {
+          // a request the dying worker did not answer (its exit may be noticed a moment later)
+          const gone = this.workerGone ?? (error instanceof WorkerCrashedError ? error : undefined)
+          if (gone && (await this.replaceWorker(gone))) continue
+          throw error
+        }
         if (!progressed) await this.clock.sleep(250)
       }
     } catch (error) {
@@ -521,6 +578,7 @@ export class PsycheClient {
     await this.conn?.close().catch(() => {})
     await this.p2p.stop().catch(() => {})
     await this.data.close().catch(() => {})
+    await this.components.evalData?.close().catch(() => {})
     await this.worker.shutdown().catch(() => {})
   }
 
@@ -820,7 +878,7 @@ export class PsycheClient {
       if (this.refusedByWorker(error, round.step)) return false
       throw error
     }
-    this.afterApply(round, hash, results.length, results.peers ?? 0, results.peersAccepted ?? 0, performance.now() - started)
+    await this.reportRound(this.afterApply(round, hash, results.length, results.peers ?? 0, results.peersAccepted ?? 0, performance.now() - started))
     // Past the epoch's rounds the model is what joiners of the next epoch fetch: refresh what we serve.
     if (!isRoundPhase(this.state.run_state)) {
       const {frames, paramHash} = await this.worker.exportParams()
@@ -830,8 +888,12 @@ export class PsycheClient {
     return true
   }
 
-  /** applyMs: time spent applying outside the worker's training call (collecting the results, and a separate apply). */
-  private afterApply(round: Round, hash: string, applied: number, peersApplied: number, peersAccepted: number, applyMs: number): void {
+  /**
+   * The bookkeeping after an apply; returns the round event, which reportRound() logs (after an evaluation when
+   * one is due). applyMs: time spent applying outside the worker's training call (collecting the results, and a
+   * separate apply).
+   */
+  private afterApply(round: Round, hash: string, applied: number, peersApplied: number, peersAccepted: number, applyMs: number): RoundEvent {
     this.modelStep = round.step
     this.trainedStep = Math.max(this.trainedStep, round.step)
     this.lastHash = hash
@@ -862,15 +924,56 @@ export class PsycheClient {
       peers: stats.peers,
       conn_direct: kinds?.direct ?? null,
       conn_relayed: kinds?.relayed ?? null,
+      val_loss: null,
+      eval_ms: null,
+      peer_bytes: stats.peerBytes ?? {},
     }
-    this.opts.log(event as unknown as Record<string, unknown>)
-    this.checkExchange(round.step, peersApplied, otherTrainers)
     // Keep one applied round back: slower peers may still fetch it from us, and the next round's witnesses judge it.
     this.p2p.dropResultsBefore(round.step - 1)
     this.ledger.pruneBefore(round.step - 1)
     this.intake.forget(round.step - 1)
     for (const key of this.accused) if (Number(key.split(':')[0]) < round.step - 1) this.accused.delete(key)
     this.flushMessages()
+    return event
+  }
+
+  /** Logs a round event, with the validation loss when an evaluation is due after its step. */
+  private async reportRound(event: RoundEvent): Promise<void> {
+    await this.evaluate(event)
+    this.opts.log(event as unknown as Record<string, unknown>)
+    this.checkExchange(event.step, event.peers_applied, event.other_trainers)
+  }
+
+  /** The held-out samples (decided once, from the run's config and the data; null: none, with an eval_unavailable event). */
+  private evalSet: {ids: number[]; source: 'split' | 'tail'; tokens?: Uint32Array} | null | undefined
+
+  /**
+   * Validation (eval.ts): the loss on the held-out samples at the replicated parameters, when due after `event`'s
+   * step. The worker evaluates while it would otherwise wait for the next round; a failure is logged, never fatal
+   * (a dead worker still is: its error goes up).
+   */
+  private async evaluate(event: RoundEvent): Promise<void> {
+    const settings = this.opts.eval
+    if (!settings || !evalDue(event.step, settings, this.state.config.total_steps)) return
+    if (this.evalSet === undefined) {
+      const split = this.components.evalData
+      const got = heldOutIds(this.state, settings, {trainSamples: this.data.numSamples(), split: split?.numSamples(), hasSplit: split !== undefined})
+      this.evalSet = 'ids' in got ? got : null
+      if ('reason' in got) this.opts.log({event: 'eval_unavailable', reason: got.reason})
+      else this.opts.log({event: 'eval_set', source: got.source, samples: got.ids.length, data: (split ?? this.data).description})
+    }
+    const set = this.evalSet
+    if (!set) return
+    const started = performance.now()
+    try {
+      set.tokens ??= await (this.components.evalData ?? this.data).getSamples(set.ids)
+      const {loss} = await this.worker.evaluate(set.tokens, set.ids.length)
+      event.val_loss = loss
+      event.eval_ms = Math.round(performance.now() - started)
+    } catch (error) {
+      if (error instanceof WorkerCrashedError) throw error
+      this.opts.log({event: 'eval_failed', step: event.step, message: errorMessage(error)})
+    }
   }
 
   /**
@@ -939,7 +1042,8 @@ export class PsycheClient {
     const computeMs = forwardBackwardMs + performance.now() - finishing
     this.trainedStep = round.step
     this.ledger.at(round.step).trained = {loss: r.loss, resultBytes: r.result.length, computeMs}
-    if (previous && before) this.afterApply(previous, r.paramHash, before.results.length, before.peers, before.peersAccepted, applyMs)
+    // The previous round's event waits until our result is out (and the validation loss, when due, is in).
+    const applied = previous && before ? this.afterApply(previous, r.paramHash, before.results.length, before.peers, before.peersAccepted, applyMs) : undefined
     const producing = performance.now()
     const own = this.opts.producer
       ? await this.hostilePublish(round, range, r.result)
@@ -951,6 +1055,8 @@ export class PsycheClient {
       this.intake.own(own.announcement)
       record.results.set(this.id, {client_id: this.id, step: round.step, batch_start: range.start, batch_end: range.end, commitment: own.announcement.commitment, bytes: own.bytes})
     }
+    this.flushMessages()
+    if (applied) await this.reportRound(applied)
     this.opts.log({
       event: 'trained',
       step: round.step,

@@ -73,6 +73,7 @@ function draw() {
     const el = $('plot-' + c.id)
     // The number of plotted values, for people (and tests) reading the page's state.
     el.dataset.points = String(data.slice(1).reduce((n, s) => n + s.filter((v) => v !== null).length, 0))
+    el.dataset.seriesPoints = data.slice(1).map((s) => s.filter((v) => v !== null).length).join(',')
     if (!plots[c.id]) {
       plots[c.id] = new uPlot({
         width: Math.max(300, el.clientWidth || 440), height: 200,

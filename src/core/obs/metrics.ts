@@ -12,6 +12,8 @@ import {PsycheError} from '../errors.js'
 const TIME_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300]
 const SIZE_BUCKETS = [1e3, 4e3, 16e3, 64e3, 256e3, 1e6, 4e6, 16e6, 64e6]
 const CLIENT_STATES = ['Healthy', 'Dropped', 'Withdrawn', 'Ejected'] as const
+/** Peers with a label of their own in the per-peer byte counters (bounded label cardinality). */
+export const MAX_PEER_LABELS = 32
 const RUN_STATES = ['Uninitialized', 'WaitingForMembers', 'Warmup', 'RoundTrain', 'RoundWitness', 'Cooldown', 'Finished', 'Paused'] as const
 
 type Event = Record<string, unknown>
@@ -186,6 +188,8 @@ export class ClientMetrics {
   private readonly step: Gauge
   private readonly epoch: Gauge
   private readonly loss: Gauge
+  private readonly valLoss: Gauge
+  private readonly evalSeconds: Histogram
   private readonly tokensPerSecond: Gauge
   private readonly compute: Histogram
   private readonly apply: Histogram
@@ -193,15 +197,19 @@ export class ClientMetrics {
   private readonly resultBytes: Histogram
   private readonly received: Counter
   private readonly sent: Counter
-  private readonly peerBytes: Counter<'peer' | 'direction'>
-  private readonly peers: Gauge<'kind'>
+  private readonly peerReceived: Counter<'peer'>
+  private readonly peerSent: Counter<'peer'>
+  private readonly peerLabels = new Map<string, string>()
+  private readonly peers: Gauge
+  private readonly connections: Gauge<'kind'>
   private readonly rejected: Counter<'reason'>
   private readonly rounds: Counter
   private readonly applied: Gauge
   private readonly accepted: Gauge
   private readonly witness: Counter
   private readonly trainedBatches: Counter
-  private readonly workerStarts: Counter
+  private readonly trainedTokens: Counter
+  private readonly workerRestarts: Counter
   private readonly workerCrashes: Counter
   private lastIn = 0
   private lastOut = 0
@@ -216,6 +224,17 @@ export class ClientMetrics {
     this.step = new Gauge({name: 'psyche_client_step', help: 'The last round this client applied', registers: [r]})
     this.epoch = new Gauge({name: 'psyche_client_epoch', help: 'The epoch of the last round this client applied', registers: [r]})
     this.loss = new Gauge({name: 'psyche_client_loss', help: "Training loss of this client's batches in its last trained round (nats per token)", registers: [r]})
+    this.valLoss = new Gauge({
+      name: 'psyche_client_validation_loss',
+      help: 'Loss on the held-out samples at the parameters after the last evaluated round (nats per token; the same on every replica)',
+      registers: [r],
+    })
+    this.evalSeconds = new Histogram({
+      name: 'psyche_client_eval_duration_seconds',
+      help: 'Worker time of one validation (the held-out samples)',
+      buckets: TIME_BUCKETS,
+      registers: [r],
+    })
     this.tokensPerSecond = new Gauge({name: 'psyche_client_tokens_per_second', help: 'Tokens trained per second of compute in the last trained round', registers: [r]})
     this.compute = new Histogram({
       name: 'psyche_client_compute_duration_seconds',
@@ -238,13 +257,25 @@ export class ClientMetrics {
     this.resultBytes = new Histogram({name: 'psyche_client_result_size_bytes', help: "Size of this client's compressed result per round", buckets: SIZE_BUCKETS, registers: [r]})
     this.received = new Counter({name: 'psyche_p2p_received_bytes_total', help: 'Bytes of results and models downloaded from peers', registers: [r]})
     this.sent = new Counter({name: 'psyche_p2p_sent_bytes_total', help: 'Bytes of results and models served to peers', registers: [r]})
-    this.peerBytes = new Counter({
-      name: 'psyche_p2p_peer_bytes_total',
-      help: 'Bytes exchanged per peer and direction (in: downloaded from it, out: served to it)',
-      labelNames: ['peer', 'direction'],
+    this.peerReceived = new Counter({
+      name: 'psyche_p2p_peer_received_bytes_total',
+      help: `Bytes of results and models downloaded from each peer (its client id's first 16 characters; peers after the first ${MAX_PEER_LABELS} count as "other")`,
+      labelNames: ['peer'],
       registers: [r],
     })
-    this.peers = new Gauge({name: 'psyche_p2p_peers', help: 'Connected libp2p peers (kind: all, direct, relayed)', labelNames: ['kind'], registers: [r]})
+    this.peerSent = new Counter({
+      name: 'psyche_p2p_peer_sent_bytes_total',
+      help: `Bytes of results and models served to each peer (its client id's first 16 characters; peers after the first ${MAX_PEER_LABELS} count as "other")`,
+      labelNames: ['peer'],
+      registers: [r],
+    })
+    this.peers = new Gauge({name: 'psyche_p2p_peers', help: 'Connected libp2p peers', registers: [r]})
+    this.connections = new Gauge({
+      name: 'psyche_p2p_connections',
+      help: 'libp2p connections now, by kind: direct, or relayed through a circuit relay',
+      labelNames: ['kind'],
+      registers: [r],
+    })
     this.rejected = new Counter({
       name: 'psyche_client_rejected_messages_total',
       help: 'Messages refused: by the coordinator (its reason code) or by this client (announcements, results)',
@@ -260,8 +291,13 @@ export class ClientMetrics {
     })
     this.witness = new Counter({name: 'psyche_client_witness_proofs_total', help: 'Witness proofs this client sent', registers: [r]})
     this.trainedBatches = new Counter({name: 'psyche_client_trained_batches_total', help: 'Batches (sequences) this client trained', registers: [r]})
-    this.workerStarts = new Counter({name: 'psyche_worker_starts_total', help: 'PyTorch worker processes started by this client', registers: [r]})
-    this.workerCrashes = new Counter({name: 'psyche_worker_crashes_total', help: 'PyTorch worker processes that died unexpectedly', registers: [r]})
+    this.trainedTokens = new Counter({name: 'psyche_client_trained_tokens_total', help: 'Tokens (batches × sequence length) this client trained', registers: [r]})
+    this.workerRestarts = new Counter({
+      name: 'psyche_worker_restarts_total',
+      help: 'PyTorch worker processes this client started again after its worker died',
+      registers: [r],
+    })
+    this.workerCrashes = new Counter({name: 'psyche_worker_crashes_total', help: 'PyTorch worker processes of this client that died unexpectedly', registers: [r]})
   }
 
   private readonly seqLen: number
@@ -269,8 +305,8 @@ export class ClientMetrics {
   /** One client event. */
   observe(e: Event): void {
     switch (e.event) {
-      case 'started':
-        this.workerStarts.inc()
+      case 'worker_restarted':
+        this.workerRestarts.inc()
         break
       case 'trained': {
         const computeMs = num(e.compute_ms)
@@ -278,7 +314,10 @@ export class ClientMetrics {
         if (num(e.loss) !== undefined) this.loss.set(num(e.loss)!)
         if (computeMs !== undefined) this.compute.observe(computeMs / 1000)
         if (computeMs && batches) this.tokensPerSecond.set((batches * this.seqLen) / (computeMs / 1000))
-        if (batches) this.trainedBatches.inc(batches)
+        if (batches) {
+          this.trainedBatches.inc(batches)
+          this.trainedTokens.inc(batches * this.seqLen)
+        }
         if (num(e.result_bytes) !== undefined) this.resultBytes.observe(num(e.result_bytes)!)
         if (num(e.produce_ms) !== undefined) this.produce.observe(num(e.produce_ms)! / 1000)
         break
@@ -291,17 +330,19 @@ export class ClientMetrics {
         const accepted = acceptedOf(e)
         if (accepted !== undefined) this.accepted.set(accepted)
         if (num(e.apply_ms) !== undefined) this.apply.observe(num(e.apply_ms)! / 1000)
+        if (num(e.val_loss) !== undefined) this.valLoss.set(num(e.val_loss)!)
+        if (num(e.eval_ms) !== undefined) this.evalSeconds.observe(num(e.eval_ms)! / 1000)
         const bytesIn = num(e.bytes_in)
         const bytesOut = num(e.bytes_out)
         if (bytesIn !== undefined && bytesIn >= this.lastIn) this.received.inc(bytesIn - this.lastIn)
         if (bytesOut !== undefined && bytesOut >= this.lastOut) this.sent.inc(bytesOut - this.lastOut)
         if (bytesIn !== undefined) this.lastIn = bytesIn
         if (bytesOut !== undefined) this.lastOut = bytesOut
-        if (num(e.peers) !== undefined) this.peers.set({kind: 'all'}, num(e.peers)!)
+        if (num(e.peers) !== undefined) this.peers.set(num(e.peers)!)
         const direct = num(e.conn_direct) ?? num(e.peers_direct)
         const relayed = num(e.conn_relayed) ?? num(e.peers_relayed)
-        if (direct !== undefined) this.peers.set({kind: 'direct'}, direct)
-        if (relayed !== undefined) this.peers.set({kind: 'relayed'}, relayed)
+        if (direct !== undefined) this.connections.set({kind: 'direct'}, direct)
+        if (relayed !== undefined) this.connections.set({kind: 'relayed'}, relayed)
         this.observePeerBytes(e.peer_bytes)
         break
       }
@@ -323,17 +364,29 @@ export class ClientMetrics {
     }
   }
 
-  /** peer_bytes: {peer id: {in, out}} cumulative, when the round event carries it. */
+  /**
+   * peer_bytes: {peer: {in, out}} cumulative, as the round event carries it. Label cardinality is bounded: the
+   * first MAX_PEER_LABELS peers seen get their own `peer` label (the first 16 characters of the client id), any
+   * later peer counts under peer="other".
+   */
   private observePeerBytes(v: unknown): void {
     if (!v || typeof v !== 'object') return
     for (const [peer, b] of Object.entries(v as Record<string, unknown>).slice(0, 1024)) {
       if (!b || typeof b !== 'object') continue
-      for (const direction of ['in', 'out'] as const) {
+      let label = this.peerLabels.get(peer)
+      if (label === undefined) {
+        label = peer !== 'other' && this.peerLabels.size < MAX_PEER_LABELS ? peer.slice(0, 16) : 'other'
+        this.peerLabels.set(peer, label)
+      }
+      for (const [direction, counter] of [
+        ['in', this.peerReceived],
+        ['out', this.peerSent],
+      ] as const) {
         const total = num((b as Record<string, unknown>)[direction])
         if (total === undefined) continue
         const key = `${peer}\0${direction}`
         const last = this.lastPeer.get(key) ?? 0
-        if (total > last) this.peerBytes.inc({peer: peer.slice(0, 64), direction}, total - last)
+        if (total > last) counter.inc({peer: label}, total - last)
         this.lastPeer.set(key, total)
       }
     }

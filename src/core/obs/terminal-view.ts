@@ -10,6 +10,8 @@ export interface TerminalView {
   clients: {name: string; state: string; step?: number | null; loss?: number | null; note?: string}[]
   /** Loss per round, oldest first (the sparkline), and the latest. */
   losses: number[]
+  /** The latest validation loss (held-out samples), when clients evaluate. */
+  valLoss?: number | null
   tokensPerSecond?: number | null
   bytesIn?: number | null
   bytesOut?: number | null
@@ -48,7 +50,7 @@ export function viewLines(v: TerminalView): string[] {
     )
   }
   const last = v.losses.at(-1)
-  lines.push(`loss ${fixed(last, 3)} ${sparkline(v.losses)}`)
+  lines.push(`loss ${fixed(last, 3)} ${sparkline(v.losses)}${v.valLoss !== null && v.valLoss !== undefined ? `   validation ${fixed(v.valLoss, 3)}` : ''}`)
   const peers = v.peers ? `${v.peers.all}${v.peers.direct !== undefined && v.peers.direct !== null ? ` (${v.peers.direct} direct, ${v.peers.relayed ?? 0} relayed)` : ''}` : '–'
   lines.push(
     `tokens/s ${fixed(v.tokensPerSecond, 0)}   in ${mb(v.bytesIn)}   out ${mb(v.bytesOut)}   applied ${v.applied ?? '–'} of ${v.accepted ?? '–'} accepted   peers ${peers}`,
@@ -132,13 +134,14 @@ export class Warnings {
 }
 
 /** The run-wide part of a view from a metrics history (server run, testnet): the loss series, last throughput, total bytes. */
-export function historyFigures(points: HistoryPoint[]): Pick<TerminalView, 'losses' | 'tokensPerSecond' | 'bytesIn' | 'bytesOut' | 'applied' | 'accepted'> {
+export function historyFigures(points: HistoryPoint[]): Pick<TerminalView, 'losses' | 'valLoss' | 'tokensPerSecond' | 'bytesIn' | 'bytesOut' | 'applied' | 'accepted'> {
   const lastWith = (f: (p: HistoryPoint) => number | null) => {
     for (let i = points.length - 1; i >= 0; i--) if (f(points[i]) !== null) return f(points[i])
     return null
   }
   return {
     losses: points.map((p) => p.loss).filter((l): l is number => l !== null),
+    valLoss: lastWith((p) => p.val_loss),
     tokensPerSecond: lastWith((p) => p.tokens_per_second),
     bytesIn: points.reduce((a, p) => a + p.bytes_in, 0),
     bytesOut: points.reduce((a, p) => a + p.bytes_out, 0),

@@ -87,7 +87,12 @@ export interface P2PStats {
   badBlobs: number
   downloadsInFlight: number
   peakDownloadsInFlight: number
+  /** Result and model bytes per remote peer (its client id when the peer is a run member's ed25519 key, else its peer id), cumulative. */
+  peerBytes: Record<string, {in: number; out: number}>
 }
+
+/** Peers counted apart in P2PStats.peerBytes; bytes of any further peer are added up under "other". */
+const MAX_COUNTED_PEERS = 256
 
 interface StoredResult {
   step: number
@@ -167,6 +172,7 @@ export class P2PNode {
   private readonly manifests = new WeakMap<ModelSnapshot, ModelManifest>()
   private bytesSent = 0
   private bytesReceived = 0
+  private readonly peerBytes = new Map<string, {in: number; out: number}>()
   private badBlobs = 0
   private stopped = false
   private readonly dialFailures = new Map<string, DialFailure>()
@@ -713,6 +719,7 @@ export class P2PNode {
         throw error
       }
       this.bytesReceived += a.size
+      this.countPeerBytes(holder, 'in', a.size)
       await stream.close({signal}).catch(() => {})
       return bytes
     } catch (error) {
@@ -736,6 +743,7 @@ export class P2PNode {
         await writeJson(lp, {status: 'ok', size: stored.bytes.length}, {signal})
         await writeChunks(lp, stored.bytes, {signal})
         this.bytesSent += stored.bytes.length
+        this.countPeerBytes(connection.remotePeer, 'out', stored.bytes.length)
       }
       await stream.close({signal})
     } catch (error) {
@@ -778,6 +786,7 @@ export class P2PNode {
           for (const i of indices) {
             await writeChunks(lp, model.frames[i].data, {signal})
             this.bytesSent += model.frames[i].data.length
+            this.countPeerBytes(connection.remotePeer, 'out', model.frames[i].data.length)
           }
         }
       } else {
@@ -838,6 +847,7 @@ export class P2PNode {
             offset += t.size
           }
           this.bytesReceived += total
+          this.countPeerBytes(clientId, 'in', total)
           return out
         }),
     }
@@ -866,6 +876,16 @@ export class P2PNode {
     }
   }
 
+  /** The counter hook of P2PStats.peerBytes: `bytes` exchanged with `peer` in `direction`. */
+  private countPeerBytes(peer: PeerId | string, direction: 'in' | 'out', bytes: number): void {
+    const raw = typeof peer !== 'string' && peer.type === 'Ed25519' ? peer.publicKey.raw : undefined
+    let key = typeof peer === 'string' ? peer : raw ? Buffer.from(raw).toString('hex') : peer.toString()
+    if (!this.peerBytes.has(key) && this.peerBytes.size >= MAX_COUNTED_PEERS) key = 'other'
+    let b = this.peerBytes.get(key)
+    if (!b) this.peerBytes.set(key, (b = {in: 0, out: 0}))
+    b[direction] += bytes
+  }
+
   stats(): P2PStats {
     return {
       bytesSent: this.bytesSent,
@@ -874,6 +894,7 @@ export class P2PNode {
       badBlobs: this.badBlobs,
       downloadsInFlight: this.downloads.active,
       peakDownloadsInFlight: this.downloads.peak,
+      peerBytes: Object.fromEntries([...this.peerBytes].map(([k, v]) => [k, {...v}])),
     }
   }
 

@@ -32,6 +32,8 @@ export interface TestnetOptions {
   /** Seconds a killed client stays down before it is restarted (default 2). */
   restartDelay?: number
   threads?: number
+  /** The clients' validation interval (join --eval-every); default: join's. */
+  evalEvery?: number
   /** Give up after this many seconds (default 900). */
   timeout?: number
   /** Random source for picking victims (default Math.random); tests pass a seeded one. */
@@ -129,6 +131,7 @@ export async function runTestnet(options: TestnetOptions): Promise<TestnetSummar
     const coordinator = solana ? ['--rpc', solana.url, '--ws-rpc', solana.wsUrl, '--program-id', solana.programId] : ['--server-addr', `127.0.0.1:${port}`]
     const joinArgs = [...coordinator, '--run-id', runId, '--config', statePath, '--p2p-listen', '/ip4/127.0.0.1/tcp/0']
     if (options.threads) joinArgs.push('--threads', String(options.threads))
+    if (options.evalEvery !== undefined) joinArgs.push('--eval-every', String(options.evalEvery))
     const client: ClientProcess = new ClientProcess(name, identityPath, group, joinArgs, {
       onEvent: (e, generation) => {
         if (e.event === 'round') {
