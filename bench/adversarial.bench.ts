@@ -5,19 +5,22 @@
 // set, and (2) validation loss at equal steps, honest-only against 1 attacker of 4 for each attack.
 // BENCH_ROUNDS (default 40) rounds of 16 sequences × 128 tokens.
 import {randomBytes} from 'node:crypto'
+import {ensureDemoCorpus} from '../src/core/corpus.js'
 import {openDataProvider} from '../src/core/data/index.js'
 import {sha256Hex} from '../src/core/p2p/announcement.js'
 import {resolveTrainPlan} from '../src/core/train/plan.js'
 import {shuffleSeedFor} from '../src/core/train/single-node.js'
 import {ResultIntake} from '../src/core/verify/intake.js'
-import {resultIndices, validateResult, type ResultFormat} from '../src/core/verify/result.js'
-import {indexOverlap, scoreOf, Scorer} from '../src/core/verify/score.js'
+import {validateResult, type ResultFormat} from '../src/core/verify/result.js'
+import {indexOverlap, indexSample} from '../src/core/verify/copy.js'
+import {scoreOf, Scorer} from '../src/core/verify/score.js'
 import {ModelWorker} from '../src/core/worker/model-worker.js'
-import {randomWellFormed, signFlipped} from '../test/adversarial/forge.js'
+import {nearCopy, randomWellFormed, signFlipped} from '../test/adversarial/forge.js'
 
 const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 40)
 const PEERS = 4
 const PER_PEER = 4
+await ensureDemoCorpus()
 const plan = await resolveTrainPlan({template: 'tiny-demo', optimizer: 'distro', threads: 1, device: 'cpu'})
 const data = await openDataProvider(plan.data as never, {seqLen: plan.seqLen, baseDir: plan.dataBaseDir, shuffleSeed: shuffleSeedFor(1), wrap: true})
 const EVAL_IDS = Array.from({length: 32}, (_, i) => 1_000_000 + i)
@@ -49,6 +52,11 @@ interface RunResult {
   honestScores: number[]
   attackerScores: number[]
   overlaps: number[]
+  /** The attacker's result's largest overlap with an honest result of its round (copies: near 1). */
+  attackerOverlaps: number[]
+  /** Raw gains (loss before − after) on the assigned and on the random batch, per scored result. */
+  honestGains: [number, number][]
+  attackerGains: [number, number][]
   detectedAt: number | null
   excludedResults: number
 }
@@ -61,7 +69,18 @@ async function run(attack: Attack): Promise<RunResult> {
   const attacker = attack === 'none' ? -1 : 3
   let previous: Uint8Array[] | undefined
   let firstAttackerResult: Uint8Array | undefined
-  const out: RunResult = {attack, valLoss: NaN, honestScores: [], attackerScores: [], overlaps: [], detectedAt: null, excludedResults: 0}
+  const out: RunResult = {
+    attack,
+    valLoss: NaN,
+    honestScores: [],
+    attackerScores: [],
+    overlaps: [],
+    attackerOverlaps: [],
+    honestGains: [],
+    attackerGains: [],
+    detectedAt: null,
+    excludedResults: 0,
+  }
   let ejected = false
   try {
     for (let step = 1; step <= ROUNDS; step++) {
@@ -77,11 +96,22 @@ async function run(attack: Attack): Promise<RunResult> {
           if (attack === 'garbage') bytes = randomBytes(bytes.length)
           if (attack === 'random') bytes = randomWellFormed(bytes, format)
           if (attack === 'sign_flip') bytes = signFlipped(bytes, format)
-          if (attack === 'copy') bytes = results[0]
+          if (attack === 'copy') bytes = nearCopy(results[0], format)
           if (attack === 'replay') bytes = firstAttackerResult
           if (attack === 'oversized') bytes = Buffer.concat([bytes, Buffer.alloc(65_536)])
         }
         results.push(bytes)
+      }
+      // Index overlap before any filtering: honest pairs (the threshold's data), and the attacker's against honest results.
+      const valid = results.map((b) => (validateResult(b, format).ok ? indexSample(b, format) : undefined))
+      for (let i = 0; i < PEERS; i++) {
+        for (let j = i + 1; j < PEERS; j++) {
+          if (i === attacker || j === attacker || !valid[i] || !valid[j]) continue
+          out.overlaps.push(indexOverlap(valid[i]!, valid[j]!))
+        }
+      }
+      if (attacker >= 0 && valid[attacker]) {
+        out.attackerOverlaps.push(Math.max(...valid.filter((v, i) => v && i !== attacker).map((v) => indexOverlap(valid[attacker]!, v!))))
       }
       // What every honest client does with the round's results: validate, then a verifier scores them.
       const accepted: {p: number; bytes: Uint8Array}[] = []
@@ -108,13 +138,13 @@ async function run(attack: Attack): Promise<RunResult> {
       )
       for (const [j, a] of accepted.entries()) {
         const losses = after[j]!
-        const score = scoreOf({assigned: {before: before[j], after: losses[j]}, random: {before: before[accepted.length], after: losses[accepted.length]}})
+        const l = {assigned: {before: before[j], after: losses[j]}, random: {before: before[accepted.length], after: losses[accepted.length]}}
+        const score = scoreOf(l)
+        const gains: [number, number] = [l.assigned.before - l.assigned.after, l.random.before - l.random.after]
         scorer.add(ids[a.p], score)
-        if (a.p === attacker) out.attackerScores.push(score)
-        else out.honestScores.push(score)
+        if (a.p === attacker) (out.attackerScores.push(score), out.attackerGains.push(gains))
+        else (out.honestScores.push(score), out.honestGains.push(gains))
       }
-      const honestIdx = accepted.filter((a) => a.p !== attacker).map((a) => resultIndices(a.bytes, format))
-      for (let i = 0; i < honestIdx.length; i++) for (let j = i + 1; j < honestIdx.length; j++) out.overlaps.push(indexOverlap(honestIdx[i], honestIdx[j]))
       if (attacker >= 0 && !ejected && scorer.lowScorers().includes(ids[attacker])) {
         ejected = true
         out.detectedAt = step
@@ -153,12 +183,16 @@ const base = rows[0].valLoss
 console.log(
   JSON.stringify(
     {date: new Date().toISOString().slice(0, 10), rounds: ROUNDS, rows},
-    (k, v) => (Array.isArray(v) && typeof v[0] === 'number' && v.length > 8 ? quantiles(v) : v),
+    (k, v) => (k.endsWith('Gains') ? undefined : Array.isArray(v) && typeof v[0] === 'number' && v.length > 8 ? quantiles(v) : v),
     2,
   ),
 )
 console.log(`\nHonest peers' scores (all runs): ${quantiles(rows.flatMap((r) => r.honestScores))}`)
 console.log(`Honest peers' index overlap (pairs of results, all runs): ${quantiles(rows.flatMap((r) => r.overlaps))}`)
+for (const r of rows) if (r.attackerOverlaps.length) console.log(`${r.attack}: the attacker's largest overlap with an honest result: ${quantiles(r.attackerOverlaps)}`)
+const raw = (g: [number, number][]) => g.map(([a, b]) => `${a.toExponential(2)}/${b.toExponential(2)}`).join(' ')
+console.log(`\nRaw gains (assigned/random), honest: ${raw(rows.flatMap((r) => r.honestGains))}`)
+for (const r of rows) if (r.attackerGains.length) console.log(`${r.attack} attacker gains: ${raw(r.attackerGains)}`)
 console.log(
   `\n| attack (1 of ${PEERS} peers) | validation loss after ${ROUNDS} rounds | vs honest-only | attacker detected at round | attacker's results excluded | attacker's scores |`,
 )

@@ -5,6 +5,7 @@ import {errorMessage, PsycheError} from '../errors.js'
 import type {ModelSnapshot, ResultAnnouncement} from '../p2p/index.js'
 import {loadModel} from '../train/load-model.js'
 import type {TrainPlan} from '../train/plan.js'
+import {copyReason, nearCopies} from '../verify/copy.js'
 import {FORMAT_INVALID, ResultIntake} from '../verify/intake.js'
 import type {ResultFormat} from '../verify/result.js'
 import {randomBatchIds, scoreOf, Scorer} from '../verify/score.js'
@@ -775,6 +776,14 @@ export class PsycheClient {
       const excluded = round.excluded ?? []
       if (excluded.length > 0) this.opts.log({event: 'results_excluded', step: round.step, client_ids: excluded})
       this.applying = accepted.filter((r) => !dropped.includes(r))
+      // Copies by index overlap among the witnessed results: a pure function of their bytes in canonical order,
+      // so every replica drops the same ones (a copied update counts once).
+      if (this.resultFormat) {
+        const copies = nearCopies(this.applying as {client_id: ClientId; bytes: Uint8Array}[], this.resultFormat)
+        for (const c of copies) this.opts.log({event: 'result_dropped', client_id: c.client_id, step: round.step, reason: copyReason(c.of, round.step, c.overlap)})
+        const gone = new Set(copies.map((c) => c.index))
+        this.applying = this.applying.filter((_, i) => !gone.has(i))
+      }
       // Verification never stops an apply: a failure is logged and the round goes on.
       await this.verify(round, this.applying).catch((error) => this.opts.log({event: 'verify_failed', step: round.step, message: errorMessage(error)}))
       const out: Uint8Array[] & {peers?: number; peersAccepted?: number} = this.applying.map((r) => r.bytes!)
@@ -1052,7 +1061,7 @@ export class PsycheClient {
     const record = this.ledger.at(round.step)
     if (own) {
       record.own = own.announcement
-      this.intake.own(own.announcement)
+      this.intake.own(own.announcement, own.bytes)
       record.results.set(this.id, {client_id: this.id, step: round.step, batch_start: range.start, batch_end: range.end, commitment: own.announcement.commitment, bytes: own.bytes})
     }
     this.flushMessages()

@@ -1,5 +1,6 @@
 import type {ClientId} from '../coordinator/types.js'
 import type {ResultAnnouncement} from '../p2p/announcement.js'
+import {copyReason, COPY_OVERLAP_THRESHOLD, indexOverlap, indexSample} from './copy.js'
 import type {EquivocationProof} from './equivocation.js'
 import {maxResultSize, resultSize, validateResult, type ResultFormat} from './result.js'
 
@@ -33,6 +34,8 @@ export class ResultIntake {
   private readonly byProducer = new Map<string, ResultAnnouncement>()
   /** commitment → the first producer and step we saw it announced with. */
   private readonly commitments = new Map<string, Seen>()
+  /** step → producer → its valid result's index sample (copy detection by overlap: copy.ts). */
+  private readonly samples = new Map<number, Map<ClientId, Set<number>>>()
 
   constructor(private format: ResultFormat | undefined) {}
 
@@ -62,8 +65,9 @@ export class ResultIntake {
 
   /**
    * Checks downloaded bytes (they hash to the announcement's commitment). Undefined: valid. Otherwise the
-   * reason: the format validator's (prefixed FORMAT_INVALID), or a copy of another producer's result, or a
-   * replay of a result of an earlier step.
+   * reason: the format validator's (prefixed FORMAT_INVALID), or a copy of another producer's result (the same
+   * bytes, or an index overlap with its result of this step at the copy threshold), or a replay of a result of
+   * an earlier step.
    */
   bytes(a: Pick<ResultAnnouncement, 'client_id' | 'step' | 'commitment'>, bytes: Uint8Array): string | undefined {
     if (this.format) {
@@ -73,7 +77,7 @@ export class ResultIntake {
     const seen = this.commitments.get(a.commitment)
     if (!seen) {
       this.commitments.set(a.commitment, {producer: a.client_id, step: a.step})
-      return undefined
+      return this.overlap(a, bytes)
     }
     if (seen.producer !== a.client_id) return `copy: the same result as ${seen.producer}'s for step ${seen.step}`
     if (seen.step !== a.step) return `replay: the same result as its own for step ${seen.step}`
@@ -81,14 +85,31 @@ export class ResultIntake {
   }
 
   /** Records our own result (so a peer copying it is caught). */
-  own(a: Pick<ResultAnnouncement, 'client_id' | 'step' | 'commitment'>): void {
+  own(a: Pick<ResultAnnouncement, 'client_id' | 'step' | 'commitment'>, bytes?: Uint8Array): void {
     if (!this.commitments.has(a.commitment)) this.commitments.set(a.commitment, {producer: a.client_id, step: a.step})
     this.byProducer.set(`${a.step}:${a.client_id}`, a as ResultAnnouncement)
+    if (bytes && this.format && validateResult(bytes, this.format).ok) this.overlap(a, bytes)
+  }
+
+  /** Compares a valid result with the other producers' results of its step seen before it; keeps its sample. */
+  private overlap(a: Pick<ResultAnnouncement, 'client_id' | 'step'>, bytes: Uint8Array): string | undefined {
+    if (!this.format) return undefined
+    const sample = indexSample(bytes, this.format)
+    let step = this.samples.get(a.step)
+    if (!step) this.samples.set(a.step, (step = new Map()))
+    for (const [producer, other] of step) {
+      if (producer === a.client_id) continue
+      const overlap = indexOverlap(sample, other)
+      if (overlap >= COPY_OVERLAP_THRESHOLD) return copyReason(producer, a.step, overlap)
+    }
+    if (!step.has(a.client_id)) step.set(a.client_id, sample)
+    return undefined
   }
 
   /** Forgets announcements of steps before `step`; commitments are kept `keepSteps` longer to catch replays. */
   forget(step: number, keepSteps = 16): void {
     for (const [key, a] of this.byProducer) if (a.step < step) this.byProducer.delete(key)
     for (const [c, s] of this.commitments) if (s.step < step - keepSteps) this.commitments.delete(c)
+    for (const s of this.samples.keys()) if (s < step) this.samples.delete(s)
   }
 }

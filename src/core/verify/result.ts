@@ -196,18 +196,25 @@ function check(b: Uint8Array, format: ResultFormat): void {
 
 /**
  * The (tensor, chunk, index) positions a valid result selects, as numbers: for copy detection by index overlap
- * (src/core/verify/score.ts indexOverlap). `bytes` must have passed validateResult.
+ * (src/core/verify/copy.ts). `bytes` must have passed validateResult. With `stride` > 1, only every stride-th
+ * chunk (counted across all tensors) is read: a fixed sample, the same for every result of the run's model.
  */
-export function resultIndices(bytes: Uint8Array, format: ResultFormat): Set<number> {
+export function resultIndices(bytes: Uint8Array, format: ResultFormat, stride = 1): Set<number> {
   const fmt = bytes[5]
   const out = new Set<number>()
   let pos = 10
   let base = 0
+  let first = 0
   for (const {spec, name, n, chunkElems, bits} of layoutOf(format)) {
     pos += 2 + name.length + 1 + 8 * spec.shape.length + 4 + (fmt === VALUE_FP16 ? 1 : 0)
     const read = bits <= 24 ? readBits : readBitsSlow
-    for (let i = 0; i < n; i++) out.add(base + Math.floor(i / spec.topk) * chunkElems + read(bytes, pos, i * bits, bits))
-    base += (n / spec.topk) * chunkElems
+    const chunks = n / spec.topk
+    for (let c = first; c < chunks; c += stride) {
+      for (let k = 0; k < spec.topk; k++) out.add(base + c * chunkElems + read(bytes, pos, (c * spec.topk + k) * bits, bits))
+    }
+    // The next sampled chunk, counted across tensors.
+    first = (((first - chunks) % stride) + stride) % stride
+    base += chunks * chunkElems
     pos += Math.ceil((n * bits) / 8) + valueBytes(fmt, n)
   }
   return out

@@ -32,13 +32,15 @@ export const DEFAULT_SCORE_SETTINGS: ScoreSettings = {alpha: 0.5, threshold: 0.0
 
 /**
  * One result's score: the improvement on its own batches beyond the improvement on a random batch, relative to
- * the size of the step on the random batch (so it does not scale with the learning rate or the loss level).
+ * the size of the step (so it does not scale with the learning rate or the loss level). Only a gain on the
+ * random batch counts in the result's favour: a result that raises the loss on other data as much as on its
+ * own (a random one) scores about −0.5, not 0 — honest work lowers the loss on the batches it came from.
  */
 export function scoreOf(l: Losses): number {
   const gainAssigned = l.assigned.before - l.assigned.after
   const gainRandom = l.random.before - l.random.after
   const scale = Math.abs(gainAssigned) + Math.abs(gainRandom) + 1e-9
-  return (gainAssigned - gainRandom) / scale
+  return (gainAssigned - Math.max(gainRandom, 0)) / scale
 }
 
 export interface PeerScore {
@@ -87,12 +89,4 @@ export function randomBatchIds(round: Pick<Round, 'seed' | 'data_index' | 'batch
   const offset = subSeed(round.seed, 'verify/random').readUInt32LE(0) % 1024
   const start = round.data_index + round.batch_size + offset
   return Array.from({length: size}, (_, i) => start + i)
-}
-
-/** Copy detection beyond identical bytes: the share of (tensor, chunk, index) positions two results have in common. */
-export function indexOverlap(a: Set<number>, b: Set<number>): number {
-  if (a.size === 0 || b.size === 0) return 0
-  let shared = 0
-  for (const x of a) if (b.has(x)) shared++
-  return shared / Math.min(a.size, b.size)
 }

@@ -1,0 +1,76 @@
+import type {ClientId} from '../coordinator/types.js'
+import {resultIndices, type ResultFormat} from './result.js'
+
+/**
+ * Copy detection by index overlap between peers' results (τemplar's way, seed 003): a result that selects
+ * nearly the same (tensor, chunk, index) positions as another producer's result of the same step is a copy,
+ * even when its bytes differ (re-signed values, a flipped bit). Honest results of one step share far fewer
+ * positions: each peer's top-k comes from its own batches' gradients and its own error feedback.
+ *
+ * The threshold is set from the measured honest overlap distribution (bench/README.md, "Verification").
+ */
+
+/** A pair of results of one step sharing at least this share of their positions is a copy. */
+export const COPY_OVERLAP_THRESHOLD = 0.9
+
+/** At most about this many chunks (over all tensors, evenly spaced) are compared: bounded work and memory for any model. */
+export const OVERLAP_SAMPLE_CHUNKS = 4096
+
+/** Every how many chunks one is sampled for this run's model. */
+export function sampleStride(format: ResultFormat): number {
+  let chunks = 0
+  for (const t of format.tensors) chunks += t.shape.reduce((acc, s, i) => acc * Math.floor(s / t.chunk[i]), 1)
+  return Math.max(1, Math.ceil(chunks / OVERLAP_SAMPLE_CHUNKS))
+}
+
+/** The positions compared between results: a fixed, evenly spaced sample of chunks (the same for every result of the run). */
+export function indexSample(bytes: Uint8Array, format: ResultFormat): Set<number> {
+  return resultIndices(bytes, format, sampleStride(format))
+}
+
+/** The share of positions two results have in common (relative to the smaller set). */
+export function indexOverlap(a: Set<number>, b: Set<number>): number {
+  if (a.size === 0 || b.size === 0) return 0
+  let shared = 0
+  for (const x of a) if (b.has(x)) shared++
+  return shared / Math.min(a.size, b.size)
+}
+
+export interface NearCopy {
+  /** Position in the list of the result that is dropped. */
+  index: number
+  client_id: ClientId
+  /** The earlier result (in list order) it copies. */
+  of: ClientId
+  overlap: number
+}
+
+/**
+ * The results of one round to drop as copies: walking the list in its (canonical) order, a result whose overlap
+ * with an earlier kept result of another producer reaches the threshold. A pure function of the bytes and their
+ * order, so every replica drops the same ones; the round's update counts a copied result once.
+ */
+export function nearCopies(results: readonly {client_id: ClientId; bytes: Uint8Array}[], format: ResultFormat, threshold = COPY_OVERLAP_THRESHOLD): NearCopy[] {
+  const kept: {client_id: ClientId; sample: Set<number>}[] = []
+  const out: NearCopy[] = []
+  for (const [index, r] of results.entries()) {
+    const sample = indexSample(r.bytes, format)
+    let hit: NearCopy | undefined
+    for (const k of kept) {
+      if (k.client_id === r.client_id) continue
+      const overlap = indexOverlap(sample, k.sample)
+      if (overlap >= threshold) {
+        hit = {index, client_id: r.client_id, of: k.client_id, overlap}
+        break
+      }
+    }
+    if (hit) out.push(hit)
+    else kept.push({client_id: r.client_id, sample})
+  }
+  return out
+}
+
+/** The reason logged for a copy found by overlap. */
+export function copyReason(of: ClientId, step: number, overlap: number): string {
+  return `copy: index overlap ${overlap.toFixed(3)} with ${of}'s result for step ${step}`
+}
