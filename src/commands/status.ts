@@ -3,6 +3,7 @@ import {CoordinatorConnection} from '../core/backend/index.js'
 import {PsycheCommand} from '../core/cli/base-command.js'
 import {coordinatorSeconds, summarizeRun, type RunSummary} from '../core/obs/summary.js'
 import {generateIdentity} from '../core/protocol/index.js'
+import type {ClientScore} from '../core/verify/scoreboard.js'
 
 export default class Status extends PsycheCommand {
   static summary = 'Print a one-shot summary of a run: its phase, round, epoch, progress, clients and witness quorum'
@@ -10,7 +11,8 @@ export default class Status extends PsycheCommand {
 state, prints it and exits. With --json, one object: {run_id, run_state, epoch, step, total_steps, progress,
 phase_elapsed_seconds, phase_time_left_seconds, clients: [{id, state}], clients_by_state: {healthy, dropped,
 withdrawn, ejected, pending}, round: {step, height, batch_size, trainers, witnesses_expected, witness_proofs,
-witness_quorum} | null, pause_pending, peers}.`
+witness_quorum} | null, pause_pending, peers, scores: [{client_id, average, last, last_step, verifiers, count}]}:
+scores are the moving averages of the verification scores verifiers reported for each client's results.`
 
   static examples = ['<%= config.bin %> status --server-addr 127.0.0.1:20000', '<%= config.bin %> status --server-addr host:20000 --json']
 
@@ -20,7 +22,7 @@ witness_quorum} | null, pause_pending, peers}.`
     timeout: Flags.integer({summary: 'seconds to keep trying to reach the server', default: 5, min: 1}),
   }
 
-  async run(): Promise<RunSummary & {peers: number}> {
+  async run(): Promise<StatusSummary> {
     const {flags} = await this.parse(Status)
     const conn = await CoordinatorConnection.connect({
       addr: flags['server-addr'],
@@ -31,14 +33,20 @@ witness_quorum} | null, pause_pending, peers}.`
       reconnect: false,
       connectTimeoutMs: flags.timeout * 1000,
     })
-    const summary = {...summarizeRun(conn.state!, coordinatorSeconds(conn.serverTime ?? Date.now() / 1000)), peers: Object.values(conn.peers).filter((a) => a.length > 0).length}
+    const summary: StatusSummary = {
+      ...summarizeRun(conn.state!, coordinatorSeconds(conn.serverTime ?? Date.now() / 1000)),
+      peers: Object.values(conn.peers).filter((a) => a.length > 0).length,
+      scores: conn.scores,
+    }
     await conn.close()
     if (!this.jsonEnabled()) for (const line of formatSummary(summary)) this.log(line)
     return summary
   }
 }
 
-export function formatSummary(s: RunSummary & {peers: number}): string[] {
+export type StatusSummary = RunSummary & {peers: number; scores?: ClientScore[]}
+
+export function formatSummary(s: StatusSummary): string[] {
   const left = s.phase_time_left_seconds === null ? '' : `, ${s.phase_time_left_seconds}s left`
   const c = s.clients_by_state
   const lines = [
@@ -51,6 +59,10 @@ export function formatSummary(s: RunSummary & {peers: number}): string[] {
       `round ${s.round.step} (height ${s.round.height}): ${s.round.trainers} trainers, batch ${s.round.batch_size}, witness proofs ${s.round.witness_proofs}/${s.round.witnesses_expected} (quorum ${s.round.witness_quorum})`,
     )
   if (s.pause_pending) lines.push('a pause is pending (at the end of the epoch)')
-  for (const client of s.clients) lines.push(`  ${client.id.slice(0, 16)}…  ${client.state}`)
+  const scores = new Map((s.scores ?? []).map((x) => [x.client_id, x]))
+  for (const client of s.clients) {
+    const sc = scores.get(client.id)
+    lines.push(`  ${client.id.slice(0, 16)}…  ${client.state}${sc ? `  score ${sc.average.toFixed(3)} (${sc.count} reports, last step ${sc.last_step})` : ''}`)
+  }
   return lines
 }

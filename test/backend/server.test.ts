@@ -261,13 +261,14 @@ test('fuzz over TCP: signed messages of every kind with random fields, steps and
         const step = pick([0, 1, 2, 2 ** 40])
         const seq = pick([raw.seq + 1, raw.seq, 1, raw.seq + 1000])
         const bloom = pick(['', 'AAAA', Buffer.from(Array.from({length: next() % 40}, next)).toString('base64'), '!!'])
-        const kind = pick(['witness', 'health_check', 'withdraw', 'checkpoint', 'hello'] as const)
+        const kind = pick(['witness', 'health_check', 'withdraw', 'checkpoint', 'hello', 'scores'] as const)
         const bodies = {
           witness: {proof: {participant_bloom: bloom, broadcast_bloom: bloom}},
           health_check: {accused: [pick(ids).id]},
           withdraw: {},
           checkpoint: {repo: {repo_id: 'org/m', revision: pick(['main', 'x'])}},
           hello: {run_id: pick([RUN_ID, 'x']), client_id: pick(ids).id, p2p_addrs: [], want_join: true},
+          scores: {scores: [{client_id: pick(ids).id, score: pick([0.5, -1, 3, Number.NaN])}]},
         }
         raw.send(pick([me, me, pick(ids)]), kind, bodies[kind] as never, {step, seq, ...(next() % 8 === 0 ? {session: 'ab'.repeat(16)} : {})})
         sent++
@@ -285,5 +286,59 @@ test('fuzz over TCP: signed messages of every kind with random fields, steps and
     const c = await connectClient(t, after)
     assert.ok(c.state)
     await nextState(watcher, (s) => s.pending.includes(after.id) || s.epoch.clients.some((e) => e.id === after.id))
+  })
+})
+
+test("verification scores: a verifier's signed report is kept as a moving average per client and shown to watchers (status); others are refused", async () => {
+  await withServer({init_min_clients: 2, verification_percent: 100}, {}, async (t) => {
+    const [alice, bob] = [generateIdentity(), generateIdentity()]
+    const a = await connectClient(t, alice)
+    const b = await connectClient(t, bob)
+    const watcher = await connectClient(t, generateIdentity(), {join: false})
+    await nextState(a, (s) => s.pending.length === 2)
+    t.clock.advance(2)
+    await nextState(a, (s) => s.run_state === 'Warmup')
+    assert.ok(a.sendWarmupReady() && b.sendWarmupReady())
+    const round1 = await nextState(a, (s) => s.run_state === 'RoundTrain')
+    // Scores are for a finished round: none yet in round 1.
+    let from = t.logs.length
+    assert.ok(a.sendScores(1, [{client_id: bob.id, score: 0.4}]))
+    await t.waitLog({event: 'rejected', code: 'stale_step', of: 'scores'}, from)
+    for (const c of [a, b]) c.sendWitness(1, buildWitnessProof(round1.epoch.round!, []))
+    await nextState(a, (s) => s.run_state === 'RoundWitness')
+    t.clock.advance(2)
+    await nextState(a, (s) => s.run_state === 'RoundTrain' && s.progress.step === 2)
+
+    assert.ok(a.sendScores(1, [{client_id: bob.id, score: 0.4}]))
+    await t.waitLog({event: 'scores', client: alice.id, step: 1})
+    assert.ok(b.sendScores(1, [{client_id: alice.id, score: -0.6}]))
+    await t.waitLog({event: 'scores', client: bob.id, step: 1})
+    // Twice for one step, about a client outside the run, or out of range: refused, nothing changes.
+    from = t.logs.length
+    assert.ok(a.sendScores(1, [{client_id: bob.id, score: 0.9}]))
+    await t.waitLog({event: 'rejected', code: 'DuplicateScores', of: 'scores'}, from)
+    from = t.logs.length
+    assert.ok(b.sendScores(0, [{client_id: generateIdentity().id, score: 0.1}]))
+    await t.waitLog({event: 'rejected', code: 'InvalidScores', of: 'scores'}, from)
+    const raw = await RawClient.open(t.server.port)
+    const carol = generateIdentity()
+    await raw.hello(carol, false)
+    from = t.logs.length
+    raw.send(carol, 'scores', {scores: [{client_id: bob.id, score: 2}]}, {step: 1})
+    await t.waitLog({event: 'rejected', client: carol.id}, from)
+    // Not a verifier (not even a trainer) of the round.
+    from = t.logs.length
+    raw.send(carol, 'scores', {scores: [{client_id: bob.id, score: 0.2}]}, {step: 1})
+    const refused = await t.waitLog({event: 'rejected', code: 'InvalidScores'}, from)
+    assert.match(String(refused.reason), /is not a verifier of step 2/)
+
+    const byId = (list: {client_id: string}[]) => new Map(list.map((x) => [x.client_id, x]))
+    const seen = await waitUntil(() => watcher.scores.length === 2 && byId(watcher.scores), 'the scores pushed to the watcher')
+    assert.deepEqual(seen.get(bob.id), {client_id: bob.id, average: 0.4, last: 0.4, last_step: 1, verifiers: 1, count: 1})
+    assert.deepEqual(seen.get(alice.id), {client_id: alice.id, average: -0.6, last: -0.6, last_step: 1, verifiers: 1, count: 1})
+    assert.deepEqual(t.server.scores, watcher.scores)
+    // Training clients do not get them.
+    assert.deepEqual(a.scores, [])
+    await raw.close()
   })
 })

@@ -36,6 +36,7 @@ describe('psyche status', () => {
     assert.deepEqual(s.clients.map((c: {id: string}) => c.id).sort(), t.server.state.epoch.clients.map((c) => c.id).sort())
     assert.equal(s.peers, 2)
     assert.equal(s.round, null)
+    assert.deepEqual(s.scores, []) // no verifier has reported yet (scores: test/backend/server.test.ts, test/adversarial)
     // It watched, it did not join: the run still has exactly its two clients and nobody pending.
     assert.equal(t.server.state.epoch.clients.length, 2)
     assert.equal(t.server.state.pending.length, 0)

@@ -80,6 +80,7 @@ test('every client message round-trips with its sender, run, step, seq and sessi
         peers: 2,
       },
     ],
+    ['scores', {scores: [{client_id: bob, score: -0.25}]}],
     ['addresses', {p2p_addrs: ['/ip4/10.0.0.2/tcp/4001/p2p/12D3KooWA', '/ip4/203.0.113.7/tcp/4001/p2p/12D3KooWR/p2p-circuit/p2p/12D3KooWA']}],
   ] as const
   for (const [kind, b] of messages) {
@@ -189,6 +190,13 @@ test('tampering anywhere, unsigned bytes, the wrong direction, or bad fields are
     [{kind: 'addresses', run_id: 'r', step: 0, seq: 1, session: SESSION, body: {p2p_addrs: ['x'.repeat(513)]}}, 'invalid_message', /longer than 512/],
     [{kind: 'addresses', run_id: 'r', step: 0, seq: 1, session: SESSION, body: {p2p_addrs: [1]}}, 'invalid_message', /must be text/],
     [{kind: 'addresses', run_id: 'r', step: 0, seq: 1, session: SESSION, body: {}}, 'invalid_message', /missing "p2p_addrs"/],
+    [
+      {kind: 'scores', run_id: 'r', step: 0, seq: 1, session: SESSION, body: {scores: [{client_id: alice.id, score: 1.5}]}},
+      'invalid_message',
+      /scores.scores\[0\].score must be a number in \[-1, 1\]/,
+    ],
+    [{kind: 'scores', run_id: 'r', step: 0, seq: 1, session: SESSION, body: {scores: [{client_id: 'x', score: 0}]}}, 'invalid_message', /scores.scores\[0\].client_id/],
+    [{kind: 'scores', run_id: 'r', step: 0, seq: 1, session: SESSION, body: {scores: Array(1025).fill({client_id: alice.id, score: 0})}}, 'invalid_message', /more than 1024/],
   ]
   for (const [payload, reason, detail] of cases) {
     const bytes = Buffer.from(typeof payload === 'string' ? payload : JSON.stringify(payload))

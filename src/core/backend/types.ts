@@ -36,6 +36,8 @@ export interface CoordinatorBackend extends EventEmitter {
   sendHealthCheck(step: number, accused: ClientId[]): boolean
   /** As a witness of `step`: `accused`'s result for it failed validation. */
   sendAccusation(step: number, accused: ClientId, reason: AccusationReason): boolean
+  /** As a verifier: the scores we gave peers' results of round `step` (display: the server keeps moving averages). */
+  sendScores?(step: number, scores: {client_id: ClientId; score: number}[]): boolean
   /** Two signed announcements of one producer for one step (it equivocated). */
   sendEquivocation(proof: EquivocationProof): boolean
   sendWithdraw(): boolean

@@ -829,12 +829,14 @@ export class PsycheClient {
       batches,
     )
     const k = peers.length
+    const reported: {client_id: ClientId; score: number}[] = []
     for (const [j, r] of peers.entries()) {
       const losses = after[j]
       if (!losses) continue
       const l = {assigned: {before: before[j], after: losses[j]}, random: {before: before[k], after: losses[k]}}
       const score = scoreOf(l)
       const peer = this.scorer.add(r.client_id, score)
+      reported.push({client_id: r.client_id, score: Math.max(-1, Math.min(1, score))})
       this.opts.log({
         event: 'scored',
         step: round.step,
@@ -846,6 +848,8 @@ export class PsycheClient {
         gain_random: l.random.before - l.random.after,
       })
     }
+    // The server keeps moving averages of what verifiers report (psyche status, dashboards).
+    if (reported.length > 0) this.conn.sendScores?.(round.step, reported)
     for (const id of this.scorer.lowScorers()) {
       const key = `${current.step}:${id}:low_score`
       const range = batchRangeFor(this.state, id, current)

@@ -4,6 +4,7 @@ import type {PeerDirectory} from '../backend/types.js'
 import type {HubRepo} from '../config/types.js'
 import type {AccusationReason, ClientId, CoordinatorState, WitnessProof} from '../coordinator/types.js'
 import type {EquivocationProof} from '../verify/equivocation.js'
+import {MAX_SCORED_CLIENTS, type ClientScore} from '../verify/scoreboard.js'
 import {deserializeState} from '../coordinator/serialize.js'
 import {encodeFrame} from './frames.js'
 import {isIdentityId, signBytes, verifyBytes, type Identity} from './identity.js'
@@ -29,13 +30,16 @@ import {isIdentityId, signBytes, verifyBytes, type Identity} from './identity.js
  *                  accuse {accused, reason} step = the round whose result the witness found invalid
  *                  equivocation {proof}     two signed announcements of one producer for one step
  *                  report {loss, ...}       step = the round applied; what the client measured (for dashboards only)
+ *                  scores {scores: [{client_id, score}]}   step = the round scored; a verifier's scores of its peers'
+ *                                           results (kept by the server as moving averages: status, dashboards)
  *                  withdraw {}
  *                  checkpoint {repo}
  *                  addresses {p2p_addrs}    our libp2p addresses changed (a relay reservation, an observed address)
  * server → client  challenge {session}      (first message, as soon as the TCP connection opens)
  *                  welcome {run_id, client_id, server_time, relay_addrs?}
  *                                           relay_addrs: the coordinator's circuit relay, as this client can dial it
- *                  state {state: serialized CoordinatorState, peers: {ClientId: multiaddrs}, server_time}
+ *                  state {state: serialized CoordinatorState, peers: {ClientId: multiaddrs}, server_time, scores?}
+ *                                           scores (to watchers): the verification scores the server keeps (ClientScore[])
  *                  rejected {code, reason, of?}
  *                  client_report {client, step, report}   a client's report, forwarded to watchers (dashboards)
  */
@@ -96,6 +100,11 @@ export interface ReportBody {
   accepted: number
   peers: number
 }
+/** A verifier's scores of its peers' results of round `step` (src/core/verify/score.ts scoreOf: in [−1, 1]). */
+export interface ScoresBody {
+  scores: {client_id: ClientId; score: number}[]
+}
+export const MAX_SCORES = 1024
 export const REPORT_NUMBERS = ['loss', 'val_loss', 'tokens_per_second', 'compute_ms', 'apply_ms', 'result_bytes'] as const
 export const REPORT_COUNTS = ['bytes_in', 'bytes_out', 'applied', 'accepted', 'peers'] as const
 export interface AddressesBody {
@@ -119,6 +128,8 @@ export interface StateBody {
   state: CoordinatorState
   peers: PeerDirectory
   server_time: number
+  /** Sent to watchers (status, dashboards): the verification scores the server keeps (src/core/verify/scoreboard.ts). */
+  scores?: ClientScore[]
 }
 /** On the wire the state travels as serializeState's text (so BigInts survive). */
 export type StateWireBody = Omit<StateBody, 'state'> & {state: string}
@@ -140,6 +151,7 @@ export interface ClientBodies {
   withdraw: WithdrawBody
   checkpoint: CheckpointBody
   report: ReportBody
+  scores: ScoresBody
   addresses: AddressesBody
 }
 export interface ServerBodies {
@@ -240,6 +252,11 @@ function time(v: unknown, where: string): number {
   return v
 }
 
+function unit(v: unknown, where: string): number {
+  if (typeof v !== 'number' || !Number.isFinite(v) || v < -1 || v > 1) throw new Invalid(`${where} must be a number in [-1, 1]`)
+  return v
+}
+
 function id(v: unknown, where: string): string {
   if (!isIdentityId(v)) throw new Invalid(`${where} must be an identity id (64 lowercase hex digits)`)
   return v
@@ -303,6 +320,18 @@ const clientBodyCheckers: {[K in ClientKind]: (b: Obj) => ClientBodies[K]} = {
     for (const k of REPORT_COUNTS) out[k] = count(b[k], `report.${k}`, 0)
     return out as unknown as ReportBody
   },
+  scores(b) {
+    exactKeys(b, ['scores'], [], 'scores')
+    if (!Array.isArray(b.scores)) throw new Invalid('scores.scores must be a list')
+    if (b.scores.length > MAX_SCORES) throw new Invalid(`scores.scores has more than ${MAX_SCORES} entries`)
+    return {
+      scores: b.scores.map((e: unknown, i: number) => {
+        if (!isObj(e)) throw new Invalid(`scores.scores[${i}] must be an object`)
+        exactKeys(e, ['client_id', 'score'], [], `scores.scores[${i}]`)
+        return {client_id: id(e.client_id, `scores.scores[${i}].client_id`), score: unit(e.score, `scores.scores[${i}].score`)}
+      }),
+    }
+  },
   checkpoint(b) {
     exactKeys(b, ['repo'], [], 'checkpoint')
     if (!isObj(b.repo)) throw new Invalid('checkpoint.repo must be an object')
@@ -333,7 +362,7 @@ const serverBodyCheckers: {[K in ServerKind]: (b: Obj) => ServerBodies[K]} = {
     return out
   },
   state(b) {
-    exactKeys(b, ['state', 'peers', 'server_time'], [], 'state')
+    exactKeys(b, ['state', 'peers', 'server_time'], ['scores'], 'state')
     const text = str(b.state, 'state.state', Number.MAX_SAFE_INTEGER)
     let state: CoordinatorState
     try {
@@ -344,7 +373,24 @@ const serverBodyCheckers: {[K in ServerKind]: (b: Obj) => ServerBodies[K]} = {
     if (!isObj(b.peers)) throw new Invalid('state.peers must be an object')
     const peers: PeerDirectory = {}
     for (const [k, v] of Object.entries(b.peers)) peers[id(k, 'state.peers key')] = strings(v, `state.peers.${k}`, MAX_P2P_ADDRS, MAX_ADDR_CHARS)
-    return {state, peers, server_time: time(b.server_time, 'state.server_time')}
+    const out: StateBody = {state, peers, server_time: time(b.server_time, 'state.server_time')}
+    if (b.scores !== undefined) {
+      if (!Array.isArray(b.scores) || b.scores.length > MAX_SCORED_CLIENTS) throw new Invalid(`state.scores must be a list of at most ${MAX_SCORED_CLIENTS} entries`)
+      out.scores = b.scores.map((e: unknown, i: number) => {
+        const where = `state.scores[${i}]`
+        if (!isObj(e)) throw new Invalid(`${where} must be an object`)
+        exactKeys(e, ['client_id', 'average', 'last', 'last_step', 'verifiers', 'count'], [], where)
+        return {
+          client_id: id(e.client_id, `${where}.client_id`),
+          average: unit(e.average, `${where}.average`),
+          last: unit(e.last, `${where}.last`),
+          last_step: count(e.last_step, `${where}.last_step`, 0),
+          verifiers: count(e.verifiers, `${where}.verifiers`, 0),
+          count: count(e.count, `${where}.count`, 0),
+        }
+      })
+    }
+    return out
   },
   rejected(b) {
     exactKeys(b, ['code', 'reason'], ['of'], 'rejected')

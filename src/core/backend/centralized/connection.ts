@@ -3,6 +3,7 @@ import {connect as tcpConnect, type Socket} from 'node:net'
 import type {HubRepo} from '../../config/types.js'
 import type {AccusationReason, ClientId, CoordinatorState, WitnessProof} from '../../coordinator/types.js'
 import type {EquivocationProof} from '../../verify/equivocation.js'
+import type {ClientScore} from '../../verify/scoreboard.js'
 import {parseHostPort} from '../../protocol/address.js'
 import {PsycheError} from '../../errors.js'
 import {DEFAULT_MAX_FRAME_BYTES, FrameReader} from '../../protocol/frames.js'
@@ -93,6 +94,8 @@ export class CoordinatorConnection extends EventEmitter implements CoordinatorBa
 
   /** The server's clock (the coordinator's `now`) in its last state push. */
   serverTime: number | undefined
+  /** As a watcher (join: false): the verification scores the server keeps, from its latest state push. */
+  scores: ClientScore[] = []
 
   /** The run followed: the one asked for, or the server's (runId ''), once its challenge arrived. */
   runId: string
@@ -141,6 +144,11 @@ export class CoordinatorConnection extends EventEmitter implements CoordinatorBa
 
   sendEquivocation(proof: EquivocationProof): boolean {
     return this.send('equivocation', {proof}, proof.a.step)
+  }
+
+  /** As a verifier: the scores we gave peers' results of round `step` (the server keeps moving averages for status). */
+  sendScores(step: number, scores: {client_id: ClientId; score: number}[]): boolean {
+    return this.send('scores', {scores}, step)
   }
 
   /** What we measured in an applied round (display only: dashboards and status). */
@@ -280,6 +288,7 @@ export class CoordinatorConnection extends EventEmitter implements CoordinatorBa
         this.state = m.body.state
         this.peers = m.body.peers
         this.serverTime = m.body.server_time
+        if (m.body.scores) this.scores = m.body.scores
         const first = !link.gotState
         link.gotState = true
         this.emit('state', this.state, this.peers)

@@ -3,13 +3,14 @@ import {existsSync, mkdirSync, readFileSync} from 'node:fs'
 import {createServer, type Server, type Socket} from 'node:net'
 import {join} from 'node:path'
 import type {RunConfigFile} from '../../config/types.js'
-import {applyEvent, createCoordinator, deserializeState, serializeState, tick} from '../../coordinator/index.js'
+import {applyEvent, createCoordinator, deserializeState, isRoundPhase, isVerifier, serializeState, tick} from '../../coordinator/index.js'
 import type {ClientId, CoordinatorEvent, CoordinatorState} from '../../coordinator/types.js'
 import type {PeerDirectory} from '../types.js'
 import {PsycheError} from '../../errors.js'
 import {writeFileAtomicSync} from '../../protocol/atomic-file.js'
 import {DEFAULT_MAX_FRAME_BYTES, FrameReader} from '../../protocol/frames.js'
 import {generateIdentity, loadIdentity, saveIdentity, type Identity} from '../../protocol/identity.js'
+import {ScoreBoard} from '../../verify/scoreboard.js'
 import {decodeClientMessage, encodeServerMessage, type ClientEnvelope, type ServerBodies, type ServerKind} from '../../protocol/messages.js'
 
 export interface CoordinatorServerOptions {
@@ -93,6 +94,9 @@ export class CoordinatorServer {
   private timer?: NodeJS.Timeout
   private stopping = false
   private statePath?: string
+  /** Verification scores reported by verifiers (display only: never an input of the coordinator). */
+  private readonly scoreBoard = new ScoreBoard()
+  private scoresJson = '[]'
 
   private constructor(
     private readonly net: Server,
@@ -277,8 +281,19 @@ export class CoordinatorServer {
     const key = `${stateText}\0${peersJson}`
     // Serialized once for all connections; each frame still signs its own session and sequence number.
     const json = `{"state":${JSON.stringify(stateText)},"peers":${peersJson},"server_time":${this.opts.now()}}`
+    // Watchers (status, dashboards) also get the verification scores; training clients do not need them.
+    const watcherKey = `${key}\0${this.scoresJson}`
+    let watcherJson: string | undefined
     for (const s of only ? [only] : this.sessions) {
-      if (!s.clientId || s.replaced || s.lastState === key) continue
+      if (!s.clientId || s.replaced) continue
+      if (s.watcher) {
+        if (s.lastState === watcherKey) continue
+        s.lastState = watcherKey
+        watcherJson ??= `${json.slice(0, -1)},"scores":${this.scoresJson}}`
+        this.send(s, 'state', {json: watcherJson})
+        continue
+      }
+      if (s.lastState === key) continue
       s.lastState = key
       this.send(s, 'state', {json})
     }
@@ -413,9 +428,38 @@ export class CoordinatorServer {
         for (const w of this.sessions) if (w.watcher && !w.replaced) this.send(w, 'client_report', {client: from, step: m.step, report: m.body})
         return
       }
+      case 'scores':
+        return this.onScores(s, m.step, m.body.scores)
       case 'addresses':
         return this.setAddresses(s, from, m.body.p2p_addrs)
     }
+  }
+
+  /**
+   * A verifier's scores of a round's results (scored while the next round runs): accepted from a verifier of the
+   * current round, for a recent step, about clients of the run; kept as moving averages and shown to watchers.
+   */
+  private onScores(s: Session, step: number, scores: {client_id: ClientId; score: number}[]): void {
+    const st = this.current
+    const round = st.epoch.round
+    const from = s.clientId!
+    if (!round || !isRoundPhase(st.run_state)) return this.reject(s, 'InvalidRunState', `scores are accepted during rounds, not in ${st.run_state}`, 'scores', {strike: false})
+    if (step >= round.step || step < round.step - 2) return this.reject(s, 'stale_step', `scores for step ${step}, but the round is step ${round.step}`, 'scores', {strike: false})
+    if (!isVerifier(st, from, round)) return this.reject(s, 'InvalidScores', `client ${from} is not a verifier of step ${round.step}`, 'scores', {strike: false})
+    const known = new Set([...st.epoch.clients.map((c) => c.id), ...st.epoch.exited.map((c) => c.id)])
+    const unknown = scores.find((e) => !known.has(e.client_id))
+    if (unknown) return this.reject(s, 'InvalidScores', `client ${unknown.client_id} is not in this epoch`, 'scores', {strike: false})
+    if (!this.scoreBoard.report(from, step, scores)) return this.reject(s, 'DuplicateScores', `client ${from} already reported scores for step ${step}`, 'scores', {strike: false})
+    const inRun = new Set([...known, ...st.pending])
+    this.scoreBoard.forget((id) => inRun.has(id))
+    this.scoresJson = JSON.stringify(this.scoreBoard.all())
+    this.opts.log({event: 'scores', client: from, step, scores})
+    this.pushState()
+  }
+
+  /** The verification scores the server keeps (moving averages of what verifiers reported), by client id. */
+  get scores() {
+    return this.scoreBoard.all()
   }
 
   private applyFrom(s: Session, kind: string, event: CoordinatorEvent): void {
