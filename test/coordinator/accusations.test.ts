@@ -166,3 +166,35 @@ describe('equivocation', () => {
     rejected(s, {type: 'equivocation', from: idsOf[0], proof: {a: o(1), b: o(2)}}, now, 'UnknownClient')
   })
 })
+
+describe('ejected clients sit out the next epoch', () => {
+  it('an ejected client cannot join again during its epoch or before the next one has begun; after that it may', () => {
+    let {state: s, now} = firstRound({witness_nodes: 0, min_clients: 2, rounds_per_epoch: 1} as never)
+    const bad = idsOf[3]
+    const epoch = s.progress.epoch
+    s = ok(s, {type: 'eject', id: bad}, now)
+    assert.match(rejected(s, {type: 'join', id: bad}, now, 'Banned'), /was ejected from the current or last epoch/)
+    // A client that merely withdrew may come back for the next epoch.
+    s = ok(s, {type: 'withdraw', id: idsOf[2]}, now)
+    s = ok(s, {type: 'join', id: idsOf[2]}, now)
+    s = witnessAll(s, now)
+    const seen: string[] = []
+    while (!(s.run_state === 'Warmup' && s.progress.epoch > epoch)) {
+      ;({state: s, now} = tickUntilChange(s, now))
+      seen.push(s.run_state)
+      // Through the rest of the round, Cooldown and WaitingForMembers: refused; the epoch's record holds it as Ejected.
+      if (s.run_state !== 'Warmup') rejected(s, {type: 'join', id: bad}, now, 'Banned')
+    }
+    assert.deepEqual(seen.slice(-2), ['WaitingForMembers', 'Warmup'])
+    assert.ok(!s.epoch.clients.some((c) => c.id === bad), 'the ejected client is not in the next epoch')
+    assert.ok(
+      s.epoch.clients.some((c) => c.id === idsOf[2]),
+      'the withdrawn one is',
+    )
+    // The next epoch has begun: it may join again, for the epoch after.
+    s = ok(s, {type: 'join', id: bad}, now)
+    assert.deepEqual(s.pending, [bad])
+    // Other rejections are unchanged: a healthy client of the epoch is AlreadyJoined, not Banned.
+    rejected(s, {type: 'join', id: idsOf[0]}, now, 'AlreadyJoined')
+  })
+})

@@ -147,6 +147,8 @@ export type RejectionCode =
   | 'Halted'
   | 'InvalidRunState'
   | 'AlreadyJoined'
+  /** The client was ejected from the current or last epoch (it may join once the next epoch has begun). */
+  | 'Banned'
   | 'UnknownClient'
   | 'InvalidWithdraw'
   | 'InvalidWitness'
