@@ -13,7 +13,7 @@ import {shuffleSeedFor} from '../src/core/train/single-node.js'
 import {ResultIntake} from '../src/core/verify/intake.js'
 import {validateResult, type ResultFormat} from '../src/core/verify/result.js'
 import {indexOverlap, indexSample} from '../src/core/verify/copy.js'
-import {scoreOf, Scorer} from '../src/core/verify/score.js'
+import {roundScale, scoreOf, Scorer} from '../src/core/verify/score.js'
 import {ModelWorker} from '../src/core/worker/model-worker.js'
 import {nearCopy, randomWellFormed, signFlipped} from '../test/adversarial/forge.js'
 
@@ -136,10 +136,11 @@ async function run(attack: Attack): Promise<RunResult> {
         accepted.map((a) => a.bytes),
         batches,
       )
+      const all = accepted.map((_, j) => ({assigned: {before: before[j], after: after[j]![j]}, random: {before: before[accepted.length], after: after[j]![accepted.length]}}))
+      const scale = roundScale(all)
       for (const [j, a] of accepted.entries()) {
-        const losses = after[j]!
-        const l = {assigned: {before: before[j], after: losses[j]}, random: {before: before[accepted.length], after: losses[accepted.length]}}
-        const score = scoreOf(l)
+        const l = all[j]
+        const score = scoreOf(l, scale)
         const gains: [number, number] = [l.assigned.before - l.assigned.after, l.random.before - l.random.after]
         scorer.add(ids[a.p], score)
         if (a.p === attacker) (out.attackerScores.push(score), out.attackerGains.push(gains))

@@ -80,10 +80,13 @@ test('nearCopies: in list order, a result overlapping an earlier one at the thre
     {index: 3, client_id: 'p4', of: 'p2', overlap: 1},
   ])
   assert.deepEqual(nearCopies(results, format), copies)
-  // Below the threshold: kept.
-  assert.ok(COPY_OVERLAP_THRESHOLD > 0.5)
+  // Half the positions (one tensor redone): still a copy at the threshold; an eighth (as honest pairs share): kept.
+  assert.equal(COPY_OVERLAP_THRESHOLD, 0.5)
   const half = A.map((t, i) => (i === 0 ? t : B[1]))
-  assert.deepEqual(nearCopies([results[0], {client_id: 'p5', bytes: encode(half)}], format), [])
+  assert.equal(nearCopies([results[0], {client_id: 'p5', bytes: encode(half)}], format).length, 1)
+  const eighth = [[A[0][0], ...B[0].slice(1)], B[1]]
+  assert.deepEqual(nearCopies([results[0], {client_id: 'p6', bytes: encode(eighth)}], format), [])
+  assert.equal(indexOverlap(indexSample(encode(A), format), indexSample(encode(eighth), format)), 2 / 16)
 })
 
 test('intake: a re-signed copy with other bytes is caught by index overlap, naming the producer copied; our own result counts', () => {

@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict'
 import {test} from 'node:test'
 import {indexOverlap} from '../../src/core/verify/copy.js'
-import {randomBatchIds, scoreOf, Scorer} from '../../src/core/verify/score.js'
+import {randomBatchIds, roundScale, scoreOf, Scorer} from '../../src/core/verify/score.js'
 
 test('scoreOf: improvement on the assigned batch beyond any gain on the random batch, scale-free', () => {
   const honest = scoreOf({assigned: {before: 5, after: 4.9}, random: {before: 5, after: 4.98}})
@@ -39,4 +39,17 @@ test("randomBatchIds: after the round's own batches, from the seed; indexOverlap
   assert.notDeepEqual(randomBatchIds({...round, seed: 'cd'.repeat(32)}, 4), ids)
   assert.equal(indexOverlap(new Set([1, 2, 3, 4]), new Set([3, 4, 5, 6])), 0.5)
   assert.equal(indexOverlap(new Set(), new Set([1])), 0)
+})
+
+test("roundScale: a result that barely moves the loss scores about 0 against the round's median step, not amplified noise", () => {
+  const honest = (g: number) => ({assigned: {before: 5, after: 5 - g}, random: {before: 5, after: 5 - g / 3}})
+  const tiny = {assigned: {before: 5, after: 5 - 6e-4}, random: {before: 5, after: 5 + 3e-5}}
+  assert.ok(scoreOf(tiny) > 0.9) // on its own scale: noise looks like a perfect score
+  const scale = roundScale([honest(0.2), honest(0.25), tiny, honest(0.3)])
+  assert.ok(Math.abs(scale - ((0.2 + 0.25) * (4 / 3)) / 2) < 1e-9, String(scale)) // the median of 4 sizes
+  assert.ok(Math.abs(scoreOf(tiny, scale)) < 0.01)
+  // Honest results keep their scores; a large one is judged on its own scale (a median: one attacker cannot move it).
+  assert.ok(Math.abs(scoreOf(honest(0.25), scale) - scoreOf(honest(0.25))) < 1e-9)
+  assert.ok(Math.abs(scoreOf(honest(3), scale) - scoreOf(honest(3))) < 1e-9)
+  assert.equal(roundScale([]), 0)
 })

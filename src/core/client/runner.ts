@@ -8,7 +8,7 @@ import type {TrainPlan} from '../train/plan.js'
 import {copyReason, nearCopies} from '../verify/copy.js'
 import {FORMAT_INVALID, ResultIntake} from '../verify/intake.js'
 import type {ResultFormat} from '../verify/result.js'
-import {randomBatchIds, scoreOf, Scorer} from '../verify/score.js'
+import {randomBatchIds, roundScale, scoreOf, Scorer, type Losses} from '../verify/score.js'
 import {WorkerCrashedError, WorkerRequestError} from '../worker/client.js'
 import type {ClientComponents} from './components.js'
 import {acceptedResults, belongsToRound, finalRounds, messagesToSend, nextWork, trainersWithBatches, type ClientView, type HeldResult, type Message, type Work} from './decide.js'
@@ -830,11 +830,14 @@ export class PsycheClient {
     )
     const k = peers.length
     const reported: {client_id: ClientId; score: number}[] = []
+    const scored: {r: HeldResult; l: Losses}[] = []
     for (const [j, r] of peers.entries()) {
       const losses = after[j]
-      if (!losses) continue
-      const l = {assigned: {before: before[j], after: losses[j]}, random: {before: before[k], after: losses[k]}}
-      const score = scoreOf(l)
+      if (losses) scored.push({r, l: {assigned: {before: before[j], after: losses[j]}, random: {before: before[k], after: losses[k]}}})
+    }
+    const scale = roundScale(scored.map((x) => x.l))
+    for (const {r, l} of scored) {
+      const score = scoreOf(l, scale)
       const peer = this.scorer.add(r.client_id, score)
       reported.push({client_id: r.client_id, score: Math.max(-1, Math.min(1, score))})
       this.opts.log({

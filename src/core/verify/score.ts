@@ -27,20 +27,34 @@ export interface ScoreSettings {
   window: number
 }
 
-/** From the honest distributions in bench/README.md (Verification): honest scores stay above 0.1 there. */
-export const DEFAULT_SCORE_SETTINGS: ScoreSettings = {alpha: 0.5, threshold: 0.05, window: 2}
+/**
+ * From the honest distributions in bench/README.md (Verification): honest scores stayed above 0.2 there, results
+ * trained on other batches near 0.05 and below; the threshold sits at half the lowest honest score.
+ */
+export const DEFAULT_SCORE_SETTINGS: ScoreSettings = {alpha: 0.5, threshold: 0.1, window: 2}
 
 /**
  * One result's score: the improvement on its own batches beyond the improvement on a random batch, relative to
  * the size of the step (so it does not scale with the learning rate or the loss level). Only a gain on the
- * random batch counts in the result's favour: a result that raises the loss on other data as much as on its
- * own (a random one) scores about −0.5, not 0 — honest work lowers the loss on the batches it came from.
+ * random batch counts in the result's favour: honest work lowers the loss on the batches it came from.
+ *
+ * The step's size is the larger of the result's own (|gain own| + |gain random|) and `roundScale`, the median of
+ * that size over the round's scored results (scale()): a result that barely moves the loss (a random one) then
+ * scores about 0 instead of noise amplified to ±1, and one attacker cannot shrink the others' scores (a median).
  */
-export function scoreOf(l: Losses): number {
+export function scoreOf(l: Losses, roundScale = 0): number {
   const gainAssigned = l.assigned.before - l.assigned.after
   const gainRandom = l.random.before - l.random.after
-  const scale = Math.abs(gainAssigned) + Math.abs(gainRandom) + 1e-9
-  return (gainAssigned - Math.max(gainRandom, 0)) / scale
+  const size = Math.max(Math.abs(gainAssigned) + Math.abs(gainRandom), roundScale) + 1e-9
+  return (gainAssigned - Math.max(gainRandom, 0)) / size
+}
+
+/** The median step size (|gain own| + |gain random|) over a round's scored results: scoreOf's roundScale. */
+export function roundScale(all: readonly Losses[]): number {
+  if (all.length === 0) return 0
+  const sizes = all.map((l) => Math.abs(l.assigned.before - l.assigned.after) + Math.abs(l.random.before - l.random.after)).sort((a, b) => a - b)
+  const mid = sizes.length >> 1
+  return sizes.length % 2 ? sizes[mid] : (sizes[mid - 1] + sizes[mid]) / 2
 }
 
 export interface PeerScore {
