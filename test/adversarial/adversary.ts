@@ -12,7 +12,7 @@ import {PsycheClient, seedForRun, type ProducerContext, type ResultProducer} fro
 import {generateIdentity} from '../../src/core/protocol/identity.js'
 import {resolveTrainPlan} from '../../src/core/train/plan.js'
 import {startComponents} from '../../src/commands/join.js'
-import {randomWellFormed, signFlipped} from './forge.js'
+import {nearCopy, randomWellFormed, signFlipped} from './forge.js'
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms))
 
@@ -34,13 +34,14 @@ export const attacks: Record<string, ResultProducer> = {
   garbage: {publish: async (ctx) => (await ctx.publish(randomBytes(ctx.honest.length)), ctx.honest)},
   random: {publish: async (ctx) => (await ctx.publish(randomWellFormed(ctx.honest, ctx.format!)), ctx.honest)},
   sign_flip: {publish: async (ctx) => (await ctx.publish(signFlipped(ctx.honest, ctx.format!)), ctx.honest)},
-  /** Another client's result for this step, re-signed as ours. */
+  /** Another client's result for this step, one bit changed (so its bytes differ), re-signed as ours. */
   copy: {
     async publish(ctx) {
       const theirs = await peerResult(ctx, 20_000)
       if (!theirs) return undefined
-      await ctx.publish(theirs)
-      return theirs
+      const copy = nearCopy(theirs, ctx.format!)
+      await ctx.publish(copy)
+      return copy
     },
   },
   /** Trains on batches far from its assignment, announces its assignment. */

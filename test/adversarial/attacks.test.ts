@@ -3,7 +3,8 @@ import {join} from 'node:path'
 import {after, before, describe, it} from 'node:test'
 import {ensureDemoCorpus} from '../../src/core/corpus.js'
 import {projectRoot} from '../../src/core/worker/python.js'
-import {tempDir} from '../helpers.js'
+import {runCli, tempDir} from '../helpers.js'
+import {DEFAULT_SCORE_SETTINGS} from '../../src/core/verify/score.js'
 import {hashesByStep, JsonProcess, startClient, startServer, writeE2eRun} from '../e2e/helpers.js'
 
 /**
@@ -19,14 +20,21 @@ interface Expect {
   attack: string
   /** What every honest client logs about the attacker (event and reason). */
   detected: (e: Record<string, unknown>, attacker: string) => boolean
-  /** Steps in which this attacker's result may still be applied (a replay needs an old result first; scoring needs a window). */
+  /** Steps in which this attacker's result may still be applied (a replay needs an old result first). */
   honestSteps?: number[]
+  /**
+   * Caught by verifiers' scores: its results may be applied until a verifier quorum ejects it (scores of a round
+   * are taken while the next one runs, over a window of two), and every honest client must then log its result
+   * excluded from the round; never applied after that.
+   */
+  byScore?: boolean
 }
 
 const rejected = (pattern: RegExp) => (e: Record<string, unknown>, attacker: string) => e.event === 'result_rejected' && e.client_id === attacker && pattern.test(String(e.reason))
 const unseen = (e: Record<string, unknown>, attacker: string) => e.event === 'health_check' && Array.isArray(e.accused) && e.accused.includes(attacker)
 
 async function attackRun(name: string, cases: Expect[], shape: {rounds?: number; verificationPercent?: number} = {}): Promise<void> {
+  const started = Date.now()
   const rounds = shape.rounds ?? 4
   const dir = tempDir(`psyche-adv-${name}-`)
   const procs: JsonProcess[] = []
@@ -73,7 +81,19 @@ async function attackRun(name: string, cases: Expect[], shape: {rounds?: number;
     }
     const summary = honest[0].rounds().map((r) => `step ${r.step}: applied ${(r as unknown as {applied: number}).applied} hash ${r.param_hash.slice(0, 8)}`)
     assert.equal(new Set([...byStep.values()].map((h) => [...h.values()][0])).size, rounds, `the model changed every round: ${summary.join('; ')}`)
-    const allowed = (step: number) => 3 + cases.filter((c) => c.honestSteps?.includes(step)).length
+    // Caught by score: every honest client excludes its in-flight result in the same round, and applied its results only before.
+    const excludedAt = new Map<string, number>()
+    for (const [i, c] of cases.entries()) {
+      if (!c.byScore) continue
+      const steps = honest.map((h) => h.events.find((e) => e.event === 'results_excluded' && (e.client_ids as string[]).includes(ids[i]))?.step as number | undefined)
+      assert.ok(
+        steps.every((x) => x !== undefined),
+        `${c.attack}: not every honest client excluded ${ids[i].slice(0, 12)}'s result: ${JSON.stringify(steps)}`,
+      )
+      assert.equal(new Set(steps).size, 1, `${c.attack}: honest clients excluded it in different steps: ${JSON.stringify(steps)}`)
+      excludedAt.set(ids[i], steps[0]!)
+    }
+    const allowed = (step: number) => 3 + cases.filter((c, i) => c.honestSteps?.includes(step) || (c.byScore && step < excludedAt.get(ids[i])!)).length
     for (const h of honest) {
       const applied = h.rounds().map((r) => (r as unknown as {applied: number}).applied)
       for (const r of h.rounds()) {
@@ -86,6 +106,22 @@ async function attackRun(name: string, cases: Expect[], shape: {rounds?: number;
         `${h.name} failed: ${JSON.stringify(h.events.filter((e) => e.event === 'error' || e.event === 'out_of_sync'))}`,
       )
     }
+    if (cases.some((c) => c.byScore)) {
+      // The server's state: `psyche status --json` shows every scored client's moving average from the verifiers'
+      // reports — the attackers' below the threshold, the honest clients' above it.
+      const status = await runCli(['status', '--server-addr', `127.0.0.1:${port}`, '--json'])
+      assert.equal(status.exitCode, 0, status.stderr)
+      const scores = new Map((JSON.parse(status.stdout).scores as {client_id: string; average: number; count: number}[]).map((x) => [x.client_id, x]))
+      for (const [i, c] of cases.entries()) {
+        if (!c.byScore) continue
+        const sc = scores.get(ids[i])
+        assert.ok(sc && sc.count >= 2 && sc.average < DEFAULT_SCORE_SETTINGS.threshold, `${c.attack}: status scores ${JSON.stringify(sc)}`)
+      }
+      const others = [...scores.values()].filter((x) => !ids.includes(x.client_id))
+      assert.ok(others.length >= 3, `status scores honest clients: ${JSON.stringify([...scores.values()])}`)
+      for (const x of others) assert.ok(x.average > DEFAULT_SCORE_SETTINGS.threshold, `an honest client's score in status: ${JSON.stringify(x)}`)
+    }
+    console.error(`adversarial ${name}: ${Math.round((Date.now() - started) / 1000)} s`)
   } catch (error) {
     for (const p of procs) {
       const tail = p.events.slice(-25).map((e) => JSON.stringify(e).slice(0, 300))
@@ -111,24 +147,38 @@ describe('adversarial: hostile clients among honest ones (real processes)', {tim
     ])
   })
 
-  it("a copy of another client's result and an oversized payload", async () => {
-    await attackRun('copy-oversized', [
-      {attack: 'copy', detected: rejected(/^copy: the same result as [0-9a-f]{64}'s for step \d+/)},
+  // Three attackers: the replayer and the late one witness honestly in round 1, so the honest results still reach
+  // the witness quorum of six (4) while the oversized one is ejected.
+  it('a replayed old result, a result sent after the round, and an oversized payload', async () => {
+    await attackRun('replay-late-oversized', [
+      {attack: 'replay', detected: rejected(/^replay: the same result as its own for step \d+/), honestSteps: [1]},
+      {attack: 'late', detected: unseen},
       {attack: 'oversized', detected: rejected(/^invalid result: announced size \d+ bytes/)},
     ])
   })
 
-  it('a replayed old result and a result sent after the round', async () => {
-    await attackRun('replay-late', [
-      {attack: 'replay', detected: rejected(/^replay: the same result as its own for step \d+/), honestSteps: [1]},
-      {attack: 'late', detected: unseen},
-    ])
+  const lowScore = (e: Record<string, unknown>, attacker: string) =>
+    e.event === 'accused' && e.client_id === attacker && /^low_score: moving average -?[\d.]+ below/.test(String(e.reason))
+
+  it("a re-signed copy of another client's result with other bytes (index overlap) and a result trained on the wrong batches (scores)", async () => {
+    await attackRun(
+      'copy-wrong-batches',
+      [
+        {attack: 'copy', detected: rejected(/^copy: index overlap 1\.000 with [0-9a-f]{64}'s result for step \d+/)},
+        {attack: 'wrong_batches', detected: lowScore, byScore: true},
+      ],
+      {rounds: 6, verificationPercent: 100},
+    )
   })
 
-  it('a sign-flipped result: verifiers score it low, a verifier quorum ejects its producer, its in-flight result is excluded', async () => {
-    const lowScore = (e: Record<string, unknown>, attacker: string) =>
-      e.event === 'accused' && e.client_id === attacker && /^low_score: moving average -?[\d.]+ below/.test(String(e.reason))
-    // Scores of round s are taken while round s + 1 runs; the window is two scores: rounds 1 and 2 are applied.
-    await attackRun('sign-flip', [{attack: 'sign_flip', detected: lowScore, honestSteps: [1, 2]}], {rounds: 5, verificationPercent: 100})
+  it('a sign-flipped and a random well-formed result: verifiers score them low, a verifier quorum ejects them, their in-flight results are excluded', async () => {
+    await attackRun(
+      'sign-flip-random',
+      [
+        {attack: 'sign_flip', detected: lowScore, byScore: true},
+        {attack: 'random', detected: lowScore, byScore: true},
+      ],
+      {rounds: 6, verificationPercent: 100},
+    )
   })
 })

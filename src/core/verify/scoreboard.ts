@@ -13,9 +13,12 @@ import {DEFAULT_SCORE_SETTINGS} from './score.js'
 
 export interface ClientScore {
   client_id: ClientId
-  /** Moving average of the scores verifiers reported for its results (weight of a new report: the Scorer's alpha). */
+  /**
+   * Moving average over the steps scored (the Scorer's alpha), of each step's mean over its verifiers' reports:
+   * the same average each verifier keeps, when verifiers agree.
+   */
   average: number
-  /** The last score reported, the step it scored, and by how many verifiers that step was scored. */
+  /** The mean score of the last step scored, that step, and how many verifiers reported it. */
   last: number
   last_step: number
   verifiers: number
@@ -23,10 +26,16 @@ export interface ClientScore {
   count: number
 }
 
+interface Entry extends ClientScore {
+  /** The average before `last_step` (undefined: `last_step` is the first step scored). */
+  before: number | undefined
+  sum: number
+}
+
 export const MAX_SCORED_CLIENTS = 4096
 
 export class ScoreBoard {
-  private readonly scores = new Map<ClientId, ClientScore>()
+  private readonly scores = new Map<ClientId, Entry>()
   private readonly reported = new Set<string>()
 
   constructor(
@@ -45,16 +54,18 @@ export class ScoreBoard {
     for (const {client_id, score} of scores) {
       if (client_id === from) continue
       const prev = this.scores.get(client_id)
-      const next: ClientScore = prev
-        ? {
-            client_id,
-            average: (1 - this.alpha) * prev.average + this.alpha * score,
-            last: score,
-            last_step: Math.max(step, prev.last_step),
-            verifiers: step === prev.last_step ? prev.verifiers + 1 : step > prev.last_step ? 1 : prev.verifiers,
-            count: prev.count + 1,
-          }
-        : {client_id, average: score, last: score, last_step: step, verifiers: 1, count: 1}
+      let next: Entry
+      if (!prev || step > prev.last_step) {
+        // A new step: the previous one's mean is final in the average.
+        const before = prev ? prev.average : undefined
+        next = {client_id, before, sum: score, verifiers: 1, last: score, last_step: step, count: (prev?.count ?? 0) + 1, average: 0}
+      } else if (step === prev.last_step) {
+        next = {...prev, sum: prev.sum + score, verifiers: prev.verifiers + 1, count: prev.count + 1}
+        next.last = next.sum / next.verifiers
+      } else {
+        continue // an older step than one already scored: too late to count
+      }
+      next.average = next.before === undefined ? next.last : (1 - this.alpha) * next.before + this.alpha * next.last
       // Re-inserted: the map's order is least recently scored first.
       this.scores.delete(client_id)
       this.scores.set(client_id, next)
@@ -71,6 +82,8 @@ export class ScoreBoard {
 
   /** Every entry, in client id order (a stable rendering). */
   all(): ClientScore[] {
-    return [...this.scores.values()].sort((a, b) => (a.client_id < b.client_id ? -1 : a.client_id > b.client_id ? 1 : 0))
+    return [...this.scores.values()]
+      .map(({client_id, average, last, last_step, verifiers, count}) => ({client_id, average, last, last_step, verifiers, count}))
+      .sort((a, b) => (a.client_id < b.client_id ? -1 : a.client_id > b.client_id ? 1 : 0))
   }
 }
