@@ -336,8 +336,10 @@ several rounds while others train prints a no_exchange warning naming the addres
     // Ctrl-C / SIGTERM: withdraw from the run, then exit with the signal's code (the worker is killed on exit, see
     // worker/client.ts).
     let client: PsycheClient | undefined
-    this.shutdown.onSignal(() => {
+    this.shutdown.onSignal(async () => {
       client?.withdrawNow()
+      // On Solana the withdraw is a transaction: close() returns once it is sent (within the grace period).
+      if (solana) await current?.close()
     })
     const backend: BackendConnector | undefined = solana && {
       description: solana.description,
