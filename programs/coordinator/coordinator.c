@@ -931,6 +931,7 @@ enum {
   IX_ACCUSE,
   IX_SET_PEER,
   IX_EQUIVOCATION,
+  IX_SET_METADATA,
 };
 
 /* The cluster clock (unix seconds) on the reference's millisecond scale. */
@@ -1064,6 +1065,73 @@ static u64 set_peer(Input *in) {
   return 0;
 }
 
+
+/*
+ * A run's name and description (Psyche's create-run --name --description): one account per run, the program
+ * address of ["metadata", coordinator], written by the run's main authority only. Not part of the coordinator's
+ * state (no rule reads it).
+ */
+#define NAME_MAX 64
+#define DESCRIPTION_MAX 512
+#define METADATA_MAGIC 0x4154454d43595350ull /* "PSYCMETA" */
+typedef struct {
+  u64 magic;
+  u8 coordinator[32];
+  u64 name_len;
+  u8 name[NAME_MAX];
+  u64 description_len;
+  u8 description[DESCRIPTION_MAX];
+} Metadata; /* 632 bytes */
+
+/* accounts: main authority (signer, writable: pays the first time), coordinator, metadata account (writable), system
+ * program. data: lamports u64 (rent of a new account), name length u8, name, description length u16, description */
+static u64 set_metadata(Input *in) {
+  if (in->account_count < 4) return fail(E_INVALID_INSTRUCTION, "set_metadata: expected authority, coordinator, metadata account, system program");
+  SolAccountInfo *auth = &in->accounts[0], *coord = &in->accounts[1], *meta = &in->accounts[2];
+  if (!auth->is_signer) return fail(E_MISSING_SIGNATURE, "the main authority must sign");
+  if (!equal(coord->owner, in->program_id, 32) || coord->data_len != sizeof(State) || ((const State *)coord->data)->magic != MAGIC)
+    return fail(E_WRONG_ACCOUNT, "not a coordinator account of this program");
+  if (!equal(((const State *)coord->data)->main_authority, auth->key, 32)) return fail(E_UNAUTHORIZED, "the signer is not the run's main authority");
+  const u8 *d = in->data + 1;
+  u64 len = in->data_len - 1;
+  if (len < 9) return fail(E_INVALID_INSTRUCTION, "set_metadata: expected lamports, name, description");
+  u64 name_len = d[8];
+  if (name_len > NAME_MAX) return fail(E_CAPACITY, "set_metadata: the name exceeds NAME_MAX (64 bytes)");
+  if (len < 9 + name_len + 2) return fail(E_INVALID_INSTRUCTION, "set_metadata: bad data length");
+  u64 desc_len = read_u16(d + 9 + name_len);
+  if (desc_len > DESCRIPTION_MAX) return fail(E_CAPACITY, "set_metadata: the description exceeds DESCRIPTION_MAX (512 bytes)");
+  if (len != 9 + name_len + 2 + desc_len) return fail(E_INVALID_INSTRUCTION, "set_metadata: bad data length");
+  if (!meta->is_writable) return fail(E_NOT_WRITABLE, "the metadata account must be writable");
+  SolSignerSeed seeds[3] = {{(const u8 *)"metadata", 8}, {coord->key, 32}, {NULL, 1}};
+  u8 address[32], bump;
+  if (sol_try_find_program_address(seeds, 2, in->program_id, address, &bump)) return fail(E_WRONG_PDA, "no program address for this run's metadata");
+  if (!equal(address, meta->key, 32)) return fail(E_WRONG_PDA, "the metadata account is not the program address of this run's metadata");
+  if (meta->data_len == 0) {
+    seeds[2].addr = &bump;
+    u8 create[52];
+    zero(create, 4); /* SystemInstruction::CreateAccount */
+    copy(create + 4, d, 8);
+    write_u64(create + 12, sizeof(Metadata));
+    copy(create + 20, in->program_id, 32);
+    SolAccountMeta metas[2] = {{auth->key, 1, 1}, {meta->key, 1, 1}};
+    SolInstruction ix = {(u8 *)SYSTEM_PROGRAM, metas, 2, create, 52};
+    SolSignerSeeds signer = {seeds, 3};
+    u64 e = sol_invoke_signed_c(&ix, in->accounts, in->account_count, &signer, 1);
+    if (e) return e;
+  } else if (!equal(meta->owner, in->program_id, 32) || meta->data_len != sizeof(Metadata)) {
+    return fail(E_WRONG_ACCOUNT, "the metadata account is not a metadata record of this program");
+  }
+  Metadata *m = (Metadata *)meta->data;
+  zero((u8 *)m, sizeof(Metadata));
+  m->magic = METADATA_MAGIC;
+  copy(m->coordinator, coord->key, 32);
+  m->name_len = name_len;
+  copy(m->name, d + 9, name_len);
+  m->description_len = desc_len;
+  copy(m->description, d + 9 + name_len + 2, desc_len);
+  return 0;
+}
+
 static u64 load(Input *in, u64 index, State **out) {
   if (in->account_count <= index) return fail(E_INVALID_INSTRUCTION, "missing the coordinator account");
   SolAccountInfo *a = &in->accounts[index];
@@ -1117,6 +1185,7 @@ u64 entrypoint(const u8 *input) {
   if (tag == IX_INIT_COORDINATOR) return init_coordinator(&in);
   if (tag == IX_GROW) return grow(&in);
   if (tag == IX_SET_PEER) return set_peer(&in);
+  if (tag == IX_SET_METADATA) return set_metadata(&in);
   State *s;
   u64 e;
   if (tag == IX_TICK) {

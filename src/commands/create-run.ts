@@ -1,12 +1,14 @@
 import {Flags} from '@oclif/core'
-import {createRun, updateConfig} from '../core/backend/solana/admin.js'
+import {createRun, setMetadata, updateConfig} from '../core/backend/solana/admin.js'
+import {encodeSetMetadata} from '../core/backend/solana/layout.js'
+import {PsycheError} from '../core/errors.js'
 import {PsycheCommand} from '../core/cli/base-command.js'
 import {parseAddress, solanaContext, solanaFlags} from '../core/cli/solana-flags.js'
 import {loadRunConfigFile} from '../core/config/index.js'
 
 export default class CreateRun extends PsycheCommand {
   static summary = 'Create a run on Solana: its coordinator account, owned by the coordinator program'
-  static description = `Sends init_coordinator for --run-id: the account is the program address of ("coordinator", run id), funded by --keypair, whose key becomes the run's main authority. With --join-authority the run is permissioned (clients need an authorization from that key: psyche authorize grant); without, anyone may join. With --config-path the configuration is set too (as update-config). The run starts paused: resume it with psyche set-paused --run-id ID resume.`
+  static description = `Sends init_coordinator for --run-id: the account is the program address of ("coordinator", run id), funded by --keypair, whose key becomes the run's main authority. With --join-authority the run is permissioned (clients need an authorization from that key: psyche authorize grant); without, anyone may join. With --config-path the configuration is set too (as update-config); --name and --description are kept on chain in the run's metadata record (the main authority's, beside the coordinator). The run starts paused: resume it with psyche set-paused --run-id ID resume.`
   static examples = [
     '<%= config.bin %> create-run --rpc http://127.0.0.1:8899 --program-id <ID> --run-id my-run --config-path state.toml',
     '<%= config.bin %> create-run --program-id <ID> --authorizer-id <AUTH> --run-id closed-run --join-authority <KEY>',
@@ -17,9 +19,19 @@ export default class CreateRun extends PsycheCommand {
     'run-id': Flags.string({summary: 'the run id (1 to 32 bytes)', required: true}),
     'join-authority': Flags.string({summary: 'make the run permissioned: clients need an authorization granted by this key'}),
     'config-path': Flags.string({summary: 'also set the configuration from this state.toml / config.toml'}),
+    name: Flags.string({summary: "the run's name (at most 64 bytes), kept on chain beside its coordinator"}),
+    description: Flags.string({summary: "the run's description (at most 512 bytes)"}),
   }
 
-  async run(): Promise<{run_id: string; coordinator: string; main_authority: string; join_authority: string | null; configured: boolean}> {
+  async run(): Promise<{
+    run_id: string
+    coordinator: string
+    main_authority: string
+    join_authority: string | null
+    configured: boolean
+    name: string | null
+    description: string | null
+  }> {
     const {flags} = await this.parse(CreateRun)
     const {chain, signer} = await solanaContext(flags)
     const programId = parseAddress(flags['program-id'], 'program-id')
@@ -27,10 +39,28 @@ export default class CreateRun extends PsycheCommand {
     const authorizer = joinAuthority ? parseAddress(flags['authorizer-id'], 'authorizer-id') : null
     const file = flags['config-path'] ? await loadRunConfigFile(flags['config-path']) : undefined
     const target = {chain, programId, runId: flags['run-id']}
+    const metadata = flags.name !== undefined || flags.description !== undefined ? {name: flags.name ?? '', description: flags.description ?? ''} : undefined
+    if (metadata) {
+      // refused before anything is created
+      try {
+        encodeSetMetadata(metadata, 0n)
+      } catch (error) {
+        throw new PsycheError(`--name/--description: ${(error as Error).message}`, {code: 'EUSAGE'})
+      }
+    }
     const coordinator = await createRun({...target, payer: signer, mainAuthority: signer.address, joinAuthority, authorizer})
+    if (metadata) await setMetadata({...target, authority: signer, metadata})
     if (file) await updateConfig({...target, authority: signer, file})
     if (!this.jsonEnabled())
       this.log(`created run ${flags['run-id']}: coordinator ${coordinator}${file ? ', configured' : ''} (paused; resume with psyche set-paused --run-id ${flags['run-id']} resume)`)
-    return {run_id: flags['run-id'], coordinator, main_authority: signer.address, join_authority: joinAuthority, configured: Boolean(file)}
+    return {
+      run_id: flags['run-id'],
+      coordinator,
+      main_authority: signer.address,
+      join_authority: joinAuthority,
+      configured: Boolean(file),
+      name: metadata?.name ?? null,
+      description: metadata?.description ?? null,
+    }
   }
 }

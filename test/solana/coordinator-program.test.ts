@@ -11,7 +11,9 @@ import {
   healthCheckInstruction,
   initCoordinatorInstructions,
   joinRunInstruction,
+  metadataAddress,
   peerAddress,
+  setMetadataInstruction,
   setPausedInstruction,
   setPeerInstruction,
   tickInstruction,
@@ -23,7 +25,19 @@ import {
 import {assignBatches, buildWitnessProof, selectWitnesses} from '../../src/core/coordinator/index.js'
 import {signAnnouncement} from '../../src/core/p2p/announcement.js'
 import {identityFromSeed} from '../../src/core/protocol/identity.js'
-import {MAX_CLIENTS, PEER_ADDRS_MAX, PEER_SIZE, STATE_SIZE, clientIdOf, decodePeer, encodeTag, IX} from '../../src/core/backend/solana/layout.js'
+import {
+  DESCRIPTION_MAX,
+  METADATA_SIZE,
+  MAX_CLIENTS,
+  PEER_ADDRS_MAX,
+  decodeMetadata,
+  PEER_SIZE,
+  STATE_SIZE,
+  clientIdOf,
+  decodePeer,
+  encodeTag,
+  IX,
+} from '../../src/core/backend/solana/layout.js'
 import {deployRun, keypair, readRun, testConfig as config, testModel as model, type Deployed} from './harness.js'
 
 const T0 = 1_700_000_000
@@ -142,6 +156,24 @@ describe('coordinator program: authority checks', () => {
     assert.deepEqual(run.state.config, config)
     assert.deepEqual(run.state.model, model)
     assert.equal(run.has_config, true)
+  })
+})
+
+describe('coordinator program: run metadata', () => {
+  it("set_metadata: the run's name and description, written by its main authority only", async () => {
+    const d = await configuredRun('meta-run')
+    const {programId: p, coordinator: c, authority: a, chain} = d
+    const record = await metadataAddress(p, c)
+    const rent = chain.rentExemption(METADATA_SIZE)
+    assert.ok((await chain.send(a, [setMetadataInstruction(p, c, a, record, {name: 'Tiny', description: 'a tiny run'}, rent)])).ok)
+    assert.deepEqual(decodeMetadata(chain.accountData(record)!), {coordinator: c, name: 'Tiny', description: 'a tiny run'})
+    assert.ok((await chain.send(a, [setMetadataInstruction(p, c, a, record, {name: 'Tiny 2', description: ''}, rent)])).ok)
+    assert.deepEqual(decodeMetadata(chain.accountData(record)!), {coordinator: c, name: 'Tiny 2', description: ''})
+    const mallory = await keypair('mallory')
+    chain.airdrop(mallory.address)
+    assert.equal((await chain.send(mallory, [setMetadataInstruction(p, c, mallory, record, {name: 'mine', description: ''}, rent)])).error, 'Unauthorized')
+    assert.throws(() => setMetadataInstruction(p, c, a, record, {name: '', description: 'x'.repeat(DESCRIPTION_MAX + 1)}, rent), /more than 512/)
+    assert.equal(decodeMetadata(chain.accountData(record)!).name, 'Tiny 2')
   })
 })
 

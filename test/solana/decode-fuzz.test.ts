@@ -2,7 +2,7 @@ import assert from 'node:assert/strict'
 import {describe, it} from 'node:test'
 import fc from 'fast-check'
 import {AUTHORIZATION_SIZE, decodeAuthorization} from '../../src/core/backend/solana/authorizer.js'
-import {STATE_SIZE, decodeCoordinator} from '../../src/core/backend/solana/layout.js'
+import {METADATA_SIZE, PEER_SIZE, STATE_SIZE, decodeCoordinator, decodeMetadata, decodePeer} from '../../src/core/backend/solana/layout.js'
 import {updateInstruction} from '../../src/core/backend/solana/instructions.js'
 import {deployRun, readRun} from './harness.js'
 
@@ -84,5 +84,25 @@ describe('decoders of account bytes (fuzzed)', () => {
       fc.property(fc.uint8Array({maxLength: 700}), (b) => decodesOrRangeError(decodeAuthorization, b)),
       {numRuns: 200},
     )
+  })
+
+  it('peer records and run metadata records', () => {
+    for (const [decode, size, magic] of [
+      [decodePeer, PEER_SIZE, 'PSYCPEER'],
+      [decodeMetadata, METADATA_SIZE, 'PSYCMETA'],
+    ] as const) {
+      fc.assert(
+        fc.property(fc.uint8Array({minLength: size, maxLength: size}), fc.integer({min: 0, max: 2000}), (b, n) => {
+          b.set(Buffer.from(magic), 0) // the magic, so the body is decoded
+          if (decode === decodePeer) Buffer.from(b.buffer, b.byteOffset).writeBigUInt64LE(BigInt(n), 72) // plausible lengths too
+          decodesOrRangeError(decode, b)
+        }),
+        {numRuns: 300},
+      )
+      fc.assert(
+        fc.property(fc.uint8Array({maxLength: 1200}), (b) => decodesOrRangeError(decode, b)),
+        {numRuns: 200},
+      )
+    }
   })
 })

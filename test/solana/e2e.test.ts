@@ -4,7 +4,7 @@ import {readFileSync, writeFileSync} from 'node:fs'
 import {join} from 'node:path'
 import {after, before, describe, it} from 'node:test'
 import {generateKeyPairSigner, type Address} from '@solana/kit'
-import {readRun} from '../../src/core/backend/solana/admin.js'
+import {readMetadata, readRun} from '../../src/core/backend/solana/admin.js'
 import {RpcChain} from '../../src/core/backend/solana/chain.js'
 import {addressOfClient} from '../../src/core/backend/solana/layout.js'
 import {ensureDemoCorpus} from '../../src/core/corpus.js'
@@ -79,7 +79,21 @@ describe('end to end on Solana: localnet, run creator commands, join --rpc clien
     const url = (await localnet.waitFor((e) => e.event === 'listening', 'the localnet to listen', 60_000)).url as string
     const solana = ['--rpc', url, '--program-id', programId]
 
-    const created = await runCli(['create-run', ...solana, '--run-id', 'sol-e2e', '--config-path', state, '--keypair', join(dir.path, 'authority.json'), '--json'])
+    const created = await runCli([
+      'create-run',
+      ...solana,
+      '--run-id',
+      'sol-e2e',
+      '--name',
+      'Solana e2e',
+      '--description',
+      'two clients, four rounds',
+      '--config-path',
+      state,
+      '--keypair',
+      join(dir.path, 'authority.json'),
+      '--json',
+    ])
     assert.equal(created.exitCode, 0, created.stderr)
     const resumed = await runCli(['set-paused', ...solana, '--run-id', 'sol-e2e', '--keypair', join(dir.path, 'authority.json'), 'resume'])
     assert.equal(resumed.exitCode, 0, resumed.stderr)
@@ -114,6 +128,7 @@ describe('end to end on Solana: localnet, run creator commands, join --rpc clien
     assert.equal(run.state.run_state, 'Finished')
     assert.deepEqual(run.state.epoch.clients.map((c) => c.id).sort(), keys.map((k) => k.id).sort())
     assert.equal(run.main_authority, authority.address)
+    assert.deepEqual(await readMetadata({chain: new RpcChain(url), programId, runId: 'sol-e2e'}), {name: 'Solana e2e', description: 'two clients, four rounds'})
   })
 
   it('psyche testnet --backend solana --json: the run on a localnet, clients joined with --rpc, rounds summarized', async () => {

@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict'
 import {readFileSync} from 'node:fs'
 import {after, before, describe, it} from 'node:test'
-import {createRun, grant, readAuthorization, readRun, revoke, setDelegates, setPaused, updateConfig} from '../../src/core/backend/solana/admin.js'
+import {createRun, grant, readAuthorization, readMetadata, readRun, revoke, setDelegates, setMetadata, setPaused, updateConfig} from '../../src/core/backend/solana/admin.js'
 import {RpcChain} from '../../src/core/backend/solana/chain.js'
 import {joinRunInstruction, coordinatorAddress} from '../../src/core/backend/solana/instructions.js'
 import {AUTHORIZER_PROGRAM_PATH, COORDINATOR_PROGRAM_PATH} from '../../src/core/backend/solana/local-chain.js'
@@ -69,6 +69,11 @@ describe('the JSON-RPC path (RpcChain with @solana/kit) against a LiteSVM localn
     net.chain.airdrop(mallory.address)
     await assert.rejects(setPaused({...target, authority: mallory, paused: true}), /refused: Unauthorized/)
     await assert.rejects(readRun({...target, runId: 'no-such-run'}), /no coordinator account/)
+    // name and description (create-run --name --description)
+    assert.equal(await readMetadata(target), undefined)
+    await setMetadata({...target, authority: creator, metadata: {name: 'RPC run', description: 'trained over JSON-RPC'}})
+    assert.deepEqual(await readMetadata(target), {name: 'RPC run', description: 'trained over JSON-RPC'})
+    await assert.rejects(setMetadata({...target, authority: mallory, metadata: {name: 'x', description: ''}}), /refused: Unauthorized/)
   })
 
   it('permissions: grant, delegates and revoke through RPC, and a delegate joins a permissioned run', async () => {

@@ -4,8 +4,8 @@ import type {RunConfigFile} from '../../config/types.js'
 import {PsycheError} from '../../errors.js'
 import {AUTHORIZATION_SIZE, authorizationAddress, decodeAuthorization, delegatesInstruction, grantInstruction, revokeInstruction, type Authorization} from './authorizer.js'
 import type {Chain} from './chain.js'
-import {coordinatorAddress, initCoordinatorInstructions, setPausedInstruction, updateInstruction} from './instructions.js'
-import {STATE_SIZE, decodeCoordinator, type OnChainCoordinator} from './layout.js'
+import {coordinatorAddress, initCoordinatorInstructions, metadataAddress, setMetadataInstruction, setPausedInstruction, updateInstruction} from './instructions.js'
+import {METADATA_SIZE, STATE_SIZE, decodeCoordinator, decodeMetadata, type OnChainCoordinator, type RunMetadata} from './layout.js'
 import type {SendResult} from './local-chain.js'
 
 /**
@@ -87,6 +87,28 @@ export async function updateConfig(t: RunTarget & {authority: TransactionSigner;
     throw new PsycheError(`${t.file.path}: ${(error as Error).message}`, {code: 'ECONFIG'})
   }
   check(await t.chain.send(t.authority, [ix]), `update-config ${t.runId}`)
+}
+
+/** set_metadata: the run's name and description (Psyche's create-run --name --description). */
+export async function setMetadata(t: RunTarget & {authority: TransactionSigner; metadata: RunMetadata}): Promise<Address> {
+  const coordinator = await coordinatorAddress(t.programId, t.runId)
+  const record = await metadataAddress(t.programId, coordinator)
+  let ix
+  try {
+    ix = setMetadataInstruction(t.programId, coordinator, t.authority, record, t.metadata, await t.chain.minimumBalance(METADATA_SIZE))
+  } catch (error) {
+    throw new PsycheError(`run ${t.runId}: ${(error as Error).message}`, {code: 'EUSAGE'})
+  }
+  check(await t.chain.send(t.authority, [ix]), `set the name and description of ${t.runId}`)
+  return record
+}
+
+/** The run's name and description, when set. */
+export async function readMetadata(t: RunTarget): Promise<RunMetadata | undefined> {
+  const data = await t.chain.fetchAccount(await metadataAddress(t.programId, await coordinatorAddress(t.programId, t.runId)))
+  if (!data) return undefined
+  const {name, description} = decodeMetadata(data)
+  return {name, description}
 }
 
 export async function setPaused(t: RunTarget & {authority: TransactionSigner; paused: boolean}): Promise<void> {

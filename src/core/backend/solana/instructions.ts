@@ -12,12 +12,14 @@ import {
   encodeEject,
   encodeHealthCheck,
   encodeInit,
+  encodeSetMetadata,
   encodeSetPeer,
   encodeSetPaused,
   encodeTag,
   keyBytes,
   encodeUpdate,
   encodeWitness,
+  type RunMetadata,
 } from './layout.js'
 
 /** Instructions of the coordinator program, as @solana/kit instructions (signers attached). */
@@ -187,4 +189,26 @@ export function equivocationInstructions(programId: Address, coordinator: Addres
     ed25519Instruction(entries),
     {programAddress: programId, accounts: [signerMeta(reporter), writable(coordinator), {address: INSTRUCTIONS_SYSVAR, role: AccountRole.READONLY}], data},
   ]
+}
+
+/** A run's metadata record: the program address of ("metadata", coordinator). */
+export async function metadataAddress(programId: Address, coordinator: Address): Promise<Address> {
+  const [address] = await getProgramDerivedAddress({programAddress: programId, seeds: ['metadata', getAddressEncoder().encode(coordinator)]})
+  return address
+}
+
+/** set_metadata: the run's name and description (main authority only; `lamports`: rent of a new record, METADATA_SIZE bytes). */
+export function setMetadataInstruction(
+  programId: Address,
+  coordinator: Address,
+  authority: TransactionSigner,
+  record: Address,
+  metadata: RunMetadata,
+  lamports: bigint,
+): Instruction {
+  return {
+    programAddress: programId,
+    accounts: [signerMeta(authority, true), {address: coordinator, role: AccountRole.READONLY}, writable(record), {address: SYSTEM_PROGRAM, role: AccountRole.READONLY}],
+    data: encodeSetMetadata(metadata, lamports),
+  }
 }

@@ -311,6 +311,7 @@ export const IX = {
   accuse: 13,
   set_peer: 14,
   equivocation: 15,
+  set_metadata: 16,
 } as const
 
 /** The program's custom error codes: 1..17 are the reference's RejectionCodes, 100.. the program's own. */
@@ -457,4 +458,43 @@ export function decodePeer(data: Uint8Array): PeerRecord {
   if (n > BigInt(PEER_ADDRS_MAX)) throw new RangeError('peer account: addresses exceed PEER_ADDRS_MAX')
   const text = b.toString('utf8', 80, 80 + Number(n))
   return {coordinator: addressDecoder.decode(b.subarray(8, 40)), client: b.toString('hex', 40, 72), addrs: text === '' ? [] : text.split('\n')}
+}
+
+// ---- a run's name and description (set_metadata) ----
+
+export const NAME_MAX = 64
+export const DESCRIPTION_MAX = 512
+export const METADATA_MAGIC = 0x4154454d43595350n // "PSYCMETA"
+/** Size of a metadata account: magic, coordinator [32], name_len u64, name [64], description_len u64, description [512]. */
+export const METADATA_SIZE = 8 + 32 + 8 + NAME_MAX + 8 + DESCRIPTION_MAX
+
+export interface RunMetadata {
+  name: string
+  description: string
+}
+
+export function encodeSetMetadata(m: RunMetadata, lamports: bigint): Uint8Array {
+  const name = Buffer.from(m.name, 'utf8')
+  const description = Buffer.from(m.description, 'utf8')
+  if (name.length > NAME_MAX) throw new RangeError(`the run name is ${name.length} bytes, more than ${NAME_MAX}`)
+  if (description.length > DESCRIPTION_MAX) throw new RangeError(`the run description is ${description.length} bytes, more than ${DESCRIPTION_MAX}`)
+  const len = Buffer.alloc(2)
+  len.writeUInt16LE(description.length)
+  return Buffer.concat([Buffer.from([IX.set_metadata]), u64(lamports), Buffer.from([name.length]), name, len, description])
+}
+
+/** Decodes a metadata account (RangeError when it is not one). */
+export function decodeMetadata(data: Uint8Array): RunMetadata & {coordinator: Address} {
+  const b = Buffer.from(data.buffer, data.byteOffset, data.byteLength)
+  if (b.length !== METADATA_SIZE) throw new RangeError(`metadata account: ${b.length} bytes, expected ${METADATA_SIZE}`)
+  if (b.readBigUInt64LE(0) !== METADATA_MAGIC) throw new RangeError('metadata account: wrong magic (not a psyche run metadata record)')
+  const nameLen = Number(b.readBigUInt64LE(40))
+  const descAt = 48 + NAME_MAX
+  const descLen = Number(b.readBigUInt64LE(descAt))
+  if (nameLen > NAME_MAX || descLen > DESCRIPTION_MAX) throw new RangeError('metadata account: lengths exceed their capacity')
+  return {
+    coordinator: addressDecoder.decode(b.subarray(8, 40)),
+    name: b.toString('utf8', 48, 48 + nameLen),
+    description: b.toString('utf8', descAt + 8, descAt + 8 + descLen),
+  }
 }
