@@ -38,8 +38,10 @@ async function measure(topology: 'segment' | 'nat' | 'slow'): Promise<Row> {
   const lab = new Lab()
   const dir = mkdtempSync(join(tmpdir(), 'psyche-bench-net-'))
   const run = new NetRun(lab, dir, lab.addPublicHost('coord'), {
-    roundsPerEpoch: ROUNDS + 2,
-    totalSteps: ROUNDS + 1,
+    // Two epochs: the rounds measured are in the first; a client killed at its end rejoins in the second and
+    // takes the model from its peers.
+    roundsPerEpoch: ROUNDS + 1,
+    totalSteps: 2 * (ROUNDS + 1),
     initMinClients: 3,
     minClients: 2,
     lr: 1e-2,
@@ -82,7 +84,7 @@ async function measure(topology: 'segment' | 'nat' | 'slow'): Promise<Row> {
       victim.kill('SIGKILL')
       await victim.proc
       const again = await run.startClient('c', hosts[2])
-      const fetched = await again.waitFor((e) => e.event === 'model_fetched', 'the model transfer', 600_000)
+      const fetched = await again.waitFor((e) => e.event === 'model_fetched', 'the model transfer', 300_000)
       row.model = {bytes: fetched.bytes as number, seconds: (fetched.ms as number) / 1000, relayed: fetched.relayed as boolean}
     }
     return row
