@@ -4,7 +4,8 @@ import type {CheckpointConfig, CoordinatorConfig, HubRepo, LLMConfig, RunState} 
 export type {RunState} from '../config/types.js'
 
 /** A client's standing in the current epoch (Psyche's ClientState). */
-export type ClientState = 'Healthy' | 'Dropped' | 'Withdrawn' | 'Ejected'
+export const CLIENT_STATES = ['Healthy', 'Dropped', 'Withdrawn', 'Ejected'] as const
+export type ClientState = (typeof CLIENT_STATES)[number]
 
 /** A client identity: its public key or peer id, as text. Compared exactly. */
 export type ClientId = string

@@ -1,6 +1,7 @@
 import {createServer, type Server} from 'node:http'
 import {Counter, Gauge, Histogram, Registry, collectDefaultMetrics} from 'prom-client'
-import type {CoordinatorState} from '../coordinator/types.js'
+import {RUN_STATES} from '../config/types.js'
+import {CLIENT_STATES, type CoordinatorState} from '../coordinator/types.js'
 import {PsycheError} from '../errors.js'
 
 /**
@@ -11,10 +12,8 @@ import {PsycheError} from '../errors.js'
 
 const TIME_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300]
 const SIZE_BUCKETS = [1e3, 4e3, 16e3, 64e3, 256e3, 1e6, 4e6, 16e6, 64e6]
-const CLIENT_STATES = ['Healthy', 'Dropped', 'Withdrawn', 'Ejected'] as const
 /** Peers with a label of their own in the per-peer byte counters (bounded label cardinality). */
 export const MAX_PEER_LABELS = 32
-const RUN_STATES = ['Uninitialized', 'WaitingForMembers', 'Warmup', 'RoundTrain', 'RoundWitness', 'Cooldown', 'Finished', 'Paused'] as const
 
 type Event = Record<string, unknown>
 const num = (v: unknown): number | undefined => (typeof v === 'number' && Number.isFinite(v) ? v : undefined)

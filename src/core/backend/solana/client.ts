@@ -1,7 +1,7 @@
 import {EventEmitter} from 'node:events'
 import type {Address, Instruction, KeyPairSigner} from '@solana/kit'
 import type {HubRepo} from '../../config/types.js'
-import {tick, type AccusationReason, type ClientId, type CoordinatorState, type WitnessProof} from '../../coordinator/index.js'
+import {EPOCH_PHASES, tick, type AccusationReason, type ClientId, type CoordinatorState, type WitnessProof} from '../../coordinator/index.js'
 import {PsycheError, errorMessage} from '../../errors.js'
 import type {EquivocationProof} from '../../verify/equivocation.js'
 import type {BackendConnector, CoordinatorBackend, JoinRequest, PeerDirectory, RejectionInfo} from '../types.js'
@@ -144,7 +144,7 @@ export class SolanaBackend extends EventEmitter implements CoordinatorBackend {
   private needsJoin(s: CoordinatorState): boolean {
     if (s.pending.includes(this.id)) return false
     const c = s.epoch.clients.find((x) => x.id === this.id)
-    return !(c?.state === 'Healthy' && ['Warmup', 'RoundTrain', 'RoundWitness', 'Cooldown'].includes(s.run_state))
+    return !(c?.state === 'Healthy' && EPOCH_PHASES.has(s.run_state))
   }
 
   /** The authorization account a permissioned run needs from us (undefined: the run is open, or we are its join authority). */
