@@ -932,6 +932,7 @@ enum {
   IX_SET_PEER,
   IX_EQUIVOCATION,
   IX_SET_METADATA,
+  IX_CLOSE_PEER,
 };
 
 /* The cluster clock (unix seconds) on the reference's millisecond scale. */
@@ -1132,6 +1133,27 @@ static u64 set_metadata(Input *in) {
   return 0;
 }
 
+
+/* accounts: client (signer, writable: receives the record's rent), coordinator, peer record (writable). The client
+ * leaves the run's peer directory: its record is closed. */
+static u64 close_peer(Input *in) {
+  if (in->account_count < 3) return fail(E_INVALID_INSTRUCTION, "close_peer: expected client, coordinator, peer account");
+  SolAccountInfo *client = &in->accounts[0], *coord = &in->accounts[1], *peer = &in->accounts[2];
+  if (!client->is_signer) return fail(E_MISSING_SIGNATURE, "the client must sign");
+  if (!client->is_writable || !peer->is_writable) return fail(E_NOT_WRITABLE, "the client and its peer record must be writable");
+  if (!equal(coord->owner, in->program_id, 32) || coord->data_len != sizeof(State) || ((const State *)coord->data)->magic != MAGIC)
+    return fail(E_WRONG_ACCOUNT, "not a coordinator account of this program");
+  SolSignerSeed seeds[3] = {{(const u8 *)"peer", 4}, {coord->key, 32}, {client->key, 32}};
+  u8 address[32], bump;
+  if (sol_try_find_program_address(seeds, 3, in->program_id, address, &bump)) return fail(E_WRONG_PDA, "no program address for this peer");
+  if (!equal(address, peer->key, 32)) return fail(E_WRONG_PDA, "the peer account is not the program address of this run and client");
+  if (!equal(peer->owner, in->program_id, 32) || peer->data_len != sizeof(Peer)) return fail(E_WRONG_ACCOUNT, "no peer record to close");
+  *client->lamports += *peer->lamports;
+  *peer->lamports = 0;
+  zero(peer->data, peer->data_len);
+  return 0;
+}
+
 static u64 load(Input *in, u64 index, State **out) {
   if (in->account_count <= index) return fail(E_INVALID_INSTRUCTION, "missing the coordinator account");
   SolAccountInfo *a = &in->accounts[index];
@@ -1186,6 +1208,7 @@ u64 entrypoint(const u8 *input) {
   if (tag == IX_GROW) return grow(&in);
   if (tag == IX_SET_PEER) return set_peer(&in);
   if (tag == IX_SET_METADATA) return set_metadata(&in);
+  if (tag == IX_CLOSE_PEER) return close_peer(&in);
   State *s;
   u64 e;
   if (tag == IX_TICK) {

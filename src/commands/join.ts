@@ -7,7 +7,7 @@ import {homedir} from 'node:os'
 import {join as joinPath} from 'node:path'
 import {createKeyPairSignerFromPrivateKeyBytes, type KeyPairSigner} from '@solana/kit'
 import {CoordinatorConnection, type BackendConnector, type CoordinatorBackend} from '../core/backend/index.js'
-import {loadKeypairWithSeed} from '../core/backend/solana/admin.js'
+import {closePeerRecord, loadKeypairWithSeed} from '../core/backend/solana/admin.js'
 import {RpcChain} from '../core/backend/solana/chain.js'
 import {SolanaConnector} from '../core/backend/solana/client.js'
 import {parseAddress} from '../core/cli/solana-flags.js'
@@ -229,6 +229,7 @@ several rounds while others train prints a no_exchange warning naming the addres
     const runId = flags['run-id']
     let identity: Identity
     let solana: SolanaConnector | undefined
+    let solanaRun: Parameters<typeof closePeerRecord>[0] | undefined
     if (flags.rpc) {
       // One ed25519 key: the psyche identity (client id, libp2p peer id) and the Solana signer.
       let signer: KeyPairSigner
@@ -240,9 +241,10 @@ several rounds while others train prints a no_exchange warning naming the addres
         signer = k.signer
         identity = identityFromSeed(k.seed)
       }
+      solanaRun = {chain: new RpcChain(flags.rpc), programId: parseAddress(flags['program-id'], 'program-id'), runId, client: signer}
       solana = new SolanaConnector({
-        chain: new RpcChain(flags.rpc),
-        programId: parseAddress(flags['program-id'], 'program-id'),
+        chain: solanaRun.chain,
+        programId: solanaRun.programId,
         runId,
         signer,
         wsUrl: flags['ws-rpc'],
@@ -336,10 +338,19 @@ several rounds while others train prints a no_exchange warning naming the addres
     // Ctrl-C / SIGTERM: withdraw from the run, then exit with the signal's code (the worker is killed on exit, see
     // worker/client.ts).
     let client: PsycheClient | undefined
+    // On Solana, a client that leaves for good closes its peer record (its rent comes back).
+    const leavePeerDirectory = async () => {
+      if (!solanaRun) return
+      await closePeerRecord(solanaRun).then(
+        (closed) => closed && log({event: 'peer_record_closed', address: solanaRun!.client.address}),
+        (error: unknown) => log({event: 'peer_record_not_closed', message: (error as Error).message}),
+      )
+    }
     this.shutdown.onSignal(async () => {
       client?.withdrawNow()
       // On Solana the withdraw is a transaction: close() returns once it is sent (within the grace period).
       if (solana) await current?.close()
+      await leavePeerDirectory()
     })
     const backend: BackendConnector | undefined = solana && {
       description: solana.description,
@@ -397,6 +408,7 @@ several rounds while others train prints a no_exchange warning naming the addres
       view?.stop()
       return metricsEndpoint?.close()
     })
+    await leavePeerDirectory()
     log({event: 'finished', ...snakeKeys(summary)})
     const done = `run finished: ${summary.rounds} rounds applied, last step ${summary.lastStep}, hash ${summary.paramHash?.slice(0, 12)}`
     if (live) process.stderr.write(`${done}\n`)

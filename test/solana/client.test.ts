@@ -2,7 +2,7 @@ import assert from 'node:assert/strict'
 import {createHash} from 'node:crypto'
 import {describe, it} from 'node:test'
 import {createKeyPairSignerFromPrivateKeyBytes, type KeyPairSigner} from '@solana/kit'
-import {grant} from '../../src/core/backend/solana/admin.js'
+import {closePeerRecord, grant} from '../../src/core/backend/solana/admin.js'
 import {SolanaBackend, SolanaConnector} from '../../src/core/backend/solana/client.js'
 import {setPausedInstruction, updateInstruction} from '../../src/core/backend/solana/instructions.js'
 import {clientIdOf} from '../../src/core/backend/solana/layout.js'
@@ -245,5 +245,9 @@ describe('Solana backend: real clients over the on-chain coordinator (LiteSVM, i
     await again.close()
     assert.deepEqual(readRun(d).state.pending, [])
     assert.equal(again.sendWithdraw(), false, 'nothing is sent once closed')
+    // leaving for good: the peer record is closed (join does it when the run ends or on a signal)
+    const target = {chain: d.chain, programId: d.programId, runId: 'sol-perm', client: signer}
+    assert.equal(await closePeerRecord(target), true)
+    assert.equal(await closePeerRecord(target), false)
   })
 })

@@ -4,6 +4,7 @@ import {describe, it} from 'node:test'
 import {AccountRole, type Address} from '@solana/kit'
 import {
   checkpointInstruction,
+  closePeerInstruction,
   coordinatorAddress,
   ejectInstruction,
   equivocationInstructions,
@@ -236,6 +237,15 @@ describe('coordinator program: client instructions', () => {
     const big = Buffer.concat([data.subarray(0, 9), Buffer.from([0x01, 0x04]), Buffer.alloc(PEER_ADDRS_MAX + 1, 0x2f)])
     assert.equal((await chain.send(alice, [{...ix, data: big}])).error, 'CapacityExceeded')
     assert.equal((await chain.send(alice, [{...ix, data: data.subarray(0, 5)}])).error, 'InvalidInstruction')
+    // close_peer: only alice closes her record, and its rent goes back to her; set_peer creates it again
+    assert.equal((await chain.send(mallory, [closePeerInstruction(p, c, mallory, record)])).error, 'WrongProgramAddress')
+    const before = chain.svm.getBalance(alice.address)!
+    assert.ok((await chain.send(d.payer, [closePeerInstruction(p, c, alice, record)])).ok)
+    assert.equal(chain.svm.getAccount(record).exists, false)
+    assert.equal(chain.svm.getBalance(alice.address)! - before, rent)
+    assert.equal((await chain.send(d.payer, [closePeerInstruction(p, c, alice, record)])).error, 'WrongAccount')
+    assert.ok((await chain.send(alice, [setPeerInstruction(p, c, alice, record, ['/ip4/10.0.0.3/tcp/1'], rent)])).ok)
+    assert.deepEqual(decodePeer(chain.accountData(record)!).addrs, ['/ip4/10.0.0.3/tcp/1'])
   })
 
   it('equivocation: the runtime verifies both signatures (the Ed25519 program), and the proof must come right before', async () => {

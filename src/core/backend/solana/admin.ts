@@ -4,7 +4,16 @@ import type {RunConfigFile} from '../../config/types.js'
 import {PsycheError} from '../../errors.js'
 import {AUTHORIZATION_SIZE, authorizationAddress, decodeAuthorization, delegatesInstruction, grantInstruction, revokeInstruction, type Authorization} from './authorizer.js'
 import type {Chain} from './chain.js'
-import {coordinatorAddress, initCoordinatorInstructions, metadataAddress, setMetadataInstruction, setPausedInstruction, updateInstruction} from './instructions.js'
+import {
+  closePeerInstruction,
+  coordinatorAddress,
+  initCoordinatorInstructions,
+  metadataAddress,
+  peerAddress,
+  setMetadataInstruction,
+  setPausedInstruction,
+  updateInstruction,
+} from './instructions.js'
 import {METADATA_SIZE, STATE_SIZE, decodeCoordinator, decodeMetadata, type OnChainCoordinator, type RunMetadata} from './layout.js'
 import type {SendResult} from './local-chain.js'
 
@@ -101,6 +110,15 @@ export async function setMetadata(t: RunTarget & {authority: TransactionSigner; 
   }
   check(await t.chain.send(t.authority, [ix]), `set the name and description of ${t.runId}`)
   return record
+}
+
+/** A client leaves the run's peer directory: its peer record is closed (its rent returned); false when it had none. */
+export async function closePeerRecord(t: RunTarget & {client: TransactionSigner}): Promise<boolean> {
+  const coordinator = await coordinatorAddress(t.programId, t.runId)
+  const record = await peerAddress(t.programId, coordinator, t.client.address)
+  if (!(await t.chain.fetchAccount(record))) return false
+  check(await t.chain.send(t.client, [closePeerInstruction(t.programId, coordinator, t.client, record)]), `closing the peer record of ${t.client.address}`)
+  return true
 }
 
 /** The run's name and description, when set. */

@@ -212,3 +212,8 @@ export function setMetadataInstruction(
     data: encodeSetMetadata(metadata, lamports),
   }
 }
+
+/** close_peer: the client leaves the run's peer directory; its record's rent goes back to it. */
+export function closePeerInstruction(programId: Address, coordinator: Address, client: TransactionSigner, peer: Address): Instruction {
+  return {programAddress: programId, accounts: [signerMeta(client, true), {address: coordinator, role: AccountRole.READONLY}, writable(peer)], data: encodeTag(IX.close_peer)}
+}

@@ -312,6 +312,7 @@ export const IX = {
   set_peer: 14,
   equivocation: 15,
   set_metadata: 16,
+  close_peer: 17,
 } as const
 
 /** The program's custom error codes: 1..17 are the reference's RejectionCodes, 100.. the program's own. */
