@@ -3,6 +3,7 @@ import {mkdirSync, writeFileSync} from 'node:fs'
 import {join} from 'node:path'
 import {after, describe, it} from 'node:test'
 import {CHECKPOINT_META_FILE, readCheckpointMeta} from '../../src/core/checkpoint/checkpointer.js'
+import {uploadCheckpoint} from '../../src/core/checkpoint/hub.js'
 import {HubServer} from '../../src/core/checkpoint/hub-server.js'
 import {isCheckpointP2P} from '../../src/core/coordinator/index.js'
 import {tempDir} from '../helpers.js'
@@ -107,6 +108,30 @@ describe('Hub checkpoints with the in-process simulation', () => {
     const info = (await (await fetch(`${hub.url}/api/models/sim/late`)).json()) as {sha: string; siblings: {rfilename: string}[]}
     assert.equal(info.sha, late.revision, 'the late commit is the branch head')
     assert.ok(info.siblings.some((s) => s.rfilename === CHECKPOINT_META_FILE))
+    await stopPaced(sim)
+  })
+
+  it('the fallback refuses a Hub checkpoint that is not the model at the epoch’s step (it would fork from the peers)', async () => {
+    hub ??= await HubServer.start({root: join(tmp.path, 'hub')})
+    const sim = new Simulation(simRun({total_steps: 40, epoch_time: 60, rounds_per_epoch: 3, cooldown_time: 1, witness_nodes: 0}))
+    const [a, b, c] = [await sim.addClient('a'), await sim.addClient('b'), await sim.addClient('c')]
+    await sim.untilApplied(4) // into epoch 1: the checkpoint is P2P now
+    // a Hub revision at another step, named by the P2P checkpoint, and nobody serving the model
+    const dir = join(tmp.path, 'stale')
+    mkdirSync(dir, {recursive: true})
+    writeFileSync(join(dir, 'params.bin'), Buffer.alloc(32, 7))
+    writeFileSync(join(dir, 'config.json'), '{"sim": true}')
+    writeFileSync(join(dir, CHECKPOINT_META_FILE), JSON.stringify({step: 1, epoch: 0}))
+    const {commit} = await uploadCheckpoint({dir, repo: 'sim/stale', hubUrl: hub.url, token: TOKEN})
+    const llm = sim.coordinator.state.model.LLM
+    assert.ok(isCheckpointP2P(llm.checkpoint))
+    sim.coordinator.state = {...sim.coordinator.state, model: {LLM: {...llm, checkpoint: {P2P: {repo_id: 'sim/stale', revision: commit}}}}}
+    for (const x of [a, b, c]) x.p2p.serveModel(async () => Promise.reject(new Error('not serving (test)')))
+    const d = await sim.addClient('d', undefined, {hub: {url: hub.url, cacheDir: join(tmp.path, 'cache-stale')}})
+    await paced(sim, () => d.events.some((e) => e.event === 'checkpoint_rejected'), 'd to refuse the stale checkpoint', 5)
+    const rejected = d.events.find((e) => e.event === 'checkpoint_rejected')!
+    assert.match(String(rejected.message), /cannot stand in for our peers' model at step \d+: it is the model at step 1/)
+    assert.ok(!d.events.some((e) => e.event === 'model_loaded'), 'd loaded nothing')
     await stopPaced(sim)
   })
 
