@@ -6,6 +6,7 @@ import {after, before, describe, it} from 'node:test'
 import {generateKeyPairSigner, type Address} from '@solana/kit'
 import {readMetadata, readRun} from '../../src/core/backend/solana/admin.js'
 import {RpcChain} from '../../src/core/backend/solana/chain.js'
+import {coordinatorAddress, peerAddress} from '../../src/core/backend/solana/instructions.js'
 import {addressOfClient} from '../../src/core/backend/solana/layout.js'
 import {ensureDemoCorpus} from '../../src/core/corpus.js'
 import {identityFromSeed} from '../../src/core/protocol/identity.js'
@@ -122,6 +123,15 @@ describe('end to end on Solana: localnet, run creator commands, join --rpc clien
     for (const c of clients) await c.waitFor((e) => e.event === 'finished', 'the run to finish', 240_000)
 
     assertTrainedTogether(clients, [1, 2, 3, 4])
+    // leaving the finished run, each client closed its peer record (its rent came back)
+    for (const [i, c] of clients.entries()) {
+      assert.ok(
+        c.events.some((e) => e.event === 'peer_record_closed' && e.address === keys[i].address),
+        `${c.name} closed its peer record`,
+      )
+      const coordinator = await coordinatorAddress(programId, 'sol-e2e')
+      assert.equal(await new RpcChain(url).fetchAccount(await peerAddress(programId, coordinator, keys[i].address)), undefined)
+    }
     for (const [i, c] of clients.entries()) assert.equal(c.events.find((e) => e.event === 'started')?.client_id, keys[i].id, `${c.name}: its client id is its key`)
     // The run on chain: finished, with both keys as its clients.
     const run = await readRun({chain: new RpcChain(url), programId, runId: 'sol-e2e'})
