@@ -83,6 +83,8 @@ describe('end to end on Solana: localnet, run creator commands, join --rpc clien
     const created = await runCli([
       'create-run',
       ...solana,
+      '--ws-rpc',
+      url.replace(/^http/, 'ws'),
       '--run-id',
       'sol-e2e',
       '--name',

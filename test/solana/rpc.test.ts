@@ -101,6 +101,25 @@ describe('the JSON-RPC path (RpcChain with @solana/kit) against a LiteSVM localn
       refused.logs.join('\n'),
     )
   })
+  it('with --ws-rpc a transaction is confirmed by a signatureSubscribe notification, not by polling', async () => {
+    const creator = await keypair('rpc-ws-creator')
+    net.chain.airdrop(creator.address)
+    const ws = new RpcChain(net.url, {wsUrl: net.wsUrl, pollMs: 20})
+    const target = {chain: ws, programId: ids.program as never, runId: 'rpc-ws-run'}
+    const before = {subscribe: net.requests.get('signatureSubscribe') ?? 0, statuses: net.requests.get('getSignatureStatuses') ?? 0}
+    await createRun({...target, payer: creator, mainAuthority: creator.address, joinAuthority: null, authorizer: null})
+    await updateConfig({...target, authority: creator, file: await loadRunConfigFile(configPath)})
+    assert.equal((await readRun(target)).state.run_state, 'Uninitialized')
+    const subscribed = (net.requests.get('signatureSubscribe') ?? 0) - before.subscribe
+    assert.ok(subscribed >= 2, `one signatureSubscribe per transaction (${subscribed})`)
+    // each confirmation asks the status once right after subscribing (it may have come first), and never polls
+    assert.equal((net.requests.get('getSignatureStatuses') ?? 0) - before.statuses, subscribed)
+    // a refused transaction still comes back by name (preflight), with the websocket as without
+    const mallory = await keypair('rpc-ws-mallory')
+    net.chain.airdrop(mallory.address)
+    await assert.rejects(setPaused({...target, authority: mallory, paused: true}), /refused: Unauthorized/)
+  })
+
   it('follows the coordinator account: websocket accountSubscribe, and polling', async () => {
     const creator = await keypair('rpc-watcher')
     net.chain.airdrop(creator.address)

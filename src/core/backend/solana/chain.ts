@@ -3,6 +3,7 @@ import {
   SOLANA_ERROR__JSON_RPC__SERVER_ERROR_SEND_TRANSACTION_PREFLIGHT_FAILURE,
   appendTransactionMessageInstructions,
   createSolanaRpc,
+  createSolanaRpcSubscriptions,
   createTransactionMessage,
   getBase64EncodedWireTransaction,
   getSignatureFromTransaction,
@@ -13,6 +14,7 @@ import {
   signTransactionMessageWithSigners,
   type Address,
   type Instruction,
+  type Signature,
   type TransactionSigner,
 } from '@solana/kit'
 import {PsycheError} from '../../errors.js'
@@ -41,15 +43,20 @@ export interface Chain {
   minimumBalance(bytes: number): Promise<bigint>
 }
 
-/** A cluster behind a JSON-RPC endpoint (`--rpc`), driven with @solana/kit. */
+/**
+ * A cluster behind a JSON-RPC endpoint (`--rpc`), driven with @solana/kit. With the cluster's websocket (`--ws-rpc`)
+ * a transaction's confirmation comes as a signatureSubscribe notification; without, by polling getSignatureStatuses.
+ */
 export class RpcChain implements Chain {
   readonly rpc: ReturnType<typeof createSolanaRpc>
+  private readonly subscriptions?: ReturnType<typeof createSolanaRpcSubscriptions>
 
   constructor(
     readonly url: string,
-    private readonly options: {confirmTimeoutMs?: number; pollMs?: number} = {},
+    private readonly options: {confirmTimeoutMs?: number; pollMs?: number; wsUrl?: string} = {},
   ) {
     this.rpc = createSolanaRpc(url)
+    if (options.wsUrl) this.subscriptions = createSolanaRpcSubscriptions(options.wsUrl)
   }
 
   async fetchAccount(address: Address): Promise<Uint8Array | undefined> {
@@ -87,15 +94,50 @@ export class RpcChain implements Chain {
       throw this.unreachable(error)
     }
     const deadline = Date.now() + (this.options.confirmTimeoutMs ?? 60_000)
+    if (this.subscriptions) return this.confirmByNotification(signature, deadline)
     // Asked at once, then every pollMs: a cluster that confirms quickly (a localnet at once) costs one round trip.
     for (let wait = 50; ; wait = this.options.pollMs ?? 400) {
-      const {value} = await this.call(() => this.rpc.getSignatureStatuses([signature]).send())
-      const status = value[0]
-      if (status?.err) return {ok: false, error: JSON.stringify(status.err, (_k, v) => (typeof v === 'bigint' ? Number(v) : v)), logs: [], computeUnits: 0n}
-      if (status && (status.confirmationStatus === 'confirmed' || status.confirmationStatus === 'finalized')) return {ok: true, logs: [], computeUnits: 0n}
-      if (Date.now() > deadline) throw new PsycheError(`${this.url}: transaction ${signature} was not confirmed within ${(this.options.confirmTimeoutMs ?? 60_000) / 1000} s`)
+      const decided = await this.status(signature)
+      if (decided) return decided
+      if (Date.now() > deadline) throw this.notConfirmed(signature)
       await new Promise((r) => setTimeout(r, wait))
     }
+  }
+
+  /** The transaction's outcome once the cluster has confirmed it (undefined while it has not). */
+  private async status(signature: Signature): Promise<SendResult | undefined> {
+    const {value} = await this.call(() => this.rpc.getSignatureStatuses([signature]).send())
+    const status = value[0]
+    if (status?.err) return {ok: false, error: JSON.stringify(status.err, (_k, v) => (typeof v === 'bigint' ? Number(v) : v)), logs: [], computeUnits: 0n}
+    if (status && (status.confirmationStatus === 'confirmed' || status.confirmationStatus === 'finalized')) return {ok: true, logs: [], computeUnits: 0n}
+    return undefined
+  }
+
+  /** Waits for the signatureSubscribe notification (asking once after subscribing, in case it was confirmed before). */
+  private async confirmByNotification(signature: Signature, deadline: number): Promise<SendResult> {
+    const abort = new AbortController()
+    const timer = setTimeout(() => abort.abort(), Math.max(0, deadline - Date.now()))
+    try {
+      const notifications = await this.subscriptions!.signatureNotifications(signature, {commitment: 'confirmed'}).subscribe({abortSignal: abort.signal})
+      const already = await this.status(signature)
+      if (already) return already
+      for await (const n of notifications) {
+        const err = (n.value as {err: unknown}).err
+        if (err) return {ok: false, error: JSON.stringify(err, (_k, v) => (typeof v === 'bigint' ? Number(v) : v)), logs: [], computeUnits: 0n}
+        return {ok: true, logs: [], computeUnits: 0n}
+      }
+      throw this.notConfirmed(signature)
+    } catch (error) {
+      if (abort.signal.aborted) throw this.notConfirmed(signature)
+      throw this.unreachable(error)
+    } finally {
+      clearTimeout(timer)
+      abort.abort()
+    }
+  }
+
+  private notConfirmed(signature: Signature): PsycheError {
+    return new PsycheError(`${this.url}: transaction ${signature} was not confirmed within ${(this.options.confirmTimeoutMs ?? 60_000) / 1000} s`)
   }
 
   private async call<T>(fn: () => Promise<T>): Promise<T> {

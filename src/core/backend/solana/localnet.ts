@@ -9,7 +9,7 @@ import {LocalChain} from './local-chain.js'
  * A single-node Solana cluster on loopback: LiteSVM (the real runtime, loader and syscalls) behind the
  * standard JSON-RPC methods psyche's RpcChain uses (getLatestBlockhash, sendTransaction with preflight,
  * getSignatureStatuses, getAccountInfo, getMinimumBalanceForRentExemption, getBalance, requestAirdrop),
- * and accountSubscribe / accountUnsubscribe on a websocket at the same address.
+ * and accountSubscribe / signatureSubscribe (with their unsubscribes) on a websocket at the same address.
  * The clock follows wall time. For trying runs on one machine and for testing the RPC path; a real
  * cluster is solana-test-validator or devnet (README).
  */
@@ -35,7 +35,10 @@ export class Localnet {
   private slot = 1
   private wss?: WebSocketServer
   private readonly subscriptions = new Map<number, {socket: WebSocket; address: Address; last?: string}>()
+  private readonly signatureSubscriptions = new Map<number, {socket: WebSocket; signature: string}>()
   private nextSubscription = 1
+  /** JSON-RPC requests answered, by method (HTTP and websocket): what tests check the path taken with. */
+  readonly requests = new Map<string, number>()
   url = ''
   wsUrl = ''
 
@@ -80,6 +83,7 @@ export class Localnet {
       const request = JSON.parse(Buffer.concat(chunks).toString('utf8')) as {id?: unknown; method?: unknown; params?: unknown}
       id = request.id ?? null
       if (typeof request.method !== 'string') throw Object.assign(new Error('invalid request'), {rpcCode: -32600})
+      this.requests.set(request.method, (this.requests.get(request.method) ?? 0) + 1)
       const result = this.dispatch(request.method, Array.isArray(request.params) ? request.params : [])
       body = JSON.stringify({jsonrpc: '2.0', id, result})
     } catch (error) {
@@ -96,7 +100,18 @@ export class Localnet {
       try {
         const request = JSON.parse(String(raw)) as {id?: unknown; method?: string; params?: unknown[]}
         id = request.id ?? null
-        if (request.method === 'accountSubscribe') {
+        if (typeof request.method === 'string') this.requests.set(request.method, (this.requests.get(request.method) ?? 0) + 1)
+        if (request.method === 'signatureSubscribe') {
+          // as a validator: one notification once the transaction is processed (at once if it already was), then
+          // the subscription ends by itself
+          const subscription = this.nextSubscription++
+          const signature = String((request.params ?? [])[0])
+          socket.send(JSON.stringify({jsonrpc: '2.0', id, result: subscription}))
+          this.signatureSubscriptions.set(subscription, {socket, signature})
+          this.notifySignature(signature)
+        } else if (request.method === 'signatureUnsubscribe') {
+          socket.send(JSON.stringify({jsonrpc: '2.0', id, result: this.signatureSubscriptions.delete((request.params ?? [])[0] as number)}))
+        } else if (request.method === 'accountSubscribe') {
           const subscription = this.nextSubscription++
           this.subscriptions.set(subscription, {socket, address: (request.params ?? [])[0] as Address})
           socket.send(JSON.stringify({jsonrpc: '2.0', id, result: subscription}))
@@ -109,7 +124,19 @@ export class Localnet {
     })
     socket.on('close', () => {
       for (const [k, sub] of this.subscriptions) if (sub.socket === socket) this.subscriptions.delete(k)
+      for (const [k, sub] of this.signatureSubscriptions) if (sub.socket === socket) this.signatureSubscriptions.delete(k)
     })
+  }
+
+  /** A processed transaction: its status to every subscriber waiting for it. */
+  private notifySignature(signature: string): void {
+    const status = this.statuses.get(signature)
+    if (!status) return
+    for (const [subscription, sub] of this.signatureSubscriptions) {
+      if (sub.signature !== signature) continue
+      this.signatureSubscriptions.delete(subscription)
+      sub.socket.send(JSON.stringify({jsonrpc: '2.0', method: 'signatureNotification', params: {result: {context: {slot: status.slot}, value: {err: status.err}}, subscription}}))
+    }
   }
 
   /** After a transaction: a notification to every subscriber whose account changed. */
@@ -210,6 +237,7 @@ export class Localnet {
     }
     this.statuses.set(signature, {slot: this.slot, err: null})
     this.notify()
+    this.notifySignature(signature)
     return signature
   }
 }
