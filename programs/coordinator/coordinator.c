@@ -24,7 +24,7 @@
 #define MAGIC 0x44524f4f43595350ull /* "PSYCOORD" */
 #define LAYOUT_VERSION 2 /* 2: times in unix milliseconds, rounds count complete witness proofs */
 
-/* ---- errors: custom program error codes (1..17 mirror RejectionCode in coordinator/types.ts) ---- */
+/* ---- errors: custom program error codes (1..18 mirror RejectionCode in coordinator/types.ts) ---- */
 enum {
   E_HALTED = 1,
   E_INVALID_RUN_STATE,
@@ -43,6 +43,7 @@ enum {
   E_CANNOT_RESUME,
   E_INVALID_CONFIG,
   E_INVALID_EVENT,
+  E_BANNED,
   E_INVALID_INSTRUCTION = 100,
   E_WRONG_ACCOUNT,
   E_UNAUTHORIZED,
@@ -517,6 +518,11 @@ static u64 on_join(State *s, const u8 *key) {
   i64 i = client_index(s, key);
   if (i >= 0 && s->clients[i].state == HEALTHY && s->run_state != WAITING_FOR_MEMBERS && !HALTED(s->run_state))
     return fail(E_ALREADY_JOINED, "this client is already training in this epoch");
+  /* An ejected client sits out the rest of its epoch and the whole next one: the epoch's record of who left
+     (clients and exited, kept until the next epoch's Warmup) is the ban list (machine.ts onJoin). */
+  int ejected = i >= 0 && s->clients[i].state == EJECTED;
+  for (u64 j = 0; j < s->exited_len && !ejected; j++) ejected = equal(s->exited[j].key, key, 32) && s->exited[j].state == EJECTED;
+  if (ejected) return fail(E_BANNED, "this client was ejected from the current or last epoch; it may join once the next epoch has begun");
   if (s->pending_len + s->clients_len >= MAX_CLIENTS) return fail(E_CAPACITY, "the run is full (MAX_CLIENTS = 64 clients and joiners)");
   copy(s->pending[s->pending_len++], key, 32);
   return 0;

@@ -114,6 +114,7 @@ describe('shared coordinator vectors: the on-chain program equals the TypeScript
       'CannotResume',
       'InvalidConfig',
       'InvalidEvent',
+      'Banned',
     ]) {
       assert.ok(errors.has(code), `no vector is rejected with ${code}`)
     }

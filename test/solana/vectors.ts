@@ -352,6 +352,7 @@ async function accusations(): Promise<Scenario> {
   r.apply({type: 'accuse', from: v0, step: round.step, accused: target, reason: 'low_score'}, 'ok')
   r.apply({type: 'accuse', from: v0, step: round.step, accused: target, reason: 'low_score'}, 'DuplicateAccusation')
   r.apply({type: 'accuse', from: v1, step: round.step, accused: target, reason: 'low_score'}, 'ok') // verifier quorum: ejected
+  r.apply({type: 'join', id: accused}, 'Banned') // an ejected client sits out this epoch and the next
   r.witnessAll()
   r.tickOut() // next round: the ejected trainer has left
   r.witnessAll()

@@ -315,7 +315,7 @@ export const IX = {
   close_peer: 17,
 } as const
 
-/** The program's custom error codes: 1..17 are the reference's RejectionCodes, 100.. the program's own. */
+/** The program's custom error codes: 1..18 are the reference's RejectionCodes, 100.. the program's own. */
 export const PROGRAM_ERRORS: Record<number, string> = {
   1: 'Halted',
   2: 'InvalidRunState',
@@ -334,6 +334,7 @@ export const PROGRAM_ERRORS: Record<number, string> = {
   15: 'CannotResume',
   16: 'InvalidConfig',
   17: 'InvalidEvent',
+  18: 'Banned',
   100: 'InvalidInstruction',
   101: 'WrongAccount',
   102: 'Unauthorized',
