@@ -3,7 +3,7 @@
 // (a coordinator with --dashboard-port and three clients on this machine) photographed in headless Chromium
 // after --rounds rounds. Usage: node scripts/dashboard-screenshot.mjs [--rounds 25] [--out docs/dashboard.png]
 import {spawn} from 'node:child_process'
-import {mkdtempSync, rmSync} from 'node:fs'
+import {mkdtempSync, readFileSync, rmSync, writeFileSync} from 'node:fs'
 import {tmpdir} from 'node:os'
 import {dirname, join} from 'node:path'
 import {fileURLToPath} from 'node:url'
@@ -16,7 +16,11 @@ const arg = (name, fallback) => {
 }
 const rounds = Number(arg('--rounds', '25'))
 const out = arg('--out', join(root, 'docs', 'dashboard.png'))
-const state = join(root, 'templates', 'tiny-demo', 'state.toml')
+const template = join(root, 'templates', 'tiny-demo', 'state.toml')
+// The run starts with all three clients (init_min_clients = 3), so the first to connect does not train alone for an
+// epoch; written next to the template so its relative paths resolve, and removed at the end.
+const state = join(root, 'templates', 'tiny-demo', `.screenshot-${process.pid}-state.toml`)
+writeFileSync(state, readFileSync(template, 'utf8').replace(/^init_min_clients\s*=.*$/m, 'init_min_clients = 3'))
 const saveDir = mkdtempSync(join(tmpdir(), 'psyche-screenshot-'))
 const children = []
 
@@ -50,6 +54,7 @@ const stop = async () => {
     ),
   )
   rmSync(saveDir, {recursive: true, force: true})
+  rmSync(state, {force: true})
 }
 process.on('SIGINT', () => stop().then(() => process.exit(130)))
 
