@@ -28,6 +28,8 @@ interface Expect {
    * excluded from the round; never applied after that.
    */
   byScore?: boolean
+  /** Ejected early in the run's single epoch: its joins are refused (Banned) and it stops asking until the epoch ends. */
+  banned?: boolean
 }
 
 const rejected = (pattern: RegExp) => (e: Record<string, unknown>, attacker: string) => e.event === 'result_rejected' && e.client_id === attacker && pattern.test(String(e.reason))
@@ -67,6 +69,16 @@ async function attackRun(name: string, cases: Expect[], shape: {rounds?: number;
           `${h.name} never logged the ${c.attack} attack by ${ids[i].slice(0, 12)}: ${JSON.stringify(h.events.filter((e) => e.client_id === ids[i] || e.event === 'health_check').slice(0, 5))}`,
         )
       }
+    }
+    for (const [i, c] of cases.entries()) {
+      if (!c.banned) continue
+      const events = adversaries[i].events
+      const at = events.findIndex((e) => e.event === 'banned')
+      assert.ok(
+        at >= 0,
+        `${c.attack}: the ejected attacker was never refused as banned: ${JSON.stringify(events.filter((e) => /rejoin|reject/.test(String(e.event))).slice(0, 5))}`,
+      )
+      assert.ok(!events.slice(at + 1).some((e) => e.event === 'rejoining'), `${c.attack}: it kept asking to join while banned`)
     }
     // Honest replicas: identical after every round, the model changes every round, and they apply each other's
     // results — never more than the three honest ones.
@@ -142,8 +154,8 @@ describe('adversarial: hostile clients among honest ones (real processes)', {tim
 
   it('garbage bytes and equivocation: rejected, the producers accused or proven, ejected by the coordinator', async () => {
     await attackRun('garbage-equivocation', [
-      {attack: 'garbage', detected: rejected(/^invalid result: bad magic/)},
-      {attack: 'equivocation', detected: rejected(/^equivocation: .* signed two different results for step \d+/)},
+      {attack: 'garbage', detected: rejected(/^invalid result: bad magic/), banned: true},
+      {attack: 'equivocation', detected: rejected(/^equivocation: .* signed two different results for step \d+/), banned: true},
     ])
   })
 

@@ -156,6 +156,8 @@ export class PsycheClient {
   private wake: (() => void) | undefined
   private stopped = false
   private lastJoinAttempt = Number.NEGATIVE_INFINITY
+  /** The epoch record (its start_time) in which the coordinator refused our join because we were ejected. */
+  private bannedEpochStart: number | undefined
   private roundsApplied = 0
   private lastHash: string | null = null
   private workerGone: WorkerCrashedError | undefined
@@ -301,7 +303,14 @@ export class PsycheClient {
     conn.on('state', (s: CoordinatorState, peers: PeerDirectory) => {
       if (this.conn === conn) this.onState(s, peers)
     })
-    conn.on('rejected', (reason: string, info: RejectionInfo) => this.opts.log({event: 'rejected', reason, ...info}))
+    conn.on('rejected', (reason: string, info: RejectionInfo) => {
+      this.opts.log({event: 'rejected', reason, ...info})
+      // Ejected: the coordinator refuses our joins until the next epoch begins; wait for it instead of asking again.
+      if (info.code === 'Banned' && this.state) {
+        this.bannedEpochStart = this.state.epoch.start_time
+        this.opts.log({event: 'banned', reason})
+      }
+    })
     conn.on('reconnected', () => {
       // A restarted server resumes from its last saved transition: proofs sent since may be lost. Forget what we
       // sent; decide.ts re-sends what the pushed state does not record.
@@ -588,6 +597,9 @@ export class PsycheClient {
     switch (work.kind) {
       case 'join': {
         if (this.clock.now() - this.lastJoinAttempt < 3000) return false
+        // Banned (we were ejected): the ban lifts when the next epoch begins (a new epoch record).
+        if (this.bannedEpochStart !== undefined && this.state.epoch.start_time === this.bannedEpochStart) return false
+        this.bannedEpochStart = undefined
         this.lastJoinAttempt = this.clock.now()
         this.opts.log({event: 'rejoining', run_state: this.state.run_state})
         const old = this.conn
