@@ -28,7 +28,7 @@ interface Expect {
    * excluded from the round; never applied after that.
    */
   byScore?: boolean
-  /** Ejected early in the run's single epoch: its joins are refused (Banned) and it stops asking until the epoch ends. */
+  /** Ejected early in the run's single epoch: it may not join again (Banned), so it waits for the next epoch instead of asking. */
   banned?: boolean
 }
 

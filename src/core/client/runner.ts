@@ -1,5 +1,5 @@
 import type {CoordinatorBackend, PeerDirectory, RejectionInfo} from '../backend/types.js'
-import {batchRangeFor, buildWitnessProof, isCheckpointP2P, isRoundPhase, isVerifier, type ClientId, type CoordinatorState, type Round} from '../coordinator/index.js'
+import {batchRangeFor, buildWitnessProof, isCheckpointP2P, isRoundPhase, isVerifier, wasEjected, type ClientId, type CoordinatorState, type Round} from '../coordinator/index.js'
 import type {HubRepo} from '../config/types.js'
 import {errorMessage, PsycheError} from '../errors.js'
 import type {ModelSnapshot, ResultAnnouncement} from '../p2p/index.js'
@@ -156,7 +156,7 @@ export class PsycheClient {
   private wake: (() => void) | undefined
   private stopped = false
   private lastJoinAttempt = Number.NEGATIVE_INFINITY
-  /** The epoch record (its start_time) in which the coordinator refused our join because we were ejected. */
+  /** The epoch record (its start_time) in which we found ourselves ejected (logged once per epoch). */
   private bannedEpochStart: number | undefined
   private roundsApplied = 0
   private lastHash: string | null = null
@@ -303,14 +303,7 @@ export class PsycheClient {
     conn.on('state', (s: CoordinatorState, peers: PeerDirectory) => {
       if (this.conn === conn) this.onState(s, peers)
     })
-    conn.on('rejected', (reason: string, info: RejectionInfo) => {
-      this.opts.log({event: 'rejected', reason, ...info})
-      // Ejected: the coordinator refuses our joins until the next epoch begins; wait for it instead of asking again.
-      if (info.code === 'Banned' && this.state) {
-        this.bannedEpochStart = this.state.epoch.start_time
-        this.opts.log({event: 'banned', reason})
-      }
-    })
+    conn.on('rejected', (reason: string, info: RejectionInfo) => this.opts.log({event: 'rejected', reason, ...info}))
     conn.on('reconnected', () => {
       // A restarted server resumes from its last saved transition: proofs sent since may be lost. Forget what we
       // sent; decide.ts re-sends what the pushed state does not record.
@@ -597,9 +590,14 @@ export class PsycheClient {
     switch (work.kind) {
       case 'join': {
         if (this.clock.now() - this.lastJoinAttempt < 3000) return false
-        // Banned (we were ejected): the ban lifts when the next epoch begins (a new epoch record).
-        if (this.bannedEpochStart !== undefined && this.state.epoch.start_time === this.bannedEpochStart) return false
-        this.bannedEpochStart = undefined
+        // Ejected: the coordinator refuses our join until the next epoch begins (a new epoch record); wait for it.
+        if (wasEjected(this.state, this.id)) {
+          if (this.bannedEpochStart !== this.state.epoch.start_time) {
+            this.bannedEpochStart = this.state.epoch.start_time
+            this.opts.log({event: 'banned', epoch: this.state.progress.epoch, detail: 'ejected: waiting for the next epoch to begin before joining again'})
+          }
+          return false
+        }
         this.lastJoinAttempt = this.clock.now()
         this.opts.log({event: 'rejoining', run_state: this.state.run_state})
         const old = this.conn

@@ -32,6 +32,7 @@ export {
   witnessBloomParams,
   witnessCount,
   witnessQuorum,
+  wasEjected,
   type BatchRange,
 } from './rules.js'
 export {ACTIVE_PHASES, EPOCH_PHASES, HALTED_PHASES, ROUND_PHASES, isCheckpointP2P, isRoundPhase} from './phases.js'

@@ -12,6 +12,7 @@ import {
   isWitness,
   nextDataIndex,
   verifierCount,
+  wasEjected,
   witnessBloomParams,
   witnessCount,
   witnessQuorum,
@@ -288,7 +289,7 @@ function onJoin(s: CoordinatorState, id: ClientId): CoordinatorState {
   if (inEpoch) throw new Reject('AlreadyJoined', `client ${id} is already training in this epoch`)
   // An ejected client sits out the rest of its epoch and the whole next one: the epoch's record of who left
   // (clients and exited, kept until the next epoch's Warmup) is the ban list, so it needs no state of its own.
-  if ((i >= 0 && s.epoch.clients[i].state === 'Ejected') || s.epoch.exited.some((c) => c.id === id && c.state === 'Ejected')) {
+  if (wasEjected(s, id)) {
     throw new Reject('Banned', `client ${id} was ejected from the current or last epoch; it may join again once the next epoch has begun`)
   }
   return {...s, pending: [...s.pending, id]}

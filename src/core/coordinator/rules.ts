@@ -189,6 +189,15 @@ export function trainerHealthScore(round: Round, id: ClientId): number {
   return blooms(round, 'participant_bloom').filter((b) => b.contains(key)).length
 }
 
+/**
+ * Whether `id` was ejected in the epoch the state records (the current one, or the last one until the next
+ * Warmup): such a client may not join until the next epoch begins. The coordinator refuses its join (Banned);
+ * the client itself waits instead of asking.
+ */
+export function wasEjected(state: CoordinatorState, id: ClientId): boolean {
+  return state.epoch.clients.some((c) => c.id === id && c.state === 'Ejected') || state.epoch.exited.some((c) => c.id === id && c.state === 'Ejected')
+}
+
 /** A trainer is healthy in a round when a quorum of that round's witnesses saw its results. */
 export function isTrainerHealthy(state: CoordinatorState, round: Round, id: ClientId): boolean {
   return trainerHealthScore(round, id) >= witnessQuorum(witnessCount(state.config, round.roster.length))
