@@ -64,7 +64,7 @@ describe('a run config whose checkpoint is a Hub repository', () => {
     const r = await execa(process.execPath, args, {env: {HF_ENDPOINT: hub.url, HF_HUB_CACHE: cache, CI: '1'}, reject: false})
     assert.equal(r.exitCode, 0, String(r.stderr))
     // a step at lr 1e-30 moves no float32 parameter: the hash is the uploaded model's
-    assert.equal(JSON.parse(String(r.stdout)).paramHash, paramHash)
+    assert.equal(JSON.parse(String(r.stdout)).param_hash, paramHash)
     assert.equal(readFileSync(join(cache, 'models--runs--tiny', 'snapshots', commit, 'config.json'), 'utf8'), readFileSync(join(tmp.path, 'model', 'config.json'), 'utf8'))
     // an unreachable Hub is one clear error naming the repository
     const down = await execa(process.execPath, args, {env: {HF_ENDPOINT: 'http://127.0.0.1:9', HF_HUB_CACHE: join(tmp.path, 'empty'), CI: '1'}, reject: false})
