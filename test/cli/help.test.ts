@@ -29,14 +29,19 @@ test('every command and topic has --help, and bad usage exits with code 2', asyn
   const root = await runCli(['--help'])
   assert.equal(root.exitCode, 0)
   for (const topic of topics) assert.match(root.stdout, new RegExp(`\\b${topic}\\b`), `root help lists topic ${topic}`)
-  for (const id of ids) {
-    const r = await runCli([...id.split(' '), '--help'])
-    assert.equal(r.exitCode, 0, `psyche ${id} --help: ${r.stderr}`)
-    assert.match(r.stdout, /USAGE/, `psyche ${id} --help shows usage`)
-    assert.match(r.stdout, /--json/, `psyche ${id} has --json`)
-    const bad = await runCli([...id.split(' '), '--no-such-flag'])
-    assert.equal(bad.exitCode, 2, `psyche ${id} --no-such-flag exits 2`)
+  // Two CLI processes at a time (each one is mostly Node start-up and module loading): half the wall time on 2 cores.
+  const queue = [...ids]
+  const check = async () => {
+    for (let id = queue.shift(); id !== undefined; id = queue.shift()) {
+      const r = await runCli([...id.split(' '), '--help'])
+      assert.equal(r.exitCode, 0, `psyche ${id} --help: ${r.stderr}`)
+      assert.match(r.stdout, /USAGE/, `psyche ${id} --help shows usage`)
+      assert.match(r.stdout, /--json/, `psyche ${id} has --json`)
+      const bad = await runCli([...id.split(' '), '--no-such-flag'])
+      assert.equal(bad.exitCode, 2, `psyche ${id} --no-such-flag exits 2`)
+    }
   }
+  await Promise.all([check(), check()])
   for (const topic of topics) {
     const r = await runCli([topic, '--help'])
     assert.equal(r.exitCode, 0, `psyche ${topic} --help`)

@@ -67,7 +67,7 @@ describe('Solana commands against a localnet (psyche solana localnet)', () => {
     assert.equal(created.exitCode, 0, created.stderr)
     assert.deepEqual(
       {...json(created.stdout), coordinator: undefined},
-      {run_id: 'cli-run', coordinator: undefined, main_authority: ids.creator, join_authority: ids.creator, configured: true},
+      {run_id: 'cli-run', coordinator: undefined, main_authority: ids.creator, join_authority: ids.creator, configured: true, name: null, description: null},
     )
     const resumed = await cli('set-paused', 'resume', '--keypair', creator, '--run-id', 'cli-run', '--json')
     assert.equal(resumed.exitCode, 0, resumed.stderr)
