@@ -28,6 +28,9 @@ interface Row {
   secondsPerRound: number
   computeMs: number
   bytesInPerRound: number
+  /** Per round: the time between a client's consecutive round events minus the slowest client's compute for that step. */
+  overheadMs: number
+  overheadP90Ms: number
   resultBytes: number
   relayed: number
   exchanged: string
@@ -68,11 +71,20 @@ async function measure(topology: 'segment' | 'nat' | 'slow'): Promise<Row> {
       return (t.at(-1)! - t[0]) / 1000 / Math.max(1, t.length - 1)
     })
     const all = clients.flatMap((c) => rounds(c).filter((r) => r.step <= ROUNDS))
+    // Coordination overhead (as bench/coordination.bench.ts, from the clients' side): round period minus the slowest compute.
+    const slowest = new Map<number, number>()
+    for (const r of all) if (r.compute_ms) slowest.set(r.step, Math.max(slowest.get(r.step) ?? 0, r.compute_ms))
+    const overheads = clients.flatMap((c) => {
+      const seen = c.events.flatMap((e, i) => (e.event === 'round' && (e.step as number) <= ROUNDS ? [{step: e.step as number, t: c.times[i]}] : []))
+      return seen.slice(1).flatMap((x, i) => (x.step === seen[i].step + 1 && slowest.has(x.step) ? [x.t - seen[i].t - slowest.get(x.step)!] : []))
+    })
     const exchanged = all.filter((r) => r.peers_applied === r.other_trainers && r.other_trainers === 2).length
     const row: Row = {
       topology,
       secondsPerRound: median(seconds),
       computeMs: median(all.map((r) => r.compute_ms ?? 0).filter((x) => x > 0)),
+      overheadMs: median(overheads),
+      overheadP90Ms: [...overheads].sort((a, b) => a - b)[Math.floor(overheads.length * 0.9)],
       bytesInPerRound: median(perRound),
       resultBytes: median(clients.flatMap((c) => c.events.filter((e) => e.event === 'trained').map((e) => e.result_bytes as number))),
       relayed: Math.max(...all.map((r) => r.conn_relayed)),
@@ -102,12 +114,12 @@ for (const topology of ['segment', 'nat', 'slow'] as const) {
   console.log(JSON.stringify(row))
 }
 console.log(
-  `\n| topology | s/round (median) | compute ms (median) | result bytes | bytes in/round/client | relayed connections | rounds with all peers' results | model to a restarted client |`,
+  `\n| topology | s/round (median) | compute ms (median) | overhead ms (median, p90) | result bytes | bytes in/round/client | relayed connections | rounds with all peers' results | model to a restarted client |`,
 )
-console.log('|---|---|---|---|---|---|---|---|')
+console.log('|---|---|---|---|---|---|---|---|---|')
 for (const r of rows) {
   const model = r.model ? `${(r.model.bytes / 1e6).toFixed(1)} MB in ${r.model.seconds.toFixed(1)} s (from start, ${r.model.relayed ? 'relayed' : 'direct'})` : '-'
   console.log(
-    `| ${r.topology} | ${r.secondsPerRound.toFixed(2)} | ${r.computeMs.toFixed(0)} | ${r.resultBytes} | ${r.bytesInPerRound.toFixed(0)} | ${r.relayed} | ${r.exchanged} | ${model} |`,
+    `| ${r.topology} | ${r.secondsPerRound.toFixed(2)} | ${r.computeMs.toFixed(0)} | ${r.overheadMs.toFixed(0)} (${r.overheadP90Ms.toFixed(0)}) | ${r.resultBytes} | ${r.bytesInPerRound.toFixed(0)} | ${r.relayed} | ${r.exchanged} | ${model} |`,
   )
 }
