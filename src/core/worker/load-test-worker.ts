@@ -1,0 +1,220 @@
+import {createHash} from 'node:crypto'
+import {systemClock, type Clock, type ClientWorker} from '../client/components.js'
+import {resultSize, RESULT_FORMAT_VERSION, RESULT_MAGIC, type ResultFormat} from '../verify/result.js'
+import type {Frame} from './client.js'
+import type {ModelInfo, StepResult, TrainingSetup} from './model-worker.js'
+
+/**
+ * LOAD-TEST COMPUTE STAND-IN — not a model, never a training result.
+ *
+ * A ClientWorker for measuring the coordination layers (coordinator, P2P, verification, witnessing) at scale
+ * without PyTorch: it "trains" by waiting `computeMs`, and returns a well-formed DisTrO result (the PSDR format of
+ * python/psyche_worker/distro_codec.py, checked by verify/result.ts) of about `resultBytes` bytes, with random
+ * distinct indices and sign bits drawn from (parameters, step, tokens). Its "parameters" are a 32-byte hash that
+ * every apply folds the applied results into (sorted by hash, as the real worker orders them), so replicas that
+ * apply the same results agree and replicas that do not differ: runs with it can assert that every result was
+ * applied, and nothing about losses or convergence.
+ *
+ * It cannot stand in for a real worker by accident: no command constructs it (only bench/scale.bench.ts and the
+ * scale tests do), it must be given `{purpose: 'load-test'}`, and its results describe one tensor named
+ * `LOAD_TEST_TENSOR`, which no real model has, so a real client refuses them (and a load-test client refuses real
+ * results) by the same format validation that refuses any malformed result.
+ */
+
+export const LOAD_TEST_TENSOR = 'psyche.load_test.not_a_model'
+/** Elements per chunk (6-bit indices) and indices per chunk: honest pairs share about 8/64 of their positions, far below the copy threshold. */
+const CHUNK = 64
+const TOPK = 8
+
+export interface LoadTestWorkerOptions {
+  /** Required, so that no caller gets this worker without naming it. */
+  purpose: 'load-test'
+  /** Target size of one result in bytes (the result is the nearest valid size at or above it; minimum about 40). */
+  resultBytes: number
+  /** How long a round's "forward/backward" takes (beginRound), in milliseconds of `clock`. */
+  computeMs: number
+  /** Default: the system clock. The in-process simulation passes its manual clock. */
+  clock?: Clock
+}
+
+/** The result format of a load-test run whose results are about `resultBytes` bytes (one sign-valued tensor). */
+export function loadTestResultFormat(resultBytes: number): ResultFormat {
+  const perChunk = (TOPK * (6 + 1)) / 8 // 6-bit indices and 1 sign bit per selected value
+  const header = resultSize({value_format: 'sign', tensors: [{name: LOAD_TEST_TENSOR, shape: [1, CHUNK], chunk: [1, CHUNK], topk: TOPK}]}) - perChunk
+  const rows = Math.max(1, Math.ceil((resultBytes - header) / perChunk))
+  return {value_format: 'sign', tensors: [{name: LOAD_TEST_TENSOR, shape: [rows, CHUNK], chunk: [1, CHUNK], topk: TOPK}]}
+}
+
+function sha256(...parts: (string | Uint8Array)[]): Buffer {
+  const h = createHash('sha256')
+  for (const p of parts) h.update(p)
+  return h.digest()
+}
+
+/** A deterministic byte stream (SHA-256 in counter mode) from a seed. */
+class Stream {
+  private block: Buffer = Buffer.alloc(0)
+  private pos = 0
+  private counter = 0
+  constructor(private readonly seed: Buffer) {}
+  byte(): number {
+    if (this.pos >= this.block.length) {
+      this.block = sha256(this.seed, String(this.counter++))
+      this.pos = 0
+    }
+    return this.block[this.pos++]
+  }
+}
+
+/** Encodes a valid PSDR sign result for `format` (as loadTestResultFormat builds it) from `seed`. */
+export function encodeLoadTestResult(format: ResultFormat, seed: Buffer): Uint8Array {
+  const spec = format.tensors[0]
+  const rows = spec.shape[0]
+  const out = Buffer.alloc(resultSize(format))
+  let pos = 0
+  RESULT_MAGIC.copy(out, pos)
+  pos += 4
+  out[pos++] = RESULT_FORMAT_VERSION
+  out[pos++] = 0 // sign
+  out.writeUInt32LE(1, pos)
+  pos += 4
+  const name = Buffer.from(spec.name, 'utf8')
+  out.writeUInt16LE(name.length, pos)
+  pos += 2
+  name.copy(out, pos)
+  pos += name.length
+  out[pos++] = 2
+  for (const v of [...spec.shape, ...spec.chunk, spec.topk]) {
+    out.writeUInt32LE(v, pos)
+    pos += 4
+  }
+  const n = rows * TOPK
+  const idxStart = pos
+  const signStart = idxStart + Math.ceil((n * 6) / 8)
+  const rnd = new Stream(seed)
+  let bit = 0
+  for (let r = 0; r < rows; r++) {
+    let taken = 0n
+    for (let k = 0; k < TOPK; k++) {
+      let index: number
+      do index = rnd.byte() & (CHUNK - 1)
+      while ((taken >> BigInt(index)) & 1n)
+      taken |= 1n << BigInt(index)
+      for (let b = 0; b < 6; b++, bit++) if ((index >> b) & 1) out[idxStart + (bit >>> 3)] |= 1 << (bit & 7)
+    }
+  }
+  for (let i = 0; i < n; i += 8) out[signStart + (i >>> 3)] = rnd.byte() & (n - i >= 8 ? 0xff : (1 << (n - i)) - 1)
+  return out
+}
+
+/** The load-test compute stand-in (see the module comment): a ClientWorker with no model. */
+export class LoadTestWorker implements ClientWorker {
+  readonly pid = undefined
+  readonly exited: Promise<void>
+  /** Every apply: the step and how many results it folded in. */
+  readonly applies: {step: number; results: number}[] = []
+  private params: Buffer = Buffer.alloc(32)
+  private readonly format: ResultFormat
+  private readonly clock: Clock
+  private begun: {step: number; seed: Buffer; tokens: number} | undefined
+  private exit!: () => void
+  private down = false
+
+  constructor(private readonly o: LoadTestWorkerOptions) {
+    if (o?.purpose !== 'load-test') throw new Error("LoadTestWorker is a load-test tool: construct it with {purpose: 'load-test'}")
+    if (!Number.isSafeInteger(o.resultBytes) || o.resultBytes < 1) throw new RangeError(`load-test resultBytes must be a positive integer, not ${o.resultBytes}`)
+    if (!(o.computeMs >= 0)) throw new RangeError(`load-test computeMs must be >= 0, not ${o.computeMs}`)
+    this.format = loadTestResultFormat(o.resultBytes)
+    this.clock = o.clock ?? systemClock
+    this.exited = new Promise((resolve) => (this.exit = resolve))
+  }
+
+  /** The exact size of every result this worker produces. */
+  get resultSize(): number {
+    return resultSize(this.format)
+  }
+
+  get paramHash(): string {
+    return this.params.toString('hex')
+  }
+
+  private alive(): void {
+    if (this.down) throw new Error('load-test worker is shut down')
+  }
+
+  private info(): ModelInfo {
+    return {parameters: 0, vocab_size: 256, max_position_embeddings: 1 << 20, param_hash: this.paramHash}
+  }
+
+  async load(modelDir: string, seed = 0): Promise<ModelInfo> {
+    this.alive()
+    this.params = sha256('load-test init', modelDir, String(seed))
+    return this.info()
+  }
+
+  async initFromConfig(config: Record<string, unknown>, seed: number): Promise<ModelInfo> {
+    this.alive()
+    this.params = sha256('load-test init', JSON.stringify(config), String(seed))
+    return this.info()
+  }
+
+  async configure(_setup: TrainingSetup): Promise<{resultFormat: ResultFormat}> {
+    this.alive()
+    return {resultFormat: this.format}
+  }
+
+  async beginRound(tokens: Uint32Array, rows: number, step: number): Promise<{loss: number; grad_norm: number}> {
+    this.alive()
+    const seed = sha256('load-test result', this.params, String(step), new Uint8Array(tokens.buffer, tokens.byteOffset, tokens.byteLength))
+    if (this.o.computeMs > 0) await this.clock.sleep(this.o.computeMs)
+    this.alive()
+    this.begun = {step, seed, tokens: tokens.length - rows}
+    return {loss: Number.NaN, grad_norm: Number.NaN}
+  }
+
+  async finishRound(step: number, previous?: {applyStep: number; results: Uint8Array[]}): Promise<StepResult & {result: Uint8Array; paramHash: string; applied: number}> {
+    this.alive()
+    if (this.begun?.step !== step) throw new Error(`load-test worker: finish_round for step ${step} without its begin_round`)
+    const {seed, tokens} = this.begun
+    this.begun = undefined
+    if (previous) this.apply(previous.applyStep, previous.results)
+    const result = encodeLoadTestResult(this.format, seed)
+    return {loss: Number.NaN, grad_norm: Number.NaN, lr: 0, tokens, result_bytes: result.length, result, paramHash: this.paramHash, applied: previous?.results.length ?? 0}
+  }
+
+  async applyResults(step: number, results: Uint8Array[]): Promise<string> {
+    this.alive()
+    this.apply(step, results)
+    return this.paramHash
+  }
+
+  async evaluate(tokens: Uint32Array, rows: number): Promise<{loss: number; tokens: number}> {
+    this.alive()
+    return {loss: Number.NaN, tokens: tokens.length - rows}
+  }
+
+  async exportParams(): Promise<{frames: Frame[]; paramHash: string}> {
+    this.alive()
+    return {frames: [{name: 'load_test_params', dtype: 'uint8', shape: [32], data: new Uint8Array(this.params)}], paramHash: this.paramHash}
+  }
+
+  async importParams(frames: Frame[]): Promise<string> {
+    this.alive()
+    const f = frames[0]
+    if (!f || f.data.byteLength !== 32) throw new Error('load-test worker: a snapshot is one 32-byte frame')
+    this.params = Buffer.from(new Uint8Array(f.data.buffer, f.data.byteOffset, f.data.byteLength))
+    return this.paramHash
+  }
+
+  async shutdown(): Promise<void> {
+    this.down = true
+    this.exit()
+  }
+
+  /** Folds the results in, in hash order (arrival order never matters), each by its SHA-256. */
+  private apply(step: number, results: Uint8Array[]): void {
+    const hashes = results.map((r) => sha256(r)).sort(Buffer.compare)
+    this.params = sha256('load-test apply', this.params, String(step), ...hashes)
+    this.applies.push({step, results: results.length})
+  }
+}
