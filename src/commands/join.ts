@@ -1,5 +1,5 @@
 import {resolve} from 'node:path'
-import {Errors, Flags} from '@oclif/core'
+import {Flags} from '@oclif/core'
 import {PsycheCommand} from '../core/cli/base-command.js'
 import {PsycheError} from '../core/errors.js'
 import {Progress} from '../core/cli/progress.js'
@@ -176,13 +176,8 @@ several rounds while others train prints a no_exchange warning naming the addres
   }
 
   /** With --json, stdout is a stream of one-line events: an error is one more line, not a pretty-printed object. */
-  protected async catch(error: Error & {exitCode?: number}): Promise<unknown> {
-    if (error instanceof PsycheError && this.jsonEnabled()) {
-      process.stdout.write(`${JSON.stringify({event: 'error', code: error.code, message: error.message})}\n`)
-      process.exitCode = error.exitCode
-      throw new Errors.ExitError(error.exitCode)
-    }
-    return super.catch(error)
+  protected writeJsonError(code: string, message: string): void {
+    process.stdout.write(`${JSON.stringify({event: 'error', code, message})}\n`)
   }
 
   async run(): Promise<ClientSummary | undefined> {

@@ -1,11 +1,19 @@
 import {Command, Errors} from '@oclif/core'
 import {PsycheError} from '../errors.js'
+import {redactSecrets} from './redact.js'
 import {Shutdown} from './signals.js'
+
+/** Exit code of a usage error (unknown flag, missing argument, bad flag value), as oclif's parser sets it. */
+export const USAGE_EXIT_CODE = 2
 
 /**
  * Base of every psyche command: `--json` (oclif prints what `run` returns), user errors as one
  * line (`Error: <file>: <field>: <what>`) with a non-zero exit instead of a stack trace, and signals
  * (`this.shutdown`: SIGINT/SIGTERM/SIGHUP end the command at once unless it asks to stop in order).
+ *
+ * Under `--json` every failure is one JSON error object `{"error": {"code", "message"}}` on stdout: never oclif's
+ * serialization of the error (which holds the whole configuration and environment, tokens included). Messages go
+ * through `redactSecrets` in every mode.
  */
 export abstract class PsycheCommand extends Command {
   static enableJsonFlag = true
@@ -27,16 +35,34 @@ export abstract class PsycheCommand extends Command {
     return this.jsonEnabled() || !process.stdout.isTTY || Boolean(process.env.CI)
   }
 
-  protected async catch(error: Error & {exitCode?: number}): Promise<unknown> {
+  /** How a failure is printed under --json (join, whose stdout is a stream of events, prints one more line). */
+  protected writeJsonError(code: string, message: string): void {
+    this.logJson({error: {code, message}})
+  }
+
+  protected async catch(error: Error & {exitCode?: number; oclif?: {exit?: number}; code?: string}): Promise<unknown> {
+    // this.exit(n) and a failure already reported: nothing more to print.
+    if (error instanceof Errors.ExitError) {
+      process.exitCode = error.oclif.exit ?? 1
+      throw error
+    }
     if (error instanceof PsycheError) {
-      if (this.jsonEnabled()) {
-        this.logJson({error: {code: error.code, message: error.message}})
-      } else {
-        process.stderr.write(`Error: ${error.message}\n`)
-      }
+      const message = redactSecrets(error.message)
+      if (this.jsonEnabled()) this.writeJsonError(error.code, message)
+      else process.stderr.write(`Error: ${message}\n`)
       process.exitCode = error.exitCode
       throw new Errors.ExitError(error.exitCode)
     }
+    const usage = error instanceof Errors.CLIError && error.oclif?.exit === USAGE_EXIT_CODE
+    if (this.jsonEnabled()) {
+      // A usage error (the parser's), or a bug: one object, the message only.
+      const code = usage ? 'EUSAGE' : typeof error.code === 'string' && /^E[A-Z_]+$/.test(error.code) ? error.code : 'EINTERNAL'
+      const exitCode = usage ? USAGE_EXIT_CODE : (error.oclif?.exit ?? 1)
+      this.writeJsonError(code, redactSecrets(error.message ?? String(error)))
+      process.exitCode = exitCode
+      throw new Errors.ExitError(exitCode)
+    }
+    if (typeof error.message === 'string') error.message = redactSecrets(error.message)
     return super.catch(error)
   }
 }
