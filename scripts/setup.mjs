@@ -38,6 +38,14 @@ if (!existsSync(nodeStamp) || readFileSync(nodeStamp, 'utf8') !== lockHash) {
   writeFileSync(nodeStamp, lockHash)
 }
 
+// --- The compiled CLI (dist/) ---------------------------------------------------------------------
+// bin/psyche.js runs dist/ while it matches src/ and the TypeScript sources through tsx otherwise.
+{
+  const args = [join(root, 'scripts', 'build.mjs'), '--if-stale', ...(quiet ? ['--quiet'] : [])]
+  const r = spawnSync(process.execPath, args, {cwd: root, stdio: ['ignore', 'inherit', 'inherit']})
+  if (r.status !== 0) say('could not compile the CLI; it runs from the TypeScript sources (slower to start)')
+}
+
 // --- Python venv -------------------------------------------------------------------------------
 if (process.env.PSYCHE_PYTHON) {
   say(`using PSYCHE_PYTHON=${process.env.PSYCHE_PYTHON}; not managing .venv`)
