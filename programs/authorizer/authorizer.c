@@ -21,6 +21,7 @@ enum {
   E_MISSING_SIGNATURE,
   E_NOT_WRITABLE,
   E_WRONG_PDA,
+  E_ALREADY_EXISTS,
 };
 
 typedef struct {
@@ -41,8 +42,6 @@ static u64 fail(u64 code, const char *why) {
   return code;
 }
 
-static const u8 SYSTEM_PROGRAM[32] = {0};
-
 /* accounts: grantor (signer, writable: pays), authorization PDA (writable), system program.
  * data: grantee [32], lamports u64 (rent exemption of 600 bytes) */
 static u64 grant(Input *in, const u8 *d, u64 len) {
@@ -53,16 +52,12 @@ static u64 grant(Input *in, const u8 *d, u64 len) {
   u8 address[32], bump;
   if (sol_try_find_program_address(seeds, 3, in->program_id, address, &bump)) return fail(E_WRONG_PDA, "no program address");
   if (!equal(address, auth->key, 32)) return fail(E_WRONG_PDA, "the authorization account is not the program address of (grantor, grantee)");
+  if (equal(auth->owner, in->program_id, 32)) return fail(E_ALREADY_EXISTS, "this grantor already granted an authorization to this grantee");
+  if (!grantor->is_writable || !auth->is_writable) return fail(E_NOT_WRITABLE, "the grantor and the authorization must be writable");
   seeds[3].addr = &bump;
-  u8 create[52];
-  zero(create, 4);
-  copy(create + 4, d + 32, 8);
-  write_u64(create + 12, sizeof(Authorization));
-  copy(create + 20, in->program_id, 32);
-  SolAccountMeta metas[2] = {{grantor->key, 1, 1}, {auth->key, 1, 1}};
-  SolInstruction ix = {(u8 *)SYSTEM_PROGRAM, metas, 2, create, 52};
   SolSignerSeeds signer = {seeds, 4};
-  u64 e = sol_invoke_signed_c(&ix, in->accounts, in->account_count, &signer, 1);
+  Create c = {grantor, auth, read_u64(d + 32), sizeof(Authorization), &signer};
+  u64 e = create_account(in, &c);
   if (e) return e;
   Authorization *a = (Authorization *)auth->data;
   a->magic = AUTH_MAGIC;

@@ -52,6 +52,7 @@ enum {
   E_NOT_WRITABLE,
   E_WRONG_PDA,
   E_NOT_PERMITTED,
+  E_ALREADY_EXISTS,
 };
 
 /* ---- run states (RUN_STATES order in config/types.ts) ---- */
@@ -948,8 +949,6 @@ static u64 now_ms(void) {
   return clock.unix_timestamp < 0 ? 0 : (u64)clock.unix_timestamp * 1000;
 }
 
-static const u8 SYSTEM_PROGRAM[32] = {0};
-
 /* accounts: payer (signer, writable), coordinator PDA (writable), system program.
  * data: run id length u8, run id, main authority, join authority (zeros: anyone may join), authorizer
  * program (whose authorizations from the join authority admit clients), lamports u64 */
@@ -967,18 +966,14 @@ static u64 init_coordinator(Input *in) {
   u8 address[32], bump;
   if (sol_try_find_program_address(seeds, 2, in->program_id, address, &bump)) return fail(E_WRONG_PDA, "no program address for this run id");
   if (!equal(address, coord->key, 32)) return fail(E_WRONG_PDA, "the coordinator account is not the program address of this run id");
+  if (equal(coord->owner, in->program_id, 32)) return fail(E_ALREADY_EXISTS, "this run id already has a coordinator account: change it with update, or pick another run id");
+  if (!coord->is_writable || !payer->is_writable) return fail(E_NOT_WRITABLE, "the payer and the coordinator account must be writable");
   seeds[2].addr = &bump;
-  u8 create[52];
-  zero(create, 4); /* SystemInstruction::CreateAccount */
-  copy(create + 4, d + 1 + id_len + 96, 8);
+  SolSignerSeeds signer = {seeds, 3};
   /* A program may grow an account by MAX_PERMITTED_DATA_INCREASE per instruction: init_coordinator creates the
    * first 10 KiB, and grow instructions in the same transaction extend it to sizeof(State). */
-  write_u64(create + 12, sizeof(State) < MAX_PERMITTED_DATA_INCREASE ? sizeof(State) : MAX_PERMITTED_DATA_INCREASE);
-  copy(create + 20, in->program_id, 32);
-  SolAccountMeta metas[2] = {{payer->key, 1, 1}, {coord->key, 1, 1}};
-  SolInstruction ix = {(u8 *)SYSTEM_PROGRAM, metas, 2, create, 52};
-  SolSignerSeeds signer = {seeds, 3};
-  u64 e = sol_invoke_signed_c(&ix, in->accounts, in->account_count, &signer, 1);
+  Create c = {payer, coord, read_u64(d + 1 + id_len + 96), sizeof(State) < MAX_PERMITTED_DATA_INCREASE ? sizeof(State) : MAX_PERMITTED_DATA_INCREASE, &signer};
+  u64 e = create_account(in, &c);
   if (e) return e;
   State *s = (State *)coord->data;
   s->magic = MAGIC;
@@ -1047,19 +1042,14 @@ static u64 set_peer(Input *in) {
   u8 address[32], bump;
   if (sol_try_find_program_address(seeds, 3, in->program_id, address, &bump)) return fail(E_WRONG_PDA, "no program address for this peer");
   if (!equal(address, peer->key, 32)) return fail(E_WRONG_PDA, "the peer account is not the program address of this run and client");
-  if (peer->data_len == 0) {
+  if (!equal(peer->owner, in->program_id, 32)) {
+    if (!client->is_writable) return fail(E_NOT_WRITABLE, "the client pays for its new peer record: it must be writable");
     seeds[3].addr = &bump;
-    u8 create[52];
-    zero(create, 4); /* SystemInstruction::CreateAccount */
-    copy(create + 4, d, 8);
-    write_u64(create + 12, sizeof(Peer));
-    copy(create + 20, in->program_id, 32);
-    SolAccountMeta metas[2] = {{client->key, 1, 1}, {peer->key, 1, 1}};
-    SolInstruction ix = {(u8 *)SYSTEM_PROGRAM, metas, 2, create, 52};
     SolSignerSeeds signer = {seeds, 4};
-    u64 e = sol_invoke_signed_c(&ix, in->accounts, in->account_count, &signer, 1);
+    Create c = {client, peer, read_u64(d), sizeof(Peer), &signer};
+    u64 e = create_account(in, &c);
     if (e) return e;
-  } else if (!equal(peer->owner, in->program_id, 32) || peer->data_len != sizeof(Peer)) {
+  } else if (peer->data_len != sizeof(Peer)) {
     return fail(E_WRONG_ACCOUNT, "the peer account is not a peer record of this program");
   }
   Peer *p = (Peer *)peer->data;
@@ -1113,19 +1103,14 @@ static u64 set_metadata(Input *in) {
   u8 address[32], bump;
   if (sol_try_find_program_address(seeds, 2, in->program_id, address, &bump)) return fail(E_WRONG_PDA, "no program address for this run's metadata");
   if (!equal(address, meta->key, 32)) return fail(E_WRONG_PDA, "the metadata account is not the program address of this run's metadata");
-  if (meta->data_len == 0) {
+  if (!equal(meta->owner, in->program_id, 32)) {
+    if (!auth->is_writable) return fail(E_NOT_WRITABLE, "the main authority pays for the new metadata record: it must be writable");
     seeds[2].addr = &bump;
-    u8 create[52];
-    zero(create, 4); /* SystemInstruction::CreateAccount */
-    copy(create + 4, d, 8);
-    write_u64(create + 12, sizeof(Metadata));
-    copy(create + 20, in->program_id, 32);
-    SolAccountMeta metas[2] = {{auth->key, 1, 1}, {meta->key, 1, 1}};
-    SolInstruction ix = {(u8 *)SYSTEM_PROGRAM, metas, 2, create, 52};
     SolSignerSeeds signer = {seeds, 3};
-    u64 e = sol_invoke_signed_c(&ix, in->accounts, in->account_count, &signer, 1);
+    Create c = {auth, meta, read_u64(d), sizeof(Metadata), &signer};
+    u64 e = create_account(in, &c);
     if (e) return e;
-  } else if (!equal(meta->owner, in->program_id, 32) || meta->data_len != sizeof(Metadata)) {
+  } else if (meta->data_len != sizeof(Metadata)) {
     return fail(E_WRONG_ACCOUNT, "the metadata account is not a metadata record of this program");
   }
   Metadata *m = (Metadata *)meta->data;

@@ -161,4 +161,55 @@ static inline void write_u64(u8 *p, u64 v) {
   for (int i = 0; i < 8; i++) p[i] = (u8)(v >> (8 * i));
 }
 
+static const u8 SYSTEM_PROGRAM[32] = {0};
+
+/* A program-address account to create for the calling program. */
+typedef struct {
+  SolAccountInfo *payer;         /* signer, writable: pays what the account lacks */
+  SolAccountInfo *account;       /* the program address (writable) */
+  u64 lamports;                  /* what the account must hold (rent exemption of `space`) */
+  u64 space;                     /* its data length */
+  const SolSignerSeeds *signer;  /* the account's seeds with its bump */
+} Create;
+
+static inline u64 system_call(Input *in, const Create *c, const u8 *data, u64 len, u8 payer_too) {
+  SolAccountMeta metas[2] = {{c->payer->key, 1, 1}, {c->account->key, 1, 1}};
+  SolInstruction ix = {(u8 *)SYSTEM_PROGRAM, payer_too ? metas : metas + 1, payer_too ? 2 : 1, (u8 *)data, len};
+  return sol_invoke_signed_c(&ix, in->accounts, in->account_count, c->signer, 1);
+}
+
+/*
+ * Creates the account without being blocked by anyone who sent lamports to its address first: the system
+ * program's CreateAccount refuses an address that holds lamports ("already in use"), so such an account gets
+ * the shortfall transferred, then Allocate and Assign, which only the program address's own signature may do.
+ */
+static inline u64 create_account(Input *in, const Create *c) {
+  u8 data[52];
+  u64 held = *c->account->lamports;
+  u64 e;
+  if (held == 0) {
+    zero(data, 4); /* SystemInstruction::CreateAccount: lamports, space, owner */
+    write_u64(data + 4, c->lamports);
+    write_u64(data + 12, c->space);
+    copy(data + 20, in->program_id, 32);
+    return system_call(in, c, data, 52, 1);
+  }
+  if (held < c->lamports) {
+    zero(data, 4);
+    data[0] = 2; /* Transfer: lamports */
+    write_u64(data + 4, c->lamports - held);
+    SolAccountMeta metas[2] = {{c->payer->key, 1, 1}, {c->account->key, 1, 0}};
+    SolInstruction ix = {(u8 *)SYSTEM_PROGRAM, metas, 2, data, 12};
+    if ((e = sol_invoke_signed_c(&ix, in->accounts, in->account_count, c->signer, 1))) return e;
+  }
+  zero(data, 4);
+  data[0] = 8; /* Allocate: space */
+  write_u64(data + 4, c->space);
+  if ((e = system_call(in, c, data, 12, 0))) return e;
+  zero(data, 4);
+  data[0] = 1; /* Assign: owner */
+  copy(data + 4, in->program_id, 32);
+  return system_call(in, c, data, 36, 0);
+}
+
 #endif

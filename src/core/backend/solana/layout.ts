@@ -343,6 +343,7 @@ export const PROGRAM_ERRORS: Record<number, string> = {
   105: 'NotWritable',
   106: 'WrongProgramAddress',
   107: 'NotPermitted',
+  108: 'AlreadyExists',
 }
 
 function u64(n: number | bigint): Buffer {
