@@ -1,16 +1,33 @@
 #!/usr/bin/env node
-// `npm test`: the TypeScript tests (node:test, every test/**/*.test.ts, listed explicitly because
-// Node 20 neither globs nor finds .ts files) and the Python tests (pytest python/tests), then one
-// combined closing line, after the lint (formatting and import cycles). Usage: node scripts/test.mjs [--only ts|py|lint] [test files...]
+// `npm test` and `npm run test:all`: the lint (formatting, import cycles), the Python tests (pytest python/tests)
+// and the TypeScript tests (node:test), then one combined closing line: `tests: N passed, N failed, N skipped`.
+//
+// The TypeScript test files are classified in test/tiers.mjs. `npm test` runs the quick tiers (unit tests, the
+// in-process simulation, one multi-process smoke run); `--all` (npm run test:all, CI) runs every tier. A test file
+// that test/tiers.mjs does not list, or lists twice or under no known tier, stops the run before anything starts.
+//
+// Usage: node scripts/test.mjs [--all] [--tier NAME[,NAME]] [--only ts|py|lint] [test files...]
+//   test files given by name run whatever their tier (Node 20 neither globs nor finds .ts files itself).
 import {spawnSync} from 'node:child_process'
-import {readdirSync, statSync} from 'node:fs'
+import {existsSync, readdirSync, statSync} from 'node:fs'
 import {dirname, join, relative} from 'node:path'
 import {fileURLToPath} from 'node:url'
+import {quickTiers, tiers} from '../test/tiers.mjs'
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..')
 const args = process.argv.slice(2)
-const onlyIndex = args.indexOf('--only')
-const only = onlyIndex >= 0 ? args.splice(onlyIndex, 2)[1] : undefined
+function option(name) {
+  const i = args.indexOf(name)
+  return i >= 0 ? args.splice(i, 2)[1] : undefined
+}
+function flag(name) {
+  const i = args.indexOf(name)
+  if (i >= 0) args.splice(i, 1)
+  return i >= 0
+}
+const only = option('--only')
+const tierOption = option('--tier')
+const all = flag('--all')
 const python = process.env.PSYCHE_PYTHON ?? join(root, '.venv', 'bin', 'python')
 const env = {...process.env, NO_COLOR: '1', FORCE_COLOR: '0'}
 
@@ -24,13 +41,49 @@ function findTests(dir) {
   return out.sort()
 }
 
+/** Problems with test/tiers.mjs against the test files on disk; empty when every file has exactly one tier. */
+function classificationProblems() {
+  const problems = []
+  const tierOf = new Map()
+  for (const [tier, files] of Object.entries(tiers)) {
+    for (const file of files) {
+      if (tierOf.has(file)) problems.push(`${file} is listed twice in test/tiers.mjs (${tierOf.get(file)} and ${tier})`)
+      tierOf.set(file, tier)
+      if (!existsSync(join(root, file))) problems.push(`${file} is listed in test/tiers.mjs (${tier}) but does not exist`)
+    }
+  }
+  for (const file of findTests(join(root, 'test'))) {
+    if (!tierOf.has(file)) problems.push(`${file} has no tier: add it to test/tiers.mjs (${Object.keys(tiers).join(', ')})`)
+  }
+  for (const tier of quickTiers) if (!(tier in tiers)) problems.push(`test/tiers.mjs: the quick tier ${tier} is not defined`)
+  return problems
+}
+
+const problems = classificationProblems()
+if (problems.length > 0) {
+  for (const p of problems) console.error(`test tiers: ${p}`)
+  console.log(`\ntests: 0 passed, ${problems.length} failed`)
+  process.exit(1)
+}
+
+let selectedTiers = all ? Object.keys(tiers) : quickTiers
+if (tierOption !== undefined) {
+  selectedTiers = tierOption.split(',')
+  const unknown = selectedTiers.filter((t) => !(t in tiers))
+  if (unknown.length > 0) {
+    console.error(`--tier: no tier ${unknown.join(', ')} (tiers: ${Object.keys(tiers).join(', ')})`)
+    process.exit(2)
+  }
+}
+
 let passed = 0
 let failed = 0
 let skipped = 0
 let ok = true
+const explicitFiles = args.length > 0
 
-// `npm run lint` (prettier, ruff check, ruff format, and no import cycle in src/): with the full suite, or `--only lint`.
-if ((only === undefined && args.length === 0) || only === 'lint') {
+// `npm run lint` (prettier, ruff check, ruff format, and no import cycle in src/): with a whole tier, or `--only lint`.
+if ((only === undefined && !explicitFiles && tierOption === undefined) || only === 'lint') {
   const r = spawnSync(process.execPath, [join(root, 'scripts', 'lint.mjs')], {cwd: root, env, encoding: 'utf8', stdio: ['ignore', 'pipe', 'inherit']})
   process.stdout.write(r.stdout ?? '')
   if (r.status === 0) passed += 1
@@ -40,9 +93,9 @@ if ((only === undefined && args.length === 0) || only === 'lint') {
   }
 }
 
-if (only !== 'ts' && only !== 'lint') {
-  const pyFiles = args.filter((a) => a.endsWith('.py'))
-  const r = spawnSync(python, ['-m', 'pytest', '-q', '-p', 'no:cacheprovider', ...(pyFiles.length ? pyFiles : ['python/tests'])], {
+const pyFiles = args.filter((a) => a.endsWith('.py'))
+if (only === 'py' || (only === undefined && (pyFiles.length > 0 || (!explicitFiles && tierOption === undefined)))) {
+  const r = spawnSync(python, ['-m', 'pytest', '-q', '-rs', '-p', 'no:cacheprovider', ...(pyFiles.length ? pyFiles : ['python/tests'])], {
     cwd: root,
     env,
     encoding: 'utf8',
@@ -53,12 +106,14 @@ if (only !== 'ts' && only !== 'lint') {
   const last = (r.stdout ?? '').trim().split('\n').pop() ?? ''
   passed += Number(/(\d+) passed/.exec(last)?.[1] ?? 0)
   failed += Number(/(\d+) failed/.exec(last)?.[1] ?? 0) + Number(/(\d+) errors?/.exec(last)?.[1] ?? 0)
+  skipped += Number(/(\d+) skipped/.exec(last)?.[1] ?? 0)
   if (r.status !== 0) ok = false
 }
 
-if (only !== 'py' && only !== 'lint') {
-  const tsFiles = args.filter((a) => a.endsWith('.ts'))
-  const files = tsFiles.length ? tsFiles : findTests(join(root, 'test'))
+const tsFiles = args.filter((a) => a.endsWith('.ts'))
+if (only === 'ts' || (only === undefined && (tsFiles.length > 0 || !explicitFiles))) {
+  const files = explicitFiles ? tsFiles : selectedTiers.flatMap((t) => tiers[t])
+  console.log(`\n== node:test, ${explicitFiles ? 'the files given' : `tiers ${selectedTiers.join(', ')}`}: ${files.length} files`)
   const r = spawnSync(process.execPath, ['--import', 'tsx', '--test', '--test-reporter=spec', '--test-concurrency=1', ...files], {
     cwd: root,
     env,
@@ -68,13 +123,14 @@ if (only !== 'py' && only !== 'lint') {
   })
   process.stdout.write(r.stdout ?? '')
   passed += Number(/ℹ pass (\d+)/.exec(r.stdout ?? '')?.[1] ?? 0)
-  failed += Number(/ℹ fail (\d+)/.exec(r.stdout ?? '')?.[1] ?? 0)
+  // A cancelled test (its file or suite timed out, or a hook failed) did not pass: it counts as failed.
+  failed += Number(/ℹ fail (\d+)/.exec(r.stdout ?? '')?.[1] ?? 0) + Number(/ℹ cancelled (\d+)/.exec(r.stdout ?? '')?.[1] ?? 0)
   skipped += Number(/ℹ skipped (\d+)/.exec(r.stdout ?? '')?.[1] ?? 0)
   if (r.status !== 0) ok = false
   if (files.length === 0) ok = false
 }
 
 if (passed === 0) ok = false
-// Skipped tests say why in their output (e.g. test/net without network namespaces); the closing line counts them.
+// Skipped tests say why in their output (pytest's -rs lines; node:test's `# SKIP` reasons); the closing line counts them.
 console.log(`\ntests: ${passed} passed, ${failed} failed${skipped ? `, ${skipped} skipped` : ''}`)
 process.exit(ok ? 0 : 1)

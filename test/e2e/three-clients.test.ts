@@ -1,62 +1,12 @@
 import assert from 'node:assert/strict'
-import {after, before, describe, it} from 'node:test'
+import {before, describe, it} from 'node:test'
 import {ensureDemoCorpus} from '../../src/core/corpus.js'
 import {runCli, tempDir} from '../helpers.js'
-import {hashesByStep, startClient, startServer, writeE2eRun, type JsonProcess} from './helpers.js'
+import {writeE2eRun} from './helpers.js'
 
-const meanLoss = (c: JsonProcess[], step: number) => {
-  const losses = c.flatMap((p) =>
-    p
-      .rounds()
-      .filter((r) => r.step === step && r.loss !== null)
-      .map((r) => r.loss!),
-  )
-  return losses.reduce((a, b) => a + b, 0) / losses.length
-}
-
-describe('end to end: a coordinator and three clients, each with its own worker', {timeout: 240_000}, () => {
-  const dir = tempDir('psyche-e2e-')
-  const procs: JsonProcess[] = []
+describe('end to end: psyche testnet, three clients', {timeout: 240_000}, () => {
   before(async () => {
     await ensureDemoCorpus()
-  })
-  after(async () => {
-    await Promise.all(procs.map((p) => p.stop()))
-    dir.cleanup()
-  })
-
-  it('trains 6 rounds over 2 epochs: the loss falls and every client holds the same parameters after every round', async () => {
-    const state = writeE2eRun(dir.path, {roundsPerEpoch: 3, totalSteps: 6, lr: 1e-2})
-    const {server, port} = await startServer(state)
-    procs.push(server)
-    const clients = ['a', 'b', 'c'].map((name) => startClient(name, port, state))
-    procs.push(...clients)
-    for (const c of clients) await c.waitFor((e) => e.event === 'finished', 'the run to finish', 180_000)
-
-    const byStep = hashesByStep(clients)
-    assert.deepEqual(
-      [...byStep.keys()].sort((x, y) => x - y),
-      [1, 2, 3, 4, 5, 6],
-    )
-    for (const [step, hashes] of byStep) {
-      assert.equal(hashes.size, 3, `step ${step}: every client applied it`)
-      assert.equal(new Set(hashes.values()).size, 1, `step ${step}: parameter hashes differ: ${JSON.stringify([...hashes])}`)
-    }
-    // training changed the parameters every round
-    assert.equal(new Set([...byStep.values()].map((h) => [...h.values()][0])).size, 6)
-    const epochs = new Set(clients[0].rounds().map((r) => r.epoch))
-    assert.deepEqual([...epochs].sort(), [0, 1])
-    // every client trained in every round, and every round applied all three results
-    for (const c of clients) {
-      for (const r of c.rounds()) {
-        assert.equal(typeof r.loss, 'number', `${c.name} step ${r.step}: trained`)
-        assert.equal((r as unknown as {applied: number}).applied, 3, `${c.name} step ${r.step}: applied all results`)
-      }
-    }
-    assert.ok(meanLoss(clients, 6) < meanLoss(clients, 1) - 0.05, `loss fell: ${meanLoss(clients, 1)} -> ${meanLoss(clients, 6)}`)
-    // each client's result is a tiny fraction of its dense fp32 gradient
-    const resultBytes = (clients[0].rounds()[0] as unknown as {result_bytes: number}).result_bytes
-    assert.ok(resultBytes > 0 && resultBytes < 20_000, `result of ${resultBytes} bytes`)
   })
 
   it('psyche testnet --json: starts the processes itself and summarizes rounds, hashes and bytes', async () => {
@@ -113,14 +63,19 @@ describe('end to end: a coordinator and three clients, each with its own worker'
       const summary = JSON.parse(r.stdout)
       assert.equal(summary.ended, 'rounds')
       assert.ok(summary.kills.length >= 1, JSON.stringify(summary.kills))
-      const rejoined = summary.rejoins.filter((x: {first_step: number | null}) => x.first_step !== null)
+      // A rejoin after the summary's last step (the run ended first) cannot be checked here; at least one is inside it.
+      const lastStep = Math.max(...summary.rounds.map((y: {step: number}) => y.step))
+      const rejoined = summary.rejoins.filter((x: {first_step: number | null}) => x.first_step !== null && x.first_step <= lastStep)
       assert.ok(rejoined.length >= 1, JSON.stringify(summary.rejoins))
       for (const x of rejoined) {
-        // a rejoiner's first round is the first of an epoch, and it agrees with everyone there
+        // a rejoiner's first round is the first of an epoch (step 1, or one epoch after the step before), and it
+        // agrees with everyone there
         const round = summary.rounds.find((y: {step: number}) => y.step === x.first_step)
+        assert.ok(round, `step ${x.first_step} is in the summary`)
         const before = summary.rounds.find((y: {step: number}) => y.step === x.first_step - 1)
-        if (round && before) assert.equal(round.epoch, before.epoch + 1, JSON.stringify({x, round, before}))
-        if (round) assert.equal(round.clients[x.client].param_hash, x.param_hash)
+        if (x.first_step === 1) assert.equal(round.epoch, 0, JSON.stringify({x, round}))
+        else assert.equal(round.epoch, before?.epoch + 1, JSON.stringify({x, round, before}))
+        assert.equal(round.clients[x.client].param_hash, x.param_hash)
       }
       for (const round of summary.rounds) assert.equal(round.hashes_equal, true, JSON.stringify(round))
       assert.ok(summary.rounds.length >= 12)
