@@ -8,7 +8,11 @@ import {fileURLToPath} from 'node:url'
 const root = join(dirname(fileURLToPath(import.meta.url)), '..')
 const ruff = join(root, '.venv', 'bin', 'ruff')
 const checks = [
-  ['prettier', join(root, 'node_modules', '.bin', 'prettier'), ['--check', 'src/**/*.ts', 'test/**/*.ts', 'bench/**/*.ts', 'scripts/**/*.mjs', 'test/**/*.mjs', 'programs/**/*.ts']],
+  [
+    'prettier',
+    join(root, 'node_modules', '.bin', 'prettier'),
+    ['--check', 'src/**/*.ts', 'test/**/*.ts', 'bench/**/*.ts', 'scripts/**/*.mjs', 'test/**/*.mjs', 'programs/**/*.ts'],
+  ],
   ['ruff check', ruff, ['check']],
   ['ruff format', ruff, ['format', '--check']],
   ['import cycles', process.execPath, [join(root, 'scripts', 'check-cycles.mjs')]],
