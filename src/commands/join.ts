@@ -5,12 +5,10 @@ import {PsycheError} from '../core/errors.js'
 import {Progress} from '../core/cli/progress.js'
 import {homedir} from 'node:os'
 import {join as joinPath} from 'node:path'
-import {createKeyPairSignerFromPrivateKeyBytes, type KeyPairSigner} from '@solana/kit'
+import type {KeyPairSigner} from '@solana/kit'
 import {CoordinatorConnection, type BackendConnector, type CoordinatorBackend} from '../core/backend/index.js'
-import {closePeerRecord, loadKeypairWithSeed} from '../core/backend/solana/admin.js'
-import {RpcChain} from '../core/backend/solana/chain.js'
-import {SolanaConnector} from '../core/backend/solana/client.js'
-import {parseAddress} from '../core/cli/solana-flags.js'
+import type {closePeerRecord} from '../core/backend/solana/admin.js'
+import type {SolanaConnector} from '../core/backend/solana/client.js'
 import {systemClock, type ClientComponents} from '../core/client/components.js'
 import {PsycheClient, seedForRun, type ClientSummary} from '../core/client/runner.js'
 import {openDataProvider, type DataProvider} from '../core/data/index.js'
@@ -225,14 +223,24 @@ several rounds while others train prints a no_exchange warning naming the addres
     let identity: Identity
     let solana: SolanaConnector | undefined
     let solanaRun: Parameters<typeof closePeerRecord>[0] | undefined
+    let closeSolanaPeerRecord: typeof closePeerRecord | undefined
     if (flags.rpc) {
+      // The Solana client libraries load only for a Solana run.
+      const [{createKeyPairSignerFromPrivateKeyBytes}, admin, {RpcChain}, {SolanaConnector}, {parseAddress}] = await Promise.all([
+        import('@solana/kit'),
+        import('../core/backend/solana/admin.js'),
+        import('../core/backend/solana/chain.js'),
+        import('../core/backend/solana/client.js'),
+        import('../core/cli/solana-flags.js'),
+      ])
+      closeSolanaPeerRecord = admin.closePeerRecord
       // One ed25519 key: the psyche identity (client id, libp2p peer id) and the Solana signer.
       let signer: KeyPairSigner
       if (flags.identity) {
         identity = await loadIdentity(resolve(flags.identity))
         signer = await createKeyPairSignerFromPrivateKeyBytes(identityPrivateSeed(identity))
       } else {
-        const k = await loadKeypairWithSeed(resolve(flags.keypair ?? joinPath(homedir(), '.config', 'solana', 'id.json')))
+        const k = await admin.loadKeypairWithSeed(resolve(flags.keypair ?? joinPath(homedir(), '.config', 'solana', 'id.json')))
         signer = k.signer
         identity = identityFromSeed(k.seed)
       }
@@ -335,8 +343,8 @@ several rounds while others train prints a no_exchange warning naming the addres
     let client: PsycheClient | undefined
     // On Solana, a client that leaves for good closes its peer record (its rent comes back).
     const leavePeerDirectory = async () => {
-      if (!solanaRun) return
-      await closePeerRecord(solanaRun).then(
+      if (!solanaRun || !closeSolanaPeerRecord) return
+      await closeSolanaPeerRecord(solanaRun).then(
         (closed) => closed && log({event: 'peer_record_closed', address: solanaRun!.client.address}),
         (error: unknown) => log({event: 'peer_record_not_closed', message: (error as Error).message}),
       )

@@ -5,7 +5,7 @@ import {homedir} from 'node:os'
 import {dirname, join, relative, resolve, sep} from 'node:path'
 import {Readable} from 'node:stream'
 import {pipeline} from 'node:stream/promises'
-import {HubApiError, commitIter, createBranch, createRepo, modelInfo, type CommitOperation} from '@huggingface/hub'
+import type {CommitOperation} from '@huggingface/hub'
 import {PsycheError, errorMessage} from '../errors.js'
 import {shardSafetensors} from './safetensors.js'
 import {writeFileAtomic} from './store.js'
@@ -43,9 +43,20 @@ export function checkToken(token: string | undefined, needed: boolean): string |
   return token
 }
 
+// The Hub client library (a few hundred ms to load) is loaded by the first transfer, not by every command that
+// imports this module (join checks its --hub-* flags with checkRepoId/checkToken).
+type HubLib = typeof import('@huggingface/hub')
+let hubLib: HubLib | undefined
+async function loadHub(): Promise<HubLib> {
+  hubLib ??= await import('@huggingface/hub')
+  return hubLib
+}
+const isHubApiError = (error: unknown, status?: number): error is InstanceType<HubLib['HubApiError']> =>
+  hubLib !== undefined && error instanceof hubLib.HubApiError && (status === undefined || error.statusCode === status)
+
 function hubError(error: unknown, what: string): PsycheError {
   if (error instanceof PsycheError) return error
-  if (error instanceof HubApiError) return new PsycheError(`${what}: the Hub answered ${error.statusCode}: ${error.message}`, {code: 'EHUB', exitCode: EXIT.hub, cause: error})
+  if (isHubApiError(error)) return new PsycheError(`${what}: the Hub answered ${error.statusCode}: ${error.message}`, {code: 'EHUB', exitCode: EXIT.hub, cause: error})
   const cause = (error as {cause?: {code?: string; message?: string}})?.cause
   return new PsycheError(`${what}: ${errorMessage(error)}${cause?.message ? ` (${cause.message})` : ''}`, {code: 'EHUB', exitCode: EXIT.hub, cause: error})
 }
@@ -81,6 +92,7 @@ export interface UploadResult {
 export async function uploadCheckpoint(
   options: HubTarget & {dir: string; message?: string; maxShardBytes?: number; onProgress?: (p: TransferProgress) => void},
 ): Promise<UploadResult> {
+  const {commitIter, createBranch, createRepo, modelInfo} = await loadHub()
   const started = performance.now()
   const repo = checkRepoId(options.repo)
   const accessToken = checkToken(options.token, true)!
@@ -119,13 +131,13 @@ export async function uploadCheckpoint(
     try {
       await createRepo({repo, accessToken, hubUrl})
     } catch (error) {
-      if (!(error instanceof HubApiError && error.statusCode === 409)) throw error
+      if (!isHubApiError(error, 409)) throw error
     }
     let parent: string
     try {
       parent = (await modelInfo({name: repo, hubUrl, accessToken, revision, additionalFields: ['sha']})).sha
     } catch (error) {
-      if (!(error instanceof HubApiError && error.statusCode === 404 && revision !== 'main')) throw error
+      if (!(isHubApiError(error, 404) && revision !== 'main')) throw error
       await createBranch({repo, hubUrl, accessToken, branch: revision})
       parent = (await modelInfo({name: repo, hubUrl, accessToken, revision, additionalFields: ['sha']})).sha
     }

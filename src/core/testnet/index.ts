@@ -7,7 +7,7 @@ import {generateIdentity, saveIdentity} from '../protocol/identity.js'
 import {KillScheduler} from './kills.js'
 import {parseRoundLine, RoundBook, type TestnetSummary} from './summary.js'
 import {ClientProcess, ProcessGroup, startServer} from './supervisor.js'
-import {startSolanaRun, type SolanaTestnet} from './solana.js'
+import type {SolanaTestnet} from './solana.js'
 
 export {pickVictims} from './kills.js'
 export {RoundBook, parseRoundLine, type ClientRound, type RoundLine, type TestnetSummary} from './summary.js'
@@ -165,6 +165,7 @@ export async function runTestnet(options: TestnetOptions): Promise<TestnetSummar
   try {
     let port = 0
     if (options.backend === 'solana') {
+      const {startSolanaRun} = await import('./solana.js') // the Solana libraries load only for this backend
       solana = await startSolanaRun(serverState.path)
       emit({kind: 'solana', url: solana.url, program_id: solana.programId})
     } else {
