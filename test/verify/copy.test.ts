@@ -111,3 +111,41 @@ test('intake: a re-signed copy with other bytes is caught by index overlap, nami
   intake.forget(4)
   assert.equal(intake.bytes(announce(bob, 3, encode(B, 0x02)), encode(B, 0x02)), undefined)
 })
+
+test('the position index gives the verdicts of comparing every pair (random samples, copies and near-copies among them)', async () => {
+  const {OverlapIndex} = await import('../../src/core/verify/copy.js')
+  let x = 12345
+  const rnd = (n: number) => ((x = (x * 1103515245 + 12345) % 2 ** 31), x % n)
+  for (let trial = 0; trial < 200; trial++) {
+    const samples: Set<number>[] = []
+    for (let i = 0; i < 12; i++) {
+      // Some results copy an earlier one with a share of their positions redone, some are empty.
+      const base = i > 0 && rnd(3) === 0 ? [...samples[rnd(i)]] : []
+      const keep = base.filter(() => rnd(100) < 40 + rnd(60))
+      const s = new Set(keep)
+      const size = rnd(5) === 0 ? 0 : 1 + rnd(40)
+      while (s.size < Math.max(size, keep.length)) s.add(rnd(200))
+      samples.push(s)
+    }
+    const ids = samples.map((_, i) => `p${i % 10}`)
+    const threshold = [0.3, 0.5, 0.7][trial % 3]
+    const index = new OverlapIndex()
+    const kept: {id: string; s: Set<number>}[] = []
+    for (const [i, s] of samples.entries()) {
+      let want: {of: string; overlap: number} | undefined
+      for (const k of kept) {
+        if (k.id === ids[i]) continue
+        const overlap = indexOverlap(s, k.s)
+        if (overlap >= threshold) {
+          want = {of: k.id, overlap}
+          break
+        }
+      }
+      assert.deepEqual(index.firstOverlap(ids[i], s, threshold), want, `trial ${trial}, result ${i}`)
+      if (!want) {
+        index.add(ids[i], s)
+        kept.push({id: ids[i], s})
+      }
+    }
+  }
+})

@@ -1,4 +1,5 @@
 import {
+  assignBatches,
   batchRangeFor,
   EPOCH_PHASES,
   isCheckpointP2P,
@@ -110,11 +111,10 @@ export function isEpochMember(state: CoordinatorState, id: ClientId): boolean {
 
 /** The round's trainers that had batches (an empty range has nothing to send), with their ranges. */
 export function trainersWithBatches(state: CoordinatorState, round: Round): {id: ClientId; range: BatchRange}[] {
+  // Every trainer at once (assignBatches shares hashes and is memoized per round): called on every result that
+  // arrives, so one shuffle per trainer here made a round cost O(N²) shuffles per client (bench/README.md, "Scale").
   const out: {id: ClientId; range: BatchRange}[] = []
-  for (const id of round.roster) {
-    const range = batchRangeFor(state, id, round)
-    if (range && range.end > range.start) out.push({id, range})
-  }
+  for (const [id, range] of assignBatches(state, round)) if (range.end > range.start) out.push({id, range})
   return out
 }
 

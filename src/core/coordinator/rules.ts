@@ -73,6 +73,8 @@ function roundOf(state: CoordinatorState, round?: Round | null): Round {
 
 const assignmentMemo = new WeakMap<Round, Map<ClientId, BatchRange>>()
 const witnessMemo = new WeakMap<Round, ClientId[]>()
+/** A client asks whether it witnesses on every result it receives: one shuffle per client and round, not per result. */
+const isWitnessMemo = new WeakMap<Round, Map<ClientId, boolean>>()
 
 /** The batch range of the trainer at shuffled `position` among `trainers`: contiguous, sizes differing by at most one. */
 export function rangeForPosition(round: Pick<Round, 'data_index' | 'batch_size'>, trainers: number, position: number): BatchRange {
@@ -102,6 +104,8 @@ export function assignBatches(state: CoordinatorState, round?: Round | null): Ma
 /** One client's batch range (O(1) hashes, unlike assignBatches), or undefined if it is not a trainer of the round. */
 export function batchRangeFor(state: CoordinatorState, id: ClientId, round?: Round | null): BatchRange | undefined {
   const r = roundOf(state, round)
+  const memo = assignmentMemo.get(r)
+  if (memo) return memo.get(id)
   const index = r.roster.indexOf(id)
   if (index < 0) return undefined
   return rangeForPosition(r, r.roster.length, shuffledIndex(index, r.roster.length, subSeed(r.seed, 'data')))
@@ -122,9 +126,14 @@ export function selectWitnesses(state: CoordinatorState, round?: Round | null): 
 
 export function isWitness(state: CoordinatorState, id: ClientId, round?: Round | null): boolean {
   const r = roundOf(state, round)
+  let known = isWitnessMemo.get(r)
+  if (!known) isWitnessMemo.set(r, (known = new Map()))
+  const hit = known.get(id)
+  if (hit !== undefined) return hit
   const index = r.roster.indexOf(id)
-  if (index < 0) return false
-  return shuffledIndex(index, r.roster.length, subSeed(r.seed, 'witness')) < witnessCount(state.config, r.roster.length)
+  const out = index >= 0 && shuffledIndex(index, r.roster.length, subSeed(r.seed, 'witness')) < witnessCount(state.config, r.roster.length)
+  known.set(id, out)
+  return out
 }
 
 /** How many verifiers a round with `rosterSize` trainers has: verification_percent of them, at least one when it is not 0. */

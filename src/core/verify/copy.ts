@@ -55,23 +55,63 @@ export interface NearCopy {
  * order, so every replica drops the same ones; the round's update counts a copied result once.
  */
 export function nearCopies(results: readonly {client_id: ClientId; bytes: Uint8Array}[], format: ResultFormat, threshold = COPY_OVERLAP_THRESHOLD): NearCopy[] {
-  const kept: {client_id: ClientId; sample: Set<number>}[] = []
+  const kept = new OverlapIndex()
   const out: NearCopy[] = []
   for (const [index, r] of results.entries()) {
     const sample = indexSample(r.bytes, format)
-    let hit: NearCopy | undefined
-    for (const k of kept) {
-      if (k.client_id === r.client_id) continue
-      const overlap = indexOverlap(sample, k.sample)
-      if (overlap >= threshold) {
-        hit = {index, client_id: r.client_id, of: k.client_id, overlap}
-        break
-      }
-    }
-    if (hit) out.push(hit)
-    else kept.push({client_id: r.client_id, sample})
+    const hit = kept.firstOverlap(r.client_id, sample, threshold)
+    if (hit) out.push({index, client_id: r.client_id, of: hit.of, overlap: hit.overlap})
+    else kept.add(r.client_id, sample)
   }
   return out
+}
+
+/**
+ * The kept results of a step, indexed by position (position → the results holding it), so that comparing a new
+ * result with all of them costs its own size plus the positions it really shares, not one pass over every kept
+ * result's sample: a round's copy checks are then about linear in the number of results, where comparing every
+ * pair was quadratic (bench/README.md, "Scale"). Exactly the same verdicts as indexOverlap against each in turn.
+ */
+export class OverlapIndex {
+  private readonly holders = new Map<number, number[]>()
+  private readonly kept: {client_id: ClientId; size: number}[] = []
+  private readonly ids = new Set<ClientId>()
+
+  get size(): number {
+    return this.kept.length
+  }
+
+  has(clientId: ClientId): boolean {
+    return this.ids.has(clientId)
+  }
+
+  /** The first kept result (in the order added) of another producer sharing at least `threshold` of the positions. */
+  firstOverlap(clientId: ClientId, sample: Set<number>, threshold: number): {of: ClientId; overlap: number} | undefined {
+    if (this.kept.length === 0) return undefined
+    const shared = new Int32Array(this.kept.length)
+    for (const x of sample) {
+      const hs = this.holders.get(x)
+      if (hs) for (const h of hs) shared[h]++
+    }
+    for (let i = 0; i < this.kept.length; i++) {
+      const k = this.kept[i]
+      if (k.client_id === clientId) continue
+      const overlap = sample.size === 0 || k.size === 0 ? 0 : shared[i] / Math.min(sample.size, k.size)
+      if (overlap >= threshold) return {of: k.client_id, overlap}
+    }
+    return undefined
+  }
+
+  add(clientId: ClientId, sample: Set<number>): void {
+    const i = this.kept.length
+    this.kept.push({client_id: clientId, size: sample.size})
+    this.ids.add(clientId)
+    for (const x of sample) {
+      const hs = this.holders.get(x)
+      if (hs) hs.push(i)
+      else this.holders.set(x, [i])
+    }
+  }
 }
 
 /** The reason logged for a copy found by overlap. */

@@ -1,6 +1,6 @@
 import type {ClientId} from '../coordinator/types.js'
 import type {ResultAnnouncement} from '../p2p/announcement.js'
-import {copyReason, COPY_OVERLAP_THRESHOLD, indexOverlap, indexSample} from './copy.js'
+import {copyReason, COPY_OVERLAP_THRESHOLD, indexSample, OverlapIndex} from './copy.js'
 import type {EquivocationProof} from './equivocation.js'
 import {maxResultSize, resultSize, validateResult, type ResultFormat} from './result.js'
 
@@ -34,8 +34,8 @@ export class ResultIntake {
   private readonly byProducer = new Map<string, ResultAnnouncement>()
   /** commitment → the first producer and step we saw it announced with. */
   private readonly commitments = new Map<string, Seen>()
-  /** step → producer → its valid result's index sample (copy detection by overlap: copy.ts). */
-  private readonly samples = new Map<number, Map<ClientId, Set<number>>>()
+  /** step → the valid results' index samples, one per producer (copy detection by overlap: copy.ts). */
+  private readonly samples = new Map<number, OverlapIndex>()
 
   constructor(private format: ResultFormat | undefined) {}
 
@@ -96,13 +96,10 @@ export class ResultIntake {
     if (!this.format) return undefined
     const sample = indexSample(bytes, this.format)
     let step = this.samples.get(a.step)
-    if (!step) this.samples.set(a.step, (step = new Map()))
-    for (const [producer, other] of step) {
-      if (producer === a.client_id) continue
-      const overlap = indexOverlap(sample, other)
-      if (overlap >= COPY_OVERLAP_THRESHOLD) return copyReason(producer, a.step, overlap)
-    }
-    if (!step.has(a.client_id)) step.set(a.client_id, sample)
+    if (!step) this.samples.set(a.step, (step = new OverlapIndex()))
+    const hit = step.firstOverlap(a.client_id, sample, COPY_OVERLAP_THRESHOLD)
+    if (hit) return copyReason(hit.of, a.step, hit.overlap)
+    if (!step.has(a.client_id)) step.add(a.client_id, sample)
     return undefined
   }
 

@@ -22,8 +22,12 @@ import type {ModelInfo, StepResult, TrainingSetup} from './model-worker.js'
  */
 
 export const LOAD_TEST_TENSOR = 'psyche.load_test.not_a_model'
-/** Elements per chunk (6-bit indices) and indices per chunk: honest pairs share about 8/64 of their positions, far below the copy threshold. */
-const CHUNK = 64
+/**
+ * Elements per chunk (12-bit indices) and indices per chunk, as a real DisTrO run's 64×64 chunks with top-8: honest
+ * pairs share about 8/4096 of their positions, far below the copy threshold.
+ */
+const CHUNK = 4096
+const INDEX_BITS = 12
 const TOPK = 8
 
 export interface LoadTestWorkerOptions {
@@ -39,7 +43,7 @@ export interface LoadTestWorkerOptions {
 
 /** The result format of a load-test run whose results are about `resultBytes` bytes (one sign-valued tensor). */
 export function loadTestResultFormat(resultBytes: number): ResultFormat {
-  const perChunk = (TOPK * (6 + 1)) / 8 // 6-bit indices and 1 sign bit per selected value
+  const perChunk = (TOPK * (INDEX_BITS + 1)) / 8 // 12-bit indices and 1 sign bit per selected value
   const header = resultSize({value_format: 'sign', tensors: [{name: LOAD_TEST_TENSOR, shape: [1, CHUNK], chunk: [1, CHUNK], topk: TOPK}]}) - perChunk
   const rows = Math.max(1, Math.ceil((resultBytes - header) / perChunk))
   return {value_format: 'sign', tensors: [{name: LOAD_TEST_TENSOR, shape: [rows, CHUNK], chunk: [1, CHUNK], topk: TOPK}]}
@@ -90,17 +94,18 @@ export function encodeLoadTestResult(format: ResultFormat, seed: Buffer): Uint8A
   }
   const n = rows * TOPK
   const idxStart = pos
-  const signStart = idxStart + Math.ceil((n * 6) / 8)
+  const signStart = idxStart + Math.ceil((n * INDEX_BITS) / 8)
   const rnd = new Stream(seed)
   let bit = 0
+  const taken: number[] = []
   for (let r = 0; r < rows; r++) {
-    let taken = 0n
+    taken.length = 0
     for (let k = 0; k < TOPK; k++) {
       let index: number
-      do index = rnd.byte() & (CHUNK - 1)
-      while ((taken >> BigInt(index)) & 1n)
-      taken |= 1n << BigInt(index)
-      for (let b = 0; b < 6; b++, bit++) if ((index >> b) & 1) out[idxStart + (bit >>> 3)] |= 1 << (bit & 7)
+      do index = ((rnd.byte() << 8) | rnd.byte()) & (CHUNK - 1)
+      while (taken.includes(index))
+      taken.push(index)
+      for (let b = 0; b < INDEX_BITS; b++, bit++) if ((index >> b) & 1) out[idxStart + (bit >>> 3)] |= 1 << (bit & 7)
     }
   }
   for (let i = 0; i < n; i += 8) out[signStart + (i >>> 3)] = rnd.byte() & (n - i >= 8 ? 0xff : (1 << (n - i)) - 1)

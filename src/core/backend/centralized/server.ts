@@ -97,6 +97,8 @@ export class CoordinatorServer {
   /** Verification scores reported by verifiers (display only: never an input of the coordinator). */
   private readonly scoreBoard = new ScoreBoard()
   private scoresJson = '[]'
+  /** What the server did, cumulative (the scale bench and test divide it per round): frames and bytes out and in, states adopted. */
+  readonly work = {framesOut: 0, bytesOut: 0, bytesIn: 0, commits: 0}
 
   private constructor(
     private readonly net: Server,
@@ -249,6 +251,7 @@ export class CoordinatorServer {
     const previous = this.current
     if (next === previous && !peersChanged) return
     this.current = next
+    this.work.commits++
     if (next.run_state !== previous.run_state || next.progress.step !== previous.progress.step) {
       this.opts.log({
         event: 'transition',
@@ -333,7 +336,10 @@ export class CoordinatorServer {
       return
     }
     s.sentSeq += 1
-    s.socket.write(encodeServerMessage(this.identity, kind, {run_id: this.runId, step: this.current.progress.step, seq: s.sentSeq, session: s.session}, body))
+    const frame = encodeServerMessage(this.identity, kind, {run_id: this.runId, step: this.current.progress.step, seq: s.sentSeq, session: s.session}, body)
+    this.work.framesOut++
+    this.work.bytesOut += frame.length
+    s.socket.write(frame)
   }
 
   /** Logs a refused message and tells the peer why; too many and the connection is closed. */
@@ -361,6 +367,7 @@ export class CoordinatorServer {
   }
 
   private onData(s: Session, chunk: Buffer): void {
+    this.work.bytesIn += chunk.length
     try {
       for (const frame of s.reader.push(chunk)) {
         if (s.socket.destroyed || s.socket.writableEnded) return
