@@ -27,6 +27,7 @@ export const tiers = {
     'test/cli/json-signals.test.ts',
     'test/cli/model-init.test.ts',
     'test/cli/secrets.test.ts',
+    'test/cli/terminal.test.ts',
     'test/client/decide.test.ts',
     'test/client/eval.test.ts',
     'test/client/ledger.test.ts',

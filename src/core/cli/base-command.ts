@@ -2,6 +2,7 @@ import {Command, Errors} from '@oclif/core'
 import {PsycheError} from '../errors.js'
 import {redactSecrets} from './redact.js'
 import {Shutdown} from './signals.js'
+import {liveTerminal} from './terminal.js'
 
 /** Exit code of a usage error (unknown flag, missing argument, bad flag value), as oclif's parser sets it. */
 export const USAGE_EXIT_CODE = 2
@@ -30,9 +31,9 @@ export abstract class PsycheCommand extends Command {
     return super.finally(error)
   }
 
-  /** True when output should be plain (no spinners, no colour): --json, or stdout is not a terminal. */
+  /** True when output should be plain (no spinners, no live view): --json, or no terminal to draw on (liveTerminal). */
   protected get plain(): boolean {
-    return this.jsonEnabled() || !process.stdout.isTTY || Boolean(process.env.CI)
+    return this.jsonEnabled() || !liveTerminal()
   }
 
   /** How a failure is printed under --json (join, whose stdout is a stream of events, prints one more line). */

@@ -1,4 +1,5 @@
 import ora, {type Ora} from 'ora'
+import {liveTerminal} from './terminal.js'
 
 export function formatDuration(seconds: number): string {
   if (!Number.isFinite(seconds)) return '?'
@@ -13,7 +14,8 @@ export function formatRate(perSecond: number): string {
 }
 
 /**
- * Progress for long work: a spinner with a live line on a terminal; on a pipe or in CI, plain lines
+ * Progress for long work: a spinner with a live line on a terminal (liveTerminal); on a pipe, a terminal of
+ * 0 columns or in CI, plain lines
  * at most every `plainEverySeconds`; nothing at all in `--json` mode (stdout carries only the result).
  */
 export class Progress {
@@ -27,7 +29,7 @@ export class Progress {
 
   static for(options: {json: boolean}): Progress {
     if (options.json) return new Progress('silent')
-    return new Progress(process.stderr.isTTY && !process.env.CI ? 'tty' : 'plain')
+    return new Progress(liveTerminal() ? 'tty' : 'plain')
   }
 
   /** A status message: shown as the spinner's text, or as a plain line. */
