@@ -109,8 +109,8 @@ applied round, and other events (model_loaded, trained, witness, health_check, r
 no_exchange, finished).
 
 Networking: the libp2p node listens on every interface (any free port; --p2p-port or --p2p-listen to choose)
-and tells its peers, through the coordinator, only addresses they can use: interface addresses and the
-observed addresses AutoNAT confirms, never a loopback address (unless it listens on loopback only), or
+and tells its peers, through the coordinator, only addresses they can use: interface addresses (public ones
+included) and the addresses the relay's dial-back confirmed, never a loopback address (unless it listens on loopback only), or
 exactly --p2p-announce. It asks the coordinator's circuit relay (or the first --relay) to dial it back; when
 that fails (behind NAT) it reserves a slot there and publishes its relayed address after its direct ones, so
 peers behind NAT reach each other through the relay (DCUtR tries to upgrade such connections to direct ones). A client that applies no peer's results for

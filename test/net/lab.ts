@@ -4,11 +4,13 @@ import {randomBytes} from 'node:crypto'
 /**
  * A small internet inside Linux network namespaces, for multi-host tests on one machine:
  *
- *   - a "switch" namespace holding one bridge: the public segment 10.77.0.0/24;
- *   - public hosts: a namespace with one veth into the switch (10.77.0.N);
- *   - NATed hosts: a router namespace (WAN 10.77.0.N on the switch, LAN 10.77.K.1/24) doing nftables masquerade
+ *   - a "switch" namespace holding one bridge: the shared segment, by default the public-range 45.77.0.0/24 (as
+ *     on the internet: libp2p treats public addresses differently from RFC 1918 ones), or 10.77.0.0/24 with
+ *     `new Lab({segment: 'private'})` (a LAN, or a cloud VPC);
+ *   - public hosts: a namespace with one veth into the switch (45.77.0.N);
+ *   - NATed hosts: a router namespace (WAN 45.77.0.N on the switch, LAN 10.77.K.1/24) doing nftables masquerade
  *     and dropping new inbound connections, and the host namespace behind it (10.77.K.2, default route via .1).
- *     Nothing routes 10.77.K.0/24 on the public side, as on the internet;
+ *     Nothing routes 10.77.K.0/24 on the shared side, as on the internet;
  *   - optional link rates with `tc qdisc ... tbf` on both directions of a host's link (no netem on this kernel).
  *
  * Every name starts with a prefix unique to this lab, every address lives only inside these namespaces, and
@@ -53,7 +55,14 @@ export function labUnavailable(options: {nat?: boolean; rates?: boolean} = {}): 
   return undefined
 }
 
+export interface LabOptions {
+  /** The shared segment: 'public' (45.77.0.0/24, the default) or 'private' (10.77.0.0/24). */
+  segment?: 'public' | 'private'
+}
+
 export class Lab {
+  /** The shared segment's first three octets. */
+  readonly net: string
   readonly prefix = `pn${randomBytes(3).toString('hex')}`
   readonly hosts = new Map<string, Host>()
   private readonly namespaces: string[] = []
@@ -63,7 +72,8 @@ export class Lab {
   private ifaces = 0
   private destroyed = false
 
-  constructor() {
+  constructor(options: LabOptions = {}) {
+    this.net = options.segment === 'private' ? '10.77.0' : '45.77.0'
     this.switchNs = this.addNs('sw')
     sh(['ip', '-n', this.switchNs, 'link', 'add', 'br0', 'type', 'bridge'], 'bridge')
     sh(['ip', '-n', this.switchNs, 'link', 'set', 'br0', 'up'], 'bridge up')
@@ -101,7 +111,7 @@ export class Lab {
   }
 
   private plugIntoSwitch(ns: string): {dev: string; switchDev: string; ip: string} {
-    const ip = `10.77.0.${this.nextPublic++}`
+    const ip = `${this.net}.${this.nextPublic++}`
     const {a, b} = this.veth(ns, this.switchNs)
     sh(['ip', '-n', this.switchNs, 'link', 'set', b, 'master', 'br0'], 'bridge port')
     sh(['ip', '-n', this.switchNs, 'link', 'set', b, 'up'], 'port up')

@@ -2,7 +2,6 @@ import './polyfill.js'
 import {setMaxListeners} from 'node:events'
 import {noise} from '@chainsafe/libp2p-noise'
 import {yamux} from '@chainsafe/libp2p-yamux'
-import {autoNAT} from '@libp2p/autonat'
 import {circuitRelayTransport} from '@libp2p/circuit-relay-v2'
 import {generateKeyPairFromSeed, publicKeyFromRaw} from '@libp2p/crypto/keys'
 import {gossipsub, TopicValidatorResult, type GossipSub, type Message} from '@libp2p/gossipsub'
@@ -18,6 +17,7 @@ import {identityPrivateSeed} from '../protocol/identity.js'
 import {encodeAnnouncement, parseAnnouncement, sha256Hex, signAnnouncement, type ResultAnnouncement, type SigningIdentity} from './announcement.js'
 import {CHUNK_BYTES, framed, OverrunError, readChunksInto, readJsonObject, writeChunks, writeJson} from './framing.js'
 import {addrPeerId, isCircuit, listenAddrsForPort, publishableAddrs} from './addresses.js'
+import {CONFIRMED_TTL_MS, internals} from './internals.js'
 import {parseTensorRequest, signManifest, type ModelManifest, type ModelSnapshot} from './model.js'
 import {BadPeerError, downloadModel, type ModelPeerTransport} from './model-download.js'
 import {DIALBACK_DIAL_TIMEOUT_MS, DIALBACK_PROTOCOL, MAX_DIALBACK_ADDRS, MAX_DIALBACK_REQUEST_BYTES, parseDialbackResponse} from './dialback.js'
@@ -120,7 +120,7 @@ class Semaphore {
   }
 }
 
-type Services = {identify: ReturnType<ReturnType<typeof identify>>; pubsub: GossipSub; autonat: unknown; dcutr: unknown}
+type Services = {identify: ReturnType<ReturnType<typeof identify>>; pubsub: GossipSub; dcutr: unknown}
 
 /** A peer we were told about but could not reach, with the addresses we tried (for the no-exchange warning). */
 export interface DialFailure {
@@ -185,6 +185,8 @@ export class P2PNode {
   private readonly addressHandlers: ((addrs: string[]) => void)[] = []
   private lastPublished = ''
   private readonly relayEnabled: boolean
+  /** --p2p-announce: exactly these direct addresses are ours. */
+  private readonly announced: boolean
   private reachable: 'unknown' | 'public' | 'relayed' = 'unknown'
   private deciding: Promise<void> | undefined
 
@@ -198,6 +200,7 @@ export class P2PNode {
     this.maxModelBytes = options.maxModelBytes ?? DEFAULT_MAX_MODEL_BYTES
     this.downloadTimeoutMs = options.downloadTimeoutMs ?? DEFAULT_DOWNLOAD_TIMEOUT_MS
     this.relayEnabled = options.relay ?? true
+    this.announced = (options.announce?.length ?? 0) > 0
     this.downloads = new Semaphore(Math.max(1, options.maxConcurrentDownloads ?? DEFAULT_MAX_CONCURRENT_DOWNLOADS))
     const log = options.log
     this.log = (event) => {
@@ -225,8 +228,8 @@ export class P2PNode {
       connectionManager: {dialTimeout: RELAYED_DIAL_TIMEOUT_MS, addressDialTimeout: RELAYED_DIAL_TIMEOUT_MS},
       services: {
         identify: identify(),
-        // Asks peers to dial our observed addresses back; confirmed ones are announced (a port-forwarded client).
-        autonat: autoNAT(),
+        // No AutoNAT (v1): its server closes a connection it was asked to verify when it already had one to the
+        // asker (the relay, every peer), and it never checks a private address. The relay's dial-back decides.
         // Upgrades a relayed connection to a direct one by hole punching where both NATs allow it.
         dcutr: dcutr(),
         pubsub: gossipsub({
@@ -283,7 +286,18 @@ export class P2PNode {
    */
   addresses(): string[] {
     const ours = `/p2p/${this.peerId}`
-    return publishableAddrs(this.libp2p.getMultiaddrs()).map((a) => (a.endsWith(ours) ? a : `${a}${ours}`))
+    // libp2p's announced addresses leave out a public interface address until something confirmed it (see
+    // internals.ts); peers are told it anyway, as they are told a private one: they dial direct addresses briefly
+    // before relayed ones. With --p2p-announce, only relayed addresses join the announced ones.
+    const transport = internals(this.libp2p).transportManager.getAddrs()
+    const candidates = [...this.libp2p.getMultiaddrs(), ...(this.announced ? transport.filter(isCircuit) : transport)]
+    const unique = new Map<string, Multiaddr>()
+    for (const a of candidates) {
+      const text = a.toString()
+      const key = text.endsWith(ours) ? text.slice(0, -ours.length) : text
+      if (!unique.has(key)) unique.set(key, a)
+    }
+    return publishableAddrs([...unique.values()]).map((a) => (a.endsWith(ours) ? a : `${a}${ours}`))
   }
 
   /** Every address libp2p knows for us, unfiltered (loopback included): for logs and tests. */
@@ -338,6 +352,9 @@ export class P2PNode {
       }
       if (verdict && verdict.reachable.length > 0) {
         this.reachable = 'public'
+        // Confirmed: libp2p now announces them too (identify, DCUtR's unilateral upgrade).
+        const {addressManager} = internals(this.libp2p)
+        for (const a of verdict.reachable) addressManager.confirmObservedAddr(multiaddr(a).decapsulateCode(421), {type: 'transport', ttl: CONFIRMED_TTL_MS})
         this.log({event: 'reachability', reachable: true, via: relayPeer, addrs: verdict.reachable})
         return
       }
@@ -375,7 +392,7 @@ export class P2PNode {
 
   /** libp2p's internal components (the transport manager listens on a relay once we know we need one). */
   private components(): {transportManager: {listen(addrs: Multiaddr[]): Promise<void>}} {
-    return (this.libp2p as unknown as {components: {transportManager: {listen(addrs: Multiaddr[]): Promise<void>}}}).components
+    return internals(this.libp2p)
   }
 
   /** Our relayed addresses (held reservations), for logs and tests. */

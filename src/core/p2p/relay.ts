@@ -1,20 +1,20 @@
 import './polyfill.js'
 import {noise} from '@chainsafe/libp2p-noise'
 import {yamux} from '@chainsafe/libp2p-yamux'
-import {autoNAT} from '@libp2p/autonat'
 import {circuitRelayServer, type CircuitRelayService} from '@libp2p/circuit-relay-v2'
 import {generateKeyPairFromSeed} from '@libp2p/crypto/keys'
 import {identify} from '@libp2p/identify'
 import {tcp} from '@libp2p/tcp'
-import {multiaddr} from '@multiformats/multiaddr'
+import {multiaddr, type Multiaddr} from '@multiformats/multiaddr'
 import {createLibp2p, type Libp2p} from 'libp2p'
 import type {Connection, Stream} from '@libp2p/interface'
 import {PsycheError, errorMessage} from '../errors.js'
 import {identityPrivateSeed} from '../protocol/identity.js'
 import type {SigningIdentity} from './announcement.js'
-import {addressScope, listenAddrsForPort} from './addresses.js'
+import {addressScope, isCircuit, listenAddrsForPort} from './addresses.js'
 import {DIALBACK_DIAL_TIMEOUT_MS, DIALBACK_PROTOCOL, dialbackTargets, hostOf, MAX_DIALBACK_REQUEST_BYTES} from './dialback.js'
 import {framed, readJsonObject, writeJson} from './framing.js'
+import {CONFIRMED_TTL_MS, internals} from './internals.js'
 
 /**
  * What one relayed connection may carry before the relay resets it (the peers then dial again). Sized for
@@ -48,11 +48,11 @@ export interface RelayNodeOptions {
   log?: (event: object) => void
 }
 
-type RelayServices = {identify: ReturnType<ReturnType<typeof identify>>; relay: CircuitRelayService; autonat: unknown}
+type RelayServices = {identify: ReturnType<ReturnType<typeof identify>>; relay: CircuitRelayService}
 
 /**
  * A libp2p circuit relay v2 server (@libp2p/circuit-relay-v2): clients behind NAT reserve a slot on it and are
- * reached through it; it also answers AutoNAT dial-back requests and identify (telling clients their observed
+ * reached through it; it also answers psyche's dial-back requests (dialback.ts) and identify (telling clients their observed
  * address, which DCUtR hole punching needs). `psyche server run` runs one next to the coordinator (the
  * coordinator's host is reachable by every client by definition); `psyche relay` runs one alone.
  */
@@ -82,7 +82,9 @@ export class RelayNode {
         connectionManager: {maxConnections: Math.max(300, limits.maxReservations * 2 + 64)},
         services: {
           identify: identify(),
-          autonat: autoNAT(),
+          // No AutoNAT (v1): asked to verify a peer it is already connected to, its server "dials" the existing
+          // connection, finds the address differs and closes that connection — the client's only one to us.
+          // Our dial-back (dialback.ts) answers the same question.
           relay: circuitRelayServer({
             reservations: {
               maxReservations: limits.maxReservations,
@@ -101,6 +103,9 @@ export class RelayNode {
       throw new PsycheError(`cannot start the relay on ${(options.listen ?? listenAddrsForPort(undefined)).join(', ')}: ${errorMessage(error)}`, {cause: error})
     }
     const node = new RelayNode(libp2p, limits, options.announce ?? [])
+    // A relay is where clients reach it: its interface addresses are its public ones (libp2p would announce a
+    // public address only after something confirmed it, so reservations and identify would carry none).
+    if (!options.announce?.length) node.confirmTransportAddresses()
     await libp2p.handle(DIALBACK_PROTOCOL, (stream, connection) => node.serveDialback(stream, connection, log), {maxInboundStreams: 2})
     // The relay server emits no event for a reservation: its reservation table is watched instead (a peer and
     // its expiry: a refresh is logged again).
@@ -160,18 +165,29 @@ export class RelayNode {
     }
   }
 
-  /** Our TCP port (the first listener's). */
+  /** The addresses our listeners are bound to (interface addresses), whether or not libp2p announces them. */
+  private transportAddrs(): Multiaddr[] {
+    return internals(this.libp2p).transportManager.getAddrs()
+  }
+
+  private confirmTransportAddresses(): void {
+    const {addressManager} = internals(this.libp2p)
+    for (const a of this.transportAddrs()) if (addressScope(a) === 'remote' && !isCircuit(a)) addressManager.confirmObservedAddr(a, {type: 'transport', ttl: CONFIRMED_TTL_MS})
+  }
+
+  /** Our TCP port (the first TCP listener's, as bound). */
   get port(): number {
-    for (const a of this.libp2p.getMultiaddrs()) {
+    for (const a of this.transportAddrs()) {
       const tcpPart = a.getComponents().find((c) => c.name === 'tcp')
       if (tcpPart?.value) return Number(tcpPart.value)
     }
     return 0
   }
 
-  /** Every address libp2p gives for us, each ending in /p2p/<peer id>. */
+  /** Every address we listen on or announce, each ending in /p2p/<peer id>. */
   addresses(): string[] {
-    return this.libp2p.getMultiaddrs().map((a) => a.toString())
+    const withId = (a: string) => (a.includes(`/p2p/${this.peerId}`) ? a : `${a}/p2p/${this.peerId}`)
+    return [...new Set([...this.libp2p.getMultiaddrs(), ...this.transportAddrs()].map((a) => withId(a.toString())))]
   }
 
   /**
@@ -182,10 +198,13 @@ export class RelayNode {
     const withId = (a: string) => (a.includes(`/p2p/${this.peerId}`) ? a : `${a}/p2p/${this.peerId}`)
     if (this.announce.length > 0) return this.announce.map(withId)
     if (localAddress === undefined || localAddress === '') {
-      return this.libp2p
-        .getMultiaddrs()
-        .filter((a) => addressScope(a) === 'remote')
-        .map((a) => withId(a.toString()))
+      return [
+        ...new Set(
+          this.transportAddrs()
+            .filter((a) => addressScope(a) === 'remote' && !isCircuit(a))
+            .map((a) => withId(a.toString())),
+        ),
+      ]
     }
     const ip = localAddress.startsWith('::ffff:') ? localAddress.slice(7) : localAddress
     return [withId(multiaddr(`/${ip.includes(':') ? 'ip6' : 'ip4'}/${ip}/tcp/${this.port}`).toString())]
