@@ -15,12 +15,31 @@ import {ObjectStore, StoreError, gitBlobOid, lfsPointer, writeFileAtomic} from '
  * `root`: content-addressed objects, commits as JSON, branch refs as files, each written atomically.
  */
 
+/** A write token: `hf_…` alone (it owns the namespaces it is first to write to), or bound to a namespace. */
+export type HubToken = string | {token: string; user: string}
+
 export interface HubServerOptions {
   root: string
   host?: string
   port?: number
-  /** Tokens accepted for writes; when absent any token that starts with `hf_` is. Reads need no token. */
-  tokens?: string[]
+  /**
+   * Tokens accepted for writes; when absent any token that starts with `hf_` is. A token writes only to its own
+   * namespaces: the one it is bound to (`{token, user}`), else those it was first to write to. Public
+   * repositories need no token to read; private ones are readable by their namespace's tokens only.
+   */
+  tokens?: HubToken[]
+  /** Biggest file (LFS object) a client may declare, in bytes. */
+  maxFileSize?: number
+  /** Most parts of one multipart upload (the part size grows to keep within it, as S3's 10,000). */
+  maxParts?: number
+  /** Biggest JSON or NDJSON request body (commits carry small files inline), in bytes. */
+  maxBodyBytes?: number
+  /** An upload that sees no request for this long expires, and its parts are deleted (ms). */
+  uploadTtlMs?: number
+  /** Unfinished uploads the server keeps at once (across all tokens). */
+  maxPendingUploads?: number
+  /** Open connections at once. */
+  maxConnections?: number
   /** Files at least this big (or binary, or matched by an LFS pattern) are uploaded through LFS. */
   lfsThreshold?: number
   /** LFS objects bigger than this are uploaded in parts (multipart with chunk_size). */
@@ -71,7 +90,36 @@ const GITATTRIBUTES = LFS_PATTERNS.map((p) => `*${p.source.replace(/\\/g, '').re
 const NAME = /^[A-Za-z0-9][A-Za-z0-9._-]{0,95}$/
 const SHA256 = /^[0-9a-f]{64}$/
 const COMMIT_ID = /^[0-9a-f]{40}$/
-const MAX_JSON_BODY = 256 * 1024 * 1024
+/** Objects in one LFS batch request. */
+const MAX_BATCH_OBJECTS = 1000
+
+/** The defaults of the bounds (each has a `psyche hub serve` flag). */
+export const HUB_SERVER_DEFAULTS = {
+  maxFileSize: 50 * 1024 ** 3,
+  maxParts: 10_000,
+  maxBodyBytes: 64 * 1024 ** 2,
+  uploadTtlMs: 60 * 60 * 1000,
+  maxPendingUploads: 1000,
+  maxConnections: 512,
+}
+
+interface Upload {
+  repo: string
+  oid: string
+  size: number
+  parts: number
+  chunkSize: number
+  dir: string
+  multipart: boolean
+  /** when it expires unless a request touches it (ms since the epoch) */
+  expires: number
+  /** requests in flight (an upload is never expired under one) */
+  busy: number
+}
+
+function sha256Hex(text: string): string {
+  return createHash('sha256').update(text).digest('hex')
+}
 
 class HttpError extends Error {
   constructor(
@@ -92,7 +140,8 @@ export class HubServer {
   private server: Server | undefined
   private readonly store: ObjectStore
   private readonly locks = new Map<string, Promise<unknown>>()
-  private readonly uploads = new Map<string, {oid: string; size: number; parts: number; chunkSize: number; dir: string}>()
+  private readonly uploads = new Map<string, Upload>()
+  private sweeper: NodeJS.Timeout | undefined
   readonly options: Required<Omit<HubServerOptions, 'tokens' | 'log'>> & Pick<HubServerOptions, 'tokens' | 'log'>
 
   constructor(options: HubServerOptions) {
@@ -103,6 +152,7 @@ export class HubServer {
       multipartThreshold: 64 * 1024 * 1024,
       chunkSize: 16 * 1024 * 1024,
       treePageSize: 1000,
+      ...HUB_SERVER_DEFAULTS,
       ...options,
     }
     this.store = new ObjectStore(options.root)
@@ -132,6 +182,9 @@ export class HubServer {
       this.handle(req, res).catch((error: unknown) => this.fail(res, error))
     })
     this.server.keepAliveTimeout = 5000
+    this.server.maxConnections = this.options.maxConnections
+    this.sweeper = setInterval(() => void this.expireUploads(), Math.min(60_000, Math.max(100, this.options.uploadTtlMs / 4)))
+    this.sweeper.unref()
     await new Promise<void>((resolve, reject) => {
       this.server!.once('error', reject)
       this.server!.listen(this.options.port, this.options.host, () => resolve())
@@ -142,6 +195,7 @@ export class HubServer {
     if (!this.server) return
     const server = this.server
     this.server = undefined
+    clearInterval(this.sweeper)
     server.closeAllConnections()
     await new Promise<void>((resolve) => server.close(() => resolve()))
   }
@@ -149,11 +203,24 @@ export class HubServer {
   // ----------------------------------------------------------------------------------------------- routing
 
   private async handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
-    const url = new URL(req.url ?? '/', 'http://hub.invalid')
+    const target = req.url ?? '/'
+    let url: URL
+    try {
+      if (!target.startsWith('/')) throw new Error('not a path')
+      url = new URL(`http://hub.invalid${target}`)
+    } catch {
+      throw new HttpError(400, `bad request target ${target.slice(0, 100)}`)
+    }
     const segments = url.pathname
       .split('/')
       .slice(1)
-      .map((s) => decodeURIComponent(s))
+      .map((s) => {
+        try {
+          return decodeURIComponent(s)
+        } catch {
+          throw new HttpError(400, `bad percent-encoding in the path: ${s.slice(0, 100)}`)
+        }
+      })
     const method = req.method ?? 'GET'
     this.options.log?.(`${method} ${url.pathname}${url.search}`)
     const base = this.baseUrl(req)
@@ -161,15 +228,16 @@ export class HubServer {
     if (segments[0] === 'api') {
       if (method === 'POST' && segments[1] === 'repos' && segments[2] === 'create') return this.createRepo(req, res, base)
       if (method === 'GET' && segments[1] === 'whoami-v2') return this.whoami(req, res)
+      if (method === 'POST' && segments[1] === 'validate-yaml' && segments.length === 2) return this.validateYaml(req, res)
       if (segments[1] !== 'models') {
         if (['datasets', 'spaces'].includes(segments[1] ?? '')) throw new HttpError(404, `only model repositories are served here`, 'RepoNotFound')
         throw new HttpError(404, `no route ${method} ${url.pathname}`)
       }
       const repo = this.repoId(segments[2], segments[3])
       const action = segments[4]
-      if (method === 'GET' && action === undefined) return this.modelInfo(res, repo, 'main', url)
-      if (method === 'GET' && action === 'revision') return this.modelInfo(res, repo, this.required(segments[5], 'revision'), url)
-      if (method === 'GET' && action === 'tree') return this.tree(res, repo, this.required(segments[5], 'revision'), segments.slice(6).join('/'), url, base)
+      if (method === 'GET' && action === undefined) return this.modelInfo(req, res, repo, 'main', url)
+      if (method === 'GET' && action === 'revision') return this.modelInfo(req, res, repo, this.required(segments[5], 'revision'), url)
+      if (method === 'GET' && action === 'tree') return this.tree(req, res, repo, this.required(segments[5], 'revision'), segments.slice(6).join('/'), url, base)
       if (method === 'POST' && action === 'paths-info') return this.pathsInfo(req, res, repo, this.required(segments[5], 'revision'))
       if (method === 'POST' && action === 'preupload') return this.preupload(req, res, repo, this.required(segments[5], 'revision'))
       if (method === 'POST' && action === 'branch') return this.createBranch(req, res, repo, segments.slice(5).join('/'))
@@ -177,7 +245,9 @@ export class HubServer {
       throw new HttpError(404, `no route ${method} ${url.pathname}`)
     }
     if (segments[0] === 'lfs-upload') return this.lfsUpload(req, res, segments, url)
-    if (segments[0] === 'lfs-objects' && (method === 'GET' || method === 'HEAD')) return this.lfsObject(req, res, segments[1] ?? '')
+    if (segments.length === 4 && segments[1]?.endsWith('.git') && segments[2] === 'lfs-objects' && (method === 'GET' || method === 'HEAD')) {
+      return this.lfsObject(req, res, this.repoId(segments[0], segments[1].slice(0, -4)), segments[3]!)
+    }
     if (segments.length >= 3 && segments[1]?.endsWith('.git') && segments.slice(2).join('/') === 'info/lfs/objects/batch' && method === 'POST') {
       return this.lfsBatch(req, res, this.repoId(segments[0], segments[1].slice(0, -4)), base)
     }
@@ -227,15 +297,19 @@ export class HubServer {
     }
     const headers: Record<string, string> = {'X-Error-Message': http.message.replace(/[^\x20-\x7e]/g, '?').slice(0, 500)}
     if (http.code) headers['X-Error-Code'] = http.code
+    // the rest of an unread body is not waited for: the connection ends with this answer
+    if (http.status === 413) headers.Connection = 'close'
     this.json(res, http.status, {error: http.message}, headers)
   }
 
-  private async readBody(req: IncomingMessage, limit = MAX_JSON_BODY): Promise<Buffer> {
+  private async readBody(req: IncomingMessage, limit = this.options.maxBodyBytes): Promise<Buffer> {
+    const declared = Number(req.headers['content-length'] ?? 'NaN')
+    if (declared > limit) throw new HttpError(413, `request body of ${declared} bytes exceeds ${limit} bytes (--max-request-body)`)
     const chunks: Buffer[] = []
     let size = 0
     for await (const chunk of req) {
       size += (chunk as Buffer).length
-      if (size > limit) throw new HttpError(413, `request body exceeds ${limit} bytes`)
+      if (size > limit) throw new HttpError(413, `request body exceeds ${limit} bytes (--max-request-body)`)
       chunks.push(chunk as Buffer)
     }
     return Buffer.concat(chunks)
@@ -252,12 +326,93 @@ export class HubServer {
     }
   }
 
-  private authorize(req: IncomingMessage): void {
-    const header = req.headers.authorization ?? ''
-    const token = /^Bearer (.+)$/.exec(header)?.[1]
-    if (!token) throw new HttpError(401, 'writing needs a token (Authorization: Bearer hf_...)')
-    const ok = this.options.tokens ? this.options.tokens.includes(token) : token.startsWith('hf_')
+  /** The request's token when it is a valid one, undefined when there is none; 401 for an invalid one. */
+  private token(req: IncomingMessage): string | undefined {
+    const header = req.headers.authorization
+    if (header === undefined) return undefined
+    const token = /^Bearer (\S+)$/.exec(header)?.[1]
+    if (!token) throw new HttpError(401, 'malformed Authorization header (expected Bearer hf_...)')
+    const ok = this.options.tokens ? this.options.tokens.some((t) => (typeof t === 'string' ? t : t.token) === token) : token.startsWith('hf_')
     if (!ok) throw new HttpError(401, 'invalid token')
+    return token
+  }
+
+  /** The namespaces a token is bound to (empty: it owns those it claimed first). */
+  private boundNamespaces(token: string): string[] {
+    return (this.options.tokens ?? []).filter((t): t is {token: string; user: string} => typeof t !== 'string' && t.token === token).map((t) => t.user)
+  }
+
+  private namespaceBound(ns: string): boolean {
+    return (this.options.tokens ?? []).some((t) => typeof t !== 'string' && t.user === ns)
+  }
+
+  private ownerPath(ns: string): string {
+    return join(this.options.root, 'namespaces', `${ns}.json`)
+  }
+
+  private async namespaceOwner(ns: string): Promise<string | undefined> {
+    try {
+      return (JSON.parse(await readFile(this.ownerPath(ns), 'utf8')) as {token_sha256?: string}).token_sha256
+    } catch {
+      return undefined
+    }
+  }
+
+  /** Whether `token` may write to (and read the private repositories of) namespace `ns`. */
+  private async owns(token: string | undefined, ns: string): Promise<boolean> {
+    if (!token) return false
+    const bound = this.boundNamespaces(token)
+    if (bound.length > 0) return bound.includes(ns)
+    if (this.namespaceBound(ns)) return false
+    return (await this.namespaceOwner(ns)) === sha256Hex(token)
+  }
+
+  /**
+   * A write to namespace `ns` needs a valid token (401) that owns it (403). A namespace nobody owns yet is taken by
+   * the first unbound token that writes to it (recorded on disk); a namespace bound to tokens is theirs only.
+   */
+  private async authorizeWrite(req: IncomingMessage, ns: string): Promise<string> {
+    const token = this.token(req)
+    if (!token) throw new HttpError(401, 'writing needs a token (Authorization: Bearer hf_...)')
+    if (await this.owns(token, ns)) return token
+    const claimable = this.boundNamespaces(token).length === 0 && !this.namespaceBound(ns)
+    if (claimable) {
+      const claimed = await this.withLock(`namespace:${ns}`, async () => {
+        const owner = await this.namespaceOwner(ns)
+        if (owner !== undefined) return owner === sha256Hex(token)
+        await writeFileAtomic(this.ownerPath(ns), JSON.stringify({token_sha256: sha256Hex(token), claimed: new Date().toISOString()}))
+        return true
+      })
+      if (claimed) return token
+    }
+    throw new HttpError(403, `this token may not write to namespace ${ns}`, 'Forbidden')
+  }
+
+  /** A private repository exists only for its namespace's tokens: anyone else gets 404 RepoNotFound. */
+  private async authorizeRead(req: IncomingMessage, repo: string): Promise<void> {
+    const token = this.token(req)
+    let info: {private?: boolean}
+    try {
+      info = JSON.parse(await readFile(join(this.repoDir(repo), 'repo.json'), 'utf8')) as {private?: boolean}
+    } catch {
+      return // resolveRevision answers 404
+    }
+    if (info.private === true && !(await this.owns(token, repo.split('/')[0]!))) throw new HttpError(404, `repository ${repo} not found`, 'RepoNotFound')
+  }
+
+  /** Drops uploads idle longer than the TTL, with their parts. */
+  private async expireUploads(now = Date.now()): Promise<void> {
+    for (const [id, upload] of this.uploads) {
+      if (upload.expires > now || upload.busy > 0) continue
+      this.uploads.delete(id)
+      await rm(upload.dir, {recursive: true, force: true}).catch(() => undefined)
+      this.options.log?.(`upload ${id} of ${upload.repo} expired`)
+    }
+  }
+
+  /** Unfinished uploads (for tests and the log). */
+  get pendingUploads(): number {
+    return this.uploads.size
   }
 
   /** Serializes writes to one repository (commits move its branch refs). */
@@ -355,18 +510,52 @@ export class HubServer {
   // ----------------------------------------------------------------------------------------------- routes
 
   private async whoami(req: IncomingMessage, res: ServerResponse): Promise<void> {
-    this.authorize(req)
-    this.json(res, 200, {type: 'user', name: 'user', fullname: 'psyche hub user', orgs: [], auth: {type: 'access_token', accessToken: {displayName: 'local', role: 'write'}}})
+    const token = this.token(req)
+    if (!token) throw new HttpError(401, 'whoami needs a token (Authorization: Bearer hf_...)')
+    const [name = 'user', ...orgs] = this.boundNamespaces(token)
+    this.json(res, 200, {
+      type: 'user',
+      name,
+      fullname: 'psyche hub user',
+      orgs: orgs.map((o) => ({type: 'org', name: o})),
+      auth: {type: 'access_token', accessToken: {displayName: 'local', role: 'write'}},
+    })
+  }
+
+  /**
+   * The model card check huggingface_hub makes before uploading a README.md: its YAML front matter (between `---`
+   * lines) must be closed and indented with spaces; no front matter is a warning, as on the Hub. The Hub's
+   * metadata schemas are not checked.
+   */
+  private async validateYaml(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    const body = await this.readJson(req)
+    if (typeof body.content !== 'string') throw new HttpError(400, 'validate-yaml: content must be a string')
+    const lines = body.content.replace(/^\uFEFF/, '').split(/\r?\n/)
+    const errors: {message: string}[] = []
+    const warnings: {message: string}[] = []
+    if (lines[0]?.trim() !== '---') warnings.push({message: 'empty or missing yaml metadata in repo card'})
+    else {
+      const end = lines.findIndex((l, i) => i > 0 && (l.trim() === '---' || l.trim() === '...'))
+      if (end < 0) errors.push({message: 'the YAML metadata block is not closed (no --- line after it)'})
+      else {
+        const tab = lines.slice(1, end).findIndex((l) => /^\s*\t/.test(l))
+        if (tab >= 0) errors.push({message: `line ${tab + 2}: YAML indentation must use spaces, not tabs`})
+        if (lines.slice(1, end).every((l) => l.trim() === '' || l.trim().startsWith('#'))) warnings.push({message: 'empty or missing yaml metadata in repo card'})
+      }
+    }
+    this.json(res, errors.length ? 400 : 200, {errors, warnings}, errors.length ? {'X-Error-Message': errors[0]!.message} : {})
   }
 
   private async createRepo(req: IncomingMessage, res: ServerResponse, base: string): Promise<void> {
-    this.authorize(req)
+    const token = this.token(req)
+    if (!token) throw new HttpError(401, 'writing needs a token (Authorization: Bearer hf_...)')
     const body = await this.readJson(req)
     const type = body.type ?? 'model'
     if (type !== 'model') throw new HttpError(400, `only model repositories are served here, not ${String(type)}`)
     const name = typeof body.name === 'string' ? body.name : ''
-    const ns = typeof body.organization === 'string' && body.organization ? body.organization : 'user'
+    const ns = typeof body.organization === 'string' && body.organization ? body.organization : (this.boundNamespaces(token)[0] ?? 'user')
     if (!NAME.test(name) || !NAME.test(ns)) throw new HttpError(400, `invalid repository name ${ns}/${name}`)
+    await this.authorizeWrite(req, ns)
     const repo = `${ns}/${name}`
     const url = `${base}/${repo}`
     const created = await this.withLock(repo, async () => {
@@ -392,7 +581,8 @@ export class HubServer {
     else this.json(res, 409, {error: 'You already created this model repo', url}, {'X-Error-Code': 'RepoExists', 'X-Error-Message': 'You already created this model repo'})
   }
 
-  private async modelInfo(res: ServerResponse, repo: string, revision: string, _url: URL): Promise<void> {
+  private async modelInfo(req: IncomingMessage, res: ServerResponse, repo: string, revision: string, _url: URL): Promise<void> {
+    await this.authorizeRead(req, repo)
     const commit = await this.resolveRevision(repo, revision)
     const info = JSON.parse(await readFile(join(this.repoDir(repo), 'repo.json'), 'utf8')) as {created: string; private: boolean}
     this.json(res, 200, {
@@ -417,7 +607,8 @@ export class HubServer {
     })
   }
 
-  private async tree(res: ServerResponse, repo: string, revision: string, dirPath: string, url: URL, base: string): Promise<void> {
+  private async tree(req: IncomingMessage, res: ServerResponse, repo: string, revision: string, dirPath: string, url: URL, base: string): Promise<void> {
+    await this.authorizeRead(req, repo)
     const commit = await this.resolveRevision(repo, revision)
     const recursive = ['1', 'true', 'True'].includes(url.searchParams.get('recursive') ?? '')
     const expand = ['1', 'true', 'True'].includes(url.searchParams.get('expand') ?? '')
@@ -456,6 +647,7 @@ export class HubServer {
   }
 
   private async pathsInfo(req: IncomingMessage, res: ServerResponse, repo: string, revision: string): Promise<void> {
+    await this.authorizeRead(req, repo)
     const commit = await this.resolveRevision(repo, revision)
     const body = await this.readBody(req, 16 * 1024 * 1024)
     let paths: string[]
@@ -488,7 +680,7 @@ export class HubServer {
   }
 
   private async preupload(req: IncomingMessage, res: ServerResponse, repo: string, revision: string): Promise<void> {
-    this.authorize(req)
+    await this.authorizeWrite(req, repo.split('/')[0]!)
     const commit = await this.resolveRevision(repo, revision)
     const body = await this.readJson(req)
     if (!Array.isArray(body.files)) throw new HttpError(400, 'preupload: files must be a list')
@@ -502,41 +694,77 @@ export class HubServer {
     this.json(res, 200, {files, commitOid: commit.id})
   }
 
+  /** The LFS objects (sha256) that the heads of a repository's branches refer to. */
+  private async repoObjects(repo: string): Promise<Set<string>> {
+    const out = new Set<string>()
+    const refs = await readdir(join(this.repoDir(repo), 'refs')).catch(() => [] as string[])
+    for (const ref of refs) {
+      if (ref.includes('.tmp-')) continue
+      const head = await this.branchHead(repo, decodeURIComponent(ref))
+      const commit = head ? await this.readCommit(repo, head) : undefined
+      for (const file of Object.values(commit?.files ?? {})) out.add(file.sha256)
+    }
+    return out
+  }
+
   private async lfsBatch(req: IncomingMessage, res: ServerResponse, repo: string, base: string): Promise<void> {
     const body = await this.readJson(req)
-    if (!(await this.repoExists(repo))) throw new HttpError(404, `repository ${repo} not found`, 'RepoNotFound')
     const operation = body.operation
     if (operation !== 'upload' && operation !== 'download') throw new HttpError(400, 'lfs batch: operation must be upload or download')
-    if (operation === 'upload') this.authorize(req)
+    if (operation === 'upload') await this.authorizeWrite(req, repo.split('/')[0]!)
+    else await this.authorizeRead(req, repo)
+    if (!(await this.repoExists(repo))) throw new HttpError(404, `repository ${repo} not found`, 'RepoNotFound')
     const transfers = Array.isArray(body.transfers) ? body.transfers : ['basic']
     if (!transfers.includes('basic') && !transfers.includes('multipart')) throw new HttpError(422, 'lfs batch: no supported transfer (basic, multipart) offered')
     if (!Array.isArray(body.objects)) throw new HttpError(400, 'lfs batch: objects must be a list')
+    if (body.objects.length > MAX_BATCH_OBJECTS) throw new HttpError(413, `lfs batch: more than ${MAX_BATCH_OBJECTS} objects in one request`)
+    const referenced = operation === 'download' ? await this.repoObjects(repo) : undefined
+    const ttl = this.options.uploadTtlMs
     const objects = []
-    for (const raw of body.objects as {oid?: unknown; size?: unknown}[]) {
-      const oid = typeof raw.oid === 'string' ? raw.oid : ''
-      const size = raw.size
+    for (const raw of body.objects as unknown[]) {
+      const o = (typeof raw === 'object' && raw !== null ? raw : {}) as {oid?: unknown; size?: unknown}
+      const oid = typeof o.oid === 'string' ? o.oid : ''
+      const size = o.size
+      if (SHA256.test(oid) && typeof size === 'number' && size > this.options.maxFileSize) {
+        objects.push({oid, size, error: {code: 422, message: `${size} bytes is more than the ${this.options.maxFileSize} bytes a file may have here (--max-file-size)`}})
+        continue
+      }
       if (!SHA256.test(oid) || typeof size !== 'number' || !Number.isSafeInteger(size) || size < 0) {
-        objects.push({oid, size, error: {code: 422, message: 'invalid oid or size'}})
+        objects.push({oid: oid.slice(0, 64), size: typeof size === 'number' ? size : 0, error: {code: 422, message: 'invalid oid or size'}})
         continue
       }
       const present = await this.store.has(oid, size)
       if (operation === 'download') {
         objects.push(
-          present ? {oid, size, authenticated: true, actions: {download: {href: `${base}/lfs-objects/${oid}`}}} : {oid, size, error: {code: 404, message: 'object not found'}},
+          present && referenced!.has(oid)
+            ? {oid, size, authenticated: true, actions: {download: {href: `${base}/${repo}.git/lfs-objects/${oid}`}}}
+            : {oid, size, error: {code: 404, message: 'object not found'}},
         )
-      } else if (present) {
+        continue
+      }
+      if (present) {
         objects.push({oid, size, authenticated: true})
-      } else if (size > this.options.multipartThreshold && transfers.includes('multipart')) {
-        const chunkSize = this.options.chunkSize
+        continue
+      }
+      if (this.uploads.size >= this.options.maxPendingUploads) await this.expireUploads()
+      if (this.uploads.size >= this.options.maxPendingUploads) {
+        objects.push({oid, size, error: {code: 429, message: `${this.uploads.size} unfinished uploads already (--max-pending-uploads); try again later`}})
+        continue
+      }
+      const id = randomBytes(16).toString('hex')
+      const dir = join(this.options.root, 'tmp', `upload-${id}`)
+      const expires_in = Math.ceil(ttl / 1000)
+      if (size > this.options.multipartThreshold && transfers.includes('multipart')) {
+        // at most maxParts parts: the part size grows for a bigger file
+        const chunkSize = Math.max(this.options.chunkSize, Math.ceil(size / this.options.maxParts))
         const parts = Math.ceil(size / chunkSize)
-        const upload = randomBytes(12).toString('hex')
-        const dir = join(this.options.root, 'tmp', `upload-${upload}`)
-        this.uploads.set(upload, {oid, size, parts, chunkSize, dir})
+        this.uploads.set(id, {repo, oid, size, parts, chunkSize, dir, multipart: true, expires: Date.now() + ttl, busy: 0})
         const header: Record<string, string> = {chunk_size: String(chunkSize)}
-        for (let part = 1; part <= parts; part++) header[String(part).padStart(5, '0')] = `${base}/lfs-upload/${oid}/part/${part}?upload=${upload}`
-        objects.push({oid, size, authenticated: true, actions: {upload: {href: `${base}/lfs-upload/${oid}/complete?upload=${upload}`, header, expires_in: 86400}}})
+        for (let part = 1; part <= parts; part++) header[String(part).padStart(5, '0')] = `${base}/lfs-upload/${oid}/part/${part}?upload=${id}`
+        objects.push({oid, size, authenticated: true, actions: {upload: {href: `${base}/lfs-upload/${oid}/complete?upload=${id}`, header, expires_in}}})
       } else {
-        objects.push({oid, size, authenticated: true, actions: {upload: {href: `${base}/lfs-upload/${oid}?size=${size}`, expires_in: 86400}}})
+        this.uploads.set(id, {repo, oid, size, parts: 1, chunkSize: size, dir, multipart: false, expires: Date.now() + ttl, busy: 0})
+        objects.push({oid, size, authenticated: true, actions: {upload: {href: `${base}/lfs-upload/${oid}?upload=${id}`, expires_in}}})
       }
     }
     const text = JSON.stringify({transfer: 'basic', objects, hash_algo: 'sha256'})
@@ -544,80 +772,96 @@ export class HubServer {
     res.end(text)
   }
 
+  /**
+   * The upload URLs the batch API hands out: like a storage bucket's signed URLs, each names an upload that a
+   * token-checked batch request created for one object of one repository, and is void once done or expired.
+   */
   private async lfsUpload(req: IncomingMessage, res: ServerResponse, segments: string[], url: URL): Promise<void> {
     const oid = segments[1] ?? ''
     if (!SHA256.test(oid)) throw new HttpError(400, 'lfs upload: invalid oid')
     const method = req.method
-    if (segments.length === 2 && method === 'PUT') {
-      const size = Number(url.searchParams.get('size'))
-      if (!Number.isSafeInteger(size) || size < 0) throw new HttpError(400, 'lfs upload: invalid size')
-      await this.store.ingest(req, {sha256: oid, size})
-      res.writeHead(200, {'Content-Length': 0}).end()
-      return
+    const id = url.searchParams.get('upload') ?? ''
+    const upload = this.uploads.get(id)
+    if (!upload || upload.oid !== oid || upload.expires < Date.now()) {
+      throw new HttpError(404, 'lfs upload: unknown or expired upload (ask the batch API for a new one, with a token)')
     }
-    const upload = this.uploads.get(url.searchParams.get('upload') ?? '')
-    if (!upload || upload.oid !== oid) throw new HttpError(404, 'lfs upload: unknown multipart upload')
-    if (segments[2] === 'part' && method === 'PUT') {
-      const part = Number(segments[3])
-      if (!Number.isSafeInteger(part) || part < 1 || part > upload.parts) throw new HttpError(400, 'lfs upload: invalid part number')
-      const expected = part < upload.parts ? upload.chunkSize : upload.size - upload.chunkSize * (upload.parts - 1)
-      await mkdir(upload.dir, {recursive: true})
-      const tmp = join(upload.dir, `part-${part}.tmp-${randomBytes(4).toString('hex')}`)
-      const md5 = createHash('md5')
-      let size = 0
-      try {
-        await pipeline(
-          req,
-          async function* (chunks: AsyncIterable<Buffer>) {
-            for await (const chunk of chunks) {
-              size += chunk.length
-              if (size > expected) throw new HttpError(400, `lfs upload: part ${part} is longer than ${expected} bytes`)
-              md5.update(chunk)
-              yield chunk
-            }
-          },
-          createWriteStream(tmp),
-        )
-        if (size !== expected) throw new HttpError(400, `lfs upload: part ${part} has ${size} bytes, expected ${expected}`)
-        await rename(tmp, join(upload.dir, `part-${part}`))
-      } catch (error) {
-        await rm(tmp, {force: true})
-        throw error
+    upload.busy += 1
+    try {
+      if (segments.length === 2 && method === 'PUT' && !upload.multipart) {
+        await this.store.ingest(req, {sha256: oid, size: upload.size})
+        this.uploads.delete(id)
+        res.writeHead(200, {'Content-Length': 0}).end()
+        return
       }
-      res.writeHead(200, {ETag: `"${md5.digest('hex')}"`, 'Content-Length': 0}).end()
-      return
+      if (segments[2] === 'part' && segments.length === 4 && method === 'PUT' && upload.multipart) {
+        const part = Number(segments[3])
+        if (!Number.isSafeInteger(part) || part < 1 || part > upload.parts) throw new HttpError(400, 'lfs upload: invalid part number')
+        const expected = part < upload.parts ? upload.chunkSize : upload.size - upload.chunkSize * (upload.parts - 1)
+        await mkdir(upload.dir, {recursive: true})
+        const tmp = join(upload.dir, `part-${part}.tmp-${randomBytes(4).toString('hex')}`)
+        const md5 = createHash('md5')
+        let size = 0
+        try {
+          await pipeline(
+            req,
+            async function* (chunks: AsyncIterable<Buffer>) {
+              for await (const chunk of chunks) {
+                size += chunk.length
+                if (size > expected) throw new HttpError(400, `lfs upload: part ${part} is longer than ${expected} bytes`)
+                md5.update(chunk)
+                yield chunk
+              }
+            },
+            createWriteStream(tmp),
+          )
+          if (size !== expected) throw new HttpError(400, `lfs upload: part ${part} has ${size} bytes, expected ${expected}`)
+          if (!this.uploads.has(id)) throw new HttpError(404, 'lfs upload: the upload expired')
+          await rename(tmp, join(upload.dir, `part-${part}`))
+        } catch (error) {
+          await rm(tmp, {force: true})
+          throw error
+        }
+        res.writeHead(200, {ETag: `"${md5.digest('hex')}"`, 'Content-Length': 0}).end()
+        return
+      }
+      if (segments[2] === 'complete' && segments.length === 3 && method === 'POST' && upload.multipart) {
+        const body = await this.readJson(req)
+        const parts = Array.isArray(body.parts) ? (body.parts as unknown[]) : []
+        if (parts.length !== upload.parts) throw new HttpError(400, `lfs upload: completion lists ${parts.length} parts, the upload has ${upload.parts}`)
+        const present = new Set(await readdir(upload.dir).catch(() => [] as string[]))
+        for (let part = 1; part <= upload.parts; part++) if (!present.has(`part-${part}`)) throw new HttpError(400, `lfs upload: part ${part} was not uploaded`)
+        const dir = upload.dir
+        const count = upload.parts
+        async function* concatenated(): AsyncGenerator<Uint8Array> {
+          for (let part = 1; part <= count; part++) yield* createReadStream(join(dir, `part-${part}`)) as AsyncIterable<Uint8Array>
+        }
+        try {
+          await this.store.ingest(concatenated(), {sha256: oid, size: upload.size})
+        } finally {
+          this.uploads.delete(id)
+          await rm(dir, {recursive: true, force: true})
+        }
+        this.json(res, 200, {success: true})
+        return
+      }
+      throw new HttpError(404, 'lfs upload: no such route')
+    } finally {
+      upload.busy -= 1
+      upload.expires = Date.now() + this.options.uploadTtlMs
     }
-    if (segments[2] === 'complete' && method === 'POST') {
-      const body = await this.readJson(req)
-      const parts = Array.isArray(body.parts) ? (body.parts as {partNumber?: unknown; etag?: unknown}[]) : []
-      if (parts.length !== upload.parts) throw new HttpError(400, `lfs upload: completion lists ${parts.length} parts, the upload has ${upload.parts}`)
-      const present = new Set(await readdir(upload.dir).catch(() => [] as string[]))
-      for (let part = 1; part <= upload.parts; part++) if (!present.has(`part-${part}`)) throw new HttpError(400, `lfs upload: part ${part} was not uploaded`)
-      const dir = upload.dir
-      const count = upload.parts
-      async function* concatenated(): AsyncGenerator<Uint8Array> {
-        for (let part = 1; part <= count; part++) yield* createReadStream(join(dir, `part-${part}`)) as AsyncIterable<Uint8Array>
-      }
-      try {
-        await this.store.ingest(concatenated(), {sha256: oid, size: upload.size})
-      } finally {
-        this.uploads.delete(url.searchParams.get('upload') ?? '')
-        await rm(dir, {recursive: true, force: true})
-      }
-      this.json(res, 200, {success: true})
-      return
-    }
-    throw new HttpError(404, 'lfs upload: no such route')
   }
 
-  private async lfsObject(req: IncomingMessage, res: ServerResponse, oid: string): Promise<void> {
-    if (!SHA256.test(oid) || !(await this.store.has(oid))) throw new HttpError(404, 'object not found', 'EntryNotFound')
+  private async lfsObject(req: IncomingMessage, res: ServerResponse, repo: string, oid: string): Promise<void> {
+    await this.authorizeRead(req, repo)
+    if (!SHA256.test(oid) || !(await this.repoExists(repo)) || !(await this.repoObjects(repo)).has(oid) || !(await this.store.has(oid))) {
+      throw new HttpError(404, 'object not found', 'EntryNotFound')
+    }
     const {size} = await stat(this.store.path(oid))
     await this.sendFile(req, res, this.store.path(oid), size, {ETag: `"${oid}"`})
   }
 
   private async commit(req: IncomingMessage, res: ServerResponse, repo: string, revision: string, url: URL, base: string): Promise<void> {
-    this.authorize(req)
+    await this.authorizeWrite(req, repo.split('/')[0]!)
     if (url.searchParams.get('create_pr')) throw new HttpError(400, 'pull requests are not supported by this hub server')
     const body = (await this.readBody(req)).toString('utf8')
     const lines = body.split('\n').filter((l) => l.trim() !== '')
@@ -675,7 +919,7 @@ export class HubServer {
   }
 
   private async createBranch(req: IncomingMessage, res: ServerResponse, repo: string, branch: string): Promise<void> {
-    this.authorize(req)
+    await this.authorizeWrite(req, repo.split('/')[0]!)
     if (!branch || branch.length > 200 || COMMIT_ID.test(branch) || !/^[A-Za-z0-9][A-Za-z0-9._/-]*$/.test(branch) || branch.includes('..'))
       throw new HttpError(400, `invalid branch name ${branch}`)
     const body = await this.readJson(req)
@@ -688,6 +932,7 @@ export class HubServer {
   }
 
   private async resolve(req: IncomingMessage, res: ServerResponse, repo: string, revision: string, path: string, raw: boolean): Promise<void> {
+    await this.authorizeRead(req, repo)
     const commit = await this.resolveRevision(repo, revision)
     const file = validPath(path) ? commit.files[path] : undefined
     if (!file) throw new HttpError(404, `${path} not found in ${repo} at ${revision}`, 'EntryNotFound')
