@@ -1014,14 +1014,15 @@ static u64 grow(Input *in) {
  * holding the libp2p multiaddrs the client announced (newline-separated UTF-8). Only the client's own signature
  * writes it; its libp2p peer id is derived from the same ed25519 key, so a dialer checks whom it reached.
  */
-#define PEER_ADDRS_MAX 1024
+#define PEER_ADDRS_MAX 768 /* set_peer's transaction stays under 1,232 bytes */
 #define PEER_MAGIC 0x5245455043595350ull /* "PSYCPEER" */
 typedef struct {
   u64 magic;
   u8 coordinator[32], client[32];
   u64 addrs_len;
   u8 addrs[PEER_ADDRS_MAX];
-} Peer; /* 1104 bytes */
+} Peer; /* 848 bytes */
+_Static_assert(sizeof(Peer) == 848, "layout");
 
 /* accounts: client (signer, writable: pays the first time), coordinator, peer account (writable), system program.
  * data: lamports u64 (rent of a new peer account), addrs length u16, addrs */
@@ -1035,7 +1036,7 @@ static u64 set_peer(Input *in) {
   u64 len = in->data_len - 1;
   if (len < 10) return fail(E_INVALID_INSTRUCTION, "set_peer: expected lamports u64, length u16, addresses");
   u64 n = (u64)d[8] | ((u64)d[9] << 8);
-  if (n > PEER_ADDRS_MAX) return fail(E_CAPACITY, "set_peer: the addresses exceed PEER_ADDRS_MAX (1024 bytes)");
+  if (n > PEER_ADDRS_MAX) return fail(E_CAPACITY, "set_peer: the addresses exceed PEER_ADDRS_MAX (768 bytes)");
   if (len != 10 + n) return fail(E_INVALID_INSTRUCTION, "set_peer: bad data length");
   if (!peer->is_writable) return fail(E_NOT_WRITABLE, "the peer account must be writable");
   SolSignerSeed seeds[4] = {{(const u8 *)"peer", 4}, {coord->key, 32}, {client->key, 32}, {NULL, 1}};

@@ -8,10 +8,11 @@ import {PsycheError} from '../errors.js'
 
 /** Flags shared by the Solana commands (as the Solana CLI names them where it has them). */
 export const solanaFlags = {
-  rpc: Flags.string({summary: 'JSON-RPC URL of the cluster', default: 'http://127.0.0.1:8899', env: 'PSYCHE_SOLANA_RPC'}),
+  rpc: Flags.string({summary: 'JSON-RPC URL of the cluster; several, comma-separated, are tried in order', default: 'http://127.0.0.1:8899', env: 'PSYCHE_SOLANA_RPC'}),
   'ws-rpc': Flags.string({summary: "the cluster's websocket URL: confirmations by signatureSubscribe (default: poll --rpc)", env: 'PSYCHE_SOLANA_WS_RPC'}),
   keypair: Flags.string({summary: 'Solana keypair file (JSON array of 64 bytes) that signs and pays', default: join(homedir(), '.config', 'solana', 'id.json')}),
   'program-id': Flags.string({summary: 'address of the deployed coordinator program (programs/build/psyche_coordinator.so)', env: 'PSYCHE_COORDINATOR_PROGRAM'}),
+  'priority-fee': Flags.integer({summary: 'priority fee in micro-lamports per compute unit (default 0)', default: 0, min: 0, env: 'PSYCHE_SOLANA_PRIORITY_FEE'}),
   'authorizer-id': Flags.string({summary: 'address of the deployed authorizer program (programs/build/psyche_authorizer.so)', env: 'PSYCHE_AUTHORIZER_PROGRAM'}),
 }
 
@@ -21,6 +22,6 @@ export function parseAddress(value: string | undefined, flag: string): Address {
   return address(value)
 }
 
-export async function solanaContext(flags: {rpc: string; 'ws-rpc'?: string; keypair: string}) {
-  return {chain: new RpcChain(flags.rpc, {wsUrl: flags['ws-rpc']}), signer: await loadKeypair(flags.keypair)}
+export async function solanaContext(flags: {rpc: string; 'ws-rpc'?: string; keypair: string; 'priority-fee'?: number}) {
+  return {chain: new RpcChain(flags.rpc, {wsUrl: flags['ws-rpc'], priorityFee: BigInt(flags['priority-fee'] ?? 0)}), signer: await loadKeypair(flags.keypair)}
 }

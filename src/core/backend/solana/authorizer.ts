@@ -1,6 +1,6 @@
 import {AccountRole, getAddressDecoder, getProgramDerivedAddress, type Address, type Instruction, type TransactionSigner} from '@solana/kit'
 import {addressBytes} from './layout.js'
-import {SYSTEM_PROGRAM, signerMeta} from './instructions.js'
+import {INSTRUCTION_UNITS, SYSTEM_PROGRAM, signerMeta, withUnits} from './instructions.js'
 
 /**
  * The authorizer program (programs/authorizer): a grantor (a run's join authority) grants an
@@ -45,32 +45,41 @@ export async function grantInstruction(authorizer: Address, grantor: Transaction
   data[0] = 0
   Buffer.from(addressBytes(grantee)).copy(data, 1)
   data.writeBigUInt64LE(lamports, 33)
-  return {
-    programAddress: authorizer,
-    accounts: [
-      signerMeta(grantor, true),
-      {address: await authorizationAddress(authorizer, grantor.address, grantee), role: AccountRole.WRITABLE},
-      {address: SYSTEM_PROGRAM, role: AccountRole.READONLY},
-    ],
-    data,
-  }
+  return withUnits(
+    {
+      programAddress: authorizer,
+      accounts: [
+        signerMeta(grantor, true),
+        {address: await authorizationAddress(authorizer, grantor.address, grantee), role: AccountRole.WRITABLE},
+        {address: SYSTEM_PROGRAM, role: AccountRole.READONLY},
+      ],
+      data,
+    },
+    INSTRUCTION_UNITS.grant,
+  )
 }
 
 /** Replaces the grantee's delegate list. */
 export function delegatesInstruction(authorizer: Address, grantee: TransactionSigner, authorization: Address, delegates: Address[]): Instruction {
   if (delegates.length > MAX_DELEGATES) throw new RangeError(`at most ${MAX_DELEGATES} delegates`)
-  return {
-    programAddress: authorizer,
-    accounts: [signerMeta(grantee), {address: authorization, role: AccountRole.WRITABLE}],
-    data: Buffer.concat([Buffer.from([1, delegates.length]), ...delegates.map(addressBytes)]),
-  }
+  return withUnits(
+    {
+      programAddress: authorizer,
+      accounts: [signerMeta(grantee), {address: authorization, role: AccountRole.WRITABLE}],
+      data: Buffer.concat([Buffer.from([1, delegates.length]), ...delegates.map(addressBytes)]),
+    },
+    INSTRUCTION_UNITS.delegates,
+  )
 }
 
 /** Closes the authorization; its lamports go to `recipient`. */
 export function revokeInstruction(authorizer: Address, grantor: TransactionSigner, authorization: Address, recipient: Address): Instruction {
-  return {
-    programAddress: authorizer,
-    accounts: [signerMeta(grantor), {address: authorization, role: AccountRole.WRITABLE}, {address: recipient, role: AccountRole.WRITABLE}],
-    data: Uint8Array.from([2]),
-  }
+  return withUnits(
+    {
+      programAddress: authorizer,
+      accounts: [signerMeta(grantor), {address: authorization, role: AccountRole.WRITABLE}, {address: recipient, role: AccountRole.WRITABLE}],
+      data: Uint8Array.from([2]),
+    },
+    INSTRUCTION_UNITS.revoke,
+  )
 }

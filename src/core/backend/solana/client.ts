@@ -12,6 +12,7 @@ import {
   checkpointInstruction,
   coordinatorAddress,
   equivocationInstructions,
+  HEALTH_CHECK_BATCH,
   healthCheckInstruction,
   joinRunInstruction,
   peerAddress,
@@ -21,7 +22,7 @@ import {
   withdrawInstruction,
   witnessInstruction,
 } from './instructions.js'
-import {PEER_SIZE, addressOfClient, clientIdOf, decodeCoordinator, decodePeer, type OnChainCoordinator} from './layout.js'
+import {PEER_SIZE, addressOfClient, fitPeerAddrs, clientIdOf, decodeCoordinator, decodePeer, type OnChainCoordinator} from './layout.js'
 import {subscribeAccount} from './watch.js'
 
 /**
@@ -172,7 +173,7 @@ export class SolanaBackend extends EventEmitter implements CoordinatorBackend {
   }
 
   private setPeer(addrs: string[]): Instruction {
-    return setPeerInstruction(this.opts.programId, this.coordinator, this.opts.signer, this.ownRecord, addrs, this.peerRent)
+    return setPeerInstruction(this.opts.programId, this.coordinator, this.opts.signer, this.ownRecord, fitPeerAddrs(addrs), this.peerRent)
   }
 
   // ---- reading ----
@@ -387,8 +388,14 @@ export class SolanaBackend extends EventEmitter implements CoordinatorBackend {
     return this.enqueue('warmup_witness', () => warmupWitnessInstruction(this.opts.programId, this.coordinator, this.opts.signer))
   }
 
+  /** In batches of HEALTH_CHECK_BATCH accused, one transaction each: each accused costs ~34k compute units. */
   sendHealthCheck(_step: number, accused: ClientId[]): boolean {
-    return this.enqueue('health_check', () => healthCheckInstruction(this.opts.programId, this.coordinator, this.opts.signer, accused))
+    let sent = false
+    for (let i = 0; i < accused.length; i += HEALTH_CHECK_BATCH) {
+      const batch = accused.slice(i, i + HEALTH_CHECK_BATCH)
+      sent = this.enqueue('health_check', () => healthCheckInstruction(this.opts.programId, this.coordinator, this.opts.signer, batch)) || sent
+    }
+    return sent
   }
 
   sendAccusation(step: number, accused: ClientId, reason: AccusationReason): boolean {

@@ -27,8 +27,62 @@ import {
 export const SYSTEM_PROGRAM = '11111111111111111111111111111111' as Address
 
 export const COMPUTE_BUDGET_PROGRAM = 'ComputeBudget111111111111111111111111111111' as Address
-/** The most compute units a transaction may ask for; the chains ask for it (a full round's witness proof needs more than the default 200,000 per instruction). */
+/** The most compute units a transaction may ask for. */
 export const MAX_COMPUTE_UNITS = 1_400_000
+/** What the runtime grants an instruction that names no limit; psyche's budget for an instruction it did not build. */
+export const DEFAULT_INSTRUCTION_UNITS = 200_000
+/** A builtin program's instruction (system, compute budget, Ed25519): a few hundred CU; this leaves room. */
+const BUILTIN_UNITS = 3_000
+const BUILTINS = new Set<string>(['11111111111111111111111111111111', 'ComputeBudget111111111111111111111111111111', 'Ed25519SigVerify111111111111111111111111111'])
+
+/**
+ * Compute units each instruction psyche builds may use, at the programs' capacity limits (measured with `npm run bench --
+ * solana`, with headroom): a transaction asks for the sum, not the 1.4M maximum, since the scheduler prefers small
+ * requests (its priority is the fee per requested unit), and a cluster enforces what was asked.
+ */
+export const INSTRUCTION_UNITS = {
+  init_coordinator: 30_000,
+  grow: 2_000,
+  update: 30_000,
+  set_paused: 30_000,
+  join_run: 15_000,
+  tick: 60_000,
+  witness: 200_000,
+  warmup_witness: 40_000,
+  /** per accused client (a shuffle and a quorum count over the witness blooms), plus health_check_base */
+  health_check_per_accused: 40_000,
+  health_check_base: 10_000,
+  checkpoint: 15_000,
+  free_coordinator: 10_000,
+  withdraw: 15_000,
+  eject: 15_000,
+  accuse: 100_000,
+  set_peer: 25_000,
+  equivocation: 30_000,
+  set_metadata: 25_000,
+  close_peer: 10_000,
+  grant: 25_000,
+  delegates: 10_000,
+  revoke: 10_000,
+} as const
+
+/** Accused clients per health_check transaction: the batch stays under the default 200,000 compute units. */
+export const HEALTH_CHECK_BATCH = 4
+
+const BUDGETS = new WeakMap<Instruction, number>()
+
+/** Records the compute units `ix` may use (withComputeBudget sums them). */
+export function withUnits<T extends Instruction>(ix: T, units: number): T {
+  BUDGETS.set(ix, units)
+  return ix
+}
+
+/** The compute units a transaction of these instructions asks for. */
+export function computeUnitsFor(instructions: Instruction[]): number {
+  let units = 0
+  for (const ix of instructions) units += BUDGETS.get(ix) ?? (BUILTINS.has(ix.programAddress) ? BUILTIN_UNITS : DEFAULT_INSTRUCTION_UNITS)
+  return Math.min(MAX_COMPUTE_UNITS, units + 2 * BUILTIN_UNITS)
+}
 
 /** ComputeBudgetInstruction::SetComputeUnitLimit. */
 export function computeUnitLimitInstruction(units = MAX_COMPUTE_UNITS): Instruction {
@@ -38,9 +92,23 @@ export function computeUnitLimitInstruction(units = MAX_COMPUTE_UNITS): Instruct
   return {programAddress: COMPUTE_BUDGET_PROGRAM, accounts: [], data}
 }
 
-/** The instructions with a compute unit limit first (unless they set one). */
-export function withComputeBudget(instructions: Instruction[]): Instruction[] {
-  return instructions.some((ix) => ix.programAddress === COMPUTE_BUDGET_PROGRAM) ? instructions : [computeUnitLimitInstruction(), ...instructions]
+/** ComputeBudgetInstruction::SetComputeUnitPrice: the priority fee, in micro-lamports per requested compute unit. */
+export function computeUnitPriceInstruction(microLamports: bigint): Instruction {
+  const data = Buffer.alloc(9)
+  data[0] = 3
+  data.writeBigUInt64LE(microLamports, 1)
+  return {programAddress: COMPUTE_BUDGET_PROGRAM, accounts: [], data}
+}
+
+/**
+ * The instructions preceded by a compute unit limit sized for them (unless they set one) and, with a priority fee
+ * (micro-lamports per compute unit), its price.
+ */
+export function withComputeBudget(instructions: Instruction[], priorityFee = 0n): Instruction[] {
+  if (instructions.some((ix) => ix.programAddress === COMPUTE_BUDGET_PROGRAM)) return instructions
+  const budget = [computeUnitLimitInstruction(computeUnitsFor(instructions))]
+  if (priorityFee > 0n) budget.push(computeUnitPriceInstruction(priorityFee))
+  return [...budget, ...instructions]
 }
 
 /** One instruction may grow an account by this much (the runtime's MAX_PERMITTED_DATA_INCREASE). */
@@ -63,11 +131,14 @@ export async function peerAddress(programId: Address, coordinator: Address, clie
 
 /** set_peer: the client's libp2p addresses into its peer record (created on first use; `lamports`: its rent, PEER_SIZE bytes). */
 export function setPeerInstruction(programId: Address, coordinator: Address, client: TransactionSigner, peer: Address, addrs: string[], lamports: bigint): Instruction {
-  return {
-    programAddress: programId,
-    accounts: [signerMeta(client, true), {address: coordinator, role: AccountRole.READONLY}, writable(peer), {address: SYSTEM_PROGRAM, role: AccountRole.READONLY}],
-    data: encodeSetPeer(addrs, lamports),
-  }
+  return withUnits(
+    {
+      programAddress: programId,
+      accounts: [signerMeta(client, true), {address: coordinator, role: AccountRole.READONLY}, writable(peer), {address: SYSTEM_PROGRAM, role: AccountRole.READONLY}],
+      data: encodeSetPeer(addrs, lamports),
+    },
+    INSTRUCTION_UNITS.set_peer,
+  )
 }
 
 export function signerMeta(signer: TransactionSigner, writable = false) {
@@ -94,36 +165,42 @@ export function initCoordinatorInstructions(o: {
 }): Instruction[] {
   if (o.joinAuthority && !o.authorizer) throw new RangeError('a permissioned run (join authority) needs the authorizer program id')
   const out: Instruction[] = [
-    {
-      programAddress: o.programId,
-      accounts: [signerMeta(o.payer, true), writable(o.coordinator), {address: SYSTEM_PROGRAM, role: AccountRole.READONLY}],
-      data: encodeInit(o.runId, o.mainAuthority, o.joinAuthority, o.authorizer ?? null, o.lamports),
-    },
+    withUnits(
+      {
+        programAddress: o.programId,
+        accounts: [signerMeta(o.payer, true), writable(o.coordinator), {address: SYSTEM_PROGRAM, role: AccountRole.READONLY}],
+        data: encodeInit(o.runId, o.mainAuthority, o.joinAuthority, o.authorizer ?? null, o.lamports),
+      },
+      INSTRUCTION_UNITS.init_coordinator,
+    ),
   ]
-  for (let size = GROW_STEP; size < STATE_SIZE; size += GROW_STEP) out.push({programAddress: o.programId, accounts: [writable(o.coordinator)], data: encodeTag(IX.grow)})
+  for (let size = GROW_STEP; size < STATE_SIZE; size += GROW_STEP)
+    out.push(withUnits({programAddress: o.programId, accounts: [writable(o.coordinator)], data: encodeTag(IX.grow)}, INSTRUCTION_UNITS.grow))
   return out
 }
 
-function signed(programId: Address, coordinator: Address, signer: TransactionSigner, data: Uint8Array, extra: Instruction['accounts'] = []): Instruction {
-  return {programAddress: programId, accounts: [signerMeta(signer), writable(coordinator), ...(extra ?? [])], data}
+function signed(programId: Address, coordinator: Address, signer: TransactionSigner, data: Uint8Array, units: number, extra: Instruction['accounts'] = []): Instruction {
+  return withUnits({programAddress: programId, accounts: [signerMeta(signer), writable(coordinator), ...(extra ?? [])], data}, units)
 }
 
 export const updateInstruction = (programId: Address, coordinator: Address, authority: TransactionSigner, config?: CoordinatorConfig, model?: {LLM: LLMConfig}) =>
-  signed(programId, coordinator, authority, encodeUpdate(config, model))
+  signed(programId, coordinator, authority, encodeUpdate(config, model), INSTRUCTION_UNITS.update)
 export const setPausedInstruction = (programId: Address, coordinator: Address, authority: TransactionSigner, paused: boolean) =>
-  signed(programId, coordinator, authority, encodeSetPaused(paused))
+  signed(programId, coordinator, authority, encodeSetPaused(paused), INSTRUCTION_UNITS.set_paused)
 /** join_run; in a permissioned run, pass the authorization (authorizer program) that admits the client. */
 export const joinRunInstruction = (programId: Address, coordinator: Address, client: TransactionSigner, authorization?: Address) =>
-  signed(programId, coordinator, client, encodeTag(IX.join_run), authorization ? [{address: authorization, role: AccountRole.READONLY}] : [])
-export const withdrawInstruction = (programId: Address, coordinator: Address, client: TransactionSigner) => signed(programId, coordinator, client, encodeTag(IX.withdraw))
-export const tickInstruction = (programId: Address, coordinator: Address): Instruction => ({programAddress: programId, accounts: [writable(coordinator)], data: encodeTag(IX.tick)})
+  signed(programId, coordinator, client, encodeTag(IX.join_run), INSTRUCTION_UNITS.join_run, authorization ? [{address: authorization, role: AccountRole.READONLY}] : [])
+export const withdrawInstruction = (programId: Address, coordinator: Address, client: TransactionSigner) =>
+  signed(programId, coordinator, client, encodeTag(IX.withdraw), INSTRUCTION_UNITS.withdraw)
+export const tickInstruction = (programId: Address, coordinator: Address): Instruction =>
+  withUnits({programAddress: programId, accounts: [writable(coordinator)], data: encodeTag(IX.tick)}, INSTRUCTION_UNITS.tick)
 export const witnessInstruction = (programId: Address, coordinator: Address, client: TransactionSigner, step: number, participant: Uint8Array, broadcast: Uint8Array) =>
-  signed(programId, coordinator, client, encodeWitness(step, participant, broadcast))
+  signed(programId, coordinator, client, encodeWitness(step, participant, broadcast), INSTRUCTION_UNITS.witness)
 export const warmupWitnessInstruction = (programId: Address, coordinator: Address, client: TransactionSigner) =>
-  signed(programId, coordinator, client, encodeTag(IX.warmup_witness))
+  signed(programId, coordinator, client, encodeTag(IX.warmup_witness), INSTRUCTION_UNITS.warmup_witness)
 export const healthCheckInstruction = (programId: Address, coordinator: Address, client: TransactionSigner, accused: string[]) => {
   if (accused.length > MAX_CLIENTS) throw new RangeError(`at most ${MAX_CLIENTS} accused clients`)
-  return signed(programId, coordinator, client, encodeHealthCheck(accused))
+  return signed(programId, coordinator, client, encodeHealthCheck(accused), INSTRUCTION_UNITS.health_check_base + accused.length * INSTRUCTION_UNITS.health_check_per_accused)
 }
 export const accuseInstruction = (
   programId: Address,
@@ -132,12 +209,13 @@ export const accuseInstruction = (
   step: number,
   accused: string,
   reason: AccusationReason = 'invalid_result',
-) => signed(programId, coordinator, accuser, encodeAccuse(step, accused, reason))
+) => signed(programId, coordinator, accuser, encodeAccuse(step, accused, reason), INSTRUCTION_UNITS.accuse)
 export const checkpointInstruction = (programId: Address, coordinator: Address, client: TransactionSigner, repo: HubRepo) =>
-  signed(programId, coordinator, client, encodeCheckpoint(repo))
-export const ejectInstruction = (programId: Address, coordinator: Address, authority: TransactionSigner, id: string) => signed(programId, coordinator, authority, encodeEject(id))
+  signed(programId, coordinator, client, encodeCheckpoint(repo), INSTRUCTION_UNITS.checkpoint)
+export const ejectInstruction = (programId: Address, coordinator: Address, authority: TransactionSigner, id: string) =>
+  signed(programId, coordinator, authority, encodeEject(id), INSTRUCTION_UNITS.eject)
 export const freeCoordinatorInstruction = (programId: Address, coordinator: Address, authority: TransactionSigner, recipient: Address) =>
-  signed(programId, coordinator, authority, encodeTag(IX.free_coordinator), [writable(recipient)])
+  signed(programId, coordinator, authority, encodeTag(IX.free_coordinator), INSTRUCTION_UNITS.free_coordinator, [writable(recipient)])
 
 export const ED25519_PROGRAM = 'Ed25519SigVerify111111111111111111111111111' as Address
 export const INSTRUCTIONS_SYSVAR = 'Sysvar1nstructions1111111111111111111111111' as Address
@@ -187,7 +265,10 @@ export function equivocationInstructions(programId: Address, coordinator: Addres
   Buffer.from(keyBytes(proof.a.client_id)).copy(data, 9)
   return [
     ed25519Instruction(entries),
-    {programAddress: programId, accounts: [signerMeta(reporter), writable(coordinator), {address: INSTRUCTIONS_SYSVAR, role: AccountRole.READONLY}], data},
+    withUnits(
+      {programAddress: programId, accounts: [signerMeta(reporter), writable(coordinator), {address: INSTRUCTIONS_SYSVAR, role: AccountRole.READONLY}], data},
+      INSTRUCTION_UNITS.equivocation,
+    ),
   ]
 }
 
@@ -206,14 +287,20 @@ export function setMetadataInstruction(
   metadata: RunMetadata,
   lamports: bigint,
 ): Instruction {
-  return {
-    programAddress: programId,
-    accounts: [signerMeta(authority, true), {address: coordinator, role: AccountRole.READONLY}, writable(record), {address: SYSTEM_PROGRAM, role: AccountRole.READONLY}],
-    data: encodeSetMetadata(metadata, lamports),
-  }
+  return withUnits(
+    {
+      programAddress: programId,
+      accounts: [signerMeta(authority, true), {address: coordinator, role: AccountRole.READONLY}, writable(record), {address: SYSTEM_PROGRAM, role: AccountRole.READONLY}],
+      data: encodeSetMetadata(metadata, lamports),
+    },
+    INSTRUCTION_UNITS.set_metadata,
+  )
 }
 
 /** close_peer: the client leaves the run's peer directory; its record's rent goes back to it. */
 export function closePeerInstruction(programId: Address, coordinator: Address, client: TransactionSigner, peer: Address): Instruction {
-  return {programAddress: programId, accounts: [signerMeta(client, true), {address: coordinator, role: AccountRole.READONLY}, writable(peer)], data: encodeTag(IX.close_peer)}
+  return withUnits(
+    {programAddress: programId, accounts: [signerMeta(client, true), {address: coordinator, role: AccountRole.READONLY}, writable(peer)], data: encodeTag(IX.close_peer)},
+    INSTRUCTION_UNITS.close_peer,
+  )
 }

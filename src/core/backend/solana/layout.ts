@@ -430,7 +430,8 @@ export function encodeTag(tag: number): Uint8Array {
 
 // ---- the peer directory (set_peer) ----
 
-export const PEER_ADDRS_MAX = 1024
+/** What one set_peer may carry: its transaction, with a priority fee, stays under 1,232 bytes (programs/coordinator). */
+export const PEER_ADDRS_MAX = 768
 export const PEER_MAGIC = 0x5245455043595350n // "PSYCPEER"
 /** Size of a peer account: magic, coordinator [32], client [32], addrs_len u64, addrs [PEER_ADDRS_MAX]. */
 export const PEER_SIZE = 8 + 32 + 32 + 8 + PEER_ADDRS_MAX
@@ -450,6 +451,19 @@ export function encodeSetPeer(addrs: string[], lamports: bigint): Uint8Array {
   const len = Buffer.alloc(2)
   len.writeUInt16LE(bytes.length)
   return Buffer.concat([Buffer.from([IX.set_peer]), u64(lamports), len, bytes])
+}
+
+/** The addresses, in order, that fit one peer record (the rest are left out: a dialer needs one that works). */
+export function fitPeerAddrs(addrs: string[]): string[] {
+  const out: string[] = []
+  let bytes = 0
+  for (const a of addrs) {
+    const n = Buffer.byteLength(a, 'utf8') + (out.length ? 1 : 0)
+    if (bytes + n > PEER_ADDRS_MAX) continue
+    out.push(a)
+    bytes += n
+  }
+  return out
 }
 
 /** Decodes a peer account (RangeError when it is not one). */

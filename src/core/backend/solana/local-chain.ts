@@ -14,9 +14,8 @@ import {
   type TransactionSigner,
 } from '@solana/kit'
 import {Clock, FailedTransactionMetadata, LiteSVM} from 'litesvm'
-import type {Chain, SendResult} from './chain.js'
+import {oversized, programErrorName, type Chain, type SendResult} from './chain.js'
 import {withComputeBudget} from './instructions.js'
-import {PROGRAM_ERRORS} from './layout.js'
 
 export type {SendResult} from './chain.js'
 
@@ -51,10 +50,15 @@ export class LocalChain implements Chain {
     if (r instanceof FailedTransactionMetadata) throw new Error(`airdrop to ${address} failed: ${r.toString()}`)
   }
 
-  /** Sets the cluster clock's unix time (seconds), which the program reads as "now". */
+  /** Sets the cluster clock's unix time (seconds), which the program reads as "now", and moves to the next slot. */
   setTime(unixSeconds: number): void {
+    this.setClock(unixSeconds, Number(this.svm.getClock().slot) + 1)
+  }
+
+  /** Sets the cluster clock's unix time (seconds) and slot. */
+  setClock(unixSeconds: number, slot: number): void {
     const c = this.svm.getClock()
-    this.svm.setClock(new Clock(c.slot + 1n, c.epochStartTimestamp, c.epoch, c.leaderScheduleEpoch, BigInt(unixSeconds)))
+    this.svm.setClock(new Clock(BigInt(slot), c.epochStartTimestamp, c.epoch, c.leaderScheduleEpoch, BigInt(unixSeconds)))
   }
 
   rentExemption(bytes: number): bigint {
@@ -90,6 +94,9 @@ export class LocalChain implements Chain {
       )
       tx = await signTransactionMessageWithSigners(message)
     } while (blockhash !== this.svm.latestBlockhash())
+    // as a cluster: a transaction over 1,232 bytes is refused before it runs (LiteSVM would run it)
+    const tooLarge = oversized(tx)
+    if (tooLarge) return {ok: false, error: `TransactionTooLarge: ${tooLarge}`, logs: [], computeUnits: 0n}
     const r = this.svm.sendTransaction(tx)
     this.svm.expireBlockhash() // the same instruction may be sent again (ticks): give it a new signature
     if (r instanceof FailedTransactionMetadata) {
@@ -100,7 +107,7 @@ export class LocalChain implements Chain {
       return {
         ok: false,
         code,
-        error: code !== undefined ? (PROGRAM_ERRORS[code] ?? `custom error ${code}`) : r.toString(),
+        error: code !== undefined ? programErrorName(meta.logs(), code) : r.toString(),
         logs: meta.logs(),
         computeUnits: meta.computeUnitsConsumed(),
       }

@@ -1,8 +1,9 @@
 import {createServer, type IncomingMessage, type Server, type ServerResponse} from 'node:http'
 import type {AddressInfo} from 'node:net'
-import {getBase58Decoder, getTransactionDecoder, lamports, type Address} from '@solana/kit'
+import {getBase58Decoder, getCompiledTransactionMessageDecoder, getTransactionDecoder, lamports, type Address} from '@solana/kit'
 import {FailedTransactionMetadata} from 'litesvm'
 import {WebSocketServer, type WebSocket} from 'ws'
+import {TRANSACTION_SIZE_LIMIT} from './chain.js'
 import {LocalChain} from './local-chain.js'
 
 /**
@@ -10,8 +11,12 @@ import {LocalChain} from './local-chain.js'
  * standard JSON-RPC methods psyche's RpcChain uses (getLatestBlockhash, sendTransaction with preflight,
  * getSignatureStatuses, getAccountInfo, getMinimumBalanceForRentExemption, getBalance, requestAirdrop),
  * and accountSubscribe / signatureSubscribe (with their unsubscribes) on a websocket at the same address.
- * The clock follows wall time. For trying runs on one machine and for testing the RPC path; a real
- * cluster is solana-test-validator or devnet (README).
+ * The clock follows wall time, and so do slots (one per `slotMs`, 400 ms as on a cluster).
+ *
+ * It refuses what a cluster refuses, which LiteSVM alone would run: a transaction over 1,232 bytes, and one whose
+ * blockhash is unknown or older than 150 slots (BlockhashNotFound); the compute limit a transaction asks for is
+ * enforced by the runtime. For trying runs on one machine and for testing the RPC path; a real cluster is
+ * solana-test-validator or devnet (README).
  */
 
 interface Status {
@@ -26,13 +31,21 @@ export interface LocalnetOptions {
   port?: number
   /** Programs to deploy: address → shared object bytes. */
   programs: {address: Address; bytes: Uint8Array}[]
+  /** Milliseconds per slot (400 as on a cluster); a blockhash lives 150 slots. */
+  slotMs?: number
 }
+
+/** Slots a blockhash stays valid (MAX_PROCESSING_AGE). */
+export const BLOCKHASH_LIFETIME_SLOTS = 150
 
 export class Localnet {
   readonly chain: LocalChain
   private server?: Server
   private readonly statuses = new Map<string, Status>()
   private slot = 1
+  private readonly started = Date.now()
+  /** Blockhashes handed out, with the slot each was issued at. */
+  private readonly blockhashes = new Map<string, number>()
   private wss?: WebSocketServer
   private readonly subscriptions = new Map<number, {socket: WebSocket; address: Address; last?: string}>()
   private readonly signatureSubscriptions = new Map<number, {socket: WebSocket; signature: string}>()
@@ -158,8 +171,26 @@ export class Localnet {
     }
   }
 
+  /** The current slot: one per slotMs of wall time since start (never going back). */
+  private currentSlot(): number {
+    this.slot = Math.max(this.slot, 1 + Math.floor((Date.now() - this.started) / (this.options.slotMs ?? 400)))
+    return this.slot
+  }
+
   private context() {
-    return {slot: this.slot, apiVersion: '2.0.0'}
+    return {slot: this.currentSlot(), apiVersion: '2.0.0'}
+  }
+
+  /** The latest blockhash, recorded at the slot it was first handed out. */
+  private latestBlockhash(): {blockhash: string; lastValidBlockHeight: number} {
+    const slot = this.currentSlot()
+    // as a cluster: each slot has its own blockhash
+    const issued = this.blockhashes.get(this.chain.svm.latestBlockhash())
+    if (issued !== undefined && issued < slot) this.chain.svm.expireBlockhash()
+    const blockhash = this.chain.svm.latestBlockhash()
+    if (!this.blockhashes.has(blockhash)) this.blockhashes.set(blockhash, slot)
+    for (const [hash, at] of this.blockhashes) if (at + BLOCKHASH_LIFETIME_SLOTS < slot) this.blockhashes.delete(hash)
+    return {blockhash, lastValidBlockHeight: this.blockhashes.get(blockhash)! + BLOCKHASH_LIFETIME_SLOTS}
   }
 
   private dispatch(method: string, params: Params): unknown {
@@ -168,9 +199,14 @@ export class Localnet {
       case 'getHealth':
         return 'ok'
       case 'getSlot':
-        return this.slot
+      case 'getBlockHeight':
+        return this.currentSlot()
       case 'getLatestBlockhash':
-        return {context: this.context(), value: {blockhash: svm.latestBlockhash(), lastValidBlockHeight: this.slot + 150}}
+        return {context: this.context(), value: this.latestBlockhash()}
+      case 'isBlockhashValid': {
+        const at = this.blockhashes.get(params[0] as string)
+        return {context: this.context(), value: at !== undefined && at + BLOCKHASH_LIFETIME_SLOTS >= this.currentSlot()}
+      }
       case 'getMinimumBalanceForRentExemption':
         return Number(svm.minimumBalanceForRentExemption(BigInt(params[0] as number)))
       case 'getBalance':
@@ -194,7 +230,7 @@ export class Localnet {
         const r = svm.airdrop(params[0] as Address, lamports(BigInt(params[1] as number)))
         if (!r || r instanceof FailedTransactionMetadata) throw new Error(`airdrop failed: ${r?.toString()}`)
         const signature = getBase58Decoder().decode(r.signature())
-        this.statuses.set(signature, {slot: this.slot++, err: null})
+        this.statuses.set(signature, {slot: this.currentSlot(), err: null})
         return signature
       }
       case 'sendTransaction':
@@ -217,14 +253,26 @@ export class Localnet {
   private sendTransaction(params: Params): string {
     const encoding = (params[1] as {encoding?: string} | undefined)?.encoding ?? 'base58'
     if (encoding !== 'base64') throw Object.assign(new Error('localnet accepts base64 transactions only'), {rpcCode: -32602})
-    const tx = getTransactionDecoder().decode(Buffer.from(params[0] as string, 'base64'))
+    const raw = Buffer.from(params[0] as string, 'base64')
+    if (raw.length > TRANSACTION_SIZE_LIMIT)
+      throw Object.assign(new Error(`base64 encoded VersionedTransaction too large: ${raw.length} bytes (max: ${TRANSACTION_SIZE_LIMIT} bytes)`), {rpcCode: -32602})
+    const tx = getTransactionDecoder().decode(raw)
     const feePayerSignature = Object.values(tx.signatures)[0]
     if (!feePayerSignature) throw Object.assign(new Error('transaction is not signed'), {rpcCode: -32602})
     const signature = getBase58Decoder().decode(feePayerSignature)
-    this.chain.setTime(Math.floor(Date.now() / 1000))
+    const slot = this.currentSlot()
+    const lifetime = String(getCompiledTransactionMessageDecoder().decode(tx.messageBytes).lifetimeToken)
+    const issued = this.blockhashes.get(lifetime)
+    if (issued === undefined || issued + BLOCKHASH_LIFETIME_SLOTS < slot) {
+      throw Object.assign(new Error('Transaction simulation failed: Blockhash not found'), {
+        rpcCode: -32002,
+        data: {err: 'BlockhashNotFound', logs: [], accounts: null, unitsConsumed: 0, returnData: null},
+      })
+    }
+    if (this.statuses.has(signature)) return signature // a resend of a processed transaction: a cluster drops it
+    this.chain.setClock(Math.floor(Date.now() / 1000), slot)
     const r = this.chain.svm.sendTransaction(tx)
     this.chain.svm.expireBlockhash()
-    this.slot++
     if (r instanceof FailedTransactionMetadata) {
       const meta = r.meta()
       const err = r.err() as unknown as {index?: number; err?: () => unknown; toString(): string}
