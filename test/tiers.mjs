@@ -51,6 +51,7 @@ export const tiers = {
     'test/obs/metrics.test.ts',
     'test/obs/status.test.ts',
     'test/obs/terminal-view.test.ts',
+    'test/obs/waiting.test.ts',
     'test/p2p/addresses.test.ts',
     'test/p2p/limits.test.ts',
     'test/p2p/model-download.test.ts',

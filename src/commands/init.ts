@@ -10,9 +10,14 @@ import {PsycheCommand} from '../core/cli/base-command.js'
 import {scaffoldRun, type ScaffoldResult} from '../core/config/scaffold.js'
 
 export default class Init extends PsycheCommand {
-  static summary = 'Create a run directory (state.toml, data.toml, model config) from a template'
+  static summary = "Create a run directory from a template: state.toml, the model's config.json, and data.toml where the template has one"
   static description = `Copies templates/NAME into DIR, rewriting relative paths that point outside the template so they still work from DIR. It copies the model's config.json but creates no weights: run the printed \`psyche model init\` next.`
-  static examples = ['<%= config.bin %> init my-run', '<%= config.bin %> init runs/a --template tiny-demo --run-id a', '<%= config.bin %> init my-run --json']
+  static examples = [
+    '<%= config.bin %> init my-run',
+    '<%= config.bin %> init runs/a --template tiny-demo --run-id a',
+    '<%= config.bin %> init my-run --min-clients 2',
+    '<%= config.bin %> init my-run --json',
+  ]
 
   static args = {
     dir: Args.string({description: 'directory to create (default: ./TEMPLATE)'}),
@@ -21,12 +26,18 @@ export default class Init extends PsycheCommand {
   static flags = {
     template: Flags.string({summary: 'run template (a folder of templates/ with a state.toml)', default: 'tiny-demo'}),
     'run-id': Flags.string({summary: "run id to write into state.toml (default: the template's)"}),
+    'min-clients': Flags.integer({
+      summary: "clients the run waits for before its first epoch (init_min_clients; default: the template's)",
+      description:
+        'Start the run only once this many clients have joined, so that none trains the first epoch alone. min_clients (the clients an epoch needs to go on) is lowered to it if the template has more.',
+      min: 1,
+    }),
     force: Flags.boolean({summary: 'write into a non-empty directory, replacing files of the same name'}),
   }
 
   async run(): Promise<ScaffoldResult & {next_steps: string[]}> {
     const {args, flags} = await this.parse(Init)
-    const result = await scaffoldRun({template: flags.template, dir: args.dir ?? flags.template, runId: flags['run-id'], force: flags.force})
+    const result = await scaffoldRun({template: flags.template, dir: args.dir ?? flags.template, runId: flags['run-id'], force: flags.force, minClients: flags['min-clients']})
     const dir = shown(result.dir)
     const next: string[] = []
     if (result.model_dir && !result.model_has_weights) {

@@ -17,7 +17,7 @@ import {listenAddrsForPort, parseMultiaddrs} from '../core/p2p/addresses.js'
 import {demoCorpusDir, ensureDemoCorpus} from '../core/corpus.js'
 import {acceptedOf, ClientMetrics, serveMetrics} from '../core/obs/metrics.js'
 import {RoundReporter} from '../core/obs/report.js'
-import {coordinatorSeconds, summarizeRun} from '../core/obs/summary.js'
+import {coordinatorSeconds, summarizeRun, waitingFor} from '../core/obs/summary.js'
 import {startTerminalView, Warnings} from '../core/obs/terminal-view.js'
 import {generateIdentity, identityFromSeed, identityPrivateSeed, loadIdentity, type Identity} from '../core/protocol/identity.js'
 import {resolveTrainPlan, type Precision, type TrainPlan} from '../core/train/plan.js'
@@ -316,6 +316,9 @@ several rounds while others train prints a no_exchange warning naming the addres
           )
           break
         }
+        case 'waiting':
+          progress.note(`waiting: ${event.detail}`)
+          break
         case 'model_loaded':
           progress.note(`model loaded at step ${event.step} from ${event.source} (hash ${String(event.param_hash).slice(0, 12)})`)
           break
@@ -386,6 +389,19 @@ several rounds while others train prints a no_exchange warning naming the addres
     )
     progress.status(`joined as ${client.id.slice(0, 16)}…; following the run`)
     const me = client.id
+    // Outside the epoch (waiting for members, or joined mid-epoch), say what we wait for and about how long: once
+    // per change, as an event (also piped and in --json).
+    let waitingKey = ''
+    const waitTimer = setInterval(() => {
+      const state = current?.state
+      if (!state) return
+      const w = waitingFor(state, me, coordinatorSeconds(connection?.serverTime ?? Date.now() / 1000))
+      const key = w ? `${w.reason} ${state.progress.epoch} ${state.pending.length} ${state.run_state === 'WaitingForMembers' ? '' : state.epoch.clients.length}` : ''
+      if (key === waitingKey) return
+      waitingKey = key
+      if (w) log({event: 'waiting', reason: w.reason, detail: w.detail, seconds: w.seconds === null ? null : Math.round(w.seconds)})
+    }, 500)
+    waitTimer.unref()
     const view = live
       ? startTerminalView(() => {
           const state = current?.state
@@ -409,6 +425,7 @@ several rounds while others train prints a no_exchange warning naming the addres
         })
       : undefined
     const summary = await client.run().finally(() => {
+      clearInterval(waitTimer)
       view?.stop()
       return metricsEndpoint?.close()
     })

@@ -1,7 +1,7 @@
 import {Flags} from '@oclif/core'
 import {CoordinatorConnection} from '../core/backend/index.js'
 import {PsycheCommand} from '../core/cli/base-command.js'
-import {coordinatorSeconds, summarizeRun, type RunSummary} from '../core/obs/summary.js'
+import {coordinatorSeconds, summarizeRun, timeLeftText, type RunSummary} from '../core/obs/summary.js'
 import {generateIdentity} from '../core/protocol/index.js'
 import type {ClientScore} from '../core/verify/scoreboard.js'
 
@@ -9,7 +9,7 @@ export default class Status extends PsycheCommand {
   static summary = 'Print a one-shot summary of a run: its phase, round, epoch, progress, clients and witness quorum'
   static description = `Connects to the coordinator (psyche server run) as a watcher — it does not join — reads the run's current
 state, prints it and exits. With --json, one object: {run_id, run_state, epoch, step, total_steps, progress,
-phase_elapsed_seconds, phase_time_left_seconds, clients: [{id, state}], clients_by_state: {healthy, dropped,
+phase_elapsed_seconds, phase_time_left_seconds (a round's is its timeout), epoch_time_left_seconds, clients: [{id, state}], clients_by_state: {healthy, dropped,
 withdrawn, ejected, pending}, round: {step, height, batch_size, trainers, witnesses_expected, witness_proofs,
 witness_quorum} | null, pause_pending, peers, scores: [{client_id, average, last, last_step, verifiers, count}]}:
 scores are the moving averages of the verification scores verifiers reported for each client's results.`
@@ -47,7 +47,7 @@ scores are the moving averages of the verification scores verifiers reported for
 export type StatusSummary = RunSummary & {peers: number; scores?: ClientScore[]}
 
 export function formatSummary(s: StatusSummary): string[] {
-  const left = s.phase_time_left_seconds === null ? '' : `, ${s.phase_time_left_seconds}s left`
+  const left = timeLeftText(s) ? `, ${timeLeftText(s)}` : ''
   const c = s.clients_by_state
   const lines = [
     `run ${s.run_id}: ${s.run_state} (${s.phase_elapsed_seconds}s in phase${left})`,

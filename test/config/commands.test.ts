@@ -76,6 +76,20 @@ describe('psyche init', () => {
     assert.equal(v.status, 0, v.stderr)
   })
 
+  it('--min-clients sets the clients the first epoch waits for, and refuses more than the first batch can feed', async () => {
+    const dir = join(tmp, 'run-two')
+    const r = psyche('init', dir, '--min-clients', '2')
+    assert.equal(r.status, 0, r.stderr)
+    const run = await loadRunConfigFile(join(dir, 'state.toml'))
+    assert.equal(run.config?.init_min_clients, 2)
+    assert.equal(run.config?.min_clients, 1, "min_clients stays the template's when not above")
+    const tooMany = psyche('init', join(tmp, 'run-many'), '--min-clients', '17')
+    assert.equal(tooMany.status, 1)
+    assert.match(tooMany.stderr, /global_batch_size_start = 16: must be ≥ init_min_clients \(17\)/)
+    assert.ok(!existsSync(join(tmp, 'run-many')), 'nothing written')
+    assert.equal(psyche('init', join(tmp, 'run-zero'), '--min-clients', '0').status, 2, 'a usage error')
+  })
+
   it('refuses a non-empty directory and unknown or model-only templates', () => {
     const dir = join(tmp, 'full')
     mkdirSync(dir)

@@ -37,6 +37,13 @@ describe('end to end: a coordinator and three clients, each with its own worker'
     procs.push(...clients)
     for (const c of clients) await c.waitFor((e) => e.event === 'finished', 'the run to finish', 180_000)
 
+    // Before the first epoch the clients said what they waited for (init_min_clients = 3), also under --json.
+    const waits = clients.flatMap((c) => c.events.filter((e) => e.event === 'waiting'))
+    assert.ok(
+      waits.some((e) => e.reason === 'members' && /clients have joined/.test(String(e.detail))),
+      `a client waiting for members says so: ${JSON.stringify(waits)}`,
+    )
+
     const byStep = hashesByStep(clients)
     assert.deepEqual(
       [...byStep.keys()].sort((x, y) => x - y),

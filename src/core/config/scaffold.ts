@@ -15,6 +15,8 @@ export interface ScaffoldOptions {
   runId?: string
   /** Allows writing into a non-empty directory. */
   force?: boolean
+  /** Sets init_min_clients (the clients the first epoch waits for); min_clients is lowered to it if above. */
+  minClients?: number
   templatesDir?: string
 }
 
@@ -51,6 +53,13 @@ function replaceTomlString(text: string, from: string, to: string, file: string)
   const first = text.indexOf(literal)
   if (first < 0 || text.indexOf(literal, first + 1) >= 0) throw new PsycheError(`${file}: cannot rewrite path ${literal}: it must appear exactly once as a "double-quoted" string`)
   return text.slice(0, first) + JSON.stringify(to) + text.slice(first + literal.length)
+}
+
+/** Replaces the integer value of `key = N` in TOML text (the first such line), keeping comments and layout. */
+function replaceTomlInt(text: string, key: string, value: number, file: string): string {
+  const line = new RegExp(`^(${key}\\s*=\\s*)(\\d+)`, 'm')
+  if (!line.test(text)) throw new PsycheError(`${file}: has no ${key} = N line to set`)
+  return text.replace(line, `$1${value}`)
 }
 
 /** A path of the template that points outside it must keep pointing at the same place from the new directory. */
@@ -99,6 +108,13 @@ export async function scaffoldRun(options: ScaffoldOptions): Promise<ScaffoldRes
   if (options.runId !== undefined) {
     if (template.run_id === undefined) throw new PsycheError(`${statePath}: has no run_id to replace`)
     stateText = replaceTomlString(stateText, template.run_id, options.runId, statePath)
+  }
+
+  if (options.minClients !== undefined) {
+    if (!Number.isInteger(options.minClients) || options.minClients < 1) throw new PsycheError(`--min-clients ${options.minClients}: must be a whole number ≥ 1`)
+    stateText = replaceTomlInt(stateText, 'init_min_clients', options.minClients, statePath)
+    if ((template.config?.min_clients ?? 0) > options.minClients) stateText = replaceTomlInt(stateText, 'min_clients', options.minClients, statePath)
+    parseRunConfig(stateText, join(dir, 'state.toml')) // e.g. more clients than the first batch has sequences: refused before writing
   }
 
   await mkdir(dir, {recursive: true})

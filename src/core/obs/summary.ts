@@ -13,6 +13,8 @@ export interface RunSummary {
   /** Seconds since the phase began, and until its timeout (null: the phase has none, or waits for members). */
   phase_elapsed_seconds: number
   phase_time_left_seconds: number | null
+  /** Seconds until the epoch's time is up (epoch_time from its start), during Warmup and rounds; else null. */
+  epoch_time_left_seconds: number | null
   clients: {id: string; state: string}[]
   clients_by_state: {healthy: number; dropped: number; withdrawn: number; ejected: number; pending: number}
   round: {step: number; height: number; batch_size: number; trainers: number; witnesses_expected: number; witness_proofs: number; witness_quorum: number} | null
@@ -62,6 +64,9 @@ export function summarizeRun(state: CoordinatorState, nowSeconds: number): RunSu
     progress: state.config.total_steps > 0 ? Math.min(1, (state.progress.step - 1) / state.config.total_steps) : 0,
     phase_elapsed_seconds: Math.round(elapsed * 10) / 10,
     phase_time_left_seconds: limit === null ? null : Math.round(Math.max(0, limit - elapsed) * 10) / 10,
+    epoch_time_left_seconds: ['Warmup', 'RoundTrain', 'RoundWitness'].includes(state.run_state)
+      ? Math.round(Math.max(0, coordinatorSeconds(state.epoch.start_time) + state.config.epoch_time - nowSeconds) * 10) / 10
+      : null,
     clients: all.map((c) => ({id: c.id, state: c.state})),
     clients_by_state: {healthy: count('Healthy'), dropped: count('Dropped'), withdrawn: count('Withdrawn'), ejected: count('Ejected'), pending: state.pending.length},
     round: inRound
@@ -76,5 +81,67 @@ export function summarizeRun(state: CoordinatorState, nowSeconds: number): RunSu
         }
       : null,
     pause_pending: state.pending_pause,
+  }
+}
+
+/**
+ * The time left, for people: a round's phase limit is only a timeout (rounds usually end far sooner, when every
+ * witness has attested), so during rounds this is the time left in the epoch; in Warmup and Cooldown, the phase's.
+ */
+export function timeLeftText(s: Pick<RunSummary, 'run_state' | 'phase_time_left_seconds' | 'epoch_time_left_seconds'>): string {
+  if ((s.run_state === 'RoundTrain' || s.run_state === 'RoundWitness') && s.epoch_time_left_seconds !== null) {
+    return `epoch ends in ~${Math.round(s.epoch_time_left_seconds)}s`
+  }
+  return s.phase_time_left_seconds === null ? '' : `${Math.round(s.phase_time_left_seconds)}s left`
+}
+
+/** What a client that is not training in the current epoch waits for, and about how long (`seconds`, null: unknown). */
+export interface Waiting {
+  /** members: the epoch waits for clients; next_epoch: the client joins when the current epoch ends; paused: the run is. */
+  reason: 'members' | 'next_epoch' | 'paused'
+  detail: string
+  seconds: number | null
+}
+
+const about = (s: number) => `~${Math.max(1, Math.round(s))} s`
+
+/**
+ * Why client `id` is not training now, for its own output (`psyche join`, also when piped): null while it trains in the
+ * epoch, or when the run has finished. The time to the next epoch is the coordinator's upper bound (epoch_time from
+ * the epoch's start, then cooldown and the wait for members): an epoch can end earlier (rounds_per_epoch, a pause).
+ */
+export function waitingFor(state: CoordinatorState, id: string, nowSeconds: number): Waiting | null {
+  const c = state.config
+  const elapsed = Math.max(0, nowSeconds - coordinatorSeconds(state.run_state_start))
+  switch (state.run_state) {
+    case 'Finished':
+      return null
+    case 'Uninitialized':
+    case 'Paused':
+      return {reason: 'paused', detail: 'the run is paused; it goes on when its authority resumes it', seconds: null}
+    case 'WaitingForMembers': {
+      const joined = state.pending.length
+      if (joined < c.init_min_clients) {
+        return {
+          reason: 'members',
+          detail: `waiting for members: ${joined} of ${c.init_min_clients} clients have joined; the epoch starts once ${c.init_min_clients} have (init_min_clients)`,
+          seconds: null,
+        }
+      }
+      const left = Math.max(0, c.waiting_for_members_extra_time - elapsed)
+      return {reason: 'members', detail: `${joined} clients have joined; the epoch starts in ${about(left)}`, seconds: left}
+    }
+    default: {
+      if (state.epoch.clients.some((m) => m.id === id && m.state === 'Healthy')) return null
+      const epochEnd = coordinatorSeconds(state.epoch.start_time) + c.epoch_time
+      const untilCooldown = state.run_state === 'Cooldown' ? Math.max(0, c.cooldown_time - elapsed) : Math.max(0, epochEnd - nowSeconds) + c.cooldown_time
+      const left = untilCooldown + c.waiting_for_members_extra_time
+      const training = state.epoch.clients.filter((m) => m.state === 'Healthy').length
+      return {
+        reason: 'next_epoch',
+        detail: `joins at the next epoch, in ${about(left)} (epoch ${state.progress.epoch} is under way with ${training} client${training === 1 ? '' : 's'})`,
+        seconds: left,
+      }
+    }
   }
 }

@@ -1,5 +1,5 @@
 // The terminal view's content and its plain-text form; no ink here (terminal-ink.ts draws it, loaded only for a live view).
-import type {RunSummary} from './summary.js'
+import {timeLeftText, type RunSummary} from './summary.js'
 
 /** What the live terminal view shows; every field optional but the title. Built by the command from its events. */
 export interface TerminalView {
@@ -39,7 +39,7 @@ export function viewLines(v: TerminalView): string[] {
   const s = v.summary
   const lines = [v.title]
   if (s) {
-    const left = s.phase_time_left_seconds === null ? '' : `  ${s.phase_time_left_seconds.toFixed(0)}s left`
+    const left = timeLeftText(s) ? `  ${timeLeftText(s)}` : ''
     lines.push(`phase ${s.run_state}${left}   round ${s.step}/${s.total_steps}   epoch ${s.epoch}`)
     const c = s.clients_by_state
     lines.push(

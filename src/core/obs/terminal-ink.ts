@@ -2,6 +2,7 @@
 // so commands that print plain lines or JSON never load ink and React.
 import {Box, render, Text} from 'ink'
 import {createElement as h, useEffect, useState, type ReactElement} from 'react'
+import {timeLeftText} from './summary.js'
 import {fixed, mb, sparkline, STATE_COLOR, type TerminalView} from './terminal-format.js'
 
 function View({get, intervalMs}: {get: () => TerminalView; intervalMs: number}): ReactElement {
@@ -23,7 +24,7 @@ function View({get, intervalMs}: {get: () => TerminalView; intervalMs: number}):
         null,
         'phase ',
         h(Text, {color: 'cyan', bold: true}, s.run_state),
-        s.phase_time_left_seconds === null ? '' : `  ${s.phase_time_left_seconds.toFixed(0)}s left`,
+        timeLeftText(s) ? `  ${timeLeftText(s)}` : '',
         '   round ',
         h(Text, {bold: true}, `${s.step}/${s.total_steps}`),
         `   epoch ${s.epoch}`,
