@@ -1,6 +1,6 @@
 import {Flags} from '@oclif/core'
 import {join} from 'node:path'
-import {CoordinatorServer, serverIdentity} from '../../core/backend/index.js'
+import {CoordinatorServer, DEFAULT_LIMITS, serverIdentity} from '../../core/backend/index.js'
 import {PsycheCommand} from '../../core/cli/base-command.js'
 import {relayFlags, relayOptionsFromFlags} from '../../core/cli/relay-flags.js'
 import {checkDataServerForRun, formatIssue, loadRunConfigFile} from '../../core/config/index.js'
@@ -44,6 +44,21 @@ limits per relayed connection are flags (--relay-data-limit-mb, --relay-duration
     'dashboard-port': Flags.integer({summary: 'serve the dashboard page at http://HOST:PORT/ (0: any free port); its history is kept in --save-state-dir', min: 0, max: 65535}),
     'dashboard-host': Flags.string({summary: 'address the dashboard listens on', default: '127.0.0.1'}),
     relay: Flags.boolean({summary: 'run a circuit relay for clients behind NAT (--no-relay: none)', default: true, allowNo: true}),
+    'max-connections': Flags.integer({
+      summary: 'most client connections open at once (lowered to what ulimit -n leaves room for); more are refused',
+      default: DEFAULT_LIMITS.maxConnections,
+      min: 1,
+    }),
+    'max-connections-per-ip': Flags.integer({summary: 'most connections open at once from one IP address', default: DEFAULT_LIMITS.maxConnectionsPerIp, min: 1}),
+    'max-handshakes': Flags.integer({summary: 'most connections that have not said hello yet (each has 10 s to)', default: DEFAULT_LIMITS.maxHandshakes, min: 1}),
+    'max-watchers': Flags.integer({summary: 'most connections watching the run without joining (psyche status, dashboards)', default: DEFAULT_LIMITS.maxWatchers, min: 1}),
+    'max-members': Flags.integer({summary: 'most members of the run at once (waiting to join plus training); more joins are refused', default: DEFAULT_LIMITS.maxMembers, min: 1}),
+    'joins-per-second': Flags.integer({summary: 'joins accepted per second, all clients together (a join storm is paced)', default: DEFAULT_LIMITS.joinsPerSecond, min: 1}),
+    'max-unsent-bytes': Flags.integer({
+      summary: 'bytes queued for one connection that it has not read; past it the connection is closed (a slow reader)',
+      default: DEFAULT_LIMITS.maxUnsentBytes,
+      min: 65536,
+    }),
     ...relayFlags,
   }
 
@@ -86,6 +101,15 @@ limits per relayed connection are flags (--relay-data-limit-mb, --relay-duration
       identity: id,
       log,
       relayAddrs: (localAddress) => relay?.addressFor(localAddress) ?? [],
+      limits: {
+        maxConnections: flags['max-connections'],
+        maxConnectionsPerIp: flags['max-connections-per-ip'],
+        maxHandshakes: flags['max-handshakes'],
+        maxWatchers: flags['max-watchers'],
+        maxMembers: flags['max-members'],
+        joinsPerSecond: flags['joins-per-second'],
+        maxUnsentBytes: flags['max-unsent-bytes'],
+      },
     }).catch(async (error) => {
       await relay?.stop()
       throw error

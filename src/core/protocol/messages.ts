@@ -38,7 +38,11 @@ import {isIdentityId, signBytes, verifyBytes, type Identity} from './identity.js
  * server → client  challenge {session}      (first message, as soon as the TCP connection opens)
  *                  welcome {run_id, client_id, server_time, relay_addrs?}
  *                                           relay_addrs: the coordinator's circuit relay, as this client can dial it
- *                  state {state: serialized CoordinatorState, peers: {ClientId: multiaddrs}, server_time, scores?}
+ *                  state {state: serialized CoordinatorState, peers: {ClientId: multiaddrs}, server_time, scores?,
+ *                         peers_reset?, peers_removed?}
+ *                                           peers: the directory entries (the run's members) added or changed since this
+ *                                           connection's previous state; peers_reset: true replaces the whole directory
+ *                                           (the first state of a connection); peers_removed: members gone since
  *                                           scores (to watchers): the verification scores the server keeps (ClientScore[])
  *                  rejected {code, reason, of?}
  *                  client_report {client, step, report}   a client's report, forwarded to watchers (dashboards)
@@ -59,6 +63,8 @@ export const MAX_ADDR_CHARS = 512
 export const MAX_ACCUSED = 10_000
 export const MAX_REASON_CHARS = 4096
 export const MAX_REPO_CHARS = 512
+/** Most ids one state may name as removed from the peer directory (the server sends a reset past it). */
+export const MAX_DIRECTORY_REMOVALS = 4096
 export const SESSION_HEX_CHARS = 32
 
 export interface HelloBody {
@@ -126,7 +132,12 @@ export interface WelcomeBody {
 }
 export interface StateBody {
   state: CoordinatorState
+  /** Directory entries added or changed since the previous state on this connection (all of them with peers_reset). */
   peers: PeerDirectory
+  /** The directory is `peers`, not an update of the previous one (a connection's first state). */
+  peers_reset?: boolean
+  /** Members no longer in the directory since the previous state. */
+  peers_removed?: ClientId[]
   server_time: number
   /** Sent to watchers (status, dashboards): the verification scores the server keeps (src/core/verify/scoreboard.ts). */
   scores?: ClientScore[]
@@ -362,7 +373,7 @@ const serverBodyCheckers: {[K in ServerKind]: (b: Obj) => ServerBodies[K]} = {
     return out
   },
   state(b) {
-    exactKeys(b, ['state', 'peers', 'server_time'], ['scores'], 'state')
+    exactKeys(b, ['state', 'peers', 'server_time'], ['scores', 'peers_reset', 'peers_removed'], 'state')
     const text = str(b.state, 'state.state', Number.MAX_SAFE_INTEGER)
     let state: CoordinatorState
     try {
@@ -374,6 +385,15 @@ const serverBodyCheckers: {[K in ServerKind]: (b: Obj) => ServerBodies[K]} = {
     const peers: PeerDirectory = {}
     for (const [k, v] of Object.entries(b.peers)) peers[id(k, 'state.peers key')] = strings(v, `state.peers.${k}`, MAX_P2P_ADDRS, MAX_ADDR_CHARS)
     const out: StateBody = {state, peers, server_time: time(b.server_time, 'state.server_time')}
+    if (b.peers_reset !== undefined) {
+      if (typeof b.peers_reset !== 'boolean') throw new Invalid('state.peers_reset must be a boolean')
+      out.peers_reset = b.peers_reset
+    }
+    if (b.peers_removed !== undefined) {
+      if (!Array.isArray(b.peers_removed) || b.peers_removed.length > MAX_DIRECTORY_REMOVALS)
+        throw new Invalid(`state.peers_removed must be a list of at most ${MAX_DIRECTORY_REMOVALS} ids`)
+      out.peers_removed = b.peers_removed.map((v: unknown, i: number) => id(v, `state.peers_removed[${i}]`))
+    }
     if (b.scores !== undefined) {
       if (!Array.isArray(b.scores) || b.scores.length > MAX_SCORED_CLIENTS) throw new Invalid(`state.scores must be a list of at most ${MAX_SCORED_CLIENTS} entries`)
       out.scores = b.scores.map((e: unknown, i: number) => {

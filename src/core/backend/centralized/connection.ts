@@ -10,6 +10,7 @@ import {DEFAULT_MAX_FRAME_BYTES, FrameReader} from '../../protocol/frames.js'
 import type {Identity} from '../../protocol/identity.js'
 import {decodeServerMessage, encodeClientMessage, type ClientBodies, type ClientKind, type ServerEnvelope} from '../../protocol/messages.js'
 import type {CoordinatorBackend, PeerDirectory, RejectionInfo} from '../types.js'
+import {RETRYABLE_REFUSALS} from './limits.js'
 
 export interface ConnectOptions {
   /** The server, as host:port. */
@@ -286,7 +287,11 @@ export class CoordinatorConnection extends EventEmitter implements CoordinatorBa
         if (!link.welcomed) return this.drop(link, 'unexpected', 'state before welcome')
         if (m.body.state.run_id !== this.runId) return this.drop(link, 'wrong_run_id', `state of run "${m.body.state.run_id}"`)
         this.state = m.body.state
-        this.peers = m.body.peers
+        // The server sends the directory once (peers_reset) and then only what changed.
+        const peers: PeerDirectory = m.body.peers_reset ? {} : {...this.peers}
+        for (const gone of m.body.peers_removed ?? []) delete peers[gone]
+        Object.assign(peers, m.body.peers)
+        this.peers = peers
         this.serverTime = m.body.server_time
         if (m.body.scores) this.scores = m.body.scores
         const first = !link.gotState
@@ -302,8 +307,9 @@ export class CoordinatorConnection extends EventEmitter implements CoordinatorBa
       case 'rejected': {
         const info: RejectionInfo = {code: m.body.code, ...(m.body.of ? {of: m.body.of} : {})}
         this.log({event: 'rejected_by_server', code: m.body.code, reason: m.body.reason, ...(m.body.of ? {of: m.body.of} : {})})
-        // Refused before we were welcomed: this connection attempt is over, and retrying will not help.
-        if (!link.welcomed) return new AttemptFailed(`refused: ${m.body.reason}`, true, m.body.code)
+        // Refused before we were welcomed: this connection attempt is over. Retrying helps only when the server is
+        // at a bound (connections, watchers), not when it refused us (wrong run, ...).
+        if (!link.welcomed) return new AttemptFailed(`refused: ${m.body.reason}`, !(RETRYABLE_REFUSALS as readonly string[]).includes(m.body.code), m.body.code)
         // Another process connected with our identity: reconnecting would only take the run back and forth.
         if (m.body.code === 'replaced') this.replaced = true
         this.emit('rejected', m.body.reason, info)

@@ -11,6 +11,8 @@ import {writeFileAtomicSync} from '../../protocol/atomic-file.js'
 import {DEFAULT_MAX_FRAME_BYTES, FrameReader} from '../../protocol/frames.js'
 import {generateIdentity, loadIdentity, saveIdentity, type Identity} from '../../protocol/identity.js'
 import {ScoreBoard} from '../../verify/scoreboard.js'
+import {PeerBook} from './directory.js'
+import {DEFAULT_LIMITS, effectiveMaxConnections, LIMIT_FLAGS, RateLimiter, type RetryableRefusal, type ServerLimits} from './limits.js'
 import {decodeClientMessage, encodeServerMessage, type ClientEnvelope, type ServerBodies, type ServerKind} from '../../protocol/messages.js'
 
 export interface CoordinatorServerOptions {
@@ -33,8 +35,11 @@ export interface CoordinatorServerOptions {
   now?: () => number
   /** Largest frame accepted from a client once it said hello (default 16 MiB; 64 KiB before). */
   maxFrameBytes?: number
-  /** Open TCP connections accepted at once (default 16384); more are refused by the kernel's backlog. */
-  maxConnections?: number
+  /**
+   * Bounds on what strangers can make the server hold (limits.ts: DEFAULT_LIMITS; each a flag of psyche server run).
+   * The connection bound is lowered to what `ulimit -n` leaves room for.
+   */
+  limits?: Partial<ServerLimits>
   /** A connection must say hello within this time (default 10 s). */
   helloTimeoutMs?: number
   /**
@@ -52,12 +57,12 @@ export const SAVED_IDENTITY_FILE = 'server-identity.json'
 export const MAX_PRE_HELLO_FRAME_BYTES = 64 * 1024
 /** Protocol violations a connection may commit before it is closed (each is logged and answered). */
 const MAX_STRIKES = 16
-/** A client that does not read its state pushes is cut off rather than buffered without bound. */
-const MAX_UNSENT_BYTES = 256 * 1024 * 1024
 
 interface Session {
   socket: Socket
   peer: string
+  /** The remote IP address (connections per address are bounded). */
+  ip: string
   /** Random per connection: every message of the connection is signed with it, so none can be replayed on another. */
   session: string
   reader: FrameReader
@@ -72,6 +77,10 @@ interface Session {
   lastState?: string
   /** Said hello without asking to join (psyche status, dashboards): gets the clients' reports forwarded. */
   watcher?: boolean
+  /** The peer directory version this connection has (undefined: none yet, so its next state carries all of it). */
+  peersVersion?: number
+  /** The libp2p addresses the client announced last: its directory entry while it is a member of the run. */
+  addrs: string[]
 }
 
 interface SavedState {
@@ -91,6 +100,11 @@ interface SavedState {
 export class CoordinatorServer {
   private readonly sessions = new Set<Session>()
   private readonly byClient = new Map<ClientId, Session>()
+  /** Connections that have not said hello yet, watchers, and connections per remote address (all bounded). */
+  private readonly handshaking = new Set<Session>()
+  private readonly watchers = new Set<Session>()
+  private readonly perIp = new Map<string, number>()
+  private readonly joins: RateLimiter
   private timer?: NodeJS.Timeout
   private stopping = false
   private statePath?: string
@@ -104,15 +118,24 @@ export class CoordinatorServer {
     private readonly net: Server,
     readonly identity: Identity,
     private current: CoordinatorState,
-    private directory: PeerDirectory,
+    private readonly book: PeerBook,
     private readonly opts: Required<Pick<CoordinatorServerOptions, 'withdrawOnDisconnect' | 'maxFrameBytes' | 'helloTimeoutMs'>> & {
       log: (event: object) => void
       now: () => number
       saveStateDir?: string
       relayAddrs?: (localAddress: string | undefined) => string[]
+      limits: ServerLimits
     },
   ) {
     if (opts.saveStateDir) this.statePath = join(opts.saveStateDir, SAVED_STATE_FILE)
+    this.joins = new RateLimiter(opts.limits.joinsPerSecond, () => Date.now())
+    const listed = directoryMembers(current)
+    this.book.retain((id) => listed.has(id))
+  }
+
+  /** The bounds this server enforces (the connection bound as lowered to fit `ulimit -n`). */
+  get limits(): ServerLimits {
+    return {...this.opts.limits}
   }
 
   static async start(options: CoordinatorServerOptions): Promise<CoordinatorServer> {
@@ -137,9 +160,23 @@ export class CoordinatorServer {
     identity ??= generateIdentity()
     state ??= createCoordinator(options.run, {now: now()})
 
+    const limits = {...DEFAULT_LIMITS, ...options.limits}
+    for (const [key, value] of Object.entries(limits) as [keyof ServerLimits, number][]) {
+      if (!Number.isInteger(value) || value < 1) throw new PsycheError(`${LIMIT_FLAGS[key]}: ${value} is not a positive whole number`, {exitCode: 2, code: 'EUSAGE'})
+    }
+    if (options.run.config.init_min_clients > limits.maxMembers || options.run.config.min_clients > limits.maxMembers) {
+      throw new PsycheError(
+        `${options.run.path}: config.init_min_clients (${options.run.config.init_min_clients}) and config.min_clients (${options.run.config.min_clients}) must be at most ${LIMIT_FLAGS.maxMembers} ${limits.maxMembers}`,
+        {code: 'ECONFIG'},
+      )
+    }
+    const connections = effectiveMaxConnections(limits.maxConnections)
+    if (connections.lowered) log({event: 'limit_lowered', limit: LIMIT_FLAGS.maxConnections, to: connections.max, reason: connections.lowered})
+    limits.maxConnections = connections.max
     const net = createServer({noDelay: true})
-    net.maxConnections = options.maxConnections ?? 16384
-    const server = new CoordinatorServer(net, identity, state, peers, {
+    // The kernel-side backstop: past this Node closes new sockets at once (we refuse with a reason below it).
+    net.maxConnections = limits.maxConnections + 64
+    const server = new CoordinatorServer(net, identity, state, new PeerBook(peers), {
       withdrawOnDisconnect: options.withdrawOnDisconnect ?? true,
       maxFrameBytes: options.maxFrameBytes ?? DEFAULT_MAX_FRAME_BYTES,
       helloTimeoutMs: options.helloTimeoutMs ?? 10_000,
@@ -147,6 +184,7 @@ export class CoordinatorServer {
       now,
       saveStateDir: options.saveStateDir,
       relayAddrs: options.relayAddrs,
+      limits,
     })
     net.on('connection', (socket) => server.accept(socket))
     await new Promise<void>((resolve, reject) => {
@@ -183,9 +221,9 @@ export class CoordinatorServer {
     return this.current
   }
 
-  /** Client id → the libp2p multiaddrs it announced in its hello. */
+  /** Member id → the libp2p multiaddrs it announced (members of the run only: pending or healthy in the epoch). */
   get peers(): PeerDirectory {
-    return this.directory
+    return this.book.snapshot()
   }
 
   /** Ids of the clients connected now (that said hello). */
@@ -252,6 +290,11 @@ export class CoordinatorServer {
     if (next === previous && !peersChanged) return
     this.current = next
     this.work.commits++
+    // The directory holds the run's members only: a client that left, was ejected or dropped leaves it.
+    if (next !== previous) {
+      const listed = directoryMembers(next)
+      if (this.book.retain((id) => listed.has(id))) peersChanged = true
+    }
     if (next.run_state !== previous.run_state || next.progress.step !== previous.progress.step) {
       this.opts.log({
         event: 'transition',
@@ -269,7 +312,7 @@ export class CoordinatorServer {
 
   private save(): void {
     if (!this.statePath) return
-    const saved: SavedState = {type: 'psyche-coordinator-state', version: 1, state: serializeState(this.current), peers: this.directory}
+    const saved: SavedState = {type: 'psyche-coordinator-state', version: 1, state: serializeState(this.current), peers: this.book.snapshot()}
     try {
       writeFileAtomicSync(this.statePath, JSON.stringify(saved))
     } catch (error) {
@@ -277,28 +320,35 @@ export class CoordinatorServer {
     }
   }
 
-  /** Pushes the state and peer directory to every client (or one) that has not seen exactly this pair yet. */
+  /**
+   * Pushes the state to every client (or one) that has not seen it yet, with what changed in the peer directory since
+   * the version each connection has (the whole directory once, on a connection's first state; deltas after).
+   */
   private pushState(only?: Session): void {
     const stateText = serializeState(this.current)
-    const peersJson = JSON.stringify(this.directory)
-    const key = `${stateText}\0${peersJson}`
-    // Serialized once for all connections; each frame still signs its own session and sequence number.
-    const json = `{"state":${JSON.stringify(stateText)},"peers":${peersJson},"server_time":${this.opts.now()}}`
-    // Watchers (status, dashboards) also get the verification scores; training clients do not need them.
-    const watcherKey = `${key}\0${this.scoresJson}`
-    let watcherJson: string | undefined
+    const version = this.book.current
+    const head = `{"state":${JSON.stringify(stateText)},"server_time":${this.opts.now()}`
+    // Serialized once per directory version the connections are at (nearly all at the same one); each frame still
+    // signs its own session and sequence number.
+    const bodies = new Map<number | undefined, string>()
+    const bodyFor = (since: number | undefined): string => {
+      let body = bodies.get(since)
+      if (body === undefined) {
+        const delta = this.book.deltaSince(since)
+        body = `${head},"peers":${JSON.stringify(delta.set)}${delta.reset ? ',"peers_reset":true' : ''}${delta.removed.length > 0 ? `,"peers_removed":${JSON.stringify(delta.removed)}` : ''}`
+        bodies.set(since, body)
+      }
+      return body
+    }
     for (const s of only ? [only] : this.sessions) {
       if (!s.clientId || s.replaced) continue
-      if (s.watcher) {
-        if (s.lastState === watcherKey) continue
-        s.lastState = watcherKey
-        watcherJson ??= `${json.slice(0, -1)},"scores":${this.scoresJson}}`
-        this.send(s, 'state', {json: watcherJson})
-        continue
-      }
-      if (s.lastState === key) continue
+      const key = s.watcher ? `${stateText}\0${this.scoresJson}` : stateText
+      if (s.lastState === key && s.peersVersion === version) continue
+      const body = bodyFor(s.peersVersion)
       s.lastState = key
-      this.send(s, 'state', {json})
+      s.peersVersion = version
+      // Watchers (status, dashboards) also get the verification scores; training clients do not need them.
+      this.send(s, 'state', {json: s.watcher ? `${body},"scores":${this.scoresJson}}` : `${body}}`})
     }
   }
 
@@ -309,9 +359,23 @@ export class CoordinatorServer {
       socket.destroy()
       return
     }
+    const ip = socket.remoteAddress ?? '?'
+    const limits = this.opts.limits
+    const refusal =
+      this.sessions.size >= limits.maxConnections
+        ? (['too_many_connections', `the server holds ${limits.maxConnections} connections (${LIMIT_FLAGS.maxConnections})`] as const)
+        : (this.perIp.get(ip) ?? 0) >= limits.maxConnectionsPerIp
+          ? (['too_many_connections_from_address', `${ip} has ${limits.maxConnectionsPerIp} connections open (${LIMIT_FLAGS.maxConnectionsPerIp})`] as const)
+          : this.handshaking.size >= limits.maxHandshakes
+            ? (['too_many_handshakes', `${limits.maxHandshakes} connections have not said hello yet (${LIMIT_FLAGS.maxHandshakes})`] as const)
+            : undefined
+    if (refusal) return this.refuse(socket, refusal[0], refusal[1])
+    this.perIp.set(ip, (this.perIp.get(ip) ?? 0) + 1)
     const s: Session = {
       socket,
       peer: `${socket.remoteAddress}:${socket.remotePort}`,
+      ip,
+      addrs: [],
       session: randomBytes(16).toString('hex'),
       reader: new FrameReader(Math.min(MAX_PRE_HELLO_FRAME_BYTES, this.opts.maxFrameBytes)),
       lastSeq: 0,
@@ -320,19 +384,32 @@ export class CoordinatorServer {
       replaced: false,
     }
     this.sessions.add(s)
+    this.handshaking.add(s)
     this.opts.log({event: 'connected', peer: s.peer})
     s.helloTimer = setTimeout(() => this.drop(s, 'hello_timeout', `no hello within ${this.opts.helloTimeoutMs} ms`), this.opts.helloTimeoutMs)
     s.helloTimer.unref()
     socket.on('data', (chunk) => this.onData(s, chunk))
     socket.on('error', () => {}) // reported by 'close'
     socket.on('close', () => this.onClose(s))
+    // A peer that vanished without a FIN is noticed even when nothing is sent to it.
+    socket.setKeepAlive(true, 30_000)
     this.send(s, 'challenge', {session: s.session})
+  }
+
+  /** Refuses a new connection over a bound: one signed `rejected` naming the bound, then closed (logged). */
+  private refuse(socket: Socket, code: RetryableRefusal, reason: string): void {
+    this.opts.log({event: 'rejected', peer: `${socket.remoteAddress}:${socket.remotePort}`, code, reason, closed: true})
+    socket.on('error', () => {})
+    socket.end(
+      encodeServerMessage(this.identity, 'rejected', {run_id: this.runId, step: this.current.progress.step, seq: 1, session: randomBytes(16).toString('hex')}, {code, reason}),
+    )
+    setTimeout(() => socket.destroy(), 1000).unref()
   }
 
   private send<K extends ServerKind>(s: Session, kind: K, body: Parameters<typeof encodeServerMessage<K>>[3]): void {
     if (s.socket.destroyed || !s.socket.writable) return
-    if (s.socket.writableLength > MAX_UNSENT_BYTES) {
-      this.drop(s, 'slow_consumer', `more than ${MAX_UNSENT_BYTES} bytes unread`)
+    if (s.socket.writableLength > this.opts.limits.maxUnsentBytes) {
+      this.drop(s, 'slow_consumer', `more than ${this.opts.limits.maxUnsentBytes} bytes unread (${LIMIT_FLAGS.maxUnsentBytes})`)
       return
     }
     s.sentSeq += 1
@@ -360,10 +437,15 @@ export class CoordinatorServer {
       if (of) body.of = of
       this.send(s, 'rejected', body)
     }
+    s.reader = new FrameReader(0)
+    // A peer that does not read has had its chance: what is queued for it is let go at once.
+    if (code === 'slow_consumer') {
+      s.socket.destroy()
+      return
+    }
     s.socket.end()
     // Do not wait for a peer that never reads: the socket goes after a grace period regardless.
     setTimeout(() => s.socket.destroy(), 1000).unref()
-    s.reader = new FrameReader(0)
   }
 
   private onData(s: Session, chunk: Buffer): void {
@@ -431,6 +513,9 @@ export class CoordinatorServer {
         // Display only: logged for the metrics and dashboard layers, never an event of the coordinator.
         const current = this.current.progress.step
         if (m.step > current || m.step < current - 2) return this.reject(s, 'stale_step', `report for step ${m.step}, but the run is at step ${current}`, m.kind, {strike: false})
+        // Only a trainer of a recent round has anything to report: anyone else's numbers would reach dashboards and history.
+        const trainers = [this.current.epoch.round, this.current.epoch.previous_round].flatMap((r) => r?.roster ?? [])
+        if (!trainers.includes(from)) return this.reject(s, 'not_a_trainer', `client ${from} trained in neither of the last two rounds`, m.kind, {strike: false})
         this.opts.log({event: 'client_report', client: from, step: m.step, ...m.body})
         for (const w of this.sessions) if (w.watcher && !w.replaced) this.send(w, 'client_report', {client: from, step: m.step, report: m.body})
         return
@@ -481,7 +566,11 @@ export class CoordinatorServer {
     const body = m.body
     if (body.client_id !== m.from) return this.reject(s, 'wrong_sender', `hello names client ${body.client_id} but is signed by ${m.from}`, 'hello')
     if (body.run_id !== this.runId) return this.drop(s, 'wrong_run_id', `this server coordinates run "${this.runId}", not "${body.run_id.slice(0, 256)}"`, 'hello')
+    if (!body.want_join && !this.watchers.has(s) && this.watchers.size >= this.opts.limits.maxWatchers) {
+      return this.drop(s, 'too_many_watchers', `${this.opts.limits.maxWatchers} connections watch the run (${LIMIT_FLAGS.maxWatchers})`, 'hello')
+    }
     clearTimeout(s.helloTimer)
+    this.handshaking.delete(s)
     const old = this.byClient.get(m.from)
     if (old && old !== s) {
       // The same identity reconnected before we noticed its old connection die: the new one wins.
@@ -490,6 +579,8 @@ export class CoordinatorServer {
     }
     s.clientId = m.from
     s.watcher = !body.want_join
+    if (s.watcher) this.watchers.add(s)
+    s.addrs = body.p2p_addrs
     s.reader.maxFrameBytes = this.opts.maxFrameBytes
     this.byClient.set(m.from, s)
     this.opts.log({event: 'hello', peer: s.peer, client: m.from, want_join: body.want_join, p2p_addrs: body.p2p_addrs})
@@ -497,11 +588,9 @@ export class CoordinatorServer {
     const relay = this.opts.relayAddrs?.(s.socket.localAddress)
     if (relay && relay.length > 0) welcome.relay_addrs = relay
     this.send(s, 'welcome', welcome)
-    const known = this.directory[m.from]
-    const peersChanged = !known || known.length !== body.p2p_addrs.length || known.some((a, i) => a !== body.p2p_addrs[i])
-    if (peersChanged) this.directory = {...this.directory, [m.from]: body.p2p_addrs}
     if (body.want_join) {
-      const result = applyEvent(this.current, {type: 'join', id: m.from}, this.opts.now())
+      const refusal = this.joinRefusal(m.from)
+      const result = refusal ? {state: this.current, error: refusal} : applyEvent(this.current, {type: 'join', id: m.from}, this.opts.now())
       if (result.error) {
         // A client that reconnects (e.g. after a server restart) is already in the run: nothing to refuse.
         if (result.error.code === 'AlreadyJoined') this.opts.log({event: 'rejoined', peer: s.peer, client: m.from, detail: result.error.message})
@@ -509,20 +598,31 @@ export class CoordinatorServer {
       } else {
         this.opts.log({event: 'joined', peer: s.peer, client: m.from})
       }
+      // Its addresses go in the directory once it is a member (joined now, or already).
+      const peersChanged = directoryMembers(result.state).has(m.from) && this.book.set(m.from, s.addrs)
       this.commit(result.state, peersChanged)
       this.advance()
-    } else {
-      this.commit(this.current, peersChanged)
     }
     // Every client gets the state right after its welcome, changed or not.
     this.pushState(s)
   }
 
-  /** A client's libp2p addresses changed: the directory (and so every client) gets the new list. */
+  /**
+   * Why a join is refused before the coordinator sees it: the run is at its member bound, or joins arrive faster
+   * than the server paces them (a join storm). A client already in the run is never refused here.
+   */
+  private joinRefusal(id: ClientId): {code: string; message: string} | undefined {
+    if (isMember(this.current, id)) return undefined
+    const limits = this.opts.limits
+    if (memberCount(this.current) >= limits.maxMembers) return {code: 'run_full', message: `the run has ${limits.maxMembers} members (${LIMIT_FLAGS.maxMembers})`}
+    if (!this.joins.take()) return {code: 'join_rate', message: `joins are accepted at ${limits.joinsPerSecond} per second (${LIMIT_FLAGS.joinsPerSecond}); try again shortly`}
+    return undefined
+  }
+
+  /** A client's libp2p addresses changed: a member's directory entry (and so every client) gets the new list. */
   private setAddresses(s: Session, from: ClientId, addrs: string[]): void {
-    const known = this.directory[from]
-    if (known && known.length === addrs.length && known.every((a, i) => a === addrs[i])) return
-    this.directory = {...this.directory, [from]: addrs}
+    s.addrs = addrs
+    if (!directoryMembers(this.current).has(from) || !this.book.set(from, addrs)) return
     this.opts.log({event: 'addresses', peer: s.peer, client: from, p2p_addrs: addrs})
     this.commit(this.current, true)
   }
@@ -530,13 +630,17 @@ export class CoordinatorServer {
   private onClose(s: Session): void {
     clearTimeout(s.helloTimer)
     this.sessions.delete(s)
+    this.handshaking.delete(s)
+    this.watchers.delete(s)
+    const n = (this.perIp.get(s.ip) ?? 1) - 1
+    if (n <= 0) this.perIp.delete(s.ip)
+    else this.perIp.set(s.ip, n)
     const id = s.clientId
     this.opts.log({event: 'disconnected', peer: s.peer, ...(id ? {client: id} : {})})
     if (!id || s.replaced || this.byClient.get(id) !== s) return
     this.byClient.delete(id)
     if (this.stopping || !this.opts.withdrawOnDisconnect) return
-    const {[id]: _gone, ...rest} = this.directory
-    this.directory = rest
+    this.book.remove(id)
     const result = applyEvent(this.current, {type: 'withdraw', id}, this.opts.now())
     if (!result.error) this.opts.log({event: 'withdrawn', client: id, reason: 'disconnected'})
     this.commit(result.state, true)
@@ -580,4 +684,25 @@ function readSavedState(path: string, runId: string): {state: CoordinatorState; 
     for (const [k, v] of Object.entries(saved.peers)) if (Array.isArray(v) && v.every((a) => typeof a === 'string')) peers[k] = v
   }
   return {state, peers}
+}
+
+/** Members of the run: clients waiting to join the next epoch, and the epoch's healthy clients. */
+function isMember(state: CoordinatorState, id: ClientId): boolean {
+  return state.pending.includes(id) || state.epoch.clients.some((c) => c.id === id && c.state === 'Healthy')
+}
+
+/**
+ * Who the peer directory lists: the members, and the epoch's clients that left it this round (a dropped trainer's
+ * result may still be fetched) until the round ends; never an ejected client, a watcher or a stranger.
+ */
+function directoryMembers(state: CoordinatorState): Set<ClientId> {
+  const ids = new Set(state.pending)
+  for (const c of state.epoch.clients) if (c.state !== 'Ejected') ids.add(c.id)
+  return ids
+}
+
+function memberCount(state: CoordinatorState): number {
+  const ids = new Set(state.pending)
+  for (const c of state.epoch.clients) if (c.state === 'Healthy') ids.add(c.id)
+  return ids.size
 }

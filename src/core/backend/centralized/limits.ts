@@ -1,0 +1,99 @@
+import {readFileSync} from 'node:fs'
+
+/**
+ * Bounds on what strangers can make the coordinator server hold. Each one is a flag of `psyche server run`
+ * (named in `flag`), and a refusal names it.
+ */
+export interface ServerLimits {
+  /** Open client connections at once. */
+  maxConnections: number
+  /** Open connections from one IP address at once. */
+  maxConnectionsPerIp: number
+  /** Connections that have not said hello yet, at once (each must within helloTimeoutMs). */
+  maxHandshakes: number
+  /** Connections that watch the run without joining (psyche status, dashboards). */
+  maxWatchers: number
+  /** Members of the run at once: clients waiting to join plus the epoch's healthy clients (Psyche's capacity: 256). */
+  maxMembers: number
+  /** Joins accepted per second, over all connections (a token bucket holding a second's worth). */
+  joinsPerSecond: number
+  /** Bytes queued for one connection that it has not read; past it the connection is closed (a slow reader). */
+  maxUnsentBytes: number
+}
+
+export const DEFAULT_LIMITS: ServerLimits = {
+  maxConnections: 4096,
+  maxConnectionsPerIp: 64,
+  maxHandshakes: 256,
+  maxWatchers: 256,
+  maxMembers: 256,
+  joinsPerSecond: 32,
+  maxUnsentBytes: 4 * 1024 * 1024,
+}
+
+/** The flag of `psyche server run` that sets each bound (what a refusal names). */
+export const LIMIT_FLAGS: Record<keyof ServerLimits, string> = {
+  maxConnections: '--max-connections',
+  maxConnectionsPerIp: '--max-connections-per-ip',
+  maxHandshakes: '--max-handshakes',
+  maxWatchers: '--max-watchers',
+  maxMembers: '--max-members',
+  joinsPerSecond: '--joins-per-second',
+  maxUnsentBytes: '--max-unsent-bytes',
+}
+
+/** Refusals of a server at one of its bounds: the client tries again later (they are not about who it is). */
+export const RETRYABLE_REFUSALS = ['too_many_connections', 'too_many_connections_from_address', 'too_many_handshakes', 'too_many_watchers'] as const
+export type RetryableRefusal = (typeof RETRYABLE_REFUSALS)[number]
+
+/** Descriptors kept free for everything else a server opens (saved state, logs, the relay, the data server). */
+export const RESERVED_DESCRIPTORS = 128
+
+/** This process's soft limit on open files (`ulimit -n`), or undefined where it cannot be read (not Linux). */
+export function openFileLimit(limitsText?: string): number | undefined {
+  let text = limitsText
+  if (text === undefined) {
+    try {
+      text = readFileSync('/proc/self/limits', 'utf8')
+    } catch {
+      return undefined
+    }
+  }
+  const m = /^Max open files\s+(\d+|unlimited)\s+/m.exec(text)
+  if (!m) return undefined
+  return m[1] === 'unlimited' ? undefined : Number(m[1])
+}
+
+/**
+ * The connection bound actually used: the one asked for, but never so many that accepting them would take the
+ * descriptors the server needs to save its state (EMFILE). Returns the bound and, when lowered, why.
+ */
+export function effectiveMaxConnections(requested: number, fileLimit = openFileLimit()): {max: number; lowered?: string} {
+  if (fileLimit === undefined) return {max: requested}
+  const room = Math.max(16, fileLimit - RESERVED_DESCRIPTORS)
+  if (requested <= room) return {max: requested}
+  return {max: room, lowered: `${LIMIT_FLAGS.maxConnections} ${requested} is above what ulimit -n ${fileLimit} leaves (${room}, keeping ${RESERVED_DESCRIPTORS} descriptors free)`}
+}
+
+/** A token bucket: `take()` is true at most `perSecond` times a second on average, with a burst of one second's worth. */
+export class RateLimiter {
+  private tokens: number
+  private last: number
+
+  constructor(
+    private readonly perSecond: number,
+    private readonly now: () => number,
+  ) {
+    this.tokens = perSecond
+    this.last = now()
+  }
+
+  take(): boolean {
+    const t = this.now()
+    this.tokens = Math.min(this.perSecond, this.tokens + ((t - this.last) / 1000) * this.perSecond)
+    this.last = t
+    if (this.tokens < 1) return false
+    this.tokens -= 1
+    return true
+  }
+}

@@ -1,0 +1,305 @@
+/**
+ * Hostile connections against the coordinator server (issue 20), in process: every bound is enforced, a refusal
+ * names the flag that sets it, honest clients are still served, and non-members change nothing.
+ */
+import assert from 'node:assert/strict'
+import {connect} from 'node:net'
+import {describe, test} from 'node:test'
+import {CoordinatorConnection} from '../../src/core/backend/index.js'
+import {PeerBook, MAX_DIRECTORY_ENTRY_CHARS} from '../../src/core/backend/centralized/directory.js'
+import {DEFAULT_LIMITS, effectiveMaxConnections, openFileLimit, RateLimiter, type ServerLimits} from '../../src/core/backend/centralized/limits.js'
+import {generateIdentity, MAX_ADDR_CHARS, MAX_P2P_ADDRS, type Identity, type ServerEnvelope} from '../../src/core/protocol/index.js'
+import {tempDir} from '../helpers.js'
+import {RUN_ID, RawClient, startTestServer, waitUntil, writeRunConfig, type TestServer} from '../backend/helpers.js'
+
+const opened: CoordinatorConnection[] = []
+const raws: RawClient[] = []
+
+async function withServer(config: Record<string, number>, limits: Partial<ServerLimits>, body: (t: TestServer) => Promise<void>): Promise<void> {
+  const dir = tempDir()
+  const t = await startTestServer(writeRunConfig(dir.path, config), {limits})
+  try {
+    await body(t)
+  } finally {
+    await Promise.all(opened.splice(0).map((c) => c.close()))
+    await Promise.all(raws.splice(0).map((c) => c.close()))
+    await t.server.stop()
+    dir.cleanup()
+  }
+}
+
+async function raw(t: TestServer): Promise<RawClient> {
+  const c = await RawClient.open(t.server.port)
+  raws.push(c)
+  return c
+}
+
+/** The largest address list a hello may carry (32 × 512 characters). */
+function maxAddrs(tag: string): string[] {
+  return Array.from({length: MAX_P2P_ADDRS}, (_, i) => `/dns4/${tag}-${i}.example/tcp/4001/p2p/`.padEnd(MAX_ADDR_CHARS, 'x'))
+}
+
+async function honest(t: TestServer, identity = generateIdentity(), join = true): Promise<CoordinatorConnection> {
+  const c = await CoordinatorConnection.connect({
+    addr: t.addr,
+    runId: RUN_ID,
+    identity,
+    p2pAddrs: [`/ip4/127.0.0.1/tcp/${4000 + identity.publicKey[0]}`],
+    join,
+    connectTimeoutMs: 5000,
+  })
+  opened.push(c)
+  return c
+}
+
+/** A connection that opens and waits for the server's first message: a challenge, or a refusal naming a bound. */
+async function firstMessage(t: TestServer): Promise<{kind: string; code?: string; reason?: string; closed: Promise<void>}> {
+  const socket = connect({host: '127.0.0.1', port: t.server.port})
+  socket.on('error', () => {})
+  const closed = new Promise<void>((resolve) => socket.once('close', () => resolve()))
+  const {FrameReader, decodeServerMessage} = await import('../../src/core/protocol/index.js')
+  const reader = new FrameReader()
+  const message = await new Promise<ServerEnvelope>((resolve, reject) => {
+    socket.on('data', (chunk) => {
+      for (const frame of reader.push(chunk)) {
+        if (!frame.ok) continue
+        const d = decodeServerMessage(frame.body)
+        if (d.ok) resolve(d.envelope)
+      }
+    })
+    setTimeout(() => reject(new Error('no message')), 5000).unref()
+  })
+  raws.push({close: async () => void socket.destroy()} as unknown as RawClient)
+  return message.kind === 'rejected' ? {kind: 'rejected', code: message.body.code, reason: message.body.reason, closed} : {kind: message.kind, closed}
+}
+
+describe('the peer directory: members only, bounded, sent as deltas', () => {
+  test('watchers and refused joiners never enter the directory; a member does, bounded in size', async () => {
+    await withServer({init_min_clients: 3}, {}, async (t) => {
+      // 20 hostile identities say hello with the maximum address list and never join.
+      for (let i = 0; i < 20; i++) await (await raw(t)).hello(generateIdentity(), false, maxAddrs(`w${i}`))
+      assert.deepEqual(t.server.peers, {}, 'no watcher is in the directory')
+      const member = generateIdentity()
+      await (await raw(t)).hello(member, true, maxAddrs('m'))
+      const entry = t.server.peers[member.id]
+      assert.ok(entry && entry.length > 0, 'the member is listed')
+      assert.ok(entry.join('').length <= MAX_DIRECTORY_ENTRY_CHARS, `entry of ${entry.join('').length} characters`)
+      assert.deepEqual(Object.keys(t.server.peers), [member.id])
+    })
+  })
+
+  test('a connection gets the directory once, then only what changed: N joins cost O(N) bytes per watcher, not O(N²)', async () => {
+    await withServer({}, {joinsPerSecond: 1000}, async (t) => {
+      const watcher = await raw(t)
+      await watcher.hello(generateIdentity(), false)
+      const from = watcher.messages.length
+      const members: Identity[] = []
+      for (let i = 0; i < 30; i++) {
+        const id = generateIdentity()
+        members.push(id)
+        await (await raw(t)).hello(id, true, maxAddrs(`j${i}`))
+      }
+      await waitUntil(() => watcher.state?.pending.length === 30, 'the watcher sees 30 pending')
+      const states = watcher.messages.slice(from).filter((m) => m.kind === 'state') as Extract<ServerEnvelope, {kind: 'state'}>[]
+      // Each push carries the one new entry, never the directory so far.
+      const entriesSent = states.reduce((n, m) => n + Object.keys(m.body.peers).length, 0)
+      assert.ok(entriesSent <= 30, `${entriesSent} directory entries sent for 30 joins`)
+      assert.ok(
+        states.every((m) => !m.body.peers_reset),
+        'no reset after the first state',
+      )
+      // A honest connection reassembles the whole directory from the deltas.
+      const c = await honest(t)
+      await waitUntil(() => Object.keys(c.peers).length === 31, 'the honest client sees 31 members')
+      for (const m of members) assert.ok(c.peers[m.id]?.length)
+      // A member that leaves is removed from everyone's directory by a delta.
+      const leaving = raws.find((r) => r.messages.some((m) => m.kind === 'welcome' && m.body.client_id === members[0].id))!
+      await leaving.close()
+      await waitUntil(() => !(members[0].id in c.peers), 'the leaver is gone from the honest client’s directory')
+      assert.ok(!(members[0].id in t.server.peers))
+    })
+  })
+
+  test('PeerBook: deltas since a version, removals as tombstones, a reset once tombstones were forgotten', () => {
+    const book = new PeerBook({}, 2)
+    book.set('a', ['/ip4/1.1.1.1/tcp/1'])
+    const v1 = book.current
+    book.set('b', ['/ip4/2.2.2.2/tcp/2'])
+    assert.deepEqual(book.deltaSince(v1), {reset: false, set: {b: ['/ip4/2.2.2.2/tcp/2']}, removed: []})
+    assert.equal(book.set('b', ['/ip4/2.2.2.2/tcp/2']), false, 'the same addresses change nothing')
+    book.remove('a')
+    assert.deepEqual(book.deltaSince(v1), {reset: false, set: {b: ['/ip4/2.2.2.2/tcp/2']}, removed: ['a']})
+    assert.deepEqual(book.deltaSince(undefined).reset, true)
+    for (const id of ['c', 'd', 'e']) book.set(id, [])
+    for (const id of ['c', 'd', 'e']) book.remove(id)
+    assert.equal(book.deltaSince(v1).reset, true, 'a tombstone it needed was forgotten: it gets the whole directory')
+    assert.deepEqual(book.deltaSince(v1).set, {b: ['/ip4/2.2.2.2/tcp/2']})
+    assert.deepEqual(new PeerBook({x: ['a'.repeat(3000), 'b'.repeat(3000)]}).snapshot(), {x: ['a'.repeat(3000)]}, 'an entry keeps what fits in the bound')
+  })
+})
+
+describe('every resource a stranger can take is bounded, and the refusal names the flag', () => {
+  test('connections per IP: one more is refused with too_many_connections_from_address (--max-connections-per-ip); closing one frees a slot', async () => {
+    await withServer({}, {maxConnectionsPerIp: 3}, async (t) => {
+      const held = [await raw(t), await raw(t), await raw(t)]
+      const refused = await firstMessage(t)
+      assert.equal(refused.code, 'too_many_connections_from_address')
+      assert.match(refused.reason!, /--max-connections-per-ip/)
+      await refused.closed
+      await t.waitLog({event: 'rejected', code: 'too_many_connections_from_address'})
+      await held[0].close()
+      await new Promise((r) => setTimeout(r, 50))
+      assert.equal((await firstMessage(t)).kind, 'challenge', 'a slot is free again')
+    })
+  })
+
+  test('total connections: too_many_connections (--max-connections); an honest client retries and gets in when one goes', async () => {
+    await withServer({}, {maxConnections: 4}, async (t) => {
+      const held = [await raw(t), await raw(t), await raw(t), await raw(t)]
+      const refused = await firstMessage(t)
+      assert.equal(refused.code, 'too_many_connections')
+      assert.match(refused.reason!, /--max-connections\b/)
+      // The honest client is refused with a retryable reason and keeps trying; a slot frees up.
+      const joining = honest(t)
+      setTimeout(() => void held[0].close(), 300)
+      const c = await joining
+      assert.ok(c.connected)
+      assert.ok(t.server.state.pending.includes((c as unknown as {opts: {identity: Identity}}).opts.identity.id))
+    })
+  })
+
+  test('connections that never say hello: too_many_handshakes (--max-handshakes), and each is dropped after the hello timeout', async () => {
+    await withServer({}, {maxHandshakes: 2}, async (t) => {
+      await raw(t)
+      await raw(t)
+      const refused = await firstMessage(t)
+      assert.equal(refused.code, 'too_many_handshakes')
+      assert.match(refused.reason!, /--max-handshakes/)
+      // One that said hello no longer counts.
+      await raws[0].hello(generateIdentity(), false)
+      assert.equal((await firstMessage(t)).kind, 'challenge')
+    })
+  })
+
+  test('watchers: one more watcher is refused (--max-watchers); a joining client is still served', async () => {
+    await withServer({}, {maxWatchers: 2}, async (t) => {
+      await (await raw(t)).hello(generateIdentity(), false)
+      await (await raw(t)).hello(generateIdentity(), false)
+      const id = generateIdentity()
+      const fourth = await raw(t)
+      fourth.send(id, 'hello', {run_id: RUN_ID, client_id: id.id, p2p_addrs: [], want_join: false}, {step: 0})
+      const refusal = await fourth.rejection('too_many_watchers')
+      assert.match(refusal.kind === 'rejected' ? refusal.body.reason : '', /--max-watchers/)
+      await waitUntil(() => fourth.closed, 'the refused watcher is closed')
+      const member = await honest(t)
+      assert.ok(member.connected)
+      assert.equal(t.server.state.pending.length, 1)
+    })
+  })
+
+  test('members: a join past --max-members is refused with run_full and changes nothing', async () => {
+    await withServer({init_min_clients: 2, min_clients: 1}, {maxMembers: 2}, async (t) => {
+      await honest(t)
+      await honest(t)
+      const before = JSON.stringify(t.server.state.pending)
+      const stranger = await raw(t)
+      const id = generateIdentity()
+      stranger.send(id, 'hello', {run_id: RUN_ID, client_id: id.id, p2p_addrs: maxAddrs('s'), want_join: true}, {step: 0})
+      const refusal = await stranger.rejection('run_full')
+      assert.match(refusal.kind === 'rejected' ? refusal.body.reason : '', /--max-members/)
+      assert.equal(JSON.stringify(t.server.state.pending), before)
+      assert.ok(!(id.id in t.server.peers))
+    })
+  })
+
+  test('a run whose init_min_clients exceeds --max-members does not start', async () => {
+    const dir = tempDir()
+    try {
+      await assert.rejects(startTestServer(writeRunConfig(dir.path, {init_min_clients: 5}), {limits: {maxMembers: 4}}), /--max-members 4/)
+    } finally {
+      dir.cleanup()
+    }
+  })
+
+  test('a join storm is paced: past --joins-per-second joins are refused with join_rate, and a client that retries gets in', async () => {
+    await withServer({}, {joinsPerSecond: 3}, async (t) => {
+      const answers: string[] = []
+      for (let i = 0; i < 8; i++) {
+        const r = await raw(t)
+        const id = generateIdentity()
+        const from = r.messages.length
+        r.send(id, 'hello', {run_id: RUN_ID, client_id: id.id, p2p_addrs: [], want_join: true}, {step: 0})
+        await r.next((m) => m.kind === 'state', from)
+        answers.push(r.messages.slice(from).some((m) => m.kind === 'rejected' && m.body.code === 'join_rate') ? 'paced' : 'joined')
+      }
+      const joined = answers.filter((a) => a === 'joined').length
+      assert.ok(joined >= 3 && joined <= 4, `joined: ${answers.join(',')}`)
+      assert.equal(t.server.state.pending.length, joined)
+      await new Promise((r) => setTimeout(r, 1100))
+      const late = await honest(t)
+      assert.ok(late.connected && t.server.state.pending.length === joined + 1, 'after a second a join is accepted again')
+    })
+  })
+
+  test('a slow reader is cut off at --max-unsent-bytes, and the others are still served', async () => {
+    await withServer({}, {maxUnsentBytes: 65536, joinsPerSecond: 100000, maxMembers: 1000, maxConnectionsPerIp: 2000}, async (t) => {
+      const slow = await raw(t)
+      await slow.hello(generateIdentity(), false)
+      slow.socket.pause()
+      const watcher = await honest(t, generateIdentity(), false)
+      // A member whose addresses keep changing: each change pushes a state with its (4 KiB) entry to every connection.
+      const member = generateIdentity()
+      const m = await raw(t)
+      await m.hello(member, true)
+      const cut = () => t.logs.some((l) => l.event === 'rejected' && l.code === 'slow_consumer')
+      for (let i = 0; i < 20_000 && !cut(); i++) {
+        m.send(member, 'addresses', {p2p_addrs: maxAddrs(`a${i}`)})
+        if (i % 50 === 49) await new Promise((r) => setTimeout(r, 1))
+      }
+      const line = await t.waitLog({event: 'rejected', code: 'slow_consumer'})
+      assert.match(String(line.reason), /--max-unsent-bytes/)
+      assert.ok(watcher.connected, 'a reading client is still served')
+    })
+  })
+
+  test('reports count only from the round’s trainers: a non-member’s report is refused and reaches no watcher', async () => {
+    await withServer({}, {}, async (t) => {
+      const watcher = await raw(t)
+      await watcher.hello(generateIdentity(), false)
+      const stranger = await raw(t)
+      const id = generateIdentity()
+      await stranger.hello(id, true)
+      const from = stranger.messages.length
+      const report = {loss: 424242, val_loss: null, tokens_per_second: 1, compute_ms: 1, apply_ms: 1, result_bytes: 1, bytes_in: 1, bytes_out: 1, applied: 1, accepted: 1, peers: 1}
+      stranger.send(id, 'report', report as never, {step: t.server.state.progress.step})
+      await stranger.rejection('not_a_trainer', from)
+      assert.ok(!t.logs.some((l) => l.event === 'client_report'), 'not logged (so not in the history)')
+      assert.ok(!watcher.messages.some((m) => m.kind === 'client_report'), 'not forwarded to watchers')
+    })
+  })
+})
+
+describe('limits: defaults and the descriptor budget', () => {
+  test('defaults: 256 members (Psyche’s capacity), a few MiB unsent per connection', () => {
+    assert.equal(DEFAULT_LIMITS.maxMembers, 256)
+    assert.ok(DEFAULT_LIMITS.maxUnsentBytes <= 8 * 1024 * 1024)
+  })
+
+  test('the connection bound is lowered to what ulimit -n leaves room for', () => {
+    const limits = 'Limit                     Soft Limit           Hard Limit           Units\nMax open files            1024                 4096                 files\n'
+    assert.equal(openFileLimit(limits), 1024)
+    assert.equal(openFileLimit('Max open files            unlimited            unlimited            files\n'), undefined)
+    const e = effectiveMaxConnections(4096, 1024)
+    assert.equal(e.max, 1024 - 128)
+    assert.match(e.lowered!, /ulimit -n 1024/)
+    assert.deepEqual(effectiveMaxConnections(100, 1024), {max: 100})
+  })
+
+  test('RateLimiter: a second’s worth at once, then the rate', () => {
+    let now = 0
+    const r = new RateLimiter(4, () => now)
+    assert.deepEqual([r.take(), r.take(), r.take(), r.take(), r.take()], [true, true, true, true, false])
+    now += 500
+    assert.deepEqual([r.take(), r.take(), r.take()], [true, true, false])
+  })
+})
