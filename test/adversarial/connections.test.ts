@@ -3,13 +3,16 @@
  * names the flag that sets it, honest clients are still served, and non-members change nothing.
  */
 import assert from 'node:assert/strict'
-import {connect} from 'node:net'
+import {connect, type Socket} from 'node:net'
 import {describe, test} from 'node:test'
 import {CoordinatorConnection} from '../../src/core/backend/index.js'
 import {PeerBook, MAX_DIRECTORY_ENTRY_CHARS} from '../../src/core/backend/centralized/directory.js'
 import {DEFAULT_LIMITS, effectiveMaxConnections, openFileLimit, RateLimiter, type ServerLimits} from '../../src/core/backend/centralized/limits.js'
 import {generateIdentity, MAX_ADDR_CHARS, MAX_P2P_ADDRS, type Identity, type ServerEnvelope} from '../../src/core/protocol/index.js'
+import {DataServer, LocalTokenDataset, TcpDataProvider, type DataServerLimits} from '../../src/core/data/index.js'
+import {FrameDecoder, decodeServerMessage as decodeDataServerMessage, encodeGet, encodeHello} from '../../src/core/data/wire.js'
 import {tempDir} from '../helpers.js'
+import {tempDir as dataTempDir, tokens, writeTokenFiles} from '../data/fixtures.js'
 import {RUN_ID, RawClient, startTestServer, waitUntil, writeRunConfig, type TestServer} from '../backend/helpers.js'
 
 const opened: CoordinatorConnection[] = []
@@ -301,5 +304,70 @@ describe('limits: defaults and the descriptor budget', () => {
     assert.deepEqual([r.take(), r.take(), r.take(), r.take(), r.take()], [true, true, true, true, false])
     now += 500
     assert.deepEqual([r.take(), r.take(), r.take()], [true, true, false])
+  })
+})
+
+describe('the data server under hostile clients', () => {
+  const SEQ = 1024
+
+  async function withDataServer(limits: Partial<DataServerLimits>, body: (server: DataServer) => Promise<void>): Promise<void> {
+    const dir = await dataTempDir()
+    await writeTokenFiles(dir, [{name: 'a.bin', ids: tokens(200_000, 50_000), tokenSize: 2}])
+    const dataset = await LocalTokenDataset.open(dir)
+    const server = await DataServer.start(dataset.provider({seqLen: SEQ}), {host: '127.0.0.1', port: 0, limits})
+    try {
+      await body(server)
+    } finally {
+      await server.close()
+      await dataset.close()
+    }
+  }
+
+  /** Bytes the server has queued for its connections (what a client that never reads makes it hold). */
+  function unsent(server: DataServer): number {
+    return [...(server as unknown as {sockets: Set<Socket>}).sockets].reduce((n, s) => n + s.writableLength, 0)
+  }
+
+  test('a client that asks for many batches and never reads: the server stops answering (and reading) it at --max-unsent-bytes; an honest client is served', async () => {
+    await withDataServer({maxUnsentBytes: 1 << 20}, async (server) => {
+      const hostile = connect({host: '127.0.0.1', port: server.port})
+      hostile.on('error', () => {})
+      await new Promise((r) => hostile.once('connect', r))
+      hostile.pause() // never reads
+      hostile.write(encodeHello(SEQ))
+      // 100 requests of 64 samples (about 260 KB each: 26 MB of answers if all were queued).
+      const ids = Array.from({length: 64}, (_, i) => i)
+      for (let r = 0; r < 100; r++) hostile.write(encodeGet(r + 1, ids, true))
+      await new Promise((r) => setTimeout(r, 1500))
+      const held = unsent(server)
+      const response = 13 + 64 * (SEQ + 1) * 4
+      assert.ok(held <= (1 << 20) + response, `the server holds ${held} unsent bytes for a client that never reads`)
+      const honestClient = await TcpDataProvider.connect(`127.0.0.1:${server.port}`, {seqLen: SEQ, timeoutMs: 5000})
+      const batch = await honestClient.getSamples([1, 2, 3])
+      assert.equal(batch.length, 3 * (SEQ + 1))
+      await honestClient.close()
+      hostile.destroy()
+    })
+  })
+
+  test('connections past --max-connections are refused with an error naming the bound', async () => {
+    await withDataServer({maxConnections: 2}, async (server) => {
+      const held = [connect({host: '127.0.0.1', port: server.port}), connect({host: '127.0.0.1', port: server.port})]
+      for (const s of held) {
+        s.on('error', () => {})
+        await new Promise((r) => s.once('connect', r))
+      }
+      await new Promise((r) => setTimeout(r, 50))
+      const third = connect({host: '127.0.0.1', port: server.port})
+      third.on('error', () => {})
+      const decoder = new FrameDecoder(1 << 20)
+      const message = await new Promise<ReturnType<typeof decodeDataServerMessage>>((resolve) =>
+        third.on('data', (chunk) => decoder.push(chunk).forEach((f) => resolve(decodeDataServerMessage(f)))),
+      )
+      assert.equal(message.type, 'error')
+      assert.match(message.type === 'error' ? message.message : '', /--max-connections/)
+      third.destroy()
+      for (const s of held) s.destroy()
+    })
   })
 })

@@ -9,7 +9,7 @@ import {TcpDataProvider} from './tcp.js'
 import {TokenFile, type TokenSize, parseTokenSize} from './token-file.js'
 
 export {SampleLayout, windowsInFile, checkVocab, type SampleWindow} from './batches.js'
-export {DataServer, TcpDataProvider} from './tcp.js'
+export {DataServer, DEFAULT_DATA_SERVER_LIMITS, TcpDataProvider, type DataServerLimits} from './tcp.js'
 export {openDataServer, type OpenedDataServer} from './serve.js'
 export {HttpByteSource, type HttpLocation, type HttpOptions} from './http.js'
 export {LocalTokenDataset, MANIFEST_FILE, type TokenManifest} from './local.js'

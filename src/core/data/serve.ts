@@ -3,7 +3,7 @@ import {loadDataServerConfig} from '../config/data-config.js'
 import type {DataServerConfig} from '../config/types.js'
 import {LocalTokenDataset} from './local.js'
 import {parseShuffle} from './shuffle.js'
-import {DataServer} from './tcp.js'
+import {DataServer, type DataServerLimits} from './tcp.js'
 import {parseTokenSize} from './token-file.js'
 
 /** A TCP data server opened from a data.toml, with what it serves. */
@@ -26,7 +26,7 @@ export interface OpenedDataServer {
  */
 export async function openDataServer(
   path: string,
-  options: {host: string; port: number | (() => number); log?: (line: string) => void; check?: (config: DataServerConfig) => void},
+  options: {host: string; port: number | (() => number); log?: (line: string) => void; check?: (config: DataServerConfig) => void; limits?: Partial<DataServerLimits>},
 ): Promise<OpenedDataServer> {
   const config = await loadDataServerConfig(path)
   options.check?.(config)
@@ -36,7 +36,7 @@ export async function openDataServer(
   try {
     const shuffleSeed = parseShuffle(config.shuffle_seed, `${path}: shuffle_seed`)
     const provider = dataset.provider({seqLen: config.seq_len, shuffleSeed})
-    const server = await DataServer.start(provider, {host: options.host, port, log: options.log})
+    const server = await DataServer.start(provider, {host: options.host, port, log: options.log, limits: options.limits})
     return {
       server,
       config,

@@ -1,6 +1,7 @@
 import {createServer, connect, type AddressInfo, type Server, type Socket} from 'node:net'
 import {PsycheError, errorMessage} from '../errors.js'
 import {parseHostPort} from '../protocol/address.js'
+import {effectiveMaxConnections} from '../descriptors.js'
 import {checkVocab} from './batches.js'
 import type {DataProvider, TokenFilesProvider} from './provider.js'
 import {
@@ -21,8 +22,22 @@ import {
   type ServerMessage,
 } from './wire.js'
 
-/** Requests one connection may have queued on the server before further ones are refused. */
-const MAX_QUEUED_PER_CONNECTION = 64
+/** Requests one connection may have queued on the server; past it the server stops reading from that connection. */
+const MAX_QUEUED_PER_CONNECTION = 8
+
+/** Bounds of a data server against clients that connect too much or never read (flags of psyche data serve). */
+export interface DataServerLimits {
+  /** Connections open at once (lowered to what `ulimit -n` leaves room for). */
+  maxConnections: number
+  /** Connections open at once from one IP address. */
+  maxConnectionsPerIp: number
+  /** Response bytes queued for one connection before the server stops answering (and reading) until it drains. */
+  maxUnsentBytes: number
+  /** A connection whose queued responses do not drain for this long is closed. */
+  stallTimeoutMs: number
+}
+
+export const DEFAULT_DATA_SERVER_LIMITS: DataServerLimits = {maxConnections: 1024, maxConnectionsPerIp: 64, maxUnsentBytes: 8 * 1024 * 1024, stallTimeoutMs: 60_000}
 
 /**
  * `psyche data serve`: serves the samples of one token directory (data.toml's layout and shuffle) to the
@@ -30,18 +45,29 @@ const MAX_QUEUED_PER_CONNECTION = 64
  */
 export class DataServer {
   private readonly sockets = new Set<Socket>()
+  private readonly perIp = new Map<string, number>()
 
   private constructor(
     private readonly server: Server,
     readonly provider: TokenFilesProvider,
     private readonly log: (line: string) => void,
+    readonly limits: DataServerLimits,
   ) {
-    server.on('connection', (socket) => this.serve(socket))
+    server.on('connection', (socket) => this.accept(socket))
   }
 
-  static async start(provider: TokenFilesProvider, options: {host?: string; port?: number; log?: (line: string) => void} = {}): Promise<DataServer> {
+  static async start(
+    provider: TokenFilesProvider,
+    options: {host?: string; port?: number; log?: (line: string) => void; limits?: Partial<DataServerLimits>} = {},
+  ): Promise<DataServer> {
+    const limits = {...DEFAULT_DATA_SERVER_LIMITS, ...options.limits}
+    const log = options.log ?? (() => {})
+    const connections = effectiveMaxConnections(limits.maxConnections, undefined, 'data server --max-connections')
+    if (connections.lowered) log(connections.lowered)
+    limits.maxConnections = connections.max
     const server = createServer()
-    const instance = new DataServer(server, provider, options.log ?? (() => {}))
+    server.maxConnections = limits.maxConnections + 64
+    const instance = new DataServer(server, provider, log, limits)
     await new Promise<void>((resolve, reject) => {
       server.once('error', (error: NodeJS.ErrnoException) =>
         reject(new PsycheError(`data server: cannot listen on ${options.host ?? '0.0.0.0'}:${options.port ?? 0} (${error.code ?? error.message})`)),
@@ -55,18 +81,67 @@ export class DataServer {
     return (this.server.address() as AddressInfo).port
   }
 
-  private serve(socket: Socket): void {
-    this.sockets.add(socket)
+  /** A new connection: refused with an ERROR frame naming the bound when the server is at one, else served. */
+  private accept(socket: Socket): void {
+    const ip = socket.remoteAddress ?? '?'
     const peer = `${socket.remoteAddress}:${socket.remotePort}`
+    socket.on('error', () => {})
+    const refusal =
+      this.sockets.size >= this.limits.maxConnections
+        ? `the data server holds ${this.limits.maxConnections} connections (--max-connections)`
+        : (this.perIp.get(ip) ?? 0) >= this.limits.maxConnectionsPerIp
+          ? `${ip} has ${this.limits.maxConnectionsPerIp} connections open (--max-connections-per-ip)`
+          : undefined
+    if (refusal) {
+      this.log(`${peer}: refused: ${refusal}`)
+      socket.end(encodeError(NO_REQUEST, refusal))
+      setTimeout(() => socket.destroy(), 1000).unref()
+      return
+    }
+    this.sockets.add(socket)
+    this.perIp.set(ip, (this.perIp.get(ip) ?? 0) + 1)
+    socket.on('close', () => {
+      this.sockets.delete(socket)
+      const n = (this.perIp.get(ip) ?? 1) - 1
+      if (n <= 0) this.perIp.delete(ip)
+      else this.perIp.set(ip, n)
+    })
+    this.serve(socket, peer)
+  }
+
+  /**
+   * Answers one connection's requests in order. Backpressure: a response is only produced once what is queued for
+   * the client is below maxUnsentBytes, and past MAX_QUEUED_PER_CONNECTION waiting requests the server stops reading
+   * from it, so a client that never reads holds at most one response and a few requests of the server's memory.
+   * One that does not drain within stallTimeoutMs is closed.
+   */
+  private serve(socket: Socket, peer: string): void {
     const decoder = new FrameDecoder(MAX_REQUEST_BYTES)
     let greeted = false
     let queued = 0
+    let blocked = false
     let chain = Promise.resolve()
     const send = (frame: Buffer) => {
       if (!socket.destroyed) socket.write(frame)
     }
-    socket.on('error', () => {})
-    socket.on('close', () => this.sockets.delete(socket))
+    const drained = (): Promise<void> => {
+      if (socket.destroyed || socket.writableLength < this.limits.maxUnsentBytes) return Promise.resolve()
+      return new Promise<void>((resolve) => {
+        const done = () => {
+          clearTimeout(stall)
+          socket.off('drain', done)
+          socket.off('close', done)
+          resolve()
+        }
+        const stall = setTimeout(() => {
+          this.log(`${peer}: read nothing of ${socket.writableLength} queued bytes for ${this.limits.stallTimeoutMs} ms; closing the connection`)
+          socket.destroy()
+        }, this.limits.stallTimeoutMs)
+        stall.unref()
+        socket.on('drain', done)
+        socket.on('close', done)
+      })
+    }
     socket.on('data', (chunk) => {
       let frames: Buffer[]
       try {
@@ -114,13 +189,13 @@ export class DataServer {
           send(encodeError(requestId, `${batchIds.length} samples would exceed the ${MAX_RESPONSE_BYTES}-byte response bound; ask for fewer`))
           continue
         }
-        if (queued >= MAX_QUEUED_PER_CONNECTION) {
-          send(encodeError(requestId, `more than ${MAX_QUEUED_PER_CONNECTION} requests in flight on one connection`))
-          continue
-        }
         queued++
+        // Enough waiting: read no more requests from this client until it has taken some answers.
+        if (queued >= MAX_QUEUED_PER_CONNECTION) socket.pause()
         chain = chain.then(async () => {
           try {
+            await drained()
+            if (socket.destroyed) return
             const ids = await this.provider.getSamples(batchIds, {wrap})
             send(encodeSamples(requestId, this.provider.seqLen + 1, ids))
           } catch (error) {
@@ -128,7 +203,17 @@ export class DataServer {
             send(encodeError(requestId, errorMessage(error)))
           } finally {
             queued--
+            if (queued < MAX_QUEUED_PER_CONNECTION && !blocked && socket.isPaused()) socket.resume()
           }
+        })
+      }
+      // Error answers (bad or early requests) also wait for the client to read: no more reading until it has.
+      if (!blocked && socket.writableLength >= this.limits.maxUnsentBytes) {
+        blocked = true
+        socket.pause()
+        void drained().then(() => {
+          blocked = false
+          if (queued < MAX_QUEUED_PER_CONNECTION && !socket.destroyed) socket.resume()
         })
       }
     })

@@ -1,4 +1,4 @@
-import {readFileSync} from 'node:fs'
+export {effectiveMaxConnections, openFileLimit, RESERVED_DESCRIPTORS} from '../../descriptors.js'
 
 /**
  * Bounds on what strangers can make the coordinator server hold. Each one is a flag of `psyche server run`
@@ -45,35 +45,6 @@ export const LIMIT_FLAGS: Record<keyof ServerLimits, string> = {
 /** Refusals of a server at one of its bounds: the client tries again later (they are not about who it is). */
 export const RETRYABLE_REFUSALS = ['too_many_connections', 'too_many_connections_from_address', 'too_many_handshakes', 'too_many_watchers'] as const
 export type RetryableRefusal = (typeof RETRYABLE_REFUSALS)[number]
-
-/** Descriptors kept free for everything else a server opens (saved state, logs, the relay, the data server). */
-export const RESERVED_DESCRIPTORS = 128
-
-/** This process's soft limit on open files (`ulimit -n`), or undefined where it cannot be read (not Linux). */
-export function openFileLimit(limitsText?: string): number | undefined {
-  let text = limitsText
-  if (text === undefined) {
-    try {
-      text = readFileSync('/proc/self/limits', 'utf8')
-    } catch {
-      return undefined
-    }
-  }
-  const m = /^Max open files\s+(\d+|unlimited)\s+/m.exec(text)
-  if (!m) return undefined
-  return m[1] === 'unlimited' ? undefined : Number(m[1])
-}
-
-/**
- * The connection bound actually used: the one asked for, but never so many that accepting them would take the
- * descriptors the server needs to save its state (EMFILE). Returns the bound and, when lowered, why.
- */
-export function effectiveMaxConnections(requested: number, fileLimit = openFileLimit()): {max: number; lowered?: string} {
-  if (fileLimit === undefined) return {max: requested}
-  const room = Math.max(16, fileLimit - RESERVED_DESCRIPTORS)
-  if (requested <= room) return {max: requested}
-  return {max: room, lowered: `${LIMIT_FLAGS.maxConnections} ${requested} is above what ulimit -n ${fileLimit} leaves (${room}, keeping ${RESERVED_DESCRIPTORS} descriptors free)`}
-}
 
 /** A token bucket: `take()` is true at most `perSecond` times a second on average, with a burst of one second's worth. */
 export class RateLimiter {
