@@ -224,8 +224,8 @@ describe('every resource a stranger can take is bounded, and the refusal names t
     }
   })
 
-  test('a join storm is paced: past --joins-per-second joins are refused with join_rate, and a client that retries gets in', async () => {
-    await withServer({}, {joinsPerSecond: 3}, async (t) => {
+  test('a join storm is paced: past --join-burst and then --joins-per-second joins are refused with join_rate, and a client that retries gets in', async () => {
+    await withServer({}, {joinsPerSecond: 3, joinBurst: 3}, async (t) => {
       const answers: string[] = []
       for (let i = 0; i < 8; i++) {
         const r = await raw(t)

@@ -15,19 +15,22 @@ export interface ServerLimits {
   maxWatchers: number
   /** Members of the run at once: clients waiting to join plus the epoch's healthy clients (Psyche's capacity: 256). */
   maxMembers: number
-  /** Joins accepted per second, over all connections (a token bucket holding a second's worth). */
+  /** Joins accepted per second, over all connections, once a burst of joinBurst is spent (a token bucket). */
   joinsPerSecond: number
+  /** Joins accepted at once before the pace applies (a whole run's worth of clients starting together). */
+  joinBurst: number
   /** Bytes queued for one connection that it has not read; past it the connection is closed (a slow reader). */
   maxUnsentBytes: number
 }
 
 export const DEFAULT_LIMITS: ServerLimits = {
   maxConnections: 4096,
-  maxConnectionsPerIp: 64,
+  maxConnectionsPerIp: 256,
   maxHandshakes: 256,
   maxWatchers: 256,
   maxMembers: 256,
   joinsPerSecond: 32,
+  joinBurst: 256,
   maxUnsentBytes: 4 * 1024 * 1024,
 }
 
@@ -39,6 +42,7 @@ export const LIMIT_FLAGS: Record<keyof ServerLimits, string> = {
   maxWatchers: '--max-watchers',
   maxMembers: '--max-members',
   joinsPerSecond: '--joins-per-second',
+  joinBurst: '--join-burst',
   maxUnsentBytes: '--max-unsent-bytes',
 }
 
@@ -46,7 +50,7 @@ export const LIMIT_FLAGS: Record<keyof ServerLimits, string> = {
 export const RETRYABLE_REFUSALS = ['too_many_connections', 'too_many_connections_from_address', 'too_many_handshakes', 'too_many_watchers'] as const
 export type RetryableRefusal = (typeof RETRYABLE_REFUSALS)[number]
 
-/** A token bucket: `take()` is true at most `perSecond` times a second on average, with a burst of one second's worth. */
+/** A token bucket: `take()` is true `burst` times at once, then at most `perSecond` times a second on average. */
 export class RateLimiter {
   private tokens: number
   private last: number
@@ -54,14 +58,15 @@ export class RateLimiter {
   constructor(
     private readonly perSecond: number,
     private readonly now: () => number,
+    private readonly burst = perSecond,
   ) {
-    this.tokens = perSecond
+    this.tokens = burst
     this.last = now()
   }
 
   take(): boolean {
     const t = this.now()
-    this.tokens = Math.min(this.perSecond, this.tokens + ((t - this.last) / 1000) * this.perSecond)
+    this.tokens = Math.min(this.burst, this.tokens + ((t - this.last) / 1000) * this.perSecond)
     this.last = t
     if (this.tokens < 1) return false
     this.tokens -= 1

@@ -128,7 +128,7 @@ export class CoordinatorServer {
     },
   ) {
     if (opts.saveStateDir) this.statePath = join(opts.saveStateDir, SAVED_STATE_FILE)
-    this.joins = new RateLimiter(opts.limits.joinsPerSecond, () => Date.now())
+    this.joins = new RateLimiter(opts.limits.joinsPerSecond, () => Date.now(), opts.limits.joinBurst)
     const listed = directoryMembers(current)
     this.book.retain((id) => listed.has(id))
   }
@@ -615,7 +615,11 @@ export class CoordinatorServer {
     if (isMember(this.current, id)) return undefined
     const limits = this.opts.limits
     if (memberCount(this.current) >= limits.maxMembers) return {code: 'run_full', message: `the run has ${limits.maxMembers} members (${LIMIT_FLAGS.maxMembers})`}
-    if (!this.joins.take()) return {code: 'join_rate', message: `joins are accepted at ${limits.joinsPerSecond} per second (${LIMIT_FLAGS.joinsPerSecond}); try again shortly`}
+    if (!this.joins.take())
+      return {
+        code: 'join_rate',
+        message: `joins are accepted at ${limits.joinsPerSecond} per second after a burst of ${limits.joinBurst} (${LIMIT_FLAGS.joinsPerSecond}, ${LIMIT_FLAGS.joinBurst}); try again shortly`,
+      }
     return undefined
   }
 
