@@ -15,6 +15,7 @@ export const quickTiers = ['unit', 'sim', 'smoke']
 
 export const tiers = {
   unit: [
+    'test/adversarial/authority.test.ts',
     'test/adversarial/connections.test.ts',
     'test/adversarial/forge.test.ts',
     'test/backend/addresses.test.ts',

@@ -44,7 +44,13 @@ const CONFIG_FIELDS = [
   'global_batch_size_warmup_tokens',
   'total_steps',
   'waiting_for_members_extra_time',
+  'checkpointers',
 ] as const
+
+/** Most designated checkpointers a run may name. */
+export const MAX_CHECKPOINTERS = 64
+/** A client id as a config names it: an identity's hex public key, or a base58 Solana address. */
+const CLIENT_ID_RE = /^[0-9A-Za-z]{32,128}$/
 const LLM_FIELDS = ['architecture', 'data_type', 'max_seq_len', 'cold_start_warmup_steps', 'checkpoint', 'data_location', 'lr_schedule', 'optimizer'] as const
 
 /**
@@ -85,6 +91,18 @@ function readCoordinatorConfig(r: Reader, t: Table, path: string): CoordinatorCo
     waiting_for_members_extra_time: seconds(r, t, 'waiting_for_members_extra_time', path, {positive: false, default: DEFAULT_WAITING_FOR_MEMBERS_EXTRA_TIME}),
   }
   if (t.rounds_per_epoch !== undefined) config.rounds_per_epoch = r.int(t, 'rounds_per_epoch', path, {min: 1})
+  if (t.checkpointers !== undefined) {
+    const list = t.checkpointers
+    const where = join(path, 'checkpointers')
+    if (!Array.isArray(list) || list.length === 0 || list.length > MAX_CHECKPOINTERS) {
+      r.issue(where, `must be a list of 1 to ${MAX_CHECKPOINTERS} client ids (psyche identity show prints a client's id)`, list)
+    } else {
+      const bad = list.find((id) => typeof id !== 'string' || !CLIENT_ID_RE.test(id))
+      if (bad !== undefined) r.issue(where, 'each entry must be a client id: 32 to 128 letters and digits (a hex identity id or a Solana address)', bad)
+      else if (new Set(list).size !== list.length) r.issue(where, 'lists a client twice', list)
+      else config.checkpointers = [...(list as string[])]
+    }
+  }
   return config
 }
 

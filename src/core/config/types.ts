@@ -38,6 +38,12 @@ export interface CoordinatorConfig {
   total_steps: number
   /** Extra seconds WaitingForMembers lasts at least, so more clients can join once enough are there. */
   waiting_for_members_extra_time: number
+  /**
+   * The run's designated checkpointers (Psyche's design: "a client or a set of clients are designated as the
+   * checkpointers"): the client ids whose checkpoint reports the coordinator takes. Our extension; when absent, any
+   * client of the epoch may report one (what Psyche's coordinator does, and the Solana program still does).
+   */
+  checkpointers?: string[]
 }
 
 export interface HubRepo {

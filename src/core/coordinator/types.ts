@@ -161,6 +161,8 @@ export type RejectionCode =
   | 'DuplicateAccusation'
   | 'InvalidProof'
   | 'AlreadyCheckpointed'
+  /** The client is not one of the run's designated checkpointers (config.checkpointers). */
+  | 'NotCheckpointer'
   | 'CannotResume'
   | 'InvalidConfig'
   | 'InvalidEvent'

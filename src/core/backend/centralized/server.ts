@@ -198,6 +198,8 @@ export class CoordinatorServer {
     server.timer = setInterval(() => server.advance(), options.tickIntervalMs ?? 50)
     // 'listening' comes first: launchers read the port from the first log line.
     log({event: 'listening', host: options.host ?? '127.0.0.1', port: server.port, run_id: runId, server_id: identity.id, run_state: state.run_state, step: state.progress.step})
+    if (!state.config.checkpointers?.length)
+      log({event: 'warning', message: 'config.checkpointers is not set: any client of an epoch may name the run’s Hub checkpoint (list the checkpointers’ ids)'})
     if (resumedFrom)
       log({
         event: 'resumed',

@@ -1,6 +1,7 @@
 import {AccountRole, getAddressEncoder, getProgramDerivedAddress, type Address, type Instruction, type TransactionSigner} from '@solana/kit'
 import type {CoordinatorConfig, HubRepo, LLMConfig} from '../../config/types.js'
 import type {AccusationReason} from '../../coordinator/types.js'
+import {PsycheError} from '../../errors.js'
 import {announcementSigningBytes} from '../../p2p/announcement.js'
 import type {EquivocationProof} from '../../verify/equivocation.js'
 import {
@@ -183,8 +184,12 @@ function signed(programId: Address, coordinator: Address, signer: TransactionSig
   return withUnits({programAddress: programId, accounts: [signerMeta(signer), writable(coordinator), ...(extra ?? [])], data}, units)
 }
 
-export const updateInstruction = (programId: Address, coordinator: Address, authority: TransactionSigner, config?: CoordinatorConfig, model?: {LLM: LLMConfig}) =>
-  signed(programId, coordinator, authority, encodeUpdate(config, model), INSTRUCTION_UNITS.update)
+export const updateInstruction = (programId: Address, coordinator: Address, authority: TransactionSigner, config?: CoordinatorConfig, model?: {LLM: LLMConfig}) => {
+  // The program does not keep a list of checkpointers yet: refuse rather than run without the rule the file asks for.
+  if (config?.checkpointers?.length)
+    throw new PsycheError('config.checkpointers: the Solana program does not enforce designated checkpointers yet; leave it out for a run on Solana', {code: 'ECONFIG'})
+  return signed(programId, coordinator, authority, encodeUpdate(config, model), INSTRUCTION_UNITS.update)
+}
 export const setPausedInstruction = (programId: Address, coordinator: Address, authority: TransactionSigner, paused: boolean) =>
   signed(programId, coordinator, authority, encodeSetPaused(paused), INSTRUCTION_UNITS.set_paused)
 /** join_run; in a permissioned run, pass the authorization (authorizer program) that admits the client. */
