@@ -1,4 +1,4 @@
-import {mkdtempSync, rmSync} from 'node:fs'
+import {mkdtempSync, readdirSync, readFileSync, rmSync} from 'node:fs'
 import {tmpdir} from 'node:os'
 import {join} from 'node:path'
 import {execa, type ResultPromise} from 'execa'
@@ -33,13 +33,47 @@ export function tempDir(prefix = 'psyche-test-'): {path: string; cleanup: () => 
   return {path, cleanup: () => rmSync(path, {recursive: true, force: true})}
 }
 
+/** Whether a process runs: it exists and is not a zombie (an exited child its parent has not reaped yet). */
 export function processAlive(pid: number): boolean {
   try {
     process.kill(pid, 0)
-    return true
   } catch {
     return false
   }
+  try {
+    // /proc/PID/stat: "pid (comm) state ...", comm may hold spaces and parentheses
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8')
+    return stat.slice(stat.lastIndexOf(')') + 2, stat.lastIndexOf(')') + 3) !== 'Z'
+  } catch {
+    return process.platform !== 'linux' // no /proc: kill(0) is all there is
+  }
+}
+
+/** Every running descendant of a process (children, their children …) with its command line, from /proc (Linux). */
+export function descendants(root: number): {pid: number; cmd: string}[] {
+  const children = new Map<number, number[]>()
+  for (const name of readdirSync('/proc')) {
+    if (!/^\d+$/.test(name)) continue
+    try {
+      const stat = readFileSync(`/proc/${name}/stat`, 'utf8')
+      const ppid = Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1])
+      children.set(ppid, [...(children.get(ppid) ?? []), Number(name)])
+    } catch {
+      // gone meanwhile
+    }
+  }
+  const out: {pid: number; cmd: string}[] = []
+  const queue = [...(children.get(root) ?? [])]
+  for (let pid = queue.shift(); pid !== undefined; pid = queue.shift()) {
+    queue.push(...(children.get(pid) ?? []))
+    if (!processAlive(pid)) continue
+    try {
+      out.push({pid, cmd: readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0').join(' ').trim()})
+    } catch {
+      // gone meanwhile
+    }
+  }
+  return out
 }
 
 export async function waitFor(predicate: () => boolean | Promise<boolean>, timeoutMs: number, what: string): Promise<void> {

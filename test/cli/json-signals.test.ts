@@ -3,6 +3,7 @@ import {EventEmitter} from 'node:events'
 import {describe, test} from 'node:test'
 import {nonSnakeKeys, snakeCase, snakeKeys} from '../../src/core/cli/json.js'
 import {SIGNAL_EXIT_CODE, Shutdown} from '../../src/core/cli/signals.js'
+import {waitFor} from '../helpers.js'
 
 describe('--json keys are snake_case', () => {
   test('snakeCase turns camelCase names into snake_case and leaves snake_case alone', () => {
@@ -68,8 +69,8 @@ describe('signals: one place (cli/signals.ts)', () => {
     })
     target.emit('SIGINT')
     assert.deepEqual(exits, [], 'not before fn has finished')
-    await new Promise((r) => setTimeout(r, 60))
-    assert.deepEqual(calls, ['SIGINT'])
+    await waitFor(() => exits.length > 0, 5000, 'the exit')
+    assert.deepEqual(calls, ['SIGINT'], 'fn finished before the exit')
     assert.deepEqual(exits, [130])
     shutdown.dispose()
   })
@@ -77,9 +78,11 @@ describe('signals: one place (cli/signals.ts)', () => {
   test('an orderly stop that takes longer than the grace period is cut short', async () => {
     const {target, exits, shutdown} = setup(30)
     void shutdown.requested()
+    const started = Date.now()
     target.emit('SIGTERM')
-    await new Promise((r) => setTimeout(r, 80))
+    await waitFor(() => exits.length > 0, 5000, 'the exit')
     assert.deepEqual(exits, [143])
+    assert.ok(Date.now() - started >= 25, 'not before the grace period') // the stop itself never ends
     shutdown.dispose()
   })
 

@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict'
 import {after, before, describe, it} from 'node:test'
-import {runCli, startCli, tempDir} from '../helpers.js'
+import {descendants, processAlive, runCli, startCli, tempDir, waitFor} from '../helpers.js'
 import {startServer, writeE2eRun, type JsonProcess} from '../e2e/helpers.js'
 
 describe('psyche join / testnet: bad input is one clear line and a non-zero exit', {timeout: 120_000}, () => {
@@ -48,12 +48,25 @@ describe('psyche join / testnet: bad input is one clear line and a non-zero exit
 
   it('testnet stops every process and still prints its summary when interrupted (SIGTERM)', async () => {
     const child = startCli(['testnet', '--clients', '2', '--config', dir.path, '--json'])
-    await new Promise((r) => setTimeout(r, 6000))
+    // Interrupted once everything runs: the coordinator, both clients and their PyTorch workers.
+    let tree: {pid: number; cmd: string}[] = []
+    const workers = () => tree.filter((p) => p.cmd.includes('psyche_worker'))
+    await waitFor(
+      () => {
+        tree = descendants(child.pid!)
+        return workers().length === 2 && tree.some((p) => / server run /.test(p.cmd)) && tree.filter((p) => / join /.test(p.cmd)).length === 2
+      },
+      60_000,
+      'the testnet to start its server, two clients and their workers',
+    )
     child.kill('SIGTERM')
     const r = await child
     assert.equal(r.exitCode, 143, `the exit status reports SIGTERM (128 + 15); stderr: ${r.stderr}`)
     const summary = JSON.parse(String(r.stdout))
     assert.equal(summary.ended, 'interrupted')
     assert.deepEqual(summary.clients, ['client-0', 'client-1'])
+    // every process it started is gone by the time it exits
+    const left = tree.filter((p) => processAlive(p.pid))
+    assert.deepEqual(left, [], 'processes left behind')
   })
 })

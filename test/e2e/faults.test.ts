@@ -48,7 +48,6 @@ describe('end to end: faults', {timeout: 300_000}, () => {
     procs.push(restarted)
 
     for (const p of [a, b, restarted]) await p.waitFor(finished, 'the run to finish', 150_000)
-    // survivors: identical after every round of both epochs
     // survivors: the same rounds applied, identical after every one. The kill costs at most the round it
     // interrupted: if that round's witness quorum does not form, the coordinator closes the epoch early and no
     // one applies it (rare on this 2-core machine; the rest of the run is then one round shorter).
@@ -56,15 +55,7 @@ describe('end to end: faults', {timeout: 300_000}, () => {
     assertIdentical([a, b], survivorSteps)
     const lost = [1, 2, 3, 4, 5, 6, 7, 8].filter((step) => !survivorSteps.includes(step))
     assert.ok(lost.length <= 1 && lost.every((step) => step >= 3), `rounds lost: ${lost.join(', ')}`)
-    // the kill cost at most one round's batches: afterwards the survivors applied every result of the two trainers left
-    const afterKill = a.rounds().filter((r) => r.step >= 4 && r.epoch === 0) as unknown as {applied: number; trainers: number}[]
-    for (const r of afterKill) assert.equal(r.applied, r.trainers)
-    assert.ok(
-      afterKill.every((r) => r.trainers === 2),
-      'the killed client left the roster',
-    )
-    // the restarted client waited for the epoch boundary (step 4, or earlier if the epoch closed early), loaded
-    // the model from a peer, and is identical from then on
+    // the restarted client waited for the epoch boundary, loaded the model from a peer, and is identical from then on
     const loaded = restarted.events.find((e) => e.event === 'model_loaded')!
     // While it waited, it said so, with about how long (the epoch was under way, or already cooling down).
     const waited = restarted.events.findIndex((e) => e.event === 'waiting')
@@ -72,8 +63,23 @@ describe('end to end: faults', {timeout: 300_000}, () => {
     assert.ok(['next_epoch', 'members'].includes(String(restarted.events[waited].reason)), JSON.stringify(restarted.events[waited]))
     assert.equal(loaded.source, 'peers')
     const boundary = loaded.step as number
-    assert.ok(boundary >= 2 && boundary <= 4, `model loaded at step ${boundary}`)
-    if (lost.length === 0) assert.equal(boundary, 4)
+    const epoch0 = a.rounds().filter((r) => r.epoch === 0) as unknown as {step: number; applied: number; trainers: number}[]
+    if (lost.length === 0) {
+      // The usual outcome: epoch 0 ran its 4 rounds, the restarted client joined at step 4, and round 4 (after the
+      // kill) had the two trainers left, whose results the survivors both applied.
+      assert.equal(boundary, 4, `model loaded at step ${boundary}`)
+      const round4 = epoch0.filter((r) => r.step >= 4)
+      assert.deepEqual(
+        round4.map((r) => [r.step, r.trainers, r.applied]),
+        [[4, 2, 2]],
+        'round 4: the killed client left the roster, and both results left were applied',
+      )
+    } else {
+      // The rare one: the interrupted round had no witness quorum, the coordinator closed epoch 0 early, and the
+      // restarted client joined at that earlier boundary (the last step of epoch 0).
+      assert.ok(boundary >= 2 && boundary < 4, `model loaded at step ${boundary}, rounds lost: ${lost.join(', ')}`)
+      assert.equal(Math.max(...epoch0.map((r) => r.step)), boundary, 'epoch 0 ended at the boundary')
+    }
     assert.equal(loaded.param_hash, a.rounds().find((r) => r.step === boundary)!.param_hash)
     const later = survivorSteps.filter((step) => step > boundary)
     assert.ok(later.length >= 3)

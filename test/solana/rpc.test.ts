@@ -10,7 +10,7 @@ import {loadRunConfigFile} from '../../src/core/config/index.js'
 import {projectRoot} from '../../src/core/worker/python.js'
 import {join} from 'node:path'
 import {writeFileSync} from 'node:fs'
-import {tempDir} from '../helpers.js'
+import {tempDir, waitFor} from '../helpers.js'
 import {keypair} from './harness.js'
 import {pollAccount, subscribeAccount} from '../../src/core/backend/solana/watch.js'
 import {clientIdOf, decodeCoordinator} from '../../src/core/backend/solana/layout.js'
@@ -128,13 +128,15 @@ describe('the JSON-RPC path (RpcChain with @solana/kit) against a LiteSVM localn
     await updateConfig({...target, authority: creator, file: await loadRunConfigFile(configPath)})
     const seen = {ws: [] as string[], poll: [] as string[]}
     const stop = new AbortController()
+    const subscribedBefore = net.requests.get('accountSubscribe') ?? 0
     const ws = subscribeAccount(net.wsUrl, coordinator, (data) => seen.ws.push(decodeCoordinator(data).state.run_state), stop.signal)
     const poll = pollAccount(chain, coordinator, (data) => seen.poll.push(decodeCoordinator(data).state.run_state), stop.signal, 20)
-    await new Promise((r) => setTimeout(r, 200)) // both are listening
+    // both are listening: the localnet holds the subscription (it counts the request as it registers it), and the
+    // poll has read the account once
+    await waitFor(() => (net.requests.get('accountSubscribe') ?? 0) > subscribedBefore && seen.poll.length > 0, 10_000, 'the subscription and the first poll')
     await setPaused({...target, authority: creator, paused: false})
     await setPaused({...target, authority: creator, paused: true})
-    const deadline = Date.now() + 10_000
-    while ((seen.ws.length < 2 || !seen.poll.includes('Paused')) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20))
+    await waitFor(() => seen.ws.length >= 2 && seen.poll.includes('Paused'), 10_000, `both to see the run paused (ws ${seen.ws}, poll ${seen.poll})`)
     stop.abort()
     await Promise.all([ws, poll])
     assert.deepEqual(seen.ws, ['WaitingForMembers', 'Paused'])
