@@ -25,13 +25,14 @@ import {checkRepoId, checkToken} from '../core/checkpoint/hub.js'
 import {shuffleSeedFor} from '../core/train/single-node.js'
 import {ModelWorker} from '../core/worker/model-worker.js'
 import {snakeKeys} from '../core/cli/json.js'
+import type {EventLine} from '../core/events.js'
 
 function mb(bytes: number): string {
   return `${(bytes / 1e6).toFixed(2)} MB`
 }
 
 type ProviderLocation = Parameters<typeof openDataProvider>[0]
-type Log = (event: Record<string, unknown>) => void
+type Log = (event: EventLine) => void
 
 /**
  * The real components of a client: a PyTorch worker, the run's data, a libp2p node, and the coordinator: the TCP
@@ -63,7 +64,7 @@ export async function startComponents(o: {
     // The held-out split, in the run's shuffled order (the same samples on every client: client/eval.ts).
     if (plan.validation && plan.evalEvery > 0)
       evalData = await openDataProvider(plan.validation as ProviderLocation, {seqLen: plan.seqLen, baseDir: plan.dataBaseDir, shuffleSeed: shuffleSeedFor(o.seed)})
-    p2p = await P2PNode.start({identity, runId, listen: o.p2p.listen, announce: o.p2p.announce, log: (e) => log({...(e as Record<string, unknown>), source: 'p2p'})})
+    p2p = await P2PNode.start({identity, runId, listen: o.p2p.listen, announce: o.p2p.announce, log: (e) => log({...e, source: 'p2p'})})
   } catch (error) {
     await p2p?.stop()
     await data?.close()
@@ -80,7 +81,7 @@ export async function startComponents(o: {
         identity,
         p2pAddrs,
         join: true,
-        log: (e) => log({...(e as Record<string, unknown>), source: 'coordinator'}),
+        log: (e) => log({...e, source: 'coordinator'}),
       })
       o.onConnected?.(connection)
       return connection
@@ -264,7 +265,7 @@ several rounds while others train prints a no_exchange warning naming the addres
     const reporter = new RoundReporter(plan.seqLen)
     let connection: CoordinatorConnection | undefined
     let current: CoordinatorBackend | undefined
-    const log = (event: Record<string, unknown>) => {
+    const log = (event: EventLine) => {
       metrics?.observe(event)
       const r = reporter.observe(event)
       // Display-only reports go over the centralized server's connection (the latest one: a rejoin opens a new one).

@@ -5,7 +5,7 @@ import {ensureDemoCorpus} from '../../src/core/corpus.js'
 import {projectRoot} from '../../src/core/worker/python.js'
 import {runCli, tempDir} from '../helpers.js'
 import {DEFAULT_SCORE_SETTINGS} from '../../src/core/verify/score.js'
-import {hashesByStep, JsonProcess, startClient, startServer, writeE2eRun} from '../e2e/helpers.js'
+import {fieldOf, hashesByStep, JsonProcess, type Line, startClient, startServer, writeE2eRun} from '../e2e/helpers.js'
 
 /**
  * Real processes: a coordinator, three honest clients (`psyche join`) and two hostile ones (the real client with
@@ -19,7 +19,7 @@ const adversaryEntry = ['--import', 'tsx', join(projectRoot, 'test', 'adversaria
 interface Expect {
   attack: string
   /** What every honest client logs about the attacker (event and reason). */
-  detected: (e: Record<string, unknown>, attacker: string) => boolean
+  detected: (e: Line, attacker: string) => boolean
   /** Steps in which this attacker's result may still be applied (a replay needs an old result first). */
   honestSteps?: number[]
   /**
@@ -32,8 +32,8 @@ interface Expect {
   banned?: boolean
 }
 
-const rejected = (pattern: RegExp) => (e: Record<string, unknown>, attacker: string) => e.event === 'result_rejected' && e.client_id === attacker && pattern.test(String(e.reason))
-const unseen = (e: Record<string, unknown>, attacker: string) => e.event === 'health_check' && Array.isArray(e.accused) && e.accused.includes(attacker)
+const rejected = (pattern: RegExp) => (e: Line, attacker: string) => e.event === 'result_rejected' && e.client_id === attacker && pattern.test(e.reason)
+const unseen = (e: Line, attacker: string) => e.event === 'health_check' && e.accused.includes(attacker)
 
 async function attackRun(name: string, cases: Expect[], shape: {rounds?: number; verificationPercent?: number} = {}): Promise<void> {
   const started = Date.now()
@@ -66,7 +66,7 @@ async function attackRun(name: string, cases: Expect[], shape: {rounds?: number;
         const hit = h.events.find((e) => c.detected(e, ids[i]))
         assert.ok(
           hit,
-          `${h.name} never logged the ${c.attack} attack by ${ids[i].slice(0, 12)}: ${JSON.stringify(h.events.filter((e) => e.client_id === ids[i] || e.event === 'health_check').slice(0, 5))}`,
+          `${h.name} never logged the ${c.attack} attack by ${ids[i].slice(0, 12)}: ${JSON.stringify(h.events.filter((e) => fieldOf(e, 'client_id') === ids[i] || e.event === 'health_check').slice(0, 5))}`,
         )
       }
     }
@@ -91,13 +91,13 @@ async function attackRun(name: string, cases: Expect[], shape: {rounds?: number;
       assert.equal(hashes.size, 3, `step ${step}: every honest client applied it`)
       assert.equal(new Set(hashes.values()).size, 1, `step ${step}: honest parameter hashes differ: ${JSON.stringify([...hashes])}`)
     }
-    const summary = honest[0].rounds().map((r) => `step ${r.step}: applied ${(r as unknown as {applied: number}).applied} hash ${r.param_hash.slice(0, 8)}`)
+    const summary = honest[0].rounds().map((r) => `step ${r.step}: applied ${r.applied} hash ${r.param_hash.slice(0, 8)}`)
     assert.equal(new Set([...byStep.values()].map((h) => [...h.values()][0])).size, rounds, `the model changed every round: ${summary.join('; ')}`)
     // Caught by score: every honest client excludes its in-flight result in the same round, and applied its results only before.
     const excludedAt = new Map<string, number>()
     for (const [i, c] of cases.entries()) {
       if (!c.byScore) continue
-      const steps = honest.map((h) => h.events.find((e) => e.event === 'results_excluded' && (e.client_ids as string[]).includes(ids[i]))?.step as number | undefined)
+      const steps = honest.map((h) => h.events.filter((e) => e.event === 'results_excluded').find((e) => e.client_ids.includes(ids[i]))?.step)
       assert.ok(
         steps.every((x) => x !== undefined),
         `${c.attack}: not every honest client excluded ${ids[i].slice(0, 12)}'s result: ${JSON.stringify(steps)}`,
@@ -107,9 +107,9 @@ async function attackRun(name: string, cases: Expect[], shape: {rounds?: number;
     }
     const allowed = (step: number) => 3 + cases.filter((c, i) => c.honestSteps?.includes(step) || (c.byScore && step < excludedAt.get(ids[i])!)).length
     for (const h of honest) {
-      const applied = h.rounds().map((r) => (r as unknown as {applied: number}).applied)
+      const applied = h.rounds().map((r) => r.applied)
       for (const r of h.rounds()) {
-        const n = (r as unknown as {applied: number}).applied
+        const n = r.applied
         assert.ok(n <= allowed(r.step), `${h.name}: step ${r.step} applied ${n} results: an attacker's result was applied`)
       }
       assert.ok(applied.filter((n) => n >= 2).length >= 3, `${h.name}: applied ${applied.join(',')}: honest results were not exchanged`)

@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict'
 import {after, describe, it} from 'node:test'
 import {ensureDemoCorpus} from '../../src/core/corpus.js'
-import {startClient, startServer, writeE2eRun, type JsonProcess} from '../e2e/helpers.js'
+import {fieldOf, startClient, startServer, writeE2eRun, type JsonProcess} from '../e2e/helpers.js'
 import {tempDir} from '../helpers.js'
 
 describe('a client joining a run takes the model from its peers', {timeout: 400_000}, () => {
@@ -23,7 +23,7 @@ describe('a client joining a run takes the model from its peers', {timeout: 400_
     const trace = () =>
       [a, b, c]
         .filter((x) => x)
-        .map((x) => `${x!.name}: ${x!.events.map((e) => `${e.event}:${e.step ?? ''}`).join(' ')}`)
+        .map((x) => `${x!.name}: ${x!.events.map((e) => `${e.event}:${fieldOf(e, 'step')}`).join(' ')}`)
         .join('\n')
     let c: JsonProcess | undefined
     // epoch 0 is steps 1-2, epoch 1 steps 3-4: the new client comes during epoch 1 and enters at the next one
@@ -55,7 +55,8 @@ describe('a client joining a run takes the model from its peers', {timeout: 400_
       assert.equal(hashAt(c, step), hashAt(a, step), `step ${step}: c and a identical`)
       assert.equal(hashAt(c, step), hashAt(b, step), `step ${step}: c and b identical`)
       for (const x of [a, b, c]) {
-        const r = x.rounds().find((q) => q.step === step) as unknown as {peers_applied: number; loss: number | null}
+        const r = x.rounds().find((q) => q.step === step)
+        assert.ok(r, `step ${step}: ${x.name} applied it`)
         assert.equal(r.peers_applied, 2, `step ${step}: ${x.name} applied both peers' results`)
         assert.ok(r.loss !== null, `step ${step}: ${x.name} trained`)
       }

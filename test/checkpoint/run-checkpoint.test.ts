@@ -3,7 +3,7 @@ import {join} from 'node:path'
 import {after, describe, it} from 'node:test'
 import {HubServer} from '../../src/core/checkpoint/hub-server.js'
 import {ensureDemoCorpus} from '../../src/core/corpus.js'
-import {freePort, JsonProcess, startServer, writeE2eRun} from '../e2e/helpers.js'
+import {fieldOf, freePort, JsonProcess, startServer, writeE2eRun} from '../e2e/helpers.js'
 import {tempDir} from '../helpers.js'
 
 const TOKEN = 'hf_run_checkpoint'
@@ -56,7 +56,7 @@ describe('Hub checkpoints in a run', {timeout: 600_000}, () => {
         .filter((e) =>
           ['round', 'checkpoint', 'warmup_ready', 'model_loaded', 'checkpoint_uploaded', 'checkpoint_late', 'checkpoint_upload_started', 'rejected'].includes(e.event as string),
         )
-        .map((e) => `${e.event}:${e.step ?? ''}:${e.epoch ?? ''}:${e.reason ?? ''}`)
+        .map((e) => `${e.event}:${fieldOf(e, 'step')}:${fieldOf(e, 'epoch')}:${fieldOf(e, 'reason')}`)
         .join(' ')
     await a
       .waitFor((e) => e.event === 'warmup_ready' && (e.epoch as number) === epoch + 1, 'the next epoch', 150_000)
@@ -76,7 +76,8 @@ describe('Hub checkpoints in a run', {timeout: 600_000}, () => {
     const c = client('c', port, state, hubArgs)
     const d = client('d', port, state, hubArgs)
     procs.push(c, d)
-    const traceOf = (x: JsonProcess) => `${x.name}: ${x.events.map((e) => `${e.event}:${e.step ?? ''}${e.message ? `(${String(e.message).slice(0, 120)})` : ''}`).join(' ')}`
+    const traceOf = (x: JsonProcess) =>
+      `${x.name}: ${x.events.map((e) => `${e.event}:${fieldOf(e, 'step')}${fieldOf(e, 'message') ? `(${String(fieldOf(e, 'message')).slice(0, 120)})` : ''}`).join(' ')}`
     let from = -1
     for (const x of [c, d]) {
       const loaded = await x
@@ -99,7 +100,8 @@ describe('Hub checkpoints in a run', {timeout: 600_000}, () => {
         .waitFor((e) => e.event === 'round' && e.step === from + 2, `${x.name} to apply step ${from + 2}`, 240_000)
         .catch((error: Error) => assert.fail(`${error.message}\n${traceOf(c)}\n${traceOf(d)}`))
     for (const s of [from + 1, from + 2]) {
-      const [rc, rd] = [c, d].map((x) => x.rounds().find((r) => r.step === s) as unknown as {param_hash: string; peers_applied: number; loss: number | null})
+      const [rc, rd] = [c, d].map((x) => x.rounds().find((r) => r.step === s))
+      assert.ok(rc && rd, `step ${s}: both applied it`)
       assert.equal(rc.param_hash, rd.param_hash, `step ${s}: c and d identical`)
       assert.ok(rc.peers_applied === 1 && rd.peers_applied === 1 && rc.loss !== null && rd.loss !== null, `step ${s}: both trained and applied the other's result`)
     }

@@ -63,7 +63,7 @@ describe('end to end: faults', {timeout: 300_000}, () => {
     assert.ok(['next_epoch', 'members'].includes(String(restarted.events[waited].reason)), JSON.stringify(restarted.events[waited]))
     assert.equal(loaded.source, 'peers')
     const boundary = loaded.step as number
-    const epoch0 = a.rounds().filter((r) => r.epoch === 0) as unknown as {step: number; applied: number; trainers: number}[]
+    const epoch0 = a.rounds().filter((r) => r.epoch === 0)
     if (lost.length === 0) {
       // The usual outcome: epoch 0 ran its 4 rounds, the restarted client joined at step 4, and round 4 (after the
       // kill) had the two trainers left, whose results the survivors both applied.
@@ -111,7 +111,7 @@ describe('end to end: faults', {timeout: 300_000}, () => {
       'the coordinator accepted it',
     )
     // once dropped, c leaves the roster; the survivors stay identical throughout
-    assert.equal((a.rounds().at(-1) as unknown as {trainers: number}).trainers, 2)
+    assert.equal(a.rounds().at(-1)?.trainers, 2)
     assertIdentical([a, b], [1, 2, 3, 4, 5])
   })
 
@@ -130,7 +130,7 @@ describe('end to end: faults', {timeout: 300_000}, () => {
     // the coordinator does not withdraw on disconnect here: this is c's own withdraw message
     await server.waitFor((e) => e.event === 'accepted' && e.kind === 'withdraw' && e.client === cId, "c's withdraw", 10_000)
     for (const p of [a, b]) await p.waitFor(finished, 'the run to finish without c', 120_000)
-    assert.equal((a.rounds().at(-1) as unknown as {trainers: number}).trainers, 2)
+    assert.equal(a.rounds().at(-1)?.trainers, 2)
     assertIdentical([a, b], [1, 2, 3, 4])
   })
 

@@ -3,6 +3,7 @@ import {join} from 'node:path'
 import {execa, type ResultPromise} from 'execa'
 import {nonSnakeKeys} from '../../src/core/cli/json.js'
 import {demoCorpusDir} from '../../src/core/corpus.js'
+import type {EventLine, RoundEvent} from '../../src/core/events.js'
 import {projectRoot} from '../../src/core/worker/python.js'
 import {cliPath} from '../helpers.js'
 
@@ -94,9 +95,18 @@ quantize_1bit = true
   return path
 }
 
+/** What a process under test prints, one JSON line each: a command's events (and the adversary's own, test/adversarial). */
+export type Line = EventLine | {event: 'adversary'; attack: string; client_id: string}
+
+/** A field of an event of any kind, for traces in failure messages ('' where the kind has none). */
+export function fieldOf(e: Line, key: string): unknown {
+  const fields: Record<string, unknown> = e
+  return fields[key] ?? ''
+}
+
 /** A CLI child process whose stdout is JSON lines, collected as they arrive. */
 export class JsonProcess {
-  readonly events: Record<string, unknown>[] = []
+  readonly events: Line[] = []
   /** When each event arrived (ms since the epoch), index for index. */
   readonly times: number[] = []
   readonly stderr: string[] = []
@@ -126,7 +136,7 @@ export class JsonProcess {
       for (const line of lines) {
         if (!line.trim()) continue
         try {
-          const event = JSON.parse(line)
+          const event = JSON.parse(line) as Line
           this.events.push(event)
           this.times.push(Date.now())
           const bad = nonSnakeKeys(event)
@@ -152,7 +162,9 @@ export class JsonProcess {
   }
 
   /** The first event satisfying `match` (waiting for it), or throws after `timeoutMs` naming what it waited for. */
-  async waitFor(match: (e: Record<string, unknown>) => boolean, what: string, timeoutMs: number): Promise<Record<string, unknown>> {
+  async waitFor<E extends Line>(match: (e: Line) => e is E, what: string, timeoutMs: number): Promise<E>
+  async waitFor(match: (e: Line) => boolean, what: string, timeoutMs: number): Promise<Line>
+  async waitFor(match: (e: Line) => boolean, what: string, timeoutMs: number): Promise<Line> {
     const deadline = Date.now() + timeoutMs
     for (;;) {
       if (this.camelCase.length > 0) throw new Error(`${this.name}: --json keys must be snake_case; found ${this.camelCase.join('; ')}`)
@@ -170,8 +182,8 @@ export class JsonProcess {
     }
   }
 
-  rounds(): {step: number; loss: number | null; param_hash: string; epoch: number}[] {
-    return this.events.filter((e) => e.event === 'round') as never
+  rounds(): RoundEvent[] {
+    return this.events.filter((e) => e.event === 'round')
   }
 
   kill(signal: NodeJS.Signals = 'SIGTERM'): void {

@@ -1,3 +1,4 @@
+import type {RoundEvent} from '../../src/core/events.js'
 import assert from 'node:assert/strict'
 import {mkdirSync, writeFileSync} from 'node:fs'
 import {basename, join} from 'node:path'
@@ -99,21 +100,8 @@ export class NetRun {
   }
 }
 
-export interface RoundLine {
-  step: number
-  epoch: number
-  loss: number | null
-  param_hash: string
-  applied: number
-  peers_applied: number
-  peers_accepted: number
-  other_trainers: number
-  bytes_in: number
-  bytes_out: number
-  compute_ms: number | null
-  conn_direct: number
-  conn_relayed: number
-}
+/** A client's round line (the multi-host tests read the connection counts, which a libp2p node always reports). */
+export type RoundLine = RoundEvent
 
 export function meanLoss(clients: JsonProcess[], step: number): number {
   const l = clients.map((c) => rounds(c).find((r) => r.step === step)?.loss).filter((x): x is number => typeof x === 'number')
@@ -121,7 +109,7 @@ export function meanLoss(clients: JsonProcess[], step: number): number {
 }
 
 export function rounds(p: JsonProcess): RoundLine[] {
-  return p.events.filter((e) => e.event === 'round') as unknown as RoundLine[]
+  return p.rounds()
 }
 
 /**

@@ -152,7 +152,7 @@ describe(
       const common = rounds[0].filter((r) => rounds[1].some((q) => q.step === r.step))
       assert.ok(common.length >= 2)
       for (const r of common) assert.equal(r.param_hash, rounds[1].find((q) => q.step === r.step)!.param_hash, `step ${r.step}: equal parameters`)
-      const full = common.filter((r) => (r as unknown as {applied: number}).applied === 2)
+      const full = common.filter((r) => r.applied === 2)
       assert.ok(full.length >= 1, `a round applied both clients' results: ${JSON.stringify(common)}`)
       assert.notEqual(common[0].param_hash, common.at(-1)!.param_hash, 'the model changed')
       // Both replicas report the same validation loss after the same step (held-out split, same parameters).

@@ -1,3 +1,4 @@
+import type {EventLine} from '../../src/core/events.js'
 import {createHash} from 'node:crypto'
 import {existsSync, mkdirSync, readFileSync, writeFileSync} from 'node:fs'
 import {join} from 'node:path'
@@ -624,7 +625,7 @@ export interface SimClient {
   client: PsycheClient
   worker: DeterministicWorker
   p2p: MemoryP2P
-  events: Record<string, unknown>[]
+  events: EventLine[]
   rounds: RoundEvent[]
   /** Settles with run()'s outcome. */
   done: Promise<ClientSummary | Error>
@@ -675,7 +676,7 @@ export class Simulation {
     identity: Identity = generateIdentity(),
     o: {hub?: ClientOptions['hub']; workerRestarts?: number; eval?: EvalSettings; evalData?: DataProvider} = {},
   ): Promise<SimClient> {
-    const events: Record<string, unknown>[] = []
+    const events: EventLine[] = []
     const worker = new DeterministicWorker()
     const p2p = this.net.node(identity)
     const components: ClientComponents = {backend: this.coordinator.connector(identity.id), p2p, worker, data: memoryData(SIM_SEQ_LEN), clock: this.clock}
@@ -712,7 +713,7 @@ export class Simulation {
       p2p,
       events,
       get rounds() {
-        return events.filter((e) => e.event === 'round') as unknown as RoundEvent[]
+        return events.filter((e) => e.event === 'round')
       },
       done: client.run().catch((error: Error) => error),
     }

@@ -1,3 +1,4 @@
+import type {EventLine} from '../../src/core/events.js'
 import assert from 'node:assert/strict'
 import {createHash} from 'node:crypto'
 import {describe, it} from 'node:test'
@@ -46,7 +47,7 @@ interface SolClient {
   worker: DeterministicWorker
   p2p: MemoryP2P
   backends: SolanaBackend[]
-  events: Record<string, unknown>[]
+  events: EventLine[]
   rounds: RoundEvent[]
   done: Promise<ClientSummary | Error>
 }
@@ -74,7 +75,7 @@ class SolanaSim {
   async addClient(name: string): Promise<SolClient> {
     const {identity, signer} = await keys(name)
     this.d.chain.airdrop(signer.address)
-    const events: Record<string, unknown>[] = []
+    const events: EventLine[] = []
     const backends: SolanaBackend[] = []
     const connector = new SolanaConnector({
       chain: this.d.chain,
@@ -125,7 +126,7 @@ class SolanaSim {
       backends,
       events,
       get rounds() {
-        return events.filter((e) => e.event === 'round') as unknown as RoundEvent[]
+        return events.filter((e) => e.event === 'round')
       },
       done: client.run().catch((error: Error) => error),
     }

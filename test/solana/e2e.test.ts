@@ -50,7 +50,7 @@ function assertTrainedTogether(clients: JsonProcess[], steps: number[]): void {
   assert.equal(new Set(chain).size, chain.length, `the model changed every round: ${chain.map((h) => String(h).slice(0, 8))}`)
   for (const c of clients) {
     for (const r of c.rounds().filter((x) => steps.includes(x.step))) {
-      const round = r as unknown as {peers_applied: number; other_trainers: number; loss: number | null}
+      const round = r
       assert.equal(typeof round.loss, 'number', `${c.name} step ${r.step}: trained`)
       assert.equal(round.peers_applied, clients.length - 1, `${c.name} step ${r.step}: applied its peers' results (${JSON.stringify(r)})`)
     }

@@ -3,6 +3,7 @@ import {join} from 'node:path'
 import {errorMessage} from '../errors.js'
 import {writeFileAtomic} from './store.js'
 import {uploadCheckpoint, type UploadResult} from './hub.js'
+import type {EventLog} from '../events.js'
 
 /**
  * What psyche records next to a checkpoint's weights: the run, the step the model is at and the worker's hash of
@@ -57,7 +58,7 @@ export interface CheckpointerOptions {
   save: (dir: string, card: Record<string, string | number>) => Promise<void>
   /** called when an upload has become a Hub commit: the client reports it to the coordinator */
   onUploaded: (checkpoint: {step: number; epoch: number; repo_id: string; revision: string; result: UploadResult}) => void
-  log?: (event: Record<string, unknown>) => void
+  log?: EventLog
 }
 
 /**

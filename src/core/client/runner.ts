@@ -19,6 +19,7 @@ import {downloadCheckpoint} from '../checkpoint/hub.js'
 import {existsSync} from 'node:fs'
 import {tmpdir} from 'node:os'
 import {join, resolve} from 'node:path'
+import type {EventLog, RoundEvent} from '../events.js'
 
 /** What a client trains with: the resolved plan's model, data and worker settings; LR and optimizer come from the run. */
 export type ClientPlan = Pick<TrainPlan, 'model' | 'seqLen' | 'microBatch' | 'optimizer'>
@@ -31,7 +32,7 @@ export interface ClientOptions {
   /** Model init: every first-epoch client must use the same (seedForRun). */
   seed: number
   /** Structured events, one object per line in --json mode. */
-  log: (event: Record<string, unknown>) => void
+  log: EventLog
   /** How long an apply waits for a witnessed result it has no announcement of before applying without it. */
   missingResultWaitMs?: number
   /** Relays (multiaddrs) to reserve a slot on besides the coordinator's; `relay: false` uses none. */
@@ -83,43 +84,8 @@ export const NO_EXCHANGE_WARN_ROUNDS = 3
 /** In Warmup, how long a loaded client waits to be connected to its peers before it reports ready anyway. */
 const WARMUP_CONNECT_WAIT_MS = 20_000
 
-/** One line per applied round: what the testnet and the tests compare across clients. */
-export interface RoundEvent {
-  event: 'round'
-  step: number
-  epoch: number
-  /** This client's training loss in the round (null: it did not train in it). */
-  loss: number | null
-  /** The committed parameters after applying the round's accepted results. */
-  param_hash: string
-  applied: number
-  trainers: number
-  /** Other clients' results applied in this round (our own excluded). */
-  peers_applied: number
-  /** Other clients' results the witness quorum accepted for this round. */
-  peers_accepted: number
-  /** Other clients that had batches to train in this round. */
-  other_trainers: number
-  result_bytes: number | null
-  compute_ms: number | null
-  /** Time spent applying the round outside the worker's training call (collecting results, a separate apply). */
-  apply_ms: number
-  bytes_in: number
-  bytes_out: number
-  peers: number
-  /** P2P connections now: direct and relayed (through a circuit relay); null when the P2P layer cannot tell. */
-  conn_direct: number | null
-  conn_relayed: number | null
-  /**
-   * Loss on the run's held-out samples at the parameters after this round (the same on every replica); null when
-   * this client did not evaluate after this round (see join --eval-every).
-   */
-  val_loss: number | null
-  /** Worker time of that evaluation (run after our next result is published, so training does not wait for it). */
-  eval_ms: number | null
-  /** P2P bytes per peer since the client started (keyed by client id, or libp2p peer id); {} when not counted. */
-  peer_bytes: Record<string, {in: number; out: number}>
-}
+/** One line per applied round (declared with every other event in core/events.ts). */
+export type {RoundEvent} from '../events.js'
 
 export interface ClientSummary {
   rounds: number
@@ -966,7 +932,7 @@ export class PsycheClient {
   /** Logs a round event, with the validation loss when an evaluation is due after its step. */
   private async reportRound(event: RoundEvent): Promise<void> {
     await this.evaluate(event)
-    this.opts.log(event as unknown as Record<string, unknown>)
+    this.opts.log(event)
     this.checkExchange(event.step, event.peers_applied, event.other_trainers)
   }
 

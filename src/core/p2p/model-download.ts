@@ -1,6 +1,7 @@
 import {sha256Hex} from '../hash.js'
 import {errorMessage, PsycheError} from '../errors.js'
 import {MAX_TENSORS_PER_REQUEST, parseManifest, type ModelManifest, type ModelSnapshot} from './model.js'
+import type {EventLog} from '../events.js'
 
 /**
  * How the downloader talks to one peer (the libp2p node implements it over /psyche/model/2; tests implement it in
@@ -34,7 +35,7 @@ export interface ModelDownloadOptions {
   attemptTimeoutMs?: number
   /** a piece groups consecutive small tensors up to this many bytes into one request; default 4 MiB */
   pieceBytes?: number
-  log?: (event: Record<string, unknown>) => void
+  log?: EventLog
 }
 
 export interface ModelDownload {

@@ -21,6 +21,7 @@ import {CONFIRMED_TTL_MS, internals} from './internals.js'
 import {parseTensorRequest, signManifest, type ModelManifest, type ModelSnapshot} from './model.js'
 import {BadPeerError, downloadModel, type ModelPeerTransport} from './model-download.js'
 import {DIALBACK_DIAL_TIMEOUT_MS, DIALBACK_PROTOCOL, MAX_DIALBACK_ADDRS, MAX_DIALBACK_REQUEST_BYTES, parseDialbackResponse} from './dialback.js'
+import type {EventLog} from '../events.js'
 
 export const RESULT_PROTOCOL = '/psyche/result/1'
 export const MODEL_PROTOCOL = '/psyche/model/2'
@@ -77,7 +78,7 @@ export interface P2PNodeOptions {
   maxConcurrentDownloads?: number
   /** per attempt (one holder), for blobs and models; default 60 s */
   downloadTimeoutMs?: number
-  log?: (event: object) => void
+  log?: EventLog
 }
 
 export interface P2PStats {
@@ -160,7 +161,7 @@ export class P2PNode {
   private readonly maxBlobBytes: number
   private readonly maxModelBytes: number
   private readonly downloadTimeoutMs: number
-  private readonly log: (event: object) => void
+  private readonly log: EventLog
   private readonly downloads: Semaphore
   private readonly results = new Map<string, StoredResult>()
   private readonly fetching = new Map<string, Promise<Uint8Array>>()

@@ -15,6 +15,7 @@ import {addressScope, isCircuit, listenAddrsForPort} from './addresses.js'
 import {DIALBACK_DIAL_TIMEOUT_MS, DIALBACK_PROTOCOL, dialbackTargets, hostOf, MAX_DIALBACK_REQUEST_BYTES} from './dialback.js'
 import {framed, readJsonObject, writeJson} from './framing.js'
 import {CONFIRMED_TTL_MS, internals} from './internals.js'
+import type {EventLog} from '../events.js'
 
 /**
  * What one relayed connection may carry before the relay resets it (the peers then dial again). Sized for
@@ -45,7 +46,7 @@ export interface RelayNodeOptions {
   /** Addresses to give clients instead of our interface addresses (a public IP in front of a private one). */
   announce?: string[]
   limits?: Partial<RelayLimits>
-  log?: (event: object) => void
+  log?: EventLog
 }
 
 type RelayServices = {identify: ReturnType<ReturnType<typeof identify>>; relay: CircuitRelayService}
@@ -133,7 +134,7 @@ export class RelayNode {
    * Answers a client's dial-back request (see dialback.ts): dials the addresses it gives on the IP its connection
    * comes from, each once, on a new connection, and says which answered as that client.
    */
-  private async serveDialback(stream: Stream, connection: Connection, log: (event: object) => void): Promise<void> {
+  private async serveDialback(stream: Stream, connection: Connection, log: EventLog): Promise<void> {
     const signal = AbortSignal.timeout(4 * DIALBACK_DIAL_TIMEOUT_MS)
     const client = connection.remotePeer.toString()
     try {

@@ -11,6 +11,7 @@ import type {Identity} from '../../protocol/identity.js'
 import {decodeServerMessage, encodeClientMessage, type ClientBodies, type ClientKind, type ServerEnvelope} from '../../protocol/messages.js'
 import type {CoordinatorBackend, PeerDirectory, RejectionInfo} from '../types.js'
 import {RETRYABLE_REFUSALS} from './limits.js'
+import type {EventLog} from '../../events.js'
 
 export interface ConnectOptions {
   /** The server, as host:port. */
@@ -26,7 +27,7 @@ export interface ConnectOptions {
   reconnect?: boolean
   /** Pin the server's identity id: messages signed by anyone else are refused. */
   serverId?: string
-  log?: (event: object) => void
+  log?: EventLog
   /** Largest frame accepted from the server (default 16 MiB). */
   maxFrameBytes?: number
   /** How long connect() keeps trying to reach the server before it gives up (default 10 s). */
@@ -80,7 +81,7 @@ export class CoordinatorConnection extends EventEmitter implements CoordinatorBa
   private link?: Link
   private closed = false
   private replaced = false
-  private readonly log: (event: object) => void
+  private readonly log: EventLog
   private readonly target: {host: string; port: number}
 
   private constructor(private readonly opts: ConnectOptions) {

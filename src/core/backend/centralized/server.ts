@@ -14,6 +14,7 @@ import {ScoreBoard} from '../../verify/scoreboard.js'
 import {PeerBook} from './directory.js'
 import {DEFAULT_LIMITS, effectiveMaxConnections, LIMIT_FLAGS, RateLimiter, type RetryableRefusal, type ServerLimits} from './limits.js'
 import {decodeClientMessage, encodeServerMessage, type ClientEnvelope, type ServerBodies, type ServerKind} from '../../protocol/messages.js'
+import type {EventLog} from '../../events.js'
 
 export interface CoordinatorServerOptions {
   run: RunConfigFile
@@ -30,7 +31,7 @@ export interface CoordinatorServerOptions {
   /** The server's signing identity. Default: the one saved in saveStateDir, else a new random one. */
   identity?: Identity
   /** Structured log lines ({event: ..., ...}); rejections among them with the peer and the reason. */
-  log?: (event: object) => void
+  log?: EventLog
   /** The coordinator's clock: unix milliseconds (default: Date.now). */
   now?: () => number
   /** Largest frame accepted from a client once it said hello (default 16 MiB; 64 KiB before). */
@@ -120,7 +121,7 @@ export class CoordinatorServer {
     private current: CoordinatorState,
     private readonly book: PeerBook,
     private readonly opts: Required<Pick<CoordinatorServerOptions, 'withdrawOnDisconnect' | 'maxFrameBytes' | 'helloTimeoutMs'>> & {
-      log: (event: object) => void
+      log: EventLog
       now: () => number
       saveStateDir?: string
       relayAddrs?: (localAddress: string | undefined) => string[]

@@ -24,6 +24,7 @@ import {
 } from './instructions.js'
 import {PEER_SIZE, addressOfClient, fitPeerAddrs, clientIdOf, decodeCoordinator, decodePeer, type OnChainCoordinator} from './layout.js'
 import {subscribeAccount} from './watch.js'
+import type {EventLog} from '../../events.js'
 
 /**
  * The Solana CoordinatorBackend: a client of a run whose coordinator is the on-chain program. It reads the
@@ -58,7 +59,7 @@ export interface SolanaBackendOptions {
   tickStaggerMs?: number
   /** Send ticks (default true). */
   tick?: boolean
-  log?: (event: Record<string, unknown>) => void
+  log?: EventLog
 }
 
 const systemClock = {now: () => Date.now(), sleep: (ms: number) => new Promise<void>((r) => setTimeout(r, ms))}
@@ -94,7 +95,7 @@ export class SolanaBackend extends EventEmitter implements CoordinatorBackend {
   private offline = false
   private readonly abort = new AbortController()
   private readonly clock: NonNullable<SolanaBackendOptions['clock']>
-  private readonly log: (event: Record<string, unknown>) => void
+  private readonly log: EventLog
   private coordinator!: Address
   private ownRecord!: Address
   private peerRent = 0n
