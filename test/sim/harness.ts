@@ -5,7 +5,7 @@ import {join} from 'node:path'
 import {EventEmitter} from 'node:events'
 import type {BackendConnector, CoordinatorBackend, JoinRequest, PeerDirectory, RejectionInfo} from '../../src/core/backend/types.js'
 import type {Clock, ClientComponents, ClientP2P, ClientP2PStats, ClientWorker} from '../../src/core/client/components.js'
-import {PsycheClient, type ClientOptions, type ClientSummary, type RoundEvent} from '../../src/core/client/runner.js'
+import {PsycheClient, type ClientOptions, type ClientSummary, type ResultProducer, type RoundEvent} from '../../src/core/client/runner.js'
 import type {EvalSettings} from '../../src/core/client/eval.js'
 import type {HubRepo} from '../../src/core/config/types.js'
 import {
@@ -674,7 +674,7 @@ export class Simulation {
   async addClient(
     name: string,
     identity: Identity = generateIdentity(),
-    o: {hub?: ClientOptions['hub']; workerRestarts?: number; eval?: EvalSettings; evalData?: DataProvider} = {},
+    o: {hub?: ClientOptions['hub']; workerRestarts?: number; eval?: EvalSettings; evalData?: DataProvider; producer?: ResultProducer} = {},
   ): Promise<SimClient> {
     const events: EventLine[] = []
     const worker = new DeterministicWorker()
@@ -702,6 +702,8 @@ export class Simulation {
         ...(o.hub ? {hub: o.hub} : {}),
         workerRestarts: o.workerRestarts,
         eval: o.eval,
+        // a hostile result producer (test/sim/adversarial.test.ts), injected as the multi-process adversary does
+        ...(o.producer ? {producer: o.producer} : {}),
       },
       components,
     )
