@@ -43,13 +43,11 @@ describe('checkpointer: save on the training path, upload in the background', ()
       [30, 3],
     ] as const) {
       hashes.set(step, (await worker.initFromConfig(tinyModelConfig, seed)).param_hash)
-      const t = performance.now()
       await checkpointer.checkpoint(step, step / 10)
       assert.ok(
         reported.every((r) => r.step !== step),
         'checkpoint() returns before its upload is reported',
       )
-      assert.ok(performance.now() - t < 30_000)
     }
     await checkpointer.idle()
     const steps = reported.map((r) => r.step)

@@ -53,7 +53,7 @@ describe('Hub checkpoints with the in-process simulation', () => {
     const c = await sim.addClient('c', undefined, {hub: {url: hub.url, cacheDir}})
     // epoch 0 starts from the plan's model (Dummy); the checkpoint a reports at the end of epoch 1 is the one a
     // P2P epoch names
-    const reported = () => a.events.find((e) => e.event === 'checkpoint' && (e.epoch as number) >= 1)
+    const reported = () => a.events.find((e) => e.event === 'checkpoint' && e.epoch >= 1)
     await paced(sim, () => reported() !== undefined, 'the checkpoint of epoch 1')
     const {step, revision} = reported() as {step: number; revision: string}
     assert.match(revision, /^[0-9a-f]{40}$/)

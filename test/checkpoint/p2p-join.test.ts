@@ -27,7 +27,7 @@ describe('a client joining a run takes the model from its peers', {timeout: 400_
         .join('\n')
     let c: JsonProcess | undefined
     // epoch 0 is steps 1-2, epoch 1 steps 3-4: the new client comes during epoch 1 and enters at the next one
-    await a.waitFor((e) => e.event === 'round' && (e.step as number) >= 3, 'a to apply step 3', 180_000)
+    await a.waitFor((e) => e.event === 'round' && e.step >= 3, 'a to apply step 3', 180_000)
     c = startClient('c', port, state)
     procs.push(c)
     const loaded = await c.waitFor((e) => e.event === 'model_loaded', 'c to load the model', 180_000).catch((error: Error) => assert.fail(`${error.message}\n${trace()}`))

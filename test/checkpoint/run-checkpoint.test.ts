@@ -58,9 +58,7 @@ describe('Hub checkpoints in a run', {timeout: 600_000}, () => {
         )
         .map((e) => `${e.event}:${fieldOf(e, 'step')}:${fieldOf(e, 'epoch')}:${fieldOf(e, 'reason')}`)
         .join(' ')
-    await a
-      .waitFor((e) => e.event === 'warmup_ready' && (e.epoch as number) === epoch + 1, 'the next epoch', 150_000)
-      .catch((error: Error) => assert.fail(`${error.message}\n${trace()}`))
+    await a.waitFor((e) => e.event === 'warmup_ready' && e.epoch === epoch + 1, 'the next epoch', 150_000).catch((error: Error) => assert.fail(`${error.message}\n${trace()}`))
     assert.ok(!a.events.some((e) => e.event === 'rejected'), `the coordinator rejected nothing: ${trace()}`)
     const meta = (await (await fetch(`${hub.url}/e2e/run/resolve/${commit}/psyche-checkpoint.json`)).json()) as {step: number; param_hash: string}
     assert.equal(meta.step, step)

@@ -144,7 +144,7 @@ export function assertExchanged(clients: JsonProcess[], steps: number[], expectO
 /** Waits until each client has applied `step`, or throws with every process's log tail. */
 export async function waitForStep(run: NetRun, clients: JsonProcess[], step: number, timeoutMs: number): Promise<void> {
   try {
-    await Promise.all(clients.map((c) => c.waitFor((e) => e.event === 'round' && (e.step as number) >= step, `round ${step}`, timeoutMs)))
+    await Promise.all(clients.map((c) => c.waitFor((e) => e.event === 'round' && e.step >= step, `round ${step}`, timeoutMs)))
   } catch (error) {
     throw new Error(`${(error as Error).message}\n${run.tails()}`)
   }

@@ -40,7 +40,7 @@ describe('across hosts on one segment', {skip: unavailable, timeout: 420_000}, (
         // The relay dialled it back at its own address: publicly reachable, so it reserved no relay slot.
         const verdict = c.events.find((e) => e.event === 'reachability')
         assert.equal(verdict?.reachable, true, `${c.name}: ${JSON.stringify(verdict)}`)
-        assert.ok(!c.events.some((e) => e.event === 'addresses_changed' && (e.addrs as string[]).some((a) => a.includes('/p2p-circuit'))), `${c.name} announced no relayed address`)
+        assert.ok(!c.events.some((e) => e.event === 'addresses_changed' && e.addrs.some((a) => a.includes('/p2p-circuit'))), `${c.name} announced no relayed address`)
       }
       assert.deepEqual(
         run.server.events.filter((e) => e.event === 'relay_reservation'),

@@ -147,7 +147,7 @@ describe(
       await page.screenshot({path: join(SCREENSHOT_DIR, 'dashboard.png')})
 
       // Work happened: both clients applied both results in the same rounds, with equal parameters.
-      for (const c of clients) await c.waitFor((e) => e.event === 'round' && (e.step as number) >= 2, 'two applied rounds', 120_000)
+      for (const c of clients) await c.waitFor((e) => e.event === 'round' && e.step >= 2, 'two applied rounds', 120_000)
       const rounds = clients.map((c) => c.rounds())
       const common = rounds[0].filter((r) => rounds[1].some((q) => q.step === r.step))
       assert.ok(common.length >= 2)

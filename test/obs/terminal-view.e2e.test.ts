@@ -86,7 +86,7 @@ describe('live terminal view (ink) in a tmux pane', {timeout: 300_000, skip: has
     )
     assert.doesNotMatch(later, /Warning:|Encountered/, 'nothing but the view on the screen')
     // Work happened: the --json client applied a round with results in it.
-    await clients[0].waitFor((e) => e.event === 'round' && (e.applied as number) >= 1, 'a round with results applied', 120_000)
+    await clients[0].waitFor((e) => e.event === 'round' && e.applied >= 1, 'a round with results applied', 120_000)
     const joined = await until((t) => /psyche join · run e2e · [0-9a-f]{12}…/.test(t) && /\(me\)/.test(t) && /phase \w+/.test(t), "the client's own view", 60_000, 'join')
     assert.match(joined, /round \d+\/20 {3}epoch \d/)
     assert.match(joined, /loss [\d.–]+/)

@@ -125,7 +125,7 @@ describe('relay: reserve a slot only when the dial-back fails', () => {
       [natted.node.peerId],
     )
     assert.deepEqual(
-      relayEvents.filter((e) => e.event === 'dialback').map((e) => [e.peer_id, (e.reachable as string[]).length]),
+      relayEvents.filter((e) => e.event === 'dialback').map((e) => [e.peer_id, e.reachable.length]),
       [
         [reachable.node.peerId, 1],
         [natted.node.peerId, 0],

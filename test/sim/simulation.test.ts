@@ -42,7 +42,6 @@ function summaryOf(result: ClientSummary | Error): ClientSummary {
 
 describe('in-process simulation: real clients, in-memory coordinator, P2P and worker', {timeout: 60_000}, () => {
   it("three clients train a run to the end: every round's results are exchanged, witnessed and applied identically", async () => {
-    const started = performance.now()
     const sim = new Simulation(simRun({total_steps: 6}))
     const [a, b, c] = [await sim.addClient('a'), await sim.addClient('b'), await sim.addClient('c')]
     await sim.runUntil(() => sim.coordinator.state.run_state === 'Finished', {what: 'the run to finish'})
@@ -69,7 +68,6 @@ describe('in-process simulation: real clients, in-memory coordinator, P2P and wo
       sim.coordinator.refusals.filter((r) => r.client_saw === r.run_state),
       [],
     )
-    assert.ok(performance.now() - started < 20_000, `took ${Math.round(performance.now() - started)} ms`)
   })
 
   it('a client cut off from its peers is dropped by health checks, the others go on, and it rejoins with the model from a peer', async () => {
@@ -79,8 +77,8 @@ describe('in-process simulation: real clients, in-memory coordinator, P2P and wo
     sim.net.setOnline(c.identity.id, false)
     await sim.runUntil(() => sim.coordinator.state.epoch.clients.some((x) => x.id === c.identity.id && x.state === 'Dropped'), {what: 'c to be dropped'})
     assert.ok(
-      a.events.some((e) => e.event === 'health_check' && (e.accused as string[]).includes(c.identity.id)) ||
-        b.events.some((e) => e.event === 'health_check' && (e.accused as string[]).includes(c.identity.id)),
+      a.events.some((e) => e.event === 'health_check' && e.accused.includes(c.identity.id)) ||
+        b.events.some((e) => e.event === 'health_check' && e.accused.includes(c.identity.id)),
       'a witness accused c',
     )
     const lastWhileOff = Math.max(...a.rounds.map((r) => r.step))
