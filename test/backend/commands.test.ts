@@ -1,3 +1,4 @@
+import type {EventLine} from '../../src/core/events.js'
 import assert from 'node:assert/strict'
 import {readFileSync, statSync, writeFileSync} from 'node:fs'
 import {join} from 'node:path'
@@ -38,7 +39,7 @@ test('psyche identity new writes a 0600 identity and prints its id, refuses to o
 
 /** The server's --json log lines as they arrive. */
 function jsonLines(child: ResultPromise): Record<string, unknown>[] {
-  const lines: Record<string, unknown>[] = []
+  const lines: EventLine[] = []
   let buffered = ''
   child.stdout!.on('data', (chunk: Buffer) => {
     buffered += chunk.toString('utf8')

@@ -1,3 +1,4 @@
+import type {EventLine} from '../../src/core/events.js'
 import assert from 'node:assert/strict'
 import {createServer, type Socket} from 'node:net'
 import {test} from 'node:test'
@@ -42,7 +43,7 @@ test('the client trusts nothing from the server: garbage, another signer, anothe
     socket.on('error', () => {})
   })
   await new Promise<void>((r) => fake.listen(0, '127.0.0.1', r))
-  const logs: Record<string, unknown>[] = []
+  const logs: EventLine[] = []
   const alice = generateIdentity()
   const c = await CoordinatorConnection.connect({
     addr: `127.0.0.1:${(fake.address() as {port: number}).port}`,
@@ -51,7 +52,7 @@ test('the client trusts nothing from the server: garbage, another signer, anothe
     p2pAddrs: [],
     join: true,
     reconnect: false,
-    log: (e) => logs.push(e as Record<string, unknown>),
+    log: (e) => logs.push(e),
   })
   try {
     assert.equal(c.state?.run_state, 'WaitingForMembers', 'only the genuine state was taken')

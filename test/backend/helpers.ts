@@ -1,3 +1,4 @@
+import type {EventLine} from '../../src/core/events.js'
 import {readFileSync, writeFileSync} from 'node:fs'
 import {connect, type Socket} from 'node:net'
 import {join} from 'node:path'
@@ -55,13 +56,13 @@ export interface TestServer {
 }
 
 export async function startTestServer(statePath: string, options: Partial<CoordinatorServerOptions> & {clock?: Clock} = {}): Promise<TestServer> {
-  const logs: Record<string, unknown>[] = []
+  const logs: EventLine[] = []
   const clock = options.clock ?? new Clock()
   const server = await CoordinatorServer.start({
     run: await loadRunConfigFile(statePath),
     tickIntervalMs: 20,
     now: clock.now,
-    log: (e) => logs.push(e as Record<string, unknown>),
+    log: (e) => logs.push(e),
     ...options,
   })
   const matches = (line: Record<string, unknown>, match: Record<string, unknown>) => Object.entries(match).every(([k, v]) => line[k] === v)

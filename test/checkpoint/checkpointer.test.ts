@@ -1,3 +1,4 @@
+import type {EventLine} from '../../src/core/events.js'
 import assert from 'node:assert/strict'
 import {existsSync, readdirSync} from 'node:fs'
 import {join} from 'node:path'
@@ -66,7 +67,7 @@ describe('checkpointer: save on the training path, upload in the background', ()
   })
 
   it('a failed upload is logged, not thrown: training goes on', async () => {
-    const events: Record<string, unknown>[] = []
+    const events: EventLine[] = []
     const checkpointer = new Checkpointer({
       repo: 'run/other',
       hubUrl: 'http://127.0.0.1:9',

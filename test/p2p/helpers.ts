@@ -1,3 +1,4 @@
+import type {EventLine} from '../../src/core/events.js'
 import {randomBytes} from 'node:crypto'
 import {generateIdentity} from '../../src/core/protocol/identity.js'
 import {P2PNode, type P2PNodeOptions, type SigningIdentity} from '../../src/core/p2p/index.js'
@@ -19,9 +20,9 @@ export async function startNodes(count: number, options: Partial<P2PNodeOptions>
   const out: TestNode[] = []
   for (let i = 0; i < count; i++) {
     const identity = testIdentity()
-    const events: Record<string, unknown>[] = []
+    const events: EventLine[] = []
     // Loopback only: in-process tests never send traffic to this machine's other addresses.
-    const node = await P2PNode.start({runId: 'test-run', listen: LOOPBACK, ...options, identity, log: (e) => events.push(e as Record<string, unknown>)})
+    const node = await P2PNode.start({runId: 'test-run', listen: LOOPBACK, ...options, identity, log: (e) => events.push(e)})
     out.push({node, identity, events})
   }
   return out

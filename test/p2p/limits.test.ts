@@ -1,3 +1,4 @@
+import type {EventLine} from '../../src/core/events.js'
 import assert from 'node:assert/strict'
 import {after, describe, it} from 'node:test'
 import {P2PNode, RESULT_PROTOCOL, sha256Hex} from '../../src/core/p2p/index.js'
@@ -5,8 +6,8 @@ import {meshUp, randomBlob, stopAll, testIdentity, type TestNode} from './helper
 
 async function startNode(options: {maxBlobBytes?: number; maxConcurrentDownloads?: number} = {}): Promise<TestNode> {
   const identity = testIdentity()
-  const events: Record<string, unknown>[] = []
-  const node = await P2PNode.start({identity, runId: 'limits-run', listen: ['/ip4/127.0.0.1/tcp/0'], ...options, log: (e) => events.push(e as Record<string, unknown>)})
+  const events: EventLine[] = []
+  const node = await P2PNode.start({identity, runId: 'limits-run', listen: ['/ip4/127.0.0.1/tcp/0'], ...options, log: (e) => events.push(e)})
   return {node, identity, events}
 }
 

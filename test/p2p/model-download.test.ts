@@ -1,3 +1,4 @@
+import type {EventLine} from '../../src/core/events.js'
 import assert from 'node:assert/strict'
 import {randomBytes} from 'node:crypto'
 import {describe, it} from 'node:test'
@@ -117,7 +118,7 @@ describe('p2p model download: manifests, quorum and verified tensors (in process
     const m = model()
     const liar = peer(m, {corrupt: new Set(m.frames.map((f) => f.name))})
     const honest = [peer(m), peer(m)]
-    const events: Record<string, unknown>[] = []
+    const events: EventLine[] = []
     const got = await downloadModel(network([liar, ...honest]), {
       runId: RUN,
       peers: [liar, ...honest].map((p) => p.identity.id),

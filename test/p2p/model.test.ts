@@ -1,3 +1,4 @@
+import type {EventLine} from '../../src/core/events.js'
 import assert from 'node:assert/strict'
 import {after, before, describe, it} from 'node:test'
 import {P2PNode, validateModelHeader, type ModelSnapshot} from '../../src/core/p2p/index.js'
@@ -113,8 +114,8 @@ describe('p2p: model sharing over /psyche/model/2', () => {
 
   it('refuses a model larger than maxModelBytes before reading its frames', async () => {
     const identity = testIdentity()
-    const events: Record<string, unknown>[] = []
-    const small = await P2PNode.start({identity, runId: 'test-run', listen: ['/ip4/127.0.0.1/tcp/0'], maxModelBytes: 1000, log: (e) => events.push(e as Record<string, unknown>)})
+    const events: EventLine[] = []
+    const small = await P2PNode.start({identity, runId: 'test-run', listen: ['/ip4/127.0.0.1/tcp/0'], maxModelBytes: 1000, log: (e) => events.push(e)})
     try {
       await small.connect(nodes[0].node.addresses())
       await assert.rejects(small.fetchModel([nodes[0].identity.id]), /exceeds the 1000-byte maximum/)

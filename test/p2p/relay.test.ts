@@ -1,4 +1,5 @@
 import assert from 'node:assert/strict'
+import type {PsycheEvent} from '../../src/core/events.js'
 import {randomBytes} from 'node:crypto'
 import {after, before, describe, it} from 'node:test'
 import {multiaddr} from '@multiformats/multiaddr'
@@ -89,9 +90,9 @@ describe('relay: reserve a slot only when the dial-back fails', () => {
   let relay: RelayNode
   let reachable: TestNode
   let natted: TestNode
-  const relayEvents: Record<string, unknown>[] = []
+  const relayEvents: PsycheEvent[] = []
   before(async () => {
-    relay = await RelayNode.start({identity: testIdentity(), listen: ['/ip4/127.0.0.1/tcp/0'], log: (e) => relayEvents.push(e as Record<string, unknown>)})
+    relay = await RelayNode.start({identity: testIdentity(), listen: ['/ip4/127.0.0.1/tcp/0'], log: (e) => relayEvents.push(e)})
     ;[reachable] = await startNodes(1)
     // Listening on 127.0.0.2 but reaching the relay from 127.0.0.1: like a client behind NAT, its own address is
     // not the one its connection comes from, so the relay cannot check it.

@@ -1,3 +1,4 @@
+import type {EventLine} from '../../src/core/events.js'
 import {join} from 'node:path'
 import {CoordinatorConnection, CoordinatorServer} from '../../src/core/backend/index.js'
 import type {BackendConnector} from '../../src/core/backend/types.js'
@@ -146,16 +147,16 @@ export async function startScaleClient(o: {
 }): Promise<ScaleClient> {
   const {identity} = o
   const rounds: RoundEvent[] = []
-  const events: Record<string, unknown>[] = []
+  const events: EventLine[] = []
   const worker = new LoadTestWorker({purpose: 'load-test', resultBytes: o.resultBytes, computeMs: o.computeMs})
   const backend: BackendConnector = {
     description: `coordinator ${o.serverAddr}`,
     connect: ({p2pAddrs}) => CoordinatorConnection.connect({addr: o.serverAddr, runId: o.runId, identity, p2pAddrs, join: true, connectTimeoutMs: 60_000}),
   }
   const components: ClientComponents = {backend, p2p: o.p2p, worker, data: memoryData(SCALE_SEQ_LEN), clock: systemClock}
-  const log = (e: Record<string, unknown>) => {
-    if (e.event === 'round') rounds.push(e as unknown as RoundEvent)
-    else if (o.keepEvents || /fail|reject|error|out_of_sync|no_exchange|dropped|rejoin/.test(String(e.event))) events.push(e)
+  const log = (e: EventLine) => {
+    if (e.event === 'round') rounds.push(e)
+    else if (o.keepEvents || /fail|reject|error|out_of_sync|no_exchange|dropped|rejoin/.test(e.event)) events.push(e)
   }
   const client = await PsycheClient.start(
     {
