@@ -3,6 +3,7 @@ import {PsycheCommand} from '../core/cli/base-command.js'
 import {relayFlags, relayOptionsFromFlags} from '../core/cli/relay-flags.js'
 import {RelayNode} from '../core/p2p/relay.js'
 import {generateIdentity, loadIdentity} from '../core/protocol/identity.js'
+import type {PsycheEvent} from '../core/events.js'
 
 export default class Relay extends PsycheCommand {
   static summary = 'Run a standalone libp2p circuit relay for clients behind NAT'
@@ -28,10 +29,9 @@ coordinator is elsewhere (e.g. on Solana). Runs until SIGINT/SIGTERM.
     const {flags} = await this.parse(Relay)
     const identity = flags.identity ? await loadIdentity(flags.identity) : generateIdentity()
     const json = this.jsonEnabled()
-    const log = (event: object) => {
+    const log = (event: PsycheEvent) => {
       if (json) process.stdout.write(`${JSON.stringify({...event, time: new Date().toISOString()})}\n`)
-      else if ((event as {event?: string}).event === 'relay_reservation')
-        process.stderr.write(`reservation: ${(event as {peer_id: string}).peer_id} from ${(event as {addr: string}).addr}\n`)
+      else if (event.event === 'relay_reservation') process.stderr.write(`reservation: ${event.peer_id} from ${event.addr}\n`)
     }
     const relay = await RelayNode.start({identity, ...relayOptionsFromFlags(flags), log})
     const addrs = relay.addressFor(undefined)

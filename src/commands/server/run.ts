@@ -14,6 +14,7 @@ import {summarizeRun} from '../../core/obs/summary.js'
 import {historyFigures, startTerminalView, Warnings} from '../../core/obs/terminal-view.js'
 import {RelayNode} from '../../core/p2p/relay.js'
 import {loadIdentity} from '../../core/protocol/index.js'
+import type {PsycheEvent} from '../../core/events.js'
 
 export default class ServerRun extends PsycheCommand {
   static summary = "Run the centralized coordinator: a TCP server that owns the run's state and ticks it"
@@ -78,13 +79,12 @@ limits per relayed connection are flags (--relay-data-limit-mb, --relay-duration
       flags['dashboard-port'] === undefined && !live
         ? undefined
         : RunHistory.open(run.run_id!, {path: flags['save-state-dir'] ? join(flags['save-state-dir'], HISTORY_FILE) : undefined})
-    const log = (event: object) => {
-      metrics?.observe(event as Record<string, unknown>)
-      if (server) history?.observe(event as Record<string, unknown>, server.state)
+    const log = (event: PsycheEvent) => {
+      metrics?.observe(event)
+      if (server) history?.observe(event, server.state)
       if (json) process.stdout.write(`${JSON.stringify({...event, time: new Date().toISOString()})}\n`)
       else if (live) {
-        const e = event as Record<string, unknown>
-        if (e.event === 'rejected' || e.event === 'error' || e.event === 'server_error') warnings.add(formatLogLine(event))
+        if (event.event === 'rejected' || event.event === 'error' || event.event === 'server_error') warnings.add(formatLogLine(event))
       } else process.stderr.write(`${formatLogLine(event)}\n`)
     }
 
@@ -184,7 +184,7 @@ limits per relayed connection are flags (--relay-data-limit-mb, --relay-duration
 }
 
 /** The run's TCP data server, on the port its clients are told (model.LLM.data_location.Server). */
-async function startDataServer(run: Awaited<ReturnType<typeof loadRunConfigFile>>, path: string, host: string, log: (event: object) => void) {
+async function startDataServer(run: Awaited<ReturnType<typeof loadRunConfigFile>>, path: string, host: string, log: (event: PsycheEvent) => void) {
   const location = run.model.LLM.data_location
   const opened = await openDataServer(path, {
     host,
@@ -207,8 +207,8 @@ function coordinatorNow(): number {
 }
 
 /** A log event as one readable line: `event key=value ...`. */
-function formatLogLine(event: object): string {
-  const {event: name, ...rest} = event as {event?: string}
+function formatLogLine(event: PsycheEvent): string {
+  const {event: name, ...rest} = event
   const fields = Object.entries(rest).map(([k, v]) => `${k}=${typeof v === 'string' ? (/\s/.test(v) ? JSON.stringify(v) : v) : JSON.stringify(v)}`)
-  return [name ?? 'log', ...fields].join(' ')
+  return [name, ...fields].join(' ')
 }
