@@ -116,6 +116,7 @@ export type PsycheEvent =
   | {event: 'health_check'; step: number; judged: number; accused: string[]}
   | {event: 'hello'; peer: string; client: string; want_join: boolean; p2p_addrs: string[]}
   | {event: 'joined'; peer?: string; client?: string; client_id?: string; address?: string}
+  | {event: 'limit_lowered'; limit: string; to: number; reason: string}
   | {event: 'listening'; host?: string; port?: number; run_id?: string; server_id?: string; run_state?: string; step?: number; url?: string}
   | {event: 'metrics_listening'; host: string; port: number; path: string}
   // core/client/runner.ts, core/p2p/model-download.ts
@@ -173,6 +174,7 @@ export type PsycheEvent =
   | {event: 'transition'; from: string; to: string; step: number; epoch?: number; clients?: number; pending?: number}
   | {event: 'verify_failed'; step: number; message: string}
   | {event: 'warmup_ready'; epoch: number; step: number | null}
+  | {event: 'waiting'; reason: 'members' | 'next_epoch' | 'paused'; detail: string; seconds: number | null}
   | {event: 'withdrawn'; client?: string; reason: string}
   | {event: 'witness'; step: number; seen: number}
   | {event: 'worker_crashed'; message: string; restarting?: boolean}

@@ -58,9 +58,9 @@ describe('end to end: faults', {timeout: 300_000}, () => {
     // the restarted client waited for the epoch boundary, loaded the model from a peer, and is identical from then on
     const loaded = restarted.events.find((e) => e.event === 'model_loaded')!
     // While it waited, it said so, with about how long (the epoch was under way, or already cooling down).
-    const waited = restarted.events.findIndex((e) => e.event === 'waiting')
-    assert.ok(waited >= 0 && waited < restarted.events.indexOf(loaded), 'a waiting event before the model loads')
-    assert.ok(['next_epoch', 'members'].includes(String(restarted.events[waited].reason)), JSON.stringify(restarted.events[waited]))
+    const waiting = restarted.events.find((e) => e.event === 'waiting')
+    assert.ok(waiting && restarted.events.indexOf(waiting) < restarted.events.indexOf(loaded), 'a waiting event before the model loads')
+    assert.ok(['next_epoch', 'members'].includes(waiting.reason), JSON.stringify(waiting))
     assert.equal(loaded.source, 'peers')
     const boundary = loaded.step as number
     const epoch0 = a.rounds().filter((r) => r.epoch === 0)
