@@ -175,6 +175,7 @@ export type PsycheEvent =
   | {event: 'verify_failed'; step: number; message: string}
   | {event: 'warmup_ready'; epoch: number; step: number | null}
   | {event: 'waiting'; reason: 'members' | 'next_epoch' | 'paused'; detail: string; seconds: number | null}
+  | {event: 'warning'; message: string}
   | {event: 'withdrawn'; client?: string; reason: string}
   | {event: 'witness'; step: number; seen: number}
   | {event: 'worker_crashed'; message: string; restarting?: boolean}
