@@ -19,8 +19,10 @@ function psyche(...args: string[]): {status: number | null; stdout: string; stde
 describe('psyche server validate-config', () => {
   it('prints a summary of a valid run and its data.toml', () => {
     const dir = `${fixtures}/llama2-20m-dolma-verify-first-checkpointer`
-    const r = psyche('server', 'validate-config', '--state', `${dir}/state.toml`, '--data-config', `${dir}/data.toml`)
+    // Its data.toml names ../../data/dolma, which this checkout does not have: a config written before its data.
+    const r = psyche('server', 'validate-config', '--state', `${dir}/state.toml`, '--data-config', `${dir}/data.toml`, '--allow-missing')
     assert.equal(r.status, 0, r.stderr)
+    assert.match(r.stderr, /warning: .*data\.toml: dir = "\.\.\/\.\.\/data\/dolma": token data directory does not exist/)
     assert.match(r.stdout, /valid server state of run "llama2-20m-dolma"/)
     assert.match(r.stdout, /25000 steps, global batch 8/)
     assert.match(r.stdout, /data\.toml {2}\.\.\/\.\.\/data\/dolma, TwoBytes, seq_len 2048/)
@@ -34,7 +36,9 @@ describe('psyche server validate-config', () => {
     assert.equal(out.valid, true)
     assert.equal(out.summary.kind, 'run config')
     assert.equal(out.warnings.length, 2)
-    assert.match(out.warnings[0], /model\.LLM\.checkpoint\.Gcs: .*no GCS credentials support/)
+    assert.equal(out.warnings[0].field, 'model.LLM.checkpoint.Gcs')
+    assert.match(out.warnings[0].reason, /no GCS credentials support/)
+    assert.deepEqual(out.problems, [])
     const strict = psyche('server', 'validate-config', '--state', file, '--strict')
     assert.equal(strict.status, 1)
     assert.match(strict.stderr, /model\.LLM\.data_location\.Http\.location\.Gcp/)
@@ -52,7 +56,53 @@ describe('psyche server validate-config', () => {
     assert.ok(!r.stderr.includes('    at '), 'no stack trace')
     const json = psyche('server', 'validate-config', '--state', bad, '--json')
     assert.equal(json.status, 1)
-    assert.equal(JSON.parse(json.stdout).error.code, 'ECONFIG')
+    const out = JSON.parse(json.stdout)
+    assert.equal(out.error.code, 'ECONFIG')
+    assert.equal(out.valid, false)
+    assert.deepEqual(
+      out.problems.map((p: {field: string; value: string}) => [p.field, p.value]),
+      [
+        ['config.epoch_time', '"60"'],
+        ['config.min_clients', '0'],
+      ],
+    )
+    for (const p of out.problems) assert.equal(p.file, bad)
+  })
+
+  it('refuses sizes beyond their bounds, and local data or model paths that do not exist (warnings with --allow-missing)', () => {
+    const dir = join(tmp, 'paths')
+    assert.equal(psyche('init', dir, '--template', 'tiny-demo').status, 0)
+    const state = join(dir, 'state.toml')
+    const text = readFileSync(state, 'utf8')
+    writeFileSync(join(dir, 'huge.toml'), text.replace('max_seq_len = 128', 'max_seq_len = 4294967296000').replace('epoch_time = 60', 'epoch_time = 100000000'))
+    const huge = JSON.parse(psyche('server', 'validate-config', '--state', join(dir, 'huge.toml'), '--json').stdout)
+    assert.deepEqual(
+      huge.problems.map((p: {field: string; value: string; reason: string}) => [p.field, p.value, p.reason]),
+      [
+        ['model.LLM.max_seq_len', '4294967296000', 'must be ≤ 1048576'],
+        ['config.epoch_time', '100000000', 'must be ≤ 604800'],
+      ],
+    )
+    const tokens = join(dir, 'tokens')
+    mkdirSync(tokens)
+    writeFileSync(join(dir, 'missing.toml'), text.replace(/data_location = .*/, 'data_location = { Local = "tokens" }').replace('path = "model"', 'path = "no-model"'))
+    const missing = psyche('server', 'validate-config', '--state', join(dir, 'missing.toml'), '--json')
+    assert.equal(missing.status, 1)
+    const problems = JSON.parse(missing.stdout).problems as {field: string; value: string; reason: string}[]
+    assert.deepEqual(
+      problems.map((p) => [p.field, p.value]),
+      [
+        ['model.LLM.data_location.Local', '"tokens"'],
+        ['model.LLM.checkpoint.Local.path', '"no-model"'],
+      ],
+    )
+    assert.match(problems[0].reason, /no token files/)
+    assert.match(problems[1].reason, /model directory does not exist .*psyche model init --out/)
+    const later = psyche('server', 'validate-config', '--state', join(dir, 'missing.toml'), '--allow-missing', '--json')
+    assert.equal(later.status, 0, later.stderr)
+    assert.equal(JSON.parse(later.stdout).warnings.length, 2)
+    // The demo corpus is made on first use (join, train): its path is not a problem before then.
+    assert.equal(psyche('server', 'validate-config', '--state', state).status, 0)
   })
 
   it('checks the data.toml against the run', () => {

@@ -11,20 +11,34 @@ import {
   type DataServerConfig,
   type RunSummary,
 } from '../../core/config/index.js'
+import {checkLocalPaths} from '../../core/config/local-paths.js'
+import {demoCorpusDir} from '../../core/corpus.js'
 import {PsycheError} from '../../core/errors.js'
+
+/** One problem or warning under --json: the file, the field (dotted path; '' for the whole file), its value, why. */
+export interface ConfigProblem {
+  file: string
+  field: string
+  value: string | null
+  reason: string
+}
+const problem = (i: ConfigIssue): ConfigProblem => ({file: i.file, field: i.path, value: i.value ?? null, reason: i.message})
 
 export default class ServerValidateConfig extends PsycheCommand {
   static summary = 'Check a run configuration (state.toml or config.toml) and its data.toml'
-  static description = `Loads the file as the coordinator would and prints a short summary of the run, or every problem found (file: field = value: what was expected) and exits non-zero. Variants of Psyche's format that this implementation does not serve (e.g. GCS buckets) are reported as warnings; --strict makes them errors.`
+  static description = `Loads the file as the coordinator would and prints a short summary of the run, or every problem found (file: field = value: what was expected) and exits non-zero. Every size, count and duration has an upper bound. Local paths are checked as join and server run will use them: a Local data location and the data.toml's dir must hold token data, a Local checkpoint must be a model directory (config.json); --allow-missing reports them as warnings instead, for a config written before its data. Variants of Psyche's format that this implementation does not serve (e.g. GCS buckets) are reported as warnings; --strict makes them errors.
+
+--json prints one object: {valid, summary, data, problems, warnings}, where problems and warnings are lists of {file, field, value, reason}; with problems, valid is false, error is {code: "ECONFIG", message} and the exit code is 1.`
   static examples = ['<%= config.bin %> server validate-config --state state.toml', '<%= config.bin %> server validate-config --state state.toml --data-config data.toml --json']
 
   static flags = {
     state: Flags.string({summary: 'path to the state.toml (or update-config config.toml) to validate', required: true}),
     'data-config': Flags.string({summary: "path to the data server's data.toml to validate with it"}),
     strict: Flags.boolean({summary: 'treat variants this implementation cannot serve as errors'}),
+    'allow-missing': Flags.boolean({summary: 'report local data and model paths that do not exist yet as warnings (a config written before its data)'}),
   }
 
-  async run(): Promise<{valid: true; summary: RunSummary; data?: Omit<DataServerConfig, 'shuffle_seed'>; warnings: string[]}> {
+  async run(): Promise<{valid: true; summary: RunSummary; data?: Omit<DataServerConfig, 'shuffle_seed'>; problems: ConfigProblem[]; warnings: ConfigProblem[]}> {
     const {flags} = await this.parse(ServerValidateConfig)
     const issues: ConfigIssue[] = []
     const warnings: ConfigIssue[] = []
@@ -46,14 +60,20 @@ export default class ServerValidateConfig extends PsycheCommand {
       issues.push(...cross.errors)
       warnings.push(...cross.warnings)
     }
+    if (run) (flags['allow-missing'] ? warnings : issues).push(...(await checkLocalPaths(run, data, {createdOnUse: [demoCorpusDir]})))
     const summary = run ? summarizeRunConfig(run) : undefined
     for (const u of summary?.unsupported ?? []) (flags.strict ? issues : warnings).push({file: flags.state, path: u.path, message: u.reason})
     if (issues.length > 0) {
-      const lines = issues.map(formatIssue)
-      // Text: one line per problem, then the one-line error. JSON: the error message carries them all.
-      if (!this.jsonEnabled()) for (const line of lines) process.stderr.write(`${line}\n`)
       const count = `${[flags.state, flags['data-config']].filter(Boolean).join(' + ')}: ${issues.length} problem${issues.length > 1 ? 's' : ''} found`
-      throw new PsycheError(this.jsonEnabled() ? lines.join('\n') : count, {code: 'ECONFIG'})
+      if (this.jsonEnabled()) {
+        // One object on stdout, as on success, with every problem in its own entry; exit code 1.
+        this.logJson({valid: false, error: {code: 'ECONFIG', message: count}, problems: issues.map(problem), warnings: warnings.map(problem)})
+        this.exit(1)
+      }
+      // Text: one line per problem, then the one-line error.
+      for (const line of issues.map(formatIssue)) process.stderr.write(`${line}\n`)
+      for (const line of warnings.map(formatIssue)) process.stderr.write(`warning: ${line}\n`)
+      throw new PsycheError(count, {code: 'ECONFIG'})
     }
     const warningLines = warnings.map(formatIssue)
     if (!this.jsonEnabled()) {
@@ -69,6 +89,6 @@ export default class ServerValidateConfig extends PsycheCommand {
       for (const line of warningLines) process.stderr.write(`warning: ${line}\n`)
     }
     const {shuffle_seed: _seed, ...dataInfo} = data ?? ({} as DataServerConfig)
-    return {valid: true, summary: summary!, ...(data ? {data: dataInfo} : {}), warnings: warningLines}
+    return {valid: true, summary: summary!, ...(data ? {data: dataInfo} : {}), problems: [], warnings: warnings.map(problem)}
   }
 }

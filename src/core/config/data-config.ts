@@ -1,6 +1,7 @@
 import {parse as parseToml, TomlError} from 'smol-toml'
 import {readConfigText} from './file.js'
 import {ConfigError, Reader, type Table} from './read.js'
+import {LIMITS} from './run-config.js'
 import type {ConfigIssue, DataServerConfig, RunConfigFile} from './types.js'
 
 /** Parses and validates a TCP data server's `data.toml` (dir, token_size, seq_len, shuffle_seed). */
@@ -24,7 +25,7 @@ export function parseDataServerConfig(text: string, path: string): DataServerCon
     path,
     dir: r.str(root, 'dir', '', {nonEmpty: true}),
     token_size: r.oneOf(root, 'token_size', '', ['TwoBytes', 'FourBytes']),
-    seq_len: r.int(root, 'seq_len', '', {min: 1}),
+    seq_len: r.int(root, 'seq_len', '', {min: 1, max: LIMITS.seqLen}),
     shuffle_seed: Array.isArray(seed) ? (seed as number[]) : [],
   }
   r.done()

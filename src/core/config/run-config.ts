@@ -28,6 +28,26 @@ export const MAX_RUN_ID_BYTES = 64
 /** A file can only start a run before its first epoch; mid-epoch states are never written by hand. */
 export const STARTING_RUN_STATES: readonly RunState[] = ['Uninitialized', 'WaitingForMembers', 'Paused']
 
+/**
+ * Upper bounds on every size, count and duration of a run config, so a typo (`max_seq_len = 4294967296000`) is
+ * refused by validate-config instead of failing a client at join, or never. Psyche's field widths where it has
+ * them (u16 client counts and batch sizes, u32 steps); for what it keeps as u64, what a run can use.
+ */
+export const LIMITS = {
+  /** Every duration (phases, epochs): a week. Psyche's longest real epoch_time is 100,000 s (~28 h). */
+  seconds: 7 * 24 * 3600,
+  /** min_clients, init_min_clients, witness_nodes (u16). */
+  clients: 65_535,
+  /** global_batch_size_start and _end, in samples (u16). */
+  batch: 65_535,
+  /** total_steps, rounds_per_epoch and every step count of a schedule (u32). */
+  steps: 4_294_967_295,
+  /** max_seq_len (and a data.toml's seq_len): tokens per sample. */
+  seqLen: 1 << 20,
+  /** NumberedFiles num_files. */
+  files: 10_000_000,
+} as const
+
 const CONFIG_FIELDS = [
   'warmup_time',
   'cooldown_time',
@@ -61,7 +81,7 @@ const LLM_FIELDS = ['architecture', 'data_type', 'max_seq_len', 'cold_start_warm
 function seconds(r: Reader, t: Table, key: string, path: string, rule: {positive: boolean; default?: number}): number {
   const value = t[key]
   if (typeof value === 'number' && Number.isFinite(value) && !Number.isInteger(value)) {
-    const v = r.num(t, key, path, rule.positive ? {above: 0} : {min: 0})
+    const v = r.num(t, key, path, rule.positive ? {above: 0, max: LIMITS.seconds} : {min: 0, max: LIMITS.seconds})
     if (Number.isNaN(v)) return v
     if (Math.abs(v * 1000 - Math.round(v * 1000)) > 1e-6) {
       r.issue(join(path, key), 'must be a whole number of milliseconds (at most 3 decimals)', value)
@@ -69,7 +89,7 @@ function seconds(r: Reader, t: Table, key: string, path: string, rule: {positive
     }
     return v
   }
-  return r.int(t, key, path, {min: rule.positive ? 1 : 0, ...(rule.default !== undefined ? {default: rule.default} : {})})
+  return r.int(t, key, path, {min: rule.positive ? 1 : 0, max: LIMITS.seconds, ...(rule.default !== undefined ? {default: rule.default} : {})})
 }
 
 function readCoordinatorConfig(r: Reader, t: Table, path: string): CoordinatorConfig {
@@ -80,17 +100,17 @@ function readCoordinatorConfig(r: Reader, t: Table, path: string): CoordinatorCo
     epoch_time: seconds(r, t, 'epoch_time', path, {positive: true}),
     max_round_train_time: seconds(r, t, 'max_round_train_time', path, {positive: true}),
     round_witness_time: seconds(r, t, 'round_witness_time', path, {positive: true}),
-    min_clients: r.int(t, 'min_clients', path, {min: 1}),
-    init_min_clients: r.int(t, 'init_min_clients', path, {min: 1}),
-    witness_nodes: r.int(t, 'witness_nodes', path, {min: 0}),
+    min_clients: r.int(t, 'min_clients', path, {min: 1, max: LIMITS.clients}),
+    init_min_clients: r.int(t, 'init_min_clients', path, {min: 1, max: LIMITS.clients}),
+    witness_nodes: r.int(t, 'witness_nodes', path, {min: 0, max: LIMITS.clients}),
     verification_percent: r.int(t, 'verification_percent', path, {min: 0, max: 100, default: 0}),
-    global_batch_size_start: r.int(t, 'global_batch_size_start', path, {min: 1}),
-    global_batch_size_end: r.int(t, 'global_batch_size_end', path, {min: 1}),
+    global_batch_size_start: r.int(t, 'global_batch_size_start', path, {min: 1, max: LIMITS.batch}),
+    global_batch_size_end: r.int(t, 'global_batch_size_end', path, {min: 1, max: LIMITS.batch}),
     global_batch_size_warmup_tokens: r.int(t, 'global_batch_size_warmup_tokens', path, {min: 0, default: 0}),
-    total_steps: r.int(t, 'total_steps', path, {min: 1}),
+    total_steps: r.int(t, 'total_steps', path, {min: 1, max: LIMITS.steps}),
     waiting_for_members_extra_time: seconds(r, t, 'waiting_for_members_extra_time', path, {positive: false, default: DEFAULT_WAITING_FOR_MEMBERS_EXTRA_TIME}),
   }
-  if (t.rounds_per_epoch !== undefined) config.rounds_per_epoch = r.int(t, 'rounds_per_epoch', path, {min: 1})
+  if (t.rounds_per_epoch !== undefined) config.rounds_per_epoch = r.int(t, 'rounds_per_epoch', path, {min: 1, max: LIMITS.steps})
   if (t.checkpointers !== undefined) {
     const list = t.checkpointers
     const where = join(path, 'checkpointers')
@@ -165,9 +185,9 @@ function readHttpLocation(r: Reader, t: Table, path: string): HttpLocation | und
         return {
           NumberedFiles: {
             url_template: r.str(p, 'url_template', at, {nonEmpty: true}),
-            start_index: r.int(p, 'start_index', at, {min: 0}),
+            start_index: r.int(p, 'start_index', at, {min: 0, max: LIMITS.files}),
             n_left_pad_zeros: r.int(p, 'n_left_pad_zeros', at, {min: 0, max: 255}),
-            num_files: r.int(p, 'num_files', at, {min: 1}),
+            num_files: r.int(p, 'num_files', at, {min: 1, max: LIMITS.files}),
           },
         }
       },
@@ -214,12 +234,12 @@ function readDataLocation(r: Reader, llm: Table, path: string): DataLocation | u
 function readLrSchedule(r: Reader, llm: Table, path: string): LrSchedule | undefined {
   const base = (t: Table, at: string) => ({
     base_lr: r.num(t, 'base_lr', at, {min: 0}),
-    warmup_steps: r.int(t, 'warmup_steps', at, {min: 0}),
+    warmup_steps: r.int(t, 'warmup_steps', at, {min: 0, max: LIMITS.steps}),
     warmup_init_lr: r.num(t, 'warmup_init_lr', at, {min: 0}),
   })
   const decaying = (v: unknown, at: string) => {
     const t = r.payload(v, at, ['base_lr', 'warmup_steps', 'warmup_init_lr', 'total_steps', 'final_lr'])
-    const lr = {...base(t, at), total_steps: r.int(t, 'total_steps', at, {min: 1}), final_lr: r.num(t, 'final_lr', at, {min: 0})}
+    const lr = {...base(t, at), total_steps: r.int(t, 'total_steps', at, {min: 1, max: LIMITS.steps}), final_lr: r.num(t, 'final_lr', at, {min: 0})}
     // Psyche divides by (total_steps - warmup_steps) after warmup.
     if (lr.warmup_steps >= lr.total_steps) r.issue(`${at}.warmup_steps`, `must be < total_steps (${lr.total_steps})`, lr.warmup_steps)
     return lr
@@ -242,10 +262,10 @@ function readLrSchedule(r: Reader, llm: Table, path: string): LrSchedule | undef
         ])
         const lr = {
           ...base(t, at),
-          stable_steps: r.int(t, 'stable_steps', at, {min: 0}),
-          cosine_decay_steps: r.int(t, 'cosine_decay_steps', at, {min: 0}),
+          stable_steps: r.int(t, 'stable_steps', at, {min: 0, max: LIMITS.steps}),
+          cosine_decay_steps: r.int(t, 'cosine_decay_steps', at, {min: 0, max: LIMITS.steps}),
           cosine_decay_final_lr: r.num(t, 'cosine_decay_final_lr', at, {min: 0}),
-          linear_decay_steps: r.int(t, 'linear_decay_steps', at, {min: 0}),
+          linear_decay_steps: r.int(t, 'linear_decay_steps', at, {min: 0, max: LIMITS.steps}),
           linear_decay_final_lr: r.num(t, 'linear_decay_final_lr', at, {min: 0}),
         }
         // Psyche asserts these while computing the rate; a file breaking them would crash every client mid-run.
@@ -287,7 +307,7 @@ function readOptimizer(r: Reader, llm: Table, path: string): OptimizerConfig | u
         const distro: DistroConfig = {
           compression_decay: r.num(t, 'compression_decay', at, {min: 0, max: 1}),
           compression_chunk: r.int(t, 'compression_chunk', at, {min: 1, max: DISTRO_MAX_CHUNK}),
-          compression_topk: r.int(t, 'compression_topk', at, {min: 1}),
+          compression_topk: r.int(t, 'compression_topk', at, {min: 1, max: DISTRO_MAX_CHUNK}),
           quantize_1bit: r.bool(t, 'quantize_1bit', at),
         }
         // The worker's DistroConfig.validate enforces the same: keep-k of a chunk can be at most a 1-D chunk's coefficients.
@@ -311,8 +331,8 @@ function readLLM(r: Reader, t: Table, path: string): LLMConfig {
   return {
     architecture: r.oneOf(t, 'architecture', path, ['HfLlama', 'HfDeepseek', 'HfAuto']),
     data_type: r.oneOf(t, 'data_type', path, ['Pretraining', 'Finetuning']),
-    max_seq_len: r.int(t, 'max_seq_len', path, {min: 1}),
-    cold_start_warmup_steps: r.int(t, 'cold_start_warmup_steps', path, {min: 0, default: 0}),
+    max_seq_len: r.int(t, 'max_seq_len', path, {min: 1, max: LIMITS.seqLen}),
+    cold_start_warmup_steps: r.int(t, 'cold_start_warmup_steps', path, {min: 0, max: LIMITS.steps, default: 0}),
     checkpoint: readCheckpoint(r, t, path) ?? 'Ephemeral',
     data_location: readDataLocation(r, t, path) ?? 'Dummy',
     lr_schedule: readLrSchedule(r, t, path) ?? {Constant: {base_lr: NaN, warmup_steps: 0, warmup_init_lr: 0}},
