@@ -1,12 +1,12 @@
 import {randomBytes} from 'node:crypto'
 import {rmSync} from 'node:fs'
-import {tmpdir} from 'node:os'
 import {join} from 'node:path'
 import {execa, type ResultPromise} from 'execa'
 import * as zmq from 'zeromq'
 import {PsycheError} from '../errors.js'
 import {parseJsonLine} from '../json-lines.js'
 import {projectRoot, pythonEnv, workerPython} from './python.js'
+import {workerSocketDir} from './socket-dir.js'
 
 export type WireDtype = 'uint8' | 'uint16' | 'uint32' | 'int32' | 'int64' | 'float16' | 'bfloat16' | 'float32' | 'float64'
 
@@ -108,7 +108,8 @@ export class WorkerClient {
   static async start(options: WorkerOptions = {}): Promise<WorkerClient> {
     installExitHandlers()
     const python = workerPython()
-    const endpointPath = join(tmpdir(), `psyche-worker-${process.pid}-${randomBytes(4).toString('hex')}.sock`)
+    // in a 0700 directory of this process's own: no other local user can reach the worker (see socket-dir.ts)
+    const endpointPath = join(workerSocketDir(), `w-${randomBytes(4).toString('hex')}.sock`)
     const args = ['-m', 'psyche_worker', '--endpoint', `ipc://${endpointPath}`, '--device', options.device ?? 'auto']
     if (options.threads) args.push('--threads', String(options.threads))
     if (options.dataParallel && options.dataParallel > 1) args.push('--data-parallel', String(options.dataParallel))
@@ -177,6 +178,11 @@ export class WorkerClient {
     } catch {
       // already gone
     }
+  }
+
+  /** The ipc:// socket path the worker listens on. */
+  get endpoint(): string {
+    return this.endpointPath
   }
 
   get lastStderr(): string[] {
