@@ -13,6 +13,7 @@ The rest of the system sees one client, one result and one parameter hash.
 
 from __future__ import annotations
 
+import datetime
 import os
 import socket
 import subprocess
@@ -96,6 +97,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def listen_loopback(port: int = 0, backlog: int = 64) -> socket.socket:
+    """The rendezvous listener, bound to 127.0.0.1 (on a free port by default): torch's TCPStore, left to
+    itself, listens on every interface, where anyone on the network could read and write the group's keys."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.bind(("127.0.0.1", port))
+    s.listen(backlog)
+    return s
+
+
+def keep_collectives_on_loopback() -> None:
+    """gloo and NCCL open sockets of their own between ranks: all ranks are on this machine, so loopback."""
+    names = {name for _, name in socket.if_nameindex()} if hasattr(socket, "if_nameindex") else set()
+    loopback = "lo" if "lo" in names else "lo0" if "lo0" in names else None
+    if loopback:
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback)
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", loopback)
+
+
 def start_followers(devices: list[str], threads: int | None, port: int, precision: str = "auto") -> list[subprocess.Popen]:
     """Ranks 1..N-1 as child processes of rank 0 (they exit when it does: see server.die_with_parent)."""
     procs = []
@@ -124,10 +143,20 @@ def start_followers(devices: list[str], threads: int | None, port: int, precisio
     return procs
 
 
-def join_group(rank: int, world: int, port: int, device: torch.device) -> Group:
+def join_group(rank: int, world: int, port: int, device: torch.device, listener: socket.socket | None = None) -> Group:
+    """Joins the ranks' group. Rank 0 serves the rendezvous store on `listener` (loopback only); the others
+    connect to it on 127.0.0.1:`port`."""
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    keep_collectives_on_loopback()
+    timeout = datetime.timedelta(seconds=300)
+    if rank == 0:
+        listener = listener or listen_loopback(port)
+        # the store owns the descriptor from here on (detach: the socket object's collection must not close it)
+        store = dist.TCPStore("127.0.0.1", port, world, True, timeout=timeout, master_listen_fd=listener.detach())
+    else:
+        store = dist.TCPStore("127.0.0.1", port, world, False, timeout=timeout)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
     control = dist.new_group(backend="gloo") if backend != "gloo" else dist.group.WORLD
     return Group(rank=rank, world=world, data=dist.group.WORLD, control=control)

@@ -32,7 +32,7 @@ from .protocol import (
     frame_to_tensor,
     tensor_to_frame,
 )
-from .parallel import Group, free_port, join_group, parse_devices, start_followers
+from .parallel import Group, join_group, listen_loopback, parse_devices, start_followers
 from .trainer import Trainer
 
 Reply = tuple[dict[str, Any], list]
@@ -286,14 +286,20 @@ def serve(endpoint: str, device: str, threads: int | None, data_parallel: int = 
     followers = []
     if len(devices) > 1:
         # data parallelism (parallel.py): this process is rank 0 and the only one the client talks to
-        port = free_port()
+        listener = listen_loopback()
+        port = listener.getsockname()[1]
         followers = start_followers(devices, threads, port, precision)
-        group = join_group(0, len(devices), port, models.resolve_device(devices[0]))
+        group = join_group(0, len(devices), port, models.resolve_device(devices[0]), listener)
     worker = Worker(devices[0], threads, group, precision)
     ctx = zmq.Context.instance()
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 1000)
-    sock.bind(endpoint)
+    # an ipc socket file is created with the umask's permissions: owner only, whatever the umask
+    umask = os.umask(0o177)
+    try:
+        sock.bind(endpoint)
+    finally:
+        os.umask(umask)
     print(
         json.dumps(
             {
