@@ -1,10 +1,11 @@
 import assert from 'node:assert/strict'
-import {statSync, writeFileSync} from 'node:fs'
+import {chmodSync, statSync, writeFileSync} from 'node:fs'
 import {join} from 'node:path'
 import {test} from 'node:test'
+import {loadKeypair} from '../../src/core/backend/solana/admin.js'
 import {PsycheError} from '../../src/core/errors.js'
 import {generateIdentity, identityFromSeed, identityPrivateSeed, loadIdentity, saveIdentity, signBytes, verifyBytes} from '../../src/core/protocol/index.js'
-import {tempDir} from '../helpers.js'
+import {runCli, tempDir} from '../helpers.js'
 
 // RFC 8032, test 1: the public key of the all-known seed, so our raw-key handling matches the standard.
 const RFC8032_SEED = Buffer.from('9d61b19deffd5a60ba844af492ec2cc44449c5697b326919703bac031cae7f60', 'hex')
@@ -81,13 +82,50 @@ test('loadIdentity: missing, malformed or inconsistent files are PsycheErrors na
     ]
     for (const [name, text, pattern] of cases) {
       const path = join(dir.path, name)
-      writeFileSync(path, text)
+      writeFileSync(path, text, {mode: 0o600})
       await assert.rejects(loadIdentity(path), (e: Error) => e instanceof PsycheError && e.message.includes(path) && pattern.test(e.message), name)
     }
     // Without the redundant id the seed alone is enough.
     const path = join(dir.path, 'seed-only.json')
-    writeFileSync(path, JSON.stringify({type: 'psyche-identity', version: 1, secret_seed: RFC8032_SEED.toString('hex')}))
+    writeFileSync(path, JSON.stringify({type: 'psyche-identity', version: 1, secret_seed: RFC8032_SEED.toString('hex')}), {mode: 0o600})
     assert.equal((await loadIdentity(path)).id, RFC8032_PUBLIC)
+  } finally {
+    dir.cleanup()
+  }
+})
+
+test('identity and keypair files that group or others can access are refused, as ssh refuses a private key', async () => {
+  const dir = tempDir()
+  try {
+    const identity = generateIdentity()
+    const path = join(dir.path, 'me.json')
+    await saveIdentity(identity, path)
+    assert.equal(statSync(path).mode & 0o777, 0o600)
+    for (const mode of [0o644, 0o640, 0o604, 0o660, 0o620]) {
+      chmodSync(path, mode)
+      await assert.rejects(
+        loadIdentity(path),
+        (e: Error) =>
+          e instanceof PsycheError &&
+          e.message === `identity ${path}: permissions 0${mode.toString(8)} are too open: it holds a secret key that group or others can access; run chmod 600 ${path}`,
+        mode.toString(8),
+      )
+    }
+    chmodSync(path, 0o400)
+    assert.equal((await loadIdentity(path)).id, identity.id)
+    // a Solana keypair file: the same rule
+    const keypair = join(dir.path, 'id.json')
+    writeFileSync(keypair, JSON.stringify([...identityPrivateSeed(identity), ...identity.publicKey]), {mode: 0o644})
+    chmodSync(keypair, 0o644)
+    await assert.rejects(loadKeypair(keypair), /Solana keypair .*id\.json: permissions 0644 are too open.*chmod 600/)
+    chmodSync(keypair, 0o600)
+    assert.equal((await loadKeypair(keypair)).address.length > 30, true)
+    // the CLI: one line, exit 1
+    chmodSync(path, 0o644)
+    const r = await runCli(['identity', 'show', '--identity', path])
+    assert.equal(r.exitCode, 1)
+    assert.match(r.stderr, /permissions 0644 are too open/)
+    assert.ok(!r.stdout.includes(Buffer.from(identityPrivateSeed(identity)).toString('hex')), 'the secret is never printed')
   } finally {
     dir.cleanup()
   }

@@ -14,7 +14,7 @@ function writeKeypair(path: string): Address {
   const {privateKey, publicKey} = generateKeyPairSync('ed25519')
   const seed = privateKey.export({format: 'der', type: 'pkcs8'}).subarray(-32)
   const pub = publicKey.export({format: 'der', type: 'spki'}).subarray(-32)
-  writeFileSync(path, JSON.stringify([...seed, ...pub]))
+  writeFileSync(path, JSON.stringify([...seed, ...pub]), {mode: 0o600})
   return getAddressDecoder().decode(pub)
 }
 
@@ -94,7 +94,7 @@ describe('Solana commands against a localnet (psyche solana localnet)', () => {
 
   it('a bad keypair file is a one-line error naming it', async () => {
     const bad = join(dir.path, 'bad.json')
-    writeFileSync(bad, '[1,2,3]')
+    writeFileSync(bad, '[1,2,3]', {mode: 0o600})
     const r = await cli('set-paused', 'resume', '--keypair', bad, '--run-id', 'cli-run')
     assert.equal(r.exitCode, 1)
     assert.match(r.stderr, /bad\.json: a Solana keypair file is a JSON array of 64 bytes/)

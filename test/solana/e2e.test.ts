@@ -24,7 +24,7 @@ import {runCli, tempDir} from '../helpers.js'
 function writeKeypair(path: string): {address: Address; id: string} {
   const seed = randomBytes(32)
   const identity = identityFromSeed(seed)
-  writeFileSync(path, JSON.stringify([...seed, ...identity.publicKey]))
+  writeFileSync(path, JSON.stringify([...seed, ...identity.publicKey]), {mode: 0o600})
   return {address: addressOfClient(identity.id), id: identity.id}
 }
 

@@ -1,6 +1,6 @@
 import {createPrivateKey, createPublicKey, generateKeyPairSync, sign, verify, type KeyObject} from 'node:crypto'
-import {readFile} from 'node:fs/promises'
 import {PsycheError} from '../errors.js'
+import {readSecretFile} from '../secret-file.js'
 import {writeFileAtomicSync} from './atomic-file.js'
 
 /**
@@ -96,12 +96,13 @@ export async function saveIdentity(identity: Identity, path: string): Promise<vo
   }
 }
 
-/** Reads an identity file; a missing, unreadable or malformed file is a PsycheError naming it. */
+/** Reads an identity file; a missing, unreadable, malformed or group/other-accessible file is a PsycheError naming it. */
 export async function loadIdentity(path: string): Promise<Identity> {
   let text: string
   try {
-    text = await readFile(path, 'utf8')
+    text = await readSecretFile(path, 'identity')
   } catch (error) {
+    if (error instanceof PsycheError) throw error
     const code = (error as NodeJS.ErrnoException).code
     const what = code === 'ENOENT' ? 'no such file (create one with `psyche identity new --out FILE`)' : `cannot read: ${code ?? (error as Error).message}`
     throw new PsycheError(`identity ${path}: ${what}`, {code: 'EIDENTITY', cause: error})

@@ -1,7 +1,7 @@
-import {readFile} from 'node:fs/promises'
 import {createKeyPairSignerFromBytes, type Address, type KeyPairSigner, type TransactionSigner} from '@solana/kit'
 import type {RunConfigFile} from '../../config/types.js'
 import {PsycheError} from '../../errors.js'
+import {readSecretFile} from '../../secret-file.js'
 import {AUTHORIZATION_SIZE, authorizationAddress, decodeAuthorization, delegatesInstruction, grantInstruction, revokeInstruction, type Authorization} from './authorizer.js'
 import type {Chain} from './chain.js'
 import {
@@ -31,8 +31,9 @@ export async function loadKeypair(path: string): Promise<KeyPairSigner> {
 export async function loadKeypairWithSeed(path: string): Promise<{signer: KeyPairSigner; seed: Uint8Array}> {
   let bytes: unknown
   try {
-    bytes = JSON.parse(await readFile(path, 'utf8'))
+    bytes = JSON.parse(await readSecretFile(path, 'Solana keypair'))
   } catch (error) {
+    if (error instanceof PsycheError) throw error
     throw new PsycheError(`${path}: cannot read a Solana keypair: ${(error as Error).message}`, {code: 'EKEYPAIR'})
   }
   if (!Array.isArray(bytes) || bytes.length !== 64 || !bytes.every((b) => Number.isInteger(b) && b >= 0 && b <= 255)) {
