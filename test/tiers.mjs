@@ -79,6 +79,7 @@ export const tiers = {
     'test/verify/result.test.ts',
     'test/verify/score.test.ts',
     'test/verify/scoreboard.test.ts',
+    'test/worker/socket-dir.test.ts',
   ],
   sim: ['test/checkpoint/hub-fallback.test.ts', 'test/sim/adversarial.test.ts', 'test/scale/scale.test.ts', 'test/sim/simulation.test.ts', 'test/solana/client.test.ts'],
   smoke: ['test/e2e/smoke.test.ts'],
