@@ -1,7 +1,7 @@
 import type {EventLine} from '../../src/core/events.js'
 import {randomBytes} from 'node:crypto'
 import {generateIdentity} from '../../src/core/protocol/identity.js'
-import {P2PNode, type P2PNodeOptions, type SigningIdentity} from '../../src/core/p2p/index.js'
+import {P2PNode, ResultStore, type P2PNodeOptions, type SigningIdentity} from '../../src/core/p2p/index.js'
 import {waitFor} from '../helpers.js'
 
 export const LOOPBACK = ['/ip4/127.0.0.1/tcp/0']
@@ -13,7 +13,9 @@ export function testIdentity(): SigningIdentity {
 export interface TestNode {
   node: P2PNode
   identity: SigningIdentity
-  events: Record<string, unknown>[]
+  events: EventLine[]
+  /** The node's result store: a test puts bytes of its choosing there to play a dishonest peer. */
+  store: ResultStore
 }
 
 export async function startNodes(count: number, options: Partial<P2PNodeOptions> & {runId?: string} = {}): Promise<TestNode[]> {
@@ -22,8 +24,9 @@ export async function startNodes(count: number, options: Partial<P2PNodeOptions>
     const identity = testIdentity()
     const events: EventLine[] = []
     // Loopback only: in-process tests never send traffic to this machine's other addresses.
-    const node = await P2PNode.start({runId: 'test-run', listen: LOOPBACK, ...options, identity, log: (e) => events.push(e)})
-    out.push({node, identity, events})
+    const store = new ResultStore()
+    const node = await P2PNode.start({runId: 'test-run', listen: LOOPBACK, ...options, identity, resultStore: store, log: (e) => events.push(e)})
+    out.push({node, identity, events, store})
   }
   return out
 }

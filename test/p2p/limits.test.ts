@@ -1,14 +1,12 @@
 import type {EventLine} from '../../src/core/events.js'
 import assert from 'node:assert/strict'
 import {after, describe, it} from 'node:test'
-import {P2PNode, RESULT_PROTOCOL, sha256Hex} from '../../src/core/p2p/index.js'
-import {meshUp, randomBlob, stopAll, testIdentity, type TestNode} from './helpers.js'
+import {RESULT_PROTOCOL, sha256Hex} from '../../src/core/p2p/index.js'
+import {meshUp, randomBlob, startNodes, stopAll, type TestNode} from './helpers.js'
 
 async function startNode(options: {maxBlobBytes?: number; maxConcurrentDownloads?: number} = {}): Promise<TestNode> {
-  const identity = testIdentity()
-  const events: EventLine[] = []
-  const node = await P2PNode.start({identity, runId: 'limits-run', listen: ['/ip4/127.0.0.1/tcp/0'], ...options, log: (e) => events.push(e)})
-  return {node, identity, events}
+  const [node] = await startNodes(1, {runId: 'limits-run', ...options})
+  return node
 }
 
 describe('p2p: size and concurrency bounds', () => {

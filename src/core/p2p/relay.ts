@@ -7,13 +7,11 @@ import {identify} from '@libp2p/identify'
 import {tcp} from '@libp2p/tcp'
 import {multiaddr, type Multiaddr} from '@multiformats/multiaddr'
 import {createLibp2p, type Libp2p} from 'libp2p'
-import type {Connection, Stream} from '@libp2p/interface'
 import {PsycheError, errorMessage} from '../errors.js'
 import {identityPrivateSeed} from '../protocol/identity.js'
 import type {SigningIdentity} from './announcement.js'
 import {addressScope, isCircuit, listenAddrsForPort} from './addresses.js'
-import {DIALBACK_DIAL_TIMEOUT_MS, DIALBACK_PROTOCOL, dialbackTargets, hostOf, MAX_DIALBACK_REQUEST_BYTES} from './dialback.js'
-import {framed, readJsonObject, writeJson} from './framing.js'
+import {dialbackServer, type DialbackServer} from './dialback-service.js'
 import {CONFIRMED_TTL_MS, internals} from './internals.js'
 import type {EventLog} from '../events.js'
 
@@ -49,7 +47,7 @@ export interface RelayNodeOptions {
   log?: EventLog
 }
 
-type RelayServices = {identify: ReturnType<ReturnType<typeof identify>>; relay: CircuitRelayService}
+type RelayServices = {identify: ReturnType<ReturnType<typeof identify>>; relay: CircuitRelayService; dialback: DialbackServer}
 
 /**
  * A libp2p circuit relay v2 server (@libp2p/circuit-relay-v2): clients behind NAT reserve a slot on it and are
@@ -86,6 +84,7 @@ export class RelayNode {
           // No AutoNAT (v1): asked to verify a peer it is already connected to, its server "dials" the existing
           // connection, finds the address differs and closes that connection — the client's only one to us.
           // Our dial-back (dialback.ts) answers the same question.
+          dialback: dialbackServer({log}),
           relay: circuitRelayServer({
             reservations: {
               maxReservations: limits.maxReservations,
@@ -107,7 +106,6 @@ export class RelayNode {
     // A relay is where clients reach it: its interface addresses are its public ones (libp2p would announce a
     // public address only after something confirmed it, so reservations and identify would carry none).
     if (!options.announce?.length) node.confirmTransportAddresses()
-    await libp2p.handle(DIALBACK_PROTOCOL, (stream, connection) => node.serveDialback(stream, connection, log), {maxInboundStreams: 2})
     // The relay server emits no event for a reservation: its reservation table is watched instead (a peer and
     // its expiry: a refresh is logged again).
     const seen = new Map<string, number>()
@@ -128,42 +126,6 @@ export class RelayNode {
     }, 500)
     node.watch.unref()
     return node
-  }
-
-  /**
-   * Answers a client's dial-back request (see dialback.ts): dials the addresses it gives on the IP its connection
-   * comes from, each once, on a new connection, and says which answered as that client.
-   */
-  private async serveDialback(stream: Stream, connection: Connection, log: EventLog): Promise<void> {
-    const signal = AbortSignal.timeout(4 * DIALBACK_DIAL_TIMEOUT_MS)
-    const client = connection.remotePeer.toString()
-    try {
-      const lp = framed(stream, MAX_DIALBACK_REQUEST_BYTES)
-      const request = await readJsonObject(lp, 'dial-back request', {signal})
-      const selection = dialbackTargets(request, connection.limits === undefined ? hostOf(connection.remoteAddr) : undefined, client)
-      if (!selection.ok) {
-        await writeJson(lp, {status: 'error', reason: selection.reason}, {signal})
-        await stream.close({signal})
-        return
-      }
-      const reachable: string[] = []
-      for (const target of selection.targets) {
-        try {
-          // force: a new connection to that address, not the one the request came over.
-          const back = await this.libp2p.dial(target, {force: true, signal: AbortSignal.timeout(DIALBACK_DIAL_TIMEOUT_MS)})
-          if (back.remotePeer.toString() === client) reachable.push(target.toString())
-          await back.close().catch(() => {})
-        } catch {
-          // unreachable at that address
-        }
-      }
-      log({event: 'dialback', peer_id: client, checked: selection.targets.map((t) => t.toString()), reachable})
-      await writeJson(lp, {status: 'ok', reachable, checked: selection.targets.map((t) => t.toString())}, {signal})
-      await stream.close({signal})
-    } catch (error) {
-      log({event: 'dialback_failed', peer_id: client, reason: errorMessage(error)})
-      stream.abort(error instanceof Error ? error : new Error(String(error)))
-    }
   }
 
   /** The addresses our listeners are bound to (interface addresses), whether or not libp2p announces them. */

@@ -1,0 +1,207 @@
+import type {PeerId, Startable, Stream} from '@libp2p/interface'
+import type {ConnectionManager} from '@libp2p/interface-internal'
+import {multiaddr, type Multiaddr} from '@multiformats/multiaddr'
+import {errorMessage} from '../errors.js'
+import {addrPeerId, isCircuit} from './addresses.js'
+import {dialErrorMessage, ON_LIMITED} from './util.js'
+import type {EventLog} from '../events.js'
+
+/** A peer we were told about but could not reach, with the addresses we tried (for the no-exchange warning). */
+export interface DialFailure {
+  peer_id: string
+  addrs: string[]
+  reason: string
+  at: number
+}
+
+/** A direct dial gives up quickly: a private address of another network may never answer (no ICMP on the internet). */
+const DIRECT_DIAL_TIMEOUT_MS = 8_000
+export const RELAYED_DIAL_TIMEOUT_MS = 30_000
+
+export interface PeerDialerInit {
+  log: EventLog
+}
+
+export interface PeerDialerComponents {
+  peerId: PeerId
+  connectionManager: ConnectionManager
+}
+
+/**
+ * Dials the peers the coordinator tells us about (direct addresses briefly, then relayed ones), remembers who could
+ * not be reached, and opens streams for the exchanges over the best open connection. A libp2p service: see
+ * `peerDialer()`.
+ */
+export class PeerDialer implements Startable {
+  private readonly peerId: string
+  private readonly log: EventLog
+  private readonly dialFailures = new Map<string, DialFailure>()
+  /** Peers being dialled now (one dial per peer at a time; a second caller waits for the first). */
+  private readonly dialing = new Map<string, Promise<void>>()
+  /** Peer -> the addresses the coordinator last gave for it. */
+  private readonly knownAddrs = new Map<string, Multiaddr[]>()
+  /** Peer -> its direct addresses that did not answer (it is dialled through the relay first while they stay the same). */
+  private readonly directFailed = new Map<string, string>()
+  private stopped = false
+
+  constructor(
+    private readonly components: PeerDialerComponents,
+    init: PeerDialerInit,
+  ) {
+    this.peerId = components.peerId.toString()
+    this.log = init.log
+  }
+
+  start(): void {
+    this.stopped = false
+  }
+
+  beforeStop(): void {
+    this.stopped = true
+  }
+
+  stop(): void {
+    this.stopped = true
+  }
+
+  /**
+   * Dials peers learned from the coordinator: every address of one peer is tried by libp2p in turn (direct before
+   * relayed). Skips self and peers we are connected to; a failed dial is logged and remembered (dialFailures),
+   * and may be retried by a later call.
+   */
+  async connect(addrs: string[]): Promise<void> {
+    const byPeer = new Map<string, Multiaddr[]>()
+    for (const addr of addrs) {
+      let target: Multiaddr
+      try {
+        target = multiaddr(addr)
+      } catch (error) {
+        this.log({event: 'dial_failed', addr, reason: `not a multiaddr: ${errorMessage(error)}`})
+        continue
+      }
+      const peer = addrPeerId(target)
+      if (peer === undefined) {
+        this.log({event: 'dial_failed', addr, reason: 'the address does not end in /p2p/<peer id>'})
+        continue
+      }
+      if (peer === this.peerId) continue
+      let list = byPeer.get(peer)
+      if (!list) byPeer.set(peer, (list = []))
+      list.push(target)
+    }
+    await Promise.all([...byPeer].map(([peer, targets]) => this.dialPeer(peer, targets)))
+  }
+
+  /**
+   * One peer: its direct addresses first (briefly: a private address of someone else's network may never answer),
+   * then its relayed ones. A peer whose direct addresses failed is dialled through the relay first next time.
+   * One dial per peer at a time: state pushes arrive faster than dials to unreachable addresses time out.
+   */
+  private dialPeer(peer: string, targets: Multiaddr[]): Promise<void> {
+    if (targets.length > 0) this.knownAddrs.set(peer, targets)
+    const inFlight = this.dialing.get(peer)
+    if (inFlight) return inFlight
+    if (this.stopped) return Promise.resolve()
+    if (this.components.connectionManager.getConnections().some((c) => c.remotePeer.toString() === peer && c.status === 'open')) {
+      this.dialFailures.delete(peer)
+      return Promise.resolve()
+    }
+    const dial = this.dialPeerNow(peer, targets).finally(() => this.dialing.delete(peer))
+    this.dialing.set(peer, dial)
+    return dial
+  }
+
+  private async dialPeerNow(peer: string, targets: Multiaddr[]): Promise<void> {
+    const direct = targets.filter((t) => !isCircuit(t))
+    const relayed = targets.filter(isCircuit)
+    const directKey = direct.map((t) => t.toString()).join(' ')
+    const attempts: [Multiaddr[], number][] = []
+    if (direct.length > 0 && this.directFailed.get(peer) !== directKey) attempts.push([direct, DIRECT_DIAL_TIMEOUT_MS])
+    if (relayed.length > 0) attempts.push([relayed, RELAYED_DIAL_TIMEOUT_MS])
+    if (attempts.length === 0 && direct.length > 0) attempts.push([direct, DIRECT_DIAL_TIMEOUT_MS])
+    const reasons: string[] = []
+    for (const [addrs, timeoutMs] of attempts) {
+      try {
+        // As libp2p.dial: user dials go first in the dial queue.
+        await this.components.connectionManager.openConnection(addrs, {priority: 75, signal: AbortSignal.timeout(timeoutMs)})
+        this.dialFailures.delete(peer)
+        return
+      } catch (error) {
+        reasons.push(`${isCircuit(addrs[0]) ? 'relayed' : 'direct'}: ${dialErrorMessage(error)}`)
+        if (addrs === direct && relayed.length > 0) this.directFailed.set(peer, directKey)
+      }
+    }
+    const reason = reasons.join('; ') || 'no address'
+    this.dialFailures.set(peer, {peer_id: peer, addrs: targets.map((t) => t.toString()), reason, at: Date.now()})
+    this.log({event: 'dial_failed', peer_id: peer, addrs: targets.map((t) => t.toString()), reason})
+  }
+
+  /**
+   * A stream to a peer for one transfer. An open connection is used first, direct before relayed: libp2p's own
+   * dial would not reuse a relayed connection (it carries the relay's limits) and would dial the peer again through
+   * the relay for every transfer, a new relayed connection each time, which the relay or the peer may refuse.
+   * With no open connection, the peer is dialled as connect() does (its addresses from the coordinator: direct
+   * briefly, then relayed), and libp2p's own dial (its peer store) is the last resort.
+   */
+  async openStream(peer: PeerId, protocol: string, signal: AbortSignal): Promise<Stream> {
+    const reasons: string[] = []
+    const tryOpen = async (): Promise<Stream | undefined> => {
+      const open = this.components.connectionManager
+        .getConnections(peer)
+        .filter((c) => c.status === 'open')
+        .sort((a, b) => Number(isCircuit(a.remoteAddr)) - Number(isCircuit(b.remoteAddr)))
+      for (const connection of open) {
+        try {
+          return await connection.newStream(protocol, {signal, ...ON_LIMITED})
+        } catch (error) {
+          signal.throwIfAborted()
+          reasons.push(`${isCircuit(connection.remoteAddr) ? 'relayed' : 'direct'} connection: ${dialErrorMessage(error)}`)
+        }
+      }
+      return undefined
+    }
+    const existing = await tryOpen()
+    if (existing) return existing
+    const known = this.knownAddrs.get(peer.toString())
+    if (known) {
+      await this.dialPeer(peer.toString(), known)
+      const dialled = await tryOpen()
+      if (dialled) return dialled
+    }
+    try {
+      // As libp2p.dialProtocol.
+      return await this.components.connectionManager.openStream(peer, [protocol], {signal, ...ON_LIMITED})
+    } catch (error) {
+      reasons.push(`dial: ${dialErrorMessage(error)}`)
+      throw new Error(reasons.join('; '))
+    }
+  }
+
+  /** Peers we were told about and could not reach the last time we tried (none: everyone dialled is reachable). */
+  unreachablePeers(): DialFailure[] {
+    const connected = new Set(this.components.connectionManager.getConnections().map((c) => c.remotePeer.toString()))
+    return [...this.dialFailures.values()].filter((f) => !connected.has(f.peer_id))
+  }
+
+  /** True when every connection we hold to this peer goes through a relay (no direct one). */
+  onlyRelayed(peer: PeerId): boolean {
+    const connections = this.components.connectionManager.getConnections(peer)
+    return connections.length > 0 && connections.every((c) => isCircuit(c.remoteAddr))
+  }
+
+  /** Connections now, by kind: direct (TCP) or relayed (through a circuit relay, limited). */
+  connectionKinds(): {direct: number; relayed: number} {
+    let direct = 0
+    let relayed = 0
+    for (const c of this.components.connectionManager.getConnections()) {
+      if (isCircuit(c.remoteAddr)) relayed++
+      else direct++
+    }
+    return {direct, relayed}
+  }
+}
+
+/** The dialer as a libp2p service (`services: {dialer: peerDialer({log})}`). */
+export function peerDialer(init: PeerDialerInit): (components: PeerDialerComponents) => PeerDialer {
+  return (components) => new PeerDialer(components, init)
+}

@@ -1,0 +1,346 @@
+import {TopicValidatorResult, type GossipSub, type Message} from '@libp2p/gossipsub'
+import type {Connection, PeerId, Startable, Stream} from '@libp2p/interface'
+import type {Registrar} from '@libp2p/interface-internal'
+import {errorMessage, PsycheError} from '../errors.js'
+import {encodeAnnouncement, parseAnnouncement, sha256Hex, signAnnouncement, type ResultAnnouncement, type SigningIdentity} from './announcement.js'
+import type {PeerDialer} from './dialer.js'
+import {CHUNK_BYTES, framed, OverrunError, readChunksInto, readJsonObject, writeChunks, writeJson} from './framing.js'
+import {peerIdOfClient} from './peer-id.js'
+import type {Traffic} from './traffic.js'
+import {abortStream, deadline, dialErrorMessage, ON_LIMITED, Semaphore, sleep} from './util.js'
+import type {EventLog} from '../events.js'
+
+export const RESULT_PROTOCOL = '/psyche/result/1'
+export const DEFAULT_MAX_BLOB_BYTES = 64 * 1024 * 1024
+export const DEFAULT_MAX_CONCURRENT_DOWNLOADS = 4
+export const DEFAULT_DOWNLOAD_TIMEOUT_MS = 60_000
+
+/** Requests and response headers are small JSON; anything bigger is refused before parsing. */
+const MAX_REQUEST_BYTES = 1024
+const MAX_BLOB_HEADER_BYTES = 1024
+/**
+ * A result download that failed with every holder is tried again after these pauses (a relayed connection reset by
+ * its relay, a peer whose reservation or addresses are not there yet, a holder that has not downloaded it yet).
+ */
+const FETCH_BACKOFF_MS = [500, 2_000, 5_000]
+
+export function resultsTopic(runId: string): string {
+  return `psyche/${runId}/results`
+}
+
+/**
+ * The result blobs a node holds and serves (its own and those it downloaded), by commitment. Whatever is put here
+ * is served as is: the exchange puts only blobs whose hash it checked. A libp2p component (`resultStore`), so a
+ * test can give a node one that holds bytes of its choosing (a dishonest peer).
+ */
+export class ResultStore {
+  private readonly results = new Map<string, {step: number; bytes: Uint8Array}>()
+
+  get(commitment: string): Uint8Array | undefined {
+    return this.results.get(commitment)?.bytes
+  }
+
+  has(commitment: string): boolean {
+    return this.results.has(commitment)
+  }
+
+  put(commitment: string, step: number, bytes: Uint8Array): void {
+    this.results.set(commitment, {step, bytes})
+  }
+
+  /** Forgets results of steps before `step`. */
+  dropBefore(step: number): void {
+    for (const [commitment, stored] of this.results) if (stored.step < step) this.results.delete(commitment)
+  }
+}
+
+export interface ResultExchangeInit {
+  identity: SigningIdentity
+  runId: string
+  /** largest result blob accepted or served */
+  maxBlobBytes: number
+  maxConcurrentDownloads: number
+  /** per attempt (one holder) */
+  downloadTimeoutMs: number
+  log: EventLog
+}
+
+export interface ResultExchangeComponents {
+  registrar: Registrar
+  pubsub: GossipSub
+  dialer: PeerDialer
+  traffic: Traffic
+  resultStore: ResultStore
+}
+
+/**
+ * Result exchange: gossips signed result announcements on `psyche/<run_id>/results`, and serves and fetches the
+ * result blobs over /psyche/result/1. A libp2p service: see `resultExchange()`.
+ */
+export class ResultExchange implements Startable {
+  readonly topic: string
+  badBlobs = 0
+  readonly downloads: Semaphore
+  private readonly runId: string
+  private readonly log: EventLog
+  private readonly fetching = new Map<string, Promise<Uint8Array>>()
+  /** signature -> step: an announcement re-published under a new gossip id is delivered once */
+  private readonly seenAnnouncements = new Map<string, number>()
+  private readonly announcementHandlers: ((a: ResultAnnouncement) => void)[] = []
+  private readonly validated = new WeakMap<Message, ResultAnnouncement>()
+  private stopped = false
+
+  constructor(
+    private readonly components: ResultExchangeComponents,
+    private readonly init: ResultExchangeInit,
+  ) {
+    this.runId = init.runId
+    this.topic = resultsTopic(init.runId)
+    this.log = init.log
+    this.downloads = new Semaphore(Math.max(1, init.maxConcurrentDownloads))
+  }
+
+  async start(): Promise<void> {
+    this.stopped = false
+    const pubsub = this.components.pubsub
+    pubsub.topicValidators.set(this.topic, (propagationSource, message) => this.validateGossip(propagationSource, message))
+    pubsub.addEventListener('message', (event) => this.onGossip(event.detail))
+    await this.components.registrar.handle(RESULT_PROTOCOL, (stream, connection) => this.serve(stream, connection), {maxInboundStreams: 64, ...ON_LIMITED})
+  }
+
+  /** Gossipsub accepts subscriptions once it has started. */
+  afterStart(): void {
+    this.components.pubsub.subscribe(this.topic)
+  }
+
+  beforeStop(): void {
+    this.stopped = true
+  }
+
+  async stop(): Promise<void> {
+    this.stopped = true
+    await this.components.registrar.unhandle(RESULT_PROTOCOL)
+  }
+
+  private get results(): ResultStore {
+    return this.components.resultStore
+  }
+
+  /** Stores the blob for serving and gossips its signed announcement. */
+  async publishResult(step: number, batchStart: number, batchEnd: number, blob: Uint8Array): Promise<ResultAnnouncement> {
+    if (blob.length > this.init.maxBlobBytes) throw new PsycheError(`result is ${blob.length} bytes, more than the ${this.init.maxBlobBytes}-byte maximum blob size`)
+    const announcement = signAnnouncement(this.init.identity, {
+      run_id: this.runId,
+      step,
+      client_id: this.init.identity.id,
+      batch_start: batchStart,
+      batch_end: batchEnd,
+      commitment: sha256Hex(blob),
+      size: blob.length,
+    })
+    this.results.put(announcement.commitment, step, blob)
+    this.seenAnnouncements.set(announcement.signature, step)
+    await this.components.pubsub.publish(this.topic, encodeAnnouncement(announcement))
+    return announcement
+  }
+
+  /**
+   * Gossips an announcement again (e.g. one of ours after new peers connected: gossip is not replayed to late
+   * joiners). Receivers deliver each signed announcement once, so repeating is harmless.
+   */
+  async reannounce(a: ResultAnnouncement): Promise<void> {
+    await this.components.pubsub.publish(this.topic, encodeAnnouncement(a))
+  }
+
+  /** The peers known to subscribe to this run's results topic (announcements reach only them). */
+  topicSubscribers(): PeerId[] {
+    return this.components.pubsub.getSubscribers(this.topic)
+  }
+
+  /** Handlers see only announcements for this run whose signature verifies against their client_id (never our own). */
+  onAnnouncement(handler: (a: ResultAnnouncement) => void): void {
+    this.announcementHandlers.push(handler)
+  }
+
+  /** Gossipsub validator: a rejected message is neither delivered nor forwarded, and its sender's score drops. */
+  private validateGossip(propagationSource: PeerId, message: Message): TopicValidatorResult {
+    const parsed = parseAnnouncement(message.data, this.runId)
+    if (!parsed.ok) {
+      this.log({
+        event: 'announcement_rejected',
+        reason: parsed.reason,
+        from: message.type === 'signed' ? message.from.toString() : undefined,
+        via: propagationSource.toString(),
+      })
+      return TopicValidatorResult.Reject
+    }
+    this.validated.set(message, parsed.announcement)
+    return TopicValidatorResult.Accept
+  }
+
+  private onGossip(message: Message): void {
+    if (message.topic !== this.topic) return
+    let announcement = this.validated.get(message)
+    if (announcement === undefined) {
+      const parsed = parseAnnouncement(message.data, this.runId)
+      if (!parsed.ok) return
+      announcement = parsed.announcement
+    }
+    if (this.seenAnnouncements.has(announcement.signature)) return
+    this.seenAnnouncements.set(announcement.signature, announcement.step)
+    for (const handler of this.announcementHandlers) {
+      try {
+        handler(announcement)
+      } catch (error) {
+        this.log({event: 'announcement_handler_failed', reason: errorMessage(error)})
+      }
+    }
+  }
+
+  hasResult(commitment: string): boolean {
+    return this.results.has(commitment)
+  }
+
+  getResult(commitment: string): Uint8Array | undefined {
+    return this.results.get(commitment)
+  }
+
+  /** Forgets results (and seen announcements) of earlier steps, so memory stays bounded. */
+  dropResultsBefore(step: number): void {
+    this.results.dropBefore(step)
+    for (const [signature, seenStep] of this.seenAnnouncements) if (seenStep < step) this.seenAnnouncements.delete(signature)
+  }
+
+  /**
+   * Downloads an announced result: from the producer first, then from any other connected peer (every node re-serves
+   * what it downloaded). Bytes that do not hash to the commitment are discarded and their sender reported
+   * ({event: 'bad_blob'}); throws when no holder supplied the right bytes.
+   */
+  async fetchResult(a: ResultAnnouncement): Promise<Uint8Array> {
+    const local = this.results.get(a.commitment)
+    if (local) return local
+    // Concurrent requests for the same result share one download.
+    const key = `${a.commitment}:${a.size}`
+    let pending = this.fetching.get(key)
+    if (pending === undefined) {
+      pending = this.fetchResultOnce(a).finally(() => this.fetching.delete(key))
+      this.fetching.set(key, pending)
+    }
+    return pending
+  }
+
+  private async fetchResultOnce(a: ResultAnnouncement): Promise<Uint8Array> {
+    if (a.run_id !== this.runId) throw new PsycheError(`announcement is for run ${a.run_id}, not ${this.runId}`)
+    const maxBlobBytes = this.init.maxBlobBytes
+    if (a.size > maxBlobBytes) {
+      this.log({event: 'blob_refused', client_id: a.client_id, commitment: a.commitment, reason: `announced size ${a.size} exceeds max ${maxBlobBytes}`})
+      throw new PsycheError(`result ${a.commitment.slice(0, 16)}… from ${a.client_id.slice(0, 16)}… is ${a.size} bytes, more than the ${maxBlobBytes}-byte maximum`)
+    }
+    const producer = peerIdOfClient(a.client_id)
+    const failures: string[] = []
+    /** Holders that sent wrong bytes are not asked again. */
+    const bad = new Set<string>()
+    for (let pass = 0; pass < FETCH_BACKOFF_MS.length + 1; pass++) {
+      // The pause holds no download slot.
+      if (pass > 0) await sleep(FETCH_BACKOFF_MS[pass - 1])
+      await this.downloads.acquire()
+      try {
+        // Every run member re-serves what it downloaded; other peers (a relay) hold nothing of ours. Asked again
+        // each pass: a peer that connected or subscribed since may hold it now.
+        const holders = [producer, ...this.topicSubscribers().filter((p) => !p.equals(producer))].filter((h) => !bad.has(h.toString()))
+        for (const holder of holders) {
+          if (this.stopped) throw new PsycheError('p2p node stopped')
+          try {
+            const bytes = await this.downloadFrom(holder, a)
+            const hash = sha256Hex(bytes)
+            if (hash !== a.commitment) {
+              this.badBlobs++
+              bad.add(holder.toString())
+              this.log({event: 'bad_blob', from: holder.toString(), client_id: a.client_id, commitment: a.commitment, reason: `bytes hash to ${hash}, not the commitment`})
+              failures.push(`${holder.toString()}: bytes do not match the commitment`)
+              continue
+            }
+            this.results.put(a.commitment, a.step, bytes)
+            if (pass > 0) this.log({event: 'fetch_retried', from: holder.toString(), client_id: a.client_id, step: a.step, pass})
+            return bytes
+          } catch (error) {
+            const reason = dialErrorMessage(error)
+            if (error instanceof BadSenderError) {
+              this.badBlobs++
+              bad.add(holder.toString())
+              this.log({event: 'bad_blob', from: holder.toString(), client_id: a.client_id, commitment: a.commitment, reason})
+            } else {
+              this.log({event: 'fetch_failed', from: holder.toString(), client_id: a.client_id, commitment: a.commitment, step: a.step, pass, reason})
+            }
+            failures.push(`${holder.toString()}: ${reason}`)
+          }
+        }
+        // Someone else downloaded it meanwhile (concurrent fetchResult calls share one download; publishResult, tests).
+        const local = this.results.get(a.commitment)
+        if (local) return local
+        // Every holder sent wrong bytes: asking again would not help.
+        if (holders.every((h) => bad.has(h.toString()))) break
+      } finally {
+        this.downloads.release()
+      }
+    }
+    throw new PsycheError(`could not fetch result ${a.commitment.slice(0, 16)}… of client ${a.client_id.slice(0, 16)}… (step ${a.step}): ${failures.join('; ') || 'no peers'}`)
+  }
+
+  private async downloadFrom(holder: PeerId, a: ResultAnnouncement): Promise<Uint8Array> {
+    const signal = deadline(this.init.downloadTimeoutMs)
+    const stream = await this.components.dialer.openStream(holder, RESULT_PROTOCOL, signal)
+    try {
+      const lp = framed(stream, Math.max(MAX_BLOB_HEADER_BYTES, CHUNK_BYTES))
+      await writeJson(lp, {run_id: this.runId, commitment: a.commitment}, {signal})
+      const header = await readJsonObject(lp, 'result response header', {signal})
+      if (header.status === 'not_found') throw new Error('does not hold it')
+      if (header.status !== 'ok') throw new Error(`refused: ${String(header.reason ?? header.status).slice(0, 200)}`)
+      if (header.size !== a.size) throw new BadSenderError(`declared ${String(header.size).slice(0, 20)} bytes, announcement says ${a.size}`)
+      const bytes = new Uint8Array(a.size)
+      try {
+        await readChunksInto(lp, bytes, 0, a.size, {signal})
+      } catch (error) {
+        if (error instanceof OverrunError) throw new BadSenderError(error.message)
+        throw error
+      }
+      this.components.traffic.count(holder, 'in', a.size)
+      await stream.close({signal}).catch(() => {})
+      return bytes
+    } catch (error) {
+      abortStream(stream, error)
+      throw error
+    }
+  }
+
+  private async serve(stream: Stream, connection: Connection): Promise<void> {
+    const signal = deadline(this.init.downloadTimeoutMs)
+    try {
+      const lp = framed(stream, MAX_REQUEST_BYTES)
+      const request = await readJsonObject(lp, 'result request', {signal})
+      const commitment = typeof request.commitment === 'string' ? request.commitment : ''
+      const stored = request.run_id === this.runId ? this.results.get(commitment) : undefined
+      if (request.run_id !== this.runId) {
+        await writeJson(lp, {status: 'error', reason: 'wrong run'}, {signal})
+      } else if (stored === undefined) {
+        await writeJson(lp, {status: 'not_found'}, {signal})
+      } else {
+        await writeJson(lp, {status: 'ok', size: stored.length}, {signal})
+        await writeChunks(lp, stored, {signal})
+        this.components.traffic.count(connection.remotePeer, 'out', stored.length)
+      }
+      await stream.close({signal})
+    } catch (error) {
+      this.log({event: 'serve_failed', protocol: RESULT_PROTOCOL, to: connection.remotePeer.toString(), reason: errorMessage(error)})
+      abortStream(stream, error)
+    }
+  }
+}
+
+/** The result exchange as a libp2p service, after pubsub, dialer, traffic and resultStore. */
+export function resultExchange(init: ResultExchangeInit): (components: ResultExchangeComponents) => ResultExchange {
+  return (components) => new ResultExchange(components, init)
+}
+
+/** The sender broke the protocol in a way that is its fault (lied about sizes): reported like a bad blob. */
+class BadSenderError extends Error {}

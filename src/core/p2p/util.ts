@@ -1,0 +1,61 @@
+import {setMaxListeners} from 'node:events'
+import {errorMessage} from '../errors.js'
+import type {EventLog} from '../events.js'
+
+/** Our protocols also run over relayed connections, which the relay limits in time and bytes (see psyche relay). */
+export const ON_LIMITED = {runOnLimitedConnection: true} as const
+
+/** A deadline for one transfer. Every chunk read/write listens on it, so Node's 10-listener warning does not apply. */
+export function deadline(ms: number): AbortSignal {
+  const signal = AbortSignal.timeout(ms)
+  setMaxListeners(Infinity, signal)
+  return signal
+}
+
+export function sleep(ms: number): Promise<void> {
+  return new Promise((resolve) => setTimeout(resolve, ms).unref?.())
+}
+
+/** An error's message, with the reasons inside an AggregateError (libp2p's "All multiaddr dials failed"). */
+export function dialErrorMessage(error: unknown): string {
+  const message = errorMessage(error)
+  if (error instanceof AggregateError && error.errors.length > 0) return `${message} (${error.errors.map((e) => errorMessage(e)).join('; ')})`
+  return message
+}
+
+/** Aborts a stream with an Error (whatever was thrown). */
+export function abortStream(stream: {abort(error: Error): void}, error: unknown): void {
+  stream.abort(error instanceof Error ? error : new Error(String(error)))
+}
+
+/** A logger that never throws: a throwing logger must not break the network path. */
+export function safeLog(log: EventLog | undefined): EventLog {
+  return (event) => {
+    try {
+      log?.(event)
+    } catch {
+      // ignored on purpose
+    }
+  }
+}
+
+/** Counting semaphore: at most `limit` holders at once, the rest wait in FIFO order. */
+export class Semaphore {
+  active = 0
+  peak = 0
+  private readonly waiting: (() => void)[] = []
+  constructor(private readonly limit: number) {}
+
+  async acquire(): Promise<void> {
+    if (this.active >= this.limit) await new Promise<void>((resolve) => this.waiting.push(resolve))
+    else this.active++
+    this.peak = Math.max(this.peak, this.active)
+  }
+
+  release(): void {
+    const next = this.waiting.shift()
+    // The slot passes straight to the next waiter, so `active` is unchanged.
+    if (next) next()
+    else this.active--
+  }
+}
