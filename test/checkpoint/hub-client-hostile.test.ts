@@ -1,12 +1,13 @@
 import assert from 'node:assert/strict'
 import {createHash} from 'node:crypto'
-import {existsSync, mkdirSync, readFileSync, readdirSync, statSync} from 'node:fs'
+import {existsSync, mkdirSync, readFileSync, readdirSync, statSync, writeFileSync} from 'node:fs'
 import {createServer, type IncomingMessage, type Server, type ServerResponse} from 'node:http'
 import type {AddressInfo} from 'node:net'
 import {join} from 'node:path'
 import {after, before, describe, it} from 'node:test'
 import {HUB_LIMITS, checkRevision, downloadCheckpoint} from '../../src/core/checkpoint/hub.js'
 import {PsycheError} from '../../src/core/errors.js'
+import {resolveTrainPlan, templateStatePath} from '../../src/core/train/plan.js'
 import {runCli, tempDir} from '../helpers.js'
 
 const TOKEN = 'hf_hostile_test'
@@ -150,6 +151,24 @@ describe('the Hub client trusts nothing from the Hub', () => {
     assert.equal(hub.seen.length, 0, 'the Hub was never asked')
     assert.deepEqual(tree(s.dir), [])
     assert.ok(!existsSync(join(tmp.path, 'escape')))
+  })
+
+  it('a run config whose Hub checkpoint names a revision that is no git ref is refused, naming the field, before the Hub is asked', async () => {
+    const state = readFileSync(templateStatePath('tiny-demo'), 'utf8').replace(
+      '[model.LLM.checkpoint.Local]\npath = "model"',
+      '[model.LLM.checkpoint.Hub]\nrepo_id = "org/m"\nrevision = "../../../escape"',
+    )
+    assert.match(state, /checkpoint\.Hub/)
+    const s = sandbox()
+    writeFileSync(join(s.dir, 'state.toml'), state)
+    hub.seen = []
+    await rejectsWith(
+      resolveTrainPlan({config: join(s.dir, 'state.toml'), hub: {url: hub.url, cacheDir: s.cacheDir}}),
+      1,
+      /model\.LLM\.checkpoint\.Hub\.revision "\.\.\/\.\.\/\.\.\/escape": not a git branch, tag or commit id/,
+    )
+    assert.equal(hub.seen.length, 0)
+    assert.deepEqual(tree(s.dir), ['state.toml'])
   })
 
   it('stops a file at the size its listing declares (a Hub that streams without end fills no disk)', async () => {

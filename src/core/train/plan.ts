@@ -4,7 +4,7 @@ import {loadRunConfigFile} from '../config/index.js'
 import type {LLMConfig, LrSchedule, OptimizerConfig, RunConfigFile, DataLocation} from '../config/index.js'
 import {demoCorpusDir} from '../corpus.js'
 import {PsycheError} from '../errors.js'
-import {checkRepoId, downloadCheckpoint, type TransferProgress} from '../checkpoint/hub.js'
+import {checkRepoId, checkRevision, downloadCheckpoint, type TransferProgress} from '../checkpoint/hub.js'
 import {projectRoot} from '../worker/python.js'
 
 export const templatesDir = join(projectRoot, 'templates')
@@ -130,7 +130,7 @@ async function modelFromCheckpoint(run: RunConfigFile, llm: LLMConfig, hub: Trai
         const where = `${run.path}: model.LLM.checkpoint.${variant}`
         const got = await downloadCheckpoint({
           repo: checkRepoId(repo_id, `${where}.repo_id`),
-          revision: revision ?? undefined,
+          revision: revision == null ? undefined : checkRevision(revision, `${where}.revision`),
           hubUrl: hub.url ?? process.env.HF_ENDPOINT,
           token: hub.token ?? process.env.HF_TOKEN,
           cacheDir: hub.cacheDir,
