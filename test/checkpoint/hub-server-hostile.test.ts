@@ -6,6 +6,7 @@ import {connect} from 'node:net'
 import {join} from 'node:path'
 import {after, before, describe, it} from 'node:test'
 import {createRepo, uploadFiles} from '@huggingface/hub'
+import {parseTokenFlag} from '../../src/commands/hub/serve.js'
 import {HubServer} from '../../src/core/checkpoint/hub-server.js'
 import {runCli, startCli, tempDir, waitFor} from '../helpers.js'
 import {python} from './helpers.js'
@@ -138,6 +139,12 @@ describe('hub serve is a multi-user server: writes authorize, namespaces are own
     } finally {
       await bound.close()
     }
+  })
+
+  it('--token takes hf_… or NAMESPACE:hf_…', () => {
+    assert.equal(parseTokenFlag('hf_abc'), 'hf_abc')
+    assert.deepEqual(parseTokenFlag('carol:hf_abc'), {token: 'hf_abc', user: 'carol'})
+    for (const bad of ['abc', 'carol:abc', 'hf_', ':hf_abc', '../x:hf_abc', 'hf_a b']) assert.throws(() => parseTokenFlag(bad), /--token/, bad)
   })
 
   it('a private repository is readable by its namespace only, on every read route', async () => {
