@@ -1,6 +1,6 @@
 import type {EventLine} from '../../src/core/events.js'
 import {join} from 'node:path'
-import {CoordinatorConnection, CoordinatorServer} from '../../src/core/backend/index.js'
+import {CoordinatorConnection, CoordinatorServer, type CoordinatorServerOptions} from '../../src/core/backend/index.js'
 import type {BackendConnector} from '../../src/core/backend/types.js'
 import {systemClock, type ClientComponents, type ClientP2P} from '../../src/core/client/components.js'
 import {PsycheClient, type ClientSummary, type RoundEvent} from '../../src/core/client/runner.js'
@@ -56,8 +56,13 @@ export async function scaleRun(o: ScaleRunConfig): Promise<RunConfigFile> {
   return run
 }
 
-/** The server's work counters at one instant. */
-export type WorkSnapshot = CoordinatorServer['work'] & {at: number}
+/** The server's work counters at one instant, with this process's CPU time (ms) and resident memory (bytes). */
+export type WorkSnapshot = CoordinatorServer['work'] & {at: number; cpuMs: number; rss: number}
+
+function snapshot(server: CoordinatorServer): WorkSnapshot {
+  const cpu = process.cpuUsage()
+  return {...server.work, at: performance.now(), cpuMs: (cpu.user + cpu.system) / 1000, rss: process.memoryUsage().rss}
+}
 
 /** The server, with its work counters snapshotted at every RoundTrain start (per-round work: consecutive differences). */
 export class ScaleServer {
@@ -68,14 +73,14 @@ export class ScaleServer {
   readonly joinedAt: number[] = []
   private constructor(readonly server: CoordinatorServer) {}
 
-  static async start(run: RunConfigFile): Promise<ScaleServer> {
+  static async start(run: RunConfigFile, options: Partial<CoordinatorServerOptions> = {}): Promise<ScaleServer> {
     let self: ScaleServer | undefined
     const pending: Record<string, unknown>[] = []
     const onLog = (e: Record<string, unknown>) => {
       if (!self) return void pending.push(e)
       self.observe(e)
     }
-    const server = await CoordinatorServer.start({run, tickIntervalMs: 20, log: (e) => onLog(e as Record<string, unknown>)})
+    const server = await CoordinatorServer.start({run, tickIntervalMs: 20, ...options, log: (e) => onLog(e as Record<string, unknown>)})
     self = new ScaleServer(server)
     for (const e of pending) self.observe(e)
     return self
@@ -91,12 +96,12 @@ export class ScaleServer {
     this.transitions.push(`${e.from}->${e.to}@${e.step}`)
     const step = e.step as number
     // The end of the last round (RoundWitness -> Cooldown) closes its window like a next RoundTrain would.
-    if (e.to === 'RoundTrain' || e.to === 'Cooldown') this.roundStarts.set(step, {...this.server.work, at: performance.now()})
+    if (e.to === 'RoundTrain' || e.to === 'Cooldown') this.roundStarts.set(step, snapshot(this.server))
     if (e.to === 'RoundWitness') this.quorumAt.set(step, performance.now())
   }
 
   /** The server's work in each round s (RoundTrain(s) start -> RoundTrain(s+1) start). */
-  perRound(): {step: number; ms: number; framesOut: number; bytesOut: number; bytesIn: number; commits: number; quorumMs: number | undefined}[] {
+  perRound(): {step: number; ms: number; framesOut: number; bytesOut: number; bytesIn: number; commits: number; cpuMs: number; rss: number; quorumMs: number | undefined}[] {
     const out = []
     for (const [step, a] of this.roundStarts) {
       const b = this.roundStarts.get(step + 1)
@@ -109,6 +114,8 @@ export class ScaleServer {
         bytesOut: b.bytesOut - a.bytesOut,
         bytesIn: b.bytesIn - a.bytesIn,
         commits: b.commits - a.commits,
+        cpuMs: b.cpuMs - a.cpuMs,
+        rss: b.rss,
         quorumMs: q === undefined ? undefined : q - a.at,
       })
     }

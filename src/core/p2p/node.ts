@@ -52,6 +52,12 @@ export interface P2PNodeOptions {
   maxConcurrentDownloads?: number
   /** per attempt (one holder), for blobs and models; default 60 s */
   downloadTimeoutMs?: number
+  /**
+   * libp2p's connection limits, its defaults when absent: open connections (300; a client connects to every member
+   * of its run), inbound connections per second from one host (5) and inbound handshakes at once (10). The scale
+   * bench raises the last two: all its nodes are on 127.0.0.1.
+   */
+  connectionManager?: {maxConnections?: number; inboundConnectionThreshold?: number; maxIncomingPendingConnections?: number}
   log?: EventLog
   /**
    * The transports to dial and listen with; default defaultTransports() (TCP). The circuit relay transport is added
@@ -141,7 +147,7 @@ export class P2PNode {
       transports,
       connectionEncrypters: [noise()],
       streamMuxers: [yamux()],
-      connectionManager: {dialTimeout: RELAYED_DIAL_TIMEOUT_MS, addressDialTimeout: RELAYED_DIAL_TIMEOUT_MS},
+      connectionManager: {dialTimeout: RELAYED_DIAL_TIMEOUT_MS, addressDialTimeout: RELAYED_DIAL_TIMEOUT_MS, ...options.connectionManager},
       services: {
         identify: identify(),
         // No AutoNAT (v1): its server closes a connection it was asked to verify when it already had one to the
