@@ -36,7 +36,8 @@ function panel(points: Point[], m: Metric, slope: number): string {
   const X = (v: number) => L + ((v - x0) / (x1 - x0)) * (W - L - R)
   const Y = (v: number) => H - B - ((v - y0) / (y1 - y0)) * (H - B - T)
   let g = ''
-  for (let e = y0; e <= y1; e++) g += `<line x1="${L}" x2="${W - R}" y1="${Y(e)}" y2="${Y(e)}" stroke="#eee"/><text x="${L - 6}" y="${Y(e) + 4}" text-anchor="end" font-size="11">${fmt(10 ** e)}</text>`
+  for (let e = y0; e <= y1; e++)
+    g += `<line x1="${L}" x2="${W - R}" y1="${Y(e)}" y2="${Y(e)}" stroke="#eee"/><text x="${L - 6}" y="${Y(e) + 4}" text-anchor="end" font-size="11">${fmt(10 ** e)}</text>`
   for (const p of ps) g += `<text x="${X(Math.log10(p.n))}" y="${H - B + 16}" text-anchor="middle" font-size="11">${p.n}</text>`
   // Reference slopes through the first point: N (dashed) and N² (dotted).
   const [fx, fy] = [nx[0], ny[0]]
@@ -55,7 +56,12 @@ function panel(points: Point[], m: Metric, slope: number): string {
 ${g}<text x="${(L + W - R) / 2}" y="${H - 4}" font-size="11" text-anchor="middle">clients N</text></svg>`
 }
 
-export async function plotScale(points: Point[] | object[], metrics: Metric[], exponent: (ps: {n: number; y: number}[]) => number, out = join(projectRoot, 'bench', 'scale.png')): Promise<void> {
+export async function plotScale(
+  points: Point[] | object[],
+  metrics: Metric[],
+  exponent: (ps: {n: number; y: number}[]) => number,
+  out = join(projectRoot, 'bench', 'scale.png'),
+): Promise<void> {
   const ps = (points as Point[]).filter((p) => p.finished !== false)
   const panels = metrics.map((m) => panel(ps, m, exponent(ps.map((p) => ({n: p.n, y: p[m.key] as number})))))
   const html = `<!doctype html><html><body style="margin:0;background:white"><div style="display:flex;flex-wrap:wrap;width:${3 * 380}px">${panels.join('')}</div></body></html>`

@@ -56,7 +56,10 @@ describe('state deltas (protocol/state-delta.ts)', () => {
       }),
       {numRuns: 2000},
     )
-    fc.assert(fc.property(fc.jsonValue({maxDepth: 3}), fc.jsonValue({maxDepth: 3}), (a, b) => void roundTrips(a, b)), {numRuns: 1000})
+    fc.assert(
+      fc.property(fc.jsonValue({maxDepth: 3}), fc.jsonValue({maxDepth: 3}), (a, b) => void roundTrips(a, b)),
+      {numRuns: 1000},
+    )
   })
 
   it("rebuild every coordinator state of a simulated run from the previous one, each delta a fraction of the state's size", async () => {
@@ -102,7 +105,15 @@ describe('state deltas (protocol/state-delta.ts)', () => {
     ])
       assert.throws(() => parseDeltaOps(bad), RangeError, JSON.stringify(bad).slice(0, 80))
     const prev = {a: [1, 2], b: {c: 1}}
-    for (const ops of [[{p: ['x', 'y'], v: 1}], [{p: ['a', 5], v: 1}], [{p: ['b'], a: [1]}], [{p: ['a', 'k'], v: 1}], [{p: ['z'], d: 1}], [{p: ['a'], c: ['q']}], [{p: [], d: 1}]] as DeltaOp[][])
+    for (const ops of [
+      [{p: ['x', 'y'], v: 1}],
+      [{p: ['a', 5], v: 1}],
+      [{p: ['b'], a: [1]}],
+      [{p: ['a', 'k'], v: 1}],
+      [{p: ['z'], d: 1}],
+      [{p: ['a'], c: ['q']}],
+      [{p: [], d: 1}],
+    ] as DeltaOp[][])
       assert.throws(() => applyDelta(prev, ops), RangeError, JSON.stringify(ops))
     assert.deepEqual(prev, {a: [1, 2], b: {c: 1}})
   })

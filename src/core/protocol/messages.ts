@@ -7,6 +7,7 @@ import type {EquivocationProof} from '../verify/equivocation.js'
 import {MAX_SCORED_CLIENTS, type ClientScore} from '../verify/scoreboard.js'
 import {deserializeState} from '../coordinator/serialize.js'
 import {encodeFrame} from './frames.js'
+import {parseDeltaOps, type DeltaOp} from './state-delta.js'
 import {isIdentityId, signBytes, verifyBytes, type Identity} from './identity.js'
 
 /**
@@ -35,6 +36,7 @@ import {isIdentityId, signBytes, verifyBytes, type Identity} from './identity.js
  *                  withdraw {}
  *                  checkpoint {repo}
  *                  addresses {p2p_addrs}    our libp2p addresses changed (a relay reservation, an observed address)
+ *                  resync {}                a state_delta did not apply: send the whole state
  * server → client  challenge {session}      (first message, as soon as the TCP connection opens)
  *                  welcome {run_id, client_id, server_time, relay_addrs?}
  *                                           relay_addrs: the coordinator's circuit relay, as this client can dial it
@@ -44,6 +46,11 @@ import {isIdentityId, signBytes, verifyBytes, type Identity} from './identity.js
  *                                           connection's previous state; peers_reset: true replaces the whole directory
  *                                           (the first state of a connection); peers_removed: members gone since
  *                                           scores (to watchers): the verification scores the server keeps (ClientScore[])
+ *                                           rev: the state's revision (counts the server's state changes)
+ *                  state_delta {base, rev, ops, hash, peers, server_time, scores?, peers_reset?, peers_removed?}
+ *                                           to a client that asked for deltas (hello.state_deltas): the state of revision
+ *                                           `rev` as ops on the client's revision `base` (protocol/state-delta.ts); hash:
+ *                                           SHA-256 (hex) of the new state's serialization, checked after applying
  *                  rejected {code, reason, of?}
  *                  client_report {client, step, report}   a client's report, forwarded to watchers (dashboards)
  */
@@ -72,6 +79,8 @@ export interface HelloBody {
   client_id: ClientId
   p2p_addrs: string[]
   want_join: boolean
+  /** Send state changes as deltas (state_delta) after the first whole state (issue 23: O(change) per event, not O(N)). */
+  state_deltas?: boolean
 }
 export interface WitnessBody {
   proof: WitnessProof
@@ -87,6 +96,8 @@ export interface EquivocationBody {
   proof: EquivocationProof
 }
 export type WithdrawBody = Record<string, never>
+/** A state_delta did not apply to the state this client holds: send the whole state again. */
+export type ResyncBody = Record<string, never>
 /**
  * What a client measured in a round it applied, sent after applying it. Display only (dashboards, status):
  * the coordinator's state never depends on it. Numbers are finite and non-negative; null when not measured.
@@ -141,7 +152,11 @@ export interface StateBody {
   server_time: number
   /** Sent to watchers (status, dashboards): the verification scores the server keeps (src/core/verify/scoreboard.ts). */
   scores?: ClientScore[]
+  /** The state's revision: a later state_delta with this base applies to it. */
+  rev?: number
 }
+/** A state as ops on the revision the client holds (protocol/state-delta.ts); the directory and scores as in StateBody. */
+export type StateDeltaBody = Omit<StateBody, 'state' | 'rev'> & {base: number; rev: number; ops: DeltaOp[]; hash: string}
 /** On the wire the state travels as serializeState's text (so BigInts survive). */
 export type StateWireBody = Omit<StateBody, 'state'> & {state: string}
 export interface RejectedBody {
@@ -164,11 +179,13 @@ export interface ClientBodies {
   report: ReportBody
   scores: ScoresBody
   addresses: AddressesBody
+  resync: ResyncBody
 }
 export interface ServerBodies {
   challenge: ChallengeBody
   welcome: WelcomeBody
   state: StateBody
+  state_delta: StateDeltaBody
   rejected: RejectedBody
   client_report: ClientReportBody
 }
@@ -281,14 +298,19 @@ function strings(v: unknown, where: string, maxItems: number, maxChars: number):
 
 const clientBodyCheckers: {[K in ClientKind]: (b: Obj) => ClientBodies[K]} = {
   hello(b) {
-    exactKeys(b, ['run_id', 'client_id', 'p2p_addrs', 'want_join'], [], 'hello')
+    exactKeys(b, ['run_id', 'client_id', 'p2p_addrs', 'want_join'], ['state_deltas'], 'hello')
     if (typeof b.want_join !== 'boolean') throw new Invalid('hello.want_join must be true or false')
-    return {
+    const out: HelloBody = {
       run_id: str(b.run_id, 'hello.run_id', MAX_RUN_ID_BYTES * 4),
       client_id: id(b.client_id, 'hello.client_id'),
       p2p_addrs: strings(b.p2p_addrs, 'hello.p2p_addrs', MAX_P2P_ADDRS, MAX_ADDR_CHARS),
       want_join: b.want_join,
     }
+    if (b.state_deltas !== undefined) {
+      if (typeof b.state_deltas !== 'boolean') throw new Invalid('hello.state_deltas must be true or false')
+      out.state_deltas = b.state_deltas
+    }
+    return out
   },
   witness(b) {
     exactKeys(b, ['proof'], [], 'witness')
@@ -355,6 +377,44 @@ const clientBodyCheckers: {[K in ClientKind]: (b: Obj) => ClientBodies[K]} = {
     exactKeys(b, ['p2p_addrs'], [], 'addresses')
     return {p2p_addrs: strings(b.p2p_addrs, 'addresses.p2p_addrs', MAX_P2P_ADDRS, MAX_ADDR_CHARS)}
   },
+  resync(b) {
+    exactKeys(b, [], [], 'resync')
+    return {}
+  },
+}
+
+/** The peer directory (delta) and watchers' scores of a state or state_delta body. */
+function directoryAndScores(b: Obj, where: string): Omit<StateBody, 'state' | 'rev'> {
+  if (!isObj(b.peers)) throw new Invalid(`${where}.peers must be an object`)
+  const peers: PeerDirectory = {}
+  for (const [k, v] of Object.entries(b.peers)) peers[id(k, `${where}.peers key`)] = strings(v, `${where}.peers.${k}`, MAX_P2P_ADDRS, MAX_ADDR_CHARS)
+  const out: Omit<StateBody, 'state' | 'rev'> = {peers, server_time: time(b.server_time, `${where}.server_time`)}
+  if (b.peers_reset !== undefined) {
+    if (typeof b.peers_reset !== 'boolean') throw new Invalid(`${where}.peers_reset must be a boolean`)
+    out.peers_reset = b.peers_reset
+  }
+  if (b.peers_removed !== undefined) {
+    if (!Array.isArray(b.peers_removed) || b.peers_removed.length > MAX_DIRECTORY_REMOVALS)
+      throw new Invalid(`${where}.peers_removed must be a list of at most ${MAX_DIRECTORY_REMOVALS} ids`)
+    out.peers_removed = b.peers_removed.map((v: unknown, i: number) => id(v, `${where}.peers_removed[${i}]`))
+  }
+  if (b.scores !== undefined) {
+    if (!Array.isArray(b.scores) || b.scores.length > MAX_SCORED_CLIENTS) throw new Invalid(`${where}.scores must be a list of at most ${MAX_SCORED_CLIENTS} entries`)
+    out.scores = b.scores.map((e: unknown, i: number) => {
+      const at = `${where}.scores[${i}]`
+      if (!isObj(e)) throw new Invalid(`${at} must be an object`)
+      exactKeys(e, ['client_id', 'average', 'last', 'last_step', 'verifiers', 'count'], [], at)
+      return {
+        client_id: id(e.client_id, `${at}.client_id`),
+        average: unit(e.average, `${at}.average`),
+        last: unit(e.last, `${at}.last`),
+        last_step: count(e.last_step, `${at}.last_step`, 0),
+        verifiers: count(e.verifiers, `${at}.verifiers`, 0),
+        count: count(e.count, `${at}.count`, 0),
+      }
+    })
+  }
+  return out
 }
 
 const serverBodyCheckers: {[K in ServerKind]: (b: Obj) => ServerBodies[K]} = {
@@ -373,7 +433,7 @@ const serverBodyCheckers: {[K in ServerKind]: (b: Obj) => ServerBodies[K]} = {
     return out
   },
   state(b) {
-    exactKeys(b, ['state', 'peers', 'server_time'], ['scores', 'peers_reset', 'peers_removed'], 'state')
+    exactKeys(b, ['state', 'peers', 'server_time'], ['scores', 'peers_reset', 'peers_removed', 'rev'], 'state')
     const text = str(b.state, 'state.state', Number.MAX_SAFE_INTEGER)
     let state: CoordinatorState
     try {
@@ -381,36 +441,20 @@ const serverBodyCheckers: {[K in ServerKind]: (b: Obj) => ServerBodies[K]} = {
     } catch (error) {
       throw new Invalid(`state.state: ${(error as Error).message}`)
     }
-    if (!isObj(b.peers)) throw new Invalid('state.peers must be an object')
-    const peers: PeerDirectory = {}
-    for (const [k, v] of Object.entries(b.peers)) peers[id(k, 'state.peers key')] = strings(v, `state.peers.${k}`, MAX_P2P_ADDRS, MAX_ADDR_CHARS)
-    const out: StateBody = {state, peers, server_time: time(b.server_time, 'state.server_time')}
-    if (b.peers_reset !== undefined) {
-      if (typeof b.peers_reset !== 'boolean') throw new Invalid('state.peers_reset must be a boolean')
-      out.peers_reset = b.peers_reset
-    }
-    if (b.peers_removed !== undefined) {
-      if (!Array.isArray(b.peers_removed) || b.peers_removed.length > MAX_DIRECTORY_REMOVALS)
-        throw new Invalid(`state.peers_removed must be a list of at most ${MAX_DIRECTORY_REMOVALS} ids`)
-      out.peers_removed = b.peers_removed.map((v: unknown, i: number) => id(v, `state.peers_removed[${i}]`))
-    }
-    if (b.scores !== undefined) {
-      if (!Array.isArray(b.scores) || b.scores.length > MAX_SCORED_CLIENTS) throw new Invalid(`state.scores must be a list of at most ${MAX_SCORED_CLIENTS} entries`)
-      out.scores = b.scores.map((e: unknown, i: number) => {
-        const where = `state.scores[${i}]`
-        if (!isObj(e)) throw new Invalid(`${where} must be an object`)
-        exactKeys(e, ['client_id', 'average', 'last', 'last_step', 'verifiers', 'count'], [], where)
-        return {
-          client_id: id(e.client_id, `${where}.client_id`),
-          average: unit(e.average, `${where}.average`),
-          last: unit(e.last, `${where}.last`),
-          last_step: count(e.last_step, `${where}.last_step`, 0),
-          verifiers: count(e.verifiers, `${where}.verifiers`, 0),
-          count: count(e.count, `${where}.count`, 0),
-        }
-      })
-    }
+    const out: StateBody = {state, ...directoryAndScores(b, 'state')}
+    if (b.rev !== undefined) out.rev = count(b.rev, 'state.rev', 0)
     return out
+  },
+  state_delta(b) {
+    exactKeys(b, ['base', 'rev', 'ops', 'hash', 'peers', 'server_time'], ['scores', 'peers_reset', 'peers_removed'], 'state_delta')
+    let ops: DeltaOp[]
+    try {
+      ops = parseDeltaOps(b.ops)
+    } catch (error) {
+      throw new Invalid(`state_delta.${(error as Error).message}`)
+    }
+    if (typeof b.hash !== 'string' || !/^[0-9a-f]{64}$/.test(b.hash)) throw new Invalid('state_delta.hash must be 64 hex characters')
+    return {base: count(b.base, 'state_delta.base', 0), rev: count(b.rev, 'state_delta.rev', 0), ops, hash: b.hash, ...directoryAndScores(b, 'state_delta')}
   },
   rejected(b) {
     exactKeys(b, ['code', 'reason'], ['of'], 'rejected')

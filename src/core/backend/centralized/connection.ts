@@ -8,7 +8,10 @@ import {parseHostPort} from '../../protocol/address.js'
 import {PsycheError} from '../../errors.js'
 import {DEFAULT_MAX_FRAME_BYTES, FrameReader} from '../../protocol/frames.js'
 import type {Identity} from '../../protocol/identity.js'
-import {decodeServerMessage, encodeClientMessage, type ClientBodies, type ClientKind, type ServerEnvelope} from '../../protocol/messages.js'
+import {decodeServerMessage, encodeClientMessage, type ClientBodies, type ClientKind, type ServerEnvelope, type StateBody} from '../../protocol/messages.js'
+import {applyDelta} from '../../protocol/state-delta.js'
+import {serializeState} from '../../coordinator/serialize.js'
+import {sha256Hex} from '../../hash.js'
 import type {CoordinatorBackend, PeerDirectory, RejectionInfo} from '../types.js'
 import {RETRYABLE_REFUSALS} from './limits.js'
 import type {EventLog} from '../../events.js'
@@ -61,6 +64,8 @@ interface Link {
   serverSeq: number
   welcomed: boolean
   gotState: boolean
+  /** The state revision we hold on this link (undefined: waiting for a whole state). */
+  stateRev?: number
   bad: number
 }
 
@@ -240,6 +245,22 @@ export class CoordinatorConnection extends EventEmitter implements CoordinatorBa
     })
   }
 
+  /** A new state (whole, or rebuilt from a delta) with the directory changes and scores that came with it. */
+  private adopt(link: Link, state: CoordinatorState, body: Omit<StateBody, 'state'>): 'ready' | undefined {
+    this.state = state
+    // The server sends the directory once (peers_reset) and then only what changed.
+    const peers: PeerDirectory = body.peers_reset ? {} : {...this.peers}
+    for (const gone of body.peers_removed ?? []) delete peers[gone]
+    Object.assign(peers, body.peers)
+    this.peers = peers
+    this.serverTime = body.server_time
+    if (body.scores) this.scores = body.scores
+    const first = !link.gotState
+    link.gotState = true
+    this.emit('state', this.state, this.peers)
+    return first ? 'ready' : undefined
+  }
+
   private drop(link: Link, reason: string, detail: string): undefined {
     this.log({event: 'server_message_dropped', reason, detail})
     if (++link.bad >= MAX_BAD_MESSAGES) link.socket.destroy()
@@ -263,7 +284,7 @@ export class CoordinatorConnection extends EventEmitter implements CoordinatorBa
     if (link.session && m.session !== link.session) return this.drop(link, 'wrong_session', 'message bound to another connection')
     if (m.seq <= link.serverSeq) return this.drop(link, 'replayed_seq', `sequence number ${m.seq} is not above ${link.serverSeq}`)
     // challenge and rejected may name another run (we may have dialed the wrong server); welcome and state may not.
-    if ((m.kind === 'welcome' || m.kind === 'state') && m.run_id !== this.runId) return this.drop(link, 'wrong_run_id', `message for run "${m.run_id}"`)
+    if ((m.kind === 'welcome' || m.kind === 'state' || m.kind === 'state_delta') && m.run_id !== this.runId) return this.drop(link, 'wrong_run_id', `message for run "${m.run_id}"`)
     link.serverSeq = m.seq
     switch (m.kind) {
       case 'challenge': {
@@ -274,7 +295,7 @@ export class CoordinatorConnection extends EventEmitter implements CoordinatorBa
         if (this.serverId && this.serverId !== m.from) this.log({event: 'server_identity_changed', previous: this.serverId, now: m.from})
         this.serverId = m.from
         link.seq += 1
-        const hello = {run_id: this.runId, client_id: this.opts.identity.id, p2p_addrs: this.p2pAddrs, want_join: this.opts.join}
+        const hello = {run_id: this.runId, client_id: this.opts.identity.id, p2p_addrs: this.p2pAddrs, want_join: this.opts.join, state_deltas: true}
         link.socket.write(encodeClientMessage(this.opts.identity, 'hello', {run_id: this.runId, step: this.state?.progress.step ?? 0, seq: link.seq, session: link.session}, hello))
         return undefined
       }
@@ -287,18 +308,33 @@ export class CoordinatorConnection extends EventEmitter implements CoordinatorBa
       case 'state': {
         if (!link.welcomed) return this.drop(link, 'unexpected', 'state before welcome')
         if (m.body.state.run_id !== this.runId) return this.drop(link, 'wrong_run_id', `state of run "${m.body.state.run_id}"`)
-        this.state = m.body.state
-        // The server sends the directory once (peers_reset) and then only what changed.
-        const peers: PeerDirectory = m.body.peers_reset ? {} : {...this.peers}
-        for (const gone of m.body.peers_removed ?? []) delete peers[gone]
-        Object.assign(peers, m.body.peers)
-        this.peers = peers
-        this.serverTime = m.body.server_time
-        if (m.body.scores) this.scores = m.body.scores
-        const first = !link.gotState
-        link.gotState = true
-        this.emit('state', this.state, this.peers)
-        return first ? 'ready' : undefined
+        link.stateRev = m.body.rev
+        return this.adopt(link, m.body.state, m.body)
+      }
+      case 'state_delta': {
+        if (!link.welcomed || !link.gotState || !this.state) return this.drop(link, 'unexpected', 'state_delta before a state')
+        // Waiting for the whole state asked for (deltas already under way are of no use).
+        if (link.stateRev === undefined) return undefined
+        let next: CoordinatorState | undefined
+        let why: string | undefined
+        if (m.body.base !== link.stateRev) why = `its base is revision ${m.body.base}, we hold ${link.stateRev}`
+        else {
+          try {
+            next = applyDelta(this.state, m.body.ops)
+            if (sha256Hex(serializeState(next)) !== m.body.hash) why = 'the result does not hash to the state the server has'
+            else if (next.run_id !== this.runId) why = `state of run "${next.run_id}"`
+          } catch (error) {
+            why = (error as Error).message
+          }
+        }
+        if (why !== undefined || !next) {
+          this.log({event: 'server_message_dropped', reason: 'state_delta', detail: `${why}; asking for the whole state`})
+          link.stateRev = undefined
+          this.send('resync', {})
+          return undefined
+        }
+        link.stateRev = m.body.rev
+        return this.adopt(link, next, m.body)
       }
       case 'client_report':
         // Forwarded to watchers only (join: false): dashboards follow the clients' losses and bytes.

@@ -7,6 +7,8 @@ import {applyEvent, createCoordinator, deserializeState, isRoundPhase, isVerifie
 import type {ClientId, CoordinatorEvent, CoordinatorState} from '../../coordinator/types.js'
 import type {PeerDirectory} from '../types.js'
 import {PsycheError} from '../../errors.js'
+import {sha256Hex} from '../../hash.js'
+import {diffState} from '../../protocol/state-delta.js'
 import {writeFileAtomicSync} from '../../protocol/atomic-file.js'
 import {DEFAULT_MAX_FRAME_BYTES, FrameReader} from '../../protocol/frames.js'
 import {generateIdentity, loadIdentity, saveIdentity, type Identity} from '../../protocol/identity.js'
@@ -80,6 +82,10 @@ interface Session {
   watcher?: boolean
   /** The peer directory version this connection has (undefined: none yet, so its next state carries all of it). */
   peersVersion?: number
+  /** Asked for state deltas in its hello: after a whole state, each change comes as ops on the revision it holds. */
+  deltas?: boolean
+  /** The state revision this connection holds (undefined: none yet). */
+  stateRev?: number
   /** The libp2p addresses the client announced last: its directory entry while it is a member of the run. */
   addrs: string[]
 }
@@ -112,6 +118,11 @@ export class CoordinatorServer {
   /** Verification scores reported by verifiers (display only: never an input of the coordinator). */
   private readonly scoreBoard = new ScoreBoard()
   private scoresJson = '[]'
+  /**
+   * State revisions (each state the server adopts and pushes gets the next number) and the delta from the previous
+   * one, computed once for every connection that holds that one (protocol/state-delta.ts).
+   */
+  private revision: {rev: number; state?: CoordinatorState; text: string; hash: string; previous?: CoordinatorState; delta?: string | null} = {rev: 0, text: '', hash: ''}
   /** What the server did, cumulative (the scale bench and test divide it per round): frames and bytes out and in, states adopted. */
   readonly work = {framesOut: 0, bytesOut: 0, bytesIn: 0, commits: 0}
 
@@ -328,31 +339,58 @@ export class CoordinatorServer {
    * the version each connection has (the whole directory once, on a connection's first state; deltas after).
    */
   private pushState(only?: Session): void {
-    const stateText = serializeState(this.current)
+    const rev = this.revise()
     const version = this.book.current
-    const head = `{"state":${JSON.stringify(stateText)},"server_time":${this.opts.now()}`
+    const now = this.opts.now()
+    const head = `{"state":${JSON.stringify(rev.text)},"rev":${rev.rev},"server_time":${now}`
+    // A client that asked for deltas and holds the previous revision (all of them after their first state) gets the
+    // change alone; with N clients a whole state per event was O(N²) bytes and signatures.
+    const deltaHead = (base: number) => {
+      const ops = base === rev.rev ? '[]' : rev.delta
+      return ops == null ? undefined : `{"base":${base},"rev":${rev.rev},"ops":${ops},"hash":"${rev.hash}","server_time":${now}`
+    }
     // Serialized once per directory version the connections are at (nearly all at the same one); each frame still
     // signs its own session and sequence number.
-    const bodies = new Map<number | undefined, string>()
-    const bodyFor = (since: number | undefined): string => {
-      let body = bodies.get(since)
-      if (body === undefined) {
+    const peerParts = new Map<number | undefined, string>()
+    const peersFor = (since: number | undefined): string => {
+      let part = peerParts.get(since)
+      if (part === undefined) {
         const delta = this.book.deltaSince(since)
-        body = `${head},"peers":${JSON.stringify(delta.set)}${delta.reset ? ',"peers_reset":true' : ''}${delta.removed.length > 0 ? `,"peers_removed":${JSON.stringify(delta.removed)}` : ''}`
-        bodies.set(since, body)
+        part = `,"peers":${JSON.stringify(delta.set)}${delta.reset ? ',"peers_reset":true' : ''}${delta.removed.length > 0 ? `,"peers_removed":${JSON.stringify(delta.removed)}` : ''}`
+        peerParts.set(since, part)
       }
-      return body
+      return part
     }
     for (const s of only ? [only] : this.sessions) {
       if (!s.clientId || s.replaced) continue
-      const key = s.watcher ? `${stateText}\0${this.scoresJson}` : stateText
+      const key = s.watcher ? `${rev.rev}\0${this.scoresJson}` : `${rev.rev}`
       if (s.lastState === key && s.peersVersion === version) continue
-      const body = bodyFor(s.peersVersion)
+      const asDelta = s.deltas && s.stateRev !== undefined && (s.stateRev === rev.rev || s.stateRev === rev.rev - 1) ? deltaHead(s.stateRev) : undefined
+      const body = `${asDelta ?? head}${peersFor(s.peersVersion)}`
       s.lastState = key
       s.peersVersion = version
+      s.stateRev = rev.rev
       // Watchers (status, dashboards) also get the verification scores; training clients do not need them.
-      this.send(s, 'state', {json: s.watcher ? `${body},"scores":${this.scoresJson}}` : `${body}}`})
+      const json = s.watcher ? `${body},"scores":${this.scoresJson}}` : `${body}}`
+      if (asDelta) this.send(s, 'state_delta', {json})
+      else this.send(s, 'state', {json})
     }
+  }
+
+  /** The current state's revision: a new one (with its delta from the previous) when the state changed since the last push. */
+  private revise(): {rev: number; text: string; hash: string; delta?: string | null} {
+    const r = this.revision
+    if (r.state === this.current) return r
+    const text = serializeState(this.current)
+    if (r.state !== undefined && text === r.text) {
+      r.state = this.current
+      return r
+    }
+    const previous = r.state
+    this.revision = {rev: r.rev + 1, state: this.current, text, hash: sha256Hex(text), previous}
+    const ops = previous ? diffState(previous, this.current) : undefined
+    this.revision.delta = ops ? JSON.stringify(ops) : null
+    return this.revision
   }
 
   // ---- connections ----
@@ -527,6 +565,11 @@ export class CoordinatorServer {
         return this.onScores(s, m.step, m.body.scores)
       case 'addresses':
         return this.setAddresses(s, from, m.body.p2p_addrs)
+      case 'resync':
+        // Its next state is a whole one (a delta did not apply on its side).
+        s.stateRev = undefined
+        s.lastState = undefined
+        return this.pushState(s)
     }
   }
 
@@ -582,6 +625,7 @@ export class CoordinatorServer {
     }
     s.clientId = m.from
     s.watcher = !body.want_join
+    s.deltas = body.state_deltas === true
     if (s.watcher) this.watchers.add(s)
     s.addrs = body.p2p_addrs
     s.reader.maxFrameBytes = this.opts.maxFrameBytes
