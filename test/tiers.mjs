@@ -64,6 +64,7 @@ export const tiers = {
     'test/p2p/results.test.ts',
     'test/protocol/identity.test.ts',
     'test/protocol/messages.test.ts',
+    'test/protocol/state-delta.test.ts',
     'test/scale/load-test-worker.test.ts',
     'test/solana/authorizer-program.test.ts',
     'test/solana/cli.test.ts',
