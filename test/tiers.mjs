@@ -18,6 +18,7 @@ export const tiers = {
     'test/adversarial/authority.test.ts',
     'test/adversarial/connections.test.ts',
     'test/adversarial/forge.test.ts',
+    'test/adversarial/relay-members.test.ts',
     'test/backend/addresses.test.ts',
     'test/backend/connection.test.ts',
     'test/backend/restart.test.ts',

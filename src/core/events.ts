@@ -149,6 +149,8 @@ export type PsycheEvent =
   | {event: 'relay_listening'; peer_id: string; port: number; addrs: string[]; max_reservations: number; data_limit_bytes: number; duration_limit_ms: number}
   // core/p2p/relay.ts
   | {event: 'relay_reservation'; peer_id: string; addr: string; expiry: string}
+  // core/p2p/relay.ts: a stranger (not a member of the run) asked for a slot, a relayed connection or a dial-back
+  | {event: 'relay_refused'; peer_id: string; what: string; reason: string}
   // core/p2p/relay.ts
   | {event: 'relay_reservation_ended'; peer_id: string}
   // core/p2p/node.ts
@@ -176,6 +178,8 @@ export type PsycheEvent =
   | {event: 'warmup_ready'; epoch: number; step: number | null}
   | {event: 'waiting'; reason: 'members' | 'next_epoch' | 'paused'; detail: string; seconds: number | null}
   | {event: 'warning'; message: string}
+  // core/backend/centralized/server.ts: a bound lowered at start (--max-connections to fit ulimit -n)
+  | {event: 'limit_lowered'; limit: string; to: number; reason: string}
   | {event: 'withdrawn'; client?: string; reason: string}
   | {event: 'witness'; step: number; seen: number}
   | {event: 'worker_crashed'; message: string; restarting?: boolean}

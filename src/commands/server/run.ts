@@ -12,6 +12,7 @@ import {HISTORY_FILE, RunHistory} from '../../core/obs/history.js'
 import {ServerMetrics, serveMetrics} from '../../core/obs/metrics.js'
 import {summarizeRun} from '../../core/obs/summary.js'
 import {historyFigures, startTerminalView, Warnings} from '../../core/obs/terminal-view.js'
+import {peerIdOfClient} from '../../core/p2p/index.js'
 import {RelayNode} from '../../core/p2p/relay.js'
 import {loadIdentity} from '../../core/protocol/index.js'
 import type {PsycheEvent} from '../../core/events.js'
@@ -91,7 +92,26 @@ limits per relayed connection are flags (--relay-data-limit-mb, --relay-duration
     // The relay signs with the server's identity (its peer id is the server id), and starts first: every client
     // that says hello is told its address.
     const id = await serverIdentity(flags['save-state-dir'], identity)
-    const relay = flags.relay ? await RelayNode.start({identity: id, ...relayOptionsFromFlags(flags, flags.host), log}) : undefined
+    // The relay serves the run's members only (the coordinator's directory), by their libp2p peer ids.
+    const peerIds = new Map<string, string>()
+    const admit = (peerId: string): boolean => {
+      if (!server) return false
+      for (const clientId of Object.keys(server.peers)) {
+        let p = peerIds.get(clientId)
+        if (p === undefined) {
+          try {
+            p = peerIdOfClient(clientId).toString()
+          } catch {
+            p = ''
+          }
+          peerIds.set(clientId, p)
+        }
+        if (p === peerId) return true
+        if (peerIds.size > 4096) peerIds.clear()
+      }
+      return false
+    }
+    const relay = flags.relay ? await RelayNode.start({identity: id, ...relayOptionsFromFlags(flags, flags.host), log, admit}) : undefined
     server = await CoordinatorServer.start({
       run,
       host: flags.host,

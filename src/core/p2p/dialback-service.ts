@@ -11,6 +11,8 @@ import type {EventLog} from '../events.js'
 
 export interface DialbackServerInit {
   log: EventLog
+  /** Whom to answer, by libp2p peer id (default: anyone); a refused peer's stream is reset. */
+  admit?: (peerId: string) => boolean
 }
 
 export interface DialbackServerComponents {
@@ -41,6 +43,7 @@ export class DialbackServer implements Startable {
     const log = this.init.log
     const signal = AbortSignal.timeout(4 * DIALBACK_DIAL_TIMEOUT_MS)
     const client = connection.remotePeer.toString()
+    if (this.init.admit && !this.init.admit(client)) return abortStream(stream, new Error('not a member of the run'))
     try {
       const lp = framed(stream, MAX_DIALBACK_REQUEST_BYTES)
       const request = await readJsonObject(lp, 'dial-back request', {signal})

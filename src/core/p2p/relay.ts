@@ -45,6 +45,11 @@ export interface RelayNodeOptions {
   announce?: string[]
   limits?: Partial<RelayLimits>
   log?: EventLog
+  /**
+   * The peers the relay serves (reservations, relayed connections, dial-backs), by libp2p peer id: `psyche server
+   * run` admits the run's members as its coordinator lists them. Default: every peer (`psyche relay` knows no run).
+   */
+  admit?: (peerId: string) => boolean
 }
 
 type RelayServices = {identify: ReturnType<ReturnType<typeof identify>>; relay: CircuitRelayService; dialback: DialbackServer}
@@ -69,6 +74,13 @@ export class RelayNode {
   static async start(options: RelayNodeOptions): Promise<RelayNode> {
     const limits = {...DEFAULT_RELAY_LIMITS, ...options.limits}
     const log = options.log ?? (() => {})
+    const admit = options.admit
+    // A stranger gets no slot and no relayed connection; each refusal is logged.
+    const refused = (peerId: string, what: string): boolean => {
+      if (!admit || admit(peerId)) return false
+      log({event: 'relay_refused', peer_id: peerId, what, reason: 'not a member of the run'})
+      return true
+    }
     const privateKey = await generateKeyPairFromSeed('Ed25519', identityPrivateSeed(options.identity))
     let libp2p: Libp2p<RelayServices>
     try {
@@ -79,12 +91,21 @@ export class RelayNode {
         connectionEncrypters: [noise()],
         streamMuxers: [yamux()],
         connectionManager: {maxConnections: Math.max(300, limits.maxReservations * 2 + 64)},
+        ...(admit
+          ? {
+              connectionGater: {
+                denyInboundRelayReservation: async (peer) => refused(peer.toString(), 'reservation'),
+                denyOutboundRelayedConnection: async (source, destination) =>
+                  refused(source.toString(), 'relayed connection') || refused(destination.toString(), 'relayed connection'),
+              },
+            }
+          : {}),
         services: {
           identify: identify(),
           // No AutoNAT (v1): asked to verify a peer it is already connected to, its server "dials" the existing
           // connection, finds the address differs and closes that connection — the client's only one to us.
           // Our dial-back (dialback.ts) answers the same question.
-          dialback: dialbackServer({log}),
+          dialback: dialbackServer({log, admit: (peerId) => !refused(peerId, 'dial-back')}),
           relay: circuitRelayServer({
             reservations: {
               maxReservations: limits.maxReservations,
