@@ -57,6 +57,7 @@ export const tiers = {
     'test/obs/waiting.test.ts',
     'test/p2p/addresses.test.ts',
     'test/p2p/limits.test.ts',
+    'test/p2p/mesh.test.ts',
     'test/p2p/memory.test.ts',
     'test/p2p/model-download.test.ts',
     'test/p2p/model.test.ts',
