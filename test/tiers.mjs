@@ -51,6 +51,7 @@ export const tiers = {
     'test/data/tcp.test.ts',
     'test/data/tokenize.test.ts',
     'test/obs/dashboard-command.test.ts',
+    'test/obs/event-text.test.ts',
     'test/obs/metrics.test.ts',
     'test/obs/status.test.ts',
     'test/obs/terminal-view.test.ts',

@@ -18,10 +18,11 @@ import {demoCorpusDir, ensureDemoCorpus} from '../core/corpus.js'
 import {acceptedOf, ClientMetrics, serveMetrics} from '../core/obs/metrics.js'
 import {RoundReporter} from '../core/obs/report.js'
 import {coordinatorSeconds, summarizeRun, waitingFor} from '../core/obs/summary.js'
+import {describeEvent, eventSeverity} from '../core/obs/event-text.js'
 import {startTerminalView, Warnings} from '../core/obs/terminal-view.js'
 import {generateIdentity, identityFromSeed, identityPrivateSeed, loadIdentity, type Identity} from '../core/protocol/identity.js'
 import {resolveTrainPlan, type Precision, type TrainPlan} from '../core/train/plan.js'
-import {checkRepoId, checkToken} from '../core/checkpoint/hub.js'
+import {checkRepoId, checkToken, transferLabel} from '../core/checkpoint/hub.js'
 import {shuffleSeedFor} from '../core/train/single-node.js'
 import {ModelWorker} from '../core/worker/model-worker.js'
 import {snakeKeys} from '../core/cli/json.js'
@@ -89,6 +90,24 @@ export async function startComponents(o: {
   }
   return {backend, p2p, worker, data, evalData, clock: systemClock, restartWorker: startWorker}
 }
+
+/** Client events the live view lists (news and problems apart: obs/event-text.ts). */
+const SHOWN_EVENTS = new Set([
+  'waiting',
+  'model_loaded',
+  'reconnected',
+  'rejoining',
+  'worker_crashed',
+  'worker_restarted',
+  'rejected',
+  'out_of_sync',
+  'health_check',
+  'result_fetch_failed',
+  'model_fetch_failed',
+  'model_peer_dropped',
+  'checkpoint_late',
+  'checkpoint_rejected',
+])
 
 export default class Join extends PsycheCommand {
   static summary = 'Join a training run as a client: train assigned batches, exchange results with peers, witness'
@@ -192,6 +211,7 @@ several rounds while others train prints a no_exchange warning naming the addres
       last: undefined as Record<string, unknown> | undefined,
       tokensPerSecond: null as number | null,
       warnings: new Warnings(),
+      notes: new Warnings(),
     }
     const plan = await resolveTrainPlan({
       config: flags.config,
@@ -211,7 +231,7 @@ several rounds while others train prints a no_exchange warning naming the addres
       hub: {
         url: flags['hub-url'],
         token: flags['hub-token'],
-        onProgress: (p) => progress.update(`model from the Hub: ${p.phase} ${(p.done / 1e6).toFixed(1)} / ${(p.total / 1e6).toFixed(1)} MB`, p.phase === 'done'),
+        onProgress: (p) => progress.update(`model from the Hub: ${transferLabel(p)}`, p.phase === 'done'),
       },
     })
     const d = plan.data
@@ -277,23 +297,9 @@ several rounds while others train prints a no_exchange warning naming the addres
           if (typeof event.val_loss === 'number') watch.valLoss = event.val_loss
           if (watch.losses.length > 200) watch.losses.shift()
           watch.tokensPerSecond = r?.report.tokens_per_second ?? watch.tokensPerSecond
-        } else if (
-          [
-            'worker_crashed',
-            'worker_restarted',
-            'rejected',
-            'out_of_sync',
-            'health_check',
-            'result_fetch_failed',
-            'model_fetch_failed',
-            'model_peer_dropped',
-            'checkpoint_late',
-            'checkpoint_rejected',
-            'rejoining',
-          ].includes(String(event.event))
-        ) {
-          const {event: name, ...rest} = event
-          watch.warnings.add(`${name}: ${JSON.stringify(rest)}`)
+        } else if (SHOWN_EVENTS.has(event.event)) {
+          // News (a model loaded, a rejoin) apart from what went wrong: the view shows them differently.
+          ;(eventSeverity(event) === 'info' ? watch.notes : watch.warnings).add(describeEvent(event))
         }
       }
       if (json) {
@@ -318,22 +324,21 @@ several rounds while others train prints a no_exchange warning naming the addres
           break
         }
         case 'waiting':
-          progress.note(`waiting: ${event.detail}`)
-          break
         case 'model_loaded':
-          progress.note(`model loaded at step ${event.step} from ${event.source} (hash ${String(event.param_hash).slice(0, 12)})`)
-          break
         case 'worker_crashed':
         case 'worker_restarted':
         case 'rejected':
         case 'out_of_sync':
         case 'health_check':
         case 'rejoining':
-        case 'reconnected':
-          progress.note(`${event.event}: ${JSON.stringify({...event, event: undefined})}`)
+        case 'reconnected': {
+          const severity = eventSeverity(event)
+          progress.note(`${severity === 'info' ? '' : `${severity}: `}${describeEvent(event)}`)
           break
+        }
         case 'disconnected':
-          if (event.source === 'coordinator') progress.note(`disconnected from the coordinator ${event.addr}; reconnecting`)
+          // A finished run's server closes every connection: nothing to reconnect to, nothing to report.
+          if (event.source === 'coordinator' && current?.state?.run_state !== 'Finished') progress.note(`disconnected from the coordinator ${event.addr}; reconnecting`)
           break
         default:
           break
@@ -412,7 +417,10 @@ several rounds while others train prints a no_exchange warning naming the addres
           return {
             title: `psyche join · run ${runId} · ${me.slice(0, 12)}… · ${target}${metricsEndpoint ? ` · metrics :${metricsEndpoint.port}` : ''}`,
             summary,
-            clients: (summary?.clients ?? []).map((c) => ({name: `${c.id.slice(0, 12)}…${c.id === me ? ' (me)' : ''}`, state: c.state})),
+            // Our own row from our own round reports; the others' figures are the server's to show (server run, dashboard).
+            clients: (summary?.clients ?? []).map((c) =>
+              c.id === me ? {name: `${c.id.slice(0, 12)}… (me)`, state: c.state, step: n(last?.step), loss: n(last?.loss)} : {name: `${c.id.slice(0, 12)}…`, state: c.state},
+            ),
             losses: watch.losses,
             valLoss: watch.valLoss,
             tokensPerSecond: watch.tokensPerSecond,
@@ -422,6 +430,7 @@ several rounds while others train prints a no_exchange warning naming the addres
             accepted: last ? (acceptedOf(last) ?? null) : null,
             peers: last ? {all: n(last.peers) ?? 0, direct: n(last.conn_direct) ?? n(last.peers_direct), relayed: n(last.conn_relayed) ?? n(last.peers_relayed)} : null,
             warnings: watch.warnings.list,
+            notes: watch.notes.list,
           }
         })
       : undefined

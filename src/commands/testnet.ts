@@ -49,6 +49,7 @@ kills, rejoins, bytes: {name: {in, out}}, result_bytes_per_round, wall_seconds, 
     const watched: {conn?: CoordinatorConnection; history?: RunHistory; state?: () => CoordinatorState; port?: number} = {}
     const rows = new Map<string, {state: string; step: number | null; loss: number | null; note?: string}>()
     const warnings = new Warnings()
+    const notes = new Warnings()
     let view: {stop: () => void} | undefined
     runConfigPath(flags.config) // a missing run directory fails before anything starts
     // Prepare the bundled corpus once, before N clients would race to build it.
@@ -103,6 +104,7 @@ kills, rejoins, bytes: {name: {in, out}}, result_bytes_per_round, wall_seconds, 
                   ...(watched.history ? historyFigures(watched.history.history()) : {losses: []}),
                   peers: null,
                   warnings: warnings.list,
+                  notes: notes.list,
                 }
               })
             }
@@ -117,6 +119,7 @@ kills, rejoins, bytes: {name: {in, out}}, result_bytes_per_round, wall_seconds, 
                 losses: [],
                 peers: null,
                 warnings: warnings.list,
+                notes: notes.list,
               }))
             }
             break
@@ -158,8 +161,8 @@ kills, rejoins, bytes: {name: {in, out}}, result_bytes_per_round, wall_seconds, 
             if (e.generation > 1) progress.note(`restarted ${e.client}`)
             break
           case 'note':
-            progress.note(`${e.client}: ${e.text}`)
-            warnings.add(`${e.client}: ${e.text}`)
+            progress.note(`${e.client}: ${e.severity === 'info' ? '' : `${e.severity}: `}${e.text}`)
+            ;(e.severity === 'info' ? notes : warnings).add(`${e.client}: ${e.text}`)
             break
           case 'exited':
             rows.set(e.client, {...(rows.get(e.client) ?? {step: null, loss: null}), state: 'exited'})
@@ -182,6 +185,12 @@ kills, rejoins, bytes: {name: {in, out}}, result_bytes_per_round, wall_seconds, 
       }
       progress.done(`testnet ${summary.ended} after ${summary.wall_seconds}s`)
       this.log(`rounds: ${summary.rounds.length}${first && last ? `, mean loss ${meanLoss(first)} → ${meanLoss(last)}` : ''}`)
+      const v = summary.validation
+      if (v.length > 0)
+        this.log(
+          `validation loss (held-out samples): ${v[0].loss.toFixed(3)} at step ${v[0].step}${v.length > 1 ? ` → ${v.at(-1)!.loss.toFixed(3)} at step ${v.at(-1)!.step}` : ''}`,
+        )
+      else this.log('validation loss: not measured (join --eval-every 0, or no round reached an evaluation)')
       this.log(`parameter hashes equal in ${summary.rounds.filter((r) => r.hashes_equal).length}/${summary.rounds.length} rounds`)
       // Equal hashes mean nothing when nobody took anyone's results: say so, loudly.
       if (summary.rounds_without_exchange > 0)

@@ -2,6 +2,7 @@ import {join} from 'node:path'
 import {Flags} from '@oclif/core'
 import {PsycheCommand} from '../core/cli/base-command.js'
 import {snakeKeys, type SnakeKeys} from '../core/cli/json.js'
+import {transferLabel} from '../core/checkpoint/hub.js'
 import {Progress, formatDuration, formatRate} from '../core/cli/progress.js'
 import {resolveTrainPlan, type Precision} from '../core/train/plan.js'
 import {runSingleNode, type TrainSummary} from '../core/train/single-node.js'
@@ -77,7 +78,7 @@ Per-step metrics go to a JSONL file; --json prints one summary object:
       evalEvery: flags['eval-every'],
       evalBatches: flags['eval-batches'],
       simulatePeers: flags['simulate-peers'],
-      hub: {onProgress: (p) => progress.update(`model from the Hub: ${p.phase} ${(p.done / 1e6).toFixed(1)} / ${(p.total / 1e6).toFixed(1)} MB`, p.phase === 'done')},
+      hub: {onProgress: (p) => progress.update(`model from the Hub: ${transferLabel(p)}`, p.phase === 'done')},
     })
     const stamp = new Date().toISOString().replace(/[:.]/g, '-')
     const metricsPath = flags.metrics ?? join('runs', `${plan.runId}-${stamp}`, 'metrics.jsonl')

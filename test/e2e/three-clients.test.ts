@@ -13,7 +13,9 @@ describe('end to end: psyche testnet, three clients', {timeout: 240_000}, () => 
     const run = tempDir('psyche-testnet-')
     try {
       writeE2eRun(run.path, {roundsPerEpoch: 2, totalSteps: 100})
-      const r = await runCli(['testnet', '--clients', '3', '--config', run.path, '--rounds', '3', '--threads', '1', '--timeout', '150', '--json'], {timeoutMs: 180_000})
+      const r = await runCli(['testnet', '--clients', '3', '--config', run.path, '--rounds', '3', '--threads', '1', '--timeout', '150', '--eval-every', '2', '--json'], {
+        timeoutMs: 180_000,
+      })
       assert.equal(r.exitCode, 0, r.stderr)
       const summary = JSON.parse(r.stdout)
       assert.equal(summary.ended, 'rounds')
@@ -29,6 +31,10 @@ describe('end to end: psyche testnet, three clients', {timeout: 240_000}, () => 
       assert.deepEqual(summary.kills, [])
       for (const b of Object.values(summary.bytes) as {in: number; out: number}[]) assert.ok(b.in > 0 && b.out > 0)
       assert.ok(summary.result_bytes_per_round > 0)
+      // --eval-every 2: the validation loss after round 2, the same on every replica, in the summary.
+      const validation = summary.validation as {step: number; loss: number}[]
+      assert.equal(validation.find((v) => v.step === 2)?.loss, summary.rounds[1].clients['client-0'].val_loss)
+      assert.ok(validation.find((v) => v.step === 2)!.loss > 0)
     } finally {
       run.cleanup()
     }

@@ -30,7 +30,8 @@ describe('testnet round summary (pure)', () => {
         [2, false],
       ],
     )
-    assert.deepEqual(s.rounds[1].clients['client-1'], {loss: 1.5, param_hash: 'cc', peers_applied: 1, other_trainers: 1})
+    assert.deepEqual(s.rounds[1].clients['client-1'], {loss: 1.5, val_loss: null, param_hash: 'cc', peers_applied: 1, other_trainers: 1})
+    assert.deepEqual(s.validation, [], 'no client evaluated')
     assert.equal(s.result_bytes_per_round, 140)
     assert.equal(s.wall_seconds, 12.3)
     assert.deepEqual(s.clients, ['client-0', 'client-1'])
@@ -70,6 +71,19 @@ describe('testnet round summary (pure)', () => {
     assert.equal(s.rounds_without_exchange, 1)
   })
 
+  it('the validation loss: the mean of the clients that evaluated, at each evaluated step', () => {
+    const b = new RoundBook(['client-0', 'client-1'])
+    b.recordRound('client-0', {...line(1, 'aa'), val_loss: null})
+    b.recordRound('client-0', {...line(2, 'bb'), val_loss: 4.5})
+    b.recordRound('client-1', {...line(2, 'bb'), val_loss: 4.5002})
+    b.recordRound('client-0', {...line(3, 'cc'), val_loss: 3.25})
+    assert.deepEqual(b.summary({runId: 'r', wallSeconds: 1, ended: 'finished'}).validation, [
+      {step: 2, loss: 4.5001},
+      {step: 3, loss: 3.25},
+    ])
+    assert.equal(parseRoundLine({event: 'round', step: 2, epoch: 0, loss: 1, param_hash: 'ab', bytes_in: 1, bytes_out: 2, val_loss: 3.5})?.val_loss, 3.5)
+  })
+
   it('parseRoundLine reads round events and refuses other lines', () => {
     assert.deepEqual(parseRoundLine({event: 'round', step: 2, epoch: 1, loss: null, param_hash: 'ab', bytes_in: 1, bytes_out: 2}), {
       step: 2,
@@ -79,6 +93,7 @@ describe('testnet round summary (pure)', () => {
       bytes_in: 1,
       bytes_out: 2,
       result_bytes: null,
+      val_loss: null,
       peers_applied: null,
       other_trainers: null,
     })

@@ -1,7 +1,7 @@
 import {Flags} from '@oclif/core'
 import {PsycheCommand} from '../../core/cli/base-command.js'
 import {Progress} from '../../core/cli/progress.js'
-import {DEFAULT_HUB_URL, downloadCheckpoint, type DownloadResult} from '../../core/checkpoint/hub.js'
+import {DEFAULT_HUB_URL, downloadCheckpoint, transferLabel, type DownloadResult} from '../../core/checkpoint/hub.js'
 
 const mib = (n: number) => (n / 1024 / 1024).toFixed(1)
 
@@ -37,7 +37,7 @@ Exit codes: 0 downloaded; 1 bad input (repository id, token, --out not empty); 3
         cacheDir: flags['cache-dir'],
         hubUrl: flags['hub-url'],
         token: flags.token,
-        onProgress: (p) => progress.update(`${p.phase}${p.file ? ` ${p.file}` : ''}: ${mib(p.done)} / ${mib(p.total)} MiB`, p.phase === 'done'),
+        onProgress: (p) => progress.update(transferLabel(p), p.phase === 'done'),
       })
       progress.done(
         `downloaded ${result.repo}@${result.commit.slice(0, 12)}: ${result.files.length} files, ${mib(result.bytes)} MiB (${mib(result.downloaded_bytes)} MiB fetched) in ${result.seconds.toFixed(1)} s`,

@@ -1,7 +1,7 @@
 import {Args, Flags} from '@oclif/core'
 import {PsycheCommand} from '../../core/cli/base-command.js'
 import {Progress} from '../../core/cli/progress.js'
-import {DEFAULT_HUB_URL, parseSize, uploadCheckpoint, type UploadResult} from '../../core/checkpoint/hub.js'
+import {DEFAULT_HUB_URL, parseSize, transferLabel, uploadCheckpoint, type UploadResult} from '../../core/checkpoint/hub.js'
 
 const mib = (n: number) => (n / 1024 / 1024).toFixed(1)
 
@@ -37,7 +37,7 @@ Exit codes: 0 uploaded; 1 bad input (directory, repository id, token); 3 the Hub
         hubUrl: flags['hub-url'],
         token: flags.token,
         maxShardBytes: parseSize(flags['max-shard-size'], '--max-shard-size'),
-        onProgress: (p) => progress.update(`${p.phase}: ${mib(p.done)} / ${mib(p.total)} MiB`, p.phase !== 'uploading'),
+        onProgress: (p) => progress.update(transferLabel(p), p.phase !== 'uploading'),
       })
       progress.done(
         `uploaded ${result.files.length} files (${mib(result.bytes)} MiB${result.sharded ? ', sharded' : ''}) to ${result.repo}@${result.revision} as ${result.commit.slice(0, 12)} in ${result.seconds.toFixed(1)} s`,

@@ -29,6 +29,24 @@ export interface TransferProgress {
   total: number
 }
 
+/** What a transfer is doing, for people (the phase names are the --json interface and the Hub library's). */
+const PHASE_LABELS: Record<string, string> = {
+  repository: 'preparing the repository',
+  preuploading: 'checking what the Hub already has',
+  uploadingLargeFiles: 'uploading',
+  uploading: 'uploading',
+  committing: 'committing',
+  downloading: 'downloading',
+  cached: 'already downloaded',
+  done: 'done',
+}
+
+/** A progress line: "uploading: 12.0 / 80.0 MB", "downloading model.safetensors: 1.5 / 80.0 MB". */
+export function transferLabel(p: TransferProgress): string {
+  const label = PHASE_LABELS[p.phase] ?? p.phase.replace(/([a-z])([A-Z])/g, '$1 $2').toLowerCase()
+  return `${label}${p.file ? ` ${p.file}` : ''}: ${(p.done / 1e6).toFixed(1)} / ${(p.total / 1e6).toFixed(1)} MB`
+}
+
 export function checkRepoId(repo: string, where = '--repo'): string {
   if (!/^[A-Za-z0-9][A-Za-z0-9._-]*\/[A-Za-z0-9][A-Za-z0-9._-]*$/.test(repo)) throw new PsycheError(`${where} ${repo}: expected NAMESPACE/NAME`, {code: 'EREPO'})
   return repo

@@ -17,6 +17,8 @@ export interface TerminalView {
   accepted?: number | null
   peers?: {all: number; direct?: number | null; relayed?: number | null} | null
   warnings: string[]
+  /** News (a model loaded, a rejoin, what a waiting client waits for): shown apart from the warnings. */
+  notes?: string[]
 }
 
 const BARS = '▁▂▃▄▅▆▇█'
@@ -33,6 +35,13 @@ export function sparkline(values: number[], width = 40): string {
 export const mb = (b: number | null | undefined) => (b === null || b === undefined ? '–' : `${(b / 1e6).toFixed(2)} MB`)
 export const fixed = (x: number | null | undefined, d: number) => (x === null || x === undefined ? '–' : x.toFixed(d))
 export const STATE_COLOR: Record<string, string> = {Healthy: 'green', Dropped: 'red', Ejected: 'red', Withdrawn: 'yellow', Pending: 'yellow', exited: 'red', killed: 'red'}
+
+/** A client row's step and loss, from the client's own reports; nothing (not dashes) before it has reported. */
+export function clientFigures(c: TerminalView['clients'][number]): string {
+  const has = (x: number | null | undefined) => x !== null && x !== undefined
+  if (!has(c.step) && !has(c.loss)) return ''
+  return ` step ${String(c.step ?? '–').padEnd(5)} loss ${fixed(c.loss, 3)}`
+}
 
 /** The view's lines as plain text (what the ink view draws, without colour): also for tests and the README. */
 export function viewLines(v: TerminalView): string[] {
@@ -53,8 +62,8 @@ export function viewLines(v: TerminalView): string[] {
   lines.push(
     `tokens/s ${fixed(v.tokensPerSecond, 0)}   in ${mb(v.bytesIn)}   out ${mb(v.bytesOut)}   applied ${v.applied ?? '–'} of ${v.accepted ?? '–'} accepted   peers ${peers}`,
   )
-  for (const c of v.clients)
-    lines.push(`  ${c.name.padEnd(18)} ${c.state.padEnd(10)} step ${String(c.step ?? '–').padEnd(5)} loss ${fixed(c.loss, 3)}${c.note ? `  ${c.note}` : ''}`)
+  for (const c of v.clients) lines.push(`  ${c.name.padEnd(18)} ${c.state.padEnd(10)}${clientFigures(c)}${c.note ? `  ${c.note}` : ''}`)
+  for (const n of (v.notes ?? []).slice(-2)) lines.push(`· ${n}`)
   for (const w of v.warnings.slice(-3)) lines.push(`! ${w}`)
   return lines
 }

@@ -3,7 +3,7 @@
 import {Box, render, Text} from 'ink'
 import {createElement as h, useEffect, useState, type ReactElement} from 'react'
 import {timeLeftText} from './summary.js'
-import {fixed, mb, sparkline, STATE_COLOR, type TerminalView} from './terminal-format.js'
+import {clientFigures, fixed, mb, sparkline, STATE_COLOR, type TerminalView} from './terminal-format.js'
 
 function View({get, intervalMs}: {get: () => TerminalView; intervalMs: number}): ReactElement {
   const [v, setV] = useState(get)
@@ -50,9 +50,10 @@ function View({get, intervalMs}: {get: () => TerminalView; intervalMs: number}):
         {key: `c${i}`},
         `  ${c.name.padEnd(18)} `,
         h(Text, {color: STATE_COLOR[c.state] ?? 'white'}, c.state.padEnd(10)),
-        ` step ${String(c.step ?? '–').padEnd(5)} loss ${fixed(c.loss, 3)}${c.note ? `  ${c.note}` : ''}`,
+        `${clientFigures(c)}${c.note ? `  ${c.note}` : ''}`,
       ),
     ),
+    ...(v.notes ?? []).slice(-2).map((n, i) => h(Text, {key: `n${i}`, dimColor: true}, `· ${n}`)),
     ...v.warnings.slice(-3).map((w, i) => h(Text, {key: `w${i}`, color: 'yellow'}, `! ${w}`)),
   )
 }

@@ -4,6 +4,7 @@ import {dirname, join, resolve} from 'node:path'
 import {loadRunConfigFile} from '../config/index.js'
 import {PsycheError} from '../errors.js'
 import {generateIdentity, saveIdentity} from '../protocol/identity.js'
+import {describeEvent, eventSeverity, type Severity} from '../obs/event-text.js'
 import {KillScheduler} from './kills.js'
 import {parseRoundLine, RoundBook, type TestnetSummary} from './summary.js'
 import {ClientProcess, ProcessGroup, startServer} from './supervisor.js'
@@ -49,11 +50,11 @@ export type TestnetEvent =
   | {kind: 'client_started'; client: string; generation: number}
   | {kind: 'round'; client: string; step: number; epoch: number; loss: number | null; param_hash: string}
   | {kind: 'killed'; client: string; after_step: number | null}
-  | {kind: 'note'; client: string; text: string}
+  | {kind: 'note'; client: string; text: string; severity: Severity}
   | {kind: 'exited'; client: string; code: number | null}
 
 /** Client events worth a line in the testnet's view. */
-const NOTED_EVENTS = new Set(['model_loaded', 'worker_crashed', 'out_of_sync', 'rejoining', 'health_check'])
+const NOTED_EVENTS = new Set(['model_loaded', 'waiting', 'worker_crashed', 'worker_restarted', 'out_of_sync', 'rejoining', 'health_check'])
 
 /** The state.toml of a run directory (or the file itself). */
 export function runConfigPath(config: string): string {
@@ -147,7 +148,7 @@ export async function runTestnet(options: TestnetOptions): Promise<TestnetSummar
           client.finished = true
           wake()
         } else if (NOTED_EVENTS.has(e.event as string)) {
-          emit({kind: 'note', client: name, text: `${e.event} ${JSON.stringify({...e, event: undefined, source: undefined})}`})
+          emit({kind: 'note', client: name, text: describeEvent(e as Record<string, unknown> & {event: string}), severity: eventSeverity(e as {event: string})})
         }
       },
       onExit: (code, generation) => {

@@ -5,6 +5,8 @@
 
 export interface ClientRound {
   loss: number | null
+  /** The validation loss after the round, when the client evaluated (join --eval-every); else null. */
+  val_loss: number | null
   param_hash: string
   /** Other clients' results it applied, and how many other clients trained in the round (null: not reported). */
   peers_applied: number | null
@@ -28,6 +30,8 @@ export interface TestnetSummary {
   bytes: Record<string, {in: number; out: number}>
   /** Mean compressed result size per client per round, and the dense fp32 size it replaces (when known). */
   result_bytes_per_round: number | null
+  /** The validation loss (held-out samples) at each evaluated step: the clients' mean (replicas agree). */
+  validation: {step: number; loss: number}[]
   wall_seconds: number
   ended: 'rounds' | 'finished' | 'timeout' | 'failed' | 'interrupted'
 }
@@ -43,6 +47,7 @@ export interface RoundLine {
   result_bytes: number | null
   peers_applied: number | null
   other_trainers: number | null
+  val_loss?: number | null
 }
 
 /** Reads a `round` event's fields, or undefined when the line is not a well-formed one. */
@@ -58,6 +63,7 @@ export function parseRoundLine(e: Record<string, unknown>): RoundLine | undefine
     result_bytes: typeof e.result_bytes === 'number' ? e.result_bytes : null,
     peers_applied: typeof e.peers_applied === 'number' ? e.peers_applied : null,
     other_trainers: typeof e.other_trainers === 'number' ? e.other_trainers : null,
+    val_loss: typeof e.val_loss === 'number' ? e.val_loss : null,
   }
 }
 
@@ -81,7 +87,7 @@ export class RoundBook {
   recordRound(client: string, r: RoundLine): void {
     let round = this.rounds.get(r.step)
     if (!round) this.rounds.set(r.step, (round = {epoch: r.epoch, clients: {}}))
-    round.clients[client] = {loss: r.loss, param_hash: r.param_hash, peers_applied: r.peers_applied, other_trainers: r.other_trainers}
+    round.clients[client] = {loss: r.loss, val_loss: r.val_loss ?? null, param_hash: r.param_hash, peers_applied: r.peers_applied, other_trainers: r.other_trainers}
     this.bytesOf(client).now = {in: r.bytes_in, out: r.bytes_out}
     if (r.result_bytes !== null) this.resultBytes.push(r.result_bytes)
   }
@@ -124,6 +130,12 @@ export class RoundBook {
           return [c, {in: b.before.in + b.now.in, out: b.before.out + b.now.out}]
         }),
       ),
+      validation: rounds.flatMap((r) => {
+        const v = Object.values(r.clients)
+          .map((c) => c.val_loss)
+          .filter((x): x is number => x !== null)
+        return v.length ? [{step: r.step, loss: Math.round((v.reduce((a, b) => a + b, 0) / v.length) * 1e4) / 1e4}] : []
+      }),
       result_bytes_per_round: this.resultBytes.length ? Math.round(this.resultBytes.reduce((a, b) => a + b, 0) / this.resultBytes.length) : null,
       wall_seconds: Math.round(o.wallSeconds * 10) / 10,
       ended: o.ended,
