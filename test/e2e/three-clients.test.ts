@@ -33,8 +33,9 @@ describe('end to end: psyche testnet, three clients', {timeout: 240_000}, () => 
       assert.ok(summary.result_bytes_per_round > 0)
       // --eval-every 2: the validation loss after round 2, the same on every replica, in the summary.
       const validation = summary.validation as {step: number; loss: number}[]
-      assert.equal(validation.find((v) => v.step === 2)?.loss, summary.rounds[1].clients['client-0'].val_loss)
-      assert.ok(validation.find((v) => v.step === 2)!.loss > 0)
+      const atTwo = validation.find((v) => v.step === 2)
+      assert.ok(atTwo && atTwo.loss > 0, JSON.stringify(validation))
+      assert.ok(Math.abs(atTwo.loss - summary.rounds[1].clients['client-0'].val_loss) < 1e-3)
     } finally {
       run.cleanup()
     }
