@@ -145,7 +145,7 @@ several rounds while others train prints a no_exchange warning naming the addres
   static flags = {
     'server-addr': Flags.string({summary: 'the coordinator server, host:port', exactlyOne: ['server-addr', 'rpc']}),
     rpc: Flags.string({summary: 'join a run on Solana: JSON-RPC URL of the cluster (several, comma-separated: tried in order)', exactlyOne: ['server-addr', 'rpc']}),
-    'priority-fee': Flags.integer({summary: 'Solana: priority fee in micro-lamports per compute unit', default: 0, min: 0, dependsOn: ['rpc']}),
+    'priority-fee': Flags.integer({summary: 'Solana: priority fee in micro-lamports per compute unit (default 0)', min: 0, dependsOn: ['rpc']}),
     'ws-rpc': Flags.string({summary: "Solana: the cluster's websocket URL (accountSubscribe); default: poll --rpc", dependsOn: ['rpc']}),
     'program-id': Flags.string({summary: 'Solana: address of the coordinator program', env: 'PSYCHE_COORDINATOR_PROGRAM'}),
     keypair: Flags.string({summary: 'Solana: keypair file (JSON array of 64 bytes) of the client (default ~/.config/solana/id.json)', exclusive: ['identity']}),
@@ -266,7 +266,7 @@ several rounds while others train prints a no_exchange warning naming the addres
         signer = k.signer
         identity = identityFromSeed(k.seed)
       }
-      solanaRun = {chain: new RpcChain(flags.rpc, {priorityFee: BigInt(flags['priority-fee'])}), programId: parseAddress(flags['program-id'], 'program-id'), runId, client: signer}
+      solanaRun = {chain: new RpcChain(flags.rpc, {priorityFee: BigInt(flags['priority-fee'] ?? 0)}), programId: parseAddress(flags['program-id'], 'program-id'), runId, client: signer}
       solana = new SolanaConnector({
         chain: solanaRun.chain,
         programId: solanaRun.programId,
