@@ -266,7 +266,12 @@ several rounds while others train prints a no_exchange warning naming the addres
         signer = k.signer
         identity = identityFromSeed(k.seed)
       }
-      solanaRun = {chain: new RpcChain(flags.rpc, {priorityFee: BigInt(flags['priority-fee'] ?? 0)}), programId: parseAddress(flags['program-id'], 'program-id'), runId, client: signer}
+      solanaRun = {
+        chain: new RpcChain(flags.rpc, {priorityFee: BigInt(flags['priority-fee'] ?? 0)}),
+        programId: parseAddress(flags['program-id'], 'program-id'),
+        runId,
+        client: signer,
+      }
       solana = new SolanaConnector({
         chain: solanaRun.chain,
         programId: solanaRun.programId,
