@@ -30,6 +30,7 @@ export const tiers = {
     'test/cli/help.test.ts',
     'test/cli/json-signals.test.ts',
     'test/cli/model-init.test.ts',
+    'test/cli/readme.test.ts',
     'test/cli/secrets.test.ts',
     'test/cli/terminal.test.ts',
     'test/client/decide.test.ts',
