@@ -1,5 +1,5 @@
 import assert from 'node:assert/strict'
-import {existsSync} from 'node:fs'
+import {existsSync, readFileSync} from 'node:fs'
 import {join} from 'node:path'
 import {after, test} from 'node:test'
 import {nonSnakeKeys} from '../../src/core/cli/json.js'
@@ -22,6 +22,15 @@ test('psyche init then psyche model init: weights from the scaffolded config, de
   assert.equal(fromTemplate.exitCode, 0, fromTemplate.stderr)
   const a = JSON.parse(scaffolded.stdout)
   const b = JSON.parse(fromTemplate.stdout)
+  // The tokenizer matches the template's vocab (4096): the demo corpus's BPE, the one the run's tokens were made with.
+  for (const [m, dir] of [
+    [a, join(run, 'model')],
+    [b, join(tmp.path, 'other')],
+  ] as const) {
+    assert.match(m.tokenizer, /demo-corpus\/tokenizer\.json$/)
+    const vocab = Object.keys(JSON.parse(readFileSync(join(dir, 'tokenizer.json'), 'utf8')).model.vocab).length
+    assert.ok(vocab > 257 && vocab <= 4096, `a BPE of the model's vocab, not bytes: ${vocab} tokens`)
+  }
   assert.equal(a.parameters, 1_475_200)
   assert.deepEqual(nonSnakeKeys(a), [], 'every --json key is snake_case')
   assert.equal(a.template, join(run, 'model', 'config.json'))

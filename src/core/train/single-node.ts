@@ -1,3 +1,4 @@
+import {manifestTokenizer} from '../model.js'
 import {closeSync, existsSync, mkdirSync, openSync, writeSync} from 'node:fs'
 import {readFile} from 'node:fs/promises'
 import {dirname, join, resolve} from 'node:path'
@@ -80,15 +81,7 @@ async function dataTokenizer(plan: TrainPlan): Promise<string | undefined> {
   if (plan.model.kind === 'dir' && existsSync(join(plan.model.dir, 'tokenizer.json'))) return undefined
   const location = plan.data as {Local?: unknown}
   if (typeof location?.Local !== 'string') return undefined
-  const dir = resolve(plan.dataBaseDir, location.Local)
-  try {
-    const manifest = JSON.parse(await readFile(join(dir, 'manifest.json'), 'utf8')) as {tokenizer?: unknown}
-    if (typeof manifest.tokenizer !== 'string') return undefined
-    const path = resolve(dir, manifest.tokenizer)
-    return existsSync(path) ? path : undefined
-  } catch {
-    return undefined
-  }
+  return manifestTokenizer(resolve(plan.dataBaseDir, location.Local))
 }
 
 /**
