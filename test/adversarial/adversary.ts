@@ -90,7 +90,8 @@ async function main(): Promise<void> {
   // The real client's components (worker, data, libp2p node, TCP coordinator connection), as `psyche join` builds them.
   // One machine: libp2p on loopback, like the honest clients of the test (startClient).
   const components = await startComponents({serverAddr, runId, identity, plan, seed, log, p2p: {listen: ['/ip4/127.0.0.1/tcp/0']}})
-  const client = await PsycheClient.start({id: identity.id, runId, plan, seed, log, producer}, components)
+  // The hostile producer is one more component: the real client publishes through it.
+  const client = await PsycheClient.start({id: identity.id, runId, plan, seed, log}, {...components, producer})
   log({event: 'adversary', attack, client_id: client.id})
   const summary = await client.run()
   log({event: 'finished', ...snakeKeys(summary)})

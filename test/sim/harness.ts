@@ -681,6 +681,8 @@ export class Simulation {
     const p2p = this.net.node(identity)
     const components: ClientComponents = {backend: this.coordinator.connector(identity.id), p2p, worker, data: memoryData(SIM_SEQ_LEN), clock: this.clock}
     if (o.evalData) components.evalData = o.evalData
+    // a hostile result producer (test/sim/adversarial.test.ts), injected as the multi-process adversary does
+    if (o.producer) components.producer = o.producer
     if (o.workerRestarts) {
       components.restartWorker = async () => {
         sim.worker = new DeterministicWorker()
@@ -702,8 +704,6 @@ export class Simulation {
         ...(o.hub ? {hub: o.hub} : {}),
         workerRestarts: o.workerRestarts,
         eval: o.eval,
-        // a hostile result producer (test/sim/adversarial.test.ts), injected as the multi-process adversary does
-        ...(o.producer ? {producer: o.producer} : {}),
       },
       components,
     )

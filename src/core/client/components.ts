@@ -1,4 +1,5 @@
 import type {BackendConnector} from '../backend/types.js'
+import type {ClientId, CoordinatorState, Round} from '../coordinator/index.js'
 import type {DataProvider} from '../data/provider.js'
 import type {ModelSnapshot, ResultAnnouncement} from '../p2p/index.js'
 import type {ResultFormat} from '../verify/result.js'
@@ -21,6 +22,43 @@ export interface ClientComponents {
   evalData?: DataProvider
   /** Starts a new worker, set up like the first, in place of one that died (ClientOptions.workerRestarts). */
   restartWorker?: () => Promise<ClientWorker>
+  /**
+   * How this client trains on its batches and publishes its result; default honestProducer. Tests give a hostile
+   * one (test/adversarial/, test/sim/adversarial.test.ts) to run the real client as an attacker; no CLI flag does.
+   */
+  producer?: ResultProducer
+}
+
+/** What a result producer gets: the honest result, the peers' results so far, and a way to publish anything. */
+export interface ProducerContext {
+  step: number
+  range: {start: number; end: number}
+  honest: Uint8Array
+  format: ResultFormat | undefined
+  /** Downloaded results of peers for `step`, by producer. */
+  peerResults(step: number): Map<ClientId, Uint8Array>
+  /** Signs, serves and gossips `bytes` as our result for `step` (any step, any batches). */
+  publish(bytes: Uint8Array, step?: number, range?: {start: number; end: number}): Promise<ResultAnnouncement>
+  /** The current coordinator state. */
+  state(): CoordinatorState
+}
+
+export interface ResultProducer {
+  /** Which batch ids to train on instead of the assigned ones (default: the assigned ones). */
+  batches?(ids: number[], round: Round): number[]
+  /**
+   * Publishes this round's result; returns what this client keeps as its own result (or nothing). The first
+   * announcement published for the round's step is our own one.
+   */
+  publish(ctx: ProducerContext): Promise<Uint8Array | undefined>
+}
+
+/** The producer every real client uses: trains on its assigned batches and publishes the honest result. */
+export const honestProducer: ResultProducer = {
+  async publish(ctx) {
+    await ctx.publish(ctx.honest)
+    return ctx.honest
+  },
 }
 
 /** Traffic counters of the P2P layer, reported in each round event. */

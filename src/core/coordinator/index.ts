@@ -17,6 +17,7 @@ export {
   batchSizeForStep,
   broadcastKey,
   buildWitnessProof,
+  checkpointRefusal,
   globalBatchSize,
   isResultWitnessed,
   isTrainerHealthy,

@@ -6,6 +6,7 @@ import {checkEquivocation} from '../verify/equivocation.js'
 import {fromHex, sha256, u64le} from './hash.js'
 import {
   batchRangeFor,
+  checkpointRefusal,
   globalBatchSize,
   isTrainerHealthy,
   isVerifier,
@@ -468,13 +469,14 @@ function onResume(s: CoordinatorState, now: number): CoordinatorState {
 }
 
 function onCheckpoint(s: CoordinatorState, event: Extract<CoordinatorEvent, {type: 'checkpoint'}>): CoordinatorState {
-  if (s.run_state !== 'Cooldown') throw new Reject('InvalidRunState', `checkpoints are reported in Cooldown, not ${s.run_state}`)
+  const refusal = checkpointRefusal(s)
+  if (refusal?.code === 'InvalidRunState') throw new Reject(refusal.code, refusal.reason)
   if (clientIndex(s, event.from) < 0) throw new Reject('UnknownClient', `client ${event.from} is not in this epoch`)
   const designated = s.config.checkpointers
   if (designated && designated.length > 0 && !designated.includes(event.from)) {
     throw new Reject('NotCheckpointer', `client ${event.from} is not one of the run's checkpointers (config.checkpointers)`)
   }
-  if (s.epoch.checkpointed) throw new Reject('AlreadyCheckpointed', 'this epoch is already checkpointed')
+  if (refusal) throw new Reject(refusal.code, refusal.reason)
   if (typeof event.repo?.repo_id !== 'string' || event.repo.repo_id === '') throw new Reject('InvalidEvent', 'checkpoint repo_id must be a non-empty string')
   const repo: HubRepo = event.repo.revision === undefined ? {repo_id: event.repo.repo_id} : {repo_id: event.repo.repo_id, revision: event.repo.revision}
   const checkpoint = s.model.LLM.checkpoint

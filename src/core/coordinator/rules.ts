@@ -218,3 +218,14 @@ export function isResultWitnessed(state: CoordinatorState, round: Round, id: Cli
   const score = blooms(round, 'broadcast_bloom').filter((b) => b.contains(key)).length
   return score >= witnessQuorum(witnessCount(state.config, round.roster.length))
 }
+
+/**
+ * Whether the coordinator takes a checkpoint report now: only in the Cooldown of an epoch, and once per epoch.
+ * Undefined when it does; else the rejection it answers (the machine's onCheckpoint, and a checkpointer deciding
+ * whether a finished upload is still worth reporting).
+ */
+export function checkpointRefusal(s: CoordinatorState): {code: 'InvalidRunState' | 'AlreadyCheckpointed'; reason: string} | undefined {
+  if (s.run_state !== 'Cooldown') return {code: 'InvalidRunState', reason: `checkpoints are reported in Cooldown, not ${s.run_state}`}
+  if (s.epoch.checkpointed) return {code: 'AlreadyCheckpointed', reason: 'this epoch is already checkpointed'}
+  return undefined
+}

@@ -1,0 +1,73 @@
+import {tmpdir} from 'node:os'
+import {join} from 'node:path'
+import {Checkpointer} from '../checkpoint/checkpointer.js'
+import {checkpointRefusal, type Round} from '../coordinator/index.js'
+import {errorMessage, PsycheError} from '../errors.js'
+import type {ClientContext} from './context.js'
+
+/**
+ * Checkpointing (Psyche's `--hub-repo`): a checkpointer saves the model once per epoch, when the epoch's last round
+ * is applied (Cooldown), uploads it to the Hub in the background, and reports it to the coordinator if the
+ * coordinator still takes it (its own rule, coordinator/rules.ts checkpointRefusal).
+ */
+export class Checkpointing {
+  private readonly checkpointer: Checkpointer | undefined
+  private checkpointedEpoch: number | null = null
+
+  constructor(private readonly ctx: ClientContext) {
+    const {opts} = ctx
+    const hub = opts.hub
+    if (!hub?.repo) return
+    if (!ctx.worker.save) throw new PsycheError('this worker cannot save models, so the client cannot be a checkpointer')
+    if (!hub.token) throw new PsycheError('a checkpointer needs a Hub token (--hub-token or HF_TOKEN)')
+    this.checkpointer = new Checkpointer({
+      repo: hub.repo,
+      revision: hub.revision,
+      hubUrl: hub.url,
+      token: hub.token,
+      maxShardBytes: hub.maxShardBytes,
+      stagingDir: hub.stagingDir ?? join(tmpdir(), `psyche-checkpoints-${opts.id.slice(0, 16)}`),
+      save: (dir, card) => ctx.worker.save!(dir, {card: {...card, run_id: opts.runId}}),
+      log: opts.log,
+      onUploaded: (c) => {
+        const state = ctx.state
+        // The coordinator takes a checkpoint only in the Cooldown of the epoch it ends, once. Finished after that
+        // Cooldown (or another checkpointer reported first): the commit is on the Hub branch but the coordinator
+        // will not take it; it is reported here, with what a user needs to find it.
+        const refusal = checkpointRefusal(state)
+        if (refusal || state.progress.epoch !== c.epoch) {
+          ctx.log({
+            event: 'checkpoint_late',
+            step: c.step,
+            epoch: c.epoch,
+            repo_id: c.repo_id,
+            revision: c.revision,
+            reason: state.epoch.checkpointed
+              ? 'another checkpointer reported this epoch first'
+              : `the upload finished in ${state.run_state} of epoch ${state.progress.epoch}, after the Cooldown the coordinator takes checkpoints in`,
+          })
+          return
+        }
+        if (ctx.conn.sendCheckpoint({repo_id: c.repo_id, revision: c.revision}))
+          ctx.log({event: 'checkpoint', step: c.step, epoch: c.epoch, repo_id: c.repo_id, revision: c.revision})
+      },
+    })
+  }
+
+  /** After applying `round`: in the epoch's Cooldown, once per epoch, save the model (the upload runs in the background). */
+  async afterApply(round: Round): Promise<void> {
+    const ctx = this.ctx
+    if (!this.checkpointer || ctx.state.run_state !== 'Cooldown' || ctx.state.epoch.round?.step !== round.step) return
+    const epoch = ctx.state.progress.epoch
+    if (this.checkpointedEpoch === epoch) return
+    this.checkpointedEpoch = epoch
+    await this.checkpointer
+      .checkpoint(round.step, epoch, {run_id: ctx.opts.runId, param_hash: ctx.lastHash ?? undefined})
+      .catch((error: unknown) => ctx.log({event: 'checkpoint_save_failed', step: round.step, message: errorMessage(error)}))
+  }
+
+  /** Waits for the upload under way (the last epoch's checkpoint is not abandoned when the run finishes). */
+  async idle(): Promise<void> {
+    await this.checkpointer?.idle()
+  }
+}

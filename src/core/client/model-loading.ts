@@ -1,0 +1,163 @@
+import {existsSync} from 'node:fs'
+import {join, resolve} from 'node:path'
+import {CHECKPOINT_META_FILE, readCheckpointMeta, type CheckpointMeta} from '../checkpoint/checkpointer.js'
+import {downloadCheckpoint} from '../checkpoint/hub.js'
+import type {HubRepo} from '../config/types.js'
+import {isCheckpointP2P, type ClientId} from '../coordinator/index.js'
+import {errorMessage} from '../errors.js'
+import type {ModelSnapshot} from '../p2p/index.js'
+import {loadModel} from '../train/load-model.js'
+import {snapshotOf, type ClientContext} from './context.js'
+
+/**
+ * Model loading (decide.ts's `load_model`): the run's starting model (the plan's, or the coordinator's Hub
+ * checkpoint, downloaded and hash-checked), or our peers' model at the epoch's step over P2P, with the last Hub
+ * checkpoint as the fallback when nobody serves it.
+ */
+export class ModelLoading {
+  private parameters: number | undefined
+
+  constructor(private readonly ctx: ClientContext) {}
+
+  async load(step: number, from: 'checkpoint' | ClientId[]): Promise<boolean> {
+    const ctx = this.ctx
+    if (from === 'checkpoint') {
+      const dir = await this.hubCheckpointDir(step)
+      if (dir === null) return false
+      if (dir === undefined) {
+        await this.initModel()
+        const exported = await ctx.worker.exportParams()
+        ctx.snapshot = snapshotOf(step, exported)
+        this.setLoaded(step, exported.paramHash, 'checkpoint')
+        return true
+      }
+      const hash = await this.loadCheckpointDir(dir, step, false)
+      if (hash === undefined) return false
+      this.setLoaded(step, hash, 'checkpoint')
+      return true
+    }
+    let snapshot: ModelSnapshot
+    try {
+      // Every peer is asked for its signed manifest; only those whose model is at `step` count.
+      snapshot = await ctx.p2p.fetchModel(from, {step})
+    } catch (error) {
+      ctx.log({event: 'model_fetch_failed', step, message: errorMessage(error)})
+      return this.hubFallback(step)
+    }
+    if (snapshot.step !== step) {
+      ctx.log({event: 'model_fetch_failed', step, message: `a peer served the model at step ${snapshot.step}, the epoch starts after step ${step}`})
+      return false
+    }
+    await this.initModel() // the model's structure, and a fresh optimizer: any momentum we had belongs to rounds we missed
+    const hash = await ctx.worker.importParams(snapshot.frames.map((f) => ({name: f.name, dtype: f.dtype as 'float32', shape: f.shape, data: f.data})))
+    if (hash !== snapshot.paramHash) {
+      ctx.log({event: 'model_fetch_failed', step, message: `imported parameters hash to ${hash}, the peer announced ${snapshot.paramHash}`})
+      return false
+    }
+    ctx.snapshot = snapshot
+    this.setLoaded(step, hash, 'peers')
+    return true
+  }
+
+  /**
+   * The model directory of the coordinator's `Hub` checkpoint (downloaded into the Hub cache: resumable,
+   * hash-checked), or undefined when the checkpoint is not a Hub repository (the plan's model is used), or null
+   * when the download failed (retried on the next pass).
+   */
+  private async hubCheckpointDir(step: number): Promise<string | undefined | null> {
+    const checkpoint = this.ctx.state.model.LLM.checkpoint
+    if (typeof checkpoint !== 'object' || !('Hub' in checkpoint)) return undefined
+    return this.downloadHubRepo(step, checkpoint.Hub)
+  }
+
+  private async downloadHubRepo(step: number, repo: HubRepo): Promise<string | undefined | null> {
+    const {repo_id, revision} = repo
+    const hub = this.ctx.opts.hub
+    if (!repo_id || existsSync(join(resolve(repo_id), 'config.json'))) return undefined // a local directory: the plan resolved it
+    try {
+      const got = await downloadCheckpoint({repo: repo_id, revision: revision ?? undefined, hubUrl: hub?.url, token: hub?.token, cacheDir: hub?.cacheDir})
+      this.ctx.log({event: 'checkpoint_downloaded', step, repo_id, revision: got.commit, bytes: got.bytes, downloaded_bytes: got.downloaded_bytes})
+      return got.dir
+    } catch (error) {
+      this.ctx.log({event: 'checkpoint_download_failed', step, repo_id, message: errorMessage(error)})
+      return null
+    }
+  }
+
+  /**
+   * Loads a Hub checkpoint's directory into the worker and checks it against its psyche-checkpoint.json: the
+   * parameters must hash to its param_hash, and with `exactStep` it must be the model at that step (a P2P epoch's
+   * fallback: anything else would fork us from our peers). Returns the parameter hash, or undefined (logged).
+   */
+  private async loadCheckpointDir(dir: string, step: number, exactStep: boolean): Promise<string | undefined> {
+    const ctx = this.ctx
+    let meta: CheckpointMeta | undefined
+    try {
+      meta = await readCheckpointMeta(dir)
+    } catch (error) {
+      ctx.log({event: 'checkpoint_rejected', step, message: errorMessage(error)})
+      return undefined
+    }
+    if (exactStep && meta?.step !== step) {
+      const why = meta ? `it is the model at step ${meta.step}` : `it has no ${CHECKPOINT_META_FILE} naming its step`
+      ctx.log({event: 'checkpoint_rejected', step, message: `the Hub checkpoint cannot stand in for our peers' model at step ${step}: ${why}`})
+      return undefined
+    }
+    await this.initModel(dir)
+    const exported = await ctx.worker.exportParams()
+    const paramHash = exported.paramHash
+    if (meta?.param_hash !== undefined && meta.param_hash !== paramHash) {
+      ctx.log({event: 'checkpoint_rejected', step, message: `its parameters hash to ${paramHash}, its ${CHECKPOINT_META_FILE} says ${meta.param_hash}`})
+      return undefined
+    }
+    // A whole run restarted from its last checkpoint: the coordinator may have closed rounds nobody trained since.
+    if (meta && meta.step !== step) ctx.log({event: 'checkpoint_step', step, checkpoint_step: meta.step})
+    ctx.snapshot = snapshotOf(step, exported)
+    return paramHash
+  }
+
+  private async initModel(fromDir?: string): Promise<void> {
+    const ctx = this.ctx
+    const {microBatch} = ctx.opts.plan
+    const model = fromDir ? ({kind: 'dir', dir: fromDir} as const) : ctx.opts.plan.model
+    // The run's state is authoritative for what every replica must agree on: the LR schedule, and DisTrO's
+    // settings when the run names DisTrO (the network path needs it; other optimizers fall back to the plan's).
+    const llm = ctx.state.model.LLM
+    const optimizer = typeof llm.optimizer === 'object' && 'Distro' in llm.optimizer ? llm.optimizer : ctx.opts.plan.optimizer
+    const lrSchedule = llm.lr_schedule
+    const info = await loadModel(ctx.worker, model, ctx.opts.seed, ctx.opts.plan.seqLen)
+    this.parameters = info.parameters
+    const {resultFormat} = await ctx.worker.configure({
+      optimizer: optimizer as Record<string, unknown>,
+      lr_schedule: lrSchedule as Record<string, unknown>,
+      micro_batch: microBatch,
+      delay_correction: true,
+    })
+    ctx.resultFormat = resultFormat
+    ctx.intake.setFormat(resultFormat)
+  }
+
+  /**
+   * Nobody served the model in a P2P epoch: load the last Hub checkpoint the coordinator took (the P2P checkpoint
+   * names its repository and revision), if it is the model at this step.
+   */
+  private async hubFallback(step: number): Promise<boolean> {
+    const checkpoint = this.ctx.state.model.LLM.checkpoint
+    if (!isCheckpointP2P(checkpoint) || !checkpoint.P2P.repo_id) return false
+    const dir = await this.downloadHubRepo(step, checkpoint.P2P)
+    if (!dir) return false
+    const hash = await this.loadCheckpointDir(dir, step, true)
+    if (hash === undefined) return false
+    this.setLoaded(step, hash, 'hub_fallback')
+    return true
+  }
+
+  private setLoaded(step: number, hash: string, source: 'checkpoint' | 'peers' | 'hub_fallback'): void {
+    const ctx = this.ctx
+    ctx.modelStep = step
+    ctx.trainedStep = Math.max(ctx.trainedStep, step)
+    ctx.lastHash = hash
+    ctx.log({event: 'model_loaded', step, source, param_hash: hash, parameters: this.parameters})
+    ctx.flushMessages()
+  }
+}

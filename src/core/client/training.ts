@@ -1,0 +1,118 @@
+import type {ClientId, Round} from '../coordinator/index.js'
+import type {ResultAnnouncement} from '../p2p/index.js'
+import {honestProducer, type ClientWorker, type ProducerContext, type ResultProducer} from './components.js'
+import type {ClientContext} from './context.js'
+import type {RoundApplication} from './round-application.js'
+
+/**
+ * Training (decide.ts's `train`): this round's forward/backward on our batches, overlapped with collecting the
+ * previous round's accepted results; then the worker applies those and produces our result, which the producer
+ * (components.producer, honest by default) publishes.
+ */
+export class Training {
+  /** This round's forward/backward, started before the previous round's results are all here. */
+  private begun: {step: number; batches: number; done: Promise<number>} | undefined
+  private readonly producer: ResultProducer
+
+  constructor(
+    private readonly ctx: ClientContext,
+    private readonly rounds: RoundApplication,
+  ) {
+    this.producer = ctx.components.producer ?? honestProducer
+  }
+
+  /** Forgets a forward/backward under way (its worker died). */
+  reset(): void {
+    this.begun = undefined
+  }
+
+  async train(round: Round, range: {start: number; end: number}, previous?: Round): Promise<boolean> {
+    const ctx = this.ctx
+    // Overlap: the forward/backward of this round needs only this round's data, so it runs on the worker while the
+    // previous round's accepted results finish downloading; applying them and producing our result come after.
+    if (this.begun?.step !== round.step) {
+      const assigned = Array.from({length: range.end - range.start}, (_, i) => range.start + i)
+      const ids = this.producer.batches?.(assigned, round) ?? assigned
+      const tokens = await ctx.data.getSamples(ids)
+      const started = performance.now()
+      this.begun = {step: round.step, batches: ids.length, done: ctx.worker.beginRound(tokens, ids.length, round.step).then(() => performance.now() - started)}
+    }
+    const begun = this.begun
+    let before: {applyStep: number; results: Uint8Array[]; peers: number; peersAccepted: number} | undefined
+    let applyMs = 0
+    if (previous) {
+      const collecting = performance.now()
+      const results = await this.rounds.acceptedBytes(previous)
+      applyMs = performance.now() - collecting
+      if (!results) {
+        await begun.done // one request at a time on the worker; retried (or the model dropped) after this
+        if (ctx.modelStep === null) this.begun = undefined
+        return ctx.modelStep === null
+      }
+      before = {applyStep: previous.step, results, peers: results.peers ?? 0, peersAccepted: results.peersAccepted ?? 0}
+    }
+    const forwardBackwardMs = await begun.done
+    // finish_round consumes the forward/backward whatever happens: a retry begins the round again
+    this.begun = undefined
+    const finishing = performance.now()
+    let r: Awaited<ReturnType<ClientWorker['finishRound']>>
+    try {
+      r = await ctx.worker.finishRound(round.step, before)
+    } catch (error) {
+      if (previous && this.rounds.refusedByWorker(error, previous.step)) return false
+      throw error
+    }
+    const computeMs = forwardBackwardMs + performance.now() - finishing
+    ctx.trainedStep = round.step
+    ctx.ledger.at(round.step).trained = {loss: r.loss, resultBytes: r.result.length, computeMs}
+    // The previous round's event waits until our result is out (and the validation loss, when due, is in).
+    const applied = previous && before ? this.rounds.applied(previous, r.paramHash, before.results.length, before.peers, before.peersAccepted, applyMs) : undefined
+    const producing = performance.now()
+    const own = await this.publish(round, range, r.result)
+    const produceMs = performance.now() - producing
+    const record = ctx.ledger.at(round.step)
+    if (own) {
+      record.own = own.announcement
+      ctx.intake.own(own.announcement, own.bytes)
+      record.results.set(ctx.id, {client_id: ctx.id, step: round.step, batch_start: range.start, batch_end: range.end, commitment: own.announcement.commitment, bytes: own.bytes})
+    }
+    ctx.flushMessages()
+    if (applied) await this.rounds.report(applied)
+    ctx.log({
+      event: 'trained',
+      step: round.step,
+      loss: r.loss,
+      batches: begun.batches,
+      result_bytes: r.result.length,
+      compute_ms: Math.round(computeMs),
+      produce_ms: Math.round(produceMs),
+    })
+    ctx.flushMessages()
+    return true
+  }
+
+  /** The producer publishes our result; the first announcement it publishes for the round's step is our own. */
+  private async publish(round: Round, range: {start: number; end: number}, honest: Uint8Array): Promise<{announcement: ResultAnnouncement; bytes: Uint8Array} | undefined> {
+    const ctx = this.ctx
+    let first: ResultAnnouncement | undefined
+    const producerContext: ProducerContext = {
+      step: round.step,
+      range,
+      honest,
+      format: ctx.resultFormat,
+      peerResults: (step) => {
+        const out = new Map<ClientId, Uint8Array>()
+        for (const [id, h] of ctx.ledger.get(step)?.results ?? []) if (id !== ctx.id && h.bytes && h.bytes.length > 0) out.set(id, h.bytes)
+        return out
+      },
+      publish: async (bytes, step = round.step, r = range) => {
+        const announcement = await ctx.p2p.publishResult(step, r.start, r.end, bytes)
+        if (step === round.step) first ??= announcement
+        return announcement
+      },
+      state: () => ctx.state,
+    }
+    const kept = await this.producer.publish(producerContext)
+    return kept && first ? {announcement: first, bytes: kept} : undefined
+  }
+}
