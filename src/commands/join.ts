@@ -1,7 +1,6 @@
 import {resolve} from 'node:path'
 import {Flags} from '@oclif/core'
 import {PsycheCommand} from '../core/cli/base-command.js'
-import {PsycheError} from '../core/errors.js'
 import {Progress} from '../core/cli/progress.js'
 import {homedir} from 'node:os'
 import {join as joinPath} from 'node:path'
@@ -9,10 +8,8 @@ import type {KeyPairSigner} from '@solana/kit'
 import {CoordinatorConnection, type BackendConnector, type CoordinatorBackend} from '../core/backend/index.js'
 import type {closePeerRecord} from '../core/backend/solana/admin.js'
 import type {SolanaConnector} from '../core/backend/solana/client.js'
-import {systemClock, type ClientComponents} from '../core/client/components.js'
 import {PsycheClient, seedForRun, type ClientSummary} from '../core/client/runner.js'
-import {openDataProvider, type DataProvider} from '../core/data/index.js'
-import {P2PNode} from '../core/p2p/index.js'
+import {startComponents} from '../core/compose/client.js'
 import {listenAddrsForPort, parseMultiaddrs} from '../core/p2p/addresses.js'
 import {demoCorpusDir, ensureDemoCorpus} from '../core/corpus.js'
 import {acceptedOf, ClientMetrics, serveMetrics} from '../core/obs/metrics.js'
@@ -21,74 +18,13 @@ import {coordinatorSeconds, summarizeRun, waitingFor} from '../core/obs/summary.
 import {describeEvent, eventSeverity} from '../core/obs/event-text.js'
 import {startTerminalView, Warnings} from '../core/obs/terminal-view.js'
 import {generateIdentity, identityFromSeed, identityPrivateSeed, loadIdentity, type Identity} from '../core/protocol/identity.js'
-import {resolveTrainPlan, type Precision, type TrainPlan} from '../core/train/plan.js'
+import {resolveTrainPlan, type Precision} from '../core/train/plan.js'
 import {checkRepoId, checkToken, transferLabel} from '../core/checkpoint/hub.js'
-import {shuffleSeedFor} from '../core/train/single-node.js'
-import {ModelWorker} from '../core/worker/model-worker.js'
 import {snakeKeys} from '../core/cli/json.js'
 import type {EventLine} from '../core/events.js'
 
 function mb(bytes: number): string {
   return `${(bytes / 1e6).toFixed(2)} MB`
-}
-
-type ProviderLocation = Parameters<typeof openDataProvider>[0]
-type Log = (event: EventLine) => void
-
-/**
- * The real components of a client: a PyTorch worker, the run's data, a libp2p node, and the coordinator: the TCP
- * server (a new connection per join), or `backend` (the Solana program). Whatever started is stopped again if a
- * later part fails.
- */
-export async function startComponents(o: {
-  serverAddr: string
-  /** Another backend than the TCP server at serverAddr (a run on Solana). */
-  backend?: BackendConnector
-  runId: string
-  identity: Identity
-  plan: TrainPlan
-  seed: number
-  log: Log
-  /** libp2p listen and announce addresses. */
-  p2p: {listen: string[]; announce?: string[]}
-  /** Each new coordinator connection (the first, and each rejoin's). */
-  onConnected?: (connection: CoordinatorConnection) => void
-}): Promise<ClientComponents> {
-  const {serverAddr, runId, identity, plan, log} = o
-  const startWorker = () => ModelWorker.start({threads: plan.threads, device: plan.device, dataParallel: plan.dataParallel, precision: plan.precision, label: 'client'})
-  const worker = await startWorker()
-  let p2p: P2PNode | undefined
-  let data: DataProvider | undefined
-  let evalData: DataProvider | undefined
-  try {
-    data = await openDataProvider(plan.data as ProviderLocation, {seqLen: plan.seqLen, baseDir: plan.dataBaseDir, shuffleSeed: shuffleSeedFor(o.seed), wrap: true})
-    // The held-out split, in the run's shuffled order (the same samples on every client: client/eval.ts).
-    if (plan.validation && plan.evalEvery > 0)
-      evalData = await openDataProvider(plan.validation as ProviderLocation, {seqLen: plan.seqLen, baseDir: plan.dataBaseDir, shuffleSeed: shuffleSeedFor(o.seed)})
-    p2p = await P2PNode.start({identity, runId, listen: o.p2p.listen, announce: o.p2p.announce, log: (e) => log({...e, source: 'p2p'})})
-  } catch (error) {
-    await p2p?.stop()
-    await data?.close()
-    await evalData?.close()
-    await worker.shutdown()
-    throw error
-  }
-  const backend: BackendConnector = o.backend ?? {
-    description: `coordinator ${serverAddr}`,
-    connect: async ({p2pAddrs}) => {
-      const connection = await CoordinatorConnection.connect({
-        addr: serverAddr,
-        runId,
-        identity,
-        p2pAddrs,
-        join: true,
-        log: (e) => log({...e, source: 'coordinator'}),
-      })
-      o.onConnected?.(connection)
-      return connection
-    },
-  }
-  return {backend, p2p, worker, data, evalData, clock: systemClock, restartWorker: startWorker}
 }
 
 /** Client events the live view lists (news and problems apart: obs/event-text.ts). */

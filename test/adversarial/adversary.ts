@@ -11,7 +11,7 @@ import {snakeKeys} from '../../src/core/cli/json.js'
 import {PsycheClient, seedForRun, type ProducerContext, type ResultProducer} from '../../src/core/client/runner.js'
 import {generateIdentity} from '../../src/core/protocol/identity.js'
 import {resolveTrainPlan} from '../../src/core/train/plan.js'
-import {startComponents} from '../../src/commands/join.js'
+import {startComponents} from '../../src/core/compose/client.js'
 import {nearCopy, randomWellFormed, signFlipped} from './forge.js'
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms))
