@@ -20,7 +20,7 @@ import {MAX_CLIENTS, PEER_SIZE, clientIdOf} from '../src/core/backend/solana/lay
 import {assignBatches, buildWitnessProof, selectWitnesses, type CoordinatorState} from '../src/core/coordinator/index.js'
 import {deployRun, keypair, readRun} from '../test/solana/harness.js'
 import {createHash} from 'node:crypto'
-import {signAnnouncement} from '../src/core/p2p/announcement.js'
+import {signAnnouncement} from '../src/core/primitives/announcement.js'
 import {identityFromSeed} from '../src/core/protocol/identity.js'
 
 const config = {

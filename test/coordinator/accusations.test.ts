@@ -11,9 +11,9 @@ import {
   verifierCount,
   type CoordinatorState,
 } from '../../src/core/coordinator/index.js'
-import {signAnnouncement} from '../../src/core/p2p/announcement.js'
+import {signAnnouncement} from '../../src/core/primitives/announcement.js'
 import {generateIdentity, identityFromSeed} from '../../src/core/protocol/identity.js'
-import {checkEquivocation} from '../../src/core/verify/equivocation.js'
+import {checkEquivocation} from '../../src/core/coordinator/equivocation.js'
 import {ok, rejected, toFirstRound, witnessAll} from './helpers.js'
 
 /** Ticks one time unit at a time until the phase changes. */

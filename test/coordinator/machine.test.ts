@@ -11,7 +11,7 @@ import {
   witnessBloomParams,
   type CoordinatorState,
 } from '../../src/core/coordinator/index.js'
-import {BloomFilter} from '../../src/core/coordinator/bloom.js'
+import {BloomFilter} from '../../src/core/primitives/bloom.js'
 import {loadRunConfigFile} from '../../src/core/config/index.js'
 import {S, baseConfig, baseLLM, honestProof, joinAll, newRun, ok, rejected, toFirstRound, witnessAll} from './helpers.js'
 

@@ -16,7 +16,7 @@ import {
   type CoordinatorState,
 } from '../../src/core/coordinator/index.js'
 import type {CoordinatorConfig} from '../../src/core/config/index.js'
-import {BloomFilter} from '../../src/core/coordinator/bloom.js'
+import {BloomFilter} from '../../src/core/primitives/bloom.js'
 import {S, baseLLM} from './helpers.js'
 
 /** Abstract commands, turned into concrete events from the state they meet (so they stay meaningful). */

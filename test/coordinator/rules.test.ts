@@ -2,7 +2,7 @@ import assert from 'node:assert/strict'
 import {randomBytes} from 'node:crypto'
 import {describe, it} from 'node:test'
 import {globalBatchSize, rangeForPosition, shuffleAll, shuffledIndex, unshuffledIndex, witnessCount, witnessQuorum} from '../../src/core/coordinator/index.js'
-import {BloomFilter, bloomParamsFor} from '../../src/core/coordinator/bloom.js'
+import {BloomFilter, bloomParamsFor} from '../../src/core/primitives/bloom.js'
 import {baseConfig} from './helpers.js'
 
 describe('swap-or-not shuffle', () => {

@@ -24,7 +24,7 @@ import {
   witnessInstruction,
 } from '../../src/core/backend/solana/instructions.js'
 import {assignBatches, buildWitnessProof, selectWitnesses} from '../../src/core/coordinator/index.js'
-import {signAnnouncement} from '../../src/core/p2p/announcement.js'
+import {signAnnouncement} from '../../src/core/primitives/announcement.js'
 import {identityFromSeed} from '../../src/core/protocol/identity.js'
 import {
   DESCRIPTION_MAX,

@@ -12,9 +12,9 @@ import {
 import type {CoordinatorConfig, LLMConfig} from '../../src/core/config/index.js'
 import {createHash} from 'node:crypto'
 import {clientIdOf} from '../../src/core/backend/solana/layout.js'
-import {signAnnouncement} from '../../src/core/p2p/announcement.js'
+import {signAnnouncement} from '../../src/core/primitives/announcement.js'
 import {identityFromSeed} from '../../src/core/protocol/identity.js'
-import type {EquivocationProof} from '../../src/core/verify/equivocation.js'
+import type {EquivocationProof} from '../../src/core/coordinator/equivocation.js'
 import {keypair} from './harness.js'
 
 /**

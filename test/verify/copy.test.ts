@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict'
 import {test} from 'node:test'
-import {sha256Hex, signAnnouncement} from '../../src/core/p2p/announcement.js'
+import {sha256Hex, signAnnouncement} from '../../src/core/primitives/announcement.js'
 import {identityFromSeed} from '../../src/core/protocol/identity.js'
 import {COPY_OVERLAP_THRESHOLD, indexOverlap, indexSample, nearCopies, sampleStride, OVERLAP_SAMPLE_CHUNKS} from '../../src/core/verify/copy.js'
 import {ResultIntake} from '../../src/core/verify/intake.js'

@@ -1,8 +1,8 @@
 import assert from 'node:assert/strict'
 import {test} from 'node:test'
-import {signAnnouncement, sha256Hex} from '../../src/core/p2p/announcement.js'
+import {signAnnouncement, sha256Hex} from '../../src/core/primitives/announcement.js'
 import {identityFromSeed} from '../../src/core/protocol/identity.js'
-import {checkEquivocation} from '../../src/core/verify/equivocation.js'
+import {checkEquivocation} from '../../src/core/coordinator/equivocation.js'
 import {FORMAT_INVALID, ResultIntake} from '../../src/core/verify/intake.js'
 import {resultSize, type ResultFormat} from '../../src/core/verify/result.js'
 

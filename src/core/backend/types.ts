@@ -1,10 +1,12 @@
 import type {EventEmitter} from 'node:events'
 import type {HubRepo} from '../config/types.js'
 import type {AccusationReason, ClientId, CoordinatorState, WitnessProof} from '../coordinator/types.js'
-import type {EquivocationProof} from '../verify/equivocation.js'
+import type {EquivocationProof} from '../coordinator/equivocation.js'
 
 /** Client id → the libp2p multiaddrs it announced (the peer directory a coordinator publishes with its state). */
-export type PeerDirectory = Record<ClientId, string[]>
+import type {PeerDirectory} from '../protocol/messages.js'
+
+export type {PeerDirectory}
 
 /** Details of a refusal: `code` is a wire reason or a coordinator RejectionCode; `of` the kind of message refused. */
 export interface RejectionInfo {

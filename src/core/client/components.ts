@@ -1,4 +1,5 @@
 import type {BackendConnector} from '../backend/types.js'
+import type {Clock} from '../primitives/clock.js'
 import type {ClientId, CoordinatorState, Round} from '../coordinator/index.js'
 import type {DataProvider} from '../data/provider.js'
 import type {ModelSnapshot, ResultAnnouncement} from '../p2p/index.js'
@@ -139,14 +140,4 @@ export interface ClientWorker {
   shutdown(): Promise<void>
 }
 
-/** Time as the client sees it: wall-clock milliseconds and waiting (a manual clock in the simulation). */
-export interface Clock {
-  now(): number
-  /** Resolves after `ms`. */
-  sleep(ms: number): Promise<void>
-}
-
-export const systemClock: Clock = {
-  now: () => Date.now(),
-  sleep: (ms) => new Promise((resolve) => setTimeout(resolve, ms)),
-}
+export {systemClock, type Clock} from '../primitives/clock.js'

@@ -1,6 +1,6 @@
 import {batchRangeFor, isRoundPhase, isVerifier, type ClientId, type Round} from '../coordinator/index.js'
 import type {ResultAnnouncement} from '../p2p/index.js'
-import type {EquivocationProof} from '../verify/equivocation.js'
+import type {EquivocationProof} from '../coordinator/equivocation.js'
 import {randomBatchIds, roundScale, scoreOf, Scorer, type Losses} from '../verify/score.js'
 import type {ClientContext} from './context.js'
 import type {HeldResult} from './decide.js'

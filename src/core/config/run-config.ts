@@ -23,8 +23,7 @@ import type {
 
 /** Psyche's default for `waiting_for_members_extra_time` (its WAITING_FOR_MEMBERS_EXTRA_SECONDS). */
 export const DEFAULT_WAITING_FOR_MEMBERS_EXTRA_TIME = 3
-/** Psyche stores run ids in 64-byte fixed strings on Solana; we keep files portable to that backend. */
-export const MAX_RUN_ID_BYTES = 64
+export {MAX_RUN_ID_BYTES} from './types.js'
 /** A file can only start a run before its first epoch; mid-epoch states are never written by hand. */
 export const STARTING_RUN_STATES: readonly RunState[] = ['Uninitialized', 'WaitingForMembers', 'Paused']
 

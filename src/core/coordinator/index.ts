@@ -37,6 +37,6 @@ export {
   type BatchRange,
 } from './rules.js'
 export {ACTIVE_PHASES, EPOCH_PHASES, HALTED_PHASES, ROUND_PHASES, isCheckpointP2P, isRoundPhase} from './phases.js'
-export {SHUFFLE_ROUNDS, shuffleAll, shuffledIndex, unshuffledIndex} from './shuffle.js'
-export {sha256} from './hash.js'
+export {SHUFFLE_ROUNDS, shuffleAll, shuffledIndex, unshuffledIndex} from '../primitives/shuffle.js'
+export {sha256} from '../primitives/seed.js'
 export {deserializeState, serializeState} from './serialize.js'

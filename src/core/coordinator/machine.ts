@@ -1,9 +1,9 @@
 import {formatIssue} from '../config/read.js'
 import {validateRunConfig} from '../config/run-config.js'
 import type {CheckpointConfig, CoordinatorConfig, HubRepo, LLMConfig, RunConfigFile} from '../config/types.js'
-import {BloomFilter} from './bloom.js'
-import {checkEquivocation} from '../verify/equivocation.js'
-import {fromHex, sha256, u64le} from './hash.js'
+import {BloomFilter} from '../primitives/bloom.js'
+import {checkEquivocation} from './equivocation.js'
+import {fromHex, sha256, u64le} from '../primitives/seed.js'
 import {
   batchRangeFor,
   checkpointRefusal,

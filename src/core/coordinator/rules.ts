@@ -1,8 +1,8 @@
-import {BloomFilter, bloomParamsFor, type BloomParams} from './bloom.js'
+import {BloomFilter, bloomParamsFor, type BloomParams} from '../primitives/bloom.js'
 import type {CoordinatorConfig} from '../config/types.js'
-import {sha256, subSeed, u64le} from './hash.js'
+import {sha256, subSeed, u64le} from '../primitives/seed.js'
 import {isRoundPhase} from './phases.js'
-import {shuffleAll, shuffledIndex, unshuffledIndex} from './shuffle.js'
+import {shuffleAll, shuffledIndex, unshuffledIndex} from '../primitives/shuffle.js'
 import type {ClientId, CoordinatorState, Round} from './types.js'
 
 /**

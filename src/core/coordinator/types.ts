@@ -1,4 +1,4 @@
-import type {EquivocationProof} from '../verify/equivocation.js'
+import type {EquivocationProof} from './equivocation.js'
 import type {CheckpointConfig, CoordinatorConfig, HubRepo, LLMConfig, RunState} from '../config/types.js'
 
 export type {RunState} from '../config/types.js'

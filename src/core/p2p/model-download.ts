@@ -1,4 +1,4 @@
-import {sha256Hex} from '../hash.js'
+import {sha256Hex} from '../primitives/hash.js'
 import {errorMessage, PsycheError} from '../errors.js'
 import {MAX_TENSORS_PER_REQUEST, parseManifest, type ModelManifest, type ModelSnapshot} from './model.js'
 import type {EventLog} from '../events.js'

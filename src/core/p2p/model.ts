@@ -1,5 +1,5 @@
-import {sha256Hex} from '../hash.js'
-import {signBytes, verifyBytes, type Identity} from '../protocol/identity.js'
+import {sha256Hex} from '../primitives/hash.js'
+import {signBytes, verifyBytes, type Identity} from '../primitives/identity.js'
 
 /** One named tensor of a model, raw little-endian bytes (as the worker exports them). */
 export interface ModelFrame {

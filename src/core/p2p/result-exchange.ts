@@ -2,7 +2,7 @@ import {TopicValidatorResult, type GossipSub, type Message} from '@libp2p/gossip
 import type {Connection, PeerId, Startable, Stream} from '@libp2p/interface'
 import type {Registrar} from '@libp2p/interface-internal'
 import {errorMessage, PsycheError} from '../errors.js'
-import {encodeAnnouncement, parseAnnouncement, sha256Hex, signAnnouncement, type ResultAnnouncement, type SigningIdentity} from './announcement.js'
+import {encodeAnnouncement, parseAnnouncement, sha256Hex, signAnnouncement, type ResultAnnouncement, type SigningIdentity} from '../primitives/announcement.js'
 import type {PeerDialer} from './dialer.js'
 import {CHUNK_BYTES, framed, OverrunError, readChunksInto, readJsonObject, writeChunks, writeJson} from './framing.js'
 import {peerIdOfClient} from './peer-id.js'

@@ -1,14 +1,33 @@
-import {sha256} from '../hash.js'
-import {MAX_RUN_ID_BYTES} from '../config/run-config.js'
-import type {PeerDirectory} from '../backend/types.js'
-import type {HubRepo} from '../config/types.js'
+import {sha256} from '../primitives/hash.js'
+import {MAX_RUN_ID_BYTES, type HubRepo} from '../config/types.js'
 import type {AccusationReason, ClientId, CoordinatorState, WitnessProof} from '../coordinator/types.js'
-import type {EquivocationProof} from '../verify/equivocation.js'
-import {MAX_SCORED_CLIENTS, type ClientScore} from '../verify/scoreboard.js'
+import type {EquivocationProof} from '../coordinator/equivocation.js'
 import {deserializeState} from '../coordinator/serialize.js'
 import {encodeFrame} from './frames.js'
 import {parseDeltaOps, type DeltaOp} from './state-delta.js'
 import {isIdentityId, signBytes, verifyBytes, type Identity} from './identity.js'
+
+/** Each client's P2P addresses (multiaddrs), as the coordinator hands them out. */
+export type PeerDirectory = Record<ClientId, string[]>
+
+/** A verification score the server keeps per client (verify/scoreboard.ts), as sent to watchers. */
+export interface ClientScore {
+  client_id: ClientId
+  /**
+   * Moving average over the steps scored (the Scorer's alpha), of each step's mean over its verifiers' reports:
+   * the same average each verifier keeps, when verifiers agree.
+   */
+  average: number
+  /** The mean score of the last step scored, that step, and how many verifiers reported it. */
+  last: number
+  last_step: number
+  verifiers: number
+  /** Reports received. */
+  count: number
+}
+
+/** Scores are kept for at most this many clients (the scoreboard's bound, and a message's). */
+export const MAX_SCORED_CLIENTS = 4096
 
 /**
  * Signed envelopes of the client ↔ coordinator-server protocol. One envelope is the body of one frame

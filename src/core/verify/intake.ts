@@ -1,7 +1,7 @@
 import type {ClientId} from '../coordinator/types.js'
-import type {ResultAnnouncement} from '../p2p/announcement.js'
+import type {ResultAnnouncement} from '../primitives/announcement.js'
 import {copyReason, COPY_OVERLAP_THRESHOLD, indexSample, OverlapIndex} from './copy.js'
-import type {EquivocationProof} from './equivocation.js'
+import type {EquivocationProof} from '../coordinator/equivocation.js'
 import {maxResultSize, resultSize, validateResult, type ResultFormat} from './result.js'
 
 /**

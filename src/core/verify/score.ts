@@ -1,4 +1,4 @@
-import {subSeed} from '../coordinator/hash.js'
+import {subSeed} from '../primitives/seed.js'
 import type {ClientId, Round} from '../coordinator/types.js'
 
 /**

@@ -1,5 +1,8 @@
 import type {ClientId} from '../coordinator/types.js'
+import {MAX_SCORED_CLIENTS, type ClientScore} from '../protocol/messages.js'
 import {DEFAULT_SCORE_SETTINGS} from './score.js'
+
+export {MAX_SCORED_CLIENTS, type ClientScore} from '../protocol/messages.js'
 
 /**
  * The coordinator server's view of verification scores: each verifier reports the scores it gave the results
@@ -11,28 +14,11 @@ import {DEFAULT_SCORE_SETTINGS} from './score.js'
  * left the run.
  */
 
-export interface ClientScore {
-  client_id: ClientId
-  /**
-   * Moving average over the steps scored (the Scorer's alpha), of each step's mean over its verifiers' reports:
-   * the same average each verifier keeps, when verifiers agree.
-   */
-  average: number
-  /** The mean score of the last step scored, that step, and how many verifiers reported it. */
-  last: number
-  last_step: number
-  verifiers: number
-  /** Reports received. */
-  count: number
-}
-
 interface Entry extends ClientScore {
   /** The average before `last_step` (undefined: `last_step` is the first step scored). */
   before: number | undefined
   sum: number
 }
-
-export const MAX_SCORED_CLIENTS = 4096
 
 export class ScoreBoard {
   private readonly scores = new Map<ClientId, Entry>()

@@ -1,5 +1,5 @@
 import {createHash} from 'node:crypto'
-import {systemClock, type Clock, type ClientWorker} from '../client/components.js'
+import {systemClock, type Clock} from '../primitives/clock.js'
 import {resultSize, RESULT_FORMAT_VERSION, RESULT_MAGIC, type ResultFormat} from '../verify/result.js'
 import type {Frame} from './client.js'
 import type {ModelInfo, StepResult, TrainingSetup} from './model-worker.js'
@@ -113,7 +113,8 @@ export function encodeLoadTestResult(format: ResultFormat, seed: Buffer): Uint8A
 }
 
 /** The load-test compute stand-in (see the module comment): a ClientWorker with no model. */
-export class LoadTestWorker implements ClientWorker {
+// Satisfies the client's ClientWorker port structurally (worker/ sits below client/; test/scale passes it as one).
+export class LoadTestWorker {
   readonly pid = undefined
   readonly exited: Promise<void>
   /** Every apply: the step and how many results it folded in. */

@@ -2,8 +2,8 @@ import {AccountRole, getAddressEncoder, getProgramDerivedAddress, type Address, 
 import type {CoordinatorConfig, HubRepo, LLMConfig} from '../../config/types.js'
 import type {AccusationReason} from '../../coordinator/types.js'
 import {PsycheError} from '../../errors.js'
-import {announcementSigningBytes} from '../../p2p/announcement.js'
-import type {EquivocationProof} from '../../verify/equivocation.js'
+import {announcementSigningBytes} from '../../primitives/announcement.js'
+import type {EquivocationProof} from '../../coordinator/equivocation.js'
 import {
   IX,
   MAX_CLIENTS,

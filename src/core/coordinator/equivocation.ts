@@ -1,5 +1,5 @@
-import {announcementSigningBytes, type ResultAnnouncement} from '../p2p/announcement.js'
-import {verifyBytes} from '../protocol/identity.js'
+import {announcementSigningBytes, type ResultAnnouncement} from '../primitives/announcement.js'
+import {verifyBytes} from '../primitives/identity.js'
 
 /**
  * Equivocation: a producer that signed two different results for one step. The two signed announcements are

@@ -1,4 +1,4 @@
-import {sha256, u32le} from './hash.js'
+import {sha256, u32le} from './seed.js'
 
 /**
  * Swap-or-not shuffle over SHA-256 (the construction Ethereum uses for committees): a permutation of

@@ -1,6 +1,6 @@
-import {sha256} from '../hash.js'
+import {sha256} from './hash.js'
 
-/** SHA-256 of the concatenated parts (src/core/hash.ts). Pure: the only "randomness" the coordinator has. */
+/** SHA-256 of the concatenated parts (hash.ts). Pure: the only "randomness" the coordinator has. */
 export {sha256}
 
 export function u32le(n: number): Buffer {

@@ -1,5 +1,5 @@
-import {sha256Hex} from '../hash.js'
-import {signBytes, verifyBytes, type Identity} from '../protocol/identity.js'
+import {sha256Hex} from './hash.js'
+import {signBytes, verifyBytes, type Identity} from './identity.js'
 
 /** The identity a node signs with (the coordinator identity: id = hex of the raw ed25519 public key). */
 export type SigningIdentity = Identity

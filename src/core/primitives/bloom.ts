@@ -1,4 +1,4 @@
-import {sha256} from '../hash.js'
+import {sha256} from './hash.js'
 
 /**
  * A bloom filter over byte strings, as witnesses use it to attest which results they saw. Positions
