@@ -87,7 +87,7 @@ async function measure(topology: 'segment' | 'nat' | 'slow'): Promise<Row> {
       overheadP90Ms: [...overheads].sort((a, b) => a - b)[Math.floor(overheads.length * 0.9)],
       bytesInPerRound: median(perRound),
       resultBytes: median(clients.flatMap((c) => c.events.filter((e) => e.event === 'trained').map((e) => e.result_bytes as number))),
-      relayed: Math.max(...all.map((r) => r.conn_relayed)),
+      relayed: Math.max(...all.map((r) => r.conn_relayed ?? 0)),
       exchanged: `${exchanged}/${all.length}`,
     }
     if (topology !== 'slow') {

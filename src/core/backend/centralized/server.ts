@@ -7,7 +7,7 @@ import {applyEvent, createCoordinator, deserializeState, isRoundPhase, isVerifie
 import type {ClientId, CoordinatorEvent, CoordinatorState} from '../../coordinator/types.js'
 import type {PeerDirectory} from '../types.js'
 import {PsycheError} from '../../errors.js'
-import {sha256Hex} from '../../hash.js'
+import {sha256Hex} from '../../primitives/hash.js'
 import {diffState} from '../../protocol/state-delta.js'
 import {writeFileAtomicSync} from '../../protocol/atomic-file.js'
 import {DEFAULT_MAX_FRAME_BYTES, FrameReader} from '../../protocol/frames.js'
