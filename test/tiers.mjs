@@ -107,5 +107,5 @@ export const tiers = {
   net: ['test/net/nat.test.ts', 'test/net/segment.test.ts'],
   browser: ['test/obs/dashboard.e2e.test.ts'],
   tmux: ['test/obs/terminal-view.e2e.test.ts', 'test/obs/testnet-view.e2e.test.ts'],
-  bench: ['test/bench/gpu-bench.test.ts'],
+  bench: ['test/bench/gpu-bench.test.ts', 'test/bench/smoke.test.ts'],
 }
