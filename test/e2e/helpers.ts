@@ -171,7 +171,12 @@ export class JsonProcess {
       const hit = this.events.find(match)
       if (hit) return hit
       const left = deadline - Date.now()
-      if (left <= 0) throw new Error(`${this.name}: timed out after ${timeoutMs} ms waiting for ${what}; stderr tail: ${this.stderr.join('').slice(-1500)}`)
+      if (left <= 0) {
+        const last = this.events.slice(-8).map((e) => JSON.stringify(e).slice(0, 300))
+        throw new Error(
+          `${this.name}: timed out after ${timeoutMs} ms waiting for ${what}; its last events:\n${last.join('\n')}\nstderr tail: ${this.stderr.join('').slice(-1500)}`,
+        )
+      }
       await new Promise<void>((resolve) => {
         const timer = setTimeout(resolve, Math.min(left, 500))
         this.waiters.push(() => {
