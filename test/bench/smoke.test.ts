@@ -36,10 +36,4 @@ describe('benchmarks, small modes (test:all)', {timeout: 600_000}, () => {
     assert.match(out, /announcement latency \(publish -> handler, median of 20\): [\d.]+ ms/)
     assert.match(out, /model transfer from .* MB in \d+ ms/)
   })
-
-  it('bench/coordination.bench.ts (2 clients, 3 rounds): the per-round coordination overhead of real psyche join processes', async () => {
-    const out = await bench('coordination.bench.ts', {BENCH_CLIENTS: '2', BENCH_ROUNDS: '3'})
-    assert.match(out, /2 clients on loopback/)
-    assert.ok(tableRows(out).length >= 1, `an overhead row:\n${out}`)
-  })
 })
