@@ -109,6 +109,9 @@ several rounds while others train prints a no_exchange warning naming the addres
     'p2p-port': Flags.integer({summary: 'libp2p TCP port on every interface (default: any free port)', min: 0, max: 65535}),
     'p2p-announce': Flags.string({summary: 'tell peers exactly these multiaddr(s): a public address or a forwarded port', multiple: true}),
     relay: Flags.string({summary: 'also use this circuit relay (multiaddr ending in /p2p/<id>, from psyche relay): reserve a slot there when not reachable', multiple: true}),
+    'checkpoint-dir': Flags.string({
+      summary: 'save the model in this directory after each epoch (Hugging Face layout with psyche-checkpoint.json; replaced atomically)',
+    }),
     'eval-every': Flags.integer({
       summary: 'validation loss on held-out samples after every N-th round and the last (0: never); the same on every replica',
       default: 10,
@@ -264,6 +267,12 @@ several rounds while others train prints a no_exchange warning naming the addres
           )
           break
         }
+        case 'checkpoint_saved':
+          progress.note(`model saved to ${event.dir} (step ${event.step}, epoch ${event.epoch})`)
+          break
+        case 'checkpoint_save_failed':
+          progress.note(`error: could not save the model: ${event.message}`)
+          break
         case 'waiting':
         case 'model_loaded':
         case 'worker_crashed':
@@ -331,7 +340,18 @@ several rounds while others train prints a no_exchange warning naming the addres
       checkToken(hub.token, true)
     }
     client = await PsycheClient.start(
-      {id: identity.id, runId, plan, seed, log, relays, hub, workerRestarts: flags['worker-restarts'], eval: {every: plan.evalEvery, batches: plan.evalBatches}},
+      {
+        id: identity.id,
+        runId,
+        plan,
+        seed,
+        log,
+        relays,
+        hub,
+        checkpointDir: flags['checkpoint-dir'],
+        workerRestarts: flags['worker-restarts'],
+        eval: {every: plan.evalEvery, batches: plan.evalBatches},
+      },
       components,
     )
     progress.status(`joined as ${client.id.slice(0, 16)}…; following the run`)

@@ -70,6 +70,7 @@ export type PsycheEvent =
   | {event: 'checkpoint_late'; step: number; epoch: number; repo_id: string; revision: string; reason: string}
   | {event: 'checkpoint_rejected'; step: number; message: string}
   | {event: 'checkpoint_save_failed'; step: number; message: string}
+  | {event: 'checkpoint_saved'; step: number; epoch: number; dir: string; param_hash: string | null}
   | {event: 'checkpoint_step'; step: number; checkpoint_step: number}
   | {event: 'checkpoint_superseded'; step: number; by: number}
   | {event: 'checkpoint_upload_failed'; step: number; message: string}

@@ -1,6 +1,7 @@
 import {tmpdir} from 'node:os'
-import {join} from 'node:path'
-import {Checkpointer} from '../checkpoint/checkpointer.js'
+import {join, resolve} from 'node:path'
+import {Checkpointer, CHECKPOINT_META_FILE, type CheckpointMeta} from '../checkpoint/checkpointer.js'
+import {writeFileAtomic} from '../checkpoint/store.js'
 import {checkpointRefusal, type Round} from '../coordinator/index.js'
 import {errorMessage, PsycheError} from '../errors.js'
 import type {ClientContext} from './context.js'
@@ -16,6 +17,7 @@ export class Checkpointing {
 
   constructor(private readonly ctx: ClientContext) {
     const {opts} = ctx
+    if (opts.checkpointDir && !ctx.worker.save) throw new PsycheError('this worker cannot save models (--checkpoint-dir)')
     const hub = opts.hub
     if (!hub?.repo) return
     if (!ctx.worker.save) throw new PsycheError('this worker cannot save models, so the client cannot be a checkpointer')
@@ -57,13 +59,28 @@ export class Checkpointing {
   /** After applying `round`: in the epoch's Cooldown, once per epoch, save the model (the upload runs in the background). */
   async afterApply(round: Round): Promise<void> {
     const ctx = this.ctx
-    if (!this.checkpointer || ctx.state.run_state !== 'Cooldown' || ctx.state.epoch.round?.step !== round.step) return
+    if ((!this.checkpointer && !ctx.opts.checkpointDir) || ctx.state.run_state !== 'Cooldown' || ctx.state.epoch.round?.step !== round.step) return
     const epoch = ctx.state.progress.epoch
     if (this.checkpointedEpoch === epoch) return
     this.checkpointedEpoch = epoch
+    if (ctx.opts.checkpointDir) await this.saveToDir(ctx.opts.checkpointDir, round.step, epoch)
     await this.checkpointer
-      .checkpoint(round.step, epoch, {run_id: ctx.opts.runId, param_hash: ctx.lastHash ?? undefined})
+      ?.checkpoint(round.step, epoch, {run_id: ctx.opts.runId, param_hash: ctx.lastHash ?? undefined})
       .catch((error: unknown) => ctx.log({event: 'checkpoint_save_failed', step: round.step, message: errorMessage(error)}))
+  }
+
+  /** --checkpoint-dir: the model (the worker replaces the directory in two renames), then its psyche-checkpoint.json. */
+  private async saveToDir(checkpointDir: string, step: number, epoch: number): Promise<void> {
+    const ctx = this.ctx
+    const dir = resolve(checkpointDir)
+    try {
+      await ctx.worker.save!(dir, {card: {step, epoch, run_id: ctx.opts.runId}})
+      const meta: CheckpointMeta = {run_id: ctx.opts.runId, step, epoch, ...(ctx.lastHash ? {param_hash: ctx.lastHash} : {})}
+      await writeFileAtomic(join(dir, CHECKPOINT_META_FILE), JSON.stringify(meta, null, 2) + '\n')
+      ctx.log({event: 'checkpoint_saved', step, epoch, dir, param_hash: ctx.lastHash ?? null})
+    } catch (error) {
+      ctx.log({event: 'checkpoint_save_failed', step, message: `${dir}: ${errorMessage(error)}`})
+    }
   }
 
   /** Waits for the upload under way (the last epoch's checkpoint is not abandoned when the run finishes). */

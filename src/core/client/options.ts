@@ -17,6 +17,8 @@ export interface ClientOptions {
   log: EventLog
   /** How long an apply waits for a witnessed result it has no announcement of before applying without it. */
   missingResultWaitMs?: number
+  /** join --checkpoint-dir: after each epoch the model is saved here (Hugging Face layout, replaced atomically). */
+  checkpointDir?: string
   /** Relays (multiaddrs) to reserve a slot on besides the coordinator's; `relay: false` uses none. */
   relays?: string[]
   relay?: boolean
