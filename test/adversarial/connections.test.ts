@@ -265,6 +265,29 @@ describe('every resource a stranger can take is bounded, and the refusal names t
     })
   })
 
+  test('all connections together hold at most --max-unsent-bytes-total: the slowest readers are cut off first', async () => {
+    await withServer({}, {maxUnsentBytes: 64 << 20, maxUnsentBytesTotal: 256 << 10, maxConnectionsPerIp: 2000}, async (t) => {
+      const slow = [await raw(t), await raw(t), await raw(t)]
+      for (const c of slow) {
+        await c.hello(generateIdentity(), false)
+        c.socket.pause()
+      }
+      const watcher = await honest(t, generateIdentity(), false)
+      const member = generateIdentity()
+      const m = await raw(t)
+      await m.hello(member, true)
+      const cut = () => t.logs.filter((l) => l.event === 'rejected' && l.code === 'slow_consumer').length
+      for (let i = 0; i < 20_000 && cut() < 3; i++) {
+        m.send(member, 'addresses', {p2p_addrs: maxAddrs(`t${i}`)})
+        if (i % 50 === 49) await new Promise((r) => setTimeout(r, 1))
+      }
+      assert.equal(cut(), 3, 'the three that never read are cut off')
+      const line = t.logs.find((l) => l.event === 'rejected' && l.code === 'slow_consumer')!
+      assert.match(String(line.reason), /--max-unsent-bytes-total/)
+      assert.ok(watcher.connected, 'a reading client is still served')
+    })
+  })
+
   test('reports count only from the round’s trainers: a non-member’s report is refused and reaches no watcher', async () => {
     await withServer({}, {}, async (t) => {
       const watcher = await raw(t)

@@ -56,6 +56,11 @@ limits per relayed connection are flags (--relay-data-limit-mb, --relay-duration
     'max-watchers': Flags.integer({summary: 'most connections watching the run without joining (psyche status, dashboards)', default: DEFAULT_LIMITS.maxWatchers, min: 1}),
     'max-members': Flags.integer({summary: 'most members of the run at once (waiting to join plus training); more joins are refused', default: DEFAULT_LIMITS.maxMembers, min: 1}),
     'joins-per-second': Flags.integer({summary: 'joins accepted per second, all clients together (a join storm is paced)', default: DEFAULT_LIMITS.joinsPerSecond, min: 1}),
+    'max-unsent-bytes-total': Flags.integer({
+      summary: 'bytes queued for all connections together; past it the slowest readers are cut off first',
+      default: DEFAULT_LIMITS.maxUnsentBytesTotal,
+      min: 1048576,
+    }),
     'join-burst': Flags.integer({summary: 'joins accepted at once before --joins-per-second applies', default: DEFAULT_LIMITS.joinBurst, min: 1}),
     'max-unsent-bytes': Flags.integer({
       summary: 'bytes queued for one connection that it has not read; past it the connection is closed (a slow reader)',
@@ -130,6 +135,7 @@ limits per relayed connection are flags (--relay-data-limit-mb, --relay-duration
         maxMembers: flags['max-members'],
         joinsPerSecond: flags['joins-per-second'],
         joinBurst: flags['join-burst'],
+        maxUnsentBytesTotal: flags['max-unsent-bytes-total'],
         maxUnsentBytes: flags['max-unsent-bytes'],
       },
     }).catch(async (error) => {

@@ -21,6 +21,11 @@ export interface ServerLimits {
   joinBurst: number
   /** Bytes queued for one connection that it has not read; past it the connection is closed (a slow reader). */
   maxUnsentBytes: number
+  /**
+   * Bytes queued for all connections together; past it the connections with the most unread are closed until the
+   * total is back under it. What bounds the server's memory however many connections there are.
+   */
+  maxUnsentBytesTotal: number
 }
 
 export const DEFAULT_LIMITS: ServerLimits = {
@@ -32,6 +37,7 @@ export const DEFAULT_LIMITS: ServerLimits = {
   joinsPerSecond: 32,
   joinBurst: 256,
   maxUnsentBytes: 4 * 1024 * 1024,
+  maxUnsentBytesTotal: 64 * 1024 * 1024,
 }
 
 /** The flag of `psyche server run` that sets each bound (what a refusal names). */
@@ -44,6 +50,7 @@ export const LIMIT_FLAGS: Record<keyof ServerLimits, string> = {
   joinsPerSecond: '--joins-per-second',
   joinBurst: '--join-burst',
   maxUnsentBytes: '--max-unsent-bytes',
+  maxUnsentBytesTotal: '--max-unsent-bytes-total',
 }
 
 /** Refusals of a server at one of its bounds: the client tries again later (they are not about who it is). */

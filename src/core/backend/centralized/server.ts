@@ -375,6 +375,28 @@ export class CoordinatorServer {
       if (asDelta) this.send(s, 'state_delta', {json})
       else this.send(s, 'state', {json})
     }
+    this.boundUnsent()
+  }
+
+  /**
+   * Keeps what all connections have not read under maxUnsentBytesTotal: past it, the connections with the most
+   * unread bytes (the slowest readers, or ones that never read) are cut off first.
+   */
+  private boundUnsent(): void {
+    const cap = this.opts.limits.maxUnsentBytesTotal
+    let total = 0
+    for (const s of this.sessions) total += s.socket.writableLength
+    if (total <= cap) return
+    const slowest = [...this.sessions].filter((s) => s.socket.writableLength > 0).sort((a, b) => b.socket.writableLength - a.socket.writableLength)
+    for (const s of slowest) {
+      if (total <= cap) break
+      total -= s.socket.writableLength
+      this.drop(
+        s,
+        'slow_consumer',
+        `the server holds more than ${cap} unread bytes for all connections (${LIMIT_FLAGS.maxUnsentBytesTotal}); this one is among the slowest readers`,
+      )
+    }
   }
 
   /** The current state's revision: a new one (with its delta from the previous) when the state changed since the last push. */
@@ -641,7 +663,14 @@ export class CoordinatorServer {
       if (result.error) {
         // A client that reconnects (e.g. after a server restart) is already in the run: nothing to refuse.
         if (result.error.code === 'AlreadyJoined') this.opts.log({event: 'rejoined', peer: s.peer, client: m.from, detail: result.error.message})
-        else this.reject(s, result.error.code, result.error.message, 'hello', {strike: false})
+        else {
+          this.reject(s, result.error.code, result.error.message, 'hello', {strike: false})
+          // It stays to watch the run (a client asks again through a new connection): it counts as a watcher.
+          if (this.watchers.size >= this.opts.limits.maxWatchers) {
+            return this.drop(s, 'too_many_watchers', `${this.opts.limits.maxWatchers} connections watch the run (${LIMIT_FLAGS.maxWatchers})`, 'hello')
+          }
+          this.watchers.add(s)
+        }
       } else {
         this.opts.log({event: 'joined', peer: s.peer, client: m.from})
       }
