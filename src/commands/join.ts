@@ -8,7 +8,7 @@ import type {KeyPairSigner} from '@solana/kit'
 import {CoordinatorConnection, type BackendConnector, type CoordinatorBackend} from '../core/backend/index.js'
 import type {closePeerRecord} from '../core/backend/solana/admin.js'
 import type {SolanaConnector} from '../core/backend/solana/client.js'
-import {PsycheClient, seedForRun, type ClientSummary} from '../core/client/runner.js'
+import {DEFAULT_MAX_ROUNDS_WITHOUT_EXCHANGE, PsycheClient, seedForRun, type ClientSummary} from '../core/client/runner.js'
 import {startComponents} from '../core/compose/client.js'
 import {listenAddrsForPort, parseMultiaddrs} from '../core/p2p/addresses.js'
 import {demoCorpusDir, ensureDemoCorpus} from '../core/corpus.js'
@@ -121,6 +121,12 @@ several rounds while others train prints a no_exchange warning naming the addres
     'eval-data': Flags.string({
       summary:
         "a held-out split (directory of token files) for the validation loss; default: the demo corpus's validation split, else the tail of the training data when the run never reaches it",
+    }),
+    'max-rounds-without-exchange': Flags.integer({
+      summary:
+        'leave the run (exit 1) after this many rounds in a row in which other clients trained and none of their results reached this client (it cannot reach its peers and would train alone); 0: never leave, only warn',
+      default: DEFAULT_MAX_ROUNDS_WITHOUT_EXCHANGE,
+      min: 0,
     }),
     'worker-restarts': Flags.integer({
       summary: 'start a new worker this many times when the worker dies (it rejoins at the next epoch with the model from a peer); 0: a dead worker ends the client',
@@ -253,8 +259,13 @@ several rounds while others train prints a no_exchange warning naming the addres
       switch (event.event) {
         case 'round': {
           const loss = typeof event.loss === 'number' ? event.loss.toFixed(3) : '  -  '
+          const alone = (event.rounds_without_exchange as number) > 0 ? `  NO EXCHANGE: no peer's result for ${event.rounds_without_exchange} round(s)` : ''
+          const relayed =
+            typeof event.relayed_in === 'number' && event.relayed_in + ((event.relayed_out as number) ?? 0) > 0
+              ? ` (relayed in ${mb(event.relayed_in)} out ${mb(event.relayed_out as number)})`
+              : ''
           progress.note(
-            `round ${event.step} (epoch ${event.epoch})  loss ${loss}  hash ${String(event.param_hash).slice(0, 12)}  peers' results applied ${event.peers_applied}/${event.peers_accepted} accepted (${event.other_trainers} others trained)  connected ${event.peers}  in ${mb(event.bytes_in as number)}  out ${mb(event.bytes_out as number)}`,
+            `round ${event.step} (epoch ${event.epoch})  loss ${loss}  hash ${String(event.param_hash).slice(0, 12)}  peers' results applied ${event.peers_applied}/${event.peers_accepted} accepted (${event.other_trainers} others trained)  connected ${event.peers}  in ${mb(event.bytes_in as number)}  out ${mb(event.bytes_out as number)}${relayed}${alone}`,
           )
           break
         }
@@ -350,6 +361,7 @@ several rounds while others train prints a no_exchange warning naming the addres
         hub,
         checkpointDir: flags['checkpoint-dir'],
         workerRestarts: flags['worker-restarts'],
+        maxRoundsWithoutExchange: flags['max-rounds-without-exchange'],
         eval: {every: plan.evalEvery, batches: plan.evalBatches},
       },
       components,

@@ -42,6 +42,16 @@ export type RoundEvent = {
   eval_ms: number | null
   /** P2P bytes per peer since the client started (keyed by client id, or libp2p peer id); {} when not counted. */
   peer_bytes: Record<string, {in: number; out: number}>
+  /** Of bytes_in/bytes_out, those that went through a circuit relay (cumulative); null when the P2P layer cannot tell. */
+  relayed_in: number | null
+  relayed_out: number | null
+  /** Of peer_bytes, those that went through a circuit relay, per peer (cumulative). */
+  peer_relayed_bytes: Record<string, {in: number; out: number}>
+  /**
+   * Rounds in a row, this one included, in which other clients trained and none of their results was applied
+   * here (0: this round exchanged, or nobody else trained). See join --max-rounds-without-exchange.
+   */
+  rounds_without_exchange: number
 }
 
 export type PsycheEvent =
@@ -131,7 +141,16 @@ export type PsycheEvent =
   | {event: 'model_peer_dropped'; client_id: string; reason: string; bad?: boolean}
   // core/p2p/model-download.ts
   | {event: 'model_piece_failed'; client_id: string; tensors: number; attempt: number; reason: string}
-  | {event: 'no_exchange'; step: number; rounds: number; other_trainers: number; peers: number; unreachable: {peer_id: string; addrs: string[]; reason: string}[]; detail: string}
+  | {
+      event: 'no_exchange'
+      step: number
+      rounds: number
+      other_trainers: number
+      peers: number
+      unreachable: {peer_id: string; addrs: string[]; reason: string}[]
+      detail: string
+      leaving?: boolean
+    }
   | {event: 'out_of_sync'; step: number; unannounced: string[]; unfetched: string[]; detail: string}
   | {event: 'peer_record_closed'; address: string}
   | {event: 'peer_record_invalid'; client_id: string; message: string}

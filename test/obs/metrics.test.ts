@@ -69,6 +69,10 @@ describe('Prometheus metrics', () => {
       peers: 2,
       apply_ms: 40,
       peer_bytes: {peerA: {in: 6000, out: 2000}, peerB: {in: 4000, out: 2000}},
+      relayed_in: 4000,
+      relayed_out: 2000,
+      peer_relayed_bytes: {peerB: {in: 4000, out: 2000}},
+      rounds_without_exchange: 0,
     })
     m.observe({event: 'trained', step: 2, loss: 7.1, batches: 4, result_bytes: 5100, compute_ms: 250})
     m.observe({
@@ -84,6 +88,10 @@ describe('Prometheus metrics', () => {
       peers_direct: 1,
       peers_relayed: 1,
       peer_bytes: {peerA: {in: 9000, out: 2500}, peerB: {in: 16_000, out: 6500}},
+      relayed_in: 16_000,
+      relayed_out: 6500,
+      peer_relayed_bytes: {peerB: {in: 16_000, out: 6500}},
+      rounds_without_exchange: 2,
       val_loss: 6.9,
       eval_ms: 120,
     })
@@ -112,6 +120,12 @@ describe('Prometheus metrics', () => {
       assert.equal(metrics.get('psyche_p2p_peer_sent_bytes_total{peer="peerA"}'), 2500)
       assert.equal(metrics.get('psyche_p2p_peer_received_bytes_total{peer="peerB"}'), 16_000)
       assert.equal(metrics.get('psyche_p2p_peer_sent_bytes_total{peer="peerB"}'), 6500)
+      assert.equal(metrics.get('psyche_p2p_relayed_received_bytes_total'), 16_000)
+      assert.equal(metrics.get('psyche_p2p_relayed_sent_bytes_total'), 6500)
+      assert.equal(metrics.get('psyche_p2p_peer_relayed_received_bytes_total{peer="peerB"}'), 16_000)
+      assert.equal(metrics.get('psyche_p2p_peer_relayed_sent_bytes_total{peer="peerB"}'), 6500)
+      assert.equal(metrics.get('psyche_p2p_peer_relayed_received_bytes_total{peer="peerA"}'), undefined)
+      assert.equal(metrics.get('psyche_client_rounds_without_exchange'), 2)
       assert.equal(metrics.get('psyche_p2p_peers'), 2)
       assert.equal(metrics.get('psyche_p2p_connections{kind="direct"}'), 1)
       assert.equal(metrics.get('psyche_p2p_connections{kind="relayed"}'), 1)

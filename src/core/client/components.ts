@@ -69,6 +69,10 @@ export interface ClientP2PStats {
   peers: number
   /** Bytes per remote peer (client id, or libp2p peer id), cumulative; absent when the P2P layer does not count them. */
   peerBytes?: Record<string, {in: number; out: number}>
+  /** Of those, bytes that went through a circuit relay: in total and per peer; absent when not counted. */
+  relayedSent?: number
+  relayedReceived?: number
+  peerRelayedBytes?: Record<string, {in: number; out: number}>
 }
 
 /** What the client needs from its P2P layer (the libp2p P2PNode satisfies it). */

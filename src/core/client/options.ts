@@ -33,6 +33,11 @@ export interface ClientOptions {
    * client leaves the epoch and rejoins at the next one with the model from its peers.
    */
   workerRestarts?: number
+  /**
+   * Leave the run (withdraw; run() rejects with code ENOEXCHANGE) after this many applied rounds in a row in which
+   * others trained and none of their results reached us; absent or 0: never (the warnings only).
+   */
+  maxRoundsWithoutExchange?: number
   /** Validation loss on held-out samples after every `every`-th round (eval.ts); absent or every 0: none. */
   eval?: EvalSettings
 }

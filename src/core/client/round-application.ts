@@ -206,6 +206,10 @@ export class RoundApplication {
       val_loss: null,
       eval_ms: null,
       peer_bytes: stats.peerBytes ?? {},
+      relayed_in: stats.relayedReceived ?? null,
+      relayed_out: stats.relayedSent ?? null,
+      peer_relayed_bytes: stats.peerRelayedBytes ?? {},
+      rounds_without_exchange: 0,
     }
     // Keep one applied round back: slower peers may still fetch it from us, and the next round's witnesses judge it.
     ctx.p2p.dropResultsBefore(round.step - 1)
@@ -219,7 +223,8 @@ export class RoundApplication {
   /** Logs a round event, with the validation loss when an evaluation is due after its step. */
   async report(event: RoundEvent): Promise<void> {
     await this.evaluation.evaluate(event)
+    event.rounds_without_exchange = this.health.count(event.peers_applied, event.other_trainers)
     this.ctx.log(event)
-    this.health.afterRound(event.step, event.peers_applied, event.other_trainers)
+    this.health.afterRound(event.step, event.other_trainers)
   }
 }

@@ -18,6 +18,7 @@ export type {ClientOptions, ClientPlan, ClientSummary} from './options.js'
 export type {ProducerContext, ResultProducer} from './components.js'
 /** One line per applied round (declared with every other event in core/events.ts). */
 export type {RoundEvent} from '../events.js'
+export {DEFAULT_MAX_ROUNDS_WITHOUT_EXCHANGE} from './exchange-health.js'
 
 /** In Warmup, how long a loaded client waits to be connected to its peers before it reports ready anyway. */
 const WARMUP_CONNECT_WAIT_MS = 20_000
@@ -323,6 +324,11 @@ export class PsycheClient {
         this.ctx.conn.sendWithdraw()
         await this.close()
         throw new PsycheError(`${error.message}; withdrew from run ${this.opts.runId}`, {code: 'EWORKERCRASHED'})
+      }
+      if (error instanceof PsycheError && error.code === 'ENOEXCHANGE') {
+        this.ctx.conn.sendWithdraw()
+        await this.close()
+        throw new PsycheError(`${error.message} Withdrew from run ${this.opts.runId}.`, {code: 'ENOEXCHANGE'})
       }
       await this.close()
       throw error

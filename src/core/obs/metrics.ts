@@ -199,6 +199,13 @@ export class ClientMetrics {
   private readonly peerReceived: Counter<'peer'>
   private readonly peerSent: Counter<'peer'>
   private readonly peerLabels = new Map<string, string>()
+  private readonly relayedReceived: Counter
+  private readonly relayedSent: Counter
+  private readonly peerRelayedReceived: Counter<'peer'>
+  private readonly peerRelayedSent: Counter<'peer'>
+  private readonly withoutExchange: Gauge
+  private lastRelayedIn = 0
+  private lastRelayedOut = 0
   private readonly peers: Gauge
   private readonly connections: Gauge<'kind'>
   private readonly rejected: Counter<'reason'>
@@ -266,6 +273,29 @@ export class ClientMetrics {
       name: 'psyche_p2p_peer_sent_bytes_total',
       help: `Bytes of results and models served to each peer (its client id's first 16 characters; peers after the first ${MAX_PEER_LABELS} count as "other")`,
       labelNames: ['peer'],
+      registers: [r],
+    })
+    this.relayedReceived = new Counter({
+      name: 'psyche_p2p_relayed_received_bytes_total',
+      help: "Of psyche_p2p_received_bytes_total, bytes that came through a circuit relay (each crossed the relay operator's link twice)",
+      registers: [r],
+    })
+    this.relayedSent = new Counter({name: 'psyche_p2p_relayed_sent_bytes_total', help: 'Of psyche_p2p_sent_bytes_total, bytes that went through a circuit relay', registers: [r]})
+    this.peerRelayedReceived = new Counter({
+      name: 'psyche_p2p_peer_relayed_received_bytes_total',
+      help: 'Of psyche_p2p_peer_received_bytes_total, bytes that came through a circuit relay, per peer',
+      labelNames: ['peer'],
+      registers: [r],
+    })
+    this.peerRelayedSent = new Counter({
+      name: 'psyche_p2p_peer_relayed_sent_bytes_total',
+      help: 'Of psyche_p2p_peer_sent_bytes_total, bytes that went through a circuit relay, per peer',
+      labelNames: ['peer'],
+      registers: [r],
+    })
+    this.withoutExchange = new Gauge({
+      name: 'psyche_client_rounds_without_exchange',
+      help: 'Rounds in a row in which other clients trained and none of their results reached this client (0: exchanging); see join --max-rounds-without-exchange',
       registers: [r],
     })
     this.peers = new Gauge({name: 'psyche_p2p_peers', help: 'Connected libp2p peers', registers: [r]})
@@ -342,7 +372,15 @@ export class ClientMetrics {
         const relayed = num(e.conn_relayed) ?? num(e.peers_relayed)
         if (direct !== undefined) this.connections.set({kind: 'direct'}, direct)
         if (relayed !== undefined) this.connections.set({kind: 'relayed'}, relayed)
-        this.observePeerBytes(e.peer_bytes)
+        this.observePeerBytes(e.peer_bytes, this.peerReceived, this.peerSent, '')
+        const relayedIn = num(e.relayed_in)
+        const relayedOut = num(e.relayed_out)
+        if (relayedIn !== undefined && relayedIn >= this.lastRelayedIn) this.relayedReceived.inc(relayedIn - this.lastRelayedIn)
+        if (relayedOut !== undefined && relayedOut >= this.lastRelayedOut) this.relayedSent.inc(relayedOut - this.lastRelayedOut)
+        if (relayedIn !== undefined) this.lastRelayedIn = relayedIn
+        if (relayedOut !== undefined) this.lastRelayedOut = relayedOut
+        this.observePeerBytes(e.peer_relayed_bytes, this.peerRelayedReceived, this.peerRelayedSent, 'relayed')
+        if (num(e.rounds_without_exchange) !== undefined) this.withoutExchange.set(num(e.rounds_without_exchange)!)
         break
       }
       case 'witness':
@@ -368,7 +406,7 @@ export class ClientMetrics {
    * first MAX_PEER_LABELS peers seen get their own `peer` label (the first 16 characters of the client id), any
    * later peer counts under peer="other".
    */
-  private observePeerBytes(v: unknown): void {
+  private observePeerBytes(v: unknown, peerReceived: Counter<'peer'>, peerSent: Counter<'peer'>, kind: string): void {
     if (!v || typeof v !== 'object') return
     for (const [peer, b] of Object.entries(v as Record<string, unknown>).slice(0, 1024)) {
       if (!b || typeof b !== 'object') continue
@@ -378,12 +416,12 @@ export class ClientMetrics {
         this.peerLabels.set(peer, label)
       }
       for (const [direction, counter] of [
-        ['in', this.peerReceived],
-        ['out', this.peerSent],
+        ['in', peerReceived],
+        ['out', peerSent],
       ] as const) {
         const total = num((b as Record<string, unknown>)[direction])
         if (total === undefined) continue
-        const key = `${peer}\0${direction}`
+        const key = `${peer}\0${direction}\0${kind}`
         const last = this.lastPeer.get(key) ?? 0
         if (total > last) counter.inc({peer: label}, total - last)
         this.lastPeer.set(key, total)

@@ -7,6 +7,7 @@ import type {PeerDialer} from './dialer.js'
 import {CHUNK_BYTES, framed, OverrunError, readChunksInto, readJsonObject, writeChunks, writeJson} from './framing.js'
 import {parseTensorRequest, signManifest, type ModelManifest, type ModelSnapshot} from './model.js'
 import {BadPeerError, downloadModel, type ModelPeerTransport} from './model-download.js'
+import {isCircuit} from './addresses.js'
 import {peerIdOfClient} from './peer-id.js'
 import type {Traffic} from './traffic.js'
 import {abortStream, deadline, ON_LIMITED} from './util.js'
@@ -91,7 +92,7 @@ export class ModelExchange implements Startable {
           await writeJson(lp, {status: 'ok'}, {signal})
           for (const i of indices) {
             await writeChunks(lp, model.frames[i].data, {signal})
-            this.components.traffic.count(connection.remotePeer, 'out', model.frames[i].data.length)
+            this.components.traffic.count(connection.remotePeer, 'out', model.frames[i].data.length, isCircuit(connection.remoteAddr))
           }
         }
       } else {
@@ -151,7 +152,7 @@ export class ModelExchange implements Startable {
             out.push(data.subarray(offset, offset + t.size))
             offset += t.size
           }
-          this.components.traffic.count(clientId, 'in', total)
+          this.components.traffic.count(clientId, 'in', total, this.components.dialer.onlyRelayed(peerIdOfClient(clientId)))
           return out
         }),
     }

@@ -77,6 +77,10 @@ export interface P2PStats {
   peakDownloadsInFlight: number
   /** Result and model bytes per remote peer (its client id when the peer is a run member's ed25519 key, else its peer id), cumulative. */
   peerBytes: Record<string, {in: number; out: number}>
+  /** Of bytesSent/bytesReceived and peerBytes, what went over relayed connections. */
+  relayedSent: number
+  relayedReceived: number
+  peerRelayedBytes: Record<string, {in: number; out: number}>
 }
 
 export interface P2PStats {
@@ -88,6 +92,10 @@ export interface P2PStats {
   peakDownloadsInFlight: number
   /** Result and model bytes per remote peer (its client id when the peer is a run member's ed25519 key, else its peer id), cumulative. */
   peerBytes: Record<string, {in: number; out: number}>
+  /** Of bytesSent/bytesReceived and peerBytes, what went over relayed connections. */
+  relayedSent: number
+  relayedReceived: number
+  peerRelayedBytes: Record<string, {in: number; out: number}>
 }
 
 /** The services of a client node, in the order they are created (each may use those before it). */
@@ -334,6 +342,9 @@ export class P2PNode {
       downloadsInFlight: results.downloads.active,
       peakDownloadsInFlight: results.downloads.peak,
       peerBytes: traffic.peerBytes(),
+      relayedSent: traffic.relayedSent,
+      relayedReceived: traffic.relayedReceived,
+      peerRelayedBytes: traffic.peerRelayedBytes(),
     }
   }
 

@@ -5,6 +5,7 @@ import {errorMessage, PsycheError} from '../errors.js'
 import {encodeAnnouncement, parseAnnouncement, sha256Hex, signAnnouncement, type ResultAnnouncement, type SigningIdentity} from '../primitives/announcement.js'
 import type {PeerDialer} from './dialer.js'
 import {CHUNK_BYTES, framed, OverrunError, readChunksInto, readJsonObject, writeChunks, writeJson} from './framing.js'
+import {isCircuit} from './addresses.js'
 import {peerIdOfClient} from './peer-id.js'
 import type {Traffic} from './traffic.js'
 import {abortStream, deadline, dialErrorMessage, ON_LIMITED, Semaphore, sleep} from './util.js'
@@ -304,7 +305,7 @@ export class ResultExchange implements Startable {
         if (error instanceof OverrunError) throw new BadSenderError(error.message)
         throw error
       }
-      this.components.traffic.count(holder, 'in', a.size)
+      this.components.traffic.count(holder, 'in', a.size, this.components.dialer.onlyRelayed(holder))
       await stream.close({signal}).catch(() => {})
       return bytes
     } catch (error) {
@@ -327,7 +328,7 @@ export class ResultExchange implements Startable {
       } else {
         await writeJson(lp, {status: 'ok', size: stored.length}, {signal})
         await writeChunks(lp, stored, {signal})
-        this.components.traffic.count(connection.remotePeer, 'out', stored.length)
+        this.components.traffic.count(connection.remotePeer, 'out', stored.length, isCircuit(connection.remoteAddr))
       }
       await stream.close({signal})
     } catch (error) {

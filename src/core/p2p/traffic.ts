@@ -10,24 +10,41 @@ const MAX_COUNTED_PEERS = 256
 export class Traffic {
   bytesSent = 0
   bytesReceived = 0
+  /** Of those, the bytes that went through a circuit relay (each crossed the relay's link twice). */
+  relayedSent = 0
+  relayedReceived = 0
   private readonly perPeer = new Map<string, {in: number; out: number}>()
+  private readonly perPeerRelayed = new Map<string, {in: number; out: number}>()
 
-  /** `bytes` exchanged with `peer` (a peer id, or a client id) in `direction`. */
-  count(peer: PeerId | string, direction: 'in' | 'out', bytes: number): void {
+  /** `bytes` exchanged with `peer` (a peer id, or a client id) in `direction`; `relayed`: over a relayed connection. */
+  count(peer: PeerId | string, direction: 'in' | 'out', bytes: number, relayed = false): void {
     if (direction === 'in') this.bytesReceived += bytes
     else this.bytesSent += bytes
     const raw = typeof peer !== 'string' && peer.type === 'Ed25519' ? peer.publicKey.raw : undefined
-    let key = typeof peer === 'string' ? peer : raw ? Buffer.from(raw).toString('hex') : peer.toString()
-    if (!this.perPeer.has(key) && this.perPeer.size >= MAX_COUNTED_PEERS) key = 'other'
-    let b = this.perPeer.get(key)
-    if (!b) this.perPeer.set(key, (b = {in: 0, out: 0}))
-    b[direction] += bytes
+    const key = typeof peer === 'string' ? peer : raw ? Buffer.from(raw).toString('hex') : peer.toString()
+    add(this.perPeer, key, direction, bytes)
+    if (!relayed) return
+    if (direction === 'in') this.relayedReceived += bytes
+    else this.relayedSent += bytes
+    add(this.perPeerRelayed, key, direction, bytes)
   }
 
   /** A copy of the per-peer counters. */
   peerBytes(): Record<string, {in: number; out: number}> {
     return Object.fromEntries([...this.perPeer].map(([k, v]) => [k, {...v}]))
   }
+
+  /** A copy of the per-peer counters of relayed bytes (peers we exchanged nothing with through a relay are absent). */
+  peerRelayedBytes(): Record<string, {in: number; out: number}> {
+    return Object.fromEntries([...this.perPeerRelayed].map(([k, v]) => [k, {...v}]))
+  }
+}
+
+function add(map: Map<string, {in: number; out: number}>, peer: string, direction: 'in' | 'out', bytes: number): void {
+  const key = !map.has(peer) && map.size >= MAX_COUNTED_PEERS ? 'other' : peer
+  let b = map.get(key)
+  if (!b) map.set(key, (b = {in: 0, out: 0}))
+  b[direction] += bytes
 }
 
 export function traffic(): () => Traffic {
