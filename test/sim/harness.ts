@@ -674,7 +674,7 @@ export class Simulation {
   async addClient(
     name: string,
     identity: Identity = generateIdentity(),
-    o: {hub?: ClientOptions['hub']; workerRestarts?: number; eval?: EvalSettings; evalData?: DataProvider; producer?: ResultProducer} = {},
+    o: {hub?: ClientOptions['hub']; checkpointDir?: string; workerRestarts?: number; eval?: EvalSettings; evalData?: DataProvider; producer?: ResultProducer} = {},
   ): Promise<SimClient> {
     const events: EventLine[] = []
     const worker = new DeterministicWorker()
@@ -702,6 +702,7 @@ export class Simulation {
         seed: 7,
         log: (e) => events.push(e),
         ...(o.hub ? {hub: o.hub} : {}),
+        ...(o.checkpointDir ? {checkpointDir: o.checkpointDir} : {}),
         workerRestarts: o.workerRestarts,
         eval: o.eval,
       },

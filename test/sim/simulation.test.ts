@@ -1,4 +1,7 @@
 import assert from 'node:assert/strict'
+import {existsSync, mkdtempSync, readFileSync, rmSync} from 'node:fs'
+import {tmpdir} from 'node:os'
+import {join} from 'node:path'
 import {describe, it} from 'node:test'
 import type {ClientSummary} from '../../src/core/client/runner.js'
 import {memoryData, SIM_SEQ_LEN, Simulation, simRun, type SimClient} from './harness.js'
@@ -68,6 +71,34 @@ describe('in-process simulation: real clients, in-memory coordinator, P2P and wo
       sim.coordinator.refusals.filter((r) => r.client_saw === r.run_state),
       [],
     )
+  })
+
+  it('join --checkpoint-dir: the model is saved after each epoch, the last save holding the final parameters', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'psyche-sim-ckpt-'))
+    try {
+      const saved = join(dir, 'model')
+      const sim = new Simulation(simRun({total_steps: 6}))
+      const a = await sim.addClient('a', undefined, {checkpointDir: saved})
+      const others = [await sim.addClient('b'), await sim.addClient('c')]
+      await sim.runUntil(() => sim.coordinator.state.run_state === 'Finished', {what: 'the run to finish'})
+      await Promise.all([a.done, ...others.map((c) => c.done)])
+      const saves = a.events.filter((e) => e.event === 'checkpoint_saved')
+      const lastOfEpoch = new Map<number, number>()
+      for (const r of a.rounds) lastOfEpoch.set(r.epoch, Math.max(lastOfEpoch.get(r.epoch) ?? 0, r.step))
+      assert.deepEqual(
+        saves.map((e) => [e.epoch, e.step]),
+        [...lastOfEpoch.entries()],
+        'one save per epoch, at its last round',
+      )
+      const meta = JSON.parse(readFileSync(join(saved, 'psyche-checkpoint.json'), 'utf8'))
+      const last = a.rounds.find((r) => r.step === 6)!
+      assert.deepEqual([meta.step, meta.param_hash], [6, last.param_hash])
+      assert.equal(meta.param_hash, a.worker.paramHash, 'the final parameters')
+      assert.ok(existsSync(join(saved, 'params.bin')) && existsSync(join(saved, 'config.json')))
+      assert.equal(others[0].events.filter((e) => e.event === 'checkpoint_saved').length, 0, 'only the client asked to saves')
+    } finally {
+      rmSync(dir, {recursive: true, force: true})
+    }
   })
 
   it('a client cut off from its peers is dropped by health checks, the others go on, and it rejoins with the model from a peer', async () => {
