@@ -13,10 +13,10 @@ export interface CliResult {
 }
 
 /** Runs the real CLI as a separate process (as a user would). */
-export async function runCli(args: string[], options: {cwd?: string; timeoutMs?: number} = {}): Promise<CliResult> {
+export async function runCli(args: string[], options: {cwd?: string; timeoutMs?: number; env?: Record<string, string>} = {}): Promise<CliResult> {
   const r = await execa(process.execPath, [cliPath, ...args], {
     cwd: options.cwd ?? projectRoot,
-    env: {NO_COLOR: '1', CI: '1'},
+    env: {NO_COLOR: '1', CI: '1', ...options.env},
     reject: false,
     timeout: options.timeoutMs ?? 300_000,
     stdin: 'ignore',

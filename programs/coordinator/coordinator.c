@@ -388,14 +388,45 @@ static void checkpoint_to_p2p(State *s) {
   s->checkpoint.kind = CK_P2P;
 }
 
+/* Decimal digits of v (no sign) at out; returns their count. */
+static u64 decimal(u64 v, u8 *out) {
+  u8 digits[20];
+  u64 n = 0;
+  do {
+    digits[n++] = (u8)('0' + v % 10);
+    v /= 10;
+  } while (v);
+  for (u64 i = 0; i < n; i++) out[i] = digits[n - 1 - i];
+  return n;
+}
+
+/* The clock's slot and unix timestamp as "slot:unix_timestamp" (decimal; a negative timestamp with its sign). */
+__attribute__((noinline)) static u64 clock_entropy(u8 *out) {
+  SolClock clock;
+  sol_get_clock_sysvar(&clock);
+  u64 n = decimal(clock.slot, out);
+  out[n++] = ':';
+  if (clock.unix_timestamp < 0) {
+    out[n++] = '-';
+    return n + decimal((u64)0 - (u64)clock.unix_timestamp, out + n);
+  }
+  return n + decimal((u64)clock.unix_timestamp, out + n);
+}
+
 static void start_round_train(State *s, u64 now) {
   move_exited(s, current_height(s));
   int has_previous = !s->first_round;
   u64 data_index = has_previous ? next_data_index(s) : s->epoch_start_data_index;
   if (has_previous) copy(&s->previous_round, &s->round, sizeof(Round));
+  /* The round's seed: SHA-256(previous seed ‖ step u64 ‖ entropy), the entropy being the cluster clock at the round's
+   * start spelled "slot:unix_timestamp" in decimal (clockEntropy in the reference), so nobody can compute a round's
+   * witnesses, verifiers and batches before the slot it starts in. */
   u8 step[8];
   write_u64(step, s->progress_step);
-  sha256_2(s->seed, 32, step, 8, s->seed);
+  u8 entropy[48];
+  u64 entropy_len = clock_entropy(entropy);
+  SolBytes parts[3] = {{s->seed, 32}, {step, 8}, {entropy, entropy_len}};
+  sol_sha256(parts, 3, s->seed);
   Round *r = &s->round;
   u64 height = has_previous ? s->previous_round.height + 1 : 0;
   zero(r, sizeof(Round));

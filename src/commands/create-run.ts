@@ -1,5 +1,7 @@
 import {Flags} from '@oclif/core'
-import {createRun, setMetadata, updateConfig} from '../core/backend/solana/admin.js'
+import {createRun, prepareUpdate, readRun, setMetadata} from '../core/backend/solana/admin.js'
+import {coordinatorAddress} from '../core/backend/solana/instructions.js'
+import {RUN_ID_MAX} from '../core/backend/solana/layout.js'
 import {encodeSetMetadata} from '../core/backend/solana/layout.js'
 import {PsycheError} from '../core/errors.js'
 import {PsycheCommand} from '../core/cli/base-command.js'
@@ -8,7 +10,9 @@ import {loadRunConfigFile} from '../core/config/index.js'
 
 export default class CreateRun extends PsycheCommand {
   static summary = 'Create a run on Solana: its coordinator account, owned by the coordinator program'
-  static description = `Sends init_coordinator for --run-id: the account is the program address of ("coordinator", run id), funded by --keypair, whose key becomes the run's main authority. With --join-authority the run is permissioned (clients need an authorization from that key: psyche authorize grant); without, anyone may join. With --config-path the configuration is set too (as update-config); --name and --description are kept on chain in the run's metadata record (the main authority's, beside the coordinator). The run starts paused: resume it with psyche set-paused --run-id ID resume.`
+  static description = `Sends init_coordinator for --run-id: the account is the program address of ("coordinator", run id), funded by --keypair, whose key becomes the run's main authority. With --join-authority the run is permissioned (clients need an authorization from that key: psyche authorize grant); without, anyone may join. With --config-path the configuration is set too (as update-config); --name and --description are kept on chain in the run's metadata record (the main authority's, beside the coordinator). The run starts paused: resume it with psyche set-paused --run-id ID resume.
+
+Everything is checked before anything is sent (the run id's length, the configuration and whether its update fits a transaction, the name and description). Should a later step fail (the network, the payer's balance), running the same command again finishes the run: a run that exists, is still Uninitialized and is the signer's gets its name, description and configuration; any other existing run is refused with a message to use update-config.`
   static examples = [
     '<%= config.bin %> create-run --rpc http://127.0.0.1:8899 --program-id <ID> --run-id my-run --config-path state.toml',
     '<%= config.bin %> create-run --program-id <ID> --authorizer-id <AUTH> --run-id closed-run --join-authority <KEY>',
@@ -48,9 +52,32 @@ export default class CreateRun extends PsycheCommand {
         throw new PsycheError(`--name/--description: ${(error as Error).message}`, {code: 'EUSAGE'})
       }
     }
-    const coordinator = await createRun({...target, payer: signer, mainAuthority: signer.address, joinAuthority, authorizer})
+    if (Buffer.byteLength(flags['run-id'], 'utf8') < 1 || Buffer.byteLength(flags['run-id'], 'utf8') > RUN_ID_MAX)
+      throw new PsycheError(`--run-id ${JSON.stringify(flags['run-id'])}: a run id on Solana is 1 to ${RUN_ID_MAX} bytes (a program address seed)`, {code: 'EUSAGE'})
+    const update = file ? await prepareUpdate({...target, authority: signer, file}) : undefined
+    let coordinator = await coordinatorAddress(programId, flags['run-id'])
+    const existing = await chain.fetchAccount(coordinator).then((data) => (data ? readRun(target) : undefined))
+    if (existing) {
+      // a half-made run (created, then the metadata or the configuration failed) is finished; any other is left alone
+      const unchanged = existing.main_authority === signer.address && existing.join_authority === joinAuthority && existing.state.run_state === 'Uninitialized'
+      if (!unchanged)
+        throw new PsycheError(
+          `run ${flags['run-id']} already exists (coordinator ${coordinator}, ${existing.state.run_state}, main authority ${existing.main_authority}): change its configuration with psyche update-config, or pick another --run-id`,
+          {code: 'EEXIST'},
+        )
+      if (!this.jsonEnabled()) this.log(`run ${flags['run-id']} exists and is not configured yet: finishing it`)
+    } else coordinator = await createRun({...target, payer: signer, mainAuthority: signer.address, joinAuthority, authorizer})
     if (metadata) await setMetadata({...target, authority: signer, metadata})
-    if (file) await updateConfig({...target, authority: signer, file})
+    if (update) {
+      const r = await chain.send(signer, [update])
+      if (!r.ok) {
+        const why = r.logs.filter((l) => l.startsWith('Program log: ')).map((l) => l.slice('Program log: '.length))
+        throw new PsycheError(
+          `create-run ${flags['run-id']}: the run was created but its configuration was refused: ${r.error}${why.length ? ` (${why.join('; ')})` : ''}; fix the file and run this command again`,
+          {code: 'EREFUSED'},
+        )
+      }
+    }
     if (!this.jsonEnabled())
       this.log(`created run ${flags['run-id']}: coordinator ${coordinator}${file ? ', configured' : ''} (paused; resume with psyche set-paused --run-id ${flags['run-id']} resume)`)
     return {

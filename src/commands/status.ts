@@ -1,5 +1,11 @@
 import {Flags} from '@oclif/core'
 import {CoordinatorConnection} from '../core/backend/index.js'
+import {readMetadata, readRun} from '../core/backend/solana/admin.js'
+import {RpcChain} from '../core/backend/solana/chain.js'
+import {coordinatorAddress, peerAddress} from '../core/backend/solana/instructions.js'
+import {addressOfClient} from '../core/backend/solana/layout.js'
+import {parseAddress} from '../core/cli/solana-flags.js'
+import {PsycheError} from '../core/errors.js'
 import {PsycheCommand} from '../core/cli/base-command.js'
 import {coordinatorSeconds, summarizeRun, timeLeftText, type RunSummary} from '../core/obs/summary.js'
 import {generateIdentity} from '../core/protocol/index.js'
@@ -12,20 +18,35 @@ state, prints it and exits. With --json, one object: {run_id, run_state, epoch, 
 phase_elapsed_seconds, phase_time_left_seconds (a round's is its timeout), epoch_time_left_seconds, clients: [{id, state}], clients_by_state: {healthy, dropped,
 withdrawn, ejected, pending}, round: {step, height, batch_size, trainers, witnesses_expected, witness_proofs,
 witness_quorum} | null, pause_pending, peers, scores: [{client_id, average, last, last_step, verifiers, count}]}:
-scores are the moving averages of the verification scores verifiers reported for each client's results.`
+scores are the moving averages of the verification scores verifiers reported for each client's results.
 
-  static examples = ['<%= config.bin %> status --server-addr 127.0.0.1:20000', '<%= config.bin %> status --server-addr host:20000 --json']
+With --rpc (and --program-id, --run-id) it reads a run on Solana instead: its coordinator account, its peer records and
+its metadata (adding coordinator, main_authority, join_authority, name and description; no scores: verifiers report
+them to a server only).`
+
+  static examples = [
+    '<%= config.bin %> status --server-addr 127.0.0.1:20000',
+    '<%= config.bin %> status --server-addr host:20000 --json',
+    '<%= config.bin %> status --rpc http://127.0.0.1:8899 --program-id <ID> --run-id my-run',
+  ]
 
   static flags = {
-    'server-addr': Flags.string({summary: 'the coordinator server, host:port', required: true}),
-    'run-id': Flags.string({summary: 'expect this run (default: whichever run the server coordinates)'}),
+    'server-addr': Flags.string({summary: 'the coordinator server, host:port', exactlyOne: ['server-addr', 'rpc']}),
+    rpc: Flags.string({summary: 'a run on Solana: JSON-RPC URL of the cluster (several, comma-separated)', exactlyOne: ['server-addr', 'rpc'], env: 'PSYCHE_SOLANA_RPC'}),
+    'program-id': Flags.string({summary: 'Solana: the coordinator program', env: 'PSYCHE_COORDINATOR_PROGRAM', dependsOn: ['rpc']}),
+    'run-id': Flags.string({summary: 'expect this run (default: whichever run the server coordinates); required with --rpc'}),
     timeout: Flags.integer({summary: 'seconds to keep trying to reach the server', default: 5, min: 1}),
   }
 
   async run(): Promise<StatusSummary> {
     const {flags} = await this.parse(Status)
+    if (flags.rpc) {
+      const summary = await solanaStatus(flags.rpc, flags['program-id'], flags['run-id'])
+      if (!this.jsonEnabled()) for (const line of formatSummary(summary)) this.log(line)
+      return summary
+    }
     const conn = await CoordinatorConnection.connect({
-      addr: flags['server-addr'],
+      addr: flags['server-addr']!,
       runId: flags['run-id'] ?? '',
       identity: generateIdentity(),
       p2pAddrs: [],
@@ -44,12 +65,49 @@ scores are the moving averages of the verification scores verifiers reported for
   }
 }
 
-export type StatusSummary = RunSummary & {peers: number; scores?: ClientScore[]}
+export type StatusSummary = RunSummary & {
+  peers: number
+  scores?: ClientScore[]
+  /** A run on Solana: its coordinator account, authorities and metadata. */
+  coordinator?: string
+  main_authority?: string
+  join_authority?: string | null
+  name?: string | null
+  description?: string | null
+}
+
+/** A run on Solana as its accounts show it: the coordinator's state, its peer records, its metadata. */
+async function solanaStatus(rpc: string, program: string | undefined, runId: string | undefined): Promise<StatusSummary> {
+  if (!runId) throw new PsycheError('--run-id is required with --rpc', {code: 'EUSAGE'})
+  const chain = new RpcChain(rpc)
+  const programId = parseAddress(program, 'program-id')
+  const target = {chain, programId, runId}
+  const run = await readRun(target)
+  const coordinator = await coordinatorAddress(programId, runId)
+  const ids = new Set([...run.state.epoch.clients.map((c) => c.id), ...run.state.pending])
+  let peers = 0
+  for (const id of ids) if (await chain.fetchAccount(await peerAddress(programId, coordinator, addressOfClient(id)))) peers++
+  const metadata = await readMetadata(target)
+  return {
+    ...summarizeRun(run.state, Date.now() / 1000),
+    peers,
+    coordinator,
+    main_authority: run.main_authority,
+    join_authority: run.join_authority,
+    name: metadata?.name ?? null,
+    description: metadata?.description ?? null,
+  }
+}
 
 export function formatSummary(s: StatusSummary): string[] {
   const left = timeLeftText(s) ? `, ${timeLeftText(s)}` : ''
   const c = s.clients_by_state
   const lines = [
+    ...(s.coordinator
+      ? [
+          `run ${s.run_id} on Solana${s.name ? ` (${s.name})` : ''}: coordinator ${s.coordinator}, main authority ${s.main_authority}${s.join_authority ? `, join authority ${s.join_authority}` : ''}`,
+        ]
+      : []),
     `run ${s.run_id}: ${s.run_state} (${s.phase_elapsed_seconds}s in phase${left})`,
     `epoch ${s.epoch}, step ${s.step} of ${s.total_steps} (${(s.progress * 100).toFixed(1)}%)`,
     `clients: ${c.healthy} healthy, ${c.dropped} dropped, ${c.withdrawn} withdrawn, ${c.ejected} ejected, ${c.pending} waiting for the next epoch; ${s.peers} in the peer directory`,

@@ -28,11 +28,12 @@ test('psyche identity new writes a 0600 identity and prints its id, refuses to o
     assert.equal(forced.exitCode, 0)
     assert.notEqual(JSON.parse(forced.stdout).id, id)
     const shown = await runCli(['identity', 'show', '--identity', path])
-    assert.equal(shown.stdout.trim(), JSON.parse(forced.stdout).id)
+    // the id, then the same key's base58 Solana address
+    assert.deepEqual(shown.stdout.trim().split('\n'), [JSON.parse(forced.stdout).id, JSON.parse(forced.stdout).address])
     // The file is also the positional argument (as users type it), of show and of new.
     const positional = await runCli(['identity', 'show', path])
     assert.equal(positional.exitCode, 0, positional.stderr)
-    assert.equal(positional.stdout.trim(), JSON.parse(forced.stdout).id)
+    assert.equal(positional.stdout.trim().split('\n')[0], JSON.parse(forced.stdout).id)
     const other = join(dir.path, 'other.json')
     const made2 = await runCli(['identity', 'new', other, '--json'])
     assert.equal(made2.exitCode, 0, made2.stderr)

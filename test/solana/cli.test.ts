@@ -1,10 +1,11 @@
 import assert from 'node:assert/strict'
 import {generateKeyPairSync} from 'node:crypto'
-import {readFileSync, writeFileSync} from 'node:fs'
+import {readFileSync, statSync, writeFileSync} from 'node:fs'
 import {join} from 'node:path'
 import {after, before, describe, it} from 'node:test'
 import {getAddressDecoder, type Address} from '@solana/kit'
-import {readAuthorization, readRun} from '../../src/core/backend/solana/admin.js'
+import {loadKeypair, readAuthorization, readMetadata, readRun} from '../../src/core/backend/solana/admin.js'
+import {coordinatorAddress} from '../../src/core/backend/solana/instructions.js'
 import {RpcChain} from '../../src/core/backend/solana/chain.js'
 import {projectRoot} from '../../src/core/worker/python.js'
 import {runCli, startCli, tempDir} from '../helpers.js'
@@ -98,5 +99,95 @@ describe('Solana commands against a localnet (psyche solana localnet)', () => {
     const r = await cli('set-paused', 'resume', '--keypair', bad, '--run-id', 'cli-run')
     assert.equal(r.exitCode, 1)
     assert.match(r.stderr, /bad\.json: a Solana keypair file is a JSON array of 64 bytes/)
+  })
+})
+
+describe('Solana without the Solana CLI: keys, a localnet that names its programs, create-run that finishes what it started, status', () => {
+  const dir = tempDir('psyche-solana-nocli-')
+  let net: ReturnType<typeof startCli>
+  const env: Record<string, string> = {}
+  const me = join(dir.path, 'me.json')
+
+  before(async () => {
+    const made = await runCli(['identity', 'new', '--solana', '--out', me, '--json'])
+    assert.equal(made.exitCode, 0, made.stderr)
+    net = startCli(['solana', 'localnet', '--port', '0', '--fund', me])
+    await new Promise<void>((resolve, reject) => {
+      let out = ''
+      net.stdout!.on('data', (chunk: Buffer) => {
+        out += chunk.toString()
+        for (const m of out.matchAll(/^export (PSYCHE_[A-Z_]+)=(\S+)$/gm)) env[m[1]!] = m[2]!
+        if (env.PSYCHE_SOLANA_WS_RPC) resolve()
+      })
+      void net.then((r) => reject(new Error(`localnet exited: ${r.stderr}`)))
+    })
+  })
+
+  after(async () => {
+    net.kill('SIGTERM')
+    await net
+    dir.cleanup()
+  })
+
+  it('identity new --solana writes a Solana CLI keypair (0600); identity show prints its id and base58 address', async () => {
+    const bytes = JSON.parse(readFileSync(me, 'utf8')) as number[]
+    assert.equal(bytes.length, 64)
+    assert.equal(statSync(me).mode & 0o777, 0o600)
+    const signer = await loadKeypair(me)
+    const shown = await runCli(['identity', 'show', '--identity', me])
+    assert.equal(shown.exitCode, 0, shown.stderr)
+    assert.deepEqual(shown.stdout.trim().split('\n'), [Buffer.from(bytes.slice(32)).toString('hex'), signer.address])
+    const only = await runCli(['identity', 'show', '--identity', me, '--address'])
+    assert.equal(only.stdout.trim(), signer.address)
+  })
+
+  it('solana localnet without program ids makes them and prints the export lines; the README workflow runs on them', async () => {
+    assert.match(env.PSYCHE_COORDINATOR_PROGRAM!, /^[1-9A-HJ-NP-Za-km-z]{32,44}$/)
+    assert.match(env.PSYCHE_AUTHORIZER_PROGRAM!, /^[1-9A-HJ-NP-Za-km-z]{32,44}$/)
+    assert.notEqual(env.PSYCHE_COORDINATOR_PROGRAM, env.PSYCHE_AUTHORIZER_PROGRAM)
+    assert.match(env.PSYCHE_SOLANA_RPC!, /^http:\/\/127\.0\.0\.1:\d+$/)
+    assert.equal(env.PSYCHE_SOLANA_WS_RPC, env.PSYCHE_SOLANA_RPC!.replace('http:', 'ws:'))
+    const cli = (...args: string[]) => runCli(args, {timeoutMs: 60_000, env})
+    const local = join(dir.path, 'local.toml')
+    writeFileSync(local, readFileSync(join(projectRoot, 'templates', 'tiny-demo', 'state.toml'), 'utf8'))
+    const good = join(dir.path, 'hub.toml')
+    writeFileSync(good, readFileSync(local, 'utf8').replace('[model.LLM.checkpoint.Local]\npath = "model"', '[model.LLM.checkpoint.Hub]\nrepo_id = "psyche/tiny-demo"'))
+    const chain = new RpcChain(env.PSYCHE_SOLANA_RPC!)
+    const programId = env.PSYCHE_COORDINATOR_PROGRAM as Address
+    const coordinator = await coordinatorAddress(programId, 'nocli-run')
+    // a configuration the program cannot take is refused before anything is sent
+    const local1 = await cli('create-run', '--keypair', me, '--run-id', 'nocli-run', '--config-path', local)
+    assert.equal(local1.exitCode, 1)
+    assert.match(local1.stderr, /local\.toml: .*(Local|checkpoint)/)
+    assert.equal(await chain.fetchAccount(coordinator), undefined, 'nothing was created')
+    const long = await cli('create-run', '--keypair', me, '--run-id', 'x'.repeat(33), '--config-path', good)
+    assert.equal(long.exitCode, 1)
+    assert.match(long.stderr, /1 to 32 bytes/)
+    // a half-made run (created, not configured): the same command again finishes it
+    const half = await cli('create-run', '--keypair', me, '--run-id', 'nocli-run', '--json')
+    assert.equal(half.exitCode, 0, half.stderr)
+    const finished = await cli('create-run', '--keypair', me, '--run-id', 'nocli-run', '--config-path', good, '--name', 'No CLI', '--json')
+    assert.equal(finished.exitCode, 0, finished.stderr)
+    assert.equal(json(finished.stdout).configured, true)
+    const run = await readRun({chain, programId, runId: 'nocli-run'})
+    assert.equal(run.has_config, true)
+    assert.deepEqual(await readMetadata({chain, programId, runId: 'nocli-run'}), {name: 'No CLI', description: ''})
+    const resumed = await cli('set-paused', 'resume', '--keypair', me, '--run-id', 'nocli-run')
+    assert.equal(resumed.exitCode, 0, resumed.stderr)
+    // once configured (or resumed), the run exists: create-run says so and points at update-config
+    const again = await cli('create-run', '--keypair', me, '--run-id', 'nocli-run', '--config-path', good)
+    assert.equal(again.exitCode, 1)
+    assert.match(again.stderr, /run nocli-run already exists .*WaitingForMembers.*psyche update-config/)
+    // status --rpc shows the on-chain run
+    const status = await cli('status', '--run-id', 'nocli-run', '--json')
+    assert.equal(status.exitCode, 0, status.stderr)
+    const st = json(status.stdout)
+    assert.equal(st.run_state, 'WaitingForMembers')
+    assert.equal(st.coordinator, coordinator)
+    assert.equal(st.main_authority, (await loadKeypair(me)).address)
+    assert.equal(st.name, 'No CLI')
+    const text = await cli('status', '--run-id', 'nocli-run')
+    assert.match(text.stdout, /run nocli-run on Solana \(No CLI\): coordinator /)
+    assert.match(text.stdout, /run nocli-run: WaitingForMembers/)
   })
 })

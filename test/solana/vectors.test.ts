@@ -138,7 +138,7 @@ describe('shared coordinator vectors: the on-chain program equals the TypeScript
       assert.ok(setup.ok, `update: ${setup.error}`)
       let applied = 0
       for (const [i, step] of scenario.steps.entries()) {
-        d.chain.setTime(step.now)
+        d.chain.setClock(step.now, step.slot)
         const {signer, ix} = toInstruction(d, signers, step.event)
         const r = await d.chain.send(signer, Array.isArray(ix) ? ix : [ix])
         const where = `${scenario.name} step ${i} (${step.event.type} at ${step.now})`

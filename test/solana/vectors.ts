@@ -1,4 +1,5 @@
 import {
+  clockEntropy,
   applyEvent,
   assignBatches,
   buildWitnessProof,
@@ -25,7 +26,9 @@ import {keypair} from './harness.js'
  */
 
 export interface VectorStep {
+  /** The cluster clock when the event runs: unix seconds, and the slot (the program mixes both into a round's seed). */
   now: number
+  slot: number
   event: CoordinatorEvent
   /** The rejection code, when the reference refuses the event. */
   error?: RejectionCode
@@ -93,13 +96,16 @@ class Recorder {
   }
 
   apply(event: CoordinatorEvent, expect?: RejectionCode | 'ok'): CoordinatorState {
-    // `now` is the chain's clock (unix seconds); the reference's clock is in milliseconds.
+    // `now` is the chain's clock (unix seconds); the reference's clock is in milliseconds. Every event runs in a slot
+    // of its own; the events that may start a round carry the clock's entropy, as the program reads it.
+    const slot = 1000 + 3 * this.steps.length
+    if (event.type === 'tick' || event.type === 'witness') event = {...event, entropy: clockEntropy(slot, this.now)}
     const r = applyEvent(this.state, event, this.now * 1000)
     if (expect === 'ok' && r.error) throw new Error(`${this.scenario.name}: ${event.type} at ${this.now} rejected: ${r.error.code}: ${r.error.message}`)
     if (expect && expect !== 'ok' && r.error?.code !== expect)
       throw new Error(`${this.scenario.name}: ${event.type} at ${this.now}: expected ${expect}, got ${r.error?.code ?? 'accepted'}`)
     this.state = r.state
-    this.steps.push({now: this.now, event, ...(r.error ? {error: r.error.code} : {}), state: r.state})
+    this.steps.push({now: this.now, slot, event, ...(r.error ? {error: r.error.code} : {}), state: r.state})
     return r.state
   }
 

@@ -1,5 +1,8 @@
-import {readFileSync} from 'node:fs'
+import {existsSync, readFileSync} from 'node:fs'
+import {randomBytes} from 'node:crypto'
 import {Flags} from '@oclif/core'
+import {getAddressDecoder, isAddress, type Address} from '@solana/kit'
+import {loadKeypair} from '../../core/backend/solana/admin.js'
 import {AUTHORIZER_PROGRAM_PATH, COORDINATOR_PROGRAM_PATH} from '../../core/backend/solana/local-chain.js'
 import {Localnet} from '../../core/backend/solana/localnet.js'
 import {PsycheCommand} from '../../core/cli/base-command.js'
@@ -7,34 +10,47 @@ import {parseAddress} from '../../core/cli/solana-flags.js'
 
 export default class SolanaLocalnet extends PsycheCommand {
   static summary = "Serve a one-machine Solana cluster (LiteSVM) with psyche's programs, on the standard JSON-RPC API"
-  static description = `For trying Solana runs without a validator: the committed coordinator and authorizer programs run in the real Solana runtime (LiteSVM), with a clock that follows wall time, behind the JSON-RPC methods psyche's commands use and accountSubscribe on a websocket at the same address. --fund airdrops 100 SOL to an address. Not a validator: no consensus, state lost on exit. For a real cluster use solana-test-validator or devnet (README).
+  static description = `For trying Solana runs without a validator or the Solana CLI: the committed coordinator and authorizer programs run in the real Solana runtime (LiteSVM), with a clock and slots that follow wall time, behind the JSON-RPC methods psyche's commands use, and accountSubscribe/signatureSubscribe on a websocket at the same address. Like a cluster it refuses transactions over 1,232 bytes and expired blockhashes, and enforces the compute limit a transaction asks for. Without --program-id / --authorizer-id it deploys at new random addresses. It prints the export lines that point psyche's commands at it (PSYCHE_COORDINATOR_PROGRAM, PSYCHE_AUTHORIZER_PROGRAM, PSYCHE_SOLANA_RPC, PSYCHE_SOLANA_WS_RPC). --fund airdrops 100 SOL to an address or a keypair file's. Not a validator: no consensus, state lost on exit. For a real cluster use solana-test-validator or devnet (README).
 
---json prints {"event":"listening","url":...} on stdout when ready.`
-  static examples = ['<%= config.bin %> solana localnet --program-id <ID> --authorizer-id <AUTH> --fund <MY_ADDRESS>']
+--json prints {"event":"listening","url":...,"ws_url":...,"program_id":...,"authorizer_id":...} on stdout when ready.`
+  static examples = ['<%= config.bin %> solana localnet --fund me.json', '<%= config.bin %> solana localnet --program-id <ID> --authorizer-id <AUTH> --fund <MY_ADDRESS>']
 
   static flags = {
-    'program-id': Flags.string({summary: 'address to deploy the coordinator program at', required: true}),
-    'authorizer-id': Flags.string({summary: 'address to deploy the authorizer program at', required: true}),
+    'program-id': Flags.string({summary: 'address to deploy the coordinator program at (default: a new random one)'}),
+    'authorizer-id': Flags.string({summary: 'address to deploy the authorizer program at (default: a new random one)'}),
     port: Flags.integer({summary: 'TCP port (0: any free port)', default: 8899, min: 0, max: 65535}),
     host: Flags.string({summary: 'address to listen on', default: '127.0.0.1'}),
-    fund: Flags.string({summary: 'airdrop 100 SOL to this address (repeat)', multiple: true, default: []}),
+    fund: Flags.string({summary: "airdrop 100 SOL to this address, or to a keypair file's (repeat)", multiple: true, default: []}),
   }
 
   async run(): Promise<void> {
     const {flags} = await this.parse(SolanaLocalnet)
+    const programId = flags['program-id'] ? parseAddress(flags['program-id'], 'program-id') : randomAddress()
+    const authorizerId = flags['authorizer-id'] ? parseAddress(flags['authorizer-id'], 'authorizer-id') : randomAddress()
     const net = new Localnet({
       host: flags.host,
       port: flags.port,
       programs: [
-        {address: parseAddress(flags['program-id'], 'program-id'), bytes: readFileSync(COORDINATOR_PROGRAM_PATH)},
-        {address: parseAddress(flags['authorizer-id'], 'authorizer-id'), bytes: readFileSync(AUTHORIZER_PROGRAM_PATH)},
+        {address: programId, bytes: readFileSync(COORDINATOR_PROGRAM_PATH)},
+        {address: authorizerId, bytes: readFileSync(AUTHORIZER_PROGRAM_PATH)},
       ],
     })
-    for (const a of flags.fund) net.chain.airdrop(parseAddress(a, 'fund'))
+    for (const a of flags.fund) net.chain.airdrop(isAddress(a) || !existsSync(a) ? parseAddress(a, 'fund') : (await loadKeypair(a)).address)
     const url = await net.start()
-    if (this.jsonEnabled()) process.stdout.write(`${JSON.stringify({event: 'listening', url})}\n`)
-    else this.log(`localnet listening on ${url} (coordinator ${flags['program-id']}, authorizer ${flags['authorizer-id']})`)
+    if (this.jsonEnabled()) process.stdout.write(`${JSON.stringify({event: 'listening', url, ws_url: net.wsUrl, program_id: programId, authorizer_id: authorizerId})}\n`)
+    else {
+      this.log(`# localnet listening on ${url} (coordinator ${programId}, authorizer ${authorizerId}); in another shell:`)
+      this.log(`export PSYCHE_COORDINATOR_PROGRAM=${programId}`)
+      this.log(`export PSYCHE_AUTHORIZER_PROGRAM=${authorizerId}`)
+      this.log(`export PSYCHE_SOLANA_RPC=${url}`)
+      this.log(`export PSYCHE_SOLANA_WS_RPC=${net.wsUrl}`)
+    }
     await this.shutdown.requested()
     await net.close()
   }
+}
+
+/** A program id nobody holds the key of (a localnet deploys without one). */
+function randomAddress(): Address {
+  return getAddressDecoder().decode(randomBytes(32))
 }

@@ -9,7 +9,7 @@
  * selectWitnesses, buildWitnessProof, isResultWitnessed.
  */
 export * from './types.js'
-export {applyEvent, createCoordinator, tick, type CreateOptions} from './machine.js'
+export {applyEvent, clockEntropy, createCoordinator, tick, type CreateOptions} from './machine.js'
 export {
   MAX_AUTO_WITNESSES,
   assignBatches,

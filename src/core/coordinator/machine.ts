@@ -516,7 +516,8 @@ function apply(s: CoordinatorState, event: CoordinatorEvent, now: number): Coord
     case 'witness':
       checkId(event.from, 'from')
       if (HALTED_PHASES.has(s.run_state)) throw new Reject('Halted', `the run is ${s.run_state}`)
-      return onWitness(s, now, event)
+      if (event.entropy !== undefined && typeof event.entropy !== 'string') throw new Reject('InvalidEvent', 'witness entropy must be text')
+      return onWitness(s, now, event, event.entropy)
     case 'health_check':
       checkId(event.from, 'from')
       if (HALTED_PHASES.has(s.run_state)) throw new Reject('Halted', `the run is ${s.run_state}`)
@@ -553,6 +554,15 @@ export function applyEvent(state: CoordinatorState, event: CoordinatorEvent, now
     if (error instanceof Reject) return {state, error: {code: error.code, message: error.message} satisfies Rejection}
     throw error
   }
+}
+
+/**
+ * The entropy a Solana cluster's clock gives a round that starts at it: "slot:unix_timestamp" in decimal. The program
+ * mixes it into each round's seed (SHA-256(previous seed ‖ step ‖ entropy)), so a round's witnesses and batches cannot
+ * be computed before its slot; the reference gets the same text through the event that starts the round.
+ */
+export function clockEntropy(slot: number | bigint, unixSeconds: number | bigint): string {
+  return `${slot}:${unixSeconds}`
 }
 
 /** Ticks the run forward at `now`: at most one phase transition. A halted run is returned unchanged. */

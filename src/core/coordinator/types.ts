@@ -117,7 +117,9 @@ export interface WitnessProof {
 /**
  * What can happen to a run. `now` (unix milliseconds) is passed beside the event (applyEvent), never read from a clock.
  * - join / withdraw: a client asks to take part in (or leave) the run.
- * - tick: time passed; `entropy` (hex, optional) is mixed into the next round's seed by backends that have some.
+ * - tick: time passed; `entropy` (text, optional) is mixed into the next round's seed by backends that have some
+ *   (a witness event may start a round too, and carries it the same way). On Solana it is the cluster clock's
+ *   `clockEntropy(slot, unix_timestamp)`, which the program reads itself.
  * - witness: a witness proof for `step` (in Warmup: "my model is loaded", blooms ignored).
  * - health_check: `from` says the `accused` trained nothing its witnesses saw in the previous round.
  * - pause / resume / config_update: the run's authority.
@@ -134,7 +136,7 @@ export type CoordinatorEvent =
   | {type: 'join'; id: ClientId}
   | {type: 'withdraw'; id: ClientId}
   | {type: 'tick'; entropy?: string}
-  | {type: 'witness'; from: ClientId; step: number; proof: WitnessProof}
+  | {type: 'witness'; from: ClientId; step: number; proof: WitnessProof; entropy?: string}
   | {type: 'health_check'; from: ClientId; accused: ClientId[]}
   | {type: 'pause'}
   | {type: 'resume'}

@@ -1,9 +1,23 @@
-import {createKeyPairSignerFromBytes, type Address, type KeyPairSigner, type TransactionSigner} from '@solana/kit'
+import {
+  appendTransactionMessageInstructions,
+  createKeyPairSignerFromBytes,
+  createTransactionMessage,
+  getTransactionSize,
+  pipe,
+  setTransactionMessageFeePayerSigner,
+  setTransactionMessageLifetimeUsingBlockhash,
+  signTransactionMessageWithSigners,
+  type Address,
+  type Blockhash,
+  type Instruction,
+  type KeyPairSigner,
+  type TransactionSigner,
+} from '@solana/kit'
 import type {RunConfigFile} from '../../config/types.js'
 import {PsycheError} from '../../errors.js'
 import {readSecretFile} from '../../secret-file.js'
 import {AUTHORIZATION_SIZE, authorizationAddress, decodeAuthorization, delegatesInstruction, grantInstruction, revokeInstruction, type Authorization} from './authorizer.js'
-import type {Chain} from './chain.js'
+import {TRANSACTION_SIZE_LIMIT, type Chain} from './chain.js'
 import {
   closePeerInstruction,
   coordinatorAddress,
@@ -13,6 +27,7 @@ import {
   setMetadataInstruction,
   setPausedInstruction,
   updateInstruction,
+  withComputeBudget,
 } from './instructions.js'
 import {METADATA_SIZE, STATE_SIZE, decodeCoordinator, decodeMetadata, type OnChainCoordinator, type RunMetadata} from './layout.js'
 import type {SendResult} from './local-chain.js'
@@ -86,16 +101,44 @@ export async function createRun(t: RunTarget & {payer: TransactionSigner; mainAu
   return coordinator
 }
 
-/** update: the run's [config] and [model.LLM] from a validated run configuration file. */
-export async function updateConfig(t: RunTarget & {authority: TransactionSigner; file: RunConfigFile}): Promise<void> {
+/**
+ * The update instruction for a run configuration file, checked before anything is sent: the file must have a
+ * [config], be encodable for the program (a Hub, P2P or Dummy checkpoint; model JSON within MODEL_JSON_MAX), and its
+ * transaction must fit the 1,232 bytes a cluster accepts.
+ */
+export async function prepareUpdate(t: RunTarget & {authority: TransactionSigner; file: RunConfigFile}): Promise<Instruction> {
   if (!t.file.config) throw new PsycheError(`${t.file.path}: no [config] table: update-config needs the run's configuration`, {code: 'ECONFIG'})
   const coordinator = await coordinatorAddress(t.programId, t.runId)
-  let ix
+  let ix: Instruction
   try {
     ix = updateInstruction(t.programId, coordinator, t.authority, t.file.config, t.file.model)
   } catch (error) {
     throw new PsycheError(`${t.file.path}: ${(error as Error).message}`, {code: 'ECONFIG'})
   }
+  const size = await transactionSize(t.authority, [ix])
+  if (size > TRANSACTION_SIZE_LIMIT)
+    throw new PsycheError(
+      `${t.file.path}: the configuration's update transaction is ${size} bytes, more than a cluster accepts (${TRANSACTION_SIZE_LIMIT}): shorten [model.LLM] (its JSON goes on chain) or the checkpoint's repo and revision`,
+      {code: 'ECONFIG'},
+    )
+  return ix
+}
+
+/** The wire size of a transaction of these instructions (signed offline, on a placeholder blockhash). */
+export async function transactionSize(payer: TransactionSigner, instructions: Instruction[]): Promise<number> {
+  const message = pipe(
+    createTransactionMessage({version: 0}),
+    (m) => setTransactionMessageFeePayerSigner(payer, m),
+    (m) => setTransactionMessageLifetimeUsingBlockhash({blockhash: PLACEHOLDER_BLOCKHASH, lastValidBlockHeight: 0n}, m),
+    (m) => appendTransactionMessageInstructions(withComputeBudget(instructions, 1n), m),
+  )
+  return getTransactionSize(await signTransactionMessageWithSigners(message))
+}
+const PLACEHOLDER_BLOCKHASH = '11111111111111111111111111111111' as Blockhash
+
+/** update: the run's [config] and [model.LLM] from a validated run configuration file. */
+export async function updateConfig(t: RunTarget & {authority: TransactionSigner; file: RunConfigFile}): Promise<void> {
+  const ix = await prepareUpdate(t)
   check(await t.chain.send(t.authority, [ix]), `update-config ${t.runId}`)
 }
 
