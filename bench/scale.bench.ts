@@ -21,7 +21,7 @@ import {writeFileSync} from 'node:fs'
 import {join} from 'node:path'
 import {createInterface} from 'node:readline'
 import {projectRoot} from '../src/core/worker/python.js'
-import {scaleRun, ScaleServer} from '../test/scale/harness.js'
+import {scaleRun, ScaleServer, startMemoryClients} from '../test/scale/harness.js'
 import {plotScale} from './scale-plot.js'
 
 const NS = (process.env.BENCH_SCALE_NS ?? '8,32,128,256').split(',').map(Number)
@@ -32,6 +32,12 @@ const PER_PROCESS = Number(process.env.BENCH_SCALE_PER_PROCESS ?? 16)
 const OUT = process.env.BENCH_SCALE_OUT ?? join(projectRoot, 'bench', 'scale-results.json')
 /** A run that has not finished by then is stopped, and reported as such. */
 const RUN_TIMEOUT_MS = Number(process.env.BENCH_SCALE_TIMEOUT_S ?? 900) * 1000
+/**
+ * 'libp2p' (default): as above. 'memory': every client in this process on the simulation's in-memory P2P layer (the
+ * real server over TCP, the real clients): the coordinator's side measured exactly without libp2p's costs; CPU and
+ * the P2P wire are not separable there (reported as '-').
+ */
+const P2P = process.env.BENCH_SCALE_P2P ?? 'libp2p'
 
 const median = (xs: number[]) => (xs.length ? [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)] : NaN)
 
@@ -67,7 +73,49 @@ export interface ScalePoint {
   errors: string[]
 }
 
+async function measureInProcess(n: number): Promise<ScalePoint> {
+  const run = await scaleRun({clients: n, rounds: ROUNDS})
+  const server = await ScaleServer.start(run, {limits: {maxConnectionsPerIp: 4096, maxHandshakes: 1024}})
+  const t0 = performance.now()
+  const {clients} = await startMemoryClients(server, n, {resultBytes: RESULT_BYTES, computeMs: COMPUTE_MS})
+  await Promise.race([Promise.all(clients.map((c) => c.done)), new Promise((r) => setTimeout(r, RUN_TIMEOUT_MS))])
+  const finished = server.server.state.run_state === 'Finished'
+  for (const c of clients) c.client.stop()
+  await Promise.all(clients.map((c) => c.done))
+  await server.stop()
+  const measured = server.perRound().filter((r) => r.step >= 1 && r.step <= ROUNDS)
+  const roundsN = Math.max(1, measured.length)
+  const coordinatorBytes = measured.reduce((acc, r) => acc + r.bytesOut + r.bytesIn, 0)
+  const payloads: number[] = []
+  for (const c of clients) for (let i = 1; i < c.rounds.length; i++) payloads.push(c.rounds[i].bytes_in - c.rounds[i - 1].bytes_in)
+  const hashes = new Map<number, Set<string>>()
+  for (const c of clients) for (const r of c.rounds) (hashes.get(r.step) ?? hashes.set(r.step, new Set()).get(r.step)!).add(r.param_hash)
+  return {
+    n,
+    finished,
+    rounds_measured: measured.length,
+    join_ms: (server.joinedAt[n - 1] ?? NaN) - t0,
+    join_to_first_round_ms: (server.roundStarts.get(1)?.at ?? NaN) - t0,
+    overhead_ms: median(measured.map((r) => r.ms - COMPUTE_MS)),
+    to_quorum_ms: median(measured.map((r) => (r.quorumMs ?? NaN) - COMPUTE_MS)),
+    server_cpu_ms_per_round: NaN,
+    server_rss_mb: NaN,
+    server_frames_per_round: median(measured.map((r) => r.framesOut)),
+    server_bytes_out_per_round: median(measured.map((r) => r.bytesOut)),
+    coordinator_bytes_per_client_round: coordinatorBytes / n / roundsN,
+    p2p_control_bytes_per_client_round: NaN,
+    control_bytes_per_client_round: NaN,
+    payload_bytes_per_client_round: median(payloads),
+    connections_per_client: NaN,
+    client_cpu_ms_per_client_round: NaN,
+    every_result_applied: clients.every((c) => c.rounds.length === ROUNDS && c.rounds.every((r) => r.applied === n && r.trainers === n)),
+    replicas_agree: [...hashes.values()].every((s) => s.size === 1),
+    errors: clients.flatMap((c) => c.events.filter((e) => /fail|error/.test(String(e.event))).map((e) => JSON.stringify(e).slice(0, 300))).slice(0, 20),
+  }
+}
+
 async function measure(n: number): Promise<ScalePoint> {
+  if (P2P === 'memory') return measureInProcess(n)
   const run = await scaleRun({clients: n, rounds: ROUNDS, warmupTime: 600, maxRoundTrainTime: 120, roundWitnessTime: 20})
   // Every client is on 127.0.0.1: the per-address bound must admit them all (the join pacing stays as shipped).
   const server = await ScaleServer.start(run, {limits: {maxConnectionsPerIp: 4096, maxHandshakes: 1024}})
@@ -81,7 +129,12 @@ async function measure(n: number): Promise<ScalePoint> {
   for (let s = 0; s < shards; s++) {
     const count = Math.min(PER_PROCESS, n - s * PER_PROCESS)
     const args = JSON.stringify({serverAddr: server.addr, runId: run.run_id, count, resultBytes: RESULT_BYTES, computeMs: COMPUTE_MS, shard: s})
-    const child = spawn(process.execPath, ['--import', 'tsx', join(projectRoot, 'bench', 'scale-shard.ts'), args], {cwd: projectRoot, stdio: ['ignore', 'pipe', 'pipe']})
+    // BENCH_SCALE_PROFILE=DIR: a CPU profile of each shard process there.
+    const profile = process.env.BENCH_SCALE_PROFILE ? ['--cpu-prof', `--cpu-prof-dir=${process.env.BENCH_SCALE_PROFILE}`] : []
+    const child = spawn(process.execPath, [...profile, '--import', 'tsx', join(projectRoot, 'bench', 'scale-shard.ts'), args], {
+      cwd: projectRoot,
+      stdio: ['ignore', 'pipe', 'pipe'],
+    })
     procs.push(child)
     child.stderr!.on('data', (d: Buffer) => {
       const text = d.toString().trim()
@@ -216,6 +269,7 @@ export const METRICS: {key: keyof ScalePoint; label: string; unit: string}[] = [
   {key: 'overhead_ms', label: 'round period minus compute', unit: 'ms'},
   {key: 'to_quorum_ms', label: 'time to witness quorum (minus compute)', unit: 'ms'},
   {key: 'join_ms', label: 'time for all clients to join', unit: 'ms'},
+  {key: 'server_frames_per_round', label: 'server frames sent per round', unit: ''},
   {key: 'server_cpu_ms_per_round', label: 'server CPU per round', unit: 'ms'},
   {key: 'server_rss_mb', label: 'server RSS', unit: 'MiB'},
   {key: 'server_bytes_out_per_round', label: 'server bytes sent per round', unit: 'B'},
@@ -228,7 +282,9 @@ export const METRICS: {key: keyof ScalePoint; label: string; unit: string}[] = [
 
 if (import.meta.url === `file://${process.argv[1]}`) {
   const points: ScalePoint[] = []
-  console.log(`scale bench: N = ${NS.join(', ')}; ${ROUNDS} rounds; results of ${RESULT_BYTES} B after ${COMPUTE_MS} ms; ${PER_PROCESS} clients per process`)
+  console.log(
+    `scale bench (${P2P} P2P): N = ${NS.join(', ')}; ${ROUNDS} rounds; results of ${RESULT_BYTES} B after ${COMPUTE_MS} ms; ${P2P === 'memory' ? 'every client in this process' : `${PER_PROCESS} clients per process`}`,
+  )
   for (const n of NS) {
     const started = performance.now()
     const p = await measure(n)
@@ -249,6 +305,7 @@ if (import.meta.url === `file://${process.argv[1]}`) {
   }
   console.log(`| every result applied, replicas agree | ${points.map((p) => (p.every_result_applied && p.replicas_agree ? 'yes' : 'NO')).join(' | ')} | |`)
   for (const p of points) if (p.errors.length) console.log(`N=${p.n} errors: ${p.errors.slice(0, 5).join(' / ')}`)
-  if (process.env.BENCH_SCALE_PLOT !== '0') await plotScale(points, METRICS, exponent)
+  const shown = METRICS.filter((m) => points.some((p) => Number.isFinite(p[m.key] as number)))
+  if (process.env.BENCH_SCALE_PLOT !== '0') await plotScale(points, shown, exponent, join(projectRoot, 'bench', `scale-${P2P}.png`))
   if (points.some((p) => !p.finished || !p.every_result_applied || !p.replicas_agree)) process.exitCode = 1
 }
