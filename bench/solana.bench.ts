@@ -1,6 +1,6 @@
-// `npm run bench -- solana`: compute units of the coordinator program's instructions at full capacity
-// (MAX_CLIENTS = 64 clients, 32 automatic witnesses) in LiteSVM — the chains ask for the maximum of
-// 1,400,000 CU per transaction (the default is 200,000 per instruction) — and LiteSVM's time per transaction.
+// `npm run bench -- solana`: compute units and transaction bytes of the coordinator program's instructions, by default
+// at full capacity (MAX_CLIENTS = 64 clients, 32 automatic witnesses; PSYCHE_BENCH_CLIENTS=N for another size), in
+// LiteSVM, and LiteSVM's time per transaction. Each transaction asks for its instructions' budgets (INSTRUCTION_UNITS).
 import {performance} from 'node:perf_hooks'
 import type {Address, KeyPairSigner} from '@solana/kit'
 import {
@@ -23,15 +23,17 @@ import {createHash} from 'node:crypto'
 import {signAnnouncement} from '../src/core/primitives/announcement.js'
 import {identityFromSeed} from '../src/core/protocol/identity.js'
 
+const N = Number(process.env.PSYCHE_BENCH_CLIENTS ?? MAX_CLIENTS)
+if (!Number.isInteger(N) || N < 4 || N > MAX_CLIENTS) throw new Error(`PSYCHE_BENCH_CLIENTS must be 4 to ${MAX_CLIENTS}`)
 const config = {
   warmup_time: 10,
   cooldown_time: 5,
   epoch_time: 10_000,
   max_round_train_time: 30,
   round_witness_time: 2,
-  min_clients: 1,
-  init_min_clients: MAX_CLIENTS,
-  witness_nodes: 0,
+  min_clients: N >= 48 ? 1 : Math.floor(N / 2),
+  init_min_clients: N,
+  witness_nodes: N >= 48 ? 0 : Math.floor(N / 2),
   verification_percent: 0,
   global_batch_size_start: 128,
   global_batch_size_end: 128,
@@ -56,6 +58,7 @@ const T0 = 1_700_000_000
 const d = await deployRun('bench-run', T0)
 const {chain, programId: p, coordinator: c, authority: a} = d
 const cu = new Map<string, bigint[]>()
+const sizes = new Map<string, number>()
 let txs = 0
 let txSeconds = 0
 /** The run's payer pays every fee; the instruction's own signer (client, authority) signs too. */
@@ -66,10 +69,11 @@ async function send(name: string, _signer: KeyPairSigner, ix: Parameters<typeof 
   txs++
   if (!r.ok) throw new Error(`${name}: ${r.error}\n${r.logs.join('\n')}`)
   cu.set(name, [...(cu.get(name) ?? []), r.computeUnits])
+  sizes.set(name, Math.max(sizes.get(name) ?? 0, r.bytes ?? 0))
 }
 
 const clients: KeyPairSigner[] = []
-for (let i = 0; i < MAX_CLIENTS; i++) clients.push(await keypair(`bench-${i}`))
+for (let i = 0; i < N; i++) clients.push(await keypair(`bench-${i}`))
 const byId = new Map<string, KeyPairSigner>(clients.map((k) => [clientIdOf(k.address), k]))
 await send('update', a, updateInstruction(p, c, a, config, model))
 await send('set_paused', a, setPausedInstruction(p, c, a, false))
@@ -87,7 +91,7 @@ async function tick(): Promise<void> {
   chain.setTime(++now)
   await send(`tick (${state().run_state})`, d.payer, tickInstruction(p, c))
 }
-await tick() // WaitingForMembers → Warmup: 64 clients
+await tick() // WaitingForMembers → Warmup: N clients
 for (const k of clients.slice(0, 32)) if (state().run_state === 'Warmup') await send('warmup_witness', k, warmupWitnessInstruction(p, c, k))
 
 async function witnessRound(skip?: string): Promise<void> {
@@ -114,7 +118,8 @@ const witnesses = selectWitnesses(state())
 const reporter = byId.get(witnesses[0])!
 await send('health_check (1 accused)', reporter, healthCheckInstruction(p, c, reporter, [absent]))
 const victim = state().epoch.round!.roster.find((id) => !witnesses.includes(id) && id !== absent)!
-for (const w of witnesses.slice(0, 22)) await send('accuse', byId.get(w)!, accuseInstruction(p, c, byId.get(w)!, state().epoch.round!.step, victim as Address))
+for (const w of witnesses.slice(0, Math.min(22, witnesses.length)))
+  await send('accuse', byId.get(w)!, accuseInstruction(p, c, byId.get(w)!, state().epoch.round!.step, victim as Address))
 // An equivocation proof: two signed announcements of one producer, checked by the Ed25519 program and the coordinator.
 const producer = state().epoch.round!.roster.find((id) => !witnesses.includes(id) && id !== absent && id !== victim)!
 const producerIdentity = identityFromSeed(
@@ -139,9 +144,10 @@ await tick()
 
 const rows = [...cu.entries()].map(([name, values]) => {
   const sorted = values.map(Number).sort((x, y) => x - y)
-  return {name, n: sorted.length, median: sorted[Math.floor(sorted.length / 2)], max: sorted[sorted.length - 1]}
+  return {name, n: sorted.length, median: sorted[Math.floor(sorted.length / 2)], max: sorted[sorted.length - 1], bytes: sizes.get(name) ?? 0}
 })
-console.log('| instruction | count | median CU | max CU |')
-console.log('|---|---|---|---|')
-for (const r of rows) console.log(`| ${r.name} | ${r.n} | ${r.median.toLocaleString('en-US')} | ${r.max.toLocaleString('en-US')} |`)
+console.log(`${N} clients`)
+console.log('| instruction | count | median CU | max CU | max bytes |')
+console.log('|---|---|---|---|---|')
+for (const r of rows) console.log(`| ${r.name} | ${r.n} | ${r.median.toLocaleString('en-US')} | ${r.max.toLocaleString('en-US')} | ${r.bytes.toLocaleString('en-US')} |`)
 console.log(`\n${txs} transactions in LiteSVM: ${((txSeconds / txs) * 1000).toFixed(2)} ms each on average (sign, execute, read back excluded)`)

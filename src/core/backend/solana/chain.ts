@@ -43,6 +43,8 @@ export interface SendResult {
   error?: string
   logs: string[]
   computeUnits: bigint
+  /** The transaction's wire size (LocalChain reports it). */
+  bytes?: number
 }
 
 /**

@@ -4,6 +4,7 @@ import {fileURLToPath} from 'node:url'
 import {
   appendTransactionMessageInstructions,
   createTransactionMessage,
+  getTransactionSize,
   lamports,
   pipe,
   setTransactionMessageFeePayerSigner,
@@ -97,6 +98,7 @@ export class LocalChain implements Chain {
     // as a cluster: a transaction over 1,232 bytes is refused before it runs (LiteSVM would run it)
     const tooLarge = oversized(tx)
     if (tooLarge) return {ok: false, error: `TransactionTooLarge: ${tooLarge}`, logs: [], computeUnits: 0n}
+    const bytes = getTransactionSize(tx)
     const r = this.svm.sendTransaction(tx)
     this.svm.expireBlockhash() // the same instruction may be sent again (ticks): give it a new signature
     if (r instanceof FailedTransactionMetadata) {
@@ -110,8 +112,9 @@ export class LocalChain implements Chain {
         error: code !== undefined ? programErrorName(meta.logs(), code) : r.toString(),
         logs: meta.logs(),
         computeUnits: meta.computeUnitsConsumed(),
+        bytes,
       }
     }
-    return {ok: true, logs: r.logs(), computeUnits: r.computeUnitsConsumed()}
+    return {ok: true, logs: r.logs(), computeUnits: r.computeUnitsConsumed(), bytes}
   }
 }

@@ -1,0 +1,115 @@
+import assert from 'node:assert/strict'
+import {readFileSync} from 'node:fs'
+import {join} from 'node:path'
+import {describe, it} from 'node:test'
+import {AccountRole, type Address, type Instruction} from '@solana/kit'
+import {
+  accuseInstruction,
+  checkpointInstruction,
+  closePeerInstruction,
+  ejectInstruction,
+  equivocationInstructions,
+  freeCoordinatorInstruction,
+  healthCheckInstruction,
+  initCoordinatorInstructions,
+  joinRunInstruction,
+  setMetadataInstruction,
+  setPausedInstruction,
+  setPeerInstruction,
+  tickInstruction,
+  updateInstruction,
+  warmupWitnessInstruction,
+  withdrawInstruction,
+  witnessInstruction,
+} from '../../src/core/backend/solana/instructions.js'
+import {IX, METADATA_SIZE, PEER_SIZE, PROGRAM_ERRORS, STATE_SIZE} from '../../src/core/backend/solana/layout.js'
+import {signAnnouncement} from '../../src/core/primitives/announcement.js'
+import {identityFromSeed} from '../../src/core/protocol/identity.js'
+import {projectRoot} from '../../src/core/worker/python.js'
+import {keypair, testConfig, testModel} from './harness.js'
+
+interface IdlAccount {
+  name: string
+  signer: boolean
+  writable: boolean
+  optional?: boolean
+  address?: string
+}
+interface Idl {
+  instructions: {name: string; discriminant: number; accounts: IdlAccount[]; args: {name: string; type: string}[]}[]
+  accounts: {name: string; size: number}[]
+  errors: {code: number; name: string}[]
+}
+
+const idl = JSON.parse(readFileSync(join(projectRoot, 'programs', 'idl', 'psyche_coordinator.json'), 'utf8')) as Idl
+const source = readFileSync(join(projectRoot, 'programs', 'coordinator', 'coordinator.c'), 'utf8')
+
+describe("the coordinator program's IDL (programs/idl/psyche_coordinator.json) agrees with the program and the TypeScript client", () => {
+  it('instructions and their discriminants: the IDL, layout.ts and the C enum list the same, in the same order', () => {
+    assert.deepEqual(
+      idl.instructions.map((i) => [i.name, i.discriminant]),
+      Object.entries(IX),
+    )
+    const cEnum = source.slice(source.indexOf('IX_INIT_COORDINATOR = 0'), source.indexOf('};', source.indexOf('IX_INIT_COORDINATOR = 0')))
+    const names = [...cEnum.matchAll(/IX_([A-Z_]+)/g)].map((m) => m[1]!.toLowerCase())
+    assert.deepEqual(names, Object.keys(IX))
+  })
+
+  it('errors: the IDL names every code the program returns as the client does', () => {
+    assert.deepEqual(Object.fromEntries(idl.errors.map((e) => [e.code, e.name])), PROGRAM_ERRORS)
+    // every E_ code of the program is named
+    const cErrors = source.slice(source.indexOf('E_HALTED = 1'), source.indexOf('};', source.indexOf('E_HALTED = 1')))
+    assert.equal([...cErrors.matchAll(/E_[A-Z_]+/g)].length, idl.errors.length)
+  })
+
+  it('account sizes', () => {
+    assert.deepEqual(Object.fromEntries(idl.accounts.map((a) => [a.name, a.size])), {Coordinator: STATE_SIZE, Peer: PEER_SIZE, Metadata: METADATA_SIZE})
+  })
+
+  it("every instruction the client builds has the IDL's discriminant and accounts (signer, writable, fixed addresses)", async () => {
+    const p = (await keypair('idl-program')).address
+    const c = (await keypair('idl-coordinator')).address
+    const signer = await keypair('idl-signer')
+    const other = (await keypair('idl-other')).address as Address
+    const producer = identityFromSeed(new Uint8Array(32).fill(3))
+    const announce = (commitment: number) =>
+      signAnnouncement(producer, {run_id: 'r', step: 1, client_id: producer.id, batch_start: 0, batch_end: 1, commitment: Buffer.alloc(32, commitment).toString('hex'), size: 1})
+    const built: Record<string, Instruction> = {
+      init_coordinator: initCoordinatorInstructions({programId: p, coordinator: c, payer: signer, runId: 'r', mainAuthority: other, joinAuthority: null, lamports: 1n})[0]!,
+      update: updateInstruction(p, c, signer, testConfig, testModel),
+      set_paused: setPausedInstruction(p, c, signer, false),
+      join_run: joinRunInstruction(p, c, signer, other),
+      tick: tickInstruction(p, c),
+      witness: witnessInstruction(p, c, signer, 1, new Uint8Array(8), new Uint8Array(8)),
+      warmup_witness: warmupWitnessInstruction(p, c, signer),
+      health_check: healthCheckInstruction(p, c, signer, [other]),
+      checkpoint: checkpointInstruction(p, c, signer, {repo_id: 'a/b'}),
+      free_coordinator: freeCoordinatorInstruction(p, c, signer, other),
+      withdraw: withdrawInstruction(p, c, signer),
+      eject: ejectInstruction(p, c, signer, producer.id),
+      grow: initCoordinatorInstructions({programId: p, coordinator: c, payer: signer, runId: 'r', mainAuthority: other, joinAuthority: null, lamports: 1n})[1]!,
+      accuse: accuseInstruction(p, c, signer, 1, producer.id),
+      set_peer: setPeerInstruction(p, c, signer, other, ['/ip4/1.2.3.4/tcp/1'], 1n),
+      equivocation: equivocationInstructions(p, c, signer, {a: announce(1), b: announce(2)})[1]!,
+      set_metadata: setMetadataInstruction(p, c, signer, other, {name: 'n', description: 'd'}, 1n),
+      close_peer: closePeerInstruction(p, c, signer, other),
+    }
+    for (const spec of idl.instructions) {
+      const ix = built[spec.name]
+      assert.ok(ix, `no builder checked for ${spec.name}`)
+      assert.equal(ix.programAddress, p)
+      assert.equal(Buffer.from(ix.data!)[0], spec.discriminant, spec.name)
+      const accounts = ix.accounts ?? []
+      const required = spec.accounts.filter((a) => !a.optional).length
+      assert.ok(accounts.length >= required && accounts.length <= spec.accounts.length, `${spec.name}: ${accounts.length} accounts`)
+      accounts.forEach((meta, i) => {
+        const want = spec.accounts[i]!
+        const signs = meta.role === AccountRole.READONLY_SIGNER || meta.role === AccountRole.WRITABLE_SIGNER
+        const writes = meta.role === AccountRole.WRITABLE || meta.role === AccountRole.WRITABLE_SIGNER
+        assert.equal(signs, want.signer, `${spec.name}.${want.name} signer`)
+        assert.equal(writes, want.writable, `${spec.name}.${want.name} writable`)
+        if (want.address) assert.equal(meta.address, want.address, `${spec.name}.${want.name} address`)
+      })
+    }
+  })
+})
