@@ -31,13 +31,14 @@ export interface DataServerLimits {
   maxConnections: number
   /** Connections open at once from one IP address. */
   maxConnectionsPerIp: number
-  /** Response bytes queued for one connection before the server stops answering (and reading) until it drains. */
+  /** Response bytes queued for one connection before the server stops answering (and reading) until it drains: with 100
+   * clients that never read, about 100 × (this + one answer) of memory. */
   maxUnsentBytes: number
   /** A connection whose queued responses do not drain for this long is closed. */
   stallTimeoutMs: number
 }
 
-export const DEFAULT_DATA_SERVER_LIMITS: DataServerLimits = {maxConnections: 1024, maxConnectionsPerIp: 64, maxUnsentBytes: 8 * 1024 * 1024, stallTimeoutMs: 60_000}
+export const DEFAULT_DATA_SERVER_LIMITS: DataServerLimits = {maxConnections: 1024, maxConnectionsPerIp: 64, maxUnsentBytes: 256 * 1024, stallTimeoutMs: 60_000}
 
 /**
  * `psyche data serve`: serves the samples of one token directory (data.toml's layout and shuffle) to the
