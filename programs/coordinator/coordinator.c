@@ -305,9 +305,15 @@ static int attests_every_trainer(const Round *r, const u8 *bloom) {
 
 /* ---- helpers over a state (machine.ts) ---- */
 
+/* Every phase change is logged with sol_log_data ("Program data: " + base64 in the transaction's logs) for indexers and
+ * explorers: "PSYSTATE" ‖ run_state u64 ‖ run_state_start u64 (unix ms) ‖ step u64 ‖ epoch u64 (decodeStateLog). */
+#define STATE_LOG_MAGIC 0x4554415453595350ull /* "PSYSTATE" */
 static void change_state(State *s, u64 now, u64 next) {
   s->run_state = next;
   s->run_state_start = now;
+  u64 record[5] = {STATE_LOG_MAGIC, next, now, s->progress_step, s->progress_epoch};
+  SolBytes data = {(const u8 *)record, sizeof(record)};
+  sol_log_data(&data, 1);
 }
 
 /* Times are unix milliseconds (the reference's clock); config durations are whole seconds. */

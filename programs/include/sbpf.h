@@ -64,6 +64,7 @@ typedef struct {
 extern void sol_log_(const char *message, u64 len);
 extern void sol_log_64_(u64 a, u64 b, u64 c, u64 d, u64 e);
 extern void sol_log_pubkey(const u8 *key);
+extern void sol_log_data(const SolBytes *data, u64 count);
 extern u64 sol_sha256(const SolBytes *bytes, u64 count, u8 *out);
 extern u64 sol_try_find_program_address(const SolSignerSeed *seeds, u64 count, const u8 *program_id, u8 *address, u8 *bump);
 extern u64 sol_invoke_signed_c(const SolInstruction *ix, const SolAccountInfo *infos, u64 info_count, const SolSignerSeeds *seeds, u64 seeds_count);

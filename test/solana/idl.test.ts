@@ -22,11 +22,11 @@ import {
   withdrawInstruction,
   witnessInstruction,
 } from '../../src/core/backend/solana/instructions.js'
-import {IX, METADATA_SIZE, PEER_SIZE, PROGRAM_ERRORS, STATE_SIZE} from '../../src/core/backend/solana/layout.js'
+import {IX, METADATA_SIZE, PEER_SIZE, PROGRAM_ERRORS, STATE_SIZE, decodeStateLogs} from '../../src/core/backend/solana/layout.js'
 import {signAnnouncement} from '../../src/core/primitives/announcement.js'
 import {identityFromSeed} from '../../src/core/protocol/identity.js'
 import {projectRoot} from '../../src/core/worker/python.js'
-import {keypair, testConfig, testModel} from './harness.js'
+import {deployRun, keypair, readRun, testConfig, testModel} from './harness.js'
 
 interface IdlAccount {
   name: string
@@ -111,5 +111,26 @@ describe("the coordinator program's IDL (programs/idl/psyche_coordinator.json) a
         if (want.address) assert.equal(meta.address, want.address, `${spec.name}.${want.name} address`)
       })
     }
+  })
+
+  it('the program logs every phase change with sol_log_data, for indexers (decodeStateLogs)', async () => {
+    const d = await deployRun('log-run', 1_700_000_000)
+    const {programId: p, coordinator: c, authority: a, chain} = d
+    assert.ok((await chain.send(a, [updateInstruction(p, c, a, {...testConfig, init_min_clients: 1}, testModel)])).ok)
+    const resumed = await chain.send(a, [setPausedInstruction(p, c, a, false)])
+    assert.deepEqual(decodeStateLogs(resumed.logs), [{run_state: 'WaitingForMembers', run_state_start: 1_700_000_000_000, step: 1, epoch: 0}])
+    const alice = await keypair('alice')
+    chain.airdrop(alice.address)
+    const joined = await chain.send(alice, [joinRunInstruction(p, c, alice)])
+    assert.deepEqual(decodeStateLogs(joined.logs), [], 'no phase change, no log')
+    chain.setTime(1_700_000_010)
+    const ticked = await chain.send(a, [tickInstruction(p, c)])
+    assert.deepEqual(decodeStateLogs(ticked.logs), [{run_state: 'Warmup', run_state_start: 1_700_000_010_000, step: 1, epoch: 0}])
+    const warm = await chain.send(alice, [warmupWitnessInstruction(p, c, alice)])
+    assert.deepEqual(
+      decodeStateLogs(warm.logs).map((l) => l.run_state),
+      ['RoundTrain'],
+    )
+    assert.equal(readRun(d).state.run_state, 'RoundTrain')
   })
 })

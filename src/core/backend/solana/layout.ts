@@ -515,3 +515,29 @@ export function decodeMetadata(data: Uint8Array): RunMetadata & {coordinator: Ad
     description: b.toString('utf8', descAt + 8, descAt + 8 + descLen),
   }
 }
+
+// ---- state-transition logs (sol_log_data) ----
+
+export const STATE_LOG_MAGIC = 0x4554415453595350n // "PSYSTATE"
+
+/** A phase change as the program logs it: the new phase, when (unix ms), the step and the epoch. */
+export interface StateLog {
+  run_state: (typeof RUN_STATES)[number]
+  run_state_start: number
+  step: number
+  epoch: number
+}
+
+/** The program's phase changes in a transaction's logs ("Program data: " lines it wrote with sol_log_data). */
+export function decodeStateLogs(logs: string[]): StateLog[] {
+  const out: StateLog[] = []
+  for (const line of logs) {
+    if (!line.startsWith('Program data: ')) continue
+    const b = Buffer.from(line.slice('Program data: '.length).trim(), 'base64')
+    if (b.length !== 40 || b.readBigUInt64LE(0) !== STATE_LOG_MAGIC) continue
+    const state = RUN_STATES[Number(b.readBigUInt64LE(8))]
+    if (!state) continue
+    out.push({run_state: state, run_state_start: Number(b.readBigUInt64LE(16)), step: Number(b.readBigUInt64LE(24)), epoch: Number(b.readBigUInt64LE(32))})
+  }
+  return out
+}
