@@ -1,6 +1,6 @@
 #!/usr/bin/env node
 // `npm run lint`: prettier --check (TypeScript and scripts), ruff check and ruff format --check (Python),
-// and the import-cycle check. Runs every check, then exits non-zero if any failed.
+// the import-cycle and layer check, and knip (no unused files, exports or dependencies). Runs every check, then exits non-zero if any failed.
 import {spawnSync} from 'node:child_process'
 import {dirname, join} from 'node:path'
 import {fileURLToPath} from 'node:url'
@@ -16,6 +16,8 @@ const checks = [
   ['ruff check', ruff, ['check']],
   ['ruff format', ruff, ['format', '--check']],
   ['import cycles', process.execPath, [join(root, 'scripts', 'check-cycles.mjs')]],
+  // Unused files, exports, types and dependencies (knip.json: the entry points are the commands, scripts, tests and benches).
+  ['unused code', join(root, 'node_modules', '.bin', 'knip'), ['--no-progress']],
 ]
 const failed = []
 for (const [name, cmd, args] of checks) {

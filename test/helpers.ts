@@ -6,7 +6,7 @@ import {projectRoot} from '../src/core/worker/python.js'
 
 export const cliPath = join(projectRoot, 'bin', 'psyche.js')
 
-export interface CliResult {
+interface CliResult {
   exitCode: number
   stdout: string
   stderr: string

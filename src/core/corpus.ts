@@ -9,7 +9,7 @@ import {projectRoot, pythonEnv, workerPython} from './worker/python.js'
 /** Where the demo corpus lives (generated once, ignored by git). */
 export const demoCorpusDir = join(projectRoot, '.cache', 'demo-corpus')
 
-export interface CorpusInfo {
+interface CorpusInfo {
   dir: string
   trainDir: string
   validationDir: string

@@ -1,7 +1,7 @@
 import {readFileSync} from 'node:fs'
 
 /** Descriptors kept free for everything else a server opens (saved state, logs, the relay, the data server). */
-export const RESERVED_DESCRIPTORS = 128
+const RESERVED_DESCRIPTORS = 128
 
 /** This process's soft limit on open files (`ulimit -n`), or undefined where it cannot be read (not Linux). */
 export function openFileLimit(limitsText?: string): number | undefined {

@@ -205,12 +205,6 @@ export type PsycheEvent =
   | {event: 'worker_crashed'; message: string; restarting?: boolean}
   | {event: 'worker_restarted'; restarts: number; worker_pid?: number}
 
-/** The kinds of event. */
-export type EventKind = PsycheEvent['event']
-
-/** The event of one kind: EventOf<'round'> is RoundEvent. */
-export type EventOf<K extends EventKind> = Extract<PsycheEvent, {event: K}>
-
 /** A function an emitter logs its events with. */
 export type EventLog = (event: PsycheEvent) => void
 

@@ -32,14 +32,14 @@ export function tokens(count: number, vocab: number, seed = 1): Uint32Array {
   return out
 }
 
-export function encode(ids: Uint32Array, tokenSize: 2 | 4): Buffer {
+function encode(ids: Uint32Array, tokenSize: 2 | 4): Buffer {
   const out = Buffer.alloc(ids.length * tokenSize)
   ids.forEach((id, i) => (tokenSize === 2 ? out.writeUInt16LE(id, i * 2) : out.writeUInt32LE(id, i * 4)))
   return out
 }
 
 /** A .npy file (format 1.0) holding `ids` as <u2 or <u4. */
-export function npy(ids: Uint32Array, tokenSize: 2 | 4): Buffer {
+function npy(ids: Uint32Array, tokenSize: 2 | 4): Buffer {
   let header = `{'descr': '<u${tokenSize}', 'fortran_order': False, 'shape': (${ids.length},), }`
   const total = 10 + header.length + 1
   header = header.padEnd(header.length + ((64 - (total % 64)) % 64), ' ') + '\n'

@@ -8,7 +8,7 @@ import {projectRoot} from '../../src/core/worker/python.js'
 import {cliPath} from '../helpers.js'
 
 /** A small model for end-to-end runs: fast on one CPU thread, big enough that the loss visibly falls. */
-export const e2eModelConfig = {
+const e2eModelConfig = {
   architectures: ['LlamaForCausalLM'],
   model_type: 'llama',
   vocab_size: 4096,

@@ -101,7 +101,7 @@ export class NetRun {
 }
 
 /** A client's round line (the multi-host tests read the connection counts, which a libp2p node always reports). */
-export type RoundLine = RoundEvent
+type RoundLine = RoundEvent
 
 export function meanLoss(clients: JsonProcess[], step: number): number {
   const l = clients.map((c) => rounds(c).find((r) => r.step === step)?.loss).filter((x): x is number => typeof x === 'number')

@@ -55,7 +55,7 @@ export function labUnavailable(options: {nat?: boolean; rates?: boolean} = {}): 
   return undefined
 }
 
-export interface LabOptions {
+interface LabOptions {
   /** The shared segment: 'public' (45.77.0.0/24, the default) or 'private' (10.77.0.0/24). */
   segment?: 'public' | 'private'
 }

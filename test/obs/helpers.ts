@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict'
 
 /** Prometheus text format → {`name{labels}`: value}. */
-export function parseMetrics(text: string): Map<string, number> {
+function parseMetrics(text: string): Map<string, number> {
   const out = new Map<string, number>()
   for (const line of text.split('\n')) {
     if (!line || line.startsWith('#')) continue

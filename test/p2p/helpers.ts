@@ -4,7 +4,7 @@ import {generateIdentity} from '../../src/core/protocol/identity.js'
 import {P2PNode, ResultStore, type P2PNodeOptions, type SigningIdentity} from '../../src/core/p2p/index.js'
 import {waitFor} from '../helpers.js'
 
-export const LOOPBACK = ['/ip4/127.0.0.1/tcp/0']
+const LOOPBACK = ['/ip4/127.0.0.1/tcp/0']
 
 export function testIdentity(): SigningIdentity {
   return generateIdentity()

@@ -19,9 +19,9 @@ import {memoryData, MemoryNetwork} from '../sim/harness.js'
  * (bench/scale.bench.ts, several clients per process).
  */
 
-export const SCALE_SEQ_LEN = 16
+const SCALE_SEQ_LEN = 16
 
-export interface ScaleRunConfig {
+interface ScaleRunConfig {
   clients: number
   /** Rounds to train (total_steps): the run finishes after them. */
   rounds: number
@@ -57,7 +57,7 @@ export async function scaleRun(o: ScaleRunConfig): Promise<RunConfigFile> {
 }
 
 /** The server's work counters at one instant, with this process's CPU time (ms) and resident memory (bytes). */
-export type WorkSnapshot = CoordinatorServer['work'] & {at: number; cpuMs: number; rss: number}
+type WorkSnapshot = CoordinatorServer['work'] & {at: number; cpuMs: number; rss: number}
 
 function snapshot(server: CoordinatorServer): WorkSnapshot {
   const cpu = process.cpuUsage()

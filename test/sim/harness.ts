@@ -77,7 +77,7 @@ interface Link {
  * with the centralized server's rules around it — a hello joins, a lost link withdraws (withdrawOnDisconnect),
  * every accepted event is followed by a tick, and every new state is pushed to every link.
  */
-export class InProcessCoordinator {
+class InProcessCoordinator {
   state: CoordinatorState
   peers: PeerDirectory = {}
   private readonly links = new Map<ClientId, Link>()
@@ -204,7 +204,7 @@ export class InProcessCoordinator {
 }
 
 /** One client's link to the in-process coordinator: the CoordinatorBackend port. */
-export class InProcessBackend extends EventEmitter implements CoordinatorBackend {
+class InProcessBackend extends EventEmitter implements CoordinatorBackend {
   state: CoordinatorState | undefined
   peers: PeerDirectory = {}
   p2pAddrs: string[] = []

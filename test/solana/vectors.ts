@@ -25,7 +25,7 @@ import {keypair} from './harness.js'
  * to a file for other implementations.
  */
 
-export interface VectorStep {
+interface VectorStep {
   /** The cluster clock when the event runs: unix seconds, and the slot (the program mixes both into a round's seed). */
   now: number
   slot: number

@@ -45,7 +45,7 @@ export async function readCheckpointMeta(dir: string): Promise<CheckpointMeta | 
   return {run_id: r.run_id as string | undefined, step: r.step as number, epoch: r.epoch as number | undefined, param_hash: r.param_hash as string | undefined}
 }
 
-export interface CheckpointerOptions {
+interface CheckpointerOptions {
   repo: string
   /** branch the checkpoints are committed to */
   revision?: string

@@ -18,7 +18,7 @@ import {ObjectStore, StoreError, gitBlobOid, lfsPointer, writeFileAtomic} from '
 /** A write token: `hf_…` alone (it owns the namespaces it is first to write to), or bound to a namespace. */
 export type HubToken = string | {token: string; user: string}
 
-export interface HubServerOptions {
+interface HubServerOptions {
   root: string
   host?: string
   port?: number

@@ -13,9 +13,9 @@ import {writeFileAtomic} from './store.js'
 export const DEFAULT_HUB_URL = 'https://huggingface.co'
 
 /** Exit codes of the checkpoint jobs (also in their --help). */
-export const EXIT = {ok: 0, input: 1, hub: 3, integrity: 4} as const
+const EXIT = {ok: 0, input: 1, hub: 3, integrity: 4} as const
 
-export interface HubTarget {
+interface HubTarget {
   repo: string
   revision?: string
   hubUrl?: string
@@ -215,7 +215,7 @@ export interface DownloadResult {
 }
 
 /** Where the Hub cache lives: --cache-dir, HF_HUB_CACHE, $HF_HOME/hub, or ~/.cache/huggingface/hub (as huggingface_hub). */
-export function defaultCacheDir(): string {
+function defaultCacheDir(): string {
   if (process.env.HF_HUB_CACHE) return process.env.HF_HUB_CACHE
   if (process.env.HF_HOME) return join(process.env.HF_HOME, 'hub')
   return join(homedir(), '.cache', 'huggingface', 'hub')
@@ -253,13 +253,13 @@ export function checkRevision(revision: string, where = '--revision'): string {
 }
 
 /** Names psyche writes itself in a downloaded directory: a repository that lists one is refused. */
-export const RESERVED_NAMES = new Set(['.hub-revision.json'])
+const RESERVED_NAMES = new Set(['.hub-revision.json'])
 
 /**
  * Why a path listed by the Hub cannot be written as a file here, or undefined when it can: a relative path of
  * plain components, each at most 255 bytes (the limit of Linux file systems), without NUL or control characters.
  */
-export function unsafePathReason(path: unknown): string | undefined {
+function unsafePathReason(path: unknown): string | undefined {
   if (typeof path !== 'string' || path.length === 0) return 'an empty or missing name'
   if (Buffer.byteLength(path) > 4096) return 'longer than 4096 bytes'
   if (path.includes('\0')) return 'a NUL character'

@@ -3,7 +3,7 @@ import {open} from 'node:fs/promises'
 import {PsycheError} from '../errors.js'
 
 /** One tensor of a safetensors file: its header entry and where its bytes lie in the file. */
-export interface SafetensorsEntry {
+interface SafetensorsEntry {
   name: string
   dtype: string
   shape: number[]
@@ -12,7 +12,7 @@ export interface SafetensorsEntry {
   end: number
 }
 
-export interface SafetensorsHeader {
+interface SafetensorsHeader {
   metadata: Record<string, string> | undefined
   tensors: SafetensorsEntry[]
   dataStart: number
@@ -22,7 +22,7 @@ export interface SafetensorsHeader {
 const MAX_HEADER = 100 * 1024 * 1024
 
 /** Reads and checks the header of a safetensors file (8-byte little-endian length, then JSON). */
-export async function readSafetensorsHeader(path: string): Promise<SafetensorsHeader> {
+async function readSafetensorsHeader(path: string): Promise<SafetensorsHeader> {
   const handle = await open(path, 'r')
   try {
     const {size} = await handle.stat()
@@ -56,7 +56,7 @@ export async function readSafetensorsHeader(path: string): Promise<SafetensorsHe
   }
 }
 
-export interface Shard {
+interface Shard {
   path: string
   content: Blob
   size: number

@@ -1,5 +1,5 @@
 import {createHash, randomBytes} from 'node:crypto'
-import {createReadStream, createWriteStream} from 'node:fs'
+import {createWriteStream} from 'node:fs'
 import {mkdir, open, readFile, rename, rm, stat} from 'node:fs/promises'
 import {dirname, join} from 'node:path'
 import {pipeline} from 'node:stream/promises'
@@ -38,20 +38,6 @@ export function gitBlobOid(content: Uint8Array): string {
 /** The text of a git-LFS pointer file for an object. */
 export function lfsPointer(sha256: string, size: number): string {
   return `version https://git-lfs.github.com/spec/v1\noid sha256:${sha256}\nsize ${size}\n`
-}
-
-/** Streams a file through a hash; returns the hex digest. */
-export async function hashFile(path: string, algorithm: 'sha256' | 'sha1' = 'sha256', prefix?: string): Promise<string> {
-  const hash = createHash(algorithm)
-  if (prefix) hash.update(prefix)
-  for await (const chunk of createReadStream(path)) hash.update(chunk as Buffer)
-  return hash.digest('hex')
-}
-
-/** The git blob id of a file on disk, streamed (for files too big to read whole). */
-export async function gitBlobOidOfFile(path: string): Promise<string> {
-  const {size} = await stat(path)
-  return hashFile(path, 'sha1', `blob ${size}\0`)
 }
 
 /**

@@ -5,7 +5,7 @@ import {Shutdown} from './signals.js'
 import {liveTerminal} from './terminal.js'
 
 /** Exit code of a usage error (unknown flag, missing argument, bad flag value), as oclif's parser sets it. */
-export const USAGE_EXIT_CODE = 2
+const USAGE_EXIT_CODE = 2
 
 /**
  * Base of every psyche command: `--json` (oclif prints what `run` returns), user errors as one

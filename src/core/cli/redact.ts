@@ -4,7 +4,7 @@
  */
 
 /** Environment variables whose values are secrets wherever they appear. */
-export const SECRET_ENV_VARS = ['HF_TOKEN', 'HUGGING_FACE_HUB_TOKEN'] as const
+const SECRET_ENV_VARS = ['HF_TOKEN', 'HUGGING_FACE_HUB_TOKEN'] as const
 
 /** Flags whose values are secrets (`--hub-token hf_…`, `--hub-token=hf_…`). */
 const SECRET_FLAGS = ['--hub-token', '--token']

@@ -25,7 +25,7 @@ export const relayFlags = {
   }),
 }
 
-export interface RelayFlagValues {
+interface RelayFlagValues {
   'relay-port'?: number
   'relay-listen'?: string[]
   'relay-announce'?: string[]

@@ -9,14 +9,14 @@
  * The listeners stay installed until the command ends (not `once`): execa's signal-exit re-raises a signal that has
  * no listener but its own, which would kill the process in the middle of its orderly stop.
  */
-export type ShutdownSignal = 'SIGINT' | 'SIGTERM' | 'SIGHUP'
+type ShutdownSignal = 'SIGINT' | 'SIGTERM' | 'SIGHUP'
 
 const SIGNALS: readonly ShutdownSignal[] = ['SIGINT', 'SIGTERM', 'SIGHUP']
 
 /** The conventional exit status of a process ended by a signal: 128 + the signal's number. */
 export const SIGNAL_EXIT_CODE: Readonly<Record<ShutdownSignal, number>> = {SIGINT: 130, SIGTERM: 143, SIGHUP: 129}
 
-export interface ShutdownOptions {
+interface ShutdownOptions {
   /** How long an orderly stop may take after the first signal before the process exits anyway. */
   graceMs?: number
   /** Ends the process (tests pass a recorder). */

@@ -105,7 +105,7 @@ export function finalRounds(state: CoordinatorState): Round[] {
 }
 
 /** Healthy in the current epoch, during one of its phases. */
-export function isEpochMember(state: CoordinatorState, id: ClientId): boolean {
+function isEpochMember(state: CoordinatorState, id: ClientId): boolean {
   return EPOCH_PHASES.has(state.run_state) && state.epoch.clients.some((c) => c.id === id && c.state === 'Healthy')
 }
 

@@ -2,7 +2,7 @@ import {PsycheError} from '../errors.js'
 import type {ClientContext} from './context.js'
 
 /** Applied rounds in a row without any peer's result (while others trained) before the no_exchange warning. */
-export const NO_EXCHANGE_WARN_ROUNDS = 3
+const NO_EXCHANGE_WARN_ROUNDS = 3
 /** join --max-rounds-without-exchange's default: a client that reaches no peer for this many rounds leaves. */
 export const DEFAULT_MAX_ROUNDS_WITHOUT_EXCHANGE = 20
 

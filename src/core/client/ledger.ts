@@ -3,14 +3,14 @@ import type {ResultAnnouncement} from '../p2p/index.js'
 import type {HeldResult} from './decide.js'
 
 /** What this client's own training of a step gave (for the step's round event). */
-export interface Trained {
+interface Trained {
   loss: number
   resultBytes: number
   computeMs: number
 }
 
 /** Everything the client holds about one step. */
-export interface StepRecord {
+interface StepRecord {
   readonly step: number
   /** Results announced for the step, by producer (first valid announcement per producer wins; ours included). */
   readonly results: Map<ClientId, HeldResult>

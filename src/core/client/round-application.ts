@@ -13,7 +13,7 @@ import type {ExchangeHealth} from './exchange-health.js'
 import type {Verification} from './verification.js'
 
 /** The accepted results of a round, downloaded and checked, in the order handed to the worker. */
-export type RoundResults = Uint8Array[] & {peers?: number; peersAccepted?: number}
+type RoundResults = Uint8Array[] & {peers?: number; peersAccepted?: number}
 
 /**
  * Round application: peers' announcements are taken in and their results fetched as soon as announced; a final

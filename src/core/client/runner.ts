@@ -14,7 +14,7 @@ import {RoundApplication} from './round-application.js'
 import {Training} from './training.js'
 import {Verification} from './verification.js'
 
-export type {ClientOptions, ClientPlan, ClientSummary} from './options.js'
+export type {ClientOptions, ClientSummary} from './options.js'
 export type {ProducerContext, ResultProducer} from './components.js'
 /** One line per applied round (declared with every other event in core/events.ts). */
 export type {RoundEvent} from '../events.js'

@@ -4,8 +4,8 @@
  */
 export * from './types.js'
 export {ConfigError, formatIssue} from './read.js'
-export {DEFAULT_WAITING_FOR_MEMBERS_EXTRA_TIME, MAX_RUN_ID_BYTES, STARTING_RUN_STATES, validateRunConfig} from './run-config.js'
+export {validateRunConfig} from './run-config.js'
 export {loadRunConfigFile, parseRunConfig, resolveConfigPath} from './run-config-file.js'
 export {checkDataServerForRun, loadDataServerConfig, parseDataServerConfig} from './data-config.js'
-export {unsupportedFeatures, type UnsupportedFeature} from './unsupported.js'
-export {summarizeRunConfig, variantName, type RunSummary} from './summary.js'
+export {unsupportedFeatures} from './unsupported.js'
+export {summarizeRunConfig, type RunSummary} from './summary.js'

@@ -26,7 +26,7 @@ export class ConfigError extends PsycheError {
   }
 }
 
-export function render(value: unknown): string {
+function render(value: unknown): string {
   if (typeof value === 'string') return JSON.stringify(value)
   if (typeof value === 'bigint') return value.toString()
   if (value !== null && typeof value === 'object') {
@@ -40,7 +40,7 @@ export function join(path: string, key: string): string {
   return path === '' ? key : `${path}.${key}`
 }
 
-export function isTable(value: unknown): value is Table {
+function isTable(value: unknown): value is Table {
   return value !== null && typeof value === 'object' && !Array.isArray(value) && !(value instanceof Date)
 }
 
@@ -51,7 +51,7 @@ function typeName(value: unknown): string {
   return `a ${typeof value}`
 }
 
-export interface IntRule {
+interface IntRule {
   min?: number
   max?: number
   default?: number

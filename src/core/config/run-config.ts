@@ -2,7 +2,7 @@
  * The run config's pure validator: `[config]` and `[model.LLM]` as objects (parsed TOML, or a config_update event)
  * to normalized values or located issues. No I/O: the coordinator runs it. Files are read by run-config-file.ts.
  */
-import {Reader, isTable, join, type Table} from './read.js'
+import {Reader, join, type Table} from './read.js'
 import type {
   AdamWConfig,
   CheckpointConfig,
@@ -16,13 +16,12 @@ import type {
   LLMConfig,
   LrSchedule,
   OptimizerConfig,
-  RunConfigFile,
   RunState,
   Shuffle,
 } from './types.js'
 
 /** Psyche's default for `waiting_for_members_extra_time` (its WAITING_FOR_MEMBERS_EXTRA_SECONDS). */
-export const DEFAULT_WAITING_FOR_MEMBERS_EXTRA_TIME = 3
+const DEFAULT_WAITING_FOR_MEMBERS_EXTRA_TIME = 3
 export {MAX_RUN_ID_BYTES} from './types.js'
 /** A file can only start a run before its first epoch; mid-epoch states are never written by hand. */
 export const STARTING_RUN_STATES: readonly RunState[] = ['Uninitialized', 'WaitingForMembers', 'Paused']
@@ -67,7 +66,7 @@ const CONFIG_FIELDS = [
 ] as const
 
 /** Most designated checkpointers a run may name. */
-export const MAX_CHECKPOINTERS = 64
+const MAX_CHECKPOINTERS = 64
 /** A client id as a config names it: an identity's hex public key, or a base58 Solana address. */
 const CLIENT_ID_RE = /^[0-9A-Za-z]{32,128}$/
 const LLM_FIELDS = ['architecture', 'data_type', 'max_seq_len', 'cold_start_warmup_steps', 'checkpoint', 'data_location', 'lr_schedule', 'optimizer'] as const

@@ -6,9 +6,9 @@ import {loadRunConfigFile, parseRunConfig, resolveConfigPath} from './run-config
 import {parseDataServerConfig} from './data-config.js'
 
 /** The project's templates/ folder: each run template has state.toml, optional data.toml, and model/. */
-export const TEMPLATES_DIR = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..', '..', 'templates')
+const TEMPLATES_DIR = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..', '..', 'templates')
 
-export interface ScaffoldOptions {
+interface ScaffoldOptions {
   template: string
   dir: string
   /** Replaces run_id in state.toml. */
@@ -37,7 +37,7 @@ async function exists(path: string): Promise<boolean> {
 }
 
 /** Template names that are run templates (have a state.toml). */
-export async function runTemplates(templatesDir = TEMPLATES_DIR): Promise<string[]> {
+async function runTemplates(templatesDir = TEMPLATES_DIR): Promise<string[]> {
   const names = await readdir(templatesDir).catch(() => [] as string[])
   const out: string[] = []
   for (const name of names.sort()) if (await exists(join(templatesDir, name, 'state.toml'))) out.push(name)

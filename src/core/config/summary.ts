@@ -23,11 +23,6 @@ export interface RunSummary {
   unsupported: UnsupportedFeature[]
 }
 
-/** The variant name of an externally tagged enum value. */
-export function variantName(value: string | object): string {
-  return typeof value === 'string' ? value : Object.keys(value)[0]
-}
-
 function describeCheckpoint(c: CheckpointConfig): string {
   if (typeof c === 'string') return c
   if ('Local' in c) return `Local ${c.Local.path}`

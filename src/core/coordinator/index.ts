@@ -9,13 +9,11 @@
  * selectWitnesses, buildWitnessProof, isResultWitnessed.
  */
 export * from './types.js'
-export {applyEvent, clockEntropy, createCoordinator, tick, type CreateOptions} from './machine.js'
+export {applyEvent, clockEntropy, createCoordinator, tick} from './machine.js'
 export {
-  MAX_AUTO_WITNESSES,
   assignBatches,
   batchRangeFor,
   batchSizeForStep,
-  broadcastKey,
   buildWitnessProof,
   checkpointRefusal,
   globalBatchSize,
@@ -23,12 +21,10 @@ export {
   isTrainerHealthy,
   isVerifier,
   isWitness,
-  nextDataIndex,
   participantKey,
   rangeForPosition,
   selectVerifiers,
   selectWitnesses,
-  trainerHealthScore,
   verifierCount,
   witnessBloomParams,
   witnessCount,
@@ -36,7 +32,7 @@ export {
   wasEjected,
   type BatchRange,
 } from './rules.js'
-export {ACTIVE_PHASES, EPOCH_PHASES, HALTED_PHASES, ROUND_PHASES, isCheckpointP2P, isRoundPhase} from './phases.js'
-export {SHUFFLE_ROUNDS, shuffleAll, shuffledIndex, unshuffledIndex} from '../primitives/shuffle.js'
-export {sha256} from '../primitives/seed.js'
+export {EPOCH_PHASES, isCheckpointP2P, isRoundPhase} from './phases.js'
+export {shuffleAll, shuffledIndex, unshuffledIndex} from '../primitives/shuffle.js'
+
 export {deserializeState, serializeState} from './serialize.js'

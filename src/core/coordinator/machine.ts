@@ -37,7 +37,7 @@ import type {ApplyResult, Client, ClientId, CoordinatorEvent, CoordinatorState, 
  */
 
 /** A config duration (seconds, possibly fractional) in whole milliseconds. */
-export function msOf(seconds: number): number {
+function msOf(seconds: number): number {
   return Math.round(seconds * 1000)
 }
 
@@ -65,7 +65,7 @@ function emptyEpoch(now: number, startStep: number): EpochState {
   }
 }
 
-export interface CreateOptions {
+interface CreateOptions {
   /** 64 hex digits. Default: SHA-256 of the run id, so a run's seeds are reproducible from its config. */
   seed?: string
   /** When the run starts (unix milliseconds). */

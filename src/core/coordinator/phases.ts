@@ -6,7 +6,7 @@ import type {CheckpointConfig, HubRepo, RunState} from '../config/types.js'
  */
 
 /** A round is under way: trainers train, witnesses witness (witness proofs and health checks are accepted). */
-export const ROUND_PHASES: ReadonlySet<RunState> = new Set<RunState>(['RoundTrain', 'RoundWitness'])
+const ROUND_PHASES: ReadonlySet<RunState> = new Set<RunState>(['RoundTrain', 'RoundWitness'])
 /** An epoch's rounds have started: a pause waits for the epoch's end. */
 export const ACTIVE_PHASES: ReadonlySet<RunState> = new Set<RunState>(['RoundTrain', 'RoundWitness', 'Cooldown'])
 /** An epoch is under way, from loading the model to its last round's end: its Healthy clients are members. */

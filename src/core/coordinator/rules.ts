@@ -11,9 +11,9 @@ import type {ClientId, CoordinatorState, Round} from './types.js'
  */
 
 /** With witness_nodes = 0, every client witnesses, up to this many (Psyche's SOLANA_MAX_NUM_WITNESSES). */
-export const MAX_AUTO_WITNESSES = 32
+const MAX_AUTO_WITNESSES = 32
 /** Witness blooms are sized for this false-positive rate (Psyche's BLOOM_FALSE_RATE). */
-export const WITNESS_BLOOM_FALSE_RATE = 0.01
+const WITNESS_BLOOM_FALSE_RATE = 0.01
 
 /** Batch ids [start, end) (end exclusive). */
 export interface BatchRange {
@@ -171,7 +171,7 @@ export function participantKey(id: ClientId): Buffer {
 }
 
 /** The broadcast-bloom key of one result: (client, batch range, commitment hash). */
-export function broadcastKey(id: ClientId, range: BatchRange, commitment: Uint8Array): Buffer {
+function broadcastKey(id: ClientId, range: BatchRange, commitment: Uint8Array): Buffer {
   return sha256(Buffer.from('psyche/broadcast\0', 'utf8'), Buffer.from(id, 'utf8'), Buffer.from([0]), u64le(range.start), u64le(range.end), commitment)
 }
 
@@ -193,7 +193,7 @@ function blooms(round: Round, which: 'participant_bloom' | 'broadcast_bloom'): B
 }
 
 /** How many of the round's witnesses saw results from `id` (Psyche's trainer_healthy_score_by_witnesses). */
-export function trainerHealthScore(round: Round, id: ClientId): number {
+function trainerHealthScore(round: Round, id: ClientId): number {
   const key = participantKey(id)
   return blooms(round, 'participant_bloom').filter((b) => b.contains(key)).length
 }

@@ -83,7 +83,7 @@ async function request(url: string, init: RequestInit, timeoutMs: number): Promi
 const sizeCache = new Map<string, number>()
 
 /** One remote file read with HTTP Range requests: only the bytes a sample needs ever cross the network. */
-export class HttpByteSource implements ByteSource {
+class HttpByteSource implements ByteSource {
   private constructor(
     readonly name: string,
     readonly size: number,

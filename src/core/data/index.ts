@@ -8,17 +8,17 @@ import {type ShuffleSpec, parseShuffle} from './shuffle.js'
 import {TcpDataProvider} from './tcp.js'
 import {TokenFile, type TokenSize, parseTokenSize} from './token-file.js'
 
-export {SampleLayout, windowsInFile, checkVocab, type SampleWindow} from './batches.js'
+export {SampleLayout, windowsInFile} from './batches.js'
 export {DataServer, DEFAULT_DATA_SERVER_LIMITS, TcpDataProvider, type DataServerLimits} from './tcp.js'
-export {openDataServer, type OpenedDataServer} from './serve.js'
-export {HttpByteSource, type HttpLocation, type HttpOptions} from './http.js'
-export {LocalTokenDataset, MANIFEST_FILE, type TokenManifest} from './local.js'
-export {TokenFilesProvider, type DataProvider} from './provider.js'
-export {SeededPermutation, parseShuffle, type ShuffleSeed, type ShuffleSpec} from './shuffle.js'
-export {TokenFile, parseTokenSize, type TokenSize} from './token-file.js'
+export {openDataServer} from './serve.js'
+
+export {LocalTokenDataset} from './local.js'
+export {type DataProvider} from './provider.js'
+export {SeededPermutation, parseShuffle} from './shuffle.js'
+
 export type {DataLocation}
 
-export interface OpenDataOptions {
+interface OpenDataOptions {
   /** The model's max_seq_len: every sample is seqLen + 1 ids. */
   seqLen: number
   /** Directory that a relative Local path is relative to (the run config's). */

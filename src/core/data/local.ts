@@ -17,7 +17,7 @@ export interface TokenManifest {
   source?: string
 }
 
-export const MANIFEST_FILE = 'manifest.json'
+const MANIFEST_FILE = 'manifest.json'
 
 async function isDirectory(path: string): Promise<boolean> {
   return (await stat(path).catch(() => undefined))?.isDirectory() ?? false

@@ -7,7 +7,7 @@ import {DataServer, type DataServerLimits} from './tcp.js'
 import {parseTokenSize} from './token-file.js'
 
 /** A TCP data server opened from a data.toml, with what it serves. */
-export interface OpenedDataServer {
+interface OpenedDataServer {
   server: DataServer
   config: DataServerConfig
   /** The token directory (a relative `dir` is relative to the data.toml). */

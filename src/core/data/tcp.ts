@@ -11,7 +11,6 @@ import {
   MAX_RESPONSE_BYTES,
   NO_REQUEST,
   WIRE_VERSION,
-  WireError,
   decodeClientMessage,
   decodeServerMessage,
   encodeError,
@@ -233,7 +232,7 @@ interface Pending {
   timer: NodeJS.Timeout
 }
 
-export interface TcpClientOptions {
+interface TcpClientOptions {
   seqLen: number
   vocabSize?: number
   wrap?: boolean

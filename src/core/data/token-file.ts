@@ -24,7 +24,7 @@ export interface ByteSource {
 }
 
 /** A local file read with positional reads: a dataset of any size never has to fit in memory. */
-export class LocalByteSource implements ByteSource {
+class LocalByteSource implements ByteSource {
   private constructor(
     readonly name: string,
     readonly size: number,

@@ -6,7 +6,7 @@ import {pythonEnv, workerPython} from '../worker/python.js'
 import type {TokenManifest} from './local.js'
 import type {TokenSize} from './token-file.js'
 
-export interface TokenizeOptions {
+interface TokenizeOptions {
   inputs: readonly string[]
   tokenizer: string
   out: string

@@ -15,10 +15,10 @@ const littleEndianHost = endianness() === 'LE'
  *                  ERROR    u32 requestId (NO_REQUEST: about the connection) utf8 message
  */
 export const WIRE_VERSION = 1
-export const MAGIC = 'PSDS'
+const MAGIC = 'PSDS'
 export const NO_REQUEST = 0xffffffff
 
-export const enum FrameType {
+const enum FrameType {
   Hello = 0x01,
   Get = 0x02,
   Info = 0x81,
@@ -30,12 +30,12 @@ export const enum FrameType {
 export const MAX_BATCH_IDS = 4096
 export const MAX_REQUEST_BYTES = 64 * 1024
 export const MAX_RESPONSE_BYTES = 256 * 1024 * 1024
-export const MAX_ERROR_BYTES = 2048
+const MAX_ERROR_BYTES = 2048
 
 /** A malformed or oversized frame. */
-export class WireError extends Error {}
+class WireError extends Error {}
 
-export type ClientMessage = {type: 'hello'; version: number; seqLen: number} | {type: 'get'; requestId: number; wrap: boolean; batchIds: number[]}
+type ClientMessage = {type: 'hello'; version: number; seqLen: number} | {type: 'get'; requestId: number; wrap: boolean; batchIds: number[]}
 
 export type ServerMessage =
   | {type: 'info'; version: number; seqLen: number; numSamples: number; vocabSize: number | undefined}

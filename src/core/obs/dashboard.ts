@@ -8,7 +8,7 @@ import type {RunSummary} from './summary.js'
 import {DASHBOARD_HTML, DASHBOARD_JS} from './dashboard-page.js'
 
 /** A dashboard row per client: its standing in the run and its latest report. */
-export interface DashboardClient {
+interface DashboardClient {
   id: string
   state: string
   connected: boolean
@@ -21,7 +21,7 @@ export interface DashboardClient {
 }
 
 /** What the dashboard shows; read on every request. */
-export interface DashboardSource {
+interface DashboardSource {
   summary(): RunSummary
   history(sinceStep?: number): HistoryPoint[]
   clients(): DashboardClient[]

@@ -96,7 +96,7 @@ export function timeLeftText(s: Pick<RunSummary, 'run_state' | 'phase_time_left_
 }
 
 /** What a client that is not training in the current epoch waits for, and about how long (`seconds`, null: unknown). */
-export interface Waiting {
+interface Waiting {
   /** members: the epoch waits for clients; next_epoch: the client joins when the current epoch ends; paused: the run is. */
   reason: 'members' | 'next_epoch' | 'paused'
   detail: string

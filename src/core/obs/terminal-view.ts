@@ -1,7 +1,7 @@
 import type {HistoryPoint} from './history.js'
 import type {TerminalView} from './terminal-format.js'
 
-export {sparkline, viewLines, type TerminalView} from './terminal-format.js'
+export {sparkline, viewLines} from './terminal-format.js'
 
 /**
  * Draws the view live (ink) until stop(); call only when stdout is a terminal and --json is off. ink and React load

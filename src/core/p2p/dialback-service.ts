@@ -9,13 +9,13 @@ import type {EventLog} from '../events.js'
 // The two sides of the dial-back protocol (see dialback.ts): the relay's server, a libp2p service, and the
 // client's request.
 
-export interface DialbackServerInit {
+interface DialbackServerInit {
   log: EventLog
   /** Whom to answer, by libp2p peer id (default: anyone); a refused peer's stream is reset. */
   admit?: (peerId: string) => boolean
 }
 
-export interface DialbackServerComponents {
+interface DialbackServerComponents {
   registrar: Registrar
   connectionManager: ConnectionManager
 }

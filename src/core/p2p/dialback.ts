@@ -36,7 +36,7 @@ export function hostOf(addr: Multiaddr): string | undefined {
   return host
 }
 
-export type DialbackSelection = {ok: true; targets: Multiaddr[]; skipped: {addr: string; reason: string}[]} | {ok: false; reason: string}
+type DialbackSelection = {ok: true; targets: Multiaddr[]; skipped: {addr: string; reason: string}[]} | {ok: false; reason: string}
 
 /**
  * Which addresses of a dial-back request (untrusted JSON from the wire) the relay dials: direct TCP addresses on

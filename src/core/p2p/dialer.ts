@@ -25,11 +25,11 @@ export const RELAYED_DIAL_TIMEOUT_MS = 30_000
 export const DIAL_DEFER_MS = 1_000
 const DEFER_POLL_MS = 50
 
-export interface PeerDialerInit {
+interface PeerDialerInit {
   log: EventLog
 }
 
-export interface PeerDialerComponents {
+interface PeerDialerComponents {
   peerId: PeerId
   connectionManager: ConnectionManager
 }

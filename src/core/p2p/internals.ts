@@ -10,7 +10,7 @@ import type {Multiaddr} from '@multiformats/multiaddr'
  * several peers on different networks; psyche's dial-back, dialback.ts); until then getMultiaddrs() leaves it out. On the internet that is every
  * address of a coordinator's VM, so without this its relay announced nothing and its clients nothing but loopback.
  */
-export interface Libp2pInternals {
+interface Libp2pInternals {
   transportManager: {getAddrs(): Multiaddr[]; listen(addrs: Multiaddr[]): Promise<void>}
   addressManager: {
     confirmObservedAddr(addr: Multiaddr, options?: {type?: 'transport' | 'observed' | 'ip-mapping' | 'dns-mapping'; ttl?: number}): void

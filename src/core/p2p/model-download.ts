@@ -17,7 +17,7 @@ export interface ModelPeerTransport {
 /** The peer broke the protocol in a way only a dishonest or broken peer can (wrong bytes, more bytes than asked). */
 export class BadPeerError extends Error {}
 
-export interface ModelDownloadOptions {
+interface ModelDownloadOptions {
   runId: string
   /** the clients to take the model from (the caller's own id is skipped) */
   peers: string[]
@@ -38,7 +38,7 @@ export interface ModelDownloadOptions {
   log?: EventLog
 }
 
-export interface ModelDownload {
+interface ModelDownload {
   snapshot: ModelSnapshot
   /** the manifest root the quorum signed */
   root: string

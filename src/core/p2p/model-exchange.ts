@@ -13,7 +13,7 @@ import type {Traffic} from './traffic.js'
 import {abortStream, deadline, ON_LIMITED} from './util.js'
 import type {EventLog} from '../events.js'
 
-export const MODEL_PROTOCOL = '/psyche/model/2'
+const MODEL_PROTOCOL = '/psyche/model/2'
 export const DEFAULT_MAX_MODEL_BYTES = 4 * 1024 * 1024 * 1024
 
 const MAX_REQUEST_BYTES = 1024
@@ -21,7 +21,7 @@ const MAX_MODEL_HEADER_BYTES = 4 * 1024 * 1024
 /** A whole model may take minutes to export and send; a model transfer is bounded by this instead of downloadTimeoutMs. */
 const MODEL_TRANSFER_TIMEOUT_MS = 600_000
 
-export interface ModelExchangeInit {
+interface ModelExchangeInit {
   identity: SigningIdentity
   runId: string
   /** largest model (all frames) accepted */
@@ -31,7 +31,7 @@ export interface ModelExchangeInit {
   log: EventLog
 }
 
-export interface ModelExchangeComponents {
+interface ModelExchangeComponents {
   registrar: Registrar
   dialer: PeerDialer
   traffic: Traffic

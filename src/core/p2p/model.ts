@@ -17,7 +17,7 @@ export interface ModelSnapshot {
 }
 
 /** Bytes per element of the dtypes a worker may export (torch names, with or without the "torch." prefix). */
-export const DTYPE_BYTES: Record<string, number> = {
+const DTYPE_BYTES: Record<string, number> = {
   float64: 8,
   float32: 4,
   float16: 2,
@@ -36,7 +36,7 @@ const MAX_FRAMES = 100_000
 const MAX_NAME_LENGTH = 512
 const MAX_RANK = 8
 
-export function dtypeBytes(dtype: string): number | undefined {
+function dtypeBytes(dtype: string): number | undefined {
   return DTYPE_BYTES[dtype.startsWith('torch.') ? dtype.slice(6) : dtype]
 }
 
@@ -105,7 +105,7 @@ export interface ModelManifest {
   signature: string
 }
 
-export type UnsignedManifest = Omit<ModelManifest, 'signer' | 'signature'>
+type UnsignedManifest = Omit<ModelManifest, 'signer' | 'signature'>
 
 const MANIFEST_DOMAIN = 'psyche/model-manifest/1\n'
 const HEX_32 = /^[0-9a-f]{64}$/
@@ -155,14 +155,6 @@ export function parseManifest(raw: unknown, runId: string, maxModelBytes: number
   if (!verifyBytes(manifest.signer, manifestSigningBytes(root), Buffer.from(manifest.signature, 'hex')))
     throw new Error(`manifest signature does not verify against signer ${manifest.signer.slice(0, 16)}…`)
   return {manifest, root, totalBytes}
-}
-
-/** A tensor request: which tensors of the model at `step`, by index into the manifest. */
-export interface TensorRequest {
-  run_id: string
-  kind: 'tensors'
-  step: number
-  indices: number[]
 }
 
 /** Bounds of a tensor request (the server parses it from the wire). */

@@ -23,10 +23,9 @@ import {defaultTransports, type TransportFactory} from './transports.js'
 import {safeLog} from './util.js'
 import type {EventLog} from '../events.js'
 
-export {RESULT_PROTOCOL, DEFAULT_MAX_BLOB_BYTES, DEFAULT_MAX_CONCURRENT_DOWNLOADS, DEFAULT_DOWNLOAD_TIMEOUT_MS, resultsTopic, ResultStore} from './result-exchange.js'
-export {MODEL_PROTOCOL, DEFAULT_MAX_MODEL_BYTES} from './model-exchange.js'
+export {RESULT_PROTOCOL, ResultStore} from './result-exchange.js'
+
 export {peerIdOfClient} from './peer-id.js'
-export type {DialFailure} from './dialer.js'
 
 export interface P2PNodeOptions {
   identity: SigningIdentity
@@ -68,22 +67,7 @@ export interface P2PNodeOptions {
   resultStore?: ResultStore
 }
 
-export interface P2PStats {
-  bytesSent: number
-  bytesReceived: number
-  peers: number
-  badBlobs: number
-  downloadsInFlight: number
-  peakDownloadsInFlight: number
-  /** Result and model bytes per remote peer (its client id when the peer is a run member's ed25519 key, else its peer id), cumulative. */
-  peerBytes: Record<string, {in: number; out: number}>
-  /** Of bytesSent/bytesReceived and peerBytes, what went over relayed connections. */
-  relayedSent: number
-  relayedReceived: number
-  peerRelayedBytes: Record<string, {in: number; out: number}>
-}
-
-export interface P2PStats {
+interface P2PStats {
   bytesSent: number
   bytesReceived: number
   peers: number

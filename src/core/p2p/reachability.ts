@@ -11,7 +11,7 @@ import type {EventLog} from '../events.js'
 
 export type ReachabilityState = 'unknown' | 'public' | 'relayed'
 
-export interface ReachabilityInit {
+interface ReachabilityInit {
   /** Circuit relay v2 on: reserve a slot on a relay when its dial-back finds us unreachable. */
   relay: boolean
   /** --p2p-announce: exactly the announced direct addresses are ours. */
@@ -19,7 +19,7 @@ export interface ReachabilityInit {
   log: EventLog
 }
 
-export interface ReachabilityComponents {
+interface ReachabilityComponents {
   peerId: PeerId
   connectionManager: ConnectionManager
   transportManager: TransportManager

@@ -37,7 +37,7 @@ export const DEFAULT_RELAY_LIMITS: RelayLimits = {
   durationLimitMs: 60 * 60 * 1000,
 }
 
-export interface RelayNodeOptions {
+interface RelayNodeOptions {
   identity: SigningIdentity
   /** default ['/ip4/0.0.0.0/tcp/0'] */
   listen?: string[]

@@ -25,7 +25,7 @@ const MAX_BLOB_HEADER_BYTES = 1024
  */
 const FETCH_BACKOFF_MS = [500, 2_000, 5_000]
 
-export function resultsTopic(runId: string): string {
+function resultsTopic(runId: string): string {
   return `psyche/${runId}/results`
 }
 
@@ -55,7 +55,7 @@ export class ResultStore {
   }
 }
 
-export interface ResultExchangeInit {
+interface ResultExchangeInit {
   identity: SigningIdentity
   runId: string
   /** largest result blob accepted or served */
@@ -66,7 +66,7 @@ export interface ResultExchangeInit {
   log: EventLog
 }
 
-export interface ResultExchangeComponents {
+interface ResultExchangeComponents {
   registrar: Registrar
   pubsub: GossipSub
   dialer: PeerDialer

@@ -19,10 +19,10 @@ export interface ResultAnnouncement {
   signature: string
 }
 
-export type UnsignedAnnouncement = Omit<ResultAnnouncement, 'signature'>
+type UnsignedAnnouncement = Omit<ResultAnnouncement, 'signature'>
 
 /** Gossip messages larger than this are not announcements (they are a few hundred bytes). */
-export const MAX_ANNOUNCEMENT_BYTES = 4096
+const MAX_ANNOUNCEMENT_BYTES = 4096
 
 const DOMAIN = 'psyche/result-announcement/1\n'
 const HEX_32 = /^[0-9a-f]{64}$/

@@ -6,7 +6,7 @@ import {sha256, u32le} from './seed.js'
  * whole list (O(rounds · n/256) hashes). Each round is an involution, so running the rounds backwards
  * inverts it — which lets us find "who holds position p" without shuffling everyone.
  */
-export const SHUFFLE_ROUNDS = 90
+const SHUFFLE_ROUNDS = 90
 
 const TWO_32 = 2 ** 32
 

@@ -4,7 +4,7 @@
  * make us hold more than one frame's worth of memory.
  */
 export const DEFAULT_MAX_FRAME_BYTES = 16 * 1024 * 1024
-export const FRAME_HEADER_BYTES = 4
+const FRAME_HEADER_BYTES = 4
 
 export function encodeFrame(body: Uint8Array): Buffer {
   const head = Buffer.allocUnsafe(FRAME_HEADER_BYTES)
@@ -12,7 +12,7 @@ export function encodeFrame(body: Uint8Array): Buffer {
   return Buffer.concat([head, body])
 }
 
-export type FrameEvent =
+type FrameEvent =
   | {ok: true; body: Buffer}
   /** `fatal`: the stream cannot be resynchronised (its length prefix is unusable); close the connection. */
   | {ok: false; reason: 'oversized' | 'empty'; detail: string; fatal: boolean; length: number}

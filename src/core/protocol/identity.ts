@@ -12,9 +12,9 @@ export {generateIdentity, identityFromSeed, identityPrivateSeed, isIdentityId, s
  * `secret_seed` is the 32-byte ed25519 private seed (RFC 8032), from which the libp2p peer key is
  * derived too; `id` is repeated so that a corrupted or hand-edited file is caught on load.
  */
-export const IDENTITY_FILE_TYPE = 'psyche-identity'
+const IDENTITY_FILE_TYPE = 'psyche-identity'
 
-export function identityToJson(identity: Identity): string {
+function identityToJson(identity: Identity): string {
   const seed = Buffer.from(identityPrivateSeed(identity)).toString('hex')
   return `${JSON.stringify({type: IDENTITY_FILE_TYPE, version: 1, algorithm: 'ed25519', id: identity.id, secret_seed: seed}, null, 2)}\n`
 }

@@ -73,25 +73,25 @@ export const MAX_SCORED_CLIENTS = 4096
  *                  rejected {code, reason, of?}
  *                  client_report {client, step, report}   a client's report, forwarded to watchers (dashboards)
  */
-export const ENVELOPE_MAGIC = Buffer.from('PSYC', 'latin1')
-export const PROTOCOL_VERSION = 1
+const ENVELOPE_MAGIC = Buffer.from('PSYC', 'latin1')
+const PROTOCOL_VERSION = 1
 const SIGNING_DOMAIN = Buffer.from('psyche/envelope/v1\0', 'latin1')
 const HEADER_BYTES = 38
 const SIGNATURE_BYTES = 64
-export const ENVELOPE_OVERHEAD = HEADER_BYTES + SIGNATURE_BYTES
+const ENVELOPE_OVERHEAD = HEADER_BYTES + SIGNATURE_BYTES
 
-export type Direction = 'to_server' | 'to_client'
+type Direction = 'to_server' | 'to_client'
 
 // Bounds on what a peer may send inside one (already size-bounded) frame.
 export const MAX_P2P_ADDRS = 32
-export const MAX_RELAY_ADDRS = 8
+const MAX_RELAY_ADDRS = 8
 export const MAX_ADDR_CHARS = 512
-export const MAX_ACCUSED = 10_000
-export const MAX_REASON_CHARS = 4096
-export const MAX_REPO_CHARS = 512
+const MAX_ACCUSED = 10_000
+const MAX_REASON_CHARS = 4096
+const MAX_REPO_CHARS = 512
 /** Most ids one state may name as removed from the peer directory (the server sends a reset past it). */
-export const MAX_DIRECTORY_REMOVALS = 4096
-export const SESSION_HEX_CHARS = 32
+const MAX_DIRECTORY_REMOVALS = 4096
+const SESSION_HEX_CHARS = 32
 
 export interface HelloBody {
   run_id: string
@@ -140,9 +140,9 @@ export interface ReportBody {
 export interface ScoresBody {
   scores: {client_id: ClientId; score: number}[]
 }
-export const MAX_SCORES = 1024
-export const REPORT_NUMBERS = ['loss', 'val_loss', 'tokens_per_second', 'compute_ms', 'apply_ms', 'result_bytes'] as const
-export const REPORT_COUNTS = ['bytes_in', 'bytes_out', 'applied', 'accepted', 'peers'] as const
+const MAX_SCORES = 1024
+const REPORT_NUMBERS = ['loss', 'val_loss', 'tokens_per_second', 'compute_ms', 'apply_ms', 'result_bytes'] as const
+const REPORT_COUNTS = ['bytes_in', 'bytes_out', 'applied', 'accepted', 'peers'] as const
 export interface AddressesBody {
   p2p_addrs: string[]
 }
@@ -177,7 +177,7 @@ export interface StateBody {
 /** A state as ops on the revision the client holds (protocol/state-delta.ts); the directory and scores as in StateBody. */
 export type StateDeltaBody = Omit<StateBody, 'state' | 'rev'> & {base: number; rev: number; ops: DeltaOp[]; hash: string}
 /** On the wire the state travels as serializeState's text (so BigInts survive). */
-export type StateWireBody = Omit<StateBody, 'state'> & {state: string}
+type StateWireBody = Omit<StateBody, 'state'> & {state: string}
 export interface RejectedBody {
   /** A short machine-readable reason: a wire reason (RejectReason) or a coordinator RejectionCode. */
   code: string
@@ -231,7 +231,7 @@ export type ServerEnvelope = {[K in ServerKind]: Envelope<K, ServerBodies[K]>}[S
 
 /** Why an envelope was refused by the decoder. */
 export type DecodeReason = 'truncated' | 'bad_magic' | 'bad_version' | 'wrong_direction' | 'bad_signature' | 'malformed' | 'invalid_message'
-export type Decoded<E> = {ok: true; envelope: E} | {ok: false; reason: DecodeReason; detail: string}
+type Decoded<E> = {ok: true; envelope: E} | {ok: false; reason: DecodeReason; detail: string}
 
 const DIRECTION_BYTE: Record<Direction, number> = {to_server: 0, to_client: 1}
 

@@ -23,8 +23,8 @@ export type PathKey = string | number
 export type DeltaOp = {p: PathKey[]; v: unknown} | {p: PathKey[]; d: 1} | {p: PathKey[]; a: unknown[]} | {p: PathKey[]; c: PathKey[]}
 
 /** Bounds on a delta from the wire (a state's depth is under 10). */
-export const MAX_DELTA_OPS = 4096
-export const MAX_DELTA_PATH = 16
+const MAX_DELTA_OPS = 4096
+const MAX_DELTA_PATH = 16
 const FORBIDDEN_KEYS = new Set(['__proto__', 'constructor', 'prototype'])
 
 type Obj = Record<string, unknown>

@@ -11,7 +11,7 @@ import {ClientProcess, ProcessGroup, startServer} from './supervisor.js'
 import type {SolanaTestnet} from './solana.js'
 
 export {pickVictims} from './kills.js'
-export {RoundBook, parseRoundLine, type ClientRound, type RoundLine, type TestnetSummary} from './summary.js'
+export {RoundBook, parseRoundLine, type TestnetSummary} from './summary.js'
 
 /**
  * A local testnet, the launcher behind `psyche testnet`: one `psyche server run` and N `psyche join` processes
@@ -19,7 +19,7 @@ export {RoundBook, parseRoundLine, type ClientRound, type RoundLine, type Testne
  * random clients killed every S seconds and restarted with the same identity (kills.ts).
  */
 
-export interface TestnetOptions {
+interface TestnetOptions {
   clients: number
   /** The coordinator: `psyche server run` (centralized, default), or the Solana program in a localnet (solana). */
   backend?: 'centralized' | 'solana'
@@ -44,7 +44,7 @@ export interface TestnetOptions {
   signal?: AbortSignal
 }
 
-export type TestnetEvent =
+type TestnetEvent =
   | {kind: 'server'; port: number}
   | {kind: 'solana'; url: string; program_id: string}
   | {kind: 'client_started'; client: string; generation: number}

@@ -13,7 +13,7 @@ export function pickVictims<T>(alive: readonly T[], count: number, random: () =>
   return victims
 }
 
-export interface KillSchedulerOptions<T> {
+interface KillSchedulerOptions<T> {
   /** Victims per interval. */
   count: number
   intervalMs: number

@@ -37,7 +37,7 @@ export interface TestnetSummary {
 }
 
 /** One client's `round` event, as `psyche join --json` prints it (the fields the summary uses). */
-export interface RoundLine {
+interface RoundLine {
   step: number
   epoch: number
   loss: number | null

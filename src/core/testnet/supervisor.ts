@@ -7,7 +7,7 @@ import {projectRoot} from '../worker/python.js'
 const cliPath = join(projectRoot, 'bin', 'psyche.js')
 
 /** Calls `onLine` for each non-empty line of a text stream. */
-export function lines(stream: NodeJS.ReadableStream, onLine: (line: string) => void): void {
+function lines(stream: NodeJS.ReadableStream, onLine: (line: string) => void): void {
   let partial = ''
   stream.setEncoding('utf8')
   stream.on('data', (chunk: string) => {
@@ -66,7 +66,7 @@ export async function startServer(group: ProcessGroup, statePath: string, saveSt
   return {proc, port}
 }
 
-export interface ClientEvents {
+interface ClientEvents {
   /** Each JSON event line of the current process (generation: 1 for the first start, +1 per restart). */
   onEvent(event: Record<string, unknown>, generation: number): void
   /** The current process exited. */

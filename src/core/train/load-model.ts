@@ -3,7 +3,7 @@ import type {ModelInfo} from '../worker/model-worker.js'
 import type {ModelSource} from './plan.js'
 
 /** The worker operations that create a model (ModelWorker, and the client's worker component). */
-export interface ModelLoader {
+interface ModelLoader {
   load(modelDir: string, seed?: number): Promise<ModelInfo>
   initFromConfig(config: Record<string, unknown>, seed: number): Promise<ModelInfo>
 }

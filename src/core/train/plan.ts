@@ -7,8 +7,8 @@ import {PsycheError} from '../errors.js'
 import {checkRepoId, checkRevision, downloadCheckpoint, type TransferProgress} from '../checkpoint/hub.js'
 import {projectRoot} from '../worker/python.js'
 
-export const templatesDir = join(projectRoot, 'templates')
-export const DEFAULT_TEMPLATE = 'tiny-demo'
+const templatesDir = join(projectRoot, 'templates')
+const DEFAULT_TEMPLATE = 'tiny-demo'
 
 /** The worker's forward-pass precision: `auto` is bf16 on a CUDA device with bfloat16, fp32 otherwise. */
 export type Precision = 'auto' | 'fp32' | 'bf16'
@@ -104,7 +104,7 @@ export function readModelConfig(path: string): Record<string, unknown> {
 }
 
 /** A model directory: its config.json must exist; weights are optional (random init from the config). */
-export function modelSourceFromDir(dir: string, where: string): ModelSource {
+function modelSourceFromDir(dir: string, where: string): ModelSource {
   const configPath = join(dir, 'config.json')
   if (!existsSync(dir)) throw new PsycheError(`${where}: model directory ${dir} does not exist`)
   if (!existsSync(configPath)) throw new PsycheError(`${where}: ${dir} is not a model directory (no config.json)`)
@@ -145,7 +145,7 @@ async function modelFromCheckpoint(run: RunConfigFile, llm: LLMConfig, hub: Trai
 }
 
 /** Scales a schedule to a new base learning rate, keeping its shape (final/initial LRs scale with it). */
-export function withBaseLr(schedule: LrSchedule, lr: number): LrSchedule {
+function withBaseLr(schedule: LrSchedule, lr: number): LrSchedule {
   const [name, params] = Object.entries(schedule)[0] as unknown as [string, Record<string, number>]
   const ratio = params.base_lr > 0 ? lr / params.base_lr : 0
   const scaled: Record<string, number> = {...params, base_lr: lr}

@@ -1,6 +1,5 @@
 import {manifestTokenizer} from '../model.js'
 import {closeSync, existsSync, mkdirSync, openSync, writeSync} from 'node:fs'
-import {readFile} from 'node:fs/promises'
 import {dirname, join, resolve} from 'node:path'
 import {ensureDemoCorpus, demoCorpusDir} from '../corpus.js'
 import {type DataProvider, openDataProvider} from '../data/index.js'
@@ -13,7 +12,7 @@ import type {TrainPlan} from './plan.js'
 // the config's DataLocation also names variants no provider serves (Dummy, WeightedHttp): openDataProvider rejects those by name
 type ProviderLocation = Parameters<typeof openDataProvider>[0]
 
-export interface StepMetrics {
+interface StepMetrics {
   step: number
   loss: number
   lr: number
@@ -43,7 +42,7 @@ export interface TrainSummary {
   distro?: {peers: number; resultBytes: number; denseBytes: number; compression: number}
 }
 
-export interface TrainEvents {
+interface TrainEvents {
   onStatus?(message: string): void
   onStep?(metrics: StepMetrics, plan: TrainPlan): void
 }

@@ -40,7 +40,7 @@ export function indexOverlap(a: Set<number>, b: Set<number>): number {
   return shared / Math.min(a.size, b.size)
 }
 
-export interface NearCopy {
+interface NearCopy {
   /** Position in the list of the result that is dropped. */
   index: number
   client_id: ClientId

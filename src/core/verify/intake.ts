@@ -17,7 +17,7 @@ import {maxResultSize, resultSize, validateResult, type ResultFormat} from './re
 /** Prefix of a verdict that is a property of the bytes alone (decide.ts drops those at apply time too). */
 export const FORMAT_INVALID = 'invalid result: '
 
-export type AnnouncementVerdict =
+type AnnouncementVerdict =
   | {ok: true}
   /** Do not download: `reason` says why (the result is invalid whatever its bytes). */
   | {ok: false; reason: string}

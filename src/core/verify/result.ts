@@ -34,7 +34,7 @@ export interface ResultFormat {
   tensors: TensorSpec[]
 }
 
-export type Validation = {ok: true} | {ok: false; reason: string}
+type Validation = {ok: true} | {ok: false; reason: string}
 
 interface Layout {
   spec: TensorSpec

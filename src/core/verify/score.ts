@@ -19,7 +19,7 @@ export interface Losses {
   random: {before: number; after: number}
 }
 
-export interface ScoreSettings {
+interface ScoreSettings {
   /** Weight of a new score in the moving average. */
   alpha: number
   /** A peer whose moving average is below this (with at least `window` scores) is accused. */
@@ -57,7 +57,7 @@ export function roundScale(all: readonly Losses[]): number {
   return sizes.length % 2 ? sizes[mid] : (sizes[mid - 1] + sizes[mid]) / 2
 }
 
-export interface PeerScore {
+interface PeerScore {
   client_id: ClientId
   /** Number of results scored. */
   count: number

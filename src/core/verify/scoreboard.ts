@@ -2,7 +2,7 @@ import type {ClientId} from '../coordinator/types.js'
 import {MAX_SCORED_CLIENTS, type ClientScore} from '../protocol/messages.js'
 import {DEFAULT_SCORE_SETTINGS} from './score.js'
 
-export {MAX_SCORED_CLIENTS, type ClientScore} from '../protocol/messages.js'
+export {type ClientScore} from '../protocol/messages.js'
 
 /**
  * The coordinator server's view of verification scores: each verifier reports the scores it gave the results

@@ -30,7 +30,7 @@ const CHUNK = 4096
 const INDEX_BITS = 12
 const TOPK = 8
 
-export interface LoadTestWorkerOptions {
+interface LoadTestWorkerOptions {
   /** Required, so that no caller gets this worker without naming it. */
   purpose: 'load-test'
   /** Target size of one result in bytes (the result is the nearest valid size at or above it; minimum about 40). */
@@ -71,7 +71,7 @@ class Stream {
 }
 
 /** Encodes a valid PSDR sign result for `format` (as loadTestResultFormat builds it) from `seed`. */
-export function encodeLoadTestResult(format: ResultFormat, seed: Buffer): Uint8Array {
+function encodeLoadTestResult(format: ResultFormat, seed: Buffer): Uint8Array {
   const spec = format.tensors[0]
   const rows = spec.shape[0]
   const out = Buffer.alloc(resultSize(format))

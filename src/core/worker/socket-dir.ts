@@ -29,7 +29,7 @@ function ours(path: string): boolean {
 }
 
 /** $XDG_RUNTIME_DIR when it is a directory of ours that nobody else can enter, else the temp directory. */
-export function socketBase(): string {
+function socketBase(): string {
   const runtime = process.env.XDG_RUNTIME_DIR
   if (runtime) {
     try {

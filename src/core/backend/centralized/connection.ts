@@ -16,7 +16,7 @@ import type {CoordinatorBackend, PeerDirectory, RejectionInfo} from '../types.js
 import {RETRYABLE_REFUSALS} from './limits.js'
 import type {EventLog} from '../../events.js'
 
-export interface ConnectOptions {
+interface ConnectOptions {
   /** The server, as host:port. */
   addr: string
   /** The run; '' to watch whichever run the server coordinates (as its challenge names it; with join: false only). */

@@ -5,7 +5,7 @@ import type {PeerDirectory} from '../types.js'
 export const MAX_DIRECTORY_ENTRY_CHARS = 4096
 
 /** What changed in the directory since a version: `reset` replaces the whole directory with `set`. */
-export interface DirectoryDelta {
+interface DirectoryDelta {
   reset: boolean
   set: PeerDirectory
   removed: ClientId[]
@@ -94,7 +94,7 @@ export class PeerBook {
 }
 
 /** The addresses in order, as many as fit in MAX_DIRECTORY_ENTRY_CHARS. */
-export function boundAddrs(addrs: readonly string[]): string[] {
+function boundAddrs(addrs: readonly string[]): string[] {
   const out: string[] = []
   let chars = 0
   for (const a of addrs) {

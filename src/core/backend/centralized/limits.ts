@@ -1,4 +1,4 @@
-export {effectiveMaxConnections, openFileLimit, RESERVED_DESCRIPTORS} from '../../descriptors.js'
+export {effectiveMaxConnections, openFileLimit} from '../../descriptors.js'
 
 /**
  * Bounds on what strangers can make the coordinator server hold. Each one is a flag of `psyche server run`

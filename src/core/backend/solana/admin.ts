@@ -67,7 +67,7 @@ function check(r: SendResult, what: string): void {
   throw new PsycheError(`${what} refused: ${r.error}${why.length ? ` (${why.join('; ')})` : ''}`, {code: 'EREFUSED'})
 }
 
-export interface RunTarget {
+interface RunTarget {
   chain: Chain
   programId: Address
   runId: string
@@ -125,7 +125,7 @@ export async function prepareUpdate(t: RunTarget & {authority: TransactionSigner
 }
 
 /** The wire size of a transaction of these instructions (signed offline, on a placeholder blockhash). */
-export async function transactionSize(payer: TransactionSigner, instructions: Instruction[]): Promise<number> {
+async function transactionSize(payer: TransactionSigner, instructions: Instruction[]): Promise<number> {
   const message = pipe(
     createTransactionMessage({version: 0}),
     (m) => setTransactionMessageFeePayerSigner(payer, m),
@@ -178,7 +178,7 @@ export async function setPaused(t: RunTarget & {authority: TransactionSigner; pa
   check(await t.chain.send(t.authority, [setPausedInstruction(t.programId, coordinator, t.authority, t.paused)]), `set-paused ${t.paused ? 'pause' : 'resume'} ${t.runId}`)
 }
 
-export interface AuthorizerTarget {
+interface AuthorizerTarget {
   chain: Chain
   authorizer: Address
 }

@@ -9,7 +9,7 @@ import {INSTRUCTION_UNITS, SYSTEM_PROGRAM, signerMeta, withUnits} from './instru
  */
 
 export const AUTHORIZATION_SIZE = 600
-export const MAX_DELEGATES = 16
+const MAX_DELEGATES = 16
 const MAGIC = 0x4854554148595350n // "PSYHAUTH"
 /** A grantee of all zeros: the grantor authorizes anyone. */
 export const ANYONE = '11111111111111111111111111111111' as Address

@@ -59,7 +59,7 @@ export interface Chain {
 }
 
 /** Options of RpcChain. */
-export interface RpcChainOptions {
+interface RpcChainOptions {
   /** How long one send may take, resends and rebuilt transactions included (60 s). */
   confirmTimeoutMs?: number
   /** Polling period of getSignatureStatuses without a websocket (400 ms). */
@@ -282,7 +282,7 @@ function unreachableEndpoint(error: unknown): boolean {
 }
 
 /** The system program's errors (SystemError), which its callers pass on as their own. */
-export const SYSTEM_ERRORS: Record<number, string> = {
+const SYSTEM_ERRORS: Record<number, string> = {
   0: 'AccountAlreadyInUse',
   1: 'ResultWithNegativeLamports (the payer holds too few lamports)',
   2: 'InvalidProgramId',

@@ -34,7 +34,7 @@ import type {EventLog} from '../../events.js'
  * change it (tick is permissionless; clients take turns by their position, so one usually ticks).
  */
 
-export interface SolanaBackendOptions {
+interface SolanaBackendOptions {
   chain: Chain
   programId: Address
   runId: string

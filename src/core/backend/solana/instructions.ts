@@ -29,9 +29,9 @@ export const SYSTEM_PROGRAM = '11111111111111111111111111111111' as Address
 
 export const COMPUTE_BUDGET_PROGRAM = 'ComputeBudget111111111111111111111111111111' as Address
 /** The most compute units a transaction may ask for. */
-export const MAX_COMPUTE_UNITS = 1_400_000
+const MAX_COMPUTE_UNITS = 1_400_000
 /** What the runtime grants an instruction that names no limit; psyche's budget for an instruction it did not build. */
-export const DEFAULT_INSTRUCTION_UNITS = 200_000
+const DEFAULT_INSTRUCTION_UNITS = 200_000
 /** A builtin program's instruction (system, compute budget, Ed25519): a few hundred CU; this leaves room. */
 const BUILTIN_UNITS = 3_000
 const BUILTINS = new Set<string>(['11111111111111111111111111111111', 'ComputeBudget111111111111111111111111111111', 'Ed25519SigVerify111111111111111111111111111'])
@@ -94,7 +94,7 @@ export function computeUnitLimitInstruction(units = MAX_COMPUTE_UNITS): Instruct
 }
 
 /** ComputeBudgetInstruction::SetComputeUnitPrice: the priority fee, in micro-lamports per requested compute unit. */
-export function computeUnitPriceInstruction(microLamports: bigint): Instruction {
+function computeUnitPriceInstruction(microLamports: bigint): Instruction {
   const data = Buffer.alloc(9)
   data[0] = 3
   data.writeBigUInt64LE(microLamports, 1)
@@ -113,7 +113,7 @@ export function withComputeBudget(instructions: Instruction[], priorityFee = 0n)
 }
 
 /** One instruction may grow an account by this much (the runtime's MAX_PERMITTED_DATA_INCREASE). */
-export const GROW_STEP = 10240
+const GROW_STEP = 10240
 
 /** The coordinator account of a run: the program address of ("coordinator", run id). */
 export async function coordinatorAddress(programId: Address, runId: string): Promise<Address> {
@@ -222,14 +222,14 @@ export const ejectInstruction = (programId: Address, coordinator: Address, autho
 export const freeCoordinatorInstruction = (programId: Address, coordinator: Address, authority: TransactionSigner, recipient: Address) =>
   signed(programId, coordinator, authority, encodeTag(IX.free_coordinator), INSTRUCTION_UNITS.free_coordinator, [writable(recipient)])
 
-export const ED25519_PROGRAM = 'Ed25519SigVerify111111111111111111111111111' as Address
-export const INSTRUCTIONS_SYSVAR = 'Sysvar1nstructions1111111111111111111111111' as Address
+const ED25519_PROGRAM = 'Ed25519SigVerify111111111111111111111111111' as Address
+const INSTRUCTIONS_SYSVAR = 'Sysvar1nstructions1111111111111111111111111' as Address
 
 /**
  * The Ed25519 program's instruction that has the runtime verify signatures (the transaction fails otherwise): each
  * entry's public key, signature and message are held in the instruction itself.
  */
-export function ed25519Instruction(entries: {publicKey: Uint8Array; signature: Uint8Array; message: Uint8Array}[]): Instruction {
+function ed25519Instruction(entries: {publicKey: Uint8Array; signature: Uint8Array; message: Uint8Array}[]): Instruction {
   const header = 2 + 14 * entries.length
   const parts: Buffer[] = []
   const offsets = Buffer.alloc(header)

@@ -10,15 +10,15 @@ import {witnessBloomParams} from '../../coordinator/rules.js'
 
 /** Capacity limits of one coordinator account (the constants in coordinator.c). */
 export const MAX_CLIENTS = 64
-export const MAX_WITNESSES = 32
-export const MAX_ACCUSATIONS = 64
-export const BLOOM_MAX = 80
+const MAX_WITNESSES = 32
+const MAX_ACCUSATIONS = 64
+const BLOOM_MAX = 80
 export const RUN_ID_MAX = 32
-export const REPO_MAX = 96
-export const REVISION_MAX = 64
-export const MODEL_JSON_MAX = 4096
-export const MAGIC = 0x44524f4f43595350n // "PSYCOORD"
-export const LAYOUT_VERSION = 2n
+const REPO_MAX = 96
+const REVISION_MAX = 64
+const MODEL_JSON_MAX = 4096
+const MAGIC = 0x44524f4f43595350n // "PSYCOORD"
+const LAYOUT_VERSION = 2n
 
 const CONFIG_FIELDS = [
   'warmup_time',
@@ -37,17 +37,17 @@ const CONFIG_FIELDS = [
   'total_steps',
   'waiting_for_members_extra_time',
 ] as const
-export const CONFIG_SIZE = CONFIG_FIELDS.length * 8
+const CONFIG_SIZE = CONFIG_FIELDS.length * 8
 const CHECKPOINT_SIZE = 8 + REPO_MAX + REVISION_MAX
 const CLIENT_SIZE = 48
 const WITNESS_SIZE = 32 + 2 * BLOOM_MAX
 const ROUND_HEADER = 80
 const ACCUSATION_SIZE = 72
 const ROUND_SIZE = ROUND_HEADER + 32 + MAX_CLIENTS * 32 + MAX_WITNESSES * WITNESS_SIZE + MAX_ACCUSATIONS * ACCUSATION_SIZE + MAX_CLIENTS * 32
-export const ACCUSATION_REASONS: AccusationReason[] = ['invalid_result', 'low_score']
+const ACCUSATION_REASONS: AccusationReason[] = ['invalid_result', 'low_score']
 
 /** Byte offsets of the State fields. */
-export const OFFSETS = (() => {
+const OFFSETS = (() => {
   let o = 0
   const at = (size: number): number => {
     const here = o
@@ -103,7 +103,7 @@ export const OFFSETS = (() => {
 export const STATE_SIZE = OFFSETS.size
 
 const CLIENT_STATES: ClientState[] = ['Healthy', 'Dropped', 'Withdrawn', 'Ejected']
-export const CHECKPOINT_KINDS = ['None', 'Ephemeral', 'Dummy', 'Hub', 'P2P'] as const
+const CHECKPOINT_KINDS = ['None', 'Ephemeral', 'Dummy', 'Hub', 'P2P'] as const
 
 /** What the account holds beside the reference's CoordinatorState. */
 export interface OnChainCoordinator {
@@ -432,11 +432,11 @@ export function encodeTag(tag: number): Uint8Array {
 
 /** What one set_peer may carry: its transaction, with a priority fee, stays under 1,232 bytes (programs/coordinator). */
 export const PEER_ADDRS_MAX = 768
-export const PEER_MAGIC = 0x5245455043595350n // "PSYCPEER"
+const PEER_MAGIC = 0x5245455043595350n // "PSYCPEER"
 /** Size of a peer account: magic, coordinator [32], client [32], addrs_len u64, addrs [PEER_ADDRS_MAX]. */
 export const PEER_SIZE = 8 + 32 + 32 + 8 + PEER_ADDRS_MAX
 
-export interface PeerRecord {
+interface PeerRecord {
   coordinator: Address
   /** The client id (hex public key). */
   client: string
@@ -479,9 +479,9 @@ export function decodePeer(data: Uint8Array): PeerRecord {
 
 // ---- a run's name and description (set_metadata) ----
 
-export const NAME_MAX = 64
+const NAME_MAX = 64
 export const DESCRIPTION_MAX = 512
-export const METADATA_MAGIC = 0x4154454d43595350n // "PSYCMETA"
+const METADATA_MAGIC = 0x4154454d43595350n // "PSYCMETA"
 /** Size of a metadata account: magic, coordinator [32], name_len u64, name [64], description_len u64, description [512]. */
 export const METADATA_SIZE = 8 + 32 + 8 + NAME_MAX + 8 + DESCRIPTION_MAX
 

@@ -26,7 +26,7 @@ interface Status {
 
 type Params = unknown[]
 
-export interface LocalnetOptions {
+interface LocalnetOptions {
   host?: string
   port?: number
   /** Programs to deploy: address → shared object bytes. */
@@ -36,7 +36,7 @@ export interface LocalnetOptions {
 }
 
 /** Slots a blockhash stays valid (MAX_PROCESSING_AGE). */
-export const BLOCKHASH_LIFETIME_SLOTS = 150
+const BLOCKHASH_LIFETIME_SLOTS = 150
 
 export class Localnet {
   readonly chain: LocalChain
