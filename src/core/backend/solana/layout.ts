@@ -518,10 +518,10 @@ export function decodeMetadata(data: Uint8Array): RunMetadata & {coordinator: Ad
 
 // ---- state-transition logs (sol_log_data) ----
 
-export const STATE_LOG_MAGIC = 0x4554415453595350n // "PSYSTATE"
+const STATE_LOG_MAGIC = 0x4554415453595350n // "PSYSTATE"
 
 /** A phase change as the program logs it: the new phase, when (unix ms), the step and the epoch. */
-export interface StateLog {
+interface StateLog {
   run_state: (typeof RUN_STATES)[number]
   run_state_start: number
   step: number
