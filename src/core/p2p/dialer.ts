@@ -17,13 +17,6 @@ export interface DialFailure {
 /** A direct dial gives up quickly: a private address of another network may never answer (no ICMP on the internet). */
 const DIRECT_DIAL_TIMEOUT_MS = 8_000
 export const RELAYED_DIAL_TIMEOUT_MS = 30_000
-/**
- * Two clients learn of each other from the same state push and would dial each other at once, leaving two
- * connections per pair (2(N-1) per client: past libp2p's 300-connection default at N = 256). The one with the
- * lower peer id dials; the other waits this long for that connection and dials only if it did not come.
- */
-export const DIAL_DEFER_MS = 1_000
-const DEFER_POLL_MS = 50
 
 interface PeerDialerInit {
   log: EventLog
@@ -96,19 +89,7 @@ export class PeerDialer implements Startable {
       if (!list) byPeer.set(peer, (list = []))
       list.push(target)
     }
-    await Promise.all([...byPeer].map(([peer, targets]) => (peer < this.peerId ? this.dialDeferred(peer, targets) : this.dialPeer(peer, targets))))
-  }
-
-  private connectedTo(peer: string): boolean {
-    return this.components.connectionManager.getConnections().some((c) => c.remotePeer.toString() === peer && c.status === 'open')
-  }
-
-  /** A peer with a lower id dials us (see DIAL_DEFER_MS): we dial it only when its connection has not come by then. */
-  private async dialDeferred(peer: string, targets: Multiaddr[]): Promise<void> {
-    if (targets.length > 0) this.knownAddrs.set(peer, targets)
-    const deadline = Date.now() + DIAL_DEFER_MS
-    while (!this.connectedTo(peer) && !this.dialing.has(peer) && !this.stopped && Date.now() < deadline) await new Promise((r) => setTimeout(r, DEFER_POLL_MS))
-    return this.dialPeer(peer, targets)
+    await Promise.all([...byPeer].map(([peer, targets]) => this.dialPeer(peer, targets)))
   }
 
   /**
@@ -121,7 +102,7 @@ export class PeerDialer implements Startable {
     const inFlight = this.dialing.get(peer)
     if (inFlight) return inFlight
     if (this.stopped) return Promise.resolve()
-    if (this.connectedTo(peer)) {
+    if (this.components.connectionManager.getConnections().some((c) => c.remotePeer.toString() === peer && c.status === 'open')) {
       this.dialFailures.delete(peer)
       return Promise.resolve()
     }

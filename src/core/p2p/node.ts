@@ -161,6 +161,11 @@ export class P2PNode {
           fallbackToFloodsub: true,
           // Announcements are < 4 KiB; an RPC may batch many of them plus control ids.
           maxInboundDataLength: 1024 * 1024,
+          // No IP-colocation penalty: past 10 peers on one address (clients behind one NAT, on one host, or reached
+          // through the same relay) gossipsub's scoring graylisted them and dropped their subscriptions, so with 16
+          // clients on one machine no announcement spread (bench/README.md, "Scale"). Who may take part is the
+          // coordinator's member list; every announcement is signed and checked.
+          scoreParams: {IPColocationFactorWeight: 0},
         }),
         traffic: traffic(),
         resultStore: () => resultStore,
