@@ -73,14 +73,16 @@ describe('across hosts on one segment', {skip: unavailable, timeout: 420_000}, (
     }
   })
 
-  it("a run in which nothing can be exchanged is loud: no peer's result applied, and a no_exchange warning naming the addresses that failed", async () => {
+  it('a run in which nothing can be exchanged is loud: every round line says so, a no_exchange warning names the addresses that failed, and with --max-rounds-without-exchange 4 each client leaves with a clear error and exit 1', async () => {
     // What the issue saw: libp2p on loopback only and no relay, so every peer is told an address it cannot use.
     const lab = new Lab()
     const dir = tempDir('psyche-net-x-')
     const run = new NetRun(lab, dir.path, lab.addPublicHost('coord'), {roundsPerEpoch: 5, totalSteps: 5, initMinClients: 3, lr: 1e-2, maxRoundTrainTime: 4, warmupTime: 25})
     try {
       await run.startServer(['--no-relay'])
-      const clients = await Promise.all(['a', 'b', 'c'].map((n) => run.startClient(n, lab.addPublicHost(n), ['--p2p-listen', '/ip4/127.0.0.1/tcp/0'])))
+      const clients = await Promise.all(
+        ['a', 'b', 'c'].map((n) => run.startClient(n, lab.addPublicHost(n), ['--p2p-listen', '/ip4/127.0.0.1/tcp/0', '--max-rounds-without-exchange', '4'])),
+      )
       const warnings = await Promise.all(
         clients.map((c) => c.waitFor((e) => e.event === 'no_exchange', 'the no_exchange warning', 240_000).catch((error) => assert.fail(`${error.message}\n${run.tails()}`))),
       )
@@ -94,6 +96,19 @@ describe('across hosts on one segment', {skip: unavailable, timeout: 420_000}, (
             JSON.stringify(u),
           )
         for (const r of rounds(clients[i])) assert.equal(r.peers_applied, 0, JSON.stringify(r))
+      }
+      // It does not train alone for long: at the 4th such round it withdraws and exits 1, saying why.
+      for (const c of clients) {
+        const result = await c.proc
+        assert.equal(result.exitCode, 1, `${c.name} exited 1: ${c.stderr.join('').slice(-600)}`)
+        assert.deepEqual(
+          rounds(c).map((r) => r.rounds_without_exchange),
+          rounds(c).map((_, i) => i + 1),
+          `${c.name}: every round line counts the rounds without exchange`,
+        )
+        assert.equal(rounds(c).length, 4, `${c.name} left after 4 rounds without exchange`)
+        assert.ok(c.events.some((e) => e.event === 'no_exchange' && e.leaving === true && e.rounds === 4))
+        assert.match(c.stderr.join('') + JSON.stringify(c.events.at(-1)), /applied no other client's results for 4 rounds in a row/, c.name)
       }
     } finally {
       await run.stop()
