@@ -93,6 +93,7 @@ export const tiers = {
   smoke: ['test/e2e/smoke.test.ts'],
   e2e: [
     'test/adversarial/attacks.test.ts',
+    'test/adversarial/memory.test.ts',
     'test/backend/commands.test.ts',
     'test/checkpoint/jobs.test.ts',
     'test/checkpoint/p2p-join.test.ts',
