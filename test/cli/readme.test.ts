@@ -23,7 +23,9 @@ function shellBlocks(): Block[] {
   const blocks: Block[] = []
   for (let i = 0; i < lines.length; i++) {
     if (lines[i].trim() !== '```sh') continue
-    const marker = /^<!-- sh: (\w+) -->$/.exec(lines[i - 1]?.trim() ?? '')
+    let before = i - 1
+    while (before > 0 && lines[before].trim() === '') before-- // prettier may leave a blank line after the marker
+    const marker = /^<!-- sh: (\w+) -->$/.exec(lines[before]?.trim() ?? '')
     const end = lines.indexOf('```', i + 1)
     blocks.push({kind: marker?.[1] ?? 'unmarked', line: i + 1, text: lines.slice(i + 1, end).join('\n')})
     i = end

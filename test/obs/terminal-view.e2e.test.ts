@@ -72,7 +72,7 @@ describe('live terminal view (ink) in a tmux pane', {timeout: 300_000, skip: has
     procs.push(...clients)
     const first = await until((t) => /phase Round(Train|Witness)/.test(t) && /clients 2 healthy/.test(t), 'a round with both clients', 180_000)
     assert.match(first, /round \d+\/20 {3}epoch 0/)
-    assert.match(first, /\d+s left/)
+    assert.match(first, /epoch ends in ~\d+s|\d+s left/)
     assert.match(first, /witnesses \d\/\d \(quorum \d\)/)
     // A round reported: its loss on the sparkline, bytes, and results applied of accepted.
     const later = await until((t) => /loss \d+\.\d{3} [▁▂▃▄▅▆▇█]+/.test(t), 'a loss on the sparkline', 180_000)
