@@ -11,7 +11,7 @@ import {
   type DataServerConfig,
   type RunSummary,
 } from '../../core/config/index.js'
-import {checkLocalPaths} from '../../core/config/local-paths.js'
+import {checkLocalPaths} from '../../core/data/local-paths.js'
 import {demoCorpusDir} from '../../core/corpus.js'
 import {PsycheError} from '../../core/errors.js'
 

@@ -1,9 +1,9 @@
 import {stat} from 'node:fs/promises'
 import {dirname, isAbsolute, resolve} from 'node:path'
-import {LocalTokenDataset} from '../data/local.js'
+import {LocalTokenDataset} from './local.js'
 import {errorMessage} from '../errors.js'
-import {resolveConfigPath} from './run-config-file.js'
-import type {ConfigIssue, DataServerConfig, RunConfigFile} from './types.js'
+import {resolveConfigPath} from '../config/run-config-file.js'
+import type {ConfigIssue, DataServerConfig, RunConfigFile} from '../config/types.js'
 
 /**
  * The local paths a run config and its data.toml name, checked as `join` and `server run` will use them: a Local
