@@ -114,13 +114,27 @@ const tsFiles = args.filter((a) => a.endsWith('.ts'))
 if (only === 'ts' || (only === undefined && (tsFiles.length > 0 || !explicitFiles))) {
   const files = explicitFiles ? tsFiles : selectedTiers.flatMap((t) => tiers[t])
   console.log(`\n== node:test, ${explicitFiles ? 'the files given' : `tiers ${selectedTiers.join(', ')}`}: ${files.length} files`)
-  const r = spawnSync(process.execPath, ['--import', 'tsx', '--test', '--test-reporter=spec', '--test-concurrency=1', ...files], {
-    cwd: root,
-    env,
-    encoding: 'utf8',
-    stdio: ['ignore', 'pipe', 'inherit'],
-    maxBuffer: 1 << 28,
-  })
+  const r = spawnSync(
+    process.execPath,
+    [
+      '--import',
+      'tsx',
+      '--test',
+      '--test-reporter=spec',
+      '--test-reporter-destination=stdout',
+      `--test-reporter=${join(root, 'scripts', 'test-times.mjs')}`,
+      '--test-reporter-destination=stdout',
+      '--test-concurrency=1',
+      ...files,
+    ],
+    {
+      cwd: root,
+      env,
+      encoding: 'utf8',
+      stdio: ['ignore', 'pipe', 'inherit'],
+      maxBuffer: 1 << 28,
+    },
+  )
   process.stdout.write(r.stdout ?? '')
   passed += Number(/ℹ pass (\d+)/.exec(r.stdout ?? '')?.[1] ?? 0)
   // A cancelled test (its file or suite timed out, or a hook failed) did not pass: it counts as failed.
