@@ -1,6 +1,7 @@
 #!/usr/bin/env node
 // `npm run build:programs`: compiles the Solana programs in programs/ to sBPF v0 shared objects in
-// programs/build/ (committed, so deploying and testing need no toolchain). Each program is C, compiled
+// programs/build/ (committed, so deploying and testing need no toolchain). It first writes the layout table's
+// header, programs/include/psyche_layout.h (scripts/gen-layout.ts). Each program is C, compiled
 // by Debian's clang-19 for the eBPF target and linked by programs/tools/sbpf-link.ts. Cached: a build is
 // skipped when the hash of its inputs (sources, linker, flags; scripts/program-inputs.mjs) matches the recorded
 // one. Options: --force (rebuild anyway), --check (only report whether the committed builds are current),
@@ -25,6 +26,9 @@ function clangVersion() {
 }
 
 let failed = false
+// The C header of the layout table (src/core/coordinator/layout-table.ts) comes first: the programs include it.
+const gen = spawnSync(process.execPath, ['--import', 'tsx', join(root, 'scripts', 'gen-layout.ts'), ...(checkOnly ? ['--check'] : [])], {stdio: 'inherit', cwd: root})
+if (gen.status !== 0) failed = true
 const version = clangVersion()
 if (version) console.log(`compiler: ${version}`)
 if (fixtures) {

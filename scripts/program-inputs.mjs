@@ -7,8 +7,8 @@ import {join} from 'node:path'
 export const CFLAGS = ['-target', 'bpf', '-mcpu=v2', '-O2', '-ffreestanding', '-fno-builtin', '-Wall', '-Werror', '-mllvm', '-bpf-stack-size=4096']
 
 export const PROGRAMS = [
-  {name: 'psyche_coordinator', dir: 'programs/coordinator', source: 'programs/coordinator/coordinator.c', also: ['programs/include/sbpf.h']},
-  {name: 'psyche_authorizer', dir: 'programs/authorizer', source: 'programs/authorizer/authorizer.c', also: ['programs/include/sbpf.h']},
+  {name: 'psyche_coordinator', dir: 'programs/coordinator', source: 'programs/coordinator/coordinator.c', also: ['programs/include/sbpf.h', 'programs/include/psyche_layout.h']},
+  {name: 'psyche_authorizer', dir: 'programs/authorizer', source: 'programs/authorizer/authorizer.c', also: ['programs/include/sbpf.h', 'programs/include/psyche_layout.h']},
 ]
 
 export function programInputsHash(root, program) {

@@ -77,6 +77,7 @@ export const tiers = {
     'test/solana/coordinator-program.test.ts',
     'test/solana/decode-fuzz.test.ts',
     'test/solana/idl.test.ts',
+    'test/solana/layout-table.test.ts',
     'test/solana/rpc.test.ts',
     'test/solana/sbpf-link.test.ts',
     'test/solana/squatting.test.ts',

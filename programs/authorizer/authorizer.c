@@ -10,30 +10,9 @@
  */
 #include "../include/sbpf.h"
 
-#define MAX_DELEGATES 16
-#define AUTH_MAGIC 0x4854554148595350ull /* "PSYHAUTH" */
-
-enum {
-  E_INVALID_INSTRUCTION = 100,
-  E_WRONG_ACCOUNT,
-  E_UNAUTHORIZED,
-  E_CAPACITY,
-  E_MISSING_SIGNATURE,
-  E_NOT_WRITABLE,
-  E_WRONG_PDA,
-  E_ALREADY_EXISTS,
-};
-
-typedef struct {
-  u64 magic;
-  u8 grantor[32];
-  u8 grantee[32];
-  u64 active;
-  u64 delegates_len;
-  u8 delegates[MAX_DELEGATES][32];
-} Authorization; /* 600 bytes */
-
-_Static_assert(sizeof(Authorization) == 600, "layout");
+/* MAX_DELEGATES, AUTH_MAGIC, the error codes and `Authorization` come from the layout table
+ * (src/core/coordinator/layout-table.ts), generated into ../include/psyche_layout.h. */
+#include "../include/psyche_layout.h"
 
 enum { IX_GRANT = 0, IX_DELEGATES, IX_REVOKE };
 
@@ -50,8 +29,8 @@ static u64 grant(Input *in, const u8 *d, u64 len) {
   if (!grantor->is_signer) return fail(E_MISSING_SIGNATURE, "the grantor must sign");
   SolSignerSeed seeds[4] = {{(const u8 *)"authorization", 13}, {grantor->key, 32}, {d, 32}, {NULL, 1}};
   u8 address[32], bump;
-  if (sol_try_find_program_address(seeds, 3, in->program_id, address, &bump)) return fail(E_WRONG_PDA, "no program address");
-  if (!equal(address, auth->key, 32)) return fail(E_WRONG_PDA, "the authorization account is not the program address of (grantor, grantee)");
+  if (sol_try_find_program_address(seeds, 3, in->program_id, address, &bump)) return fail(E_WRONG_PROGRAM_ADDRESS, "no program address");
+  if (!equal(address, auth->key, 32)) return fail(E_WRONG_PROGRAM_ADDRESS, "the authorization account is not the program address of (grantor, grantee)");
   if (equal(auth->owner, in->program_id, 32)) return fail(E_ALREADY_EXISTS, "this grantor already granted an authorization to this grantee");
   if (!grantor->is_writable || !auth->is_writable) return fail(E_NOT_WRITABLE, "the grantor and the authorization must be writable");
   seeds[3].addr = &bump;
@@ -94,7 +73,7 @@ u64 entrypoint(const u8 *input) {
       /* accounts: grantee (signer), authorization. data: count u8, keys: replaces the delegate list */
       if (!equal(signer, a->grantee, 32)) return fail(E_UNAUTHORIZED, "only the grantee sets delegates");
       if (len < 1 || len != 1 + 32 * (u64)d[0]) return fail(E_INVALID_INSTRUCTION, "delegates: expected count and keys");
-      if (d[0] > MAX_DELEGATES) return fail(E_CAPACITY, "at most MAX_DELEGATES = 16 delegates");
+      if (d[0] > MAX_DELEGATES) return fail(E_CAPACITY_EXCEEDED, "at most MAX_DELEGATES = 16 delegates");
       zero(a->delegates, sizeof(a->delegates));
       copy(a->delegates, d + 1, 32 * (u64)d[0]);
       a->delegates_len = d[0];

@@ -11,132 +11,9 @@
  */
 #include "../include/sbpf.h"
 
-/* ---- capacity limits of one coordinator account ---- */
-#define MAX_CLIENTS 64     /* clients in an epoch; also pending joiners, exited clients, warmup reports */
-#define MAX_WITNESSES 32   /* witness proofs per round (MAX_AUTO_WITNESSES in rules.ts) */
-#define MAX_ACCUSATIONS 64 /* accusations per round (one per accuser and accused) */
-#define BLOOM_MAX 80       /* bytes of one witness bloom: the filter for MAX_CLIENTS trainers is 77 */
-#define RUN_ID_MAX 32      /* a PDA seed is at most 32 bytes */
-#define REPO_MAX 96
-#define REVISION_MAX 64
-#define MODEL_JSON_MAX 4096
-#define SHUFFLE_ROUNDS 90
-#define MAGIC 0x44524f4f43595350ull /* "PSYCOORD" */
-#define LAYOUT_VERSION 2 /* 2: times in unix milliseconds, rounds count complete witness proofs */
-
-/* ---- errors: custom program error codes (1..18 mirror RejectionCode in coordinator/types.ts) ---- */
-enum {
-  E_HALTED = 1,
-  E_INVALID_RUN_STATE,
-  E_ALREADY_JOINED,
-  E_UNKNOWN_CLIENT,
-  E_INVALID_WITHDRAW,
-  E_INVALID_WITNESS,
-  E_DUPLICATE_WITNESS,
-  E_WRONG_STEP,
-  E_NO_ACTIVE_ROUND,
-  E_INVALID_HEALTH_CHECK,
-  E_INVALID_ACCUSATION,
-  E_DUPLICATE_ACCUSATION,
-  E_INVALID_PROOF,
-  E_ALREADY_CHECKPOINTED,
-  E_CANNOT_RESUME,
-  E_INVALID_CONFIG,
-  E_INVALID_EVENT,
-  E_BANNED,
-  E_INVALID_INSTRUCTION = 100,
-  E_WRONG_ACCOUNT,
-  E_UNAUTHORIZED,
-  E_CAPACITY,
-  E_MISSING_SIGNATURE,
-  E_NOT_WRITABLE,
-  E_WRONG_PDA,
-  E_NOT_PERMITTED,
-  E_ALREADY_EXISTS,
-};
-
-/* ---- run states (RUN_STATES order in config/types.ts) ---- */
-enum { UNINITIALIZED = 0, WAITING_FOR_MEMBERS, WARMUP, ROUND_TRAIN, ROUND_WITNESS, COOLDOWN, FINISHED, PAUSED };
-/* ---- client states ---- */
-enum { HEALTHY = 0, DROPPED, WITHDRAWN, EJECTED };
-/* ---- checkpoint kinds ---- */
-enum { CK_NONE = 0, CK_EPHEMERAL, CK_DUMMY, CK_HUB, CK_P2P };
-
-static const u16 BLOOM_BITS[MAX_CLIENTS] = {64, 64, 64, 64, 64, 64, 72, 80, 88, 96, 112, 120, 128, 136, 144, 160, 168, 176, 184, 192, 208, 216, 224, 232, 240, 256, 264, 272, 280, 288, 304, 312, 320, 328, 336, 352, 360, 368, 376, 384, 400, 408, 416, 424, 432, 448, 456, 464, 472, 480, 496, 504, 512, 520, 528, 544, 552, 560, 568, 576, 592, 600, 608, 616};
-static const u8 BLOOM_HASHES[MAX_CLIENTS] = {16, 16, 15, 11, 9, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7};
-
-typedef struct {
-  u64 warmup_time, cooldown_time, epoch_time, rounds_per_epoch /* 0: not set */, max_round_train_time, round_witness_time;
-  u64 min_clients, init_min_clients, witness_nodes, verification_percent;
-  u64 global_batch_size_start, global_batch_size_end, global_batch_size_warmup_tokens, total_steps;
-  u64 waiting_for_members_extra_time;
-} Config; /* 120 bytes */
-
-typedef struct {
-  u8 kind, repo_len, revision_len, has_revision, pad[4];
-  u8 repo[REPO_MAX];
-  u8 revision[REVISION_MAX];
-} Checkpoint; /* 168 bytes */
-
-typedef struct {
-  u8 key[32];
-  u64 state;
-  u64 exited_height;
-} ClientRec; /* 48 bytes */
-
-typedef struct {
-  u8 from[32];
-  u8 participant_bloom[BLOOM_MAX];
-  u8 broadcast_bloom[BLOOM_MAX];
-} Witness; /* 192 bytes */
-
-enum { REASON_INVALID_RESULT = 0, REASON_LOW_SCORE = 1 };
-
-typedef struct {
-  u8 from[32];
-  u8 accused[32];
-  u64 reason; /* REASON_INVALID_RESULT (by a witness) or REASON_LOW_SCORE (by a verifier) */
-} Accusation;
-
-typedef struct {
-  u64 step, height, data_index, batch_size, started_at, roster_len, witness_len, accusation_len, excluded_len, complete_witnesses;
-  u8 seed[32];
-  u8 roster[MAX_CLIENTS][32];
-  Witness witnesses[MAX_WITNESSES];
-  Accusation accusations[MAX_ACCUSATIONS];
-  u8 excluded[MAX_CLIENTS][32];
-} Round; /* 14960 bytes */
-
-typedef struct {
-  u64 magic, version;
-  u8 run_id[RUN_ID_MAX];
-  u64 run_id_len, bump;
-  u8 main_authority[32], join_authority[32], authorizer[32];
-  u64 run_state, run_state_start;
-  u64 has_config;
-  Config config;
-  u64 max_seq_len, cold_start_warmup_steps;
-  Checkpoint checkpoint, checkpoint_fallback;
-  u8 seed[32];
-  u64 progress_epoch, progress_step, epoch_start_data_index;
-  u64 epoch_start_time, epoch_start_step, first_round, checkpointed, cold_start;
-  u64 clients_len, exited_len, warmup_len, pending_len, has_round, has_previous_round, pending_pause;
-  ClientRec clients[MAX_CLIENTS];
-  ClientRec exited[MAX_CLIENTS];
-  u8 warmup_witnesses[MAX_CLIENTS][32];
-  u8 pending[MAX_CLIENTS][32];
-  Round round, previous_round;
-  u64 model_json_len;
-  u8 model_json[MODEL_JSON_MAX];
-} State;
-
-/* The documented layout (programs/README.md, src/core/backend/solana/layout.ts). */
-_Static_assert(__builtin_offsetof(State, config) == 184, "layout");
-_Static_assert(__builtin_offsetof(State, seed) == 656, "layout");
-_Static_assert(__builtin_offsetof(State, clients) == 808, "layout");
-_Static_assert(__builtin_offsetof(State, round) == 11048, "layout");
-_Static_assert(__builtin_offsetof(State, model_json) == 40976, "layout");
-_Static_assert(sizeof(State) == 45072, "layout");
+/* Capacities, enums and the account structs (State, Round, ...) are generated from the layout table
+ * (src/core/coordinator/layout-table.ts) into ../include/psyche_layout.h by `npm run build:programs`. */
+#include "../include/psyche_layout.h"
 
 #define ACTIVE(s) ((s) == ROUND_TRAIN || (s) == ROUND_WITNESS || (s) == COOLDOWN)
 #define HALTED(s) ((s) == UNINITIALIZED || (s) == FINISHED || (s) == PAUSED)
@@ -307,7 +184,6 @@ static int attests_every_trainer(const Round *r, const u8 *bloom) {
 
 /* Every phase change is logged with sol_log_data ("Program data: " + base64 in the transaction's logs) for indexers and
  * explorers: "PSYSTATE" ‖ run_state u64 ‖ run_state_start u64 (unix ms) ‖ step u64 ‖ epoch u64 (decodeStateLog). */
-#define STATE_LOG_MAGIC 0x4554415453595350ull /* "PSYSTATE" */
 static void change_state(State *s, u64 now, u64 next) {
   s->run_state = next;
   s->run_state_start = now;
@@ -561,7 +437,7 @@ static u64 on_join(State *s, const u8 *key) {
   int ejected = i >= 0 && s->clients[i].state == EJECTED;
   for (u64 j = 0; j < s->exited_len && !ejected; j++) ejected = equal(s->exited[j].key, key, 32) && s->exited[j].state == EJECTED;
   if (ejected) return fail(E_BANNED, "this client was ejected from the current or last epoch; it may join once the next epoch has begun");
-  if (s->pending_len + s->clients_len >= MAX_CLIENTS) return fail(E_CAPACITY, "the run is full (MAX_CLIENTS = 64 clients and joiners)");
+  if (s->pending_len + s->clients_len >= MAX_CLIENTS) return fail(E_CAPACITY_EXCEEDED, "the run is full (MAX_CLIENTS = 64 clients and joiners)");
   copy(s->pending[s->pending_len++], key, 32);
   return 0;
 }
@@ -604,7 +480,7 @@ static u64 on_witness(State *s, u64 now, const u8 *key, const u8 *data, u64 len)
   u64 size = r->roster_len ? r->roster_len : 1;
   u64 bytes = BLOOM_BITS[size - 1] / 8;
   if (data[8] != bytes || len != 9 + 2 * bytes) return fail(E_INVALID_WITNESS, "bloom filters of the wrong size for the round");
-  if (r->witness_len >= MAX_WITNESSES) return fail(E_CAPACITY, "the round already holds MAX_WITNESSES = 32 proofs");
+  if (r->witness_len >= MAX_WITNESSES) return fail(E_CAPACITY_EXCEEDED, "the round already holds MAX_WITNESSES = 32 proofs");
   Witness *w = &r->witnesses[r->witness_len++];
   copy(w->from, key, 32);
   copy(w->participant_bloom, data + 9, bytes);
@@ -665,7 +541,7 @@ static u64 on_accuse(State *s, const u8 *key, const u8 *data, u64 len) {
     if (equal(r->accusations[a].from, key, 32)) return fail(E_DUPLICATE_ACCUSATION, "this client already accused that client for that reason in this round");
     backing++;
   }
-  if (r->accusation_len >= MAX_ACCUSATIONS) return fail(E_CAPACITY, "the round already holds MAX_ACCUSATIONS = 64 accusations");
+  if (r->accusation_len >= MAX_ACCUSATIONS) return fail(E_CAPACITY_EXCEEDED, "the round already holds MAX_ACCUSATIONS = 64 accusations");
   Accusation *x = &r->accusations[r->accusation_len++];
   copy(x->from, key, 32);
   copy(x->accused, accused, 32);
@@ -791,7 +667,7 @@ static u64 on_update(State *s, const u8 *data, u64 len) {
     checkpoint.kind = kind;
     json_len = (u64)m[18 + repo_bytes] | ((u64)m[19 + repo_bytes] << 8);
     json = m + 20 + repo_bytes;
-    if (json_len > MODEL_JSON_MAX) return fail(E_CAPACITY, "model JSON exceeds MODEL_JSON_MAX = 4096 bytes");
+    if (json_len > MODEL_JSON_MAX) return fail(E_CAPACITY_EXCEEDED, "model JSON exceeds MODEL_JSON_MAX = 4096 bytes");
     if (20 + repo_bytes + json_len != rest) return fail(E_INVALID_INSTRUCTION, "update: model JSON length mismatch");
   } else if (rest != 1) return fail(E_INVALID_INSTRUCTION, "update: trailing bytes");
   else if (!s->has_config) return fail(E_INVALID_CONFIG, "the first update must set the model");
@@ -958,26 +834,6 @@ static u64 on_equivocation(Input *in, State *s, const u8 *key, const u8 *data, u
 
 /* ---- instructions ---- */
 
-enum {
-  IX_INIT_COORDINATOR = 0,
-  IX_UPDATE,
-  IX_SET_PAUSED,
-  IX_JOIN_RUN,
-  IX_TICK,
-  IX_WITNESS,
-  IX_WARMUP_WITNESS,
-  IX_HEALTH_CHECK,
-  IX_CHECKPOINT,
-  IX_FREE_COORDINATOR,
-  IX_WITHDRAW,
-  IX_EJECT,
-  IX_GROW,
-  IX_ACCUSE,
-  IX_SET_PEER,
-  IX_EQUIVOCATION,
-  IX_SET_METADATA,
-  IX_CLOSE_PEER,
-};
 
 /* The cluster clock (unix seconds) on the reference's millisecond scale. */
 static u64 now_ms(void) {
@@ -1001,8 +857,8 @@ static u64 init_coordinator(Input *in) {
   const u8 *run_id = d + 1;
   SolSignerSeed seeds[3] = {{(const u8 *)"coordinator", 11}, {run_id, id_len}, {NULL, 1}};
   u8 address[32], bump;
-  if (sol_try_find_program_address(seeds, 2, in->program_id, address, &bump)) return fail(E_WRONG_PDA, "no program address for this run id");
-  if (!equal(address, coord->key, 32)) return fail(E_WRONG_PDA, "the coordinator account is not the program address of this run id");
+  if (sol_try_find_program_address(seeds, 2, in->program_id, address, &bump)) return fail(E_WRONG_PROGRAM_ADDRESS, "no program address for this run id");
+  if (!equal(address, coord->key, 32)) return fail(E_WRONG_PROGRAM_ADDRESS, "the coordinator account is not the program address of this run id");
   if (equal(coord->owner, in->program_id, 32)) return fail(E_ALREADY_EXISTS, "this run id already has a coordinator account: change it with update, or pick another run id");
   if (!coord->is_writable || !payer->is_writable) return fail(E_NOT_WRITABLE, "the payer and the coordinator account must be writable");
   seeds[2].addr = &bump;
@@ -1051,15 +907,6 @@ static u64 grow(Input *in) {
  * holding the libp2p multiaddrs the client announced (newline-separated UTF-8). Only the client's own signature
  * writes it; its libp2p peer id is derived from the same ed25519 key, so a dialer checks whom it reached.
  */
-#define PEER_ADDRS_MAX 768 /* set_peer's transaction stays under 1,232 bytes */
-#define PEER_MAGIC 0x5245455043595350ull /* "PSYCPEER" */
-typedef struct {
-  u64 magic;
-  u8 coordinator[32], client[32];
-  u64 addrs_len;
-  u8 addrs[PEER_ADDRS_MAX];
-} Peer; /* 848 bytes */
-_Static_assert(sizeof(Peer) == 848, "layout");
 
 /* accounts: client (signer, writable: pays the first time), coordinator, peer account (writable), system program.
  * data: lamports u64 (rent of a new peer account), addrs length u16, addrs */
@@ -1073,13 +920,13 @@ static u64 set_peer(Input *in) {
   u64 len = in->data_len - 1;
   if (len < 10) return fail(E_INVALID_INSTRUCTION, "set_peer: expected lamports u64, length u16, addresses");
   u64 n = (u64)d[8] | ((u64)d[9] << 8);
-  if (n > PEER_ADDRS_MAX) return fail(E_CAPACITY, "set_peer: the addresses exceed PEER_ADDRS_MAX (768 bytes)");
+  if (n > PEER_ADDRS_MAX) return fail(E_CAPACITY_EXCEEDED, "set_peer: the addresses exceed PEER_ADDRS_MAX (768 bytes)");
   if (len != 10 + n) return fail(E_INVALID_INSTRUCTION, "set_peer: bad data length");
   if (!peer->is_writable) return fail(E_NOT_WRITABLE, "the peer account must be writable");
   SolSignerSeed seeds[4] = {{(const u8 *)"peer", 4}, {coord->key, 32}, {client->key, 32}, {NULL, 1}};
   u8 address[32], bump;
-  if (sol_try_find_program_address(seeds, 3, in->program_id, address, &bump)) return fail(E_WRONG_PDA, "no program address for this peer");
-  if (!equal(address, peer->key, 32)) return fail(E_WRONG_PDA, "the peer account is not the program address of this run and client");
+  if (sol_try_find_program_address(seeds, 3, in->program_id, address, &bump)) return fail(E_WRONG_PROGRAM_ADDRESS, "no program address for this peer");
+  if (!equal(address, peer->key, 32)) return fail(E_WRONG_PROGRAM_ADDRESS, "the peer account is not the program address of this run and client");
   if (!equal(peer->owner, in->program_id, 32)) {
     if (!client->is_writable) return fail(E_NOT_WRITABLE, "the client pays for its new peer record: it must be writable");
     seeds[3].addr = &bump;
@@ -1106,17 +953,6 @@ static u64 set_peer(Input *in) {
  * address of ["metadata", coordinator], written by the run's main authority only. Not part of the coordinator's
  * state (no rule reads it).
  */
-#define NAME_MAX 64
-#define DESCRIPTION_MAX 512
-#define METADATA_MAGIC 0x4154454d43595350ull /* "PSYCMETA" */
-typedef struct {
-  u64 magic;
-  u8 coordinator[32];
-  u64 name_len;
-  u8 name[NAME_MAX];
-  u64 description_len;
-  u8 description[DESCRIPTION_MAX];
-} Metadata; /* 632 bytes */
 
 /* accounts: main authority (signer, writable: pays the first time), coordinator, metadata account (writable), system
  * program. data: lamports u64 (rent of a new account), name length u8, name, description length u16, description */
@@ -1131,16 +967,16 @@ static u64 set_metadata(Input *in) {
   u64 len = in->data_len - 1;
   if (len < 9) return fail(E_INVALID_INSTRUCTION, "set_metadata: expected lamports, name, description");
   u64 name_len = d[8];
-  if (name_len > NAME_MAX) return fail(E_CAPACITY, "set_metadata: the name exceeds NAME_MAX (64 bytes)");
+  if (name_len > NAME_MAX) return fail(E_CAPACITY_EXCEEDED, "set_metadata: the name exceeds NAME_MAX (64 bytes)");
   if (len < 9 + name_len + 2) return fail(E_INVALID_INSTRUCTION, "set_metadata: bad data length");
   u64 desc_len = read_u16(d + 9 + name_len);
-  if (desc_len > DESCRIPTION_MAX) return fail(E_CAPACITY, "set_metadata: the description exceeds DESCRIPTION_MAX (512 bytes)");
+  if (desc_len > DESCRIPTION_MAX) return fail(E_CAPACITY_EXCEEDED, "set_metadata: the description exceeds DESCRIPTION_MAX (512 bytes)");
   if (len != 9 + name_len + 2 + desc_len) return fail(E_INVALID_INSTRUCTION, "set_metadata: bad data length");
   if (!meta->is_writable) return fail(E_NOT_WRITABLE, "the metadata account must be writable");
   SolSignerSeed seeds[3] = {{(const u8 *)"metadata", 8}, {coord->key, 32}, {NULL, 1}};
   u8 address[32], bump;
-  if (sol_try_find_program_address(seeds, 2, in->program_id, address, &bump)) return fail(E_WRONG_PDA, "no program address for this run's metadata");
-  if (!equal(address, meta->key, 32)) return fail(E_WRONG_PDA, "the metadata account is not the program address of this run's metadata");
+  if (sol_try_find_program_address(seeds, 2, in->program_id, address, &bump)) return fail(E_WRONG_PROGRAM_ADDRESS, "no program address for this run's metadata");
+  if (!equal(address, meta->key, 32)) return fail(E_WRONG_PROGRAM_ADDRESS, "the metadata account is not the program address of this run's metadata");
   if (!equal(meta->owner, in->program_id, 32)) {
     if (!auth->is_writable) return fail(E_NOT_WRITABLE, "the main authority pays for the new metadata record: it must be writable");
     seeds[2].addr = &bump;
@@ -1174,8 +1010,8 @@ static u64 close_peer(Input *in) {
     return fail(E_WRONG_ACCOUNT, "not a coordinator account of this program");
   SolSignerSeed seeds[3] = {{(const u8 *)"peer", 4}, {coord->key, 32}, {client->key, 32}};
   u8 address[32], bump;
-  if (sol_try_find_program_address(seeds, 3, in->program_id, address, &bump)) return fail(E_WRONG_PDA, "no program address for this peer");
-  if (!equal(address, peer->key, 32)) return fail(E_WRONG_PDA, "the peer account is not the program address of this run and client");
+  if (sol_try_find_program_address(seeds, 3, in->program_id, address, &bump)) return fail(E_WRONG_PROGRAM_ADDRESS, "no program address for this peer");
+  if (!equal(address, peer->key, 32)) return fail(E_WRONG_PROGRAM_ADDRESS, "the peer account is not the program address of this run and client");
   if (!equal(peer->owner, in->program_id, 32) || peer->data_len != sizeof(Peer)) return fail(E_WRONG_ACCOUNT, "no peer record to close");
   *client->lamports += *peer->lamports;
   *peer->lamports = 0;
@@ -1197,18 +1033,12 @@ static u64 load(Input *in, u64 index, State **out) {
 /* Authorization (programs/authorizer) of a permissioned join: accounts[2], owned by the run's authorizer
  * program, granted by the join authority, active, to this key, to anyone, or to a grantee that made this key
  * its delegate. */
-typedef struct {
-  u64 magic;
-  u8 grantor[32], grantee[32];
-  u64 active, delegates_len;
-  u8 delegates[16][32];
-} Authorization;
 
 static u64 authorized(Input *in, const State *s, const u8 *key) {
   if (in->account_count < 3) return fail(E_NOT_PERMITTED, "this run is permissioned: pass an authorization from its join authority");
   const SolAccountInfo *acc = &in->accounts[2];
   const Authorization *a = (const Authorization *)acc->data;
-  if (!equal(acc->owner, s->authorizer, 32) || acc->data_len != sizeof(Authorization) || a->magic != 0x4854554148595350ull)
+  if (!equal(acc->owner, s->authorizer, 32) || acc->data_len != sizeof(Authorization) || a->magic != AUTH_MAGIC)
     return fail(E_NOT_PERMITTED, "the authorization is not an account of the run's authorizer program");
   if (!a->active || !equal(a->grantor, s->join_authority, 32)) return fail(E_NOT_PERMITTED, "the authorization is not granted by the run's join authority");
   u8 none[32];

@@ -2,6 +2,7 @@
  * The run config's pure validator: `[config]` and `[model.LLM]` as objects (parsed TOML, or a config_update event)
  * to normalized values or located issues. No I/O: the coordinator runs it. Files are read by run-config-file.ts.
  */
+import {CONFIG_FIELDS as COORDINATOR_CONFIG_FIELDS} from '../coordinator/layout-table.js'
 import {Reader, join, type Table} from './read.js'
 import type {
   AdamWConfig,
@@ -46,24 +47,8 @@ export const LIMITS = {
   files: 10_000_000,
 } as const
 
-const CONFIG_FIELDS = [
-  'warmup_time',
-  'cooldown_time',
-  'epoch_time',
-  'rounds_per_epoch',
-  'max_round_train_time',
-  'round_witness_time',
-  'min_clients',
-  'init_min_clients',
-  'witness_nodes',
-  'verification_percent',
-  'global_batch_size_start',
-  'global_batch_size_end',
-  'global_batch_size_warmup_tokens',
-  'total_steps',
-  'waiting_for_members_extra_time',
-  'checkpointers',
-] as const
+/** The [config] keys: those the coordinator account holds (the layout table's Config struct), then the lists. */
+const CONFIG_FIELDS = [...COORDINATOR_CONFIG_FIELDS, 'checkpointers'] as const
 
 /** Most designated checkpointers a run may name. */
 const MAX_CHECKPOINTERS = 64

@@ -4,14 +4,15 @@ import {sha256, subSeed, u64le} from '../primitives/seed.js'
 import {isRoundPhase} from './phases.js'
 import {shuffleAll, shuffledIndex, unshuffledIndex} from '../primitives/shuffle.js'
 import type {ClientId, CoordinatorState, Round} from './types.js'
+import {MAX_WITNESSES} from './layout-table.js'
 
 /**
  * The coordinator's derived rules, as pure functions anyone can call: the coordinator to check a
  * proof, a client to find its batches, a verifier to recompute either.
  */
 
-/** With witness_nodes = 0, every client witnesses, up to this many (Psyche's SOLANA_MAX_NUM_WITNESSES). */
-const MAX_AUTO_WITNESSES = 32
+/** With witness_nodes = 0, every client witnesses, up to this many (Psyche's SOLANA_MAX_NUM_WITNESSES; the layout table's MAX_WITNESSES). */
+const MAX_AUTO_WITNESSES = MAX_WITNESSES
 /** Witness blooms are sized for this false-positive rate (Psyche's BLOOM_FALSE_RATE). */
 const WITNESS_BLOOM_FALSE_RATE = 0.01
 

@@ -1,5 +1,6 @@
 import {AccountRole, getAddressDecoder, getProgramDerivedAddress, type Address, type Instruction, type TransactionSigner} from '@solana/kit'
 import {addressBytes} from './layout.js'
+import {MAGICS, constant, structLayout} from '../../coordinator/layout-table.js'
 import {INSTRUCTION_UNITS, SYSTEM_PROGRAM, signerMeta, withUnits} from './instructions.js'
 
 /**
@@ -8,9 +9,10 @@ import {INSTRUCTION_UNITS, SYSTEM_PROGRAM, signerMeta, withUnits} from './instru
  * and its delegates to runs whose join authority is the grantor. Revoking closes the authorization.
  */
 
-export const AUTHORIZATION_SIZE = 600
-const MAX_DELEGATES = 16
-const MAGIC = 0x4854554148595350n // "PSYHAUTH"
+export const AUTHORIZATION_SIZE = structLayout('Authorization').size
+const MAX_DELEGATES = constant('MAX_DELEGATES')
+const MAGIC = MAGICS.AUTH_MAGIC[0]
+const AUTH = structLayout('Authorization').at
 /** A grantee of all zeros: the grantor authorizes anyone. */
 export const ANYONE = '11111111111111111111111111111111' as Address
 
@@ -28,15 +30,16 @@ export async function authorizationAddress(authorizer: Address, grantor: Address
 
 export function decodeAuthorization(data: Uint8Array): Authorization {
   const b = Buffer.from(data.buffer, data.byteOffset, data.byteLength)
-  if (b.length !== AUTHORIZATION_SIZE || b.readBigUInt64LE(0) !== MAGIC) throw new RangeError('not an authorization account')
+  if (b.length !== AUTHORIZATION_SIZE || b.readBigUInt64LE(AUTH.magic.offset) !== MAGIC) throw new RangeError('not an authorization account')
   const d = getAddressDecoder()
-  const count = Number(b.readBigUInt64LE(80))
+  const count = Number(b.readBigUInt64LE(AUTH.delegates_len.offset))
   if (count > MAX_DELEGATES) throw new RangeError('authorization: delegate count exceeds MAX_DELEGATES')
+  const key = (at: number): Address => d.decode(b.subarray(at, at + 32))
   return {
-    grantor: d.decode(b.subarray(8, 40)),
-    grantee: d.decode(b.subarray(40, 72)),
-    active: b.readBigUInt64LE(72) !== 0n,
-    delegates: Array.from({length: count}, (_, i) => d.decode(b.subarray(88 + i * 32, 120 + i * 32))),
+    grantor: key(AUTH.grantor.offset),
+    grantee: key(AUTH.grantee.offset),
+    active: b.readBigUInt64LE(AUTH.active.offset) !== 0n,
+    delegates: Array.from({length: count}, (_, i) => key(AUTH.delegates.offset + i * AUTH.delegates.stride)),
   }
 }
 

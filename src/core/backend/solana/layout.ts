@@ -2,108 +2,40 @@ import {getAddressDecoder, getAddressEncoder, type Address} from '@solana/kit'
 import {RUN_STATES, type CheckpointConfig, type CoordinatorConfig, type HubRepo, type LLMConfig} from '../../config/types.js'
 import type {Accusation, AccusationReason, Client, ClientState, CoordinatorState, ExitedClient, Round, WitnessRecord} from '../../coordinator/types.js'
 import {witnessBloomParams} from '../../coordinator/rules.js'
+import {CONFIG_FIELDS, ENUMS, MAGICS, MAX_CLIENTS, RUN_ID_MAX, STRUCTS, constant, enumValues, structLayout} from '../../coordinator/layout-table.js'
 
 /**
  * The coordinator account of programs/coordinator (its `State` struct), byte for byte. Everything is
  * little-endian; lists are fixed arrays with a length field. See programs/README.md for the table.
  */
 
-/** Capacity limits of one coordinator account (the constants in coordinator.c). */
-export const MAX_CLIENTS = 64
-const MAX_WITNESSES = 32
-const MAX_ACCUSATIONS = 64
-const BLOOM_MAX = 80
-export const RUN_ID_MAX = 32
-const REPO_MAX = 96
-const REVISION_MAX = 64
-const MODEL_JSON_MAX = 4096
-const MAGIC = 0x44524f4f43595350n // "PSYCOORD"
-const LAYOUT_VERSION = 2n
+/** Capacity limits of one coordinator account: the layout table (coordinator/layout-table.ts), as the program's header. */
+export {MAX_CLIENTS, RUN_ID_MAX}
+const MAX_WITNESSES = constant('MAX_WITNESSES')
+const MAX_ACCUSATIONS = constant('MAX_ACCUSATIONS')
+const BLOOM_MAX = constant('BLOOM_MAX')
+const REPO_MAX = constant('REPO_MAX')
+const REVISION_MAX = constant('REVISION_MAX')
+const MODEL_JSON_MAX = constant('MODEL_JSON_MAX')
+const MAGIC = MAGICS.MAGIC[0]
+const LAYOUT_VERSION = MAGICS.LAYOUT_VERSION[0]
 
-const CONFIG_FIELDS = [
-  'warmup_time',
-  'cooldown_time',
-  'epoch_time',
-  'rounds_per_epoch',
-  'max_round_train_time',
-  'round_witness_time',
-  'min_clients',
-  'init_min_clients',
-  'witness_nodes',
-  'verification_percent',
-  'global_batch_size_start',
-  'global_batch_size_end',
-  'global_batch_size_warmup_tokens',
-  'total_steps',
-  'waiting_for_members_extra_time',
-] as const
-const CONFIG_SIZE = CONFIG_FIELDS.length * 8
-const CHECKPOINT_SIZE = 8 + REPO_MAX + REVISION_MAX
-const CLIENT_SIZE = 48
-const WITNESS_SIZE = 32 + 2 * BLOOM_MAX
-const ROUND_HEADER = 80
-const ACCUSATION_SIZE = 72
-const ROUND_SIZE = ROUND_HEADER + 32 + MAX_CLIENTS * 32 + MAX_WITNESSES * WITNESS_SIZE + MAX_ACCUSATIONS * ACCUSATION_SIZE + MAX_CLIENTS * 32
-const ACCUSATION_REASONS: AccusationReason[] = ['invalid_result', 'low_score']
+const CONFIG_SIZE = structLayout('Config').size
+const ROUND = structLayout('Round').at
+const WITNESS = structLayout('Witness').at
+const ACCUSATION = structLayout('Accusation').at
+const CLIENT = structLayout('ClientRec').at
+const CHECKPOINT = structLayout('Checkpoint').at
+const ACCUSATION_REASONS = ENUMS.AccusationReason.values as readonly AccusationReason[]
 
 /** Byte offsets of the State fields. */
-const OFFSETS = (() => {
-  let o = 0
-  const at = (size: number): number => {
-    const here = o
-    o += size
-    return here
-  }
-  const offsets = {
-    magic: at(8),
-    version: at(8),
-    run_id: at(RUN_ID_MAX),
-    run_id_len: at(8),
-    bump: at(8),
-    main_authority: at(32),
-    join_authority: at(32),
-    authorizer: at(32),
-    run_state: at(8),
-    run_state_start: at(8),
-    has_config: at(8),
-    config: at(CONFIG_SIZE),
-    max_seq_len: at(8),
-    cold_start_warmup_steps: at(8),
-    checkpoint: at(CHECKPOINT_SIZE),
-    checkpoint_fallback: at(CHECKPOINT_SIZE),
-    seed: at(32),
-    progress_epoch: at(8),
-    progress_step: at(8),
-    epoch_start_data_index: at(8),
-    epoch_start_time: at(8),
-    epoch_start_step: at(8),
-    first_round: at(8),
-    checkpointed: at(8),
-    cold_start: at(8),
-    clients_len: at(8),
-    exited_len: at(8),
-    warmup_len: at(8),
-    pending_len: at(8),
-    has_round: at(8),
-    has_previous_round: at(8),
-    pending_pause: at(8),
-    clients: at(MAX_CLIENTS * CLIENT_SIZE),
-    exited: at(MAX_CLIENTS * CLIENT_SIZE),
-    warmup_witnesses: at(MAX_CLIENTS * 32),
-    pending: at(MAX_CLIENTS * 32),
-    round: at(ROUND_SIZE),
-    previous_round: at(ROUND_SIZE),
-    model_json_len: at(8),
-    model_json: at(MODEL_JSON_MAX),
-  }
-  return {...offsets, size: o}
-})()
+const OFFSETS = Object.fromEntries(structLayout('State').fields.map((f) => [f.name, f.offset])) as Record<(typeof STRUCTS.State)[number][0], number>
 
 /** Size of a coordinator account in bytes. */
-export const STATE_SIZE = OFFSETS.size
+export const STATE_SIZE = structLayout('State').size
 
-const CLIENT_STATES: ClientState[] = ['Healthy', 'Dropped', 'Withdrawn', 'Ejected']
-const CHECKPOINT_KINDS = ['None', 'Ephemeral', 'Dummy', 'Hub', 'P2P'] as const
+const CLIENT_STATES = ENUMS.ClientState.values as readonly ClientState[]
+const CHECKPOINT_KINDS = ENUMS.CheckpointKind.values
 
 /** What the account holds beside the reference's CoordinatorState. */
 export interface OnChainCoordinator {
@@ -152,64 +84,61 @@ function num(b: Buffer, offset: number, field: string): number {
 }
 
 function readCheckpoint(b: Buffer, o: number): CheckpointConfig | null {
-  const kind = CHECKPOINT_KINDS[b[o]]
+  const kind = CHECKPOINT_KINDS[b[o + CHECKPOINT.kind.offset]]
   if (kind === undefined) throw new RangeError(`coordinator account: checkpoint kind ${b[o]} is unknown`)
   if (kind === 'None') return null
   if (kind === 'Ephemeral') return 'Ephemeral'
-  const repo: HubRepo = {repo_id: b.toString('utf8', o + 8, o + 8 + b[o + 1])}
-  if (b[o + 3]) repo.revision = b.toString('utf8', o + 8 + REPO_MAX, o + 8 + REPO_MAX + b[o + 2])
+  const at = o + CHECKPOINT.repo.offset
+  const repo: HubRepo = {repo_id: b.toString('utf8', at, at + b[o + CHECKPOINT.repo_len.offset])}
+  const rev = o + CHECKPOINT.revision.offset
+  if (b[o + CHECKPOINT.has_revision.offset]) repo.revision = b.toString('utf8', rev, rev + b[o + CHECKPOINT.revision_len.offset])
   return {[kind]: repo} as CheckpointConfig
 }
 
 function readRound(b: Buffer, o: number): Round {
-  const rosterLen = num(b, o + 40, 'round.roster_len')
-  const witnessLen = num(b, o + 48, 'round.witness_len')
-  const accusationLen = num(b, o + 56, 'round.accusation_len')
-  const excludedLen = num(b, o + 64, 'round.excluded_len')
+  const field = (name: keyof typeof ROUND): number => num(b, o + ROUND[name].offset, `round.${name}`)
+  const rosterLen = field('roster_len')
+  const witnessLen = field('witness_len')
+  const accusationLen = field('accusation_len')
+  const excludedLen = field('excluded_len')
   if (rosterLen > MAX_CLIENTS || witnessLen > MAX_WITNESSES || accusationLen > MAX_ACCUSATIONS || excludedLen > MAX_CLIENTS)
     throw new RangeError('coordinator account: round lists exceed their capacity')
   const bloomBytes = witnessBloomParams(rosterLen).bits / 8
   const key = (at: number): string => b.toString('hex', at, at + 32)
-  const rosterAt = o + ROUND_HEADER + 32
-  const witnessesAt = rosterAt + MAX_CLIENTS * 32
-  const accusationsAt = witnessesAt + MAX_WITNESSES * WITNESS_SIZE
-  const excludedAt = accusationsAt + MAX_ACCUSATIONS * ACCUSATION_SIZE
   const witnesses: WitnessRecord[] = Array.from({length: witnessLen}, (_, i) => {
-    const w = witnessesAt + i * WITNESS_SIZE
-    return {
-      from: key(w),
-      participant_bloom: b.subarray(w + 32, w + 32 + bloomBytes).toString('base64'),
-      broadcast_bloom: b.subarray(w + 32 + BLOOM_MAX, w + 32 + BLOOM_MAX + bloomBytes).toString('base64'),
-    }
+    const w = o + ROUND.witnesses.offset + i * ROUND.witnesses.stride
+    const bloom = (name: 'participant_bloom' | 'broadcast_bloom'): string => b.subarray(w + WITNESS[name].offset, w + WITNESS[name].offset + bloomBytes).toString('base64')
+    return {from: key(w + WITNESS.from.offset), participant_bloom: bloom('participant_bloom'), broadcast_bloom: bloom('broadcast_bloom')}
   })
   const accusations: Accusation[] = Array.from({length: accusationLen}, (_, i) => {
-    const a = accusationsAt + i * ACCUSATION_SIZE
-    const reason = ACCUSATION_REASONS[num(b, a + 64, 'accusation.reason')]
+    const a = o + ROUND.accusations.offset + i * ROUND.accusations.stride
+    const reason = ACCUSATION_REASONS[num(b, a + ACCUSATION.reason.offset, 'accusation.reason')]
     if (!reason) throw new RangeError('coordinator account: unknown accusation reason')
-    return {from: key(a), accused: key(a + 32), reason}
+    return {from: key(a + ACCUSATION.from.offset), accused: key(a + ACCUSATION.accused.offset), reason}
   })
   return {
-    step: num(b, o, 'round.step'),
-    height: num(b, o + 8, 'round.height'),
-    data_index: num(b, o + 16, 'round.data_index'),
-    batch_size: num(b, o + 24, 'round.batch_size'),
-    seed: b.toString('hex', o + ROUND_HEADER, o + ROUND_HEADER + 32),
-    started_at: num(b, o + 32, 'round.started_at'),
-    roster: Array.from({length: rosterLen}, (_, i) => key(rosterAt + i * 32)),
+    step: field('step'),
+    height: field('height'),
+    data_index: field('data_index'),
+    batch_size: field('batch_size'),
+    seed: key(o + ROUND.seed.offset),
+    started_at: field('started_at'),
+    roster: Array.from({length: rosterLen}, (_, i) => key(o + ROUND.roster.offset + i * ROUND.roster.stride)),
     witnesses,
     accusations,
-    excluded: Array.from({length: excludedLen}, (_, i) => key(excludedAt + i * 32)),
-    complete_witnesses: num(b, o + 72, 'round.complete_witnesses'),
+    excluded: Array.from({length: excludedLen}, (_, i) => key(o + ROUND.excluded.offset + i * ROUND.excluded.stride)),
+    complete_witnesses: field('complete_witnesses'),
   }
 }
 
 function readClients(b: Buffer, o: number, count: number): ExitedClient[] {
   if (count > MAX_CLIENTS) throw new RangeError('coordinator account: client list exceeds MAX_CLIENTS')
   return Array.from({length: count}, (_, i) => {
-    const c = o + i * CLIENT_SIZE
-    const state = CLIENT_STATES[num(b, c + 32, 'client.state')]
+    const c = o + i * structLayout('ClientRec').size
+    const state = CLIENT_STATES[num(b, c + CLIENT.state.offset, 'client.state')]
     if (!state) throw new RangeError('coordinator account: unknown client state')
-    return {id: b.toString('hex', c, c + 32), state, exited_height: num(b, c + 40, 'client.exited_height')}
+    const k = c + CLIENT.key.offset
+    return {id: b.toString('hex', k, k + 32), state, exited_height: num(b, c + CLIENT.exited_height.offset, 'client.exited_height')}
   })
 }
 
@@ -227,7 +156,7 @@ export function decodeCoordinator(data: Uint8Array): OnChainCoordinator {
     throw new RangeError(`coordinator account: layout version ${b.readBigUInt64LE(OFFSETS.version)}, expected ${LAYOUT_VERSION}`)
   const O = OFFSETS
   const config = {} as Record<string, number>
-  CONFIG_FIELDS.forEach((f, i) => (config[f] = num(b, O.config + i * 8, `config.${f}`)))
+  for (const f of structLayout('Config').fields) config[f.name] = num(b, O.config + f.offset, `config.${f.name}`)
   if (config.rounds_per_epoch === 0) delete config.rounds_per_epoch
   const jsonLen = num(b, O.model_json_len, 'model_json_len')
   if (jsonLen > MODEL_JSON_MAX) throw new RangeError('coordinator account: model JSON exceeds MODEL_JSON_MAX')
@@ -294,57 +223,11 @@ export function decodeCoordinator(data: Uint8Array): OnChainCoordinator {
 
 // ---- instruction data ----
 
-export const IX = {
-  init_coordinator: 0,
-  update: 1,
-  set_paused: 2,
-  join_run: 3,
-  tick: 4,
-  witness: 5,
-  warmup_witness: 6,
-  health_check: 7,
-  checkpoint: 8,
-  free_coordinator: 9,
-  withdraw: 10,
-  eject: 11,
-  grow: 12,
-  accuse: 13,
-  set_peer: 14,
-  equivocation: 15,
-  set_metadata: 16,
-  close_peer: 17,
-} as const
+/** Instruction tags (the program's first data byte), from the layout table. */
+export const IX = enumValues('Instruction') as Record<(typeof ENUMS.Instruction.values)[number], number>
 
-/** The program's custom error codes: 1..18 are the reference's RejectionCodes, 100.. the program's own. */
-export const PROGRAM_ERRORS: Record<number, string> = {
-  1: 'Halted',
-  2: 'InvalidRunState',
-  3: 'AlreadyJoined',
-  4: 'UnknownClient',
-  5: 'InvalidWithdraw',
-  6: 'InvalidWitness',
-  7: 'DuplicateWitness',
-  8: 'WrongStep',
-  9: 'NoActiveRound',
-  10: 'InvalidHealthCheck',
-  11: 'InvalidAccusation',
-  12: 'DuplicateAccusation',
-  13: 'InvalidProof',
-  14: 'AlreadyCheckpointed',
-  15: 'CannotResume',
-  16: 'InvalidConfig',
-  17: 'InvalidEvent',
-  18: 'Banned',
-  100: 'InvalidInstruction',
-  101: 'WrongAccount',
-  102: 'Unauthorized',
-  103: 'CapacityExceeded',
-  104: 'MissingSignature',
-  105: 'NotWritable',
-  106: 'WrongProgramAddress',
-  107: 'NotPermitted',
-  108: 'AlreadyExists',
-}
+/** The program's custom error codes: 1..18 are the reference's RejectionCodes, 100.. the program's own (layout table). */
+export const PROGRAM_ERRORS: Record<number, string> = Object.fromEntries(Object.entries(enumValues('Error')).map(([name, code]) => [code, name]))
 
 function u64(n: number | bigint): Buffer {
   const b = Buffer.alloc(8)
@@ -431,10 +314,11 @@ export function encodeTag(tag: number): Uint8Array {
 // ---- the peer directory (set_peer) ----
 
 /** What one set_peer may carry: its transaction, with a priority fee, stays under 1,232 bytes (programs/coordinator). */
-export const PEER_ADDRS_MAX = 768
-const PEER_MAGIC = 0x5245455043595350n // "PSYCPEER"
+export const PEER_ADDRS_MAX = constant('PEER_ADDRS_MAX')
+const PEER_MAGIC = MAGICS.PEER_MAGIC[0]
+const PEER = structLayout('Peer').at
 /** Size of a peer account: magic, coordinator [32], client [32], addrs_len u64, addrs [PEER_ADDRS_MAX]. */
-export const PEER_SIZE = 8 + 32 + 32 + 8 + PEER_ADDRS_MAX
+export const PEER_SIZE = structLayout('Peer').size
 
 interface PeerRecord {
   coordinator: Address
@@ -470,20 +354,22 @@ export function fitPeerAddrs(addrs: string[]): string[] {
 export function decodePeer(data: Uint8Array): PeerRecord {
   const b = Buffer.from(data.buffer, data.byteOffset, data.byteLength)
   if (b.length !== PEER_SIZE) throw new RangeError(`peer account: ${b.length} bytes, expected ${PEER_SIZE}`)
-  if (b.readBigUInt64LE(0) !== PEER_MAGIC) throw new RangeError('peer account: wrong magic (not a psyche peer record)')
-  const n = b.readBigUInt64LE(72)
+  if (b.readBigUInt64LE(PEER.magic.offset) !== PEER_MAGIC) throw new RangeError('peer account: wrong magic (not a psyche peer record)')
+  const n = b.readBigUInt64LE(PEER.addrs_len.offset)
   if (n > BigInt(PEER_ADDRS_MAX)) throw new RangeError('peer account: addresses exceed PEER_ADDRS_MAX')
-  const text = b.toString('utf8', 80, 80 + Number(n))
-  return {coordinator: addressDecoder.decode(b.subarray(8, 40)), client: b.toString('hex', 40, 72), addrs: text === '' ? [] : text.split('\n')}
+  const text = b.toString('utf8', PEER.addrs.offset, PEER.addrs.offset + Number(n))
+  const coordinator = addressDecoder.decode(b.subarray(PEER.coordinator.offset, PEER.coordinator.offset + 32))
+  return {coordinator, client: b.toString('hex', PEER.client.offset, PEER.client.offset + 32), addrs: text === '' ? [] : text.split('\n')}
 }
 
 // ---- a run's name and description (set_metadata) ----
 
-const NAME_MAX = 64
-export const DESCRIPTION_MAX = 512
-const METADATA_MAGIC = 0x4154454d43595350n // "PSYCMETA"
+const NAME_MAX = constant('NAME_MAX')
+export const DESCRIPTION_MAX = constant('DESCRIPTION_MAX')
+const METADATA_MAGIC = MAGICS.METADATA_MAGIC[0]
+const METADATA = structLayout('Metadata').at
 /** Size of a metadata account: magic, coordinator [32], name_len u64, name [64], description_len u64, description [512]. */
-export const METADATA_SIZE = 8 + 32 + 8 + NAME_MAX + 8 + DESCRIPTION_MAX
+export const METADATA_SIZE = structLayout('Metadata').size
 
 export interface RunMetadata {
   name: string
@@ -504,21 +390,20 @@ export function encodeSetMetadata(m: RunMetadata, lamports: bigint): Uint8Array 
 export function decodeMetadata(data: Uint8Array): RunMetadata & {coordinator: Address} {
   const b = Buffer.from(data.buffer, data.byteOffset, data.byteLength)
   if (b.length !== METADATA_SIZE) throw new RangeError(`metadata account: ${b.length} bytes, expected ${METADATA_SIZE}`)
-  if (b.readBigUInt64LE(0) !== METADATA_MAGIC) throw new RangeError('metadata account: wrong magic (not a psyche run metadata record)')
-  const nameLen = Number(b.readBigUInt64LE(40))
-  const descAt = 48 + NAME_MAX
-  const descLen = Number(b.readBigUInt64LE(descAt))
+  if (b.readBigUInt64LE(METADATA.magic.offset) !== METADATA_MAGIC) throw new RangeError('metadata account: wrong magic (not a psyche run metadata record)')
+  const nameLen = Number(b.readBigUInt64LE(METADATA.name_len.offset))
+  const descLen = Number(b.readBigUInt64LE(METADATA.description_len.offset))
   if (nameLen > NAME_MAX || descLen > DESCRIPTION_MAX) throw new RangeError('metadata account: lengths exceed their capacity')
   return {
-    coordinator: addressDecoder.decode(b.subarray(8, 40)),
-    name: b.toString('utf8', 48, 48 + nameLen),
-    description: b.toString('utf8', descAt + 8, descAt + 8 + descLen),
+    coordinator: addressDecoder.decode(b.subarray(METADATA.coordinator.offset, METADATA.coordinator.offset + 32)),
+    name: b.toString('utf8', METADATA.name.offset, METADATA.name.offset + nameLen),
+    description: b.toString('utf8', METADATA.description.offset, METADATA.description.offset + descLen),
   }
 }
 
 // ---- state-transition logs (sol_log_data) ----
 
-const STATE_LOG_MAGIC = 0x4554415453595350n // "PSYSTATE"
+const STATE_LOG_MAGIC = MAGICS.STATE_LOG_MAGIC[0]
 
 /** A phase change as the program logs it: the new phase, when (unix ms), the step and the epoch. */
 interface StateLog {

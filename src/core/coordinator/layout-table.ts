@@ -1,0 +1,346 @@
+/**
+ * THE table of what the TypeScript and the Solana programs share, in one place: capacities (also the reference
+ * coordinator's), the run-id length, the config fields, every account's structs field by field, and the enums.
+ *
+ * - `npm run build:programs` (scripts/gen-layout.ts) writes programs/include/psyche_layout.h from it: the C
+ *   `#define`s, enums and `typedef struct`s, with a `_Static_assert` on every field's offset, so clang checks the
+ *   offsets computed here.
+ * - src/core/backend/solana/layout.ts decodes and encodes accounts with the offsets `structLayout` computes from it.
+ * - config/run-config.ts takes the config field names from `CONFIG_FIELDS`.
+ *
+ * To add an account field: add a row to its struct below (a `u64` keeps every later field aligned), raise
+ * `LAYOUT_VERSION` when existing accounts cannot be read any more, run `npm run build:programs -- --force`, use the
+ * field in programs/coordinator/coordinator.c and in layout.ts, and commit the header and the .so with it.
+ * test/solana/layout-table.test.ts fails while the committed header is older than this table.
+ *
+ * It imports only config/types.ts (the run states), so every layer, the generator and the tests may read it.
+ */
+import {RUN_STATES} from '../config/types.js'
+
+/** Numeric constants: name → [value, what it bounds]. */
+export const CONSTANTS = {
+  MAX_CLIENTS: [64, 'clients in an epoch; also pending joiners, exited clients, warmup reports, a round roster'],
+  MAX_WITNESSES: [32, 'witness proofs per round (the automatic witness count, Psyche SOLANA_MAX_NUM_WITNESSES)'],
+  MAX_ACCUSATIONS: [64, 'accusations per round (one per accuser, accused and reason)'],
+  BLOOM_MAX: [80, 'bytes of one witness bloom: the filter for MAX_CLIENTS trainers (witnessBloomParams), rounded up to 8'],
+  RUN_ID_MAX: [32, 'bytes of a run id (a program address seed is at most 32 bytes)'],
+  REPO_MAX: [96, 'bytes of a Hub repo id'],
+  REVISION_MAX: [64, 'bytes of a Hub revision'],
+  MODEL_JSON_MAX: [4096, 'bytes of model.LLM JSON (the rest of the model config)'],
+  SHUFFLE_ROUNDS: [90, 'rounds of the swap-or-not shuffle (shuffle.ts)'],
+  PEER_ADDRS_MAX: [768, 'bytes of multiaddrs in a peer record (one set_peer transaction stays under 1,232 bytes)'],
+  NAME_MAX: [64, 'bytes of a run name'],
+  DESCRIPTION_MAX: [512, 'bytes of a run description'],
+  MAX_DELEGATES: [16, 'delegates of one authorization'],
+} as const satisfies Record<string, readonly [number, string]>
+
+/** Magic numbers (the first u64 of each account) and the coordinator layout's version. */
+export const MAGICS = {
+  MAGIC: [0x44524f4f43595350n, '"PSYCOORD": a coordinator account'],
+  LAYOUT_VERSION: [2n, '2: times in unix milliseconds, rounds count complete witness proofs'],
+  PEER_MAGIC: [0x5245455043595350n, '"PSYCPEER": a peer record'],
+  METADATA_MAGIC: [0x4154454d43595350n, '"PSYCMETA": a run metadata record'],
+  AUTH_MAGIC: [0x4854554148595350n, '"PSYHAUTH": an authorization'],
+  STATE_LOG_MAGIC: [0x4554415453595350n, '"PSYSTATE": a phase-change log (sol_log_data)'],
+} as const satisfies Record<string, readonly [bigint, string]>
+
+type ConstantName = keyof typeof CONSTANTS
+
+/** A field: its name, its C type with array dimensions (numbers or CONSTANTS names), e.g. `u8[MAX_CLIENTS][32]`. */
+type Row = readonly [name: string, type: string, doc?: string]
+
+/**
+ * Every struct, in dependency order. Types: u8, u16, u32, u64 or a struct above. Fields are laid out as a C compiler
+ * does (natural alignment); the generator refuses implicit padding, so every byte of an account is a named field.
+ */
+export const STRUCTS = {
+  Config: [
+    ['warmup_time', 'u64'],
+    ['cooldown_time', 'u64'],
+    ['epoch_time', 'u64'],
+    ['rounds_per_epoch', 'u64', '0: not set'],
+    ['max_round_train_time', 'u64'],
+    ['round_witness_time', 'u64'],
+    ['min_clients', 'u64'],
+    ['init_min_clients', 'u64'],
+    ['witness_nodes', 'u64'],
+    ['verification_percent', 'u64'],
+    ['global_batch_size_start', 'u64'],
+    ['global_batch_size_end', 'u64'],
+    ['global_batch_size_warmup_tokens', 'u64'],
+    ['total_steps', 'u64'],
+    ['waiting_for_members_extra_time', 'u64'],
+  ],
+  Checkpoint: [
+    ['kind', 'u8', 'CheckpointKind'],
+    ['repo_len', 'u8'],
+    ['revision_len', 'u8'],
+    ['has_revision', 'u8'],
+    ['pad', 'u8[4]'],
+    ['repo', 'u8[REPO_MAX]'],
+    ['revision', 'u8[REVISION_MAX]'],
+  ],
+  ClientRec: [
+    ['key', 'u8[32]'],
+    ['state', 'u64', 'ClientState'],
+    ['exited_height', 'u64'],
+  ],
+  Witness: [
+    ['from', 'u8[32]'],
+    ['participant_bloom', 'u8[BLOOM_MAX]'],
+    ['broadcast_bloom', 'u8[BLOOM_MAX]'],
+  ],
+  Accusation: [
+    ['from', 'u8[32]'],
+    ['accused', 'u8[32]'],
+    ['reason', 'u64', 'AccusationReason'],
+  ],
+  Round: [
+    ['step', 'u64'],
+    ['height', 'u64'],
+    ['data_index', 'u64'],
+    ['batch_size', 'u64'],
+    ['started_at', 'u64'],
+    ['roster_len', 'u64'],
+    ['witness_len', 'u64'],
+    ['accusation_len', 'u64'],
+    ['excluded_len', 'u64'],
+    ['complete_witnesses', 'u64', 'proofs whose participant bloom names every trainer'],
+    ['seed', 'u8[32]'],
+    ['roster', 'u8[MAX_CLIENTS][32]'],
+    ['witnesses', 'Witness[MAX_WITNESSES]'],
+    ['accusations', 'Accusation[MAX_ACCUSATIONS]'],
+    ['excluded', 'u8[MAX_CLIENTS][32]'],
+  ],
+  State: [
+    ['magic', 'u64', 'MAGIC'],
+    ['version', 'u64', 'LAYOUT_VERSION'],
+    ['run_id', 'u8[RUN_ID_MAX]'],
+    ['run_id_len', 'u64'],
+    ['bump', 'u64'],
+    ['main_authority', 'u8[32]'],
+    ['join_authority', 'u8[32]', 'all zeros: anyone may join'],
+    ['authorizer', 'u8[32]', 'the program whose authorizations admit clients'],
+    ['run_state', 'u64', 'RunState'],
+    ['run_state_start', 'u64', 'unix milliseconds'],
+    ['has_config', 'u64'],
+    ['config', 'Config'],
+    ['max_seq_len', 'u64'],
+    ['cold_start_warmup_steps', 'u64'],
+    ['checkpoint', 'Checkpoint'],
+    ['checkpoint_fallback', 'Checkpoint'],
+    ['seed', 'u8[32]'],
+    ['progress_epoch', 'u64'],
+    ['progress_step', 'u64'],
+    ['epoch_start_data_index', 'u64'],
+    ['epoch_start_time', 'u64'],
+    ['epoch_start_step', 'u64'],
+    ['first_round', 'u64'],
+    ['checkpointed', 'u64'],
+    ['cold_start', 'u64'],
+    ['clients_len', 'u64'],
+    ['exited_len', 'u64'],
+    ['warmup_len', 'u64'],
+    ['pending_len', 'u64'],
+    ['has_round', 'u64'],
+    ['has_previous_round', 'u64'],
+    ['pending_pause', 'u64'],
+    ['clients', 'ClientRec[MAX_CLIENTS]'],
+    ['exited', 'ClientRec[MAX_CLIENTS]'],
+    ['warmup_witnesses', 'u8[MAX_CLIENTS][32]'],
+    ['pending', 'u8[MAX_CLIENTS][32]'],
+    ['round', 'Round'],
+    ['previous_round', 'Round'],
+    ['model_json_len', 'u64'],
+    ['model_json', 'u8[MODEL_JSON_MAX]', 'the rest of model.LLM as JSON'],
+  ],
+  Peer: [
+    ['magic', 'u64', 'PEER_MAGIC'],
+    ['coordinator', 'u8[32]'],
+    ['client', 'u8[32]'],
+    ['addrs_len', 'u64'],
+    ['addrs', 'u8[PEER_ADDRS_MAX]', 'multiaddrs, newline-separated UTF-8'],
+  ],
+  Metadata: [
+    ['magic', 'u64', 'METADATA_MAGIC'],
+    ['coordinator', 'u8[32]'],
+    ['name_len', 'u64'],
+    ['name', 'u8[NAME_MAX]'],
+    ['description_len', 'u64'],
+    ['description', 'u8[DESCRIPTION_MAX]'],
+  ],
+  Authorization: [
+    ['magic', 'u64', 'AUTH_MAGIC'],
+    ['grantor', 'u8[32]'],
+    ['grantee', 'u8[32]', 'all zeros: anyone'],
+    ['active', 'u64'],
+    ['delegates_len', 'u64'],
+    ['delegates', 'u8[MAX_DELEGATES][32]'],
+  ],
+} as const satisfies Record<string, readonly Row[]>
+
+export type StructName = keyof typeof STRUCTS
+
+/**
+ * Enums: the C names are the prefix and the value in SNAKE_CASE (RoundTrain → ROUND_TRAIN, update → IX_UPDATE). `values`
+ * maps a name to its number; a list numbers from 0.
+ */
+export const ENUMS = {
+  RunState: {prefix: '', values: RUN_STATES},
+  ClientState: {prefix: '', values: ['Healthy', 'Dropped', 'Withdrawn', 'Ejected']},
+  CheckpointKind: {prefix: 'CK_', values: ['None', 'Ephemeral', 'Dummy', 'Hub', 'P2P']},
+  AccusationReason: {prefix: 'REASON_', values: ['invalid_result', 'low_score']},
+  Instruction: {
+    prefix: 'IX_',
+    values: [
+      'init_coordinator',
+      'update',
+      'set_paused',
+      'join_run',
+      'tick',
+      'witness',
+      'warmup_witness',
+      'health_check',
+      'checkpoint',
+      'free_coordinator',
+      'withdraw',
+      'eject',
+      'grow',
+      'accuse',
+      'set_peer',
+      'equivocation',
+      'set_metadata',
+      'close_peer',
+    ],
+  },
+  /** Custom program errors: 1..18 are the reference's RejectionCodes, 100.. the programs' own. */
+  Error: {
+    prefix: 'E_',
+    values: {
+      Halted: 1,
+      InvalidRunState: 2,
+      AlreadyJoined: 3,
+      UnknownClient: 4,
+      InvalidWithdraw: 5,
+      InvalidWitness: 6,
+      DuplicateWitness: 7,
+      WrongStep: 8,
+      NoActiveRound: 9,
+      InvalidHealthCheck: 10,
+      InvalidAccusation: 11,
+      DuplicateAccusation: 12,
+      InvalidProof: 13,
+      AlreadyCheckpointed: 14,
+      CannotResume: 15,
+      InvalidConfig: 16,
+      InvalidEvent: 17,
+      Banned: 18,
+      InvalidInstruction: 100,
+      WrongAccount: 101,
+      Unauthorized: 102,
+      CapacityExceeded: 103,
+      MissingSignature: 104,
+      NotWritable: 105,
+      WrongProgramAddress: 106,
+      NotPermitted: 107,
+      AlreadyExists: 108,
+    },
+  },
+} as const
+
+/** The value of a capacity constant. */
+export function constant(name: ConstantName): number {
+  return CONSTANTS[name][0]
+}
+
+/** The config fields the coordinator account holds (u64 each, in this order); run-config.ts knows these and a few more. */
+export const CONFIG_FIELDS = STRUCTS.Config.map(([name]) => name)
+
+/** Capacity of one coordinator, in both coordinators. */
+export const MAX_CLIENTS = constant('MAX_CLIENTS')
+export const MAX_WITNESSES = constant('MAX_WITNESSES')
+/** A run id is 1 to RUN_ID_MAX bytes (a program address seed on Solana). */
+export const RUN_ID_MAX = constant('RUN_ID_MAX')
+
+// ---- layout: offsets and sizes, as a C compiler lays the structs out ----
+
+const SCALARS: Record<string, number> = {u8: 1, u16: 2, u32: 4, u64: 8}
+
+interface FieldLayout {
+  name: string
+  /** The element type: a scalar or a struct name. */
+  type: string
+  /** Array dimensions (empty for a single value). */
+  dims: number[]
+  /** Dimensions as written (numbers or constant names), for the C header. */
+  dimNames: (number | string)[]
+  offset: number
+  /** Bytes of the whole field. */
+  size: number
+  /** Bytes of one element of the outermost dimension (the field's size when it is not an array). */
+  stride: number
+  doc?: string
+}
+
+interface StructLayout {
+  name: string
+  size: number
+  align: number
+  fields: FieldLayout[]
+  /** The fields by name. */
+  at: Record<string, FieldLayout>
+}
+
+const cache = new Map<string, StructLayout>()
+
+/** Parses `u8[MAX_CLIENTS][32]` into its element type and dimensions. */
+function parseType(type: string): {base: string; dims: (number | string)[]} {
+  const m = /^([A-Za-z_][A-Za-z0-9_]*)((?:\[[A-Za-z0-9_]+\])*)$/.exec(type)
+  if (!m) throw new Error(`layout table: malformed type ${JSON.stringify(type)}`)
+  const dims = [...m[2].matchAll(/\[([A-Za-z0-9_]+)\]/g)].map((d) => (/^[0-9]+$/.test(d[1]) ? Number(d[1]) : d[1]))
+  return {base: m[1], dims}
+}
+
+function dimValue(d: number | string): number {
+  if (typeof d === 'number') return d
+  if (!(d in CONSTANTS)) throw new Error(`layout table: unknown constant ${d}`)
+  return constant(d as ConstantName)
+}
+
+/** Offsets and sizes of a struct of the table (C layout: natural alignment; implicit padding is refused). */
+export function structLayout(name: StructName): StructLayout {
+  const hit = cache.get(name)
+  if (hit) return hit
+  const rows = STRUCTS[name] as readonly Row[]
+  let offset = 0
+  let align = 1
+  const fields: FieldLayout[] = []
+  for (const [fieldName, type, doc] of rows) {
+    const {base, dims: dimNames} = parseType(type)
+    let elemSize: number
+    let elemAlign: number
+    if (base in SCALARS) elemSize = elemAlign = SCALARS[base]
+    else if (base in STRUCTS) {
+      const inner = structLayout(base as StructName)
+      elemSize = inner.size
+      elemAlign = inner.align
+    } else throw new Error(`layout table: ${name}.${fieldName} has unknown type ${base}`)
+    if (offset % elemAlign !== 0) throw new Error(`layout table: ${name}.${fieldName} at ${offset} is not ${elemAlign}-aligned: add explicit padding`)
+    const dims = dimNames.map(dimValue)
+    const size = dims.reduce((a, d) => a * d, elemSize)
+    const stride = dims.length ? size / dims[0] : size
+    fields.push({name: fieldName, type: base, dims, dimNames, offset, size, stride, ...(doc ? {doc} : {})})
+    offset += size
+    align = Math.max(align, elemAlign)
+  }
+  if (offset % align !== 0) throw new Error(`layout table: ${name} ends at ${offset}, not a multiple of its alignment ${align}: add explicit padding`)
+  const layout: StructLayout = {name, size: offset, align, fields, at: Object.fromEntries(fields.map((f) => [f.name, f]))}
+  cache.set(name, layout)
+  return layout
+}
+
+/** An enum's values as name → number. */
+export function enumValues(name: keyof typeof ENUMS): Record<string, number> {
+  const values = ENUMS[name].values as readonly string[] | Record<string, number>
+  return Array.isArray(values) ? Object.fromEntries((values as readonly string[]).map((v, i) => [v, i])) : {...(values as Record<string, number>)}
+}
