@@ -150,8 +150,9 @@ describe('every resource a stranger can take is bounded, and the refusal names t
       assert.match(refused.reason!, /--max-connections-per-ip/)
       await refused.closed
       await t.waitLog({event: 'rejected', code: 'too_many_connections_from_address'})
+      const from = t.logs.length
       await held[0].close()
-      await new Promise((r) => setTimeout(r, 50))
+      await t.waitLog({event: 'disconnected'}, from) // the server has seen the close (not a guess at how long that takes)
       assert.equal((await firstMessage(t)).kind, 'challenge', 'a slot is free again')
     })
   })
@@ -361,9 +362,12 @@ describe('the data server under hostile clients', () => {
       // 100 requests of 64 samples (about 260 KB each: 26 MB of answers if all were queued).
       const ids = Array.from({length: 64}, (_, i) => i)
       for (let r = 0; r < 100; r++) hostile.write(encodeGet(r + 1, ids, true))
-      await new Promise((r) => setTimeout(r, 1500))
-      const held = unsent(server)
+      // The server answers until the bound (the kernel's socket buffers fill first), then stops: wait for it to get
+      // there rather than for a guessed time, so the bound is really reached whatever the machine's load.
       const response = 13 + 64 * (SEQ + 1) * 4
+      await waitUntil(() => unsent(server) >= (1 << 20) - response, 'the server to queue about --max-unsent-bytes for the client that never reads', 20_000)
+      await new Promise((r) => setTimeout(r, 300)) // a chance to queue past the bound, were it not enforced
+      const held = unsent(server)
       assert.ok(held <= (1 << 20) + response, `the server holds ${held} unsent bytes for a client that never reads`)
       const honestClient = await TcpDataProvider.connect(`127.0.0.1:${server.port}`, {seqLen: SEQ, timeoutMs: 5000})
       const batch = await honestClient.getSamples([1, 2, 3])
@@ -380,7 +384,7 @@ describe('the data server under hostile clients', () => {
         s.on('error', () => {})
         await new Promise((r) => s.once('connect', r))
       }
-      await new Promise((r) => setTimeout(r, 50))
+      await waitUntil(() => (server as unknown as {sockets: Set<Socket>}).sockets.size === 2, 'the server to hold both connections')
       const third = connect({host: '127.0.0.1', port: server.port})
       third.on('error', () => {})
       const decoder = new FrameDecoder(1 << 20)

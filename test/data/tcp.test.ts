@@ -8,8 +8,16 @@ import {tempDir, tokens, writeTokenFiles} from './fixtures.js'
 
 const SEQ = 16
 
-/** Sends raw bytes and collects the server's decoded frames until it goes quiet or hangs up. */
-async function exchange(port: number, bytes: Buffer[], quietMs = 60): Promise<{messages: ServerMessage[]; closed: boolean}> {
+/**
+ * Sends raw bytes and collects the server's decoded frames: until `expect` frames have come (or, with untilClose,
+ * until the server hangs up; at most 10 s), then until it has been quiet for quietMs, so that a frame too many is seen too. The
+ * wait is for the frames themselves, never a guess at how long a loaded machine takes to send them.
+ */
+async function exchange(
+  port: number,
+  bytes: Buffer[],
+  {expect = 0, untilClose = false, quietMs = 60}: {expect?: number; untilClose?: boolean; quietMs?: number} = {},
+): Promise<{messages: ServerMessage[]; closed: boolean}> {
   const socket = connect({host: '127.0.0.1', port})
   const decoder = new FrameDecoder(1 << 26)
   const messages: ServerMessage[] = []
@@ -19,16 +27,21 @@ async function exchange(port: number, bytes: Buffer[], quietMs = 60): Promise<{m
   await new Promise((resolve) => socket.once('connect', resolve))
   for (const b of bytes) socket.write(b)
   await new Promise<void>((resolve) => {
-    let timer = setTimeout(resolve, quietMs)
-    socket.on('data', () => {
+    let timer: NodeJS.Timeout | undefined
+    // Frames that never come: the assertions then fail on what did come.
+    setTimeout(resolve, 10_000).unref()
+    const check = () => {
+      if (untilClose || messages.length < expect) return
       clearTimeout(timer)
       timer = setTimeout(resolve, quietMs)
-    })
+    }
+    socket.on('data', check)
     socket.once('close', () => {
       closed = true
       clearTimeout(timer)
       resolve()
     })
+    check()
   })
   socket.destroy()
   return {messages, closed}
@@ -88,7 +101,7 @@ describe('TCP data server and client', () => {
     const unknown = Buffer.from([1, 0, 0, 0, 0x42])
     const shortGet = Buffer.from([5, 0, 0, 0, 0x02, 7, 0, 0, 0])
     const zeroIds = Buffer.from([10, 0, 0, 0, 0x02, 8, 0, 0, 0, 0, 0, 0, 0, 0])
-    const {messages, closed} = await exchange(server.port, [encodeGet(1, [0], false), hello, unknown, shortGet, zeroIds, encodeGet(9, [3], false)])
+    const {messages, closed} = await exchange(server.port, [encodeGet(1, [0], false), hello, unknown, shortGet, zeroIds, encodeGet(9, [3], false)], {expect: 6})
     assert.equal(closed, false)
     assert.deepEqual(
       messages.map((m) => m.type),
@@ -102,7 +115,7 @@ describe('TCP data server and client', () => {
     // An oversized frame cannot be skipped: the server says why and hangs up on that client only.
     const huge = Buffer.alloc(4)
     huge.writeUInt32LE(MAX_REQUEST_BYTES + 1)
-    const oversized = await exchange(server.port, [hello, huge])
+    const oversized = await exchange(server.port, [hello, huge], {untilClose: true})
     assert.equal(oversized.closed, true)
     assert.match((oversized.messages.at(-1) as {message: string}).message, /bad frame: frame of 65537 bytes/)
     const still = await TcpDataProvider.connect(`127.0.0.1:${server.port}`, {seqLen: SEQ})
@@ -120,7 +133,7 @@ describe('TCP data server and client', () => {
     const random = fc.uint8Array({maxLength: 64}).map((a) => Buffer.from(a))
     await fc.assert(
       fc.asyncProperty(fc.array(fc.oneof(mutated, random), {minLength: 1, maxLength: 4}), async (frames) => {
-        const {messages} = await exchange(server.port, frames, 15)
+        const {messages} = await exchange(server.port, frames, {quietMs: 15})
         for (const m of messages) assert.ok(['info', 'samples', 'error'].includes(m.type))
       }),
       {numRuns: 40},
