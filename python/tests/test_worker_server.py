@@ -122,20 +122,33 @@ def test_errors_are_typed_replies(client, tiny_config, tmp_path):
     assert r["ok"]
 
 
+def alive(pid: int) -> bool:
+    """Whether a process runs: it exists and is not a zombie (exited, not yet reaped by whoever adopted it)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
 def test_worker_exits_when_parent_dies(tmp_path):
     # a parent shell that starts the worker and is then killed: the worker must not outlive it
     env = {**os.environ, "PYTHONPATH": str(ROOT / "python")}
     script = f"{sys.executable} -m psyche_worker --endpoint ipc://{tmp_path}/p.sock --threads 1 & echo $! ; wait"
     parent = subprocess.Popen(["bash", "-c", script], stdout=subprocess.PIPE, text=True, env=env)
     worker_pid = int(parent.stdout.readline())
-    time.sleep(0.5)
+    # the worker shares the shell's stdout: its ready line says it runs (and watches its parent), whatever the load
+    assert json.loads(parent.stdout.readline())["event"] == "ready"
     parent.kill()
     parent.wait()
-    for _ in range(40):
-        try:
-            os.kill(worker_pid, 0)
-        except ProcessLookupError:
+    for _ in range(120):
+        if not alive(worker_pid):
             return
         time.sleep(0.25)
     os.kill(worker_pid, signal.SIGKILL)
+    pytest.fail(f"the worker (pid {worker_pid}) outlived its killed parent by 30 s")
     pytest.fail("worker outlived its parent")
