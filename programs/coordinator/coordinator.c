@@ -615,7 +615,20 @@ static u64 on_checkpoint(State *s, const u8 *key, const u8 *data, u64 len) {
 }
 
 /* The cross-field rules of validateRunConfig that concern the coordinator (the client validates the rest). */
+/* The reference's LIMITS (src/core/config/run-config.ts): a week for every duration, u16 client counts and batch
+ * sizes, u32 step counts, 2^20 tokens per sample. */
+#define LIMIT_SECONDS (7 * 24 * 3600)
+#define LIMIT_BATCH 65535
+#define LIMIT_STEPS 0xffffffffull
+#define LIMIT_SEQ_LEN (1 << 20)
+
 static u64 validate_config(const Config *c, u64 max_seq_len, u64 cold_start) {
+  if (c->warmup_time > LIMIT_SECONDS || c->cooldown_time > LIMIT_SECONDS || c->epoch_time > LIMIT_SECONDS || c->max_round_train_time > LIMIT_SECONDS ||
+      c->round_witness_time > LIMIT_SECONDS || c->waiting_for_members_extra_time > LIMIT_SECONDS)
+    return fail(E_INVALID_CONFIG, "every duration must be at most a week (604800 s)");
+  if (c->global_batch_size_start > LIMIT_BATCH || c->global_batch_size_end > LIMIT_BATCH) return fail(E_INVALID_CONFIG, "global batch sizes must be at most 65535");
+  if (c->total_steps > LIMIT_STEPS || c->rounds_per_epoch > LIMIT_STEPS || cold_start > LIMIT_STEPS) return fail(E_INVALID_CONFIG, "step counts must be at most 2^32 - 1");
+  if (max_seq_len > LIMIT_SEQ_LEN) return fail(E_INVALID_CONFIG, "max_seq_len must be at most 2^20");
   if (c->cooldown_time < 1 || c->epoch_time < 1 || c->max_round_train_time < 1 || c->round_witness_time < 1)
     return fail(E_INVALID_CONFIG, "cooldown_time, epoch_time, max_round_train_time and round_witness_time must be >= 1");
   if (c->min_clients < 1 || c->init_min_clients < c->min_clients) return fail(E_INVALID_CONFIG, "need 1 <= min_clients <= init_min_clients");
@@ -664,6 +677,9 @@ static u64 on_update(State *s, const u8 *data, u64 len) {
     if (18 + repo_bytes + 2 > rest) return fail(E_INVALID_INSTRUCTION, "update: model too short");
     u64 e = read_repo(&checkpoint, m + 18, repo_bytes);
     if (e) return e;
+    /* readHubRepo: a revision, when given, is not empty; Hub and P2P name a repo (Dummy may not) */
+    if (checkpoint.has_revision && !checkpoint.revision_len) return fail(E_INVALID_CONFIG, "model.LLM.checkpoint: the revision must not be empty");
+    if (kind != CK_DUMMY && !checkpoint.repo_len) return fail(E_INVALID_CONFIG, "model.LLM.checkpoint: repo_id must not be empty");
     checkpoint.kind = kind;
     json_len = (u64)m[18 + repo_bytes] | ((u64)m[19 + repo_bytes] << 8);
     json = m + 20 + repo_bytes;
@@ -1101,6 +1117,7 @@ u64 entrypoint(const u8 *input) {
     case IX_WARMUP_WITNESS:
       if ((e = signer(&in, NULL))) return e;
       if (s->run_state == ROUND_TRAIN || s->run_state == ROUND_WITNESS) return fail(E_INVALID_RUN_STATE, "warmup_witness is accepted in Warmup only; send witness proofs in rounds");
+      if (len) return fail(E_INVALID_INSTRUCTION, "warmup_witness takes no data");
       return on_witness(s, now_ms(), key, d, len);
     case IX_HEALTH_CHECK:
       if ((e = signer(&in, NULL))) return e;
@@ -1116,6 +1133,7 @@ u64 entrypoint(const u8 *input) {
       return on_equivocation(&in, s, key, d, len);
     case IX_WITHDRAW:
       if ((e = signer(&in, NULL))) return e;
+      if (len) return fail(E_INVALID_INSTRUCTION, "withdraw takes no data");
       return on_withdraw(s, key, 0);
     case IX_EJECT:
       if ((e = signer(&in, s->main_authority))) return e;

@@ -1,8 +1,24 @@
-import {createKeyPairSignerFromPrivateKeyBytes, type Address, type KeyPairSigner} from '@solana/kit'
+import {createKeyPairSignerFromPrivateKeyBytes, type Address, type Instruction, type KeyPairSigner} from '@solana/kit'
 import {createHash} from 'node:crypto'
 import {readFileSync} from 'node:fs'
 import {AUTHORIZER_PROGRAM_PATH, LocalChain} from '../../src/core/backend/solana/local-chain.js'
-import {coordinatorAddress, initCoordinatorInstructions} from '../../src/core/backend/solana/instructions.js'
+import {
+  accuseInstruction,
+  checkpointInstruction,
+  coordinatorAddress,
+  ejectInstruction,
+  equivocationInstructions,
+  healthCheckInstruction,
+  initCoordinatorInstructions,
+  joinRunInstruction,
+  setPausedInstruction,
+  tickInstruction,
+  updateInstruction,
+  warmupWitnessInstruction,
+  witnessInstruction,
+  withdrawInstruction,
+} from '../../src/core/backend/solana/instructions.js'
+import type {CoordinatorEvent} from '../../src/core/coordinator/index.js'
 import {STATE_SIZE, decodeCoordinator} from '../../src/core/backend/solana/layout.js'
 import type {CoordinatorConfig, LLMConfig} from '../../src/core/config/index.js'
 
@@ -75,4 +91,43 @@ export const testModel: {LLM: LLMConfig} = {
     lr_schedule: {Constant: {base_lr: 1e-3, warmup_steps: 0, warmup_init_lr: 0}},
     optimizer: {AdamW: {betas: [0.9, 0.95], weight_decay: 0, eps: 1e-8}},
   },
+}
+
+/** The instruction (and its signer) that carries a reference event to the program. */
+export function toInstruction(d: Deployed, signers: Map<string, KeyPairSigner>, event: CoordinatorEvent): {signer: KeyPairSigner; ix: Instruction | Instruction[]} {
+  const {programId: p, coordinator: c, authority, payer} = d
+  const who = (id: string): KeyPairSigner => {
+    const s = signers.get(id)
+    if (!s) throw new Error(`no keypair for client ${id}`)
+    return s
+  }
+  switch (event.type) {
+    case 'join':
+      return {signer: who(event.id), ix: joinRunInstruction(p, c, who(event.id))}
+    case 'withdraw':
+      return {signer: who(event.id), ix: withdrawInstruction(p, c, who(event.id))}
+    case 'eject':
+      return {signer: authority, ix: ejectInstruction(p, c, authority, event.id)}
+    case 'tick':
+      return {signer: payer, ix: tickInstruction(p, c)}
+    case 'witness':
+      if (event.proof.participant_bloom === '' && event.proof.broadcast_bloom === '') return {signer: who(event.from), ix: warmupWitnessInstruction(p, c, who(event.from))}
+      return {
+        signer: who(event.from),
+        ix: witnessInstruction(p, c, who(event.from), event.step, Buffer.from(event.proof.participant_bloom, 'base64'), Buffer.from(event.proof.broadcast_bloom, 'base64')),
+      }
+    case 'health_check':
+      return {signer: who(event.from), ix: healthCheckInstruction(p, c, who(event.from), event.accused)}
+    case 'pause':
+    case 'resume':
+      return {signer: authority, ix: setPausedInstruction(p, c, authority, event.type === 'pause')}
+    case 'checkpoint':
+      return {signer: who(event.from), ix: checkpointInstruction(p, c, who(event.from), event.repo)}
+    case 'config_update':
+      return {signer: authority, ix: updateInstruction(p, c, authority, event.config, event.model)}
+    case 'accuse':
+      return {signer: who(event.from), ix: accuseInstruction(p, c, who(event.from), event.step, event.accused, event.reason)}
+    case 'equivocation':
+      return {signer: who(event.from), ix: equivocationInstructions(p, c, who(event.from), event.proof)}
+  }
 }

@@ -1,66 +1,14 @@
 import assert from 'node:assert/strict'
 import {describe, it} from 'node:test'
-import type {Instruction, KeyPairSigner} from '@solana/kit'
-import {
-  accuseInstruction,
-  checkpointInstruction,
-  ejectInstruction,
-  equivocationInstructions,
-  healthCheckInstruction,
-  joinRunInstruction,
-  setPausedInstruction,
-  tickInstruction,
-  updateInstruction,
-  warmupWitnessInstruction,
-  witnessInstruction,
-  withdrawInstruction,
-} from '../../src/core/backend/solana/instructions.js'
-import type {CoordinatorEvent, CoordinatorState} from '../../src/core/coordinator/index.js'
+import type {KeyPairSigner} from '@solana/kit'
+import {updateInstruction} from '../../src/core/backend/solana/instructions.js'
+import type {CoordinatorState} from '../../src/core/coordinator/index.js'
 import {clientIdOf} from '../../src/core/backend/solana/layout.js'
-import {deployRun, keypair, readRun, type Deployed} from './harness.js'
+import {deployRun, keypair, readRun, toInstruction} from './harness.js'
 import {generateVectors, type VectorFile} from './vectors.js'
 
 // Generated from the reference as it is now (npm run vectors:solana writes the same to a file).
 const vectors = JSON.parse(JSON.stringify(await generateVectors())) as VectorFile
-
-/** The instruction (and its signer) that carries a reference event to the program. */
-function toInstruction(d: Deployed, signers: Map<string, KeyPairSigner>, event: CoordinatorEvent): {signer: KeyPairSigner; ix: Instruction | Instruction[]} {
-  const {programId: p, coordinator: c, authority, payer} = d
-  const who = (id: string): KeyPairSigner => {
-    const s = signers.get(id)
-    if (!s) throw new Error(`no keypair for client ${id}`)
-    return s
-  }
-  switch (event.type) {
-    case 'join':
-      return {signer: who(event.id), ix: joinRunInstruction(p, c, who(event.id))}
-    case 'withdraw':
-      return {signer: who(event.id), ix: withdrawInstruction(p, c, who(event.id))}
-    case 'eject':
-      return {signer: authority, ix: ejectInstruction(p, c, authority, event.id)}
-    case 'tick':
-      return {signer: payer, ix: tickInstruction(p, c)}
-    case 'witness':
-      if (event.proof.participant_bloom === '' && event.proof.broadcast_bloom === '') return {signer: who(event.from), ix: warmupWitnessInstruction(p, c, who(event.from))}
-      return {
-        signer: who(event.from),
-        ix: witnessInstruction(p, c, who(event.from), event.step, Buffer.from(event.proof.participant_bloom, 'base64'), Buffer.from(event.proof.broadcast_bloom, 'base64')),
-      }
-    case 'health_check':
-      return {signer: who(event.from), ix: healthCheckInstruction(p, c, who(event.from), event.accused)}
-    case 'pause':
-    case 'resume':
-      return {signer: authority, ix: setPausedInstruction(p, c, authority, event.type === 'pause')}
-    case 'checkpoint':
-      return {signer: who(event.from), ix: checkpointInstruction(p, c, who(event.from), event.repo)}
-    case 'config_update':
-      return {signer: authority, ix: updateInstruction(p, c, authority, event.config, event.model)}
-    case 'accuse':
-      return {signer: who(event.from), ix: accuseInstruction(p, c, who(event.from), event.step, event.accused, event.reason)}
-    case 'equivocation':
-      return {signer: who(event.from), ix: equivocationInstructions(p, c, who(event.from), event.proof)}
-  }
-}
 
 /** The state transitions (from → to) and rejection codes a set of vectors exercises. */
 function coverage(v: VectorFile): {transitions: Set<string>; errors: Set<string>} {

@@ -367,7 +367,7 @@ async function accusations(): Promise<Scenario> {
 }
 
 /** A result announcement signed by keypair(label)'s key (the same seed: test/solana/harness.ts). */
-function announce(runId: string, label: string, step: number, batch: [number, number], commitmentByte: number, size = 1000) {
+export function announce(runId: string, label: string, step: number, batch: [number, number], commitmentByte: number, size = 1000) {
   const identity = identityFromSeed(createHash('sha256').update(`psyche-test-key/${label}`).digest())
   return signAnnouncement(identity, {
     run_id: runId,

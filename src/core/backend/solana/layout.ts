@@ -258,6 +258,8 @@ export function encodeInit(runId: string, mainAuthority: string, joinAuthority: 
 
 /** update: the whole [config] and/or [model.LLM] (validate it with validateRunConfig first). */
 export function encodeUpdate(config: CoordinatorConfig | undefined, model: {LLM: LLMConfig} | undefined): Uint8Array {
+  // rounds_per_epoch 0 is how the account spells "not set": a 0 in the config would silently mean that
+  if (config?.rounds_per_epoch === 0) throw new RangeError('config.rounds_per_epoch must be at least 1 (leave it out for no limit)')
   const parts: Buffer[] = [Buffer.from([IX.update, config ? 1 : 0])]
   const c = Buffer.alloc(CONFIG_SIZE)
   if (config) CONFIG_FIELDS.forEach((f, i) => c.writeBigUInt64LE(BigInt((config as unknown as Record<string, number | undefined>)[f] ?? 0), i * 8))

@@ -1,0 +1,716 @@
+import assert from 'node:assert/strict'
+import {AccountRole, type Address, type Instruction, type KeyPairSigner} from '@solana/kit'
+import {readFileSync} from 'node:fs'
+import {
+  INSTRUCTION_UNITS,
+  accuseInstruction,
+  checkpointInstruction,
+  coordinatorAddress,
+  ejectInstruction,
+  healthCheckInstruction,
+  initCoordinatorInstructions,
+  setPausedInstruction,
+  signerMeta,
+  updateInstruction,
+  withUnits,
+  witnessInstruction,
+  withdrawInstruction,
+} from '../../src/core/backend/solana/instructions.js'
+import {COORDINATOR_PROGRAM_PATH, LocalChain} from '../../src/core/backend/solana/local-chain.js'
+import {IX, MAX_CLIENTS, STATE_SIZE, clientIdOf, decodeCoordinator, encodeTag} from '../../src/core/backend/solana/layout.js'
+import {constant} from '../../src/core/coordinator/layout-table.js'
+import {
+  applyEvent,
+  assignBatches,
+  buildWitnessProof,
+  clockEntropy,
+  createCoordinator,
+  isRoundPhase,
+  selectVerifiers,
+  selectWitnesses,
+  serializeState,
+  witnessBloomParams,
+  type CoordinatorEvent,
+  type CoordinatorState,
+  type RejectionCode,
+} from '../../src/core/coordinator/index.js'
+import type {EquivocationProof} from '../../src/core/coordinator/equivocation.js'
+import type {CheckpointConfig, CoordinatorConfig, HubRepo, LLMConfig} from '../../src/core/config/index.js'
+import {validateRunConfig} from '../../src/core/config/run-config.js'
+import {keypair, toInstruction, type Deployed} from './harness.js'
+import {announce} from './vectors.js'
+
+/**
+ * Differential fuzzing of the on-chain coordinator against the TypeScript reference (src/core/coordinator): a seeded
+ * PRNG draws a run (clients, configuration) and a sequence of events — joins, leaves, ejections, ticks at random
+ * times, warmup reports and witness proofs (valid, partial, random, wrongly sized), health checks, accusations,
+ * equivocation proofs, checkpoints, pause/resume, configuration updates (valid and not) — and malformed instructions
+ * (unknown, truncated or padded data, missing signatures, the wrong authority or account). Each event runs through
+ * both; after every one the program must have accepted what the reference accepted, rejected with the reference's
+ * code what it rejected, and hold the reference's state (decoded from the account and compared field by field, and
+ * as the reference's serialization). A malformed instruction has no reference event: the program must refuse it (with
+ * the exact code where the check precedes any rule) and change nothing.
+ *
+ * The one tolerated difference is capacity: the account holds MAX_CLIENTS clients and joiners, MAX_WITNESSES proofs
+ * and MAX_ACCUSATIONS accusations a round, and the reference has no such bound. When the program answers
+ * CapacityExceeded where the reference's next state is past one of those bounds, the sequence ends there.
+ */
+
+/** sfc32: a small, fast, seedable PRNG (each sequence is reproducible from its seed alone). */
+class Rng {
+  private a: number
+  private b: number
+  private c: number
+  private d: number
+
+  constructor(seed: number) {
+    this.a = 0x9e3779b9
+    this.b = 0x243f6a88
+    this.c = 0xb7e15162
+    this.d = seed >>> 0
+    for (let i = 0; i < 15; i++) this.next()
+  }
+
+  /** A uniform 32-bit unsigned integer. */
+  next(): number {
+    const t = (((this.a + this.b) | 0) + this.d) | 0
+    this.d = (this.d + 1) | 0
+    this.a = this.b ^ (this.b >>> 9)
+    this.b = (this.c + (this.c << 3)) | 0
+    this.c = (this.c << 21) | (this.c >>> 11)
+    this.c = (this.c + t) | 0
+    return t >>> 0
+  }
+
+  /** An integer in [lo, hi]. */
+  int(lo: number, hi: number): number {
+    return lo + (this.next() % (hi - lo + 1))
+  }
+
+  chance(p: number): boolean {
+    return this.next() / 0x1_0000_0000 < p
+  }
+
+  pick<T>(items: readonly T[]): T {
+    if (items.length === 0) throw new RangeError('pick from an empty list')
+    return items[this.next() % items.length]
+  }
+
+  /** A key of `weights`, drawn in proportion to its weight. */
+  weighted<K extends string>(weights: Record<K, number>): K {
+    const entries = Object.entries(weights) as [K, number][]
+    let r = this.next() % entries.reduce((sum, [, w]) => sum + w, 0)
+    for (const [k, w] of entries) {
+      if (r < w) return k
+      r -= w
+    }
+    return entries[0][0]
+  }
+
+  bytes(n: number): Buffer {
+    return Buffer.from(Array.from({length: n}, () => this.next() & 0xff))
+  }
+
+  /** A random subset of `items` (each kept with probability p). */
+  subset<T>(items: readonly T[], p = 0.5): T[] {
+    return items.filter(() => this.chance(p))
+  }
+}
+
+/** The pool of client keys the fuzzer draws from (keypair(`fuzz-${i}`)); at most MAX_CLIENTS + a few strangers. */
+const POOL_SIZE = MAX_CLIENTS + 4
+let poolCache: Promise<{signers: KeyPairSigner[]; ids: string[]; labels: string[]}> | undefined
+
+function pool(): Promise<{signers: KeyPairSigner[]; ids: string[]; labels: string[]}> {
+  poolCache ??= (async () => {
+    const labels = Array.from({length: POOL_SIZE}, (_, i) => `fuzz-${i}`)
+    const signers = await Promise.all(labels.map((l) => keypair(l)))
+    return {signers, ids: signers.map((s) => clientIdOf(s.address)), labels}
+  })()
+  return poolCache
+}
+
+const baseLLM: LLMConfig = {
+  architecture: 'HfLlama',
+  data_type: 'Pretraining',
+  max_seq_len: 16,
+  cold_start_warmup_steps: 0,
+  checkpoint: {Hub: {repo_id: 'org/model'}},
+  data_location: {Server: '127.0.0.1:20001'},
+  lr_schedule: {Constant: {base_lr: 1e-3, warmup_steps: 0, warmup_init_lr: 0}},
+  optimizer: {AdamW: {betas: [0.9, 0.95], weight_decay: 0, eps: 1e-8}},
+}
+
+const REPO_CHARS = 'abcdefghijklmnopqrstuvwxyz0123456789-_./'
+
+function text(rng: Rng, min: number, max: number): string {
+  return Array.from({length: rng.int(min, max)}, () => rng.pick([...REPO_CHARS])).join('')
+}
+
+function randomRepo(rng: Rng, allowEmpty: boolean): HubRepo {
+  const repo: HubRepo = {repo_id: allowEmpty && rng.chance(0.1) ? '' : rng.chance(0.1) ? text(rng, 90, 96) : text(rng, 1, 24)}
+  if (rng.chance(0.5)) repo.revision = rng.chance(0.1) ? '' : rng.chance(0.1) ? text(rng, 60, 64) : text(rng, 1, 12)
+  return repo
+}
+
+/** A run configuration: valid by construction for `clients` clients, or (with `invalid`) one field out of range. */
+function randomConfig(rng: Rng, clients: number, invalid: boolean): CoordinatorConfig {
+  const max_round_train_time = rng.int(1, 15)
+  const round_witness_time = rng.int(1, 6)
+  const min_clients = rng.int(1, Math.max(1, Math.min(clients, 4)))
+  const start = rng.int(1, 16)
+  const config: CoordinatorConfig = {
+    warmup_time: rng.int(0, 12),
+    cooldown_time: rng.int(1, 12),
+    epoch_time: max_round_train_time + round_witness_time + rng.int(0, 60),
+    max_round_train_time,
+    round_witness_time,
+    min_clients,
+    init_min_clients: rng.int(min_clients, Math.max(min_clients, Math.min(clients + 1, 6))),
+    witness_nodes: rng.pick([0, 0, 1, 1, 2, 3, rng.int(1, 40)]),
+    verification_percent: rng.pick([0, 0, 0, 25, 50, 100]),
+    global_batch_size_start: start,
+    global_batch_size_end: rng.chance(0.7) ? start : rng.int(1, 24),
+    global_batch_size_warmup_tokens: rng.chance(0.7) ? 0 : rng.int(1, 2000),
+    total_steps: rng.int(1, 30),
+    waiting_for_members_extra_time: rng.int(0, 5),
+  }
+  if (rng.chance(0.4)) config.rounds_per_epoch = rng.int(1, 6)
+  if (invalid) {
+    const bad = config as unknown as Record<string, number>
+    const field = rng.pick([
+      'cooldown_time',
+      'epoch_time',
+      'max_round_train_time',
+      'round_witness_time',
+      'min_clients',
+      'init_min_clients',
+      'verification_percent',
+      'global_batch_size_start',
+      'global_batch_size_end',
+      'total_steps',
+      'rounds_per_epoch',
+    ] as const)
+    bad[field] = rng.pick([0, 101, 70_000, 5_000_000_000, 2 ** 40])
+  }
+  return config
+}
+
+function randomModel(rng: Rng, config: CoordinatorConfig): {LLM: LLMConfig} {
+  const kind = rng.pick(['Hub', 'P2P', 'Dummy'] as const)
+  const checkpoint = {[kind]: randomRepo(rng, true)} as CheckpointConfig
+  return {
+    LLM: {
+      ...baseLLM,
+      max_seq_len: rng.pick([1, 16, 64, rng.int(1, 4096)]),
+      cold_start_warmup_steps: rng.chance(0.8) ? 0 : rng.int(0, config.total_steps + 2),
+      checkpoint,
+    },
+  }
+}
+
+/** A program-only event: an instruction the reference has no event for, which the program must refuse. */
+interface Malformed {
+  type: 'malformed'
+  what: string
+  ix: Instruction
+  signer: KeyPairSigner
+  /** The exact code, where the program's check precedes every rule; otherwise any refusal will do. */
+  code?: string
+}
+
+type Step = {event: CoordinatorEvent} | Malformed
+
+/** One sequence's world: both coordinators, the chain, and who signs for whom. */
+class Sequence {
+  state: CoordinatorState
+  now: number
+  slot = 1000
+  readonly log: string[] = []
+  readonly signers = new Map<string, KeyPairSigner>()
+  readonly members: string[]
+
+  constructor(
+    readonly rng: Rng,
+    readonly d: Deployed,
+    readonly runId: string,
+    readonly ids: string[],
+    readonly labels: Map<string, string>,
+    config: CoordinatorConfig,
+    model: {LLM: LLMConfig},
+    createdAt: number,
+  ) {
+    this.now = createdAt
+    this.members = ids
+    this.state = createCoordinator({run_id: runId, run_state: 'Uninitialized', config, model}, {now: createdAt * 1000})
+  }
+
+  id(): string {
+    return this.rng.pick(this.members)
+  }
+
+  /** A client of the epoch, most of the time (a random pool member otherwise). */
+  client(): string {
+    const clients = this.state.epoch.clients.map((c) => c.id)
+    return clients.length > 0 && this.rng.chance(0.85) ? this.rng.pick(clients) : this.id()
+  }
+
+  signer(id: string): KeyPairSigner {
+    const s = this.signers.get(id)
+    if (!s) throw new Error(`no keypair for ${id}`)
+    return s
+  }
+
+  /** Seconds to the next tick: none, one, up to a phase's length, or a long silence. */
+  dt(): number {
+    const c = this.state.config
+    switch (this.rng.weighted({zero: 1, one: 4, phase: 3, long: 1})) {
+      case 'zero':
+        return 0
+      case 'one':
+        return 1
+      case 'phase':
+        return this.rng.int(1, Math.max(2, c.max_round_train_time, c.warmup_time, c.cooldown_time, c.waiting_for_members_extra_time) + 2)
+      case 'long':
+        return this.rng.int(30, 3000)
+    }
+  }
+
+  proof(): {participant_bloom: string; broadcast_bloom: string} {
+    const round = this.state.epoch.round!
+    const kind = this.rng.weighted({valid: 8, random: 1, size: 1})
+    const size = witnessBloomParams(round.roster.length).bits / 8
+    if (kind === 'random') return {participant_bloom: this.rng.bytes(size).toString('base64'), broadcast_bloom: this.rng.bytes(size).toString('base64')}
+    if (kind === 'size') {
+      // (never 0 bytes: an empty proof is the warmup report, another instruction)
+      const n = this.rng.pick([1, size - 1, size + 1, 80].filter((x) => x >= 1 && x <= 80 && x !== size))
+      return {participant_bloom: this.rng.bytes(n).toString('base64'), broadcast_bloom: this.rng.bytes(n).toString('base64')}
+    }
+    const all = this.rng.chance(0.6)
+    const seen = [...assignBatches(this.state)]
+      .filter(([, r]) => r.end > r.start)
+      .filter(() => all || this.rng.chance(0.6))
+      .map(([id, range]) => ({id, range, commitment: Buffer.alloc(32, 7)}))
+    return buildWitnessProof(round, seen)
+  }
+
+  equivocationProof(): EquivocationProof {
+    const producer = this.client()
+    const label = this.labels.get(producer)!
+    const step = this.state.epoch.round && this.rng.chance(0.8) ? this.state.epoch.round.step : this.rng.int(0, this.state.progress.step + 2)
+    const variant = this.rng.weighted({valid: 6, same: 1, run: 1, step: 1})
+    const run = variant === 'run' ? `${this.runId}x` : this.runId
+    const a = announce(run, label, step, [0, 2], 1)
+    const b = variant === 'same' ? announce(run, label, step, [0, 2], 1) : announce(run, label, variant === 'step' ? step + 1 : step, [0, 2], this.rng.int(2, 9))
+    return {a, b}
+  }
+
+  /** Draws the next event from the reference's state: mostly plausible ones, some wrong. */
+  draw(): Step {
+    const s = this.state
+    const round = isRoundPhase(s.run_state) ? s.epoch.round : null
+    const kind = this.rng.weighted({
+      tick: 30,
+      join: 12,
+      withdraw: 4,
+      eject: 2,
+      witness: round ? 22 : s.run_state === 'Warmup' ? 14 : 2,
+      health_check: round ? 6 : 1,
+      accuse: round ? 6 : 1,
+      equivocation: 2,
+      checkpoint: s.run_state === 'Cooldown' ? 8 : 1,
+      pause: 2,
+      resume: s.run_state === 'Paused' || s.run_state === 'Uninitialized' ? 6 : 1,
+      config_update: s.run_state === 'Paused' || s.run_state === 'Uninitialized' ? 5 : 1,
+      malformed: 6,
+    })
+    switch (kind) {
+      case 'tick':
+        this.now += this.dt()
+        return {event: {type: 'tick'}}
+      case 'join': {
+        const outside = this.members.filter((id) => !s.pending.includes(id) && !s.epoch.clients.some((c) => c.id === id))
+        return {event: {type: 'join', id: outside.length > 0 && this.rng.chance(0.85) ? this.rng.pick(outside) : this.id()}}
+      }
+      case 'withdraw':
+        return {event: {type: 'withdraw', id: this.rng.chance(0.3) && s.pending.length > 0 ? this.rng.pick(s.pending) : this.client()}}
+      case 'eject':
+        return {event: {type: 'eject', id: this.client()}}
+      case 'witness': {
+        if (s.run_state === 'Warmup' || !round) return {event: {type: 'witness', from: this.client(), step: 0, proof: {participant_bloom: '', broadcast_bloom: ''}}}
+        const witnesses = selectWitnesses(s)
+        const from = witnesses.length > 0 && this.rng.chance(0.8) ? this.rng.pick(witnesses) : this.client()
+        const step = this.rng.chance(0.9) ? round.step : round.step + this.rng.pick([-1, 1, 7])
+        return {event: {type: 'witness', from, step, proof: this.proof()}}
+      }
+      case 'health_check': {
+        const judged = s.epoch.previous_round?.roster ?? []
+        const n = this.rng.pick([0, 1, 1, 1, 2, 3])
+        const accused = Array.from({length: n}, () => (judged.length > 0 && this.rng.chance(0.85) ? this.rng.pick(judged) : this.id()))
+        return {event: {type: 'health_check', from: this.client(), accused}}
+      }
+      case 'accuse': {
+        const byScore = this.rng.chance(0.4)
+        const judges = round ? (byScore ? selectVerifiers(s) : selectWitnesses(s)) : []
+        const from = judges.length > 0 && this.rng.chance(0.8) ? this.rng.pick(judges) : this.client()
+        const roster = round?.roster ?? []
+        const accused = roster.length > 0 && this.rng.chance(0.85) ? this.rng.pick(roster) : this.id()
+        const step = round && this.rng.chance(0.9) ? round.step : this.rng.int(0, s.progress.step + 1)
+        return {event: {type: 'accuse', from, step, accused, reason: byScore ? 'low_score' : 'invalid_result'}}
+      }
+      case 'equivocation':
+        return {event: {type: 'equivocation', from: this.client(), proof: this.equivocationProof()}}
+      case 'checkpoint':
+        return {event: {type: 'checkpoint', from: this.client(), repo: randomRepo(this.rng, true)}}
+      case 'pause':
+        return {event: {type: 'pause'}}
+      case 'resume':
+        return {event: {type: 'resume'}}
+      case 'config_update': {
+        const config = randomConfig(this.rng, this.members.length, this.rng.chance(0.2))
+        const which = this.rng.weighted({both: 3, config: 2, model: 2})
+        return {
+          event: {
+            type: 'config_update',
+            ...(which !== 'model' ? {config} : {}),
+            ...(which !== 'config' ? {model: randomModel(this.rng, which === 'model' ? s.config : config)} : {}),
+          },
+        }
+      }
+      case 'malformed':
+        return this.malformed()
+    }
+  }
+
+  /** An instruction the program must refuse whatever the state. */
+  malformed(): Malformed {
+    const {programId: p, coordinator: c, authority, payer} = this.d
+    const client = this.signer(this.client())
+    const kind = this.rng.weighted({unknown: 2, empty: 1, truncated: 3, padded: 3, unsigned: 2, stranger: 2, account: 2, readonly: 1, missing: 1, warmup: 1})
+    const raw = (data: Uint8Array, accounts: Instruction['accounts'], units = 30_000): Instruction => withUnits({programAddress: p, accounts, data}, units)
+    const signed = (data: Uint8Array) => raw(data, [signerMeta(client), {address: c, role: AccountRole.WRITABLE}])
+    // A well-formed instruction to cut or pad (its data only matters for the length checks).
+    const wellFormed = (): Instruction => {
+      const round = this.state.epoch.round
+      const size = witnessBloomParams(round?.roster.length ?? 1).bits / 8
+      return this.rng.pick([
+        // (in Warmup a witness instruction is a warmup report whatever its proof, as the reference's witness event)
+        () => (this.state.run_state === 'Warmup' ? withdrawInstruction(p, c, client) : witnessInstruction(p, c, client, round?.step ?? 1, Buffer.alloc(size), Buffer.alloc(size))),
+        () => healthCheckInstruction(p, c, client, [this.id()]),
+        () => checkpointInstruction(p, c, client, randomRepo(this.rng, false)),
+        () => accuseInstruction(p, c, client, round?.step ?? 1, this.id(), 'invalid_result'),
+        () => ejectInstruction(p, c, authority, this.id()),
+        () => setPausedInstruction(p, c, authority, this.rng.chance(0.5)),
+        () => updateInstruction(p, c, authority, this.state.config, this.rng.chance(0.5) ? this.state.model : undefined),
+        () => withdrawInstruction(p, c, client),
+        () => raw(encodeTag(IX.join_run), [signerMeta(client), {address: c, role: AccountRole.WRITABLE}]),
+        () => raw(encodeTag(IX.warmup_witness), [signerMeta(client), {address: c, role: AccountRole.WRITABLE}]),
+        () => raw(encodeTag(IX.tick), [{address: c, role: AccountRole.WRITABLE}]),
+      ])()
+    }
+    const signerOf = (ix: Instruction): KeyPairSigner => ((ix.accounts?.[0] as {signer?: KeyPairSigner} | undefined)?.signer ?? payer) as KeyPairSigner
+    switch (kind) {
+      case 'unknown': {
+        const tag = this.rng.int(IX.close_peer + 1, 255)
+        return {
+          type: 'malformed',
+          what: `unknown instruction ${tag}`,
+          ix: signed(Buffer.concat([Buffer.from([tag]), this.rng.bytes(this.rng.int(0, 40))])),
+          signer: client,
+          code: 'InvalidInstruction',
+        }
+      }
+      case 'empty':
+        return {type: 'malformed', what: 'empty data', ix: signed(new Uint8Array()), signer: client, code: 'InvalidInstruction'}
+      case 'truncated': {
+        const ix = wellFormed()
+        const data = ix.data!
+        if (data.length < 2) return this.malformed()
+        return {type: 'malformed', what: `truncated ${data[0]} (${data.length} → ?)`, ix: {...ix, data: data.slice(0, this.rng.int(1, data.length - 1))}, signer: signerOf(ix)}
+      }
+      case 'padded': {
+        const ix = wellFormed()
+        const pad = this.rng.bytes(this.rng.int(1, 9))
+        return {
+          type: 'malformed',
+          what: `instruction ${ix.data![0]} with ${pad.length} trailing bytes`,
+          ix: {...ix, data: Buffer.concat([Buffer.from(ix.data!), pad])},
+          signer: signerOf(ix),
+        }
+      }
+      case 'unsigned': {
+        // accounts[0] is a client's (or the authority's) key that did not sign; the payer signs the transaction
+        const who = this.rng.chance(0.5) ? authority : client
+        const tag = this.rng.pick([IX.update, IX.set_paused, IX.join_run, IX.withdraw, IX.warmup_witness, IX.eject, IX.checkpoint])
+        return {
+          type: 'malformed',
+          what: `instruction ${tag} without the signature of accounts[0]`,
+          ix: raw(Buffer.from([tag]), [
+            {address: who.address, role: AccountRole.READONLY},
+            {address: c, role: AccountRole.WRITABLE},
+          ]),
+          signer: payer,
+          code: 'MissingSignature',
+        }
+      }
+      case 'stranger': {
+        // the authority's instructions signed by someone else
+        const make = this.rng.pick([
+          () => setPausedInstruction(p, c, client, this.rng.chance(0.5)),
+          () => ejectInstruction(p, c, client, this.id()),
+          () => updateInstruction(p, c, client, this.state.config, this.state.model),
+        ])
+        return {type: 'malformed', what: 'an authority instruction signed by a client', ix: make(), signer: client, code: 'Unauthorized'}
+      }
+      case 'account': {
+        // another account where the coordinator belongs: the payer's (system-owned)
+        const ix = wellFormed()
+        const at = ix.data![0] === IX.tick ? 0 : 1
+        const accounts = ix.accounts!.map((a, i) => (i === at ? {address: payer.address, role: AccountRole.WRITABLE} : a))
+        return {type: 'malformed', what: `instruction ${ix.data![0]} on a foreign account`, ix: {...ix, accounts}, signer: signerOf(ix), code: 'WrongAccount'}
+      }
+      case 'readonly': {
+        const ix = wellFormed()
+        const at = ix.data![0] === IX.tick ? 0 : 1
+        const accounts = ix.accounts!.map((a, i) => (i === at ? {address: c, role: AccountRole.READONLY} : a))
+        return {type: 'malformed', what: `instruction ${ix.data![0]} with a read-only coordinator`, ix: {...ix, accounts}, signer: signerOf(ix), code: 'NotWritable'}
+      }
+      case 'missing': {
+        const tag = this.rng.pick([IX.join_run, IX.withdraw, IX.witness, IX.checkpoint, IX.update])
+        return {
+          type: 'malformed',
+          what: `instruction ${tag} without the coordinator account`,
+          ix: raw(Buffer.from([tag]), [signerMeta(client)]),
+          signer: client,
+          code: 'InvalidInstruction',
+        }
+      }
+      case 'warmup':
+        // warmup_witness outside Warmup: the reference's witness event has no such form (its proof is the round's)
+        if (!isRoundPhase(this.state.run_state)) return this.malformed()
+        return {
+          type: 'malformed',
+          what: 'warmup_witness during a round',
+          ix: raw(encodeTag(IX.warmup_witness), [signerMeta(client), {address: c, role: AccountRole.WRITABLE}], INSTRUCTION_UNITS.warmup_witness),
+          signer: client,
+          code: 'InvalidRunState',
+        }
+    }
+  }
+}
+
+const MAX_WITNESSES = constant('MAX_WITNESSES')
+const MAX_ACCUSATIONS = constant('MAX_ACCUSATIONS')
+
+/** The reference state's lists that are past the account's capacity (empty when none is). */
+function overCapacity(s: CoordinatorState): string[] {
+  const over: string[] = []
+  if (s.pending.length + s.epoch.clients.length > MAX_CLIENTS) over.push(`clients and joiners ${s.pending.length + s.epoch.clients.length} > MAX_CLIENTS ${MAX_CLIENTS}`)
+  if (s.epoch.exited.length > MAX_CLIENTS) over.push(`exited ${s.epoch.exited.length} > MAX_CLIENTS`)
+  for (const r of [s.epoch.round, s.epoch.previous_round]) {
+    if (!r) continue
+    if (r.witnesses.length > MAX_WITNESSES) over.push(`witness proofs ${r.witnesses.length} > MAX_WITNESSES ${MAX_WITNESSES}`)
+    if (r.accusations.length > MAX_ACCUSATIONS) over.push(`accusations ${r.accusations.length} > MAX_ACCUSATIONS ${MAX_ACCUSATIONS}`)
+  }
+  return over
+}
+
+export interface SequenceResult {
+  seed: number
+  events: number
+  /** Events the program accepted (as the reference did). */
+  accepted: number
+  /** Events both rejected with the same code, by code (malformed instructions under 'malformed'). */
+  rejected: Record<string, number>
+  /** Phases the run passed through. */
+  phases: Set<string>
+  /** Set when the sequence ended on a capacity bound (the tolerated difference). */
+  capacity?: string
+}
+
+class Divergence extends Error {}
+
+const PROGRAM = readFileSync(COORDINATOR_PROGRAM_PATH)
+
+/**
+ * Runs the sequence of `seed`: a fresh chain and run, `length` events. Throws a Divergence naming the seed, the event
+ * and the difference (with the sequence so far) when the program and the reference differ.
+ */
+export async function runSequence(seed: number, options: {length?: number; maxClients?: number} = {}): Promise<SequenceResult> {
+  const rng = new Rng(seed)
+  const {signers, ids, labels} = await pool()
+  const poolSize = Math.min(
+    ids.length,
+    rng.weighted({few: 10, some: 4, many: 1}) === 'few' ? rng.int(1, 6) : rng.chance(0.8) ? rng.int(7, 16) : (options.maxClients ?? MAX_CLIENTS) + rng.int(0, 4),
+  )
+  const chosen = ids.slice(0, poolSize)
+  const runId = `fuzz-${seed.toString(36)}`.slice(0, 32)
+  const createdAt = 1_700_000_000 + rng.int(0, 1_000_000)
+  const programId = (await keypair('program')).address
+  const chain = new LocalChain(programId, PROGRAM)
+  const payer = await keypair('payer')
+  const authority = await keypair('authority')
+  chain.airdrop(payer.address)
+  chain.airdrop(authority.address)
+  chain.setClock(createdAt, 999)
+  const coordinator = await coordinatorAddress(programId, runId)
+  const init = await chain.send(
+    payer,
+    initCoordinatorInstructions({
+      programId,
+      coordinator,
+      payer,
+      runId,
+      mainAuthority: authority.address,
+      joinAuthority: null,
+      authorizer: programId,
+      lamports: chain.rentExemption(STATE_SIZE),
+    }),
+  )
+  if (!init.ok) throw new Error(`seed ${seed}: init_coordinator failed: ${init.error}`)
+  const d: Deployed = {chain, programId: programId as Address, coordinator, payer, authority, authorizer: programId}
+  let config = randomConfig(rng, poolSize, false)
+  let model = randomModel(rng, config)
+  // The reference's run starts configured; the program gets the same configuration by its first update.
+  for (let i = 0; 'issues' in validateRunConfig(config, model); i++) {
+    if (i > 100) throw new Error(`seed ${seed}: no valid configuration drawn`)
+    config = randomConfig(rng, poolSize, false)
+    model = randomModel(rng, config)
+  }
+  const seq = new Sequence(rng, d, runId, chosen, new Map(chosen.map((id, i) => [id, labels[i]])), config, model, createdAt)
+  for (let i = 0; i < poolSize; i++) {
+    seq.signers.set(ids[i], signers[i])
+    chain.airdrop(signers[i].address)
+  }
+  const setup = await chain.send(authority, [updateInstruction(programId, coordinator, authority, config, model)])
+  if (!setup.ok) throw new Error(`seed ${seed}: the first update failed: ${setup.error}\n${setup.logs.join('\n')}`)
+
+  const length = options.length ?? rng.int(20, 120)
+  const result: SequenceResult = {seed, events: 0, accepted: 0, rejected: {}, phases: new Set([seq.state.run_state])}
+  const fail = (i: number, what: string, message: string, logs: string[] = []): never => {
+    throw new Divergence(
+      `differential fuzz: seed ${seed}, event ${i} (${what} at ${seq.now}, ${seq.state.run_state}): ${message}\n` +
+        `reproduce: PSYCHE_FUZZ_SEED=${seed} node --import tsx --test test/solana/differential.test.ts\n` +
+        `program logs:\n  ${logs.join('\n  ')}\nsequence so far:\n  ${seq.log.slice(-25).join('\n  ')}`,
+    )
+  }
+  for (let i = 0; i < length; i++) {
+    const step = seq.draw()
+    seq.slot += rng.int(1, 3)
+    chain.setClock(seq.now, seq.slot)
+    let expected: {error?: RejectionCode | string; message?: string; state: CoordinatorState; anyError?: boolean}
+    let sent: {signer: KeyPairSigner; ix: Instruction | Instruction[]}
+    let what: string
+    if ('type' in step && step.type === 'malformed') {
+      what = `malformed: ${step.what}`
+      expected = {state: seq.state, error: step.code, anyError: step.code === undefined}
+      sent = {signer: step.signer, ix: step.ix}
+    } else {
+      let event = (step as {event: CoordinatorEvent}).event
+      if (event.type === 'tick' || event.type === 'witness') event = {...event, entropy: clockEntropy(seq.slot, seq.now)}
+      what = describe(event)
+      const r = applyEvent(seq.state, event, seq.now * 1000)
+      expected = {state: r.state, error: r.error?.code, message: r.error?.message}
+      try {
+        sent = toInstruction(d, seq.signers, event)
+      } catch (error) {
+        // what the client's builders refuse to encode (a repo id past REPO_MAX, ...) never reaches the program
+        if (!(error instanceof RangeError)) throw error
+        if (!expected.error) fail(i, what, `the reference accepts what the instruction builders refuse: ${(error as Error).message}`)
+        seq.log.push(`${i} ${what} → not encodable (${(error as Error).message}); reference: ${expected.error}`)
+        continue
+      }
+    }
+    const r = await chain.send(sent.signer, Array.isArray(sent.ix) ? sent.ix : [sent.ix])
+    result.events++
+    seq.log.push(`${i} t=${seq.now} ${what} → reference ${expected.anyError ? 'refuses' : (expected.error ?? 'ok')}, program ${r.ok ? 'ok' : r.error}`)
+    if (r.ok) {
+      if (expected.error || expected.anyError)
+        fail(i, what, `the reference rejects with ${expected.error ?? 'some error'} (${expected.message ?? ''}); the program accepted`, r.logs)
+      result.accepted++
+    } else if (!expected.error && !expected.anyError) {
+      const over = overCapacity(expected.state)
+      if (r.error === 'CapacityExceeded' && over.length > 0) {
+        result.capacity = over.join(', ')
+        break
+      }
+      fail(i, what, `the reference accepts; the program: ${r.error}`, r.logs)
+    } else if (expected.error && r.error !== expected.error) {
+      fail(i, what, `the reference rejects with ${expected.error} (${expected.message}); the program with ${r.error}`, r.logs)
+    } else {
+      const key = expected.anyError ? 'malformed' : expected.error!
+      result.rejected[key] = (result.rejected[key] ?? 0) + 1
+    }
+    seq.state = expected.state
+    result.phases.add(seq.state.run_state)
+    const data = chain.accountData(coordinator)
+    if (!data) fail(i, what, 'the coordinator account is gone')
+    let onChain: CoordinatorState
+    try {
+      onChain = decodeCoordinator(data!).state
+    } catch (error) {
+      fail(i, what, `the account does not decode: ${(error as Error).message}`)
+    }
+    try {
+      assert.deepStrictEqual(onChain!, seq.state)
+      assert.equal(canonical(onChain!), canonical(seq.state))
+    } catch (error) {
+      fail(i, what, `states differ: ${(error as Error).message}`, r.logs)
+    }
+  }
+  return result
+}
+
+/** The reference's serialization with keys in a canonical order (the order of an object's keys means nothing). */
+function canonical(state: CoordinatorState): string {
+  const sorted = (v: unknown): unknown =>
+    Array.isArray(v)
+      ? v.map(sorted)
+      : v !== null && typeof v === 'object'
+        ? Object.fromEntries(
+            Object.keys(v)
+              .sort()
+              .map((k) => [k, sorted((v as Record<string, unknown>)[k])]),
+          )
+        : v
+  return JSON.stringify(sorted(JSON.parse(serializeState(state))))
+}
+
+function describe(e: CoordinatorEvent): string {
+  const short = (id: string) => id.slice(0, 6)
+  switch (e.type) {
+    case 'join':
+    case 'withdraw':
+    case 'eject':
+      return `${e.type} ${short(e.id)}`
+    case 'witness':
+      return `witness ${short(e.from)} step ${e.step} (${Buffer.from(e.proof.participant_bloom, 'base64').length} bytes)`
+    case 'health_check':
+      return `health_check ${short(e.from)} [${e.accused.map(short).join(' ')}]`
+    case 'accuse':
+      return `accuse ${short(e.from)} → ${short(e.accused)} step ${e.step} ${e.reason}`
+    case 'equivocation':
+      return `equivocation ${short(e.from)} → ${short(e.proof.a.client_id)} steps ${e.proof.a.step}/${e.proof.b.step}`
+    case 'checkpoint':
+      return `checkpoint ${short(e.from)} ${JSON.stringify(e.repo)}`
+    case 'config_update':
+      return `config_update${e.config ? ' config' : ''}${e.model ? ' model' : ''}`
+    default:
+      return e.type
+  }
+}
+
+/** Asserts the sequences exercised what they are for: every phase, accepted events, and the reference's rejections. */
+export function summarize(results: SequenceResult[]): void {
+  const phases = new Set(results.flatMap((r) => [...r.phases]))
+  const rejected: Record<string, number> = {}
+  for (const r of results) for (const [k, n] of Object.entries(r.rejected)) rejected[k] = (rejected[k] ?? 0) + n
+  const events = results.reduce((n, r) => n + r.events, 0)
+  const accepted = results.reduce((n, r) => n + r.accepted, 0)
+  const capacity = results.filter((r) => r.capacity).length
+  console.log(`# ${results.length} sequences, ${events} events: ${accepted} accepted, rejected ${JSON.stringify(rejected)}, ${capacity} ended at a capacity bound`)
+  for (const phase of ['WaitingForMembers', 'Warmup', 'RoundTrain', 'RoundWitness', 'Cooldown', 'Paused', 'Finished']) assert.ok(phases.has(phase), `no sequence reached ${phase}`)
+  for (const code of ['Halted', 'InvalidRunState', 'AlreadyJoined', 'InvalidWitness', 'WrongStep', 'InvalidConfig', 'malformed'])
+    assert.ok((rejected[code] ?? 0) > 0, `no event was rejected with ${code}`)
+  assert.ok(accepted > events / 4, `only ${accepted} of ${events} events were accepted`)
+}
