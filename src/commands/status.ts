@@ -9,7 +9,8 @@ import {PsycheError} from '../core/errors.js'
 import {PsycheCommand} from '../core/cli/base-command.js'
 import {coordinatorSeconds, summarizeRun, timeLeftText, type RunSummary} from '../core/obs/summary.js'
 import {generateIdentity} from '../core/protocol/index.js'
-import type {ClientScore} from '../core/verify/scoreboard.js'
+import type {ClientScore} from '../core/protocol/messages.js'
+import type {RewardRow} from '../core/coordinator/rewards.js'
 
 export default class Status extends PsycheCommand {
   static summary = 'Print a one-shot summary of a run: its phase, round, epoch, progress, clients and witness quorum'
@@ -17,8 +18,10 @@ export default class Status extends PsycheCommand {
 state, prints it and exits. With --json, one object: {run_id, run_state, epoch, step, total_steps, progress,
 phase_elapsed_seconds, phase_time_left_seconds (a round's is its timeout), epoch_time_left_seconds, clients: [{id, state}], clients_by_state: {healthy, dropped,
 withdrawn, ejected, pending}, round: {step, height, batch_size, trainers, witnesses_expected, witness_proofs,
-witness_quorum} | null, pause_pending, peers, scores: [{client_id, average, last, last_step, verifiers, count}]}:
-scores are the moving averages of the verification scores verifiers reported for each client's results.
+witness_quorum} | null, pause_pending, peers, scores: [{client_id, average, last, last_step, verifiers, count}],
+rewards: [{client_id, score, weight, rounds, batches, pending, earned, slashed}]}: scores are the moving averages of the
+verification scores verifiers reported for each client's results; rewards are the points each client earned for its
+accepted results (psyche rewards shows them alone).
 
 With --rpc (and --program-id, --run-id) it reads a run on Solana instead: its coordinator account, its peer records and
 its metadata (adding coordinator, main_authority, join_authority, name and description; no scores: verifiers report
@@ -58,6 +61,7 @@ them to a server only).`
       ...summarizeRun(conn.state!, coordinatorSeconds(conn.serverTime ?? Date.now() / 1000)),
       peers: Object.values(conn.peers).filter((a) => a.length > 0).length,
       scores: conn.scores,
+      rewards: conn.rewards,
     }
     await conn.close()
     if (!this.jsonEnabled()) for (const line of formatSummary(summary)) this.log(line)
@@ -68,6 +72,7 @@ them to a server only).`
 export type StatusSummary = RunSummary & {
   peers: number
   scores?: ClientScore[]
+  rewards?: RewardRow[]
   /** A run on Solana: its coordinator account, authorities and metadata. */
   coordinator?: string
   main_authority?: string
@@ -118,9 +123,12 @@ export function formatSummary(s: StatusSummary): string[] {
     )
   if (s.pause_pending) lines.push('a pause is pending (at the end of the epoch)')
   const scores = new Map((s.scores ?? []).map((x) => [x.client_id, x]))
+  const rewards = new Map((s.rewards ?? []).map((x) => [x.client_id, x]))
   for (const client of s.clients) {
     const sc = scores.get(client.id)
-    lines.push(`  ${client.id.slice(0, 16)}…  ${client.state}${sc ? `  score ${sc.average.toFixed(3)} (${sc.count} reports, last step ${sc.last_step})` : ''}`)
+    const r = rewards.get(client.id)
+    const points = r ? `  points ${r.earned} earned${r.pending ? ` + ${r.pending} this epoch` : ''}${r.slashed ? `, ${r.slashed} slashed` : ''}` : ''
+    lines.push(`  ${client.id.slice(0, 16)}…  ${client.state}${sc ? `  score ${sc.average.toFixed(3)} (${sc.count} reports, last step ${sc.last_step})` : ''}${points}`)
   }
   return lines
 }

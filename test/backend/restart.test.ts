@@ -117,3 +117,66 @@ test('a client that connects again replaces its old connection without being wit
     dir.cleanup()
   }
 })
+
+test('points survive a restart: the rewards ledger is saved with the state and watchers see it', async () => {
+  const dir = tempDir()
+  const saveDir = join(dir.path, 'saved')
+  const statePath = writeRunConfig(dir.path, {epoch_time: 6})
+  const clock = new Clock()
+  const alice = generateIdentity()
+  let c: CoordinatorConnection | undefined
+  let watcher: CoordinatorConnection | undefined
+  let second: Awaited<ReturnType<typeof startTestServer>> | undefined
+  try {
+    const first = await startTestServer(statePath, {saveStateDir: saveDir, clock})
+    c = await CoordinatorConnection.connect({addr: first.addr, runId: RUN_ID, identity: alice, p2pAddrs: [], join: true})
+    clock.advance(2)
+    await nextState(c, (s) => s.run_state === 'Warmup')
+    c.sendWarmupReady()
+    const round1 = await nextState(c, (s) => s.run_state === 'RoundTrain')
+    const witnessSelf = (round: CoordinatorState['epoch']['round']) => {
+      const range = {start: round!.data_index, end: round!.data_index + round!.batch_size}
+      assert.ok(c!.sendWitness(round!.step, buildWitnessProof(round!, [{id: alice.id, range, commitment: Buffer.alloc(32, 7)}])))
+      return range.end - range.start
+    }
+    // Alice witnesses her own results (the only trainer): accepted, and the round closes at once. The epoch's time
+    // is up during round 2, which ends it.
+    let batches = witnessSelf(round1.epoch.round)
+    const round2 = await nextState(c, (s) => s.run_state === 'RoundTrain' && s.progress.step === 2)
+    clock.advance(7)
+    batches += witnessSelf(round2.epoch.round)
+    await nextState(c, (s) => s.run_state === 'Cooldown')
+    clock.advance(3)
+    await nextState(c, (s) => s.progress.epoch === 1)
+    const rows = first.server.rewardRows
+    assert.equal(rows.length, 1)
+    assert.equal(rows[0].client_id, alice.id)
+    assert.equal(rows[0].rounds, 2)
+    assert.equal(rows[0].batches, batches)
+    assert.equal(rows[0].earned, batches * 1000, 'no verifiers: 1,000 points per accepted batch')
+    const saved = JSON.parse(readFileSync(join(saveDir, SAVED_STATE_FILE), 'utf8'))
+    assert.equal(saved.rewards.clients[alice.id].earned, rows[0].earned)
+
+    const port = first.server.port
+    await first.server.stop()
+    second = await startTestServer(statePath, {saveStateDir: saveDir, clock, port})
+    await second.waitLog({event: 'resumed'})
+    assert.deepEqual(second.server.rewardRows, rows)
+    watcher = await CoordinatorConnection.connect({addr: second.addr, runId: RUN_ID, identity: generateIdentity(), p2pAddrs: [], join: false, reconnect: false})
+    assert.deepEqual(watcher.rewards, rows)
+
+    // A ledger that does not check out is refused, naming the file.
+    await second.server.stop()
+    second = undefined
+    const file = join(saveDir, SAVED_STATE_FILE)
+    const now = JSON.parse(readFileSync(file, 'utf8'))
+    now.rewards.clients[alice.id].earned = -5
+    writeFileSync(file, JSON.stringify(now))
+    await assert.rejects(startTestServer(statePath, {saveStateDir: saveDir, clock}), (e: Error) => e instanceof PsycheError && e.message.includes(file) && /earned/.test(e.message))
+  } finally {
+    await watcher?.close()
+    await c?.close()
+    await second?.server.stop()
+    dir.cleanup()
+  }
+})

@@ -74,4 +74,32 @@ describe('in-process simulation: hostile clients among honest ones', {timeout: 6
       )
     await sim.stop()
   })
+
+  it('rewards: attacks earn nothing; honest clients earn per accepted batch, in proportion to their accepted rounds', async () => {
+    const sim = new Simulation(simRun({total_steps: 5, init_min_clients: 5, min_clients: 2, epoch_time: 60, global_batch_size_start: 10, global_batch_size_end: 10}))
+    const honest = [await sim.addClient('a'), await sim.addClient('b'), await sim.addClient('c')]
+    const eq = await sim.addClient('equivocator', undefined, {producer: equivocator})
+    const rp = await sim.addClient('replayer', undefined, {producer: replayer()})
+    await sim.runUntil(() => sim.coordinator.state.run_state === 'Finished', {what: 'the run to finish'})
+    const rows = new Map(sim.coordinator.rewardRows.map((r) => [r.client_id, r]))
+    // The equivocator, proven in its first round, was ejected with no result accepted: it holds nothing.
+    const equivocatorRow = rows.get(eq.identity.id)
+    assert.equal(equivocatorRow?.earned ?? 0, 0, `the equivocator earned nothing: ${JSON.stringify(equivocatorRow)}`)
+    assert.equal(equivocatorRow?.rounds ?? 0, 0)
+    // The replayer's first round was honest work (there was nothing to replay yet); every replayed round earned nothing.
+    const replayerRow = rows.get(rp.identity.id)!
+    assert.equal(replayerRow.rounds, 1, `the replayer was paid for its one honest round only: ${JSON.stringify(replayerRow)}`)
+    assert.equal(replayerRow.earned, replayerRow.batches * 1000)
+    assert.ok(replayerRow.batches <= 5)
+    const rounds = sim.coordinator.state.progress.step - 1
+    for (const h of honest) {
+      const r = rows.get(h.identity.id)!
+      assert.equal(r.rounds, rounds, `${h.name} was accepted in every round`)
+      assert.equal(r.slashed, 0)
+      assert.equal(r.earned, r.batches * 1000, `${h.name}: no verifiers, so 1,000 points per accepted batch`)
+      // The round's 10 batches split among at most 5 trainers: 2 to 5 each, so points track accepted rounds.
+      assert.ok(r.batches >= 2 * rounds && r.batches <= 5 * rounds, `${h.name}: ${r.batches} batches in ${rounds} rounds`)
+    }
+    await sim.stop()
+  })
 })

@@ -18,6 +18,7 @@ import {
   type CoordinatorState,
   type WitnessProof,
 } from '../../src/core/coordinator/index.js'
+import {emptyLedger, observeTransition, rewardRows, type RewardRow, type RewardsLedger} from '../../src/core/coordinator/rewards.js'
 import type {DataProvider} from '../../src/core/data/provider.js'
 import type {ModelSnapshot, ResultAnnouncement} from '../../src/core/p2p/index.js'
 import {sha256Hex, signAnnouncement} from '../../src/core/primitives/announcement.js'
@@ -85,6 +86,8 @@ class InProcessCoordinator {
   readonly refusals: {from: ClientId; type: string; code: string; message: string; run_state: string; client_saw: string}[] = []
   /** Accepted client events, by type. */
   readonly accepted = new Map<string, number>()
+  /** The rewards ledger, following every state adopted, as the server keeps it (coordinator/rewards.ts). */
+  rewards: RewardsLedger = emptyLedger()
 
   constructor(
     readonly clock: ManualClock,
@@ -114,6 +117,11 @@ class InProcessCoordinator {
 
   tick(): void {
     this.commit(tick(this.state, this.now))
+  }
+
+  /** Each client's rewards, as `psyche rewards` shows them. */
+  get rewardRows(): RewardRow[] {
+    return rewardRows(this.rewards, this.state)
   }
 
   /** An authority event (pause, resume...): must be accepted. */
@@ -198,6 +206,7 @@ class InProcessCoordinator {
 
   private commit(next: CoordinatorState, peersChanged = false): void {
     if (next === this.state && !peersChanged) return
+    this.rewards = observeTransition(this.rewards, this.state, next)
     this.state = next
     for (const link of this.links.values()) if (link.up) link.backend.pushLater()
   }

@@ -2,6 +2,7 @@ import {sha256} from '../primitives/hash.js'
 import {MAX_RUN_ID_BYTES, type HubRepo} from '../config/types.js'
 import type {AccusationReason, ClientId, CoordinatorState, WitnessProof} from '../coordinator/types.js'
 import type {EquivocationProof} from '../coordinator/equivocation.js'
+import type {RewardRow} from '../coordinator/rewards.js'
 import {deserializeState} from '../coordinator/serialize.js'
 import {encodeFrame} from './frames.js'
 import {parseDeltaOps, type DeltaOp} from './state-delta.js'
@@ -27,7 +28,7 @@ export interface ClientScore {
 }
 
 /** Scores are kept for at most this many clients (the scoreboard's bound, and a message's). */
-export const MAX_SCORED_CLIENTS = 4096
+const MAX_SCORED_CLIENTS = 4096
 
 /**
  * Signed envelopes of the client ↔ coordinator-server protocol. One envelope is the body of one frame
@@ -171,6 +172,8 @@ export interface StateBody {
   server_time: number
   /** Sent to watchers (status, dashboards): the verification scores the server keeps (src/core/verify/scoreboard.ts). */
   scores?: ClientScore[]
+  /** Sent to watchers: each client's rewards (src/core/coordinator/rewards.ts rewardRows). */
+  rewards?: RewardRow[]
   /** The state's revision: a later state_delta with this base applies to it. */
   rev?: number
 }
@@ -433,6 +436,26 @@ function directoryAndScores(b: Obj, where: string): Omit<StateBody, 'state' | 'r
       }
     })
   }
+  if (b.rewards !== undefined) {
+    if (!Array.isArray(b.rewards) || b.rewards.length > MAX_SCORED_CLIENTS) throw new Invalid(`${where}.rewards must be a list of at most ${MAX_SCORED_CLIENTS} entries`)
+    out.rewards = b.rewards.map((e: unknown, i: number) => {
+      const at = `${where}.rewards[${i}]`
+      if (!isObj(e)) throw new Invalid(`${at} must be an object`)
+      exactKeys(e, ['client_id', 'score', 'weight', 'rounds', 'batches', 'pending', 'earned', 'slashed'], [], at)
+      const weight = unit(e.weight, `${at}.weight`)
+      if (weight < 0) throw new Invalid(`${at}.weight must be in [0, 1]`)
+      return {
+        client_id: id(e.client_id, `${at}.client_id`),
+        score: e.score === null ? null : unit(e.score, `${at}.score`),
+        weight,
+        rounds: count(e.rounds, `${at}.rounds`, 0),
+        batches: count(e.batches, `${at}.batches`, 0),
+        pending: count(e.pending, `${at}.pending`, 0),
+        earned: count(e.earned, `${at}.earned`, 0),
+        slashed: count(e.slashed, `${at}.slashed`, 0),
+      }
+    })
+  }
   return out
 }
 
@@ -452,7 +475,7 @@ const serverBodyCheckers: {[K in ServerKind]: (b: Obj) => ServerBodies[K]} = {
     return out
   },
   state(b) {
-    exactKeys(b, ['state', 'peers', 'server_time'], ['scores', 'peers_reset', 'peers_removed', 'rev'], 'state')
+    exactKeys(b, ['state', 'peers', 'server_time'], ['scores', 'rewards', 'peers_reset', 'peers_removed', 'rev'], 'state')
     const text = str(b.state, 'state.state', Number.MAX_SAFE_INTEGER)
     let state: CoordinatorState
     try {
@@ -465,7 +488,7 @@ const serverBodyCheckers: {[K in ServerKind]: (b: Obj) => ServerBodies[K]} = {
     return out
   },
   state_delta(b) {
-    exactKeys(b, ['base', 'rev', 'ops', 'hash', 'peers', 'server_time'], ['scores', 'peers_reset', 'peers_removed'], 'state_delta')
+    exactKeys(b, ['base', 'rev', 'ops', 'hash', 'peers', 'server_time'], ['scores', 'rewards', 'peers_reset', 'peers_removed'], 'state_delta')
     let ops: DeltaOp[]
     try {
       ops = parseDeltaOps(b.ops)

@@ -3,7 +3,8 @@ import {connect as tcpConnect, type Socket} from 'node:net'
 import type {HubRepo} from '../../config/types.js'
 import type {AccusationReason, ClientId, CoordinatorState, WitnessProof} from '../../coordinator/types.js'
 import type {EquivocationProof} from '../../coordinator/equivocation.js'
-import type {ClientScore} from '../../verify/scoreboard.js'
+import type {ClientScore} from '../../protocol/messages.js'
+import type {RewardRow} from '../../coordinator/rewards.js'
 import {parseHostPort} from '../../protocol/address.js'
 import {PsycheError} from '../../errors.js'
 import {DEFAULT_MAX_FRAME_BYTES, FrameReader} from '../../protocol/frames.js'
@@ -103,6 +104,8 @@ export class CoordinatorConnection extends EventEmitter implements CoordinatorBa
   serverTime: number | undefined
   /** As a watcher (join: false): the verification scores the server keeps, from its latest state push. */
   scores: ClientScore[] = []
+  /** As a watcher: each client's rewards (score, accepted rounds, pending, earned and slashed points), likewise. */
+  rewards: RewardRow[] = []
 
   /** The run followed: the one asked for, or the server's (runId ''), once its challenge arrived. */
   runId: string
@@ -255,6 +258,7 @@ export class CoordinatorConnection extends EventEmitter implements CoordinatorBa
     this.peers = peers
     this.serverTime = body.server_time
     if (body.scores) this.scores = body.scores
+    if (body.rewards) this.rewards = body.rewards
     const first = !link.gotState
     link.gotState = true
     this.emit('state', this.state, this.peers)

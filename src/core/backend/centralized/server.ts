@@ -12,7 +12,7 @@ import {diffState} from '../../protocol/state-delta.js'
 import {writeFileAtomicSync} from '../../protocol/atomic-file.js'
 import {DEFAULT_MAX_FRAME_BYTES, FrameReader} from '../../protocol/frames.js'
 import {generateIdentity, loadIdentity, saveIdentity, type Identity} from '../../protocol/identity.js'
-import {ScoreBoard} from '../../verify/scoreboard.js'
+import {checkLedger, emptyLedger, observeTransition, recordScores, rewardRows, scoreRows, type RewardsLedger} from '../../coordinator/rewards.js'
 import {PeerBook} from './directory.js'
 import {DEFAULT_LIMITS, effectiveMaxConnections, LIMIT_FLAGS, RateLimiter, type RetryableRefusal, type ServerLimits} from './limits.js'
 import {decodeClientMessage, encodeServerMessage, type ClientEnvelope, type ServerBodies, type ServerKind} from '../../protocol/messages.js'
@@ -95,6 +95,8 @@ interface SavedState {
   version: 1
   state: string
   peers: PeerDirectory
+  /** The rewards ledger (absent in files saved before there was one: an empty ledger). */
+  rewards?: RewardsLedger
 }
 
 /**
@@ -115,9 +117,14 @@ export class CoordinatorServer {
   private timer?: NodeJS.Timeout
   private stopping = false
   private statePath?: string
-  /** Verification scores reported by verifiers (display only: never an input of the coordinator). */
-  private readonly scoreBoard = new ScoreBoard()
-  private scoresJson = '[]'
+  /**
+   * The rewards ledger (coordinator/rewards.ts): verifiers' scores as moving averages, and the points each client earned
+   * for its accepted results. Follows every state the server adopts; saved with the state. Never an input of the
+   * coordinator machine.
+   */
+  private rewards: RewardsLedger
+  /** The scores and reward rows as watchers get them (serialized when a watcher needs them after a change). */
+  private watcherJsonCache: string | undefined
   /**
    * State revisions (each state the server adopts and pushes gets the next number) and the delta from the previous
    * one, computed once for every connection that holds that one (protocol/state-delta.ts).
@@ -131,6 +138,7 @@ export class CoordinatorServer {
     readonly identity: Identity,
     private current: CoordinatorState,
     private readonly book: PeerBook,
+    rewards: RewardsLedger,
     private readonly opts: Required<Pick<CoordinatorServerOptions, 'withdrawOnDisconnect' | 'maxFrameBytes' | 'helloTimeoutMs'>> & {
       log: EventLog
       now: () => number
@@ -140,6 +148,7 @@ export class CoordinatorServer {
     },
   ) {
     if (opts.saveStateDir) this.statePath = join(opts.saveStateDir, SAVED_STATE_FILE)
+    this.rewards = rewards
     this.joins = new RateLimiter(opts.limits.joinsPerSecond, () => Date.now(), opts.limits.joinBurst)
     const listed = directoryMembers(current)
     this.book.retain((id) => listed.has(id))
@@ -160,12 +169,13 @@ export class CoordinatorServer {
     let identity = options.identity
     let state: CoordinatorState | undefined
     let peers: PeerDirectory = {}
+    let rewards = emptyLedger()
     let resumedFrom: string | undefined
     if (options.saveStateDir) {
       identity = await serverIdentity(options.saveStateDir, identity)
       const statePath = join(options.saveStateDir, SAVED_STATE_FILE)
       if (existsSync(statePath)) {
-        ;({state, peers} = readSavedState(statePath, runId))
+        ;({state, peers, rewards} = readSavedState(statePath, runId))
         resumedFrom = statePath
       }
     }
@@ -188,7 +198,7 @@ export class CoordinatorServer {
     const net = createServer({noDelay: true})
     // The kernel-side backstop: past this Node closes new sockets at once (we refuse with a reason below it).
     net.maxConnections = limits.maxConnections + 64
-    const server = new CoordinatorServer(net, identity, state, new PeerBook(peers), {
+    const server = new CoordinatorServer(net, identity, state, new PeerBook(peers), rewards, {
       withdrawOnDisconnect: options.withdrawOnDisconnect ?? true,
       maxFrameBytes: options.maxFrameBytes ?? DEFAULT_MAX_FRAME_BYTES,
       helloTimeoutMs: options.helloTimeoutMs ?? 10_000,
@@ -304,6 +314,8 @@ export class CoordinatorServer {
     if (next === previous && !peersChanged) return
     this.current = next
     this.work.commits++
+    this.rewards = observeTransition(this.rewards, previous, next)
+    this.watcherJsonCache = undefined
     // The directory holds the run's members only: a client that left, was ejected or dropped leaves it.
     if (next !== previous) {
       const listed = directoryMembers(next)
@@ -326,7 +338,7 @@ export class CoordinatorServer {
 
   private save(): void {
     if (!this.statePath) return
-    const saved: SavedState = {type: 'psyche-coordinator-state', version: 1, state: serializeState(this.current), peers: this.book.snapshot()}
+    const saved: SavedState = {type: 'psyche-coordinator-state', version: 1, state: serializeState(this.current), peers: this.book.snapshot(), rewards: this.rewards}
     try {
       writeFileAtomicSync(this.statePath, JSON.stringify(saved))
     } catch (error) {
@@ -363,15 +375,15 @@ export class CoordinatorServer {
     }
     for (const s of only ? [only] : this.sessions) {
       if (!s.clientId || s.replaced) continue
-      const key = s.watcher ? `${rev.rev}\0${this.scoresJson}` : `${rev.rev}`
+      const key = s.watcher ? `${rev.rev}\0${this.watcherJson}` : `${rev.rev}`
       if (s.lastState === key && s.peersVersion === version) continue
       const asDelta = s.deltas && s.stateRev !== undefined && (s.stateRev === rev.rev || s.stateRev === rev.rev - 1) ? deltaHead(s.stateRev) : undefined
       const body = `${asDelta ?? head}${peersFor(s.peersVersion)}`
       s.lastState = key
       s.peersVersion = version
       s.stateRev = rev.rev
-      // Watchers (status, dashboards) also get the verification scores; training clients do not need them.
-      const json = s.watcher ? `${body},"scores":${this.scoresJson}}` : `${body}}`
+      // Watchers (status, dashboards) also get the verification scores and rewards; training clients do not need them.
+      const json = s.watcher ? `${body}${this.watcherJson}}` : `${body}}`
       if (asDelta) this.send(s, 'state_delta', {json})
       else this.send(s, 'state', {json})
     }
@@ -609,17 +621,28 @@ export class CoordinatorServer {
     const known = new Set([...st.epoch.clients.map((c) => c.id), ...st.epoch.exited.map((c) => c.id)])
     const unknown = scores.find((e) => !known.has(e.client_id))
     if (unknown) return this.reject(s, 'InvalidScores', `client ${unknown.client_id} is not in this epoch`, 'scores', {strike: false})
-    if (!this.scoreBoard.report(from, step, scores)) return this.reject(s, 'DuplicateScores', `client ${from} already reported scores for step ${step}`, 'scores', {strike: false})
-    const inRun = new Set([...known, ...st.pending])
-    this.scoreBoard.forget((id) => inRun.has(id))
-    this.scoresJson = JSON.stringify(this.scoreBoard.all())
+    const rewards = recordScores(this.rewards, from, step, scores)
+    if (!rewards) return this.reject(s, 'DuplicateScores', `client ${from} already reported scores for step ${step}`, 'scores', {strike: false})
+    this.rewards = rewards
+    this.watcherJsonCache = undefined
     this.opts.log({event: 'scores', client: from, step, scores})
+    this.save()
     this.pushState()
+  }
+
+  private get watcherJson(): string {
+    this.watcherJsonCache ??= `,"scores":${JSON.stringify(scoreRows(this.rewards))},"rewards":${JSON.stringify(rewardRows(this.rewards, this.current))}`
+    return this.watcherJsonCache
   }
 
   /** The verification scores the server keeps (moving averages of what verifiers reported), by client id. */
   get scores() {
-    return this.scoreBoard.all()
+    return scoreRows(this.rewards)
+  }
+
+  /** Each client's rewards: score, accepted rounds and batches, pending, earned and slashed points (coordinator/rewards.ts). */
+  get rewardRows() {
+    return rewardRows(this.rewards, this.current)
   }
 
   private applyFrom(s: Session, kind: string, event: CoordinatorEvent): void {
@@ -743,7 +766,7 @@ export async function serverIdentity(saveStateDir: string | undefined, identity?
   return created
 }
 
-function readSavedState(path: string, runId: string): {state: CoordinatorState; peers: PeerDirectory} {
+function readSavedState(path: string, runId: string): {state: CoordinatorState; peers: PeerDirectory; rewards: RewardsLedger} {
   const bad = (what: string) => new PsycheError(`saved state ${path}: ${what} (move the file away to start the run afresh)`, {code: 'ESAVEDSTATE'})
   let saved: SavedState
   try {
@@ -763,7 +786,13 @@ function readSavedState(path: string, runId: string): {state: CoordinatorState; 
   if (saved.peers && typeof saved.peers === 'object') {
     for (const [k, v] of Object.entries(saved.peers)) if (Array.isArray(v) && v.every((a) => typeof a === 'string')) peers[k] = v
   }
-  return {state, peers}
+  let rewards = emptyLedger()
+  try {
+    if (saved.rewards !== undefined) rewards = checkLedger(saved.rewards)
+  } catch (error) {
+    throw bad((error as Error).message)
+  }
+  return {state, peers, rewards}
 }
 
 /** Members of the run: clients waiting to join the next epoch, and the epoch's healthy clients. */
