@@ -55,6 +55,7 @@ export const tiers = {
     'test/obs/dashboard-command.test.ts',
     'test/obs/event-text.test.ts',
     'test/obs/metrics.test.ts',
+    'test/obs/rewards.test.ts',
     'test/obs/status.test.ts',
     'test/obs/terminal-view.test.ts',
     'test/obs/waiting.test.ts',

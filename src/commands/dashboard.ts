@@ -54,6 +54,7 @@ run's history. Runs until SIGINT/SIGTERM; --json prints {"event":"dashboard_list
               .filter(([, a]) => a.length > 0)
               .map(([id]) => id),
             history.clientRows(),
+            conn.rewards,
           ),
       },
       {port: flags['dashboard-port'], host: flags.host},

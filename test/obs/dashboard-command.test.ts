@@ -2,6 +2,7 @@ import assert from 'node:assert/strict'
 import {after, describe, it} from 'node:test'
 import {CoordinatorConnection} from '../../src/core/backend/index.js'
 import {generateIdentity} from '../../src/core/protocol/index.js'
+import {buildWitnessProof} from '../../src/core/coordinator/index.js'
 import {RUN_ID, startTestServer, waitUntil, writeRunConfig, type TestServer} from '../backend/helpers.js'
 import {JsonProcess} from '../e2e/helpers.js'
 import {tempDir} from '../helpers.js'
@@ -68,6 +69,17 @@ describe('psyche dashboard --server-addr', () => {
       status.clients.map((c) => [c.id, c.state, c.loss, c.connected]),
       [[identity.id, 'Healthy', 6.5, true]],
     )
+    // Once the round's result is witnessed, its points show as pending for the epoch (no verifiers: weight 1).
+    const round = t.server.state.epoch.round!
+    const range = {start: round.data_index, end: round.data_index + round.batch_size}
+    assert.ok(conn.sendWitness(step, buildWitnessProof(round, [{id: identity.id, range, commitment: Buffer.alloc(32, 1)}])))
+    await waitUntil(() => t!.server.state.progress.step === step + 1, 'the next round')
+    type Row = {id: string; score: number | null; earned: number; pending_points: number; slashed: number}
+    let row: Row | undefined
+    for (const deadline = Date.now() + 10_000; !row?.pending_points && Date.now() < deadline; await new Promise((r) => setTimeout(r, 100))) {
+      row = ((await api('/api/status')) as {clients: Row[]}).clients.find((c) => c.id === identity.id)
+    }
+    assert.deepEqual(row, {...row, score: null, earned: 0, pending_points: (range.end - range.start) * 1000, slashed: 0})
     // The dashboard watched: it is not a client of the run.
     assert.deepEqual(
       t.server.state.epoch.clients.map((c) => c.id),

@@ -42,7 +42,7 @@ export const DASHBOARD_HTML = `<!doctype html>
   <section><h2>Participation</h2><div id="plot-participation" class="plot"></div></section>
   <section><h2>P2P bytes per round (MB, all clients)</h2><div id="plot-bytes" class="plot"></div></section>
   <section id="clients-section"><h2>Clients</h2>
-    <table><thead><tr><th>client</th><th>state</th><th>connected</th><th>last step</th><th>loss</th><th>tokens/s</th><th>MB in</th><th>MB out</th><th>peers</th></tr></thead>
+    <table><thead><tr><th>client</th><th>state</th><th>connected</th><th>last step</th><th>loss</th><th>tokens/s</th><th>MB in</th><th>MB out</th><th>peers</th><th>score</th><th>points</th></tr></thead>
     <tbody id="clients"></tbody></table>
   </section>
 </main>
@@ -116,7 +116,7 @@ async function pollStatus() {
   const body = $('clients')
   body.replaceChildren(...clients.map((cl) => {
     const tr = document.createElement('tr')
-    const cells = [cl.id.slice(0, 16) + '…', cl.state, cl.connected ? 'yes' : 'no', fmt(cl.step), fmt(cl.loss), fmt(cl.tokens_per_second, 0), cl.bytes_in === null ? '–' : (cl.bytes_in / 1e6).toFixed(2), cl.bytes_out === null ? '–' : (cl.bytes_out / 1e6).toFixed(2), fmt(cl.peers)]
+    const cells = [cl.id.slice(0, 16) + '…', cl.state, cl.connected ? 'yes' : 'no', fmt(cl.step), fmt(cl.loss), fmt(cl.tokens_per_second, 0), cl.bytes_in === null ? '–' : (cl.bytes_in / 1e6).toFixed(2), cl.bytes_out === null ? '–' : (cl.bytes_out / 1e6).toFixed(2), fmt(cl.peers), fmt(cl.score), cl.earned + (cl.pending_points ? ' + ' + cl.pending_points : '') + (cl.slashed ? ' (' + cl.slashed + ' slashed)' : '')]
     cells.forEach((t, i) => { const td = document.createElement('td'); td.textContent = t; if (i === 1) td.className = cl.state; tr.append(td) })
     tr.title = cl.id
     return tr

@@ -3,6 +3,7 @@ import {createServer} from 'node:http'
 import {createRequire} from 'node:module'
 import {dirname, join} from 'node:path'
 import {PsycheError} from '../errors.js'
+import type {RewardRow} from '../coordinator/rewards.js'
 import type {ClientRow, HistoryPoint} from './history.js'
 import type {RunSummary} from './summary.js'
 import {DASHBOARD_HTML, DASHBOARD_JS} from './dashboard-page.js'
@@ -18,6 +19,11 @@ interface DashboardClient {
   bytes_in: number | null
   bytes_out: number | null
   peers: number | null
+  /** Its verification score (moving average; null: not scored), and its points: earned, pending this epoch, slashed. */
+  score: number | null
+  earned: number
+  pending_points: number
+  slashed: number
 }
 
 /** What the dashboard shows; read on every request. */
@@ -27,15 +33,17 @@ interface DashboardSource {
   clients(): DashboardClient[]
 }
 
-/** The table of clients: every client of the epoch and every pending one, joined with their latest reports. */
-export function clientTable(summary: RunSummary, pending: string[], connected: string[], rows: ClientRow[]): DashboardClient[] {
+/** The table of clients: every client of the epoch and every pending one, joined with their latest reports and rewards. */
+export function clientTable(summary: RunSummary, pending: string[], connected: string[], rows: ClientRow[], rewards: RewardRow[] = []): DashboardClient[] {
   const byId = new Map(rows.map((r) => [r.id, r]))
+  const points = new Map(rewards.map((r) => [r.client_id, r]))
   const online = new Set(connected)
   // A healthy client of this epoch is also pending for the next one: one row each, its epoch state first.
   const seen = new Set<string>()
   const list = [...summary.clients, ...pending.map((id) => ({id, state: 'Pending'}))].filter((c) => !seen.has(c.id) && seen.add(c.id))
   return list.map(({id, state}) => {
     const r = byId.get(id)
+    const p = points.get(id)
     return {
       id,
       state,
@@ -46,6 +54,10 @@ export function clientTable(summary: RunSummary, pending: string[], connected: s
       bytes_in: r?.bytes_in ?? null,
       bytes_out: r?.bytes_out ?? null,
       peers: r?.peers ?? null,
+      score: p?.score ?? null,
+      earned: p?.earned ?? 0,
+      pending_points: p?.pending ?? 0,
+      slashed: p?.slashed ?? 0,
     }
   })
 }
