@@ -74,11 +74,11 @@ export type PsycheEvent =
   | {event: 'banned'; epoch: number; detail: string}
   // core/p2p/node.ts
   | {event: 'blob_refused'; client_id: string; commitment: string; reason: string}
-  | {event: 'checkpoint'; step: number; epoch: number; repo_id: string; revision: string}
+  | {event: 'checkpoint'; step: number; epoch: number; repo_id: string; revision: string; param_hash?: string}
   | {event: 'checkpoint_download_failed'; step: number; repo_id: string; message: string}
   | {event: 'checkpoint_downloaded'; step: number; repo_id: string; revision: string; bytes: number; downloaded_bytes: number}
   | {event: 'checkpoint_late'; step: number; epoch: number; repo_id: string; revision: string; reason: string}
-  | {event: 'checkpoint_rejected'; step: number; message: string}
+  | {event: 'checkpoint_rejected'; step: number; message: string; repo_id?: string; revision?: string | null; expected?: string; actual?: string}
   | {event: 'checkpoint_save_failed'; step: number; message: string}
   | {event: 'checkpoint_saved'; step: number; epoch: number; dir: string; param_hash: string | null}
   | {event: 'checkpoint_step'; step: number; checkpoint_step: number}
@@ -202,6 +202,8 @@ export type PsycheEvent =
   | {event: 'limit_lowered'; limit: string; to: number; reason: string}
   | {event: 'withdrawn'; client?: string; reason: string}
   | {event: 'witness'; step: number; seen: number}
+  /** Cooldown: as a witness of the epoch's last round, we attested our parameters' hash after applying it. */
+  | {event: 'cooldown_witness'; step: number; param_hash: string}
   | {event: 'worker_crashed'; message: string; restarting?: boolean}
   | {event: 'worker_restarted'; restarts: number; worker_pid?: number}
 

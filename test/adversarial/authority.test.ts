@@ -1,13 +1,15 @@
 /**
  * Authority is explicit (issue 20): a checkpoint is taken only from the run's designated checkpointers
- * (config.checkpointers), validated as config, refused on a backend that cannot enforce it.
+ * (config.checkpointers), validated as config, refused on a backend that cannot enforce it; and it is recorded
+ * with the parameter hash that a quorum of the epoch's last round's witnesses attested in Cooldown, which its
+ * declared hash must match.
  */
 import assert from 'node:assert/strict'
 import {describe, test} from 'node:test'
 import {generateKeyPairSigner} from '@solana/kit'
 import {updateInstruction} from '../../src/core/backend/solana/instructions.js'
 import {validateRunConfig} from '../../src/core/config/index.js'
-import {applyEvent, tick} from '../../src/core/coordinator/index.js'
+import {agreedParamHash, applyEvent, deserializeState, selectWitnesses, serializeState, tick} from '../../src/core/coordinator/index.js'
 import type {CoordinatorState} from '../../src/core/coordinator/types.js'
 import {S, baseConfig, baseLLM, ok, rejected, toFirstRound, witnessAll} from '../coordinator/helpers.js'
 
@@ -15,14 +17,28 @@ const HONEST = 'a'.repeat(64)
 const ATTACKER = 'b'.repeat(64)
 const OTHER = 'c'.repeat(64)
 
-function toCooldown(checkpointers?: string[]): {state: CoordinatorState; now: number} {
-  let {state: s, now} = toFirstRound([HONEST, ATTACKER, OTHER], {epoch_time: 20, cooldown_time: 50, ...(checkpointers ? {checkpointers} : {})})
+const GOOD_HASH = 'a1'.repeat(32)
+const EVIL_HASH = 'e'.repeat(64)
+
+function toCooldown(checkpointers?: string[], witness_nodes = 2): {state: CoordinatorState; now: number} {
+  let {state: s, now} = toFirstRound([HONEST, ATTACKER, OTHER], {epoch_time: 20, cooldown_time: 50, witness_nodes, ...(checkpointers ? {checkpointers} : {})})
   for (let i = 0; i < 100 && s.run_state !== 'Cooldown'; i++) {
     if (s.run_state === 'RoundTrain') s = witnessAll(s, now)
     s = tick(s, (now += S))
   }
   assert.equal(s.run_state, 'Cooldown')
   return {state: s, now}
+}
+
+/** Every witness of the epoch's last round attests `hash` (Cooldown's witness). */
+function attestAll(s: CoordinatorState, now: number, hash: string): CoordinatorState {
+  const round = s.epoch.round!
+  for (const w of selectWitnesses(s, round)) s = ok(s, cooldownWitness(w, round.step, hash), now)
+  return s
+}
+
+function cooldownWitness(from: string, step: number, param_hash: string) {
+  return {type: 'witness' as const, from, step, proof: {participant_bloom: '', broadcast_bloom: ''}, param_hash}
 }
 
 describe('checkpoints only from the designated checkpointers', () => {
@@ -32,7 +48,8 @@ describe('checkpoints only from the designated checkpointers', () => {
     const reason = rejected(s, {type: 'checkpoint', from: ATTACKER, repo: {repo_id: 'evil/model', revision: 'main'}}, now, 'NotCheckpointer')
     assert.match(reason, /config\.checkpointers/)
     assert.equal(JSON.stringify({checkpoint: s.model.LLM.checkpoint, fallback: s.checkpoint_fallback, checkpointed: s.epoch.checkpointed}), before)
-    const after = ok(s, {type: 'checkpoint', from: HONEST, repo: {repo_id: 'org/ckpt', revision: 'abc'}}, now)
+    const attested = attestAll(s, now, GOOD_HASH)
+    const after = ok(attested, {type: 'checkpoint', from: HONEST, repo: {repo_id: 'org/ckpt', revision: 'abc'}, param_hash: GOOD_HASH}, now)
     assert.deepEqual(after.checkpoint_fallback, {Hub: {repo_id: 'org/ckpt', revision: 'abc'}})
     assert.equal(after.epoch.checkpointed, true)
   })
@@ -40,6 +57,10 @@ describe('checkpoints only from the designated checkpointers', () => {
   test('without config.checkpointers any epoch member still may (Psyche’s rule; the Solana program’s too)', () => {
     const {state: s, now} = toCooldown()
     assert.equal(applyEvent(s, {type: 'checkpoint', from: ATTACKER, repo: {repo_id: 'org/ckpt'}}, now).error, undefined)
+    // ... but once the witnesses agreed on the parameters, only a checkpoint of those parameters
+    const attested = attestAll(s, now, GOOD_HASH)
+    rejected(attested, {type: 'checkpoint', from: ATTACKER, repo: {repo_id: 'evil/model'}, param_hash: EVIL_HASH}, now, 'CheckpointHashMismatch')
+    rejected(attested, {type: 'checkpoint', from: ATTACKER, repo: {repo_id: 'evil/model'}}, now, 'CheckpointHashMismatch')
   })
 
   test('config.checkpointers is validated: a list of distinct client ids', () => {
@@ -59,6 +80,47 @@ describe('checkpoints only from the designated checkpointers', () => {
       assert.match(r.issues[0].message, message)
       assert.equal(r.issues[0].path, 'config.checkpointers')
     }
+  })
+
+  test('the checkpoint is recorded with the parameter hash a quorum of the last round’s witnesses attested; another declared hash is refused', () => {
+    const {state: cooldown, now} = toCooldown([HONEST], 3)
+    const round = cooldown.epoch.round!
+    const [w1, w2, w3] = selectWitnesses(cooldown, round)
+    assert.ok(w3 !== undefined, 'three witnesses (quorum 2)')
+    const repo = {repo_id: 'org/ckpt', revision: 'c0ffee'}
+    // nothing to check against yet: refused, named
+    assert.match(rejected(cooldown, {type: 'checkpoint', from: HONEST, repo, param_hash: GOOD_HASH}, now, 'HashNotAgreed'), /witnesses/)
+    // Cooldown witnesses: only the last round's, for its step, a well-formed hash, once
+    rejected(cooldown, cooldownWitness(w1, round.step - 1, GOOD_HASH), now, 'WrongStep')
+    rejected(cooldown, cooldownWitness(w1, round.step, 'not-a-hash'), now, 'InvalidWitness')
+    rejected(cooldown, cooldownWitness(w1, round.step, GOOD_HASH.toUpperCase()), now, 'InvalidWitness')
+    rejected(cooldown, cooldownWitness('f'.repeat(64), round.step, GOOD_HASH), now, 'InvalidWitness')
+    let s = ok(cooldown, cooldownWitness(w1, round.step, GOOD_HASH), now)
+    rejected(s, cooldownWitness(w1, round.step, GOOD_HASH), now, 'DuplicateWitness')
+    // one hostile witness attests other parameters: no quorum for either yet
+    s = ok(s, cooldownWitness(w2, round.step, EVIL_HASH), now)
+    assert.equal(agreedParamHash(s), undefined)
+    rejected(s, {type: 'checkpoint', from: HONEST, repo, param_hash: GOOD_HASH}, now, 'HashNotAgreed')
+    s = ok(s, cooldownWitness(w3, round.step, GOOD_HASH), now)
+    assert.equal(agreedParamHash(s), GOOD_HASH)
+    // a designated checkpointer that uploaded other parameters and says so is refused, and changes nothing
+    const reason = rejected(s, {type: 'checkpoint', from: HONEST, repo: {repo_id: 'org/ckpt', revision: 'bad'}, param_hash: EVIL_HASH}, now, 'CheckpointHashMismatch')
+    assert.ok(reason.includes(EVIL_HASH) && reason.includes(GOOD_HASH), reason)
+    rejected(s, {type: 'checkpoint', from: HONEST, repo, param_hash: 'xyz'}, now, 'InvalidEvent')
+    assert.equal(s.checkpoint_hash, null)
+    const taken = ok(s, {type: 'checkpoint', from: HONEST, repo, param_hash: GOOD_HASH}, now)
+    assert.deepEqual(taken.checkpoint_hash, {repo, step: round.step, param_hash: GOOD_HASH})
+    assert.deepEqual(deserializeState(serializeState(taken)).checkpoint_hash, taken.checkpoint_hash)
+    // it outlives the epoch (the fallback a run restarts from is checked against it), and the votes do not
+    let next = taken
+    for (let i = 0; i < 10 && next.run_state === 'Cooldown'; i++) next = tick(next, now + (i + 1) * S)
+    assert.notEqual(next.run_state, 'Cooldown')
+    assert.deepEqual(next.checkpoint_hash, taken.checkpoint_hash)
+    assert.deepEqual(next.checkpoint_fallback, {Hub: repo})
+    // a state saved before this field resumes without a recorded hash
+    const old = JSON.parse(serializeState(next)) as Record<string, unknown>
+    delete old.checkpoint_hash
+    assert.equal(deserializeState(JSON.stringify(old)).checkpoint_hash, null)
   })
 
   test('a run on Solana with config.checkpointers is refused rather than run without the rule', async () => {

@@ -6,6 +6,7 @@ import {CHECKPOINT_META_FILE, readCheckpointMeta} from '../../src/core/checkpoin
 import {uploadCheckpoint} from '../../src/core/checkpoint/hub.js'
 import {HubServer} from '../../src/core/checkpoint/hub-server.js'
 import {isCheckpointP2P} from '../../src/core/coordinator/index.js'
+import {generateIdentity} from '../../src/core/protocol/identity.js'
 import {tempDir} from '../helpers.js'
 import {settle, simRun, Simulation, type SimClient} from '../sim/harness.js'
 
@@ -75,6 +76,13 @@ describe('Hub checkpoints with the in-process simulation', () => {
     assert.equal(got.source, 'hub_fallback', JSON.stringify(got))
     assert.equal(got.step, step)
     assert.equal(got.param_hash, hashAt(a, step), 'the Hub checkpoint is the peers’ model at that step')
+    // the coordinator recorded it with the hash the epoch's witnesses agreed on, which is what d checked it against
+    assert.deepEqual(sim.coordinator.state.checkpoint_hash, {repo: {repo_id: 'sim/run', revision}, step, param_hash: hashAt(a, step)})
+    assert.equal((reported() as {param_hash?: string}).param_hash, hashAt(a, step), 'the report declares the uploaded parameters’ hash')
+    assert.ok(
+      [a, b, c].some((x) => x.events.some((e) => e.event === 'cooldown_witness' && e.step === step && e.param_hash === hashAt(a, step))),
+      'the last round’s witnesses attested the parameters',
+    )
     assert.equal(d.events.find((e) => e.event === 'checkpoint_downloaded')?.revision, revision)
 
     // and it trains with them, identical
@@ -131,6 +139,68 @@ describe('Hub checkpoints with the in-process simulation', () => {
     await paced(sim, () => d.events.some((e) => e.event === 'checkpoint_rejected'), 'd to refuse the stale checkpoint', 5)
     const rejected = d.events.find((e) => e.event === 'checkpoint_rejected')!
     assert.match(String(rejected.message), /cannot stand in for our peers' model at step \d+: it is the model at step 1/)
+    assert.ok(!d.events.some((e) => e.event === 'model_loaded'), 'd loaded nothing')
+    await stopPaced(sim)
+  })
+
+  it('a designated checkpointer that uploads other weights than the epoch’s is caught by honest clients loading its checkpoint', async () => {
+    hub ??= await HubServer.start({root: join(tmp.path, 'hub')})
+    const hostile = generateIdentity()
+    const sim = new Simulation(simRun({total_steps: 40, epoch_time: 60, rounds_per_epoch: 3, cooldown_time: 60, witness_nodes: 0, checkpointers: [hostile.id]}))
+    const a = await sim.addClient('a', hostile, {hub: {url: hub.url, token: TOKEN, repo: 'sim/hostile', cacheDir: join(tmp.path, 'c3'), stagingDir: join(tmp.path, 's3')}})
+    const b = await sim.addClient('b')
+    const c = await sim.addClient('c')
+    // a trains honestly (its replicas agree), but what it uploads is other weights
+    const honestSave = a.worker.save.bind(a.worker)
+    a.worker.save = async (dir, options) => {
+      await honestSave(dir, options)
+      writeFileSync(join(dir, 'params.bin'), Buffer.alloc(32, 0xee))
+    }
+    const reported = () => a.events.find((e) => e.event === 'checkpoint')
+    await paced(sim, () => reported() !== undefined, 'the hostile checkpoint to be reported')
+    const {step, revision} = reported() as {step: number; revision: string}
+    // the coordinator took it (the declared hash is the agreed one: a lie about the upload), with the agreed hash
+    assert.deepEqual(sim.coordinator.state.checkpoint_hash, {repo: {repo_id: 'sim/hostile', revision}, step, param_hash: hashAt(b, step)})
+
+    for (const x of [a, b, c]) x.p2p.serveModel(async () => Promise.reject(new Error('not serving (test)')))
+    const d = await sim.addClient('d', undefined, {hub: {url: hub.url, cacheDir: join(tmp.path, 'cache-hostile')}})
+    await paced(sim, () => d.events.some((e) => e.event === 'checkpoint_rejected'), 'd to refuse the hostile checkpoint', 5)
+    const refused = d.events.find((e) => e.event === 'checkpoint_rejected') as Record<string, unknown>
+    assert.equal(refused.repo_id, 'sim/hostile')
+    assert.equal(refused.revision, revision)
+    assert.equal(refused.expected, hashAt(b, step))
+    assert.equal(refused.actual, 'ee'.repeat(32))
+    assert.match(String(refused.message), new RegExp(`sim/hostile@${revision}: its parameters hash to e{64}, but the coordinator recorded ${hashAt(b, step)}`))
+    assert.ok(!d.events.some((e) => e.event === 'model_loaded'), 'd loaded nothing')
+    await stopPaced(sim)
+  })
+
+  it('the recorded hash is checked even when the repository’s own psyche-checkpoint.json agrees with its weights', async () => {
+    hub ??= await HubServer.start({root: join(tmp.path, 'hub')})
+    const sim = new Simulation(simRun({total_steps: 40, epoch_time: 60, rounds_per_epoch: 3, cooldown_time: 1, witness_nodes: 0}))
+    const [a, b, c] = [await sim.addClient('a'), await sim.addClient('b'), await sim.addClient('c')]
+    await sim.untilApplied(4) // into epoch 1: the checkpoint is P2P now
+    // the epoch's Cooldown, once a has applied its last round: a client joining now loads the model at that step
+    const last = () => sim.coordinator.state.epoch.round!.step
+    await sim.runUntil(() => sim.coordinator.state.run_state === 'Cooldown' && hashAt(a, last()) !== undefined, {what: 'the Cooldown of epoch 1', stepMs: 20})
+    const step = last()
+    const agreed = hashAt(a, step)!
+    // the repository a hostile checkpointer controls: other weights, and a psyche-checkpoint.json that matches them
+    const dir = join(tmp.path, 'consistent')
+    mkdirSync(dir, {recursive: true})
+    writeFileSync(join(dir, 'params.bin'), Buffer.alloc(32, 0xee))
+    writeFileSync(join(dir, 'config.json'), '{"sim": true}')
+    writeFileSync(join(dir, CHECKPOINT_META_FILE), JSON.stringify({step, epoch: 0, param_hash: 'ee'.repeat(32)}))
+    const {commit} = await uploadCheckpoint({dir, repo: 'sim/consistent', hubUrl: hub.url, token: TOKEN})
+    // what the coordinator holds after that checkpointer reported the repository with the hash the witnesses agreed on
+    const repo = {repo_id: 'sim/consistent', revision: commit}
+    const llm = sim.coordinator.state.model.LLM
+    sim.coordinator.state = {...sim.coordinator.state, model: {LLM: {...llm, checkpoint: {P2P: repo}}}, checkpoint_hash: {repo, step, param_hash: agreed}}
+    for (const x of [a, b, c]) x.p2p.serveModel(async () => Promise.reject(new Error('not serving (test)')))
+    const d = await sim.addClient('d', undefined, {hub: {url: hub.url, cacheDir: join(tmp.path, 'cache-consistent')}})
+    await paced(sim, () => d.events.some((e) => e.event === 'checkpoint_rejected'), 'd to refuse the checkpoint', 5)
+    const refused = d.events.find((e) => e.event === 'checkpoint_rejected') as Record<string, unknown>
+    assert.deepEqual([refused.expected, refused.actual], [agreed, 'ee'.repeat(32)], String(refused.message))
     assert.ok(!d.events.some((e) => e.event === 'model_loaded'), 'd loaded nothing')
     await stopPaced(sim)
   })

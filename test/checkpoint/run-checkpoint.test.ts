@@ -1,5 +1,8 @@
 import assert from 'node:assert/strict'
+import {readFileSync} from 'node:fs'
 import {join} from 'node:path'
+import {SAVED_STATE_FILE} from '../../src/core/backend/centralized/server.js'
+import {deserializeState} from '../../src/core/coordinator/index.js'
 import {after, describe, it} from 'node:test'
 import {HubServer} from '../../src/core/checkpoint/hub-server.js'
 import {ensureDemoCorpus} from '../../src/core/corpus.js'
@@ -63,6 +66,11 @@ describe('Hub checkpoints in a run', {timeout: 600_000}, () => {
     const meta = (await (await fetch(`${hub.url}/e2e/run/resolve/${commit}/psyche-checkpoint.json`)).json()) as {step: number; param_hash: string}
     assert.equal(meta.step, step)
     assert.equal(meta.param_hash, hashAt(a), 'psyche-checkpoint.json records the parameter hash at the checkpoint step')
+    // the report declared that hash, and the coordinator recorded it with the checkpoint: the hash the last round's
+    // witnesses attested in Cooldown (the restarted clients below check what they load against it)
+    assert.equal(reported.param_hash, hashAt(a))
+    const saved = deserializeState((JSON.parse(readFileSync(join(saveStateDir, SAVED_STATE_FILE), 'utf8')) as {state: string}).state)
+    assert.deepEqual(saved.checkpoint_hash, {repo: {repo_id: 'e2e/run', revision: commit}, step, param_hash: hashAt(a)})
 
     // the whole run is killed (coordinator and clients) before the next epoch trains, and restarted from the
     // coordinator's saved state with new clients: nobody holds the model but the Hub

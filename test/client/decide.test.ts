@@ -218,6 +218,25 @@ describe('client decisions: rounds', () => {
     // round 1 never seen: cannot apply round 2 (it would fork); stays behind
     assert.equal(nextWork(state, view('bob', {modelStep: 0, trainedStep: 2, finalRounds: new Map([[2, rounds.get(2)!]])})), undefined)
   })
+
+  it("in Cooldown the last round's witnesses attest their parameter hash once they applied it, once; others do not", () => {
+    let {state, now} = toFirstRound(['alice', 'bob', 'carol', 'dave'], {witness_nodes: 2, rounds_per_epoch: 1} as never)
+    state = witness(state, now, ['alice', 'bob', 'carol', 'dave'])
+    while (state.run_state !== 'Cooldown') ({state, now} = advance(state, now))
+    const round = state.epoch.round!
+    const [w] = selectWitnesses(state, round)
+    const other = round.roster.find((id) => !selectWitnesses(state, round).includes(id))!
+    const hash = 'ab'.repeat(32)
+    // not applied yet: nothing to attest
+    assert.deepEqual(messagesToSend(state, view(w, {modelStep: round.step - 1, paramHash: 'cd'.repeat(32)})), [])
+    assert.deepEqual(messagesToSend(state, view(w, {modelStep: round.step, paramHash: hash})), [{kind: 'cooldown_witness', step: round.step, param_hash: hash}])
+    assert.deepEqual(messagesToSend(state, view(other, {modelStep: round.step, paramHash: hash})), [])
+    assert.deepEqual(messagesToSend(state, view(w, {modelStep: round.step, paramHash: hash, cooldownWitnessSent: round.step})), [])
+    // the coordinator takes it; once recorded it is not sent again (after a reconnect too)
+    const after = ok(state, {type: 'witness', from: w, step: round.step, proof: {participant_bloom: '', broadcast_bloom: ''}, param_hash: hash}, now)
+    assert.deepEqual(after.epoch.hash_witnesses, [{from: w, param_hash: hash}])
+    assert.deepEqual(messagesToSend(after, view(w, {modelStep: round.step, paramHash: hash})), [])
+  })
 })
 
 describe('client decisions: invalid results', () => {

@@ -59,11 +59,13 @@ test('every client message round-trips with its sender, run, step, seq and sessi
   const messages = [
     ['hello', {run_id: 'run-a', client_id: alice.id, p2p_addrs: ['/ip4/127.0.0.1/tcp/4001'], want_join: true}],
     ['witness', {proof: {participant_bloom: 'AAAA', broadcast_bloom: 'AAAA'}}],
+    ['witness', {proof: {participant_bloom: '', broadcast_bloom: ''}, param_hash: 'ab'.repeat(32)}],
     ['health_check', {accused: [bob]}],
     ['accuse', {accused: bob, reason: 'invalid_result'}],
     ['equivocation', {proof: {a: {step: 1}, b: {step: 1}}}],
     ['withdraw', {}],
     ['checkpoint', {repo: {repo_id: 'org/model', revision: 'abc'}}],
+    ['checkpoint', {repo: {repo_id: 'org/model', revision: 'abc'}, param_hash: 'cd'.repeat(32)}],
     [
       'report',
       {
@@ -182,6 +184,12 @@ test('tampering anywhere, unsigned bytes, the wrong direction, or bad fields are
     [{kind: 'equivocation', run_id: 'r', step: 0, seq: 1, session: SESSION, body: {proof: {a: {}}}}, 'invalid_message', /missing "b"/],
     [{kind: 'witness', run_id: 'r', step: 0, seq: 1, session: SESSION, body: {proof: {participant_bloom: 1, broadcast_bloom: ''}}}, 'invalid_message', /participant_bloom/],
     [{kind: 'checkpoint', run_id: 'r', step: 0, seq: 1, session: SESSION, body: {repo: {repo_id: ''}}}, 'invalid_message', /repo_id/],
+    [{kind: 'checkpoint', run_id: 'r', step: 0, seq: 1, session: SESSION, body: {repo: {repo_id: 'a/b'}, param_hash: 'AB'.repeat(32)}}, 'invalid_message', /checkpoint.param_hash/],
+    [
+      {kind: 'witness', run_id: 'r', step: 0, seq: 1, session: SESSION, body: {proof: {participant_bloom: '', broadcast_bloom: ''}, param_hash: 'ab'}},
+      'invalid_message',
+      /witness.param_hash/,
+    ],
     [{kind: 'report', run_id: 'r', step: 0, seq: 1, session: SESSION, body: {...REPORT, loss: -1}}, 'invalid_message', /report.loss/],
     [{kind: 'report', run_id: 'r', step: 0, seq: 1, session: SESSION, body: {...REPORT, loss: 'NaN'}}, 'invalid_message', /report.loss/],
     [{kind: 'report', run_id: 'r', step: 0, seq: 1, session: SESSION, body: {...REPORT, applied: 1.5}}, 'invalid_message', /report.applied/],

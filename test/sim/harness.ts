@@ -294,8 +294,12 @@ class InProcessBackend extends EventEmitter implements CoordinatorBackend {
     return this.send({type: 'withdraw', id: this.id}, 'withdraw')
   }
 
-  sendCheckpoint(repo: HubRepo): boolean {
-    return this.send({type: 'checkpoint', from: this.id, repo}, 'checkpoint')
+  sendCooldownWitness(step: number, paramHash: string): boolean {
+    return this.send({type: 'witness', from: this.id, step, proof: {participant_bloom: '', broadcast_bloom: ''}, param_hash: paramHash}, 'witness')
+  }
+
+  sendCheckpoint(repo: HubRepo, paramHash?: string): boolean {
+    return this.send({type: 'checkpoint', from: this.id, repo, ...(paramHash === undefined ? {} : {param_hash: paramHash})}, 'checkpoint')
   }
 
   async close(): Promise<void> {

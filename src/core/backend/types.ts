@@ -35,6 +35,12 @@ export interface CoordinatorBackend extends EventEmitter {
   sendWitness(step: number, proof: WitnessProof): boolean
   /** Warmup's witness: the model is loaded (the coordinator counts these to start training early). */
   sendWarmupReady(): boolean
+  /**
+   * Cooldown's witness: as a witness of the epoch's last round `step`, the hash of our parameters after applying it
+   * (a quorum of equal hashes is what the coordinator records with the epoch's checkpoint). Absent: the backend
+   * cannot carry it.
+   */
+  sendCooldownWitness?(step: number, paramHash: string): boolean
   sendHealthCheck(step: number, accused: ClientId[]): boolean
   /** As a witness of `step`: `accused`'s result for it failed validation. */
   sendAccusation(step: number, accused: ClientId, reason: AccusationReason): boolean
@@ -43,7 +49,8 @@ export interface CoordinatorBackend extends EventEmitter {
   /** Two signed announcements of one producer for one step (it equivocated). */
   sendEquivocation(proof: EquivocationProof): boolean
   sendWithdraw(): boolean
-  sendCheckpoint(repo: HubRepo): boolean
+  /** The model uploaded to `repo` at the epoch's end; `paramHash`: the hash of its parameters. */
+  sendCheckpoint(repo: HubRepo, paramHash?: string): boolean
   /** The coordinator's circuit relay, as this client can dial it (absent or empty: none). */
   readonly relayAddrs?: string[]
   /** Our libp2p addresses changed (a relay reservation, an observed address): publish them in the peer directory. */

@@ -2,18 +2,34 @@ import {tmpdir} from 'node:os'
 import {join, resolve} from 'node:path'
 import {Checkpointer, CHECKPOINT_META_FILE, type CheckpointMeta} from '../checkpoint/checkpointer.js'
 import {writeFileAtomic} from '../checkpoint/store.js'
-import {checkpointRefusal, type Round} from '../coordinator/index.js'
+import {agreedParamHash, checkpointRefusal, type Round} from '../coordinator/index.js'
 import {errorMessage, PsycheError} from '../errors.js'
 import type {ClientContext} from './context.js'
 
+/** An uploaded checkpoint not reported yet: it waits for the epoch's witnesses to agree on a parameter hash. */
+interface Uploaded {
+  step: number
+  epoch: number
+  repo_id: string
+  revision: string
+  param_hash: string | undefined
+  /** The upload finished in time, and the report waited for the witnesses' agreement. */
+  waited?: boolean
+}
+
 /**
  * Checkpointing (Psyche's `--hub-repo`): a checkpointer saves the model once per epoch, when the epoch's last round
- * is applied (Cooldown), uploads it to the Hub in the background, and reports it to the coordinator if the
- * coordinator still takes it (its own rule, coordinator/rules.ts checkpointRefusal).
+ * is applied (Cooldown), uploads it to the Hub in the background, and reports it to the coordinator, with the hash of
+ * the parameters it saved, if the coordinator still takes it (its own rule, coordinator/rules.ts checkpointRefusal).
+ * The coordinator records the checkpoint with the hash the last round's witnesses agreed on, so the report waits for
+ * that agreement to show in the state (on a backend that carries Cooldown witnesses).
  */
 export class Checkpointing {
   private readonly checkpointer: Checkpointer | undefined
   private checkpointedEpoch: number | null = null
+  /** The parameter hash of each step saved for upload. */
+  private readonly savedHashes = new Map<number, string>()
+  private waiting: Uploaded | undefined
 
   constructor(private readonly ctx: ClientContext) {
     const {opts} = ctx
@@ -32,28 +48,53 @@ export class Checkpointing {
       save: (dir, card) => ctx.worker.save!(dir, {card: {...card, run_id: opts.runId}}),
       log: opts.log,
       onUploaded: (c) => {
-        const state = ctx.state
-        // The coordinator takes a checkpoint only in the Cooldown of the epoch it ends, once. Finished after that
-        // Cooldown (or another checkpointer reported first): the commit is on the Hub branch but the coordinator
-        // will not take it; it is reported here, with what a user needs to find it.
-        const refusal = checkpointRefusal(state)
-        if (refusal || state.progress.epoch !== c.epoch) {
-          ctx.log({
-            event: 'checkpoint_late',
-            step: c.step,
-            epoch: c.epoch,
-            repo_id: c.repo_id,
-            revision: c.revision,
-            reason: state.epoch.checkpointed
-              ? 'another checkpointer reported this epoch first'
-              : `the upload finished in ${state.run_state} of epoch ${state.progress.epoch}, after the Cooldown the coordinator takes checkpoints in`,
-          })
-          return
-        }
-        if (ctx.conn.sendCheckpoint({repo_id: c.repo_id, revision: c.revision}))
-          ctx.log({event: 'checkpoint', step: c.step, epoch: c.epoch, repo_id: c.repo_id, revision: c.revision})
+        const param_hash = this.savedHashes.get(c.step)
+        this.savedHashes.delete(c.step)
+        this.waiting = {step: c.step, epoch: c.epoch, repo_id: c.repo_id, revision: c.revision, param_hash}
+        this.report()
       },
     })
+  }
+
+  /** A new coordinator state: an upload waiting for the witnesses' agreement may be reported now (or be late). */
+  onState(): void {
+    if (this.waiting) this.report()
+  }
+
+  private report(): void {
+    const ctx = this.ctx
+    const c = this.waiting
+    if (!c) return
+    const state = ctx.state
+    // The coordinator takes a checkpoint only in the Cooldown of the epoch it ends, once. Finished after that
+    // Cooldown (or another checkpointer reported first): the commit is on the Hub branch but the coordinator
+    // will not take it; it is reported here, with what a user needs to find it.
+    const refusal = checkpointRefusal(state)
+    if (refusal || state.progress.epoch !== c.epoch) {
+      this.waiting = undefined
+      ctx.log({
+        event: 'checkpoint_late',
+        step: c.step,
+        epoch: c.epoch,
+        repo_id: c.repo_id,
+        revision: c.revision,
+        reason:
+          state.progress.epoch === c.epoch && state.epoch.checkpointed
+            ? 'another checkpointer reported this epoch first'
+            : c.waited
+              ? `no quorum of the epoch's last round's witnesses attested a parameter hash before its Cooldown ended`
+              : `the upload finished in ${state.run_state} of epoch ${state.progress.epoch}, after the Cooldown the coordinator takes checkpoints in`,
+      })
+      return
+    }
+    // Wait for a quorum of the last round's witnesses to attest the parameters (the state shows it as it arrives).
+    if (c.param_hash !== undefined && ctx.conn.sendCooldownWitness !== undefined && agreedParamHash(state) === undefined) {
+      c.waited = true
+      return
+    }
+    this.waiting = undefined
+    if (ctx.conn.sendCheckpoint({repo_id: c.repo_id, revision: c.revision}, c.param_hash))
+      ctx.log({event: 'checkpoint', step: c.step, epoch: c.epoch, repo_id: c.repo_id, revision: c.revision, ...(c.param_hash ? {param_hash: c.param_hash} : {})})
   }
 
   /** After applying `round`: in the epoch's Cooldown, once per epoch, save the model (the upload runs in the background). */
@@ -63,6 +104,7 @@ export class Checkpointing {
     const epoch = ctx.state.progress.epoch
     if (this.checkpointedEpoch === epoch) return
     this.checkpointedEpoch = epoch
+    if (ctx.lastHash) this.savedHashes.set(round.step, ctx.lastHash)
     if (ctx.opts.checkpointDir) await this.saveToDir(ctx.opts.checkpointDir, round.step, epoch)
     await this.checkpointer
       ?.checkpoint(round.step, epoch, {run_id: ctx.opts.runId, param_hash: ctx.lastHash ?? undefined})

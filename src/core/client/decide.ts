@@ -73,6 +73,10 @@ export interface ClientView {
    * the runner adds a step when it first sees the step's RoundWitness and removes it after a grace period.
    */
   witnessGrace?: ReadonlySet<number>
+  /** The hash of the parameters at modelStep (null: none yet). */
+  paramHash?: string | null
+  /** The step whose Cooldown witness (our parameter hash after applying it) was sent. */
+  cooldownWitnessSent?: number | null
 }
 
 export type Work =
@@ -91,6 +95,8 @@ export type Message =
   | {kind: 'warmup_ready'; epoch: number}
   | {kind: 'witness'; step: number; seen: HeldResult[]}
   | {kind: 'health_check'; step: number; judged: number; accused: ClientId[]}
+  /** In Cooldown, as a witness of the epoch's last round `step`: our parameters' hash after applying it. */
+  | {kind: 'cooldown_witness'; step: number; param_hash: string}
   /** As a witness of `step`: `accused`'s result failed validation (`detail` says how). */
   | {kind: 'accuse'; step: number; accused: ClientId; detail: string}
 
@@ -214,6 +220,14 @@ export function messagesToSend(state: CoordinatorState, view: ClientView): Messa
     return out
   }
   const round = state.epoch.round
+  if (state.run_state === 'Cooldown') {
+    // The epoch's last round is applied: its witnesses attest the parameters it gave, which the coordinator records
+    // with the epoch's checkpoint (a quorum of equal hashes; rules.ts agreedParamHash).
+    const attested = round?.step === view.modelStep && view.cooldownWitnessSent !== round.step
+    if (attested && view.paramHash && isWitness(state, id, round) && !state.epoch.hash_witnesses.some((w) => w.from === id))
+      out.push({kind: 'cooldown_witness', step: round.step, param_hash: view.paramHash})
+    return out
+  }
   if (!round || !isRoundPhase(state.run_state) || !isWitness(state, id, round)) return out
 
   // The round's record is checked too: after a reconnect the runner forgets what it sent (a restarted server

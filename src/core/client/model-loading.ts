@@ -3,7 +3,7 @@ import {join, resolve} from 'node:path'
 import {CHECKPOINT_META_FILE, readCheckpointMeta, type CheckpointMeta} from '../checkpoint/checkpointer.js'
 import {downloadCheckpoint} from '../checkpoint/hub.js'
 import type {HubRepo} from '../config/types.js'
-import {isCheckpointP2P, type ClientId} from '../coordinator/index.js'
+import {isCheckpointP2P, type CheckpointHash, type ClientId} from '../coordinator/index.js'
 import {errorMessage} from '../errors.js'
 import type {ModelSnapshot} from '../p2p/index.js'
 import {loadModel} from '../train/load-model.js'
@@ -22,7 +22,9 @@ export class ModelLoading {
   async load(step: number, from: 'checkpoint' | ClientId[]): Promise<boolean> {
     const ctx = this.ctx
     if (from === 'checkpoint') {
-      const dir = await this.hubCheckpointDir(step)
+      const checkpoint = this.ctx.state.model.LLM.checkpoint
+      const repo = typeof checkpoint === 'object' && 'Hub' in checkpoint ? checkpoint.Hub : undefined
+      const dir = repo ? await this.downloadHubRepo(step, repo) : undefined
       if (dir === null) return false
       if (dir === undefined) {
         await this.initModel()
@@ -31,7 +33,7 @@ export class ModelLoading {
         this.setLoaded(step, exported.paramHash, 'checkpoint')
         return true
       }
-      const hash = await this.loadCheckpointDir(dir, step, false)
+      const hash = await this.loadCheckpointDir(dir, step, false, repo!)
       if (hash === undefined) return false
       this.setLoaded(step, hash, 'checkpoint')
       return true
@@ -60,16 +62,10 @@ export class ModelLoading {
   }
 
   /**
-   * The model directory of the coordinator's `Hub` checkpoint (downloaded into the Hub cache: resumable,
-   * hash-checked), or undefined when the checkpoint is not a Hub repository (the plan's model is used), or null
-   * when the download failed (retried on the next pass).
+   * The model directory of a Hub checkpoint (downloaded into the Hub cache: resumable, hash-checked), or undefined
+   * when the repository is a local directory (the plan's model is used), or null when the download failed (retried
+   * on the next pass).
    */
-  private async hubCheckpointDir(step: number): Promise<string | undefined | null> {
-    const checkpoint = this.ctx.state.model.LLM.checkpoint
-    if (typeof checkpoint !== 'object' || !('Hub' in checkpoint)) return undefined
-    return this.downloadHubRepo(step, checkpoint.Hub)
-  }
-
   private async downloadHubRepo(step: number, repo: HubRepo): Promise<string | undefined | null> {
     const {repo_id, revision} = repo
     const hub = this.ctx.opts.hub
@@ -85,12 +81,25 @@ export class ModelLoading {
   }
 
   /**
-   * Loads a Hub checkpoint's directory into the worker and checks it against its psyche-checkpoint.json: the
-   * parameters must hash to its param_hash, and with `exactStep` it must be the model at that step (a P2P epoch's
-   * fallback: anything else would fork us from our peers). Returns the parameter hash, or undefined (logged).
+   * The parameter hash the coordinator recorded with `repo` (the hash the epoch's witnesses agreed on when it took
+   * the checkpoint), or undefined when it recorded none for that repository and revision.
    */
-  private async loadCheckpointDir(dir: string, step: number, exactStep: boolean): Promise<string | undefined> {
+  private recordedHash(repo: HubRepo): CheckpointHash | undefined {
+    const r = this.ctx.state.checkpoint_hash
+    if (!r || r.repo.repo_id !== repo.repo_id || (r.repo.revision ?? null) !== (repo.revision ?? null)) return undefined
+    return r
+  }
+
+  /**
+   * Loads a Hub checkpoint's directory into the worker and checks it: its parameters must hash to the hash the
+   * coordinator recorded with the checkpoint (what the epoch's witnesses agreed on: the repository's owner cannot
+   * change it), and to its psyche-checkpoint.json's param_hash; with `exactStep` it must be the model at that step
+   * (a P2P epoch's fallback: anything else would fork us from our peers). Returns the parameter hash, or undefined
+   * (logged).
+   */
+  private async loadCheckpointDir(dir: string, step: number, exactStep: boolean, repo: HubRepo): Promise<string | undefined> {
     const ctx = this.ctx
+    const recorded = this.recordedHash(repo)
     let meta: CheckpointMeta | undefined
     try {
       meta = await readCheckpointMeta(dir)
@@ -98,14 +107,28 @@ export class ModelLoading {
       ctx.log({event: 'checkpoint_rejected', step, message: errorMessage(error)})
       return undefined
     }
-    if (exactStep && meta?.step !== step) {
-      const why = meta ? `it is the model at step ${meta.step}` : `it has no ${CHECKPOINT_META_FILE} naming its step`
+    const checkpointStep = recorded?.step ?? meta?.step
+    if (exactStep && checkpointStep !== step) {
+      const why = checkpointStep !== undefined ? `it is the model at step ${checkpointStep}` : `it has no ${CHECKPOINT_META_FILE} naming its step`
       ctx.log({event: 'checkpoint_rejected', step, message: `the Hub checkpoint cannot stand in for our peers' model at step ${step}: ${why}`})
       return undefined
     }
     await this.initModel(dir)
     const exported = await ctx.worker.exportParams()
     const paramHash = exported.paramHash
+    if (recorded && recorded.param_hash !== paramHash) {
+      const revision = repo.revision ?? null
+      ctx.log({
+        event: 'checkpoint_rejected',
+        step,
+        repo_id: repo.repo_id,
+        revision,
+        expected: recorded.param_hash,
+        actual: paramHash,
+        message: `${repo.repo_id}@${revision ?? 'main'}: its parameters hash to ${paramHash}, but the coordinator recorded ${recorded.param_hash} (agreed by the witnesses of step ${recorded.step}) with this checkpoint`,
+      })
+      return undefined
+    }
     if (meta?.param_hash !== undefined && meta.param_hash !== paramHash) {
       ctx.log({event: 'checkpoint_rejected', step, message: `its parameters hash to ${paramHash}, its ${CHECKPOINT_META_FILE} says ${meta.param_hash}`})
       return undefined
@@ -146,7 +169,7 @@ export class ModelLoading {
     if (!isCheckpointP2P(checkpoint) || !checkpoint.P2P.repo_id) return false
     const dir = await this.downloadHubRepo(step, checkpoint.P2P)
     if (!dir) return false
-    const hash = await this.loadCheckpointDir(dir, step, true)
+    const hash = await this.loadCheckpointDir(dir, step, true, checkpoint.P2P)
     if (hash === undefined) return false
     this.setLoaded(step, hash, 'hub_fallback')
     return true

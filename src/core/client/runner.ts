@@ -39,6 +39,8 @@ export class PsycheClient {
   private readonly training: Training
   private readonly checkpointing: Checkpointing
   private warmupReported: number | null = null
+  /** The step whose Cooldown witness we sent (decide.ts messagesToSend). */
+  private cooldownWitnessSent: number | null = null
   private knownTopicPeers = 0
   private wake: (() => void) | undefined
   private lastJoinAttempt = Number.NEGATIVE_INFINITY
@@ -153,6 +155,7 @@ export class PsycheClient {
       // sent; decide.ts re-sends what the pushed state does not record.
       this.ctx.ledger.forgetWitnessesSent()
       this.warmupReported = null
+      this.cooldownWitnessSent = null
       this.opts.log({event: 'reconnected'})
       this.useRelays()
       this.flushMessages()
@@ -189,6 +192,8 @@ export class PsycheClient {
       results: this.ctx.ledger.results(),
       accused: this.ctx.accused,
       witnessGrace: this.witnessGrace,
+      paramHash: this.ctx.lastHash,
+      cooldownWitnessSent: this.cooldownWitnessSent,
     }
   }
 
@@ -217,6 +222,7 @@ export class PsycheClient {
     if (round) this.ctx.ledger.at(round.step).epoch ??= state.progress.epoch
     for (const r of finalRounds(state)) this.ctx.ledger.at(r.step).finalRound = r
     this.startWitnessGrace(state)
+    this.checkpointing.onState()
     const addrs = Object.entries(peers)
       .filter(([id]) => id !== this.id)
       .flatMap(([, a]) => a)
@@ -258,6 +264,16 @@ export class PsycheClient {
         if (this.ctx.conn.sendWitness(m.step, proof)) {
           this.ctx.ledger.at(m.step).witnessSent = true
           this.opts.log({event: 'witness', step: m.step, seen: m.seen.length})
+        }
+        return
+      }
+      case 'cooldown_witness': {
+        const send = this.ctx.conn.sendCooldownWitness
+        // A backend that cannot carry it: nothing to retry.
+        if (!send) this.cooldownWitnessSent = m.step
+        else if (send.call(this.ctx.conn, m.step, m.param_hash)) {
+          this.cooldownWitnessSent = m.step
+          this.opts.log({event: 'cooldown_witness', step: m.step, param_hash: m.param_hash})
         }
         return
       }

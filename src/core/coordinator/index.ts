@@ -11,6 +11,7 @@
 export * from './types.js'
 export {applyEvent, clockEntropy, createCoordinator, tick} from './machine.js'
 export {
+  agreedParamHash,
   assignBatches,
   batchRangeFor,
   batchSizeForStep,

@@ -5,8 +5,10 @@ import {BloomFilter} from '../primitives/bloom.js'
 import {checkEquivocation} from './equivocation.js'
 import {fromHex, sha256, u64le} from '../primitives/seed.js'
 import {
+  agreedParamHash,
   batchRangeFor,
   checkpointRefusal,
+  isParamHash,
   globalBatchSize,
   isTrainerHealthy,
   isVerifier,
@@ -60,6 +62,7 @@ function emptyEpoch(now: number, startStep: number): EpochState {
     clients: [],
     exited: [],
     warmup_witnesses: [],
+    hash_witnesses: [],
     round: null,
     previous_round: null,
   }
@@ -87,6 +90,7 @@ export function createCoordinator(file: Pick<RunConfigFile, 'run_id' | 'run_stat
     config: file.config,
     model: file.model,
     checkpoint_fallback: null,
+    checkpoint_hash: null,
     seed,
     progress: {epoch: 0, step: 1, epoch_start_data_index: 0},
     epoch: emptyEpoch(now, 1),
@@ -368,6 +372,8 @@ function onWitness(s: CoordinatorState, now: number, event: Extract<CoordinatorE
     s = {...s, epoch: {...s.epoch, warmup_witnesses}}
     return warmup_witnesses.length >= witnessCount(s.config, s.epoch.clients.length) ? startRoundTrain(s, now, entropy) : s
   }
+  // In Cooldown a witness attests only a parameter hash (no proof of results).
+  if (s.run_state === 'Cooldown' && event.param_hash !== undefined) return onHashWitness(s, event)
   if (!isRoundPhase(s.run_state)) throw new Reject('InvalidRunState', `witness proofs are accepted in Warmup, RoundTrain and RoundWitness, not ${s.run_state}`)
   const round = s.epoch.round!
   if (event.step !== round.step) throw new Reject('WrongStep', `witness proof for step ${event.step}, but the round is step ${round.step}`)
@@ -382,6 +388,24 @@ function onWitness(s: CoordinatorState, now: number, event: Extract<CoordinatorE
   // Opportunistic witnessing: a quorum of proofs ends training early.
   if (s.run_state === 'RoundTrain' && witnesses.length >= witnessQuorum(witnessCount(s.config, n))) return changeState(s, now, 'RoundWitness')
   return s
+}
+
+/**
+ * Cooldown's witness: a witness of the epoch's last round, still in the epoch, attests the hash of its parameters
+ * after applying that round (blooms ignored). A quorum of equal hashes is the epoch's agreed hash (agreedParamHash),
+ * which a checkpoint must match.
+ */
+function onHashWitness(s: CoordinatorState, event: Extract<CoordinatorEvent, {type: 'witness'}>): CoordinatorState {
+  const {from} = event
+  const round = s.epoch.round
+  if (!round) throw new Reject('NoActiveRound', 'this epoch had no round to attest')
+  if (event.step !== round.step) throw new Reject('WrongStep', `parameter hash for step ${event.step}, but the epoch's last round is step ${round.step}`)
+  const i = clientIndex(s, from)
+  if (i < 0 || s.epoch.clients[i].state !== 'Healthy' || !isWitness(s, from, round))
+    throw new Reject('InvalidWitness', `client ${from} is not a witness of step ${round.step} still in the epoch`)
+  if (!isParamHash(event.param_hash)) throw new Reject('InvalidWitness', 'a Cooldown witness must attest param_hash: 64 lowercase hex digits')
+  if (s.epoch.hash_witnesses.some((w) => w.from === from)) throw new Reject('DuplicateWitness', `client ${from} already attested the parameters of step ${round.step}`)
+  return {...s, epoch: {...s.epoch, hash_witnesses: [...s.epoch.hash_witnesses, {from, param_hash: event.param_hash}]}}
 }
 
 function onHealthCheck(s: CoordinatorState, event: Extract<CoordinatorEvent, {type: 'health_check'}>): CoordinatorState {
@@ -478,13 +502,24 @@ function onCheckpoint(s: CoordinatorState, event: Extract<CoordinatorEvent, {typ
   }
   if (refusal) throw new Reject(refusal.code, refusal.reason)
   if (typeof event.repo?.repo_id !== 'string' || event.repo.repo_id === '') throw new Reject('InvalidEvent', 'checkpoint repo_id must be a non-empty string')
+  if (event.param_hash !== undefined && !isParamHash(event.param_hash)) throw new Reject('InvalidEvent', 'checkpoint param_hash must be 64 lowercase hex digits')
   const repo: HubRepo = event.repo.revision === undefined ? {repo_id: event.repo.repo_id} : {repo_id: event.repo.repo_id, revision: event.repo.revision}
+  // The checkpoint is recorded with the hash the last round's witnesses agreed on; one that declares another is refused.
+  const agreed = agreedParamHash(s)
+  if (agreed === undefined && designated && designated.length > 0)
+    throw new Reject('HashNotAgreed', `no quorum of step ${s.epoch.round?.step}'s witnesses has attested a parameter hash yet: the checkpoint cannot be checked`)
+  if (agreed !== undefined && event.param_hash !== agreed)
+    throw new Reject(
+      'CheckpointHashMismatch',
+      `checkpoint ${event.repo.repo_id} declares parameter hash ${event.param_hash ?? '(none)'}, the epoch's witnesses agreed on ${agreed}`,
+    )
+  const checkpoint_hash = agreed === undefined ? null : {repo, step: s.epoch.round!.step, param_hash: agreed}
   const checkpoint = s.model.LLM.checkpoint
   // The model now lives in that Hub repository: it replaces a Hub, Dummy or Local starting point too, so the
   // epoch's end (checkpointToP2P) keeps it as the fallback a run whose clients are all gone starts from again.
   const fromHub = typeof checkpoint === 'object' && ('Hub' in checkpoint || 'Dummy' in checkpoint || 'Local' in checkpoint)
   const next: CheckpointConfig = isCheckpointP2P(checkpoint) ? {P2P: repo} : fromHub ? {Hub: repo} : checkpoint
-  return {...s, checkpoint_fallback: {Hub: repo}, model: {LLM: {...s.model.LLM, checkpoint: next}}, epoch: {...s.epoch, checkpointed: true}}
+  return {...s, checkpoint_fallback: {Hub: repo}, checkpoint_hash, model: {LLM: {...s.model.LLM, checkpoint: next}}, epoch: {...s.epoch, checkpointed: true}}
 }
 
 function onConfigUpdate(s: CoordinatorState, event: Extract<CoordinatorEvent, {type: 'config_update'}>): CoordinatorState {

@@ -230,3 +230,26 @@ export function checkpointRefusal(s: CoordinatorState): {code: 'InvalidRunState'
   if (s.epoch.checkpointed) return {code: 'AlreadyCheckpointed', reason: 'this epoch is already checkpointed'}
   return undefined
 }
+
+/** A parameter hash as the worker computes it (SHA-256 over the parameters): 64 lowercase hex digits. */
+export function isParamHash(x: unknown): x is string {
+  return typeof x === 'string' && /^[0-9a-f]{64}$/.test(x)
+}
+
+/**
+ * The parameter hash the epoch's witnesses agreed on: in Cooldown, the hash that a quorum of the last round's
+ * witnesses attested (the same quorum that confirms a round's results), or undefined while none has.
+ */
+export function agreedParamHash(s: CoordinatorState): string | undefined {
+  const round = s.epoch.round
+  if (s.run_state !== 'Cooldown' || !round) return undefined
+  const quorum = witnessQuorum(witnessCount(s.config, round.roster.length))
+  if (quorum === 0) return undefined
+  const counts = new Map<string, number>()
+  for (const w of s.epoch.hash_witnesses) {
+    const n = (counts.get(w.param_hash) ?? 0) + 1
+    if (n >= quorum) return w.param_hash
+    counts.set(w.param_hash, n)
+  }
+  return undefined
+}

@@ -39,6 +39,9 @@ function migrateFromSeconds(v1: Omit<CoordinatorState, 'version'>): CoordinatorS
 function checked(state: CoordinatorState): CoordinatorState {
   if (!RUN_STATES.includes(state.run_state)) throw new RangeError(`coordinator state: run_state ${JSON.stringify(state.run_state)}: expected one of ${RUN_STATES.join(', ')}`)
   if (!Array.isArray(state.epoch?.clients) || !Array.isArray(state.pending)) throw new RangeError('coordinator state: epoch.clients and pending must be arrays')
+  // States saved before checkpoints carried the witnesses' parameter hash: none recorded then.
+  state.checkpoint_hash ??= null
+  state.epoch.hash_witnesses ??= []
   // States saved before rounds recorded accusations and exclusions: none then.
   for (const r of [state.epoch.round, state.epoch.previous_round]) {
     if (r && typeof r === 'object') {

@@ -84,8 +84,31 @@ export interface EpochState {
   exited: ExitedClient[]
   /** Clients that reported their model loaded during Warmup. */
   warmup_witnesses: ClientId[]
+  /**
+   * In Cooldown: the parameter hashes the epoch's last round's witnesses attested after applying that round (one
+   * per witness). A hash a quorum of them attests is the epoch's agreed hash (rules.ts agreedParamHash).
+   */
+  hash_witnesses: HashWitness[]
   round: Round | null
   previous_round: Round | null
+}
+
+/** A witness of an epoch's last round attests the hash of the parameters it holds after applying that round. */
+export interface HashWitness {
+  from: ClientId
+  /** The worker's parameter hash: SHA-256, 64 lowercase hex digits. */
+  param_hash: string
+}
+
+/**
+ * The Hub checkpoint the coordinator took last, with the parameter hash the epoch's witnesses agreed on: a client
+ * that loads that repository and revision checks the parameters it loaded against `param_hash`.
+ */
+export interface CheckpointHash {
+  repo: HubRepo
+  /** The step the checkpoint's model is at (the epoch's last round). */
+  step: number
+  param_hash: string
 }
 
 /** The coordinator's whole state: serializable (serializeState), and never mutated by this module. */
@@ -100,6 +123,8 @@ export interface CoordinatorState {
   model: {LLM: LLMConfig}
   /** The last non-P2P checkpoint, which new clients fall back to if every previous client has left. */
   checkpoint_fallback: CheckpointConfig | null
+  /** The parameter hash recorded with the last Hub checkpoint the coordinator took (null: none taken with one). */
+  checkpoint_hash: CheckpointHash | null
   /** 32-byte hex; each round's seed is derived from the previous one (and the tick's entropy). */
   seed: string
   progress: {epoch: number; step: number; epoch_start_data_index: number}
@@ -120,10 +145,12 @@ export interface WitnessProof {
  * - tick: time passed; `entropy` (text, optional) is mixed into the next round's seed by backends that have some
  *   (a witness event may start a round too, and carries it the same way). On Solana it is the cluster clock's
  *   `clockEntropy(slot, unix_timestamp)`, which the program reads itself.
- * - witness: a witness proof for `step` (in Warmup: "my model is loaded", blooms ignored).
+ * - witness: a witness proof for `step` (in Warmup: "my model is loaded", blooms ignored; in Cooldown: a witness
+ *   of the epoch's last round attests `param_hash`, the hash of its parameters after applying that round).
  * - health_check: `from` says the `accused` trained nothing its witnesses saw in the previous round.
  * - pause / resume / config_update: the run's authority.
- * - checkpoint: a client uploaded the model at the end of the epoch (Cooldown).
+ * - checkpoint: a client uploaded the model at the end of the epoch (Cooldown); `param_hash` is the hash of what it
+ *   uploaded, which must be the hash the last round's witnesses agreed on.
  * - eject: the authority removes a client (ours: Psyche has the state but no event).
  * - accuse: a witness of the current round found `accused`'s result invalid (it does not decode or validate
  *   against the run's model), or a verifier of the current round scored its results low. A quorum of the
@@ -136,11 +163,11 @@ export type CoordinatorEvent =
   | {type: 'join'; id: ClientId}
   | {type: 'withdraw'; id: ClientId}
   | {type: 'tick'; entropy?: string}
-  | {type: 'witness'; from: ClientId; step: number; proof: WitnessProof; entropy?: string}
+  | {type: 'witness'; from: ClientId; step: number; proof: WitnessProof; entropy?: string; param_hash?: string}
   | {type: 'health_check'; from: ClientId; accused: ClientId[]}
   | {type: 'pause'}
   | {type: 'resume'}
-  | {type: 'checkpoint'; from: ClientId; repo: HubRepo}
+  | {type: 'checkpoint'; from: ClientId; repo: HubRepo; param_hash?: string}
   | {type: 'config_update'; config?: CoordinatorConfig; model?: {LLM: LLMConfig}}
   | {type: 'eject'; id: ClientId}
   | {type: 'accuse'; from: ClientId; step: number; accused: ClientId; reason: AccusationReason}
@@ -165,6 +192,10 @@ export type RejectionCode =
   | 'AlreadyCheckpointed'
   /** The client is not one of the run's designated checkpointers (config.checkpointers). */
   | 'NotCheckpointer'
+  /** No quorum of the epoch's last round's witnesses has attested a parameter hash (yet): nothing to check it against. */
+  | 'HashNotAgreed'
+  /** The checkpoint's declared parameter hash is not the one the epoch's witnesses agreed on. */
+  | 'CheckpointHashMismatch'
   | 'CannotResume'
   | 'InvalidConfig'
   | 'InvalidEvent'

@@ -4,6 +4,7 @@ import type {AccusationReason, ClientId, CoordinatorState, WitnessProof} from '.
 import type {EquivocationProof} from '../coordinator/equivocation.js'
 import type {RewardRow} from '../coordinator/rewards.js'
 import {deserializeState} from '../coordinator/serialize.js'
+import {isParamHash} from '../coordinator/rules.js'
 import {encodeFrame} from './frames.js'
 import {parseDeltaOps, type DeltaOp} from './state-delta.js'
 import {isIdentityId, signBytes, verifyBytes, type Identity} from './identity.js'
@@ -46,7 +47,8 @@ const MAX_SCORED_CLIENTS = 4096
  * direction). So a message cannot be replayed into another run, connection or later step, nor twice.
  *
  * client → server  hello {run_id, client_id, p2p_addrs, want_join}   (first message; seq 1)
- *                  witness {proof}          step = the round it witnesses (in Warmup: "model loaded")
+ *                  witness {proof, param_hash?}   step = the round it witnesses (in Warmup: "model loaded"; in Cooldown:
+ *                                           param_hash, the parameters' hash after applying the epoch's last round)
  *                  health_check {accused}   step = the current step when sent
  *                  accuse {accused, reason} step = the round whose result the witness found invalid
  *                  equivocation {proof}     two signed announcements of one producer for one step
@@ -54,7 +56,7 @@ const MAX_SCORED_CLIENTS = 4096
  *                  scores {scores: [{client_id, score}]}   step = the round scored; a verifier's scores of its peers'
  *                                           results (kept by the server as moving averages: status, dashboards)
  *                  withdraw {}
- *                  checkpoint {repo}
+ *                  checkpoint {repo, param_hash?}
  *                  addresses {p2p_addrs}    our libp2p addresses changed (a relay reservation, an observed address)
  *                  resync {}                a state_delta did not apply: send the whole state
  * server → client  challenge {session}      (first message, as soon as the TCP connection opens)
@@ -104,6 +106,8 @@ export interface HelloBody {
 }
 export interface WitnessBody {
   proof: WitnessProof
+  /** In Cooldown: the hash of the witness's parameters after applying the epoch's last round (blooms empty). */
+  param_hash?: string
 }
 export interface HealthCheckBody {
   accused: ClientId[]
@@ -149,6 +153,8 @@ export interface AddressesBody {
 }
 export interface CheckpointBody {
   repo: HubRepo
+  /** The parameter hash of the uploaded model (the coordinator checks it against its witnesses' agreed hash). */
+  param_hash?: string
 }
 export interface ChallengeBody {
   session: string
@@ -312,6 +318,11 @@ function id(v: unknown, where: string): string {
   return v
 }
 
+function paramHash(v: unknown, where: string): string {
+  if (!isParamHash(v)) throw new Invalid(`${where} must be a parameter hash (64 lowercase hex digits)`)
+  return v
+}
+
 function strings(v: unknown, where: string, maxItems: number, maxChars: number): string[] {
   if (!Array.isArray(v)) throw new Invalid(`${where} must be a list`)
   if (v.length > maxItems) throw new Invalid(`${where} has more than ${maxItems} entries`)
@@ -335,15 +346,17 @@ const clientBodyCheckers: {[K in ClientKind]: (b: Obj) => ClientBodies[K]} = {
     return out
   },
   witness(b) {
-    exactKeys(b, ['proof'], [], 'witness')
+    exactKeys(b, ['proof'], ['param_hash'], 'witness')
     if (!isObj(b.proof)) throw new Invalid('witness.proof must be an object')
     exactKeys(b.proof, ['participant_bloom', 'broadcast_bloom'], [], 'witness.proof')
-    return {
+    const out: WitnessBody = {
       proof: {
         participant_bloom: str(b.proof.participant_bloom, 'witness.proof.participant_bloom', Number.MAX_SAFE_INTEGER),
         broadcast_bloom: str(b.proof.broadcast_bloom, 'witness.proof.broadcast_bloom', Number.MAX_SAFE_INTEGER),
       },
     }
+    if (b.param_hash !== undefined) out.param_hash = paramHash(b.param_hash, 'witness.param_hash')
+    return out
   },
   health_check(b) {
     exactKeys(b, ['accused'], [], 'health_check')
@@ -388,12 +401,12 @@ const clientBodyCheckers: {[K in ClientKind]: (b: Obj) => ClientBodies[K]} = {
     }
   },
   checkpoint(b) {
-    exactKeys(b, ['repo'], [], 'checkpoint')
+    exactKeys(b, ['repo'], ['param_hash'], 'checkpoint')
     if (!isObj(b.repo)) throw new Invalid('checkpoint.repo must be an object')
     exactKeys(b.repo, ['repo_id'], ['revision'], 'checkpoint.repo')
     const repo: HubRepo = {repo_id: str(b.repo.repo_id, 'checkpoint.repo.repo_id', MAX_REPO_CHARS, {nonEmpty: true})}
     if (b.repo.revision !== undefined && b.repo.revision !== null) repo.revision = str(b.repo.revision, 'checkpoint.repo.revision', MAX_REPO_CHARS)
-    return {repo}
+    return b.param_hash === undefined ? {repo} : {repo, param_hash: paramHash(b.param_hash, 'checkpoint.param_hash')}
   },
   addresses(b) {
     exactKeys(b, ['p2p_addrs'], [], 'addresses')

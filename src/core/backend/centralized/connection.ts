@@ -143,6 +143,10 @@ export class CoordinatorConnection extends EventEmitter implements CoordinatorBa
     return this.send('witness', {proof: {participant_bloom: '', broadcast_bloom: ''}}, this.state?.progress.step ?? 0)
   }
 
+  sendCooldownWitness(step: number, paramHash: string): boolean {
+    return this.send('witness', {proof: {participant_bloom: '', broadcast_bloom: ''}, param_hash: paramHash}, step)
+  }
+
   sendHealthCheck(step: number, accused: ClientId[]): boolean {
     return this.send('health_check', {accused}, step)
   }
@@ -170,8 +174,8 @@ export class CoordinatorConnection extends EventEmitter implements CoordinatorBa
     return this.send('withdraw', {})
   }
 
-  sendCheckpoint(repo: HubRepo): boolean {
-    return this.send('checkpoint', {repo})
+  sendCheckpoint(repo: HubRepo, paramHash?: string): boolean {
+    return this.send('checkpoint', paramHash === undefined ? {repo} : {repo, param_hash: paramHash})
   }
 
   /**

@@ -571,9 +571,14 @@ export class CoordinatorServer {
       case 'witness':
       case 'health_check': {
         // Witness proofs and health checks are about a step; anything older than the current one is stale or replayed.
+        // (A Cooldown witness attests the epoch's last round, the step before the run's.)
         const current = this.current.progress.step
-        if (m.step < current) return this.reject(s, 'stale_step', `${m.kind} for step ${m.step}, but the run is at step ${current}`, m.kind)
-        const event: CoordinatorEvent = m.kind === 'witness' ? {type: 'witness', from, step: m.step, proof: m.body.proof} : {type: 'health_check', from, accused: m.body.accused}
+        const oldest = m.kind === 'witness' && m.body.param_hash !== undefined ? current - 1 : current
+        if (m.step < oldest) return this.reject(s, 'stale_step', `${m.kind} for step ${m.step}, but the run is at step ${current}`, m.kind)
+        const event: CoordinatorEvent =
+          m.kind === 'witness'
+            ? {type: 'witness', from, step: m.step, proof: m.body.proof, ...(m.body.param_hash === undefined ? {} : {param_hash: m.body.param_hash})}
+            : {type: 'health_check', from, accused: m.body.accused}
         return this.applyFrom(s, m.kind, event)
       }
       case 'accuse':
@@ -583,7 +588,7 @@ export class CoordinatorServer {
       case 'withdraw':
         return this.applyFrom(s, m.kind, {type: 'withdraw', id: from})
       case 'checkpoint':
-        return this.applyFrom(s, m.kind, {type: 'checkpoint', from, repo: m.body.repo})
+        return this.applyFrom(s, m.kind, {type: 'checkpoint', from, repo: m.body.repo, ...(m.body.param_hash === undefined ? {} : {param_hash: m.body.param_hash})})
       case 'report': {
         // Display only: logged for the metrics and dashboard layers, never an event of the coordinator.
         const current = this.current.progress.step

@@ -190,6 +190,8 @@ export function decodeCoordinator(data: Uint8Array): OnChainCoordinator {
     config: config as unknown as CoordinatorConfig,
     model: {LLM: llm},
     checkpoint_fallback: readCheckpoint(b, O.checkpoint_fallback),
+    // The program does not record Cooldown hash witnesses or a checkpoint's parameter hash yet.
+    checkpoint_hash: null,
     seed: b.toString('hex', O.seed, O.seed + 32),
     progress: {
       epoch: num(b, O.progress_epoch, 'progress.epoch'),
@@ -205,6 +207,7 @@ export function decodeCoordinator(data: Uint8Array): OnChainCoordinator {
       clients,
       exited,
       warmup_witnesses: readKeys(b, O.warmup_witnesses, num(b, O.warmup_len, 'warmup_len')),
+      hash_witnesses: [],
       round: b.readBigUInt64LE(O.has_round) !== 0n ? readRound(b, O.round) : null,
       previous_round: b.readBigUInt64LE(O.has_previous_round) !== 0n ? readRound(b, O.previous_round) : null,
     },
