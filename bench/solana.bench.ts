@@ -1,10 +1,11 @@
 // `npm run bench -- solana`: compute units and transaction bytes of the coordinator program's instructions, by default
-// at full capacity (MAX_CLIENTS = 64 clients, 32 automatic witnesses; PSYCHE_BENCH_CLIENTS=N for another size), in
+// at full capacity (MAX_CLIENTS = 256 clients, 32 automatic witnesses; PSYCHE_BENCH_CLIENTS=N for another size), in
 // LiteSVM, and LiteSVM's time per transaction. Each transaction asks for its instructions' budgets (INSTRUCTION_UNITS).
 import {performance} from 'node:perf_hooks'
 import type {Address, KeyPairSigner} from '@solana/kit'
 import {
   accuseInstruction,
+  HEALTH_CHECK_BATCH,
   healthCheckInstruction,
   equivocationInstructions,
   joinRunInstruction,
@@ -19,6 +20,8 @@ import {
 import {MAX_CLIENTS, PEER_SIZE, clientIdOf} from '../src/core/backend/solana/layout.js'
 import {assignBatches, buildWitnessProof, selectWitnesses, type CoordinatorState} from '../src/core/coordinator/index.js'
 import {deployRun, keypair, readRun} from '../test/solana/harness.js'
+import {BloomFilter} from '../src/core/primitives/bloom.js'
+import {participantKey, witnessBloomParams} from '../src/core/coordinator/rules.js'
 import {createHash} from 'node:crypto'
 import {signAnnouncement} from '../src/core/primitives/announcement.js'
 import {identityFromSeed} from '../src/core/protocol/identity.js'
@@ -35,8 +38,8 @@ const config = {
   init_min_clients: N,
   witness_nodes: N >= 48 ? 0 : Math.floor(N / 2),
   verification_percent: 0,
-  global_batch_size_start: 128,
-  global_batch_size_end: 128,
+  global_batch_size_start: Math.max(128, 2 * N),
+  global_batch_size_end: Math.max(128, 2 * N),
   global_batch_size_warmup_tokens: 0,
   total_steps: 1000,
   waiting_for_members_extra_time: 0,
@@ -76,7 +79,7 @@ const clients: KeyPairSigner[] = []
 for (let i = 0; i < N; i++) clients.push(await keypair(`bench-${i}`))
 const byId = new Map<string, KeyPairSigner>(clients.map((k) => [clientIdOf(k.address), k]))
 await send('update', a, updateInstruction(p, c, a, config, model))
-await send('set_paused', a, setPausedInstruction(p, c, a, false))
+await send('set_paused (resume)', a, setPausedInstruction(p, c, a, false))
 for (const k of clients) await send('join_run', k, joinRunInstruction(p, c, k))
 const addrs = ['/ip4/203.0.113.7/tcp/4001', '/ip4/203.0.113.7/tcp/4001/p2p/12D3KooWAbCdEfGhIjKlMnOpQrStUvWxYz0123456789abcdefgh']
 for (const k of clients.slice(0, 8)) {
@@ -94,10 +97,11 @@ async function tick(): Promise<void> {
 await tick() // WaitingForMembers → Warmup: N clients
 for (const k of clients.slice(0, 32)) if (state().run_state === 'Warmup') await send('warmup_witness', k, warmupWitnessInstruction(p, c, k))
 
-async function witnessRound(skip?: string): Promise<void> {
+/** Every selected witness sends a proof that names every trainer with batches but those in `skip`. */
+async function witnessRound(skip: string[] = []): Promise<void> {
   const s = state()
   const round = s.epoch.round!
-  const seen = [...assignBatches(s)].filter(([id, r]) => r.end > r.start && id !== skip).map(([id, range]) => ({id, range, commitment: Buffer.alloc(32, 1)}))
+  const seen = [...assignBatches(s)].filter(([id, r]) => r.end > r.start && !skip.includes(id)).map(([id, range]) => ({id, range, commitment: Buffer.alloc(32, 1)}))
   const proof = buildWitnessProof(round, seen)
   for (const w of selectWitnesses(s)) {
     if (state().run_state !== 'RoundTrain' && state().run_state !== 'RoundWitness') break
@@ -109,19 +113,38 @@ async function witnessRound(skip?: string): Promise<void> {
   }
 }
 
+/** Up to `n` non-witnesses of the round that a proof leaving them out does not name (a bloom's false positives would). */
+function absentees(n: number): string[] {
+  const s = state()
+  const round = s.epoch.round!
+  const witnesses = selectWitnesses(s)
+  const ranges = assignBatches(s)
+  const out: string[] = []
+  for (const id of round.roster) {
+    if (out.length === n) break
+    if (witnesses.includes(id)) continue
+    const skip = [...out, id]
+    const seen = [...ranges].filter(([x, r]) => r.end > r.start && !skip.includes(x)).map(([x, range]) => ({id: x, range, commitment: Buffer.alloc(32, 1)}))
+    const bloom = BloomFilter.fromBase64(witnessBloomParams(round.roster.length), buildWitnessProof(round, seen).participant_bloom)
+    if (skip.every((x) => !bloom.contains(participantKey(x)))) out.push(id)
+  }
+  return out
+}
+
 if (state().run_state !== 'RoundTrain') throw new Error(`expected RoundTrain, got ${state().run_state}`)
 const first = state()
-const absent = first.epoch.round!.roster.find((id) => !selectWitnesses(first).includes(id))!
+const absent = absentees(Math.min(HEALTH_CHECK_BATCH, Math.floor(N / 4)))
 await witnessRound(absent) // round 1: nobody saw `absent`
 while (state().run_state !== 'RoundTrain' || state().epoch.round!.step === first.epoch.round!.step) await tick()
 const witnesses = selectWitnesses(state())
 const reporter = byId.get(witnesses[0])!
-await send('health_check (1 accused)', reporter, healthCheckInstruction(p, c, reporter, [absent]))
-const victim = state().epoch.round!.roster.find((id) => !witnesses.includes(id) && id !== absent)!
+await send('health_check (1 accused)', reporter, healthCheckInstruction(p, c, reporter, absent.slice(0, 1)))
+if (absent.length > 1) await send(`health_check (${absent.length} accused)`, reporter, healthCheckInstruction(p, c, reporter, absent.slice(1).concat(absent[0])))
+const victim = state().epoch.round!.roster.find((id) => !witnesses.includes(id) && !absent.includes(id))!
 for (const w of witnesses.slice(0, Math.min(22, witnesses.length)))
   await send('accuse', byId.get(w)!, accuseInstruction(p, c, byId.get(w)!, state().epoch.round!.step, victim as Address))
 // An equivocation proof: two signed announcements of one producer, checked by the Ed25519 program and the coordinator.
-const producer = state().epoch.round!.roster.find((id) => !witnesses.includes(id) && id !== absent && id !== victim)!
+const producer = state().epoch.round!.roster.find((id) => !witnesses.includes(id) && !absent.includes(id) && id !== victim)!
 const producerIdentity = identityFromSeed(
   createHash('sha256')
     .update(`psyche-test-key/bench-${clients.findIndex((k) => clientIdOf(k.address) === producer)}`)
@@ -141,6 +164,14 @@ await send('equivocation (with the Ed25519 check)', reporter, equivocationInstru
 if (state().epoch.clients.find((x) => x.id === producer)?.state !== 'Ejected') throw new Error('the equivocation did not eject the producer')
 await witnessRound()
 await tick()
+// Pausing: the round ends in Cooldown, whose last tick carries every healthy client into the pending list (Paused);
+// resumed and paused again in WaitingForMembers, the healthy clients are already pending (the list is deduplicated).
+await send('set_paused (pause, in a round)', a, setPausedInstruction(p, c, a, true))
+await witnessRound()
+for (let i = 0; i < 100 && state().run_state !== 'Paused'; i++) await tick()
+if (state().run_state !== 'Paused' || state().pending.length < N - 8) throw new Error(`expected Paused with the clients pending, got ${state().run_state}`)
+await send('set_paused (resume)', a, setPausedInstruction(p, c, a, false))
+await send('set_paused (pause, in WaitingForMembers)', a, setPausedInstruction(p, c, a, true))
 
 const rows = [...cu.entries()].map(([name, values]) => {
   const sorted = values.map(Number).sort((x, y) => x - y)

@@ -5,10 +5,11 @@
 import {mkdirSync, renameSync, writeFileSync} from 'node:fs'
 import {dirname, join, resolve} from 'node:path'
 import {fileURLToPath} from 'node:url'
-import {generateVectors} from '../test/solana/vectors.js'
+import {capacity, generateVectors} from '../test/solana/vectors.js'
 
 const out = resolve(process.argv[2] ?? join(dirname(fileURLToPath(import.meta.url)), '..', '.cache', 'solana-vectors.json'))
 const vectors = await generateVectors()
+vectors.scenarios.push(await capacity()) // MAX_CLIENTS clients (test/solana/capacity.test.ts replays it)
 mkdirSync(dirname(out), {recursive: true})
 writeFileSync(`${out}.tmp`, `${JSON.stringify(vectors, null, 1)}\n`)
 renameSync(`${out}.tmp`, out)

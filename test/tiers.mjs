@@ -74,6 +74,7 @@ export const tiers = {
     'test/protocol/state-delta.test.ts',
     'test/scale/load-test-worker.test.ts',
     'test/solana/authorizer-program.test.ts',
+    'test/solana/capacity.test.ts',
     'test/solana/cli.test.ts',
     'test/solana/cluster-limits.test.ts',
     'test/solana/coordinator-program.test.ts',

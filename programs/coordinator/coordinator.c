@@ -15,6 +15,11 @@
  * (src/core/coordinator/layout-table.ts) into ../include/psyche_layout.h by `npm run build:programs`. */
 #include "../include/psyche_layout.h"
 
+#define STR_(x) #x
+#define STR(x) STR_(x) /* a capacity's value in a message: "MAX_CLIENTS = " STR(MAX_CLIENTS) */
+
+static u64 read_u16(const u8 *p) { return (u64)p[0] | ((u64)p[1] << 8); }
+
 #define ACTIVE(s) ((s) == ROUND_TRAIN || (s) == ROUND_WITNESS || (s) == COOLDOWN)
 #define HALTED(s) ((s) == UNINITIALIZED || (s) == FINISHED || (s) == PAUSED)
 
@@ -128,11 +133,10 @@ static void hex_id(const u8 *key, u8 *out) {
   }
 }
 
-static int bloom_contains(const u8 *bloom, u64 bits, u64 hashes, const u8 *item32) {
-  u8 d[32];
-  sha256_2(item32, 32, NULL, 0, d);
-  u64 h1 = read_u32(d);
-  u64 h2 = read_u32(d + 4) | 1;
+/* Whether a bloom holds the item of this probe (bloom.ts: positions h1 + i * h2 modulo the bits). */
+static int bloom_contains(const u8 *bloom, u64 bits, u64 hashes, u64 probe) {
+  u64 h1 = probe & 0xffffffffull;
+  u64 h2 = probe >> 32;
   for (u64 i = 0; i < hashes; i++) {
     u64 p = (h1 + i * h2) % bits;
     if ((bloom[p >> 3] & (1 << (p & 7))) == 0) return 0;
@@ -149,16 +153,24 @@ static void participant_key(const u8 *key, u8 *out) {
   sha256_2(item, 19 + 64, NULL, 0, out);
 }
 
-/* isTrainerHealthy: a quorum of the round's witnesses have the trainer in their participant bloom. */
-static int trainer_healthy(const State *s, const Round *r, const u8 *key) {
-  u8 k[32];
+/* The bloom probe of a client's participant key: h1 | h2 << 32 from SHA-256(participantKey(id)) (bloom.ts). Computed
+ * once, when the client joins, and kept with its key (pending_probe, ClientRec.probe, roster_probe), so checking a
+ * witness proof costs no hashing per trainer. */
+__attribute__((noinline)) static u64 participant_probe(const u8 *key) {
+  u8 k[32], d[32];
   participant_key(key, k);
+  sha256_2(k, 32, NULL, 0, d);
+  return (u64)read_u32(d) | ((u64)(read_u32(d + 4) | 1) << 32);
+}
+
+/* isTrainerHealthy: a quorum of the round's witnesses have the trainer in their participant bloom. */
+static int trainer_healthy(const State *s, const Round *r, u64 probe) {
   u64 size = r->roster_len ? r->roster_len : 1;
   u64 bits = BLOOM_BITS[size - 1];
   u64 hashes = BLOOM_HASHES[size - 1];
   u64 score = 0;
   for (u64 w = 0; w < r->witness_len; w++)
-    if (bloom_contains(r->witnesses[w].participant_bloom, bits, hashes, k)) score++;
+    if (bloom_contains(r->witnesses[w].participant_bloom, bits, hashes, probe)) score++;
   return score >= witness_quorum(witness_count(s, r->roster_len));
 }
 
@@ -172,11 +184,8 @@ static int attests_every_trainer(const Round *r, const u8 *bloom) {
   u64 size = r->roster_len ? r->roster_len : 1;
   u64 bits = BLOOM_BITS[size - 1];
   u64 hashes = BLOOM_HASHES[size - 1];
-  for (u64 i = 0; i < r->roster_len; i++) {
-    u8 k[32];
-    participant_key(r->roster[i], k);
-    if (!bloom_contains(bloom, bits, hashes, k)) return 0;
-  }
+  for (u64 i = 0; i < r->roster_len; i++)
+    if (!bloom_contains(bloom, bits, hashes, r->roster_probe[i])) return 0;
   return 1;
 }
 
@@ -210,8 +219,36 @@ static i64 pending_index(const State *s, const u8 *key) {
 }
 
 static void remove_pending(State *s, u64 p) {
-  for (u64 i = p + 1; i < s->pending_len; i++) copy(s->pending[i - 1], s->pending[i], 32);
+  for (u64 i = p + 1; i < s->pending_len; i++) {
+    copy(s->pending[i - 1], s->pending[i], 32);
+    s->pending_probe[i - 1] = s->pending_probe[i];
+    s->pending_client[i - 1] = s->pending_client[i];
+  }
   s->pending_len--;
+}
+
+/*
+ * Whether joiner j is a client of the epoch (with `healthy`, a Healthy one). pending_client says where it was in
+ * clients when it was queued; that place is still right whenever it matters: a joiner can be in clients only if it
+ * was queued while there (in WaitingForMembers or Paused, by join or keep_healthy_as_pending), and clients is
+ * compacted (move_exited) only in an epoch, after Warmup emptied pending. The key is compared anyway.
+ */
+static int pending_is_client(const State *s, u64 j, int healthy) {
+  u64 at = s->pending_client[j];
+  if (at == 0 || at > s->clients_len) return 0;
+  const ClientRec *c = &s->clients[at - 1];
+  return (!healthy || c->state == HEALTHY) && equal(c->key, s->pending[j], 32);
+}
+
+/* How many clients the next epoch would hold: the Healthy clients (keep_healthy_as_pending carries them) and the
+ * joiners that are not among them (nextEpochSize). */
+static u64 next_epoch_size(const State *s) {
+  u64 n = 0;
+  for (u64 i = 0; i < s->clients_len; i++)
+    if (s->clients[i].state == HEALTHY) n++;
+  for (u64 j = 0; j < s->pending_len; j++)
+    if (!pending_is_client(s, j, 1)) n++;
+  return n;
 }
 
 static void move_exited(State *s, u64 height) {
@@ -224,8 +261,7 @@ static void move_exited(State *s, u64 height) {
     } else {
       /* exited_len < MAX_CLIENTS: each client of the epoch exits at most once */
       ClientRec *e = &s->exited[s->exited_len++];
-      copy(e->key, c->key, 32);
-      e->state = c->state;
+      copy(e, c, sizeof(ClientRec));
       e->exited_height = height;
     }
   }
@@ -240,21 +276,37 @@ static u64 next_data_index(const State *s) {
   return s->has_round ? s->round.data_index + s->round.batch_size : s->epoch_start_data_index;
 }
 
-/* Healthy clients go first in the pending list, then the other pending joiners. */
+/* Healthy clients go first in the pending list, then the other pending joiners: in place, in linear time. */
 __attribute__((noinline)) static void keep_healthy_as_pending(State *s) {
-  u8 list[MAX_CLIENTS][32];
-  u64 n = 0;
-  for (u64 i = 0; i < s->clients_len; i++)
-    if (s->clients[i].state == HEALTHY) copy(list[n++], s->clients[i].key, 32);
-  u64 carried = n;
-  for (u64 i = 0; i < s->pending_len; i++) {
-    int seen = 0;
-    for (u64 j = 0; j < carried; j++)
-      if (equal(list[j], s->pending[i], 32)) seen = 1;
-    if (!seen) copy(list[n++], s->pending[i], 32); /* n <= MAX_CLIENTS: join keeps pending + clients below it */
+  u64 m = 0; /* the joiners that are not Healthy clients, kept in order */
+  for (u64 j = 0; j < s->pending_len; j++) {
+    if (pending_is_client(s, j, 1)) continue;
+    if (m != j) {
+      copy(s->pending[m], s->pending[j], 32);
+      s->pending_probe[m] = s->pending_probe[j];
+      s->pending_client[m] = s->pending_client[j];
+    }
+    m++;
   }
-  copy(s->pending, list, n * 32);
-  s->pending_len = n;
+  u64 h = 0;
+  for (u64 i = 0; i < s->clients_len; i++)
+    if (s->clients[i].state == HEALTHY) h++;
+  /* h + m <= MAX_CLIENTS: join keeps next_epoch_size below it */
+  if (h)
+    for (u64 j = m; j-- > 0;) {
+      copy(s->pending[h + j], s->pending[j], 32);
+      s->pending_probe[h + j] = s->pending_probe[j];
+      s->pending_client[h + j] = s->pending_client[j];
+    }
+  u64 n = 0;
+  for (u64 i = 0; i < s->clients_len; i++) {
+    if (s->clients[i].state != HEALTHY) continue;
+    copy(s->pending[n], s->clients[i].key, 32);
+    s->pending_probe[n] = s->clients[i].probe;
+    s->pending_client[n] = i + 1;
+    n++;
+  }
+  s->pending_len = h + m;
 }
 
 static void start_waiting_for_members(State *s, u64 now) {
@@ -319,7 +371,10 @@ static void start_round_train(State *s, u64 now) {
   copy(r->seed, s->seed, 32);
   r->started_at = now;
   r->roster_len = s->clients_len;
-  for (u64 i = 0; i < s->clients_len; i++) copy(r->roster[i], s->clients[i].key, 32);
+  for (u64 i = 0; i < s->clients_len; i++) {
+    copy(r->roster[i], s->clients[i].key, 32);
+    r->roster_probe[i] = s->clients[i].probe;
+  }
   s->has_round = 1;
   s->has_previous_round = has_previous;
   s->first_round = 0;
@@ -346,9 +401,8 @@ static void empty_epoch(State *s, u64 now) {
 
 static void tick_waiting_for_members(State *s, u64 now) {
   if (s->pending_len < s->config.init_min_clients || !timed_out(s, now, s->config.waiting_for_members_extra_time)) return;
-  int previous_present = 0;
-  for (u64 i = 0; i < s->clients_len; i++)
-    if (pending_index(s, s->clients[i].key) >= 0) previous_present = 1;
+  int previous_present = 0; /* a client of the last epoch is back */
+  for (u64 j = 0; j < s->pending_len && !previous_present; j++) previous_present = pending_is_client(s, j, 0);
   if (!previous_present && s->checkpoint.kind == CK_P2P && s->checkpoint_fallback.kind != CK_NONE)
     copy(&s->checkpoint, &s->checkpoint_fallback, sizeof(Checkpoint));
   empty_epoch(s, now);
@@ -356,6 +410,7 @@ static void tick_waiting_for_members(State *s, u64 now) {
     copy(s->clients[i].key, s->pending[i], 32);
     s->clients[i].state = HEALTHY;
     s->clients[i].exited_height = 0;
+    s->clients[i].probe = s->pending_probe[i];
   }
   s->clients_len = s->pending_len;
   s->pending_len = 0;
@@ -437,8 +492,13 @@ static u64 on_join(State *s, const u8 *key) {
   int ejected = i >= 0 && s->clients[i].state == EJECTED;
   for (u64 j = 0; j < s->exited_len && !ejected; j++) ejected = equal(s->exited[j].key, key, 32) && s->exited[j].state == EJECTED;
   if (ejected) return fail(E_BANNED, "this client was ejected from the current or last epoch; it may join once the next epoch has begun");
-  if (s->pending_len + s->clients_len >= MAX_CLIENTS) return fail(E_CAPACITY_EXCEEDED, "the run is full (MAX_CLIENTS = 64 clients and joiners)");
-  copy(s->pending[s->pending_len++], key, 32);
+  int carried = i >= 0 && s->clients[i].state == HEALTHY;
+  if (!carried && next_epoch_size(s) >= MAX_CLIENTS)
+    return fail(E_CAPACITY_EXCEEDED, "the run is full: MAX_CLIENTS = " STR(MAX_CLIENTS) " clients and joiners for the next epoch");
+  u64 p = s->pending_len++;
+  copy(s->pending[p], key, 32);
+  s->pending_probe[p] = participant_probe(key);
+  s->pending_client[p] = i >= 0 ? (u64)i + 1 : 0;
   return 0;
 }
 
@@ -470,8 +530,8 @@ static u64 on_witness(State *s, u64 now, const u8 *key, const u8 *data, u64 len)
   }
   if (s->run_state != ROUND_TRAIN && s->run_state != ROUND_WITNESS)
     return fail(E_INVALID_RUN_STATE, "witness proofs are accepted in Warmup, RoundTrain and RoundWitness");
-  /* data: step u64, bloom length u8, participant bloom, broadcast bloom */
-  if (len < 9) return fail(E_INVALID_INSTRUCTION, "witness: expected step and blooms");
+  /* data: step u64, bloom length u16, participant bloom, broadcast bloom */
+  if (len < 10) return fail(E_INVALID_INSTRUCTION, "witness: expected step and blooms");
   Round *r = &s->round;
   if (read_u64(data) != r->step) return fail(E_WRONG_STEP, "witness proof for another step than the round's");
   if (!is_witness(s, r, key)) return fail(E_INVALID_WITNESS, "this client is not a witness of the round");
@@ -479,12 +539,12 @@ static u64 on_witness(State *s, u64 now, const u8 *key, const u8 *data, u64 len)
     if (equal(r->witnesses[w].from, key, 32)) return fail(E_DUPLICATE_WITNESS, "this client already sent a proof for the round");
   u64 size = r->roster_len ? r->roster_len : 1;
   u64 bytes = BLOOM_BITS[size - 1] / 8;
-  if (data[8] != bytes || len != 9 + 2 * bytes) return fail(E_INVALID_WITNESS, "bloom filters of the wrong size for the round");
-  if (r->witness_len >= MAX_WITNESSES) return fail(E_CAPACITY_EXCEEDED, "the round already holds MAX_WITNESSES = 32 proofs");
+  if (read_u16(data + 8) != bytes || len != 10 + 2 * bytes) return fail(E_INVALID_WITNESS, "bloom filters of the wrong size for the round");
+  if (r->witness_len >= MAX_WITNESSES) return fail(E_CAPACITY_EXCEEDED, "the round already holds MAX_WITNESSES = " STR(MAX_WITNESSES) " proofs");
   Witness *w = &r->witnesses[r->witness_len++];
   copy(w->from, key, 32);
-  copy(w->participant_bloom, data + 9, bytes);
-  copy(w->broadcast_bloom, data + 9 + bytes, bytes);
+  copy(w->participant_bloom, data + 10, bytes);
+  copy(w->broadcast_bloom, data + 10 + bytes, bytes);
   if (attests_every_trainer(r, w->participant_bloom)) r->complete_witnesses++;
   if (s->run_state == ROUND_TRAIN && r->witness_len >= witness_quorum(witness_count(s, r->roster_len))) change_state(s, now, ROUND_WITNESS);
   return 0;
@@ -508,7 +568,7 @@ static u64 on_health_check(State *s, const u8 *key, const u8 *data, u64 len) {
     u64 start, end;
     batch_range(judged, (u64)index, &start, &end);
     if (start == end) return fail(E_INVALID_HEALTH_CHECK, "an accused client had no batches in the judged step");
-    if (trainer_healthy(s, judged, accused)) return fail(E_INVALID_HEALTH_CHECK, "an accused client is healthy: a witness quorum saw its results");
+    if (trainer_healthy(s, judged, judged->roster_probe[index])) return fail(E_INVALID_HEALTH_CHECK, "an accused client is healthy: a witness quorum saw its results");
   }
   for (u64 a = 0; a < n; a++) {
     i64 i = client_index(s, data + 1 + 32 * a);
@@ -541,7 +601,7 @@ static u64 on_accuse(State *s, const u8 *key, const u8 *data, u64 len) {
     if (equal(r->accusations[a].from, key, 32)) return fail(E_DUPLICATE_ACCUSATION, "this client already accused that client for that reason in this round");
     backing++;
   }
-  if (r->accusation_len >= MAX_ACCUSATIONS) return fail(E_CAPACITY_EXCEEDED, "the round already holds MAX_ACCUSATIONS = 64 accusations");
+  if (r->accusation_len >= MAX_ACCUSATIONS) return fail(E_CAPACITY_EXCEEDED, "the round already holds MAX_ACCUSATIONS = " STR(MAX_ACCUSATIONS) " accusations");
   Accusation *x = &r->accusations[r->accusation_len++];
   copy(x->from, key, 32);
   copy(x->accused, accused, 32);
@@ -632,7 +692,8 @@ static u64 validate_config(const Config *c, u64 max_seq_len, u64 cold_start) {
   if (c->cooldown_time < 1 || c->epoch_time < 1 || c->max_round_train_time < 1 || c->round_witness_time < 1)
     return fail(E_INVALID_CONFIG, "cooldown_time, epoch_time, max_round_train_time and round_witness_time must be >= 1");
   if (c->min_clients < 1 || c->init_min_clients < c->min_clients) return fail(E_INVALID_CONFIG, "need 1 <= min_clients <= init_min_clients");
-  if (c->init_min_clients > MAX_CLIENTS) return fail(E_INVALID_CONFIG, "init_min_clients exceeds MAX_CLIENTS = 64");
+  if (c->init_min_clients > MAX_CLIENTS) return fail(E_INVALID_CONFIG, "init_min_clients exceeds MAX_CLIENTS = " STR(MAX_CLIENTS));
+  if (c->witness_nodes > MAX_WITNESSES) return fail(E_INVALID_CONFIG, "witness_nodes exceeds MAX_WITNESSES = " STR(MAX_WITNESSES));
   if (c->witness_nodes > c->min_clients) return fail(E_INVALID_CONFIG, "witness_nodes must be <= min_clients, or 0 for automatic");
   if (c->verification_percent > 100) return fail(E_INVALID_CONFIG, "verification_percent must be <= 100");
   if (c->global_batch_size_start < c->init_min_clients || c->global_batch_size_end < c->global_batch_size_start)
@@ -712,7 +773,6 @@ static const u8 ED25519_PROGRAM[32] = {0x03, 0x7d, 0x46, 0xd6, 0x7c, 0x93, 0xfb,
                                        0x05, 0x70, 0x74, 0x49, 0x27, 0xf4, 0x8a, 0x64, 0xfc, 0xca, 0x70, 0x44, 0x80, 0x00, 0x00, 0x00};
 #define ANNOUNCEMENT_PREFIX_MAX 512
 
-static u64 read_u16(const u8 *p) { return (u64)p[0] | ((u64)p[1] << 8); }
 
 /* The start every announcement of (run, step, producer) signs: DOMAIN + JSON.stringify([run_id, step, client_id, (announcementSigningBytes).
  * Returns its length, or 0 when it does not fit. */

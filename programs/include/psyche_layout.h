@@ -6,10 +6,10 @@
 #define PSYCHE_LAYOUT_H
 
 /* ---- capacities ---- */
-#define MAX_CLIENTS 64 /* clients in an epoch; also pending joiners, exited clients, warmup reports, a round roster */
+#define MAX_CLIENTS 256 /* clients in an epoch and joiners waiting, together (Psyche holds 256); also exited clients, warmup reports, a round roster */
 #define MAX_WITNESSES 32 /* witness proofs per round (the automatic witness count, Psyche SOLANA_MAX_NUM_WITNESSES) */
-#define MAX_ACCUSATIONS 64 /* accusations per round (one per accuser, accused and reason) */
-#define BLOOM_MAX 80 /* bytes of one witness bloom: the filter for MAX_CLIENTS trainers (witnessBloomParams), rounded up to 8 */
+#define MAX_ACCUSATIONS 256 /* accusations per round (one per accuser, accused and reason) */
+#define BLOOM_MAX 312 /* bytes of one witness bloom: the filter for MAX_CLIENTS trainers (witnessBloomParams), rounded up to 8 */
 #define RUN_ID_MAX 32 /* bytes of a run id (a program address seed is at most 32 bytes) */
 #define REPO_MAX 96 /* bytes of a Hub repo id */
 #define REVISION_MAX 64 /* bytes of a Hub revision */
@@ -22,7 +22,7 @@
 
 /* ---- magic numbers ---- */
 #define MAGIC 0x44524f4f43595350ull /* "PSYCOORD": a coordinator account */
-#define LAYOUT_VERSION 2ull /* 2: times in unix milliseconds, rounds count complete witness proofs */
+#define LAYOUT_VERSION 3ull /* 3: 256 clients, precomputed bloom probes (2: times in unix milliseconds, rounds count complete witness proofs) */
 #define PEER_MAGIC 0x5245455043595350ull /* "PSYCPEER": a peer record */
 #define METADATA_MAGIC 0x4154454d43595350ull /* "PSYCMETA": a run metadata record */
 #define AUTH_MAGIC 0x4854554148595350ull /* "PSYHAUTH": an authorization */
@@ -37,8 +37,8 @@ enum { IX_INIT_COORDINATOR = 0, IX_UPDATE = 1, IX_SET_PAUSED = 2, IX_JOIN_RUN = 
 enum { E_HALTED = 1, E_INVALID_RUN_STATE = 2, E_ALREADY_JOINED = 3, E_UNKNOWN_CLIENT = 4, E_INVALID_WITHDRAW = 5, E_INVALID_WITNESS = 6, E_DUPLICATE_WITNESS = 7, E_WRONG_STEP = 8, E_NO_ACTIVE_ROUND = 9, E_INVALID_HEALTH_CHECK = 10, E_INVALID_ACCUSATION = 11, E_DUPLICATE_ACCUSATION = 12, E_INVALID_PROOF = 13, E_ALREADY_CHECKPOINTED = 14, E_CANNOT_RESUME = 15, E_INVALID_CONFIG = 16, E_INVALID_EVENT = 17, E_BANNED = 18, E_INVALID_INSTRUCTION = 100, E_WRONG_ACCOUNT = 101, E_UNAUTHORIZED = 102, E_CAPACITY_EXCEEDED = 103, E_MISSING_SIGNATURE = 104, E_NOT_WRITABLE = 105, E_WRONG_PROGRAM_ADDRESS = 106, E_NOT_PERMITTED = 107, E_ALREADY_EXISTS = 108 }; /* Error */
 
 /* ---- witness blooms for a roster of n trainers: BLOOM_BITS[n - 1] bits, BLOOM_HASHES[n - 1] probes (witnessBloomParams) ---- */
-__attribute__((unused)) static const u16 BLOOM_BITS[MAX_CLIENTS] = {64, 64, 64, 64, 64, 64, 72, 80, 88, 96, 112, 120, 128, 136, 144, 160, 168, 176, 184, 192, 208, 216, 224, 232, 240, 256, 264, 272, 280, 288, 304, 312, 320, 328, 336, 352, 360, 368, 376, 384, 400, 408, 416, 424, 432, 448, 456, 464, 472, 480, 496, 504, 512, 520, 528, 544, 552, 560, 568, 576, 592, 600, 608, 616};
-__attribute__((unused)) static const u8 BLOOM_HASHES[MAX_CLIENTS] = {16, 16, 15, 11, 9, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7};
+__attribute__((unused)) static const u16 BLOOM_BITS[MAX_CLIENTS] = {64, 64, 64, 64, 64, 64, 72, 80, 88, 96, 112, 120, 128, 136, 144, 160, 168, 176, 184, 192, 208, 216, 224, 232, 240, 256, 264, 272, 280, 288, 304, 312, 320, 328, 336, 352, 360, 368, 376, 384, 400, 408, 416, 424, 432, 448, 456, 464, 472, 480, 496, 504, 512, 520, 528, 544, 552, 560, 568, 576, 592, 600, 608, 616, 624, 640, 648, 656, 664, 672, 688, 696, 704, 712, 720, 736, 744, 752, 760, 768, 784, 792, 800, 808, 816, 832, 840, 848, 856, 864, 880, 888, 896, 904, 912, 928, 936, 944, 952, 960, 976, 984, 992, 1000, 1008, 1024, 1032, 1040, 1048, 1056, 1064, 1080, 1088, 1096, 1104, 1112, 1128, 1136, 1144, 1152, 1160, 1176, 1184, 1192, 1200, 1208, 1224, 1232, 1240, 1248, 1256, 1272, 1280, 1288, 1296, 1304, 1320, 1328, 1336, 1344, 1352, 1368, 1376, 1384, 1392, 1400, 1416, 1424, 1432, 1440, 1448, 1464, 1472, 1480, 1488, 1496, 1512, 1520, 1528, 1536, 1544, 1560, 1568, 1576, 1584, 1592, 1608, 1616, 1624, 1632, 1640, 1656, 1664, 1672, 1680, 1688, 1704, 1712, 1720, 1728, 1736, 1752, 1760, 1768, 1776, 1784, 1800, 1808, 1816, 1824, 1832, 1848, 1856, 1864, 1872, 1880, 1896, 1904, 1912, 1920, 1928, 1944, 1952, 1960, 1968, 1976, 1992, 2000, 2008, 2016, 2024, 2040, 2048, 2056, 2064, 2072, 2080, 2096, 2104, 2112, 2120, 2128, 2144, 2152, 2160, 2168, 2176, 2192, 2200, 2208, 2216, 2224, 2240, 2248, 2256, 2264, 2272, 2288, 2296, 2304, 2312, 2320, 2336, 2344, 2352, 2360, 2368, 2384, 2392, 2400, 2408, 2416, 2432, 2440, 2448, 2456};
+__attribute__((unused)) static const u8 BLOOM_HASHES[MAX_CLIENTS] = {16, 16, 15, 11, 9, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7};
 
 /* ---- account structs (little-endian) ---- */
 typedef struct {
@@ -97,21 +97,23 @@ typedef struct {
   u8 key[32]; /* @0 */
   u64 state; /* @32: ClientState */
   u64 exited_height; /* @40 */
-} ClientRec; /* 48 bytes */
+  u64 probe; /* @48: the bloom probe of the client's participant key (h1 | h2 << 32), computed once at join */
+} ClientRec; /* 56 bytes */
 _Static_assert(__builtin_offsetof(ClientRec, key) == 0, "layout: ClientRec.key");
 _Static_assert(__builtin_offsetof(ClientRec, state) == 32, "layout: ClientRec.state");
 _Static_assert(__builtin_offsetof(ClientRec, exited_height) == 40, "layout: ClientRec.exited_height");
-_Static_assert(sizeof(ClientRec) == 48, "layout: sizeof(ClientRec)");
+_Static_assert(__builtin_offsetof(ClientRec, probe) == 48, "layout: ClientRec.probe");
+_Static_assert(sizeof(ClientRec) == 56, "layout: sizeof(ClientRec)");
 
 typedef struct {
   u8 from[32]; /* @0 */
   u8 participant_bloom[BLOOM_MAX]; /* @32 */
-  u8 broadcast_bloom[BLOOM_MAX]; /* @112 */
-} Witness; /* 192 bytes */
+  u8 broadcast_bloom[BLOOM_MAX]; /* @344 */
+} Witness; /* 656 bytes */
 _Static_assert(__builtin_offsetof(Witness, from) == 0, "layout: Witness.from");
 _Static_assert(__builtin_offsetof(Witness, participant_bloom) == 32, "layout: Witness.participant_bloom");
-_Static_assert(__builtin_offsetof(Witness, broadcast_bloom) == 112, "layout: Witness.broadcast_bloom");
-_Static_assert(sizeof(Witness) == 192, "layout: sizeof(Witness)");
+_Static_assert(__builtin_offsetof(Witness, broadcast_bloom) == 344, "layout: Witness.broadcast_bloom");
+_Static_assert(sizeof(Witness) == 656, "layout: sizeof(Witness)");
 
 typedef struct {
   u8 from[32]; /* @0 */
@@ -136,10 +138,11 @@ typedef struct {
   u64 complete_witnesses; /* @72: proofs whose participant bloom names every trainer */
   u8 seed[32]; /* @80 */
   u8 roster[MAX_CLIENTS][32]; /* @112 */
-  Witness witnesses[MAX_WITNESSES]; /* @2160 */
-  Accusation accusations[MAX_ACCUSATIONS]; /* @8304 */
-  u8 excluded[MAX_CLIENTS][32]; /* @12912 */
-} Round; /* 14960 bytes */
+  u64 roster_probe[MAX_CLIENTS]; /* @8304: each roster member's ClientRec.probe */
+  Witness witnesses[MAX_WITNESSES]; /* @10352 */
+  Accusation accusations[MAX_ACCUSATIONS]; /* @31344 */
+  u8 excluded[MAX_CLIENTS][32]; /* @49776 */
+} Round; /* 57968 bytes */
 _Static_assert(__builtin_offsetof(Round, step) == 0, "layout: Round.step");
 _Static_assert(__builtin_offsetof(Round, height) == 8, "layout: Round.height");
 _Static_assert(__builtin_offsetof(Round, data_index) == 16, "layout: Round.data_index");
@@ -152,10 +155,11 @@ _Static_assert(__builtin_offsetof(Round, excluded_len) == 64, "layout: Round.exc
 _Static_assert(__builtin_offsetof(Round, complete_witnesses) == 72, "layout: Round.complete_witnesses");
 _Static_assert(__builtin_offsetof(Round, seed) == 80, "layout: Round.seed");
 _Static_assert(__builtin_offsetof(Round, roster) == 112, "layout: Round.roster");
-_Static_assert(__builtin_offsetof(Round, witnesses) == 2160, "layout: Round.witnesses");
-_Static_assert(__builtin_offsetof(Round, accusations) == 8304, "layout: Round.accusations");
-_Static_assert(__builtin_offsetof(Round, excluded) == 12912, "layout: Round.excluded");
-_Static_assert(sizeof(Round) == 14960, "layout: sizeof(Round)");
+_Static_assert(__builtin_offsetof(Round, roster_probe) == 8304, "layout: Round.roster_probe");
+_Static_assert(__builtin_offsetof(Round, witnesses) == 10352, "layout: Round.witnesses");
+_Static_assert(__builtin_offsetof(Round, accusations) == 31344, "layout: Round.accusations");
+_Static_assert(__builtin_offsetof(Round, excluded) == 49776, "layout: Round.excluded");
+_Static_assert(sizeof(Round) == 57968, "layout: sizeof(Round)");
 
 typedef struct {
   u64 magic; /* @0: MAGIC */
@@ -191,14 +195,16 @@ typedef struct {
   u64 has_previous_round; /* @792 */
   u64 pending_pause; /* @800 */
   ClientRec clients[MAX_CLIENTS]; /* @808 */
-  ClientRec exited[MAX_CLIENTS]; /* @3880 */
-  u8 warmup_witnesses[MAX_CLIENTS][32]; /* @6952 */
-  u8 pending[MAX_CLIENTS][32]; /* @9000 */
-  Round round; /* @11048 */
-  Round previous_round; /* @26008 */
-  u64 model_json_len; /* @40968 */
-  u8 model_json[MODEL_JSON_MAX]; /* @40976: the rest of model.LLM as JSON */
-} State; /* 45072 bytes */
+  ClientRec exited[MAX_CLIENTS]; /* @15144 */
+  u8 warmup_witnesses[MAX_CLIENTS][32]; /* @29480 */
+  u8 pending[MAX_CLIENTS][32]; /* @37672 */
+  u64 pending_probe[MAX_CLIENTS]; /* @45864: each joiner's bloom probe (ClientRec.probe) */
+  u64 pending_client[MAX_CLIENTS]; /* @47912: 1 + where the joiner was in clients when it was queued, 0 if it was not there */
+  Round round; /* @49960 */
+  Round previous_round; /* @107928 */
+  u64 model_json_len; /* @165896 */
+  u8 model_json[MODEL_JSON_MAX]; /* @165904: the rest of model.LLM as JSON */
+} State; /* 170000 bytes */
 _Static_assert(__builtin_offsetof(State, magic) == 0, "layout: State.magic");
 _Static_assert(__builtin_offsetof(State, version) == 8, "layout: State.version");
 _Static_assert(__builtin_offsetof(State, run_id) == 16, "layout: State.run_id");
@@ -232,14 +238,16 @@ _Static_assert(__builtin_offsetof(State, has_round) == 784, "layout: State.has_r
 _Static_assert(__builtin_offsetof(State, has_previous_round) == 792, "layout: State.has_previous_round");
 _Static_assert(__builtin_offsetof(State, pending_pause) == 800, "layout: State.pending_pause");
 _Static_assert(__builtin_offsetof(State, clients) == 808, "layout: State.clients");
-_Static_assert(__builtin_offsetof(State, exited) == 3880, "layout: State.exited");
-_Static_assert(__builtin_offsetof(State, warmup_witnesses) == 6952, "layout: State.warmup_witnesses");
-_Static_assert(__builtin_offsetof(State, pending) == 9000, "layout: State.pending");
-_Static_assert(__builtin_offsetof(State, round) == 11048, "layout: State.round");
-_Static_assert(__builtin_offsetof(State, previous_round) == 26008, "layout: State.previous_round");
-_Static_assert(__builtin_offsetof(State, model_json_len) == 40968, "layout: State.model_json_len");
-_Static_assert(__builtin_offsetof(State, model_json) == 40976, "layout: State.model_json");
-_Static_assert(sizeof(State) == 45072, "layout: sizeof(State)");
+_Static_assert(__builtin_offsetof(State, exited) == 15144, "layout: State.exited");
+_Static_assert(__builtin_offsetof(State, warmup_witnesses) == 29480, "layout: State.warmup_witnesses");
+_Static_assert(__builtin_offsetof(State, pending) == 37672, "layout: State.pending");
+_Static_assert(__builtin_offsetof(State, pending_probe) == 45864, "layout: State.pending_probe");
+_Static_assert(__builtin_offsetof(State, pending_client) == 47912, "layout: State.pending_client");
+_Static_assert(__builtin_offsetof(State, round) == 49960, "layout: State.round");
+_Static_assert(__builtin_offsetof(State, previous_round) == 107928, "layout: State.previous_round");
+_Static_assert(__builtin_offsetof(State, model_json_len) == 165896, "layout: State.model_json_len");
+_Static_assert(__builtin_offsetof(State, model_json) == 165904, "layout: State.model_json");
+_Static_assert(sizeof(State) == 170000, "layout: sizeof(State)");
 
 typedef struct {
   u64 magic; /* @0: PEER_MAGIC */

@@ -14,6 +14,7 @@ import {
 import {BloomFilter} from '../../src/core/primitives/bloom.js'
 import {loadRunConfigFile} from '../../src/core/config/index.js'
 import {S, baseConfig, baseLLM, honestProof, joinAll, newRun, ok, rejected, toFirstRound, witnessAll} from './helpers.js'
+import {MAX_CLIENTS} from '../../src/core/coordinator/layout-table.js'
 
 const ids = (n: number, prefix = 'c') => Array.from({length: n}, (_, i) => `${prefix}${i}`)
 
@@ -515,21 +516,31 @@ describe('batch sizes', () => {
   })
 })
 
-describe('10,000 clients', () => {
-  it('start an epoch, get a partition of the batch and 32 automatic witnesses', () => {
-    const n = 10_000
-    const {state: s} = toFirstRound(ids(n), {init_min_clients: 100, min_clients: 100, witness_nodes: 0, global_batch_size_start: 20_000, global_batch_size_end: 20_000})
+describe(`MAX_CLIENTS = ${MAX_CLIENTS} clients (the layout table's capacity, as on Solana)`, () => {
+  it('start an epoch, get a partition of the batch and 32 automatic witnesses; one more joiner is refused', () => {
+    const n = MAX_CLIENTS
+    const {state: s} = toFirstRound(ids(n), {init_min_clients: 100, min_clients: 100, witness_nodes: 0, global_batch_size_start: 2 * n, global_batch_size_end: 2 * n})
     assert.equal(s.epoch.round!.roster.length, n)
     const ranges = [...assignBatches(s).values()].sort((a, b) => a.start - b.start)
     assert.equal(ranges[0].start, 0)
     for (let i = 1; i < n; i++) assert.equal(ranges[i].start, ranges[i - 1].end)
-    assert.equal(ranges[n - 1].end, 20_000)
+    assert.equal(ranges[n - 1].end, 2 * n)
     assert.ok(ranges.every((r) => r.end - r.start === 2))
     const witnesses = selectWitnesses(s)
     assert.equal(witnesses.length, 32)
     assert.equal(new Set(witnesses).size, 32)
     assert.ok(witnesses.every((w) => isWitness(s, w)))
     assert.equal(witnessBloomParams(n).bits >= n * 9, true)
+    // every healthy client is carried into the next epoch: a newcomer would make MAX_CLIENTS + 1
+    const extra = 'ff'.repeat(32)
+    const full = applyEvent(s, {type: 'join', id: extra}, 0)
+    assert.equal(full.error?.code, 'CapacityExceeded')
+    // one client leaves: its place is free for the newcomer, then the run is full again
+    const left = applyEvent(s, {type: 'withdraw', id: s.epoch.round!.roster[0]}, 0)
+    assert.equal(left.error, undefined)
+    const joined = applyEvent(left.state, {type: 'join', id: extra}, 0)
+    assert.equal(joined.error, undefined)
+    assert.equal(applyEvent(joined.state, {type: 'join', id: 'fe'.repeat(32)}, 0).error?.code, 'CapacityExceeded')
   })
 })
 

@@ -304,13 +304,19 @@ describe('coordinator program: client instructions', () => {
     assert.equal(readRun(d).state.pending.length, MAX_CLIENTS)
   })
 
-  it('a witness proof of a full round (64 trainers, every one checked for early close) fits the default 200,000 compute units', async () => {
+  it(`a witness proof of a full round (MAX_CLIENTS = ${MAX_CLIENTS} trainers, every one checked for early close) fits the default 200,000 compute units`, async () => {
     const d = await deployRun('cu-run', T0)
     const {programId: p, coordinator: c, authority: a, chain} = d
     assert.ok(
       (
         await chain.send(a, [
-          updateInstruction(p, c, a, {...config, init_min_clients: MAX_CLIENTS, witness_nodes: 0, global_batch_size_start: 128, global_batch_size_end: 128}, model),
+          updateInstruction(
+            p,
+            c,
+            a,
+            {...config, init_min_clients: MAX_CLIENTS, witness_nodes: 0, global_batch_size_start: 2 * MAX_CLIENTS, global_batch_size_end: 2 * MAX_CLIENTS},
+            model,
+          ),
         ])
       ).ok,
     )

@@ -17,6 +17,10 @@ import {signAnnouncement} from '../../src/core/primitives/announcement.js'
 import {identityFromSeed} from '../../src/core/protocol/identity.js'
 import type {EquivocationProof} from '../../src/core/coordinator/equivocation.js'
 import {keypair} from './harness.js'
+import {MAX_CLIENTS} from '../../src/core/coordinator/layout-table.js'
+import {participantKey, witnessBloomParams} from '../../src/core/coordinator/rules.js'
+import {BloomFilter} from '../../src/core/primitives/bloom.js'
+import {HEALTH_CHECK_BATCH} from '../../src/core/backend/solana/instructions.js'
 
 /**
  * Shared test vectors: event sequences run through the TypeScript reference (src/core/coordinator),
@@ -361,6 +365,70 @@ async function accusations(): Promise<Scenario> {
   r.apply({type: 'join', id: accused}, 'Banned') // an ejected client sits out this epoch and the next
   r.witnessAll()
   r.tickOut() // next round: the ejected trainer has left
+  r.witnessAll()
+  r.tickOut()
+  return finish(r)
+}
+
+/**
+ * At capacity: MAX_CLIENTS clients join (one more is refused), 32 automatic witnesses prove every round, a health
+ * check accuses HEALTH_CHECK_BATCH trainers at once, a witness quorum ejects one, and pausing in Cooldown and again in
+ * WaitingForMembers carries every healthy client into the pending list. Every one of its transactions fits a cluster's
+ * limits (test/solana/capacity.test.ts).
+ */
+export async function capacity(): Promise<Scenario> {
+  const labels = Array.from({length: MAX_CLIENTS + 1}, (_, i) => `cap-${i}`)
+  const r = await recorder('capacity', labels, {
+    init_min_clients: MAX_CLIENTS / 2, // every client joins before the first tick
+    min_clients: MAX_CLIENTS / 2,
+    witness_nodes: 0,
+    global_batch_size_start: 2 * MAX_CLIENTS,
+    global_batch_size_end: 2 * MAX_CLIENTS,
+    rounds_per_epoch: 4,
+    epoch_time: 1000,
+  })
+  r.apply({type: 'resume'}, 'ok')
+  for (const l of labels.slice(0, MAX_CLIENTS)) r.apply({type: 'join', id: r.id(l)}, 'ok')
+  const extra = r.id(labels[MAX_CLIENTS])
+  r.apply({type: 'join', id: extra}, 'CapacityExceeded')
+  r.tickOut() // → Warmup
+  r.warmupAll() // 32 reports start the first round
+  r.witnessAll()
+  r.tickOut() // round 2
+  // round 2: nobody saw HEALTH_CHECK_BATCH trainers (non-witnesses that the proof's bloom does not name by chance)
+  const round = r.state.epoch.round!
+  const witnesses = selectWitnesses(r.state)
+  const absent: string[] = []
+  for (const id of round.roster) {
+    if (absent.length === HEALTH_CHECK_BATCH) break
+    if (witnesses.includes(id)) continue
+    const saw = round.roster.filter((x) => x !== id && !absent.includes(x))
+    const bloom = BloomFilter.fromBase64(witnessBloomParams(round.roster.length), r.proof(saw).participant_bloom)
+    if ([...absent, id].every((x) => !bloom.contains(participantKey(x)))) absent.push(id)
+  }
+  r.witnessAll(round.roster.filter((x) => !absent.includes(x)))
+  r.tickOut() // round 3: judge round 2
+  const judge = selectWitnesses(r.state)
+  r.apply({type: 'health_check', from: judge[0], accused: absent}, 'ok')
+  // a quorum of witnesses accuses one trainer: ejected and excluded
+  const step = r.state.epoch.round!.step
+  const victim = r.state.epoch.round!.roster.find((id) => !judge.includes(id) && !absent.includes(id))!
+  for (const w of judge.slice(0, 21)) r.apply({type: 'accuse', from: w, step, accused: victim, reason: 'invalid_result'}, 'ok')
+  const leaver = r.state.epoch.round!.roster.find((id) => !judge.includes(id) && !absent.includes(id) && id !== victim)!
+  r.apply({type: 'withdraw', id: leaver}, 'ok')
+  r.apply({type: 'join', id: extra}, 'ok') // places freed: the next epoch has room
+  r.apply({type: 'pause'}, 'ok') // pending: the epoch ends first
+  r.witnessAll()
+  r.tickOut() // → Cooldown
+  r.apply({type: 'checkpoint', from: judge[0], repo: {repo_id: 'org/model-at-capacity'}}, 'ok')
+  r.tickOut() // → Paused: the healthy clients, then the other joiners, are pending
+  r.apply({type: 'resume'}, 'ok')
+  r.apply({type: 'withdraw', id: judge[1]}, 'ok') // leaves the pending list, stays a healthy client of the last epoch
+  r.apply({type: 'join', id: victim}, 'Banned')
+  r.apply({type: 'pause'}, 'ok') // in WaitingForMembers: judge[1] is carried again, nobody twice
+  r.apply({type: 'resume'}, 'ok')
+  r.tickOut() // → Warmup: the next epoch
+  r.warmupAll()
   r.witnessAll()
   r.tickOut()
   return finish(r)

@@ -2,7 +2,7 @@
  * The run config's pure validator: `[config]` and `[model.LLM]` as objects (parsed TOML, or a config_update event)
  * to normalized values or located issues. No I/O: the coordinator runs it. Files are read by run-config-file.ts.
  */
-import {CONFIG_FIELDS as COORDINATOR_CONFIG_FIELDS} from '../coordinator/layout-table.js'
+import {CONFIG_FIELDS as COORDINATOR_CONFIG_FIELDS, MAX_CLIENTS, MAX_WITNESSES} from '../coordinator/layout-table.js'
 import {Reader, join, type Table} from './read.js'
 import type {
   AdamWConfig,
@@ -35,8 +35,10 @@ export const STARTING_RUN_STATES: readonly RunState[] = ['Uninitialized', 'Waiti
 export const LIMITS = {
   /** Every duration (phases, epochs): a week. Psyche's longest real epoch_time is 100,000 s (~28 h). */
   seconds: 7 * 24 * 3600,
-  /** min_clients, init_min_clients, witness_nodes (u16). */
-  clients: 65_535,
+  /** min_clients, init_min_clients: a coordinator holds MAX_CLIENTS (the layout table, both coordinators). */
+  clients: MAX_CLIENTS,
+  /** witness_nodes: a round holds MAX_WITNESSES proofs (the layout table). */
+  witnesses: MAX_WITNESSES,
   /** global_batch_size_start and _end, in samples (u16). */
   batch: 65_535,
   /** total_steps, rounds_per_epoch and every step count of a schedule (u32). */
@@ -85,7 +87,7 @@ function readCoordinatorConfig(r: Reader, t: Table, path: string): CoordinatorCo
     round_witness_time: seconds(r, t, 'round_witness_time', path, {positive: true}),
     min_clients: r.int(t, 'min_clients', path, {min: 1, max: LIMITS.clients}),
     init_min_clients: r.int(t, 'init_min_clients', path, {min: 1, max: LIMITS.clients}),
-    witness_nodes: r.int(t, 'witness_nodes', path, {min: 0, max: LIMITS.clients}),
+    witness_nodes: r.int(t, 'witness_nodes', path, {min: 0, max: LIMITS.witnesses}),
     verification_percent: r.int(t, 'verification_percent', path, {min: 0, max: 100, default: 0}),
     global_batch_size_start: r.int(t, 'global_batch_size_start', path, {min: 1, max: LIMITS.batch}),
     global_batch_size_end: r.int(t, 'global_batch_size_end', path, {min: 1, max: LIMITS.batch}),

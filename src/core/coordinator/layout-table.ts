@@ -19,10 +19,10 @@ import {RUN_STATES} from '../config/types.js'
 
 /** Numeric constants: name → [value, what it bounds]. */
 export const CONSTANTS = {
-  MAX_CLIENTS: [64, 'clients in an epoch; also pending joiners, exited clients, warmup reports, a round roster'],
+  MAX_CLIENTS: [256, 'clients in an epoch and joiners waiting, together (Psyche holds 256); also exited clients, warmup reports, a round roster'],
   MAX_WITNESSES: [32, 'witness proofs per round (the automatic witness count, Psyche SOLANA_MAX_NUM_WITNESSES)'],
-  MAX_ACCUSATIONS: [64, 'accusations per round (one per accuser, accused and reason)'],
-  BLOOM_MAX: [80, 'bytes of one witness bloom: the filter for MAX_CLIENTS trainers (witnessBloomParams), rounded up to 8'],
+  MAX_ACCUSATIONS: [256, 'accusations per round (one per accuser, accused and reason)'],
+  BLOOM_MAX: [312, 'bytes of one witness bloom: the filter for MAX_CLIENTS trainers (witnessBloomParams), rounded up to 8'],
   RUN_ID_MAX: [32, 'bytes of a run id (a program address seed is at most 32 bytes)'],
   REPO_MAX: [96, 'bytes of a Hub repo id'],
   REVISION_MAX: [64, 'bytes of a Hub revision'],
@@ -37,7 +37,7 @@ export const CONSTANTS = {
 /** Magic numbers (the first u64 of each account) and the coordinator layout's version. */
 export const MAGICS = {
   MAGIC: [0x44524f4f43595350n, '"PSYCOORD": a coordinator account'],
-  LAYOUT_VERSION: [2n, '2: times in unix milliseconds, rounds count complete witness proofs'],
+  LAYOUT_VERSION: [3n, '3: 256 clients, precomputed bloom probes (2: times in unix milliseconds, rounds count complete witness proofs)'],
   PEER_MAGIC: [0x5245455043595350n, '"PSYCPEER": a peer record'],
   METADATA_MAGIC: [0x4154454d43595350n, '"PSYCMETA": a run metadata record'],
   AUTH_MAGIC: [0x4854554148595350n, '"PSYHAUTH": an authorization'],
@@ -84,6 +84,7 @@ export const STRUCTS = {
     ['key', 'u8[32]'],
     ['state', 'u64', 'ClientState'],
     ['exited_height', 'u64'],
+    ['probe', 'u64', "the bloom probe of the client's participant key (h1 | h2 << 32), computed once at join"],
   ],
   Witness: [
     ['from', 'u8[32]'],
@@ -108,6 +109,7 @@ export const STRUCTS = {
     ['complete_witnesses', 'u64', 'proofs whose participant bloom names every trainer'],
     ['seed', 'u8[32]'],
     ['roster', 'u8[MAX_CLIENTS][32]'],
+    ['roster_probe', 'u64[MAX_CLIENTS]', "each roster member's ClientRec.probe"],
     ['witnesses', 'Witness[MAX_WITNESSES]'],
     ['accusations', 'Accusation[MAX_ACCUSATIONS]'],
     ['excluded', 'u8[MAX_CLIENTS][32]'],
@@ -149,6 +151,8 @@ export const STRUCTS = {
     ['exited', 'ClientRec[MAX_CLIENTS]'],
     ['warmup_witnesses', 'u8[MAX_CLIENTS][32]'],
     ['pending', 'u8[MAX_CLIENTS][32]'],
+    ['pending_probe', 'u64[MAX_CLIENTS]', "each joiner's bloom probe (ClientRec.probe)"],
+    ['pending_client', 'u64[MAX_CLIENTS]', '1 + where the joiner was in clients when it was queued, 0 if it was not there'],
     ['round', 'Round'],
     ['previous_round', 'Round'],
     ['model_json_len', 'u64'],
@@ -259,6 +263,7 @@ export const CONFIG_FIELDS = STRUCTS.Config.map(([name]) => name)
 /** Capacity of one coordinator, in both coordinators. */
 export const MAX_CLIENTS = constant('MAX_CLIENTS')
 export const MAX_WITNESSES = constant('MAX_WITNESSES')
+export const MAX_ACCUSATIONS = constant('MAX_ACCUSATIONS')
 /** A run id is 1 to RUN_ID_MAX bytes (a program address seed on Solana). */
 export const RUN_ID_MAX = constant('RUN_ID_MAX')
 

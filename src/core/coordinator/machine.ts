@@ -23,6 +23,7 @@ import {
 } from './rules.js'
 import {ACTIVE_PHASES, EPOCH_PHASES, HALTED_PHASES, isCheckpointP2P, isRoundPhase} from './phases.js'
 import type {ApplyResult, Client, ClientId, CoordinatorEvent, CoordinatorState, EpochState, Rejection, RejectionCode, Round, RunState} from './types.js'
+import {MAX_ACCUSATIONS, MAX_CLIENTS} from './layout-table.js'
 
 /**
  * The coordinator state machine: (state, event, now) -> state. Pure — no I/O, no clock, no
@@ -144,6 +145,16 @@ function keepHealthyAsPending(s: CoordinatorState): CoordinatorState {
   const carried = s.epoch.clients.filter((c) => c.state === 'Healthy').map((c) => c.id)
   const kept = new Set(carried)
   return {...s, pending: [...carried, ...s.pending.filter((id) => !kept.has(id))]}
+}
+
+/**
+ * How many clients the next epoch would hold: the healthy clients (keepHealthyAsPending carries them) and the joiners
+ * that are not among them. A join that would raise it past MAX_CLIENTS is refused (CapacityExceeded), in both
+ * coordinators (the program's arrays hold MAX_CLIENTS).
+ */
+function nextEpochSize(s: CoordinatorState): number {
+  const healthy = new Set(s.epoch.clients.filter((c) => c.state === 'Healthy').map((c) => c.id))
+  return healthy.size + s.pending.filter((id) => !healthy.has(id)).length
 }
 
 /** Back to WaitingForMembers (or Finished when the run is done), keeping the healthy clients. */
@@ -296,6 +307,10 @@ function onJoin(s: CoordinatorState, id: ClientId): CoordinatorState {
   // (clients and exited, kept until the next epoch's Warmup) is the ban list, so it needs no state of its own.
   if (wasEjected(s, id)) {
     throw new Reject('Banned', `client ${id} was ejected from the current or last epoch; it may join again once the next epoch has begun`)
+  }
+  const carried = i >= 0 && s.epoch.clients[i].state === 'Healthy'
+  if (!carried && nextEpochSize(s) >= MAX_CLIENTS) {
+    throw new Reject('CapacityExceeded', `the run is full: MAX_CLIENTS = ${MAX_CLIENTS} clients and joiners for the next epoch`)
   }
   return {...s, pending: [...s.pending, id]}
 }
@@ -457,6 +472,7 @@ function onAccuse(s: CoordinatorState, event: Extract<CoordinatorEvent, {type: '
   const same = (a: {accused: ClientId; reason: string}) => a.accused === accused && a.reason === event.reason
   if (round.accusations.some((a) => a.from === from && same(a)))
     throw new Reject('DuplicateAccusation', `client ${from} already accused ${accused} (${event.reason}) in step ${round.step}`)
+  if (round.accusations.length >= MAX_ACCUSATIONS) throw new Reject('CapacityExceeded', `the round already holds MAX_ACCUSATIONS = ${MAX_ACCUSATIONS} accusations`)
   const accusations = [...round.accusations, {from, accused, reason: event.reason}]
   s = {...s, epoch: {...s.epoch, round: {...round, accusations}}}
   const backing = accusations.filter(same).length

@@ -199,6 +199,8 @@ export type RejectionCode =
   | 'CannotResume'
   | 'InvalidConfig'
   | 'InvalidEvent'
+  /** A capacity of the coordinator (the layout table's MAX_CLIENTS, MAX_ACCUSATIONS) is reached. */
+  | 'CapacityExceeded'
 
 /** Why an event was rejected; the state is then unchanged. Plain data, so a backend can send it back. */
 export interface Rejection {

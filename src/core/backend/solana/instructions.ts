@@ -43,12 +43,12 @@ const BUILTINS = new Set<string>(['11111111111111111111111111111111', 'ComputeBu
  */
 export const INSTRUCTION_UNITS = {
   init_coordinator: 30_000,
-  grow: 2_000,
+  grow: 500,
   update: 30_000,
   set_paused: 30_000,
   join_run: 15_000,
   tick: 60_000,
-  witness: 200_000,
+  witness: 100_000,
   warmup_witness: 40_000,
   /** per accused client (a shuffle and a quorum count over the witness blooms), plus health_check_base */
   health_check_per_accused: 40_000,

@@ -289,8 +289,11 @@ export function encodeSetPaused(paused: boolean): Uint8Array {
 }
 
 export function encodeWitness(step: number, participantBloom: Uint8Array, broadcastBloom: Uint8Array): Uint8Array {
-  if (participantBloom.length !== broadcastBloom.length || participantBloom.length > BLOOM_MAX) throw new RangeError('witness blooms must have equal sizes of at most 80 bytes')
-  return Buffer.concat([Buffer.from([IX.witness]), u64(step), Buffer.from([participantBloom.length]), participantBloom, broadcastBloom])
+  if (participantBloom.length !== broadcastBloom.length || participantBloom.length > BLOOM_MAX)
+    throw new RangeError(`witness blooms must have equal sizes of at most ${BLOOM_MAX} bytes`)
+  const len = Buffer.alloc(2)
+  len.writeUInt16LE(participantBloom.length)
+  return Buffer.concat([Buffer.from([IX.witness]), u64(step), len, participantBloom, broadcastBloom])
 }
 
 export function encodeHealthCheck(accused: string[]): Uint8Array {
