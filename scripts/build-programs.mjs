@@ -1,6 +1,6 @@
 #!/usr/bin/env node
-// `npm run build:programs`: compiles the Solana programs in programs/ to sBPF v0 shared objects in
-// programs/build/ (committed, so deploying and testing need no toolchain). It first writes the layout table's
+// `npm run build:programs`: compiles the Solana programs in programs/ to sBPF v3 shared objects (NAME.so; NAME.v0.so
+// for clusters without v3) in programs/build/ (committed, so deploying and testing need no toolchain). It first writes the layout table's
 // header, programs/include/psyche_layout.h (scripts/gen-layout.ts). Each program is C, compiled
 // by Debian's clang-19 for the eBPF target and linked by programs/tools/sbpf-link.ts. Cached: a build is
 // skipped when the hash of its inputs (sources, linker, flags; scripts/program-inputs.mjs) matches the recorded
@@ -68,8 +68,14 @@ for (const program of PROGRAMS) {
     const object = join(tmp, `${program.name}.o`)
     const cc = spawnSync(CLANG, [...CFLAGS, '-c', join(root, program.source), '-o', object], {stdio: 'inherit'})
     if (cc.status !== 0) throw new Error(`${CLANG} failed on ${program.source}`)
-    const ld = spawnSync(process.execPath, ['--import', 'tsx', join(root, 'programs', 'tools', 'sbpf-link.ts'), object, so], {stdio: 'inherit', cwd: root})
-    if (ld.status !== 0) throw new Error(`sbpf-link failed on ${program.name}`)
+    // sBPF v3 (what a current cluster deploys), and v0 beside it for clusters without v3
+    for (const [version, out] of [
+      ['v3', so],
+      ['v0', join(root, 'programs', 'build', `${program.name}.v0.so`)],
+    ]) {
+      const ld = spawnSync(process.execPath, ['--import', 'tsx', join(root, 'programs', 'tools', 'sbpf-link.ts'), '--sbpf', version, object, out], {stdio: 'inherit', cwd: root})
+      if (ld.status !== 0) throw new Error(`sbpf-link failed on ${program.name} (${version})`)
+    }
     writeFileSync(`${hashFile}.tmp`, `${hash}\n`)
     renameSync(`${hashFile}.tmp`, hashFile)
   } catch (error) {

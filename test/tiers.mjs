@@ -79,6 +79,7 @@ export const tiers = {
     'test/solana/cluster-limits.test.ts',
     'test/solana/coordinator-program.test.ts',
     'test/solana/decode-fuzz.test.ts',
+    'test/solana/deploy.test.ts',
     'test/solana/differential.test.ts',
     'test/solana/idl.test.ts',
     'test/solana/layout-table.test.ts',

@@ -1,7 +1,7 @@
 import {createKeyPairSignerFromPrivateKeyBytes, type Address, type Instruction, type KeyPairSigner} from '@solana/kit'
 import {createHash} from 'node:crypto'
 import {readFileSync} from 'node:fs'
-import {AUTHORIZER_PROGRAM_PATH, LocalChain} from '../../src/core/backend/solana/local-chain.js'
+import {AUTHORIZER_PROGRAM_PATH, COORDINATOR_PROGRAM_PATH, LocalChain, programPath, type ChainFeatures} from '../../src/core/backend/solana/local-chain.js'
 import {
   accuseInstruction,
   checkpointInstruction,
@@ -37,16 +37,21 @@ export interface Deployed {
   authorizer: Address
 }
 
-/** A LiteSVM with the committed program, and a run's coordinator account initialized at `now`. */
-export async function deployRun(runId: string, now: number, joinAuthority: Address | null = null): Promise<Deployed> {
+/**
+ * A LiteSVM with the committed programs deployed as a cluster deploys them (the loader's deploy-time checks, with the
+ * `features` of a current cluster: the sBPF v3 builds; 'legacy': the v0 builds), and a run's coordinator account
+ * initialized at `now`.
+ */
+export async function deployRun(runId: string, now: number, joinAuthority: Address | null = null, features: ChainFeatures = 'current'): Promise<Deployed> {
   const programId = (await keypair('program')).address
-  const chain = new LocalChain(programId)
+  const chain = new LocalChain(programId, null, features)
+  await chain.deploy(programId, readFileSync(programPath(COORDINATOR_PROGRAM_PATH, features)))
   const payer = await keypair('payer')
   const authority = await keypair('authority')
   chain.airdrop(payer.address)
   chain.airdrop(authority.address)
   const authorizer = (await keypair('authorizer-program')).address
-  chain.addProgram(authorizer, readFileSync(AUTHORIZER_PROGRAM_PATH))
+  await chain.deploy(authorizer, readFileSync(programPath(AUTHORIZER_PROGRAM_PATH, features)))
   chain.setTime(now)
   const coordinator = await coordinatorAddress(programId, runId)
   const r = await chain.send(

@@ -3,7 +3,7 @@ import {randomBytes} from 'node:crypto'
 import {Flags} from '@oclif/core'
 import {getAddressDecoder, isAddress, type Address} from '@solana/kit'
 import {loadKeypair} from '../../core/backend/solana/admin.js'
-import {AUTHORIZER_PROGRAM_PATH, COORDINATOR_PROGRAM_PATH} from '../../core/backend/solana/local-chain.js'
+import {AUTHORIZER_PROGRAM_PATH, COORDINATOR_PROGRAM_PATH, programPath, type ChainFeatures} from '../../core/backend/solana/local-chain.js'
 import {Localnet} from '../../core/backend/solana/localnet.js'
 import {PsycheCommand} from '../../core/cli/base-command.js'
 import {parseAddress} from '../../core/cli/solana-flags.js'
@@ -21,18 +21,25 @@ export default class SolanaLocalnet extends PsycheCommand {
     port: Flags.integer({summary: 'TCP port (0: any free port)', default: 8899, min: 0, max: 65535}),
     host: Flags.string({summary: 'address to listen on', default: '127.0.0.1'}),
     fund: Flags.string({summary: "airdrop 100 SOL to this address, or to a keypair file's (repeat)", multiple: true, default: []}),
+    features: Flags.string({
+      summary: "the cluster's feature set: current (every feature, SIMD-0500 included: sBPF v3 programs) or legacy (without SIMD-0500: the sBPF v0 builds)",
+      options: ['current', 'legacy'],
+      default: 'current',
+    }),
   }
 
   async run(): Promise<void> {
     const {flags} = await this.parse(SolanaLocalnet)
     const programId = flags['program-id'] ? parseAddress(flags['program-id'], 'program-id') : randomAddress()
     const authorizerId = flags['authorizer-id'] ? parseAddress(flags['authorizer-id'], 'authorizer-id') : randomAddress()
+    const features = flags.features as ChainFeatures
     const net = new Localnet({
       host: flags.host,
       port: flags.port,
+      features,
       programs: [
-        {address: programId, bytes: readFileSync(COORDINATOR_PROGRAM_PATH)},
-        {address: authorizerId, bytes: readFileSync(AUTHORIZER_PROGRAM_PATH)},
+        {address: programId, bytes: readFileSync(programPath(COORDINATOR_PROGRAM_PATH, features))},
+        {address: authorizerId, bytes: readFileSync(programPath(AUTHORIZER_PROGRAM_PATH, features))},
       ],
     })
     for (const a of flags.fund) net.chain.airdrop(isAddress(a) || !existsSync(a) ? parseAddress(a, 'fund') : (await loadKeypair(a)).address)

@@ -4,7 +4,7 @@ import {getBase58Decoder, getCompiledTransactionMessageDecoder, getTransactionDe
 import {FailedTransactionMetadata} from 'litesvm'
 import {WebSocketServer, type WebSocket} from 'ws'
 import {TRANSACTION_SIZE_LIMIT} from './chain.js'
-import {LocalChain} from './local-chain.js'
+import {LocalChain, type ChainFeatures} from './local-chain.js'
 
 /**
  * A single-node Solana cluster on loopback: LiteSVM (the real runtime, loader and syscalls) behind the
@@ -13,6 +13,8 @@ import {LocalChain} from './local-chain.js'
  * and accountSubscribe / signatureSubscribe (with their unsubscribes) on a websocket at the same address.
  * The clock follows wall time, and so do slots (one per `slotMs`, 400 ms as on a cluster).
  *
+ * It deploys the programs as a cluster does, through the upgradeable loader and its deploy-time checks, with every
+ * feature of a current cluster active (SIMD-0500: no sBPF v0 deployments; `features: 'legacy'` for an older one).
  * It refuses what a cluster refuses, which LiteSVM alone would run: a transaction over 1,232 bytes, and one whose
  * blockhash is unknown or older than 150 slots (BlockhashNotFound); the compute limit a transaction asks for is
  * enforced by the runtime. For trying runs on one machine and for testing the RPC path; a real cluster is
@@ -33,6 +35,8 @@ interface LocalnetOptions {
   programs: {address: Address; bytes: Uint8Array}[]
   /** Milliseconds per slot (400 as on a cluster); a blockhash lives 150 slots. */
   slotMs?: number
+  /** The feature set: 'current' (default; SIMD-0500 refuses to deploy sBPF v0) or 'legacy' (an older cluster). */
+  features?: ChainFeatures
 }
 
 /** Slots a blockhash stays valid (MAX_PROCESSING_AGE). */
@@ -56,14 +60,15 @@ export class Localnet {
   wsUrl = ''
 
   constructor(private readonly options: LocalnetOptions) {
-    const [first, ...rest] = options.programs
+    const [first] = options.programs
     if (!first) throw new RangeError('localnet: no program to deploy')
-    this.chain = new LocalChain(first.address, first.bytes)
+    this.chain = new LocalChain(first.address, null, options.features ?? 'current')
     this.chain.svm.withBlockhashCheck(false)
-    for (const p of rest) this.chain.addProgram(p.address, p.bytes)
   }
 
+  /** Deploys the programs (as a cluster does, with its deploy-time checks), then serves JSON-RPC. */
   async start(): Promise<string> {
+    for (const p of this.options.programs) await this.chain.deploy(p.address, p.bytes)
     this.server = createServer((req, res) => void this.handle(req, res))
     await new Promise<void>((resolve, reject) => {
       this.server!.once('error', reject)
