@@ -738,9 +738,6 @@ static u64 on_update(State *s, const u8 *data, u64 len) {
     if (18 + repo_bytes + 2 > rest) return fail(E_INVALID_INSTRUCTION, "update: model too short");
     u64 e = read_repo(&checkpoint, m + 18, repo_bytes);
     if (e) return e;
-    /* readHubRepo: a revision, when given, is not empty; Hub and P2P name a repo (Dummy may not) */
-    if (checkpoint.has_revision && !checkpoint.revision_len) return fail(E_INVALID_CONFIG, "model.LLM.checkpoint: the revision must not be empty");
-    if (kind != CK_DUMMY && !checkpoint.repo_len) return fail(E_INVALID_CONFIG, "model.LLM.checkpoint: repo_id must not be empty");
     checkpoint.kind = kind;
     json_len = (u64)m[18 + repo_bytes] | ((u64)m[19 + repo_bytes] << 8);
     json = m + 20 + repo_bytes;
@@ -748,6 +745,11 @@ static u64 on_update(State *s, const u8 *data, u64 len) {
     if (20 + repo_bytes + json_len != rest) return fail(E_INVALID_INSTRUCTION, "update: model JSON length mismatch");
   } else if (rest != 1) return fail(E_INVALID_INSTRUCTION, "update: trailing bytes");
   else if (!s->has_config) return fail(E_INVALID_CONFIG, "the first update must set the model");
+  /* readHubRepo, on the checkpoint the run will have (the new one, or the one it has: the reference validates the
+   * whole model either way): a revision, when given, is not empty; Hub and P2P name a repo (Dummy may not; a Dummy
+   * run's epoch end turns it into P2P) */
+  if (checkpoint.has_revision && !checkpoint.revision_len) return fail(E_INVALID_CONFIG, "model.LLM.checkpoint: the revision must not be empty");
+  if (checkpoint.kind != CK_DUMMY && !checkpoint.repo_len) return fail(E_INVALID_CONFIG, "model.LLM.checkpoint: repo_id must not be empty");
   u64 e = validate_config(&config, max_seq_len, cold_start);
   if (e) return e;
   copy(&s->config, &config, sizeof(Config));

@@ -10,6 +10,6 @@ describe('differential fuzzing, long: the program equals the reference after eve
   it(`${COUNT} random sequences (seeds ${FIRST}..${FIRST + COUNT - 1})`, async () => {
     const results: SequenceResult[] = []
     for (let seed = FIRST; seed < FIRST + COUNT; seed++) results.push(await runSequence(seed))
-    summarize(results)
+    summarize(results, {fullRun: true})
   })
 })

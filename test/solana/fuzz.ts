@@ -526,6 +526,10 @@ export interface SequenceResult {
   phases: Set<string>
   /** Set when the sequence ended on a capacity bound (the tolerated difference). */
   capacity?: string
+  /** The most clients an epoch had. */
+  maxClients: number
+  /** The most compute units each kind of event used (the whole transaction, its budget instructions included). */
+  units: Record<string, number>
 }
 
 class Divergence extends Error {}
@@ -585,8 +589,11 @@ export async function runSequence(seed: number, options: {length?: number; maxCl
   const setup = await chain.send(authority, [updateInstruction(programId, coordinator, authority, config, model)])
   if (!setup.ok) throw new Error(`seed ${seed}: the first update failed: ${setup.error}\n${setup.logs.join('\n')}`)
 
-  const length = options.length ?? rng.int(20, 120)
-  const result: SequenceResult = {seed, events: 0, accepted: 0, rejected: {}, phases: new Set([seq.state.run_state])}
+  // A crowd: with a large pool, most sequences first have every member join and the run resume, so the epochs that
+  // follow run at (and past) the account's capacity.
+  const crowd: Step[] = poolSize > 16 && rng.chance(0.7) ? [...chosen.map((id): Step => ({event: {type: 'join', id}})), {event: {type: 'resume'}}] : []
+  const length = crowd.length + (options.length ?? rng.int(20, 120))
+  const result: SequenceResult = {seed, events: 0, accepted: 0, rejected: {}, phases: new Set([seq.state.run_state]), maxClients: 0, units: {}}
   const fail = (i: number, what: string, message: string, logs: string[] = []): never => {
     throw new Divergence(
       `differential fuzz: seed ${seed}, event ${i} (${what} at ${seq.now}, ${seq.state.run_state}): ${message}\n` +
@@ -595,7 +602,7 @@ export async function runSequence(seed: number, options: {length?: number; maxCl
     )
   }
   for (let i = 0; i < length; i++) {
-    const step = seq.draw()
+    const step = crowd.shift() ?? seq.draw()
     seq.slot += rng.int(1, 3)
     chain.setClock(seq.now, seq.slot)
     let expected: {error?: RejectionCode | string; message?: string; state: CoordinatorState; anyError?: boolean}
@@ -623,6 +630,8 @@ export async function runSequence(seed: number, options: {length?: number; maxCl
     }
     const r = await chain.send(sent.signer, Array.isArray(sent.ix) ? sent.ix : [sent.ix])
     result.events++
+    const kind = what.split(/[ :]/)[0]
+    result.units[kind] = Math.max(result.units[kind] ?? 0, Number(r.computeUnits))
     seq.log.push(`${i} t=${seq.now} ${what} → reference ${expected.anyError ? 'refuses' : (expected.error ?? 'ok')}, program ${r.ok ? 'ok' : r.error}`)
     if (r.ok) {
       if (expected.error || expected.anyError)
@@ -643,6 +652,7 @@ export async function runSequence(seed: number, options: {length?: number; maxCl
     }
     seq.state = expected.state
     result.phases.add(seq.state.run_state)
+    result.maxClients = Math.max(result.maxClients, seq.state.epoch.clients.length)
     const data = chain.accountData(coordinator)
     if (!data) fail(i, what, 'the coordinator account is gone')
     let onChain: CoordinatorState
@@ -701,16 +711,23 @@ function describe(e: CoordinatorEvent): string {
 }
 
 /** Asserts the sequences exercised what they are for: every phase, accepted events, and the reference's rejections. */
-export function summarize(results: SequenceResult[]): void {
+export function summarize(results: SequenceResult[], options: {fullRun?: boolean} = {}): void {
   const phases = new Set(results.flatMap((r) => [...r.phases]))
   const rejected: Record<string, number> = {}
   for (const r of results) for (const [k, n] of Object.entries(r.rejected)) rejected[k] = (rejected[k] ?? 0) + n
   const events = results.reduce((n, r) => n + r.events, 0)
   const accepted = results.reduce((n, r) => n + r.accepted, 0)
   const capacity = results.filter((r) => r.capacity).length
-  console.log(`# ${results.length} sequences, ${events} events: ${accepted} accepted, rejected ${JSON.stringify(rejected)}, ${capacity} ended at a capacity bound`)
+  const maxClients = Math.max(...results.map((r) => r.maxClients))
+  const units: Record<string, number> = {}
+  for (const r of results) for (const [k, n] of Object.entries(r.units)) units[k] = Math.max(units[k] ?? 0, n)
+  console.log(`# most compute units per event: ${JSON.stringify(units)}`)
+  console.log(
+    `# ${results.length} sequences, ${events} events: ${accepted} accepted, rejected ${JSON.stringify(rejected)}, ${capacity} ended at a capacity bound, at most ${maxClients} clients in an epoch`,
+  )
   for (const phase of ['WaitingForMembers', 'Warmup', 'RoundTrain', 'RoundWitness', 'Cooldown', 'Paused', 'Finished']) assert.ok(phases.has(phase), `no sequence reached ${phase}`)
   for (const code of ['Halted', 'InvalidRunState', 'AlreadyJoined', 'InvalidWitness', 'WrongStep', 'InvalidConfig', 'malformed'])
     assert.ok((rejected[code] ?? 0) > 0, `no event was rejected with ${code}`)
   assert.ok(accepted > events / 4, `only ${accepted} of ${events} events were accepted`)
+  if (options.fullRun) assert.equal(maxClients, MAX_CLIENTS, `no sequence filled an epoch with MAX_CLIENTS = ${MAX_CLIENTS} clients`)
 }
