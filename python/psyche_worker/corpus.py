@@ -94,9 +94,21 @@ def build(source: Path, out: Path, vocab_size: int, validation_every: int) -> di
         }
         (tmp / "corpus.json").write_text(json.dumps(info, indent=2) + "\n")
         os.chmod(tmp, 0o755)  # mkdtemp makes it private; the corpus is not secret
+        # Two first uses at once (two commands, or tests run side by side) both build it: the first rename wins and
+        # the other keeps that corpus (the same bytes: the build is deterministic) rather than replacing it under a
+        # reader. A directory without corpus.json is an unfinished leftover and is replaced.
+        if (out / "corpus.json").exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+            return json.loads((out / "corpus.json").read_text())
         if out.exists():
             shutil.rmtree(out)
-        os.rename(tmp, out)
+        try:
+            os.rename(tmp, out)
+        except OSError:
+            if not (out / "corpus.json").exists():
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
+            return json.loads((out / "corpus.json").read_text())
         return info
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
