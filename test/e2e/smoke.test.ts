@@ -30,7 +30,10 @@ describe('end to end: a coordinator and three clients, each with its own worker'
   })
 
   it('trains 6 rounds over 2 epochs: the loss falls and every client holds the same parameters after every round', async () => {
-    const state = writeE2eRun(dir.path, {roundsPerEpoch: 3, totalSteps: 6, lr: 1e-2})
+    // Warmup ends as soon as all three have loaded the model (no time lost when the machine is idle); its timeout is
+    // long, so that a client slow to start its worker on a loaded machine still trains from round 1 (with 10 s, two
+    // clients once missed round 1 and the epoch ended after a round without exchange).
+    const state = writeE2eRun(dir.path, {roundsPerEpoch: 3, totalSteps: 6, lr: 1e-2, warmupTime: 60})
     const {server, port} = await startServer(state)
     procs.push(server)
     const clients = ['a', 'b', 'c'].map((name) => startClient(name, port, state))
