@@ -6,6 +6,9 @@
 // in-process simulation, one multi-process smoke run); `--all` (npm run test:all, CI) runs every tier. A test file
 // that test/tiers.mjs does not list, or lists twice or under no known tier, stops the run before anything starts.
 //
+// In-process files (tiers unit, sim) run PSYCHE_TEST_CONCURRENCY (default 2) at a time, the others one at a time; each
+// group prints every file's time (scripts/test-times.mjs).
+//
 // Usage: node scripts/test.mjs [--all] [--tier NAME[,NAME]] [--only ts|py|lint] [test files...]
 //   test files given by name run whatever their tier (Node 20 neither globs nor finds .ts files itself).
 import {spawnSync} from 'node:child_process'
@@ -113,35 +116,41 @@ if (only === 'py' || (only === undefined && (pyFiles.length > 0 || (!explicitFil
 const tsFiles = args.filter((a) => a.endsWith('.ts'))
 if (only === 'ts' || (only === undefined && (tsFiles.length > 0 || !explicitFiles))) {
   const files = explicitFiles ? tsFiles : selectedTiers.flatMap((t) => tiers[t])
-  console.log(`\n== node:test, ${explicitFiles ? 'the files given' : `tiers ${selectedTiers.join(', ')}`}: ${files.length} files`)
-  const r = spawnSync(
-    process.execPath,
-    [
-      '--import',
-      'tsx',
-      '--test',
-      '--test-reporter=spec',
-      '--test-reporter-destination=stdout',
-      `--test-reporter=${join(root, 'scripts', 'test-times.mjs')}`,
-      '--test-reporter-destination=stdout',
-      '--test-concurrency=1',
-      ...files,
-    ],
-    {
-      cwd: root,
-      env,
-      encoding: 'utf8',
-      stdio: ['ignore', 'pipe', 'inherit'],
-      maxBuffer: 1 << 28,
-    },
-  )
-  process.stdout.write(r.stdout ?? '')
-  passed += Number(/ℹ pass (\d+)/.exec(r.stdout ?? '')?.[1] ?? 0)
-  // A cancelled test (its file or suite timed out, or a hook failed) did not pass: it counts as failed.
-  failed += Number(/ℹ fail (\d+)/.exec(r.stdout ?? '')?.[1] ?? 0) + Number(/ℹ cancelled (\d+)/.exec(r.stdout ?? '')?.[1] ?? 0)
-  skipped += Number(/ℹ skipped (\d+)/.exec(r.stdout ?? '')?.[1] ?? 0)
-  if (r.status !== 0) ok = false
   if (files.length === 0) ok = false
+  // The in-process tiers (unit, sim) mostly wait (timers, sockets, a peer's heartbeat, a fetch's backoff) rather than
+  // compute, so their files run PSYCHE_TEST_CONCURRENCY (default 2) at a time. Multi-process runs (smoke, e2e, net,
+  // ...) time real rounds and run one at a time, after them.
+  const concurrency = Math.max(1, Number(process.env.PSYCHE_TEST_CONCURRENCY ?? 2) || 1)
+  const inProcess = new Set([...tiers.unit, ...tiers.sim])
+  const groups = [
+    {files: files.filter((f) => inProcess.has(f)), concurrency, what: 'in process'},
+    {files: files.filter((f) => !inProcess.has(f)), concurrency: 1, what: 'multi-process'},
+  ].filter((g) => g.files.length > 0)
+  for (const group of groups) {
+    const what = explicitFiles ? 'the files given' : `tiers ${selectedTiers.join(', ')}`
+    console.log(`\n== node:test, ${what}, ${group.what}: ${group.files.length} files, ${group.concurrency} at a time`)
+    const r = spawnSync(
+      process.execPath,
+      [
+        '--import',
+        'tsx',
+        '--test',
+        '--test-reporter=spec',
+        '--test-reporter-destination=stdout',
+        `--test-reporter=${join(root, 'scripts', 'test-times.mjs')}`,
+        '--test-reporter-destination=stdout',
+        `--test-concurrency=${group.concurrency}`,
+        ...group.files,
+      ],
+      {cwd: root, env, encoding: 'utf8', stdio: ['ignore', 'pipe', 'inherit'], maxBuffer: 1 << 28},
+    )
+    process.stdout.write(r.stdout ?? '')
+    passed += Number(/ℹ pass (\d+)/.exec(r.stdout ?? '')?.[1] ?? 0)
+    // A cancelled test (its file or suite timed out, or a hook failed) did not pass: it counts as failed.
+    failed += Number(/ℹ fail (\d+)/.exec(r.stdout ?? '')?.[1] ?? 0) + Number(/ℹ cancelled (\d+)/.exec(r.stdout ?? '')?.[1] ?? 0)
+    skipped += Number(/ℹ skipped (\d+)/.exec(r.stdout ?? '')?.[1] ?? 0)
+    if (r.status !== 0) ok = false
+  }
 }
 
 if (passed === 0) ok = false
