@@ -6,6 +6,8 @@ import type {Address, KeyPairSigner} from '@solana/kit'
 import {
   accuseInstruction,
   HEALTH_CHECK_BATCH,
+  bufferedUpdateTransactions,
+  updateBufferAddress,
   healthCheckInstruction,
   equivocationInstructions,
   joinRunInstruction,
@@ -17,7 +19,8 @@ import {
   warmupWitnessInstruction,
   witnessInstruction,
 } from '../src/core/backend/solana/instructions.js'
-import {MAX_CLIENTS, PEER_SIZE, clientIdOf} from '../src/core/backend/solana/layout.js'
+import {MAX_CLIENTS, PEER_SIZE, UPDATE_BUFFER_SIZE, clientIdOf} from '../src/core/backend/solana/layout.js'
+import {constant} from '../src/core/coordinator/layout-table.js'
 import {assignBatches, buildWitnessProof, selectWitnesses, type CoordinatorState} from '../src/core/coordinator/index.js'
 import {deployRun, keypair, readRun} from '../test/solana/harness.js'
 import {BloomFilter} from '../src/core/primitives/bloom.js'
@@ -78,6 +81,17 @@ async function send(name: string, _signer: KeyPairSigner, ix: Parameters<typeof 
 const clients: KeyPairSigner[] = []
 for (let i = 0; i < N; i++) clients.push(await keypair(`bench-${i}`))
 const byId = new Map<string, KeyPairSigner>(clients.map((k) => [clientIdOf(k.address), k]))
+// The largest configuration: MODEL_JSON_MAX bytes of model JSON, through the update buffer (init, chunks, apply).
+{
+  const {max_seq_len: _m, cold_start_warmup_steps: _c, checkpoint: _k, ...rest} = model.LLM
+  const pad = constant('MODEL_JSON_MAX') - Buffer.byteLength(JSON.stringify({...rest, data_location: {Server: ''}}))
+  const big = {LLM: {...model.LLM, data_location: {Server: 'x'.repeat(pad)}}}
+  const buffer = await updateBufferAddress(p, c)
+  const txs = bufferedUpdateTransactions(p, c, a, buffer, chain.rentExemption(UPDATE_BUFFER_SIZE), config, big)
+  await send('buffer_init', a, txs[0])
+  for (const tx of txs.slice(1, -1)) await send('buffer_write (700 B)', a, tx)
+  await send('update_from_buffer (4,096 B of model JSON)', a, txs[txs.length - 1])
+}
 await send('update', a, updateInstruction(p, c, a, config, model))
 await send('set_paused (resume)', a, setPausedInstruction(p, c, a, false))
 for (const k of clients) await send('join_run', k, joinRunInstruction(p, c, k))

@@ -1097,6 +1097,90 @@ static u64 close_peer(Input *in) {
   return 0;
 }
 
+/*
+ * The update buffer: an update too large for one transaction (its model JSON may be MODEL_JSON_MAX bytes) is written
+ * to the run's buffer account, the program address of ["update", coordinator], in chunks appended in order
+ * (buffer_write), then applied by update_from_buffer, which closes the buffer. Only the run's main authority writes it;
+ * an incomplete buffer, or another run's, is refused.
+ */
+static u64 update_buffer(Input *in, u64 need_owned, u8 *bump) {
+  SolAccountInfo *coord = &in->accounts[1], *buf = &in->accounts[2];
+  SolSignerSeed seeds[2] = {{(const u8 *)"update", 6}, {coord->key, 32}};
+  u8 address[32];
+  if (sol_try_find_program_address(seeds, 2, in->program_id, address, bump)) return fail(E_WRONG_PROGRAM_ADDRESS, "no program address for this run's update buffer");
+  if (!equal(address, buf->key, 32)) return fail(E_WRONG_PROGRAM_ADDRESS, "the buffer is not the program address of this run's update buffer");
+  if (!buf->is_writable) return fail(E_NOT_WRITABLE, "the update buffer must be writable");
+  if (!need_owned) return 0;
+  const UpdateBuffer *b = (const UpdateBuffer *)buf->data;
+  if (!equal(buf->owner, in->program_id, 32) || buf->data_len != sizeof(UpdateBuffer) || b->magic != BUFFER_MAGIC || !equal(b->coordinator, coord->key, 32))
+    return fail(E_WRONG_ACCOUNT, "no update buffer for this run: send buffer_init first");
+  return 0;
+}
+
+/* accounts: main authority (signer, writable: pays a new buffer), coordinator, buffer (writable), system program.
+ * data: lamports u64 (rent of a new buffer), length u16 (of the update's data). Creates the buffer, or empties it. */
+static u64 buffer_init(Input *in, const u8 *d, u64 len) {
+  if (in->account_count < 4) return fail(E_INVALID_INSTRUCTION, "buffer_init: expected authority, coordinator, buffer, system program");
+  if (len != 10) return fail(E_INVALID_INSTRUCTION, "buffer_init: expected lamports u64 and length u16");
+  SolAccountInfo *auth = &in->accounts[0], *coord = &in->accounts[1], *buf = &in->accounts[2];
+  u64 n = read_u16(d + 8);
+  if (n < 2 + sizeof(Config) || n > UPDATE_MAX) return fail(E_CAPACITY_EXCEEDED, "buffer_init: an update is 122 to UPDATE_MAX = " STR(UPDATE_MAX) " bytes");
+  u8 bump;
+  u64 e = update_buffer(in, 0, &bump);
+  if (e) return e;
+  if (!equal(buf->owner, in->program_id, 32)) {
+    if (!auth->is_writable) return fail(E_NOT_WRITABLE, "the main authority pays for the update buffer: it must be writable");
+    SolSignerSeed seeds[3] = {{(const u8 *)"update", 6}, {coord->key, 32}, {&bump, 1}};
+    SolSignerSeeds signer = {seeds, 3};
+    Create c = {auth, buf, read_u64(d), sizeof(UpdateBuffer), &signer};
+    if ((e = create_account(in, &c))) return e;
+  } else if (buf->data_len != sizeof(UpdateBuffer)) {
+    return fail(E_WRONG_ACCOUNT, "the buffer account is not an update buffer of this program");
+  }
+  UpdateBuffer *b = (UpdateBuffer *)buf->data;
+  zero(b, sizeof(UpdateBuffer));
+  b->magic = BUFFER_MAGIC;
+  copy(b->coordinator, coord->key, 32);
+  copy(b->authority, auth->key, 32);
+  b->len = n;
+  return 0;
+}
+
+/* accounts: main authority (signer), coordinator, buffer (writable). data: offset u16, the chunk. */
+static u64 buffer_write(Input *in, const u8 *d, u64 len) {
+  if (in->account_count < 3) return fail(E_INVALID_INSTRUCTION, "buffer_write: expected authority, coordinator, buffer");
+  if (len < 3) return fail(E_INVALID_INSTRUCTION, "buffer_write: expected offset u16 and bytes");
+  u8 bump;
+  u64 e = update_buffer(in, 1, &bump);
+  if (e) return e;
+  UpdateBuffer *b = (UpdateBuffer *)in->accounts[2].data;
+  u64 offset = read_u16(d), n = len - 2;
+  if (offset != b->written) return fail(E_INVALID_INSTRUCTION, "buffer_write: chunks are appended in order (the offset must be the bytes written so far)");
+  if (b->written + n > b->len) return fail(E_CAPACITY_EXCEEDED, "buffer_write: past the length buffer_init set");
+  copy(b->data + offset, d + 2, n);
+  b->written += n;
+  return 0;
+}
+
+/* accounts: main authority (signer, writable: gets the buffer's rent back), coordinator, buffer (writable). Applies the
+ * buffered update as `update` would, then closes the buffer. */
+static u64 update_from_buffer(Input *in, State *s, u64 len) {
+  if (in->account_count < 3) return fail(E_INVALID_INSTRUCTION, "update_from_buffer: expected authority, coordinator, buffer");
+  if (len) return fail(E_INVALID_INSTRUCTION, "update_from_buffer takes no data");
+  u8 bump;
+  u64 e = update_buffer(in, 1, &bump);
+  if (e) return e;
+  SolAccountInfo *auth = &in->accounts[0], *buf = &in->accounts[2];
+  if (!auth->is_writable) return fail(E_NOT_WRITABLE, "the main authority gets the buffer's rent back: it must be writable");
+  const UpdateBuffer *b = (const UpdateBuffer *)buf->data;
+  if (b->written != b->len) return fail(E_INVALID_INSTRUCTION, "the update buffer is incomplete: write every chunk first");
+  if ((e = on_update(s, b->data, b->len))) return e;
+  *auth->lamports += *buf->lamports;
+  *buf->lamports = 0;
+  zero(buf->data, buf->data_len);
+  return 0;
+}
+
 static u64 load(Input *in, u64 index, State **out) {
   if (in->account_count <= index) return fail(E_INVALID_INSTRUCTION, "missing the coordinator account");
   SolAccountInfo *a = &in->accounts[index];
@@ -1161,6 +1245,15 @@ u64 entrypoint(const u8 *input) {
     case IX_UPDATE:
       if ((e = signer(&in, s->main_authority))) return e;
       return on_update(s, d, len);
+    case IX_BUFFER_INIT:
+      if ((e = signer(&in, s->main_authority))) return e;
+      return buffer_init(&in, d, len);
+    case IX_BUFFER_WRITE:
+      if ((e = signer(&in, s->main_authority))) return e;
+      return buffer_write(&in, d, len);
+    case IX_UPDATE_FROM_BUFFER:
+      if ((e = signer(&in, s->main_authority))) return e;
+      return update_from_buffer(&in, s, len);
     case IX_SET_PAUSED:
       if ((e = signer(&in, s->main_authority))) return e;
       if (len != 1 || d[0] > 1) return fail(E_INVALID_INSTRUCTION, "set_paused: expected 1 (pause) or 0 (resume)");

@@ -19,6 +19,7 @@
 #define NAME_MAX 64 /* bytes of a run name */
 #define DESCRIPTION_MAX 512 /* bytes of a run description */
 #define MAX_DELEGATES 16 /* delegates of one authorization */
+#define UPDATE_MAX 4400 /* bytes of an update's data: flags, Config, the model with MODEL_JSON_MAX of JSON (what an update buffer holds) */
 
 /* ---- magic numbers ---- */
 #define MAGIC 0x44524f4f43595350ull /* "PSYCOORD": a coordinator account */
@@ -27,13 +28,14 @@
 #define METADATA_MAGIC 0x4154454d43595350ull /* "PSYCMETA": a run metadata record */
 #define AUTH_MAGIC 0x4854554148595350ull /* "PSYHAUTH": an authorization */
 #define STATE_LOG_MAGIC 0x4554415453595350ull /* "PSYSTATE": a phase-change log (sol_log_data) */
+#define BUFFER_MAGIC 0x4646554243595350ull /* "PSYCBUFF": an update buffer */
 
 /* ---- enums ---- */
 enum { UNINITIALIZED = 0, WAITING_FOR_MEMBERS = 1, WARMUP = 2, ROUND_TRAIN = 3, ROUND_WITNESS = 4, COOLDOWN = 5, FINISHED = 6, PAUSED = 7 }; /* RunState */
 enum { HEALTHY = 0, DROPPED = 1, WITHDRAWN = 2, EJECTED = 3 }; /* ClientState */
 enum { CK_NONE = 0, CK_EPHEMERAL = 1, CK_DUMMY = 2, CK_HUB = 3, CK_P2P = 4 }; /* CheckpointKind */
 enum { REASON_INVALID_RESULT = 0, REASON_LOW_SCORE = 1 }; /* AccusationReason */
-enum { IX_INIT_COORDINATOR = 0, IX_UPDATE = 1, IX_SET_PAUSED = 2, IX_JOIN_RUN = 3, IX_TICK = 4, IX_WITNESS = 5, IX_WARMUP_WITNESS = 6, IX_HEALTH_CHECK = 7, IX_CHECKPOINT = 8, IX_FREE_COORDINATOR = 9, IX_WITHDRAW = 10, IX_EJECT = 11, IX_GROW = 12, IX_ACCUSE = 13, IX_SET_PEER = 14, IX_EQUIVOCATION = 15, IX_SET_METADATA = 16, IX_CLOSE_PEER = 17 }; /* Instruction */
+enum { IX_INIT_COORDINATOR = 0, IX_UPDATE = 1, IX_SET_PAUSED = 2, IX_JOIN_RUN = 3, IX_TICK = 4, IX_WITNESS = 5, IX_WARMUP_WITNESS = 6, IX_HEALTH_CHECK = 7, IX_CHECKPOINT = 8, IX_FREE_COORDINATOR = 9, IX_WITHDRAW = 10, IX_EJECT = 11, IX_GROW = 12, IX_ACCUSE = 13, IX_SET_PEER = 14, IX_EQUIVOCATION = 15, IX_SET_METADATA = 16, IX_CLOSE_PEER = 17, IX_BUFFER_INIT = 18, IX_BUFFER_WRITE = 19, IX_UPDATE_FROM_BUFFER = 20 }; /* Instruction */
 enum { E_HALTED = 1, E_INVALID_RUN_STATE = 2, E_ALREADY_JOINED = 3, E_UNKNOWN_CLIENT = 4, E_INVALID_WITHDRAW = 5, E_INVALID_WITNESS = 6, E_DUPLICATE_WITNESS = 7, E_WRONG_STEP = 8, E_NO_ACTIVE_ROUND = 9, E_INVALID_HEALTH_CHECK = 10, E_INVALID_ACCUSATION = 11, E_DUPLICATE_ACCUSATION = 12, E_INVALID_PROOF = 13, E_ALREADY_CHECKPOINTED = 14, E_CANNOT_RESUME = 15, E_INVALID_CONFIG = 16, E_INVALID_EVENT = 17, E_BANNED = 18, E_INVALID_INSTRUCTION = 100, E_WRONG_ACCOUNT = 101, E_UNAUTHORIZED = 102, E_CAPACITY_EXCEEDED = 103, E_MISSING_SIGNATURE = 104, E_NOT_WRITABLE = 105, E_WRONG_PROGRAM_ADDRESS = 106, E_NOT_PERMITTED = 107, E_ALREADY_EXISTS = 108 }; /* Error */
 
 /* ---- witness blooms for a roster of n trainers: BLOOM_BITS[n - 1] bits, BLOOM_HASHES[n - 1] probes (witnessBloomParams) ---- */
@@ -278,6 +280,22 @@ _Static_assert(__builtin_offsetof(Metadata, name) == 48, "layout: Metadata.name"
 _Static_assert(__builtin_offsetof(Metadata, description_len) == 112, "layout: Metadata.description_len");
 _Static_assert(__builtin_offsetof(Metadata, description) == 120, "layout: Metadata.description");
 _Static_assert(sizeof(Metadata) == 632, "layout: sizeof(Metadata)");
+
+typedef struct {
+  u64 magic; /* @0: BUFFER_MAGIC */
+  u8 coordinator[32]; /* @8 */
+  u8 authority[32]; /* @40: the run's main authority, who writes it */
+  u64 len; /* @72: the update's length, set by buffer_init */
+  u64 written; /* @80: bytes written so far (chunks are appended in order) */
+  u8 data[UPDATE_MAX]; /* @88: the update instruction's data after its tag */
+} UpdateBuffer; /* 4488 bytes */
+_Static_assert(__builtin_offsetof(UpdateBuffer, magic) == 0, "layout: UpdateBuffer.magic");
+_Static_assert(__builtin_offsetof(UpdateBuffer, coordinator) == 8, "layout: UpdateBuffer.coordinator");
+_Static_assert(__builtin_offsetof(UpdateBuffer, authority) == 40, "layout: UpdateBuffer.authority");
+_Static_assert(__builtin_offsetof(UpdateBuffer, len) == 72, "layout: UpdateBuffer.len");
+_Static_assert(__builtin_offsetof(UpdateBuffer, written) == 80, "layout: UpdateBuffer.written");
+_Static_assert(__builtin_offsetof(UpdateBuffer, data) == 88, "layout: UpdateBuffer.data");
+_Static_assert(sizeof(UpdateBuffer) == 4488, "layout: sizeof(UpdateBuffer)");
 
 typedef struct {
   u64 magic; /* @0: AUTH_MAGIC */

@@ -1,5 +1,5 @@
 import {Flags} from '@oclif/core'
-import {createRun, prepareUpdate, readRun, setMetadata} from '../core/backend/solana/admin.js'
+import {createRun, prepareUpdate, readRun, sendUpdate, setMetadata} from '../core/backend/solana/admin.js'
 import {coordinatorAddress} from '../core/backend/solana/instructions.js'
 import {RUN_ID_MAX} from '../core/backend/solana/layout.js'
 import {encodeSetMetadata} from '../core/backend/solana/layout.js'
@@ -12,7 +12,7 @@ export default class CreateRun extends PsycheCommand {
   static summary = 'Create a run on Solana: its coordinator account, owned by the coordinator program'
   static description = `Sends init_coordinator for --run-id: the account is the program address of ("coordinator", run id), funded by --keypair, whose key becomes the run's main authority. With --join-authority the run is permissioned (clients need an authorization from that key: psyche authorize grant); without, anyone may join. With --config-path the configuration is set too (as update-config); --name and --description are kept on chain in the run's metadata record (the main authority's, beside the coordinator). The run starts paused: resume it with psyche set-paused --run-id ID resume.
 
-Everything is checked before anything is sent (the run id's length, the configuration and whether its update fits a transaction, the name and description). Should a later step fail (the network, the payer's balance), running the same command again finishes the run: a run that exists, is still Uninitialized and is the signer's gets its name, description and configuration; any other existing run is refused with a message to use update-config.`
+Everything is checked before anything is sent (the run id's length, the configuration, the name and description; a configuration too large for one transaction goes through the run's update buffer, in chunks). Should a later step fail (the network, the payer's balance), running the same command again finishes the run: a run that exists, is still Uninitialized and is the signer's gets its name, description and configuration; any other existing run is refused with a message to use update-config.`
   static examples = [
     '<%= config.bin %> create-run --rpc http://127.0.0.1:8899 --program-id <ID> --run-id my-run --config-path state.toml',
     '<%= config.bin %> create-run --program-id <ID> --authorizer-id <AUTH> --run-id closed-run --join-authority <KEY>',
@@ -69,7 +69,7 @@ Everything is checked before anything is sent (the run id's length, the configur
     } else coordinator = await createRun({...target, payer: signer, mainAuthority: signer.address, joinAuthority, authorizer})
     if (metadata) await setMetadata({...target, authority: signer, metadata})
     if (update) {
-      const r = await chain.send(signer, [update])
+      const r = await sendUpdate(chain, signer, update)
       if (!r.ok) {
         const why = r.logs.filter((l) => l.startsWith('Program log: ')).map((l) => l.slice('Program log: '.length))
         throw new PsycheError(

@@ -4,6 +4,7 @@ import {join} from 'node:path'
 import {describe, it} from 'node:test'
 import {AccountRole, type Address, type Instruction} from '@solana/kit'
 import {
+  bufferedUpdateTransactions,
   accuseInstruction,
   checkpointInstruction,
   closePeerInstruction,
@@ -22,7 +23,7 @@ import {
   withdrawInstruction,
   witnessInstruction,
 } from '../../src/core/backend/solana/instructions.js'
-import {IX, METADATA_SIZE, PEER_SIZE, PROGRAM_ERRORS, STATE_SIZE, decodeStateLogs} from '../../src/core/backend/solana/layout.js'
+import {IX, METADATA_SIZE, PEER_SIZE, PROGRAM_ERRORS, STATE_SIZE, UPDATE_BUFFER_SIZE, decodeStateLogs} from '../../src/core/backend/solana/layout.js'
 import {signAnnouncement} from '../../src/core/primitives/announcement.js'
 import {identityFromSeed} from '../../src/core/protocol/identity.js'
 import {projectRoot} from '../../src/core/worker/python.js'
@@ -64,7 +65,12 @@ describe("the coordinator program's IDL (programs/idl/psyche_coordinator.json) a
   })
 
   it('account sizes', () => {
-    assert.deepEqual(Object.fromEntries(idl.accounts.map((a) => [a.name, a.size])), {Coordinator: STATE_SIZE, Peer: PEER_SIZE, Metadata: METADATA_SIZE})
+    assert.deepEqual(Object.fromEntries(idl.accounts.map((a) => [a.name, a.size])), {
+      Coordinator: STATE_SIZE,
+      Peer: PEER_SIZE,
+      Metadata: METADATA_SIZE,
+      UpdateBuffer: UPDATE_BUFFER_SIZE,
+    })
   })
 
   it("every instruction the client builds has the IDL's discriminant and accounts (signer, writable, fixed addresses)", async () => {
@@ -94,6 +100,12 @@ describe("the coordinator program's IDL (programs/idl/psyche_coordinator.json) a
       equivocation: equivocationInstructions(p, c, signer, {a: announce(1), b: announce(2)})[1]!,
       set_metadata: setMetadataInstruction(p, c, signer, other, {name: 'n', description: 'd'}, 1n),
       close_peer: closePeerInstruction(p, c, signer, other),
+      ...Object.fromEntries(
+        ['buffer_init', 'buffer_write', 'update_from_buffer'].map((name, i, names) => {
+          const txs = bufferedUpdateTransactions(p, c, signer, other, 1n, testConfig, testModel)
+          return [names[i], (i === 0 ? txs[0] : i === 1 ? txs[1] : txs[txs.length - 1])[0]!]
+        }),
+      ),
     }
     for (const spec of idl.instructions) {
       const ix = built[spec.name]

@@ -32,6 +32,7 @@ export const CONSTANTS = {
   NAME_MAX: [64, 'bytes of a run name'],
   DESCRIPTION_MAX: [512, 'bytes of a run description'],
   MAX_DELEGATES: [16, 'delegates of one authorization'],
+  UPDATE_MAX: [4400, "bytes of an update's data: flags, Config, the model with MODEL_JSON_MAX of JSON (what an update buffer holds)"],
 } as const satisfies Record<string, readonly [number, string]>
 
 /** Magic numbers (the first u64 of each account) and the coordinator layout's version. */
@@ -42,6 +43,7 @@ export const MAGICS = {
   METADATA_MAGIC: [0x4154454d43595350n, '"PSYCMETA": a run metadata record'],
   AUTH_MAGIC: [0x4854554148595350n, '"PSYHAUTH": an authorization'],
   STATE_LOG_MAGIC: [0x4554415453595350n, '"PSYSTATE": a phase-change log (sol_log_data)'],
+  BUFFER_MAGIC: [0x4646554243595350n, '"PSYCBUFF": an update buffer'],
 } as const satisfies Record<string, readonly [bigint, string]>
 
 type ConstantName = keyof typeof CONSTANTS
@@ -173,6 +175,14 @@ export const STRUCTS = {
     ['description_len', 'u64'],
     ['description', 'u8[DESCRIPTION_MAX]'],
   ],
+  UpdateBuffer: [
+    ['magic', 'u64', 'BUFFER_MAGIC'],
+    ['coordinator', 'u8[32]'],
+    ['authority', 'u8[32]', "the run's main authority, who writes it"],
+    ['len', 'u64', "the update's length, set by buffer_init"],
+    ['written', 'u64', 'bytes written so far (chunks are appended in order)'],
+    ['data', 'u8[UPDATE_MAX]', "the update instruction's data after its tag"],
+  ],
   Authorization: [
     ['magic', 'u64', 'AUTH_MAGIC'],
     ['grantor', 'u8[32]'],
@@ -215,6 +225,9 @@ export const ENUMS = {
       'equivocation',
       'set_metadata',
       'close_peer',
+      'buffer_init',
+      'buffer_write',
+      'update_from_buffer',
     ],
   },
   /** Custom program errors: 1..18 are the reference's RejectionCodes, 100.. the programs' own. */

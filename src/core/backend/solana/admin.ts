@@ -26,10 +26,12 @@ import {
   peerAddress,
   setMetadataInstruction,
   setPausedInstruction,
+  bufferedUpdateTransactions,
+  updateBufferAddress,
   updateInstruction,
   withComputeBudget,
 } from './instructions.js'
-import {METADATA_SIZE, STATE_SIZE, decodeCoordinator, decodeMetadata, type OnChainCoordinator, type RunMetadata} from './layout.js'
+import {METADATA_SIZE, STATE_SIZE, UPDATE_BUFFER_SIZE, decodeCoordinator, decodeMetadata, type OnChainCoordinator, type RunMetadata} from './layout.js'
 import type {SendResult} from './local-chain.js'
 
 /**
@@ -102,11 +104,12 @@ export async function createRun(t: RunTarget & {payer: TransactionSigner; mainAu
 }
 
 /**
- * The update instruction for a run configuration file, checked before anything is sent: the file must have a
- * [config], be encodable for the program (a Hub, P2P or Dummy checkpoint; model JSON within MODEL_JSON_MAX), and its
- * transaction must fit the 1,232 bytes a cluster accepts.
+ * The transactions that set a run configuration file, checked before anything is sent: the file must have a [config]
+ * and be encodable for the program (a Hub, P2P or Dummy checkpoint; model JSON within MODEL_JSON_MAX). One `update`
+ * when its transaction fits the 1,232 bytes a cluster accepts; otherwise the run's update buffer (buffer_init, chunks,
+ * update_from_buffer), each transaction of which fits.
  */
-export async function prepareUpdate(t: RunTarget & {authority: TransactionSigner; file: RunConfigFile}): Promise<Instruction> {
+export async function prepareUpdate(t: RunTarget & {authority: TransactionSigner; file: RunConfigFile}): Promise<Instruction[][]> {
   if (!t.file.config) throw new PsycheError(`${t.file.path}: no [config] table: update-config needs the run's configuration`, {code: 'ECONFIG'})
   const coordinator = await coordinatorAddress(t.programId, t.runId)
   let ix: Instruction
@@ -115,13 +118,24 @@ export async function prepareUpdate(t: RunTarget & {authority: TransactionSigner
   } catch (error) {
     throw new PsycheError(`${t.file.path}: ${(error as Error).message}`, {code: 'ECONFIG'})
   }
-  const size = await transactionSize(t.authority, [ix])
-  if (size > TRANSACTION_SIZE_LIMIT)
-    throw new PsycheError(
-      `${t.file.path}: the configuration's update transaction is ${size} bytes, more than a cluster accepts (${TRANSACTION_SIZE_LIMIT}): shorten [model.LLM] (its JSON goes on chain) or the checkpoint's repo and revision`,
-      {code: 'ECONFIG'},
-    )
-  return ix
+  if ((await transactionSize(t.authority, [ix])) <= TRANSACTION_SIZE_LIMIT) return [[ix]]
+  const buffer = await updateBufferAddress(t.programId, coordinator)
+  const plan = bufferedUpdateTransactions(t.programId, coordinator, t.authority, buffer, await t.chain.minimumBalance(UPDATE_BUFFER_SIZE), t.file.config, t.file.model)
+  for (const tx of plan) {
+    const size = await transactionSize(t.authority, tx)
+    if (size > TRANSACTION_SIZE_LIMIT) throw new Error(`an update buffer transaction is ${size} bytes, more than a cluster accepts (${TRANSACTION_SIZE_LIMIT})`)
+  }
+  return plan
+}
+
+/** Sends an update's transactions (prepareUpdate) in order; the first refusal ends it (a later run starts the buffer anew). */
+export async function sendUpdate(chain: Chain, authority: TransactionSigner, plan: Instruction[][]): Promise<SendResult> {
+  let r: SendResult = {ok: true, logs: [], computeUnits: 0n}
+  for (const tx of plan) {
+    r = await chain.send(authority, tx)
+    if (!r.ok) return r
+  }
+  return r
 }
 
 /** The wire size of a transaction of these instructions (signed offline, on a placeholder blockhash). */
@@ -138,8 +152,7 @@ const PLACEHOLDER_BLOCKHASH = '11111111111111111111111111111111' as Blockhash
 
 /** update: the run's [config] and [model.LLM] from a validated run configuration file. */
 export async function updateConfig(t: RunTarget & {authority: TransactionSigner; file: RunConfigFile}): Promise<void> {
-  const ix = await prepareUpdate(t)
-  check(await t.chain.send(t.authority, [ix]), `update-config ${t.runId}`)
+  check(await sendUpdate(t.chain, t.authority, await prepareUpdate(t)), `update-config ${t.runId}`)
 }
 
 /** set_metadata: the run's name and description (Psyche's create-run --name --description). */

@@ -9,6 +9,8 @@ import {
   MAX_CLIENTS,
   STATE_SIZE,
   encodeAccuse,
+  encodeBufferInit,
+  encodeBufferWrite,
   encodeCheckpoint,
   encodeEject,
   encodeHealthCheck,
@@ -62,6 +64,9 @@ export const INSTRUCTION_UNITS = {
   equivocation: 30_000,
   set_metadata: 25_000,
   close_peer: 10_000,
+  buffer_init: 25_000,
+  buffer_write: 10_000,
+  update_from_buffer: 30_000,
   grant: 25_000,
   delegates: 10_000,
   revoke: 10_000,
@@ -190,6 +195,52 @@ export const updateInstruction = (programId: Address, coordinator: Address, auth
     throw new PsycheError('config.checkpointers: the Solana program does not enforce designated checkpointers yet; leave it out for a run on Solana', {code: 'ECONFIG'})
   return signed(programId, coordinator, authority, encodeUpdate(config, model), INSTRUCTION_UNITS.update)
 }
+
+/** Bytes of an update's data per buffer_write: its transaction stays under 1,232 bytes with a priority fee and a second signer (a separate fee payer). */
+const UPDATE_CHUNK = 700
+
+/** A run's update buffer: the program address of ("update", coordinator). */
+export async function updateBufferAddress(programId: Address, coordinator: Address): Promise<Address> {
+  const [address] = await getProgramDerivedAddress({programAddress: programId, seeds: ['update', getAddressEncoder().encode(coordinator)]})
+  return address
+}
+
+/**
+ * The transactions that send a run's configuration through its update buffer, for an update too large for one
+ * transaction: buffer_init (creates or empties the buffer; `lamports`: its rent, UPDATE_BUFFER_SIZE bytes), the data in
+ * chunks (buffer_write, in order), then update_from_buffer (applies it as `update` would and closes the buffer,
+ * returning the rent). Send them in order, each after the previous one is confirmed.
+ */
+export function bufferedUpdateTransactions(
+  programId: Address,
+  coordinator: Address,
+  authority: TransactionSigner,
+  buffer: Address,
+  lamports: bigint,
+  config?: CoordinatorConfig,
+  model?: {LLM: LLMConfig},
+): Instruction[][] {
+  const data = Buffer.from(updateInstruction(programId, coordinator, authority, config, model).data!).subarray(1)
+  const system = {address: SYSTEM_PROGRAM, role: AccountRole.READONLY}
+  const out: Instruction[][] = [
+    [
+      withUnits(
+        {programAddress: programId, accounts: [signerMeta(authority, true), writable(coordinator), writable(buffer), system], data: encodeBufferInit(data.length, lamports)},
+        INSTRUCTION_UNITS.buffer_init,
+      ),
+    ],
+  ]
+  for (let at = 0; at < data.length; at += UPDATE_CHUNK)
+    out.push([signed(programId, coordinator, authority, encodeBufferWrite(at, data.subarray(at, at + UPDATE_CHUNK)), INSTRUCTION_UNITS.buffer_write, [writable(buffer)])])
+  out.push([
+    withUnits(
+      {programAddress: programId, accounts: [signerMeta(authority, true), writable(coordinator), writable(buffer)], data: encodeTag(IX.update_from_buffer)},
+      INSTRUCTION_UNITS.update_from_buffer,
+    ),
+  ])
+  return out
+}
+
 export const setPausedInstruction = (programId: Address, coordinator: Address, authority: TransactionSigner, paused: boolean) =>
   signed(programId, coordinator, authority, encodeSetPaused(paused), INSTRUCTION_UNITS.set_paused)
 /** join_run; in a permissioned run, pass the authorization (authorizer program) that admits the client. */

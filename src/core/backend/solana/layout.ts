@@ -284,6 +284,28 @@ export function encodeUpdate(config: CoordinatorConfig | undefined, model: {LLM:
   return Buffer.concat(parts)
 }
 
+// ---- the update buffer (an update too large for one transaction) ----
+
+/** Size of a run's update buffer account: magic, coordinator, authority, len u64, written u64, data [UPDATE_MAX]. */
+export const UPDATE_BUFFER_SIZE = structLayout('UpdateBuffer').size
+const UPDATE_MAX = constant('UPDATE_MAX')
+
+/** buffer_init: the rent of a new buffer, and the length of the update's data (without its tag) to be written. */
+export function encodeBufferInit(length: number, lamports: bigint): Uint8Array {
+  if (!Number.isInteger(length) || length < 1 || length > UPDATE_MAX) throw new RangeError(`an update is 1 to ${UPDATE_MAX} bytes, not ${length}`)
+  const len = Buffer.alloc(2)
+  len.writeUInt16LE(length)
+  return Buffer.concat([Buffer.from([IX.buffer_init]), u64(lamports), len])
+}
+
+/** buffer_write: a chunk of the update's data at `offset` (chunks are appended in order). */
+export function encodeBufferWrite(offset: number, chunk: Uint8Array): Uint8Array {
+  if (!Number.isInteger(offset) || offset < 0 || offset + chunk.length > UPDATE_MAX || chunk.length === 0) throw new RangeError('buffer_write: the chunk lies outside the update')
+  const at = Buffer.alloc(2)
+  at.writeUInt16LE(offset)
+  return Buffer.concat([Buffer.from([IX.buffer_write]), at, chunk])
+}
+
 export function encodeSetPaused(paused: boolean): Uint8Array {
   return Uint8Array.from([IX.set_paused, paused ? 1 : 0])
 }
