@@ -411,7 +411,7 @@ class Sequence {
     const signerOf = (ix: Instruction): KeyPairSigner => ((ix.accounts?.[0] as {signer?: KeyPairSigner} | undefined)?.signer ?? payer) as KeyPairSigner
     switch (kind) {
       case 'unknown': {
-        const tag = this.rng.int(IX.close_peer + 1, 255)
+        const tag = this.rng.int(Math.max(...Object.values(IX)) + 1, 255)
         return {
           type: 'malformed',
           what: `unknown instruction ${tag}`,
