@@ -5,12 +5,12 @@ import {describe, it} from 'node:test'
 import assert from 'node:assert/strict'
 import {readFileSync, readdirSync} from 'node:fs'
 import {join} from 'node:path'
-import {CONFIG_FIELDS, CONSTANTS, MAGICS, STRUCTS, structLayout, enumValues} from '../../src/core/coordinator/layout-table.js'
+import {CONFIG_FIELDS, CONSTANTS, MAGICS, RUN_ID_MAX, STRUCTS, structLayout, enumValues} from '../../src/core/coordinator/layout-table.js'
 import {LAYOUT_HEADER, layoutHeader} from '../../scripts/gen-layout.js'
 import {IX, PROGRAM_ERRORS, STATE_SIZE, PEER_SIZE, METADATA_SIZE, decodeCoordinator} from '../../src/core/backend/solana/layout.js'
 import {AUTHORIZATION_SIZE} from '../../src/core/backend/solana/authorizer.js'
 import {validateRunConfig} from '../../src/core/config/run-config.js'
-import {loadRunConfigFile} from '../../src/core/config/run-config-file.js'
+import {loadRunConfigFile, parseRunConfig} from '../../src/core/config/run-config-file.js'
 
 const root = join(import.meta.dirname, '..', '..')
 
@@ -130,5 +130,12 @@ describe('layout table', () => {
     assert.ok('config' in ok, JSON.stringify(ok))
     const extra = validateRunConfig({...full, not_a_field: 1}, run.model)
     assert.ok('issues' in extra && extra.issues.some((i) => i.path === 'config.not_a_field'))
+  })
+
+  it('a run id is at most RUN_ID_MAX bytes in a run config file too (one rule for files, the wire and the program)', async () => {
+    const text = readFileSync(join(root, 'test', 'fixtures', 'psyche-configs', 'test', 'state.toml'), 'utf8')
+    const withId = (id: string) => `run_id = ${JSON.stringify(id)}\n${text.replace(/^run_id = .*$/m, '')}`
+    assert.equal(parseRunConfig(withId('r'.repeat(RUN_ID_MAX)), 'state.toml').run_id, 'r'.repeat(RUN_ID_MAX))
+    assert.throws(() => parseRunConfig(withId('r'.repeat(RUN_ID_MAX + 1)), 'state.toml'), /run_id/)
   })
 })

@@ -23,7 +23,8 @@ import type {
 
 /** Psyche's default for `waiting_for_members_extra_time` (its WAITING_FOR_MEMBERS_EXTRA_SECONDS). */
 const DEFAULT_WAITING_FOR_MEMBERS_EXTRA_TIME = 3
-export {MAX_RUN_ID_BYTES} from './types.js'
+/** A run id is at most RUN_ID_MAX = 32 bytes in a file, as on Solana (a program address seed; the layout table). */
+export {RUN_ID_MAX as MAX_RUN_ID_BYTES} from '../coordinator/layout-table.js'
 /** A file can only start a run before its first epoch; mid-epoch states are never written by hand. */
 export const STARTING_RUN_STATES: readonly RunState[] = ['Uninitialized', 'WaitingForMembers', 'Paused']
 

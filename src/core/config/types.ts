@@ -169,6 +169,3 @@ export interface ConfigIssue {
   /** The offending value, rendered for the message, when there is one. */
   value?: string
 }
-
-/** Psyche stores run ids in 64-byte fixed strings on Solana; we keep files portable to that backend. */
-export const MAX_RUN_ID_BYTES = 64
