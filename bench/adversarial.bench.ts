@@ -3,7 +3,8 @@
 // ResultIntake copy/replay checks, τemplar-style scoring by a verifier with the Scorer's moving averages and
 // threshold). Measures (1) honest peers' score and index-overlap distributions, from which the thresholds are
 // set, and (2) validation loss at equal steps, honest-only against 1 attacker of 4 for each attack.
-// BENCH_ROUNDS (default 40) rounds of 16 sequences × 128 tokens.
+// BENCH_ROUNDS (default 40) rounds of 16 sequences × 128 tokens. BENCH_ATTACKS (comma-separated, default all) picks
+// the runs. Also times the verifier's scoring (score_results) against its own training of the round: the scoring cost.
 import {randomBytes} from 'node:crypto'
 import {ensureDemoCorpus} from '../src/core/corpus.js'
 import {openDataProvider} from '../src/core/data/index.js'
@@ -27,7 +28,9 @@ const EVAL_IDS = Array.from({length: 32}, (_, i) => 1_000_000 + i)
 const evalTokens = await data.getSamples(EVAL_IDS)
 
 type Attack = 'none' | 'garbage' | 'random' | 'sign_flip' | 'copy' | 'wrong_batches' | 'replay' | 'oversized'
-const ATTACKS: Attack[] = ['none', 'garbage', 'random', 'sign_flip', 'copy', 'wrong_batches', 'replay', 'oversized']
+const ALL_ATTACKS: Attack[] = ['none', 'garbage', 'random', 'sign_flip', 'copy', 'wrong_batches', 'replay', 'oversized']
+const ATTACKS: Attack[] = process.env.BENCH_ATTACKS ? (process.env.BENCH_ATTACKS.split(',') as Attack[]) : ALL_ATTACKS
+for (const a of ATTACKS) if (!ALL_ATTACKS.includes(a)) throw new Error(`BENCH_ATTACKS: unknown attack ${a}; one of ${ALL_ATTACKS.join(', ')}`)
 
 async function startPeers(): Promise<{workers: ModelWorker[]; format: ResultFormat}> {
   const workers = await Promise.all(Array.from({length: PEERS}, () => ModelWorker.start({threads: 1, device: 'cpu', label: 'bench'})))
@@ -59,6 +62,10 @@ interface RunResult {
   attackerGains: [number, number][]
   detectedAt: number | null
   excludedResults: number
+  /** Per round after the first: the verifier's (peer 0) own trainRound, and its score_results call with how many results it scored. */
+  trainMs: number[]
+  scoreMs: number[]
+  scored: number[]
 }
 
 async function run(attack: Attack): Promise<RunResult> {
@@ -80,6 +87,9 @@ async function run(attack: Attack): Promise<RunResult> {
     attackerGains: [],
     detectedAt: null,
     excludedResults: 0,
+    trainMs: [],
+    scoreMs: [],
+    scored: [],
   }
   let ejected = false
   try {
@@ -89,7 +99,10 @@ async function run(attack: Attack): Promise<RunResult> {
         const start = (step - 1) * PEERS * PER_PEER + p * PER_PEER
         let batch = Array.from({length: PER_PEER}, (_, i) => start + i)
         if (p === attacker && attack === 'wrong_batches') batch = batch.map((b) => b + 500_000)
-        const r = await workers[p].trainRound(await data.getSamples(batch), PER_PEER, step, previous ? {applyStep: step - 1, results: previous} : undefined)
+        const tokens = await data.getSamples(batch)
+        const t0 = performance.now()
+        const r = await workers[p].trainRound(tokens, PER_PEER, step, previous ? {applyStep: step - 1, results: previous} : undefined)
+        if (p === 0 && step > 1) out.trainMs.push(performance.now() - t0)
         let bytes: Uint8Array = r.result
         if (p === attacker) {
           firstAttackerResult ??= bytes
@@ -131,12 +144,14 @@ async function run(attack: Attack): Promise<RunResult> {
       }
       const randomStart = 2_000_000 + step * 64
       batches.push({tokens: await data.getSamples(Array.from({length: PER_PEER}, (_, i) => randomStart + i)), rows: PER_PEER})
+      const t0 = performance.now()
       const {before, after} = await workers[0].scoreResults(
         step,
         accepted.map((a) => a.bytes),
         batches,
       )
-      const all = accepted.map((_, j) => ({assigned: {before: before[j], after: after[j]![j]}, random: {before: before[accepted.length], after: after[j]![accepted.length]}}))
+      if (step > 1) (out.scoreMs.push(performance.now() - t0), out.scored.push(accepted.length))
+      const all = accepted.map((_, j) => ({assigned: {before: before[j], after: after[j]![0]}, random: {before: before[accepted.length], after: after[j]![1]}}))
       const scale = roundScale(all)
       for (const [j, a] of accepted.entries()) {
         const l = all[j]
@@ -187,6 +202,14 @@ console.log(
     (k, v) => (k.endsWith('Gains') ? undefined : Array.isArray(v) && typeof v[0] === 'number' && v.length > 8 ? quantiles(v) : v),
     2,
   ),
+)
+const sum = (xs: number[]) => xs.reduce((a, b) => a + b, 0)
+const scoreMs = sum(rows.flatMap((r) => r.scoreMs))
+const scoredResults = sum(rows.flatMap((r) => r.scored))
+const trainMs = sum(rows.flatMap((r) => r.trainMs))
+const roundsTimed = rows.flatMap((r) => r.trainMs).length
+console.log(
+  `\nScoring cost (verifier = peer 0, rounds 2..${ROUNDS}): ${(scoreMs / scoredResults).toFixed(0)} ms per scored result (${(scoredResults / roundsTimed).toFixed(1)} results per round, ${(scoreMs / roundsTimed).toFixed(0)} ms per round); its own training of a round ${(trainMs / roundsTimed).toFixed(0)} ms; scoring = ${((100 * scoreMs) / trainMs).toFixed(0)}% of that`,
 )
 console.log(`\nHonest peers' scores (all runs): ${quantiles(rows.flatMap((r) => r.honestScores))}`)
 console.log(`Honest peers' index overlap (pairs of results, all runs): ${quantiles(rows.flatMap((r) => r.overlaps))}`)

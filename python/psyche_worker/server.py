@@ -201,14 +201,18 @@ class Worker:
         }, [result]
 
     def op_score_results(self, h, frames) -> Reply:
-        """Frames: `results` result frames (uint8), then token batches. Reply: losses before / after each."""
+        """Frames: `results` result frames (uint8), then token batches. Reply: losses before / after each (with
+        header `own_batches`: after each result, on its own batch and the last one only)."""
         n = int(h.get("results", 0))
         if n < 0 or n > len(frames):
             raise WorkerError(f"score_results: {n} results but {len(frames)} frames")
         for i, f in enumerate(frames[:n]):
             if f.dtype != torch.uint8 or f.ndim != 1:
                 raise WorkerError(f"score_results: frame {i} must be a 1-D uint8 result")
-        reply = self.t.score_results([f.numpy().tobytes() for f in frames[:n]], int(h.get("step", 0)), frames[n:])
+        own = bool(h.get("own_batches", False))
+        if own and len(frames) != 2 * n + 1:
+            raise WorkerError(f"score_results: own_batches needs {n + 1} batches after the {n} results, got {len(frames) - n}")
+        reply = self.t.score_results([f.numpy().tobytes() for f in frames[:n]], int(h.get("step", 0)), frames[n:], own_batches=own)
         return reply, []
 
     def op_param_hash(self, h, frames) -> Reply:

@@ -255,11 +255,17 @@ class Trainer:
         return {"loss": loss, "grad_norm": pending["grad_norm"], "lr": lr, "tokens": pending["tokens"], "result_bytes": len(result)}, result
 
     @torch.no_grad()
-    def score_results(self, results: list[bytes], step: int, batches: list[torch.Tensor]) -> dict[str, Any]:
+    def score_results(self, results: list[bytes], step: int, batches: list[torch.Tensor], own_batches: bool = False) -> dict[str, Any]:
         """Verification (src/core/verify/): the loss on each batch at the committed parameters, and after applying
         each result alone at step `step`'s LR (as apply would, for one peer). Changes nothing: the parameters,
         any speculation, the momentum and the lookahead scales are as before. A result that does not decode
-        scores None."""
+        scores None.
+
+        With `own_batches`, batch j is result j's producer's assigned batch and the last batch is the shared
+        comparison batch (len(batches) == len(results) + 1): after[j] is then [loss on batch j, loss on the last
+        batch] only, so scoring k results costs 2k + k + 1 evaluations instead of k (k + 1) + k + 1."""
+        if own_batches and len(batches) != len(results) + 1:
+            raise ValueError(f"score_results: own_batches needs {len(results) + 1} batches, got {len(batches)}")
         self._one_distro_peer("score_results")
         peer = self.distro_peers[0]
         lr = self.schedule(step)
@@ -277,7 +283,8 @@ class Trainer:
                     after.append(None)
                     continue
                 peer._update(base, [decoded], lr)
-                after.append([self.evaluate(t)["loss"] for t in batches])
+                wanted = [batches[len(after)], batches[-1]] if own_batches else batches
+                after.append([self.evaluate(t)["loss"] for t in wanted])
         finally:
             for p, c in zip(peer.params, current):
                 p.data.copy_(c)

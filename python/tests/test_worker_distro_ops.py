@@ -98,3 +98,22 @@ def test_score_results_measures_each_result_alone_and_changes_nothing(tiny_confi
     assert w.op_param_hash({}, [])[0]["param_hash"] == state_before
     assert all(torch.equal(a, b) for a, b in zip(momentum, w.t.distro_peers[0].momentum))
     assert all(torch.equal(a, b.detach()) for a, b in zip(spec_params, w.t.distro_peers[0].params))
+
+
+def test_score_results_own_batches_evaluates_each_result_on_its_batch_and_the_shared_one_only(tiny_config):
+    w = worker(tiny_config)
+    own_a, own_b, shared = tokens(21), tokens(22), tokens(23)
+    _, out = w.op_train_round({"step": 1}, [own_a])
+    blob = bytes(out[0])
+    frames = [result_frame(blob), result_frame(flip_signs(blob, w)), own_a, own_b, shared]
+    full, _ = w.op_score_results({"step": 1, "results": 2}, frames)
+    calls = []
+    evaluate = w.t.evaluate
+    w.t.evaluate = lambda t: (calls.append(t), evaluate(t))[1]
+    own, _ = w.op_score_results({"step": 1, "results": 2, "own_batches": True}, frames)
+    # 3 batches before, then 2 per result: 7 evaluations (the full matrix costs 3 + 2 * 3 = 9).
+    assert len(calls) == 7
+    assert own["before"] == full["before"]
+    assert own["after"] == [[full["after"][0][0], full["after"][0][2]], [full["after"][1][1], full["after"][1][2]]]
+    with pytest.raises(WorkerError, match="own_batches needs 3 batches"):
+        w.op_score_results({"step": 1, "results": 2, "own_batches": True}, frames[:4])

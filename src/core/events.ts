@@ -182,6 +182,8 @@ export type PsycheEvent =
   | {event: 'resumed'; path: string; run_id: string; run_state: string; step: number; epoch: number; clients: number; pending: number}
   | {event: 'scored'; step: number; client_id: string; score: number; average: number; count: number; gain_assigned: number; gain_random: number}
   | {event: 'scores'; client: string; step: number; scores: {client_id: string; score: number}[]}
+  // core/backend/centralized/server.ts: an epoch's points settled (coordinator/rewards.ts), per client that got any
+  | {event: 'epoch_rewards'; epoch: number; clients: {client_id: string; earned: number; slashed: number}[]}
   | {event: 'send_failed'; of: string; message: string}
   // core/p2p/node.ts
   | {event: 'serve_failed'; protocol: string; to: string; reason: string}

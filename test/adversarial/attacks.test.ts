@@ -5,6 +5,7 @@ import {ensureDemoCorpus} from '../../src/core/corpus.js'
 import {projectRoot} from '../../src/core/worker/python.js'
 import {runCli, tempDir} from '../helpers.js'
 import {DEFAULT_SCORE_SETTINGS} from '../../src/core/verify/score.js'
+import type {RewardRow} from '../../src/core/coordinator/rewards.js'
 import {fieldOf, hashesByStep, JsonProcess, type Line, startClient, startServer, writeE2eRun} from '../e2e/helpers.js'
 
 /**
@@ -133,7 +134,36 @@ async function attackRun(name: string, cases: Expect[], shape: {rounds?: number;
       assert.ok(others.length >= 3, `status scores honest clients: ${JSON.stringify([...scores.values()])}`)
       for (const x of others) assert.ok(x.average > DEFAULT_SCORE_SETTINGS.threshold, `an honest client's score in status: ${JSON.stringify(x)}`)
     }
-    console.error(`adversarial ${name}: ${Math.round((Date.now() - started) / 1000)} s`)
+    // Rewards (`psyche rewards --json`, the server's ledger after the run's one epoch): no attack earns anything — an
+    // attacker is paid at most for the rounds it worked honestly (honestSteps) — and each honest client earns for its
+    // accepted batches at its score's weight.
+    const rewards = await runCli(['rewards', '--server-addr', `127.0.0.1:${port}`, '--json'])
+    assert.equal(rewards.exitCode, 0, rewards.stderr)
+    const rows = (JSON.parse(rewards.stdout) as {clients: RewardRow[]}).clients
+    const rowOf = new Map(rows.map((r) => [r.client_id, r]))
+    for (const [i, c] of cases.entries()) {
+      const r = rowOf.get(ids[i])
+      const paidRounds = c.honestSteps?.length ?? 0
+      assert.ok((r?.rounds ?? 0) <= paidRounds || (r?.earned ?? 0) === 0, `${c.attack}: the attacker earned ${JSON.stringify(r)}`)
+      if (paidRounds === 0) assert.equal(r?.earned ?? 0, 0, `${c.attack}: the attacker earned points: ${JSON.stringify(r)}`)
+      // Ejected by a verifier quorum: what its results accepted before that would have earned is slashed.
+      if (c.byScore && r) assert.ok(r.earned === 0 && r.slashed === Math.floor(r.batches * 1000 * r.weight), `${c.attack}: slashed, not earned: ${JSON.stringify(r)}`)
+    }
+    const honestRows = rows.filter((r) => !ids.includes(r.client_id))
+    assert.equal(honestRows.length, 3, `three honest clients in the ledger: ${JSON.stringify(rows)}`)
+    for (const r of honestRows) {
+      assert.ok(r.rounds >= rounds - 1 && r.weight > 0 && r.slashed === 0, `an honest client's rewards: ${JSON.stringify(r)}`)
+      assert.equal(r.earned, Math.floor(r.batches * 1000 * r.weight), `earned = accepted batches × 1000 × weight: ${JSON.stringify(r)}`)
+    }
+    // Points per accepted round differ among honest clients only by their batch shares and their scores' weights.
+    const perRound = honestRows.map((r) => r.earned / r.rounds)
+    const shares = honestRows.map((r) => r.batches / r.rounds)
+    const weights = honestRows.map((r) => r.weight)
+    const spread = (xs: number[]) => Math.max(...xs) / Math.min(...xs)
+    assert.ok(spread(perRound) <= spread(shares) * spread(weights) + 1e-9, `points per round ${perRound}, batch shares ${shares}, weights ${weights}`)
+    console.error(
+      `adversarial ${name}: ${Math.round((Date.now() - started) / 1000)} s; rewards ${JSON.stringify(rows.map((r) => [r.client_id.slice(0, 8), r.rounds, r.earned, r.slashed]))}`,
+    )
   } catch (error) {
     for (const p of procs) {
       const tail = p.events.slice(-25).map((e) => JSON.stringify(e).slice(0, 300))

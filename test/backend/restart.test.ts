@@ -148,6 +148,9 @@ test('points survive a restart: the rewards ledger is saved with the state and w
     await nextState(c, (s) => s.run_state === 'Cooldown')
     clock.advance(3)
     await nextState(c, (s) => s.progress.epoch === 1)
+    const settled = await first.waitLog({event: 'epoch_rewards'})
+    assert.deepEqual(settled.clients, [{client_id: alice.id, earned: batches * 1000, slashed: 0}])
+    assert.equal(settled.epoch, 0)
     const rows = first.server.rewardRows
     assert.equal(rows.length, 1)
     assert.equal(rows[0].client_id, alice.id)

@@ -1,5 +1,6 @@
 import assert from 'node:assert/strict'
 import {describe, it} from 'node:test'
+import type {ClientWorker} from '../../src/core/client/components.js'
 import {nearCopies} from '../../src/core/verify/copy.js'
 import {ResultIntake} from '../../src/core/verify/intake.js'
 import {validateResult, type ResultFormat} from '../../src/core/verify/result.js'
@@ -13,6 +14,13 @@ async function oneResult(w: LoadTestWorker, step: number, seed: number): Promise
 }
 
 describe('the load-test compute stand-in (LoadTestWorker)', () => {
+  it('is excluded from scoring: no score_results (a verifier with it reports no scores)', () => {
+    const w = new LoadTestWorker({purpose: 'load-test', resultBytes: 100, computeMs: 0})
+    assert.equal('scoreResults' in w, false)
+    const asClientWorker: ClientWorker = w
+    assert.equal(asClientWorker.scoreResults, undefined)
+  })
+
   it('refuses to be constructed without naming its purpose', () => {
     assert.throws(() => new LoadTestWorker({resultBytes: 100, computeMs: 0} as never), /load-test tool/)
     assert.throws(() => new LoadTestWorker({purpose: 'train', resultBytes: 100, computeMs: 0} as never), /load-test tool/)

@@ -135,8 +135,11 @@ export interface ClientWorker {
   applyResults(step: number, results: Uint8Array[]): Promise<string>
   /** The mean loss on `tokens` at the replicated parameters (speculation set aside); changes nothing. */
   evaluate(tokens: Uint32Array, rows: number): Promise<{loss: number; tokens: number}>
-  /** Verification (optional: a worker without it does not verify): losses before/after each result alone. */
-  scoreResults?(step: number, results: Uint8Array[], batches: {tokens: Uint32Array; rows: number}[]): Promise<{before: number[]; after: (number[] | null)[]}>
+  /**
+   * Verification (optional: a worker without it does not verify): `batches` = each result's assigned batch, then a shared
+   * one; losses before, and after each result alone on its own batch and the shared one (ModelWorker.scoreResults).
+   */
+  scoreResults?(step: number, results: Uint8Array[], batches: {tokens: Uint32Array; rows: number}[]): Promise<{before: number[]; after: ([number, number] | null)[]}>
   exportParams(): Promise<{frames: Frame[]; paramHash: string}>
   importParams(frames: Frame[]): Promise<string>
   /** Writes the model directory (config, weights, tokenizer, card): what a checkpointer uploads. */

@@ -74,7 +74,7 @@ export class Verification {
     const scored: {r: HeldResult; l: Losses}[] = []
     for (const [j, r] of peers.entries()) {
       const losses = after[j]
-      if (losses) scored.push({r, l: {assigned: {before: before[j], after: losses[j]}, random: {before: before[k], after: losses[k]}}})
+      if (losses) scored.push({r, l: {assigned: {before: before[j], after: losses[0]}, random: {before: before[k], after: losses[1]}}})
     }
     const scale = roundScale(scored.map((x) => x.l))
     for (const {r, l} of scored) {

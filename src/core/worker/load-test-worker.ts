@@ -15,6 +15,11 @@ import type {ModelInfo, StepResult, TrainingSetup} from './model-worker.js'
  * apply the same results agree and replicas that do not differ: runs with it can assert that every result was
  * applied, and nothing about losses or convergence.
  *
+ * It is excluded from scoring on purpose: it has no `scoreResults` (it has no loss to measure), so a load-test client
+ * that is a verifier of a round scores nothing and reports no scores (client/verification.ts skips a worker without
+ * it), and in a load-test run with verifiers nobody earns points (coordinator/rewards.ts: unscored clients earn
+ * nothing there); a run without verifiers pays per accepted batch as any other.
+ *
  * It cannot stand in for a real worker by accident: no command constructs it (only bench/scale.bench.ts and the
  * scale tests do), it must be given `{purpose: 'load-test'}`, and its results describe one tensor named
  * `LOAD_TEST_TENSOR`, which no real model has, so a real client refuses them (and a load-test client refuses real

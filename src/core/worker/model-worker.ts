@@ -110,15 +110,18 @@ export class ModelWorker {
   }
 
   /**
-   * Verification: the loss on each batch at the committed parameters (`before`), and after applying each result
-   * alone at `step`'s learning rate (`after[result][batch]`; null for a result that does not decode). Changes nothing.
+   * Verification: `batches` holds each result's producer's assigned batch, then one shared comparison batch. Returns the
+   * loss on each batch at the committed parameters (`before`), and after applying each result alone at `step`'s learning
+   * rate, on its own batch and on the shared one (`after[j] = [own, shared]`; null for a result that does not decode):
+   * 2 evaluations per result. Changes nothing.
    */
-  async scoreResults(step: number, results: Uint8Array[], batches: {tokens: Uint32Array; rows: number}[]): Promise<{before: number[]; after: (number[] | null)[]}> {
+  async scoreResults(step: number, results: Uint8Array[], batches: {tokens: Uint32Array; rows: number}[]): Promise<{before: number[]; after: ([number, number] | null)[]}> {
+    if (batches.length !== results.length + 1) throw new RangeError(`scoreResults: ${results.length} results need ${results.length + 1} batches, not ${batches.length}`)
     const frames: Frame[] = [
       ...results.map((r, i) => ({name: `result${i}`, dtype: 'uint8' as const, shape: [r.length], data: r})),
       ...batches.map((b) => tokensFrame(b.tokens, b.rows)),
     ]
-    return (await this.client.call<{before: number[]; after: (number[] | null)[]}>('score_results', {step, results: results.length}, frames)).reply
+    return (await this.client.call<{before: number[]; after: ([number, number] | null)[]}>('score_results', {step, results: results.length, own_batches: true}, frames)).reply
   }
 
   async evaluate(tokens: Uint32Array, rows: number): Promise<{loss: number; tokens: number}> {

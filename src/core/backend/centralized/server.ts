@@ -314,8 +314,15 @@ export class CoordinatorServer {
     if (next === previous && !peersChanged) return
     this.current = next
     this.work.commits++
-    this.rewards = observeTransition(this.rewards, previous, next)
+    const before = this.rewards
+    this.rewards = observeTransition(before, previous, next)
     this.watcherJsonCache = undefined
+    if (this.rewards.epochs !== before.epochs) {
+      const clients = Object.values(this.rewards.clients)
+        .map((e) => ({client_id: e.client_id, earned: e.earned - (before.clients[e.client_id]?.earned ?? 0), slashed: e.slashed - (before.clients[e.client_id]?.slashed ?? 0)}))
+        .filter((e) => e.earned > 0 || e.slashed > 0)
+      this.opts.log({event: 'epoch_rewards', epoch: previous.progress.epoch, clients})
+    }
     // The directory holds the run's members only: a client that left, was ejected or dropped leaves it.
     if (next !== previous) {
       const listed = directoryMembers(next)
