@@ -189,8 +189,12 @@ describe('rewards ledger (coordinator/rewards.ts)', () => {
       {client_id: 'bad', score: -0.4},
     ])!
     run.ledger = recordScores(run.ledger, 'good', 1, [{client_id: 'meh', score: FULL_WEIGHT_SCORE / 4}])!
+    // A score of a client that is in no epoch of the run (the server refuses such reports; the rule still bounds it).
+    run.ledger = recordScores(run.ledger, 'bad', 1, [{client_id: 'ghost', score: 0.5}])!
+    assert.ok(scoreRows(run.ledger).some((x) => x.client_id === 'ghost'))
     run.witness()
     run.until('WaitingForMembers')
+    assert.equal(row(run, 'ghost'), undefined, 'a score alone, of a client of no epoch, is dropped when the epoch ends')
     assert.equal(row(run, 'good')!.earned, run.batches.get('good')! * POINTS_PER_BATCH)
     assert.equal(row(run, 'bad')!.earned, 0, 'a harmful update earns nothing')
     assert.equal(row(run, 'bad')!.rounds, 2, 'though its results were accepted')

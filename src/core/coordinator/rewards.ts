@@ -34,8 +34,9 @@ import type {ClientId, CoordinatorState, Round} from './types.js'
  * colluding verifiers cannot raise a partner above honest pay, only (as one report of several averaged) soften its
  * verdict.
  *
- * Bounded: entries exist for clients that trained or were scored; at each epoch's end, entries holding no points and
- * belonging to no member of the run are dropped, and never more than MAX_LEDGER_CLIENTS are kept.
+ * Bounded: entries exist for clients that trained or were scored; at each epoch's end, entries with no accepted result
+ * and no points, of clients that are neither members of the run nor of the epoch that ended, are dropped (a score
+ * alone is forgotten one epoch after its client left), and never more than MAX_LEDGER_CLIENTS are kept.
  */
 
 /** Weight of a new step's mean score in the moving average (the verifiers' own Scorer uses the same). */
@@ -230,14 +231,15 @@ function settleEpoch(ledger: RewardsLedger, state: CoordinatorState): RewardsLed
       slashed: e.slashed + (ejected.has(id) ? points : 0),
     }
   }
-  const members = new Set([...state.pending, ...state.epoch.clients.map((c) => c.id)])
+  // The epoch's clients (those that left it too) stay listed until the next epoch's end.
+  const members = new Set([...state.pending, ...state.epoch.clients.map((c) => c.id), ...state.epoch.exited.map((c) => c.id)])
   return bound({...ledger, clients, epochs: ledger.epochs + 1}, members, true)
 }
 
 /** Drops entries beyond MAX_LEDGER_CLIENTS (and, with `prune`, those holding nothing of clients not in `members`). */
 function bound(ledger: RewardsLedger, members: ReadonlySet<ClientId>, prune = false): RewardsLedger {
   const ids = Object.keys(ledger.clients)
-  const empty = (e: ClientRewards) => e.earned === 0 && e.slashed === 0 && e.epoch_batches === 0 && e.epoch_rounds === 0
+  const empty = (e: ClientRewards) => e.earned === 0 && e.slashed === 0 && e.rounds === 0 && e.epoch_rounds === 0
   if (!prune && ids.length <= MAX_LEDGER_CLIENTS) return ledger
   const clients = {...ledger.clients}
   if (prune) for (const id of ids) if (empty(clients[id]) && !members.has(id)) delete clients[id]
