@@ -16,7 +16,7 @@ import {
   witnessInstruction,
   withdrawInstruction,
 } from '../../src/core/backend/solana/instructions.js'
-import {COORDINATOR_PROGRAM_PATH, LocalChain} from '../../src/core/backend/solana/local-chain.js'
+import {COORDINATOR_PROGRAM_PATH, LocalChain, programPath, type ChainFeatures} from '../../src/core/backend/solana/local-chain.js'
 import {IX, MAX_CLIENTS, STATE_SIZE, clientIdOf, decodeCoordinator, encodeTag} from '../../src/core/backend/solana/layout.js'
 import {constant} from '../../src/core/coordinator/layout-table.js'
 import {
@@ -534,13 +534,15 @@ export interface SequenceResult {
 
 class Divergence extends Error {}
 
-const PROGRAM = readFileSync(COORDINATOR_PROGRAM_PATH)
+/** The committed builds: sBPF v3 for a current cluster, v0 for a legacy one (the same C, linked for each). */
+const PROGRAMS = {current: readFileSync(COORDINATOR_PROGRAM_PATH), legacy: readFileSync(programPath(COORDINATOR_PROGRAM_PATH, 'legacy'))}
 
 /**
  * Runs the sequence of `seed`: a fresh chain and run, `length` events. Throws a Divergence naming the seed, the event
  * and the difference (with the sequence so far) when the program and the reference differ.
  */
-export async function runSequence(seed: number, options: {length?: number; maxClients?: number} = {}): Promise<SequenceResult> {
+export async function runSequence(seed: number, options: {length?: number; maxClients?: number; features?: ChainFeatures} = {}): Promise<SequenceResult> {
+  const features = options.features ?? 'current'
   const rng = new Rng(seed)
   const {signers, ids, labels} = await pool()
   const poolSize = Math.min(
@@ -551,7 +553,7 @@ export async function runSequence(seed: number, options: {length?: number; maxCl
   const runId = `fuzz-${seed.toString(36)}`.slice(0, 32)
   const createdAt = 1_700_000_000 + rng.int(0, 1_000_000)
   const programId = (await keypair('program')).address
-  const chain = new LocalChain(programId, PROGRAM)
+  const chain = new LocalChain(programId, PROGRAMS[features], features)
   const payer = await keypair('payer')
   const authority = await keypair('authority')
   chain.airdrop(payer.address)
@@ -597,7 +599,7 @@ export async function runSequence(seed: number, options: {length?: number; maxCl
   const fail = (i: number, what: string, message: string, logs: string[] = []): never => {
     throw new Divergence(
       `differential fuzz: seed ${seed}, event ${i} (${what} at ${seq.now}, ${seq.state.run_state}): ${message}\n` +
-        `reproduce: PSYCHE_FUZZ_SEED=${seed} node --import tsx --test test/solana/differential.test.ts\n` +
+        `reproduce: PSYCHE_FUZZ_SEED=${seed}${features === 'legacy' ? ' PSYCHE_FUZZ_FEATURES=legacy' : ''} node --import tsx --test test/solana/differential.test.ts\n` +
         `program logs:\n  ${logs.join('\n  ')}\nsequence so far:\n  ${seq.log.slice(-25).join('\n  ')}`,
     )
   }
