@@ -49,8 +49,10 @@ export function layoutHeader(): string {
     `__attribute__((unused)) static const u16 BLOOM_BITS[MAX_CLIENTS] = {${params.map((p) => p.bits).join(', ')}};`,
     `__attribute__((unused)) static const u8 BLOOM_HASHES[MAX_CLIENTS] = {${params.map((p) => p.hashes).join(', ')}};`,
   )
-  const update = 1 + structLayout('Config').size + 1 + 8 + 8 + 1 + 3 + CONSTANTS.REPO_MAX[0] + CONSTANTS.REVISION_MAX[0] + 2 + CONSTANTS.MODEL_JSON_MAX[0]
-  if (update !== CONSTANTS.UPDATE_MAX[0]) throw new Error(`UPDATE_MAX = ${CONSTANTS.UPDATE_MAX[0]} must be the longest update's data, ${update} bytes: change it in the layout table`)
+  const checkpointers = 1 + 32 * CONSTANTS.MAX_CHECKPOINTERS[0]
+  const update = 1 + structLayout('Config').size + checkpointers + 1 + 8 + 8 + 1 + 3 + CONSTANTS.REPO_MAX[0] + CONSTANTS.REVISION_MAX[0] + 2 + CONSTANTS.MODEL_JSON_MAX[0]
+  if (update !== CONSTANTS.UPDATE_MAX[0])
+    throw new Error(`UPDATE_MAX = ${CONSTANTS.UPDATE_MAX[0]} must be the longest update's data, ${update} bytes: change it in the layout table`)
   out.push('', '/* ---- account structs (little-endian) ---- */')
   for (const name of Object.keys(STRUCTS) as StructName[]) {
     const layout = structLayout(name)

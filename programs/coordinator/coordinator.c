@@ -395,6 +395,8 @@ static void empty_epoch(State *s, u64 now) {
   zero(s->warmup_witnesses, sizeof(s->warmup_witnesses));
   zero(&s->round, sizeof(Round));
   zero(&s->previous_round, sizeof(Round));
+  s->hash_witness_len = 0;
+  zero(s->hash_witnesses, sizeof(s->hash_witnesses));
 }
 
 /* ---- ticks ---- */
@@ -654,15 +656,64 @@ static u64 read_repo(Checkpoint *c, const u8 *data, u64 len) {
   return 0;
 }
 
+/* Cooldown's witness (onHashWitness): a witness of the epoch's last round, still in the epoch, attests the hash of its
+ * parameters after applying that round. data: step u64, param_hash (32 bytes). */
+static u64 on_hash_witness(State *s, const u8 *key, const u8 *data, u64 len) {
+  if (HALTED(s->run_state)) return fail(E_HALTED, "the run is halted");
+  if (s->run_state != COOLDOWN) return fail(E_INVALID_RUN_STATE, "parameter hashes are attested in Cooldown");
+  if (len != 40) return fail(E_INVALID_INSTRUCTION, "hash_witness: expected step and a 32-byte hash");
+  if (!s->has_round) return fail(E_NO_ACTIVE_ROUND, "this epoch had no round to attest");
+  Round *r = &s->round;
+  if (read_u64(data) != r->step) return fail(E_WRONG_STEP, "parameter hash for another step than the epoch's last round");
+  i64 i = client_index(s, key);
+  if (i < 0 || s->clients[i].state != HEALTHY || !is_witness(s, r, key))
+    return fail(E_INVALID_WITNESS, "this client is not a witness of the epoch's last round still in the epoch");
+  for (u64 w = 0; w < s->hash_witness_len; w++)
+    if (equal(s->hash_witnesses[w].from, key, 32)) return fail(E_DUPLICATE_WITNESS, "this client already attested the parameters");
+  if (s->hash_witness_len >= MAX_WITNESSES) return fail(E_CAPACITY_EXCEEDED, "MAX_WITNESSES parameter hashes already attested");
+  HashWitness *h = &s->hash_witnesses[s->hash_witness_len++];
+  copy(h->from, key, 32);
+  copy(h->param_hash, data + 8, 32);
+  return 0;
+}
+
+/* The hash a quorum of the last round's witnesses attested (agreedParamHash): the first to reach it, or NULL. */
+static const u8 *agreed_param_hash(const State *s) {
+  if (s->run_state != COOLDOWN || !s->has_round) return NULL;
+  u64 quorum = witness_quorum(witness_count(s, s->round.roster_len));
+  if (quorum == 0) return NULL;
+  for (u64 i = 0; i < s->hash_witness_len; i++) {
+    u64 n = 0;
+    for (u64 j = 0; j <= i; j++)
+      if (equal(s->hash_witnesses[j].param_hash, s->hash_witnesses[i].param_hash, 32)) n++;
+    if (n >= quorum) return s->hash_witnesses[i].param_hash;
+  }
+  return NULL;
+}
+
+/* data: has_hash u8, param_hash (32 bytes, zeros without), then the repo (read_repo) */
 static u64 on_checkpoint(State *s, const u8 *key, const u8 *data, u64 len) {
   if (s->run_state != COOLDOWN) return fail(E_INVALID_RUN_STATE, "checkpoints are reported in Cooldown");
   if (client_index(s, key) < 0) return fail(E_UNKNOWN_CLIENT, "this client is not in this epoch");
+  if (s->checkpointers_len) {
+    u64 c = 0;
+    while (c < s->checkpointers_len && !equal(s->checkpointers[c], key, 32)) c++;
+    if (c == s->checkpointers_len) return fail(E_NOT_CHECKPOINTER, "this client is not one of the run's checkpointers (config.checkpointers)");
+  }
   if (s->checkpointed) return fail(E_ALREADY_CHECKPOINTED, "this epoch is already checkpointed");
+  if (len < 33 || data[0] > 1) return fail(E_INVALID_INSTRUCTION, "checkpoint: expected a hash flag, a hash and a repo");
   Checkpoint repo;
-  u64 e = read_repo(&repo, data, len);
+  u64 e = read_repo(&repo, data + 33, len - 33);
   if (e) return e;
   if (repo.repo_len == 0) return fail(E_INVALID_EVENT, "checkpoint repo_id must be a non-empty string");
+  const u8 *agreed = agreed_param_hash(s);
+  if (!agreed) return fail(E_HASH_NOT_AGREED, "no quorum of the last round's witnesses has attested a parameter hash yet");
+  if (!data[0] || !equal(data + 1, agreed, 32)) return fail(E_CHECKPOINT_HASH_MISMATCH, "the checkpoint's parameter hash is not the one the witnesses agreed on");
   repo.kind = CK_HUB;
+  s->has_checkpoint_hash = 1;
+  s->checkpoint_hash_step = s->round.step;
+  copy(s->checkpoint_hash, agreed, 32);
+  copy(&s->checkpoint_hash_repo, &repo, sizeof(Checkpoint));
   u8 kind = s->checkpoint.kind;
   copy(&s->checkpoint_fallback, &repo, sizeof(Checkpoint));
   /* the model now lives in that repository: it replaces a Hub or Dummy starting point too (the reference's onCheckpoint) */
@@ -709,19 +760,28 @@ static u64 validate_config(const Config *c, u64 max_seq_len, u64 cold_start) {
 }
 
 /*
- * update data: has_config u8, Config (120 bytes), has_model u8, then if has_model: max_seq_len u64,
- * cold_start_warmup_steps u64, checkpoint kind u8, repo (read_repo), model JSON length u16, JSON.
+ * update data: has_config u8, Config (120 bytes), checkpointers count u8 and as many public keys (config.checkpointers,
+ * with the config; 0: none), has_model u8, then if has_model: max_seq_len u64, cold_start_warmup_steps u64, checkpoint
+ * kind u8, repo (read_repo), model JSON length u16, JSON.
  */
 static u64 on_update(State *s, const u8 *data, u64 len) {
   if (s->run_state != PAUSED && s->run_state != UNINITIALIZED)
     return fail(E_INVALID_RUN_STATE, "the configuration can change only while Paused or Uninitialized");
-  if (len < 2 + sizeof(Config)) return fail(E_INVALID_INSTRUCTION, "update: expected config and model");
+  if (len < 3 + sizeof(Config)) return fail(E_INVALID_INSTRUCTION, "update: expected config and model");
   Config config;
   if (data[0]) copy(&config, data + 1, sizeof(Config));
   else if (s->has_config) copy(&config, &s->config, sizeof(Config));
   else return fail(E_INVALID_CONFIG, "the first update must set the configuration");
-  const u8 *m = data + 1 + sizeof(Config);
-  u64 rest = len - 1 - sizeof(Config);
+  u64 checkpointers = data[1 + sizeof(Config)];
+  const u8 *keys = data + 2 + sizeof(Config);
+  if (len < 3 + sizeof(Config) + 32 * checkpointers) return fail(E_INVALID_INSTRUCTION, "update: checkpointers too short");
+  if (checkpointers && !data[0]) return fail(E_INVALID_INSTRUCTION, "update: checkpointers come with the config");
+  if (checkpointers > MAX_CHECKPOINTERS) return fail(E_INVALID_CONFIG, "config.checkpointers: at most MAX_CHECKPOINTERS client ids");
+  for (u64 i = 0; i < checkpointers; i++)
+    for (u64 j = 0; j < i; j++)
+      if (equal(keys + 32 * i, keys + 32 * j, 32)) return fail(E_INVALID_CONFIG, "config.checkpointers names a client twice");
+  const u8 *m = keys + 32 * checkpointers;
+  u64 rest = len - 2 - sizeof(Config) - 32 * checkpointers;
   u64 max_seq_len = s->max_seq_len, cold_start = s->cold_start_warmup_steps;
   Checkpoint checkpoint;
   copy(&checkpoint, &s->checkpoint, sizeof(Checkpoint));
@@ -753,6 +813,11 @@ static u64 on_update(State *s, const u8 *data, u64 len) {
   u64 e = validate_config(&config, max_seq_len, cold_start);
   if (e) return e;
   copy(&s->config, &config, sizeof(Config));
+  if (data[0]) {
+    s->checkpointers_len = checkpointers;
+    zero(s->checkpointers, sizeof(s->checkpointers));
+    copy(s->checkpointers, keys, 32 * checkpointers);
+  }
   s->has_config = 1;
   s->max_seq_len = max_seq_len;
   s->cold_start_warmup_steps = cold_start;
@@ -1280,6 +1345,9 @@ u64 entrypoint(const u8 *input) {
     case IX_CHECKPOINT:
       if ((e = signer(&in, NULL))) return e;
       return on_checkpoint(s, key, d, len);
+    case IX_HASH_WITNESS:
+      if ((e = signer(&in, NULL))) return e;
+      return on_hash_witness(s, key, d, len);
     case IX_ACCUSE:
       if ((e = signer(&in, NULL))) return e;
       return on_accuse(s, key, d, len);

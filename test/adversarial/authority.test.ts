@@ -6,12 +6,22 @@
  */
 import assert from 'node:assert/strict'
 import {describe, test} from 'node:test'
-import {generateKeyPairSigner} from '@solana/kit'
-import {updateInstruction} from '../../src/core/backend/solana/instructions.js'
+import type {KeyPairSigner} from '@solana/kit'
+import {
+  checkpointInstruction,
+  hashWitnessInstruction,
+  joinRunInstruction,
+  setPausedInstruction,
+  tickInstruction,
+  updateInstruction,
+  witnessInstruction,
+} from '../../src/core/backend/solana/instructions.js'
+import {clientIdOf} from '../../src/core/backend/solana/layout.js'
 import {validateRunConfig} from '../../src/core/config/index.js'
-import {agreedParamHash, applyEvent, deserializeState, selectWitnesses, serializeState, tick} from '../../src/core/coordinator/index.js'
+import {agreedParamHash, applyEvent, deserializeState, selectWitnesses, serializeState, tick, witnessBloomParams} from '../../src/core/coordinator/index.js'
 import type {CoordinatorState} from '../../src/core/coordinator/types.js'
 import {S, baseConfig, baseLLM, ok, rejected, toFirstRound, witnessAll} from '../coordinator/helpers.js'
+import {deployRun, keypair, readRun} from '../solana/harness.js'
 
 const HONEST = 'a'.repeat(64)
 const ATTACKER = 'b'.repeat(64)
@@ -54,13 +64,13 @@ describe('checkpoints only from the designated checkpointers', () => {
     assert.equal(after.epoch.checkpointed, true)
   })
 
-  test('without config.checkpointers any epoch member still may (Psyche’s rule; the Solana program’s too)', () => {
+  test('without config.checkpointers any epoch member still may (Psyche’s rule), but only a checkpoint of the agreed parameters', () => {
     const {state: s, now} = toCooldown()
-    assert.equal(applyEvent(s, {type: 'checkpoint', from: ATTACKER, repo: {repo_id: 'org/ckpt'}}, now).error, undefined)
-    // ... but once the witnesses agreed on the parameters, only a checkpoint of those parameters
+    rejected(s, {type: 'checkpoint', from: ATTACKER, repo: {repo_id: 'org/ckpt'}, param_hash: GOOD_HASH}, now, 'HashNotAgreed')
     const attested = attestAll(s, now, GOOD_HASH)
     rejected(attested, {type: 'checkpoint', from: ATTACKER, repo: {repo_id: 'evil/model'}, param_hash: EVIL_HASH}, now, 'CheckpointHashMismatch')
     rejected(attested, {type: 'checkpoint', from: ATTACKER, repo: {repo_id: 'evil/model'}}, now, 'CheckpointHashMismatch')
+    assert.equal(applyEvent(attested, {type: 'checkpoint', from: ATTACKER, repo: {repo_id: 'org/ckpt'}, param_hash: GOOD_HASH}, now).error, undefined)
   })
 
   test('config.checkpointers is validated: a list of distinct client ids', () => {
@@ -69,11 +79,11 @@ describe('checkpoints only from the designated checkpointers', () => {
     assert.ok('config' in good)
     assert.deepEqual(good.config.checkpointers, [HONEST, OTHER])
     for (const [bad, message] of [
-      [[], /1 to 64 client ids/],
-      ['abc', /1 to 64 client ids/],
+      [[], /1 to 8 client ids/],
+      ['abc', /1 to 8 client ids/],
       [[HONEST, HONEST], /twice/],
       [['not an id!'], /client id/],
-      [Array.from({length: 65}, (_, i) => i.toString(16).padStart(64, '0')), /1 to 64/],
+      [Array.from({length: 9}, (_, i) => i.toString(16).padStart(64, '0')), /1 to 8/],
     ] as const) {
       const r = check(bad)
       assert.ok('issues' in r, `accepted ${JSON.stringify(bad)}`)
@@ -123,12 +133,45 @@ describe('checkpoints only from the designated checkpointers', () => {
     assert.equal(deserializeState(JSON.stringify(old)).checkpoint_hash, null)
   })
 
-  test('a run on Solana with config.checkpointers is refused rather than run without the rule', async () => {
-    const signer = await generateKeyPairSigner()
-    assert.throws(
-      () => updateInstruction(signer.address, signer.address, signer, {...baseConfig, checkpointers: [HONEST]}, undefined),
-      /config\.checkpointers: the Solana program does not enforce/,
-    )
-    assert.doesNotThrow(() => updateInstruction(signer.address, signer.address, signer, baseConfig, undefined))
+  test('on Solana the program holds config.checkpointers and records the agreed hash with the checkpoint', async () => {
+    const d = await deployRun('authority-solana', 1_700_000_000)
+    const [a, b, c] = await Promise.all(['a', 'b', 'c'].map((l) => keypair(l)))
+    const ids = [a, b, c].map((k) => clientIdOf(k.address))
+    for (const k of [a, b, c]) d.chain.airdrop(k.address)
+    d.chain.setTime(1_700_000_000)
+    const config = {...baseConfig, rounds_per_epoch: 1, witness_nodes: 3, min_clients: 3, cooldown_time: 50, checkpointers: [ids[0]]}
+    const send = async (signer: KeyPairSigner, ix: Parameters<typeof d.chain.send>[1][number]) => d.chain.send(signer, [ix])
+    assert.ok((await send(d.authority, updateInstruction(d.programId, d.coordinator, d.authority, config, {LLM: baseLLM}))).ok)
+    assert.deepEqual(readRun(d).state.config.checkpointers, [ids[0]])
+    // a list naming a client twice is refused, as the reference refuses it
+    assert.equal((await send(d.authority, updateInstruction(d.programId, d.coordinator, d.authority, {...config, checkpointers: [ids[0], ids[0]]}))).error, 'InvalidConfig')
+    assert.ok((await send(d.authority, setPausedInstruction(d.programId, d.coordinator, d.authority, false))).ok)
+    for (const k of [a, b, c]) assert.ok((await send(k, joinRunInstruction(d.programId, d.coordinator, k))).ok)
+    let now = 1_700_000_000
+    const tickOut = async () => {
+      const from = readRun(d).state.run_state
+      for (let i = 0; i < 100 && readRun(d).state.run_state === from; i++) {
+        d.chain.setTime((now += 1))
+        await send(d.payer, tickInstruction(d.programId, d.coordinator))
+      }
+    }
+    await tickOut() // → Warmup
+    await tickOut() // → RoundTrain
+    const round = readRun(d).state.epoch.round!
+    const signerOf = (id: string) => [a, b, c][ids.indexOf(id)]
+    for (const w of selectWitnesses(readRun(d).state)) {
+      const proof = Buffer.alloc(witnessBloomParams(round.roster.length).bits / 8, 0xff)
+      await send(signerOf(w), witnessInstruction(d.programId, d.coordinator, signerOf(w), round.step, proof, proof))
+    }
+    while (readRun(d).state.run_state !== 'Cooldown') await tickOut()
+    const repo = {repo_id: 'org/ckpt', revision: 'r1'}
+    const checkpoint = (k: KeyPairSigner, hash: string) => send(k, checkpointInstruction(d.programId, d.coordinator, k, repo, hash))
+    assert.equal((await checkpoint(a, GOOD_HASH)).error, 'HashNotAgreed')
+    for (const w of selectWitnesses(readRun(d).state, round))
+      assert.ok((await send(signerOf(w), hashWitnessInstruction(d.programId, d.coordinator, signerOf(w), round.step, GOOD_HASH))).ok)
+    assert.equal((await checkpoint(b, GOOD_HASH)).error, 'NotCheckpointer')
+    assert.equal((await checkpoint(a, EVIL_HASH)).error, 'CheckpointHashMismatch')
+    assert.ok((await checkpoint(a, GOOD_HASH)).ok)
+    assert.deepEqual(readRun(d).state.checkpoint_hash, {repo, step: round.step, param_hash: GOOD_HASH})
   })
 })

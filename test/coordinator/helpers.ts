@@ -81,3 +81,16 @@ export function toFirstRound(ids: string[], config: Partial<CoordinatorConfig> =
   if (state.run_state !== 'RoundTrain') throw new Error(`never reached RoundTrain (${state.run_state})`)
   return {state, now}
 }
+
+/** The parameter hash attestParams attests. */
+export const PARAMS = 'a1'.repeat(32)
+
+/** In Cooldown: every witness of the epoch's last round still in the epoch attests `hash` (their agreement). */
+export function attestParams(state: CoordinatorState, now: number, hash = PARAMS): CoordinatorState {
+  const round = state.epoch.round!
+  for (const w of selectWitnesses(state, round)) {
+    if (state.epoch.clients.some((c) => c.id === w && c.state === 'Healthy'))
+      state = ok(state, {type: 'witness', from: w, step: round.step, proof: {participant_bloom: '', broadcast_bloom: ''}, param_hash: hash}, now)
+  }
+  return state
+}

@@ -13,7 +13,7 @@ import {
 } from '../../src/core/coordinator/index.js'
 import {BloomFilter} from '../../src/core/primitives/bloom.js'
 import {loadRunConfigFile} from '../../src/core/config/index.js'
-import {S, baseConfig, baseLLM, honestProof, joinAll, newRun, ok, rejected, toFirstRound, witnessAll} from './helpers.js'
+import {PARAMS, S, attestParams, baseConfig, baseLLM, honestProof, joinAll, newRun, ok, rejected, toFirstRound, witnessAll} from './helpers.js'
 import {MAX_CLIENTS} from '../../src/core/coordinator/layout-table.js'
 
 const ids = (n: number, prefix = 'c') => Array.from({length: n}, (_, i) => `${prefix}${i}`)
@@ -356,7 +356,8 @@ describe('Cooldown → next epoch', () => {
   it('ends early once a checkpoint is reported, which becomes the fallback for a run nobody returns to', () => {
     let {state: s, now} = toCooldown({cooldown_time: 50})
     rejected(s, {type: 'checkpoint', from: 'stranger', repo: {repo_id: 'org/ckpt'}}, now, 'UnknownClient')
-    s = ok(s, {type: 'checkpoint', from: 'c1', repo: {repo_id: 'org/ckpt', revision: 'abc'}}, now)
+    s = attestParams(s, now)
+    s = ok(s, {type: 'checkpoint', from: 'c1', repo: {repo_id: 'org/ckpt', revision: 'abc'}, param_hash: PARAMS}, now)
     rejected(s, {type: 'checkpoint', from: 'c2', repo: {repo_id: 'org/other'}}, now, 'AlreadyCheckpointed')
     s = tick(s, now + 1 * S)
     assert.equal(s.run_state, 'WaitingForMembers')
@@ -376,7 +377,8 @@ describe('Cooldown → next epoch', () => {
         if (s.run_state === 'RoundTrain') s = witnessAll(s, now)
         s = tick(s, (now += S))
       }
-      s = ok(s, {type: 'checkpoint', from: 'c1', repo: {repo_id: 'org/ckpt', revision: 'abc'}}, now)
+      s = attestParams(s, now)
+      s = ok(s, {type: 'checkpoint', from: 'c1', repo: {repo_id: 'org/ckpt', revision: 'abc'}, param_hash: PARAMS}, now)
       assert.deepEqual(s.model.LLM.checkpoint, {Hub: {repo_id: 'org/ckpt', revision: 'abc'}})
       s = tick(s, now + 1 * S)
       assert.deepEqual(s.model.LLM.checkpoint, {P2P: {repo_id: 'org/ckpt', revision: 'abc'}})

@@ -44,7 +44,8 @@ import {announce} from './vectors.js'
  * Differential fuzzing of the on-chain coordinator against the TypeScript reference (src/core/coordinator): a seeded
  * PRNG draws a run (clients, configuration) and a sequence of events — joins, leaves, ejections, ticks at random
  * times, warmup reports and witness proofs (valid, partial, random, wrongly sized), health checks, accusations,
- * equivocation proofs, checkpoints, pause/resume, configuration updates (valid and not) — and malformed instructions
+ * equivocation proofs, Cooldown's parameter-hash witnesses, checkpoints (with the agreed hash, another or none),
+ * pause/resume, configuration updates (valid and not, with designated checkpointers) — and malformed instructions
  * (unknown, truncated or padded data, missing signatures, the wrong authority or account). Each event runs through
  * both; after every one the program must have accepted what the reference accepted, rejected with the reference's
  * code what it rejected, and hold the reference's state (decoded from the account and compared field by field, and
@@ -55,6 +56,9 @@ import {announce} from './vectors.js'
  * and MAX_ACCUSATIONS accusations a round, and the reference has no such bound. When the program answers
  * CapacityExceeded where the reference's next state is past one of those bounds, the sequence ends there.
  */
+
+/** Parameter hashes a sequence's Cooldown witnesses and checkpoints declare: the honest one, and another. */
+const FUZZ_PARAMS = ['a1'.repeat(32), 'e0'.repeat(32)] as const
 
 /** sfc32: a small, fast, seedable PRNG (each sequence is reproducible from its seed alone). */
 class Rng {
@@ -305,6 +309,19 @@ class Sequence {
     return {a, b}
   }
 
+  /**
+   * Cooldown's witness: mostly a witness of the epoch's last round attesting the honest hash; sometimes another hash, a
+   * wrong step, or a client that is no witness (a parameter hash outside Cooldown is drawn rarely, and refused).
+   */
+  hashWitness(): CoordinatorEvent {
+    const round = this.state.epoch.round!
+    const witnesses = selectWitnesses(this.state, round)
+    const from = witnesses.length > 0 && this.rng.chance(0.85) ? this.rng.pick(witnesses) : this.client()
+    const step = this.rng.chance(0.9) ? round.step : round.step + this.rng.pick([-1, 1])
+    const param_hash = this.rng.chance(0.8) ? FUZZ_PARAMS[0] : FUZZ_PARAMS[1]
+    return {type: 'witness', from, step, proof: {participant_bloom: '', broadcast_bloom: ''}, param_hash}
+  }
+
   /** Draws the next event from the reference's state: mostly plausible ones, some wrong. */
   draw(): Step {
     const s = this.state
@@ -314,11 +331,11 @@ class Sequence {
       join: 12,
       withdraw: 4,
       eject: 2,
-      witness: round ? 22 : s.run_state === 'Warmup' ? 14 : 2,
+      witness: round ? 22 : s.run_state === 'Warmup' ? 14 : s.run_state === 'Cooldown' ? 24 : 2,
       health_check: round ? 6 : 1,
       accuse: round ? 6 : 1,
       equivocation: 2,
-      checkpoint: s.run_state === 'Cooldown' ? 8 : 1,
+      checkpoint: s.run_state === 'Cooldown' ? 12 : 1,
       pause: 2,
       resume: s.run_state === 'Paused' || s.run_state === 'Uninitialized' ? 6 : 1,
       config_update: s.run_state === 'Paused' || s.run_state === 'Uninitialized' ? 5 : 1,
@@ -337,6 +354,7 @@ class Sequence {
       case 'eject':
         return {event: {type: 'eject', id: this.client()}}
       case 'witness': {
+        if (s.run_state === 'Cooldown' && s.epoch.round) return {event: this.hashWitness()}
         if (s.run_state === 'Warmup' || !round) return {event: {type: 'witness', from: this.client(), step: 0, proof: {participant_bloom: '', broadcast_bloom: ''}}}
         const witnesses = selectWitnesses(s)
         const from = witnesses.length > 0 && this.rng.chance(0.8) ? this.rng.pick(witnesses) : this.client()
@@ -360,14 +378,26 @@ class Sequence {
       }
       case 'equivocation':
         return {event: {type: 'equivocation', from: this.client(), proof: this.equivocationProof()}}
-      case 'checkpoint':
-        return {event: {type: 'checkpoint', from: this.client(), repo: randomRepo(this.rng, true)}}
+      case 'checkpoint': {
+        // mostly the hash the honest witnesses attest, sometimes another or none
+        const hash = this.rng.weighted({honest: 6, other: 2, none: 1})
+        const param_hash = hash === 'honest' ? FUZZ_PARAMS[0] : hash === 'other' ? FUZZ_PARAMS[1] : undefined
+        const members = s.epoch.clients.map((c) => c.id)
+        const from = members.length > 0 && this.rng.chance(0.7) ? this.rng.pick(members) : this.client()
+        return {event: {type: 'checkpoint', from, repo: randomRepo(this.rng, true), ...(param_hash ? {param_hash} : {})}}
+      }
       case 'pause':
         return {event: {type: 'pause'}}
       case 'resume':
         return {event: {type: 'resume'}}
       case 'config_update': {
         const config = randomConfig(this.rng, this.members.length, this.rng.chance(0.2))
+        // designated checkpointers: some of the clients (now and then one twice, which both refuse)
+        if (this.rng.chance(0.4)) {
+          const some = this.members.filter(() => this.rng.chance(0.5)).slice(0, this.rng.int(1, 8))
+          config.checkpointers = some.length > 0 ? some : [this.client()]
+          if (this.rng.chance(0.1)) config.checkpointers.push(config.checkpointers[0])
+        }
         const which = this.rng.weighted({both: 3, config: 2, model: 2})
         return {
           event: {
@@ -728,7 +758,7 @@ export function summarize(results: SequenceResult[], options: {fullRun?: boolean
     `# ${results.length} sequences, ${events} events: ${accepted} accepted, rejected ${JSON.stringify(rejected)}, ${capacity} ended at a capacity bound, at most ${maxClients} clients in an epoch`,
   )
   for (const phase of ['WaitingForMembers', 'Warmup', 'RoundTrain', 'RoundWitness', 'Cooldown', 'Paused', 'Finished']) assert.ok(phases.has(phase), `no sequence reached ${phase}`)
-  for (const code of ['Halted', 'InvalidRunState', 'AlreadyJoined', 'InvalidWitness', 'WrongStep', 'InvalidConfig', 'malformed'])
+  for (const code of ['Halted', 'InvalidRunState', 'AlreadyJoined', 'InvalidWitness', 'WrongStep', 'InvalidConfig', 'HashNotAgreed', 'CheckpointHashMismatch', 'malformed'])
     assert.ok((rejected[code] ?? 0) > 0, `no event was rejected with ${code}`)
   assert.ok(accepted > events / 4, `only ${accepted} of ${events} events were accepted`)
   if (options.fullRun) assert.equal(maxClients, MAX_CLIENTS, `no sequence filled an epoch with MAX_CLIENTS = ${MAX_CLIENTS} clients`)

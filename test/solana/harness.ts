@@ -5,6 +5,7 @@ import {AUTHORIZER_PROGRAM_PATH, COORDINATOR_PROGRAM_PATH, LocalChain, programPa
 import {
   accuseInstruction,
   checkpointInstruction,
+  hashWitnessInstruction,
   coordinatorAddress,
   ejectInstruction,
   equivocationInstructions,
@@ -116,6 +117,7 @@ export function toInstruction(d: Deployed, signers: Map<string, KeyPairSigner>, 
     case 'tick':
       return {signer: payer, ix: tickInstruction(p, c)}
     case 'witness':
+      if (event.param_hash !== undefined) return {signer: who(event.from), ix: hashWitnessInstruction(p, c, who(event.from), event.step, event.param_hash)}
       if (event.proof.participant_bloom === '' && event.proof.broadcast_bloom === '') return {signer: who(event.from), ix: warmupWitnessInstruction(p, c, who(event.from))}
       return {
         signer: who(event.from),
@@ -127,7 +129,7 @@ export function toInstruction(d: Deployed, signers: Map<string, KeyPairSigner>, 
     case 'resume':
       return {signer: authority, ix: setPausedInstruction(p, c, authority, event.type === 'pause')}
     case 'checkpoint':
-      return {signer: who(event.from), ix: checkpointInstruction(p, c, who(event.from), event.repo)}
+      return {signer: who(event.from), ix: checkpointInstruction(p, c, who(event.from), event.repo, event.param_hash)}
     case 'config_update':
       return {signer: authority, ix: updateInstruction(p, c, authority, event.config, event.model)}
     case 'accuse':

@@ -8,6 +8,7 @@ import {
   accuseInstruction,
   checkpointInstruction,
   closePeerInstruction,
+  hashWitnessInstruction,
   ejectInstruction,
   equivocationInstructions,
   freeCoordinatorInstruction,
@@ -90,7 +91,7 @@ describe("the coordinator program's IDL (programs/idl/psyche_coordinator.json) a
       witness: witnessInstruction(p, c, signer, 1, new Uint8Array(8), new Uint8Array(8)),
       warmup_witness: warmupWitnessInstruction(p, c, signer),
       health_check: healthCheckInstruction(p, c, signer, [other]),
-      checkpoint: checkpointInstruction(p, c, signer, {repo_id: 'a/b'}),
+      checkpoint: checkpointInstruction(p, c, signer, {repo_id: 'a/b'}, 'ab'.repeat(32)),
       free_coordinator: freeCoordinatorInstruction(p, c, signer, other),
       withdraw: withdrawInstruction(p, c, signer),
       eject: ejectInstruction(p, c, signer, producer.id),
@@ -106,6 +107,7 @@ describe("the coordinator program's IDL (programs/idl/psyche_coordinator.json) a
           return [names[i], (i === 0 ? txs[0] : i === 1 ? txs[1] : txs[txs.length - 1])[0]!]
         }),
       ),
+      hash_witness: hashWitnessInstruction(p, c, signer, 1, 'ab'.repeat(32)),
     }
     for (const spec of idl.instructions) {
       const ix = built[spec.name]

@@ -63,6 +63,9 @@ describe('shared coordinator vectors: the on-chain program equals the TypeScript
       'InvalidConfig',
       'InvalidEvent',
       'Banned',
+      'NotCheckpointer',
+      'HashNotAgreed',
+      'CheckpointHashMismatch',
     ]) {
       assert.ok(errors.has(code), `no vector is rejected with ${code}`)
     }

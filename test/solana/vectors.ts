@@ -85,6 +85,10 @@ const baseLLM: LLMConfig = {
   optimizer: {AdamW: {betas: [0.9, 0.95], weight_decay: 0, eps: 1e-8}},
 }
 
+/** The parameter hash the honest witnesses attest in Cooldown (and a hostile checkpointer's other one). */
+const PARAMS = 'a1'.repeat(32)
+const OTHER_PARAMS = 'e0'.repeat(32)
+
 /** Records a scenario by driving the reference; every step's outcome is whatever the reference says. */
 class Recorder {
   state: CoordinatorState
@@ -151,6 +155,20 @@ class Recorder {
     }
   }
 
+  /**
+   * Cooldown: each witness of the epoch's last round attests `hash` (those no longer in the epoch are refused); `only`:
+   * just these witnesses. Returns the hash.
+   */
+  attest(hash: string = PARAMS, only?: string[]): string {
+    const round = this.state.epoch.round!
+    for (const w of selectWitnesses(this.state, round)) {
+      if (only && !only.includes(w)) continue
+      const member = this.state.epoch.clients.some((c) => c.id === w && c.state === 'Healthy')
+      this.apply({type: 'witness', from: w, step: round.step, proof: {participant_bloom: '', broadcast_bloom: ''}, param_hash: hash}, member ? 'ok' : 'InvalidWitness')
+    }
+    return hash
+  }
+
   warmupAll(): void {
     for (const c of this.state.epoch.clients)
       if (this.state.run_state === 'Warmup') this.apply({type: 'witness', from: c.id, step: 0, proof: {participant_bloom: '', broadcast_bloom: ''}}, 'ok')
@@ -186,13 +204,17 @@ async function fullRun(): Promise<Scenario> {
   r.tickOut()
   r.apply({type: 'health_check', from: r.id('a'), accused: [r.id('b')]}) // b was seen: rejected
   r.apply({type: 'health_check', from: r.id('a'), accused: [r.id('d')]}) // d was not (if it had batches)
-  r.apply({type: 'withdraw', id: r.id('c')}, 'ok')
+  // one who is not a witness of this (the epoch's last) round leaves: its witnesses attest the parameters in Cooldown
+  const leaver = ['c', 'b', 'a'].find((l) => !selectWitnesses(r.state).includes(r.id(l)))!
+  r.apply({type: 'withdraw', id: r.id(leaver)}, 'ok')
   r.witnessAll()
   r.tickOut() // → Cooldown (rounds_per_epoch)
-  r.apply({type: 'checkpoint', from: r.id('a'), repo: {repo_id: 'org/model-step3', revision: 'main'}}, 'ok')
-  r.apply({type: 'checkpoint', from: r.id('b'), repo: {repo_id: 'org/other'}}, 'AlreadyCheckpointed')
+  r.attest()
+  const [first, second] = r.state.epoch.clients.map((c) => c.id)
+  r.apply({type: 'checkpoint', from: first, repo: {repo_id: 'org/model-step3', revision: 'main'}, param_hash: PARAMS}, 'ok')
+  r.apply({type: 'checkpoint', from: second, repo: {repo_id: 'org/other'}, param_hash: PARAMS}, 'AlreadyCheckpointed')
   r.tickOut() // → WaitingForMembers, epoch 1
-  r.apply({type: 'join', id: r.id('c')}, 'ok')
+  r.apply({type: 'join', id: r.id(leaver)}, 'ok')
   r.apply({type: 'pause'}, 'ok')
   r.apply({type: 'tick'}, 'Halted')
   r.apply({type: 'config_update', config: {...r.state.config, cooldown_time: 4}}, 'ok')
@@ -326,7 +348,8 @@ async function dummyThenHub(): Promise<Scenario> {
   r.tickOut() // → round 2
   r.witnessAll()
   r.tickOut() // → Cooldown (rounds_per_epoch)
-  r.apply({type: 'checkpoint', from: r.id('a'), repo: {repo_id: 'org/ckpt', revision: 'abc'}}, 'ok')
+  r.attest()
+  r.apply({type: 'checkpoint', from: r.id('a'), repo: {repo_id: 'org/ckpt', revision: 'abc'}, param_hash: PARAMS}, 'ok')
   r.tickOut() // Cooldown ends on the checkpoint → WaitingForMembers, P2P
   for (const l of ['a', 'b']) r.apply({type: 'withdraw', id: r.id(l)}, 'ok')
   r.apply({type: 'join', id: r.id('c')}, 'ok')
@@ -420,7 +443,8 @@ export async function capacity(): Promise<Scenario> {
   r.apply({type: 'pause'}, 'ok') // pending: the epoch ends first
   r.witnessAll()
   r.tickOut() // → Cooldown
-  r.apply({type: 'checkpoint', from: judge[0], repo: {repo_id: 'org/model-at-capacity'}}, 'ok')
+  r.attest()
+  r.apply({type: 'checkpoint', from: judge[0], repo: {repo_id: 'org/model-at-capacity'}, param_hash: PARAMS}, 'ok')
   r.tickOut() // → Paused: the healthy clients, then the other joiners, are pending
   r.apply({type: 'resume'}, 'ok')
   r.apply({type: 'withdraw', id: judge[1]}, 'ok') // leaves the pending list, stays a healthy client of the last epoch
@@ -478,10 +502,48 @@ async function equivocation(): Promise<Scenario> {
   return finish(r)
 }
 
+/**
+ * Checkpoint authority: designated checkpointers (config.checkpointers), Cooldown's parameter-hash witnesses, and a
+ * checkpoint recorded with the hash a quorum of them agreed on (one declaring another hash is refused).
+ */
+async function checkpointAuthority(): Promise<Scenario> {
+  const r = await recorder('checkpoint-authority', ['a', 'b', 'c', 'd'], {rounds_per_epoch: 1, witness_nodes: 3, min_clients: 3, cooldown_time: 50})
+  r.apply({type: 'config_update', config: {...r.state.config, checkpointers: [r.id('a'), r.id('a')]}}, 'InvalidConfig')
+  r.apply({type: 'config_update', config: {...r.state.config, checkpointers: [r.id('a'), r.id('b')]}}, 'ok')
+  r.apply({type: 'resume'}, 'ok')
+  for (const l of ['a', 'b', 'c', 'd']) r.apply({type: 'join', id: r.id(l)}, 'ok')
+  r.tickOut() // → Warmup
+  r.apply({type: 'witness', from: r.id('a'), step: 0, proof: {participant_bloom: '', broadcast_bloom: ''}, param_hash: PARAMS}, 'InvalidRunState')
+  r.warmupAll()
+  r.witnessAll()
+  const round = r.state.epoch.round!
+  r.apply({type: 'witness', from: r.id('a'), step: round.step, proof: {participant_bloom: '', broadcast_bloom: ''}, param_hash: PARAMS}, 'InvalidRunState')
+  r.tickOut() // → Cooldown (rounds_per_epoch 1)
+  const witnesses = selectWitnesses(r.state, round)
+  const outsider = round.roster.find((id) => !witnesses.includes(id))!
+  r.apply({type: 'checkpoint', from: r.id('a'), repo: {repo_id: 'org/ckpt', revision: 'r1'}, param_hash: PARAMS}, 'HashNotAgreed')
+  r.apply({type: 'witness', from: witnesses[0], step: round.step + 1, proof: {participant_bloom: '', broadcast_bloom: ''}, param_hash: PARAMS}, 'WrongStep')
+  r.apply({type: 'witness', from: outsider, step: round.step, proof: {participant_bloom: '', broadcast_bloom: ''}, param_hash: PARAMS}, 'InvalidWitness')
+  r.attest(PARAMS, [witnesses[0]])
+  r.apply({type: 'witness', from: witnesses[0], step: round.step, proof: {participant_bloom: '', broadcast_bloom: ''}, param_hash: PARAMS}, 'DuplicateWitness')
+  r.attest(OTHER_PARAMS, [witnesses[1]]) // one hostile witness: no quorum yet
+  r.apply({type: 'checkpoint', from: r.id('a'), repo: {repo_id: 'org/ckpt', revision: 'r1'}, param_hash: PARAMS}, 'HashNotAgreed')
+  r.attest(PARAMS, [witnesses[2]])
+  const stranger = ['c', 'd'].map((l) => r.id(l)).find((id) => r.state.epoch.clients.some((c) => c.id === id))!
+  r.apply({type: 'checkpoint', from: stranger, repo: {repo_id: 'evil/model'}, param_hash: PARAMS}, 'NotCheckpointer')
+  r.apply({type: 'checkpoint', from: r.id('a'), repo: {repo_id: 'evil/model'}, param_hash: OTHER_PARAMS}, 'CheckpointHashMismatch')
+  r.apply({type: 'checkpoint', from: r.id('a'), repo: {repo_id: 'evil/model'}}, 'CheckpointHashMismatch')
+  r.apply({type: 'checkpoint', from: r.id('b'), repo: {repo_id: 'org/ckpt', revision: 'r1'}, param_hash: PARAMS}, 'ok')
+  r.tickOut() // → WaitingForMembers; the record stays
+  r.apply({type: 'pause'}, 'ok')
+  r.apply({type: 'config_update', config: {...r.state.config, checkpointers: undefined}}, 'ok') // the list is gone again
+  return finish(r)
+}
+
 export async function generateVectors(): Promise<VectorFile> {
   return {
     about:
       'Generated from src/core/coordinator (the reference). Each step: the event at `now`, and the reference state after it (or its rejection code). test/solana/vectors.test.ts requires the on-chain program to reach identical states.',
-    scenarios: [await fullRun(), await rejections(), await rampAndLosses(), await accusations(), await equivocation(), await dummyThenHub()],
+    scenarios: [await fullRun(), await rejections(), await rampAndLosses(), await accusations(), await equivocation(), await dummyThenHub(), await checkpointAuthority()],
   }
 }

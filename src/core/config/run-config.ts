@@ -2,7 +2,7 @@
  * The run config's pure validator: `[config]` and `[model.LLM]` as objects (parsed TOML, or a config_update event)
  * to normalized values or located issues. No I/O: the coordinator runs it. Files are read by run-config-file.ts.
  */
-import {CONFIG_FIELDS as COORDINATOR_CONFIG_FIELDS, MAX_CLIENTS, MAX_WITNESSES} from '../coordinator/layout-table.js'
+import {CONFIG_FIELDS as COORDINATOR_CONFIG_FIELDS, MAX_CLIENTS, MAX_WITNESSES, constant} from '../coordinator/layout-table.js'
 import {Reader, join, type Table} from './read.js'
 import type {
   AdamWConfig,
@@ -53,8 +53,8 @@ export const LIMITS = {
 /** The [config] keys: those the coordinator account holds (the layout table's Config struct), then the lists. */
 const CONFIG_FIELDS = [...COORDINATOR_CONFIG_FIELDS, 'checkpointers'] as const
 
-/** Most designated checkpointers a run may name. */
-const MAX_CHECKPOINTERS = 64
+/** Most designated checkpointers a run may name (the layout table: the Solana account holds them too). */
+const MAX_CHECKPOINTERS = constant('MAX_CHECKPOINTERS')
 /** A client id as a config names it: an identity's hex public key, or a base58 Solana address. */
 const CLIENT_ID_RE = /^[0-9A-Za-z]{32,128}$/
 const LLM_FIELDS = ['architecture', 'data_type', 'max_seq_len', 'cold_start_warmup_steps', 'checkpoint', 'data_location', 'lr_schedule', 'optimizer'] as const

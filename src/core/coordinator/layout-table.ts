@@ -32,13 +32,14 @@ export const CONSTANTS = {
   NAME_MAX: [64, 'bytes of a run name'],
   DESCRIPTION_MAX: [512, 'bytes of a run description'],
   MAX_DELEGATES: [16, 'delegates of one authorization'],
-  UPDATE_MAX: [4400, "bytes of an update's data: flags, Config, the model with MODEL_JSON_MAX of JSON (what an update buffer holds)"],
+  MAX_CHECKPOINTERS: [8, 'designated checkpointers of a run (config.checkpointers)'],
+  UPDATE_MAX: [4657, "bytes of an update's data: flags, Config, MAX_CHECKPOINTERS keys, the model with MODEL_JSON_MAX of JSON (what an update buffer holds)"],
 } as const satisfies Record<string, readonly [number, string]>
 
 /** Magic numbers (the first u64 of each account) and the coordinator layout's version. */
 export const MAGICS = {
   MAGIC: [0x44524f4f43595350n, '"PSYCOORD": a coordinator account'],
-  LAYOUT_VERSION: [3n, '3: 256 clients, precomputed bloom probes (2: times in unix milliseconds, rounds count complete witness proofs)'],
+  LAYOUT_VERSION: [4n, '4: checkpointers, Cooldown hash witnesses, the checkpoint hash (3: 256 clients, precomputed bloom probes; 2: times in unix milliseconds)'],
   PEER_MAGIC: [0x5245455043595350n, '"PSYCPEER": a peer record'],
   METADATA_MAGIC: [0x4154454d43595350n, '"PSYCMETA": a run metadata record'],
   AUTH_MAGIC: [0x4854554148595350n, '"PSYHAUTH": an authorization'],
@@ -92,6 +93,10 @@ export const STRUCTS = {
     ['from', 'u8[32]'],
     ['participant_bloom', 'u8[BLOOM_MAX]'],
     ['broadcast_bloom', 'u8[BLOOM_MAX]'],
+  ],
+  HashWitness: [
+    ['from', 'u8[32]'],
+    ['param_hash', 'u8[32]', 'SHA-256 of the witness parameters after applying the epoch last round'],
   ],
   Accusation: [
     ['from', 'u8[32]'],
@@ -159,6 +164,14 @@ export const STRUCTS = {
     ['previous_round', 'Round'],
     ['model_json_len', 'u64'],
     ['model_json', 'u8[MODEL_JSON_MAX]', 'the rest of model.LLM as JSON'],
+    ['checkpointers_len', 'u64', 'config.checkpointers (0: not set, any epoch member may checkpoint)'],
+    ['checkpointers', 'u8[MAX_CHECKPOINTERS][32]'],
+    ['hash_witness_len', 'u64'],
+    ['hash_witnesses', 'HashWitness[MAX_WITNESSES]', 'Cooldown: parameter hashes attested by the epoch last round witnesses'],
+    ['has_checkpoint_hash', 'u64'],
+    ['checkpoint_hash_step', 'u64', 'the step of the model the recorded checkpoint holds'],
+    ['checkpoint_hash', 'u8[32]', 'the parameter hash the witnesses agreed on, recorded with the checkpoint'],
+    ['checkpoint_hash_repo', 'Checkpoint', 'the Hub repository the hash was recorded with (kind Hub)'],
   ],
   Peer: [
     ['magic', 'u64', 'PEER_MAGIC'],
@@ -182,6 +195,7 @@ export const STRUCTS = {
     ['len', 'u64', "the update's length, set by buffer_init"],
     ['written', 'u64', 'bytes written so far (chunks are appended in order)'],
     ['data', 'u8[UPDATE_MAX]', "the update instruction's data after its tag"],
+    ['pad', 'u8[7]'],
   ],
   Authorization: [
     ['magic', 'u64', 'AUTH_MAGIC'],
@@ -228,9 +242,10 @@ export const ENUMS = {
       'buffer_init',
       'buffer_write',
       'update_from_buffer',
+      'hash_witness',
     ],
   },
-  /** Custom program errors: 1..18 are the reference's RejectionCodes, 100.. the programs' own. */
+  /** Custom program errors: 1..21 are the reference's RejectionCodes, 100.. the programs' own. */
   Error: {
     prefix: 'E_',
     values: {
@@ -252,6 +267,9 @@ export const ENUMS = {
       InvalidConfig: 16,
       InvalidEvent: 17,
       Banned: 18,
+      NotCheckpointer: 19,
+      HashNotAgreed: 20,
+      CheckpointHashMismatch: 21,
       InvalidInstruction: 100,
       WrongAccount: 101,
       Unauthorized: 102,

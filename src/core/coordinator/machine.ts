@@ -378,6 +378,11 @@ function trainerPositions(round: Round): number[][] {
 
 function onWitness(s: CoordinatorState, now: number, event: Extract<CoordinatorEvent, {type: 'witness'}>, entropy?: string): CoordinatorState {
   const {from} = event
+  // A parameter hash is attested in Cooldown only (no proof of results then).
+  if (event.param_hash !== undefined) {
+    if (s.run_state !== 'Cooldown') throw new Reject('InvalidRunState', `parameter hashes are attested in Cooldown, not ${s.run_state}`)
+    return onHashWitness(s, event)
+  }
   if (s.run_state === 'Warmup') {
     // Any client may say "model loaded"; when as many as the witnesses of a round have, training starts.
     const i = clientIndex(s, from)
@@ -387,8 +392,6 @@ function onWitness(s: CoordinatorState, now: number, event: Extract<CoordinatorE
     s = {...s, epoch: {...s.epoch, warmup_witnesses}}
     return warmup_witnesses.length >= witnessCount(s.config, s.epoch.clients.length) ? startRoundTrain(s, now, entropy) : s
   }
-  // In Cooldown a witness attests only a parameter hash (no proof of results).
-  if (s.run_state === 'Cooldown' && event.param_hash !== undefined) return onHashWitness(s, event)
   if (!isRoundPhase(s.run_state)) throw new Reject('InvalidRunState', `witness proofs are accepted in Warmup, RoundTrain and RoundWitness, not ${s.run_state}`)
   const round = s.epoch.round!
   if (event.step !== round.step) throw new Reject('WrongStep', `witness proof for step ${event.step}, but the round is step ${round.step}`)
@@ -522,14 +525,14 @@ function onCheckpoint(s: CoordinatorState, event: Extract<CoordinatorEvent, {typ
   const repo: HubRepo = event.repo.revision === undefined ? {repo_id: event.repo.repo_id} : {repo_id: event.repo.repo_id, revision: event.repo.revision}
   // The checkpoint is recorded with the hash the last round's witnesses agreed on; one that declares another is refused.
   const agreed = agreedParamHash(s)
-  if (agreed === undefined && designated && designated.length > 0)
+  if (agreed === undefined)
     throw new Reject('HashNotAgreed', `no quorum of step ${s.epoch.round?.step}'s witnesses has attested a parameter hash yet: the checkpoint cannot be checked`)
-  if (agreed !== undefined && event.param_hash !== agreed)
+  if (event.param_hash !== agreed)
     throw new Reject(
       'CheckpointHashMismatch',
       `checkpoint ${event.repo.repo_id} declares parameter hash ${event.param_hash ?? '(none)'}, the epoch's witnesses agreed on ${agreed}`,
     )
-  const checkpoint_hash = agreed === undefined ? null : {repo, step: s.epoch.round!.step, param_hash: agreed}
+  const checkpoint_hash = {repo, step: s.epoch.round!.step, param_hash: agreed}
   const checkpoint = s.model.LLM.checkpoint
   // The model now lives in that Hub repository: it replaces a Hub, Dummy or Local starting point too, so the
   // epoch's end (checkpointToP2P) keeps it as the fallback a run whose clients are all gone starts from again.

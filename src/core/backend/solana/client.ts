@@ -10,6 +10,7 @@ import type {Chain, SendResult} from './chain.js'
 import {
   accuseInstruction,
   checkpointInstruction,
+  hashWitnessInstruction,
   coordinatorAddress,
   equivocationInstructions,
   HEALTH_CHECK_BATCH,
@@ -412,8 +413,12 @@ export class SolanaBackend extends EventEmitter implements CoordinatorBackend {
     return this.enqueue('withdraw', () => withdrawInstruction(this.opts.programId, this.coordinator, this.opts.signer))
   }
 
-  sendCheckpoint(repo: HubRepo): boolean {
-    return this.enqueue('checkpoint', () => checkpointInstruction(this.opts.programId, this.coordinator, this.opts.signer, repo))
+  sendCooldownWitness(step: number, paramHash: string): boolean {
+    return this.enqueue('hash_witness', () => hashWitnessInstruction(this.opts.programId, this.coordinator, this.opts.signer, step, paramHash))
+  }
+
+  sendCheckpoint(repo: HubRepo, paramHash?: string): boolean {
+    return this.enqueue('checkpoint', () => checkpointInstruction(this.opts.programId, this.coordinator, this.opts.signer, repo, paramHash))
   }
 
   sendAddresses(p2pAddrs: string[]): boolean {

@@ -1,7 +1,6 @@
 import {AccountRole, getAddressEncoder, getProgramDerivedAddress, type Address, type Instruction, type TransactionSigner} from '@solana/kit'
 import type {CoordinatorConfig, HubRepo, LLMConfig} from '../../config/types.js'
 import type {AccusationReason} from '../../coordinator/types.js'
-import {PsycheError} from '../../errors.js'
 import {announcementSigningBytes} from '../../primitives/announcement.js'
 import type {EquivocationProof} from '../../coordinator/equivocation.js'
 import {
@@ -12,6 +11,7 @@ import {
   encodeBufferInit,
   encodeBufferWrite,
   encodeCheckpoint,
+  encodeHashWitness,
   encodeEject,
   encodeHealthCheck,
   encodeInit,
@@ -55,7 +55,9 @@ export const INSTRUCTION_UNITS = {
   /** per accused client (a shuffle and a quorum count over the witness blooms), plus health_check_base */
   health_check_per_accused: 40_000,
   health_check_base: 10_000,
-  checkpoint: 15_000,
+  checkpoint: 30_000,
+  /** a shuffle (is_witness) and a scan of the Cooldown's hash witnesses */
+  hash_witness: 40_000,
   free_coordinator: 10_000,
   withdraw: 30_000,
   eject: 30_000,
@@ -189,12 +191,8 @@ function signed(programId: Address, coordinator: Address, signer: TransactionSig
   return withUnits({programAddress: programId, accounts: [signerMeta(signer), writable(coordinator), ...(extra ?? [])], data}, units)
 }
 
-export const updateInstruction = (programId: Address, coordinator: Address, authority: TransactionSigner, config?: CoordinatorConfig, model?: {LLM: LLMConfig}) => {
-  // The program does not keep a list of checkpointers yet: refuse rather than run without the rule the file asks for.
-  if (config?.checkpointers?.length)
-    throw new PsycheError('config.checkpointers: the Solana program does not enforce designated checkpointers yet; leave it out for a run on Solana', {code: 'ECONFIG'})
-  return signed(programId, coordinator, authority, encodeUpdate(config, model), INSTRUCTION_UNITS.update)
-}
+export const updateInstruction = (programId: Address, coordinator: Address, authority: TransactionSigner, config?: CoordinatorConfig, model?: {LLM: LLMConfig}) =>
+  signed(programId, coordinator, authority, encodeUpdate(config, model), INSTRUCTION_UNITS.update)
 
 /** Bytes of an update's data per buffer_write: its transaction stays under 1,232 bytes with a priority fee and a second signer (a separate fee payer). */
 const UPDATE_CHUNK = 700
@@ -266,8 +264,11 @@ export const accuseInstruction = (
   accused: string,
   reason: AccusationReason = 'invalid_result',
 ) => signed(programId, coordinator, accuser, encodeAccuse(step, accused, reason), INSTRUCTION_UNITS.accuse)
-export const checkpointInstruction = (programId: Address, coordinator: Address, client: TransactionSigner, repo: HubRepo) =>
-  signed(programId, coordinator, client, encodeCheckpoint(repo), INSTRUCTION_UNITS.checkpoint)
+export const checkpointInstruction = (programId: Address, coordinator: Address, client: TransactionSigner, repo: HubRepo, paramHash?: string) =>
+  signed(programId, coordinator, client, encodeCheckpoint(repo, paramHash), INSTRUCTION_UNITS.checkpoint)
+/** Cooldown: as a witness of the epoch's last round `step`, the hash of our parameters after applying it. */
+export const hashWitnessInstruction = (programId: Address, coordinator: Address, client: TransactionSigner, step: number, paramHash: string) =>
+  signed(programId, coordinator, client, encodeHashWitness(step, paramHash), INSTRUCTION_UNITS.hash_witness)
 export const ejectInstruction = (programId: Address, coordinator: Address, authority: TransactionSigner, id: string) =>
   signed(programId, coordinator, authority, encodeEject(id), INSTRUCTION_UNITS.eject)
 export const freeCoordinatorInstruction = (programId: Address, coordinator: Address, authority: TransactionSigner, recipient: Address) =>

@@ -1,6 +1,6 @@
 import {getAddressDecoder, getAddressEncoder, type Address} from '@solana/kit'
 import {RUN_STATES, type CheckpointConfig, type CoordinatorConfig, type HubRepo, type LLMConfig} from '../../config/types.js'
-import type {Accusation, AccusationReason, Client, ClientState, CoordinatorState, ExitedClient, Round, WitnessRecord} from '../../coordinator/types.js'
+import type {Accusation, AccusationReason, CheckpointHash, Client, ClientState, CoordinatorState, ExitedClient, HashWitness, Round, WitnessRecord} from '../../coordinator/types.js'
 import {witnessBloomParams} from '../../coordinator/rules.js'
 import {CONFIG_FIELDS, ENUMS, MAGICS, MAX_CLIENTS, RUN_ID_MAX, STRUCTS, constant, enumValues, structLayout} from '../../coordinator/layout-table.js'
 
@@ -17,6 +17,7 @@ const BLOOM_MAX = constant('BLOOM_MAX')
 const REPO_MAX = constant('REPO_MAX')
 const REVISION_MAX = constant('REVISION_MAX')
 const MODEL_JSON_MAX = constant('MODEL_JSON_MAX')
+const MAX_CHECKPOINTERS = constant('MAX_CHECKPOINTERS')
 const MAGIC = MAGICS.MAGIC[0]
 const LAYOUT_VERSION = MAGICS.LAYOUT_VERSION[0]
 
@@ -26,6 +27,7 @@ const WITNESS = structLayout('Witness').at
 const ACCUSATION = structLayout('Accusation').at
 const CLIENT = structLayout('ClientRec').at
 const CHECKPOINT = structLayout('Checkpoint').at
+const HASH_WITNESS = structLayout('HashWitness')
 const ACCUSATION_REASONS = ENUMS.AccusationReason.values as readonly AccusationReason[]
 
 /** Byte offsets of the State fields. */
@@ -147,6 +149,27 @@ function readKeys(b: Buffer, o: number, count: number): string[] {
   return Array.from({length: count}, (_, i) => b.toString('hex', o + i * 32, o + i * 32 + 32))
 }
 
+function readHashWitnesses(b: Buffer): HashWitness[] {
+  const count = num(b, OFFSETS.hash_witness_len, 'hash_witness_len')
+  if (count > MAX_WITNESSES) throw new RangeError('coordinator account: hash witnesses exceed MAX_WITNESSES')
+  return Array.from({length: count}, (_, i) => {
+    const w = OFFSETS.hash_witnesses + i * HASH_WITNESS.size
+    const at = (name: 'from' | 'param_hash') => w + HASH_WITNESS.at[name].offset
+    return {from: b.toString('hex', at('from'), at('from') + 32), param_hash: b.toString('hex', at('param_hash'), at('param_hash') + 32)}
+  })
+}
+
+function readCheckpointHash(b: Buffer): CheckpointHash | null {
+  if (b.readBigUInt64LE(OFFSETS.has_checkpoint_hash) === 0n) return null
+  const checkpoint = readCheckpoint(b, OFFSETS.checkpoint_hash_repo)
+  if (typeof checkpoint !== 'object' || checkpoint === null || !('Hub' in checkpoint)) throw new RangeError('coordinator account: the checkpoint hash names no Hub repository')
+  return {
+    repo: checkpoint.Hub,
+    step: num(b, OFFSETS.checkpoint_hash_step, 'checkpoint_hash_step'),
+    param_hash: b.toString('hex', OFFSETS.checkpoint_hash, OFFSETS.checkpoint_hash + 32),
+  }
+}
+
 /** Decodes a coordinator account into the reference's CoordinatorState (and the on-chain extras). */
 export function decodeCoordinator(data: Uint8Array): OnChainCoordinator {
   const b = Buffer.from(data.buffer, data.byteOffset, data.byteLength)
@@ -158,6 +181,9 @@ export function decodeCoordinator(data: Uint8Array): OnChainCoordinator {
   const config = {} as Record<string, number>
   for (const f of structLayout('Config').fields) config[f.name] = num(b, O.config + f.offset, `config.${f.name}`)
   if (config.rounds_per_epoch === 0) delete config.rounds_per_epoch
+  const checkpointersLen = num(b, O.checkpointers_len, 'checkpointers_len')
+  if (checkpointersLen > MAX_CHECKPOINTERS) throw new RangeError('coordinator account: checkpointers exceed MAX_CHECKPOINTERS')
+  const checkpointers = Array.from({length: checkpointersLen}, (_, i) => b.toString('hex', O.checkpointers + i * 32, O.checkpointers + i * 32 + 32))
   const jsonLen = num(b, O.model_json_len, 'model_json_len')
   if (jsonLen > MODEL_JSON_MAX) throw new RangeError('coordinator account: model JSON exceeds MODEL_JSON_MAX')
   const hasConfig = b.readBigUInt64LE(O.has_config) !== 0n
@@ -187,11 +213,10 @@ export function decodeCoordinator(data: Uint8Array): OnChainCoordinator {
     run_id: b.toString('utf8', O.run_id, O.run_id + num(b, O.run_id_len, 'run_id_len')),
     run_state: runState,
     run_state_start: num(b, O.run_state_start, 'run_state_start'),
-    config: config as unknown as CoordinatorConfig,
+    config: (checkpointersLen ? {...config, checkpointers} : config) as unknown as CoordinatorConfig,
     model: {LLM: llm},
     checkpoint_fallback: readCheckpoint(b, O.checkpoint_fallback),
-    // The program does not record Cooldown hash witnesses or a checkpoint's parameter hash yet.
-    checkpoint_hash: null,
+    checkpoint_hash: readCheckpointHash(b),
     seed: b.toString('hex', O.seed, O.seed + 32),
     progress: {
       epoch: num(b, O.progress_epoch, 'progress.epoch'),
@@ -207,7 +232,7 @@ export function decodeCoordinator(data: Uint8Array): OnChainCoordinator {
       clients,
       exited,
       warmup_witnesses: readKeys(b, O.warmup_witnesses, num(b, O.warmup_len, 'warmup_len')),
-      hash_witnesses: [],
+      hash_witnesses: readHashWitnesses(b),
       round: b.readBigUInt64LE(O.has_round) !== 0n ? readRound(b, O.round) : null,
       previous_round: b.readBigUInt64LE(O.has_previous_round) !== 0n ? readRound(b, O.previous_round) : null,
     },
@@ -267,6 +292,10 @@ export function encodeUpdate(config: CoordinatorConfig | undefined, model: {LLM:
   const c = Buffer.alloc(CONFIG_SIZE)
   if (config) CONFIG_FIELDS.forEach((f, i) => c.writeBigUInt64LE(BigInt((config as unknown as Record<string, number | undefined>)[f] ?? 0), i * 8))
   parts.push(c)
+  // config.checkpointers (with the config; the program refuses more than MAX_CHECKPOINTERS, and duplicates)
+  const checkpointers = config?.checkpointers ?? []
+  if (checkpointers.length > 255) throw new RangeError('config.checkpointers: at most 255 client ids fit the update')
+  parts.push(Buffer.from([checkpointers.length]), ...checkpointers.map((id) => Buffer.from(keyBytes(id))))
   if (!model) parts.push(Buffer.from([0]))
   else {
     const {max_seq_len, cold_start_warmup_steps, checkpoint, ...rest} = model.LLM
@@ -323,8 +352,20 @@ export function encodeHealthCheck(accused: string[]): Uint8Array {
   return Buffer.concat([Buffer.from([IX.health_check, accused.length]), ...accused.map(keyBytes)])
 }
 
-export function encodeCheckpoint(repo: HubRepo): Uint8Array {
-  return Buffer.concat([Buffer.from([IX.checkpoint]), repoBytes(repo)])
+/** checkpoint: the repository and the uploaded parameters' hash (64 hex digits; checked against the witnesses' agreed hash). */
+export function encodeCheckpoint(repo: HubRepo, paramHash?: string): Uint8Array {
+  const hash = paramHash === undefined ? Buffer.alloc(32) : hashBytes(paramHash)
+  return Buffer.concat([Buffer.from([IX.checkpoint, paramHash === undefined ? 0 : 1]), hash, repoBytes(repo)])
+}
+
+/** hash_witness (Cooldown): as a witness of the epoch's last round `step`, our parameters' hash after applying it. */
+export function encodeHashWitness(step: number, paramHash: string): Uint8Array {
+  return Buffer.concat([Buffer.from([IX.hash_witness]), u64(step), hashBytes(paramHash)])
+}
+
+function hashBytes(hex: string): Buffer {
+  if (!HEX_ID.test(hex)) throw new RangeError(`parameter hash ${JSON.stringify(hex.slice(0, 80))} is not 64 lowercase hex digits`)
+  return Buffer.from(hex, 'hex')
 }
 
 export function encodeAccuse(step: number, accused: string, reason: AccusationReason): Uint8Array {
