@@ -16,6 +16,7 @@ import {peerIdOfClient} from '../../core/p2p/index.js'
 import {RelayNode} from '../../core/p2p/relay.js'
 import {loadIdentity} from '../../core/protocol/index.js'
 import type {PsycheEvent} from '../../core/events.js'
+import {MAX_CLIENTS} from '../../core/coordinator/layout-table.js'
 
 export default class ServerRun extends PsycheCommand {
   static summary = "Run the centralized coordinator: a TCP server that owns the run's state and ticks it"
@@ -54,7 +55,12 @@ limits per relayed connection are flags (--relay-data-limit-mb, --relay-duration
     'max-connections-per-ip': Flags.integer({summary: 'most connections open at once from one IP address', default: DEFAULT_LIMITS.maxConnectionsPerIp, min: 1}),
     'max-handshakes': Flags.integer({summary: 'most connections that have not said hello yet (each has 10 s to)', default: DEFAULT_LIMITS.maxHandshakes, min: 1}),
     'max-watchers': Flags.integer({summary: 'most connections watching the run without joining (psyche status, dashboards)', default: DEFAULT_LIMITS.maxWatchers, min: 1}),
-    'max-members': Flags.integer({summary: 'most members of the run at once (waiting to join plus training); more joins are refused', default: DEFAULT_LIMITS.maxMembers, min: 1}),
+    'max-members': Flags.integer({
+      summary: `most members of the run at once (waiting to join plus training); more joins are refused (at most ${MAX_CLIENTS}, the coordinator's capacity)`,
+      default: DEFAULT_LIMITS.maxMembers,
+      min: 1,
+      max: MAX_CLIENTS,
+    }),
     'joins-per-second': Flags.integer({summary: 'joins accepted per second, all clients together (a join storm is paced)', default: DEFAULT_LIMITS.joinsPerSecond, min: 1}),
     'max-unsent-bytes-total': Flags.integer({
       summary: 'bytes queued for all connections together; past it the slowest readers are cut off first',

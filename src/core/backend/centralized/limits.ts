@@ -1,3 +1,4 @@
+import {MAX_CLIENTS} from '../../coordinator/layout-table.js'
 export {effectiveMaxConnections, openFileLimit} from '../../descriptors.js'
 
 /**
@@ -13,7 +14,7 @@ export interface ServerLimits {
   maxHandshakes: number
   /** Connections that watch the run without joining (psyche status, dashboards). */
   maxWatchers: number
-  /** Members of the run at once: clients waiting to join plus the epoch's healthy clients (Psyche's capacity: 256). */
+  /** Members of the run at once: clients waiting to join plus the epoch's healthy clients (at most MAX_CLIENTS = 256, the coordinator's capacity, as Psyche's). */
   maxMembers: number
   /** Joins accepted per second, over all connections, once a burst of joinBurst is spent (a token bucket). */
   joinsPerSecond: number
@@ -33,7 +34,7 @@ export const DEFAULT_LIMITS: ServerLimits = {
   maxConnectionsPerIp: 256,
   maxHandshakes: 256,
   maxWatchers: 256,
-  maxMembers: 256,
+  maxMembers: MAX_CLIENTS,
   joinsPerSecond: 32,
   joinBurst: 256,
   maxUnsentBytes: 4 * 1024 * 1024,
