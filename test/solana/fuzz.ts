@@ -331,11 +331,11 @@ class Sequence {
       join: 12,
       withdraw: 4,
       eject: 2,
-      witness: round ? 22 : s.run_state === 'Warmup' ? 14 : s.run_state === 'Cooldown' ? 24 : 2,
+      witness: round ? 22 : s.run_state === 'Warmup' ? 14 : s.run_state === 'Cooldown' ? 40 : 2,
       health_check: round ? 6 : 1,
       accuse: round ? 6 : 1,
       equivocation: 2,
-      checkpoint: s.run_state === 'Cooldown' ? 12 : 1,
+      checkpoint: s.run_state === 'Cooldown' ? 20 : 1,
       pause: 2,
       resume: s.run_state === 'Paused' || s.run_state === 'Uninitialized' ? 6 : 1,
       config_update: s.run_state === 'Paused' || s.run_state === 'Uninitialized' ? 5 : 1,
@@ -380,7 +380,7 @@ class Sequence {
         return {event: {type: 'equivocation', from: this.client(), proof: this.equivocationProof()}}
       case 'checkpoint': {
         // mostly the hash the honest witnesses attest, sometimes another or none
-        const hash = this.rng.weighted({honest: 6, other: 2, none: 1})
+        const hash = this.rng.weighted({honest: 4, other: 4, none: 1})
         const param_hash = hash === 'honest' ? FUZZ_PARAMS[0] : hash === 'other' ? FUZZ_PARAMS[1] : undefined
         const members = s.epoch.clients.map((c) => c.id)
         const from = members.length > 0 && this.rng.chance(0.7) ? this.rng.pick(members) : this.client()
