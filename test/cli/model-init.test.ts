@@ -5,6 +5,8 @@ import {after, test} from 'node:test'
 import {nonSnakeKeys} from '../../src/core/cli/json.js'
 import {runCli, tempDir} from '../helpers.js'
 
+// Five CLI processes, three of them with a PyTorch worker: the e2e tier (test/tiers.mjs). npm test keeps the path
+// init → model init → validate-config through the README's runnable block (test/cli/readme.test.ts).
 const tmp = tempDir()
 after(() => tmp.cleanup())
 
