@@ -36,7 +36,7 @@ function replayer(): ResultProducer {
 const rejections = (c: SimClient, attacker: SimClient, reason: RegExp) =>
   c.events.filter((e) => e.event === 'result_rejected' && e.client_id === attacker.identity.id && reason.test(e.reason))
 
-describe('in-process simulation: hostile clients among honest ones', {timeout: 60_000}, () => {
+describe('in-process simulation: hostile clients among honest ones', {timeout: 180_000}, () => {
   it('an equivocating client is proven and ejected, a replaying one is rejected; the honest replicas agree and keep training', async () => {
     const sim = new Simulation(simRun({total_steps: 6, init_min_clients: 5, min_clients: 2, epoch_time: 60}))
     const honest = [await sim.addClient('a'), await sim.addClient('b'), await sim.addClient('c')]

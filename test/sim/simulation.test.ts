@@ -43,7 +43,7 @@ function summaryOf(result: ClientSummary | Error): ClientSummary {
   return result
 }
 
-describe('in-process simulation: real clients, in-memory coordinator, P2P and worker', {timeout: 60_000}, () => {
+describe('in-process simulation: real clients, in-memory coordinator, P2P and worker', {timeout: 180_000}, () => {
   it("three clients train a run to the end: every round's results are exchanged, witnessed and applied identically", async () => {
     const sim = new Simulation(simRun({total_steps: 6}))
     const [a, b, c] = [await sim.addClient('a'), await sim.addClient('b'), await sim.addClient('c')]
