@@ -8,7 +8,10 @@ import {SolanaBackend, SolanaConnector} from '../../src/core/backend/solana/clie
 import {setPausedInstruction, updateInstruction} from '../../src/core/backend/solana/instructions.js'
 import {clientIdOf} from '../../src/core/backend/solana/layout.js'
 import type {ClientComponents} from '../../src/core/client/components.js'
-import {PsycheClient, type ClientSummary, type RoundEvent} from '../../src/core/client/runner.js'
+import {PsycheClient, type ClientOptions, type ClientSummary, type RoundEvent} from '../../src/core/client/runner.js'
+import {HubServer} from '../../src/core/checkpoint/hub-server.js'
+import {tempDir} from '../helpers.js'
+import {join} from 'node:path'
 import type {CoordinatorConfig} from '../../src/core/config/index.js'
 import {identityFromSeed, type Identity} from '../../src/core/protocol/identity.js'
 import {DeterministicWorker, ManualClock, MemoryNetwork, SIM_SEQ_LEN, memoryData, settle, type MemoryP2P} from '../sim/harness.js'
@@ -72,7 +75,7 @@ class SolanaSim {
     return readRun(this.d).state
   }
 
-  async addClient(name: string): Promise<SolClient> {
+  async addClient(name: string, hub?: ClientOptions['hub']): Promise<SolClient> {
     const {identity, signer} = await keys(name)
     this.d.chain.airdrop(signer.address)
     const events: EventLine[] = []
@@ -113,6 +116,7 @@ class SolanaSim {
         } as never,
         seed: 7,
         log: (e) => events.push(e),
+        ...(hub ? {hub} : {}),
       },
       components,
     )
@@ -213,7 +217,48 @@ describe('Solana backend: real clients over the on-chain coordinator (LiteSVM, i
     }
     const final = sim.state
     assert.equal(final.progress.step, 7)
+    // the last epoch's Cooldown: its last round's witnesses attested the parameters they applied, on chain
+    const last = final.epoch.round!
+    assert.ok(final.epoch.hash_witnesses.length >= 1, 'Cooldown hash witnesses on chain')
+    for (const w of final.epoch.hash_witnesses) assert.equal(w.param_hash, a.rounds.find((r) => r.step === last.step)?.param_hash, 'the hash of the applied model')
     assert.deepEqual(final.epoch.clients.map((x) => x.id).sort(), [a, b, c].map((x) => clientIdOf(x.signer.address)).sort())
+  })
+
+  it('a designated checkpointer on Solana: its report carries the witnesses’ agreed hash, which the program records with the checkpoint', async () => {
+    const tmp = tempDir('psyche-sol-ckpt-')
+    const hub = await HubServer.start({root: join(tmp.path, 'hub')})
+    try {
+      const checkpointer = await keys('ckpt-a')
+      const sim = new SolanaSim(await configured('sol-ckpt', null, {cooldown_time: 60, total_steps: 3, checkpointers: [checkpointer.identity.id]}))
+      assert.deepEqual(sim.state.config.checkpointers, [checkpointer.identity.id])
+      const hubOptions = {url: hub.url, token: 'hf_sol_ckpt', repo: 'sol/run', cacheDir: join(tmp.path, 'cache'), stagingDir: join(tmp.path, 'staging')}
+      const a = await sim.addClient('ckpt-a', hubOptions)
+      const b = await sim.addClient('ckpt-b')
+      const c = await sim.addClient('ckpt-c')
+      const reported = () => a.events.find((e) => e.event === 'checkpoint')
+      // the upload is real HTTP: virtual time is paced (20 ms per real millisecond) so the 60-second Cooldown outlasts it
+      for (let i = 0; !(reported() !== undefined && sim.state.checkpoint_hash !== null); i++) {
+        if (i > 20_000 || sim.state.run_state === 'Finished')
+          assert.fail(`no checkpoint recorded (run ${sim.state.run_state}): ${a.events.map((e) => `${e.event}${'reason' in e ? `(${String(e.reason)})` : ''}`).join(' ')}`)
+        await new Promise((resolve) => setTimeout(resolve, 1))
+        sim.clock.advance(20)
+        sim.d.chain.setTime(Math.floor(sim.clock.now() / 1000))
+        await sim.quiesce()
+      }
+      const r = reported() as {step: number; revision: string; param_hash: string}
+      const agreed = b.rounds.find((x) => x.step === r.step)?.param_hash
+      assert.equal(r.param_hash, agreed, 'the report declares the hash of the model at the epoch’s last step')
+      assert.deepEqual(sim.state.checkpoint_hash, {repo: {repo_id: 'sol/run', revision: r.revision}, step: r.step, param_hash: agreed})
+      assert.ok(
+        [a, b, c].some((x) => x.events.some((e) => e.event === 'cooldown_witness')),
+        'witnesses attested on chain',
+      )
+      for (const x of [a, b, c]) x.client.stop()
+      await Promise.all([a, b, c].map((x) => x.done))
+    } finally {
+      await hub.close()
+      tmp.cleanup()
+    }
   })
 
   it('a permissioned run: a client without an authorization is refused with a clear error; granted, it joins', async () => {
