@@ -1,5 +1,7 @@
+import assert from 'node:assert/strict'
 import {describe, it} from 'node:test'
 import type {ChainFeatures} from '../../src/core/backend/solana/local-chain.js'
+import type {CoordinatorEvent, CoordinatorState} from '../../src/core/coordinator/index.js'
 import {runSequence, summarize, type SequenceResult} from './fuzz.js'
 
 // Differential fuzzing, the short run (test/solana/fuzz.ts): the on-chain program against the TypeScript reference,
@@ -18,6 +20,21 @@ describe('differential fuzzing: the program equals the reference after every eve
     })
     return
   }
+  it('shrinks a divergence to the events it needs (a planted reference bug: the third pending joiner is lost, after tens of events)', async () => {
+    const fault = (event: CoordinatorEvent, state: CoordinatorState) => (event.type === 'join' && state.pending.length >= 3 ? {...state, pending: []} : undefined)
+    await assert.rejects(runSequence(8, {fault}), (e: Error) => {
+      const shrunk = e.message.slice(e.message.indexOf('shrunk to'))
+      const [, of] = /^shrunk to 3 of (\d+) events, still diverging:\n.*seed 8, event 2 \(join .*states differ/.exec(shrunk) ?? assert.fail(shrunk.slice(0, 300))
+      assert.ok(Number(of) > 3, `seed 8 diverged after ${of} events`)
+      const steps = shrunk.slice(shrunk.lastIndexOf('sequence:')).split('\n').slice(1)
+      assert.deepEqual(
+        steps.map((l) => l.replace(/^ *\d+ t=\d+ (\w+) .*$/, '$1')),
+        ['join', 'join', 'join'],
+      )
+      return true
+    })
+  })
+
   for (const [features, n, from] of [
     ['current', count, first],
     ['legacy', Math.ceil(count / 3), first],

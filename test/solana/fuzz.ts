@@ -562,7 +562,15 @@ export interface SequenceResult {
   units: Record<string, number>
 }
 
-class Divergence extends Error {}
+class Divergence extends Error {
+  constructor(
+    message: string,
+    /** The steps up to and including the diverging one. */
+    readonly recorded: Recorded[],
+  ) {
+    super(message)
+  }
+}
 
 /** The committed builds: sBPF v3 for a current cluster, v0 for a legacy one (the same C, linked for each). */
 const PROGRAMS = {current: readFileSync(COORDINATOR_PROGRAM_PATH), legacy: readFileSync(programPath(COORDINATOR_PROGRAM_PATH, 'legacy'))}
@@ -571,7 +579,76 @@ const PROGRAMS = {current: readFileSync(COORDINATOR_PROGRAM_PATH), legacy: readF
  * Runs the sequence of `seed`: a fresh chain and run, `length` events. Throws a Divergence naming the seed, the event
  * and the difference (with the sequence so far) when the program and the reference differ.
  */
-export async function runSequence(seed: number, options: {length?: number; maxClients?: number; features?: ChainFeatures} = {}): Promise<SequenceResult> {
+/** One step as it ran: the clock, then the event or instruction. Replaying recorded steps reproduces a sequence. */
+interface Recorded {
+  now: number
+  slot: number
+  step: Step
+}
+
+interface SequenceOptions {
+  length?: number
+  maxClients?: number
+  features?: ChainFeatures
+  /** Runs these steps instead of drawing (the run, chain and clients are still the seed's). */
+  replay?: Recorded[]
+  /** Shrink a divergence to fewer events before reporting it (default: yes, unless replaying). */
+  shrink?: boolean
+  /** Tests of the fuzzer itself: a reference "bug" (the reference's next state, when this returns one). */
+  fault?: (event: CoordinatorEvent, state: CoordinatorState) => CoordinatorState | undefined
+}
+
+/**
+ * Shrinks a diverging sequence (delta debugging): drops chunks of steps, halving the chunk size when none can go, and
+ * keeps any candidate that still diverges (in whatever way). Bounded to `budget` replays; returns the shortest found.
+ */
+async function shrink(seed: number, options: SequenceOptions, steps: Recorded[], budget = 150): Promise<{steps: Recorded[]; message?: string}> {
+  let current = steps
+  let message: string | undefined
+  const diverges = async (candidate: Recorded[]): Promise<string | undefined> => {
+    try {
+      await runSequence(seed, {...options, replay: candidate, shrink: false})
+      return undefined
+    } catch (error) {
+      return error instanceof Divergence ? error.message : undefined
+    }
+  }
+  let chunks = 2
+  while (current.length >= 2 && budget > 0) {
+    const size = Math.ceil(current.length / chunks)
+    let reduced = false
+    for (let i = 0; i < current.length && budget > 0; i += size) {
+      const candidate = [...current.slice(0, i), ...current.slice(i + size)]
+      budget--
+      const m = await diverges(candidate)
+      if (m) {
+        current = candidate
+        message = m
+        chunks = Math.max(chunks - 1, 2)
+        reduced = true
+        break
+      }
+    }
+    if (!reduced) {
+      if (chunks >= current.length) break
+      chunks = Math.min(current.length, chunks * 2)
+    }
+  }
+  return {steps: current, message}
+}
+
+export async function runSequence(seed: number, options: SequenceOptions = {}): Promise<SequenceResult> {
+  try {
+    return await runSteps(seed, options)
+  } catch (error) {
+    if (!(error instanceof Divergence) || options.replay || options.shrink === false) throw error
+    const shrunk = await shrink(seed, options, error.recorded)
+    if (!shrunk.message || shrunk.steps.length >= error.recorded.length) throw error
+    throw new Divergence(`${error.message}\n\nshrunk to ${shrunk.steps.length} of ${error.recorded.length} events, still diverging:\n${shrunk.message}`, shrunk.steps)
+  }
+}
+
+async function runSteps(seed: number, options: SequenceOptions): Promise<SequenceResult> {
   const features = options.features ?? 'current'
   const rng = new Rng(seed)
   const {signers, ids, labels} = await pool()
@@ -624,18 +701,30 @@ export async function runSequence(seed: number, options: {length?: number; maxCl
   // A crowd: with a large pool, most sequences first have every member join and the run resume, so the epochs that
   // follow run at (and past) the account's capacity.
   const crowd: Step[] = poolSize > 16 && rng.chance(0.7) ? [...chosen.map((id): Step => ({event: {type: 'join', id}})), {event: {type: 'resume'}}] : []
-  const length = crowd.length + (options.length ?? rng.int(20, 120))
+  const replay = options.replay?.slice()
+  const length = replay?.length ?? crowd.length + (options.length ?? rng.int(20, 120))
+  const recorded: Recorded[] = []
   const result: SequenceResult = {seed, events: 0, accepted: 0, rejected: {}, phases: new Set([seq.state.run_state]), maxClients: 0, units: {}}
   const fail = (i: number, what: string, message: string, logs: string[] = []): never => {
     throw new Divergence(
       `differential fuzz: seed ${seed}, event ${i} (${what} at ${seq.now}, ${seq.state.run_state}): ${message}\n` +
-        `reproduce: PSYCHE_FUZZ_SEED=${seed}${features === 'legacy' ? ' PSYCHE_FUZZ_FEATURES=legacy' : ''} node --import tsx --test test/solana/differential.test.ts\n` +
-        `program logs:\n  ${logs.join('\n  ')}\nsequence so far:\n  ${seq.log.slice(-25).join('\n  ')}`,
+        (replay
+          ? ''
+          : `reproduce: PSYCHE_FUZZ_SEED=${seed}${features === 'legacy' ? ' PSYCHE_FUZZ_FEATURES=legacy' : ''} node --import tsx --test test/solana/differential.test.ts\n`) +
+        `program logs:\n  ${logs.join('\n  ')}\nsequence${replay ? '' : ' so far'}:\n  ${seq.log.slice(replay ? 0 : -25).join('\n  ')}`,
+      recorded,
     )
   }
   for (let i = 0; i < length; i++) {
-    const step = crowd.shift() ?? seq.draw()
-    seq.slot += rng.int(1, 3)
+    let step: Step
+    if (replay) {
+      const next = replay.shift()!
+      ;[seq.now, seq.slot, step] = [next.now, next.slot, next.step]
+    } else {
+      step = crowd.shift() ?? seq.draw()
+      seq.slot += rng.int(1, 3)
+    }
+    recorded.push({now: seq.now, slot: seq.slot, step})
     chain.setClock(seq.now, seq.slot)
     let expected: {error?: RejectionCode | string; message?: string; state: CoordinatorState; anyError?: boolean}
     let sent: {signer: KeyPairSigner; ix: Instruction | Instruction[]}
@@ -649,7 +738,7 @@ export async function runSequence(seed: number, options: {length?: number; maxCl
       if (event.type === 'tick' || event.type === 'witness') event = {...event, entropy: clockEntropy(seq.slot, seq.now)}
       what = describe(event)
       const r = applyEvent(seq.state, event, seq.now * 1000)
-      expected = {state: r.state, error: r.error?.code, message: r.error?.message}
+      expected = {state: options.fault?.(event, r.state) ?? r.state, error: r.error?.code, message: r.error?.message}
       try {
         sent = toInstruction(d, seq.signers, event)
       } catch (error) {
