@@ -22,9 +22,27 @@ function io(): {rchar: number; wchar: number} {
   return {rchar: field('rchar'), wchar: field('wchar')}
 }
 
+/** The shard's nodes' wire counters added up: bytes on connections, per protocol, and gossipsub's counters. */
+function wire(): Record<string, number> {
+  const sum: Record<string, number> = {}
+  const add = (key: string, v: number) => (sum[key] = (sum[key] ?? 0) + v)
+  for (const node of nodes) {
+    const c = node.wireCounts()
+    if (!c) continue
+    add('conn_in', c.connections.in)
+    add('conn_out', c.connections.out)
+    for (const [protocol, io] of Object.entries(c.protocols)) {
+      add(`in ${protocol}`, io.in)
+      add(`out ${protocol}`, io.out)
+    }
+    for (const [k, v] of Object.entries(c.gossipsub)) add(`gossipsub ${k}`, v)
+  }
+  return sum
+}
+
 const sample = () => {
   const cpu = process.cpuUsage()
-  out({t: 'proc', shard: o.shard, at: Date.now(), ...io(), stdout: stdoutBytes, cpu_ms: (cpu.user + cpu.system) / 1000, rss: process.memoryUsage().rss})
+  out({t: 'proc', shard: o.shard, at: Date.now(), ...io(), stdout: stdoutBytes, cpu_ms: (cpu.user + cpu.system) / 1000, rss: process.memoryUsage().rss, wire: wire()})
 }
 const timer = setInterval(sample, 1000)
 
@@ -40,6 +58,7 @@ for (let i = 0; i < o.count; i += 4) {
         runId: o.runId,
         listen: ['/ip4/127.0.0.1/tcp/0'],
         relay: false,
+        wireMetrics: true,
         // Every node of the bench is on 127.0.0.1: libp2p's per-host inbound rate limit (5 a second) would refuse
         // most of a full mesh's dials.
         connectionManager: {inboundConnectionThreshold: 100_000, maxIncomingPendingConnections: 256, maxConnections: 1024},

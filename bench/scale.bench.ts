@@ -48,6 +48,8 @@ interface ProcSample {
   stdout: number
   cpu_ms: number
   rss: number
+  /** the shard's P2P counters (bench/scale-shard.ts wire()) */
+  wire?: Record<string, number>
 }
 
 export interface ScalePoint {
@@ -70,6 +72,12 @@ export interface ScalePoint {
   client_cpu_ms_per_client_round: number
   every_result_applied: boolean
   replicas_agree: boolean
+  /**
+   * Per client per round, by kind: bytes on the connections (conn_in/conn_out), on each protocol's streams
+   * ('in /meshsub/1.2.0', 'out /psyche/result/1', …), and gossipsub's counters ('gossipsub rpc_sent_bytes',
+   * 'gossipsub rpc_sent_ihave', 'gossipsub ihave_rcv_msgids', …). libp2p series only.
+   */
+  wire_per_client_round?: Record<string, number>
   errors: string[]
 }
 
@@ -185,6 +193,7 @@ async function measure(n: number): Promise<ScalePoint> {
   const last = server.roundStarts.get((measured.at(-1)?.step ?? -2) + 1)
   let wire = 0
   let cpu = 0
+  const kinds: Record<string, number> = {}
   if (first && last) {
     // performance.now() in this process vs Date.now() in the shards: both converted to wall-clock ms.
     const wall = (t: number) => performance.timeOrigin + t
@@ -194,6 +203,7 @@ async function measure(n: number): Promise<ScalePoint> {
       const b = at(wall(last.at))
       wire += b.wchar - b.stdout - (a.wchar - a.stdout)
       cpu += b.cpu_ms - a.cpu_ms
+      for (const [k, v] of Object.entries(b.wire ?? {})) kinds[k] = (kinds[k] ?? 0) + v - (a.wire?.[k] ?? 0)
     }
   }
   const roundsN = Math.max(1, measured.length)
@@ -244,6 +254,7 @@ async function measure(n: number): Promise<ScalePoint> {
     client_cpu_ms_per_client_round: cpu / n / roundsN,
     every_result_applied: list.length === n * ROUNDS && list.every((r) => r.applied === n && r.trainers === n),
     replicas_agree: [...byStep.values()].every((s) => s.size === 1),
+    wire_per_client_round: Object.fromEntries(Object.entries(kinds).map(([k, v]) => [k, v / n / roundsN])),
     errors,
   }
 }
@@ -304,6 +315,17 @@ if (import.meta.url === `file://${process.argv[1]}`) {
     console.log(`| ${m.label}${m.unit ? ` (${m.unit})` : ''} | ${points.map((p) => fmt(p[m.key] as number)).join(' | ')} | ${Number.isFinite(e) ? e.toFixed(2) : '-'} |`)
   }
   console.log(`| every result applied, replicas agree | ${points.map((p) => (p.every_result_applied && p.replicas_agree ? 'yes' : 'NO')).join(' | ')} | |`)
+  // Which kinds of P2P traffic grow with N (the libp2p series): each counter per client per round, and its exponent.
+  const kinds = [...new Set(points.flatMap((p) => Object.keys(p.wire_per_client_round ?? {})))].sort()
+  if (kinds.length) {
+    console.log(`\n| P2P per client per round | ${points.map((p) => `N=${p.n}`).join(' | ')} | exponent |`)
+    console.log(`|---|${points.map(() => '---:').join('|')}|---:|`)
+    for (const k of kinds) {
+      const ys = points.map((p) => p.wire_per_client_round?.[k] ?? NaN)
+      const e = exponent(ok.map((p) => ({n: p.n, y: p.wire_per_client_round?.[k] ?? NaN})))
+      console.log(`| ${k} | ${ys.map((v) => (Number.isFinite(v) ? v.toFixed(0) : '-')).join(' | ')} | ${Number.isFinite(e) ? e.toFixed(2) : '-'} |`)
+    }
+  }
   for (const p of points) if (p.errors.length) console.log(`N=${p.n} errors: ${p.errors.slice(0, 5).join(' / ')}`)
   const shown = METRICS.filter((m) => points.some((p) => Number.isFinite(p[m.key] as number)))
   if (process.env.BENCH_SCALE_PLOT !== '0') await plotScale(points, shown, exponent, join(projectRoot, 'bench', `scale-${P2P}.png`))

@@ -1,6 +1,7 @@
 import assert from 'node:assert/strict'
 import {describe, it} from 'node:test'
-import {startNodes, stopAll} from './helpers.js'
+import {waitFor} from '../helpers.js'
+import {meshUp, randomBlob, startNodes, stopAll} from './helpers.js'
 
 describe('the full mesh of a run', () => {
   it('clients sharing one address are not scored down for it (gossipsub would graylist them past 10 and drop their subscriptions)', async () => {
@@ -12,6 +13,30 @@ describe('the full mesh of a run', () => {
       assert.equal(pubsub.score.params.IPColocationFactorWeight, 0)
     } finally {
       await stopAll([a])
+    }
+  })
+
+  it('gossip (IHAVE) goes to a fixed number of peers per heartbeat, not a share of them (ids per client per round grew as N²)', async () => {
+    const nodes = await startNodes(12, {relay: false, wireMetrics: true})
+    try {
+      const opts = (nodes[0].node.libp2p.services.pubsub as unknown as {opts: {Dlazy: number; gossipFactor: number}}).opts
+      assert.deepEqual([opts.Dlazy, opts.gossipFactor], [3, 0])
+      await meshUp(nodes)
+      let delivered = 0
+      for (const n of nodes) n.node.onAnnouncement(() => delivered++)
+      await Promise.all(nodes.map((n, i) => n.node.publishResult(1, i, i + 1, randomBlob(64))))
+      await waitFor(() => delivered === 12 * 11, 10_000, 'every announcement delivered everywhere')
+      // An id is gossiped in the 3 heartbeats (1 s each) after it arrived: wait them out.
+      await new Promise((r) => setTimeout(r, 4_500))
+      for (const n of nodes) {
+        const g = n.node.wireCounts()!.gossipsub
+        // Dlazy peers in each of ≤ 4 heartbeats whose window holds these ids (gossipsub's default: 6 of the 11 − D
+        // peers outside the mesh each time).
+        assert.ok((g.rpc_sent_ihave ?? 0) <= 3 * 4, `IHAVE sent to ${g.rpc_sent_ihave} peers`)
+        assert.equal(g.msg_publish_count, 1)
+      }
+    } finally {
+      await stopAll(nodes)
     }
   })
 })

@@ -1,6 +1,8 @@
 import assert from 'node:assert/strict'
 import {after, before, describe, it} from 'node:test'
-import {sha256Hex, signAnnouncement, type ResultAnnouncement} from '../../src/core/p2p/index.js'
+import {lpStream} from '@libp2p/utils'
+import {peerIdOfClient, sha256Hex, signAnnouncement, type ResultAnnouncement} from '../../src/core/p2p/index.js'
+import {ANNOUNCE_PROTOCOL} from '../../src/core/p2p/result-exchange.js'
 import {waitFor} from '../helpers.js'
 import {meshUp, randomBlob, startNodes, stopAll, testIdentity, type TestNode} from './helpers.js'
 
@@ -48,6 +50,39 @@ describe('p2p: forged announcements and dishonest blobs are rejected with a logg
       )
       for (const e of rejected) assert.equal(e.from, forger.node.peerId, 'the sender is named')
     }
+  })
+
+  it('drops the same forgeries, and garbage or oversized frames, sent directly over /psyche/announce/1', async () => {
+    const [forger, a] = nodes
+    const delivered: ResultAnnouncement[] = []
+    a.node.onAnnouncement((x) => delivered.push(x))
+    const fields = {run_id: 'test-run', step: 9, client_id: forger.identity.id, batch_start: 0, batch_end: 2, commitment: sha256Hex(Buffer.from('y')), size: 1}
+    const good = signAnnouncement(forger.identity, fields)
+    const flipped = good.signature.slice(0, -1) + (good.signature.endsWith('0') ? '1' : '0')
+    const frames: Uint8Array[] = [
+      Buffer.from(JSON.stringify({...good, signature: flipped})),
+      Buffer.from(JSON.stringify(signAnnouncement(forger.identity, {...fields, run_id: 'other-run'}))),
+      Buffer.from('not json {'),
+      new Uint8Array(randomBlob(300)),
+    ]
+    const before = a.events.filter((e) => e.event === 'announcement_rejected').length
+    const send = async (frame: Uint8Array) => {
+      const stream = await forger.node.libp2p.dialProtocol(peerIdOfClient(a.identity.id), ANNOUNCE_PROTOCOL)
+      await lpStream(stream).write(frame)
+      await stream.close().catch(() => {})
+    }
+    for (const frame of frames) await send(frame)
+    // A frame past the 4 KiB bound is cut off before it is read.
+    await send(new Uint8Array(randomBlob(64 * 1024))).catch(() => {})
+    await send(Buffer.from(JSON.stringify(good)))
+    await waitFor(() => delivered.length === 1, 10_000, 'the honest announcement')
+    assert.deepEqual(delivered, [good])
+    await waitFor(() => a.events.filter((e) => e.event === 'announcement_rejected').length - before === frames.length, 10_000, 'every forgery rejected')
+    await waitFor(() => a.events.some((e) => e.event === 'serve_failed' && e.protocol === ANNOUNCE_PROTOCOL), 10_000, 'the oversized frame refused')
+    // Sent again, it is not delivered twice.
+    await send(Buffer.from(JSON.stringify(good)))
+    await new Promise((r) => setTimeout(r, 300))
+    assert.equal(delivered.length, 1)
   })
 
   it('discards a blob whose bytes do not match the commitment, reports the sender, and throws when no holder has the right bytes', async () => {

@@ -1,6 +1,7 @@
 import assert from 'node:assert/strict'
 import {after, before, describe, it} from 'node:test'
 import {P2PNode, peerIdOfClient, sha256Hex, type ResultAnnouncement} from '../../src/core/p2p/index.js'
+import {ANNOUNCE_PROTOCOL} from '../../src/core/p2p/result-exchange.js'
 import {identityFromSeed} from '../../src/core/protocol/identity.js'
 import {waitFor} from '../helpers.js'
 import {meshUp, randomBlob, startNodes, stopAll, type TestNode} from './helpers.js'
@@ -11,7 +12,7 @@ describe('p2p: result gossip and blob transfer between three real libp2p nodes',
   const received: ResultAnnouncement[][] = [[], [], []]
   let published: ResultAnnouncement[] = []
   before(async () => {
-    nodes = await startNodes(3)
+    nodes = await startNodes(3, {wireMetrics: true})
     await meshUp(nodes)
   })
   after(async () => stopAll([...nodes, ...late]))
@@ -54,6 +55,14 @@ describe('p2p: result gossip and blob transfer between three real libp2p nodes',
     assert.equal(sent, got)
     for (const n of nodes) assert.equal(n.node.stats().peers, 2)
     for (const n of nodes) assert.equal(n.node.stats().badBlobs, 0)
+    // The wire counters (wireMetrics) see every result byte on its protocol's streams, and more on the connections.
+    for (const [i, n] of nodes.entries()) {
+      const wire = n.node.wireCounts()!
+      const others = total - blobs[i].length
+      assert.ok(wire.protocols['/psyche/result/1'].in >= others && wire.protocols['/psyche/result/1'].in < others + 4096, JSON.stringify(wire.protocols))
+      assert.ok(wire.connections.in > wire.protocols['/psyche/result/1'].in)
+      assert.ok(wire.gossipsub.rpc_recv_message >= 2)
+    }
     // Bytes per peer, keyed by client id: node i downloaded blob j from node j, and served its own to both others.
     for (const [i, n] of nodes.entries()) {
       const perPeer = n.node.stats().peerBytes
@@ -68,8 +77,8 @@ describe('p2p: result gossip and blob transfer between three real libp2p nodes',
     }
   })
 
-  it('a late joiner gets a re-announced result and fetches it from a re-serving peer once the producer is gone; peers that saw it do not deliver it twice', async () => {
-    late = await startNodes(1)
+  it('a late joiner gets a re-announced result (sent to it alone) and fetches it from a re-serving peer once the producer is gone; peers that saw it do not deliver it twice', async () => {
+    late = await startNodes(1, {wireMetrics: true})
     const [joiner] = late
     const got: ResultAnnouncement[] = []
     joiner.node.onAnnouncement((a) => got.push(a))
@@ -85,6 +94,15 @@ describe('p2p: result gossip and blob transfer between three real libp2p nodes',
     const sentBefore = nodes[1].node.stats().bytesSent + nodes[2].node.stats().bytesSent
     await waitFor(() => got.length === 1, 1000, 're-announcement')
     assert.deepEqual(got, [published[0]])
+    // Sent to the joiner over /psyche/announce/1, not gossiped to everyone again.
+    assert.ok((joiner.node.wireCounts()!.protocols[ANNOUNCE_PROTOCOL]?.in ?? 0) > 0, 'the joiner received it directly')
+    for (const n of nodes.slice(1)) assert.equal(n.node.wireCounts()!.protocols[ANNOUNCE_PROTOCOL], undefined, 'no re-announcement to peers that had it')
+    assert.equal(nodes[0].node.wireCounts()!.gossipsub.msg_publish_count, 1, 'published once, not again')
+    // A second call sends nothing: every subscriber has had it.
+    const sentTo = nodes[0].node.wireCounts()!.protocols[ANNOUNCE_PROTOCOL]
+    assert.ok((sentTo?.out ?? 0) > 0)
+    await nodes[0].node.reannounce(published[0])
+    assert.deepEqual(nodes[0].node.wireCounts()!.protocols[ANNOUNCE_PROTOCOL], sentTo)
     // With the producer gone, a node that downloaded the result serves it.
     await nodes[0].node.stop()
     const bytes = await joiner.node.fetchResult(got[0])

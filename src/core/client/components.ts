@@ -83,7 +83,7 @@ export interface ClientP2P {
   connect(addrs: string[]): Promise<void>
   /** Stores our result for serving and announces it to the run. */
   publishResult(step: number, batchStart: number, batchEnd: number, blob: Uint8Array): Promise<ResultAnnouncement>
-  /** Announces one of ours again (new peers do not get earlier gossip). */
+  /** Announces one of ours again to the peers that have not had it from us (new peers do not get earlier gossip). */
   reannounce(a: ResultAnnouncement): Promise<void>
   /** How many peers receive our announcements. */
   topicPeers(): number

@@ -21,6 +21,7 @@ import {DEFAULT_DOWNLOAD_TIMEOUT_MS, DEFAULT_MAX_BLOB_BYTES, DEFAULT_MAX_CONCURR
 import {traffic, type Traffic} from './traffic.js'
 import {defaultTransports, type TransportFactory} from './transports.js'
 import {safeLog} from './util.js'
+import {WireMetrics, type WireCounts} from './wire-metrics.js'
 import type {EventLog} from '../events.js'
 
 export {RESULT_PROTOCOL, ResultStore} from './result-exchange.js'
@@ -65,6 +66,11 @@ export interface P2PNodeOptions {
   transports?: TransportFactory[]
   /** Where results are kept and served from; default an empty ResultStore (tests give one holding bytes of their choosing). */
   resultStore?: ResultStore
+  /**
+   * Count bytes per connection and per protocol, and gossipsub's message and control counters (wireCounts()):
+   * for measurements (bench/scale.bench.ts); default off.
+   */
+  wireMetrics?: boolean
 }
 
 interface P2PStats {
@@ -112,9 +118,11 @@ export class P2PNode {
   private stopped = false
   private readonly addressHandlers: ((addrs: string[]) => void)[] = []
   private lastPublished = ''
+  private readonly wire: WireMetrics | undefined
 
-  private constructor(libp2p: Libp2p<Services>, runId: string, log: EventLog) {
+  private constructor(libp2p: Libp2p<Services>, runId: string, log: EventLog, wire: WireMetrics | undefined) {
     this.libp2p = libp2p
+    this.wire = wire
     this.peerId = libp2p.peerId.toString()
     this.runId = runId
     this.topic = libp2p.services.results.topic
@@ -133,12 +141,14 @@ export class P2PNode {
     const listen = [...(options.listen ?? listenAddrsForPort(undefined))]
     const transports = [...(options.transports ?? defaultTransports()), ...(relay ? [circuitRelayTransport({reservationCompletionTimeout: 20_000})] : [])]
     const resultStore = options.resultStore ?? new ResultStore()
+    const wire = options.wireMetrics ? new WireMetrics() : undefined
     const libp2p = await createLibp2p<Services>({
       privateKey,
       addresses: {listen, ...(options.announce?.length ? {announce: options.announce} : {})},
       transports,
       connectionEncrypters: [noise()],
       streamMuxers: [yamux()],
+      ...(wire ? {metrics: wire.component} : {}),
       connectionManager: {dialTimeout: RELAYED_DIAL_TIMEOUT_MS, addressDialTimeout: RELAYED_DIAL_TIMEOUT_MS, ...options.connectionManager},
       services: {
         identify: identify(),
@@ -155,6 +165,13 @@ export class P2PNode {
           Dlo: 2,
           Dhi: 8,
           Dout: 1,
+          // Gossip (IHAVE: the ids of the last 3 heartbeats' messages) goes to Dlazy peers outside the mesh per
+          // heartbeat, never to a share of them: with gossipsub's default (a quarter of the non-mesh peers) every
+          // client sent every announcement's id to ~N/4 peers, so IHAVE ids per client per round grew as N²
+          // (bench/README.md, "Scale"). Every member is connected to every other and gets each announcement from
+          // its publisher (floodPublish) and its mesh, so a few gossip targets are enough to repair a loss.
+          Dlazy: 3,
+          gossipFactor: 0,
           floodPublish: true,
           allowPublishToZeroTopicPeers: true,
           emitSelf: false,
@@ -166,6 +183,7 @@ export class P2PNode {
           // clients on one machine no announcement spread (bench/README.md, "Scale"). Who may take part is the
           // coordinator's member list; every announcement is signed and checked.
           scoreParams: {IPColocationFactorWeight: 0},
+          ...(wire ? {metricsRegister: wire.gossipsubRegister, metricsTopicStrToLabel: new Map()} : {}),
         }),
         traffic: traffic(),
         resultStore: () => resultStore,
@@ -182,7 +200,7 @@ export class P2PNode {
         models: modelExchange({identity, runId, maxModelBytes: options.maxModelBytes ?? DEFAULT_MAX_MODEL_BYTES, downloadTimeoutMs, log}),
       },
     })
-    const node = new P2PNode(libp2p, runId, log)
+    const node = new P2PNode(libp2p, runId, log, wire)
     node.watchAddresses()
     return node
   }
@@ -335,6 +353,11 @@ export class P2PNode {
       relayedReceived: traffic.relayedReceived,
       peerRelayedBytes: traffic.peerRelayedBytes(),
     }
+  }
+
+  /** Bytes per connection and protocol, and gossipsub's counters, when started with `wireMetrics`. */
+  wireCounts(): WireCounts | undefined {
+    return this.wire?.counts()
   }
 
   async stop(): Promise<void> {

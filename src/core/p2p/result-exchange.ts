@@ -2,7 +2,15 @@ import {TopicValidatorResult, type GossipSub, type Message} from '@libp2p/gossip
 import type {Connection, PeerId, Startable, Stream} from '@libp2p/interface'
 import type {Registrar} from '@libp2p/interface-internal'
 import {errorMessage, PsycheError} from '../errors.js'
-import {encodeAnnouncement, parseAnnouncement, sha256Hex, signAnnouncement, type ResultAnnouncement, type SigningIdentity} from '../primitives/announcement.js'
+import {
+  encodeAnnouncement,
+  MAX_ANNOUNCEMENT_BYTES,
+  parseAnnouncement,
+  sha256Hex,
+  signAnnouncement,
+  type ResultAnnouncement,
+  type SigningIdentity,
+} from '../primitives/announcement.js'
 import type {PeerDialer} from './dialer.js'
 import {CHUNK_BYTES, framed, OverrunError, readChunksInto, readJsonObject, writeChunks, writeJson} from './framing.js'
 import {isCircuit} from './addresses.js'
@@ -12,6 +20,9 @@ import {abortStream, deadline, dialErrorMessage, ON_LIMITED, Semaphore, sleep} f
 import type {EventLog} from '../events.js'
 
 export const RESULT_PROTOCOL = '/psyche/result/1'
+/** One signed announcement sent to one peer (re-announcing to peers that subscribed after it was gossiped). */
+export const ANNOUNCE_PROTOCOL = '/psyche/announce/1'
+const ANNOUNCE_TIMEOUT_MS = 10_000
 export const DEFAULT_MAX_BLOB_BYTES = 64 * 1024 * 1024
 export const DEFAULT_MAX_CONCURRENT_DOWNLOADS = 4
 export const DEFAULT_DOWNLOAD_TIMEOUT_MS = 60_000
@@ -89,6 +100,8 @@ export class ResultExchange implements Startable {
   private readonly seenAnnouncements = new Map<string, number>()
   private readonly announcementHandlers: ((a: ResultAnnouncement) => void)[] = []
   private readonly validated = new WeakMap<Message, ResultAnnouncement>()
+  /** Our own announcements (by signature): their step, and the peers they were gossiped or sent to. */
+  private readonly announcedTo = new Map<string, {step: number; peers: Set<string>}>()
   private stopped = false
 
   constructor(
@@ -107,6 +120,10 @@ export class ResultExchange implements Startable {
     pubsub.topicValidators.set(this.topic, (propagationSource, message) => this.validateGossip(propagationSource, message))
     pubsub.addEventListener('message', (event) => this.onGossip(event.detail))
     await this.components.registrar.handle(RESULT_PROTOCOL, (stream, connection) => this.serve(stream, connection), {maxInboundStreams: 64, ...ON_LIMITED})
+    await this.components.registrar.handle(ANNOUNCE_PROTOCOL, (stream, connection) => this.receiveAnnouncement(stream, connection), {
+      maxInboundStreams: 8,
+      ...ON_LIMITED,
+    })
   }
 
   /** Gossipsub accepts subscriptions once it has started. */
@@ -121,6 +138,7 @@ export class ResultExchange implements Startable {
   async stop(): Promise<void> {
     this.stopped = true
     await this.components.registrar.unhandle(RESULT_PROTOCOL)
+    await this.components.registrar.unhandle(ANNOUNCE_PROTOCOL)
   }
 
   private get results(): ResultStore {
@@ -141,16 +159,68 @@ export class ResultExchange implements Startable {
     })
     this.results.put(announcement.commitment, step, blob)
     this.seenAnnouncements.set(announcement.signature, step)
+    // floodPublish: gossipsub sends it to every peer subscribed now.
+    this.announcedTo.set(announcement.signature, {step, peers: new Set(this.topicSubscribers().map((p) => p.toString()))})
     await this.components.pubsub.publish(this.topic, encodeAnnouncement(announcement))
     return announcement
   }
 
   /**
-   * Gossips an announcement again (e.g. one of ours after new peers connected: gossip is not replayed to late
-   * joiners). Receivers deliver each signed announcement once, so repeating is harmless.
+   * Sends an announcement to the subscribed peers that have not had it from us (gossip is not replayed to late
+   * joiners), each over its own /psyche/announce/1 stream: a peer joining costs each member one message to it, where
+   * gossiping again would send it to every member (N² messages for N joiners). Throws when some peer could not be
+   * reached (they are tried again at the next call). Receivers deliver each signed announcement once.
    */
   async reannounce(a: ResultAnnouncement): Promise<void> {
-    await this.components.pubsub.publish(this.topic, encodeAnnouncement(a))
+    let sent = this.announcedTo.get(a.signature)
+    if (!sent) this.announcedTo.set(a.signature, (sent = {step: a.step, peers: new Set()}))
+    const peers = sent.peers
+    const failures: string[] = []
+    await Promise.all(
+      this.topicSubscribers()
+        .filter((p) => !peers.has(p.toString()))
+        .map(async (peer) => {
+          try {
+            await this.sendAnnouncement(peer, a)
+            peers.add(peer.toString())
+          } catch (error) {
+            failures.push(`${peer.toString()}: ${dialErrorMessage(error)}`)
+          }
+        }),
+    )
+    if (failures.length) throw new PsycheError(`could not re-announce to ${failures.length} peer(s): ${failures.slice(0, 3).join('; ')}`)
+  }
+
+  private async sendAnnouncement(peer: PeerId, a: ResultAnnouncement): Promise<void> {
+    const signal = deadline(ANNOUNCE_TIMEOUT_MS)
+    const stream = await this.components.dialer.openStream(peer, ANNOUNCE_PROTOCOL, signal)
+    try {
+      await framed(stream, MAX_ANNOUNCEMENT_BYTES).write(encodeAnnouncement(a), {signal})
+      await stream.close({signal})
+    } catch (error) {
+      abortStream(stream, error)
+      throw error
+    }
+  }
+
+  /** One announcement from one peer (see reannounce): checked and delivered as a gossiped one is. */
+  private async receiveAnnouncement(stream: Stream, connection: Connection): Promise<void> {
+    const signal = deadline(ANNOUNCE_TIMEOUT_MS)
+    let bytes: Uint8Array
+    try {
+      bytes = (await framed(stream, MAX_ANNOUNCEMENT_BYTES).read({signal})).subarray()
+      await stream.close({signal}).catch(() => {})
+    } catch (error) {
+      this.log({event: 'serve_failed', protocol: ANNOUNCE_PROTOCOL, to: connection.remotePeer.toString(), reason: errorMessage(error)})
+      abortStream(stream, error)
+      return
+    }
+    const parsed = parseAnnouncement(bytes, this.runId)
+    if (!parsed.ok) {
+      this.log({event: 'announcement_rejected', reason: parsed.reason, via: connection.remotePeer.toString()})
+      return
+    }
+    this.deliver(parsed.announcement)
   }
 
   /** The peers known to subscribe to this run's results topic (announcements reach only them). */
@@ -187,6 +257,11 @@ export class ResultExchange implements Startable {
       if (!parsed.ok) return
       announcement = parsed.announcement
     }
+    this.deliver(announcement)
+  }
+
+  /** Hands a checked announcement to the handlers, once per signature. */
+  private deliver(announcement: ResultAnnouncement): void {
     if (this.seenAnnouncements.has(announcement.signature)) return
     this.seenAnnouncements.set(announcement.signature, announcement.step)
     for (const handler of this.announcementHandlers) {
@@ -210,6 +285,7 @@ export class ResultExchange implements Startable {
   dropResultsBefore(step: number): void {
     this.results.dropBefore(step)
     for (const [signature, seenStep] of this.seenAnnouncements) if (seenStep < step) this.seenAnnouncements.delete(signature)
+    for (const [signature, sent] of this.announcedTo) if (sent.step < step) this.announcedTo.delete(signature)
   }
 
   /**

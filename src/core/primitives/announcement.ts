@@ -22,7 +22,7 @@ export interface ResultAnnouncement {
 type UnsignedAnnouncement = Omit<ResultAnnouncement, 'signature'>
 
 /** Gossip messages larger than this are not announcements (they are a few hundred bytes). */
-const MAX_ANNOUNCEMENT_BYTES = 4096
+export const MAX_ANNOUNCEMENT_BYTES = 4096
 
 const DOMAIN = 'psyche/result-announcement/1\n'
 const HEX_32 = /^[0-9a-f]{64}$/
