@@ -1,4 +1,4 @@
-import type {PeerId, Startable, Stream} from '@libp2p/interface'
+import type {MultiaddrConnection, PeerId, Startable, Stream} from '@libp2p/interface'
 import type {ConnectionManager} from '@libp2p/interface-internal'
 import {multiaddr, type Multiaddr} from '@multiformats/multiaddr'
 import {errorMessage} from '../errors.js'
@@ -17,6 +17,15 @@ export interface DialFailure {
 /** A direct dial gives up quickly: a private address of another network may never answer (no ICMP on the internet). */
 const DIRECT_DIAL_TIMEOUT_MS = 8_000
 export const RELAYED_DIAL_TIMEOUT_MS = 30_000
+/**
+ * One direct connection per pair of peers. Two peers told of each other by the same state push dial each other at
+ * once (2(N−1) connections per client otherwise); both sides apply one rule: the direct connection dialled by the
+ * lower peer id stays. The lower side refuses (its connection gater: before any stream is opened on it) a direct
+ * inbound connection from a higher peer while it holds an open direct connection it dialled to that peer, or started
+ * a direct dial to it less than this long ago; the higher side, its dial refused that quickly, waits this long (and a
+ * second more) for the lower one's connection, and dials once more if none came (the lower side's dial failed).
+ */
+const TIE_WINDOW_MS = 2_000
 
 interface PeerDialerInit {
   log: EventLog
@@ -42,6 +51,8 @@ export class PeerDialer implements Startable {
   private readonly knownAddrs = new Map<string, Multiaddr[]>()
   /** Peer -> its direct addresses that did not answer (it is dialled through the relay first while they stay the same). */
   private readonly directFailed = new Map<string, string>()
+  /** Peer -> when our direct dial to it started, while it runs (see TIE_WINDOW_MS). */
+  private readonly directDialStarted = new Map<string, number>()
   private stopped = false
 
   constructor(
@@ -120,20 +131,64 @@ export class PeerDialer implements Startable {
     if (relayed.length > 0) attempts.push([relayed, RELAYED_DIAL_TIMEOUT_MS])
     if (attempts.length === 0 && direct.length > 0) attempts.push([direct, DIRECT_DIAL_TIMEOUT_MS])
     const reasons: string[] = []
+    // As libp2p.dial: user dials go first in the dial queue.
+    const open = (addrs: Multiaddr[], timeoutMs: number) => this.components.connectionManager.openConnection(addrs, {priority: 75, signal: AbortSignal.timeout(timeoutMs)})
     for (const [addrs, timeoutMs] of attempts) {
+      const isDirect = addrs === direct
+      const started = Date.now()
+      if (isDirect) this.directDialStarted.set(peer, started)
       try {
-        // As libp2p.dial: user dials go first in the dial queue.
-        await this.components.connectionManager.openConnection(addrs, {priority: 75, signal: AbortSignal.timeout(timeoutMs)})
+        await open(addrs, timeoutMs)
         this.dialFailures.delete(peer)
         return
       } catch (error) {
-        reasons.push(`${isCircuit(addrs[0]) ? 'relayed' : 'direct'}: ${dialErrorMessage(error)}`)
-        if (addrs === direct && relayed.length > 0) this.directFailed.set(peer, directKey)
+        let reason = dialErrorMessage(error)
+        // Refused at once by a lower peer as the duplicate of its own dial (TIE_WINDOW_MS): its connection comes.
+        if (isDirect && this.peerId > peer && Date.now() - started < TIE_WINDOW_MS && !this.stopped) {
+          if (await this.connectionComes(peer, TIE_WINDOW_MS + 1_000)) {
+            this.dialFailures.delete(peer)
+            return
+          }
+          try {
+            await open(addrs, timeoutMs)
+            this.dialFailures.delete(peer)
+            return
+          } catch (again) {
+            reason = dialErrorMessage(again)
+          }
+        }
+        reasons.push(`${isDirect ? 'direct' : 'relayed'}: ${reason}`)
+        if (isDirect && relayed.length > 0) this.directFailed.set(peer, directKey)
+      } finally {
+        if (isDirect && this.directDialStarted.get(peer) === started) this.directDialStarted.delete(peer)
       }
     }
     const reason = reasons.join('; ') || 'no address'
     this.dialFailures.set(peer, {peer_id: peer, addrs: targets.map((t) => t.toString()), reason, at: Date.now()})
     this.log({event: 'dial_failed', peer_id: peer, addrs: targets.map((t) => t.toString()), reason})
+  }
+
+  /** Waits up to `ms` for an open connection to `peer` (the one it dials to us); true when one is there. */
+  private async connectionComes(peer: string, ms: number): Promise<boolean> {
+    const until = Date.now() + ms
+    for (;;) {
+      if (this.components.connectionManager.getConnections().some((c) => c.remotePeer.toString() === peer && c.status === 'open')) return true
+      if (Date.now() >= until || this.stopped) return false
+      await new Promise((r) => setTimeout(r, 100))
+    }
+  }
+
+  /**
+   * The connection gater's half of the one-connection-per-pair rule (TIE_WINDOW_MS): true (refuse) for a direct
+   * inbound connection from a higher peer id while we hold an open direct connection we dialled to it, or started a
+   * direct dial to it less than TIE_WINDOW_MS ago. Relayed connections are never refused here.
+   */
+  refuseDuplicate(peer: PeerId, maConn: MultiaddrConnection): boolean {
+    const id = peer.toString()
+    if (isCircuit(maConn.remoteAddr) || !(this.peerId < id)) return false
+    const started = this.directDialStarted.get(id)
+    if (started !== undefined && Date.now() - started < TIE_WINDOW_MS) return true
+    return this.components.connectionManager.getConnections(peer).some((c) => c.status === 'open' && c.direction === 'outbound' && !isCircuit(c.remoteAddr))
   }
 
   /**

@@ -142,6 +142,8 @@ export class P2PNode {
     const transports = [...(options.transports ?? defaultTransports()), ...(relay ? [circuitRelayTransport({reservationCompletionTimeout: 20_000})] : [])]
     const resultStore = options.resultStore ?? new ResultStore()
     const wire = options.wireMetrics ? new WireMetrics() : undefined
+    // The dialer is a service, made after the gater: the gater asks it once it exists (see PeerDialer.refuseDuplicate).
+    let dialer: PeerDialer | undefined
     const libp2p = await createLibp2p<Services>({
       privateKey,
       addresses: {listen, ...(options.announce?.length ? {announce: options.announce} : {})},
@@ -149,6 +151,7 @@ export class P2PNode {
       connectionEncrypters: [noise()],
       streamMuxers: [yamux()],
       ...(wire ? {metrics: wire.component} : {}),
+      connectionGater: {denyInboundEncryptedConnection: (peer, maConn) => dialer?.refuseDuplicate(peer, maConn) ?? false},
       connectionManager: {dialTimeout: RELAYED_DIAL_TIMEOUT_MS, addressDialTimeout: RELAYED_DIAL_TIMEOUT_MS, ...options.connectionManager},
       services: {
         identify: identify(),
@@ -200,6 +203,7 @@ export class P2PNode {
         models: modelExchange({identity, runId, maxModelBytes: options.maxModelBytes ?? DEFAULT_MAX_MODEL_BYTES, downloadTimeoutMs, log}),
       },
     })
+    dialer = libp2p.services.dialer
     const node = new P2PNode(libp2p, runId, log, wire)
     node.watchAddresses()
     return node

@@ -159,9 +159,11 @@ export class ResultExchange implements Startable {
     })
     this.results.put(announcement.commitment, step, blob)
     this.seenAnnouncements.set(announcement.signature, step)
-    // floodPublish: gossipsub sends it to every peer subscribed now.
-    this.announcedTo.set(announcement.signature, {step, peers: new Set(this.topicSubscribers().map((p) => p.toString()))})
-    await this.components.pubsub.publish(this.topic, encodeAnnouncement(announcement))
+    const sent = {step, peers: new Set<string>()}
+    this.announcedTo.set(announcement.signature, sent)
+    // floodPublish: gossipsub sends it to every subscribed peer it has a stream to; those are its recipients.
+    const {recipients} = await this.components.pubsub.publish(this.topic, encodeAnnouncement(announcement))
+    for (const p of recipients) sent.peers.add(p.toString())
     return announcement
   }
 
