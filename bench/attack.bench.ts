@@ -31,8 +31,27 @@ function rssMb(pid: number): number {
   return m ? Number(m[1]) / 1024 : NaN
 }
 
-function tsx(args: string[], env: Record<string, string> = {}): {child: ChildProcess; lines: AsyncIterableIterator<string>} {
-  const child = spawn(process.execPath, ['--import', 'tsx', ...args], {cwd: projectRoot, env: {...process.env, ...env}, stdio: ['pipe', 'pipe', 'inherit']})
+/** A process's CPU time so far (user + system, ms), from /proc (NaN once it is gone). */
+function cpuMsOf(pid: number): number {
+  try {
+    // Fields after the command name (which may hold spaces): utime and stime are the 12th and 13th.
+    const fields = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1].split(' ')
+    return ((Number(fields[11]) + Number(fields[12])) * 1000) / CLOCK_TICKS
+  } catch {
+    return NaN
+  }
+}
+const CLOCK_TICKS = 100
+function ownCpuMs(): number {
+  const u = process.cpuUsage()
+  return (u.user + u.system) / 1000
+}
+
+// BENCH_ATTACK_PROF=DIR: the coordinator server runs under the V8 CPU profiler (one .cpuprofile per run in DIR).
+const PROF_DIR = process.env.BENCH_ATTACK_PROF
+
+function tsx(args: string[], env: Record<string, string> = {}, nodeArgs: string[] = []): {child: ChildProcess; lines: AsyncIterableIterator<string>} {
+  const child = spawn(process.execPath, [...nodeArgs, '--import', 'tsx', ...args], {cwd: projectRoot, env: {...process.env, ...env}, stdio: ['pipe', 'pipe', 'inherit']})
   return {child, lines: createInterface({input: child.stdout!})[Symbol.asyncIterator]()}
 }
 
@@ -62,6 +81,10 @@ interface CoordinatorResult {
   round_ms_median: number
   round_ms_p90: number
   rounds: number
+  /** CPU time per measured round (ms): the server's (what it controls), the attacker process's, the honest clients' process's. */
+  server_cpu_ms_per_round: number
+  attacker_cpu_ms_per_round: number
+  clients_cpu_ms_per_round: number
   refusals: Record<string, number>
   hostile_open_at_end: number
 }
@@ -69,7 +92,8 @@ interface CoordinatorResult {
 async function coordinatorUnder(hostile: number): Promise<CoordinatorResult> {
   const run = await scaleRun({clients: HONEST, rounds: ROUNDS, warmupTime: 30, maxRoundTrainTime: 10, roundWitnessTime: 2})
   run.run_id = 'attack-bench'
-  const target = tsx(['bench/attack-target.ts', 'coordinator'], {PSYCHE_ATTACK_RUN: JSON.stringify(run)})
+  const prof = PROF_DIR ? ['--cpu-prof', '--cpu-prof-dir', PROF_DIR] : []
+  const target = tsx(['bench/attack-target.ts', 'coordinator'], {PSYCHE_ATTACK_RUN: JSON.stringify(run)}, prof)
   const {port} = (await firstJson(target.lines)) as {port: number}
   const addr = `127.0.0.1:${port}`
   const pid = target.child.pid!
@@ -80,7 +104,9 @@ async function coordinatorUnder(hostile: number): Promise<CoordinatorResult> {
       peak = Math.max(peak, rssMb(pid))
     } catch {}
   }, 100)
-  const roundStarts: {step: number; t: number}[] = []
+  // At every round start: the time, and the CPU time so far of the server, the attacker and this process.
+  const roundStarts: {step: number; t: number; server: number; attacker: number; clients: number}[] = []
+  let attackerPid: number | undefined
   let refusals: Record<string, number> = {}
   let finished: () => void = () => {}
   const done = new Promise<void>((r) => (finished = r))
@@ -91,7 +117,8 @@ async function coordinatorUnder(hostile: number): Promise<CoordinatorResult> {
       const e = JSON.parse(line)
       if (e.event === 'refusals') refusals = e
       if (e.event !== 'transition') continue
-      if (e.to === 'RoundTrain' || e.to === 'Cooldown') roundStarts.push({step: e.step, t: e.t})
+      if (e.to === 'RoundTrain' || e.to === 'Cooldown')
+        roundStarts.push({step: e.step, t: e.t, server: cpuMsOf(pid), attacker: attackerPid ? cpuMsOf(attackerPid) : 0, clients: ownCpuMs()})
       if (e.to === 'RoundTrain') trainingStarted()
       if (e.to === 'Finished' || e.to === 'Cooldown') finished()
     }
@@ -108,6 +135,7 @@ async function coordinatorUnder(hostile: number): Promise<CoordinatorResult> {
   let hostileStats = {opened: 0, refused: 0, closed: 0}
   if (hostile > 0) {
     attacker = tsx(['bench/attack-hostile.ts', 'coordinator', addr, run.run_id!, String(hostile)])
+    attackerPid = attacker.child.pid
     void (async () => {
       for await (const line of attacker!.lines) hostileStats = JSON.parse(line)
     })()
@@ -119,10 +147,9 @@ async function coordinatorUnder(hostile: number): Promise<CoordinatorResult> {
   await Promise.all(clients.map((c) => c.done))
   if (attacker) await stopChild(attacker.child)
   await stopChild(target.child)
-  const durations = roundStarts
-    .slice(firstMeasured)
-    .map((r, i, all) => (i > 0 ? r.t - all[i - 1].t : NaN))
-    .filter((x) => !Number.isNaN(x))
+  const measured = roundStarts.slice(firstMeasured)
+  const perRound = (k: 'server' | 'attacker' | 'clients') => (measured.length > 1 ? Math.round((measured.at(-1)![k] - measured[0][k]) / (measured.length - 1)) : NaN)
+  const durations = measured.map((r, i, all) => (i > 0 ? r.t - all[i - 1].t : NaN)).filter((x) => !Number.isNaN(x))
   const sorted = [...durations].sort((a, b) => a - b)
   return {
     hostile,
@@ -131,6 +158,12 @@ async function coordinatorUnder(hostile: number): Promise<CoordinatorResult> {
     round_ms_median: Math.round(median(durations)),
     round_ms_p90: Math.round(sorted[Math.floor(sorted.length * 0.9)] ?? NaN),
     rounds: durations.length,
+    server_cpu_ms_per_round: perRound('server'),
+    attacker_cpu_ms_per_round: perRound('attacker'),
+    clients_cpu_ms_per_round: perRound('clients'),
+    ...(process.env.BENCH_ATTACK_SERIES
+      ? {server_cpu_ms_series: measured.map((r, i) => (i > 0 ? Math.round(r.server - measured[i - 1].server) : 0)), round_ms_series: durations}
+      : {}),
     refusals: Object.fromEntries(Object.entries(refusals).filter(([k]) => k !== 'event' && k !== 't')),
     hostile_open_at_end: hostileStats.opened - hostileStats.closed,
   }
@@ -192,6 +225,7 @@ if (quiet) {
         hostile: r.hostile,
         rss_growth_mb: r.rss_peak_mb - quiet.rss_peak_mb,
         round_time_vs_quiet_pct: Math.round((r.round_ms_median / quiet.round_ms_median - 1) * 1000) / 10,
+        server_cpu_per_round_vs_quiet_pct: Math.round((r.server_cpu_ms_per_round / quiet.server_cpu_ms_per_round - 1) * 1000) / 10,
       }),
     )
 }

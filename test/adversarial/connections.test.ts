@@ -5,7 +5,7 @@
 import assert from 'node:assert/strict'
 import {connect, type Socket} from 'node:net'
 import {describe, test} from 'node:test'
-import {CoordinatorConnection} from '../../src/core/backend/index.js'
+import {CoordinatorConnection, type CoordinatorServerOptions} from '../../src/core/backend/index.js'
 import {PeerBook, MAX_DIRECTORY_ENTRY_CHARS} from '../../src/core/backend/centralized/directory.js'
 import {DEFAULT_LIMITS, effectiveMaxConnections, openFileLimit, RateLimiter, type ServerLimits} from '../../src/core/backend/centralized/limits.js'
 import {generateIdentity, MAX_ADDR_CHARS, MAX_P2P_ADDRS, type Identity, type ServerEnvelope} from '../../src/core/protocol/index.js'
@@ -18,9 +18,14 @@ import {RUN_ID, RawClient, startTestServer, waitUntil, writeRunConfig, type Test
 const opened: CoordinatorConnection[] = []
 const raws: RawClient[] = []
 
-async function withServer(config: Record<string, number>, limits: Partial<ServerLimits>, body: (t: TestServer) => Promise<void>): Promise<void> {
+async function withServer(
+  config: Record<string, number>,
+  limits: Partial<ServerLimits>,
+  body: (t: TestServer) => Promise<void>,
+  options: Partial<CoordinatorServerOptions> = {},
+): Promise<void> {
   const dir = tempDir()
-  const t = await startTestServer(writeRunConfig(dir.path, config), {limits})
+  const t = await startTestServer(writeRunConfig(dir.path, config), {limits, ...options})
   try {
     await body(t)
   } finally {
@@ -40,6 +45,24 @@ async function raw(t: TestServer): Promise<RawClient> {
 /** The largest address list a hello may carry (32 × 512 characters). */
 function maxAddrs(tag: string): string[] {
   return Array.from({length: MAX_P2P_ADDRS}, (_, i) => `/dns4/${tag}-${i}.example/tcp/4001/p2p/`.padEnd(MAX_ADDR_CHARS, 'x'))
+}
+
+/** Members of the run (raw connections) whose addresses the tests keep changing. */
+async function churners(t: TestServer, n: number): Promise<{id: Identity; c: RawClient}[]> {
+  return Promise.all(
+    Array.from({length: n}, async () => {
+      const id = generateIdentity()
+      const c = await raw(t)
+      await c.hello(id, true)
+      return {id, c}
+    }),
+  )
+}
+
+/** Every member announces new (largest) addresses tagged `tag`, then a pause: state changes, coalesced per turn of the server. */
+async function churn(members: {id: Identity; c: RawClient}[], tag: string, pauseMs = 1): Promise<void> {
+  for (const m of members) m.c.send(m.id, 'addresses', {p2p_addrs: maxAddrs(tag)})
+  await new Promise((r) => setTimeout(r, pauseMs))
 }
 
 async function honest(t: TestServer, identity = generateIdentity(), join = true): Promise<CoordinatorConnection> {
@@ -245,48 +268,93 @@ describe('every resource a stranger can take is bounded, and the refusal names t
     })
   })
 
+  // These two send every change to every connection (--watcher-state-ms 0), as the server does to the epoch's clients.
   test('a slow reader is cut off at --max-unsent-bytes, and the others are still served', async () => {
-    await withServer({}, {maxUnsentBytes: 65536, joinsPerSecond: 100000, maxMembers: 1000, maxConnectionsPerIp: 2000}, async (t) => {
-      const slow = await raw(t)
-      await slow.hello(generateIdentity(), false)
-      slow.socket.pause()
-      const watcher = await honest(t, generateIdentity(), false)
-      // A member whose addresses keep changing: each change pushes a state with its (4 KiB) entry to every connection.
-      const member = generateIdentity()
-      const m = await raw(t)
-      await m.hello(member, true)
-      const cut = () => t.logs.some((l) => l.event === 'rejected' && l.code === 'slow_consumer')
-      for (let i = 0; i < 20_000 && !cut(); i++) {
-        m.send(member, 'addresses', {p2p_addrs: maxAddrs(`a${i}`)})
-        if (i % 50 === 49) await new Promise((r) => setTimeout(r, 1))
-      }
-      const line = await t.waitLog({event: 'rejected', code: 'slow_consumer'})
-      assert.match(String(line.reason), /--max-unsent-bytes/)
-      assert.ok(watcher.connected, 'a reading client is still served')
-    })
+    await withServer(
+      {},
+      {maxUnsentBytes: 65536, joinsPerSecond: 100000, maxMembers: 1000, maxConnectionsPerIp: 2000},
+      async (t) => {
+        const slow = await raw(t)
+        await slow.hello(generateIdentity(), false)
+        slow.socket.pause()
+        const watcher = await honest(t, generateIdentity(), false)
+        // Members whose addresses keep changing: each change pushes a state with their (4 KiB) entries to every connection.
+        const members = await churners(t, 16)
+        const cut = () => t.logs.some((l) => l.event === 'rejected' && l.code === 'slow_consumer')
+        for (let i = 0; i < 2_000 && !cut(); i++) await churn(members, `a${i}`)
+        const line = await t.waitLog({event: 'rejected', code: 'slow_consumer'})
+        assert.match(String(line.reason), /--max-unsent-bytes/)
+        assert.ok(watcher.connected, 'a reading client is still served')
+      },
+      {passiveStateMs: 0},
+    )
   })
 
   test('all connections together hold at most --max-unsent-bytes-total: the slowest readers are cut off first', async () => {
-    await withServer({}, {maxUnsentBytes: 64 << 20, maxUnsentBytesTotal: 256 << 10, maxConnectionsPerIp: 2000}, async (t) => {
-      const slow = [await raw(t), await raw(t), await raw(t)]
-      for (const c of slow) {
-        await c.hello(generateIdentity(), false)
-        c.socket.pause()
-      }
-      const watcher = await honest(t, generateIdentity(), false)
-      const member = generateIdentity()
-      const m = await raw(t)
-      await m.hello(member, true)
-      const cut = () => t.logs.filter((l) => l.event === 'rejected' && l.code === 'slow_consumer').length
-      for (let i = 0; i < 20_000 && cut() < 3; i++) {
-        m.send(member, 'addresses', {p2p_addrs: maxAddrs(`t${i}`)})
-        if (i % 50 === 49) await new Promise((r) => setTimeout(r, 1))
-      }
-      assert.equal(cut(), 3, 'the three that never read are cut off')
-      const line = t.logs.find((l) => l.event === 'rejected' && l.code === 'slow_consumer')!
-      assert.match(String(line.reason), /--max-unsent-bytes-total/)
-      assert.ok(watcher.connected, 'a reading client is still served')
-    })
+    await withServer(
+      {},
+      {maxUnsentBytes: 64 << 20, maxUnsentBytesTotal: 256 << 10, maxConnectionsPerIp: 2000},
+      async (t) => {
+        const slow = [await raw(t), await raw(t), await raw(t)]
+        for (const c of slow) {
+          await c.hello(generateIdentity(), false)
+          c.socket.pause()
+        }
+        const watcher = await honest(t, generateIdentity(), false)
+        const members = await churners(t, 16)
+        const cut = () => t.logs.filter((l) => l.event === 'rejected' && l.code === 'slow_consumer').length
+        for (let i = 0; i < 2_000 && cut() < 3; i++) await churn(members, `t${i}`)
+        assert.equal(cut(), 3, 'the three that never read are cut off')
+        const line = t.logs.find((l) => l.event === 'rejected' && l.code === 'slow_consumer')!
+        assert.match(String(line.reason), /--max-unsent-bytes-total/)
+        assert.ok(watcher.connected, 'a reading client is still served')
+      },
+      {passiveStateMs: 0},
+    )
+  })
+
+  test('watchers get the newest state on a cadence; one that does not read is sent nothing new and is closed at --stall-timeout-s', async () => {
+    const period = 100
+    await withServer(
+      {},
+      {stallTimeoutSeconds: 1, joinsPerSecond: 100000, maxMembers: 1000, maxConnectionsPerIp: 2000},
+      async (t) => {
+        // Members whose addresses keep changing: each change is a state (with the member's 4 KiB entry) to push.
+        const members = await churners(t, 48)
+        const slow = await raw(t)
+        await slow.hello(generateIdentity(), false)
+        slow.socket.pause()
+        const reading = await raw(t)
+        await reading.hello(generateIdentity(), false)
+        const statesOf = (c: RawClient) => c.messages.filter((m) => m.kind === 'state' || m.kind === 'state_delta').length
+        const before = statesOf(reading)
+        const started = performance.now()
+        let changes = 0
+        const cut = () => t.logs.find((l) => l.event === 'rejected' && l.code === 'slow_consumer')
+        while (!cut() && performance.now() - started < 15_000) await churn(members, `c${changes++}`, 20)
+        const elapsed = performance.now() - started
+        const line = cut()
+        assert.ok(line, `the watcher that never reads is closed (after ${Math.round(elapsed)} ms)`)
+        assert.match(String(line.reason), /--stall-timeout-s/)
+        const got = statesOf(reading) - before
+        assert.ok(
+          got >= 2 && got <= elapsed / period + 3,
+          `a watcher gets at most one state per ${period} ms: ${got} in ${Math.round(elapsed)} ms (${changes * members.length} changes)`,
+        )
+        // The one that never read was skipped while backed up: it was sent fewer states than the one that reads.
+        slow.socket.resume()
+        await waitUntil(() => slow.closed, 'the slow watcher closed')
+        assert.ok(statesOf(slow) < got, `a watcher that does not read is sent nothing new: ${statesOf(slow)} states, ${got} to one that reads`)
+        // The one that reads has the newest addresses of every member, a period or so after the last change.
+        const last = `c${changes - 1}`
+        await waitUntil(() => {
+          const seen = new Map<string, string>()
+          for (const m of reading.messages) if (m.kind === 'state' || m.kind === 'state_delta') for (const [id, a] of Object.entries(m.body.peers)) seen.set(id, a[0])
+          return members.every((m) => seen.get(m.id.id)?.includes(`/${last}-0.`))
+        }, 'the newest addresses at the reading watcher')
+      },
+      {passiveStateMs: period},
+    )
   })
 
   test('reports count only from the round’s trainers: a non-member’s report is refused and reaches no watcher', async () => {
@@ -301,7 +369,10 @@ describe('every resource a stranger can take is bounded, and the refusal names t
       stranger.send(id, 'report', report as never, {step: t.server.state.progress.step})
       await stranger.rejection('not_a_trainer', from)
       assert.ok(!t.logs.some((l) => l.event === 'client_report'), 'not logged (so not in the history)')
-      assert.ok(!watcher.messages.some((m) => m.kind === 'client_report'), 'not forwarded to watchers')
+      assert.ok(
+        !watcher.messages.some((m) => m.kind === 'client_report' || ((m.kind === 'state' || m.kind === 'state_delta') && m.body.reports?.length)),
+        'not forwarded to watchers',
+      )
     })
   })
 })

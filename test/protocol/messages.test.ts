@@ -124,6 +124,16 @@ test('every server message round-trips; the state arrives as a CoordinatorState'
   const state2 = decodeServerMessage(body(encodeServerMessage(server, 'state', fields(), {json})))
   assert.ok(state2.ok)
   assert.deepEqual(state2.envelope.body, state1.envelope.body)
+  // A watcher's state carries the trainers' reports since its previous one; a malformed one refuses the frame.
+  const report = {loss: 6.5, val_loss: null, tokens_per_second: 1, compute_ms: 1, apply_ms: 1, result_bytes: 1, bytes_in: 1, bytes_out: 1, applied: 1, accepted: 1, peers: 1}
+  const reports = [{client: alice.id, step: 3, report}]
+  const state3 = decodeServerMessage(body(encodeServerMessage(server, 'state', fields(), {json: JSON.stringify({state: serializeState(state), peers, server_time: 12, reports})})))
+  assert.ok(state3.ok && state3.envelope.kind === 'state', !state3.ok ? state3.detail : '')
+  assert.deepEqual(state3.envelope.body.reports, reports)
+  const bad = decodeServerMessage(
+    body(encodeServerMessage(server, 'state', fields(), {json: JSON.stringify({state: serializeState(state), peers, server_time: 12, reports: [{client: 'x', step: 3, report}]})})),
+  )
+  assert.ok(!bad.ok && /state.reports|client_report.client/.test(bad.detail), !bad.ok ? bad.detail : 'accepted')
   for (const [kind, b] of [
     ['challenge', {session: SESSION}],
     ['welcome', {run_id: 'run-a', client_id: alice.id, server_time: 5}],

@@ -1,6 +1,6 @@
 import {Flags} from '@oclif/core'
 import {join} from 'node:path'
-import {CoordinatorServer, DEFAULT_LIMITS, serverIdentity} from '../../core/backend/index.js'
+import {CoordinatorServer, DEFAULT_LIMITS, DEFAULT_PASSIVE_STATE_MS, serverIdentity} from '../../core/backend/index.js'
 import {PsycheCommand} from '../../core/cli/base-command.js'
 import {relayFlags, relayOptionsFromFlags} from '../../core/cli/relay-flags.js'
 import {checkDataServerForRun, formatIssue, loadRunConfigFile} from '../../core/config/index.js'
@@ -73,6 +73,16 @@ limits per relayed connection are flags (--relay-data-limit-mb, --relay-duration
       default: DEFAULT_LIMITS.maxUnsentBytes,
       min: 65536,
     }),
+    'stall-timeout-s': Flags.integer({
+      summary: 'seconds a watcher or a client waiting for the next epoch may leave what it was sent unread before it is closed',
+      default: DEFAULT_LIMITS.stallTimeoutSeconds,
+      min: 1,
+    }),
+    'watcher-state-ms': Flags.integer({
+      summary: 'how often watchers and clients waiting for the next epoch get the newest state, in milliseconds (the epoch’s clients get every change at once; 0: everyone does)',
+      default: DEFAULT_PASSIVE_STATE_MS,
+      min: 0,
+    }),
     ...relayFlags,
   }
 
@@ -143,7 +153,9 @@ limits per relayed connection are flags (--relay-data-limit-mb, --relay-duration
         joinBurst: flags['join-burst'],
         maxUnsentBytesTotal: flags['max-unsent-bytes-total'],
         maxUnsentBytes: flags['max-unsent-bytes'],
+        stallTimeoutSeconds: flags['stall-timeout-s'],
       },
+      passiveStateMs: flags['watcher-state-ms'],
     }).catch(async (error) => {
       await relay?.stop()
       throw error

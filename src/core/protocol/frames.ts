@@ -4,7 +4,7 @@
  * make us hold more than one frame's worth of memory.
  */
 export const DEFAULT_MAX_FRAME_BYTES = 16 * 1024 * 1024
-const FRAME_HEADER_BYTES = 4
+export const FRAME_HEADER_BYTES = 4
 
 export function encodeFrame(body: Uint8Array): Buffer {
   const head = Buffer.allocUnsafe(FRAME_HEADER_BYTES)

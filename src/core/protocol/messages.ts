@@ -6,7 +6,7 @@ import type {EquivocationProof} from '../coordinator/equivocation.js'
 import type {RewardRow} from '../coordinator/rewards.js'
 import {deserializeState} from '../coordinator/serialize.js'
 import {isParamHash} from '../coordinator/rules.js'
-import {encodeFrame} from './frames.js'
+import {FRAME_HEADER_BYTES} from './frames.js'
 import {parseDeltaOps, type DeltaOp} from './state-delta.js'
 import {isIdentityId, signBytes, verifyBytes, type Identity} from './identity.js'
 
@@ -95,6 +95,8 @@ const MAX_REASON_CHARS = 4096
 const MAX_REPO_CHARS = 512
 /** Most ids one state may name as removed from the peer directory (the server sends a reset past it). */
 const MAX_DIRECTORY_REMOVALS = 4096
+/** Most clients' reports one state push carries to a watcher (the server keeps this many recent ones). */
+export const MAX_FORWARDED_REPORTS = 1024
 const SESSION_HEX_CHARS = 32
 
 export interface HelloBody {
@@ -181,6 +183,8 @@ export interface StateBody {
   scores?: ClientScore[]
   /** Sent to watchers: each client's rewards (src/core/coordinator/rewards.ts rewardRows). */
   rewards?: RewardRow[]
+  /** Sent to watchers: the round trainers' reports that arrived since this connection's previous state (oldest first). */
+  reports?: ClientReportBody[]
   /** The state's revision: a later state_delta with this base applies to it. */
   rev?: number
 }
@@ -249,23 +253,29 @@ function signedBytes(header: Uint8Array, payload: Uint8Array): Buffer {
   return Buffer.concat([SIGNING_DOMAIN, header, sha256(payload)])
 }
 
-function encodeEnvelope(identity: Identity, direction: Direction, kind: string, fields: EnvelopeFields, bodyJson: string): Buffer {
-  const payload = Buffer.from(
-    `{"kind":${JSON.stringify(kind)},"run_id":${JSON.stringify(fields.run_id)},"step":${fields.step},"seq":${fields.seq},"session":${JSON.stringify(fields.session)},"body":${bodyJson}}`,
-    'utf8',
-  )
-  const header = Buffer.alloc(HEADER_BYTES)
+/**
+ * An envelope as one length-prefixed frame, built in a single buffer (a state with the whole directory can be a
+ * megabyte, and the server frames one for each connection): the payload is written in place and signed there.
+ */
+function encodeEnvelopeFrame(identity: Identity, direction: Direction, kind: string, fields: EnvelopeFields, bodyJson: string): Buffer {
+  const text = `{"kind":${JSON.stringify(kind)},"run_id":${JSON.stringify(fields.run_id)},"step":${fields.step},"seq":${fields.seq},"session":${JSON.stringify(fields.session)},"body":${bodyJson}}`
+  const payloadBytes = Buffer.byteLength(text, 'utf8')
+  const frame = Buffer.allocUnsafe(FRAME_HEADER_BYTES + ENVELOPE_OVERHEAD + payloadBytes)
+  frame.writeUInt32LE(ENVELOPE_OVERHEAD + payloadBytes, 0)
+  const header = frame.subarray(FRAME_HEADER_BYTES, FRAME_HEADER_BYTES + HEADER_BYTES)
   ENVELOPE_MAGIC.copy(header, 0)
   header[4] = PROTOCOL_VERSION
   header[5] = DIRECTION_BYTE[direction]
-  Buffer.from(identity.publicKey).copy(header, 6)
-  const signature = signBytes(identity, signedBytes(header, payload))
-  return Buffer.concat([header, signature, payload])
+  header.set(identity.publicKey, 6)
+  const payload = frame.subarray(FRAME_HEADER_BYTES + ENVELOPE_OVERHEAD)
+  payload.write(text, 'utf8')
+  frame.set(signBytes(identity, signedBytes(header, payload)), FRAME_HEADER_BYTES + HEADER_BYTES)
+  return frame
 }
 
 /** A client message as one length-prefixed frame, ready to write to the socket. */
 export function encodeClientMessage<K extends ClientKind>(identity: Identity, kind: K, fields: EnvelopeFields, body: ClientBodies[K]): Buffer {
-  return encodeFrame(encodeEnvelope(identity, 'to_server', kind, fields, JSON.stringify(body)))
+  return encodeEnvelopeFrame(identity, 'to_server', kind, fields, JSON.stringify(body))
 }
 
 /**
@@ -274,7 +284,7 @@ export function encodeClientMessage<K extends ClientKind>(identity: Identity, ki
  */
 export function encodeServerMessage<K extends ServerKind>(identity: Identity, kind: K, fields: EnvelopeFields, body: ServerWireBodies[K] | {json: string}): Buffer {
   const json = 'json' in body && typeof body.json === 'string' && Object.keys(body).length === 1 ? body.json : JSON.stringify(body)
-  return encodeFrame(encodeEnvelope(identity, 'to_client', kind, fields, json))
+  return encodeEnvelopeFrame(identity, 'to_client', kind, fields, json)
 }
 
 // ---- decoding: every check, typed reasons, never an exception ----
@@ -470,6 +480,13 @@ function directoryAndScores(b: Obj, where: string): Omit<StateBody, 'state' | 'r
       }
     })
   }
+  if (b.reports !== undefined) {
+    if (!Array.isArray(b.reports) || b.reports.length > MAX_FORWARDED_REPORTS) throw new Invalid(`${where}.reports must be a list of at most ${MAX_FORWARDED_REPORTS} reports`)
+    out.reports = b.reports.map((r: unknown, i: number) => {
+      if (!isObj(r)) throw new Invalid(`${where}.reports[${i}] must be an object`)
+      return serverBodyCheckers.client_report(r)
+    })
+  }
   return out
 }
 
@@ -489,7 +506,7 @@ const serverBodyCheckers: {[K in ServerKind]: (b: Obj) => ServerBodies[K]} = {
     return out
   },
   state(b) {
-    exactKeys(b, ['state', 'peers', 'server_time'], ['scores', 'rewards', 'peers_reset', 'peers_removed', 'rev'], 'state')
+    exactKeys(b, ['state', 'peers', 'server_time'], ['scores', 'rewards', 'reports', 'peers_reset', 'peers_removed', 'rev'], 'state')
     const text = str(b.state, 'state.state', Number.MAX_SAFE_INTEGER)
     let state: CoordinatorState
     try {
@@ -502,7 +519,7 @@ const serverBodyCheckers: {[K in ServerKind]: (b: Obj) => ServerBodies[K]} = {
     return out
   },
   state_delta(b) {
-    exactKeys(b, ['base', 'rev', 'ops', 'hash', 'peers', 'server_time'], ['scores', 'rewards', 'peers_reset', 'peers_removed'], 'state_delta')
+    exactKeys(b, ['base', 'rev', 'ops', 'hash', 'peers', 'server_time'], ['scores', 'rewards', 'reports', 'peers_reset', 'peers_removed'], 'state_delta')
     let ops: DeltaOp[]
     try {
       ops = parseDeltaOps(b.ops)

@@ -266,6 +266,8 @@ export class CoordinatorConnection extends EventEmitter implements CoordinatorBa
     const first = !link.gotState
     link.gotState = true
     this.emit('state', this.state, this.peers)
+    // A watcher's reports come with its states (after the state they belong to).
+    for (const r of body.reports ?? []) this.emit('client_report', r)
     return first ? 'ready' : undefined
   }
 

@@ -27,6 +27,11 @@ export interface ServerLimits {
    * total is back under it. What bounds the server's memory however many connections there are.
    */
   maxUnsentBytesTotal: number
+  /**
+   * Seconds a watcher or a client waiting for the next epoch may leave what it was sent unread; then it is closed.
+   * Until then it is sent nothing new (it gets the newest state once it reads again).
+   */
+  stallTimeoutSeconds: number
 }
 
 export const DEFAULT_LIMITS: ServerLimits = {
@@ -39,6 +44,7 @@ export const DEFAULT_LIMITS: ServerLimits = {
   joinBurst: 256,
   maxUnsentBytes: 4 * 1024 * 1024,
   maxUnsentBytesTotal: 64 * 1024 * 1024,
+  stallTimeoutSeconds: 60,
 }
 
 /** The flag of `psyche server run` that sets each bound (what a refusal names). */
@@ -52,6 +58,7 @@ export const LIMIT_FLAGS: Record<keyof ServerLimits, string> = {
   joinBurst: '--join-burst',
   maxUnsentBytes: '--max-unsent-bytes',
   maxUnsentBytesTotal: '--max-unsent-bytes-total',
+  stallTimeoutSeconds: '--stall-timeout-s',
 }
 
 /** Refusals of a server at one of its bounds: the client tries again later (they are not about who it is). */

@@ -15,7 +15,7 @@ import {generateIdentity, loadIdentity, saveIdentity, type Identity} from '../..
 import {checkLedger, emptyLedger, observeTransition, recordScores, rewardRows, scoreRows, type RewardsLedger} from '../../coordinator/rewards.js'
 import {PeerBook} from './directory.js'
 import {DEFAULT_LIMITS, effectiveMaxConnections, LIMIT_FLAGS, RateLimiter, type RetryableRefusal, type ServerLimits} from './limits.js'
-import {decodeClientMessage, encodeServerMessage, type ClientEnvelope, type ServerBodies, type ServerKind} from '../../protocol/messages.js'
+import {decodeClientMessage, encodeServerMessage, MAX_FORWARDED_REPORTS, type ClientEnvelope, type ServerBodies, type ServerKind} from '../../protocol/messages.js'
 import type {EventLog} from '../../events.js'
 
 export interface CoordinatorServerOptions {
@@ -50,6 +50,12 @@ export interface CoordinatorServerOptions {
    * that client can dial them (`localAddress`: the server address its TCP connection arrived on).
    */
   relayAddrs?: (localAddress: string | undefined) => string[]
+  /**
+   * How often a connection that is not training in the epoch (a watcher, a client waiting for the next epoch) gets the
+   * newest state, in milliseconds (default 1000; 0: at every change, as the epoch's clients). The epoch's clients get
+   * each change at once; the rest, however many, cannot make the server sign and send a frame each per change.
+   */
+  passiveStateMs?: number
 }
 
 /** File names inside saveStateDir. */
@@ -58,6 +64,8 @@ export const SAVED_IDENTITY_FILE = 'server-identity.json'
 
 /** Until a peer has said hello it may only send small frames (a hello is well under this). */
 export const MAX_PRE_HELLO_FRAME_BYTES = 64 * 1024
+/** How often connections not training in the epoch get the newest state (CoordinatorServerOptions.passiveStateMs). */
+export const DEFAULT_PASSIVE_STATE_MS = 1000
 /** Protocol violations a connection may commit before it is closed (each is logged and answered). */
 const MAX_STRIKES = 16
 
@@ -88,6 +96,17 @@ interface Session {
   stateRev?: number
   /** The libp2p addresses the client announced last: its directory entry while it is a member of the run. */
   addrs: string[]
+  /**
+   * Not training in the epoch, it gets states on a cadence (passiveStateMs): at most one in each period of that length,
+   * the periods of each connection shifted by `phase` ms so that they do not all fall due on the same tick.
+   */
+  phase: number
+  /** When it was last sent a state (performance.now() ms). */
+  pushedAt: number
+  /** Since when its output has been backed up, as seen when a state fell due (undefined: it reads). */
+  backedUpSince?: number
+  /** A watcher: the sequence number of the last client report it was sent (its next state carries the later ones). */
+  reportSeq: number
 }
 
 interface SavedState {
@@ -116,6 +135,16 @@ export class CoordinatorServer {
   private readonly joins: RateLimiter
   private timer?: NodeJS.Timeout
   private stopping = false
+  /** A flush (save, then push to the epoch's clients) is scheduled: state changes in one turn of the event loop go out once. */
+  private flushScheduled = false
+  private unsaved = false
+  /** The epoch's training clients of a state (they get every change at once), computed once per state. */
+  private activeOf?: {state: CoordinatorState; ids: Set<ClientId>}
+  /** The round trainers' recent reports (JSON, numbered), for watchers: each watcher's next state carries the ones it has not had. */
+  private readonly reports: {seq: number; json: string}[] = []
+  private reportSeq = 0
+  /** The whole peer directory as JSON at one version (every new connection's first state carries it). */
+  private wholeDirectory?: {version: number; json: string}
   private statePath?: string
   /**
    * The rewards ledger (coordinator/rewards.ts): verifiers' scores as moving averages, and the points each client earned
@@ -125,6 +154,8 @@ export class CoordinatorServer {
   private rewards: RewardsLedger
   /** The scores and reward rows as watchers get them (serialized when a watcher needs them after a change). */
   private watcherJsonCache: string | undefined
+  /** Counts the changes of what watchers get besides the state (a watcher's dedupe key holds it, not the JSON). */
+  private watcherJsonVersion = 0
   /**
    * State revisions (each state the server adopts and pushes gets the next number) and the delta from the previous
    * one, computed once for every connection that holds that one (protocol/state-delta.ts).
@@ -139,7 +170,7 @@ export class CoordinatorServer {
     private current: CoordinatorState,
     private readonly book: PeerBook,
     rewards: RewardsLedger,
-    private readonly opts: Required<Pick<CoordinatorServerOptions, 'withdrawOnDisconnect' | 'maxFrameBytes' | 'helloTimeoutMs'>> & {
+    private readonly opts: Required<Pick<CoordinatorServerOptions, 'withdrawOnDisconnect' | 'maxFrameBytes' | 'helloTimeoutMs' | 'passiveStateMs'>> & {
       log: EventLog
       now: () => number
       saveStateDir?: string
@@ -202,6 +233,7 @@ export class CoordinatorServer {
       withdrawOnDisconnect: options.withdrawOnDisconnect ?? true,
       maxFrameBytes: options.maxFrameBytes ?? DEFAULT_MAX_FRAME_BYTES,
       helloTimeoutMs: options.helloTimeoutMs ?? 10_000,
+      passiveStateMs: options.passiveStateMs ?? DEFAULT_PASSIVE_STATE_MS,
       log,
       now,
       saveStateDir: options.saveStateDir,
@@ -217,7 +249,7 @@ export class CoordinatorServer {
     })
     net.on('error', (error) => log({event: 'server_error', message: error.message}))
     server.save()
-    server.timer = setInterval(() => server.advance(), options.tickIntervalMs ?? 50)
+    server.timer = setInterval(() => server.onTimer(), options.tickIntervalMs ?? 50)
     // 'listening' comes first: launchers read the port from the first log line.
     log({event: 'listening', host: options.host ?? '127.0.0.1', port: server.port, run_id: runId, server_id: identity.id, run_state: state.run_state, step: state.progress.step})
     if (!state.config.checkpointers?.length)
@@ -274,6 +306,8 @@ export class CoordinatorServer {
     if (this.stopping) return
     this.stopping = true
     clearInterval(this.timer)
+    // A state adopted in this turn of the event loop is kept (its push would go to connections that are closing).
+    if (this.unsaved) this.save()
     const closed = new Promise<void>((resolve) => this.net.close(() => resolve()))
     for (const s of this.sessions) {
       clearTimeout(s.helloTimer)
@@ -299,6 +333,45 @@ export class CoordinatorServer {
     }
   }
 
+  /** The timer's tick: the coordinator's, then the states due to connections on the passive cadence. */
+  private onTimer(): void {
+    this.advance()
+    if (this.stopping || this.opts.passiveStateMs <= 0) return
+    const period = this.opts.passiveStateMs
+    const at = performance.now()
+    const rev = this.revise().rev
+    const version = this.book.current
+    const due: Session[] = []
+    for (const s of this.sessions) {
+      if (!s.clientId || s.replaced || this.isActive(s)) continue
+      // Due once a new period of its own has begun since its last state.
+      if (Math.floor((at - s.phase) / period) <= Math.floor((s.pushedAt - s.phase) / period)) continue
+      // One that has not read what it was sent gets nothing new (it gets the newest state once it reads again): a
+      // connection that never reads costs what the kernel's buffers took, then nothing, until it is closed.
+      if (s.socket.writableLength > 0) {
+        s.backedUpSince ??= at
+        const limit = this.opts.limits.stallTimeoutSeconds
+        if (at - s.backedUpSince > limit * 1000) this.drop(s, 'slow_consumer', `it has not read what it was sent for ${limit} s (${LIMIT_FLAGS.stallTimeoutSeconds})`)
+        continue
+      }
+      s.backedUpSince = undefined
+      if (s.lastState !== this.stateKey(s, rev) || s.peersVersion !== version) due.push(s)
+    }
+    if (due.length > 0) this.pushState(due)
+  }
+
+  /** A connection of one of the epoch's training clients: it gets every state change at once. */
+  private isActive(s: Session): boolean {
+    if (this.opts.passiveStateMs <= 0) return true
+    if (s.watcher || !s.clientId) return false
+    if (this.activeOf?.state !== this.current) {
+      const ids = new Set<ClientId>()
+      for (const c of this.current.epoch.clients) if (c.state === 'Healthy') ids.add(c.id)
+      this.activeOf = {state: this.current, ids}
+    }
+    return this.activeOf.ids.has(s.clientId)
+  }
+
   /** Applies a client's event; on success ticks at once (a join or a quorum may start a phase). */
   private apply(event: CoordinatorEvent): {ok: true} | {ok: false; code: string; reason: string} {
     const result = applyEvent(this.current, event, this.opts.now())
@@ -308,7 +381,7 @@ export class CoordinatorServer {
     return {ok: true}
   }
 
-  /** Adopts a new state: log a phase change, save, push to every client. */
+  /** Adopts a new state: logs a phase change; the save and the push follow in this turn's flush. */
   private commit(next: CoordinatorState, peersChanged = false): void {
     const previous = this.current
     if (next === previous && !peersChanged) return
@@ -317,6 +390,7 @@ export class CoordinatorServer {
     const before = this.rewards
     this.rewards = observeTransition(before, previous, next)
     this.watcherJsonCache = undefined
+    this.watcherJsonVersion++
     if (this.rewards.epochs !== before.epochs) {
       const clients = Object.values(this.rewards.clients)
         .map((e) => ({client_id: e.client_id, earned: e.earned - (before.clients[e.client_id]?.earned ?? 0), slashed: e.slashed - (before.clients[e.client_id]?.slashed ?? 0)}))
@@ -339,11 +413,25 @@ export class CoordinatorServer {
         pending: next.pending.length,
       })
     }
-    this.save()
+    this.unsaved = true
+    if (this.flushScheduled) return
+    this.flushScheduled = true
+    setImmediate(() => this.flush())
+  }
+
+  /**
+   * Saves and pushes what the state changes of this turn of the event loop came to, once: a burst of hellos, joins or
+   * disconnections (an attack) costs one save and one frame per connection, not one per change.
+   */
+  private flush(): void {
+    this.flushScheduled = false
+    if (this.stopping) return
+    if (this.unsaved) this.save()
     this.pushState()
   }
 
   private save(): void {
+    this.unsaved = false
     if (!this.statePath) return
     const saved: SavedState = {type: 'psyche-coordinator-state', version: 1, state: serializeState(this.current), peers: this.book.snapshot(), rewards: this.rewards}
     try {
@@ -354,10 +442,11 @@ export class CoordinatorServer {
   }
 
   /**
-   * Pushes the state to every client (or one) that has not seen it yet, with what changed in the peer directory since
-   * the version each connection has (the whole directory once, on a connection's first state; deltas after).
+   * Pushes the state to the given connections (default: the epoch's clients; the rest are served on the passive
+   * cadence by onTimer) that have not seen it yet, with what changed in the peer directory since the version each
+   * connection has (the whole directory once, on a connection's first state; deltas after).
    */
-  private pushState(only?: Session): void {
+  private pushState(to?: Iterable<Session>): void {
     const rev = this.revise()
     const version = this.book.current
     const now = this.opts.now()
@@ -373,28 +462,47 @@ export class CoordinatorServer {
     const peerParts = new Map<number | undefined, string>()
     const peersFor = (since: number | undefined): string => {
       let part = peerParts.get(since)
+      if (part === undefined && since === undefined && this.wholeDirectory?.version === version) part = this.wholeDirectory.json
       if (part === undefined) {
         const delta = this.book.deltaSince(since)
         part = `,"peers":${JSON.stringify(delta.set)}${delta.reset ? ',"peers_reset":true' : ''}${delta.removed.length > 0 ? `,"peers_removed":${JSON.stringify(delta.removed)}` : ''}`
         peerParts.set(since, part)
+        if (since === undefined) this.wholeDirectory = {version, json: part}
       }
       return part
     }
-    for (const s of only ? [only] : this.sessions) {
-      if (!s.clientId || s.replaced) continue
-      const key = s.watcher ? `${rev.rev}\0${this.watcherJson}` : `${rev.rev}`
+    const at = performance.now()
+    for (const s of to ?? this.sessions) {
+      if (!s.clientId || s.replaced || (to === undefined && !this.isActive(s))) continue
+      const key = this.stateKey(s, rev.rev)
       if (s.lastState === key && s.peersVersion === version) continue
       const asDelta = s.deltas && s.stateRev !== undefined && (s.stateRev === rev.rev || s.stateRev === rev.rev - 1) ? deltaHead(s.stateRev) : undefined
       const body = `${asDelta ?? head}${peersFor(s.peersVersion)}`
       s.lastState = key
       s.peersVersion = version
       s.stateRev = rev.rev
-      // Watchers (status, dashboards) also get the verification scores and rewards; training clients do not need them.
-      const json = s.watcher ? `${body}${this.watcherJson}}` : `${body}}`
+      s.pushedAt = at
+      // Watchers (status, dashboards) also get the verification scores and rewards, and the reports since their last
+      // state; training clients do not need them.
+      const json = s.watcher ? `${body}${this.watcherJson}${this.reportsFor(s)}}` : `${body}}`
       if (asDelta) this.send(s, 'state_delta', {json})
       else this.send(s, 'state', {json})
     }
     this.boundUnsent()
+  }
+
+  /** What a connection has seen when it is up to date: the state's revision (and, for a watcher, its reports, scores and rewards). */
+  private stateKey(s: Session, rev: number): string {
+    return s.watcher ? `${rev}\0${this.reportSeq}\0${this.watcherJsonVersion}` : `${rev}`
+  }
+
+  /** The reports a watcher has not had yet, as the `reports` part of its state (empty when none). */
+  private reportsFor(s: Session): string {
+    if (s.reportSeq >= this.reportSeq) return ''
+    const since = s.reportSeq
+    s.reportSeq = this.reportSeq
+    const fresh = this.reports.filter((r) => r.seq > since)
+    return fresh.length === 0 ? '' : `,"reports":[${fresh.map((r) => r.json).join(',')}]`
   }
 
   /**
@@ -464,6 +572,9 @@ export class CoordinatorServer {
       sentSeq: 0,
       strikes: 0,
       replaced: false,
+      phase: Math.random() * this.opts.passiveStateMs,
+      pushedAt: performance.now(),
+      reportSeq: this.reportSeq,
     }
     this.sessions.add(s)
     this.handshaking.add(s)
@@ -604,7 +715,10 @@ export class CoordinatorServer {
         const trainers = [this.current.epoch.round, this.current.epoch.previous_round].flatMap((r) => r?.roster ?? [])
         if (!trainers.includes(from)) return this.reject(s, 'not_a_trainer', `client ${from} trained in neither of the last two rounds`, m.kind, {strike: false})
         this.opts.log({event: 'client_report', client: from, step: m.step, ...m.body})
-        for (const w of this.sessions) if (w.watcher && !w.replaced) this.send(w, 'client_report', {client: from, step: m.step, report: m.body})
+        // Watchers get it with their next state (on their cadence), not as a frame each.
+        this.reports.push({seq: ++this.reportSeq, json: JSON.stringify({client: from, step: m.step, report: m.body})})
+        if (this.reports.length > MAX_FORWARDED_REPORTS) this.reports.splice(0, this.reports.length - MAX_FORWARDED_REPORTS)
+        if (this.opts.passiveStateMs <= 0) this.pushState([...this.watchers])
         return
       }
       case 'scores':
@@ -615,7 +729,7 @@ export class CoordinatorServer {
         // Its next state is a whole one (a delta did not apply on its side).
         s.stateRev = undefined
         s.lastState = undefined
-        return this.pushState(s)
+        return this.pushState([s])
     }
   }
 
@@ -637,6 +751,7 @@ export class CoordinatorServer {
     if (!rewards) return this.reject(s, 'DuplicateScores', `client ${from} already reported scores for step ${step}`, 'scores', {strike: false})
     this.rewards = rewards
     this.watcherJsonCache = undefined
+    this.watcherJsonVersion++
     this.opts.log({event: 'scores', client: from, step, scores})
     this.save()
     this.pushState()
@@ -715,7 +830,7 @@ export class CoordinatorServer {
       this.advance()
     }
     // Every client gets the state right after its welcome, changed or not.
-    this.pushState(s)
+    this.pushState([s])
   }
 
   /**
