@@ -125,6 +125,9 @@ export type PsycheEvent =
   | {event: 'fetch_retried'; from: string; client_id: string; step: number; pass: number}
   | {event: 'finished'; rounds: number; last_step: number | null; param_hash: string | null; bytes_in: number; bytes_out: number}
   | {event: 'health_check'; step: number; judged: number; accused: string[]}
+  // core/p2p/punch.ts: a relayed connection upgraded to a direct one by TCP hole punching, or the attempt that failed
+  | {event: 'hole_punched'; peer_id: string; addr: string; role: 'initiator' | 'responder'; attempts: number; ms: number}
+  | {event: 'hole_punch_failed'; peer_id: string; role: 'initiator' | 'responder'; attempts: number; ms: number; reason: string}
   | {event: 'hello'; peer: string; client: string; want_join: boolean; p2p_addrs: string[]}
   | {event: 'joined'; peer?: string; client?: string; client_id?: string; address?: string}
   | {event: 'limit_lowered'; limit: string; to: number; reason: string}

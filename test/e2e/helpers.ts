@@ -39,6 +39,12 @@ export interface RunShape {
   seqLen?: number
   lr?: number
   verificationPercent?: number
+  /** DisTrO: chunk (default 32), values kept per chunk (default 8) and 1-bit quantization (default on); a smaller chunk, more values and no quantization make bigger results. */
+  compressionChunk?: number
+  compressionTopk?: number
+  /** Overrides of the small model's config.json (a wider model makes bigger results). */
+  model?: {hidden_size?: number; intermediate_size?: number}
+  quantize1bit?: boolean
 }
 
 /**
@@ -47,7 +53,7 @@ export interface RunShape {
  */
 export function writeE2eRun(dir: string, shape: RunShape = {}): string {
   mkdirSync(join(dir, 'model'), {recursive: true})
-  writeFileSync(join(dir, 'model', 'config.json'), JSON.stringify(e2eModelConfig, null, 2))
+  writeFileSync(join(dir, 'model', 'config.json'), JSON.stringify({...e2eModelConfig, ...shape.model}, null, 2))
   const text = `run_id = "${shape.runId ?? 'e2e'}"
 run_state = "WaitingForMembers"
 
@@ -86,9 +92,9 @@ warmup_init_lr = 0.0
 [model.LLM.optimizer.Distro]
 clip_grad_norm = 1.0
 compression_decay = 0.999
-compression_chunk = 32
-compression_topk = 8
-quantize_1bit = true
+compression_chunk = ${shape.compressionChunk ?? 32}
+compression_topk = ${shape.compressionTopk ?? 8}
+quantize_1bit = ${shape.quantize1bit ?? true}
 `
   const path = join(dir, 'state.toml')
   writeFileSync(path, text)

@@ -9,7 +9,8 @@ import {randomBytes} from 'node:crypto'
  *     `new Lab({segment: 'private'})` (a LAN, or a cloud VPC);
  *   - public hosts: a namespace with one veth into the switch (45.77.0.N);
  *   - NATed hosts: a router namespace (WAN 45.77.0.N on the switch, LAN 10.77.K.1/24) doing nftables masquerade
- *     and dropping new inbound connections, and the host namespace behind it (10.77.K.2, default route via .1).
+ *     and dropping new inbound connections (silently, as most home routers do), and the host namespace behind it
+ *     (10.77.K.2, default route via .1).
  *     Nothing routes 10.77.K.0/24 on the shared side, as on the internet;
  *   - optional link rates with `tc qdisc ... tbf` on both directions of a host's link (no netem on this kernel).
  *
@@ -30,6 +31,8 @@ export interface Host {
   dev: string
   /** The NAT router's namespace (NATed hosts). */
   router?: string
+  /** The link into the shared segment: the host's own, or its router's WAN side (namespace and interface). */
+  uplink: {ns: string; dev: string}
 }
 
 const live = new Set<Lab>()
@@ -124,13 +127,19 @@ export class Lab {
   addPublicHost(name: string): Host {
     const ns = this.addNs(name)
     const {dev, ip} = this.plugIntoSwitch(ns)
-    const host: Host = {name, ns, ip, publicIp: ip, nat: false, dev}
+    const host: Host = {name, ns, ip, publicIp: ip, nat: false, dev, uplink: {ns, dev}}
     this.hosts.set(name, host)
     return host
   }
 
-  /** A host behind its own NAT router (masquerade; new inbound connections dropped), like a home router. */
-  addNatHost(name: string): Host {
+  /**
+   * A host behind its own NAT router (masquerade; new inbound connections dropped, silently: a SYN from the WAN
+   * side that no connection of ours expects is dropped, not answered with RST), like a home router. Plain
+   * masquerade keeps a connection's source port where it can (port-preserving: a port maps the same way towards
+   * every destination, so TCP hole punching works); `{nat: 'symmetric'}` (masquerade random) maps each connection
+   * to a random port, as a symmetric NAT does.
+   */
+  addNatHost(name: string, options: {nat?: 'port-preserving' | 'symmetric'} = {}): Host {
     const router = this.addNs(`${name}-r`)
     const wan = this.plugIntoSwitch(router)
     const lan = this.nextLan++
@@ -143,17 +152,21 @@ export class Lab {
     sh(['ip', '-n', ns, 'link', 'set', hostDev, 'up'], 'host up')
     sh(['ip', '-n', ns, 'route', 'add', 'default', 'via', `10.77.${lan}.1`], 'default route')
     const rules = `table ip nat {
-  chain postrouting { type nat hook postrouting priority srcnat; policy accept; oifname "${wan.dev}" masquerade; }
+  chain postrouting { type nat hook postrouting priority srcnat; policy accept; oifname "${wan.dev}" masquerade${options.nat === 'symmetric' ? ' random' : ''}; }
 }
 table ip filter {
   chain forward { type filter hook forward priority filter; policy drop;
     ct state established,related accept
     iifname "${routerLan}" oifname "${wan.dev}" accept
   }
+  chain input { type filter hook input priority filter; policy accept;
+    ct state established,related accept
+    iifname "${wan.dev}" tcp flags & (syn | ack) == syn drop
+  }
 }
 `
     sh(['ip', 'netns', 'exec', router, 'nft', '-f', '-'], 'nftables', {input: rules})
-    const host: Host = {name, ns, ip: `10.77.${lan}.2`, publicIp: wan.ip, nat: true, dev: hostDev, router}
+    const host: Host = {name, ns, ip: `10.77.${lan}.2`, publicIp: wan.ip, nat: true, dev: hostDev, router, uplink: {ns: router, dev: wan.dev}}
     this.hosts.set(name, host)
     return host
   }
@@ -171,6 +184,19 @@ table ip filter {
     const tbf = ['root', 'tbf', 'rate', `${mbit}mbit`, 'burst', '32kbit', 'latency', '400ms']
     sh(['ip', 'netns', 'exec', host.ns, 'tc', 'qdisc', 'add', 'dev', host.dev, ...tbf], 'tc (egress)')
     sh(['ip', 'netns', 'exec', peerNs, 'tc', 'qdisc', 'add', 'dev', peerDev, ...tbf], 'tc (ingress)')
+  }
+
+  /**
+   * Bytes through a host's link so far, read from the kernel's interface counters in its namespace (what its
+   * network carried, whatever the processes say). For a NATed host, the WAN side of its router.
+   */
+  linkBytes(host: Host): {rx: number; tx: number} {
+    const links = JSON.parse(sh(['ip', '-n', host.uplink.ns, '-j', '-s', 'link', 'show', 'dev', host.uplink.dev], 'link stats')) as {
+      stats64?: {rx: {bytes: number}; tx: {bytes: number}}
+    }[]
+    const stats = links[0]?.stats64
+    if (!stats) throw new Error(`no counters for ${host.name}'s link ${host.uplink.dev}`)
+    return {rx: stats.rx.bytes, tx: stats.tx.bytes}
   }
 
   /** The command prefix that runs a program inside a host's namespace. */

@@ -47,6 +47,9 @@ export class PeerDialer implements Startable {
   private readonly dialFailures = new Map<string, DialFailure>()
   /** Peers being dialled now (one dial per peer at a time; a second caller waits for the first). */
   private readonly dialing = new Map<string, Promise<void>>()
+  /** Peer -> the addresses its dial under way tries, and the dial queued behind it for addresses learned since. */
+  private readonly dialingAddrs = new Map<string, string>()
+  private readonly followUps = new Map<string, Promise<void>>()
   /** Peer -> the addresses the coordinator last gave for it. */
   private readonly knownAddrs = new Map<string, Multiaddr[]>()
   /** Peer -> its direct addresses that did not answer (it is dialled through the relay first while they stay the same). */
@@ -111,14 +114,32 @@ export class PeerDialer implements Startable {
   private dialPeer(peer: string, targets: Multiaddr[]): Promise<void> {
     if (targets.length > 0) this.knownAddrs.set(peer, targets)
     const inFlight = this.dialing.get(peer)
-    if (inFlight) return inFlight
+    if (inFlight) {
+      // Addresses the dial under way does not know (the peer's relayed address arrived while its direct ones were
+      // being tried): dial them once it ends, rather than wait for the coordinator's next update.
+      const key = addrKey(targets)
+      if (targets.length === 0 || this.dialingAddrs.get(peer) === key) return inFlight
+      let next = this.followUps.get(peer)
+      if (!next) {
+        next = inFlight.then(() => {
+          this.followUps.delete(peer)
+          return this.dialPeer(peer, this.knownAddrs.get(peer) ?? [])
+        })
+        this.followUps.set(peer, next)
+      }
+      return next
+    }
     if (this.stopped) return Promise.resolve()
     if (this.components.connectionManager.getConnections().some((c) => c.remotePeer.toString() === peer && c.status === 'open')) {
       this.dialFailures.delete(peer)
       return Promise.resolve()
     }
-    const dial = this.dialPeerNow(peer, targets).finally(() => this.dialing.delete(peer))
+    const dial = this.dialPeerNow(peer, targets).finally(() => {
+      this.dialing.delete(peer)
+      this.dialingAddrs.delete(peer)
+    })
     this.dialing.set(peer, dial)
+    this.dialingAddrs.set(peer, addrKey(targets))
     return dial
   }
 
@@ -254,6 +275,10 @@ export class PeerDialer implements Startable {
     }
     return {direct, relayed}
   }
+}
+
+function addrKey(addrs: Multiaddr[]): string {
+  return addrs.map((a) => a.toString()).join(' ')
 }
 
 /** The dialer as a libp2p service (`services: {dialer: peerDialer({log})}`). */

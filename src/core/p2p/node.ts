@@ -4,7 +4,6 @@ import {yamux} from '@chainsafe/libp2p-yamux'
 import {circuitRelayTransport} from '@libp2p/circuit-relay-v2'
 import {generateKeyPairFromSeed} from '@libp2p/crypto/keys'
 import {gossipsub, type GossipSub} from '@libp2p/gossipsub'
-import {dcutr} from '@libp2p/dcutr'
 import {identify} from '@libp2p/identify'
 import type {PeerId} from '@libp2p/interface'
 import {createLibp2p, type Libp2p} from 'libp2p'
@@ -16,6 +15,7 @@ import {peerDialer, RELAYED_DIAL_TIMEOUT_MS, type DialFailure, type PeerDialer} 
 import {DEFAULT_MAX_MODEL_BYTES, modelExchange, type ModelExchange} from './model-exchange.js'
 import type {ModelSnapshot} from './model.js'
 import {peerIdOfClient} from './peer-id.js'
+import {holePunch, type HolePunch} from './punch.js'
 import {reachability, type Reachability, type ReachabilityState} from './reachability.js'
 import {DEFAULT_DOWNLOAD_TIMEOUT_MS, DEFAULT_MAX_BLOB_BYTES, DEFAULT_MAX_CONCURRENT_DOWNLOADS, resultExchange, ResultStore, type ResultExchange} from './result-exchange.js'
 import {traffic, type Traffic} from './traffic.js'
@@ -44,6 +44,13 @@ export interface P2PNodeOptions {
    * relayed connections to direct ones (see the README for why it cannot between two NATed TCP peers).
    */
   relay?: boolean
+  /**
+   * TCP hole punching (punch.ts, default true with `relay`): a relayed connection between two peers with no direct
+   * one is upgraded to a direct TCP connection where both NATs allow it.
+   */
+  holePunch?: boolean
+  /** How long both sides of a punch keep dialling each other; default 5 s (tests shorten it). */
+  punchWindowMs?: number
   /** largest result blob accepted or served; default 64 MiB */
   maxBlobBytes?: number
   /** largest model (all frames) accepted; default 4 GiB */
@@ -92,7 +99,7 @@ interface P2PStats {
 type Services = {
   identify: ReturnType<ReturnType<typeof identify>>
   pubsub: GossipSub
-  dcutr: unknown
+  punch: HolePunch
   traffic: Traffic
   resultStore: ResultStore
   dialer: PeerDialer
@@ -157,8 +164,8 @@ export class P2PNode {
         identify: identify(),
         // No AutoNAT (v1): its server closes a connection it was asked to verify when it already had one to the
         // asker (the relay, every peer), and it never checks a private address. The relay's dial-back decides.
-        // Upgrades a relayed connection to a direct one by hole punching where both NATs allow it.
-        dcutr: dcutr(),
+        // Upgrades a relayed connection between two NATed peers by TCP hole punching (punch.ts), which DCUtR cannot.
+        punch: holePunch({log, enabled: relay && (options.holePunch ?? true), windowMs: options.punchWindowMs}),
         pubsub: gossipsub({
           // Announcements must also reach peers we only reach through a relay.
           runOnLimitedConnection: true,
