@@ -69,7 +69,7 @@ and tells its peers, through the coordinator, only addresses they can use: inter
 included) and the addresses the relay's dial-back confirmed, never a loopback address (unless it listens on loopback only), or
 exactly --p2p-announce. It asks the coordinator's circuit relay (or the first --relay) to dial it back; when
 that fails (behind NAT) it reserves a slot there and publishes its relayed address after its direct ones, so
-peers behind NAT reach each other through the relay (DCUtR tries to upgrade such connections to direct ones). A client that applies no peer's results for
+peers behind NAT reach each other through the relay, then punch a direct TCP connection where both NATs allow it. A client that applies no peer's results for
 several rounds while others train prints a no_exchange warning naming the addresses it failed to dial.`
 
   static examples = [

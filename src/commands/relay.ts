@@ -9,7 +9,7 @@ export default class Relay extends PsycheCommand {
   static summary = 'Run a standalone libp2p circuit relay for clients behind NAT'
   static description = `A libp2p circuit relay v2 (@libp2p/circuit-relay-v2) with identify and psyche's dial-back check, on a host every client can reach.
 Clients pass one of the printed addresses to \`psyche join --relay\`: each reserves a slot and is reached through
-it when no direct connection works; DCUtR then upgrades to a direct connection where the NATs allow it.
+it when no direct connection works; TCP hole punching then upgrades to a direct connection where the NATs allow it.
 \`psyche server run\` already runs one next to the coordinator; use this one for a second relay, or when the
 coordinator is elsewhere (e.g. on Solana). Runs until SIGINT/SIGTERM.
 

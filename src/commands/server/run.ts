@@ -24,7 +24,7 @@ export default class ServerRun extends PsycheCommand {
 
 It also runs a libp2p circuit relay v2 (unless --no-relay), signed with the server's identity: every client is
 told its address in the welcome (as that client reached the server) and reserves a slot on it, so clients
-behind NAT reach each other through it; DCUtR upgrades to direct connections where the NATs allow. The relay's
+behind NAT reach each other through it, then punch a direct TCP connection where their NATs allow. The relay's
 limits per relayed connection are flags (--relay-data-limit-mb, --relay-duration-limit-s).
 
 --json prints one JSON object per line on stdout; the first is {"event":"listening","port":...}.`

@@ -3,7 +3,7 @@ import type {Multiaddr} from '@multiformats/multiaddr'
 /**
  * The two libp2p components psyche reaches past the public Libp2p interface for: the transport manager (the
  * addresses our listeners are bound to, whatever the address manager thinks of them; listening on a relay) and
- * the address manager (marking an address as confirmed, so that identify, DCUtR and a relay's reservations
+ * the address manager (marking an address as confirmed, so that identify and a relay's reservations
  * include it).
  *
  * Why: libp2p announces a public (non-RFC 1918) address only once something confirmed it (AutoNAT, which needs

@@ -40,8 +40,7 @@ export interface P2PNodeOptions {
   announce?: string[]
   /**
    * Circuit relay v2 (default true): dial relayed addresses; when the relay's dial-back finds us unreachable,
-   * reserve a slot on it (useRelays) and announce our relayed address after the direct ones. DCUtR tries to upgrade
-   * relayed connections to direct ones (see the README for why it cannot between two NATed TCP peers).
+   * reserve a slot on it (useRelays) and announce our relayed address after the direct ones.
    */
   relay?: boolean
   /**
@@ -164,7 +163,7 @@ export class P2PNode {
         identify: identify(),
         // No AutoNAT (v1): its server closes a connection it was asked to verify when it already had one to the
         // asker (the relay, every peer), and it never checks a private address. The relay's dial-back decides.
-        // Upgrades a relayed connection between two NATed peers by TCP hole punching (punch.ts), which DCUtR cannot.
+        // Upgrades a relayed connection between two NATed peers by TCP hole punching (punch.ts); @libp2p/dcutr cannot.
         punch: holePunch({log, enabled: relay && (options.holePunch ?? true), windowMs: options.punchWindowMs}),
         pubsub: gossipsub({
           // Announcements must also reach peers we only reach through a relay.

@@ -124,7 +124,7 @@ export class Reachability implements Startable {
       }
       if (verdict && verdict.reachable.length > 0) {
         this.state = 'public'
-        // Confirmed: libp2p now announces them too (identify, DCUtR's unilateral upgrade).
+        // Confirmed: libp2p now announces them too (identify).
         for (const a of verdict.reachable) this.components.addressManager.confirmObservedAddr(multiaddr(a).decapsulateCode(421), {type: 'transport', ttl: CONFIRMED_TTL_MS})
         log({event: 'reachability', reachable: true, via: relayPeer, addrs: verdict.reachable})
         return

@@ -57,7 +57,7 @@ type RelayServices = {identify: ReturnType<ReturnType<typeof identify>>; relay: 
 /**
  * A libp2p circuit relay v2 server (@libp2p/circuit-relay-v2): clients behind NAT reserve a slot on it and are
  * reached through it; it also answers psyche's dial-back requests (dialback.ts) and identify (telling clients their observed
- * address, which DCUtR hole punching needs). `psyche server run` runs one next to the coordinator (the
+ * address, which hole punching needs: punch.ts). `psyche server run` runs one next to the coordinator (the
  * coordinator's host is reachable by every client by definition); `psyche relay` runs one alone.
  */
 export class RelayNode {
