@@ -7,6 +7,7 @@ import {buildWitnessProof} from '../../src/core/coordinator/index.js'
 import type {CoordinatorState} from '../../src/core/coordinator/types.js'
 import {PsycheError} from '../../src/core/errors.js'
 import {DEFAULT_MAX_FRAME_BYTES, encodeFrame, generateIdentity, type Identity} from '../../src/core/protocol/index.js'
+import {fromHex, sha256, u64le} from '../../src/core/primitives/seed.js'
 import {tempDir} from '../helpers.js'
 import {RUN_ID, RawClient, startTestServer, waitUntil, writeRunConfig, type TestServer, nextState} from './helpers.js'
 
@@ -341,4 +342,30 @@ test("verification scores: a verifier's signed report is kept as a moving averag
     assert.deepEqual(a.scores, [])
     await raw.close()
   })
+})
+
+test('the server mixes its own entropy into every round’s seed, the first round’s too (started by the last warmup witness)', async () => {
+  // The round's seed as the coordinator derives it from the previous one: SHA-256(seed ‖ step ‖ entropy).
+  const derived = (previous: string, step: number, entropy: string) => sha256(fromHex(previous), u64le(step), Buffer.from(entropy, 'utf8')).toString('hex')
+  const firstRound = async (options: Parameters<typeof startTestServer>[1]) => {
+    let before: CoordinatorState | undefined
+    let training: CoordinatorState | undefined
+    await withServer({init_min_clients: 2}, options, async (t) => {
+      const a = await connectClient(t, generateIdentity())
+      const b = await connectClient(t, generateIdentity())
+      t.clock.advance(2)
+      before = await nextState(a, (s) => s.run_state === 'Warmup')
+      assert.ok(a.sendWarmupReady() && b.sendWarmupReady())
+      training = await nextState(a, (s) => s.run_state === 'RoundTrain')
+    })
+    return {before: before!, training: training!}
+  }
+  // Given the entropy, the seed is reproducible (what test vectors rely on).
+  const fixed = await firstRound({entropy: () => 'fixed entropy'})
+  assert.equal(fixed.training.seed, derived(fixed.before.seed, fixed.training.progress.step, 'fixed entropy'))
+  // By default it is the server's own (clock, count, random bytes): not what anyone could have derived in advance.
+  const [x, y] = [await firstRound({}), await firstRound({})]
+  assert.equal(x.before.seed, y.before.seed, 'the same run starts from the same seed')
+  assert.notEqual(x.training.seed, derived(x.before.seed, x.training.progress.step, ''), 'the first round’s seed is not the entropy-free one')
+  assert.notEqual(x.training.seed, y.training.seed, 'two servers of one run draw different first-round seeds')
 })

@@ -56,6 +56,13 @@ export interface CoordinatorServerOptions {
    * each change at once; the rest, however many, cannot make the server sign and send a frame each per change.
    */
   passiveStateMs?: number
+  /**
+   * The entropy mixed into the seed of each round this server starts (coordinator tick/witness entropy, as the Solana
+   * program mixes its clock's slot:unix_timestamp). Default: the server's clock, a count, and 16 random bytes, fresh at
+   * every tick and every witness, so no client can work out a round's witnesses or batches before the round starts.
+   * Tests give a fixed one to reproduce a run.
+   */
+  entropy?: () => string
 }
 
 /** File names inside saveStateDir. */
@@ -170,7 +177,7 @@ export class CoordinatorServer {
     private current: CoordinatorState,
     private readonly book: PeerBook,
     rewards: RewardsLedger,
-    private readonly opts: Required<Pick<CoordinatorServerOptions, 'withdrawOnDisconnect' | 'maxFrameBytes' | 'helloTimeoutMs' | 'passiveStateMs'>> & {
+    private readonly opts: Required<Pick<CoordinatorServerOptions, 'withdrawOnDisconnect' | 'maxFrameBytes' | 'helloTimeoutMs' | 'passiveStateMs' | 'entropy'>> & {
       log: EventLog
       now: () => number
       saveStateDir?: string
@@ -234,6 +241,7 @@ export class CoordinatorServer {
       maxFrameBytes: options.maxFrameBytes ?? DEFAULT_MAX_FRAME_BYTES,
       helloTimeoutMs: options.helloTimeoutMs ?? 10_000,
       passiveStateMs: options.passiveStateMs ?? DEFAULT_PASSIVE_STATE_MS,
+      entropy: options.entropy ?? serverEntropy(now),
       log,
       now,
       saveStateDir: options.saveStateDir,
@@ -327,7 +335,7 @@ export class CoordinatorServer {
   private advance(): void {
     if (this.stopping) return
     try {
-      this.commit(tick(this.current, this.opts.now(), randomBytes(32).toString('hex')))
+      this.commit(tick(this.current, this.opts.now(), this.opts.entropy()))
     } catch (error) {
       this.opts.log({event: 'error', where: 'tick', message: (error as Error).message})
     }
@@ -693,9 +701,10 @@ export class CoordinatorServer {
         const current = this.current.progress.step
         const oldest = m.kind === 'witness' && m.body.param_hash !== undefined ? current - 1 : current
         if (m.step < oldest) return this.reject(s, 'stale_step', `${m.kind} for step ${m.step}, but the run is at step ${current}`, m.kind)
+        // The last warmup witness starts the first round: like a tick, it carries the server's entropy into that round's seed.
         const event: CoordinatorEvent =
           m.kind === 'witness'
-            ? {type: 'witness', from, step: m.step, proof: m.body.proof, ...(m.body.param_hash === undefined ? {} : {param_hash: m.body.param_hash})}
+            ? {type: 'witness', from, step: m.step, proof: m.body.proof, entropy: this.opts.entropy(), ...(m.body.param_hash === undefined ? {} : {param_hash: m.body.param_hash})}
             : {type: 'health_check', from, accused: m.body.accused}
         return this.applyFrom(s, m.kind, event)
       }
@@ -876,6 +885,15 @@ export class CoordinatorServer {
     this.commit(result.state, true)
     this.advance()
   }
+}
+
+/**
+ * The centralized server's round entropy: "unix_ms:count:random" — its clock (as the Solana program's slot:unix_timestamp),
+ * a count of the entropies it has drawn, and 16 fresh random bytes (hex), so no one can compute a round's seed ahead.
+ */
+function serverEntropy(now: () => number): () => string {
+  let count = 0
+  return () => `${now()}:${++count}:${randomBytes(16).toString('hex')}`
 }
 
 /**
