@@ -19,7 +19,9 @@ state, prints it and exits. With --json, one object: {run_id, run_state, epoch, 
 phase_elapsed_seconds, phase_time_left_seconds (a round's is its timeout), epoch_time_left_seconds, clients: [{id, state}], clients_by_state: {healthy, dropped,
 withdrawn, ejected, pending}, round: {step, height, batch_size, trainers, witnesses_expected, witness_proofs,
 witness_quorum} | null, pause_pending, peers, scores: [{client_id, average, last, last_step, verifiers, count}],
-rewards: [{client_id, score, weight, rounds, batches, pending, earned, slashed}]}: scores are the moving averages of the
+rewards: [{client_id, score, weight, rounds, batches, pending, earned, slashed}], no_exchange: [{client_id, rounds, step}]}:
+no_exchange lists the clients whose latest round report says they applied none of the others' results for that many
+rounds in a row (they reach no peer and train alone; text: NO EXCHANGE on the client's line). scores are the moving averages of the
 verification scores verifiers reported for each client's results; rewards are the points each client earned for its
 accepted results (psyche rewards shows them alone).
 
@@ -62,6 +64,9 @@ them to a server only).`
       peers: Object.values(conn.peers).filter((a) => a.length > 0).length,
       scores: conn.scores,
       rewards: conn.rewards,
+      no_exchange: [...conn.latestReports.values()]
+        .filter((r) => (r.report.rounds_without_exchange ?? 0) > 0)
+        .map((r) => ({client_id: r.client, rounds: r.report.rounds_without_exchange!, step: r.step})),
     }
     await conn.close()
     if (!this.jsonEnabled()) for (const line of formatSummary(summary)) this.log(line)
@@ -73,6 +78,11 @@ export type StatusSummary = RunSummary & {
   peers: number
   scores?: ClientScore[]
   rewards?: RewardRow[]
+  /**
+   * Clients whose latest report says they applied none of the others' results for `rounds` rounds in a row (they
+   * reach no peer: they train alone), as of round `step`.
+   */
+  no_exchange?: {client_id: string; rounds: number; step: number}[]
   /** A run on Solana: its coordinator account, authorities and metadata. */
   coordinator?: string
   main_authority?: string
@@ -124,11 +134,16 @@ export function formatSummary(s: StatusSummary): string[] {
   if (s.pause_pending) lines.push('a pause is pending (at the end of the epoch)')
   const scores = new Map((s.scores ?? []).map((x) => [x.client_id, x]))
   const rewards = new Map((s.rewards ?? []).map((x) => [x.client_id, x]))
+  const alone = new Map((s.no_exchange ?? []).map((x) => [x.client_id, x]))
   for (const client of s.clients) {
     const sc = scores.get(client.id)
     const r = rewards.get(client.id)
+    const a = alone.get(client.id)
+    const noExchange = a ? `  NO EXCHANGE: none of its peers' results for ${a.rounds} round${a.rounds === 1 ? '' : 's'} (to step ${a.step})` : ''
     const points = r ? `  points ${r.earned} earned${r.pending ? ` + ${r.pending} this epoch` : ''}${r.slashed ? `, ${r.slashed} slashed` : ''}` : ''
-    lines.push(`  ${client.id.slice(0, 16)}…  ${client.state}${sc ? `  score ${sc.average.toFixed(3)} (${sc.count} reports, last step ${sc.last_step})` : ''}${points}`)
+    lines.push(
+      `  ${client.id.slice(0, 16)}…  ${client.state}${sc ? `  score ${sc.average.toFixed(3)} (${sc.count} reports, last step ${sc.last_step})` : ''}${points}${noExchange}`,
+    )
   }
   return lines
 }

@@ -5,7 +5,7 @@ import {generateIdentity} from '../../src/core/protocol/index.js'
 import {buildWitnessProof} from '../../src/core/coordinator/index.js'
 import {RUN_ID, startTestServer, waitUntil, writeRunConfig, type TestServer} from '../backend/helpers.js'
 import {JsonProcess} from '../e2e/helpers.js'
-import {tempDir} from '../helpers.js'
+import {runCli, tempDir} from '../helpers.js'
 
 const REPORT = {
   loss: 6.5,
@@ -19,6 +19,8 @@ const REPORT = {
   applied: 1,
   accepted: 1,
   peers: 0,
+  // It reached no peer for 4 rounds: the dashboard and psyche status say so.
+  rounds_without_exchange: 4,
 }
 
 describe('psyche dashboard --server-addr', () => {
@@ -62,13 +64,22 @@ describe('psyche dashboard --server-addr', () => {
     assert.equal(point.loss, 6.5)
     assert.equal(point.val_loss, 6.75)
     assert.equal(point.tokens_per_second, 2048)
-    const status = (await api('/api/status')) as {summary: {run_state: string; step: number}; clients: {id: string; state: string; loss: number; connected: boolean}[]}
+    const status = (await api('/api/status')) as {
+      summary: {run_state: string; step: number}
+      clients: {id: string; state: string; loss: number; connected: boolean; rounds_without_exchange: number | null}[]
+    }
     assert.equal(status.summary.run_state, 'RoundTrain')
     assert.equal(status.summary.step, step)
     assert.deepEqual(
-      status.clients.map((c) => [c.id, c.state, c.loss, c.connected]),
-      [[identity.id, 'Healthy', 6.5, true]],
+      status.clients.map((c) => [c.id, c.state, c.loss, c.connected, c.rounds_without_exchange]),
+      [[identity.id, 'Healthy', 6.5, true, 4]],
     )
+    // psyche status (a watcher that connects now) gets the recent reports with its first state.
+    const st = await runCli(['status', '--server-addr', t.addr, '--json'])
+    assert.equal(st.exitCode, 0, st.stderr)
+    assert.deepEqual(JSON.parse(st.stdout).no_exchange, [{client_id: identity.id, rounds: 4, step}])
+    const text = await runCli(['status', '--server-addr', t.addr])
+    assert.match(text.stdout, /NO EXCHANGE: none of its peers' results for 4 rounds/)
     // Once the round's result is witnessed, its points show as pending for the epoch (no verifiers: weight 1).
     const round = t.server.state.epoch.round!
     const range = {start: round.data_index, end: round.data_index + round.batch_size}

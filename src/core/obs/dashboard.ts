@@ -19,6 +19,8 @@ interface DashboardClient {
   bytes_in: number | null
   bytes_out: number | null
   peers: number | null
+  /** Rounds in a row it applied none of the others' results (a client that exchanges with no peer); null: no report. */
+  rounds_without_exchange: number | null
   /** Its verification score (moving average; null: not scored), and its points: earned, pending this epoch, slashed. */
   score: number | null
   earned: number
@@ -54,6 +56,7 @@ export function clientTable(summary: RunSummary, pending: string[], connected: s
       bytes_in: r?.bytes_in ?? null,
       bytes_out: r?.bytes_out ?? null,
       peers: r?.peers ?? null,
+      rounds_without_exchange: r?.rounds_without_exchange ?? null,
       score: p?.score ?? null,
       earned: p?.earned ?? 0,
       pending_points: p?.pending ?? 0,

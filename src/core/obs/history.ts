@@ -46,6 +46,8 @@ export interface ClientRow {
   bytes_in: number
   bytes_out: number
   peers: number
+  /** Rounds in a row in which others trained and none of their results reached it (0: it exchanges). */
+  rounds_without_exchange: number
   /** Unix milliseconds of the report. */
   time: number
 }
@@ -232,6 +234,7 @@ export class RunHistory {
       bytes_in: r.bytes_in,
       bytes_out: r.bytes_out,
       peers: r.peers,
+      rounds_without_exchange: num(e.rounds_without_exchange) ?? 0,
       time: this.now(),
     })
     if (p) {

@@ -40,6 +40,7 @@ export class RoundReporter {
         applied: count(e.applied),
         accepted: count(acceptedOf(e)),
         peers: count(e.peers),
+        rounds_without_exchange: count(e.rounds_without_exchange),
       },
     }
   }

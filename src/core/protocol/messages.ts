@@ -143,6 +143,8 @@ export interface ReportBody {
   applied: number
   accepted: number
   peers: number
+  /** Rounds in a row in which others trained and none of their results reached this client (0: it exchanges). */
+  rounds_without_exchange?: number
 }
 /** A verifier's scores of its peers' results of round `step` (src/core/verify/score.ts scoreOf: in [−1, 1]). */
 export interface ScoresBody {
@@ -393,10 +395,11 @@ const clientBodyCheckers: {[K in ClientKind]: (b: Obj) => ClientBodies[K]} = {
     return {}
   },
   report(b) {
-    exactKeys(b, [...REPORT_NUMBERS, ...REPORT_COUNTS], [], 'report')
+    exactKeys(b, [...REPORT_NUMBERS, ...REPORT_COUNTS], ['rounds_without_exchange'], 'report')
     const out: Record<string, number | null> = {}
     for (const k of REPORT_NUMBERS) out[k] = b[k] === null ? null : time(b[k], `report.${k}`)
     for (const k of REPORT_COUNTS) out[k] = count(b[k], `report.${k}`, 0)
+    if (b.rounds_without_exchange !== undefined) out.rounds_without_exchange = count(b.rounds_without_exchange, 'report.rounds_without_exchange', 0)
     return out as unknown as ReportBody
   },
   scores(b) {

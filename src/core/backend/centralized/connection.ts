@@ -3,7 +3,7 @@ import {connect as tcpConnect, type Socket} from 'node:net'
 import type {HubRepo} from '../../config/types.js'
 import type {AccusationReason, ClientId, CoordinatorState, WitnessProof} from '../../coordinator/types.js'
 import type {EquivocationProof} from '../../coordinator/equivocation.js'
-import type {ClientScore} from '../../protocol/messages.js'
+import type {ClientReportBody, ClientScore} from '../../protocol/messages.js'
 import type {RewardRow} from '../../coordinator/rewards.js'
 import {parseHostPort} from '../../protocol/address.js'
 import {PsycheError} from '../../errors.js'
@@ -102,6 +102,8 @@ export class CoordinatorConnection extends EventEmitter implements CoordinatorBa
 
   /** The server's clock (the coordinator's `now`) in its last state push. */
   serverTime: number | undefined
+  /** As a watcher: each client's latest report forwarded with the state pushes (psyche status reads them). */
+  readonly latestReports = new Map<ClientId, ClientReportBody>()
   /** As a watcher (join: false): the verification scores the server keeps, from its latest state push. */
   scores: ClientScore[] = []
   /** As a watcher: each client's rewards (score, accepted rounds, pending, earned and slashed points), likewise. */
@@ -267,7 +269,10 @@ export class CoordinatorConnection extends EventEmitter implements CoordinatorBa
     link.gotState = true
     this.emit('state', this.state, this.peers)
     // A watcher's reports come with its states (after the state they belong to).
-    for (const r of body.reports ?? []) this.emit('client_report', r)
+    for (const r of body.reports ?? []) {
+      if ((this.latestReports.get(r.client)?.step ?? -1) <= r.step) this.latestReports.set(r.client, r)
+      this.emit('client_report', r)
+    }
     return first ? 'ready' : undefined
   }
 

@@ -582,7 +582,8 @@ export class CoordinatorServer {
       replaced: false,
       phase: Math.random() * this.opts.passiveStateMs,
       pushedAt: performance.now(),
-      reportSeq: this.reportSeq,
+      // A new watcher gets the recent reports the server keeps with its first state (psyche status reads them).
+      reportSeq: 0,
     }
     this.sessions.add(s)
     this.handshaking.add(s)
