@@ -20,6 +20,7 @@ import {spawn, type ChildProcess} from 'node:child_process'
 import {writeFileSync} from 'node:fs'
 import {join} from 'node:path'
 import {createInterface} from 'node:readline'
+import {RESULT_PROTOCOL} from '../src/core/p2p/index.js'
 import {projectRoot} from '../src/core/worker/python.js'
 import {scaleRun, ScaleServer, startMemoryClients} from '../test/scale/harness.js'
 import {plotScale} from './scale-plot.js'
@@ -227,7 +228,10 @@ async function measure(n: number): Promise<ScalePoint> {
   // P2P wire bytes written by clients (both directions are the same bytes on loopback: count writes once), minus
   // what they wrote to the coordinator, minus result payloads sent (= received).
   const p2pWirePerClientRound = (wire - clientToServer) / n / roundsN
-  const p2pControl = Math.max(0, p2pWirePerClientRound - payloadPerClientRound)
+  // With the nodes' wire counters (bench/scale-shard.ts): bytes the clients' P2P connections sent (after noise and
+  // yamux) minus the result protocol's; without them, the estimate from the process's writes above.
+  const sentOnP2P = kinds.conn_out
+  const p2pControl = sentOnP2P !== undefined ? (sentOnP2P - (kinds[`out ${RESULT_PROTOCOL}`] ?? 0)) / n / roundsN : Math.max(0, p2pWirePerClientRound - payloadPerClientRound)
   const byStep = new Map<number, Set<string>>()
   for (const r of list) {
     let s = byStep.get(r.step)
