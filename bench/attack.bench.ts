@@ -3,8 +3,9 @@
 // coordinator link and witnessing; the load-test compute stand-in, 300 ms a round; in-memory P2P), with 0, 100 and
 // 1,000 hostile connections from a third process (bench/attack-hostile.ts: the maximum address list, half joining,
 // half watching, none reading). Measures the server's resident memory (peak during the run) and the honest
-// clients' round time (median). Data server: its resident memory under 100 clients that each ask for 60 batches
-// (about 15 MB of answers) and never read. BENCH_ATTACK_ROUNDS (default 24), BENCH_ATTACK_COUNTS (0,100,1000).
+// clients' round time (median), and the CPU time per round of the server, the attacker's process and the honest
+// clients' process (BENCH_ATTACK_SERIES=1: per round; BENCH_ATTACK_PROF=DIR: the server under --cpu-prof). Data
+// server: its resident memory under 100 clients that each ask for 60 batches (about 15 MB of answers) and never read. BENCH_ATTACK_ROUNDS (default 24), BENCH_ATTACK_COUNTS (0,100,1000).
 import {spawn, type ChildProcess} from 'node:child_process'
 import {mkdtempSync, readFileSync, rmSync, writeFileSync} from 'node:fs'
 import {cpus, tmpdir} from 'node:os'
