@@ -55,9 +55,10 @@ export const INSTRUCTION_UNITS = {
   /** per accused client (a shuffle and a quorum count over the witness blooms), plus health_check_base */
   health_check_per_accused: 40_000,
   health_check_base: 10_000,
+  /** the agreed hash: a quadratic scan of at most 32 hash witnesses (6.9k CU at 32) */
   checkpoint: 30_000,
-  /** a shuffle (is_witness) and a scan of the Cooldown's hash witnesses */
-  hash_witness: 40_000,
+  /** a shuffle (is_witness) and a scan of the Cooldown's hash witnesses: 27k CU at 8 trainers, 40k at 256 (2026-11-24) */
+  hash_witness: 60_000,
   free_coordinator: 10_000,
   withdraw: 30_000,
   eject: 30_000,
