@@ -149,3 +149,27 @@ export async function waitForStep(run: NetRun, clients: JsonProcess[], step: num
     throw new Error(`${(error as Error).message}\n${run.tails()}`)
   }
 }
+
+/** Bytes through the coordinator's link and the clients' links (their routers' WAN sides) between two moments. */
+export function linkTotals(lab: Lab, coordinator: Host, clients: Host[]): {coordinator: number; clientsReceived: number} {
+  const c = lab.linkBytes(coordinator)
+  return {coordinator: c.rx + c.tx, clientsReceived: clients.reduce((sum, h) => sum + lab.linkBytes(h).rx, 0)}
+}
+
+/** Per round between the two moments: the coordinator's link bytes, what the clients received, what they got through the relay, seconds. */
+export function perRound(label: string, from: ReturnType<typeof linkTotals>, to: ReturnType<typeof linkTotals>, clients: JsonProcess[], steps: [number, number]): void {
+  const n = steps[1] - steps[0]
+  const at = (c: JsonProcess, step: number) => rounds(c).find((r) => r.step === step)!
+  const relayed = clients.reduce((sum, c) => sum + (at(c, steps[1]).relayed_in ?? 0) - (at(c, steps[0]).relayed_in ?? 0), 0)
+  const seconds = clients.map((c) => (c.times[c.events.indexOf(at(c, steps[1]))] - c.times[c.events.indexOf(at(c, steps[0]))]) / 1000 / n)
+  const line = {
+    scenario: label,
+    rounds: n,
+    coordinator_link_bytes_per_round: Math.round((to.coordinator - from.coordinator) / n),
+    clients_received_bytes_per_round: Math.round((to.clientsReceived - from.clientsReceived) / n),
+    relayed_in_bytes_per_round: Math.round(relayed / n),
+    seconds_per_round: Number((seconds.reduce((a, b) => a + b, 0) / seconds.length).toFixed(2)),
+  }
+  // PSYCHE_NET_MEASURE=1 prints the numbers bench/README.md records.
+  if (process.env.PSYCHE_NET_MEASURE) console.log(`# measure ${JSON.stringify(line)}`)
+}

@@ -2,7 +2,7 @@ import assert from 'node:assert/strict'
 import {before, describe, it} from 'node:test'
 import {ensureDemoCorpus} from '../../src/core/corpus.js'
 import {tempDir} from '../helpers.js'
-import {assertExchanged, meanLoss, NetRun, rounds, waitForStep} from './harness.js'
+import {assertExchanged, linkTotals, meanLoss, NetRun, perRound, rounds, waitForStep} from './harness.js'
 import {Lab, labUnavailable} from './lab.js'
 
 const unavailable = labUnavailable({nat: true})
@@ -21,7 +21,10 @@ describe('clients behind NAT, the coordinator public (its relay connects them)',
       await run.startServer()
       const hosts = ['a', 'b', 'c'].map((n) => lab.addNatHost(n))
       const clients = await Promise.all(hosts.map((h) => run.startClient(h.name, h)))
+      await waitForStep(run, clients, 1, 240_000)
+      const first = linkTotals(lab, run.coordinator, hosts)
       await waitForStep(run, clients, 4, 240_000)
+      perRound('b', first, linkTotals(lab, run.coordinator, hosts), clients, [1, 4])
       assertExchanged(clients, [1, 2, 3, 4], 2)
       for (const c of clients) {
         const verdict = c.events.find((e) => e.event === 'reachability')
@@ -48,7 +51,8 @@ describe('clients behind NAT, the coordinator public (its relay connects them)',
     assert.deepEqual(lab.remaining(), [], 'every namespace is gone')
   })
 
-  it('(d) a NATed client killed mid-epoch and restarted rejoins and takes the model from its peers through the relay', async () => {
+  // Behind symmetric NATs, so that no punched connection takes over: the rejoin goes through the relay.
+  it('(d) a client behind a symmetric NAT killed mid-epoch and restarted rejoins and takes the model from its peers through the relay', async () => {
     const lab = new Lab()
     const dir = tempDir('psyche-net-d-')
     const run = new NetRun(lab, dir.path, lab.addPublicHost('coord'), {
@@ -63,7 +67,7 @@ describe('clients behind NAT, the coordinator public (its relay connects them)',
     })
     try {
       await run.startServer()
-      const hosts = ['a', 'b', 'c'].map((n) => lab.addNatHost(n))
+      const hosts = ['a', 'b', 'c'].map((n) => lab.addNatHost(n, {nat: 'symmetric'}))
       const [a, b, c] = await Promise.all(hosts.map((h) => run.startClient(h.name, h)))
       await waitForStep(run, [c], 1, 240_000)
       c.kill('SIGKILL')

@@ -4,8 +4,8 @@ import {ensureDemoCorpus} from '../../src/core/corpus.js'
 import {tempDir} from '../helpers.js'
 import type {EventLine} from '../../src/core/events.js'
 import type {JsonProcess} from '../e2e/helpers.js'
-import {assertExchanged, NetRun, rounds, waitForStep} from './harness.js'
-import {Lab, labUnavailable, type Host} from './lab.js'
+import {assertExchanged, linkTotals, NetRun, perRound, rounds, waitForStep} from './harness.js'
+import {Lab, labUnavailable} from './lab.js'
 
 const unavailable = labUnavailable({nat: true})
 if (unavailable) console.log(`# test/net skipped: ${unavailable}`)
@@ -22,12 +22,6 @@ const SHAPE = {
   compressionTopk: 32,
   quantize1bit: false,
   model: {hidden_size: 256, intermediate_size: 512},
-}
-
-/** Bytes through the coordinator's link and the clients' links (their routers' WAN sides) between two moments. */
-function linkTotals(lab: Lab, coordinator: Host, clients: Host[]): {coordinator: number; clientsReceived: number} {
-  const c = lab.linkBytes(coordinator)
-  return {coordinator: c.rx + c.tx, clientsReceived: clients.reduce((sum, h) => sum + lab.linkBytes(h).rx, 0)}
 }
 
 function punchEvents<K extends 'hole_punched' | 'hole_punch_failed'>(c: JsonProcess, kind: K): Extract<EventLine, {event: K}>[] {
@@ -80,6 +74,7 @@ describe('hole punching between NATed clients (TCP simultaneous open from a punc
         const r = rounds(c).at(-1)!
         assert.ok(r.relayed_in !== null && r.bytes_in > 0 && r.relayed_in < 0.05 * r.bytes_in, `${c.name}: relayed ${r.relayed_in} of ${r.bytes_in} bytes in`)
       }
+      perRound('e', first, last, clients, [1, 4])
       const coordinatorBytes = last.coordinator - first.coordinator
       const clientBytes = last.clientsReceived - first.clientsReceived
       console.log(`# (e) rounds 1-4: coordinator link ${coordinatorBytes} bytes, clients received ${clientBytes} bytes (${((100 * coordinatorBytes) / clientBytes).toFixed(2)} %)`)
@@ -102,7 +97,10 @@ describe('hole punching between NATed clients (TCP simultaneous open from a punc
       await run.startServer()
       const hosts = ['a', 'b', 'c'].map((n) => lab.addNatHost(n, {nat: 'symmetric'}))
       const clients = await Promise.all(hosts.map((h) => run.startClient(h.name, h)))
+      await waitForStep(run, clients, 1, 240_000)
+      const first = linkTotals(lab, coordinator, hosts)
       await waitForStep(run, clients, 4, 240_000)
+      perRound('f', first, linkTotals(lab, coordinator, hosts), clients, [1, 4])
       assertExchanged(clients, [1, 2, 3, 4], 2)
       let failures = 0
       for (const c of clients) {
