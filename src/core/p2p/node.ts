@@ -59,6 +59,11 @@ export interface P2PNodeOptions {
   /** per attempt (one holder), for blobs and models; default 60 s */
   downloadTimeoutMs?: number
   /**
+   * Pauses before each retry pass when every holder of a result failed; default [500, 2000, 5000] ms (tests shorten
+   * them). One pass more than pauses is made.
+   */
+  fetchBackoffMs?: readonly number[]
+  /**
    * libp2p's connection limits, its defaults when absent: open connections (300; a client connects to every member
    * of its run), inbound connections per second from one host (5) and inbound handshakes at once (10). The scale
    * bench raises the last two: all its nodes are on 127.0.0.1.
@@ -204,6 +209,7 @@ export class P2PNode {
           maxBlobBytes: options.maxBlobBytes ?? DEFAULT_MAX_BLOB_BYTES,
           maxConcurrentDownloads: options.maxConcurrentDownloads ?? DEFAULT_MAX_CONCURRENT_DOWNLOADS,
           downloadTimeoutMs,
+          ...(options.fetchBackoffMs ? {fetchBackoffMs: options.fetchBackoffMs} : {}),
           log,
         }),
         models: modelExchange({identity, runId, maxModelBytes: options.maxModelBytes ?? DEFAULT_MAX_MODEL_BYTES, downloadTimeoutMs, log}),

@@ -34,7 +34,7 @@ const MAX_BLOB_HEADER_BYTES = 1024
  * A result download that failed with every holder is tried again after these pauses (a relayed connection reset by
  * its relay, a peer whose reservation or addresses are not there yet, a holder that has not downloaded it yet).
  */
-const FETCH_BACKOFF_MS = [500, 2_000, 5_000]
+const DEFAULT_FETCH_BACKOFF_MS: readonly number[] = [500, 2_000, 5_000]
 
 function resultsTopic(runId: string): string {
   return `psyche/${runId}/results`
@@ -74,6 +74,8 @@ interface ResultExchangeInit {
   maxConcurrentDownloads: number
   /** per attempt (one holder) */
   downloadTimeoutMs: number
+  /** pauses before each retry pass over the holders; default DEFAULT_FETCH_BACKOFF_MS */
+  fetchBackoffMs?: readonly number[]
   log: EventLog
 }
 
@@ -319,9 +321,10 @@ export class ResultExchange implements Startable {
     const failures: string[] = []
     /** Holders that sent wrong bytes are not asked again. */
     const bad = new Set<string>()
-    for (let pass = 0; pass < FETCH_BACKOFF_MS.length + 1; pass++) {
+    const backoff = this.init.fetchBackoffMs ?? DEFAULT_FETCH_BACKOFF_MS
+    for (let pass = 0; pass < backoff.length + 1; pass++) {
       // The pause holds no download slot.
-      if (pass > 0) await sleep(FETCH_BACKOFF_MS[pass - 1])
+      if (pass > 0) await sleep(backoff[pass - 1])
       await this.downloads.acquire()
       try {
         // Every run member re-serves what it downloaded; other peers (a relay) hold nothing of ours. Asked again
