@@ -66,6 +66,7 @@ export const tiers = {
     'test/p2p/model-download.test.ts',
     'test/p2p/model.test.ts',
     'test/p2p/punch.test.ts',
+    'test/p2p/quic.test.ts',
     'test/p2p/rejection.test.ts',
     'test/p2p/relay.test.ts',
     'test/p2p/results.test.ts',

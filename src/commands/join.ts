@@ -107,6 +107,11 @@ several rounds while others train prints a no_exchange warning naming the addres
     'metrics-host': Flags.string({summary: 'address the metrics endpoint listens on', default: '127.0.0.1'}),
     'p2p-listen': Flags.string({summary: 'libp2p listen multiaddr(s) (default /ip4/0.0.0.0/tcp/0: every interface)', multiple: true, exclusive: ['p2p-port']}),
     'p2p-port': Flags.integer({summary: 'libp2p TCP port on every interface (default: any free port)', min: 0, max: 65535}),
+    quic: Flags.boolean({
+      summary: 'QUIC (UDP) beside TCP: listen and announce both, dial QUIC first; --no-quic for TCP only where UDP is blocked',
+      default: true,
+      allowNo: true,
+    }),
     'p2p-announce': Flags.string({summary: 'tell peers exactly these multiaddr(s): a public address or a forwarded port', multiple: true}),
     relay: Flags.string({summary: 'also use this circuit relay (multiaddr ending in /p2p/<id>, from psyche relay): reserve a slot there when not reachable', multiple: true}),
     'checkpoint-dir': Flags.string({
@@ -184,6 +189,7 @@ several rounds while others train prints a no_exchange warning naming the addres
     const p2p = {
       listen: flags['p2p-listen'] ? parseMultiaddrs(flags['p2p-listen'], '--p2p-listen') : listenAddrsForPort(flags['p2p-port']),
       announce: flags['p2p-announce'] ? parseMultiaddrs(flags['p2p-announce'], '--p2p-announce') : undefined,
+      quic: flags.quic,
     }
     const relays = flags.relay ? parseMultiaddrs(flags.relay, '--relay', {needPeer: true}) : undefined
     const runId = flags['run-id']

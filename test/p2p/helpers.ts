@@ -25,7 +25,8 @@ export async function startNodes(count: number, options: Partial<P2PNodeOptions>
     const events: EventLine[] = []
     // Loopback only: in-process tests never send traffic to this machine's other addresses.
     const store = new ResultStore()
-    const node = await P2PNode.start({runId: 'test-run', listen: LOOPBACK, ...options, identity, resultStore: store, log: (e) => events.push(e)})
+    // TCP only unless a test asks for QUIC (quic.test.ts).
+    const node = await P2PNode.start({runId: 'test-run', listen: LOOPBACK, quic: false, ...options, identity, resultStore: store, log: (e) => events.push(e)})
     out.push({node, identity, events, store})
   }
   return out

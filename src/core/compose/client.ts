@@ -28,8 +28,8 @@ export async function startComponents(o: {
   plan: TrainPlan
   seed: number
   log: Log
-  /** libp2p listen and announce addresses. */
-  p2p: {listen: string[]; announce?: string[]}
+  /** libp2p listen and announce addresses; quic false: TCP only (join --no-quic). */
+  p2p: {listen: string[]; announce?: string[]; quic?: boolean}
   /** Each new coordinator connection (the first, and each rejoin's). */
   onConnected?: (connection: CoordinatorConnection) => void
 }): Promise<ClientComponents> {
@@ -44,7 +44,7 @@ export async function startComponents(o: {
     // The held-out split, in the run's shuffled order (the same samples on every client: client/eval.ts).
     if (plan.validation && plan.evalEvery > 0)
       evalData = await openDataProvider(plan.validation as ProviderLocation, {seqLen: plan.seqLen, baseDir: plan.dataBaseDir, shuffleSeed: shuffleSeedFor(o.seed)})
-    p2p = await P2PNode.start({identity, runId, listen: o.p2p.listen, announce: o.p2p.announce, log: (e) => log({...e, source: 'p2p'})})
+    p2p = await P2PNode.start({identity, runId, listen: o.p2p.listen, announce: o.p2p.announce, quic: o.p2p.quic, log: (e) => log({...e, source: 'p2p'})})
   } catch (error) {
     await p2p?.stop()
     await data?.close()

@@ -76,7 +76,12 @@ export function parseMultiaddrs(values: readonly string[], flag: string, options
       throw new PsycheError(`${flag} ${value}: not a multiaddr (${errorMessage(error)}); e.g. /ip4/203.0.113.7/tcp/4001`, {code: 'EUSAGE'})
     }
     const names = addr.getComponents().map((c) => c.name)
-    if (!names.includes('tcp')) throw new PsycheError(`${flag} ${value}: psyche's peers speak TCP; the address needs a /tcp/PORT part`, {code: 'EUSAGE'})
+    const quicAddr = names.includes('udp') && names.includes('quic-v1')
+    if (!names.includes('tcp') && (options.needPeer || !quicAddr))
+      throw new PsycheError(
+        `${flag} ${value}: psyche's peers speak TCP${options.needPeer ? '' : ' or QUIC'}; the address needs a /tcp/PORT part${options.needPeer ? '' : ' (or /udp/PORT/quic-v1)'}`,
+        {code: 'EUSAGE'},
+      )
     if (options.needPeer && addrPeerId(addr) === undefined)
       throw new PsycheError(`${flag} ${value}: a relay address must end in /p2p/<the relay's peer id> (psyche relay prints it)`, {code: 'EUSAGE'})
     return addr.toString()

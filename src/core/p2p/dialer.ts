@@ -3,6 +3,7 @@ import type {ConnectionManager} from '@libp2p/interface-internal'
 import {multiaddr, type Multiaddr} from '@multiformats/multiaddr'
 import {errorMessage} from '../errors.js'
 import {addrPeerId, isCircuit} from './addresses.js'
+import {isQuicAddr} from './transports.js'
 import {dialErrorMessage, ON_LIMITED} from './util.js'
 import type {EventLog} from '../events.js'
 
@@ -16,6 +17,8 @@ export interface DialFailure {
 
 /** A direct dial gives up quickly: a private address of another network may never answer (no ICMP on the internet). */
 const DIRECT_DIAL_TIMEOUT_MS = 8_000
+/** A QUIC dial gives up sooner still: where UDP is blocked the handshake never answers, and TCP is tried next. */
+const QUIC_DIAL_TIMEOUT_MS = 3_000
 export const RELAYED_DIAL_TIMEOUT_MS = 30_000
 /**
  * One direct connection per pair of peers. Two peers told of each other by the same state push dial each other at
@@ -147,15 +150,22 @@ export class PeerDialer implements Startable {
     const direct = targets.filter((t) => !isCircuit(t))
     const relayed = targets.filter(isCircuit)
     const directKey = direct.map((t) => t.toString()).join(' ')
+    // A peer's QUIC addresses first, briefly (where UDP is blocked its handshake never answers), then its TCP ones.
+    const quicAddrs = direct.filter(isQuicAddr)
+    const otherDirect = direct.filter((t) => !isQuicAddr(t))
+    const directAttempts: [Multiaddr[], number][] = [
+      ...(quicAddrs.length > 0 ? [[quicAddrs, QUIC_DIAL_TIMEOUT_MS] as [Multiaddr[], number]] : []),
+      ...(otherDirect.length > 0 ? [[otherDirect, DIRECT_DIAL_TIMEOUT_MS] as [Multiaddr[], number]] : []),
+    ]
     const attempts: [Multiaddr[], number][] = []
-    if (direct.length > 0 && this.directFailed.get(peer) !== directKey) attempts.push([direct, DIRECT_DIAL_TIMEOUT_MS])
+    if (direct.length > 0 && this.directFailed.get(peer) !== directKey) attempts.push(...directAttempts)
     if (relayed.length > 0) attempts.push([relayed, RELAYED_DIAL_TIMEOUT_MS])
-    if (attempts.length === 0 && direct.length > 0) attempts.push([direct, DIRECT_DIAL_TIMEOUT_MS])
+    if (attempts.length === 0 && direct.length > 0) attempts.push(...directAttempts)
     const reasons: string[] = []
     // As libp2p.dial: user dials go first in the dial queue.
     const open = (addrs: Multiaddr[], timeoutMs: number) => this.components.connectionManager.openConnection(addrs, {priority: 75, signal: AbortSignal.timeout(timeoutMs)})
     for (const [addrs, timeoutMs] of attempts) {
-      const isDirect = addrs === direct
+      const isDirect = addrs !== relayed
       const started = Date.now()
       if (isDirect) this.directDialStarted.set(peer, started)
       try {
@@ -178,8 +188,9 @@ export class PeerDialer implements Startable {
             reason = dialErrorMessage(again)
           }
         }
-        reasons.push(`${isDirect ? 'direct' : 'relayed'}: ${reason}`)
-        if (isDirect && relayed.length > 0) this.directFailed.set(peer, directKey)
+        reasons.push(`${isDirect ? (addrs === quicAddrs ? 'direct QUIC' : 'direct') : 'relayed'}: ${reason}`)
+        // Only when the last direct attempt failed too (QUIC failing while TCP works is a network that blocks UDP).
+        if (isDirect && addrs === directAttempts[directAttempts.length - 1][0] && relayed.length > 0) this.directFailed.set(peer, directKey)
       } finally {
         if (isDirect && this.directDialStarted.get(peer) === started) this.directDialStarted.delete(peer)
       }

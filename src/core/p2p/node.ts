@@ -19,7 +19,7 @@ import {holePunch, type HolePunch} from './punch.js'
 import {reachability, type Reachability, type ReachabilityState} from './reachability.js'
 import {DEFAULT_DOWNLOAD_TIMEOUT_MS, DEFAULT_MAX_BLOB_BYTES, DEFAULT_MAX_CONCURRENT_DOWNLOADS, resultExchange, ResultStore, type ResultExchange} from './result-exchange.js'
 import {traffic, type Traffic} from './traffic.js'
-import {defaultTransports, type TransportFactory} from './transports.js'
+import {defaultTransports, withQuicListen, type TransportFactory} from './transports.js'
 import {safeLog} from './util.js'
 import {WireMetrics, type WireCounts} from './wire-metrics.js'
 import type {EventLog} from '../events.js'
@@ -75,6 +75,12 @@ export interface P2PNodeOptions {
    * when `relay` is on. Tests give a memory transport.
    */
   transports?: TransportFactory[]
+  /**
+   * QUIC beside TCP (default true, with the default transports): listen on a UDP QUIC address beside each TCP one,
+   * announce both, and dial a peer's QUIC addresses first (briefly), then its TCP ones. False: TCP only, for
+   * networks that block UDP (where QUIC dials fail fast and TCP is used anyway).
+   */
+  quic?: boolean
   /** Where results are kept and served from; default an empty ResultStore (tests give one holding bytes of their choosing). */
   resultStore?: ResultStore
   /**
@@ -149,8 +155,10 @@ export class P2PNode {
     const downloadTimeoutMs = options.downloadTimeoutMs ?? DEFAULT_DOWNLOAD_TIMEOUT_MS
     const {identity, runId} = options
     // No '/p2p-circuit' here: the reachability service reserves a slot only when the relay's dial-back says we are not reachable.
-    const listen = [...(options.listen ?? listenAddrsForPort(undefined))]
-    const transports = [...(options.transports ?? defaultTransports()), ...(relay ? [circuitRelayTransport({reservationCompletionTimeout: 20_000})] : [])]
+    const quicOn = options.transports === undefined && options.quic !== false
+    const baseListen = options.listen ?? listenAddrsForPort(undefined)
+    const listen = quicOn ? withQuicListen(baseListen) : [...baseListen]
+    const transports = [...(options.transports ?? defaultTransports({quic: quicOn})), ...(relay ? [circuitRelayTransport({reservationCompletionTimeout: 20_000})] : [])]
     const resultStore = options.resultStore ?? new ResultStore()
     const wire = options.wireMetrics ? new WireMetrics() : undefined
     // The dialer is a service, made after the gater: the gater asks it once it exists (see PeerDialer.refuseDuplicate).
