@@ -34,7 +34,13 @@ describe('across hosts on one segment', {skip: unavailable, timeout: 420_000}, (
         const started = c.events.find((e) => e.event === 'started')!
         // On a public segment libp2p announces no unconfirmed public address: psyche still tells peers its own.
         assert.ok((started.p2p as string[]).length > 0, `${c.name} announced an address: ${JSON.stringify(started)}`)
-        for (const a of started.p2p as string[]) assert.match(a, new RegExp(`^/ip4/${lab.net.replaceAll('.', '\\.')}\\.\\d+/tcp/\\d+/p2p/`), `${c.name} announced ${a}`)
+        // TCP and QUIC addresses, both on its host.
+        for (const a of started.p2p as string[])
+          assert.match(a, new RegExp(`^/ip4/${lab.net.replaceAll('.', '\\.')}\\.\\d+/(tcp/\\d+|udp/\\d+/quic-v1)/p2p/`), `${c.name} announced ${a}`)
+        assert.ok(
+          (started.p2p as string[]).some((a) => a.includes('/quic-v1/')) && (started.p2p as string[]).some((a) => a.includes('/tcp/')),
+          `${c.name} announced both: ${JSON.stringify(started.p2p)}`,
+        )
         assert.ok(rounds(c).at(-1)!.bytes_in > 0, `${c.name} downloaded results`)
         assert.equal(c.events.filter((e) => e.event === 'model_fetched' && e.relayed).length, 0)
         // The relay dialled it back at its own address: publicly reachable, so it reserved no relay slot.
