@@ -171,6 +171,22 @@ table ip filter {
     return host
   }
 
+  /** Blocks UDP on a host (nftables drops every UDP packet in and out but loopback's), as a network that blocks UDP. */
+  blockUdp(host: Host): void {
+    const rules = `table inet noudp {
+  chain input { type filter hook input priority filter; policy accept; iifname "lo" accept; meta l4proto udp counter drop; }
+  chain output { type filter hook output priority filter; policy accept; oifname "lo" accept; meta l4proto udp counter drop; }
+}
+`
+    sh(['ip', 'netns', 'exec', host.ns, 'nft', '-f', '-'], 'nftables', {input: rules})
+  }
+
+  /** UDP packets dropped on a host by blockUdp (in + out). */
+  udpDropped(host: Host): number {
+    const out = sh(['ip', 'netns', 'exec', host.ns, 'nft', 'list', 'table', 'inet', 'noudp'], 'nft list')
+    return [...out.matchAll(/counter packets (\d+)/g)].reduce((s, m) => s + Number(m[1]), 0)
+  }
+
   /** Limits a host's link to `mbit` Mbit/s in both directions (tbf on its interface and on the far end). */
   limitRate(host: Host, mbit: number): void {
     const peerNs = host.router ?? this.switchNs
