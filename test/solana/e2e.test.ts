@@ -143,11 +143,11 @@ describe('end to end on Solana: localnet, run creator commands, join --rpc clien
     assert.deepEqual(await readMetadata({chain: new RpcChain(url), programId, runId: 'sol-e2e'}), {name: 'Solana e2e', description: 'two clients, four rounds'})
   })
 
-  it('psyche testnet --backend solana --json: the run on a localnet, clients joined with --rpc, rounds summarized', async () => {
+  it('psyche testnet --backend solana --json: 3 clients, the run on a localnet (strict: 1,232-byte transactions, compute limits, deploy-time checks), clients joined with --rpc, rounds summarized', async () => {
     const run = tempDir('psyche-sol-testnet-')
     try {
-      writeE2eRun(run.path, {runId: 'sol-testnet', roundsPerEpoch: 3, totalSteps: 100, initMinClients: 2})
-      const r = await runCli(['testnet', '--backend', 'solana', '--clients', '2', '--config', run.path, '--rounds', '3', '--threads', '1', '--timeout', '150', '--json'], {
+      writeE2eRun(run.path, {runId: 'sol-testnet', roundsPerEpoch: 3, totalSteps: 100, initMinClients: 3})
+      const r = await runCli(['testnet', '--backend', 'solana', '--clients', '3', '--config', run.path, '--rounds', '3', '--threads', '1', '--timeout', '150', '--json'], {
         timeoutMs: 180_000,
       })
       assert.equal(r.exitCode, 0, r.stderr)
@@ -158,7 +158,7 @@ describe('end to end on Solana: localnet, run creator commands, join --rpc clien
         [1, 2, 3],
       )
       for (const round of summary.rounds) {
-        assert.equal(Object.keys(round.clients).length, 2)
+        assert.equal(Object.keys(round.clients).length, 3)
         assert.equal(round.hashes_equal, true, JSON.stringify(round))
       }
       const hashes = summary.rounds.map((x: {clients: Record<string, {param_hash: string}>}) => Object.values(x.clients)[0].param_hash)
