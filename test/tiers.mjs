@@ -69,6 +69,7 @@ export const tiers = {
     'test/p2p/quic.test.ts',
     'test/p2p/rejection.test.ts',
     'test/p2p/relay.test.ts',
+    'test/p2p/restart.test.ts',
     'test/p2p/results.test.ts',
     'test/protocol/identity.test.ts',
     'test/protocol/messages.test.ts',

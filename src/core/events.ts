@@ -125,6 +125,10 @@ export type PsycheEvent =
   | {event: 'fetch_retried'; from: string; client_id: string; step: number; pass: number}
   | {event: 'finished'; rounds: number; last_step: number | null; param_hash: string | null; bytes_in: number; bytes_out: number}
   | {event: 'health_check'; step: number; judged: number; accused: string[]}
+  // core/p2p/liveness.ts: a peer dialled us again while we held older connections to it that no longer answer (it
+  // restarted with the same key): they were closed, and the peer dialled afresh
+  | {event: 'stale_connection'; peer_id: string; addrs: string[]; replaced_by: string}
+  | {event: 'stale_connection_failed'; peer_id: string; reason: string}
   // core/p2p/punch.ts: a relayed connection upgraded to a direct one by TCP hole punching, or the attempt that failed
   | {event: 'hole_punched'; peer_id: string; addr: string; role: 'initiator' | 'responder'; attempts: number; ms: number}
   | {event: 'hole_punch_failed'; peer_id: string; role: 'initiator' | 'responder'; attempts: number; ms: number; reason: string}

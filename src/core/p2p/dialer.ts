@@ -24,8 +24,8 @@ export const RELAYED_DIAL_TIMEOUT_MS = 30_000
  * One direct connection per pair of peers. Two peers told of each other by the same state push dial each other at
  * once (2(N−1) connections per client otherwise); both sides apply one rule: the direct connection dialled by the
  * lower peer id stays. The lower side refuses (its connection gater: before any stream is opened on it) a direct
- * inbound connection from a higher peer while it holds an open direct connection it dialled to that peer, or started
- * a direct dial to it less than this long ago; the higher side, its dial refused that quickly, waits this long (and a
+ * inbound connection from a higher peer while it holds an open direct connection it dialled to that peer, both less
+ * than this long ago (the dial started or the connection opened); the higher side, its dial refused that quickly, waits this long (and a
  * second more) for the lower one's connection, and dials once more if none came (the lower side's dial failed).
  */
 const TIE_WINDOW_MS = 2_000
@@ -212,15 +212,32 @@ export class PeerDialer implements Startable {
 
   /**
    * The connection gater's half of the one-connection-per-pair rule (TIE_WINDOW_MS): true (refuse) for a direct
-   * inbound connection from a higher peer id while we hold an open direct connection we dialled to it, or started a
-   * direct dial to it less than TIE_WINDOW_MS ago. Relayed connections are never refused here.
+   * inbound connection from a higher peer id while we hold an open direct connection we dialled to it that opened, or
+   * started a direct dial to it, less than TIE_WINDOW_MS ago. Relayed connections are never refused here.
    */
   refuseDuplicate(peer: PeerId, maConn: MultiaddrConnection): boolean {
     const id = peer.toString()
     if (isCircuit(maConn.remoteAddr) || !(this.peerId < id)) return false
+    const now = Date.now()
     const started = this.directDialStarted.get(id)
-    if (started !== undefined && Date.now() - started < TIE_WINDOW_MS) return true
-    return this.components.connectionManager.getConnections(peer).some((c) => c.status === 'open' && c.direction === 'outbound' && !isCircuit(c.remoteAddr))
+    if (started !== undefined && now - started < TIE_WINDOW_MS) return true
+    // Only a connection of ours that opened within the tie window: a higher peer dialling us later does not have it
+    // (it restarted, or the connection died unseen), and the new one is let in and the old one probed (liveness.ts).
+    return this.components.connectionManager
+      .getConnections(peer)
+      .some((c) => c.status === 'open' && c.direction === 'outbound' && !isCircuit(c.remoteAddr) && now - c.timeline.open < TIE_WINDOW_MS)
+  }
+
+  /**
+   * Dials a peer again after its dead connections were closed (liveness.ts): where it was just seen (`hint`), then
+   * the addresses the coordinator gave for it.
+   */
+  redial(peer: string, hint: Multiaddr[]): void {
+    const known = this.knownAddrs.get(peer) ?? []
+    const seen = new Set(known.map((a) => a.toString()))
+    const withPeer = hint.map((h) => (addrPeerId(h) === undefined ? h.encapsulate(`/p2p/${peer}`) : h)).filter((h) => !seen.has(h.toString()))
+    const targets = [...withPeer, ...known]
+    if (targets.length > 0 && !this.stopped) void this.dialPeer(peer, targets)
   }
 
   /**

@@ -12,6 +12,7 @@ import {identityPrivateSeed} from '../primitives/identity.js'
 import type {ResultAnnouncement, SigningIdentity} from '../primitives/announcement.js'
 import {listenAddrsForPort} from './addresses.js'
 import {peerDialer, RELAYED_DIAL_TIMEOUT_MS, type DialFailure, type PeerDialer} from './dialer.js'
+import {liveness, type Liveness} from './liveness.js'
 import {DEFAULT_MAX_MODEL_BYTES, modelExchange, type ModelExchange} from './model-exchange.js'
 import type {ModelSnapshot} from './model.js'
 import {peerIdOfClient} from './peer-id.js'
@@ -113,6 +114,7 @@ type Services = {
   traffic: Traffic
   resultStore: ResultStore
   dialer: PeerDialer
+  liveness: Liveness
   reachability: Reachability
   results: ResultExchange
   models: ModelExchange
@@ -210,6 +212,8 @@ export class P2PNode {
         traffic: traffic(),
         resultStore: () => resultStore,
         dialer: peerDialer({log}),
+        // A peer that restarted (same key) while we still held its old connection: the dead one is found and cut.
+        liveness: liveness({log, reconnect: (peer, hint) => dialer?.redial(peer, hint)}),
         reachability: reachability({relay, announced: (options.announce?.length ?? 0) > 0, log}),
         results: resultExchange({
           identity,
