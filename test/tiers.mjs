@@ -43,6 +43,7 @@ export const tiers = {
     'test/coordinator/properties.test.ts',
     'test/coordinator/rewards.test.ts',
     'test/coordinator/rules.test.ts',
+    'test/coordinator/score-assignment.test.ts',
     'test/coordinator/serialize.test.ts',
     'test/data/batches.test.ts',
     'test/data/http.test.ts',

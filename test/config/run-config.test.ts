@@ -165,6 +165,14 @@ describe('parseRunConfig', () => {
     assert.equal(run.model.LLM.cold_start_warmup_steps, 0)
   })
 
+  it('verification_sample (our extension): optional, 1 to 64 results per verifier per round', () => {
+    assert.equal(parseRunConfig(good, 'state.toml').config!.verification_sample, undefined)
+    const withSample = (k: string) => good.replace('verification_percent = 0\n', `verification_percent = 0\nverification_sample = ${k}\n`)
+    assert.equal(parseRunConfig(withSample('8'), 'state.toml').config!.verification_sample, 8)
+    expectIssue(withSample('0'), 'state.toml', 'config.verification_sample = 0: must be ≥ 1')
+    expectIssue(withSample('65'), 'state.toml', 'config.verification_sample = 65: must be ≤ 64')
+  })
+
   it('accepts unit variants as bare strings and data variants as tables', () => {
     const run = parseRunConfig(good, 'state.toml')
     assert.equal(run.model.LLM.optimizer, 'Dummy')

@@ -16,6 +16,7 @@ import {
   type RewardsLedger,
 } from '../../src/core/coordinator/rewards.js'
 import {Scorer} from '../../src/core/verify/score.js'
+import {scoreAssignment} from '../../src/core/coordinator/rules.js'
 import {honestProof, newRun, ok, S} from './helpers.js'
 
 /** A coordinator with the rewards ledger following every state it adopts, as the server keeps it. */
@@ -129,39 +130,101 @@ describe('rewards ledger (coordinator/rewards.ts)', () => {
     assert.deepEqual([...acceptedResults(s, excluded).keys()], ['b'])
   })
 
+  /** A run whose five clients all verify (verification_percent 100) at step `step` + 1 (RoundTrain): reports for `step` are due. */
+  function scoringRun(sample = 4): Run {
+    const run = new Run(
+      newRun({
+        init_min_clients: 5,
+        min_clients: 2,
+        witness_nodes: 0,
+        verification_percent: 100,
+        verification_sample: sample,
+        global_batch_size_start: 10,
+        global_batch_size_end: 10,
+      }),
+    )
+    for (const id of ['v1', 'v2', 'v3', 'x', 'y']) run.apply({type: 'join', id})
+    run.until('RoundTrain')
+    return run
+  }
+  function nextRound(run: Run): void {
+    const step = run.state.epoch.round!.step
+    run.witness()
+    for (let i = 0; i < 50 && !(run.state.run_state === 'RoundTrain' && run.state.epoch.round!.step === step + 1); i++) run.tick()
+    assert.equal(run.state.epoch.round!.step, step + 1)
+  }
+  const record = (run: Run, from: string, step: number, scores: {client_id: string; score: number}[]) => {
+    const out = recordScores(run.ledger, run.state, from, step, scores)
+    assert.ok(!('code' in out), `${from}'s scores of step ${step} refused: ${JSON.stringify(out)}`)
+    return (run.ledger = out)
+  }
+
   it("scores: per client, a moving average over steps of each step's mean report (the verifiers' own Scorer rule)", () => {
-    let ledger = emptyLedger()
+    // K = 4 of 5 trainers: every verifier is assigned every other trainer.
+    const run = scoringRun()
     const scorer = new Scorer()
     for (const [i, score] of [0.05, 0.15, -0.02].entries()) {
+      nextRound(run)
       // Three verifiers report the same score for the step.
-      for (const v of ['v1', 'v2', 'v3']) ledger = recordScores(ledger, v, i + 1, [{client_id: 'x', score}])!
+      for (const v of ['v1', 'v2', 'v3']) record(run, v, i + 1, [{client_id: 'x', score}])
       scorer.add('x', score)
     }
-    const [x] = scoreRows(ledger)
+    const [x] = scoreRows(run.ledger)
     assert.equal(x.count, 9)
     assert.equal(x.verifiers, 3)
     assert.equal(x.last_step, 3)
     assert.ok(Math.abs(x.last + 0.02) < 1e-12)
     assert.ok(Math.abs(x.average - scorer.get('x')!.average) < 1e-12, `${x.average} vs ${scorer.get('x')!.average}`)
     // Disagreeing verifiers: the step's mean counts.
-    ledger = recordScores(ledger, 'v1', 4, [{client_id: 'y', score: 0.4}])!
-    ledger = recordScores(ledger, 'v2', 4, [{client_id: 'y', score: 0.2}])!
-    assert.ok(Math.abs(scoreRows(ledger).find((e) => e.client_id === 'y')!.average - 0.3) < 1e-12)
-    // A verifier reports a step once; an older step than one already scored no longer counts; nobody scores itself;
+    nextRound(run)
+    record(run, 'v1', 4, [{client_id: 'y', score: 0.4}])
+    record(run, 'v2', 4, [{client_id: 'y', score: 0.2}])
+    assert.ok(Math.abs(scoreRows(run.ledger).find((e) => e.client_id === 'y')!.average - 0.3) < 1e-12)
+    // A verifier reports a step once; a step whose rounds the state no longer holds is stale; nobody scores itself;
     // a client listed twice in one report counts once.
-    assert.equal(recordScores(ledger, 'v1', 4, [{client_id: 'y', score: -1}]), undefined)
-    ledger = recordScores(ledger, 'v4', 3, [{client_id: 'y', score: -1}])!
-    ledger = recordScores(ledger, 'y', 5, [{client_id: 'y', score: 1}])!
-    ledger = recordScores(ledger, 'v3', 4, [
+    assert.equal((recordScores(run.ledger, run.state, 'v1', 4, [{client_id: 'y', score: -1}]) as {code: string}).code, 'DuplicateScores')
+    assert.equal((recordScores(run.ledger, run.state, 'v1', 2, [{client_id: 'y', score: -1}]) as {code: string}).code, 'stale_step')
+    assert.equal((recordScores(run.ledger, run.state, 'v1', 5, [{client_id: 'y', score: -1}]) as {code: string}).code, 'stale_step')
+    assert.equal((recordScores(run.ledger, run.state, 'y', 4, [{client_id: 'y', score: 1}]) as {code: string}).code, 'InvalidScores')
+    record(run, 'v3', 4, [
       {client_id: 'y', score: 0.3},
       {client_id: 'y', score: 0.3},
-    ])!
-    const y = scoreRows(ledger).find((e) => e.client_id === 'y')!
+    ])
+    const y = scoreRows(run.ledger).find((e) => e.client_id === 'y')!
     assert.equal(y.count, 3)
     assert.equal(y.verifiers, 3)
-    // Reports are remembered a few steps back only (the server refuses older steps anyway).
-    ledger = recordScores(ledger, 'v1', 20, [])!
-    assert.deepEqual(ledger.reported, ['20:v1'])
+    // A trainer nobody scored in a step keeps its average.
+    nextRound(run)
+    record(run, 'v1', 5, [{client_id: 'y', score: 0.5}])
+    assert.equal(scoreRows(run.ledger).find((e) => e.client_id === 'x')!.average, x.average)
+    // Reports are remembered a few steps back only (older steps are stale anyway).
+    for (let step = 6; step < 12; step++) nextRound(run)
+    record(run, 'v1', 11, [])
+    assert.deepEqual(run.ledger.reported, ['11:v1'])
+  })
+
+  it('scores: only a verifier the seed assigned to a trainer may score it (K = 2 of 5); a trainer scored by few averages those', () => {
+    const run = scoringRun(2)
+    nextRound(run)
+    const round = run.state.epoch.round!
+    const scored = run.state.epoch.previous_round!
+    const assignment = scoreAssignment(run.state, round, scored)
+    assert.equal(assignment.size, 5)
+    for (const [v, mine] of assignment) {
+      assert.equal(mine.length, 2)
+      const other = ['v1', 'v2', 'v3', 'x', 'y'].find((id) => id !== v && !mine.includes(id))!
+      // Refused whole, by the rule every replica applies: the ledger is unchanged.
+      const refusal = recordScores(run.ledger, run.state, v, 1, [...mine.map((client_id) => ({client_id, score: 0.3})), {client_id: other, score: 0.9}])
+      assert.ok('code' in refusal && refusal.code === 'InvalidScores' && refusal.reason.includes(other), JSON.stringify(refusal))
+    }
+    // Every trainer is scored by exactly 2 verifiers (5 verifiers × 2 / 5 trainers); one of them reports for x.
+    const scorersOfX = [...assignment].filter(([, mine]) => mine.includes('x')).map(([v]) => v)
+    assert.equal(scorersOfX.length, 2)
+    record(run, scorersOfX[0], 1, [{client_id: 'x', score: 0.25}])
+    const x = scoreRows(run.ledger).find((e) => e.client_id === 'x')!
+    assert.equal(x.average, 0.25)
+    assert.equal(x.verifiers, 1)
+    assert.equal(scoreRows(run.ledger).length, 1, 'nobody else was scored')
   })
 
   it('weights: nothing at or below zero, linear up to FULL_WEIGHT_SCORE, capped at 1; unscored earns nothing when the run has verifiers', () => {
@@ -184,17 +247,16 @@ describe('rewards ledger (coordinator/rewards.ts)', () => {
     run.witness()
     run.until('RoundTrain')
     // Verifiers score the first round's results while the second runs.
-    run.ledger = recordScores(run.ledger, 'meh', 1, [
+    record(run, 'meh', 1, [
       {client_id: 'good', score: 0.6},
       {client_id: 'bad', score: -0.4},
-    ])!
-    run.ledger = recordScores(run.ledger, 'good', 1, [{client_id: 'meh', score: FULL_WEIGHT_SCORE / 4}])!
-    // A score of a client that is in no epoch of the run (the server refuses such reports; the rule still bounds it).
-    run.ledger = recordScores(run.ledger, 'bad', 1, [{client_id: 'ghost', score: 0.5}])!
-    assert.ok(scoreRows(run.ledger).some((x) => x.client_id === 'ghost'))
+    ])
+    record(run, 'good', 1, [{client_id: 'meh', score: FULL_WEIGHT_SCORE / 4}])
+    // A score of a client that is in no round of the run: no verifier is assigned it, so the report is refused.
+    const ghost = recordScores(run.ledger, run.state, 'bad', 1, [{client_id: 'ghost', score: 0.5}])
+    assert.ok('code' in ghost && ghost.code === 'InvalidScores', JSON.stringify(ghost))
     run.witness()
     run.until('WaitingForMembers')
-    assert.equal(row(run, 'ghost'), undefined, 'a score alone, of a client of no epoch, is dropped when the epoch ends')
     assert.equal(row(run, 'good')!.earned, run.batches.get('good')! * POINTS_PER_BATCH)
     assert.equal(row(run, 'bad')!.earned, 0, 'a harmful update earns nothing')
     assert.equal(row(run, 'bad')!.rounds, 2, 'though its results were accepted')
@@ -202,7 +264,10 @@ describe('rewards ledger (coordinator/rewards.ts)', () => {
   })
 
   it('the ledger survives JSON (the server saves it with its state); checkLedger names what is wrong', () => {
-    let ledger = recordScores(emptyLedger(), 'v', 1, [{client_id: 'a', score: 0.5}])!
+    const run = scoringRun()
+    nextRound(run)
+    let ledger = record(run, 'v1', 1, [{client_id: 'x', score: 0.5}])
+    ledger = {...ledger, clients: {a: {...ledger.clients.x, client_id: 'a'}}}
     ledger = {...ledger, clients: {...ledger.clients, a: {...ledger.clients.a, earned: 5000, epoch_batches: 2}}}
     assert.deepEqual(checkLedger(JSON.parse(JSON.stringify(ledger))), ledger)
     assert.throws(() => checkLedger({version: 2}), /version must be 1/)

@@ -1,4 +1,4 @@
-import {batchRangeFor, isRoundPhase, isVerifier, type ClientId, type Round} from '../coordinator/index.js'
+import {assignedTrainers, batchRangeFor, isRoundPhase, isVerifier, type ClientId, type Round} from '../coordinator/index.js'
 import type {ResultAnnouncement} from '../p2p/index.js'
 import type {EquivocationProof} from '../coordinator/equivocation.js'
 import {randomBatchIds, roundScale, scoreOf, Scorer, type Losses} from '../verify/score.js'
@@ -45,17 +45,40 @@ export class Verification {
   }
 
   /**
-   * As a verifier of the current round: scores each peer's result of the final `round` (before it is applied,
-   * so the worker's parameters are those its producers trained from), keeps moving averages, and accuses peers
-   * whose average stays low. Scores appear as `scored` events.
+   * As a verifier of the current round (the one after `round`): scores the peers' results of the final `round` that
+   * the round's seed assigned it (at most verification_sample: coordinator/rules.ts scoreAssignment, the rule the
+   * ledger checks reports by), before they are applied, so the worker's parameters are those their producers trained
+   * from; keeps moving averages, and accuses peers whose average stays low. Scores appear as `scored` events.
    */
   async verify(round: Round, results: HeldResult[]): Promise<void> {
     const ctx = this.ctx
     const {state, worker} = ctx
     const current = state.epoch.round
     if (!current || !isRoundPhase(state.run_state) || !isVerifier(state, ctx.id, current) || !worker.scoreResults) return
-    const peers = results.filter((r) => r.client_id !== ctx.id && r.bytes)
-    if (peers.length === 0) return
+    const assigned = new Set(assignedTrainers(state, current, round, ctx.id))
+    const peers = results.filter((r) => assigned.has(r.client_id) && r.bytes)
+    if (peers.length > 0) await this.score(round, peers)
+    // Accused by its average over the rounds we scored it in, even when the seed assigned us none of its results now.
+    for (const id of this.scorer.lowScorers()) {
+      const key = `${current.step}:${id}:low_score`
+      const range = batchRangeFor(ctx.state, id, current)
+      if (ctx.accused.has(key) || !range || range.end === range.start || current.excluded?.includes(id)) continue
+      if (ctx.conn.sendAccusation(current.step, id, 'low_score')) {
+        ctx.accused.add(key)
+        ctx.log({
+          event: 'accused',
+          step: current.step,
+          client_id: id,
+          reason: `low_score: moving average ${this.scorer.get(id)!.average.toFixed(3)} below ${this.scorer.settings.threshold}`,
+        })
+      }
+    }
+  }
+
+  /** Scores `peers`' results of `round` (one score_results call), keeps their averages, and reports the scores. */
+  private async score(round: Round, peers: HeldResult[]): Promise<void> {
+    const ctx = this.ctx
+    const worker = ctx.worker
     const size = Math.max(...peers.map((r) => r.batch_end - r.batch_start))
     const batches = []
     for (const r of peers) {
@@ -64,7 +87,7 @@ export class Verification {
     }
     const randomIds = randomBatchIds(round, size)
     batches.push({tokens: await ctx.data.getSamples(randomIds), rows: randomIds.length})
-    const {before, after} = await worker.scoreResults(
+    const {before, after} = await worker.scoreResults!(
       round.step,
       peers.map((r) => r.bytes!),
       batches,
@@ -94,19 +117,5 @@ export class Verification {
     }
     // The server keeps moving averages of what verifiers report (psyche status, dashboards).
     if (reported.length > 0) ctx.conn.sendScores?.(round.step, reported)
-    for (const id of this.scorer.lowScorers()) {
-      const key = `${current.step}:${id}:low_score`
-      const range = batchRangeFor(ctx.state, id, current)
-      if (ctx.accused.has(key) || !range || range.end === range.start || current.excluded?.includes(id)) continue
-      if (ctx.conn.sendAccusation(current.step, id, 'low_score')) {
-        ctx.accused.add(key)
-        ctx.log({
-          event: 'accused',
-          step: current.step,
-          client_id: id,
-          reason: `low_score: moving average ${this.scorer.get(id)!.average.toFixed(3)} below ${this.scorer.settings.threshold}`,
-        })
-      }
-    }
   }
 }

@@ -3,6 +3,7 @@
  * to normalized values or located issues. No I/O: the coordinator runs it. Files are read by run-config-file.ts.
  */
 import {CONFIG_FIELDS as COORDINATOR_CONFIG_FIELDS, MAX_CLIENTS, MAX_WITNESSES, constant} from '../coordinator/layout-table.js'
+import {MAX_VERIFICATION_SAMPLE} from '../coordinator/rules.js'
 import {Reader, join, type Table} from './read.js'
 import type {
   AdamWConfig,
@@ -51,7 +52,7 @@ export const LIMITS = {
 } as const
 
 /** The [config] keys: those the coordinator account holds (the layout table's Config struct), then the lists. */
-const CONFIG_FIELDS = [...COORDINATOR_CONFIG_FIELDS, 'checkpointers'] as const
+const CONFIG_FIELDS = [...COORDINATOR_CONFIG_FIELDS, 'checkpointers', 'verification_sample'] as const
 
 /** Most designated checkpointers a run may name (the layout table: the Solana account holds them too). */
 const MAX_CHECKPOINTERS = constant('MAX_CHECKPOINTERS')
@@ -96,6 +97,7 @@ function readCoordinatorConfig(r: Reader, t: Table, path: string): CoordinatorCo
     total_steps: r.int(t, 'total_steps', path, {min: 1, max: LIMITS.steps}),
     waiting_for_members_extra_time: seconds(r, t, 'waiting_for_members_extra_time', path, {positive: false, default: DEFAULT_WAITING_FOR_MEMBERS_EXTRA_TIME}),
   }
+  if (t.verification_sample !== undefined) config.verification_sample = r.int(t, 'verification_sample', path, {min: 1, max: MAX_VERIFICATION_SAMPLE})
   if (t.rounds_per_epoch !== undefined) config.rounds_per_epoch = r.int(t, 'rounds_per_epoch', path, {min: 1, max: LIMITS.steps})
   if (t.checkpointers !== undefined) {
     const list = t.checkpointers

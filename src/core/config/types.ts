@@ -31,6 +31,11 @@ export interface CoordinatorConfig {
   /** Witnesses per round; 0 = automatic (every client, up to 32). */
   witness_nodes: number
   verification_percent: number
+  /**
+   * The most results each verifier scores per round (our extension; default 4, at most 64): the round's seed assigns
+   * them (coordinator/rules.ts scoreAssignment), so a verifier's scoring cost stays bounded as the run grows.
+   */
+  verification_sample?: number
   global_batch_size_start: number
   global_batch_size_end: number
   /** The global batch grows linearly from start to end over this many tokens; 0 = no ramp. */

@@ -25,6 +25,7 @@ export {
   participantKey,
   rangeForPosition,
   selectVerifiers,
+  assignedTrainers,
   selectWitnesses,
   verifierCount,
   witnessBloomParams,

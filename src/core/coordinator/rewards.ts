@@ -1,6 +1,6 @@
 import {BloomFilter} from '../primitives/bloom.js'
 import {isRoundPhase} from './phases.js'
-import {batchRangeFor, participantKey, verifierCount, witnessBloomParams, witnessCount, witnessQuorum} from './rules.js'
+import {batchRangeFor, participantKey, scoreAssignment, verifierCount, witnessBloomParams, witnessCount, witnessQuorum} from './rules.js'
 import type {ClientId, CoordinatorState, Round} from './types.js'
 
 /**
@@ -126,14 +126,39 @@ export function pointsFor(batches: number, weight: number): number {
   return Math.floor(batches * POINTS_PER_BATCH * weight)
 }
 
+/** Why a verifier's score report is refused (nothing changes; the server answers it with the code). */
+interface ScoreRefusal {
+  code: 'InvalidRunState' | 'stale_step' | 'InvalidScores' | 'DuplicateScores'
+  reason: string
+}
+
 /**
- * A verifier's scores of one step's results (the server checked that `from` verifies a recent round and that every
- * scored client is of the epoch). Returns undefined when this verifier already reported that step (nothing changes).
- * Self-scores and steps older than a client's last scored step are ignored.
+ * A verifier's scores of one step's results, as `state` (the coordinator's current state) judges them: step s is
+ * scored by verifiers of round s + 1, while that round runs, each for the trainers scoreAssignment gives it (rules.ts:
+ * the one rule the clients follow too). A report is refused whole, by the same rule on every replica, when the state
+ * no longer holds both rounds (stale), when `from` scores a trainer it was not assigned (or is no verifier), or when
+ * it already reported that step. A trainer no assigned verifier scored keeps its average; one scored by fewer
+ * verifiers than assigned averages the reports it got. Steps older than a client's last scored step are ignored.
  */
-export function recordScores(ledger: RewardsLedger, from: ClientId, step: number, scores: readonly {client_id: ClientId; score: number}[]): RewardsLedger | undefined {
+export function recordScores(
+  ledger: RewardsLedger,
+  state: CoordinatorState,
+  from: ClientId,
+  step: number,
+  scores: readonly {client_id: ClientId; score: number}[],
+): RewardsLedger | ScoreRefusal {
+  if (!isRoundPhase(state.run_state)) return {code: 'InvalidRunState', reason: `scores are accepted during rounds, not in ${state.run_state}`}
+  const held = [state.epoch.round, state.epoch.previous_round]
+  const verifying = held.find((r) => r?.step === step + 1)
+  const scored = held.find((r) => r?.step === step)
+  if (!verifying || !scored) return {code: 'stale_step', reason: `scores for step ${step}, but the round is step ${state.epoch.round?.step}`}
+  const assignment = scoreAssignment(state, verifying, scored)
+  const mine = assignment.get(from)
+  if (!mine) return {code: 'InvalidScores', reason: `client ${from} is not a verifier of step ${verifying.step}`}
+  const unassigned = scores.find((e) => !mine.includes(e.client_id))
+  if (unassigned) return {code: 'InvalidScores', reason: `client ${from} was not assigned to score ${unassigned.client_id}'s result of step ${step}`}
   const key = `${step}:${from}`
-  if (ledger.reported.includes(key)) return undefined
+  if (ledger.reported.includes(key)) return {code: 'DuplicateScores', reason: `client ${from} already reported scores for step ${step}`}
   const clients = {...ledger.clients}
   const seen = new Set<ClientId>()
   for (const {client_id, score} of scores) {

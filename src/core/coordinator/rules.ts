@@ -253,3 +253,75 @@ export function agreedParamHash(s: CoordinatorState): string | undefined {
   }
   return undefined
 }
+
+/** Results a verifier scores per round when the config leaves verification_sample out. */
+export const DEFAULT_VERIFICATION_SAMPLE = 4
+/** The largest verification_sample a config may set (validate-config refuses more). */
+export const MAX_VERIFICATION_SAMPLE = 64
+
+/** The most results one verifier scores per round: config.verification_sample, or DEFAULT_VERIFICATION_SAMPLE. */
+function verificationSample(config: CoordinatorConfig): number {
+  return config.verification_sample ?? DEFAULT_VERIFICATION_SAMPLE
+}
+
+const scoreAssignmentMemo = new WeakMap<Round, {scored: Round; byVerifier: Map<ClientId, ClientId[]>}>()
+
+/**
+ * Who scores whom: the results of round `scored` are scored by the verifiers of the round after it (`verifying`,
+ * step scored.step + 1, which runs while they score), each at most K = verificationSample(config) of them. Every
+ * replica recomputes it from the two rounds; no verifier chooses whom it scores, and without `verifying`'s seed
+ * (drawn after the scored results were committed) nobody can predict it.
+ *
+ * The trainers of `scored` with a non-empty batch range (those with a result) are laid out in a cycle of T slots.
+ * The verifier at position j of V (selectVerifiers order) owns slot ⌊j·T/V⌋ — spread evenly round the cycle — and
+ * sits in it when it is one of the trainers; the other trainers fill the free slots in an order shuffled by
+ * `verifying`'s seed. Each verifier scores the K trainers in the slots after its own (K = min(verification_sample,
+ * T − 1)), so it never scores itself, and a trainer is scored by the verifiers owning the K slots before it:
+ * ⌊V·K/T⌋ or ⌈V·K/T⌉ of them (off by one more only where two verifiers own one slot, V > T). When V·K < T, each
+ * round's seed changes who is left out.
+ *
+ * Returns, per verifier of `verifying`, the trainers it scores in that cycle order; empty when `verifying` is not the
+ * round right after `scored`.
+ */
+export function scoreAssignment(state: CoordinatorState, verifying: Round, scored: Round): Map<ClientId, ClientId[]> {
+  const hit = scoreAssignmentMemo.get(verifying)
+  if (hit && hit.scored === scored) return hit.byVerifier
+  const byVerifier = new Map<ClientId, ClientId[]>()
+  if (verifying.step === scored.step + 1) {
+    const trainers = scored.roster.filter((id) => {
+      const range = batchRangeFor(state, id, scored)
+      return range !== undefined && range.end > range.start
+    })
+    const t = trainers.length
+    const verifiers = selectVerifiers(state, verifying)
+    const v = verifiers.length
+    const slotOf = (j: number) => Math.floor((j * t) / v)
+    const cycle = new Array<ClientId | undefined>(t)
+    const isTrainer = new Set(trainers)
+    const seated = new Set<ClientId>()
+    for (const [j, verifier] of verifiers.entries()) {
+      if (isTrainer.has(verifier) && cycle[slotOf(j)] === undefined) ((cycle[slotOf(j)] = verifier), seated.add(verifier))
+    }
+    const rest = trainers.filter((id) => !seated.has(id))
+    const order = shuffleAll(rest.length, subSeed(verifying.seed, 'score'))
+    const shuffled = new Array<ClientId>(rest.length)
+    for (let i = 0; i < rest.length; i++) shuffled[order[i]] = rest[i]
+    for (let slot = 0, next = 0; slot < t; slot++) if (cycle[slot] === undefined) cycle[slot] = shuffled[next++]
+    const k = verificationSample(state.config)
+    for (const [j, verifier] of verifiers.entries()) {
+      const mine: ClientId[] = []
+      for (let step = 1; step <= t && mine.length < k; step++) {
+        const trainer = cycle[(slotOf(j) + step) % t]!
+        if (trainer !== verifier) mine.push(trainer)
+      }
+      byVerifier.set(verifier, mine)
+    }
+  }
+  scoreAssignmentMemo.set(verifying, {scored, byVerifier})
+  return byVerifier
+}
+
+/** The trainers of `scored` whose results `verifier` scores as a verifier of `verifying` (scoreAssignment). */
+export function assignedTrainers(state: CoordinatorState, verifying: Round, scored: Round, verifier: ClientId): ClientId[] {
+  return scoreAssignment(state, verifying, scored).get(verifier) ?? []
+}

@@ -744,21 +744,14 @@ export class CoordinatorServer {
   }
 
   /**
-   * A verifier's scores of a round's results (scored while the next round runs): accepted from a verifier of the
-   * current round, for a recent step, about clients of the run; kept as moving averages and shown to watchers.
+   * A verifier's scores of a round's results (scored while the next round runs): accepted by the ledger's rule (from
+   * a verifier of the next round, for the trainers the seed assigned it: rewards.ts recordScores); kept as moving
+   * averages and shown to watchers.
    */
   private onScores(s: Session, step: number, scores: {client_id: ClientId; score: number}[]): void {
-    const st = this.current
-    const round = st.epoch.round
     const from = s.clientId!
-    if (!round || !isRoundPhase(st.run_state)) return this.reject(s, 'InvalidRunState', `scores are accepted during rounds, not in ${st.run_state}`, 'scores', {strike: false})
-    if (step >= round.step || step < round.step - 2) return this.reject(s, 'stale_step', `scores for step ${step}, but the round is step ${round.step}`, 'scores', {strike: false})
-    if (!isVerifier(st, from, round)) return this.reject(s, 'InvalidScores', `client ${from} is not a verifier of step ${round.step}`, 'scores', {strike: false})
-    const known = new Set([...st.epoch.clients.map((c) => c.id), ...st.epoch.exited.map((c) => c.id)])
-    const unknown = scores.find((e) => !known.has(e.client_id))
-    if (unknown) return this.reject(s, 'InvalidScores', `client ${unknown.client_id} is not in this epoch`, 'scores', {strike: false})
-    const rewards = recordScores(this.rewards, from, step, scores)
-    if (!rewards) return this.reject(s, 'DuplicateScores', `client ${from} already reported scores for step ${step}`, 'scores', {strike: false})
+    const rewards = recordScores(this.rewards, this.current, from, step, scores)
+    if ('code' in rewards) return this.reject(s, rewards.code, rewards.reason, 'scores', {strike: false})
     this.rewards = rewards
     this.watcherJsonCache = undefined
     this.watcherJsonVersion++

@@ -1,7 +1,7 @@
 import {getAddressDecoder, getAddressEncoder, type Address} from '@solana/kit'
 import {RUN_STATES, type CheckpointConfig, type CoordinatorConfig, type HubRepo, type LLMConfig} from '../../config/types.js'
 import type {Accusation, AccusationReason, CheckpointHash, Client, ClientState, CoordinatorState, ExitedClient, HashWitness, Round, WitnessRecord} from '../../coordinator/types.js'
-import {witnessBloomParams} from '../../coordinator/rules.js'
+import {DEFAULT_VERIFICATION_SAMPLE, witnessBloomParams} from '../../coordinator/rules.js'
 import {CONFIG_FIELDS, ENUMS, MAGICS, MAX_CLIENTS, RUN_ID_MAX, STRUCTS, constant, enumValues, structLayout} from '../../coordinator/layout-table.js'
 
 /**
@@ -288,6 +288,9 @@ export function encodeInit(runId: string, mainAuthority: string, joinAuthority: 
 export function encodeUpdate(config: CoordinatorConfig | undefined, model: {LLM: LLMConfig} | undefined): Uint8Array {
   // rounds_per_epoch 0 is how the account spells "not set": a 0 in the config would silently mean that
   if (config?.rounds_per_epoch === 0) throw new RangeError('config.rounds_per_epoch must be at least 1 (leave it out for no limit)')
+  // Not in the coordinator account yet: refused rather than silently dropped (the clients would use the default).
+  if (config?.verification_sample !== undefined && config.verification_sample !== DEFAULT_VERIFICATION_SAMPLE)
+    throw new RangeError(`config.verification_sample: the Solana coordinator program does not store it yet; leave it out (default ${DEFAULT_VERIFICATION_SAMPLE})`)
   const parts: Buffer[] = [Buffer.from([IX.update, config ? 1 : 0])]
   const c = Buffer.alloc(CONFIG_SIZE)
   if (config) CONFIG_FIELDS.forEach((f, i) => c.writeBigUInt64LE(BigInt((config as unknown as Record<string, number | undefined>)[f] ?? 0), i * 8))
