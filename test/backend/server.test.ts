@@ -319,7 +319,7 @@ test("verification scores: a verifier's signed report is kept as a moving averag
     assert.ok(a.sendScores(1, [{client_id: bob.id, score: 0.9}]))
     await t.waitLog({event: 'rejected', code: 'DuplicateScores', of: 'scores'}, from)
     from = t.logs.length
-    assert.ok(b.sendScores(0, [{client_id: generateIdentity().id, score: 0.1}]))
+    assert.ok(b.sendScores(1, [{client_id: generateIdentity().id, score: 0.1}]))
     await t.waitLog({event: 'rejected', code: 'InvalidScores', of: 'scores'}, from)
     const raw = await RawClient.open(t.server.port)
     const carol = generateIdentity()
