@@ -5,6 +5,9 @@
 // set, and (2) validation loss at equal steps, honest-only against 1 attacker of 4 for each attack.
 // BENCH_ROUNDS (default 40) rounds of 16 sequences × 128 tokens. BENCH_ATTACKS (comma-separated, default all) picks
 // the runs. Also times the verifier's scoring (score_results) against its own training of the round: the scoring cost.
+// BENCH_PEERS (default 4) peers; BENCH_VERIFICATION_SAMPLE: the verifier (peer 0) scores the results the run's rule
+// assigns it (coordinator/rules.ts scoreAssignment, verification_percent 100, this K; default the run's default), or
+// with `all` every other peer's result (the rule before issue 25's bounded sample).
 import {randomBytes} from 'node:crypto'
 import {ensureDemoCorpus} from '../src/core/corpus.js'
 import {openDataProvider} from '../src/core/data/index.js'
@@ -17,9 +20,28 @@ import {indexOverlap, indexSample} from '../src/core/verify/copy.js'
 import {roundScale, scoreOf, Scorer} from '../src/core/verify/score.js'
 import {ModelWorker} from '../src/core/worker/model-worker.js'
 import {nearCopy, randomWellFormed, signFlipped} from '../test/adversarial/forge.js'
+import {assignedTrainers, DEFAULT_VERIFICATION_SAMPLE} from '../src/core/coordinator/rules.js'
+import type {CoordinatorState, Round} from '../src/core/coordinator/types.js'
 
 const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 40)
-const PEERS = 4
+const PEERS = Number(process.env.BENCH_PEERS ?? 4)
+const SAMPLE = process.env.BENCH_VERIFICATION_SAMPLE === 'all' ? 'all' : Number(process.env.BENCH_VERIFICATION_SAMPLE ?? DEFAULT_VERIFICATION_SAMPLE)
+/** What scoreAssignment reads of a run: its config (every peer verifies; K = SAMPLE). */
+const RUN = {config: {verification_percent: 100, verification_sample: SAMPLE === 'all' ? undefined : SAMPLE}} as unknown as CoordinatorState
+/** Round `step` as the rule sees it: every peer a trainer with batches, a seed per step. */
+const roundOf = (step: number, roster: string[]): Round => ({
+  step,
+  height: step - 1,
+  data_index: (step - 1) * PEERS * PER_PEER,
+  batch_size: PEERS * PER_PEER,
+  seed: sha256Hex(Buffer.from(`bench round ${step}`)),
+  started_at: 0,
+  roster,
+  witnesses: [],
+  accusations: [],
+  excluded: [],
+  complete_witnesses: 0,
+})
 const PER_PEER = 4
 await ensureDemoCorpus()
 const plan = await resolveTrainPlan({template: 'tiny-demo', optimizer: 'distro', threads: 1, device: 'cpu'})
@@ -72,7 +94,7 @@ async function run(attack: Attack): Promise<RunResult> {
   const {workers, format} = await startPeers()
   const intake = new ResultIntake(format)
   const scorer = new Scorer()
-  const ids = ['p0', 'p1', 'p2', 'p3']
+  const ids = Array.from({length: PEERS}, (_, p) => `p${p}`)
   const attacker = attack === 'none' ? -1 : 3
   let previous: Uint8Array[] | undefined
   let firstAttackerResult: Uint8Array | undefined
@@ -137,29 +159,34 @@ async function run(attack: Attack): Promise<RunResult> {
         }
         accepted.push({p, bytes})
       }
-      const batches = []
-      for (const a of accepted) {
-        const start = (step - 1) * PEERS * PER_PEER + a.p * PER_PEER
-        batches.push({tokens: await data.getSamples(Array.from({length: PER_PEER}, (_, i) => start + i)), rows: PER_PEER})
-      }
-      const randomStart = 2_000_000 + step * 64
-      batches.push({tokens: await data.getSamples(Array.from({length: PER_PEER}, (_, i) => randomStart + i)), rows: PER_PEER})
-      const t0 = performance.now()
-      const {before, after} = await workers[0].scoreResults(
-        step,
-        accepted.map((a) => a.bytes),
-        batches,
-      )
-      if (step > 1) (out.scoreMs.push(performance.now() - t0), out.scored.push(accepted.length))
-      const all = accepted.map((_, j) => ({assigned: {before: before[j], after: after[j]![0]}, random: {before: before[accepted.length], after: after[j]![1]}}))
-      const scale = roundScale(all)
-      for (const [j, a] of accepted.entries()) {
-        const l = all[j]
-        const score = scoreOf(l, scale)
-        const gains: [number, number] = [l.assigned.before - l.assigned.after, l.random.before - l.random.after]
-        scorer.add(ids[a.p], score)
-        if (a.p === attacker) (out.attackerScores.push(score), out.attackerGains.push(gains))
-        else (out.honestScores.push(score), out.honestGains.push(gains))
+      // The verifier (peer 0, a verifier of the next round) scores the other peers' results assigned to it.
+      const mine = SAMPLE === 'all' ? new Set(ids.slice(1)) : new Set(assignedTrainers(RUN, roundOf(step + 1, ids), roundOf(step, ids), ids[0]))
+      const scoredHere = accepted.filter((a) => mine.has(ids[a.p]))
+      if (scoredHere.length > 0) {
+        const batches = []
+        for (const a of scoredHere) {
+          const start = (step - 1) * PEERS * PER_PEER + a.p * PER_PEER
+          batches.push({tokens: await data.getSamples(Array.from({length: PER_PEER}, (_, i) => start + i)), rows: PER_PEER})
+        }
+        const randomStart = 2_000_000 + step * 64
+        batches.push({tokens: await data.getSamples(Array.from({length: PER_PEER}, (_, i) => randomStart + i)), rows: PER_PEER})
+        const t0 = performance.now()
+        const {before, after} = await workers[0].scoreResults(
+          step,
+          scoredHere.map((a) => a.bytes),
+          batches,
+        )
+        if (step > 1) (out.scoreMs.push(performance.now() - t0), out.scored.push(scoredHere.length))
+        const all = scoredHere.map((_, j) => ({assigned: {before: before[j], after: after[j]![0]}, random: {before: before[scoredHere.length], after: after[j]![1]}}))
+        const scale = roundScale(all)
+        for (const [j, a] of scoredHere.entries()) {
+          const l = all[j]
+          const score = scoreOf(l, scale)
+          const gains: [number, number] = [l.assigned.before - l.assigned.after, l.random.before - l.random.after]
+          scorer.add(ids[a.p], score)
+          if (a.p === attacker) (out.attackerScores.push(score), out.attackerGains.push(gains))
+          else (out.honestScores.push(score), out.honestGains.push(gains))
+        }
       }
       if (attacker >= 0 && !ejected && scorer.lowScorers().includes(ids[attacker])) {
         ejected = true
