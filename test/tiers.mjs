@@ -86,6 +86,7 @@ export const tiers = {
     'test/solana/differential.test.ts',
     'test/solana/idl.test.ts',
     'test/solana/layout-table.test.ts',
+    'test/solana/rewards-program.test.ts',
     'test/solana/rpc.test.ts',
     'test/solana/sbpf-link.test.ts',
     'test/solana/squatting.test.ts',

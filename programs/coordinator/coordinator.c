@@ -174,19 +174,155 @@ static int trainer_healthy(const State *s, const Round *r, u64 probe) {
   return score >= witness_quorum(witness_count(s, r->roster_len));
 }
 
+/* Round.roster_mark: the witnesses whose participant bloom holds the member (low 7 bits; at most MAX_WITNESSES), and
+ * this bit when its result is excluded (a quorum's accusation, an equivocation proof). */
+#define MARK_EXCLUDED 0x80
+
 /*
- * attestsEveryTrainer (machine.ts): the participant bloom names every trainer of the round. Only rounds with at
- * least as many batches as trainers count (then every trainer has batches): finding the empty-handed trainers
- * of a smaller batch would cost a shuffle each, which the compute budget does not allow.
+ * One witness proof's participant bloom over the roster: counts, per trainer, the proofs that hold it (for the rewards
+ * ledger's accepted results, credit_round), and returns attestsEveryTrainer (machine.ts): the bloom names every
+ * trainer of the round. Only rounds with at least as many batches as trainers count (then every trainer has batches):
+ * finding the empty-handed trainers of a smaller batch would cost a shuffle each, which the compute budget does not
+ * allow.
  */
-static int attests_every_trainer(const Round *r, const u8 *bloom) {
-  if (r->roster_len > r->batch_size) return 0;
+static int mark_witnessed(Round *r, const u8 *bloom) {
   u64 size = r->roster_len ? r->roster_len : 1;
   u64 bits = BLOOM_BITS[size - 1];
   u64 hashes = BLOOM_HASHES[size - 1];
-  for (u64 i = 0; i < r->roster_len; i++)
-    if (!bloom_contains(bloom, bits, hashes, r->roster_probe[i])) return 0;
-  return 1;
+  int every = r->roster_len <= r->batch_size;
+  for (u64 i = 0; i < r->roster_len; i++) {
+    if (bloom_contains(bloom, bits, hashes, r->roster_probe[i])) r->roster_mark[i]++;
+    else every = 0;
+  }
+  return every;
+}
+
+/* ---- the rewards ledger (rewards.ts) ---- */
+
+/*
+ * The ledger entry of `key` (1 + its index): its own, else a new one, appended while the ledger has room, else one
+ * that holds nothing (no results, no points) of a client that has not joined for 3 epochs. 0 when there is none: the
+ * client trains and earns nothing (logged), and the run's rules do not change. Marks the entry as joined now.
+ */
+static u64 ledger_slot(State *s, const u8 *key) {
+  u64 found = 0;
+  for (u64 i = 0; i < s->ledger_len; i++) {
+    Points *e = &s->ledger[i];
+    if (equal(e->key, key, 32)) {
+      e->last_epoch = s->progress_epoch;
+      return i + 1;
+    }
+    if (!found && (e->rounds | e->epoch_rounds | e->earned | e->slashed | e->claimed) == 0 && e->last_epoch + 3 <= s->progress_epoch) found = i + 1;
+  }
+  if (!found && s->ledger_len < LEDGER_MAX) found = ++s->ledger_len;
+  if (!found) {
+    log("rewards ledger full (LEDGER_MAX = " STR(LEDGER_MAX) " clients holding points): this client earns no points");
+    return 0;
+  }
+  Points *e = &s->ledger[found - 1];
+  zero(e, sizeof(Points));
+  copy(e->key, key, 32);
+  e->last_epoch = s->progress_epoch;
+  return found;
+}
+
+/*
+ * Which roster members have one batch more than batch_size / n (batch_range: those whose shuffled position is below
+ * batch_size % n): the inverse shuffle of those positions (or of the others, whichever are fewer), all at once. With
+ * n <= 256 every position reads hash chunk 0, so each of the 90 rounds hashes twice for the whole roster, not twice
+ * per member as shuffle_index would. Still ~2.7k CU a round at 256 trainers, so the round's witness proofs run it
+ * in slices (on_witness): this runs its rounds from r->extra_rounds up to `upto`, its state in r->extra_at.
+ */
+static void extras_progress(Round *r, u64 upto) {
+  u64 n = r->roster_len;
+  if (upto > SHUFFLE_ROUNDS) upto = SHUFFLE_ROUNDS;
+  if (n == 0 || r->extra_rounds >= upto) return;
+  u64 extra = r->batch_size % n;
+  int few = extra <= n - extra; /* follow the positions below extra, else those from extra on */
+  u64 count = few ? extra : n - extra;
+  if (r->extra_rounds == 0)
+    for (u64 k = 0; k < count; k++) r->extra_at[k] = (u8)(few ? k : extra + k);
+  u8 buf[40], h[32], bits[32];
+  sub_seed(r->seed, "data", buf);
+  zero(buf + 32, 8);
+  for (u64 i = r->extra_rounds; i < upto && count; i++) {
+    buf[32] = (u8)(SHUFFLE_ROUNDS - 1 - i);
+    sha256_2(buf, 33, NULL, 0, h);
+    u64 pivot_n = read_u64(h) % n + n;
+    sha256_2(buf, 37, NULL, 0, bits);
+    for (u8 *p = r->extra_at, *end = r->extra_at + count; p < end; p++) {
+      u64 index = *p;
+      u64 flip = pivot_n - index;
+      if (flip >= n) flip -= n;
+      u64 position = index > flip ? index : flip;
+      if ((bits[position >> 3] >> (position & 7)) & 1) *p = (u8)flip;
+    }
+  }
+  r->extra_rounds = upto;
+}
+
+/* A witness proof's slice of extras_progress: the k-th proof runs it up to k × ceil(90 / quorum) rounds, so the
+ * quorum of proofs that any accepted result needs has run all of it by the round's close; a proof runs at most
+ * EXTRAS_PER_PROOF positions × rounds (~85k CU), and the round's close runs what is left (a run with one witness). */
+#define EXTRAS_PER_PROOF 3584
+static void extras_slice(const State *s, Round *r) {
+  u64 n = r->roster_len;
+  if (n == 0) return;
+  u64 extra = r->batch_size % n;
+  u64 count = extra <= n - extra ? extra : n - extra;
+  u64 quorum = witness_quorum(witness_count(s, n));
+  u64 per = quorum ? (SHUFFLE_ROUNDS + quorum - 1) / quorum : SHUFFLE_ROUNDS;
+  if (count && per > EXTRAS_PER_PROOF / count) per = EXTRAS_PER_PROOF / count ? EXTRAS_PER_PROOF / count : 1;
+  extras_progress(r, r->extra_rounds + per);
+}
+
+/* A round closes (acceptedResults): each roster member that a witness quorum saw, whose result was not excluded and
+ * whose batch range is not empty, is credited the round and its batches in the current epoch. */
+__attribute__((noinline)) static void credit_round(State *s, Round *r) {
+  u64 n = r->roster_len;
+  if (n == 0 || r->witness_len == 0) return;
+  u64 quorum = witness_quorum(witness_count(s, n));
+  u64 base = r->batch_size / n;
+  u64 extra = r->batch_size % n;
+  int few = extra <= n - extra;
+  u64 count = few ? extra : n - extra;
+  extras_progress(r, SHUFFLE_ROUNDS); /* the rest, if fewer proofs than a quorum ran it (then nobody is accepted) */
+  u8 more[MAX_CLIENTS];
+  for (u64 i = 0; i < n; i++) more[i] = few ? 0 : 1;
+  for (u64 k = 0; k < count; k++) more[r->extra_at[k]] = few ? 1 : 0;
+  for (u64 i = 0; i < n; i++) {
+    u64 mark = r->roster_mark[i];
+    u64 batches = base + more[i];
+    u64 slot = r->roster_ledger[i];
+    if ((mark & MARK_EXCLUDED) || mark < quorum || batches == 0 || slot == 0) continue;
+    Points *e = &s->ledger[slot - 1];
+    e->epoch_rounds++;
+    e->epoch_batches += batches;
+  }
+}
+
+/* One entry's epoch settles: its accepted batches earn floor(batches × points_per_batch × weight) points, slashed
+ * instead when the client was ejected in the epoch; a run without verifiers weighs every point 1. */
+static void settle(const State *s, Points *e, int verified, int ejected) {
+  u64 weight = verified ? (e->weight < WEIGHT_ONE ? e->weight : WEIGHT_ONE) : WEIGHT_ONE;
+  u64 points = e->epoch_batches * s->points_per_batch * weight / WEIGHT_ONE;
+  e->rounds += e->epoch_rounds;
+  e->batches += e->epoch_batches;
+  e->epoch_rounds = 0;
+  e->epoch_batches = 0;
+  if (ejected) e->slashed += points;
+  else e->earned += points;
+}
+
+/* The end of an epoch (settleEpoch): the ejected clients' entries first (clients and exited), then every other. */
+__attribute__((noinline)) static void settle_epoch(State *s) {
+  int verified = verifier_count(s, 1) > 0;
+  for (u64 i = 0; i < s->clients_len; i++)
+    if (s->clients[i].state == EJECTED && s->clients[i].ledger) settle(s, &s->ledger[s->clients[i].ledger - 1], verified, 1);
+  for (u64 i = 0; i < s->exited_len; i++)
+    if (s->exited[i].state == EJECTED && s->exited[i].ledger) settle(s, &s->ledger[s->exited[i].ledger - 1], verified, 1);
+  for (u64 i = 0; i < s->ledger_len; i++)
+    if (s->ledger[i].epoch_rounds) settle(s, &s->ledger[i], verified, 0);
 }
 
 /* ---- helpers over a state (machine.ts) ---- */
@@ -223,6 +359,7 @@ static void remove_pending(State *s, u64 p) {
     copy(s->pending[i - 1], s->pending[i], 32);
     s->pending_probe[i - 1] = s->pending_probe[i];
     s->pending_client[i - 1] = s->pending_client[i];
+    s->pending_ledger[i - 1] = s->pending_ledger[i];
   }
   s->pending_len--;
 }
@@ -285,6 +422,7 @@ __attribute__((noinline)) static void keep_healthy_as_pending(State *s) {
       copy(s->pending[m], s->pending[j], 32);
       s->pending_probe[m] = s->pending_probe[j];
       s->pending_client[m] = s->pending_client[j];
+      s->pending_ledger[m] = s->pending_ledger[j];
     }
     m++;
   }
@@ -297,6 +435,7 @@ __attribute__((noinline)) static void keep_healthy_as_pending(State *s) {
       copy(s->pending[h + j], s->pending[j], 32);
       s->pending_probe[h + j] = s->pending_probe[j];
       s->pending_client[h + j] = s->pending_client[j];
+      s->pending_ledger[h + j] = s->pending_ledger[j];
     }
   u64 n = 0;
   for (u64 i = 0; i < s->clients_len; i++) {
@@ -304,6 +443,7 @@ __attribute__((noinline)) static void keep_healthy_as_pending(State *s) {
     copy(s->pending[n], s->clients[i].key, 32);
     s->pending_probe[n] = s->clients[i].probe;
     s->pending_client[n] = i + 1;
+    s->pending_ledger[n] = s->clients[i].ledger;
     n++;
   }
   s->pending_len = h + m;
@@ -374,6 +514,7 @@ static void start_round_train(State *s, u64 now) {
   for (u64 i = 0; i < s->clients_len; i++) {
     copy(r->roster[i], s->clients[i].key, 32);
     r->roster_probe[i] = s->clients[i].probe;
+    r->roster_ledger[i] = (u16)s->clients[i].ledger; /* at most LEDGER_MAX */
   }
   s->has_round = 1;
   s->has_previous_round = has_previous;
@@ -413,6 +554,8 @@ static void tick_waiting_for_members(State *s, u64 now) {
     s->clients[i].state = HEALTHY;
     s->clients[i].exited_height = 0;
     s->clients[i].probe = s->pending_probe[i];
+    s->clients[i].ledger = s->pending_ledger[i];
+    if (s->pending_ledger[i]) s->ledger[s->pending_ledger[i] - 1].last_epoch = s->progress_epoch;
   }
   s->clients_len = s->pending_len;
   s->pending_len = 0;
@@ -430,9 +573,10 @@ static void start_cooldown(State *s, u64 now) {
 }
 
 static void tick_round_witness(State *s, u64 now) {
-  const Round *r = &s->round;
+  Round *r = &s->round;
   /* The window is the upper bound; it closes as soon as every witness attested every trainer (allAttested). */
   if (!timed_out(s, now, s->config.round_witness_time) && r->complete_witnesses < witness_count(s, r->roster_len)) return;
+  credit_round(s, r);
   s->progress_step++;
   move_exited(s, r->height);
   u64 witnessed = r->witness_len;
@@ -455,6 +599,7 @@ static void tick_cooldown(State *s, u64 now) {
   if (!timed_out(s, now, s->config.cooldown_time) && !s->checkpointed) return;
   move_exited(s, current_height(s));
   checkpoint_to_p2p(s);
+  settle_epoch(s);
   s->progress_epoch++;
   s->epoch_start_data_index = next_data_index(s);
   if (s->pending_pause) {
@@ -501,6 +646,7 @@ static u64 on_join(State *s, const u8 *key) {
   copy(s->pending[p], key, 32);
   s->pending_probe[p] = participant_probe(key);
   s->pending_client[p] = i >= 0 ? (u64)i + 1 : 0;
+  s->pending_ledger[p] = ledger_slot(s, key);
   return 0;
 }
 
@@ -547,7 +693,8 @@ static u64 on_witness(State *s, u64 now, const u8 *key, const u8 *data, u64 len)
   copy(w->from, key, 32);
   copy(w->participant_bloom, data + 10, bytes);
   copy(w->broadcast_bloom, data + 10 + bytes, bytes);
-  if (attests_every_trainer(r, w->participant_bloom)) r->complete_witnesses++;
+  if (mark_witnessed(r, w->participant_bloom)) r->complete_witnesses++;
+  extras_slice(s, r);
   if (s->run_state == ROUND_TRAIN && r->witness_len >= witness_quorum(witness_count(s, r->roster_len))) change_state(s, now, ROUND_WITNESS);
   return 0;
 }
@@ -614,6 +761,7 @@ static u64 on_accuse(State *s, const u8 *key, const u8 *data, u64 len) {
   for (u64 e = 0; e < r->excluded_len; e++)
     if (equal(r->excluded[e], accused, 32)) excluded = 1;
   if (!excluded) copy(r->excluded[r->excluded_len++], accused, 32); /* excluded_len < MAX_CLIENTS: roster members only */
+  r->roster_mark[index] |= MARK_EXCLUDED;
   i64 i = client_index(s, accused);
   if (i >= 0 && s->clients[i].state == HEALTHY) s->clients[i].state = EJECTED;
   return 0;
@@ -970,7 +1118,10 @@ static u64 on_equivocation(Input *in, State *s, const u8 *key, const u8 *data, u
     for (u64 x = 0; x < r->excluded_len; x++)
       if (equal(r->excluded[x], producer, 32)) excluded = 1;
   if (in_round ? excluded : s->clients[i].state == EJECTED) return fail(E_DUPLICATE_ACCUSATION, "the producer is already ejected");
-  if (in_round) copy(r->excluded[r->excluded_len++], producer, 32); /* roster members only: excluded_len < MAX_CLIENTS */
+  if (in_round) {
+    copy(r->excluded[r->excluded_len++], producer, 32); /* roster members only: excluded_len < MAX_CLIENTS */
+    r->roster_mark[roster_index(r, producer)] |= MARK_EXCLUDED;
+  }
   if (i >= 0 && s->clients[i].state == HEALTHY) s->clients[i].state = EJECTED;
   return 0;
 }
@@ -1042,6 +1193,7 @@ static u64 grow(Input *in) {
   if (target > sizeof(State)) target = sizeof(State);
   zero(a->data + a->data_len, target - a->data_len);
   *(u64 *)(a->data - 8) = target; /* the serialized length the runtime reads back */
+  if (target == sizeof(State)) ((State *)a->data)->points_per_batch = POINTS_PER_BATCH; /* the last field init_coordinator could not reach */
   return 0;
 }
 

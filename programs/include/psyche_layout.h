@@ -20,11 +20,14 @@
 #define DESCRIPTION_MAX 512 /* bytes of a run description */
 #define MAX_DELEGATES 16 /* delegates of one authorization */
 #define MAX_CHECKPOINTERS 8 /* designated checkpointers of a run (config.checkpointers) */
+#define LEDGER_MAX 512 /* clients the rewards ledger holds (points per client key); past it, a new key's entry reuses one that holds nothing, or it earns nothing */
+#define POINTS_PER_BATCH 1000 /* points for one accepted batch at full weight, until set_rates changes it (rewards.ts POINTS_PER_BATCH) */
+#define WEIGHT_ONE 1000000 /* a points weight of 1 in the ledger's fixed point (parts per million) */
 #define UPDATE_MAX 4657 /* bytes of an update's data: flags, Config, MAX_CHECKPOINTERS keys, the model with MODEL_JSON_MAX of JSON (what an update buffer holds) */
 
 /* ---- magic numbers ---- */
 #define MAGIC 0x44524f4f43595350ull /* "PSYCOORD": a coordinator account */
-#define LAYOUT_VERSION 4ull /* 4: checkpointers, Cooldown hash witnesses, the checkpoint hash (3: 256 clients, precomputed bloom probes; 2: times in unix milliseconds) */
+#define LAYOUT_VERSION 5ull /* 5: the rewards ledger (points per client), rates; 4: checkpointers, Cooldown hash witnesses, the checkpoint hash (3: 256 clients, precomputed bloom probes; 2: times in unix milliseconds) */
 #define PEER_MAGIC 0x5245455043595350ull /* "PSYCPEER": a peer record */
 #define METADATA_MAGIC 0x4154454d43595350ull /* "PSYCMETA": a run metadata record */
 #define AUTH_MAGIC 0x4854554148595350ull /* "PSYHAUTH": an authorization */
@@ -101,12 +104,38 @@ typedef struct {
   u64 state; /* @32: ClientState */
   u64 exited_height; /* @40 */
   u64 probe; /* @48: the bloom probe of the client's participant key (h1 | h2 << 32), computed once at join */
-} ClientRec; /* 56 bytes */
+  u64 ledger; /* @56: 1 + the client's entry in the rewards ledger (0: none, the ledger was full) */
+} ClientRec; /* 64 bytes */
 _Static_assert(__builtin_offsetof(ClientRec, key) == 0, "layout: ClientRec.key");
 _Static_assert(__builtin_offsetof(ClientRec, state) == 32, "layout: ClientRec.state");
 _Static_assert(__builtin_offsetof(ClientRec, exited_height) == 40, "layout: ClientRec.exited_height");
 _Static_assert(__builtin_offsetof(ClientRec, probe) == 48, "layout: ClientRec.probe");
-_Static_assert(sizeof(ClientRec) == 56, "layout: sizeof(ClientRec)");
+_Static_assert(__builtin_offsetof(ClientRec, ledger) == 56, "layout: ClientRec.ledger");
+_Static_assert(sizeof(ClientRec) == 64, "layout: sizeof(ClientRec)");
+
+typedef struct {
+  u8 key[32]; /* @0: the client */
+  u64 rounds; /* @32: accepted results in settled epochs */
+  u64 batches; /* @40: accepted batches in settled epochs */
+  u64 epoch_rounds; /* @48: accepted results in the current epoch (settled at the epoch's end) */
+  u64 epoch_batches; /* @56: accepted batches in the current epoch */
+  u64 earned; /* @64: points earned in settled epochs */
+  u64 slashed; /* @72: points withheld: the client was ejected in their epoch */
+  u64 claimed; /* @80: points paid out */
+  u64 weight; /* @88: the weight of its points, parts per million (WEIGHT_ONE = 1; 0: not scored, which earns nothing in a run with verifiers) */
+  u64 last_epoch; /* @96: the last epoch the client joined or began (an entry holding nothing is reused 3 epochs later) */
+} Points; /* 104 bytes */
+_Static_assert(__builtin_offsetof(Points, key) == 0, "layout: Points.key");
+_Static_assert(__builtin_offsetof(Points, rounds) == 32, "layout: Points.rounds");
+_Static_assert(__builtin_offsetof(Points, batches) == 40, "layout: Points.batches");
+_Static_assert(__builtin_offsetof(Points, epoch_rounds) == 48, "layout: Points.epoch_rounds");
+_Static_assert(__builtin_offsetof(Points, epoch_batches) == 56, "layout: Points.epoch_batches");
+_Static_assert(__builtin_offsetof(Points, earned) == 64, "layout: Points.earned");
+_Static_assert(__builtin_offsetof(Points, slashed) == 72, "layout: Points.slashed");
+_Static_assert(__builtin_offsetof(Points, claimed) == 80, "layout: Points.claimed");
+_Static_assert(__builtin_offsetof(Points, weight) == 88, "layout: Points.weight");
+_Static_assert(__builtin_offsetof(Points, last_epoch) == 96, "layout: Points.last_epoch");
+_Static_assert(sizeof(Points) == 104, "layout: sizeof(Points)");
 
 typedef struct {
   u8 from[32]; /* @0 */
@@ -153,7 +182,11 @@ typedef struct {
   Witness witnesses[MAX_WITNESSES]; /* @10352 */
   Accusation accusations[MAX_ACCUSATIONS]; /* @31344 */
   u8 excluded[MAX_CLIENTS][32]; /* @49776 */
-} Round; /* 57968 bytes */
+  u8 roster_mark[MAX_CLIENTS]; /* @57968: per roster member: the witnesses whose participant bloom holds it (low 7 bits), 0x80 when its result is excluded */
+  u16 roster_ledger[MAX_CLIENTS]; /* @58224: each roster member's ClientRec.ledger */
+  u64 extra_rounds; /* @58736: rounds of the inverse shuffle that finds the members with one batch more, run so far (by the witness proofs) */
+  u8 extra_at[MAX_CLIENTS]; /* @58744: that shuffle in progress: where the followed positions are */
+} Round; /* 59000 bytes */
 _Static_assert(__builtin_offsetof(Round, step) == 0, "layout: Round.step");
 _Static_assert(__builtin_offsetof(Round, height) == 8, "layout: Round.height");
 _Static_assert(__builtin_offsetof(Round, data_index) == 16, "layout: Round.data_index");
@@ -170,7 +203,11 @@ _Static_assert(__builtin_offsetof(Round, roster_probe) == 8304, "layout: Round.r
 _Static_assert(__builtin_offsetof(Round, witnesses) == 10352, "layout: Round.witnesses");
 _Static_assert(__builtin_offsetof(Round, accusations) == 31344, "layout: Round.accusations");
 _Static_assert(__builtin_offsetof(Round, excluded) == 49776, "layout: Round.excluded");
-_Static_assert(sizeof(Round) == 57968, "layout: sizeof(Round)");
+_Static_assert(__builtin_offsetof(Round, roster_mark) == 57968, "layout: Round.roster_mark");
+_Static_assert(__builtin_offsetof(Round, roster_ledger) == 58224, "layout: Round.roster_ledger");
+_Static_assert(__builtin_offsetof(Round, extra_rounds) == 58736, "layout: Round.extra_rounds");
+_Static_assert(__builtin_offsetof(Round, extra_at) == 58744, "layout: Round.extra_at");
+_Static_assert(sizeof(Round) == 59000, "layout: sizeof(Round)");
 
 typedef struct {
   u64 magic; /* @0: MAGIC */
@@ -206,24 +243,29 @@ typedef struct {
   u64 has_previous_round; /* @792 */
   u64 pending_pause; /* @800 */
   ClientRec clients[MAX_CLIENTS]; /* @808 */
-  ClientRec exited[MAX_CLIENTS]; /* @15144 */
-  u8 warmup_witnesses[MAX_CLIENTS][32]; /* @29480 */
-  u8 pending[MAX_CLIENTS][32]; /* @37672 */
-  u64 pending_probe[MAX_CLIENTS]; /* @45864: each joiner's bloom probe (ClientRec.probe) */
-  u64 pending_client[MAX_CLIENTS]; /* @47912: 1 + where the joiner was in clients when it was queued, 0 if it was not there */
-  Round round; /* @49960 */
-  Round previous_round; /* @107928 */
-  u64 model_json_len; /* @165896 */
-  u8 model_json[MODEL_JSON_MAX]; /* @165904: the rest of model.LLM as JSON */
-  u64 checkpointers_len; /* @170000: config.checkpointers (0: not set, any epoch member may checkpoint) */
-  u8 checkpointers[MAX_CHECKPOINTERS][32]; /* @170008 */
-  u64 hash_witness_len; /* @170264 */
-  HashWitness hash_witnesses[MAX_WITNESSES]; /* @170272: Cooldown: parameter hashes attested by the epoch last round witnesses */
-  u64 has_checkpoint_hash; /* @172320 */
-  u64 checkpoint_hash_step; /* @172328: the step of the model the recorded checkpoint holds */
-  u8 checkpoint_hash[32]; /* @172336: the parameter hash the witnesses agreed on, recorded with the checkpoint */
-  Checkpoint checkpoint_hash_repo; /* @172368: the Hub repository the hash was recorded with (kind Hub) */
-} State; /* 172536 bytes */
+  ClientRec exited[MAX_CLIENTS]; /* @17192 */
+  u8 warmup_witnesses[MAX_CLIENTS][32]; /* @33576 */
+  u8 pending[MAX_CLIENTS][32]; /* @41768 */
+  u64 pending_probe[MAX_CLIENTS]; /* @49960: each joiner's bloom probe (ClientRec.probe) */
+  u64 pending_client[MAX_CLIENTS]; /* @52008: 1 + where the joiner was in clients when it was queued, 0 if it was not there */
+  Round round; /* @54056 */
+  Round previous_round; /* @113056 */
+  u64 model_json_len; /* @172056 */
+  u8 model_json[MODEL_JSON_MAX]; /* @172064: the rest of model.LLM as JSON */
+  u64 checkpointers_len; /* @176160: config.checkpointers (0: not set, any epoch member may checkpoint) */
+  u8 checkpointers[MAX_CHECKPOINTERS][32]; /* @176168 */
+  u64 hash_witness_len; /* @176424 */
+  HashWitness hash_witnesses[MAX_WITNESSES]; /* @176432: Cooldown: parameter hashes attested by the epoch last round witnesses */
+  u64 has_checkpoint_hash; /* @178480 */
+  u64 checkpoint_hash_step; /* @178488: the step of the model the recorded checkpoint holds */
+  u8 checkpoint_hash[32]; /* @178496: the parameter hash the witnesses agreed on, recorded with the checkpoint */
+  Checkpoint checkpoint_hash_repo; /* @178528: the Hub repository the hash was recorded with (kind Hub) */
+  u64 pending_ledger[MAX_CLIENTS]; /* @178696: each joiner's ClientRec.ledger */
+  u64 points_per_batch; /* @180744: points per accepted batch at full weight (POINTS_PER_BATCH; set_rates) */
+  u64 token_rate; /* @180752: token base units paid per point by a claim (0: nothing to claim; set_rates) */
+  u64 ledger_len; /* @180760 */
+  Points ledger[LEDGER_MAX]; /* @180768: the rewards ledger (rewards.ts): per client key, accepted results and points */
+} State; /* 234016 bytes */
 _Static_assert(__builtin_offsetof(State, magic) == 0, "layout: State.magic");
 _Static_assert(__builtin_offsetof(State, version) == 8, "layout: State.version");
 _Static_assert(__builtin_offsetof(State, run_id) == 16, "layout: State.run_id");
@@ -257,24 +299,29 @@ _Static_assert(__builtin_offsetof(State, has_round) == 784, "layout: State.has_r
 _Static_assert(__builtin_offsetof(State, has_previous_round) == 792, "layout: State.has_previous_round");
 _Static_assert(__builtin_offsetof(State, pending_pause) == 800, "layout: State.pending_pause");
 _Static_assert(__builtin_offsetof(State, clients) == 808, "layout: State.clients");
-_Static_assert(__builtin_offsetof(State, exited) == 15144, "layout: State.exited");
-_Static_assert(__builtin_offsetof(State, warmup_witnesses) == 29480, "layout: State.warmup_witnesses");
-_Static_assert(__builtin_offsetof(State, pending) == 37672, "layout: State.pending");
-_Static_assert(__builtin_offsetof(State, pending_probe) == 45864, "layout: State.pending_probe");
-_Static_assert(__builtin_offsetof(State, pending_client) == 47912, "layout: State.pending_client");
-_Static_assert(__builtin_offsetof(State, round) == 49960, "layout: State.round");
-_Static_assert(__builtin_offsetof(State, previous_round) == 107928, "layout: State.previous_round");
-_Static_assert(__builtin_offsetof(State, model_json_len) == 165896, "layout: State.model_json_len");
-_Static_assert(__builtin_offsetof(State, model_json) == 165904, "layout: State.model_json");
-_Static_assert(__builtin_offsetof(State, checkpointers_len) == 170000, "layout: State.checkpointers_len");
-_Static_assert(__builtin_offsetof(State, checkpointers) == 170008, "layout: State.checkpointers");
-_Static_assert(__builtin_offsetof(State, hash_witness_len) == 170264, "layout: State.hash_witness_len");
-_Static_assert(__builtin_offsetof(State, hash_witnesses) == 170272, "layout: State.hash_witnesses");
-_Static_assert(__builtin_offsetof(State, has_checkpoint_hash) == 172320, "layout: State.has_checkpoint_hash");
-_Static_assert(__builtin_offsetof(State, checkpoint_hash_step) == 172328, "layout: State.checkpoint_hash_step");
-_Static_assert(__builtin_offsetof(State, checkpoint_hash) == 172336, "layout: State.checkpoint_hash");
-_Static_assert(__builtin_offsetof(State, checkpoint_hash_repo) == 172368, "layout: State.checkpoint_hash_repo");
-_Static_assert(sizeof(State) == 172536, "layout: sizeof(State)");
+_Static_assert(__builtin_offsetof(State, exited) == 17192, "layout: State.exited");
+_Static_assert(__builtin_offsetof(State, warmup_witnesses) == 33576, "layout: State.warmup_witnesses");
+_Static_assert(__builtin_offsetof(State, pending) == 41768, "layout: State.pending");
+_Static_assert(__builtin_offsetof(State, pending_probe) == 49960, "layout: State.pending_probe");
+_Static_assert(__builtin_offsetof(State, pending_client) == 52008, "layout: State.pending_client");
+_Static_assert(__builtin_offsetof(State, round) == 54056, "layout: State.round");
+_Static_assert(__builtin_offsetof(State, previous_round) == 113056, "layout: State.previous_round");
+_Static_assert(__builtin_offsetof(State, model_json_len) == 172056, "layout: State.model_json_len");
+_Static_assert(__builtin_offsetof(State, model_json) == 172064, "layout: State.model_json");
+_Static_assert(__builtin_offsetof(State, checkpointers_len) == 176160, "layout: State.checkpointers_len");
+_Static_assert(__builtin_offsetof(State, checkpointers) == 176168, "layout: State.checkpointers");
+_Static_assert(__builtin_offsetof(State, hash_witness_len) == 176424, "layout: State.hash_witness_len");
+_Static_assert(__builtin_offsetof(State, hash_witnesses) == 176432, "layout: State.hash_witnesses");
+_Static_assert(__builtin_offsetof(State, has_checkpoint_hash) == 178480, "layout: State.has_checkpoint_hash");
+_Static_assert(__builtin_offsetof(State, checkpoint_hash_step) == 178488, "layout: State.checkpoint_hash_step");
+_Static_assert(__builtin_offsetof(State, checkpoint_hash) == 178496, "layout: State.checkpoint_hash");
+_Static_assert(__builtin_offsetof(State, checkpoint_hash_repo) == 178528, "layout: State.checkpoint_hash_repo");
+_Static_assert(__builtin_offsetof(State, pending_ledger) == 178696, "layout: State.pending_ledger");
+_Static_assert(__builtin_offsetof(State, points_per_batch) == 180744, "layout: State.points_per_batch");
+_Static_assert(__builtin_offsetof(State, token_rate) == 180752, "layout: State.token_rate");
+_Static_assert(__builtin_offsetof(State, ledger_len) == 180760, "layout: State.ledger_len");
+_Static_assert(__builtin_offsetof(State, ledger) == 180768, "layout: State.ledger");
+_Static_assert(sizeof(State) == 234016, "layout: sizeof(State)");
 
 typedef struct {
   u64 magic; /* @0: PEER_MAGIC */

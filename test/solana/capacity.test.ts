@@ -1,11 +1,14 @@
 // At capacity (MAX_CLIENTS = 256 clients, 32 witnesses), on the strict localnet: the program reaches the reference's
 // state after every event of the `capacity` vector (joins to the limit and past it, full rounds, a batched health
 // check, a witness quorum's accusation, pauses that carry every healthy client), and every transaction stays within a
-// cluster's limits: at most 1,232 bytes and 200,000 compute units.
+// cluster's limits: at most 1,232 bytes and 200,000 compute units. The account's rewards ledger holds the reference's
+// points after every event (rewards.ts): a round's close credits 256 trainers, half of them one batch more.
 import assert from 'node:assert/strict'
 import {describe, it} from 'node:test'
 import type {KeyPairSigner} from '@solana/kit'
-import {clientIdOf} from '../../src/core/backend/solana/layout.js'
+import {clientIdOf, decodeLedger} from '../../src/core/backend/solana/layout.js'
+import {emptyLedger, observeTransition} from '../../src/core/coordinator/rewards.js'
+import {ledgerDifference} from './fuzz.js'
 import {MAX_CLIENTS} from '../../src/core/coordinator/layout-table.js'
 import {updateInstruction} from '../../src/core/backend/solana/instructions.js'
 import {deployRun, keypair, readRun, toInstruction} from './harness.js'
@@ -24,6 +27,8 @@ describe(`capacity: ${MAX_CLIENTS} clients on the strict localnet`, () => {
     d.chain.setTime(scenario.created_at)
     assert.ok((await d.chain.send(d.authority, [updateInstruction(d.programId, d.coordinator, d.authority, scenario.config, scenario.model)])).ok)
     const worst = new Map<string, {bytes: number; cu: bigint}>()
+    let ledger = emptyLedger()
+    let prev = readRun(d).state
     for (const [i, step] of scenario.steps.entries()) {
       d.chain.setClock(step.now, step.slot)
       const {signer, ix} = toInstruction(d, signers, step.event)
@@ -36,7 +41,18 @@ describe(`capacity: ${MAX_CLIENTS} clients on the strict localnet`, () => {
       const w = worst.get(step.event.type) ?? {bytes: 0, cu: 0n}
       worst.set(step.event.type, {bytes: Math.max(w.bytes, r.bytes), cu: r.computeUnits > w.cu ? r.computeUnits : w.cu})
       assert.deepStrictEqual(readRun(d).state, step.state, `${where}: states differ`)
+      ledger = observeTransition(ledger, prev, step.state)
+      prev = step.state
+      assert.equal(ledgerDifference(ledger, decodeLedger(d.chain.accountData(d.coordinator)!)), undefined, `${where}: rewards ledgers differ`)
     }
+    console.log(`# worst per event: ${JSON.stringify(Object.fromEntries([...worst].map(([k, w]) => [k, {bytes: w.bytes, cu: Number(w.cu)}])))}`)
+    const entries = Object.values(ledger.clients)
+    assert.ok(entries.filter((e) => e.earned > 0).length >= MAX_CLIENTS - 8, 'the epoch settled with points for (nearly) every trainer')
+    assert.ok(new Set(entries.map((e) => e.batches / e.rounds)).size > 1, 'trainers were credited different batch counts')
+    assert.ok(
+      entries.some((e) => e.slashed > 0),
+      "the ejected trainer's points were slashed",
+    )
     // the scenario did reach the limits it is about
     const states = scenario.steps.map((s) => s.state)
     assert.ok(states.some((s) => s.epoch.round?.roster.length === MAX_CLIENTS))

@@ -17,7 +17,8 @@ import {
   withdrawInstruction,
 } from '../../src/core/backend/solana/instructions.js'
 import {COORDINATOR_PROGRAM_PATH, LocalChain, programPath, type ChainFeatures} from '../../src/core/backend/solana/local-chain.js'
-import {IX, MAX_CLIENTS, STATE_SIZE, clientIdOf, decodeCoordinator, encodeTag} from '../../src/core/backend/solana/layout.js'
+import {IX, MAX_CLIENTS, STATE_SIZE, clientIdOf, decodeCoordinator, decodeLedger, encodeTag, type OnChainLedger} from '../../src/core/backend/solana/layout.js'
+import {emptyLedger, observeTransition, type RewardsLedger} from '../../src/core/coordinator/rewards.js'
 import {constant} from '../../src/core/coordinator/layout-table.js'
 import {
   applyEvent,
@@ -560,6 +561,10 @@ export interface SequenceResult {
   maxClients: number
   /** The most compute units each kind of event used (the whole transaction, its budget instructions included). */
   units: Record<string, number>
+  /** The rewards ledger at the end (the reference's, equal to the program's): results credited, points earned and slashed. */
+  credited: number
+  earned: number
+  slashed: number
 }
 
 class Divergence extends Error {
@@ -704,7 +709,9 @@ async function runSteps(seed: number, options: SequenceOptions): Promise<Sequenc
   const replay = options.replay?.slice()
   const length = replay?.length ?? crowd.length + (options.length ?? rng.int(20, 120))
   const recorded: Recorded[] = []
-  const result: SequenceResult = {seed, events: 0, accepted: 0, rejected: {}, phases: new Set([seq.state.run_state]), maxClients: 0, units: {}}
+  const result: SequenceResult = {seed, events: 0, accepted: 0, rejected: {}, phases: new Set([seq.state.run_state]), maxClients: 0, units: {}, credited: 0, earned: 0, slashed: 0}
+  // The rewards ledger (rewards.ts) follows the reference's transitions; the program's must hold the same points.
+  let ledger = emptyLedger()
   const fail = (i: number, what: string, message: string, logs: string[] = []): never => {
     throw new Divergence(
       `differential fuzz: seed ${seed}, event ${i} (${what} at ${seq.now}, ${seq.state.run_state}): ${message}\n` +
@@ -771,6 +778,7 @@ async function runSteps(seed: number, options: SequenceOptions): Promise<Sequenc
       const key = expected.anyError ? 'malformed' : expected.error!
       result.rejected[key] = (result.rejected[key] ?? 0) + 1
     }
+    ledger = observeTransition(ledger, seq.state, expected.state)
     seq.state = expected.state
     result.phases.add(seq.state.run_state)
     result.maxClients = Math.max(result.maxClients, seq.state.epoch.clients.length)
@@ -788,8 +796,38 @@ async function runSteps(seed: number, options: SequenceOptions): Promise<Sequenc
     } catch (error) {
       fail(i, what, `states differ: ${(error as Error).message}`, r.logs)
     }
+    const points = ledgerDifference(ledger, decodeLedger(data!))
+    if (points) fail(i, what, `rewards ledgers differ: ${points}`, r.logs)
+  }
+  for (const e of Object.values(ledger.clients)) {
+    result.credited += e.rounds + e.epoch_rounds
+    result.earned += e.earned
+    result.slashed += e.slashed
   }
   return result
+}
+
+/**
+ * What differs between the reference's rewards ledger and the program's: every entry that holds something (results or
+ * points) must be in both with the same counts. The program also keeps entries of clients that joined and hold nothing
+ * (the reference drops those), and keeps no scores (a run's weights are the verifiers' reports, none here).
+ */
+export function ledgerDifference(ts: RewardsLedger, chain: OnChainLedger): string | undefined {
+  const fields = ['rounds', 'batches', 'epoch_rounds', 'epoch_batches', 'earned', 'slashed'] as const
+  const holds = (e: Record<(typeof fields)[number], number>) => fields.some((f) => e[f] !== 0)
+  const onChain = new Map<string, OnChainLedger['entries'][number]>()
+  for (const e of chain.entries) {
+    if (onChain.has(e.client_id)) return `${e.client_id.slice(0, 8)} has two entries in the program's ledger`
+    onChain.set(e.client_id, e)
+  }
+  for (const e of chain.entries) if (holds(e) && !ts.clients[e.client_id]) return `the program credits ${e.client_id.slice(0, 8)} ${JSON.stringify(e)}, the reference nothing`
+  for (const e of Object.values(ts.clients)) {
+    if (!holds(e)) continue
+    const c = onChain.get(e.client_id)
+    if (!c) return `the reference credits ${e.client_id.slice(0, 8)}, the program has no entry`
+    for (const f of fields) if (c[f] !== e[f]) return `${e.client_id.slice(0, 8)}.${f}: reference ${e[f]}, program ${c[f]}`
+  }
+  return undefined
 }
 
 /** The reference's serialization with keys in a canonical order (the order of an object's keys means nothing). */
@@ -850,5 +888,9 @@ export function summarize(results: SequenceResult[], options: {fullRun?: boolean
   for (const code of ['Halted', 'InvalidRunState', 'AlreadyJoined', 'InvalidWitness', 'WrongStep', 'InvalidConfig', 'HashNotAgreed', 'CheckpointHashMismatch', 'malformed'])
     assert.ok((rejected[code] ?? 0) > 0, `no event was rejected with ${code}`)
   assert.ok(accepted > events / 4, `only ${accepted} of ${events} events were accepted`)
+  const credited = results.reduce((n, r) => n + r.credited, 0)
+  const earned = results.reduce((n, r) => n + r.earned, 0)
+  console.log(`# rewards: ${credited} accepted results credited, ${earned} points earned, ${results.reduce((n, r) => n + r.slashed, 0)} slashed (program = reference)`)
+  assert.ok(credited > 0 && earned > 0, 'no sequence credited an accepted result and settled its points')
   if (options.fullRun) assert.equal(maxClients, MAX_CLIENTS, `no sequence filled an epoch with MAX_CLIENTS = ${MAX_CLIENTS} clients`)
 }

@@ -69,6 +69,14 @@ export function readRun(d: Deployed) {
   return decodeCoordinator(data)
 }
 
+function inRoundWitness(d: Deployed): boolean {
+  try {
+    return readRun(d).state.run_state === 'RoundWitness'
+  } catch {
+    return false
+  }
+}
+
 /** The run config the program tests install with `update`. */
 export const testConfig: CoordinatorConfig = {
   warmup_time: 10,
@@ -115,7 +123,8 @@ export function toInstruction(d: Deployed, signers: Map<string, KeyPairSigner>, 
     case 'eject':
       return {signer: authority, ix: ejectInstruction(p, c, authority, event.id)}
     case 'tick':
-      return {signer: payer, ix: tickInstruction(p, c)}
+      // as the client does: a tick in RoundWitness may close the round, and asks for that budget
+      return {signer: payer, ix: tickInstruction(p, c, inRoundWitness(d))}
     case 'witness':
       if (event.param_hash !== undefined) return {signer: who(event.from), ix: hashWitnessInstruction(p, c, who(event.from), event.step, event.param_hash)}
       if (event.proof.participant_bloom === '' && event.proof.broadcast_bloom === '') return {signer: who(event.from), ix: warmupWitnessInstruction(p, c, who(event.from))}

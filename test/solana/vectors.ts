@@ -405,8 +405,9 @@ export async function capacity(): Promise<Scenario> {
     init_min_clients: MAX_CLIENTS / 2, // every client joins before the first tick
     min_clients: MAX_CLIENTS / 2,
     witness_nodes: 0,
-    global_batch_size_start: 2 * MAX_CLIENTS,
-    global_batch_size_end: 2 * MAX_CLIENTS,
+    // 2.5 batches per trainer: half the roster has one more (the most a round's close shuffles to credit them)
+    global_batch_size_start: (5 * MAX_CLIENTS) / 2,
+    global_batch_size_end: (5 * MAX_CLIENTS) / 2,
     rounds_per_epoch: 4,
     epoch_time: 1000,
   })
@@ -455,6 +456,38 @@ export async function capacity(): Promise<Scenario> {
   r.warmupAll()
   r.witnessAll()
   r.tickOut()
+  return finish(r)
+}
+
+/**
+ * The rewards ledger's costliest round closes: MAX_CLIENTS trainers with 2.5 batches each (half the roster has one more,
+ * found by the program's sliced inverse shuffle) and `witnessNodes` witnesses (1: the round's close runs most of the
+ * shuffle; 2: each proof runs its capped slice), two epochs of rounds, so the first settles (test/solana/rewards-program).
+ */
+export async function rewardsAtScale(witnessNodes: number): Promise<Scenario> {
+  const labels = Array.from({length: MAX_CLIENTS}, (_, i) => `cap-${i}`)
+  const r = await recorder(`rewards-w${witnessNodes}`, labels, {
+    init_min_clients: MAX_CLIENTS / 2,
+    min_clients: witnessNodes,
+    witness_nodes: witnessNodes,
+    global_batch_size_start: (5 * MAX_CLIENTS) / 2,
+    global_batch_size_end: (5 * MAX_CLIENTS) / 2,
+    rounds_per_epoch: 2,
+    epoch_time: 1000,
+  })
+  r.apply({type: 'resume'}, 'ok')
+  for (const l of labels) r.apply({type: 'join', id: r.id(l)}, 'ok')
+  for (let epoch = 0; epoch < 2; epoch++) {
+    r.tickOut() // → Warmup
+    r.warmupAll()
+    r.witnessAll()
+    r.tickOut() // round 2
+    r.witnessAll()
+    r.tickOut() // → Cooldown
+    r.attest()
+    r.apply({type: 'checkpoint', from: selectWitnesses(r.state, r.state.epoch.round!)[0], repo: {repo_id: `org/rewards-${epoch}`}, param_hash: PARAMS}, 'ok')
+    r.tickOut() // → WaitingForMembers: the epoch settles
+  }
   return finish(r)
 }
 

@@ -33,13 +33,19 @@ export const CONSTANTS = {
   DESCRIPTION_MAX: [512, 'bytes of a run description'],
   MAX_DELEGATES: [16, 'delegates of one authorization'],
   MAX_CHECKPOINTERS: [8, 'designated checkpointers of a run (config.checkpointers)'],
+  LEDGER_MAX: [512, "clients the rewards ledger holds (points per client key); past it, a new key's entry reuses one that holds nothing, or it earns nothing"],
+  POINTS_PER_BATCH: [1000, 'points for one accepted batch at full weight, until set_rates changes it (rewards.ts POINTS_PER_BATCH)'],
+  WEIGHT_ONE: [1000000, "a points weight of 1 in the ledger's fixed point (parts per million)"],
   UPDATE_MAX: [4657, "bytes of an update's data: flags, Config, MAX_CHECKPOINTERS keys, the model with MODEL_JSON_MAX of JSON (what an update buffer holds)"],
 } as const satisfies Record<string, readonly [number, string]>
 
 /** Magic numbers (the first u64 of each account) and the coordinator layout's version. */
 export const MAGICS = {
   MAGIC: [0x44524f4f43595350n, '"PSYCOORD": a coordinator account'],
-  LAYOUT_VERSION: [4n, '4: checkpointers, Cooldown hash witnesses, the checkpoint hash (3: 256 clients, precomputed bloom probes; 2: times in unix milliseconds)'],
+  LAYOUT_VERSION: [
+    5n,
+    '5: the rewards ledger (points per client), rates; 4: checkpointers, Cooldown hash witnesses, the checkpoint hash (3: 256 clients, precomputed bloom probes; 2: times in unix milliseconds)',
+  ],
   PEER_MAGIC: [0x5245455043595350n, '"PSYCPEER": a peer record'],
   METADATA_MAGIC: [0x4154454d43595350n, '"PSYCMETA": a run metadata record'],
   AUTH_MAGIC: [0x4854554148595350n, '"PSYHAUTH": an authorization'],
@@ -88,6 +94,19 @@ export const STRUCTS = {
     ['state', 'u64', 'ClientState'],
     ['exited_height', 'u64'],
     ['probe', 'u64', "the bloom probe of the client's participant key (h1 | h2 << 32), computed once at join"],
+    ['ledger', 'u64', "1 + the client's entry in the rewards ledger (0: none, the ledger was full)"],
+  ],
+  Points: [
+    ['key', 'u8[32]', 'the client'],
+    ['rounds', 'u64', 'accepted results in settled epochs'],
+    ['batches', 'u64', 'accepted batches in settled epochs'],
+    ['epoch_rounds', 'u64', "accepted results in the current epoch (settled at the epoch's end)"],
+    ['epoch_batches', 'u64', 'accepted batches in the current epoch'],
+    ['earned', 'u64', 'points earned in settled epochs'],
+    ['slashed', 'u64', 'points withheld: the client was ejected in their epoch'],
+    ['claimed', 'u64', 'points paid out'],
+    ['weight', 'u64', 'the weight of its points, parts per million (WEIGHT_ONE = 1; 0: not scored, which earns nothing in a run with verifiers)'],
+    ['last_epoch', 'u64', 'the last epoch the client joined or began (an entry holding nothing is reused 3 epochs later)'],
   ],
   Witness: [
     ['from', 'u8[32]'],
@@ -120,6 +139,10 @@ export const STRUCTS = {
     ['witnesses', 'Witness[MAX_WITNESSES]'],
     ['accusations', 'Accusation[MAX_ACCUSATIONS]'],
     ['excluded', 'u8[MAX_CLIENTS][32]'],
+    ['roster_mark', 'u8[MAX_CLIENTS]', 'per roster member: the witnesses whose participant bloom holds it (low 7 bits), 0x80 when its result is excluded'],
+    ['roster_ledger', 'u16[MAX_CLIENTS]', "each roster member's ClientRec.ledger"],
+    ['extra_rounds', 'u64', 'rounds of the inverse shuffle that finds the members with one batch more, run so far (by the witness proofs)'],
+    ['extra_at', 'u8[MAX_CLIENTS]', 'that shuffle in progress: where the followed positions are'],
   ],
   State: [
     ['magic', 'u64', 'MAGIC'],
@@ -172,6 +195,11 @@ export const STRUCTS = {
     ['checkpoint_hash_step', 'u64', 'the step of the model the recorded checkpoint holds'],
     ['checkpoint_hash', 'u8[32]', 'the parameter hash the witnesses agreed on, recorded with the checkpoint'],
     ['checkpoint_hash_repo', 'Checkpoint', 'the Hub repository the hash was recorded with (kind Hub)'],
+    ['pending_ledger', 'u64[MAX_CLIENTS]', "each joiner's ClientRec.ledger"],
+    ['points_per_batch', 'u64', 'points per accepted batch at full weight (POINTS_PER_BATCH; set_rates)'],
+    ['token_rate', 'u64', 'token base units paid per point by a claim (0: nothing to claim; set_rates)'],
+    ['ledger_len', 'u64'],
+    ['ledger', 'Points[LEDGER_MAX]', 'the rewards ledger (rewards.ts): per client key, accepted results and points'],
   ],
   Peer: [
     ['magic', 'u64', 'PEER_MAGIC'],

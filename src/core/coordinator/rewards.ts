@@ -1,4 +1,5 @@
 import {BloomFilter} from '../primitives/bloom.js'
+import {constant} from './layout-table.js'
 import {isRoundPhase} from './phases.js'
 import {batchRangeFor, participantKey, scoreAssignment, verifierCount, witnessBloomParams, witnessCount, witnessQuorum} from './rules.js'
 import type {ClientId, CoordinatorState, Round} from './types.js'
@@ -47,7 +48,7 @@ const SCORE_ALPHA = 0.5
  */
 export const FULL_WEIGHT_SCORE = 0.2
 /** Points for one accepted batch at full weight (integers, so a Solana account can hold them). */
-export const POINTS_PER_BATCH = 1000
+export const POINTS_PER_BATCH = constant('POINTS_PER_BATCH')
 /** The most clients the ledger holds (the bound of the server's score messages too). */
 const MAX_LEDGER_CLIENTS = 4096
 /** Score reports are remembered (for duplicates) this many steps back; older ones are refused anyway. */

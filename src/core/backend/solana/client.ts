@@ -325,7 +325,8 @@ export class SolanaBackend extends EventEmitter implements CoordinatorBackend {
     const position = Math.max(0, order.indexOf(this.id))
     if (this.clock.now() - this.tickDueSince < position * (this.opts.tickStaggerMs ?? 1000)) return
     this.tickSentFor = key
-    this.enqueue('tick', () => tickInstruction(this.opts.programId, this.coordinator), true)
+    const closesRound = s.run_state === 'RoundWitness'
+    this.enqueue('tick', () => tickInstruction(this.opts.programId, this.coordinator, closesRound), true)
   }
 
   // ---- sending ----

@@ -50,7 +50,14 @@ export const INSTRUCTION_UNITS = {
   set_paused: 30_000,
   join_run: 40_000,
   tick: 60_000,
-  witness: 100_000,
+  /**
+   * a tick in RoundWitness may close the round: it credits the accepted results to the rewards ledger and finishes the
+   * shuffle that finds who had one batch more, which the witness proofs run in slices (24k CU at 256 trainers and 32
+   * witnesses; with one witness, most of it: test/solana/rewards-program.test.ts)
+   */
+  tick_close_round: 250_000,
+  /** its bloom over the roster and its slice of the rewards ledger's shuffle: 84k CU at 256 trainers, ~150k with 1 or 2 witnesses */
+  witness: 180_000,
   warmup_witness: 40_000,
   /** per accused client (a shuffle and a quorum count over the witness blooms), plus health_check_base */
   health_check_per_accused: 40_000,
@@ -247,8 +254,9 @@ export const joinRunInstruction = (programId: Address, coordinator: Address, cli
   signed(programId, coordinator, client, encodeTag(IX.join_run), INSTRUCTION_UNITS.join_run, authorization ? [{address: authorization, role: AccountRole.READONLY}] : [])
 export const withdrawInstruction = (programId: Address, coordinator: Address, client: TransactionSigner) =>
   signed(programId, coordinator, client, encodeTag(IX.withdraw), INSTRUCTION_UNITS.withdraw)
-export const tickInstruction = (programId: Address, coordinator: Address): Instruction =>
-  withUnits({programAddress: programId, accounts: [writable(coordinator)], data: encodeTag(IX.tick)}, INSTRUCTION_UNITS.tick)
+/** tick; `closesRound`: sent in RoundWitness, where it may close the round (a larger compute budget). */
+export const tickInstruction = (programId: Address, coordinator: Address, closesRound = false): Instruction =>
+  withUnits({programAddress: programId, accounts: [writable(coordinator)], data: encodeTag(IX.tick)}, closesRound ? INSTRUCTION_UNITS.tick_close_round : INSTRUCTION_UNITS.tick)
 export const witnessInstruction = (programId: Address, coordinator: Address, client: TransactionSigner, step: number, participant: Uint8Array, broadcast: Uint8Array) =>
   signed(programId, coordinator, client, encodeWitness(step, participant, broadcast), INSTRUCTION_UNITS.witness)
 export const warmupWitnessInstruction = (programId: Address, coordinator: Address, client: TransactionSigner) =>

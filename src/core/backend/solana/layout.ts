@@ -500,3 +500,54 @@ export function decodeStateLogs(logs: string[]): StateLog[] {
   }
   return out
 }
+
+const POINTS = structLayout('Points')
+const LEDGER_MAX = constant('LEDGER_MAX')
+const WEIGHT_ONE = constant('WEIGHT_ONE')
+
+/** One client's entry in the coordinator account's rewards ledger (the program's `Points`). */
+export interface OnChainPoints {
+  client_id: string
+  rounds: number
+  batches: number
+  epoch_rounds: number
+  epoch_batches: number
+  earned: number
+  slashed: number
+  claimed: number
+  /** The points' weight, 0..1 (the program's parts per million over WEIGHT_ONE). */
+  weight: number
+  last_epoch: number
+}
+
+export interface OnChainLedger {
+  points_per_batch: number
+  /** Token base units a claim pays per point (0: nothing to claim). */
+  token_rate: number
+  entries: OnChainPoints[]
+}
+
+/** The rewards ledger of a coordinator account (rewards.ts's rule as the program keeps it), entries in ledger order. */
+export function decodeLedger(data: Uint8Array): OnChainLedger {
+  const b = Buffer.from(data.buffer, data.byteOffset, data.byteLength)
+  if (b.length !== STATE_SIZE) throw new RangeError(`coordinator account: ${b.length} bytes, expected ${STATE_SIZE}`)
+  const len = num(b, OFFSETS.ledger_len, 'ledger_len')
+  if (len > LEDGER_MAX) throw new RangeError('coordinator account: ledger_len exceeds LEDGER_MAX')
+  const entries = Array.from({length: len}, (_, i): OnChainPoints => {
+    const o = OFFSETS.ledger + i * POINTS.size
+    const field = (name: keyof typeof POINTS.at) => num(b, o + POINTS.at[name].offset, `ledger[${i}].${name}`)
+    return {
+      client_id: b.toString('hex', o + POINTS.at.key.offset, o + POINTS.at.key.offset + 32),
+      rounds: field('rounds'),
+      batches: field('batches'),
+      epoch_rounds: field('epoch_rounds'),
+      epoch_batches: field('epoch_batches'),
+      earned: field('earned'),
+      slashed: field('slashed'),
+      claimed: field('claimed'),
+      weight: Math.min(field('weight'), WEIGHT_ONE) / WEIGHT_ONE,
+      last_epoch: field('last_epoch'),
+    }
+  })
+  return {points_per_batch: num(b, OFFSETS.points_per_batch, 'points_per_batch'), token_rate: num(b, OFFSETS.token_rate, 'token_rate'), entries}
+}

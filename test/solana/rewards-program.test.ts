@@ -1,0 +1,59 @@
+// The rewards ledger in the coordinator program (programs/coordinator: credit_round, settle_epoch) at its costliest:
+// MAX_CLIENTS trainers whose batch counts differ (2.5 batches each), with one and with two witnesses, on the strict
+// localnet. After every event the account's ledger holds the reference's points (rewards.ts), and every transaction
+// stays within the compute units its builder asks for (INSTRUCTION_UNITS) and 1,232 bytes.
+import assert from 'node:assert/strict'
+import {describe, it} from 'node:test'
+import type {KeyPairSigner} from '@solana/kit'
+import {INSTRUCTION_UNITS, updateInstruction} from '../../src/core/backend/solana/instructions.js'
+import {clientIdOf, decodeLedger} from '../../src/core/backend/solana/layout.js'
+import {MAX_CLIENTS} from '../../src/core/coordinator/layout-table.js'
+import {emptyLedger, observeTransition} from '../../src/core/coordinator/rewards.js'
+import {ledgerDifference} from './fuzz.js'
+import {deployRun, keypair, readRun, toInstruction} from './harness.js'
+import {rewardsAtScale} from './vectors.js'
+
+describe(`rewards ledger in the program: ${MAX_CLIENTS} trainers`, () => {
+  for (const witnesses of [1, 2]) {
+    it(`${witnesses} witness${witnesses > 1 ? 'es' : ''}: the program's points equal the reference's after every event, within each instruction's budget`, async () => {
+      const scenario = await rewardsAtScale(witnesses)
+      const d = await deployRun(scenario.run_id, scenario.created_at)
+      const signers = new Map<string, KeyPairSigner>()
+      for (const label of Object.keys(scenario.clients)) {
+        const k = await keypair(label)
+        signers.set(clientIdOf(k.address), k)
+        d.chain.airdrop(k.address)
+      }
+      d.chain.setTime(scenario.created_at)
+      const update = await d.chain.send(d.authority, [updateInstruction(d.programId, d.coordinator, d.authority, scenario.config, scenario.model)])
+      assert.ok(update.ok, `update: ${update.error}\n${update.logs.join('\n')}`)
+      let ledger = emptyLedger()
+      let prev = readRun(d).state
+      const worst: Record<string, number> = {}
+      for (const [i, step] of scenario.steps.entries()) {
+        d.chain.setClock(step.now, step.slot)
+        const {signer, ix} = toInstruction(d, signers, step.event)
+        const r = await d.chain.send(signer, Array.isArray(ix) ? ix : [ix])
+        const where = `step ${i} (${step.event.type})`
+        assert.ok(r.ok, `${where}: ${r.error}\n${r.logs.join('\n')}`)
+        assert.ok(r.bytes !== undefined && r.bytes <= 1232, `${where}: ${r.bytes} bytes`)
+        worst[step.event.type] = Math.max(worst[step.event.type] ?? 0, Number(r.computeUnits))
+        ledger = observeTransition(ledger, prev, step.state)
+        prev = step.state
+        assert.deepStrictEqual(readRun(d).state, step.state, `${where}: states differ`)
+        assert.equal(ledgerDifference(ledger, decodeLedger(d.chain.accountData(d.coordinator)!)), undefined, `${where}: rewards ledgers differ`)
+      }
+      console.log(`# ${witnesses} witness(es), most CU per event: ${JSON.stringify(worst)}`)
+      assert.ok(worst.tick <= INSTRUCTION_UNITS.tick_close_round, `tick: ${worst.tick} CU > ${INSTRUCTION_UNITS.tick_close_round}`)
+      assert.ok(worst.witness <= INSTRUCTION_UNITS.witness, `witness: ${worst.witness} CU > ${INSTRUCTION_UNITS.witness}`)
+      // both epochs settled: every trainer earned for its 4 rounds, 2 or 3 batches in each (both kinds present)
+      const onChain = decodeLedger(d.chain.accountData(d.coordinator)!)
+      assert.equal(onChain.entries.length, MAX_CLIENTS)
+      assert.ok(
+        onChain.entries.every((e) => e.rounds === 4 && e.epoch_rounds === 0 && e.batches >= 8 && e.batches <= 12 && e.earned === e.batches * 1000),
+        'every trainer was credited its 4 rounds and earned 1000 points a batch',
+      )
+      assert.ok(new Set(onChain.entries.map((e) => e.batches)).size > 1, 'trainers were credited different batch counts')
+    })
+  }
+})
