@@ -6,7 +6,7 @@
 // BENCH_ROUNDS (default 40) rounds of 16 sequences × 128 tokens. BENCH_ATTACKS (comma-separated, default all) picks
 // the runs. Also times the verifier's scoring (score_results) against its own training of the round: the scoring cost.
 // BENCH_PEERS (default 4) peers; BENCH_VERIFICATION_SAMPLE: the verifier (peer 0) scores the results the run's rule
-// assigns it (coordinator/rules.ts scoreAssignment, verification_percent 100, this K; default the run's default), or
+// assigns it (coordinator/rules.ts assignedTrainers, verification_percent 100, this K; default the run's default), or
 // with `all` every other peer's result (the rule before issue 25's bounded sample).
 import {randomBytes} from 'node:crypto'
 import {ensureDemoCorpus} from '../src/core/corpus.js'
@@ -26,7 +26,7 @@ import type {CoordinatorState, Round} from '../src/core/coordinator/types.js'
 const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 40)
 const PEERS = Number(process.env.BENCH_PEERS ?? 4)
 const SAMPLE = process.env.BENCH_VERIFICATION_SAMPLE === 'all' ? 'all' : Number(process.env.BENCH_VERIFICATION_SAMPLE ?? DEFAULT_VERIFICATION_SAMPLE)
-/** What scoreAssignment reads of a run: its config (every peer verifies; K = SAMPLE). */
+/** What assignedTrainers reads of a run: its config (every peer verifies; K = SAMPLE). */
 const RUN = {config: {verification_percent: 100, verification_sample: SAMPLE === 'all' ? undefined : SAMPLE}} as unknown as CoordinatorState
 /** Round `step` as the rule sees it: every peer a trainer with batches, a seed per step. */
 const roundOf = (step: number, roster: string[]): Round => ({

@@ -16,7 +16,7 @@ import {
   type RewardsLedger,
 } from '../../src/core/coordinator/rewards.js'
 import {Scorer} from '../../src/core/verify/score.js'
-import {scoreAssignment} from '../../src/core/coordinator/rules.js'
+import {assignedTrainers} from '../../src/core/coordinator/rules.js'
 import {honestProof, newRun, ok, S} from './helpers.js'
 
 /** A coordinator with the rewards ledger following every state it adopts, as the server keeps it. */
@@ -208,7 +208,7 @@ describe('rewards ledger (coordinator/rewards.ts)', () => {
     nextRound(run)
     const round = run.state.epoch.round!
     const scored = run.state.epoch.previous_round!
-    const assignment = scoreAssignment(run.state, round, scored)
+    const assignment = new Map(['v1', 'v2', 'v3', 'x', 'y'].map((v) => [v, assignedTrainers(run.state, round, scored, v)]))
     assert.equal(assignment.size, 5)
     for (const [v, mine] of assignment) {
       assert.equal(mine.length, 2)

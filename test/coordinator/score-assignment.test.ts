@@ -2,8 +2,14 @@ import assert from 'node:assert/strict'
 import {createHash} from 'node:crypto'
 import {describe, it} from 'node:test'
 import {assignedTrainers, batchRangeFor, selectVerifiers, type Round} from '../../src/core/coordinator/index.js'
-import {DEFAULT_VERIFICATION_SAMPLE, scoreAssignment, verifierCount} from '../../src/core/coordinator/rules.js'
+import {DEFAULT_VERIFICATION_SAMPLE, isScoreAssigned, verifierCount} from '../../src/core/coordinator/rules.js'
+import type {CoordinatorState} from '../../src/core/coordinator/index.js'
 import {newRun} from './helpers.js'
+
+/** Every verifier of `verifying` with the trainers it scores (assignedTrainers), in verifier order. */
+function scoreAssignment(state: CoordinatorState, verifying: Round, scored: Round): Map<string, string[]> {
+  return new Map(selectVerifiers(state, verifying).map((v) => [v, assignedTrainers(state, verifying, scored, v)]))
+}
 
 const hex = (label: string) => createHash('sha256').update(label).digest('hex')
 const ids = (n: number) => Array.from({length: n}, (_, i) => hex(`client ${i}`).slice(0, 40))
@@ -14,7 +20,7 @@ function rounds(roster: string[], seed: string, batchSize = roster.length * 2): 
   return {scored: {...base, step: 7, seed: hex(`${seed}/scored`)}, verifying: {...base, step: 8, height: 1, seed: hex(seed)}}
 }
 
-describe('scoreAssignment (coordinator/rules.ts): who scores whom', () => {
+describe('assignedTrainers and isScoreAssigned (coordinator/rules.ts): who scores whom', () => {
   it('is a function of the rounds alone: every replica computes the same, fresh objects or not', () => {
     const state = newRun({verification_percent: 50, verification_sample: 3})
     const roster = ids(12)
@@ -27,17 +33,22 @@ describe('scoreAssignment (coordinator/rules.ts): who scores whom', () => {
       one.map(([v]) => v),
       selectVerifiers(state, a.verifying),
     )
-    for (const [v, mine] of one) assert.deepEqual(assignedTrainers(state, a.verifying, a.scored, v), mine)
     assert.deepEqual(assignedTrainers(state, a.verifying, a.scored, 'not-a-verifier'), [])
+    // The O(1) check (the ledger's) and the list (the client's) are one rule: they agree on every pair.
+    for (const v of roster) {
+      const mine = new Set(assignedTrainers(state, a.verifying, a.scored, v))
+      for (const t of [...roster, 'stranger']) assert.equal(isScoreAssigned(state, a.verifying, a.scored, v, t), mine.has(t), `${v} → ${t}`)
+    }
   })
 
-  it('bounds each verifier to K results, never itself, and only trainers with batches', () => {
+  it('bounds each verifier to K results (K − 1 here where its window holds the trainer without batches), never itself', () => {
     for (const [n, pct, k] of [
       [4, 100, 4],
       [8, 100, 4],
       [8, 25, 2],
       [33, 100, 5],
       [100, 10, 64],
+      [100, 10, 99],
       [5, 100, 1],
     ]) {
       const state = newRun({verification_percent: pct, verification_sample: k})
@@ -49,7 +60,9 @@ describe('scoreAssignment (coordinator/rules.ts): who scores whom', () => {
       const assignment = scoreAssignment(state, verifying, scored)
       for (const [v, mine] of assignment) {
         assert.ok(mine.length <= k, `${n}/${pct}/${k}: ${mine.length} > K`)
-        assert.equal(mine.length, Math.min(k, withBatches.size - (withBatches.has(v) ? 1 : 0)), `${n}/${pct}/${k}: ${v} scores ${mine.length}`)
+        const full = Math.min(k, n - 1)
+        assert.ok(mine.length === full || mine.length === full - 1, `${n}/${pct}/${k}: ${v} scores ${mine.length}`)
+        for (const t of roster) assert.equal(isScoreAssigned(state, verifying, scored, v, t), mine.includes(t))
         assert.ok(!mine.includes(v), 'a verifier never scores itself')
         assert.equal(new Set(mine).size, mine.length, 'no trainer twice')
         for (const t of mine) assert.ok(withBatches.has(t))
@@ -100,8 +113,10 @@ describe('scoreAssignment (coordinator/rules.ts): who scores whom', () => {
     const state = newRun({verification_percent: 100})
     const roster = ids(10)
     const {scored, verifying} = rounds(roster, 'next')
-    assert.equal(scoreAssignment(state, {...verifying, step: scored.step + 2}, scored).size, 0)
-    assert.equal(scoreAssignment(state, scored, scored).size, 0)
+    for (const other of [{...verifying, step: scored.step + 2}, scored]) {
+      assert.ok([...scoreAssignment(state, other, scored).values()].every((mine) => mine.length === 0))
+      assert.ok(!roster.some((t) => isScoreAssigned(state, other, scored, roster[0], t)))
+    }
     for (const mine of scoreAssignment(state, verifying, scored).values()) assert.equal(mine.length, DEFAULT_VERIFICATION_SAMPLE)
   })
 })

@@ -46,7 +46,7 @@ export class Verification {
 
   /**
    * As a verifier of the current round (the one after `round`): scores the peers' results of the final `round` that
-   * the round's seed assigned it (at most verification_sample: coordinator/rules.ts scoreAssignment, the rule the
+   * the round's seed assigned it (at most verification_sample: coordinator/rules.ts assignedTrainers, the rule the
    * ledger checks reports by), before they are applied, so the worker's parameters are those their producers trained
    * from; keeps moving averages, and accuses peers whose average stays low. Scores appear as `scored` events.
    */

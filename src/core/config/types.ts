@@ -33,7 +33,7 @@ export interface CoordinatorConfig {
   verification_percent: number
   /**
    * The most results each verifier scores per round (our extension; default 4, at most 64): the round's seed assigns
-   * them (coordinator/rules.ts scoreAssignment), so a verifier's scoring cost stays bounded as the run grows.
+   * them (coordinator/rules.ts assignedTrainers), so a verifier's scoring cost stays bounded as the run grows.
    */
   verification_sample?: number
   global_batch_size_start: number

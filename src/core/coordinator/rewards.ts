@@ -1,7 +1,7 @@
 import {BloomFilter} from '../primitives/bloom.js'
 import {constant} from './layout-table.js'
 import {isRoundPhase} from './phases.js'
-import {batchRangeFor, participantKey, scoreAssignment, verifierCount, witnessBloomParams, witnessCount, witnessQuorum} from './rules.js'
+import {batchRangeFor, isVerifier, participantKey, isScoreAssigned, verifierCount, witnessBloomParams, witnessCount, witnessQuorum} from './rules.js'
 import type {ClientId, CoordinatorState, Round} from './types.js'
 
 /**
@@ -135,7 +135,7 @@ interface ScoreRefusal {
 
 /**
  * A verifier's scores of one step's results, as `state` (the coordinator's current state) judges them: step s is
- * scored by verifiers of round s + 1, while that round runs, each for the trainers scoreAssignment gives it (rules.ts:
+ * scored by verifiers of round s + 1, while that round runs, each for the trainers isScoreAssigned gives it (rules.ts:
  * the one rule the clients follow too). A report is refused whole, by the same rule on every replica, when the state
  * no longer holds both rounds (stale), when `from` scores a trainer it was not assigned (or is no verifier), or when
  * it already reported that step. A trainer no assigned verifier scored keeps its average; one scored by fewer
@@ -153,10 +153,8 @@ export function recordScores(
   const verifying = held.find((r) => r?.step === step + 1)
   const scored = held.find((r) => r?.step === step)
   if (!verifying || !scored) return {code: 'stale_step', reason: `scores for step ${step}, but the round is step ${state.epoch.round?.step}`}
-  const assignment = scoreAssignment(state, verifying, scored)
-  const mine = assignment.get(from)
-  if (!mine) return {code: 'InvalidScores', reason: `client ${from} is not a verifier of step ${verifying.step}`}
-  const unassigned = scores.find((e) => !mine.includes(e.client_id))
+  if (!isVerifier(state, from, verifying)) return {code: 'InvalidScores', reason: `client ${from} is not a verifier of step ${verifying.step}`}
+  const unassigned = scores.find((e) => !isScoreAssigned(state, verifying, scored, from, e.client_id))
   if (unassigned) return {code: 'InvalidScores', reason: `client ${from} was not assigned to score ${unassigned.client_id}'s result of step ${step}`}
   const key = `${step}:${from}`
   if (ledger.reported.includes(key)) return {code: 'DuplicateScores', reason: `client ${from} already reported scores for step ${step}`}

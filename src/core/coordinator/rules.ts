@@ -264,64 +264,60 @@ function verificationSample(config: CoordinatorConfig): number {
   return config.verification_sample ?? DEFAULT_VERIFICATION_SAMPLE
 }
 
-const scoreAssignmentMemo = new WeakMap<Round, {scored: Round; byVerifier: Map<ClientId, ClientId[]>}>()
-
 /**
- * Who scores whom: the results of round `scored` are scored by the verifiers of the round after it (`verifying`,
- * step scored.step + 1, which runs while they score), each at most K = verificationSample(config) of them. Every
- * replica recomputes it from the two rounds; no verifier chooses whom it scores, and without `verifying`'s seed
- * (drawn after the scored results were committed) nobody can predict it.
+ * Who scores whom. The results of round `scored` are scored by the verifiers of the round after it (`verifying`, step
+ * scored.step + 1, which runs while they score), each at most K = verification_sample of them. Every replica
+ * recomputes it from the two rounds; no verifier chooses whom it scores, and without `verifying`'s seed (drawn after
+ * the scored results were committed) nobody can predict it.
  *
- * The trainers of `scored` with a non-empty batch range (those with a result) are laid out in a cycle of T slots.
- * The verifier at position j of V (selectVerifiers order) owns slot ⌊j·T/V⌋ — spread evenly round the cycle — and
- * sits in it when it is one of the trainers; the other trainers fill the free slots in an order shuffled by
- * `verifying`'s seed. Each verifier scores the K trainers in the slots after its own (K = min(verification_sample,
- * T − 1)), so it never scores itself, and a trainer is scored by the verifiers owning the K slots before it:
- * ⌊V·K/T⌋ or ⌈V·K/T⌉ of them (off by one more only where two verifiers own one slot, V > T). When V·K < T, each
- * round's seed changes who is left out.
- *
- * Returns, per verifier of `verifying`, the trainers it scores in that cycle order; empty when `verifying` is not the
- * round right after `scored`.
+ * The rule, over the n clients of `verifying`'s roster in the order its seed shuffles them for verification (the V
+ * verifiers first, selectVerifiers): the verifier at position j owns slot ⌊j·n/V⌋ — the slots spread evenly round
+ * that cycle — and scores the clients in the K = min(verification_sample, n − 1) positions after its slot, stepping
+ * over itself (its window is then one longer), that trained in `scored` with a non-empty batch range. So a client
+ * is scored by the verifiers owning the K slots before it, ⌊V·K/n⌋ or ⌈V·K/n⌉ of them (one more where a window
+ * stepped over its own verifier, which needs K close to n), exactly K when every client verifies; when V·K < n
+ * the rounds' seeds rotate who is left out. A check is O(1) hashes (isScoreAssigned: the ledger, and a program
+ * that must stay cheap); a verifier's list, O(K) (assignedTrainers: the client).
  */
-export function scoreAssignment(state: CoordinatorState, verifying: Round, scored: Round): Map<ClientId, ClientId[]> {
-  const hit = scoreAssignmentMemo.get(verifying)
-  if (hit && hit.scored === scored) return hit.byVerifier
-  const byVerifier = new Map<ClientId, ClientId[]>()
-  if (verifying.step === scored.step + 1) {
-    const trainers = scored.roster.filter((id) => {
-      const range = batchRangeFor(state, id, scored)
-      return range !== undefined && range.end > range.start
-    })
-    const t = trainers.length
-    const verifiers = selectVerifiers(state, verifying)
-    const v = verifiers.length
-    const slotOf = (j: number) => Math.floor((j * t) / v)
-    const cycle = new Array<ClientId | undefined>(t)
-    const isTrainer = new Set(trainers)
-    const seated = new Set<ClientId>()
-    for (const [j, verifier] of verifiers.entries()) {
-      if (isTrainer.has(verifier) && cycle[slotOf(j)] === undefined) ((cycle[slotOf(j)] = verifier), seated.add(verifier))
-    }
-    const rest = trainers.filter((id) => !seated.has(id))
-    const order = shuffleAll(rest.length, subSeed(verifying.seed, 'score'))
-    const shuffled = new Array<ClientId>(rest.length)
-    for (let i = 0; i < rest.length; i++) shuffled[order[i]] = rest[i]
-    for (let slot = 0, next = 0; slot < t; slot++) if (cycle[slot] === undefined) cycle[slot] = shuffled[next++]
-    const k = verificationSample(state.config)
-    for (const [j, verifier] of verifiers.entries()) {
-      const mine: ClientId[] = []
-      for (let step = 1; step <= t && mine.length < k; step++) {
-        const trainer = cycle[(slotOf(j) + step) % t]!
-        if (trainer !== verifier) mine.push(trainer)
-      }
-      byVerifier.set(verifier, mine)
-    }
-  }
-  scoreAssignmentMemo.set(verifying, {scored, byVerifier})
-  return byVerifier
+function scoreWindow(state: CoordinatorState, verifying: Round, verifier: ClientId): {slot: number; size: number; seed: Buffer} | undefined {
+  const n = verifying.roster.length
+  const index = verifying.roster.indexOf(verifier)
+  if (index < 0) return undefined
+  const seed = subSeed(verifying.seed, 'verify')
+  const v = verifierCount(state.config, n)
+  const j = shuffledIndex(index, n, seed)
+  if (j >= v) return undefined
+  const slot = Math.floor((j * n) / v)
+  const k = Math.min(verificationSample(state.config), n - 1)
+  const self = (j - slot + n) % n
+  return {slot, size: self >= 1 && self <= k ? k + 1 : k, seed}
 }
 
-/** The trainers of `scored` whose results `verifier` scores as a verifier of `verifying` (scoreAssignment). */
+function trainedIn(state: CoordinatorState, scored: Round, id: ClientId): boolean {
+  const range = batchRangeFor(state, id, scored)
+  return range !== undefined && range.end > range.start
+}
+
+/** Whether `verifier`, as a verifier of `verifying`, is assigned `trainer`'s result of `scored` (see scoreWindow). */
+export function isScoreAssigned(state: CoordinatorState, verifying: Round, scored: Round, verifier: ClientId, trainer: ClientId): boolean {
+  if (verifying.step !== scored.step + 1 || trainer === verifier) return false
+  const w = scoreWindow(state, verifying, verifier)
+  const index = verifying.roster.indexOf(trainer)
+  if (!w || index < 0 || !trainedIn(state, scored, trainer)) return false
+  const n = verifying.roster.length
+  const d = (shuffledIndex(index, n, w.seed) - w.slot + n) % n || n
+  return d <= w.size
+}
+
+/** The trainers of `scored` whose results `verifier` scores as a verifier of `verifying`, in window order (see scoreWindow). */
 export function assignedTrainers(state: CoordinatorState, verifying: Round, scored: Round, verifier: ClientId): ClientId[] {
-  return scoreAssignment(state, verifying, scored).get(verifier) ?? []
+  const w = verifying.step === scored.step + 1 ? scoreWindow(state, verifying, verifier) : undefined
+  if (!w) return []
+  const n = verifying.roster.length
+  const out: ClientId[] = []
+  for (let d = 1; d <= w.size; d++) {
+    const id = verifying.roster[unshuffledIndex((w.slot + d) % n, n, w.seed)]
+    if (id !== verifier && trainedIn(state, scored, id)) out.push(id)
+  }
+  return out
 }
