@@ -13,7 +13,7 @@ it when no direct connection works; TCP hole punching then upgrades to a direct 
 \`psyche server run\` already runs one next to the coordinator; use this one for a second relay, or when the
 coordinator is elsewhere (e.g. on Solana). Runs until SIGINT/SIGTERM.
 
---json prints one JSON object per line; the first is {"event":"relay_listening","peer_id","port","addrs",...}.`
+--json prints one JSON object per line; the first is {"event":"relay_listening","peer_id","port","quic_port","addrs",...}.`
 
   static examples = [
     '<%= config.bin %> relay --relay-port 4001 --identity relay.json',
@@ -39,13 +39,14 @@ coordinator is elsewhere (e.g. on Solana). Runs until SIGINT/SIGTERM.
       event: 'relay_listening',
       peer_id: relay.peerId,
       port: relay.port,
+      quic_port: relay.quicPort,
       addrs,
       max_reservations: relay.limits.maxReservations,
       data_limit_bytes: Number(relay.limits.dataLimitBytes),
       duration_limit_ms: relay.limits.durationLimitMs,
     })
     if (!json) {
-      process.stdout.write(`relay ${relay.peerId} listening on port ${relay.port}\n`)
+      process.stdout.write(`relay ${relay.peerId} listening on TCP port ${relay.port}${relay.quicPort ? ` and UDP port ${relay.quicPort} (QUIC)` : ''}\n`)
       process.stdout.write(`clients join with one of:\n${(addrs.length ? addrs : relay.addresses()).map((a) => `  --relay ${a}`).join('\n')}\n`)
     }
     await this.shutdown.requested()

@@ -173,7 +173,7 @@ export type PsycheEvent =
   | {event: 'rejoined'; peer: string; client: string; detail: string}
   | {event: 'rejoining'; run_state: string}
   | {event: 'relay'; addrs: string[]}
-  | {event: 'relay_listening'; peer_id: string; port: number; addrs: string[]; max_reservations: number; data_limit_bytes: number; duration_limit_ms: number}
+  | {event: 'relay_listening'; peer_id: string; port: number; quic_port: number; addrs: string[]; max_reservations: number; data_limit_bytes: number; duration_limit_ms: number}
   // core/p2p/relay.ts
   | {event: 'relay_reservation'; peer_id: string; addr: string; expiry: string}
   // core/p2p/relay.ts: a stranger (not a member of the run) asked for a slot, a relayed connection or a dial-back

@@ -187,6 +187,24 @@ table ip filter {
     return [...out.matchAll(/counter packets (\d+)/g)].reduce((s, m) => s + Number(m[1]), 0)
   }
 
+  /** Starts counting a host's TCP and UDP bytes (in + out, loopback excluded) with nftables counters: see protocolBytes. */
+  countProtocols(host: Host): void {
+    const rules = `table inet protocount {
+  chain input { type filter hook input priority filter; policy accept; iifname "lo" accept; meta l4proto tcp counter; meta l4proto udp counter; }
+  chain output { type filter hook output priority filter; policy accept; oifname "lo" accept; meta l4proto tcp counter; meta l4proto udp counter; }
+}
+`
+    sh(['ip', 'netns', 'exec', host.ns, 'nft', '-f', '-'], 'nftables', {input: rules})
+  }
+
+  /** TCP and UDP bytes through a host since countProtocols (the kernel's counters: what went over the wire). */
+  protocolBytes(host: Host): {tcp: number; udp: number} {
+    const out = sh(['ip', 'netns', 'exec', host.ns, 'nft', 'list', 'table', 'inet', 'protocount'], 'nft list')
+    const bytes = {tcp: 0, udp: 0}
+    for (const m of out.matchAll(/meta l4proto (tcp|udp) counter packets \d+ bytes (\d+)/g)) bytes[m[1] as 'tcp' | 'udp'] += Number(m[2])
+    return bytes
+  }
+
   /** Limits a host's link to `mbit` Mbit/s in both directions (tbf on its interface and on the far end). */
   limitRate(host: Host, mbit: number): void {
     const peerNs = host.router ?? this.switchNs

@@ -26,10 +26,31 @@ describe('across hosts on one segment', {skip: unavailable, timeout: 420_000}, (
         run.relay!.port > 0 && (listening.addrs as string[]).includes(`/ip4/${run.coordinator.ip}/tcp/${run.relay!.port}/p2p/${run.relay!.peer_id}`),
         JSON.stringify(listening),
       )
-      const clients = await Promise.all(['a', 'b', 'c'].map((n) => run.startClient(n, lab.addPublicHost(n))))
+      // And on QUIC (UDP), beside TCP.
+      assert.ok(
+        (listening.quic_port as number) > 0 &&
+          (listening.addrs as string[]).includes(`/ip4/${run.coordinator.ip}/udp/${listening.quic_port as number}/quic-v1/p2p/${run.relay!.peer_id}`),
+        JSON.stringify(listening),
+      )
+      const hosts = ['a', 'b', 'c'].map((n) => lab.addPublicHost(n))
+      for (const h of hosts) lab.countProtocols(h)
+      const clients = await Promise.all(hosts.map((h) => run.startClient(h.name, h)))
       await waitForStep(run, clients, 4, 240_000)
       assertExchanged(clients, [1, 2, 3, 4], 2)
-      for (const c of clients) {
+      for (const [i, c] of clients.entries()) {
+        // The relay's dial-back confirmed its QUIC address (on its own host), not only its TCP one.
+        const confirmed = c.events.find((e) => e.event === 'reachability')
+        assert.ok(
+          (confirmed?.addrs as string[] | undefined)?.some((a) => a.startsWith(`/ip4/${hosts[i].ip}/udp/`) && a.includes('/quic-v1/')),
+          `${c.name}'s QUIC address confirmed by the dial-back: ${JSON.stringify(confirmed)}`,
+        )
+        const dialback = run.server.events.find((e) => e.event === 'dialback' && (e.reachable as string[]).some((a) => a.startsWith(`/ip4/${hosts[i].ip}/udp/`)))
+        assert.ok(dialback, `the relay logged ${c.name}'s QUIC address reachable`)
+        // And used: the results it downloaded came over QUIC (UDP bytes on its host's wire, from the kernel's counters).
+        const wire = lab.protocolBytes(hosts[i])
+        const received = rounds(c).at(-1)!.bytes_in
+        assert.ok(wire.udp >= received && wire.udp > wire.tcp, `${c.name}: ${wire.udp} UDP bytes on its wire for ${received} result bytes received (TCP ${wire.tcp})`)
+        console.log(`# (a) ${c.name}: ${received} result bytes in, wire UDP ${wire.udp} B, TCP ${wire.tcp} B`)
         // Peers were told the hosts' own addresses, never a loopback one, and connected directly.
         const started = c.events.find((e) => e.event === 'started')!
         // On a public segment libp2p announces no unconfirmed public address: psyche still tells peers its own.

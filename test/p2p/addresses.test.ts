@@ -42,6 +42,8 @@ test('flags with a bad multiaddr fail with an error naming the flag and the addr
   assert.throws(() => parseMultiaddrs(['/ip4/1.2.3.4/udp/1'], '--p2p-announce'), /--p2p-announce \/ip4\/1.2.3.4\/udp\/1: .*\/tcp\/PORT/)
   assert.throws(() => parseMultiaddrs(['/ip4/1.2.3.4/tcp/1'], '--relay', {needPeer: true}), /--relay .*must end in \/p2p\//)
   assert.deepEqual(parseMultiaddrs([`/ip4/1.2.3.4/tcp/1/p2p/${R}`], '--relay', {needPeer: true}), [`/ip4/1.2.3.4/tcp/1/p2p/${R}`])
+  // The relay listens on QUIC too (psyche relay prints both): either may be given.
+  assert.deepEqual(parseMultiaddrs([`/ip4/1.2.3.4/udp/1/quic-v1/p2p/${R}`], '--relay', {needPeer: true}), [`/ip4/1.2.3.4/udp/1/quic-v1/p2p/${R}`])
 })
 
 test('a node listening on every interface (the default) publishes no loopback address; --p2p-announce replaces what it publishes', async () => {

@@ -66,46 +66,56 @@ describe('hole punching: the dial window', () => {
 // On one machine a SYN to a port nobody listens on is refused at once, so two dials never cross (the namespace
 // test, test/net/punch.test.ts, punches through real NAT routers): what is checked here is the protocol over the
 // relayed connection, the mapping each side learns from the relay, the bounded failure, and the relay fallback.
-describe('hole punching: two relayed peers try, fail on loopback, and keep the relay', () => {
-  let relay: RelayNode
-  let a: TestNode
-  let b: TestNode
-  before(async () => {
-    relay = await RelayNode.start({identity: testIdentity(), listen: ['/ip4/127.0.0.1/tcp/0']})
-    // Each listens on an address other than the one it reaches the relay from, so the relay's dial-back cannot
-    // check it: both reserve a slot, as two clients behind NATs.
-    ;[a] = await startNodes(1, {listen: ['/ip4/127.0.0.2/tcp/0'], punchWindowMs: 400})
-    ;[b] = await startNodes(1, {listen: ['/ip4/127.0.0.3/tcp/0'], punchWindowMs: 400})
-  })
-  after(async () => {
-    await stopAll([a, b].filter(Boolean))
-    await relay?.stop()
-  })
+for (const quic of [false, true])
+  describe(`hole punching: two relayed peers try, fail on loopback, and keep the relay${quic ? " (reached over QUIC: the punch still learns the relay's TCP address)" : ''}`, () => {
+    let relay: RelayNode
+    let a: TestNode
+    let b: TestNode
+    before(async () => {
+      relay = await RelayNode.start({identity: testIdentity(), listen: ['/ip4/127.0.0.1/tcp/0']})
+      // Each listens on an address other than the one it reaches the relay from, so the relay's dial-back cannot
+      // check it: both reserve a slot, as two clients behind NATs.
+      ;[a] = await startNodes(1, {listen: ['/ip4/127.0.0.2/tcp/0'], punchWindowMs: 400, quic})
+      ;[b] = await startNodes(1, {listen: ['/ip4/127.0.0.3/tcp/0'], punchWindowMs: 400, quic})
+    })
+    after(async () => {
+      await stopAll([a, b].filter(Boolean))
+      await relay?.stop()
+    })
 
-  it('both sides log the failed punch with the addresses the relay saw them at; results still arrive through the relay', async () => {
-    for (const n of [a, b]) await n.node.useRelays(relay.addressFor('127.0.0.1'))
-    await waitFor(() => a.node.relayedAddresses().length > 0 && b.node.relayedAddresses().length > 0, 10_000, 'relay reservations')
-    await a.node.connect(b.node.addresses().filter((x) => x.includes('/p2p-circuit/')))
-    const failed = (n: TestNode) => n.events.filter((e) => e.event === 'hole_punch_failed')
-    await waitFor(() => failed(a).length > 0 && failed(b).length > 0, 10_000, 'hole_punch_failed on both sides')
-    const [fa, fb] = [failed(a)[0], failed(b)[0]]
-    assert.ok(fa.event === 'hole_punch_failed' && fb.event === 'hole_punch_failed')
-    assert.deepEqual([fa.role, fb.role].sort(), ['initiator', 'responder'])
-    for (const e of [fa, fb]) {
-      // Each dialled the other's port as the relay saw it (127.0.0.1:<punch port>), within its window.
-      assert.match(e.reason, /no dial from :\d+ \(seen as \/ip4\/127\.0\.0\.1\/tcp\/\d+\) to \/ip4\/127\.0\.0\.1\/tcp\/\d+ got through in 400 ms/, e.reason)
-      assert.ok(e.attempts >= 1 && e.ms < 10_000, JSON.stringify(e))
-    }
-    assert.equal(a.node.onlyRelayed(b.node.libp2p.peerId), true)
-    await waitFor(() => a.node.topicPeers() >= 1 && b.node.topicPeers() >= 1, 10_000, 'topic subscriptions')
-    const relayedBefore = a.node.stats().relayedReceived
-    const blob = randomBlob(100_000)
-    const got = new Promise<Uint8Array>((resolve, reject) => a.node.onAnnouncement((x) => void a.node.fetchResult(x).then(resolve, reject)))
-    await b.node.publishResult(1, 0, 1, blob)
-    assert.deepEqual(await got, blob)
-    assert.ok(a.node.stats().relayedReceived - relayedBefore >= blob.length, 'the result came through the relay')
+    it('both sides log the failed punch with the addresses the relay saw them at; results still arrive through the relay', async () => {
+      for (const n of [a, b]) await n.node.useRelays(relay.addressFor('127.0.0.1'))
+      await waitFor(() => a.node.relayedAddresses().length > 0 && b.node.relayedAddresses().length > 0, 10_000, 'relay reservations')
+      // With QUIC the clients reach the relay over it, so their relayed connection runs over QUIC.
+      for (const n of [a, b])
+        assert.ok(
+          n.node.libp2p.getConnections().some((c) => c.remotePeer.toString() === relay.peerId && c.remoteAddr.toString().includes('/quic-v1') === quic),
+          n.node.libp2p
+            .getConnections()
+            .map((c) => c.remoteAddr.toString())
+            .join(' '),
+        )
+      await a.node.connect(b.node.addresses().filter((x) => x.includes('/p2p-circuit/')))
+      const failed = (n: TestNode) => n.events.filter((e) => e.event === 'hole_punch_failed')
+      await waitFor(() => failed(a).length > 0 && failed(b).length > 0, 10_000, 'hole_punch_failed on both sides')
+      const [fa, fb] = [failed(a)[0], failed(b)[0]]
+      assert.ok(fa.event === 'hole_punch_failed' && fb.event === 'hole_punch_failed')
+      assert.deepEqual([fa.role, fb.role].sort(), ['initiator', 'responder'])
+      for (const e of [fa, fb]) {
+        // Each dialled the other's port as the relay saw it (127.0.0.1:<punch port>), within its window.
+        assert.match(e.reason, /no dial from :\d+ \(seen as \/ip4\/127\.0\.0\.1\/tcp\/\d+\) to \/ip4\/127\.0\.0\.1\/tcp\/\d+ got through in 400 ms/, e.reason)
+        assert.ok(e.attempts >= 1 && e.ms < 10_000, JSON.stringify(e))
+      }
+      assert.equal(a.node.onlyRelayed(b.node.libp2p.peerId), true)
+      await waitFor(() => a.node.topicPeers() >= 1 && b.node.topicPeers() >= 1, 10_000, 'topic subscriptions')
+      const relayedBefore = a.node.stats().relayedReceived
+      const blob = randomBlob(100_000)
+      const got = new Promise<Uint8Array>((resolve, reject) => a.node.onAnnouncement((x) => void a.node.fetchResult(x).then(resolve, reject)))
+      await b.node.publishResult(1, 0, 1, blob)
+      assert.deepEqual(await got, blob)
+      assert.ok(a.node.stats().relayedReceived - relayedBefore >= blob.length, 'the result came through the relay')
+    })
   })
-})
 
 function freePort(): Promise<number> {
   return new Promise((resolve, reject) => {

@@ -12,7 +12,7 @@ const ME = '12D3KooWQYhTNQdmr3ArTeUHRYzFg94BKyTkoWBDWez9kSCVe2Xo'
 const OTHER = '12D3KooWRBy97UB99e3J6hiPesre1MZeuNQvfan4gBziswrRJsNK'
 
 describe('dial-back: which addresses the relay dials (pure)', () => {
-  it('dials only direct TCP addresses on the IP the request came from, naming no peer or the requester', () => {
+  it('dials only direct TCP and QUIC addresses on the IP the request came from, naming no peer or the requester', () => {
     const r = dialbackTargets(
       {
         addrs: [
@@ -36,7 +36,29 @@ describe('dial-back: which addresses the relay dials (pure)', () => {
     )
     assert.deepEqual(
       r.skipped.map((s) => s.reason),
-      ['not on 10.77.0.3, where the request came from', 'names another peer', 'not a direct TCP address', 'not a direct TCP address', 'not a multiaddr'],
+      ['not on 10.77.0.3, where the request came from', 'names another peer', 'not a direct TCP or QUIC address', 'not a direct TCP or QUIC address', 'not a multiaddr'],
+    )
+    const q = dialbackTargets(
+      {
+        addrs: [
+          `/ip4/10.77.0.3/udp/4001/quic-v1/p2p/${ME}`,
+          '/ip4/10.77.0.3/udp/4002/quic-v1',
+          `/ip4/10.77.11.2/udp/4001/quic-v1/p2p/${ME}`,
+          `/ip4/10.77.0.3/udp/4003/quic-v1/p2p/${OTHER}`,
+          `/ip4/10.77.0.1/udp/9/quic-v1/p2p/${OTHER}/p2p-circuit/p2p/${ME}`,
+        ],
+      },
+      '10.77.0.3',
+      ME,
+    )
+    assert.ok(q.ok)
+    assert.deepEqual(
+      q.targets.map((t) => t.toString()),
+      [`/ip4/10.77.0.3/udp/4001/quic-v1/p2p/${ME}`, `/ip4/10.77.0.3/udp/4002/quic-v1/p2p/${ME}`],
+    )
+    assert.deepEqual(
+      q.skipped.map((s) => s.reason),
+      ['not on 10.77.0.3, where the request came from', 'names another peer', 'not a direct TCP or QUIC address'],
     )
   })
 
@@ -69,7 +91,7 @@ describe('dial-back: which addresses the relay dials (pure)', () => {
   })
 
   it('fuzz: random requests never throw', () => {
-    const pieces = ['/ip4/10.0.0.1', '/tcp/4001', '/p2p/', ME, '/p2p-circuit', '/udp/1', '/ip6/::1', '/dns4/x', '/', 'ż', '\u0000']
+    const pieces = ['/ip4/10.0.0.1', '/tcp/4001', '/p2p/', ME, '/p2p-circuit', '/udp/1', '/quic-v1', '/ip6/::1', '/dns4/x', '/', 'ż', '\u0000']
     for (let i = 0; i < 2000; i++) {
       const n = randomBytes(1)[0] % 12
       const addrs: unknown[] = []
@@ -81,6 +103,7 @@ describe('dial-back: which addresses the relay dials (pure)', () => {
       }
       const request = randomBytes(1)[0] % 10 === 0 ? {addrs: 'nope'} : {addrs}
       const r = dialbackTargets(request, '10.0.0.1', ME)
+      if (r.ok) assert.ok(r.targets.length <= MAX_DIALBACK_ADDRS)
       if (r.ok) for (const t of r.targets) assert.equal(hostOf(t), '10.0.0.1')
     }
   })
@@ -154,5 +177,58 @@ describe('relay: reserve a slot only when the dial-back fails', () => {
     }
     assert.equal(reachable.node.libp2p.getConnections(peer).length, 1, 'one relayed connection for every download')
     assert.ok(reachable.node.onlyRelayed(peer))
+  })
+})
+
+describe('relay over QUIC: the dial-back confirms QUIC addresses, and the bounds hold', () => {
+  let relay: RelayNode
+  let quicOnly: TestNode
+  let natted: TestNode[] = []
+  const relayEvents: PsycheEvent[] = []
+  before(async () => {
+    // One reservation: the second NATed client's request over QUIC must be refused.
+    relay = await RelayNode.start({identity: testIdentity(), listen: ['/ip4/127.0.0.1/tcp/0'], limits: {maxReservations: 1}, log: (e) => relayEvents.push(e)})
+    // Listening on QUIC only: reachable only if the relay dials its QUIC address back.
+    ;[quicOnly] = await startNodes(1, {quic: true, listen: ['/ip4/127.0.0.1/udp/0/quic-v1']})
+    natted = await startNodes(2, {quic: true, listen: ['/ip4/127.0.0.2/tcp/0']})
+  })
+  after(async () => {
+    await stopAll([quicOnly, ...natted].filter(Boolean))
+    await relay?.stop()
+  })
+
+  it('listens on UDP beside TCP and tells clients both (QUIC first)', () => {
+    assert.ok(relay.port > 0 && relay.quicPort > 0)
+    assert.deepEqual(relay.addressFor('127.0.0.1'), [`/ip4/127.0.0.1/udp/${relay.quicPort}/quic-v1/p2p/${relay.peerId}`, `/ip4/127.0.0.1/tcp/${relay.port}/p2p/${relay.peerId}`])
+    assert.ok(relay.addressFor(undefined).length === 0, 'loopback addresses are not offered as remote ones')
+  })
+
+  it('a client reachable only over QUIC is dialled back there, over QUIC, and its QUIC address is confirmed', async () => {
+    await quicOnly.node.useRelays(relay.addressFor('127.0.0.1'))
+    assert.equal(quicOnly.node.reachability(), 'public', JSON.stringify(quicOnly.events))
+    const dialback = relayEvents.find((e) => e.event === 'dialback' && e.peer_id === quicOnly.node.peerId)
+    assert.ok(dialback?.event === 'dialback' && dialback.reachable.length === 1 && dialback.reachable[0].includes('/quic-v1/'), JSON.stringify(dialback))
+    const verdict = quicOnly.events.find((e) => e.event === 'reachability')
+    assert.ok(verdict?.event === 'reachability' && verdict.reachable && verdict.addrs?.every((a) => a.includes('/udp/') && a.includes('/quic-v1/')), JSON.stringify(verdict))
+    // It reached the relay over QUIC too (the relay's QUIC address is dialled first).
+    const toRelay = quicOnly.node.libp2p.getConnections().filter((c) => c.remotePeer.toString() === relay.peerId && c.status === 'open')
+    assert.ok(toRelay.length > 0 && toRelay.every((c) => c.remoteAddr.toString().includes('/quic-v1')), toRelay.map((c) => c.remoteAddr.toString()).join(' '))
+    assert.equal(relay.reservations(), 0)
+  })
+
+  it('NATed clients reach the relay over QUIC; the reservation bound holds (one slot: the second is refused)', async () => {
+    const relayAddr = relay.addressFor('127.0.0.1')
+    await natted[0].node.useRelays(relayAddr)
+    assert.equal(natted[0].node.reachability(), 'relayed', JSON.stringify(natted[0].events))
+    await waitFor(() => natted[0].node.relayedAddresses().length > 0, 10_000, 'the relayed address')
+    const conns = natted[0].node.libp2p.getConnections().filter((c) => c.remotePeer.toString() === relay.peerId && c.status === 'open')
+    assert.ok(conns.length > 0 && conns.every((c) => c.remoteAddr.toString().includes('/quic-v1')), conns.map((c) => c.remoteAddr.toString()).join(' '))
+    await natted[1].node.useRelays(relayAddr)
+    assert.ok(
+      natted[1].events.some((e) => e.event === 'reservation_failed'),
+      JSON.stringify(natted[1].events.filter((e) => e.event === 'reachability' || e.event === 'reservation_failed')),
+    )
+    assert.equal(natted[1].node.relayedAddresses().length, 0)
+    assert.equal(relay.reservations(), 1)
   })
 })

@@ -166,6 +166,7 @@ limits per relayed connection are flags (--relay-data-limit-mb, --relay-duration
         event: 'relay_listening',
         peer_id: relay.peerId,
         port: relay.port,
+        quic_port: relay.quicPort,
         addrs: relay.addresses(),
         max_reservations: relay.limits.maxReservations,
         data_limit_bytes: Number(relay.limits.dataLimitBytes),

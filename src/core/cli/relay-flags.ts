@@ -4,7 +4,16 @@ import {DEFAULT_RELAY_LIMITS, type RelayLimits} from '../p2p/relay.js'
 
 /** The circuit relay's flags, shared by `psyche server run` (its built-in relay) and `psyche relay`. */
 export const relayFlags = {
-  'relay-port': Flags.integer({summary: 'TCP port of the circuit relay (libp2p), on every interface (default: any free port)', min: 0, max: 65535}),
+  'relay-port': Flags.integer({
+    summary: 'TCP port of the circuit relay (libp2p), on every interface, and the same UDP port for its QUIC (default: any free ports)',
+    min: 0,
+    max: 65535,
+  }),
+  'relay-quic': Flags.boolean({
+    summary: 'the relay listens on QUIC (UDP) beside TCP, tells clients both, and its dial-back checks their QUIC addresses; --no-relay-quic for TCP only',
+    default: true,
+    allowNo: true,
+  }),
   'relay-listen': Flags.string({summary: "the relay's listen multiaddr(s) instead of every interface (e.g. /ip4/0.0.0.0/tcp/4001)", multiple: true, exclusive: ['relay-port']}),
   'relay-announce': Flags.string({summary: 'give clients these relay multiaddr(s) (a public address in front of a private one)', multiple: true}),
   'relay-max-reservations': Flags.integer({summary: 'clients behind NAT the relay holds a slot for at once', default: DEFAULT_RELAY_LIMITS.maxReservations, min: 1}),
@@ -27,6 +36,7 @@ export const relayFlags = {
 
 interface RelayFlagValues {
   'relay-port'?: number
+  'relay-quic': boolean
   'relay-listen'?: string[]
   'relay-announce'?: string[]
   'relay-max-reservations': number
@@ -35,7 +45,7 @@ interface RelayFlagValues {
   'relay-reservation-ttl-s': number
 }
 
-export function relayOptionsFromFlags(flags: RelayFlagValues, defaultHost = '0.0.0.0'): {listen: string[]; announce?: string[]; limits: RelayLimits} {
+export function relayOptionsFromFlags(flags: RelayFlagValues, defaultHost = '0.0.0.0'): {listen: string[]; quic: boolean; announce?: string[]; limits: RelayLimits} {
   const listen = flags['relay-listen']
     ? parseMultiaddrs(flags['relay-listen'], '--relay-listen')
     : defaultHost === '0.0.0.0'
@@ -43,6 +53,7 @@ export function relayOptionsFromFlags(flags: RelayFlagValues, defaultHost = '0.0
       : [`/${defaultHost.includes(':') ? 'ip6' : 'ip4'}/${defaultHost}/tcp/${flags['relay-port'] ?? 0}`]
   return {
     listen,
+    quic: flags['relay-quic'],
     announce: flags['relay-announce'] ? parseMultiaddrs(flags['relay-announce'], '--relay-announce') : undefined,
     limits: {
       maxReservations: flags['relay-max-reservations'],

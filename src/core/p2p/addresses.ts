@@ -77,11 +77,8 @@ export function parseMultiaddrs(values: readonly string[], flag: string, options
     }
     const names = addr.getComponents().map((c) => c.name)
     const quicAddr = names.includes('udp') && names.includes('quic-v1')
-    if (!names.includes('tcp') && (options.needPeer || !quicAddr))
-      throw new PsycheError(
-        `${flag} ${value}: psyche's peers speak TCP${options.needPeer ? '' : ' or QUIC'}; the address needs a /tcp/PORT part${options.needPeer ? '' : ' (or /udp/PORT/quic-v1)'}`,
-        {code: 'EUSAGE'},
-      )
+    if (!names.includes('tcp') && !quicAddr)
+      throw new PsycheError(`${flag} ${value}: psyche's peers speak TCP or QUIC; the address needs a /tcp/PORT part (or /udp/PORT/quic-v1)`, {code: 'EUSAGE'})
     if (options.needPeer && addrPeerId(addr) === undefined)
       throw new PsycheError(`${flag} ${value}: a relay address must end in /p2p/<the relay's peer id> (psyche relay prints it)`, {code: 'EUSAGE'})
     return addr.toString()

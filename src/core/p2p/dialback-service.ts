@@ -54,7 +54,10 @@ export class DialbackServer implements Startable {
         return
       }
       const reachable: string[] = []
+      // One after another (libp2p joins a second dial to the same peer onto the first, so a QUIC and a TCP dial at once
+      // would both report the first's connection); each bounded by DIALBACK_DIAL_TIMEOUT_MS, all by `signal`.
       for (const target of selection.targets) {
+        if (signal.aborted) break
         try {
           // force: a new connection to that address, not the one the request came over (priority as libp2p.dial).
           const back = await this.components.connectionManager.openConnection(target, {priority: 75, force: true, signal: AbortSignal.timeout(DIALBACK_DIAL_TIMEOUT_MS)})

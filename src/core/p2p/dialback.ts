@@ -1,5 +1,6 @@
 import {multiaddr, type Multiaddr} from '@multiformats/multiaddr'
 import {addrPeerId, isCircuit} from './addresses.js'
+import {isQuicAddr} from './transports.js'
 
 /**
  * The dial-back check: is a client reachable from the internet, or does it need a relay slot?
@@ -8,11 +9,12 @@ import {addrPeerId, isCircuit} from './addresses.js'
  * private address, so in a small run, or on a LAN, it never decides. The relay is reachable by every client by
  * definition; it dials the client's direct addresses once and says which answered:
  *
- *   client -> relay  /psyche/dialback/1  {"addrs": ["/ip4/…/tcp/…/p2p/<client>", …]}
+ *   client -> relay  /psyche/dialback/1  {"addrs": ["/ip4/…/tcp/…/p2p/<client>", "/ip4/…/udp/…/quic-v1/p2p/<client>", …]}
  *   relay  -> client                      {"reachable": [addrs that answered as that client], "checked": [addrs dialled]}
  *
  * Like AutoNAT, the relay only dials addresses on the IP address the request came from (so it cannot be made to
- * dial anyone else) and at most MAX_DIALBACK_ADDRS of them. A client behind NAT announces its private address,
+ * dial anyone else) and at most MAX_DIALBACK_ADDRS of them, TCP and QUIC alike (a QUIC dial-back is one handshake
+ * to that UDP port, under the same DIALBACK_DIAL_TIMEOUT_MS). A client behind NAT announces its private address,
  * which is not the address its connection comes from (its router's), so nothing is dialled and it reserves a slot.
  */
 export const DIALBACK_PROTOCOL = '/psyche/dialback/1'
@@ -39,7 +41,7 @@ export function hostOf(addr: Multiaddr): string | undefined {
 type DialbackSelection = {ok: true; targets: Multiaddr[]; skipped: {addr: string; reason: string}[]} | {ok: false; reason: string}
 
 /**
- * Which addresses of a dial-back request (untrusted JSON from the wire) the relay dials: direct TCP addresses on
+ * Which addresses of a dial-back request (untrusted JSON from the wire) the relay dials: direct TCP or QUIC addresses on
  * `remoteHost` (where the request's connection comes from) that name no peer or the requesting peer, each ending in
  * /p2p/<requester>. Pure.
  */
@@ -61,8 +63,8 @@ export function dialbackTargets(request: Record<string, unknown>, remoteHost: st
       continue
     }
     const names = addr.getComponents().map((c) => c.name)
-    if (isCircuit(addr) || !names.includes('tcp')) {
-      skipped.push({addr: value, reason: 'not a direct TCP address'})
+    if (isCircuit(addr) || !(names.includes('tcp') || isQuicAddr(addr))) {
+      skipped.push({addr: value, reason: 'not a direct TCP or QUIC address'})
       continue
     }
     const peer = addrPeerId(addr)

@@ -1,9 +1,10 @@
-import type {ComponentLogger, Connection, IdentifyResult, Libp2pEvents, Logger, PeerId, Startable, Stream, Upgrader} from '@libp2p/interface'
+import type {ComponentLogger, Connection, IdentifyResult, Libp2pEvents, Logger, PeerId, PeerStore, Startable, Stream, Upgrader} from '@libp2p/interface'
 import type {ConnectionManager, Registrar} from '@libp2p/interface-internal'
 import {multiaddr, type Multiaddr} from '@multiformats/multiaddr'
 import {setMaxListeners} from 'node:events'
 import {errorMessage} from '../errors.js'
-import {addressScope, isCircuit} from './addresses.js'
+import {peerIdFromString} from '@libp2p/peer-id'
+import {addressScope, addrPeerId, isCircuit} from './addresses.js'
 import {framed, readJsonObject, writeJson} from './framing.js'
 import {dialFrom, punchTcp, socketConnection} from './punch-socket.js'
 import {abortStream, deadline, ON_LIMITED, Semaphore} from './util.js'
@@ -54,6 +55,7 @@ interface HolePunchComponents {
   connectionManager: ConnectionManager
   registrar: Registrar
   upgrader: Upgrader
+  peerStore: PeerStore
   logger: ComponentLogger
   events: {
     addEventListener<K extends keyof Libp2pEvents>(type: K, listener: (event: Libp2pEvents[K]) => void): void
@@ -204,7 +206,8 @@ export class HolePunch implements Startable {
   }
 
   private async observeNow(relayedVia: Connection, signal: AbortSignal): Promise<Observation> {
-    const relay = relayOf(relayedVia.remoteAddr)
+    const via = relayOf(relayedVia.remoteAddr)
+    const relay = via && (tcpEndpoint(via) ? via : await this.relayTcpAddr(via))
     const endpoint = relay && tcpEndpoint(relay)
     if (!relay || !endpoint) throw new Error(`cannot tell the relay's TCP address from ${relayedVia.remoteAddr.toString()}`)
     // A fresh port each time: the last one's connection to the relay may still be in TIME_WAIT.
@@ -231,6 +234,25 @@ export class HolePunch implements Startable {
       this.components.events.removeEventListener('peer:identify', onIdentify!)
       await connection?.close().catch(() => {})
     }
+  }
+
+  /**
+   * The relay's TCP address when the relayed connection runs over QUIC (/ip4/R/udp/Q/quic-v1/p2p/RELAY): punching
+   * is TCP, so the relay is dialled at a TCP address it told us (identify; the peer store), on the same host first.
+   */
+  private async relayTcpAddr(via: Multiaddr): Promise<Multiaddr | undefined> {
+    const id = addrPeerId(via)
+    if (id === undefined) return undefined
+    const host = via.getComponents().find((c) => c.name === 'ip4' || c.name === 'ip6')?.value
+    let known: Multiaddr[]
+    try {
+      known = (await this.components.peerStore.get(peerIdFromString(id))).addresses.map((a) => a.multiaddr)
+    } catch {
+      return undefined // not in the peer store
+    }
+    const candidates = known.map((a) => ({a, e: tcpEndpoint(a)})).filter((c) => c.e !== undefined && addressScope(c.a) !== 'unusable')
+    const pick = candidates.find((c) => c.e!.host === host) ?? candidates.find((c) => addressScope(c.a) === 'remote')
+    return pick && multiaddr(`${endpointAddr(pick.e!)}/p2p/${id}`)
   }
 
   /** The side with the smaller peer id: observe, swap addresses over the relayed connection, time it, sync, dial. */

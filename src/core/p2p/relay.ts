@@ -4,7 +4,6 @@ import {yamux} from '@chainsafe/libp2p-yamux'
 import {circuitRelayServer, type CircuitRelayService} from '@libp2p/circuit-relay-v2'
 import {generateKeyPairFromSeed} from '@libp2p/crypto/keys'
 import {identify} from '@libp2p/identify'
-import {tcp} from '@libp2p/tcp'
 import {multiaddr, type Multiaddr} from '@multiformats/multiaddr'
 import {createLibp2p, type Libp2p} from 'libp2p'
 import {PsycheError, errorMessage} from '../errors.js'
@@ -13,6 +12,7 @@ import type {SigningIdentity} from '../primitives/announcement.js'
 import {addressScope, isCircuit, listenAddrsForPort} from './addresses.js'
 import {dialbackServer, type DialbackServer} from './dialback-service.js'
 import {CONFIRMED_TTL_MS, internals} from './internals.js'
+import {defaultTransports, isQuicAddr, withQuicListen} from './transports.js'
 import type {EventLog} from '../events.js'
 
 /**
@@ -39,8 +39,13 @@ export const DEFAULT_RELAY_LIMITS: RelayLimits = {
 
 interface RelayNodeOptions {
   identity: SigningIdentity
-  /** default ['/ip4/0.0.0.0/tcp/0'] */
+  /** default ['/ip4/0.0.0.0/tcp/0'] (and, with `quic`, a QUIC address beside each TCP one: see withQuicListen) */
   listen?: string[]
+  /**
+   * QUIC beside TCP (default true), as clients: the relay listens on UDP too (the same port number as TCP when one is
+   * given), clients are told both addresses, and its dial-back checks clients' QUIC addresses too. False: TCP only.
+   */
+  quic?: boolean
   /** Addresses to give clients instead of our interface addresses (a public IP in front of a private one). */
   announce?: string[]
   limits?: Partial<RelayLimits>
@@ -82,12 +87,17 @@ export class RelayNode {
       return true
     }
     const privateKey = await generateKeyPairFromSeed('Ed25519', identityPrivateSeed(options.identity))
+    const quicOn = options.quic ?? true
+    const baseListen = options.listen ?? listenAddrsForPort(undefined)
+    const listen = quicOn ? withQuicListen(baseListen) : [...baseListen]
     let libp2p: Libp2p<RelayServices>
     try {
       libp2p = await createLibp2p<RelayServices>({
         privateKey,
-        addresses: {listen: options.listen ?? listenAddrsForPort(undefined), ...(options.announce?.length ? {announce: options.announce} : {})},
-        transports: [tcp()],
+        addresses: {listen, ...(options.announce?.length ? {announce: options.announce} : {})},
+        // The connection bounds below (maxConnections, libp2p's inbound rate and pending-handshake limits) and the
+        // gater hold for QUIC as for TCP: @chainsafe/libp2p-quic hands every inbound connection to libp2p's upgrader.
+        transports: defaultTransports({quic: quicOn}),
         connectionEncrypters: [noise()],
         streamMuxers: [yamux()],
         connectionManager: {maxConnections: Math.max(300, limits.maxReservations * 2 + 64)},
@@ -121,7 +131,7 @@ export class RelayNode {
         },
       })
     } catch (error) {
-      throw new PsycheError(`cannot start the relay on ${(options.listen ?? listenAddrsForPort(undefined)).join(', ')}: ${errorMessage(error)}`, {cause: error})
+      throw new PsycheError(`cannot start the relay on ${listen.join(', ')}: ${errorMessage(error)}`, {cause: error})
     }
     const node = new RelayNode(libp2p, limits, options.announce ?? [])
     // A relay is where clients reach it: its interface addresses are its public ones (libp2p would announce a
@@ -161,9 +171,19 @@ export class RelayNode {
 
   /** Our TCP port (the first TCP listener's, as bound). */
   get port(): number {
+    return this.boundPort('tcp')
+  }
+
+  /** Our QUIC (UDP) port (the first QUIC listener's, as bound); 0 without QUIC. */
+  get quicPort(): number {
+    return this.boundPort('udp')
+  }
+
+  private boundPort(proto: 'tcp' | 'udp'): number {
     for (const a of this.transportAddrs()) {
-      const tcpPart = a.getComponents().find((c) => c.name === 'tcp')
-      if (tcpPart?.value) return Number(tcpPart.value)
+      if (proto === 'udp' && !isQuicAddr(a)) continue
+      const part = a.getComponents().find((c) => c.name === proto)
+      if (part?.value) return Number(part.value)
     }
     return 0
   }
@@ -175,8 +195,9 @@ export class RelayNode {
   }
 
   /**
-   * The relay's address as a client that reached us at `localAddress` (the address its TCP connection to the
-   * coordinator arrived on) can use it: the same IP, the relay's port. Announced addresses, when configured, win.
+   * The relay's addresses as a client that reached us at `localAddress` (the address its TCP connection to the
+   * coordinator arrived on) can use them: the same IP, the relay's TCP port and (with QUIC) its UDP port, QUIC first
+   * (the client's dialer tries QUIC briefly, then TCP). Announced addresses, when configured, win.
    */
   addressFor(localAddress: string | undefined): string[] {
     const withId = (a: string) => (a.includes(`/p2p/${this.peerId}`) ? a : `${a}/p2p/${this.peerId}`)
@@ -191,7 +212,9 @@ export class RelayNode {
       ]
     }
     const ip = localAddress.startsWith('::ffff:') ? localAddress.slice(7) : localAddress
-    return [withId(multiaddr(`/${ip.includes(':') ? 'ip6' : 'ip4'}/${ip}/tcp/${this.port}`).toString())]
+    const family = ip.includes(':') ? 'ip6' : 'ip4'
+    const quicPort = this.quicPort
+    return [...(quicPort > 0 ? [withId(multiaddr(`/${family}/${ip}/udp/${quicPort}/quic-v1`).toString())] : []), withId(multiaddr(`/${family}/${ip}/tcp/${this.port}`).toString())]
   }
 
   /** Reservations held now. */
