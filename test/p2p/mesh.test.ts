@@ -40,29 +40,32 @@ describe('the full mesh of a run', () => {
     }
   })
 
-  it('peers that dial each other at once keep one connection per pair (the lower peer id dialled it), and gossip flows over it', async () => {
-    const nodes = await startNodes(6, {relay: false})
-    try {
-      const addrs = nodes.flatMap((n) => n.node.addresses())
-      // As one state push telling everyone of everyone: every node dials every other at the same time, twice.
-      await Promise.all(nodes.map((n) => n.node.connect(addrs)))
-      await Promise.all(nodes.map((n) => n.node.connect(addrs)))
-      await waitFor(() => nodes.every((n) => n.node.topicPeers() === 5), 15_000, 'every node subscribed everywhere')
-      for (const n of nodes) {
-        const connections = n.node.libp2p.getConnections().filter((c) => c.status === 'open')
-        assert.equal(connections.length, 5, `${n.node.peerId}: ${connections.map((c) => `${c.direction} ${c.remotePeer}`).join(', ')}`)
-        for (const c of connections) assert.equal(c.direction, n.node.peerId < c.remotePeer.toString() ? 'outbound' : 'inbound')
+  for (const quic of [false, true])
+    it(`peers that dial each other at once keep one connection per pair (the lower peer id dialled it), and gossip flows over it${quic ? ' (QUIC: every connection QUIC)' : ''}`, async () => {
+      const nodes = await startNodes(6, {relay: false, quic})
+      try {
+        const addrs = nodes.flatMap((n) => n.node.addresses())
+        // As one state push telling everyone of everyone: every node dials every other at the same time, twice.
+        await Promise.all(nodes.map((n) => n.node.connect(addrs)))
+        await Promise.all(nodes.map((n) => n.node.connect(addrs)))
+        await waitFor(() => nodes.every((n) => n.node.topicPeers() === 5), 15_000, 'every node subscribed everywhere')
+        for (const n of nodes) {
+          const connections = n.node.libp2p.getConnections().filter((c) => c.status === 'open')
+          assert.equal(connections.length, 5, `${n.node.peerId}: ${connections.map((c) => `${c.direction} ${c.remotePeer}`).join(', ')}`)
+          for (const c of connections) assert.equal(c.direction, n.node.peerId < c.remotePeer.toString() ? 'outbound' : 'inbound')
+          // Direct, and over QUIC when both have it (dialled first), TCP otherwise.
+          for (const c of connections) assert.match(c.remoteAddr.toString(), quic ? /^\/ip4\/127\.0\.0\.1\/udp\/\d+\/quic-v1/ : /^\/ip4\/127\.0\.0\.1\/tcp\/\d+/)
+        }
+        assert.ok(
+          nodes.every((n) => n.node.unreachablePeers().length === 0 && !n.events.some((e) => e.event === 'dial_failed')),
+          'no dial reported failed',
+        )
+        let delivered = 0
+        for (const n of nodes) n.node.onAnnouncement(() => delivered++)
+        await Promise.all(nodes.map((n, i) => n.node.publishResult(1, i, i + 1, randomBlob(64))))
+        await waitFor(() => delivered === 6 * 5, 10_000, 'every announcement delivered everywhere')
+      } finally {
+        await stopAll(nodes)
       }
-      assert.ok(
-        nodes.every((n) => n.node.unreachablePeers().length === 0 && !n.events.some((e) => e.event === 'dial_failed')),
-        'no dial reported failed',
-      )
-      let delivered = 0
-      for (const n of nodes) n.node.onAnnouncement(() => delivered++)
-      await Promise.all(nodes.map((n, i) => n.node.publishResult(1, i, i + 1, randomBlob(64))))
-      await waitFor(() => delivered === 6 * 5, 10_000, 'every announcement delivered everywhere')
-    } finally {
-      await stopAll(nodes)
-    }
-  })
+    })
 })
