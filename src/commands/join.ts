@@ -332,11 +332,25 @@ several rounds while others train prints a no_exchange warning naming the addres
       if (solana) await current?.close()
       await leavePeerDirectory()
     })
+    // Outside the epoch (waiting for members, or joined mid-epoch), say what we wait for and about how long: once
+    // per change, as an event (also piped and in --json), checked on every state and every half second.
+    let waitingKey = ''
+    let waitingOf: string | undefined
+    const checkWaiting = () => {
+      const state = current?.state
+      if (!state || waitingOf === undefined) return
+      const w = waitingFor(state, waitingOf, coordinatorSeconds(connection?.serverTime ?? Date.now() / 1000))
+      const key = w ? `${w.reason} ${state.progress.epoch} ${state.pending.length} ${state.run_state === 'WaitingForMembers' ? '' : state.epoch.clients.length}` : ''
+      if (key === waitingKey) return
+      waitingKey = key
+      if (w) log({event: 'waiting', reason: w.reason, detail: w.detail, seconds: w.seconds === null ? null : Math.round(w.seconds)})
+    }
     const backend: BackendConnector | undefined = solana && {
       description: solana.description,
       connect: async (j) => {
         const b = await solana.connect(j)
         current = b
+        b.on('state', checkWaiting)
         return b
       },
     }
@@ -349,7 +363,10 @@ several rounds while others train prints a no_exchange warning naming the addres
       seed,
       log,
       p2p,
-      onConnected: (c) => (connection = current = c),
+      onConnected: (c) => {
+        connection = current = c
+        c.on('state', checkWaiting)
+      },
     })
     const hub = {url: flags['hub-url'], token: flags['hub-token'], repo: flags['hub-repo'], revision: flags['hub-revision']}
     if (hub.repo) {
@@ -374,18 +391,9 @@ several rounds while others train prints a no_exchange warning naming the addres
     )
     progress.status(`joined as ${client.id.slice(0, 16)}…; following the run`)
     const me = client.id
-    // Outside the epoch (waiting for members, or joined mid-epoch), say what we wait for and about how long: once
-    // per change, as an event (also piped and in --json).
-    let waitingKey = ''
-    const waitTimer = setInterval(() => {
-      const state = current?.state
-      if (!state) return
-      const w = waitingFor(state, me, coordinatorSeconds(connection?.serverTime ?? Date.now() / 1000))
-      const key = w ? `${w.reason} ${state.progress.epoch} ${state.pending.length} ${state.run_state === 'WaitingForMembers' ? '' : state.epoch.clients.length}` : ''
-      if (key === waitingKey) return
-      waitingKey = key
-      if (w) log({event: 'waiting', reason: w.reason, detail: w.detail, seconds: w.seconds === null ? null : Math.round(w.seconds)})
-    }, 500)
+    waitingOf = me
+    checkWaiting()
+    const waitTimer = setInterval(checkWaiting, 500)
     waitTimer.unref()
     const view = live
       ? startTerminalView(() => {

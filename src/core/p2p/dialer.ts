@@ -1,4 +1,4 @@
-import type {MultiaddrConnection, PeerId, Startable, Stream} from '@libp2p/interface'
+import type {Connection, MultiaddrConnection, PeerId, Startable, Stream} from '@libp2p/interface'
 import type {ConnectionManager} from '@libp2p/interface-internal'
 import {multiaddr, type Multiaddr} from '@multiformats/multiaddr'
 import {errorMessage} from '../errors.js'
@@ -213,19 +213,20 @@ export class PeerDialer implements Startable {
   /**
    * The connection gater's half of the one-connection-per-pair rule (TIE_WINDOW_MS): true (refuse) for a direct
    * inbound connection from a higher peer id while we hold an open direct connection we dialled to it that opened, or
-   * started a direct dial to it, less than TIE_WINDOW_MS ago. Relayed connections are never refused here.
+   * started a direct dial to it, less than TIE_WINDOW_MS ago; an older such connection of ours is returned, for the
+   * gater to refuse only if it still answers. Relayed connections are never refused here.
    */
-  refuseDuplicate(peer: PeerId, maConn: MultiaddrConnection): boolean {
+  refuseDuplicate(peer: PeerId, maConn: MultiaddrConnection): boolean | Connection {
     const id = peer.toString()
     if (isCircuit(maConn.remoteAddr) || !(this.peerId < id)) return false
     const now = Date.now()
     const started = this.directDialStarted.get(id)
     if (started !== undefined && now - started < TIE_WINDOW_MS) return true
-    // Only a connection of ours that opened within the tie window: a higher peer dialling us later does not have it
-    // (it restarted, or the connection died unseen), and the new one is let in and the old one probed (liveness.ts).
-    return this.components.connectionManager
-      .getConnections(peer)
-      .some((c) => c.status === 'open' && c.direction === 'outbound' && !isCircuit(c.remoteAddr) && now - c.timeline.open < TIE_WINDOW_MS)
+    const ours = this.components.connectionManager.getConnections(peer).filter((c) => c.status === 'open' && c.direction === 'outbound' && !isCircuit(c.remoteAddr))
+    if (ours.some((c) => now - c.timeline.open < TIE_WINDOW_MS)) return true
+    // Ours is older than the tie window, and a higher peer that had it would not dial: it restarted, or the connection
+    // died unseen (QUIC learns of it at its idle timeout). The gater refuses only if ours still answers (liveness.ts).
+    return ours[0] ?? false
   }
 
   /**

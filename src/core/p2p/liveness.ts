@@ -46,6 +46,8 @@ export class Liveness implements Startable {
   private readonly reconnect: LivenessInit['reconnect']
   /** Peers whose older connections are being probed now (one probe round per peer at a time). */
   private readonly probing = new Set<string>()
+  /** Connections a probe found dead (not probed twice while they are being closed). */
+  private readonly dead = new WeakSet<Connection>()
   private stopped = true
   private readonly onOpen = (event: CustomEvent<Connection>): void => this.check(event.detail)
 
@@ -82,8 +84,18 @@ export class Liveness implements Startable {
     }
   }
 
-  /** True when the connection carries a stream that answers within ALIVE_TIMEOUT_MS. */
-  private async alive(connection: Connection): Promise<boolean> {
+  /**
+   * True when the connection carries a stream that answers within ALIVE_TIMEOUT_MS (also asked by the connection
+   * gater, before it refuses a peer's new connection as the duplicate of an older one of ours: see node.ts).
+   */
+  async alive(connection: Connection): Promise<boolean> {
+    if (this.dead.has(connection)) return false
+    const answered = await this.probeOnce(connection)
+    if (!answered) this.dead.add(connection)
+    return answered
+  }
+
+  private async probeOnce(connection: Connection): Promise<boolean> {
     const signal = deadline(ALIVE_TIMEOUT_MS)
     let stream: Stream | undefined
     try {

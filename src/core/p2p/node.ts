@@ -163,8 +163,10 @@ export class P2PNode {
     const transports = [...(options.transports ?? defaultTransports({quic: quicOn})), ...(relay ? [circuitRelayTransport({reservationCompletionTimeout: 20_000})] : [])]
     const resultStore = options.resultStore ?? new ResultStore()
     const wire = options.wireMetrics ? new WireMetrics() : undefined
-    // The dialer is a service, made after the gater: the gater asks it once it exists (see PeerDialer.refuseDuplicate).
+    // The dialer and the liveness check are services, made after the gater: the gater asks them once they exist (see
+    // PeerDialer.refuseDuplicate).
     let dialer: PeerDialer | undefined
+    let alive: Liveness | undefined
     const libp2p = await createLibp2p<Services>({
       privateKey,
       addresses: {listen, ...(options.announce?.length ? {announce: options.announce} : {})},
@@ -172,7 +174,12 @@ export class P2PNode {
       connectionEncrypters: [noise()],
       streamMuxers: [yamux()],
       ...(wire ? {metrics: wire.component} : {}),
-      connectionGater: {denyInboundEncryptedConnection: (peer, maConn) => dialer?.refuseDuplicate(peer, maConn) ?? false},
+      connectionGater: {
+        denyInboundEncryptedConnection: async (peer, maConn) => {
+          const duplicate = dialer?.refuseDuplicate(peer, maConn) ?? false
+          return typeof duplicate === 'boolean' ? duplicate : ((await alive?.alive(duplicate)) ?? false)
+        },
+      },
       connectionManager: {dialTimeout: RELAYED_DIAL_TIMEOUT_MS, addressDialTimeout: RELAYED_DIAL_TIMEOUT_MS, ...options.connectionManager},
       services: {
         identify: identify(),
@@ -228,6 +235,7 @@ export class P2PNode {
       },
     })
     dialer = libp2p.services.dialer
+    alive = libp2p.services.liveness
     const node = new P2PNode(libp2p, runId, log, wire)
     node.watchAddresses()
     return node
