@@ -1,13 +1,24 @@
 import {Flags} from '@oclif/core'
 import {CoordinatorConnection} from '../core/backend/index.js'
+import {readRunLedger} from '../core/backend/solana/admin.js'
+import {RpcChain} from '../core/backend/solana/chain.js'
+import {coordinatorAddress} from '../core/backend/solana/instructions.js'
+import {ledgerRows} from '../core/backend/solana/layout.js'
 import {PsycheCommand} from '../core/cli/base-command.js'
-import type {RewardRow} from '../core/coordinator/rewards.js'
+import {parseAddress} from '../core/cli/solana-flags.js'
+import {POINTS_PER_BATCH, type RewardRow} from '../core/coordinator/rewards.js'
+import {PsycheError} from '../core/errors.js'
 import {generateIdentity} from '../core/protocol/index.js'
 
 interface RewardsSummary {
   run_id: string
   epoch: number
   step: number
+  /** Points per accepted batch at full weight, and (Solana) token base units a claim pays per point. */
+  points_per_batch: number
+  token_rate: number | null
+  /** Solana: the coordinator account the ledger was read from. */
+  coordinator?: string
   clients: (RewardRow & {claimed: number | null})[]
 }
 
@@ -23,21 +34,36 @@ A client earns floor(accepted batches × 1000 × weight) per epoch; weight = cla
 verifiers (nothing for an unscored, harmful or empty update), 1 in a run without. A centralized run pays nothing out,
 so claimed is null.
 
---json prints {run_id, epoch, step, clients: [{client_id, score, weight, rounds, batches, pending, earned, slashed,
-claimed}]}.`
+With --rpc (and --program-id, --run-id) it reads the ledger a run on Solana keeps in its coordinator account (the
+same rule, applied by the program: programs/README.md, Rewards ledger): no scores there (score is null), the weight
+the account holds, and the points claimed.
 
-  static examples = ['<%= config.bin %> rewards --server-addr 127.0.0.1:20000', '<%= config.bin %> rewards --server-addr host:20000 --json']
+--json prints {run_id, epoch, step, points_per_batch, token_rate, coordinator (Solana), clients: [{client_id, score,
+weight, rounds, batches, pending, earned, slashed, claimed}]}.`
+
+  static examples = [
+    '<%= config.bin %> rewards --server-addr 127.0.0.1:20000',
+    '<%= config.bin %> rewards --server-addr host:20000 --json',
+    '<%= config.bin %> rewards --rpc http://127.0.0.1:8899 --program-id <ID> --run-id my-run',
+  ]
 
   static flags = {
-    'server-addr': Flags.string({summary: 'the coordinator server, host:port', required: true}),
-    'run-id': Flags.string({summary: 'expect this run (default: whichever run the server coordinates)'}),
+    'server-addr': Flags.string({summary: 'the coordinator server, host:port', exactlyOne: ['server-addr', 'rpc']}),
+    rpc: Flags.string({summary: 'a run on Solana: JSON-RPC URL of the cluster (several, comma-separated)', exactlyOne: ['server-addr', 'rpc'], env: 'PSYCHE_SOLANA_RPC'}),
+    'program-id': Flags.string({summary: 'Solana: the coordinator program', env: 'PSYCHE_COORDINATOR_PROGRAM', dependsOn: ['rpc']}),
+    'run-id': Flags.string({summary: 'expect this run (default: whichever run the server coordinates); required with --rpc'}),
     timeout: Flags.integer({summary: 'seconds to keep trying to reach the server', default: 5, min: 1}),
   }
 
   async run(): Promise<RewardsSummary> {
     const {flags} = await this.parse(Rewards)
+    if (flags.rpc) {
+      const summary = await solanaRewards(flags.rpc, flags['program-id'], flags['run-id'])
+      if (!this.jsonEnabled()) for (const line of formatRewards(summary)) this.log(line)
+      return summary
+    }
     const conn = await CoordinatorConnection.connect({
-      addr: flags['server-addr'],
+      addr: flags['server-addr']!,
       runId: flags['run-id'] ?? '',
       identity: generateIdentity(),
       p2pAddrs: [],
@@ -50,6 +76,8 @@ claimed}]}.`
       run_id: state.run_id,
       epoch: state.progress.epoch,
       step: state.progress.step,
+      points_per_batch: POINTS_PER_BATCH,
+      token_rate: null,
       clients: conn.rewards.map((r) => ({...r, claimed: null})),
     }
     await conn.close()
@@ -58,10 +86,29 @@ claimed}]}.`
   }
 }
 
+/** The ledger a run on Solana keeps in its coordinator account. */
+async function solanaRewards(rpc: string, program: string | undefined, runId: string | undefined): Promise<RewardsSummary> {
+  if (!runId) throw new PsycheError('--run-id is required with --rpc', {code: 'EUSAGE'})
+  const programId = parseAddress(program, 'program-id')
+  const {run, ledger} = await readRunLedger({chain: new RpcChain(rpc), programId, runId})
+  return {
+    run_id: run.state.run_id,
+    epoch: run.state.progress.epoch,
+    step: run.state.progress.step,
+    points_per_batch: ledger.points_per_batch,
+    token_rate: ledger.token_rate,
+    coordinator: await coordinatorAddress(programId, runId),
+    clients: ledgerRows(ledger, run.state),
+  }
+}
+
 function formatRewards(s: RewardsSummary): string[] {
-  const lines = [`run ${s.run_id}: rewards at epoch ${s.epoch}, step ${s.step} (points: 1000 per accepted batch at full weight)`]
+  const where = s.coordinator ? ` on Solana (coordinator ${s.coordinator})` : ''
+  const rate = s.token_rate === null ? '' : s.token_rate > 0 ? `; a claim pays ${s.token_rate} token units per point` : '; no token rate set'
+  const lines = [`run ${s.run_id}${where}: rewards at epoch ${s.epoch}, step ${s.step} (points: ${s.points_per_batch} per accepted batch at full weight${rate})`]
   if (s.clients.length === 0) return [...lines, 'no client has an accepted result or a score yet']
-  const header = ['client', 'score', 'weight', 'rounds', 'batches', 'earned', 'pending', 'slashed']
+  const claimed = s.clients.some((c) => c.claimed !== null)
+  const header = ['client', 'score', 'weight', 'rounds', 'batches', 'earned', 'pending', 'slashed', ...(claimed ? ['claimed'] : [])]
   const rows = s.clients.map((c) => [
     `${c.client_id.slice(0, 16)}…`,
     c.score === null ? '-' : c.score.toFixed(3),
@@ -71,6 +118,7 @@ function formatRewards(s: RewardsSummary): string[] {
     String(c.earned),
     String(c.pending),
     String(c.slashed),
+    ...(claimed ? [String(c.claimed ?? 0)] : []),
   ])
   const widths = header.map((h, i) => Math.max(h.length, ...rows.map((r) => r[i].length)))
   const line = (cells: string[]) => cells.map((c, i) => (i === 0 ? c.padEnd(widths[i]) : c.padStart(widths[i]))).join('  ')

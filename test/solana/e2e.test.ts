@@ -141,6 +141,21 @@ describe('end to end on Solana: localnet, run creator commands, join --rpc clien
     assert.deepEqual(run.state.epoch.clients.map((c) => c.id).sort(), keys.map((k) => k.id).sort())
     assert.equal(run.main_authority, authority.address)
     assert.deepEqual(await readMetadata({chain: new RpcChain(url), programId, runId: 'sol-e2e'}), {name: 'Solana e2e', description: 'two clients, four rounds'})
+    // psyche rewards --rpc: the program's ledger; both epochs settled, 1000 points per accepted batch (no verifiers)
+    const rewards = await runCli(['rewards', ...solana, '--run-id', 'sol-e2e', '--json'])
+    assert.equal(rewards.exitCode, 0, rewards.stderr)
+    const ledger = JSON.parse(rewards.stdout) as {
+      points_per_batch: number
+      clients: {client_id: string; rounds: number; batches: number; earned: number; pending: number; slashed: number; claimed: number}[]
+    }
+    assert.equal(ledger.points_per_batch, 1000)
+    assert.deepEqual(ledger.clients.map((c) => c.client_id).sort(), keys.map((k) => k.id).sort())
+    for (const c of ledger.clients) {
+      assert.equal(c.rounds, 4, `${c.client_id}: every round's result was accepted`)
+      assert.ok(c.batches >= 4 && c.earned === c.batches * 1000 && c.pending === 0 && c.slashed === 0 && c.claimed === 0, JSON.stringify(c))
+    }
+    const text = await runCli(['rewards', ...solana, '--run-id', 'sol-e2e'])
+    assert.match(text.stdout, /rewards at epoch 2, step 5 \(points: 1000 per accepted batch at full weight; no token rate set\)/)
   })
 
   it('psyche testnet --backend solana --json: 3 clients, the run on a localnet (strict: 1,232-byte transactions, compute limits, deploy-time checks), clients joined with --rpc, rounds summarized', async () => {

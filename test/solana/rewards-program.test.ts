@@ -6,9 +6,9 @@ import assert from 'node:assert/strict'
 import {describe, it} from 'node:test'
 import type {KeyPairSigner} from '@solana/kit'
 import {INSTRUCTION_UNITS, updateInstruction} from '../../src/core/backend/solana/instructions.js'
-import {clientIdOf, decodeLedger} from '../../src/core/backend/solana/layout.js'
+import {clientIdOf, decodeLedger, ledgerRows} from '../../src/core/backend/solana/layout.js'
 import {MAX_CLIENTS} from '../../src/core/coordinator/layout-table.js'
-import {emptyLedger, observeTransition} from '../../src/core/coordinator/rewards.js'
+import {emptyLedger, observeTransition, rewardRows} from '../../src/core/coordinator/rewards.js'
 import {ledgerDifference} from './fuzz.js'
 import {deployRun, keypair, readRun, toInstruction} from './harness.js'
 import {rewardsAtScale} from './vectors.js'
@@ -54,6 +54,13 @@ describe(`rewards ledger in the program: ${MAX_CLIENTS} trainers`, () => {
         'every trainer was credited its 4 rounds and earned 1000 points a batch',
       )
       assert.ok(new Set(onChain.entries.map((e) => e.batches)).size > 1, 'trainers were credited different batch counts')
+      // psyche rewards --rpc shows the reference's rows (rewardRows), and nothing claimed yet
+      const rows = ledgerRows(onChain, prev)
+      assert.deepEqual(
+        rows.map(({claimed, ...row}) => (assert.equal(claimed, 0), row)),
+        rewardRows(ledger, prev),
+      )
+      assert.equal(rows.length, MAX_CLIENTS)
     })
   }
 })

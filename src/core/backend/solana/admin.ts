@@ -31,7 +31,17 @@ import {
   updateInstruction,
   withComputeBudget,
 } from './instructions.js'
-import {METADATA_SIZE, STATE_SIZE, UPDATE_BUFFER_SIZE, decodeCoordinator, decodeMetadata, type OnChainCoordinator, type RunMetadata} from './layout.js'
+import {
+  METADATA_SIZE,
+  STATE_SIZE,
+  UPDATE_BUFFER_SIZE,
+  decodeCoordinator,
+  decodeLedger,
+  decodeMetadata,
+  type OnChainCoordinator,
+  type OnChainLedger,
+  type RunMetadata,
+} from './layout.js'
 import type {SendResult} from './local-chain.js'
 
 /**
@@ -80,6 +90,14 @@ export async function readRun(t: RunTarget): Promise<OnChainCoordinator> {
   const data = await t.chain.fetchAccount(address)
   if (!data) throw new PsycheError(`run ${JSON.stringify(t.runId)}: no coordinator account ${address} (create it with psyche create-run)`, {code: 'ENORUN'})
   return decodeCoordinator(data)
+}
+
+/** The run's coordinator account and its rewards ledger (one read). */
+export async function readRunLedger(t: RunTarget): Promise<{run: OnChainCoordinator; ledger: OnChainLedger}> {
+  const address = await coordinatorAddress(t.programId, t.runId)
+  const data = await t.chain.fetchAccount(address)
+  if (!data) throw new PsycheError(`run ${JSON.stringify(t.runId)}: no coordinator account ${address} (create it with psyche create-run)`, {code: 'ENORUN'})
+  return {run: decodeCoordinator(data), ledger: decodeLedger(data)}
 }
 
 /** init_coordinator (+ grow) for the run id; the payer funds the account's rent exemption. */

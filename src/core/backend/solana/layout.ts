@@ -1,7 +1,8 @@
 import {getAddressDecoder, getAddressEncoder, type Address} from '@solana/kit'
 import {RUN_STATES, type CheckpointConfig, type CoordinatorConfig, type HubRepo, type LLMConfig} from '../../config/types.js'
 import type {Accusation, AccusationReason, CheckpointHash, Client, ClientState, CoordinatorState, ExitedClient, HashWitness, Round, WitnessRecord} from '../../coordinator/types.js'
-import {DEFAULT_VERIFICATION_SAMPLE, witnessBloomParams} from '../../coordinator/rules.js'
+import {DEFAULT_VERIFICATION_SAMPLE, verifierCount, witnessBloomParams} from '../../coordinator/rules.js'
+import type {RewardRow} from '../../coordinator/rewards.js'
 import {CONFIG_FIELDS, ENUMS, MAGICS, MAX_CLIENTS, RUN_ID_MAX, STRUCTS, constant, enumValues, structLayout} from '../../coordinator/layout-table.js'
 
 /**
@@ -550,4 +551,31 @@ export function decodeLedger(data: Uint8Array): OnChainLedger {
     }
   })
   return {points_per_batch: num(b, OFFSETS.points_per_batch, 'points_per_batch'), token_rate: num(b, OFFSETS.token_rate, 'token_rate'), entries}
+}
+
+/**
+ * The ledger as `psyche rewards` shows it (rewardRows' columns, in client id order, and what was claimed): the points
+ * pending for the current epoch are what its accepted batches would earn at the entry's weight (none for a client
+ * ejected in it). The account holds no scores (score: null); a run without verifiers weighs every point 1.
+ */
+export function ledgerRows(ledger: OnChainLedger, state: CoordinatorState): (RewardRow & {claimed: number})[] {
+  const verified = verifierCount(state.config, 1) > 0
+  const ejected = new Set([...state.epoch.clients, ...state.epoch.exited].filter((c) => c.state === 'Ejected').map((c) => c.id))
+  return ledger.entries
+    .filter((e) => e.rounds + e.epoch_rounds + e.earned + e.slashed + e.claimed > 0)
+    .map((e) => {
+      const weightPpm = verified ? Math.round(e.weight * WEIGHT_ONE) : WEIGHT_ONE
+      return {
+        client_id: e.client_id,
+        score: null,
+        weight: weightPpm / WEIGHT_ONE,
+        rounds: e.rounds + e.epoch_rounds,
+        batches: e.batches + e.epoch_batches,
+        pending: ejected.has(e.client_id) ? 0 : Math.floor((e.epoch_batches * ledger.points_per_batch * weightPpm) / WEIGHT_ONE),
+        earned: e.earned,
+        slashed: e.slashed,
+        claimed: e.claimed,
+      }
+    })
+    .sort((a, b) => (a.client_id < b.client_id ? -1 : a.client_id > b.client_id ? 1 : 0))
 }
