@@ -1,9 +1,21 @@
 import assert from 'node:assert/strict'
-import {randomBytes} from 'node:crypto'
+import {createHash, randomBytes} from 'node:crypto'
 import {describe, it} from 'node:test'
-import {globalBatchSize, rangeForPosition, shuffleAll, shuffledIndex, unshuffledIndex, witnessCount, witnessQuorum} from '../../src/core/coordinator/index.js'
+import {
+  globalBatchSize,
+  isTrainerHealthy,
+  participantKey,
+  rangeForPosition,
+  selectWitnesses,
+  shuffleAll,
+  shuffledIndex,
+  unshuffledIndex,
+  witnessBloomParams,
+  witnessCount,
+  witnessQuorum,
+} from '../../src/core/coordinator/index.js'
 import {BloomFilter, bloomParamsFor} from '../../src/core/primitives/bloom.js'
-import {baseConfig} from './helpers.js'
+import {baseConfig, honestProof, ok, toFirstRound} from './helpers.js'
 
 describe('swap-or-not shuffle', () => {
   const seed = Buffer.alloc(32, 7)
@@ -119,5 +131,41 @@ describe('bloom filter', () => {
     assert.equal(bloomParamsFor(0).bits, 64)
     assert.ok(bloomParamsFor(10_000).bits >= 95_000)
     assert.ok(bloomParamsFor(10_000).hashes >= 6)
+  })
+
+  // Two client ids whose participant keys plain double hashing, (h1 + i·h2) mod 64, mapped to exactly the same 15
+  // bits of a 3-trainer round's 64-bit filter (h1 and h2 equal modulo 64: one pair in 2,048; found by search).
+  const twinA = createHash('sha256').update('collide/12').digest('hex')
+  const twinC = createHash('sha256').update('collide/18').digest('hex')
+  const other = createHash('sha256').update('collide/0').digest('hex')
+
+  it("a small filter's positions depend on the whole hash: two items equal modulo its size set different bits", () => {
+    const params = witnessBloomParams(3)
+    assert.deepEqual(params, {bits: 64, hashes: 15})
+    const positions = (id: string) => new Set(BloomFilter.positionsFor(params, participantKey(id)))
+    assert.notDeepEqual(positions(twinA), positions(twinC))
+    assert.ok(!new BloomFilter(params).add(participantKey(twinA)).contains(participantKey(twinC)))
+    // The designed rate, not one item in 2,048: a 64-bit filter holding two items vouches for none of 20,000 others.
+    const bloom = new BloomFilter(params).add('item-0').add('item-1')
+    let falsePositives = 0
+    for (let i = 2; i < 20_002; i++) if (bloom.contains(`item-${i}`)) falsePositives++
+    assert.equal(falsePositives, 0)
+  })
+
+  it('a trainer nobody received is not healthy, even when its key used to set the same bits as a trainer that was', () => {
+    // Three clients, three witnesses (quorum 2); the twin C is cut off from its peers: A and B saw A and B, C saw
+    // only itself. Under the old positions, A's and B's blooms named C too: C was healthy, every replica waited for
+    // its result (decide.ts acceptedResults: missing), which nobody had, and dropped its model (sim: out_of_sync).
+    const first = toFirstRound([twinA, other, twinC], {witness_nodes: 3})
+    let state = first.state
+    const now = first.now
+    const round = state.epoch.round!
+    assert.deepEqual([...selectWitnesses(state)].sort(), [twinA, other, twinC].sort())
+    for (const from of [twinA, other]) state = ok(state, {type: 'witness', from, step: round.step, proof: honestProof(state, [twinA, other])}, now)
+    state = ok(state, {type: 'witness', from: twinC, step: round.step, proof: honestProof(state, [twinC])}, now)
+    const final = state.epoch.round!
+    assert.equal(final.witnesses.length, 3)
+    assert.ok(isTrainerHealthy(state, final, twinA) && isTrainerHealthy(state, final, other), 'the two that exchanged results are healthy')
+    assert.ok(!isTrainerHealthy(state, final, twinC), 'C: only its own proof names it')
   })
 })

@@ -394,6 +394,34 @@ async function accusations(): Promise<Scenario> {
 }
 
 /**
+ * A trainer cut off from its peers (3 clients, all witnesses, quorum 2): the two others saw each other, its own proof
+ * names only itself. It is not healthy, so a health check drops it. The labels cut-6 and cut-18 are a pair whose
+ * participant keys plain double hashing mapped to the same bits of the round's 64-bit bloom (found by search): under
+ * that hashing the others' proofs named the cut-off trainer too, the health check was refused, and every replica
+ * waited for a result nobody had (bloom.ts positionsOf).
+ */
+async function cutOff(): Promise<Scenario> {
+  const r = await recorder('cut-off', ['cut-6', 'other', 'cut-18'], {witness_nodes: 0}) // every client witnesses
+  const [a, b, c] = [r.id('cut-6'), r.id('other'), r.id('cut-18')]
+  r.apply({type: 'resume'}, 'ok')
+  for (const id of [a, b, c]) r.apply({type: 'join', id}, 'ok')
+  r.tickOut() // → Warmup
+  r.warmupAll() // → RoundTrain
+  r.witnessAll()
+  r.tickOut() // round 2: c is cut off from a and b
+  const step = r.state.epoch.round!.step
+  for (const from of [a, b]) r.apply({type: 'witness', from, step, proof: r.proof([a, b])}, 'ok')
+  r.apply({type: 'witness', from: c, step, proof: r.proof([c])}, 'ok')
+  r.tickOut() // round 3 judges round 2
+  r.apply({type: 'health_check', from: c, accused: [a]}, 'InvalidHealthCheck') // a was seen by b
+  r.apply({type: 'health_check', from: a, accused: [c]}, 'ok')
+  if (!r.state.epoch.clients.some((x) => x.id === c && x.state === 'Dropped')) throw new Error('cut-off: the health check did not drop c')
+  r.witnessAll([a, b])
+  r.tickOut()
+  return finish(r)
+}
+
+/**
  * At capacity: MAX_CLIENTS clients join (one more is refused), 32 automatic witnesses prove every round, a health
  * check accuses HEALTH_CHECK_BATCH trainers at once, a witness quorum ejects one, and pausing in Cooldown and again in
  * WaitingForMembers carries every healthy client into the pending list. Every one of its transactions fits a cluster's
@@ -577,6 +605,15 @@ export async function generateVectors(): Promise<VectorFile> {
   return {
     about:
       'Generated from src/core/coordinator (the reference). Each step: the event at `now`, and the reference state after it (or its rejection code). test/solana/vectors.test.ts requires the on-chain program to reach identical states.',
-    scenarios: [await fullRun(), await rejections(), await rampAndLosses(), await accusations(), await equivocation(), await dummyThenHub(), await checkpointAuthority()],
+    scenarios: [
+      await fullRun(),
+      await rejections(),
+      await rampAndLosses(),
+      await accusations(),
+      await equivocation(),
+      await dummyThenHub(),
+      await checkpointAuthority(),
+      await cutOff(),
+    ],
   }
 }

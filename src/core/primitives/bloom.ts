@@ -2,7 +2,7 @@ import {sha256} from './hash.js'
 
 /**
  * A bloom filter over byte strings, as witnesses use it to attest which results they saw. Positions
- * come from SHA-256 of the item (double hashing, Kirsch–Mitzenmacher), so every implementation — the
+ * come from SHA-256 of the item (double hashing, Kirsch–Mitzenmacher, each position multiplied out over 64 bits), so every implementation — the
  * TCP coordinator, the Solana program, a client checking a proof — computes the same bits.
  */
 
@@ -31,13 +31,30 @@ function toBytes(item: Uint8Array | string): Uint8Array {
   return typeof item === 'string' ? Buffer.from(item, 'utf8') : item
 }
 
+/** The 64-bit golden-ratio multiplier (Fibonacci hashing). */
+const K = 0x9e3779b97f4a7c15n
+const MASK64 = (1n << 64n) - 1n
+
+/**
+ * Position i is fold(K · (h1 + i·h2) mod 2⁶⁴) mod bits, where fold(x) = x XOR (x >> 32) (programs/coordinator mirrors
+ * it, in few instructions: the program checks every trainer of a proof). Plain double hashing, (h1 + i·h2) mod bits,
+ * depends on h1 and h2 modulo the size only: at the 64-bit minimum that is 64 × 32 patterns, so two items set
+ * exactly the same bits once in 2,048 pairs, and a filter holding one then vouches for the other. A witness bloom
+ * holding one trainer named another nobody received, far above the designed rate, and every replica waited for a
+ * result that did not exist and dropped its model. Multiplied out over 64 bits, every bit of h1 and h2 moves the
+ * positions.
+ */
 function positionsOf(params: BloomParams, item: Uint8Array | string): number[] {
   const digest = sha256(toBytes(item))
-  const h1 = digest.readUInt32LE(0)
-  // Odd, so the stride visits distinct positions whenever the size is a power of two.
-  const h2 = (digest.readUInt32LE(4) | 1) >>> 0
+  const h1 = BigInt(digest.readUInt32LE(0))
+  const h2 = BigInt((digest.readUInt32LE(4) | 1) >>> 0)
+  const bits = BigInt(params.bits)
   const out = new Array<number>(params.hashes)
-  for (let i = 0; i < params.hashes; i++) out[i] = (h1 + i * h2) % params.bits
+  let g = h1
+  for (let i = 0; i < params.hashes; i++, g += h2) {
+    const x = (g * K) & MASK64
+    out[i] = Number((x ^ (x >> 32n)) % bits)
+  }
   return out
 }
 
