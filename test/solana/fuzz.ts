@@ -281,7 +281,10 @@ class Sequence {
     }
   }
 
-  proof(): {participant_bloom: string; broadcast_bloom: string} {
+  /** Per round (epoch/step): whether one of its trainers is cut off from its peers (proof). */
+  private readonly cutRounds = new Map<string, boolean>()
+
+  proof(from: string): {participant_bloom: string; broadcast_bloom: string} {
     const round = this.state.epoch.round!
     const kind = this.rng.weighted({valid: 8, random: 1, size: 1})
     const size = witnessBloomParams(round.roster.length).bits / 8
@@ -291,10 +294,16 @@ class Sequence {
       const n = this.rng.pick([1, size - 1, size + 1, 80].filter((x) => x >= 1 && x <= 80 && x !== size))
       return {participant_bloom: this.rng.bytes(n).toString('base64'), broadcast_bloom: this.rng.bytes(n).toString('base64')}
     }
+    const trainers = [...assignBatches(this.state)].filter(([, r]) => r.end > r.start)
     const all = this.rng.chance(0.6)
-    const seen = [...assignBatches(this.state)]
-      .filter(([, r]) => r.end > r.start)
-      .filter(() => all || this.rng.chance(0.6))
+    // In a third of the rounds a trainer is cut off from its peers (the round's first with batches): the other
+    // witnesses saw everyone else, its own proof names only itself, which must not make it healthy (sim: "a client cut
+    // off from its peers"; a bloom naming a trainer it never received made every replica wait for its result).
+    const key = `${this.state.progress.epoch}/${round.step}`
+    if (!this.cutRounds.has(key)) this.cutRounds.set(key, this.rng.chance(0.35))
+    const cutoff = this.cutRounds.get(key) ? trainers[0]?.[0] : undefined
+    const seen = trainers
+      .filter(([id]) => (cutoff ? (from === cutoff ? id === cutoff : id !== cutoff) : all || this.rng.chance(0.6)))
       .map(([id, range]) => ({id, range, commitment: Buffer.alloc(32, 7)}))
     return buildWitnessProof(round, seen)
   }
@@ -360,12 +369,16 @@ class Sequence {
         const witnesses = selectWitnesses(s)
         const from = witnesses.length > 0 && this.rng.chance(0.8) ? this.rng.pick(witnesses) : this.client()
         const step = this.rng.chance(0.9) ? round.step : round.step + this.rng.pick([-1, 1, 7])
-        return {event: {type: 'witness', from, step, proof: this.proof()}}
+        return {event: {type: 'witness', from, step, proof: this.proof(from)}}
       }
       case 'health_check': {
         const judged = s.epoch.previous_round?.roster ?? []
         const n = this.rng.pick([0, 1, 1, 1, 2, 3])
         const accused = Array.from({length: n}, () => (judged.length > 0 && this.rng.chance(0.85) ? this.rng.pick(judged) : this.id()))
+        // often the judged round's first trainer (cut off from its peers in some rounds: proof)
+        const previous = s.epoch.previous_round
+        const cutoff = previous ? [...assignBatches(s, previous)].find(([, r]) => r.end > r.start)?.[0] : undefined
+        if (cutoff && this.rng.chance(0.5)) accused.splice(0, 1, cutoff)
         return {event: {type: 'health_check', from: this.client(), accused}}
       }
       case 'accuse': {
