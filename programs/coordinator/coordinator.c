@@ -562,6 +562,11 @@ static void tick_waiting_for_members(State *s, u64 now) {
   }
   s->clients_len = s->pending_len;
   s->pending_len = 0;
+  if (s->has_next_rates) { /* set_rates: an epoch's rates are fixed when it begins */
+    s->points_per_batch = s->next_points_per_batch;
+    s->token_rate = s->next_token_rate;
+    s->has_next_rates = 0;
+  }
   change_state(s, now, WARMUP);
 }
 
@@ -1474,6 +1479,16 @@ u64 entrypoint(const u8 *input) {
     case IX_UPDATE_FROM_BUFFER:
       if ((e = signer(&in, s->main_authority))) return e;
       return update_from_buffer(&in, s, len);
+    case IX_SET_RATES:
+      /* data: points per batch u64, token rate u64: the rates the next epoch starts with (set_future_epoch_rates) */
+      if ((e = signer(&in, s->main_authority))) return e;
+      if (len != 16) return fail(E_INVALID_INSTRUCTION, "set_rates: expected points per batch and token rate (u64 each)");
+      if (read_u64(d) > MAX_POINTS_PER_BATCH) return fail(E_INVALID_CONFIG, "set_rates: points per batch above MAX_POINTS_PER_BATCH = " STR(MAX_POINTS_PER_BATCH));
+      if (read_u64(d + 8) > MAX_TOKEN_RATE) return fail(E_INVALID_CONFIG, "set_rates: token rate above MAX_TOKEN_RATE = " STR(MAX_TOKEN_RATE));
+      s->next_points_per_batch = read_u64(d);
+      s->next_token_rate = read_u64(d + 8);
+      s->has_next_rates = 1;
+      return 0;
     case IX_SET_PAUSED:
       if ((e = signer(&in, s->main_authority))) return e;
       if (len != 1 || d[0] > 1) return fail(E_INVALID_INSTRUCTION, "set_paused: expected 1 (pause) or 0 (resume)");

@@ -22,6 +22,8 @@
 #define MAX_CHECKPOINTERS 8 /* designated checkpointers of a run (config.checkpointers) */
 #define LEDGER_MAX 512 /* clients the rewards ledger holds (points per client key); past it, a new key's entry reuses one that holds nothing, or it earns nothing */
 #define POINTS_PER_BATCH 1000 /* points for one accepted batch at full weight, until set_rates changes it (rewards.ts POINTS_PER_BATCH) */
+#define MAX_POINTS_PER_BATCH 1000000 /* the most points per batch set_rates accepts (points stay far from u64 overflow) */
+#define MAX_TOKEN_RATE 1000000000000 /* the most token base units per point set_rates accepts */
 #define WEIGHT_ONE 1000000 /* a points weight of 1 in the ledger's fixed point (parts per million) */
 #define UPDATE_MAX 4657 /* bytes of an update's data: flags, Config, MAX_CHECKPOINTERS keys, the model with MODEL_JSON_MAX of JSON (what an update buffer holds) */
 
@@ -39,7 +41,7 @@ enum { UNINITIALIZED = 0, WAITING_FOR_MEMBERS = 1, WARMUP = 2, ROUND_TRAIN = 3, 
 enum { HEALTHY = 0, DROPPED = 1, WITHDRAWN = 2, EJECTED = 3 }; /* ClientState */
 enum { CK_NONE = 0, CK_EPHEMERAL = 1, CK_DUMMY = 2, CK_HUB = 3, CK_P2P = 4 }; /* CheckpointKind */
 enum { REASON_INVALID_RESULT = 0, REASON_LOW_SCORE = 1 }; /* AccusationReason */
-enum { IX_INIT_COORDINATOR = 0, IX_UPDATE = 1, IX_SET_PAUSED = 2, IX_JOIN_RUN = 3, IX_TICK = 4, IX_WITNESS = 5, IX_WARMUP_WITNESS = 6, IX_HEALTH_CHECK = 7, IX_CHECKPOINT = 8, IX_FREE_COORDINATOR = 9, IX_WITHDRAW = 10, IX_EJECT = 11, IX_GROW = 12, IX_ACCUSE = 13, IX_SET_PEER = 14, IX_EQUIVOCATION = 15, IX_SET_METADATA = 16, IX_CLOSE_PEER = 17, IX_BUFFER_INIT = 18, IX_BUFFER_WRITE = 19, IX_UPDATE_FROM_BUFFER = 20, IX_HASH_WITNESS = 21 }; /* Instruction */
+enum { IX_INIT_COORDINATOR = 0, IX_UPDATE = 1, IX_SET_PAUSED = 2, IX_JOIN_RUN = 3, IX_TICK = 4, IX_WITNESS = 5, IX_WARMUP_WITNESS = 6, IX_HEALTH_CHECK = 7, IX_CHECKPOINT = 8, IX_FREE_COORDINATOR = 9, IX_WITHDRAW = 10, IX_EJECT = 11, IX_GROW = 12, IX_ACCUSE = 13, IX_SET_PEER = 14, IX_EQUIVOCATION = 15, IX_SET_METADATA = 16, IX_CLOSE_PEER = 17, IX_BUFFER_INIT = 18, IX_BUFFER_WRITE = 19, IX_UPDATE_FROM_BUFFER = 20, IX_HASH_WITNESS = 21, IX_SET_RATES = 22 }; /* Instruction */
 enum { E_HALTED = 1, E_INVALID_RUN_STATE = 2, E_ALREADY_JOINED = 3, E_UNKNOWN_CLIENT = 4, E_INVALID_WITHDRAW = 5, E_INVALID_WITNESS = 6, E_DUPLICATE_WITNESS = 7, E_WRONG_STEP = 8, E_NO_ACTIVE_ROUND = 9, E_INVALID_HEALTH_CHECK = 10, E_INVALID_ACCUSATION = 11, E_DUPLICATE_ACCUSATION = 12, E_INVALID_PROOF = 13, E_ALREADY_CHECKPOINTED = 14, E_CANNOT_RESUME = 15, E_INVALID_CONFIG = 16, E_INVALID_EVENT = 17, E_BANNED = 18, E_NOT_CHECKPOINTER = 19, E_HASH_NOT_AGREED = 20, E_CHECKPOINT_HASH_MISMATCH = 21, E_INVALID_INSTRUCTION = 100, E_WRONG_ACCOUNT = 101, E_UNAUTHORIZED = 102, E_CAPACITY_EXCEEDED = 103, E_MISSING_SIGNATURE = 104, E_NOT_WRITABLE = 105, E_WRONG_PROGRAM_ADDRESS = 106, E_NOT_PERMITTED = 107, E_ALREADY_EXISTS = 108 }; /* Error */
 
 /* ---- witness blooms for a roster of n trainers: BLOOM_BITS[n - 1] bits, BLOOM_HASHES[n - 1] probes (witnessBloomParams) ---- */
@@ -263,9 +265,12 @@ typedef struct {
   u64 pending_ledger[MAX_CLIENTS]; /* @178696: each joiner's ClientRec.ledger */
   u64 points_per_batch; /* @180744: points per accepted batch at full weight (POINTS_PER_BATCH; set_rates) */
   u64 token_rate; /* @180752: token base units paid per point by a claim (0: nothing to claim; set_rates) */
-  u64 ledger_len; /* @180760 */
-  Points ledger[LEDGER_MAX]; /* @180768: the rewards ledger (rewards.ts): per client key, accepted results and points */
-} State; /* 234016 bytes */
+  u64 next_points_per_batch; /* @180760: set_rates: the rates the next epoch starts with (when has_next_rates) */
+  u64 next_token_rate; /* @180768 */
+  u64 has_next_rates; /* @180776 */
+  u64 ledger_len; /* @180784 */
+  Points ledger[LEDGER_MAX]; /* @180792: the rewards ledger (rewards.ts): per client key, accepted results and points */
+} State; /* 234040 bytes */
 _Static_assert(__builtin_offsetof(State, magic) == 0, "layout: State.magic");
 _Static_assert(__builtin_offsetof(State, version) == 8, "layout: State.version");
 _Static_assert(__builtin_offsetof(State, run_id) == 16, "layout: State.run_id");
@@ -319,9 +324,12 @@ _Static_assert(__builtin_offsetof(State, checkpoint_hash_repo) == 178528, "layou
 _Static_assert(__builtin_offsetof(State, pending_ledger) == 178696, "layout: State.pending_ledger");
 _Static_assert(__builtin_offsetof(State, points_per_batch) == 180744, "layout: State.points_per_batch");
 _Static_assert(__builtin_offsetof(State, token_rate) == 180752, "layout: State.token_rate");
-_Static_assert(__builtin_offsetof(State, ledger_len) == 180760, "layout: State.ledger_len");
-_Static_assert(__builtin_offsetof(State, ledger) == 180768, "layout: State.ledger");
-_Static_assert(sizeof(State) == 234016, "layout: sizeof(State)");
+_Static_assert(__builtin_offsetof(State, next_points_per_batch) == 180760, "layout: State.next_points_per_batch");
+_Static_assert(__builtin_offsetof(State, next_token_rate) == 180768, "layout: State.next_token_rate");
+_Static_assert(__builtin_offsetof(State, has_next_rates) == 180776, "layout: State.has_next_rates");
+_Static_assert(__builtin_offsetof(State, ledger_len) == 180784, "layout: State.ledger_len");
+_Static_assert(__builtin_offsetof(State, ledger) == 180792, "layout: State.ledger");
+_Static_assert(sizeof(State) == 234040, "layout: sizeof(State)");
 
 typedef struct {
   u64 magic; /* @0: PEER_MAGIC */

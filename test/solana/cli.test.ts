@@ -80,6 +80,13 @@ describe('Solana commands against a localnet (psyche solana localnet)', () => {
     assert.equal(run.state.run_state, 'WaitingForMembers')
     assert.equal(run.main_authority, ids.creator)
     assert.equal(run.join_authority, ids.creator)
+    // set-rates: the main authority's rates wait for the next epoch; anyone else is refused
+    const rates = await cli('set-rates', '--keypair', creator, '--run-id', 'cli-run', '--points-per-batch', '2000', '--token-rate', '3', '--json')
+    assert.equal(rates.exitCode, 0, rates.stderr)
+    assert.deepEqual(json(rates.stdout), {run_id: 'cli-run', points_per_batch: 1000, token_rate: 0, next: {points_per_batch: 2000, token_rate: 3}})
+    const squat = await cli('set-rates', '--keypair', alice, '--run-id', 'cli-run', '--points-per-batch', '1')
+    assert.equal(squat.exitCode, 1)
+    assert.match(squat.stderr, /set-rates cli-run refused: Unauthorized/)
 
     const granted = await cli('authorize', 'grant', '--keypair', creator, '--grantee', ids.alice, '--json')
     assert.equal(granted.exitCode, 0, granted.stderr)

@@ -17,6 +17,7 @@ import {
   joinRunInstruction,
   setMetadataInstruction,
   setPausedInstruction,
+  setRatesInstruction,
   setPeerInstruction,
   tickInstruction,
   updateInstruction,
@@ -108,6 +109,7 @@ describe("the coordinator program's IDL (programs/idl/psyche_coordinator.json) a
         }),
       ),
       hash_witness: hashWitnessInstruction(p, c, signer, 1, 'ab'.repeat(32)),
+      set_rates: setRatesInstruction(p, c, signer, 1000, 5),
     }
     for (const spec of idl.instructions) {
       const ix = built[spec.name]

@@ -5,7 +5,7 @@
 import assert from 'node:assert/strict'
 import {describe, it} from 'node:test'
 import type {KeyPairSigner} from '@solana/kit'
-import {INSTRUCTION_UNITS, updateInstruction} from '../../src/core/backend/solana/instructions.js'
+import {INSTRUCTION_UNITS, setRatesInstruction, updateInstruction} from '../../src/core/backend/solana/instructions.js'
 import {clientIdOf, decodeLedger, ledgerRows} from '../../src/core/backend/solana/layout.js'
 import {MAX_CLIENTS} from '../../src/core/coordinator/layout-table.js'
 import {emptyLedger, observeTransition, rewardRows} from '../../src/core/coordinator/rewards.js'
@@ -63,4 +63,49 @@ describe(`rewards ledger in the program: ${MAX_CLIENTS} trainers`, () => {
       assert.equal(rows.length, MAX_CLIENTS)
     })
   }
+
+  it('set_rates: only the main authority, within bounds; an epoch keeps the rates it began with, the next starts with the new ones', async () => {
+    const scenario = await rewardsAtScale(0, 6)
+    const d = await deployRun(scenario.run_id, scenario.created_at)
+    const signers = new Map<string, KeyPairSigner>()
+    for (const label of Object.keys(scenario.clients)) {
+      const k = await keypair(label)
+      signers.set(clientIdOf(k.address), k)
+      d.chain.airdrop(k.address)
+    }
+    d.chain.setTime(scenario.created_at)
+    assert.ok((await d.chain.send(d.authority, [updateInstruction(d.programId, d.coordinator, d.authority, scenario.config, scenario.model)])).ok)
+    const ledger = () => decodeLedger(d.chain.accountData(d.coordinator)!)
+    const outsider = [...signers.values()][0]
+    assert.equal((await d.chain.send(outsider, [setRatesInstruction(d.programId, d.coordinator, outsider, 5000, 1)])).error, 'Unauthorized')
+    const over = setRatesInstruction(d.programId, d.coordinator, d.authority, 1, 1)
+    const data = Buffer.from(over.data!)
+    data.writeBigUInt64LE(1_000_001n, 1) // past MAX_POINTS_PER_BATCH (the builder refuses it)
+    assert.equal((await d.chain.send(d.authority, [{...over, data}])).error, 'InvalidConfig')
+    data.writeBigUInt64LE(1n, 1)
+    data.writeBigUInt64LE(10n ** 12n + 1n, 9) // past MAX_TOKEN_RATE
+    assert.equal((await d.chain.send(d.authority, [{...over, data}])).error, 'InvalidConfig')
+    assert.throws(() => setRatesInstruction(d.programId, d.coordinator, d.authority, 1_000_001, 0), RangeError)
+    assert.deepEqual([ledger().points_per_batch, ledger().token_rate, ledger().next], [1000, 0, null])
+
+    assert.ok((await d.chain.send(d.authority, [setRatesInstruction(d.programId, d.coordinator, d.authority, 2500, 7)])).ok)
+    assert.deepEqual([ledger().points_per_batch, ledger().next], [1000, {points_per_batch: 2500, token_rate: 7}], 'before an epoch begins, the rates wait for it')
+    let midEpoch = false
+    for (const [i, step] of scenario.steps.entries()) {
+      d.chain.setClock(step.now, step.slot)
+      const {signer, ix} = toInstruction(d, signers, step.event)
+      const r = await d.chain.send(signer, Array.isArray(ix) ? ix : [ix])
+      assert.ok(r.ok, `step ${i} (${step.event.type}): ${r.error}`)
+      if (step.state.run_state === 'Warmup') assert.deepEqual([ledger().points_per_batch, ledger().token_rate], [2500, 7], 'the epoch began with the new rates')
+      if (!midEpoch && step.state.progress.epoch === 1 && step.state.run_state === 'RoundTrain') {
+        midEpoch = true // the second epoch is under way: new rates wait for the third
+        assert.ok((await d.chain.send(d.authority, [setRatesInstruction(d.programId, d.coordinator, d.authority, 500, 1)])).ok)
+      }
+    }
+    assert.ok(midEpoch)
+    const end = ledger()
+    assert.deepEqual([end.points_per_batch, end.token_rate, end.next], [2500, 7, {points_per_batch: 500, token_rate: 1}])
+    assert.equal(end.entries.length, 6)
+    for (const e of end.entries) assert.ok(e.rounds === 4 && e.batches > 0 && e.earned === e.batches * 2500, JSON.stringify(e))
+  })
 })

@@ -492,14 +492,14 @@ export async function capacity(): Promise<Scenario> {
  * found by the program's sliced inverse shuffle) and `witnessNodes` witnesses (1: the round's close runs most of the
  * shuffle; 2: each proof runs its capped slice), two epochs of rounds, so the first settles (test/solana/rewards-program).
  */
-export async function rewardsAtScale(witnessNodes: number): Promise<Scenario> {
-  const labels = Array.from({length: MAX_CLIENTS}, (_, i) => `cap-${i}`)
-  const r = await recorder(`rewards-w${witnessNodes}`, labels, {
-    init_min_clients: MAX_CLIENTS / 2,
-    min_clients: witnessNodes,
+export async function rewardsAtScale(witnessNodes: number, clients = MAX_CLIENTS): Promise<Scenario> {
+  const labels = Array.from({length: clients}, (_, i) => `cap-${i}`)
+  const r = await recorder(`rewards-w${witnessNodes}-${clients}`, labels, {
+    init_min_clients: Math.ceil(clients / 2),
+    min_clients: Math.max(1, witnessNodes),
     witness_nodes: witnessNodes,
-    global_batch_size_start: (5 * MAX_CLIENTS) / 2,
-    global_batch_size_end: (5 * MAX_CLIENTS) / 2,
+    global_batch_size_start: Math.floor((5 * clients) / 2),
+    global_batch_size_end: Math.floor((5 * clients) / 2),
     rounds_per_epoch: 2,
     epoch_time: 1000,
   })

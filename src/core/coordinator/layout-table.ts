@@ -35,6 +35,8 @@ export const CONSTANTS = {
   MAX_CHECKPOINTERS: [8, 'designated checkpointers of a run (config.checkpointers)'],
   LEDGER_MAX: [512, "clients the rewards ledger holds (points per client key); past it, a new key's entry reuses one that holds nothing, or it earns nothing"],
   POINTS_PER_BATCH: [1000, 'points for one accepted batch at full weight, until set_rates changes it (rewards.ts POINTS_PER_BATCH)'],
+  MAX_POINTS_PER_BATCH: [1000000, 'the most points per batch set_rates accepts (points stay far from u64 overflow)'],
+  MAX_TOKEN_RATE: [1000000000000, 'the most token base units per point set_rates accepts'],
   WEIGHT_ONE: [1000000, "a points weight of 1 in the ledger's fixed point (parts per million)"],
   UPDATE_MAX: [4657, "bytes of an update's data: flags, Config, MAX_CHECKPOINTERS keys, the model with MODEL_JSON_MAX of JSON (what an update buffer holds)"],
 } as const satisfies Record<string, readonly [number, string]>
@@ -198,6 +200,9 @@ export const STRUCTS = {
     ['pending_ledger', 'u64[MAX_CLIENTS]', "each joiner's ClientRec.ledger"],
     ['points_per_batch', 'u64', 'points per accepted batch at full weight (POINTS_PER_BATCH; set_rates)'],
     ['token_rate', 'u64', 'token base units paid per point by a claim (0: nothing to claim; set_rates)'],
+    ['next_points_per_batch', 'u64', 'set_rates: the rates the next epoch starts with (when has_next_rates)'],
+    ['next_token_rate', 'u64'],
+    ['has_next_rates', 'u64'],
     ['ledger_len', 'u64'],
     ['ledger', 'Points[LEDGER_MAX]', 'the rewards ledger (rewards.ts): per client key, accepted results and points'],
   ],
@@ -271,6 +276,7 @@ export const ENUMS = {
       'buffer_write',
       'update_from_buffer',
       'hash_witness',
+      'set_rates',
     ],
   },
   /** Custom program errors: 1..21 are the reference's RejectionCodes, 100.. the programs' own. */

@@ -26,6 +26,7 @@ import {
   peerAddress,
   setMetadataInstruction,
   setPausedInstruction,
+  setRatesInstruction,
   bufferedUpdateTransactions,
   updateBufferAddress,
   updateInstruction,
@@ -207,6 +208,12 @@ export async function readMetadata(t: RunTarget): Promise<RunMetadata | undefine
 export async function setPaused(t: RunTarget & {authority: TransactionSigner; paused: boolean}): Promise<void> {
   const coordinator = await coordinatorAddress(t.programId, t.runId)
   check(await t.chain.send(t.authority, [setPausedInstruction(t.programId, coordinator, t.authority, t.paused)]), `set-paused ${t.paused ? 'pause' : 'resume'} ${t.runId}`)
+}
+
+/** set_rates: the rates the run's next epoch starts with (main authority). */
+export async function setRates(t: RunTarget & {authority: TransactionSigner; pointsPerBatch: number; tokenRate: number}): Promise<void> {
+  const coordinator = await coordinatorAddress(t.programId, t.runId)
+  check(await t.chain.send(t.authority, [setRatesInstruction(t.programId, coordinator, t.authority, t.pointsPerBatch, t.tokenRate)]), `set-rates ${t.runId}`)
 }
 
 interface AuthorizerTarget {

@@ -18,6 +18,7 @@ import {
   encodeSetMetadata,
   encodeSetPeer,
   encodeSetPaused,
+  encodeSetRates,
   encodeTag,
   keyBytes,
   encodeUpdate,
@@ -48,6 +49,7 @@ export const INSTRUCTION_UNITS = {
   grow: 500,
   update: 30_000,
   set_paused: 30_000,
+  set_rates: 5_000,
   join_run: 40_000,
   tick: 60_000,
   /**
@@ -247,6 +249,9 @@ export function bufferedUpdateTransactions(
   return out
 }
 
+/** set_rates (main authority): points per accepted batch and token base units per point, from the next epoch on. */
+export const setRatesInstruction = (programId: Address, coordinator: Address, authority: TransactionSigner, pointsPerBatch: number, tokenRate: number) =>
+  signed(programId, coordinator, authority, encodeSetRates(pointsPerBatch, tokenRate), INSTRUCTION_UNITS.set_rates)
 export const setPausedInstruction = (programId: Address, coordinator: Address, authority: TransactionSigner, paused: boolean) =>
   signed(programId, coordinator, authority, encodeSetPaused(paused), INSTRUCTION_UNITS.set_paused)
 /** join_run; in a permissioned run, pass the authorization (authorizer program) that admits the client. */

@@ -339,6 +339,19 @@ export function encodeBufferWrite(offset: number, chunk: Uint8Array): Uint8Array
   return Buffer.concat([Buffer.from([IX.buffer_write]), at, chunk])
 }
 
+/** set_rates: the rates the next epoch starts with (checked against the table's bounds, as the program does). */
+export function encodeSetRates(pointsPerBatch: number, tokenRate: number): Uint8Array {
+  if (!Number.isSafeInteger(pointsPerBatch) || pointsPerBatch < 0 || pointsPerBatch > constant('MAX_POINTS_PER_BATCH'))
+    throw new RangeError(`points per batch must be a whole number from 0 to ${constant('MAX_POINTS_PER_BATCH')}`)
+  if (!Number.isSafeInteger(tokenRate) || tokenRate < 0 || tokenRate > constant('MAX_TOKEN_RATE'))
+    throw new RangeError(`token rate must be a whole number from 0 to ${constant('MAX_TOKEN_RATE')}`)
+  const b = Buffer.alloc(17)
+  b[0] = IX.set_rates
+  b.writeBigUInt64LE(BigInt(pointsPerBatch), 1)
+  b.writeBigUInt64LE(BigInt(tokenRate), 9)
+  return b
+}
+
 export function encodeSetPaused(paused: boolean): Uint8Array {
   return Uint8Array.from([IX.set_paused, paused ? 1 : 0])
 }
@@ -525,6 +538,8 @@ export interface OnChainLedger {
   points_per_batch: number
   /** Token base units a claim pays per point (0: nothing to claim). */
   token_rate: number
+  /** set_rates: the rates the next epoch starts with (null: none set). */
+  next: {points_per_batch: number; token_rate: number} | null
   entries: OnChainPoints[]
 }
 
@@ -550,7 +565,11 @@ export function decodeLedger(data: Uint8Array): OnChainLedger {
       last_epoch: field('last_epoch'),
     }
   })
-  return {points_per_batch: num(b, OFFSETS.points_per_batch, 'points_per_batch'), token_rate: num(b, OFFSETS.token_rate, 'token_rate'), entries}
+  const next =
+    b.readBigUInt64LE(OFFSETS.has_next_rates) === 0n
+      ? null
+      : {points_per_batch: num(b, OFFSETS.next_points_per_batch, 'next_points_per_batch'), token_rate: num(b, OFFSETS.next_token_rate, 'next_token_rate')}
+  return {points_per_batch: num(b, OFFSETS.points_per_batch, 'points_per_batch'), token_rate: num(b, OFFSETS.token_rate, 'token_rate'), next, entries}
 }
 
 /**
