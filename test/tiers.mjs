@@ -60,6 +60,7 @@ export const tiers = {
     'test/obs/terminal-view.test.ts',
     'test/obs/waiting.test.ts',
     'test/p2p/addresses.test.ts',
+    'test/p2p/dial-plan.test.ts',
     'test/p2p/limits.test.ts',
     'test/p2p/mesh.test.ts',
     'test/p2p/memory.test.ts',

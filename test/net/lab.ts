@@ -205,6 +205,26 @@ table ip filter {
     return bytes
   }
 
+  /**
+   * Starts counting, at a NATed host's router, the packets its host sends towards private addresses of other LANs
+   * (10.0.0.0/8 outside its own /24): dials of other clients' private addresses, which on the internet lead nowhere.
+   */
+  countStrayPrivate(host: Host): void {
+    if (!host.router) throw new Error(`${host.name} is not behind a NAT router`)
+    const lan = host.ip.split('.').slice(0, 3).join('.')
+    const rules = `table ip stray {
+  chain pre { type filter hook prerouting priority -300; policy accept; ip saddr ${host.ip} ip daddr 10.0.0.0/8 ip daddr != ${lan}.0/24 counter; }
+}
+`
+    sh(['ip', 'netns', 'exec', host.router, 'nft', '-f', '-'], 'nftables', {input: rules})
+  }
+
+  /** Packets counted by countStrayPrivate so far. */
+  strayPrivatePackets(host: Host): number {
+    const out = sh(['ip', 'netns', 'exec', host.router!, 'nft', 'list', 'table', 'ip', 'stray'], 'nft list')
+    return [...out.matchAll(/counter packets (\d+)/g)].reduce((sum, m) => sum + Number(m[1]), 0)
+  }
+
   /** Limits a host's link to `mbit` Mbit/s in both directions (tbf on its interface and on the far end). */
   limitRate(host: Host, mbit: number): void {
     const peerNs = host.router ?? this.switchNs

@@ -1,4 +1,6 @@
 import {multiaddr, type Multiaddr} from '@multiformats/multiaddr'
+import {BlockList, isIP} from 'node:net'
+import {networkInterfaces} from 'node:os'
 import {PsycheError, errorMessage} from '../errors.js'
 
 /**
@@ -88,4 +90,48 @@ export function parseMultiaddrs(values: readonly string[], flag: string, options
 /** Listen addresses for --p2p-port N (every IPv4 interface), or the default (any free port). */
 export function listenAddrsForPort(port: number | undefined): string[] {
   return [`/ip4/0.0.0.0/tcp/${port ?? 0}`]
+}
+
+/** Private (RFC 1918, carrier-grade NAT 100.64/10, IPv6 unique-local fc00::/7) ranges: addresses of someone's own network. */
+const PRIVATE = new BlockList()
+for (const [net, prefix] of [
+  ['10.0.0.0', 8],
+  ['172.16.0.0', 12],
+  ['192.168.0.0', 16],
+  ['100.64.0.0', 10],
+] as const)
+  PRIVATE.addSubnet(net, prefix, 'ipv4')
+PRIVATE.addSubnet('fc00::', 7, 'ipv6')
+
+/** The IP host of a direct multiaddr, with its family, or undefined (a DNS name, a relayed address). */
+function ipHost(addr: Multiaddr): {host: string; family: 'ipv4' | 'ipv6'} | undefined {
+  if (isCircuit(addr)) return undefined
+  const c = addr.getComponents().find((x) => x.name === 'ip4' || x.name === 'ip6')
+  if (!c?.value || isIP(c.value) === 0) return undefined
+  return {host: c.value, family: c.name === 'ip4' ? 'ipv4' : 'ipv6'}
+}
+
+/** This machine's networks as CIDRs (10.77.10.2/24, 127.0.0.1/8, …): where a peer's private address may be ours too. */
+export function localNetworks(): string[] {
+  return Object.values(networkInterfaces())
+    .flat()
+    .flatMap((i) => (i?.cidr ? [i.cidr] : []))
+}
+
+/**
+ * A direct address in a private range on none of `networks` (CIDRs, see localNetworks): some other network's own
+ * address (a peer behind its NAT, on its LAN), which from here leads nowhere — on the internet such a dial gets no
+ * answer at all and runs to its timeout. Pure.
+ */
+export function isOtherPrivateNetwork(addr: Multiaddr, networks: readonly string[]): boolean {
+  const ip = ipHost(addr)
+  if (!ip || !PRIVATE.check(ip.host, ip.family)) return false
+  const ours = new BlockList()
+  for (const cidr of networks) {
+    const [net, bits] = cidr.split('/')
+    const family = isIP(net) === 4 ? 'ipv4' : isIP(net) === 6 ? 'ipv6' : undefined
+    const prefix = Number(bits)
+    if (family && Number.isInteger(prefix)) ours.addSubnet(net, prefix, family)
+  }
+  return !ours.check(ip.host, ip.family)
 }

@@ -2,7 +2,7 @@ import type {Connection, MultiaddrConnection, PeerId, Startable, Stream} from '@
 import type {ConnectionManager} from '@libp2p/interface-internal'
 import {multiaddr, type Multiaddr} from '@multiformats/multiaddr'
 import {errorMessage} from '../errors.js'
-import {addrPeerId, isCircuit} from './addresses.js'
+import {addrPeerId, isCircuit, isOtherPrivateNetwork, localNetworks} from './addresses.js'
 import {isQuicAddr} from './transports.js'
 import {dialErrorMessage, ON_LIMITED} from './util.js'
 import type {EventLog} from '../events.js'
@@ -21,6 +21,17 @@ const DIRECT_DIAL_TIMEOUT_MS = 8_000
 const QUIC_DIAL_TIMEOUT_MS = 3_000
 export const RELAYED_DIAL_TIMEOUT_MS = 30_000
 /**
+ * A private address on none of our networks (another LAN: see dialPlan) is given this long, QUIC and TCP each: on
+ * the internet it never answers, while a routed private network (VPC subnets) answers within a few round trips.
+ */
+const OTHER_NETWORK_DIAL_TIMEOUT_MS = 2_000
+/**
+ * A peer whose only addresses are another LAN's private ones has just joined and not yet reserved its relay slot
+ * (it publishes its interface addresses first, its relayed one a second or so later): its relayed address is
+ * waited for this long before those addresses are dialled.
+ */
+const RELAYED_ADDRESS_GRACE_MS = 3_000
+/**
  * One direct connection per pair of peers. Two peers told of each other by the same state push dial each other at
  * once (2(N−1) connections per client otherwise); both sides apply one rule: the direct connection dialled by the
  * lower peer id stays. The lower side refuses (its connection gater: before any stream is opened on it) a direct
@@ -32,6 +43,8 @@ const TIE_WINDOW_MS = 2_000
 
 interface PeerDialerInit {
   log: EventLog
+  /** This machine's networks as CIDRs (default: its interfaces'; see dialPlan). */
+  localNetworks?: () => string[]
 }
 
 interface PeerDialerComponents {
@@ -60,6 +73,8 @@ export class PeerDialer implements Startable {
   /** Peer -> when our direct dial to it started, while it runs (see TIE_WINDOW_MS). */
   private readonly directDialStarted = new Map<string, number>()
   private stopped = false
+  private readonly localNetworks: () => string[]
+  private networksCache: {at: number; cidrs: string[]} | undefined
 
   constructor(
     private readonly components: PeerDialerComponents,
@@ -67,6 +82,14 @@ export class PeerDialer implements Startable {
   ) {
     this.peerId = components.peerId.toString()
     this.log = init.log
+    this.localNetworks = init.localNetworks ?? localNetworks
+  }
+
+  /** Our interfaces' networks (see dialPlan), read at most every few seconds (interfaces come and go). */
+  private networks(): string[] {
+    const now = Date.now()
+    if (!this.networksCache || now - this.networksCache.at > 5_000) this.networksCache = {at: now, cidrs: this.localNetworks()}
+    return this.networksCache.cidrs
   }
 
   start(): void {
@@ -147,25 +170,26 @@ export class PeerDialer implements Startable {
   }
 
   private async dialPeerNow(peer: string, targets: Multiaddr[]): Promise<void> {
-    const direct = targets.filter((t) => !isCircuit(t))
-    const relayed = targets.filter(isCircuit)
-    const directKey = direct.map((t) => t.toString()).join(' ')
-    // A peer's QUIC addresses first, briefly (where UDP is blocked its handshake never answers), then its TCP ones.
-    const quicAddrs = direct.filter(isQuicAddr)
-    const otherDirect = direct.filter((t) => !isQuicAddr(t))
-    const directAttempts: [Multiaddr[], number][] = [
-      ...(quicAddrs.length > 0 ? [[quicAddrs, QUIC_DIAL_TIMEOUT_MS] as [Multiaddr[], number]] : []),
-      ...(otherDirect.length > 0 ? [[otherDirect, DIRECT_DIAL_TIMEOUT_MS] as [Multiaddr[], number]] : []),
-    ]
-    const attempts: [Multiaddr[], number][] = []
-    if (direct.length > 0 && this.directFailed.get(peer) !== directKey) attempts.push(...directAttempts)
-    if (relayed.length > 0) attempts.push([relayed, RELAYED_DIAL_TIMEOUT_MS])
-    if (attempts.length === 0 && direct.length > 0) attempts.push(...directAttempts)
+    const directKey = targets
+      .filter((t) => !isCircuit(t))
+      .map((t) => t.toString())
+      .join(' ')
+    const networks = this.networks()
+    const attempts = dialPlan(targets, {directFailed: this.directFailed.get(peer) === directKey, networks})
+    if (attempts.length > 0 && attempts.every((a) => a.addrs.every((t) => isOtherPrivateNetwork(t, networks)))) {
+      // Only another LAN's addresses (see RELAYED_ADDRESS_GRACE_MS): new addresses from the coordinator end the wait,
+      // and the dial queued behind this one (dialPeer) uses them.
+      const key = addrKey(targets)
+      const changed = () => addrKey(this.knownAddrs.get(peer) ?? []) !== key
+      const until = Date.now() + RELAYED_ADDRESS_GRACE_MS
+      while (Date.now() < until && !this.stopped && !changed()) await new Promise((r) => setTimeout(r, 100))
+      if (changed() || this.stopped) return
+    }
     const reasons: string[] = []
     // As libp2p.dial: user dials go first in the dial queue.
     const open = (addrs: Multiaddr[], timeoutMs: number) => this.components.connectionManager.openConnection(addrs, {priority: 75, signal: AbortSignal.timeout(timeoutMs)})
-    for (const [addrs, timeoutMs] of attempts) {
-      const isDirect = addrs !== relayed
+    for (const {addrs, timeoutMs, kind, marksDirectFailed} of attempts) {
+      const isDirect = kind !== 'relayed'
       const started = Date.now()
       if (isDirect) this.directDialStarted.set(peer, started)
       try {
@@ -188,9 +212,10 @@ export class PeerDialer implements Startable {
             reason = dialErrorMessage(again)
           }
         }
-        reasons.push(`${isDirect ? (addrs === quicAddrs ? 'direct QUIC' : 'direct') : 'relayed'}: ${reason}`)
-        // Only when the last direct attempt failed too (QUIC failing while TCP works is a network that blocks UDP).
-        if (isDirect && addrs === directAttempts[directAttempts.length - 1][0] && relayed.length > 0) this.directFailed.set(peer, directKey)
+        reasons.push(`${kind === 'quic' ? 'direct QUIC' : kind}: ${reason}`)
+        // Only when the last direct attempt before the relayed one failed too (QUIC failing while TCP works is a
+        // network that blocks UDP).
+        if (marksDirectFailed) this.directFailed.set(peer, directKey)
       } finally {
         if (isDirect && this.directDialStarted.get(peer) === started) this.directDialStarted.delete(peer)
       }
@@ -304,6 +329,53 @@ export class PeerDialer implements Startable {
     }
     return {direct, relayed}
   }
+}
+
+/** One step of dialling a peer: these addresses at once, for at most timeoutMs. */
+interface DialAttempt {
+  addrs: Multiaddr[]
+  timeoutMs: number
+  kind: 'quic' | 'direct' | 'relayed'
+  /** Its failure means the peer's direct addresses do not answer: next time its relayed ones go first. */
+  marksDirectFailed: boolean
+}
+
+/**
+ * In which order a peer's addresses (from the coordinator) are dialled, and for how long. Pure.
+ *
+ * - Direct addresses before relayed ones: QUIC ones first, briefly (QUIC_DIAL_TIMEOUT_MS: where UDP is blocked the
+ *   handshake never answers), then TCP ones (DIRECT_DIAL_TIMEOUT_MS), then the relayed ones.
+ * - A direct address in a private range that is none of our networks (isOtherPrivateNetwork: a peer's own LAN,
+ *   behind its router) leads nowhere on the internet, and was worth 3 + 8 s of silence before every first contact.
+ *   Such addresses are tried only briefly (OTHER_NETWORK_DIAL_TIMEOUT_MS), after the peer's other direct addresses;
+ *   and when the peer has a relayed address (it is behind NAT: its relay could not dial it back), after that one.
+ *   Its private addresses on one of our networks (both behind the same router) go first as any direct address.
+ * - `directFailed`: the peer's direct addresses did not answer last time (and have not changed): relayed first.
+ */
+export function dialPlan(targets: readonly Multiaddr[], options: {directFailed: boolean; networks: readonly string[]}): DialAttempt[] {
+  const relayed = targets.filter(isCircuit)
+  const direct = targets.filter((t) => !isCircuit(t))
+  const far = direct.filter((t) => isOtherPrivateNetwork(t, options.networks))
+  const near = direct.filter((t) => !far.includes(t))
+  const group = (addrs: Multiaddr[], brief: boolean): DialAttempt[] => {
+    const quicAddrs = addrs.filter(isQuicAddr)
+    const other = addrs.filter((t) => !isQuicAddr(t))
+    return [
+      ...(quicAddrs.length > 0
+        ? [{addrs: quicAddrs, timeoutMs: brief ? OTHER_NETWORK_DIAL_TIMEOUT_MS : QUIC_DIAL_TIMEOUT_MS, kind: 'quic' as const, marksDirectFailed: false}]
+        : []),
+      ...(other.length > 0 ? [{addrs: other, timeoutMs: brief ? OTHER_NETWORK_DIAL_TIMEOUT_MS : DIRECT_DIAL_TIMEOUT_MS, kind: 'direct' as const, marksDirectFailed: false}] : []),
+    ]
+  }
+  const nearAttempts = group(near, false)
+  const farAttempts = group(far, true)
+  if (relayed.length > 0 && nearAttempts.length > 0) nearAttempts[nearAttempts.length - 1].marksDirectFailed = true
+  const attempts: DialAttempt[] = []
+  if (!options.directFailed) attempts.push(...nearAttempts)
+  if (relayed.length > 0) attempts.push({addrs: relayed, timeoutMs: RELAYED_DIAL_TIMEOUT_MS, kind: 'relayed', marksDirectFailed: false})
+  else if (options.directFailed) attempts.push(...nearAttempts)
+  attempts.push(...farAttempts)
+  return attempts
 }
 
 function addrKey(addrs: Multiaddr[]): string {

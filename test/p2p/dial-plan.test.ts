@@ -1,0 +1,96 @@
+import assert from 'node:assert/strict'
+import {describe, it} from 'node:test'
+import {multiaddr} from '@multiformats/multiaddr'
+import {isOtherPrivateNetwork, localNetworks} from '../../src/core/p2p/addresses.js'
+import {dialPlan} from '../../src/core/p2p/dialer.js'
+
+const P = '12D3KooWQYhTNQdmr3ArTeUHRYzFg94BKyTkoWBDWez9kSCVe2Xo'
+const R = '12D3KooWRBy97UB99e3J6hiPesre1MZeuNQvfan4gBziswrRJsNK'
+const m = (a: string) => multiaddr(a)
+// A client on LAN 10.77.10.0/24 (behind its router), as in test/net.
+const OURS = ['127.0.0.1/8', '10.77.10.2/24', '::1/128']
+
+describe('which direct addresses lead nowhere from here (pure)', () => {
+  it('a private address on none of our networks is some other network', () => {
+    assert.equal(isOtherPrivateNetwork(m('/ip4/10.77.11.2/tcp/1'), OURS), true)
+    assert.equal(isOtherPrivateNetwork(m('/ip4/192.168.1.5/udp/1/quic-v1'), OURS), true)
+    assert.equal(isOtherPrivateNetwork(m('/ip4/172.20.0.3/tcp/1'), OURS), true)
+    assert.equal(isOtherPrivateNetwork(m('/ip4/100.64.0.9/tcp/1'), OURS), true)
+    assert.equal(isOtherPrivateNetwork(m('/ip6/fd00::5/tcp/1'), OURS), true)
+  })
+
+  it('a private address on one of our networks, a public one, loopback, a relayed one and a name are not', () => {
+    assert.equal(isOtherPrivateNetwork(m('/ip4/10.77.10.3/tcp/1'), OURS), false)
+    assert.equal(isOtherPrivateNetwork(m('/ip4/45.77.0.3/tcp/1'), OURS), false)
+    assert.equal(isOtherPrivateNetwork(m('/ip4/172.32.0.1/tcp/1'), OURS), false)
+    assert.equal(isOtherPrivateNetwork(m('/ip4/127.0.0.2/tcp/1'), OURS), false)
+    assert.equal(isOtherPrivateNetwork(m(`/ip4/10.77.11.1/tcp/9/p2p/${R}/p2p-circuit/p2p/${P}`), OURS), false)
+    assert.equal(isOtherPrivateNetwork(m('/dns4/example.org/tcp/1'), OURS), false)
+    // Garbage in the network list is ignored, not thrown on.
+    assert.equal(isOtherPrivateNetwork(m('/ip4/10.77.10.3/tcp/1'), ['nonsense', '10.77.10.0/x', ...OURS]), false)
+  })
+
+  it("this machine's networks include loopback's", () => {
+    assert.ok(localNetworks().some((c) => c.startsWith('127.')))
+  })
+})
+
+describe('the order in which a peer is dialled (pure)', () => {
+  const relayed = `/ip4/45.77.0.1/tcp/4001/p2p/${R}/p2p-circuit/p2p/${P}`
+  const plan = (addrs: string[], directFailed = false) => dialPlan(addrs.map(m), {directFailed, networks: OURS}).map((a) => [a.kind, a.timeoutMs, a.addrs.map((x) => x.toString())])
+
+  it('a NATed peer (it has a relayed address) is dialled through the relay first when its direct addresses are another LAN', () => {
+    const other = [`/ip4/10.77.11.2/udp/4002/quic-v1/p2p/${P}`, `/ip4/10.77.11.2/tcp/4002/p2p/${P}`]
+    assert.deepEqual(plan([...other, relayed]), [
+      ['relayed', 30_000, [relayed]],
+      ['quic', 2_000, [other[0]]],
+      ['direct', 2_000, [other[1]]],
+    ])
+  })
+
+  it("before its relayed address is known, another LAN's private addresses get 2 s each, after its other direct ones", () => {
+    const other = [`/ip4/10.77.11.2/udp/4002/quic-v1/p2p/${P}`, `/ip4/10.77.11.2/tcp/4002/p2p/${P}`]
+    assert.deepEqual(plan(other), [
+      ['quic', 2_000, [other[0]]],
+      ['direct', 2_000, [other[1]]],
+    ])
+    const pub = `/ip4/45.77.0.5/tcp/4002/p2p/${P}`
+    assert.deepEqual(plan([...other, pub]), [
+      ['direct', 8_000, [pub]],
+      ['quic', 2_000, [other[0]]],
+      ['direct', 2_000, [other[1]]],
+    ])
+  })
+
+  it('behind the same router (its private address is on our network) its direct addresses still go first, QUIC first', () => {
+    const lan = [`/ip4/10.77.10.3/tcp/4002/p2p/${P}`, `/ip4/10.77.10.3/udp/4002/quic-v1/p2p/${P}`]
+    assert.deepEqual(plan([...lan, relayed]), [
+      ['quic', 3_000, [lan[1]]],
+      ['direct', 8_000, [lan[0]]],
+      ['relayed', 30_000, [relayed]],
+    ])
+    // Once they failed (and are unchanged), the relay goes first.
+    assert.deepEqual(plan([...lan, relayed], true), [['relayed', 30_000, [relayed]]])
+  })
+
+  it('a peer without a relayed address is dialled at every direct address, whatever the range (a routed private network)', () => {
+    const addrs = [`/ip4/10.77.10.7/tcp/4002/p2p/${P}`, `/ip4/45.77.0.5/udp/4002/quic-v1/p2p/${P}`]
+    assert.deepEqual(plan(addrs), [
+      ['quic', 3_000, [addrs[1]]],
+      ['direct', 8_000, [addrs[0]]],
+    ])
+    // Its direct addresses failed before and it has no relayed one: they are still tried.
+    assert.deepEqual(plan(addrs, true), [
+      ['quic', 3_000, [addrs[1]]],
+      ['direct', 8_000, [addrs[0]]],
+    ])
+  })
+
+  it('marks the direct addresses failed only after the last attempt before the relay', () => {
+    const lan = [`/ip4/10.77.10.3/udp/4002/quic-v1/p2p/${P}`, `/ip4/10.77.10.3/tcp/4002/p2p/${P}`]
+    assert.deepEqual(
+      dialPlan([...lan, relayed].map(m), {directFailed: false, networks: OURS}).map((a) => a.marksDirectFailed),
+      [false, true, false],
+    )
+  })
+})
