@@ -9,11 +9,13 @@ import type {ClientId, CoordinatorState, Round} from './types.js'
  * reports, kept beside the coordinator state (the centralized server saves it with its state), so it is one rule
  * whatever the backend that feeds it.
  *
- * Scores. A verifier of a round scores peers' results by τemplar's loss improvement s_i = L(θ; D_i) − L(θ + δ_i; D_i)
- * on the producer's assigned batches (verify/score.ts scoreOf: s_i beyond the gain on data nobody trained on, over the
+ * Scores. A verifier of round s + 1 scores the results of round s that the seed assigned it (at most
+ * verification_sample: rules.ts assignedTrainers; a report naming any other is refused, recordScores) by τemplar's
+ * loss improvement s_i = L(θ; D_i) − L(θ + δ_i; D_i) on the producer's assigned batches (verify/score.ts scoreOf: s_i beyond the gain on data nobody trained on, over the
  * round's median step size, so a score is comparable across rounds as the loss and the learning rate fall; in [-1, 1]).
  * The ledger keeps, per client, a moving average over steps (weight SCORE_ALPHA) of each step's mean over its
- * verifiers' reports. A verifier reports a step once; reports of a step older than one already scored are too late.
+ * verifiers' reports (however few scored it); a client nobody scored in a step keeps its average. A verifier reports a
+ * step once; reports of a step older than one already scored are too late.
  *
  * Points. A round's result is *accepted* when a witness quorum saw it (the trainer is healthy by the round's
  * participant blooms), the coordinator did not exclude it (an invalid-result or low-score quorum, or an equivocation),
