@@ -35,6 +35,11 @@ async function plan(d: Deployed, model: {LLM: LLMConfig}, signer: KeyPairSigner 
 }
 
 describe('update buffer: configurations too large for one transaction', () => {
+  it('refuses a verification_sample the coordinator account cannot hold (rather than drop it), and takes the default', () => {
+    assert.throws(() => encodeUpdate({...testConfig, verification_sample: 8}, testModel), /config\.verification_sample: the Solana coordinator program does not store it/)
+    assert.deepEqual(encodeUpdate({...testConfig, verification_sample: 4}, testModel), encodeUpdate(testConfig, testModel))
+  })
+
   it('create-run/update-config send MODEL_JSON_MAX bytes of model JSON in chunks, each transaction within 1,232 bytes', async () => {
     const d = await deployRun('buffer-run', T0)
     const model = bigModel(constant('MODEL_JSON_MAX'))
