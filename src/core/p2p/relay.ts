@@ -3,6 +3,8 @@ import {noise} from '@chainsafe/libp2p-noise'
 import {yamux} from '@chainsafe/libp2p-yamux'
 import {circuitRelayServer, type CircuitRelayService} from '@libp2p/circuit-relay-v2'
 import {generateKeyPairFromSeed} from '@libp2p/crypto/keys'
+import type {Libp2pEvents, Listener, Startable} from '@libp2p/interface'
+import type {AddressManager, TransportManager} from '@libp2p/interface-internal'
 import {identify} from '@libp2p/identify'
 import {multiaddr, type Multiaddr} from '@multiformats/multiaddr'
 import {createLibp2p, type Libp2p} from 'libp2p'
@@ -11,7 +13,7 @@ import {identityPrivateSeed} from '../primitives/identity.js'
 import type {SigningIdentity} from '../primitives/announcement.js'
 import {addressScope, isCircuit, listenAddrsForPort} from './addresses.js'
 import {dialbackServer, type DialbackServer} from './dialback-service.js'
-import {CONFIRMED_TTL_MS, internals} from './internals.js'
+import {CONFIRMED_TTL_MS} from './internals.js'
 import {defaultTransports, isQuicAddr, withQuicListen} from './transports.js'
 import type {EventLog} from '../events.js'
 
@@ -57,7 +59,48 @@ interface RelayNodeOptions {
   admit?: (peerId: string) => boolean
 }
 
-type RelayServices = {identify: ReturnType<ReturnType<typeof identify>>; relay: CircuitRelayService; dialback: DialbackServer}
+interface BoundAddressesComponents {
+  transportManager: TransportManager
+  addressManager: AddressManager
+  events: {
+    addEventListener<K extends keyof Libp2pEvents>(type: K, listener: (event: Libp2pEvents[K]) => void): void
+    removeEventListener<K extends keyof Libp2pEvents>(type: K, listener: (event: Libp2pEvents[K]) => void): void
+  }
+}
+
+/**
+ * The relay's bound addresses, as a libp2p service (its components are what libp2p gives every service): the
+ * addresses its listeners are bound to (interface addresses, whatever the address manager thinks of them), and,
+ * with `confirm`, each remote one confirmed as it starts listening (`transport:listening`). A relay is where clients
+ * reach it: its interface addresses are its public ones, while libp2p announces a public address only once something
+ * confirmed it, so reservations and identify would otherwise carry none (on a cloud VM, every address).
+ */
+class BoundAddresses implements Startable {
+  private readonly onListening = (event: CustomEvent<Listener>): void => {
+    for (const a of event.detail.getAddrs())
+      if (addressScope(a) === 'remote' && !isCircuit(a)) this.components.addressManager.confirmObservedAddr(a, {type: 'transport', ttl: CONFIRMED_TTL_MS})
+  }
+
+  constructor(
+    private readonly components: BoundAddressesComponents,
+    private readonly confirm: boolean,
+  ) {}
+
+  start(): void {
+    if (this.confirm) this.components.events.addEventListener('transport:listening', this.onListening)
+  }
+
+  stop(): void {
+    this.components.events.removeEventListener('transport:listening', this.onListening)
+  }
+
+  /** The addresses our listeners are bound to now. */
+  addrs(): Multiaddr[] {
+    return this.components.transportManager.getAddrs()
+  }
+}
+
+type RelayServices = {identify: ReturnType<ReturnType<typeof identify>>; relay: CircuitRelayService; dialback: DialbackServer; bound: BoundAddresses}
 
 /**
  * A libp2p circuit relay v2 server (@libp2p/circuit-relay-v2): clients behind NAT reserve a slot on it and are
@@ -111,6 +154,8 @@ export class RelayNode {
             }
           : {}),
         services: {
+          // Without --relay-announce, our interface addresses are confirmed as they are bound (see BoundAddresses).
+          bound: (components: BoundAddressesComponents) => new BoundAddresses(components, !options.announce?.length),
           identify: identify(),
           // No AutoNAT (v1): asked to verify a peer it is already connected to, its server "dials" the existing
           // connection, finds the address differs and closes that connection — the client's only one to us.
@@ -134,9 +179,6 @@ export class RelayNode {
       throw new PsycheError(`cannot start the relay on ${listen.join(', ')}: ${errorMessage(error)}`, {cause: error})
     }
     const node = new RelayNode(libp2p, limits, options.announce ?? [])
-    // A relay is where clients reach it: its interface addresses are its public ones (libp2p would announce a
-    // public address only after something confirmed it, so reservations and identify would carry none).
-    if (!options.announce?.length) node.confirmTransportAddresses()
     // The relay server emits no event for a reservation: its reservation table is watched instead (a peer and
     // its expiry: a refresh is logged again).
     const seen = new Map<string, number>()
@@ -161,12 +203,7 @@ export class RelayNode {
 
   /** The addresses our listeners are bound to (interface addresses), whether or not libp2p announces them. */
   private transportAddrs(): Multiaddr[] {
-    return internals(this.libp2p).transportManager.getAddrs()
-  }
-
-  private confirmTransportAddresses(): void {
-    const {addressManager} = internals(this.libp2p)
-    for (const a of this.transportAddrs()) if (addressScope(a) === 'remote' && !isCircuit(a)) addressManager.confirmObservedAddr(a, {type: 'transport', ttl: CONFIRMED_TTL_MS})
+    return this.libp2p.services.bound.addrs()
   }
 
   /** Our TCP port (the first TCP listener's, as bound). */
