@@ -102,4 +102,55 @@ describe('in-process simulation: hostile clients among honest ones', {timeout: 1
     }
     await sim.stop()
   })
+
+  it('scoring is a bounded sample: each verifier scores at most verification_sample results a round, each trainer exactly K, and every report is taken', async () => {
+    const sim = new Simulation(
+      simRun({
+        total_steps: 5,
+        init_min_clients: 6,
+        min_clients: 2,
+        epoch_time: 60,
+        global_batch_size_start: 12,
+        global_batch_size_end: 12,
+        verification_percent: 100,
+        verification_sample: 2,
+      }),
+    )
+    const clients: SimClient[] = []
+    for (const name of ['a', 'b', 'c', 'd', 'e', 'f']) clients.push(await sim.addClient(name))
+    await sim.runUntil(() => sim.coordinator.state.run_state === 'Finished', {what: 'the run to finish'})
+    // By step: who scored whom (the client's `scored` events).
+    const byStep = new Map<number, {from: string; of: string}[]>()
+    for (const c of clients) {
+      for (const e of c.events.filter((x) => x.event === 'scored')) {
+        const list = byStep.get(e.step as number) ?? []
+        list.push({from: c.identity.id, of: e.client_id as string})
+        byStep.set(e.step as number, list)
+      }
+    }
+    // Steps 1..4 are scored while the next round runs (step 5 is the last: no round after it).
+    assert.deepEqual(
+      [...byStep.keys()].sort((x, y) => x - y),
+      [1, 2, 3, 4],
+    )
+    for (const [step, list] of byStep) {
+      for (const c of clients) {
+        const mine = list.filter((x) => x.from === c.identity.id)
+        assert.equal(mine.length, 2, `step ${step}: ${c.name} scored ${mine.length} results, not K = 2`)
+        assert.ok(!mine.some((x) => x.of === c.identity.id), `step ${step}: ${c.name} scored itself`)
+      }
+      // Every client verifies (100 %): each trainer is scored by exactly K of them.
+      for (const c of clients) assert.equal(list.filter((x) => x.of === c.identity.id).length, 2, `step ${step}: ${c.name} scored by other than 2`)
+    }
+    // The ledger took every report (each names only assigned trainers), and scored every client.
+    assert.deepEqual(
+      sim.coordinator.refusals.filter((r) => r.type === 'scores'),
+      [],
+    )
+    const rows = new Map(sim.coordinator.rewardRows.map((r) => [r.client_id, r]))
+    for (const c of clients) assert.ok(Math.abs(rows.get(c.identity.id)!.score! - 1) < 1e-6, `${c.name}: scored as honest work: ${JSON.stringify(rows.get(c.identity.id))}`)
+    // Scoring cost: 2 results per verifier and round, not 5.
+    for (const c of clients) assert.equal(c.worker.scored, 8)
+    await sim.stop()
+  })
 })

@@ -18,7 +18,7 @@ import {
   type CoordinatorState,
   type WitnessProof,
 } from '../../src/core/coordinator/index.js'
-import {emptyLedger, observeTransition, rewardRows, type RewardRow, type RewardsLedger} from '../../src/core/coordinator/rewards.js'
+import {emptyLedger, observeTransition, recordScores, rewardRows, type RewardRow, type RewardsLedger} from '../../src/core/coordinator/rewards.js'
 import type {DataProvider} from '../../src/core/data/provider.js'
 import type {ModelSnapshot, ResultAnnouncement} from '../../src/core/p2p/index.js'
 import {sha256Hex, signAnnouncement} from '../../src/core/primitives/announcement.js'
@@ -288,6 +288,16 @@ class InProcessBackend extends EventEmitter implements CoordinatorBackend {
 
   sendEquivocation(proof: EquivocationProof): boolean {
     return this.send({type: 'equivocation', from: this.id, proof}, 'equivocation')
+  }
+
+  /** As the server takes them: by the ledger's rule (recordScores) against the coordinator's current state. */
+  sendScores(step: number, scores: {client_id: ClientId; score: number}[]): boolean {
+    if (this.closed) return false
+    const c = this.coordinator
+    const out = recordScores(c.rewards, c.state, this.id, step, scores)
+    if ('code' in out) c.refusals.push({from: this.id, type: 'scores', code: out.code, message: out.reason, run_state: c.state.run_state, client_saw: this.state?.run_state ?? ''})
+    else c.rewards = out
+    return true
   }
 
   sendWithdraw(): boolean {
@@ -564,6 +574,16 @@ export class DeterministicWorker implements ClientWorker {
     const loss = 2 + (result[0] / 255) * 0.5
     return {loss, grad_norm: 1, lr: 1e-3, tokens, result, paramHash: this.paramHash, applied: previous?.results.length ?? 0}
   }
+
+  /** Scores every result as honest work (its own batch's loss falls by 0.1, the shared batch's not at all); counts calls. */
+  async scoreResults(_step: number, results: Uint8Array[], batches: {tokens: Uint32Array; rows: number}[]): Promise<{before: number[]; after: [number, number][]}> {
+    await this.op()
+    this.scored += results.length
+    return {before: batches.map(() => 2), after: results.map(() => [1.9, 2])}
+  }
+
+  /** How many results scoreResults scored. */
+  scored = 0
 
   async applyResults(step: number, results: Uint8Array[]): Promise<string> {
     await this.op()
