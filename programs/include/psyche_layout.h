@@ -41,8 +41,8 @@ enum { UNINITIALIZED = 0, WAITING_FOR_MEMBERS = 1, WARMUP = 2, ROUND_TRAIN = 3, 
 enum { HEALTHY = 0, DROPPED = 1, WITHDRAWN = 2, EJECTED = 3 }; /* ClientState */
 enum { CK_NONE = 0, CK_EPHEMERAL = 1, CK_DUMMY = 2, CK_HUB = 3, CK_P2P = 4 }; /* CheckpointKind */
 enum { REASON_INVALID_RESULT = 0, REASON_LOW_SCORE = 1 }; /* AccusationReason */
-enum { IX_INIT_COORDINATOR = 0, IX_UPDATE = 1, IX_SET_PAUSED = 2, IX_JOIN_RUN = 3, IX_TICK = 4, IX_WITNESS = 5, IX_WARMUP_WITNESS = 6, IX_HEALTH_CHECK = 7, IX_CHECKPOINT = 8, IX_FREE_COORDINATOR = 9, IX_WITHDRAW = 10, IX_EJECT = 11, IX_GROW = 12, IX_ACCUSE = 13, IX_SET_PEER = 14, IX_EQUIVOCATION = 15, IX_SET_METADATA = 16, IX_CLOSE_PEER = 17, IX_BUFFER_INIT = 18, IX_BUFFER_WRITE = 19, IX_UPDATE_FROM_BUFFER = 20, IX_HASH_WITNESS = 21, IX_SET_RATES = 22 }; /* Instruction */
-enum { E_HALTED = 1, E_INVALID_RUN_STATE = 2, E_ALREADY_JOINED = 3, E_UNKNOWN_CLIENT = 4, E_INVALID_WITHDRAW = 5, E_INVALID_WITNESS = 6, E_DUPLICATE_WITNESS = 7, E_WRONG_STEP = 8, E_NO_ACTIVE_ROUND = 9, E_INVALID_HEALTH_CHECK = 10, E_INVALID_ACCUSATION = 11, E_DUPLICATE_ACCUSATION = 12, E_INVALID_PROOF = 13, E_ALREADY_CHECKPOINTED = 14, E_CANNOT_RESUME = 15, E_INVALID_CONFIG = 16, E_INVALID_EVENT = 17, E_BANNED = 18, E_NOT_CHECKPOINTER = 19, E_HASH_NOT_AGREED = 20, E_CHECKPOINT_HASH_MISMATCH = 21, E_INVALID_INSTRUCTION = 100, E_WRONG_ACCOUNT = 101, E_UNAUTHORIZED = 102, E_CAPACITY_EXCEEDED = 103, E_MISSING_SIGNATURE = 104, E_NOT_WRITABLE = 105, E_WRONG_PROGRAM_ADDRESS = 106, E_NOT_PERMITTED = 107, E_ALREADY_EXISTS = 108 }; /* Error */
+enum { IX_INIT_COORDINATOR = 0, IX_UPDATE = 1, IX_SET_PAUSED = 2, IX_JOIN_RUN = 3, IX_TICK = 4, IX_WITNESS = 5, IX_WARMUP_WITNESS = 6, IX_HEALTH_CHECK = 7, IX_CHECKPOINT = 8, IX_FREE_COORDINATOR = 9, IX_WITHDRAW = 10, IX_EJECT = 11, IX_GROW = 12, IX_ACCUSE = 13, IX_SET_PEER = 14, IX_EQUIVOCATION = 15, IX_SET_METADATA = 16, IX_CLOSE_PEER = 17, IX_BUFFER_INIT = 18, IX_BUFFER_WRITE = 19, IX_UPDATE_FROM_BUFFER = 20, IX_HASH_WITNESS = 21, IX_SET_RATES = 22, IX_SET_TREASURY = 23, IX_CLAIM = 24 }; /* Instruction */
+enum { E_HALTED = 1, E_INVALID_RUN_STATE = 2, E_ALREADY_JOINED = 3, E_UNKNOWN_CLIENT = 4, E_INVALID_WITHDRAW = 5, E_INVALID_WITNESS = 6, E_DUPLICATE_WITNESS = 7, E_WRONG_STEP = 8, E_NO_ACTIVE_ROUND = 9, E_INVALID_HEALTH_CHECK = 10, E_INVALID_ACCUSATION = 11, E_DUPLICATE_ACCUSATION = 12, E_INVALID_PROOF = 13, E_ALREADY_CHECKPOINTED = 14, E_CANNOT_RESUME = 15, E_INVALID_CONFIG = 16, E_INVALID_EVENT = 17, E_BANNED = 18, E_NOT_CHECKPOINTER = 19, E_HASH_NOT_AGREED = 20, E_CHECKPOINT_HASH_MISMATCH = 21, E_INVALID_INSTRUCTION = 100, E_WRONG_ACCOUNT = 101, E_UNAUTHORIZED = 102, E_CAPACITY_EXCEEDED = 103, E_MISSING_SIGNATURE = 104, E_NOT_WRITABLE = 105, E_WRONG_PROGRAM_ADDRESS = 106, E_NOT_PERMITTED = 107, E_ALREADY_EXISTS = 108, E_NOTHING_TO_CLAIM = 109 }; /* Error */
 
 /* ---- witness blooms for a roster of n trainers: BLOOM_BITS[n - 1] bits, BLOOM_HASHES[n - 1] probes (witnessBloomParams) ---- */
 __attribute__((unused)) static const u16 BLOOM_BITS[MAX_CLIENTS] = {64, 64, 64, 64, 64, 64, 72, 80, 88, 96, 112, 120, 128, 136, 144, 160, 168, 176, 184, 192, 208, 216, 224, 232, 240, 256, 264, 272, 280, 288, 304, 312, 320, 328, 336, 352, 360, 368, 376, 384, 400, 408, 416, 424, 432, 448, 456, 464, 472, 480, 496, 504, 512, 520, 528, 544, 552, 560, 568, 576, 592, 600, 608, 616, 624, 640, 648, 656, 664, 672, 688, 696, 704, 712, 720, 736, 744, 752, 760, 768, 784, 792, 800, 808, 816, 832, 840, 848, 856, 864, 880, 888, 896, 904, 912, 928, 936, 944, 952, 960, 976, 984, 992, 1000, 1008, 1024, 1032, 1040, 1048, 1056, 1064, 1080, 1088, 1096, 1104, 1112, 1128, 1136, 1144, 1152, 1160, 1176, 1184, 1192, 1200, 1208, 1224, 1232, 1240, 1248, 1256, 1272, 1280, 1288, 1296, 1304, 1320, 1328, 1336, 1344, 1352, 1368, 1376, 1384, 1392, 1400, 1416, 1424, 1432, 1440, 1448, 1464, 1472, 1480, 1488, 1496, 1512, 1520, 1528, 1536, 1544, 1560, 1568, 1576, 1584, 1592, 1608, 1616, 1624, 1632, 1640, 1656, 1664, 1672, 1680, 1688, 1704, 1712, 1720, 1728, 1736, 1752, 1760, 1768, 1776, 1784, 1800, 1808, 1816, 1824, 1832, 1848, 1856, 1864, 1872, 1880, 1896, 1904, 1912, 1920, 1928, 1944, 1952, 1960, 1968, 1976, 1992, 2000, 2008, 2016, 2024, 2040, 2048, 2056, 2064, 2072, 2080, 2096, 2104, 2112, 2120, 2128, 2144, 2152, 2160, 2168, 2176, 2192, 2200, 2208, 2216, 2224, 2240, 2248, 2256, 2264, 2272, 2288, 2296, 2304, 2312, 2320, 2336, 2344, 2352, 2360, 2368, 2384, 2392, 2400, 2408, 2416, 2432, 2440, 2448, 2456};
@@ -268,9 +268,10 @@ typedef struct {
   u64 next_points_per_batch; /* @180760: set_rates: the rates the next epoch starts with (when has_next_rates) */
   u64 next_token_rate; /* @180768 */
   u64 has_next_rates; /* @180776 */
-  u64 ledger_len; /* @180784 */
-  Points ledger[LEDGER_MAX]; /* @180792: the rewards ledger (rewards.ts): per client key, accepted results and points */
-} State; /* 234040 bytes */
+  u8 treasury_mint[32]; /* @180784: the SPL token a claim pays in (set_treasury; zeros: none): from a token account owned by the program address ['treasury', coordinator] */
+  u64 ledger_len; /* @180816 */
+  Points ledger[LEDGER_MAX]; /* @180824: the rewards ledger (rewards.ts): per client key, accepted results and points */
+} State; /* 234072 bytes */
 _Static_assert(__builtin_offsetof(State, magic) == 0, "layout: State.magic");
 _Static_assert(__builtin_offsetof(State, version) == 8, "layout: State.version");
 _Static_assert(__builtin_offsetof(State, run_id) == 16, "layout: State.run_id");
@@ -327,9 +328,10 @@ _Static_assert(__builtin_offsetof(State, token_rate) == 180752, "layout: State.t
 _Static_assert(__builtin_offsetof(State, next_points_per_batch) == 180760, "layout: State.next_points_per_batch");
 _Static_assert(__builtin_offsetof(State, next_token_rate) == 180768, "layout: State.next_token_rate");
 _Static_assert(__builtin_offsetof(State, has_next_rates) == 180776, "layout: State.has_next_rates");
-_Static_assert(__builtin_offsetof(State, ledger_len) == 180784, "layout: State.ledger_len");
-_Static_assert(__builtin_offsetof(State, ledger) == 180792, "layout: State.ledger");
-_Static_assert(sizeof(State) == 234040, "layout: sizeof(State)");
+_Static_assert(__builtin_offsetof(State, treasury_mint) == 180784, "layout: State.treasury_mint");
+_Static_assert(__builtin_offsetof(State, ledger_len) == 180816, "layout: State.ledger_len");
+_Static_assert(__builtin_offsetof(State, ledger) == 180824, "layout: State.ledger");
+_Static_assert(sizeof(State) == 234072, "layout: sizeof(State)");
 
 typedef struct {
   u64 magic; /* @0: PEER_MAGIC */

@@ -5,7 +5,7 @@ import {join} from 'node:path'
 import {after, before, describe, it} from 'node:test'
 import {getAddressDecoder, type Address} from '@solana/kit'
 import {loadKeypair, readAuthorization, readMetadata, readRun} from '../../src/core/backend/solana/admin.js'
-import {coordinatorAddress} from '../../src/core/backend/solana/instructions.js'
+import {coordinatorAddress, treasuryAddress} from '../../src/core/backend/solana/instructions.js'
 import {RpcChain} from '../../src/core/backend/solana/chain.js'
 import {projectRoot} from '../../src/core/worker/python.js'
 import {runCli, startCli, tempDir} from '../helpers.js'
@@ -83,10 +83,23 @@ describe('Solana commands against a localnet (psyche solana localnet)', () => {
     // set-rates: the main authority's rates wait for the next epoch; anyone else is refused
     const rates = await cli('set-rates', '--keypair', creator, '--run-id', 'cli-run', '--points-per-batch', '2000', '--token-rate', '3', '--json')
     assert.equal(rates.exitCode, 0, rates.stderr)
-    assert.deepEqual(json(rates.stdout), {run_id: 'cli-run', points_per_batch: 1000, token_rate: 0, next: {points_per_batch: 2000, token_rate: 3}})
+    const set = json(rates.stdout)
+    assert.deepEqual(
+      {...set, treasury_authority: undefined},
+      {run_id: 'cli-run', points_per_batch: 1000, token_rate: 0, next: {points_per_batch: 2000, token_rate: 3}, treasury_mint: null, treasury_authority: undefined},
+    )
+    assert.equal(set.treasury_authority, await treasuryAddress(ids.program, await coordinatorAddress(ids.program, 'cli-run')))
     const squat = await cli('set-rates', '--keypair', alice, '--run-id', 'cli-run', '--points-per-batch', '1')
     assert.equal(squat.exitCode, 1)
     assert.match(squat.stderr, /set-rates cli-run refused: Unauthorized/)
+    // a treasury mint (any address: set_treasury records it); a claim before the rates apply is refused
+    const mint = writeKeypair(join(dir.path, 'mint.json'))
+    const treasury = await cli('set-rates', '--keypair', creator, '--run-id', 'cli-run', '--points-per-batch', '2000', '--token-rate', '3', '--treasury-mint', mint, '--json')
+    assert.equal(treasury.exitCode, 0, treasury.stderr)
+    assert.equal(json(treasury.stdout).treasury_mint, mint)
+    const claimed = await cli('rewards', 'claim', '--keypair', alice, '--run-id', 'cli-run', '--treasury', mint, '--to', mint)
+    assert.equal(claimed.exitCode, 1)
+    assert.match(claimed.stderr, /rewards claim cli-run refused: NotPermitted/) // the token rate is 0 until the next epoch
 
     const granted = await cli('authorize', 'grant', '--keypair', creator, '--grantee', ids.alice, '--json')
     assert.equal(granted.exitCode, 0, granted.stderr)

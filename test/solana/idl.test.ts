@@ -18,6 +18,8 @@ import {
   setMetadataInstruction,
   setPausedInstruction,
   setRatesInstruction,
+  setTreasuryInstruction,
+  claimInstruction,
   setPeerInstruction,
   tickInstruction,
   updateInstruction,
@@ -110,6 +112,8 @@ describe("the coordinator program's IDL (programs/idl/psyche_coordinator.json) a
       ),
       hash_witness: hashWitnessInstruction(p, c, signer, 1, 'ab'.repeat(32)),
       set_rates: setRatesInstruction(p, c, signer, 1000, 5),
+      set_treasury: setTreasuryInstruction(p, c, signer, other),
+      claim: claimInstruction(p, c, signer, other, other, other),
     }
     for (const spec of idl.instructions) {
       const ix = built[spec.name]

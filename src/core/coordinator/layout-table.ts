@@ -203,6 +203,7 @@ export const STRUCTS = {
     ['next_points_per_batch', 'u64', 'set_rates: the rates the next epoch starts with (when has_next_rates)'],
     ['next_token_rate', 'u64'],
     ['has_next_rates', 'u64'],
+    ['treasury_mint', 'u8[32]', "the SPL token a claim pays in (set_treasury; zeros: none): from a token account owned by the program address ['treasury', coordinator]"],
     ['ledger_len', 'u64'],
     ['ledger', 'Points[LEDGER_MAX]', 'the rewards ledger (rewards.ts): per client key, accepted results and points'],
   ],
@@ -277,6 +278,8 @@ export const ENUMS = {
       'update_from_buffer',
       'hash_witness',
       'set_rates',
+      'set_treasury',
+      'claim',
     ],
   },
   /** Custom program errors: 1..21 are the reference's RejectionCodes, 100.. the programs' own. */
@@ -313,6 +316,7 @@ export const ENUMS = {
       WrongProgramAddress: 106,
       NotPermitted: 107,
       AlreadyExists: 108,
+      NothingToClaim: 109,
     },
   },
 } as const

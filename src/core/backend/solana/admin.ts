@@ -27,6 +27,9 @@ import {
   setMetadataInstruction,
   setPausedInstruction,
   setRatesInstruction,
+  setTreasuryInstruction,
+  claimInstruction,
+  treasuryAddress,
   bufferedUpdateTransactions,
   updateBufferAddress,
   updateInstruction,
@@ -214,6 +217,19 @@ export async function setPaused(t: RunTarget & {authority: TransactionSigner; pa
 export async function setRates(t: RunTarget & {authority: TransactionSigner; pointsPerBatch: number; tokenRate: number}): Promise<void> {
   const coordinator = await coordinatorAddress(t.programId, t.runId)
   check(await t.chain.send(t.authority, [setRatesInstruction(t.programId, coordinator, t.authority, t.pointsPerBatch, t.tokenRate)]), `set-rates ${t.runId}`)
+}
+
+/** set_treasury: the SPL token mint the run's claims pay in (main authority). */
+export async function setTreasury(t: RunTarget & {authority: TransactionSigner; mint: Address}): Promise<void> {
+  const coordinator = await coordinatorAddress(t.programId, t.runId)
+  check(await t.chain.send(t.authority, [setTreasuryInstruction(t.programId, coordinator, t.authority, t.mint)]), `set-rates --treasury-mint ${t.runId}`)
+}
+
+/** claim: the signer's unclaimed points × the token rate, from the treasury token account to `destination`. */
+export async function claimRewards(t: RunTarget & {client: TransactionSigner; treasury: Address; destination: Address}): Promise<void> {
+  const coordinator = await coordinatorAddress(t.programId, t.runId)
+  const authority = await treasuryAddress(t.programId, coordinator)
+  check(await t.chain.send(t.client, [claimInstruction(t.programId, coordinator, t.client, t.treasury, t.destination, authority)]), `rewards claim ${t.runId}`)
 }
 
 interface AuthorizerTarget {

@@ -540,6 +540,8 @@ export interface OnChainLedger {
   token_rate: number
   /** set_rates: the rates the next epoch starts with (null: none set). */
   next: {points_per_batch: number; token_rate: number} | null
+  /** set_treasury: the SPL token mint claims pay in (null: none). */
+  treasury_mint: Address | null
   entries: OnChainPoints[]
 }
 
@@ -569,7 +571,9 @@ export function decodeLedger(data: Uint8Array): OnChainLedger {
     b.readBigUInt64LE(OFFSETS.has_next_rates) === 0n
       ? null
       : {points_per_batch: num(b, OFFSETS.next_points_per_batch, 'next_points_per_batch'), token_rate: num(b, OFFSETS.next_token_rate, 'next_token_rate')}
-  return {points_per_batch: num(b, OFFSETS.points_per_batch, 'points_per_batch'), token_rate: num(b, OFFSETS.token_rate, 'token_rate'), next, entries}
+  const mint = b.subarray(OFFSETS.treasury_mint, OFFSETS.treasury_mint + 32)
+  const treasury_mint = mint.every((x) => x === 0) ? null : addressDecoder.decode(mint)
+  return {points_per_batch: num(b, OFFSETS.points_per_batch, 'points_per_batch'), token_rate: num(b, OFFSETS.token_rate, 'token_rate'), next, treasury_mint, entries}
 }
 
 /**
