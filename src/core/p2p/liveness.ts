@@ -1,10 +1,10 @@
-import type {Connection, Libp2pEvents, PeerId, Startable, Stream} from '@libp2p/interface'
+import type {Connection, PeerId, Startable, Stream} from '@libp2p/interface'
 import type {ConnectionManager, Registrar} from '@libp2p/interface-internal'
 import type {Multiaddr} from '@multiformats/multiaddr'
 import {errorMessage} from '../errors.js'
 import {isCircuit} from './addresses.js'
 import {framed} from './framing.js'
-import {abortStream, deadline, ON_LIMITED} from './util.js'
+import {abortStream, deadline, ON_LIMITED, type Libp2pEventTarget} from './util.js'
 import type {EventLog} from '../events.js'
 
 /** A one-byte echo over a new stream: the peer at the other end of that connection answers. */
@@ -23,10 +23,7 @@ interface LivenessInit {
 interface LivenessComponents {
   connectionManager: ConnectionManager
   registrar: Registrar
-  events: {
-    addEventListener<K extends keyof Libp2pEvents>(type: K, listener: (event: Libp2pEvents[K]) => void): void
-    removeEventListener<K extends keyof Libp2pEvents>(type: K, listener: (event: Libp2pEvents[K]) => void): void
-  }
+  events: Libp2pEventTarget
 }
 
 /**

@@ -1,4 +1,4 @@
-import type {ComponentLogger, Connection, IdentifyResult, Libp2pEvents, Logger, PeerId, PeerStore, Startable, Stream, Upgrader} from '@libp2p/interface'
+import type {ComponentLogger, Connection, IdentifyResult, Logger, PeerId, PeerStore, Startable, Stream, Upgrader} from '@libp2p/interface'
 import type {ConnectionManager, Registrar} from '@libp2p/interface-internal'
 import {multiaddr, type Multiaddr} from '@multiformats/multiaddr'
 import {setMaxListeners} from 'node:events'
@@ -7,7 +7,7 @@ import {peerIdFromString} from '@libp2p/peer-id'
 import {addressScope, addrPeerId, isCircuit} from './addresses.js'
 import {framed, readJsonObject, writeJson} from './framing.js'
 import {dialFrom, punchTcp, socketConnection} from './punch-socket.js'
-import {abortStream, deadline, ON_LIMITED, Semaphore} from './util.js'
+import {abortStream, deadline, ON_LIMITED, Semaphore, type Libp2pEventTarget} from './util.js'
 import type {EventLog} from '../events.js'
 
 /**
@@ -57,10 +57,7 @@ interface HolePunchComponents {
   upgrader: Upgrader
   peerStore: PeerStore
   logger: ComponentLogger
-  events: {
-    addEventListener<K extends keyof Libp2pEvents>(type: K, listener: (event: Libp2pEvents[K]) => void): void
-    removeEventListener<K extends keyof Libp2pEvents>(type: K, listener: (event: Libp2pEvents[K]) => void): void
-  }
+  events: Libp2pEventTarget
 }
 
 interface Endpoint {

@@ -3,7 +3,7 @@ import {noise} from '@chainsafe/libp2p-noise'
 import {yamux} from '@chainsafe/libp2p-yamux'
 import {circuitRelayServer, type CircuitRelayService} from '@libp2p/circuit-relay-v2'
 import {generateKeyPairFromSeed} from '@libp2p/crypto/keys'
-import type {Libp2pEvents, Listener, Startable} from '@libp2p/interface'
+import type {Listener, Startable} from '@libp2p/interface'
 import type {AddressManager, TransportManager} from '@libp2p/interface-internal'
 import {identify} from '@libp2p/identify'
 import {multiaddr, type Multiaddr} from '@multiformats/multiaddr'
@@ -15,6 +15,7 @@ import {addressScope, isCircuit, listenAddrsForPort} from './addresses.js'
 import {dialbackServer, type DialbackServer} from './dialback-service.js'
 import {CONFIRMED_TTL_MS} from './internals.js'
 import {defaultTransports, isQuicAddr, withQuicListen} from './transports.js'
+import type {Libp2pEventTarget} from './util.js'
 import type {EventLog} from '../events.js'
 
 /**
@@ -62,10 +63,7 @@ interface RelayNodeOptions {
 interface BoundAddressesComponents {
   transportManager: TransportManager
   addressManager: AddressManager
-  events: {
-    addEventListener<K extends keyof Libp2pEvents>(type: K, listener: (event: Libp2pEvents[K]) => void): void
-    removeEventListener<K extends keyof Libp2pEvents>(type: K, listener: (event: Libp2pEvents[K]) => void): void
-  }
+  events: Libp2pEventTarget
 }
 
 /**

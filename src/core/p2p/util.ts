@@ -1,5 +1,6 @@
 import {setMaxListeners} from 'node:events'
 import {errorMessage} from '../errors.js'
+import type {Libp2pEvents} from '@libp2p/interface'
 import type {EventLog} from '../events.js'
 
 /** Our protocols also run over relayed connections, which the relay limits in time and bytes (see psyche relay). */
@@ -58,4 +59,10 @@ export class Semaphore {
     if (next) next()
     else this.active--
   }
+}
+
+/** libp2p's event bus as a service's `events` component sees it (connection:open, transport:listening, ...). */
+export interface Libp2pEventTarget {
+  addEventListener<K extends keyof Libp2pEvents>(type: K, listener: (event: Libp2pEvents[K]) => void): void
+  removeEventListener<K extends keyof Libp2pEvents>(type: K, listener: (event: Libp2pEvents[K]) => void): void
 }
