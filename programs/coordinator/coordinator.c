@@ -101,14 +101,6 @@ static u64 verifier_count(const State *s, u64 roster) {
   return n < roster ? n : roster;
 }
 
-static int is_verifier(const State *s, const Round *r, const u8 *key) {
-  i64 i = roster_index(r, key);
-  if (i < 0) return 0;
-  u8 seed[32];
-  sub_seed(r->seed, "verify", seed);
-  return shuffle_index((u64)i, r->roster_len, seed, 0) < verifier_count(s, r->roster_len);
-}
-
 /* The batch range [start, end) of a roster member (rangeForPosition of its shuffled position). */
 static void batch_range(const Round *r, u64 index, u64 *start, u64 *end) {
   u8 seed[32];
@@ -119,6 +111,42 @@ static void batch_range(const Round *r, u64 index, u64 *start, u64 *end) {
   u64 extra = r->batch_size % n;
   *start = r->data_index + position * base + (position < extra ? position : extra);
   *end = *start + base + (position < extra ? 1 : 0);
+}
+
+/* verification_sample: the program stores none, so rules.ts DEFAULT_VERIFICATION_SAMPLE (layout.ts refuses another). */
+#define VERIFICATION_SAMPLE 4
+
+/* scoreWindow / inWindow (rules.ts): whether the verifier at shuffled position j (of n, v verifiers) scores the
+ * trainer at shuffled position t. Its slot is j*n/v; its window the K = min(sample, n - 1) positions after the slot,
+ * one longer where it steps over itself; the slot itself counts as distance n. */
+static int in_score_window(u64 j, u64 t, u64 n, u64 v) {
+  if (j == t) return 0;
+  u64 slot = j * n / v;
+  u64 k = VERIFICATION_SAMPLE < n - 1 ? VERIFICATION_SAMPLE : n - 1;
+  u64 self = (j + n - slot) % n;
+  u64 size = self >= 1 && self <= k ? k + 1 : k;
+  u64 d = (t + n - slot) % n;
+  return (d == 0 ? n : d) <= size;
+}
+
+/* isScoreAssigned and scoreAssignedCount (rules.ts) at once, for a low-score accusation of round r: whether the
+ * verifier is assigned the trainer's result of the previous round, and how many verifiers are (*count). One shuffle
+ * each for the verifier, the trainer and the trainer's previous batch range: the windows are positions. */
+static int score_assigned(const State *s, const Round *r, const u8 *verifier, const u8 *trainer, u64 *count) {
+  *count = 0;
+  if (!s->has_previous_round || s->previous_round.step + 1 != r->step) return 0;
+  i64 vi = roster_index(r, verifier), ti = roster_index(r, trainer), si = roster_index(&s->previous_round, trainer);
+  if (vi < 0 || ti < 0 || si < 0) return 0;
+  u64 start = 0, end = 0;
+  batch_range(&s->previous_round, (u64)si, &start, &end);
+  if (end <= start) return 0;
+  u64 n = r->roster_len, v = verifier_count(s, n);
+  u8 seed[32];
+  sub_seed(r->seed, "verify", seed);
+  u64 t = shuffle_index((u64)ti, n, seed, 0);
+  u64 j = shuffle_index((u64)vi, n, seed, 0);
+  for (u64 p = 0; p < v; p++) *count += (u64)in_score_window(p, t, n, v);
+  return j < v && in_score_window(j, t, n, v);
 }
 
 static const char HEX[] = "0123456789abcdef";
@@ -735,7 +763,7 @@ static u64 on_health_check(State *s, const u8 *key, const u8 *data, u64 len) {
 }
 
 /* accuse data: step u64, accused key, reason u8 (0: invalid_result, by a witness; 1: low_score, by a
- * verifier). A quorum of the round's witnesses (resp. verifiers) accusing the same trainer for the same
+ * verifier assigned to score the accused). A quorum of the round's witnesses (resp. those verifiers) accusing the same trainer for the same
  * reason ejects it and excludes its result from the round (onAccuse). */
 static u64 on_accuse(State *s, const u8 *key, const u8 *data, u64 len) {
   if (s->run_state != ROUND_TRAIN && s->run_state != ROUND_WITNESS) return fail(E_INVALID_RUN_STATE, "accusations are accepted during rounds");
@@ -746,12 +774,15 @@ static u64 on_accuse(State *s, const u8 *key, const u8 *data, u64 len) {
   u64 reason = data[40];
   if (reason != REASON_INVALID_RESULT && reason != REASON_LOW_SCORE) return fail(E_INVALID_ACCUSATION, "unknown accusation reason");
   if (reason == REASON_INVALID_RESULT && !is_witness(s, r, key)) return fail(E_INVALID_ACCUSATION, "the accuser is not a witness of the round");
-  if (reason == REASON_LOW_SCORE && !is_verifier(s, r, key)) return fail(E_INVALID_ACCUSATION, "the accuser is not a verifier of the round");
+  /* a low score: only a verifier the seed assigned to score the accused (score_assigned, below) */
   if (equal(key, accused, 32)) return fail(E_INVALID_ACCUSATION, "a client cannot accuse itself");
   i64 index = roster_index(r, accused);
   u64 start = 0, end = 0;
   if (index >= 0) batch_range(r, (u64)index, &start, &end);
   if (start == end) return fail(E_INVALID_ACCUSATION, "the accused has no batches in the round, so no result to accuse");
+  u64 assigned = 0;
+  if (reason == REASON_LOW_SCORE && !score_assigned(s, r, key, accused, &assigned))
+    return fail(E_INVALID_ACCUSATION, "the accuser was not assigned to score the accused's result of the previous round");
   u64 backing = 1;
   for (u64 a = 0; a < r->accusation_len; a++) {
     if (r->accusations[a].reason != reason || !equal(r->accusations[a].accused, accused, 32)) continue;
@@ -763,7 +794,8 @@ static u64 on_accuse(State *s, const u8 *key, const u8 *data, u64 len) {
   copy(x->from, key, 32);
   copy(x->accused, accused, 32);
   x->reason = reason;
-  u64 judges = reason == REASON_LOW_SCORE ? verifier_count(s, r->roster_len) : witness_count(s, r->roster_len);
+  /* a low score: witness_quorum over the verifiers assigned to the accused (1 of 1, 2 of 2 or 3, ...) */
+  u64 judges = reason == REASON_LOW_SCORE ? assigned : witness_count(s, r->roster_len);
   if (backing < witness_quorum(judges)) return 0;
   int excluded = 0;
   for (u64 e = 0; e < r->excluded_len; e++)

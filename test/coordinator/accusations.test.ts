@@ -15,6 +15,7 @@ import {signAnnouncement} from '../../src/core/primitives/announcement.js'
 import {generateIdentity, identityFromSeed} from '../../src/core/protocol/identity.js'
 import {checkEquivocation} from '../../src/core/coordinator/equivocation.js'
 import {ok, rejected, toFirstRound, witnessAll} from './helpers.js'
+import {isScoreAssigned, scoreAssignedCount} from '../../src/core/coordinator/rules.js'
 
 /** Ticks one time unit at a time until the phase changes. */
 function tickUntilChange(state: CoordinatorState, now: number): {state: CoordinatorState; now: number} {
@@ -111,21 +112,55 @@ describe('verifiers and low-score accusations', () => {
     assert.equal(verifierCount({...s.config, verification_percent: 1}, 4), 1)
   })
 
-  it('a quorum of verifiers accusing a low scorer ejects it and excludes its in-flight result; a non-verifier cannot', () => {
-    let {state: s, now} = firstRound({witness_nodes: 0, min_clients: 2, verification_percent: 75} as never)
+  /** The second round of a run over `roster` (so the previous round's results are the ones its verifiers score). */
+  function secondRound(roster: string[], config: Record<string, unknown>): {state: CoordinatorState; now: number} {
+    let {state, now} = toFirstRound(roster, {witness_nodes: 0, min_clients: 2, ...config})
+    state = witnessAll(state, now)
+    for (let i = 0; i < 100 && !(state.run_state === 'RoundTrain' && state.epoch.round!.step === 2); i++) state = tick(state, (now += 1000))
+    assert.equal(state.epoch.round!.step, 2)
+    return {state, now}
+  }
+  const assignedTo = (s: CoordinatorState, target: string) => selectVerifiers(s).filter((v) => isScoreAssigned(s, s.epoch.round!, s.epoch.previous_round!, v, target))
+
+  it('the verifiers assigned to score a trainer (K = 2 of 8) are its judges: both accusing eject it; an unassigned verifier is refused', () => {
+    const roster = Array.from({length: 8}, (_, i) => identityFromSeed(Buffer.alloc(32, i + 11)).id)
+    let {state: s, now} = secondRound(roster, {verification_percent: 100, verification_sample: 2})
     const step = s.epoch.round!.step
-    const verifiers = selectVerifiers(s) // 3 verifiers: quorum 2
+    const target = roster[5]
+    const assigned = assignedTo(s, target)
+    assert.equal(assigned.length, 2) // every client verifies, each scores 2: every trainer is scored by 2, quorum 2 (all 8 verifiers: 5)
+    assert.equal(scoreAssignedCount(s, s.epoch.round!, s.epoch.previous_round!, target), 2)
+    const unassigned = selectVerifiers(s).find((v) => v !== target && !assigned.includes(v))!
+    const refusal = rejected(s, {type: 'accuse', from: unassigned, step, accused: target, reason: 'low_score'}, now, 'InvalidAccusation')
+    assert.match(refusal, /not assigned to score/)
+    s = ok(s, {type: 'accuse', from: assigned[0], step, accused: target, reason: 'low_score'}, now)
+    assert.equal(stateOf(s, target), 'Healthy') // one of two assigned is no quorum
+    s = ok(s, {type: 'accuse', from: assigned[1], step, accused: target, reason: 'low_score'}, now)
+    assert.equal(stateOf(s, target), 'Ejected')
+    assert.deepEqual(s.epoch.round!.excluded, [target])
+  })
+
+  it('a quorum of the assigned verifiers ejects a low scorer; other accusations do not add up; a non-verifier and the first round are refused', () => {
+    let {state: s, now} = secondRound(idsOf, {verification_percent: 75, verification_sample: 3})
+    const step = s.epoch.round!.step
+    const verifiers = selectVerifiers(s)
     assert.equal(verifiers.length, 3)
     const outsider = idsOf.find((id) => !verifiers.includes(id))!
     const target = verifiers[2]
+    const assigned = assignedTo(s, target)
+    assert.equal(assigned.length, 2) // the two other verifiers (K = 3 = n - 1): quorum 2
     rejected(s, {type: 'accuse', from: outsider, step, accused: target, reason: 'low_score'}, now, 'InvalidAccusation')
-    s = ok(s, {type: 'accuse', from: verifiers[0], step, accused: target, reason: 'low_score'}, now)
+    s = ok(s, {type: 'accuse', from: assigned[0], step, accused: target, reason: 'low_score'}, now)
     // An invalid_result accusation does not add up with a low_score one.
-    s = ok(s, {type: 'accuse', from: verifiers[1], step, accused: target, reason: 'invalid_result'}, now)
+    s = ok(s, {type: 'accuse', from: assigned[1], step, accused: target, reason: 'invalid_result'}, now)
     assert.equal(stateOf(s, target), 'Healthy')
-    s = ok(s, {type: 'accuse', from: verifiers[1], step, accused: target, reason: 'low_score'}, now)
+    s = ok(s, {type: 'accuse', from: assigned[1], step, accused: target, reason: 'low_score'}, now)
     assert.equal(stateOf(s, target), 'Ejected')
     assert.deepEqual(s.epoch.round!.excluded, [target])
+    // In an epoch's first round nobody has scored anything yet: no low-score accusation.
+    const first = firstRound({witness_nodes: 0, min_clients: 2, verification_percent: 75} as never)
+    const v = selectVerifiers(first.state)
+    rejected(first.state, {type: 'accuse', from: v[0], step: first.state.epoch.round!.step, accused: v[1], reason: 'low_score'}, first.now, 'InvalidAccusation')
   })
 })
 

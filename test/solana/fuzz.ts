@@ -23,6 +23,7 @@ import {constant} from '../../src/core/coordinator/layout-table.js'
 import {
   applyEvent,
   assignBatches,
+  assignedTrainers,
   buildWitnessProof,
   clockEntropy,
   createCoordinator,
@@ -386,7 +387,10 @@ class Sequence {
         const judges = round ? (byScore ? selectVerifiers(s) : selectWitnesses(s)) : []
         const from = judges.length > 0 && this.rng.chance(0.8) ? this.rng.pick(judges) : this.client()
         const roster = round?.roster ?? []
-        const accused = roster.length > 0 && this.rng.chance(0.85) ? this.rng.pick(roster) : this.id()
+        // a low score: often one the seed assigned `from` to score (assignedTrainers), so quorums of them are reached
+        const previous = s.epoch.previous_round
+        const mine = byScore && round && previous ? assignedTrainers(s, round, previous, from) : []
+        const accused = mine.length > 0 && this.rng.chance(0.7) ? this.rng.pick(mine) : roster.length > 0 && this.rng.chance(0.85) ? this.rng.pick(roster) : this.id()
         const step = round && this.rng.chance(0.9) ? round.step : this.rng.int(0, s.progress.step + 1)
         return {event: {type: 'accuse', from, step, accused, reason: byScore ? 'low_score' : 'invalid_result'}}
       }

@@ -377,17 +377,21 @@ async function accusations(): Promise<Scenario> {
   r.apply({type: 'accuse', from: w0, step: round.step, accused, reason: 'invalid_result'}, 'DuplicateAccusation')
   r.apply({type: 'accuse', from: w1, step: round.step, accused, reason: 'invalid_result'}, 'ok') // quorum: ejected, excluded
   r.apply({type: 'accuse', from: w1, step: round.step, accused: bystander, reason: 'invalid_result'}, 'ok')
-  // Verifiers (verification_percent: 50) accuse by low scores; witnesses cannot, and the reasons count apart.
-  const [v0, v1] = selectVerifiers(r.state)
-  const target = round.roster.find((id) => id !== v0 && id !== v1 && id !== accused)!
-  const nonVerifier = round.roster.find((id) => id !== v0 && id !== v1)!
-  r.apply({type: 'accuse', from: nonVerifier, step: round.step, accused: target, reason: 'low_score'}, 'InvalidAccusation')
-  r.apply({type: 'accuse', from: v0, step: round.step, accused: target, reason: 'low_score'}, 'ok')
-  r.apply({type: 'accuse', from: v0, step: round.step, accused: target, reason: 'low_score'}, 'DuplicateAccusation')
-  r.apply({type: 'accuse', from: v1, step: round.step, accused: target, reason: 'low_score'}, 'ok') // verifier quorum: ejected
+  // Verifiers (verification_percent: 40) accuse by low scores, of the previous round's results: none in an epoch's first round.
+  const [v0] = selectVerifiers(r.state)
+  r.apply({type: 'accuse', from: v0, step: round.step, accused: round.roster.find((id) => id !== v0)!, reason: 'low_score'}, 'InvalidAccusation')
   r.apply({type: 'join', id: accused}, 'Banned') // an ejected client sits out this epoch and the next
   r.witnessAll()
   r.tickOut() // next round: the ejected trainer has left
+  // The verifiers assigned to score a trainer (4 clients, K = 3: both verifiers) judge it; witnesses cannot, and the reasons count apart.
+  const second = r.state.epoch.round!
+  const [u0, u1] = selectVerifiers(r.state)
+  const target = second.roster.find((id) => id !== u0 && id !== u1)!
+  const nonVerifier = second.roster.find((id) => id !== u0 && id !== u1 && id !== target)!
+  r.apply({type: 'accuse', from: nonVerifier, step: second.step, accused: target, reason: 'low_score'}, 'InvalidAccusation')
+  r.apply({type: 'accuse', from: u0, step: second.step, accused: target, reason: 'low_score'}, 'ok')
+  r.apply({type: 'accuse', from: u0, step: second.step, accused: target, reason: 'low_score'}, 'DuplicateAccusation')
+  r.apply({type: 'accuse', from: u1, step: second.step, accused: target, reason: 'low_score'}, 'ok') // assigned quorum: ejected
   r.witnessAll()
   r.tickOut()
   return finish(r)

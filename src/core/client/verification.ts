@@ -58,11 +58,12 @@ export class Verification {
     const assigned = new Set(assignedTrainers(state, current, round, ctx.id))
     const peers = results.filter((r) => assigned.has(r.client_id) && r.bytes)
     if (peers.length > 0) await this.score(round, peers)
-    // Accused by its average over the rounds we scored it in, even when the seed assigned us none of its results now.
+    // Accused by its average over the rounds we scored it in, while the seed assigns it to us: the coordinator counts a
+    // low-score quorum among the verifiers assigned to the accused (isScoreAssigned) and refuses the others.
     for (const id of this.scorer.lowScorers()) {
       const key = `${current.step}:${id}:low_score`
       const range = batchRangeFor(ctx.state, id, current)
-      if (ctx.accused.has(key) || !range || range.end === range.start || current.excluded?.includes(id)) continue
+      if (!assigned.has(id) || ctx.accused.has(key) || !range || range.end === range.start || current.excluded?.includes(id)) continue
       if (ctx.conn.sendAccusation(current.step, id, 'low_score')) {
         ctx.accused.add(key)
         ctx.log({

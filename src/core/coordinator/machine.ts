@@ -14,7 +14,8 @@ import {
   isVerifier,
   isWitness,
   nextDataIndex,
-  verifierCount,
+  isScoreAssigned,
+  scoreAssignedCount,
   wasEjected,
   witnessBloomParams,
   witnessCount,
@@ -472,6 +473,11 @@ function onAccuse(s: CoordinatorState, event: Extract<CoordinatorEvent, {type: '
   if (from === accused) throw new Reject('InvalidAccusation', 'a client cannot accuse itself')
   const range = batchRangeFor(s, accused, round)
   if (!range || range.start === range.end) throw new Reject('InvalidAccusation', `client ${accused} has no batches in step ${round.step}, so no result to accuse`)
+  // A low score is judged by the verifiers the seed assigned to score the accused's result of the previous round
+  // (isScoreAssigned, the rule the ledger takes scores by): only they accuse, and the quorum counts among them.
+  const scored = s.epoch.previous_round
+  if (byScore && !(scored && isScoreAssigned(s, round, scored, from, accused)))
+    throw new Reject('InvalidAccusation', `client ${from} was not assigned to score ${accused}'s result of step ${round.step - 1}`)
   const same = (a: {accused: ClientId; reason: string}) => a.accused === accused && a.reason === event.reason
   if (round.accusations.some((a) => a.from === from && same(a)))
     throw new Reject('DuplicateAccusation', `client ${from} already accused ${accused} (${event.reason}) in step ${round.step}`)
@@ -479,7 +485,9 @@ function onAccuse(s: CoordinatorState, event: Extract<CoordinatorEvent, {type: '
   const accusations = [...round.accusations, {from, accused, reason: event.reason}]
   s = {...s, epoch: {...s.epoch, round: {...round, accusations}}}
   const backing = accusations.filter(same).length
-  const judges = byScore ? verifierCount(s.config, round.roster.length) : witnessCount(s.config, round.roster.length)
+  // witnessQuorum over the assigned verifiers: 1 of 1, 2 of 2 or 3, ⌊2m/3⌋ of m ≥ 4, so one verifier alone ejects
+  // only when it is the only one assigned (as one witness of one does), never when two or more are.
+  const judges = byScore ? scoreAssignedCount(s, round, scored!, accused) : witnessCount(s.config, round.roster.length)
   return backing >= witnessQuorum(judges) ? ejectAndExclude(s, accused, s.epoch.round) : s
 }
 

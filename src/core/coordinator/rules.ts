@@ -287,10 +287,20 @@ function scoreWindow(state: CoordinatorState, verifying: Round, verifier: Client
   const v = verifierCount(state.config, n)
   const j = shuffledIndex(index, n, seed)
   if (j >= v) return undefined
+  return {...windowAt(j, n, v, verificationSample(state.config)), seed}
+}
+
+/** The window of the verifier at shuffled position `j` of `n`, with `v` verifiers and a sample of `sample` (scoreWindow). */
+function windowAt(j: number, n: number, v: number, sample: number): {slot: number; size: number} {
   const slot = Math.floor((j * n) / v)
-  const k = Math.min(verificationSample(state.config), n - 1)
+  const k = Math.min(sample, n - 1)
   const self = (j - slot + n) % n
-  return {slot, size: self >= 1 && self <= k ? k + 1 : k, seed}
+  return {slot, size: self >= 1 && self <= k ? k + 1 : k}
+}
+
+/** Whether shuffled position `position` of `n` lies in the window `w` (the slot itself counts as distance n). */
+function inWindow(w: {slot: number; size: number}, position: number, n: number): boolean {
+  return ((position - w.slot + n) % n || n) <= w.size
 }
 
 function trainedIn(state: CoordinatorState, scored: Round, id: ClientId): boolean {
@@ -304,9 +314,22 @@ export function isScoreAssigned(state: CoordinatorState, verifying: Round, score
   const w = scoreWindow(state, verifying, verifier)
   const index = verifying.roster.indexOf(trainer)
   if (!w || index < 0 || !trainedIn(state, scored, trainer)) return false
+  return inWindow(w, shuffledIndex(index, verifying.roster.length, w.seed), verifying.roster.length)
+}
+
+/**
+ * How many verifiers of `verifying` are assigned `trainer`'s result of `scored` (those isScoreAssigned accepts):
+ * the judges of a low-score accusation against it (onAccuse). O(1) hashes: the windows are positions.
+ */
+export function scoreAssignedCount(state: CoordinatorState, verifying: Round, scored: Round, trainer: ClientId): number {
+  const index = verifying.roster.indexOf(trainer)
+  if (verifying.step !== scored.step + 1 || index < 0 || !trainedIn(state, scored, trainer)) return 0
   const n = verifying.roster.length
-  const d = (shuffledIndex(index, n, w.seed) - w.slot + n) % n || n
-  return d <= w.size
+  const v = verifierCount(state.config, n)
+  const t = shuffledIndex(index, n, subSeed(verifying.seed, 'verify'))
+  let count = 0
+  for (let j = 0; j < v; j++) if (j !== t && inWindow(windowAt(j, n, v, verificationSample(state.config)), t, n)) count++
+  return count
 }
 
 /** The trainers of `scored` whose results `verifier` scores as a verifier of `verifying`, in window order (see scoreWindow). */

@@ -74,7 +74,8 @@ export const INSTRUCTION_UNITS = {
   free_coordinator: 10_000,
   withdraw: 30_000,
   eject: 30_000,
-  accuse: 100_000,
+  /** is_witness, or (a low score) the verifier's, the accused's and its previous batch range's shuffles, plus its batch range: ~5 shuffles */
+  accuse: 200_000,
   set_peer: 25_000,
   equivocation: 30_000,
   set_metadata: 25_000,
