@@ -6,8 +6,8 @@ import type {ClientId, Round} from '../coordinator/types.js'
  * applying that result alone at the run's learning rate, compared with the same on a random batch. Honest
  * work lowers the loss on the data it was computed from more than on other data; a negated, random or
  * wrong-batch result does not. Scores are kept as moving averages per peer; a peer whose average stays below
- * the threshold over a window is accused (reason 'low_score'), and a quorum of the round's verifiers ejects
- * it (coordinator/machine.ts onAccuse).
+ * the threshold over a window is accused (reason 'low_score'), and a quorum of the verifiers assigned to score
+ * it (coordinator/rules.ts isScoreAssigned) ejects it (coordinator/machine.ts onAccuse).
  *
  * Thresholds are set from measured honest distributions (bench/README.md, "Verification").
  */
