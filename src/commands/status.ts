@@ -1,9 +1,9 @@
 import {Flags} from '@oclif/core'
 import {CoordinatorConnection} from '../core/backend/index.js'
-import {readMetadata, readRun} from '../core/backend/solana/admin.js'
+import {readMetadata, readRunLedger} from '../core/backend/solana/admin.js'
 import {RpcChain} from '../core/backend/solana/chain.js'
 import {coordinatorAddress, peerAddress} from '../core/backend/solana/instructions.js'
-import {addressOfClient} from '../core/backend/solana/layout.js'
+import {addressOfClient, ledgerRows} from '../core/backend/solana/layout.js'
 import {parseAddress} from '../core/cli/solana-flags.js'
 import {PsycheError} from '../core/errors.js'
 import {PsycheCommand} from '../core/cli/base-command.js'
@@ -26,8 +26,9 @@ verification scores verifiers reported for each client's results; rewards are th
 accepted results (psyche rewards shows them alone).
 
 With --rpc (and --program-id, --run-id) it reads a run on Solana instead: its coordinator account, its peer records and
-its metadata (adding coordinator, main_authority, join_authority, name and description; no scores: verifiers report
-them to a server only).`
+its metadata (adding coordinator, main_authority, join_authority, name and description) and the rewards ledger the
+program keeps in the coordinator account: rewards as psyche rewards --rpc shows them (with claimed; score is null, and
+scores is empty: verifiers report scores to a server only).`
 
   static examples = [
     '<%= config.bin %> status --server-addr 127.0.0.1:20000',
@@ -77,7 +78,8 @@ them to a server only).`
 export type StatusSummary = RunSummary & {
   peers: number
   scores?: ClientScore[]
-  rewards?: RewardRow[]
+  /** Points per client; a run on Solana adds what each has claimed. */
+  rewards?: (RewardRow & {claimed?: number})[]
   /**
    * Clients whose latest report says they applied none of the others' results for `rounds` rounds in a row (they
    * reach no peer: they train alone), as of round `step`.
@@ -91,13 +93,13 @@ export type StatusSummary = RunSummary & {
   description?: string | null
 }
 
-/** A run on Solana as its accounts show it: the coordinator's state, its peer records, its metadata. */
+/** A run on Solana as its accounts show it: the coordinator's state and rewards ledger, its peer records, its metadata. */
 async function solanaStatus(rpc: string, program: string | undefined, runId: string | undefined): Promise<StatusSummary> {
   if (!runId) throw new PsycheError('--run-id is required with --rpc', {code: 'EUSAGE'})
   const chain = new RpcChain(rpc)
   const programId = parseAddress(program, 'program-id')
   const target = {chain, programId, runId}
-  const run = await readRun(target)
+  const {run, ledger} = await readRunLedger(target)
   const coordinator = await coordinatorAddress(programId, runId)
   const ids = new Set([...run.state.epoch.clients.map((c) => c.id), ...run.state.pending])
   let peers = 0
@@ -106,6 +108,8 @@ async function solanaStatus(rpc: string, program: string | undefined, runId: str
   return {
     ...summarizeRun(run.state, Date.now() / 1000),
     peers,
+    scores: [],
+    rewards: ledgerRows(ledger, run.state),
     coordinator,
     main_authority: run.main_authority,
     join_authority: run.join_authority,
@@ -140,7 +144,9 @@ export function formatSummary(s: StatusSummary): string[] {
     const r = rewards.get(client.id)
     const a = alone.get(client.id)
     const noExchange = a ? `  NO EXCHANGE: none of its peers' results for ${a.rounds} round${a.rounds === 1 ? '' : 's'} (to step ${a.step})` : ''
-    const points = r ? `  points ${r.earned} earned${r.pending ? ` + ${r.pending} this epoch` : ''}${r.slashed ? `, ${r.slashed} slashed` : ''}` : ''
+    const points = r
+      ? `  points ${r.earned} earned${r.pending ? ` + ${r.pending} this epoch` : ''}${r.slashed ? `, ${r.slashed} slashed` : ''}${r.claimed ? `, ${r.claimed} claimed` : ''}`
+      : ''
     lines.push(
       `  ${client.id.slice(0, 16)}…  ${client.state}${sc ? `  score ${sc.average.toFixed(3)} (${sc.count} reports, last step ${sc.last_step})` : ''}${points}${noExchange}`,
     )

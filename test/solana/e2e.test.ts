@@ -156,6 +156,29 @@ describe('end to end on Solana: localnet, run creator commands, join --rpc clien
     }
     const text = await runCli(['rewards', ...solana, '--run-id', 'sol-e2e'])
     assert.match(text.stdout, /rewards at epoch 2, step 5 \(points: 1000 per accepted batch at full weight; no token rate set\)/)
+    // psyche status --rpc and psyche dashboard --rpc show the same points, from the same ledger
+    const status = await runCli(['status', ...solana, '--run-id', 'sol-e2e', '--json'])
+    assert.equal(status.exitCode, 0, status.stderr)
+    const st = JSON.parse(status.stdout) as {run_state: string; scores: unknown[]; rewards: typeof ledger.clients}
+    assert.equal(st.run_state, 'Finished')
+    assert.deepEqual(st.scores, [], 'no scores on chain')
+    assert.deepEqual(st.rewards, ledger.clients, 'status --rpc: the ledger rewards --rpc shows')
+    const statusText = await runCli(['status', ...solana, '--run-id', 'sol-e2e'])
+    for (const c of ledger.clients) assert.match(statusText.stdout, new RegExp(`${c.client_id.slice(0, 16)}….*  points ${c.earned} earned`))
+    const dash = new JsonProcess('dashboard', ['dashboard', ...solana, '--run-id', 'sol-e2e', '--poll-interval', '1', '--json'])
+    procs.push(dash)
+    const page = (await dash.waitFor((e) => e.event === 'dashboard_listening', 'the dashboard', 60_000)).url as string
+    const api = (await (await fetch(new URL('/api/status', page))).json()) as {
+      summary: {run_state: string}
+      clients: {id: string; earned: number; pending_points: number; slashed: number; score: number | null}[]
+    }
+    assert.equal(api.summary.run_state, 'Finished')
+    assert.deepEqual(
+      api.clients.map((c) => ({id: c.id, earned: c.earned, pending: c.pending_points, slashed: c.slashed, score: c.score})).sort((a, b) => (a.id < b.id ? -1 : 1)),
+      ledger.clients.map((c) => ({id: c.client_id, earned: c.earned, pending: c.pending, slashed: c.slashed, score: null})),
+      "the dashboard's client table carries the ledger's points",
+    )
+    await dash.stop()
   })
 
   it('psyche testnet --backend solana --json: 3 clients, the run on a localnet (strict: 1,232-byte transactions, compute limits, deploy-time checks), clients joined with --rpc, rounds summarized', async () => {
