@@ -168,6 +168,14 @@ describe(
         assert.ok(val(r)! > 0 && val(r)! < 20)
       }
 
+      // Points: the server's own dashboard joins its rewards ledger (accepted batches this epoch, weight 1 without
+      // verifiers), as `psyche dashboard --server-addr` does; it once showed 0 for every client.
+      const status = (await (await fetch(new URL('/api/status', dash.url))).json()) as {clients: {id: string; earned: number; pending_points: number}[]}
+      for (const id of ids) {
+        const row = status.clients.find((c) => c.id === id)
+        assert.ok(row && row.earned + row.pending_points > 0, `points for ${id}: ${JSON.stringify(status.clients)}`)
+      }
+
       // Prometheus: the server's and every client's endpoint, scraped while the run goes on.
       const sm = (await scrape(serverMetrics.port)).metrics
       assert.ok(sm.get('psyche_coordinator_step')! >= 2)

@@ -185,7 +185,7 @@ limits per relayed connection are flags (--relay-data-limit-mb, --relay-duration
         const s = server
         const summary = () => summarizeRun(s.state, coordinatorNow())
         dashboard = await serveDashboard(
-          {summary, history: (since) => history.history(since), clients: () => clientTable(summary(), s.state.pending, s.connectedClients, history.clientRows())},
+          {summary, history: (since) => history.history(since), clients: () => clientTable(summary(), s.state.pending, s.connectedClients, history.clientRows(), s.rewardRows)},
           {port: flags['dashboard-port']!, host: flags['dashboard-host']},
         )
         log({event: 'dashboard_listening', host: flags['dashboard-host'], port: dashboard.port, url: dashboard.url})
