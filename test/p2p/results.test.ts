@@ -110,7 +110,8 @@ describe('p2p: result gossip and blob transfer between three real libp2p nodes',
     assert.deepEqual(nodes[0].node.wireCounts()!.protocols[ANNOUNCE_PROTOCOL], sentTo)
     // With the producer gone, a node that downloaded the result serves it.
     await nodes[0].node.stop()
-    const bytes = await joiner.node.fetchResult(got[0])
+    // got[0] may be an earlier announcement the joiner had through gossip: fetch the re-announced one.
+    const bytes = await joiner.node.fetchResult(got.find((a) => a.signature === published[0].signature)!)
     assert.equal(sha256Hex(bytes), published[0].commitment)
     assert.ok(
       joiner.events.some((e) => e.event === 'fetch_failed' && e.from === nodes[0].node.peerId),
