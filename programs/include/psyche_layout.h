@@ -25,6 +25,8 @@
 #define MAX_POINTS_PER_BATCH 1000000 /* the most points per batch set_rates accepts (points stay far from u64 overflow) */
 #define MAX_TOKEN_RATE 1000000000000 /* the most token base units per point set_rates accepts */
 #define WEIGHT_ONE 1000000 /* a points weight of 1 in the ledger's fixed point (parts per million) */
+#define SCORE_ONE 1000000 /* a verifier's score of 1 in the ledger's fixed point (parts per million: scores are in [-SCORE_ONE, SCORE_ONE]) */
+#define FULL_WEIGHT_SCORE 200000 /* the score (fixed point) at which points earn full weight (rewards.ts FULL_WEIGHT_SCORE) */
 #define UPDATE_MAX 4657 /* bytes of an update's data: flags, Config, MAX_CHECKPOINTERS keys, the model with MODEL_JSON_MAX of JSON (what an update buffer holds) */
 
 /* ---- magic numbers ---- */

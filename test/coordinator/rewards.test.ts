@@ -12,7 +12,10 @@ import {
   recordScores,
   rewardRows,
   rewardWeight,
+  SCORE_ONE,
   scoreRows,
+  scoreToFixed,
+  WEIGHT_ONE,
   type RewardsLedger,
 } from '../../src/core/coordinator/rewards.js'
 import {Scorer} from '../../src/core/verify/score.js'
@@ -153,8 +156,15 @@ describe('rewards ledger (coordinator/rewards.ts)', () => {
     for (let i = 0; i < 50 && !(run.state.run_state === 'RoundTrain' && run.state.epoch.round!.step === step + 1); i++) run.tick()
     assert.equal(run.state.epoch.round!.step, step + 1)
   }
+  /** Takes a verifier's report as the server does: its scores (decimals in [-1, 1]) rounded to fixed point once. */
   const record = (run: Run, from: string, step: number, scores: {client_id: string; score: number}[]) => {
-    const out = recordScores(run.ledger, run.state, from, step, scores)
+    const out = recordScores(
+      run.ledger,
+      run.state,
+      from,
+      step,
+      scores.map((e) => ({client_id: e.client_id, score: scoreToFixed(e.score)})),
+    )
     assert.ok(!('code' in out), `${from}'s scores of step ${step} refused: ${JSON.stringify(out)}`)
     return (run.ledger = out)
   }
@@ -173,19 +183,25 @@ describe('rewards ledger (coordinator/rewards.ts)', () => {
     assert.equal(x.count, 9)
     assert.equal(x.verifiers, 3)
     assert.equal(x.last_step, 3)
-    assert.ok(Math.abs(x.last + 0.02) < 1e-12)
-    assert.ok(Math.abs(x.average - scorer.get('x')!.average) < 1e-12, `${x.average} vs ${scorer.get('x')!.average}`)
+    assert.equal(x.last, -0.02)
+    // Fixed point: 50000, then trunc((50000 + 150000) / 2) = 100000, then trunc((100000 − 20000) / 2) = 40000.
+    assert.equal(run.ledger.clients.x.score, 40000)
+    assert.equal(x.average, 0.04)
+    assert.ok(Math.abs(x.average - scorer.get('x')!.average) < 1e-6, `${x.average} vs ${scorer.get('x')!.average}`)
     // Disagreeing verifiers: the step's mean counts.
     nextRound(run)
     record(run, 'v1', 4, [{client_id: 'y', score: 0.4}])
     record(run, 'v2', 4, [{client_id: 'y', score: 0.2}])
-    assert.ok(Math.abs(scoreRows(run.ledger).find((e) => e.client_id === 'y')!.average - 0.3) < 1e-12)
+    assert.equal(scoreRows(run.ledger).find((e) => e.client_id === 'y')!.average, 0.3)
     // A verifier reports a step once; a step whose rounds the state no longer holds is stale; nobody scores itself;
     // a client listed twice in one report counts once.
     assert.equal((recordScores(run.ledger, run.state, 'v1', 4, [{client_id: 'y', score: -1}]) as {code: string}).code, 'DuplicateScores')
     assert.equal((recordScores(run.ledger, run.state, 'v1', 2, [{client_id: 'y', score: -1}]) as {code: string}).code, 'stale_step')
     assert.equal((recordScores(run.ledger, run.state, 'v1', 5, [{client_id: 'y', score: -1}]) as {code: string}).code, 'stale_step')
     assert.equal((recordScores(run.ledger, run.state, 'y', 4, [{client_id: 'y', score: 1}]) as {code: string}).code, 'InvalidScores')
+    // Scores are fixed-point integers in [-SCORE_ONE, SCORE_ONE]: anything else is refused whole.
+    for (const score of [0.5, SCORE_ONE + 1, -SCORE_ONE - 1, NaN])
+      assert.equal((recordScores(run.ledger, run.state, 'v3', 4, [{client_id: 'y', score}]) as {code: string}).code, 'InvalidScores', `score ${score}`)
     record(run, 'v3', 4, [
       {client_id: 'y', score: 0.3},
       {client_id: 'y', score: 0.3},
@@ -214,7 +230,7 @@ describe('rewards ledger (coordinator/rewards.ts)', () => {
       assert.equal(mine.length, 2)
       const other = ['v1', 'v2', 'v3', 'x', 'y'].find((id) => id !== v && !mine.includes(id))!
       // Refused whole, by the rule every replica applies: the ledger is unchanged.
-      const refusal = recordScores(run.ledger, run.state, v, 1, [...mine.map((client_id) => ({client_id, score: 0.3})), {client_id: other, score: 0.9}])
+      const refusal = recordScores(run.ledger, run.state, v, 1, [...mine.map((client_id) => ({client_id, score: 300000})), {client_id: other, score: 900000}])
       assert.ok('code' in refusal && refusal.code === 'InvalidScores' && refusal.reason.includes(other), JSON.stringify(refusal))
     }
     // Every trainer is scored by exactly 2 verifiers (5 verifiers × 2 / 5 trainers); one of them reports for x.
@@ -227,17 +243,55 @@ describe('rewards ledger (coordinator/rewards.ts)', () => {
     assert.equal(scoreRows(run.ledger).length, 1, 'nobody else was scored')
   })
 
-  it('weights: nothing at or below zero, linear up to FULL_WEIGHT_SCORE, capped at 1; unscored earns nothing when the run has verifiers', () => {
-    assert.equal(rewardWeight(-0.5, true), 0)
+  it('scores: integer arithmetic with one rounding, truncation toward zero (as C divides), not floats, floor or round', () => {
+    const run = scoringRun()
+    nextRound(run)
+    const fixed = (from: string, step: number, score: number) => {
+      const out = recordScores(run.ledger, run.state, from, step, [{client_id: 'x', score}])
+      assert.ok(!('code' in out), JSON.stringify(out))
+      run.ledger = out
+      return run.ledger.clients.x
+    }
+    // A step's mean: (1 + 2) / 2 = 1.5 → 1 (a float keeps 1.5, rounding gives 2).
+    fixed('v1', 1, 1)
+    assert.equal(fixed('v2', 1, 2).last, 1)
+    assert.equal(run.ledger.clients.x.score, 1)
+    // Negative: (−1 − 1 + 0) / 3 → 0 (floor gives −1), and the average (1 + 0) / 2 = 0.5 → 0.
+    nextRound(run)
+    fixed('v1', 2, -1)
+    fixed('v2', 2, -1)
+    const e = fixed('v3', 2, 0)
+    assert.deepEqual([e.last, e.before, e.score, e.sum, e.verifiers], [0, 1, 0, -2, 3])
+    assert.ok(!Object.is(e.last, -0) && !Object.is(e.score, -0), 'no negative zero (JSON would not keep it)')
+    // The average: (0 − 5) / 2 = −2.5 → −2 (floor gives −3, Math.round −2 but +3 for +2.5 where trunc gives 2).
+    nextRound(run)
+    assert.equal(fixed('v1', 3, -5).score, -2)
+    nextRound(run)
+    assert.equal(fixed('v1', 4, 7).score, 2)
+    // Rounded once when taken: the nearest part per million, clamped to [-1, 1].
+    assert.deepEqual([0.1234564, 0.1234565, -0.0000004, 3, -2].map(scoreToFixed), [123456, 123457, 0, SCORE_ONE, -SCORE_ONE])
+  })
+
+  it('weights: parts per million, nothing at or below zero, linear up to FULL_WEIGHT_SCORE, capped; points exact past 2^53', () => {
+    assert.equal(FULL_WEIGHT_SCORE, 200000)
+    assert.equal(rewardWeight(-500000, true), 0)
     assert.equal(rewardWeight(0, true), 0)
     assert.equal(rewardWeight(null, true), 0)
-    assert.equal(rewardWeight(FULL_WEIGHT_SCORE / 2, true), 0.5)
-    assert.equal(rewardWeight(0.9, true), 1)
-    assert.equal(rewardWeight(null, false), 1)
-    assert.equal(rewardWeight(-1, false), 1)
-    assert.equal(pointsFor(3, 0.5), 1500)
+    assert.equal(rewardWeight(FULL_WEIGHT_SCORE / 2, true), WEIGHT_ONE / 2)
+    assert.equal(rewardWeight(1, true), 5)
+    assert.equal(rewardWeight(FULL_WEIGHT_SCORE - 1, true), 999995)
+    assert.equal(rewardWeight(900000, true), WEIGHT_ONE)
+    assert.equal(rewardWeight(null, false), WEIGHT_ONE)
+    assert.equal(rewardWeight(-SCORE_ONE, false), WEIGHT_ONE)
+    assert.equal(pointsFor(3, WEIGHT_ONE / 2), 1500)
+    assert.equal(pointsFor(3, 333333), 999) // 999.999 floors
     // Splitting 10 batches among identities of the same score earns what one identity earns for them (floor aside).
-    assert.equal(pointsFor(4, 0.8) + pointsFor(6, 0.8), pointsFor(10, 0.8))
+    assert.equal(pointsFor(4, 800000) + pointsFor(6, 800000), pointsFor(10, 800000))
+    // Past 2^53 a float product loses the last digits; the program's u64 product does not.
+    const batches = 9_007_199_254_741
+    const exact = (BigInt(batches) * 999_999n * 999_999n) / 1_000_000n
+    assert.equal(BigInt(pointsFor(batches, 999_999, 999_999)), BigInt(Number(exact)))
+    assert.notEqual(BigInt(Math.floor((batches * 999_999 * 999_999) / WEIGHT_ONE)), exact, 'a float product would differ here')
   })
 
   it('a run with verifiers: a negative-scored client earns nothing for accepted rounds, a well-scored one full points', () => {
@@ -251,16 +305,18 @@ describe('rewards ledger (coordinator/rewards.ts)', () => {
       {client_id: 'good', score: 0.6},
       {client_id: 'bad', score: -0.4},
     ])
-    record(run, 'good', 1, [{client_id: 'meh', score: FULL_WEIGHT_SCORE / 4}])
+    record(run, 'good', 1, [{client_id: 'meh', score: FULL_WEIGHT_SCORE / SCORE_ONE / 4}])
     // A score of a client that is in no round of the run: no verifier is assigned it, so the report is refused.
-    const ghost = recordScores(run.ledger, run.state, 'bad', 1, [{client_id: 'ghost', score: 0.5}])
+    const ghost = recordScores(run.ledger, run.state, 'bad', 1, [{client_id: 'ghost', score: 500000}])
     assert.ok('code' in ghost && ghost.code === 'InvalidScores', JSON.stringify(ghost))
     run.witness()
     run.until('WaitingForMembers')
     assert.equal(row(run, 'good')!.earned, run.batches.get('good')! * POINTS_PER_BATCH)
     assert.equal(row(run, 'bad')!.earned, 0, 'a harmful update earns nothing')
     assert.equal(row(run, 'bad')!.rounds, 2, 'though its results were accepted')
-    assert.equal(row(run, 'meh')!.earned, pointsFor(run.batches.get('meh')!, 0.25))
+    assert.equal(row(run, 'meh')!.earned, pointsFor(run.batches.get('meh')!, WEIGHT_ONE / 4))
+    assert.equal(row(run, 'meh')!.weight, 0.25)
+    assert.equal(row(run, 'meh')!.score, 0.05)
   })
 
   it('the ledger survives JSON (the server saves it with its state); checkLedger names what is wrong', () => {
@@ -270,7 +326,16 @@ describe('rewards ledger (coordinator/rewards.ts)', () => {
     ledger = {...ledger, clients: {a: {...ledger.clients.x, client_id: 'a'}}}
     ledger = {...ledger, clients: {...ledger.clients, a: {...ledger.clients.a, earned: 5000, epoch_batches: 2}}}
     assert.deepEqual(checkLedger(JSON.parse(JSON.stringify(ledger))), ledger)
-    assert.throws(() => checkLedger({version: 2}), /version must be 1/)
+    assert.equal(ledger.clients.a.score, 500000)
+    assert.throws(() => checkLedger({version: 3}), /version must be 2/)
+    assert.throws(() => checkLedger({...ledger, clients: {a: {...ledger.clients.a, score: 0.5}}}), /rewards\.clients\.a\.score must be an integer/)
+    // A server saved before fixed point (version 1, float scores) restarts with its ledger converted.
+    const v1 = {...ledger, version: 1, clients: {a: {...ledger.clients.a, score: 0.3333337, last: -0.25, before: null, sum: 0.9999996}}}
+    const restored = checkLedger(JSON.parse(JSON.stringify(v1)))
+    assert.equal(restored.version, 2)
+    assert.deepEqual([restored.clients.a.score, restored.clients.a.last, restored.clients.a.before, restored.clients.a.sum], [333334, -250000, null, 1000000])
+    assert.equal(restored.clients.a.earned, 5000)
+    assert.throws(() => checkLedger({...v1, clients: {a: {...v1.clients.a, score: 'x'}}}), /rewards\.clients\.a\.score/)
     assert.throws(() => checkLedger({...ledger, clients: {a: {...ledger.clients.a, earned: -1}}}), /rewards\.clients\.a\.earned/)
     assert.throws(() => checkLedger({...ledger, clients: {b: ledger.clients.a}}), /client_id must match/)
     assert.throws(() => checkLedger({...ledger, reported: 'x'}), /reported/)

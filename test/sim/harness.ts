@@ -18,7 +18,7 @@ import {
   type CoordinatorState,
   type WitnessProof,
 } from '../../src/core/coordinator/index.js'
-import {emptyLedger, observeTransition, recordScores, rewardRows, type RewardRow, type RewardsLedger} from '../../src/core/coordinator/rewards.js'
+import {emptyLedger, observeTransition, recordScores, rewardRows, scoreToFixed, type RewardRow, type RewardsLedger} from '../../src/core/coordinator/rewards.js'
 import type {DataProvider} from '../../src/core/data/provider.js'
 import type {ModelSnapshot, ResultAnnouncement} from '../../src/core/p2p/index.js'
 import {sha256Hex, signAnnouncement} from '../../src/core/primitives/announcement.js'
@@ -290,11 +290,12 @@ class InProcessBackend extends EventEmitter implements CoordinatorBackend {
     return this.send({type: 'equivocation', from: this.id, proof}, 'equivocation')
   }
 
-  /** As the server takes them: by the ledger's rule (recordScores) against the coordinator's current state. */
+  /** As the server takes them: rounded to fixed point once, then by the ledger's rule (recordScores) against the coordinator's current state. */
   sendScores(step: number, scores: {client_id: ClientId; score: number}[]): boolean {
     if (this.closed) return false
     const c = this.coordinator
-    const out = recordScores(c.rewards, c.state, this.id, step, scores)
+    const fixed = scores.map((e) => ({client_id: e.client_id, score: scoreToFixed(e.score)}))
+    const out = recordScores(c.rewards, c.state, this.id, step, fixed)
     if ('code' in out) c.refusals.push({from: this.id, type: 'scores', code: out.code, message: out.reason, run_state: c.state.run_state, client_saw: this.state?.run_state ?? ''})
     else c.rewards = out
     return true

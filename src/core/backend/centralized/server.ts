@@ -12,7 +12,7 @@ import {diffState} from '../../protocol/state-delta.js'
 import {writeFileAtomicSync} from '../../protocol/atomic-file.js'
 import {DEFAULT_MAX_FRAME_BYTES, FrameReader} from '../../protocol/frames.js'
 import {generateIdentity, loadIdentity, saveIdentity, type Identity} from '../../protocol/identity.js'
-import {checkLedger, emptyLedger, observeTransition, recordScores, rewardRows, scoreRows, type RewardsLedger} from '../../coordinator/rewards.js'
+import {checkLedger, emptyLedger, observeTransition, recordScores, rewardRows, scoreRows, scoreToFixed, type RewardsLedger} from '../../coordinator/rewards.js'
 import {PeerBook} from './directory.js'
 import {DEFAULT_LIMITS, effectiveMaxConnections, LIMIT_FLAGS, RateLimiter, type RetryableRefusal, type ServerLimits} from './limits.js'
 import {decodeClientMessage, encodeServerMessage, MAX_FORWARDED_REPORTS, type ClientEnvelope, type ServerBodies, type ServerKind} from '../../protocol/messages.js'
@@ -750,7 +750,8 @@ export class CoordinatorServer {
    */
   private onScores(s: Session, step: number, scores: {client_id: ClientId; score: number}[]): void {
     const from = s.clientId!
-    const rewards = recordScores(this.rewards, this.current, from, step, scores)
+    const fixed = scores.map((e) => ({client_id: e.client_id, score: scoreToFixed(e.score)}))
+    const rewards = recordScores(this.rewards, this.current, from, step, fixed)
     if ('code' in rewards) return this.reject(s, rewards.code, rewards.reason, 'scores', {strike: false})
     this.rewards = rewards
     this.watcherJsonCache = undefined
