@@ -9,6 +9,7 @@ export const CFLAGS = ['-target', 'bpf', '-mcpu=v2', '-O2', '-ffreestanding', '-
 export const PROGRAMS = [
   {name: 'psyche_coordinator', dir: 'programs/coordinator', source: 'programs/coordinator/coordinator.c', also: ['programs/include/sbpf.h', 'programs/include/psyche_layout.h']},
   {name: 'psyche_authorizer', dir: 'programs/authorizer', source: 'programs/authorizer/authorizer.c', also: ['programs/include/sbpf.h', 'programs/include/psyche_layout.h']},
+  {name: 'psyche_treasurer', dir: 'programs/treasurer', source: 'programs/treasurer/treasurer.c', also: ['programs/include/sbpf.h', 'programs/include/psyche_layout.h']},
 ]
 
 export function programInputsHash(root, program) {

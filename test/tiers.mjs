@@ -91,6 +91,7 @@ export const tiers = {
     'test/solana/rpc.test.ts',
     'test/solana/sbpf-link.test.ts',
     'test/solana/squatting.test.ts',
+    'test/solana/treasurer-program.test.ts',
     'test/solana/update-buffer.test.ts',
     'test/solana/vectors.test.ts',
     'test/testnet/summary.test.ts',

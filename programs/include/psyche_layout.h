@@ -37,6 +37,8 @@
 #define AUTH_MAGIC 0x4854554148595350ull /* "PSYHAUTH": an authorization */
 #define STATE_LOG_MAGIC 0x4554415453595350ull /* "PSYSTATE": a phase-change log (sol_log_data) */
 #define BUFFER_MAGIC 0x4646554243595350ull /* "PSYCBUFF": an update buffer */
+#define TREASURY_MAGIC 0x5341455254595350ull /* "PSYTREAS": a treasury of the treasurer program */
+#define PARTICIPANT_MAGIC 0x5452415054595350ull /* "PSYTPART": a participant record of the treasurer program (what a client claimed) */
 
 /* ---- enums ---- */
 enum { UNINITIALIZED = 0, WAITING_FOR_MEMBERS = 1, WARMUP = 2, ROUND_TRAIN = 3, ROUND_WITNESS = 4, COOLDOWN = 5, FINISHED = 6, PAUSED = 7 }; /* RunState */
@@ -44,7 +46,8 @@ enum { HEALTHY = 0, DROPPED = 1, WITHDRAWN = 2, EJECTED = 3 }; /* ClientState */
 enum { CK_NONE = 0, CK_EPHEMERAL = 1, CK_DUMMY = 2, CK_HUB = 3, CK_P2P = 4 }; /* CheckpointKind */
 enum { REASON_INVALID_RESULT = 0, REASON_LOW_SCORE = 1 }; /* AccusationReason */
 enum { IX_INIT_COORDINATOR = 0, IX_UPDATE = 1, IX_SET_PAUSED = 2, IX_JOIN_RUN = 3, IX_TICK = 4, IX_WITNESS = 5, IX_WARMUP_WITNESS = 6, IX_HEALTH_CHECK = 7, IX_CHECKPOINT = 8, IX_FREE_COORDINATOR = 9, IX_WITHDRAW = 10, IX_EJECT = 11, IX_GROW = 12, IX_ACCUSE = 13, IX_SET_PEER = 14, IX_EQUIVOCATION = 15, IX_SET_METADATA = 16, IX_CLOSE_PEER = 17, IX_BUFFER_INIT = 18, IX_BUFFER_WRITE = 19, IX_UPDATE_FROM_BUFFER = 20, IX_HASH_WITNESS = 21, IX_SET_RATES = 22, IX_SET_TREASURY = 23, IX_CLAIM = 24 }; /* Instruction */
-enum { E_HALTED = 1, E_INVALID_RUN_STATE = 2, E_ALREADY_JOINED = 3, E_UNKNOWN_CLIENT = 4, E_INVALID_WITHDRAW = 5, E_INVALID_WITNESS = 6, E_DUPLICATE_WITNESS = 7, E_WRONG_STEP = 8, E_NO_ACTIVE_ROUND = 9, E_INVALID_HEALTH_CHECK = 10, E_INVALID_ACCUSATION = 11, E_DUPLICATE_ACCUSATION = 12, E_INVALID_PROOF = 13, E_ALREADY_CHECKPOINTED = 14, E_CANNOT_RESUME = 15, E_INVALID_CONFIG = 16, E_INVALID_EVENT = 17, E_BANNED = 18, E_NOT_CHECKPOINTER = 19, E_HASH_NOT_AGREED = 20, E_CHECKPOINT_HASH_MISMATCH = 21, E_INVALID_INSTRUCTION = 100, E_WRONG_ACCOUNT = 101, E_UNAUTHORIZED = 102, E_CAPACITY_EXCEEDED = 103, E_MISSING_SIGNATURE = 104, E_NOT_WRITABLE = 105, E_WRONG_PROGRAM_ADDRESS = 106, E_NOT_PERMITTED = 107, E_ALREADY_EXISTS = 108, E_NOTHING_TO_CLAIM = 109 }; /* Error */
+enum { TIX_INIT_TREASURY = 0, TIX_FUND = 1, TIX_CLAIM = 2 }; /* TreasurerInstruction */
+enum { E_HALTED = 1, E_INVALID_RUN_STATE = 2, E_ALREADY_JOINED = 3, E_UNKNOWN_CLIENT = 4, E_INVALID_WITHDRAW = 5, E_INVALID_WITNESS = 6, E_DUPLICATE_WITNESS = 7, E_WRONG_STEP = 8, E_NO_ACTIVE_ROUND = 9, E_INVALID_HEALTH_CHECK = 10, E_INVALID_ACCUSATION = 11, E_DUPLICATE_ACCUSATION = 12, E_INVALID_PROOF = 13, E_ALREADY_CHECKPOINTED = 14, E_CANNOT_RESUME = 15, E_INVALID_CONFIG = 16, E_INVALID_EVENT = 17, E_BANNED = 18, E_NOT_CHECKPOINTER = 19, E_HASH_NOT_AGREED = 20, E_CHECKPOINT_HASH_MISMATCH = 21, E_INVALID_INSTRUCTION = 100, E_WRONG_ACCOUNT = 101, E_UNAUTHORIZED = 102, E_CAPACITY_EXCEEDED = 103, E_MISSING_SIGNATURE = 104, E_NOT_WRITABLE = 105, E_WRONG_PROGRAM_ADDRESS = 106, E_NOT_PERMITTED = 107, E_ALREADY_EXISTS = 108, E_NOTHING_TO_CLAIM = 109, E_TREASURY_EMPTY = 110 }; /* Error */
 
 /* ---- witness blooms for a roster of n trainers: BLOOM_BITS[n - 1] bits, BLOOM_HASHES[n - 1] probes (witnessBloomParams) ---- */
 __attribute__((unused)) static const u16 BLOOM_BITS[MAX_CLIENTS] = {64, 64, 64, 64, 64, 64, 72, 80, 88, 96, 112, 120, 128, 136, 144, 160, 168, 176, 184, 192, 208, 216, 224, 232, 240, 256, 264, 272, 280, 288, 304, 312, 320, 328, 336, 352, 360, 368, 376, 384, 400, 408, 416, 424, 432, 448, 456, 464, 472, 480, 496, 504, 512, 520, 528, 544, 552, 560, 568, 576, 592, 600, 608, 616, 624, 640, 648, 656, 664, 672, 688, 696, 704, 712, 720, 736, 744, 752, 760, 768, 784, 792, 800, 808, 816, 832, 840, 848, 856, 864, 880, 888, 896, 904, 912, 928, 936, 944, 952, 960, 976, 984, 992, 1000, 1008, 1024, 1032, 1040, 1048, 1056, 1064, 1080, 1088, 1096, 1104, 1112, 1128, 1136, 1144, 1152, 1160, 1176, 1184, 1192, 1200, 1208, 1224, 1232, 1240, 1248, 1256, 1272, 1280, 1288, 1296, 1304, 1320, 1328, 1336, 1344, 1352, 1368, 1376, 1384, 1392, 1400, 1416, 1424, 1432, 1440, 1448, 1464, 1472, 1480, 1488, 1496, 1512, 1520, 1528, 1536, 1544, 1560, 1568, 1576, 1584, 1592, 1608, 1616, 1624, 1632, 1640, 1656, 1664, 1672, 1680, 1688, 1704, 1712, 1720, 1728, 1736, 1752, 1760, 1768, 1776, 1784, 1800, 1808, 1816, 1824, 1832, 1848, 1856, 1864, 1872, 1880, 1896, 1904, 1912, 1920, 1928, 1944, 1952, 1960, 1968, 1976, 1992, 2000, 2008, 2016, 2024, 2040, 2048, 2056, 2064, 2072, 2080, 2096, 2104, 2112, 2120, 2128, 2144, 2152, 2160, 2168, 2176, 2192, 2200, 2208, 2216, 2224, 2240, 2248, 2256, 2264, 2272, 2288, 2296, 2304, 2312, 2320, 2336, 2344, 2352, 2360, 2368, 2384, 2392, 2400, 2408, 2416, 2432, 2440, 2448, 2456};
@@ -398,5 +401,43 @@ _Static_assert(__builtin_offsetof(Authorization, active) == 72, "layout: Authori
 _Static_assert(__builtin_offsetof(Authorization, delegates_len) == 80, "layout: Authorization.delegates_len");
 _Static_assert(__builtin_offsetof(Authorization, delegates) == 88, "layout: Authorization.delegates");
 _Static_assert(sizeof(Authorization) == 600, "layout: sizeof(Authorization)");
+
+typedef struct {
+  u64 magic; /* @0: TREASURY_MAGIC */
+  u8 coordinator[32]; /* @8: the run's coordinator account */
+  u8 coordinator_program[32]; /* @40: the program that owns it (its owner when the treasury was created) */
+  u8 authority[32]; /* @72: the run's main authority when the treasury was created: claims are paid only while it still is */
+  u8 mint[32]; /* @104: the SPL token claims pay in */
+  u8 vault[32]; /* @136: the treasury's token account: the program address ['vault', treasury], its token owner the treasury */
+  u64 bump; /* @168: the bump of the treasury's program address */
+  u64 funded; /* @176: token base units the authority paid in with fund (transfers from others are gifts, not counted) */
+  u64 claimed; /* @184: points paid out, all clients */
+  u64 paid; /* @192: token base units paid out by claims */
+} Treasury; /* 200 bytes */
+_Static_assert(__builtin_offsetof(Treasury, magic) == 0, "layout: Treasury.magic");
+_Static_assert(__builtin_offsetof(Treasury, coordinator) == 8, "layout: Treasury.coordinator");
+_Static_assert(__builtin_offsetof(Treasury, coordinator_program) == 40, "layout: Treasury.coordinator_program");
+_Static_assert(__builtin_offsetof(Treasury, authority) == 72, "layout: Treasury.authority");
+_Static_assert(__builtin_offsetof(Treasury, mint) == 104, "layout: Treasury.mint");
+_Static_assert(__builtin_offsetof(Treasury, vault) == 136, "layout: Treasury.vault");
+_Static_assert(__builtin_offsetof(Treasury, bump) == 168, "layout: Treasury.bump");
+_Static_assert(__builtin_offsetof(Treasury, funded) == 176, "layout: Treasury.funded");
+_Static_assert(__builtin_offsetof(Treasury, claimed) == 184, "layout: Treasury.claimed");
+_Static_assert(__builtin_offsetof(Treasury, paid) == 192, "layout: Treasury.paid");
+_Static_assert(sizeof(Treasury) == 200, "layout: sizeof(Treasury)");
+
+typedef struct {
+  u64 magic; /* @0: PARTICIPANT_MAGIC */
+  u8 treasury[32]; /* @8 */
+  u8 client[32]; /* @40 */
+  u64 claimed; /* @72: points paid: the client's earned points at its last claim */
+  u64 paid; /* @80: token base units paid to the client */
+} Participant; /* 88 bytes */
+_Static_assert(__builtin_offsetof(Participant, magic) == 0, "layout: Participant.magic");
+_Static_assert(__builtin_offsetof(Participant, treasury) == 8, "layout: Participant.treasury");
+_Static_assert(__builtin_offsetof(Participant, client) == 40, "layout: Participant.client");
+_Static_assert(__builtin_offsetof(Participant, claimed) == 72, "layout: Participant.claimed");
+_Static_assert(__builtin_offsetof(Participant, paid) == 80, "layout: Participant.paid");
+_Static_assert(sizeof(Participant) == 88, "layout: sizeof(Participant)");
 
 #endif

@@ -183,8 +183,9 @@ static inline u64 system_call(Input *in, const Create *c, const u8 *data, u64 le
  * Creates the account without being blocked by anyone who sent lamports to its address first: the system
  * program's CreateAccount refuses an address that holds lamports ("already in use"), so such an account gets
  * the shortfall transferred, then Allocate and Assign, which only the program address's own signature may do.
+ * `owner`: the program the account is assigned to (the calling program, or e.g. the token program for a token account).
  */
-static inline u64 create_account(Input *in, const Create *c) {
+static inline u64 create_account_owned(Input *in, const Create *c, const u8 *owner) {
   u8 data[52];
   u64 held = *c->account->lamports;
   u64 e;
@@ -192,7 +193,7 @@ static inline u64 create_account(Input *in, const Create *c) {
     zero(data, 4); /* SystemInstruction::CreateAccount: lamports, space, owner */
     write_u64(data + 4, c->lamports);
     write_u64(data + 12, c->space);
-    copy(data + 20, in->program_id, 32);
+    copy(data + 20, owner, 32);
     return system_call(in, c, data, 52, 1);
   }
   if (held < c->lamports) {
@@ -209,8 +210,13 @@ static inline u64 create_account(Input *in, const Create *c) {
   if ((e = system_call(in, c, data, 12, 0))) return e;
   zero(data, 4);
   data[0] = 1; /* Assign: owner */
-  copy(data + 4, in->program_id, 32);
+  copy(data + 4, owner, 32);
   return system_call(in, c, data, 36, 0);
+}
+
+/* The same, for an account the calling program owns. */
+static inline u64 create_account(Input *in, const Create *c) {
+  return create_account_owned(in, c, in->program_id);
 }
 
 #endif

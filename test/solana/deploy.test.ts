@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict'
 import {readFileSync} from 'node:fs'
 import {describe, it} from 'node:test'
-import {AUTHORIZER_PROGRAM_PATH, COORDINATOR_PROGRAM_PATH, LocalChain, programPath} from '../../src/core/backend/solana/local-chain.js'
+import {AUTHORIZER_PROGRAM_PATH, COORDINATOR_PROGRAM_PATH, LocalChain, TREASURER_PROGRAM_PATH, programPath} from '../../src/core/backend/solana/local-chain.js'
 import {Localnet} from '../../src/core/backend/solana/localnet.js'
 import {joinRunInstruction, setPausedInstruction, updateInstruction} from '../../src/core/backend/solana/instructions.js'
 import {inspectSharedObject} from '../../programs/tools/sbpf-link.js'
@@ -12,8 +12,12 @@ import {deployRun, keypair, readRun, testConfig, testModel} from './harness.js'
 // are v3 (NAME.so) and v0 (NAME.v0.so, for clusters without SIMD-0500). Deployed through the upgradeable loader, as
 // `solana program deploy` does, so the deploy-time checks (strict ELF parser, verifier, allowed versions) apply.
 
-const V3 = {coordinator: readFileSync(COORDINATOR_PROGRAM_PATH), authorizer: readFileSync(AUTHORIZER_PROGRAM_PATH)}
-const V0 = {coordinator: readFileSync(programPath(COORDINATOR_PROGRAM_PATH, 'legacy')), authorizer: readFileSync(programPath(AUTHORIZER_PROGRAM_PATH, 'legacy'))}
+const V3 = {coordinator: readFileSync(COORDINATOR_PROGRAM_PATH), authorizer: readFileSync(AUTHORIZER_PROGRAM_PATH), treasurer: readFileSync(TREASURER_PROGRAM_PATH)}
+const V0 = {
+  coordinator: readFileSync(programPath(COORDINATOR_PROGRAM_PATH, 'legacy')),
+  authorizer: readFileSync(programPath(AUTHORIZER_PROGRAM_PATH, 'legacy')),
+  treasurer: readFileSync(programPath(TREASURER_PROGRAM_PATH, 'legacy')),
+}
 
 /** Runs a run's first steps on a chain deployed with `features`: update, resume, a join; the state shows each. */
 async function firstSteps(features: 'current' | 'legacy'): Promise<void> {
@@ -35,8 +39,8 @@ async function firstSteps(features: 'current' | 'legacy'): Promise<void> {
 
 describe('deployable today: sBPF v3 under SIMD-0500', () => {
   it('the committed builds are v3 and v0', () => {
-    for (const so of [V3.coordinator, V3.authorizer]) assert.equal(inspectSharedObject(so).flags, 3)
-    for (const so of [V0.coordinator, V0.authorizer]) assert.equal(inspectSharedObject(so).flags, 0)
+    for (const so of Object.values(V3)) assert.equal(inspectSharedObject(so).flags, 3)
+    for (const so of Object.values(V0)) assert.equal(inspectSharedObject(so).flags, 0)
   })
 
   it('a current cluster deploys the v3 programs, which run a run', async () => {
@@ -48,6 +52,10 @@ describe('deployable today: sBPF v3 under SIMD-0500', () => {
     const chain = new LocalChain(programId, null)
     await assert.rejects(chain.deploy(programId, V0.coordinator), /sbpf_version required by the executable which are not enabled/)
     await assert.rejects(chain.deploy(programId, V0.authorizer), /sbpf_version/)
+    await assert.rejects(chain.deploy(programId, V0.treasurer), /sbpf_version/)
+    await chain.deploy((await keypair('deploy-treasurer')).address, V3.treasurer)
+    const legacy = new LocalChain(programId, null, 'legacy')
+    await legacy.deploy((await keypair('deploy-treasurer')).address, V0.treasurer)
     await firstSteps('legacy')
   })
 

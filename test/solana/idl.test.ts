@@ -31,6 +31,8 @@ import {IX, METADATA_SIZE, PEER_SIZE, PROGRAM_ERRORS, STATE_SIZE, UPDATE_BUFFER_
 import {signAnnouncement} from '../../src/core/primitives/announcement.js'
 import {identityFromSeed} from '../../src/core/protocol/identity.js'
 import {projectRoot} from '../../src/core/worker/python.js'
+import {PARTICIPANT_SIZE, TREASURY_SIZE, claimInstruction as treasurerClaimInstruction, fundInstruction, initTreasuryInstruction} from '../../src/core/backend/solana/treasurer.js'
+import {enumValues} from '../../src/core/coordinator/layout-table.js'
 import {deployRun, keypair, readRun, testConfig, testModel} from './harness.js'
 
 interface IdlAccount {
@@ -44,6 +46,27 @@ interface Idl {
   instructions: {name: string; discriminant: number; accounts: IdlAccount[]; args: {name: string; type: string}[]}[]
   accounts: {name: string; size: number}[]
   errors: {code: number; name: string}[]
+}
+
+/** Every instruction of `spec` has a builder whose discriminant and accounts (signer, writable, fixed addresses) are the IDL's. */
+function checkBuilders(spec: Idl, built: Record<string, Instruction>, program: Address): void {
+  for (const want of spec.instructions) {
+    const ix = built[want.name]
+    assert.ok(ix, `no builder checked for ${want.name}`)
+    assert.equal(ix.programAddress, program)
+    assert.equal(Buffer.from(ix.data!)[0], want.discriminant, want.name)
+    const accounts = ix.accounts ?? []
+    const required = want.accounts.filter((a) => !a.optional).length
+    assert.ok(accounts.length >= required && accounts.length <= want.accounts.length, `${want.name}: ${accounts.length} accounts`)
+    accounts.forEach((meta, i) => {
+      const account = want.accounts[i]!
+      const signs = meta.role === AccountRole.READONLY_SIGNER || meta.role === AccountRole.WRITABLE_SIGNER
+      const writes = meta.role === AccountRole.WRITABLE || meta.role === AccountRole.WRITABLE_SIGNER
+      assert.equal(signs, account.signer, `${want.name}.${account.name} signer`)
+      assert.equal(writes, account.writable, `${want.name}.${account.name} writable`)
+      if (account.address) assert.equal(meta.address, account.address, `${want.name}.${account.name} address`)
+    })
+  }
 }
 
 const idl = JSON.parse(readFileSync(join(projectRoot, 'programs', 'idl', 'psyche_coordinator.json'), 'utf8')) as Idl
@@ -115,23 +138,7 @@ describe("the coordinator program's IDL (programs/idl/psyche_coordinator.json) a
       set_treasury: setTreasuryInstruction(p, c, signer, other),
       claim: claimInstruction(p, c, signer, other, other, other),
     }
-    for (const spec of idl.instructions) {
-      const ix = built[spec.name]
-      assert.ok(ix, `no builder checked for ${spec.name}`)
-      assert.equal(ix.programAddress, p)
-      assert.equal(Buffer.from(ix.data!)[0], spec.discriminant, spec.name)
-      const accounts = ix.accounts ?? []
-      const required = spec.accounts.filter((a) => !a.optional).length
-      assert.ok(accounts.length >= required && accounts.length <= spec.accounts.length, `${spec.name}: ${accounts.length} accounts`)
-      accounts.forEach((meta, i) => {
-        const want = spec.accounts[i]!
-        const signs = meta.role === AccountRole.READONLY_SIGNER || meta.role === AccountRole.WRITABLE_SIGNER
-        const writes = meta.role === AccountRole.WRITABLE || meta.role === AccountRole.WRITABLE_SIGNER
-        assert.equal(signs, want.signer, `${spec.name}.${want.name} signer`)
-        assert.equal(writes, want.writable, `${spec.name}.${want.name} writable`)
-        if (want.address) assert.equal(meta.address, want.address, `${spec.name}.${want.name} address`)
-      })
-    }
+    checkBuilders(idl, built, p)
   })
 
   it('the program logs every phase change with sol_log_data, for indexers (decodeStateLogs)', async () => {
@@ -153,5 +160,36 @@ describe("the coordinator program's IDL (programs/idl/psyche_coordinator.json) a
       ['RoundTrain'],
     )
     assert.equal(readRun(d).state.run_state, 'RoundTrain')
+  })
+})
+
+const treasurerIdl = JSON.parse(readFileSync(join(projectRoot, 'programs', 'idl', 'psyche_treasurer.json'), 'utf8')) as Idl
+
+describe("the treasurer program's IDL (programs/idl/psyche_treasurer.json) agrees with the program and the TypeScript client", () => {
+  it('instructions, discriminants, accounts, account sizes and errors', async () => {
+    assert.deepEqual(
+      treasurerIdl.instructions.map((i) => [i.name, i.discriminant]),
+      Object.entries(enumValues('TreasurerInstruction')),
+    )
+    const cEnum = source.slice(source.indexOf('TIX_INIT_TREASURY = 0'), source.indexOf('};', source.indexOf('TIX_INIT_TREASURY = 0')))
+    assert.deepEqual(
+      [...cEnum.matchAll(/TIX_([A-Z_]+) = \d+/g)].map((m) => m[1]!.toLowerCase()),
+      Object.keys(enumValues('TreasurerInstruction')),
+    )
+    assert.deepEqual(Object.fromEntries(treasurerIdl.errors.map((e) => [e.code, e.name])), PROGRAM_ERRORS)
+    assert.deepEqual(Object.fromEntries(treasurerIdl.accounts.map((a) => [a.name, a.size])), {Treasury: TREASURY_SIZE, Participant: PARTICIPANT_SIZE})
+    const t = (await keypair('idl-treasurer')).address
+    const c = (await keypair('idl-coordinator')).address
+    const signer = await keypair('idl-signer')
+    const other = (await keypair('idl-other')).address as Address
+    checkBuilders(
+      treasurerIdl,
+      {
+        init_treasury: await initTreasuryInstruction(t, c, signer, other, {treasury: 1n, vault: 1n}),
+        fund: await fundInstruction(t, c, signer, other, 1n),
+        claim: await treasurerClaimInstruction(t, c, signer, other, 1n),
+      },
+      t,
+    )
   })
 })

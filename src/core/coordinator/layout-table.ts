@@ -55,6 +55,8 @@ export const MAGICS = {
   AUTH_MAGIC: [0x4854554148595350n, '"PSYHAUTH": an authorization'],
   STATE_LOG_MAGIC: [0x4554415453595350n, '"PSYSTATE": a phase-change log (sol_log_data)'],
   BUFFER_MAGIC: [0x4646554243595350n, '"PSYCBUFF": an update buffer'],
+  TREASURY_MAGIC: [0x5341455254595350n, '"PSYTREAS": a treasury of the treasurer program'],
+  PARTICIPANT_MAGIC: [0x5452415054595350n, '"PSYTPART": a participant record of the treasurer program (what a client claimed)'],
 } as const satisfies Record<string, readonly [bigint, string]>
 
 type ConstantName = keyof typeof CONSTANTS
@@ -241,6 +243,25 @@ export const STRUCTS = {
     ['delegates_len', 'u64'],
     ['delegates', 'u8[MAX_DELEGATES][32]'],
   ],
+  Treasury: [
+    ['magic', 'u64', 'TREASURY_MAGIC'],
+    ['coordinator', 'u8[32]', "the run's coordinator account"],
+    ['coordinator_program', 'u8[32]', 'the program that owns it (its owner when the treasury was created)'],
+    ['authority', 'u8[32]', "the run's main authority when the treasury was created: claims are paid only while it still is"],
+    ['mint', 'u8[32]', 'the SPL token claims pay in'],
+    ['vault', 'u8[32]', "the treasury's token account: the program address ['vault', treasury], its token owner the treasury"],
+    ['bump', 'u64', "the bump of the treasury's program address"],
+    ['funded', 'u64', 'token base units the authority paid in with fund (transfers from others are gifts, not counted)'],
+    ['claimed', 'u64', 'points paid out, all clients'],
+    ['paid', 'u64', 'token base units paid out by claims'],
+  ],
+  Participant: [
+    ['magic', 'u64', 'PARTICIPANT_MAGIC'],
+    ['treasury', 'u8[32]'],
+    ['client', 'u8[32]'],
+    ['claimed', 'u64', "points paid: the client's earned points at its last claim"],
+    ['paid', 'u64', 'token base units paid to the client'],
+  ],
 } as const satisfies Record<string, readonly Row[]>
 
 export type StructName = keyof typeof STRUCTS
@@ -284,6 +305,8 @@ export const ENUMS = {
       'claim',
     ],
   },
+  /** The treasurer program's instructions (programs/treasurer). */
+  TreasurerInstruction: {prefix: 'TIX_', values: ['init_treasury', 'fund', 'claim']},
   /** Custom program errors: 1..21 are the reference's RejectionCodes, 100.. the programs' own. */
   Error: {
     prefix: 'E_',
@@ -319,6 +342,7 @@ export const ENUMS = {
       NotPermitted: 107,
       AlreadyExists: 108,
       NothingToClaim: 109,
+      TreasuryEmpty: 110,
     },
   },
 } as const

@@ -86,6 +86,11 @@ export const INSTRUCTION_UNITS = {
   grant: 25_000,
   delegates: 10_000,
   revoke: 10_000,
+  /** treasurer: three program addresses (the coordinator's checked too), two accounts created, the vault's InitializeAccount3 */
+  init_treasury: 30_000,
+  fund: 10_000,
+  /** treasurer: the ledger scan, the participant address (created on a first claim) and the token program's transfer */
+  treasurer_claim: 20_000,
 } as const
 
 /** Accused clients per health_check transaction: the batch stays under the default 200,000 compute units. */

@@ -29,6 +29,8 @@ const BUILD = join(dirname(fileURLToPath(import.meta.url)), '..', '..', '..', '.
 export const COORDINATOR_PROGRAM_PATH = join(BUILD, 'psyche_coordinator.so')
 /** The built authorizer program (permissioned runs). */
 export const AUTHORIZER_PROGRAM_PATH = join(BUILD, 'psyche_authorizer.so')
+/** The built treasurer program (token rewards for points). */
+export const TREASURER_PROGRAM_PATH = join(BUILD, 'psyche_treasurer.so')
 
 /** The builds of a program for `features`: sBPF v3 for a current cluster, v0 for one without SIMD-0500. */
 export function programPath(path: string, features: ChainFeatures): string {
