@@ -332,11 +332,19 @@ __attribute__((noinline)) static void credit_round(State *s, Round *r) {
   }
 }
 
-/* One entry's epoch settles: its accepted batches earn floor(batches × points_per_batch × weight) points, slashed
- * instead when the client was ejected in the epoch; a run without verifiers weighs every point 1. */
+/* rewardWeight (rewards.ts): clamp(floor(score × WEIGHT_ONE / FULL_WEIGHT_SCORE), 0, WEIGHT_ONE) in parts per million;
+ * WEIGHT_ONE in a run without verifiers, 0 for a client never scored. */
+static u64 reward_weight(const Points *e, int verified) {
+  if (!verified) return WEIGHT_ONE;
+  if (e->count == 0 || e->score <= 0) return 0;
+  u64 w = (u64)e->score * WEIGHT_ONE / FULL_WEIGHT_SCORE;
+  return w < WEIGHT_ONE ? w : WEIGHT_ONE;
+}
+
+/* One entry's epoch settles: its accepted batches earn floor(batches × points_per_batch × weight / WEIGHT_ONE)
+ * points (pointsFor), slashed instead when the client was ejected in the epoch. */
 static void settle(const State *s, Points *e, int verified, int ejected) {
-  u64 weight = verified ? (e->weight < WEIGHT_ONE ? e->weight : WEIGHT_ONE) : WEIGHT_ONE;
-  u64 points = e->epoch_batches * s->points_per_batch * weight / WEIGHT_ONE;
+  u64 points = e->epoch_batches * s->points_per_batch * reward_weight(e, verified) / WEIGHT_ONE;
   e->rounds += e->epoch_rounds;
   e->batches += e->epoch_batches;
   e->epoch_rounds = 0;
@@ -354,6 +362,29 @@ __attribute__((noinline)) static void settle_epoch(State *s) {
     if (s->exited[i].state == EJECTED && s->exited[i].ledger) settle(s, &s->ledger[s->exited[i].ledger - 1], verified, 1);
   for (u64 i = 0; i < s->ledger_len; i++)
     if (s->ledger[i].epoch_rounds) settle(s, &s->ledger[i], verified, 0);
+}
+
+/*
+ * settleEpoch's bound (rewards.ts): an entry that holds nothing (no results, no points) of a client that is no member
+ * of the run (a joiner) nor of the epoch that ended (clients, exited) forgets its score, as the reference drops it. Run
+ * at the end of the Cooldown tick, on the state the reference settles with.
+ */
+__attribute__((noinline)) static void forget_scores(State *s) {
+  u8 member[LEDGER_MAX];
+  zero(member, sizeof(member));
+  for (u64 i = 0; i < s->clients_len; i++)
+    if (s->clients[i].ledger) member[s->clients[i].ledger - 1] = 1;
+  for (u64 i = 0; i < s->exited_len; i++)
+    if (s->exited[i].ledger) member[s->exited[i].ledger - 1] = 1;
+  for (u64 i = 0; i < s->pending_len; i++)
+    if (s->pending_ledger[i]) member[s->pending_ledger[i] - 1] = 1;
+  for (u64 i = 0; i < s->ledger_len; i++) {
+    Points *e = &s->ledger[i];
+    if (member[i] || e->count == 0 || (e->rounds | e->epoch_rounds | e->earned | e->slashed) != 0) continue;
+    e->score = e->last = e->before = e->sum = 0;
+    e->last_step = e->count = 0;
+    e->verifiers = e->has_before = 0;
+  }
 }
 
 /* ---- helpers over a state (machine.ts) ---- */
@@ -643,10 +674,12 @@ static void tick_cooldown(State *s, u64 now) {
     s->cold_start = 1;
     keep_healthy_as_pending(s);
     change_state(s, now, PAUSED);
+    forget_scores(s);
     return;
   }
   s->cold_start = 0;
   start_waiting_for_members(s, now);
+  forget_scores(s);
 }
 
 static u64 on_tick(State *s, u64 now) {
@@ -804,6 +837,94 @@ static u64 on_accuse(State *s, const u8 *key, const u8 *data, u64 len) {
   r->roster_mark[index] |= MARK_EXCLUDED;
   i64 i = client_index(s, accused);
   if (i >= 0 && s->clients[i].state == HEALTHY) s->clients[i].state = EJECTED;
+  return 0;
+}
+
+/* ---- verifier scores (rewards.ts recordScores) ---- */
+
+/* The ledger's one rounding (rewards.ts divTrunc): division truncating toward zero, in unsigned arithmetic (sBPF v0
+ * has no signed division). */
+static i64 div_trunc(i64 a, u64 b) {
+  u64 q = (a < 0 ? (u64)0 - (u64)a : (u64)a) / b;
+  return a < 0 ? -(i64)q : (i64)q;
+}
+
+/* One score of a step into a client's moving average (recordScores): a later step starts a new mean (the previous
+ * one is final in the average), the same step adds to its mean, an older one is ignored; the average is
+ * trunc((before + mean) / 2), or the mean for the first step scored. */
+static void take_score(Points *e, u64 step, i64 score) {
+  if (e->count == 0 || step > e->last_step) {
+    e->has_before = e->count != 0;
+    e->before = e->score;
+    e->sum = score;
+    e->verifiers = 1;
+    e->last = score;
+    e->last_step = step;
+  } else if (step == e->last_step) {
+    e->sum += score;
+    e->verifiers++;
+    e->last = div_trunc(e->sum, e->verifiers);
+  } else {
+    return;
+  }
+  e->count++;
+  e->score = e->has_before ? div_trunc(e->before + e->last, 2) : e->last;
+}
+
+/*
+ * report_scores data: the scored step u64, then entries of the scored round's roster index u16 and score i32 (fixed
+ * point, SCORE_ONE = 1), at most REPORT_SCORES_MAX. A verifier of round s + 1 (the current round) reports its scores
+ * of round s's results (the previous round), once, for trainers isScoreAssigned gives it (rules.ts: the verifier's
+ * window of shuffled positions); refused whole otherwise (InvalidScores, DuplicateScores, WrongStep: stale). A trainer
+ * listed twice counts once. Costs a shuffle for the verifier and one per distinct trainer (and one for its batch range
+ * when the scored round had fewer batches than trainers): a report naming more trainers than the window holds is
+ * refused before any.
+ */
+static u64 on_report_scores(State *s, const u8 *key, const u8 *data, u64 len) {
+  if (s->run_state != ROUND_TRAIN && s->run_state != ROUND_WITNESS) return fail(E_INVALID_RUN_STATE, "scores are accepted during rounds");
+  if (len < 8 || (len - 8) % 6 != 0 || (len - 8) / 6 > REPORT_SCORES_MAX)
+    return fail(E_INVALID_INSTRUCTION, "report_scores: expected the step and at most " STR(REPORT_SCORES_MAX) " entries (roster index u16, score i32)");
+  u64 step = read_u64(data);
+  u64 k = (len - 8) / 6;
+  const u8 *entries = data + 8;
+  Round *r = &s->round, *p = &s->previous_round;
+  if (!s->has_round || !s->has_previous_round || r->step != step + 1 || p->step != step) return fail(E_WRONG_STEP, "scores for a step other than the previous round's");
+  u64 n = r->roster_len, v = verifier_count(s, n);
+  u8 seed[32];
+  sub_seed(r->seed, "verify", seed);
+  i64 vi = roster_index(r, key);
+  u64 j = vi < 0 ? n : shuffle_index((u64)vi, n, seed, 0);
+  if (j >= v) return fail(E_INVALID_SCORES, "the reporter is not a verifier of the round");
+  for (u64 e = 0; e < k; e++) {
+    i64 score = (i64)(int)read_u32(entries + 6 * e + 2);
+    if (score < -(i64)SCORE_ONE || score > (i64)SCORE_ONE) return fail(E_INVALID_SCORES, "a score outside [-SCORE_ONE, SCORE_ONE]");
+  }
+  /* the window (in_score_window): K = min(sample, n - 1) positions, one more where it steps over the verifier */
+  u64 slot = j * n / v, sample = VERIFICATION_SAMPLE < n - 1 ? VERIFICATION_SAMPLE : n - 1, self = (j + n - slot) % n;
+  u64 size = self >= 1 && self <= sample ? sample + 1 : sample;
+  u64 distinct = 0;
+  for (u64 e = 0; e < k; e++) {
+    u64 index = read_u16(entries + 6 * e);
+    int repeated = 0;
+    for (u64 f = 0; f < e && !repeated; f++) repeated = read_u16(entries + 6 * f) == index;
+    if (repeated) continue;
+    if (++distinct > size || index >= p->roster_len) return fail(E_INVALID_SCORES, "a scored trainer the reporter was not assigned");
+    const u8 *trainer = p->roster[index];
+    i64 ti = equal(trainer, key, 32) ? -1 : roster_index(r, trainer);
+    if (ti < 0 || !in_score_window(j, shuffle_index((u64)ti, n, seed, 0), n, v)) return fail(E_INVALID_SCORES, "a scored trainer the reporter was not assigned");
+    u64 start = 0, end = 1; /* every member has a batch when there are as many as members */
+    if (p->batch_size < p->roster_len) batch_range(p, index, &start, &end);
+    if (end <= start) return fail(E_INVALID_SCORES, "a scored trainer had no batches in the scored round");
+  }
+  if (r->scores_reported[vi >> 3] & (1 << (vi & 7))) return fail(E_DUPLICATE_SCORES, "this verifier already reported its scores of that step");
+  r->scores_reported[vi >> 3] |= (u8)(1 << (vi & 7));
+  for (u64 e = 0; e < k; e++) {
+    u64 index = read_u16(entries + 6 * e);
+    int repeated = 0;
+    for (u64 f = 0; f < e && !repeated; f++) repeated = read_u16(entries + 6 * f) == index;
+    u64 entry = p->roster_ledger[index];
+    if (!repeated && entry) take_score(&s->ledger[entry - 1], step, (i64)(int)read_u32(entries + 6 * e + 2));
+  }
   return 0;
 }
 
@@ -1615,6 +1736,9 @@ u64 entrypoint(const u8 *input) {
     case IX_ACCUSE:
       if ((e = signer(&in, NULL))) return e;
       return on_accuse(s, key, d, len);
+    case IX_REPORT_SCORES:
+      if ((e = signer(&in, NULL))) return e;
+      return on_report_scores(s, key, d, len);
     case IX_EQUIVOCATION:
       if ((e = signer(&in, NULL))) return e;
       return on_equivocation(&in, s, key, d, len);

@@ -27,11 +27,12 @@
 #define WEIGHT_ONE 1000000 /* a points weight of 1 in the ledger's fixed point (parts per million) */
 #define SCORE_ONE 1000000 /* a verifier's score of 1 in the ledger's fixed point (parts per million: scores are in [-SCORE_ONE, SCORE_ONE]) */
 #define FULL_WEIGHT_SCORE 200000 /* the score (fixed point) at which points earn full weight (rewards.ts FULL_WEIGHT_SCORE) */
+#define REPORT_SCORES_MAX 64 /* score entries in one report_scores (8 + 6 × 64 bytes of data: one transaction holds them) */
 #define UPDATE_MAX 4657 /* bytes of an update's data: flags, Config, MAX_CHECKPOINTERS keys, the model with MODEL_JSON_MAX of JSON (what an update buffer holds) */
 
 /* ---- magic numbers ---- */
 #define MAGIC 0x44524f4f43595350ull /* "PSYCOORD": a coordinator account */
-#define LAYOUT_VERSION 5ull /* 5: the rewards ledger (points per client), rates; 4: checkpointers, Cooldown hash witnesses, the checkpoint hash (3: 256 clients, precomputed bloom probes; 2: times in unix milliseconds) */
+#define LAYOUT_VERSION 6ull /* 6: verifiers' scores in the ledger (report_scores; Points.weight derived from them); 5: the rewards ledger (points per client), rates; 4: checkpointers, Cooldown hash witnesses, the checkpoint hash (3: 256 clients, precomputed bloom probes; 2: times in unix milliseconds) */
 #define PEER_MAGIC 0x5245455043595350ull /* "PSYCPEER": a peer record */
 #define METADATA_MAGIC 0x4154454d43595350ull /* "PSYCMETA": a run metadata record */
 #define AUTH_MAGIC 0x4854554148595350ull /* "PSYHAUTH": an authorization */
@@ -45,9 +46,9 @@ enum { UNINITIALIZED = 0, WAITING_FOR_MEMBERS = 1, WARMUP = 2, ROUND_TRAIN = 3, 
 enum { HEALTHY = 0, DROPPED = 1, WITHDRAWN = 2, EJECTED = 3 }; /* ClientState */
 enum { CK_NONE = 0, CK_EPHEMERAL = 1, CK_DUMMY = 2, CK_HUB = 3, CK_P2P = 4 }; /* CheckpointKind */
 enum { REASON_INVALID_RESULT = 0, REASON_LOW_SCORE = 1 }; /* AccusationReason */
-enum { IX_INIT_COORDINATOR = 0, IX_UPDATE = 1, IX_SET_PAUSED = 2, IX_JOIN_RUN = 3, IX_TICK = 4, IX_WITNESS = 5, IX_WARMUP_WITNESS = 6, IX_HEALTH_CHECK = 7, IX_CHECKPOINT = 8, IX_FREE_COORDINATOR = 9, IX_WITHDRAW = 10, IX_EJECT = 11, IX_GROW = 12, IX_ACCUSE = 13, IX_SET_PEER = 14, IX_EQUIVOCATION = 15, IX_SET_METADATA = 16, IX_CLOSE_PEER = 17, IX_BUFFER_INIT = 18, IX_BUFFER_WRITE = 19, IX_UPDATE_FROM_BUFFER = 20, IX_HASH_WITNESS = 21, IX_SET_RATES = 22, IX_SET_TREASURY = 23, IX_CLAIM = 24 }; /* Instruction */
+enum { IX_INIT_COORDINATOR = 0, IX_UPDATE = 1, IX_SET_PAUSED = 2, IX_JOIN_RUN = 3, IX_TICK = 4, IX_WITNESS = 5, IX_WARMUP_WITNESS = 6, IX_HEALTH_CHECK = 7, IX_CHECKPOINT = 8, IX_FREE_COORDINATOR = 9, IX_WITHDRAW = 10, IX_EJECT = 11, IX_GROW = 12, IX_ACCUSE = 13, IX_SET_PEER = 14, IX_EQUIVOCATION = 15, IX_SET_METADATA = 16, IX_CLOSE_PEER = 17, IX_BUFFER_INIT = 18, IX_BUFFER_WRITE = 19, IX_UPDATE_FROM_BUFFER = 20, IX_HASH_WITNESS = 21, IX_SET_RATES = 22, IX_SET_TREASURY = 23, IX_CLAIM = 24, IX_REPORT_SCORES = 25 }; /* Instruction */
 enum { TIX_INIT_TREASURY = 0, TIX_FUND = 1, TIX_CLAIM = 2 }; /* TreasurerInstruction */
-enum { E_HALTED = 1, E_INVALID_RUN_STATE = 2, E_ALREADY_JOINED = 3, E_UNKNOWN_CLIENT = 4, E_INVALID_WITHDRAW = 5, E_INVALID_WITNESS = 6, E_DUPLICATE_WITNESS = 7, E_WRONG_STEP = 8, E_NO_ACTIVE_ROUND = 9, E_INVALID_HEALTH_CHECK = 10, E_INVALID_ACCUSATION = 11, E_DUPLICATE_ACCUSATION = 12, E_INVALID_PROOF = 13, E_ALREADY_CHECKPOINTED = 14, E_CANNOT_RESUME = 15, E_INVALID_CONFIG = 16, E_INVALID_EVENT = 17, E_BANNED = 18, E_NOT_CHECKPOINTER = 19, E_HASH_NOT_AGREED = 20, E_CHECKPOINT_HASH_MISMATCH = 21, E_INVALID_INSTRUCTION = 100, E_WRONG_ACCOUNT = 101, E_UNAUTHORIZED = 102, E_CAPACITY_EXCEEDED = 103, E_MISSING_SIGNATURE = 104, E_NOT_WRITABLE = 105, E_WRONG_PROGRAM_ADDRESS = 106, E_NOT_PERMITTED = 107, E_ALREADY_EXISTS = 108, E_NOTHING_TO_CLAIM = 109, E_TREASURY_EMPTY = 110 }; /* Error */
+enum { E_HALTED = 1, E_INVALID_RUN_STATE = 2, E_ALREADY_JOINED = 3, E_UNKNOWN_CLIENT = 4, E_INVALID_WITHDRAW = 5, E_INVALID_WITNESS = 6, E_DUPLICATE_WITNESS = 7, E_WRONG_STEP = 8, E_NO_ACTIVE_ROUND = 9, E_INVALID_HEALTH_CHECK = 10, E_INVALID_ACCUSATION = 11, E_DUPLICATE_ACCUSATION = 12, E_INVALID_PROOF = 13, E_ALREADY_CHECKPOINTED = 14, E_CANNOT_RESUME = 15, E_INVALID_CONFIG = 16, E_INVALID_EVENT = 17, E_BANNED = 18, E_NOT_CHECKPOINTER = 19, E_HASH_NOT_AGREED = 20, E_CHECKPOINT_HASH_MISMATCH = 21, E_INVALID_INSTRUCTION = 100, E_WRONG_ACCOUNT = 101, E_UNAUTHORIZED = 102, E_CAPACITY_EXCEEDED = 103, E_MISSING_SIGNATURE = 104, E_NOT_WRITABLE = 105, E_WRONG_PROGRAM_ADDRESS = 106, E_NOT_PERMITTED = 107, E_ALREADY_EXISTS = 108, E_NOTHING_TO_CLAIM = 109, E_TREASURY_EMPTY = 110, E_INVALID_SCORES = 111, E_DUPLICATE_SCORES = 112 }; /* Error */
 
 /* ---- witness blooms for a roster of n trainers: BLOOM_BITS[n - 1] bits, BLOOM_HASHES[n - 1] probes (witnessBloomParams) ---- */
 __attribute__((unused)) static const u16 BLOOM_BITS[MAX_CLIENTS] = {64, 64, 64, 64, 64, 64, 72, 80, 88, 96, 112, 120, 128, 136, 144, 160, 168, 176, 184, 192, 208, 216, 224, 232, 240, 256, 264, 272, 280, 288, 304, 312, 320, 328, 336, 352, 360, 368, 376, 384, 400, 408, 416, 424, 432, 448, 456, 464, 472, 480, 496, 504, 512, 520, 528, 544, 552, 560, 568, 576, 592, 600, 608, 616, 624, 640, 648, 656, 664, 672, 688, 696, 704, 712, 720, 736, 744, 752, 760, 768, 784, 792, 800, 808, 816, 832, 840, 848, 856, 864, 880, 888, 896, 904, 912, 928, 936, 944, 952, 960, 976, 984, 992, 1000, 1008, 1024, 1032, 1040, 1048, 1056, 1064, 1080, 1088, 1096, 1104, 1112, 1128, 1136, 1144, 1152, 1160, 1176, 1184, 1192, 1200, 1208, 1224, 1232, 1240, 1248, 1256, 1272, 1280, 1288, 1296, 1304, 1320, 1328, 1336, 1344, 1352, 1368, 1376, 1384, 1392, 1400, 1416, 1424, 1432, 1440, 1448, 1464, 1472, 1480, 1488, 1496, 1512, 1520, 1528, 1536, 1544, 1560, 1568, 1576, 1584, 1592, 1608, 1616, 1624, 1632, 1640, 1656, 1664, 1672, 1680, 1688, 1704, 1712, 1720, 1728, 1736, 1752, 1760, 1768, 1776, 1784, 1800, 1808, 1816, 1824, 1832, 1848, 1856, 1864, 1872, 1880, 1896, 1904, 1912, 1920, 1928, 1944, 1952, 1960, 1968, 1976, 1992, 2000, 2008, 2016, 2024, 2040, 2048, 2056, 2064, 2072, 2080, 2096, 2104, 2112, 2120, 2128, 2144, 2152, 2160, 2168, 2176, 2192, 2200, 2208, 2216, 2224, 2240, 2248, 2256, 2264, 2272, 2288, 2296, 2304, 2312, 2320, 2336, 2344, 2352, 2360, 2368, 2384, 2392, 2400, 2408, 2416, 2432, 2440, 2448, 2456};
@@ -129,9 +130,16 @@ typedef struct {
   u64 earned; /* @64: points earned in settled epochs */
   u64 slashed; /* @72: points withheld: the client was ejected in their epoch */
   u64 claimed; /* @80: points paid out */
-  u64 weight; /* @88: the weight of its points, parts per million (WEIGHT_ONE = 1; 0: not scored, which earns nothing in a run with verifiers) */
-  u64 last_epoch; /* @96: the last epoch the client joined or began (an entry holding nothing is reused 3 epochs later) */
-} Points; /* 104 bytes */
+  u64 last_epoch; /* @88: the last epoch the client joined or began (an entry holding nothing is reused 3 epochs later) */
+  i64 score; /* @96: moving average of the verifiers' scores, fixed point (SCORE_ONE = 1; rewards.ts ClientRewards.score; none while count is 0): its points' weight */
+  i64 last; /* @104: the mean of last_step's reports (fixed point) */
+  i64 before; /* @112: the average before last_step (when has_before) */
+  i64 sum; /* @120: the sum of last_step's reports */
+  u64 last_step; /* @128: the last step scored */
+  u64 count; /* @136: score reports received (0: never scored, which earns nothing in a run with verifiers) */
+  u32 verifiers; /* @144: verifiers that reported last_step */
+  u32 has_before; /* @148: 0: last_step is the first step scored */
+} Points; /* 152 bytes */
 _Static_assert(__builtin_offsetof(Points, key) == 0, "layout: Points.key");
 _Static_assert(__builtin_offsetof(Points, rounds) == 32, "layout: Points.rounds");
 _Static_assert(__builtin_offsetof(Points, batches) == 40, "layout: Points.batches");
@@ -140,9 +148,16 @@ _Static_assert(__builtin_offsetof(Points, epoch_batches) == 56, "layout: Points.
 _Static_assert(__builtin_offsetof(Points, earned) == 64, "layout: Points.earned");
 _Static_assert(__builtin_offsetof(Points, slashed) == 72, "layout: Points.slashed");
 _Static_assert(__builtin_offsetof(Points, claimed) == 80, "layout: Points.claimed");
-_Static_assert(__builtin_offsetof(Points, weight) == 88, "layout: Points.weight");
-_Static_assert(__builtin_offsetof(Points, last_epoch) == 96, "layout: Points.last_epoch");
-_Static_assert(sizeof(Points) == 104, "layout: sizeof(Points)");
+_Static_assert(__builtin_offsetof(Points, last_epoch) == 88, "layout: Points.last_epoch");
+_Static_assert(__builtin_offsetof(Points, score) == 96, "layout: Points.score");
+_Static_assert(__builtin_offsetof(Points, last) == 104, "layout: Points.last");
+_Static_assert(__builtin_offsetof(Points, before) == 112, "layout: Points.before");
+_Static_assert(__builtin_offsetof(Points, sum) == 120, "layout: Points.sum");
+_Static_assert(__builtin_offsetof(Points, last_step) == 128, "layout: Points.last_step");
+_Static_assert(__builtin_offsetof(Points, count) == 136, "layout: Points.count");
+_Static_assert(__builtin_offsetof(Points, verifiers) == 144, "layout: Points.verifiers");
+_Static_assert(__builtin_offsetof(Points, has_before) == 148, "layout: Points.has_before");
+_Static_assert(sizeof(Points) == 152, "layout: sizeof(Points)");
 
 typedef struct {
   u8 from[32]; /* @0 */
@@ -193,7 +208,8 @@ typedef struct {
   u16 roster_ledger[MAX_CLIENTS]; /* @58224: each roster member's ClientRec.ledger */
   u64 extra_rounds; /* @58736: rounds of the inverse shuffle that finds the members with one batch more, run so far (by the witness proofs) */
   u8 extra_at[MAX_CLIENTS]; /* @58744: that shuffle in progress: where the followed positions are */
-} Round; /* 59000 bytes */
+  u8 scores_reported[32]; /* @59000: a bit per roster member (MAX_CLIENTS bits): it reported its scores of the previous round (report_scores) */
+} Round; /* 59032 bytes */
 _Static_assert(__builtin_offsetof(Round, step) == 0, "layout: Round.step");
 _Static_assert(__builtin_offsetof(Round, height) == 8, "layout: Round.height");
 _Static_assert(__builtin_offsetof(Round, data_index) == 16, "layout: Round.data_index");
@@ -214,7 +230,8 @@ _Static_assert(__builtin_offsetof(Round, roster_mark) == 57968, "layout: Round.r
 _Static_assert(__builtin_offsetof(Round, roster_ledger) == 58224, "layout: Round.roster_ledger");
 _Static_assert(__builtin_offsetof(Round, extra_rounds) == 58736, "layout: Round.extra_rounds");
 _Static_assert(__builtin_offsetof(Round, extra_at) == 58744, "layout: Round.extra_at");
-_Static_assert(sizeof(Round) == 59000, "layout: sizeof(Round)");
+_Static_assert(__builtin_offsetof(Round, scores_reported) == 59000, "layout: Round.scores_reported");
+_Static_assert(sizeof(Round) == 59032, "layout: sizeof(Round)");
 
 typedef struct {
   u64 magic; /* @0: MAGIC */
@@ -256,27 +273,27 @@ typedef struct {
   u64 pending_probe[MAX_CLIENTS]; /* @49960: each joiner's bloom probe (ClientRec.probe) */
   u64 pending_client[MAX_CLIENTS]; /* @52008: 1 + where the joiner was in clients when it was queued, 0 if it was not there */
   Round round; /* @54056 */
-  Round previous_round; /* @113056 */
-  u64 model_json_len; /* @172056 */
-  u8 model_json[MODEL_JSON_MAX]; /* @172064: the rest of model.LLM as JSON */
-  u64 checkpointers_len; /* @176160: config.checkpointers (0: not set, any epoch member may checkpoint) */
-  u8 checkpointers[MAX_CHECKPOINTERS][32]; /* @176168 */
-  u64 hash_witness_len; /* @176424 */
-  HashWitness hash_witnesses[MAX_WITNESSES]; /* @176432: Cooldown: parameter hashes attested by the epoch last round witnesses */
-  u64 has_checkpoint_hash; /* @178480 */
-  u64 checkpoint_hash_step; /* @178488: the step of the model the recorded checkpoint holds */
-  u8 checkpoint_hash[32]; /* @178496: the parameter hash the witnesses agreed on, recorded with the checkpoint */
-  Checkpoint checkpoint_hash_repo; /* @178528: the Hub repository the hash was recorded with (kind Hub) */
-  u64 pending_ledger[MAX_CLIENTS]; /* @178696: each joiner's ClientRec.ledger */
-  u64 points_per_batch; /* @180744: points per accepted batch at full weight (POINTS_PER_BATCH; set_rates) */
-  u64 token_rate; /* @180752: token base units paid per point by a claim (0: nothing to claim; set_rates) */
-  u64 next_points_per_batch; /* @180760: set_rates: the rates the next epoch starts with (when has_next_rates) */
-  u64 next_token_rate; /* @180768 */
-  u64 has_next_rates; /* @180776 */
-  u8 treasury_mint[32]; /* @180784: the SPL token a claim pays in (set_treasury; zeros: none): from a token account owned by the program address ['treasury', coordinator] */
-  u64 ledger_len; /* @180816 */
-  Points ledger[LEDGER_MAX]; /* @180824: the rewards ledger (rewards.ts): per client key, accepted results and points */
-} State; /* 234072 bytes */
+  Round previous_round; /* @113088 */
+  u64 model_json_len; /* @172120 */
+  u8 model_json[MODEL_JSON_MAX]; /* @172128: the rest of model.LLM as JSON */
+  u64 checkpointers_len; /* @176224: config.checkpointers (0: not set, any epoch member may checkpoint) */
+  u8 checkpointers[MAX_CHECKPOINTERS][32]; /* @176232 */
+  u64 hash_witness_len; /* @176488 */
+  HashWitness hash_witnesses[MAX_WITNESSES]; /* @176496: Cooldown: parameter hashes attested by the epoch last round witnesses */
+  u64 has_checkpoint_hash; /* @178544 */
+  u64 checkpoint_hash_step; /* @178552: the step of the model the recorded checkpoint holds */
+  u8 checkpoint_hash[32]; /* @178560: the parameter hash the witnesses agreed on, recorded with the checkpoint */
+  Checkpoint checkpoint_hash_repo; /* @178592: the Hub repository the hash was recorded with (kind Hub) */
+  u64 pending_ledger[MAX_CLIENTS]; /* @178760: each joiner's ClientRec.ledger */
+  u64 points_per_batch; /* @180808: points per accepted batch at full weight (POINTS_PER_BATCH; set_rates) */
+  u64 token_rate; /* @180816: token base units paid per point by a claim (0: nothing to claim; set_rates) */
+  u64 next_points_per_batch; /* @180824: set_rates: the rates the next epoch starts with (when has_next_rates) */
+  u64 next_token_rate; /* @180832 */
+  u64 has_next_rates; /* @180840 */
+  u8 treasury_mint[32]; /* @180848: the SPL token a claim pays in (set_treasury; zeros: none): from a token account owned by the program address ['treasury', coordinator] */
+  u64 ledger_len; /* @180880 */
+  Points ledger[LEDGER_MAX]; /* @180888: the rewards ledger (rewards.ts): per client key, accepted results and points */
+} State; /* 258712 bytes */
 _Static_assert(__builtin_offsetof(State, magic) == 0, "layout: State.magic");
 _Static_assert(__builtin_offsetof(State, version) == 8, "layout: State.version");
 _Static_assert(__builtin_offsetof(State, run_id) == 16, "layout: State.run_id");
@@ -316,27 +333,27 @@ _Static_assert(__builtin_offsetof(State, pending) == 41768, "layout: State.pendi
 _Static_assert(__builtin_offsetof(State, pending_probe) == 49960, "layout: State.pending_probe");
 _Static_assert(__builtin_offsetof(State, pending_client) == 52008, "layout: State.pending_client");
 _Static_assert(__builtin_offsetof(State, round) == 54056, "layout: State.round");
-_Static_assert(__builtin_offsetof(State, previous_round) == 113056, "layout: State.previous_round");
-_Static_assert(__builtin_offsetof(State, model_json_len) == 172056, "layout: State.model_json_len");
-_Static_assert(__builtin_offsetof(State, model_json) == 172064, "layout: State.model_json");
-_Static_assert(__builtin_offsetof(State, checkpointers_len) == 176160, "layout: State.checkpointers_len");
-_Static_assert(__builtin_offsetof(State, checkpointers) == 176168, "layout: State.checkpointers");
-_Static_assert(__builtin_offsetof(State, hash_witness_len) == 176424, "layout: State.hash_witness_len");
-_Static_assert(__builtin_offsetof(State, hash_witnesses) == 176432, "layout: State.hash_witnesses");
-_Static_assert(__builtin_offsetof(State, has_checkpoint_hash) == 178480, "layout: State.has_checkpoint_hash");
-_Static_assert(__builtin_offsetof(State, checkpoint_hash_step) == 178488, "layout: State.checkpoint_hash_step");
-_Static_assert(__builtin_offsetof(State, checkpoint_hash) == 178496, "layout: State.checkpoint_hash");
-_Static_assert(__builtin_offsetof(State, checkpoint_hash_repo) == 178528, "layout: State.checkpoint_hash_repo");
-_Static_assert(__builtin_offsetof(State, pending_ledger) == 178696, "layout: State.pending_ledger");
-_Static_assert(__builtin_offsetof(State, points_per_batch) == 180744, "layout: State.points_per_batch");
-_Static_assert(__builtin_offsetof(State, token_rate) == 180752, "layout: State.token_rate");
-_Static_assert(__builtin_offsetof(State, next_points_per_batch) == 180760, "layout: State.next_points_per_batch");
-_Static_assert(__builtin_offsetof(State, next_token_rate) == 180768, "layout: State.next_token_rate");
-_Static_assert(__builtin_offsetof(State, has_next_rates) == 180776, "layout: State.has_next_rates");
-_Static_assert(__builtin_offsetof(State, treasury_mint) == 180784, "layout: State.treasury_mint");
-_Static_assert(__builtin_offsetof(State, ledger_len) == 180816, "layout: State.ledger_len");
-_Static_assert(__builtin_offsetof(State, ledger) == 180824, "layout: State.ledger");
-_Static_assert(sizeof(State) == 234072, "layout: sizeof(State)");
+_Static_assert(__builtin_offsetof(State, previous_round) == 113088, "layout: State.previous_round");
+_Static_assert(__builtin_offsetof(State, model_json_len) == 172120, "layout: State.model_json_len");
+_Static_assert(__builtin_offsetof(State, model_json) == 172128, "layout: State.model_json");
+_Static_assert(__builtin_offsetof(State, checkpointers_len) == 176224, "layout: State.checkpointers_len");
+_Static_assert(__builtin_offsetof(State, checkpointers) == 176232, "layout: State.checkpointers");
+_Static_assert(__builtin_offsetof(State, hash_witness_len) == 176488, "layout: State.hash_witness_len");
+_Static_assert(__builtin_offsetof(State, hash_witnesses) == 176496, "layout: State.hash_witnesses");
+_Static_assert(__builtin_offsetof(State, has_checkpoint_hash) == 178544, "layout: State.has_checkpoint_hash");
+_Static_assert(__builtin_offsetof(State, checkpoint_hash_step) == 178552, "layout: State.checkpoint_hash_step");
+_Static_assert(__builtin_offsetof(State, checkpoint_hash) == 178560, "layout: State.checkpoint_hash");
+_Static_assert(__builtin_offsetof(State, checkpoint_hash_repo) == 178592, "layout: State.checkpoint_hash_repo");
+_Static_assert(__builtin_offsetof(State, pending_ledger) == 178760, "layout: State.pending_ledger");
+_Static_assert(__builtin_offsetof(State, points_per_batch) == 180808, "layout: State.points_per_batch");
+_Static_assert(__builtin_offsetof(State, token_rate) == 180816, "layout: State.token_rate");
+_Static_assert(__builtin_offsetof(State, next_points_per_batch) == 180824, "layout: State.next_points_per_batch");
+_Static_assert(__builtin_offsetof(State, next_token_rate) == 180832, "layout: State.next_token_rate");
+_Static_assert(__builtin_offsetof(State, has_next_rates) == 180840, "layout: State.has_next_rates");
+_Static_assert(__builtin_offsetof(State, treasury_mint) == 180848, "layout: State.treasury_mint");
+_Static_assert(__builtin_offsetof(State, ledger_len) == 180880, "layout: State.ledger_len");
+_Static_assert(__builtin_offsetof(State, ledger) == 180888, "layout: State.ledger");
+_Static_assert(sizeof(State) == 258712, "layout: sizeof(State)");
 
 typedef struct {
   u64 magic; /* @0: PEER_MAGIC */

@@ -9,6 +9,7 @@ import {
   ejectInstruction,
   healthCheckInstruction,
   initCoordinatorInstructions,
+  reportScoresInstruction,
   setPausedInstruction,
   signerMeta,
   updateInstruction,
@@ -18,7 +19,7 @@ import {
 } from '../../src/core/backend/solana/instructions.js'
 import {COORDINATOR_PROGRAM_PATH, LocalChain, programPath, type ChainFeatures} from '../../src/core/backend/solana/local-chain.js'
 import {IX, MAX_CLIENTS, STATE_SIZE, clientIdOf, decodeCoordinator, decodeLedger, encodeTag, type OnChainLedger} from '../../src/core/backend/solana/layout.js'
-import {emptyLedger, observeTransition, type RewardsLedger} from '../../src/core/coordinator/rewards.js'
+import {emptyLedger, FULL_WEIGHT_SCORE, observeTransition, recordScores, SCORE_ONE, type RewardsLedger} from '../../src/core/coordinator/rewards.js'
 import {constant} from '../../src/core/coordinator/layout-table.js'
 import {
   applyEvent,
@@ -29,6 +30,7 @@ import {
   createCoordinator,
   isRoundPhase,
   selectVerifiers,
+  verifierCount,
   selectWitnesses,
   serializeState,
   witnessBloomParams,
@@ -225,7 +227,22 @@ interface Malformed {
   code?: string
 }
 
-type Step = {event: CoordinatorEvent} | Malformed
+/**
+ * A verifier's score report (report_scores; rewards.ts recordScores, which the reference ledger applies): the scored
+ * step and fixed-point scores per trainer. The program addresses a trainer by its index in the scored round's roster;
+ * a trainer in no such roster gets an index past it.
+ */
+interface ScoreReport {
+  type: 'scores'
+  from: string
+  step: number
+  scores: {client_id: string; score: number}[]
+}
+
+type Step = {event: CoordinatorEvent} | Malformed | ScoreReport
+
+/** The program's error for each refusal of recordScores (the server's code for a stale step is stale_step). */
+const SCORE_REFUSALS: Record<string, string> = {InvalidRunState: 'InvalidRunState', stale_step: 'WrongStep', InvalidScores: 'InvalidScores', DuplicateScores: 'DuplicateScores'}
 
 /** One sequence's world: both coordinators, the chain, and who signs for whom. */
 class Sequence {
@@ -351,8 +368,11 @@ class Sequence {
       resume: s.run_state === 'Paused' || s.run_state === 'Uninitialized' ? 6 : 1,
       config_update: s.run_state === 'Paused' || s.run_state === 'Uninitialized' ? 5 : 1,
       malformed: 6,
+      scores: round && s.epoch.previous_round ? (verifierCount(s.config, round.roster.length) > 0 ? 30 : 6) : 1,
     })
     switch (kind) {
+      case 'scores':
+        return this.scoreReport()
       case 'tick':
         this.now += this.dt()
         return {event: {type: 'tick'}}
@@ -428,6 +448,37 @@ class Sequence {
       case 'malformed':
         return this.malformed()
     }
+  }
+
+  /**
+   * A score report: mostly a verifier of the round scoring the previous round's results it was assigned (any subset, in
+   * any order; scores anywhere in [-1, 1] or near FULL_WEIGHT_SCORE), sometimes from a non-verifier, of a stale step,
+   * naming an unassigned trainer, itself, a stranger, a trainer twice, or a score out of range. The same verifier drawn
+   * again reports a duplicate.
+   */
+  scoreReport(): ScoreReport {
+    const s = this.state
+    const round = isRoundPhase(s.run_state) ? s.epoch.round : null
+    const previous = s.epoch.previous_round
+    const verifiers = round ? selectVerifiers(s) : []
+    const from = verifiers.length > 0 && this.rng.chance(0.85) ? this.rng.pick(verifiers) : this.client()
+    const step = round && this.rng.chance(0.9) ? round.step - 1 : this.rng.int(0, s.progress.step + 1)
+    const mine = round && previous && previous.step === round.step - 1 ? assignedTrainers(s, round, previous, from) : []
+    const score = () =>
+      this.rng.weighted({any: 3, near: 3, extreme: 1}) === 'any'
+        ? this.rng.int(0, 2 * SCORE_ONE) - SCORE_ONE
+        : this.rng.chance(0.5)
+          ? this.rng.int(0, 2 * FULL_WEIGHT_SCORE)
+          : this.rng.pick([SCORE_ONE, -SCORE_ONE, 0, 1, -1])
+    const scores = mine.filter(() => this.rng.chance(0.8)).map((client_id) => ({client_id, score: score()}))
+    const flaw = this.rng.weighted({none: 12, unassigned: 1, self: 1, stranger: 1, repeated: 2, range: 1})
+    const roster = previous?.roster ?? []
+    if (flaw === 'unassigned' && roster.length > 0) scores.push({client_id: this.rng.pick(roster), score: score()})
+    if (flaw === 'self') scores.push({client_id: from, score: score()})
+    if (flaw === 'stranger') scores.push({client_id: this.rng.pick(this.members), score: score()})
+    if (flaw === 'repeated' && scores.length > 0) scores.splice(this.rng.int(0, scores.length), 0, {...this.rng.pick(scores), score: score()})
+    if (flaw === 'range' && scores.length > 0) this.rng.pick(scores).score = this.rng.pick([SCORE_ONE + 1, -SCORE_ONE - 1, 2 ** 31 - 1])
+    return {type: 'scores', from, step, scores}
   }
 
   /** An instruction the program must refuse whatever the state. */
@@ -582,6 +633,9 @@ export interface SequenceResult {
   credited: number
   earned: number
   slashed: number
+  /** Score reports both took, and clients holding a score at the end. */
+  reports: number
+  scored: number
 }
 
 class Divergence extends Error {
@@ -726,7 +780,20 @@ async function runSteps(seed: number, options: SequenceOptions): Promise<Sequenc
   const replay = options.replay?.slice()
   const length = replay?.length ?? crowd.length + (options.length ?? rng.int(20, 120))
   const recorded: Recorded[] = []
-  const result: SequenceResult = {seed, events: 0, accepted: 0, rejected: {}, phases: new Set([seq.state.run_state]), maxClients: 0, units: {}, credited: 0, earned: 0, slashed: 0}
+  const result: SequenceResult = {
+    seed,
+    events: 0,
+    accepted: 0,
+    rejected: {},
+    phases: new Set([seq.state.run_state]),
+    maxClients: 0,
+    units: {},
+    credited: 0,
+    earned: 0,
+    slashed: 0,
+    reports: 0,
+    scored: 0,
+  }
   // The rewards ledger (rewards.ts) follows the reference's transitions; the program's must hold the same points.
   let ledger = emptyLedger()
   const fail = (i: number, what: string, message: string, logs: string[] = []): never => {
@@ -753,10 +820,19 @@ async function runSteps(seed: number, options: SequenceOptions): Promise<Sequenc
     let expected: {error?: RejectionCode | string; message?: string; state: CoordinatorState; anyError?: boolean}
     let sent: {signer: KeyPairSigner; ix: Instruction | Instruction[]}
     let what: string
+    let scored: RewardsLedger | undefined
     if ('type' in step && step.type === 'malformed') {
       what = `malformed: ${step.what}`
       expected = {state: seq.state, error: step.code, anyError: step.code === undefined}
       sent = {signer: step.signer, ix: step.ix}
+    } else if ('type' in step && step.type === 'scores') {
+      what = `scores ${step.from.slice(0, 6)} step ${step.step} [${step.scores.map((e) => `${e.client_id.slice(0, 6)}:${e.score}`).join(' ')}]`
+      const out = recordScores(ledger, seq.state, step.from, step.step, step.scores)
+      if ('code' in out) expected = {state: seq.state, error: SCORE_REFUSALS[out.code], message: out.reason}
+      else [expected, scored] = [{state: seq.state}, out]
+      const roster = seq.state.epoch.previous_round?.roster ?? []
+      const entries = step.scores.map((e) => ({index: roster.includes(e.client_id) ? roster.indexOf(e.client_id) : roster.length + 3, score: e.score}))
+      sent = {signer: seq.signer(step.from), ix: reportScoresInstruction(d.programId, coordinator, seq.signer(step.from), step.step, entries)}
     } else {
       let event = (step as {event: CoordinatorEvent}).event
       if (event.type === 'tick' || event.type === 'witness') event = {...event, entropy: clockEntropy(seq.slot, seq.now)}
@@ -782,6 +858,7 @@ async function runSteps(seed: number, options: SequenceOptions): Promise<Sequenc
       if (expected.error || expected.anyError)
         fail(i, what, `the reference rejects with ${expected.error ?? 'some error'} (${expected.message ?? ''}); the program accepted`, r.logs)
       result.accepted++
+      if (scored) result.reports++
     } else if (!expected.error && !expected.anyError) {
       const over = overCapacity(expected.state)
       if (r.error === 'CapacityExceeded' && over.length > 0) {
@@ -795,7 +872,7 @@ async function runSteps(seed: number, options: SequenceOptions): Promise<Sequenc
       const key = expected.anyError ? 'malformed' : expected.error!
       result.rejected[key] = (result.rejected[key] ?? 0) + 1
     }
-    ledger = observeTransition(ledger, seq.state, expected.state)
+    ledger = scored ?? observeTransition(ledger, seq.state, expected.state)
     seq.state = expected.state
     result.phases.add(seq.state.run_state)
     result.maxClients = Math.max(result.maxClients, seq.state.epoch.clients.length)
@@ -820,14 +897,15 @@ async function runSteps(seed: number, options: SequenceOptions): Promise<Sequenc
     result.credited += e.rounds + e.epoch_rounds
     result.earned += e.earned
     result.slashed += e.slashed
+    if (e.score !== null) result.scored++
   }
   return result
 }
 
 /**
- * What differs between the reference's rewards ledger and the program's: every entry that holds something (results or
- * points) must be in both with the same counts. The program also keeps entries of clients that joined and hold nothing
- * (the reference drops those), and keeps no scores (a run's weights are the verifiers' reports, none here).
+ * What differs between the reference's rewards ledger and the program's: every entry that holds something (results,
+ * points or a score) must be in both with the same counts and the same fixed-point scores. The program also keeps
+ * entries of clients that joined and hold nothing (the reference drops those).
  */
 export function ledgerDifference(ts: RewardsLedger, chain: OnChainLedger): string | undefined {
   const fields = ['rounds', 'batches', 'epoch_rounds', 'epoch_batches', 'earned', 'slashed'] as const
@@ -838,11 +916,15 @@ export function ledgerDifference(ts: RewardsLedger, chain: OnChainLedger): strin
     onChain.set(e.client_id, e)
   }
   for (const e of chain.entries) if (holds(e) && !ts.clients[e.client_id]) return `the program credits ${e.client_id.slice(0, 8)} ${JSON.stringify(e)}, the reference nothing`
+  for (const e of chain.entries)
+    if (e.score !== null && ts.clients[e.client_id]?.score == null) return `the program keeps a score of ${e.client_id.slice(0, 8)} ${JSON.stringify(e)}, the reference none`
+  const scores = ['score', 'last', 'last_step', 'verifiers', 'count'] as const
   for (const e of Object.values(ts.clients)) {
-    if (!holds(e)) continue
+    if (!holds(e) && e.score === null) continue
     const c = onChain.get(e.client_id)
-    if (!c) return `the reference credits ${e.client_id.slice(0, 8)}, the program has no entry`
+    if (!c) return `the reference credits or scores ${e.client_id.slice(0, 8)}, the program has no entry`
     for (const f of fields) if (c[f] !== e[f]) return `${e.client_id.slice(0, 8)}.${f}: reference ${e[f]}, program ${c[f]}`
+    if (e.score !== null) for (const f of scores) if (c[f] !== e[f]) return `${e.client_id.slice(0, 8)}.${f}: reference ${e[f]}, program ${c[f]}`
   }
   return undefined
 }
@@ -909,5 +991,9 @@ export function summarize(results: SequenceResult[], options: {fullRun?: boolean
   const earned = results.reduce((n, r) => n + r.earned, 0)
   console.log(`# rewards: ${credited} accepted results credited, ${earned} points earned, ${results.reduce((n, r) => n + r.slashed, 0)} slashed (program = reference)`)
   assert.ok(credited > 0 && earned > 0, 'no sequence credited an accepted result and settled its points')
+  const reports = results.reduce((n, r) => n + r.reports, 0)
+  console.log(`# scores: ${reports} reports taken, ${results.reduce((n, r) => n + r.scored, 0)} clients scored at the end (program = reference)`)
+  assert.ok(reports > 0, 'no sequence had a score report taken')
+  if (options.fullRun) for (const code of ['InvalidScores', 'DuplicateScores']) assert.ok((rejected[code] ?? 0) > 0, `no score report was rejected with ${code}`)
   if (options.fullRun) assert.equal(maxClients, MAX_CLIENTS, `no sequence filled an epoch with MAX_CLIENTS = ${MAX_CLIENTS} clients`)
 }

@@ -20,6 +20,7 @@ import {
   setRatesInstruction,
   setTreasuryInstruction,
   claimInstruction,
+  reportScoresInstruction,
   setPeerInstruction,
   tickInstruction,
   updateInstruction,
@@ -137,6 +138,7 @@ describe("the coordinator program's IDL (programs/idl/psyche_coordinator.json) a
       set_rates: setRatesInstruction(p, c, signer, 1000, 5),
       set_treasury: setTreasuryInstruction(p, c, signer, other),
       claim: claimInstruction(p, c, signer, other, other, other),
+      report_scores: reportScoresInstruction(p, c, signer, 1, [{index: 0, score: 250000}]),
     }
     checkBuilders(idl, built, p)
   })

@@ -9,6 +9,7 @@ import {
   INSTRUCTION_UNITS,
   TOKEN_PROGRAM,
   claimInstruction,
+  reportScoresInstruction,
   setRatesInstruction,
   setTreasuryInstruction,
   signerMeta,
@@ -17,7 +18,9 @@ import {
 } from '../../src/core/backend/solana/instructions.js'
 import {clientIdOf, decodeLedger, ledgerRows} from '../../src/core/backend/solana/layout.js'
 import {MAX_CLIENTS} from '../../src/core/coordinator/layout-table.js'
-import {emptyLedger, observeTransition, rewardRows} from '../../src/core/coordinator/rewards.js'
+import {emptyLedger, FULL_WEIGHT_SCORE, observeTransition, recordScores, rewardRows, SCORE_ONE, type RewardsLedger} from '../../src/core/coordinator/rewards.js'
+import {assignedTrainers, selectVerifiers} from '../../src/core/coordinator/rules.js'
+import type {CoordinatorState} from '../../src/core/coordinator/types.js'
 import {ledgerDifference} from './fuzz.js'
 import {deployRun, keypair, readRun, toInstruction} from './harness.js'
 import {rewardsAtScale} from './vectors.js'
@@ -72,6 +75,107 @@ describe(`rewards ledger in the program: ${MAX_CLIENTS} trainers`, () => {
       assert.equal(rows.length, MAX_CLIENTS)
     })
   }
+
+  it(`report_scores at ${MAX_CLIENTS} trainers: the verifiers' scores (K = 4, and 64 entries) equal the reference's, weight the epoch's points, within budget and 1,232 bytes`, async () => {
+    const scenario = await rewardsAtScale(1, MAX_CLIENTS, 2) // 2 %: 6 verifiers, each assigned 4 trainers
+    const d = await deployRun(scenario.run_id, scenario.created_at)
+    const signers = new Map<string, KeyPairSigner>()
+    for (const label of Object.keys(scenario.clients)) {
+      const k = await keypair(label)
+      signers.set(clientIdOf(k.address), k)
+      d.chain.airdrop(k.address)
+    }
+    d.chain.setTime(scenario.created_at)
+    assert.ok((await d.chain.send(d.authority, [updateInstruction(d.programId, d.coordinator, d.authority, scenario.config, scenario.model)])).ok)
+    let ledger: RewardsLedger = emptyLedger()
+    let prev = readRun(d).state
+    const units: Record<string, number> = {}
+    let reported = 0
+    const scoreOf = (id: string) => (parseInt(id.slice(0, 6), 16) % 5 === 0 ? -SCORE_ONE / 10 : FULL_WEIGHT_SCORE / 2 + (parseInt(id.slice(6, 12), 16) % (SCORE_ONE / 2)))
+    /** Sends a report and takes it into the reference ledger; the program must answer as recordScores does. */
+    const report = async (state: CoordinatorState, from: string, step: number, entries: {client_id: string; score: number}[], what: string, expected = 'ok') => {
+      const roster = state.epoch.previous_round!.roster
+      const ix = reportScoresInstruction(
+        d.programId,
+        d.coordinator,
+        signers.get(from)!,
+        step,
+        entries.map((e) => ({index: roster.indexOf(e.client_id), score: e.score})),
+      )
+      const r = await d.chain.send(signers.get(from)!, [ix])
+      const out = recordScores(ledger, state, from, step, entries)
+      assert.equal('code' in out ? (out.code === 'stale_step' ? 'WrongStep' : out.code) : 'ok', expected, `${what}: the reference`)
+      assert.equal(r.ok ? 'ok' : r.error, expected, `${what}: the program\n${r.logs.join('\n')}`)
+      assert.ok(r.bytes !== undefined && r.bytes <= 1232, `${what}: ${r.bytes} bytes`)
+      assert.ok(r.computeUnits <= INSTRUCTION_UNITS.report_scores, `${what}: ${r.computeUnits} CU > ${INSTRUCTION_UNITS.report_scores}`)
+      units[what] = Math.max(units[what] ?? 0, Number(r.computeUnits))
+      if (!('code' in out)) ledger = out
+      assert.equal(ledgerDifference(ledger, decodeLedger(d.chain.accountData(d.coordinator)!)), undefined, `${what}: rewards ledgers differ`)
+    }
+    for (const [i, step] of scenario.steps.entries()) {
+      d.chain.setClock(step.now, step.slot)
+      const {signer, ix} = toInstruction(d, signers, step.event)
+      const r = await d.chain.send(signer, Array.isArray(ix) ? ix : [ix])
+      assert.ok(r.ok, `step ${i} (${step.event.type}): ${r.error}`)
+      ledger = observeTransition(ledger, prev, step.state)
+      prev = step.state
+      const round = prev.epoch.round
+      const scored = prev.epoch.previous_round
+      // Each epoch's second round: its verifiers score the first round's results.
+      if (prev.run_state !== 'RoundTrain' || !round || !scored || round.step !== scored.step + 1 || step.event.type !== 'tick') continue
+      const [first, ...others] = selectVerifiers(prev)
+      assert.equal(others.length, 5)
+      const mine = (v: string) => assignedTrainers(prev, round, scored, v).map((client_id) => ({client_id, score: scoreOf(client_id)}))
+      const stranger = scored.roster.find((id) => id !== first && !mine(first).some((e) => e.client_id === id))!
+      await report(prev, first, scored.step, [...mine(first), {client_id: stranger, score: 1}], 'unassigned', 'InvalidScores')
+      await report(
+        prev,
+        first,
+        scored.step,
+        scored.roster
+          .filter((id) => id !== first)
+          .slice(0, 64)
+          .map((client_id) => ({client_id, score: 0})),
+        'K=64 distinct (refused)',
+        'InvalidScores',
+      )
+      await report(prev, stranger, scored.step, [], 'not a verifier', 'InvalidScores')
+      await report(prev, first, scored.step - 1, mine(first), 'stale', 'WrongStep')
+      // 64 entries: its 4 trainers, each listed 16 times (a trainer listed twice counts once)
+      await report(
+        prev,
+        first,
+        scored.step,
+        Array.from({length: 64}, (_, k) => mine(first)[k % mine(first).length]),
+        'K=64',
+      )
+      await report(prev, first, scored.step, mine(first), 'duplicate', 'DuplicateScores')
+      for (const v of others) await report(prev, v, scored.step, mine(v), 'K=4')
+      reported++
+    }
+    assert.equal(reported, 2, 'both epochs had their scores reported')
+    console.log(`# report_scores at ${MAX_CLIENTS} trainers, CU: ${JSON.stringify(units)}`)
+    const end = decodeLedger(d.chain.accountData(d.coordinator)!)
+    const scoredEntries = end.entries.filter((e) => e.score !== null)
+    assert.ok(scoredEntries.length >= 20, `${scoredEntries.length} trainers scored`)
+    for (const e of end.entries) {
+      if (e.score === null) assert.equal(e.earned, 0, 'an unscored trainer earns nothing in a run with verifiers')
+      else if (e.score <= 0) assert.equal(e.earned, 0, 'a negative score earns nothing')
+    }
+    assert.ok(
+      scoredEntries.some((e) => e.score! > 0 && e.earned > 0 && e.earned < e.batches * 1000),
+      'a positive score below full weight earns part',
+    )
+    assert.ok(
+      scoredEntries.some((e) => e.score! >= FULL_WEIGHT_SCORE && e.earned === e.batches * 1000),
+      'a score at or above full weight earns it all',
+    )
+    const rows = ledgerRows(end, prev)
+    assert.deepEqual(
+      rows.map(({claimed, ...row}) => (assert.equal(claimed, 0), row)),
+      rewardRows(ledger, prev).filter((row) => row.score !== null || row.rounds > 0),
+    )
+  })
 
   it('set_rates: only the main authority, within bounds; an epoch keeps the rates it began with, the next starts with the new ones', async () => {
     const scenario = await rewardsAtScale(0, 6)

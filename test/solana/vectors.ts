@@ -496,9 +496,10 @@ export async function capacity(): Promise<Scenario> {
  * found by the program's sliced inverse shuffle) and `witnessNodes` witnesses (1: the round's close runs most of the
  * shuffle; 2: each proof runs its capped slice), two epochs of rounds, so the first settles (test/solana/rewards-program).
  */
-export async function rewardsAtScale(witnessNodes: number, clients = MAX_CLIENTS): Promise<Scenario> {
+export async function rewardsAtScale(witnessNodes: number, clients = MAX_CLIENTS, verificationPercent = 0): Promise<Scenario> {
   const labels = Array.from({length: clients}, (_, i) => `cap-${i}`)
-  const r = await recorder(`rewards-w${witnessNodes}-${clients}`, labels, {
+  const r = await recorder(`rewards-w${witnessNodes}-${clients}${verificationPercent ? `-v${verificationPercent}` : ''}`, labels, {
+    verification_percent: verificationPercent,
     init_min_clients: Math.ceil(clients / 2),
     min_clients: Math.max(1, witnessNodes),
     witness_nodes: witnessNodes,

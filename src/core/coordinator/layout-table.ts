@@ -40,6 +40,7 @@ export const CONSTANTS = {
   WEIGHT_ONE: [1000000, "a points weight of 1 in the ledger's fixed point (parts per million)"],
   SCORE_ONE: [1000000, "a verifier's score of 1 in the ledger's fixed point (parts per million: scores are in [-SCORE_ONE, SCORE_ONE])"],
   FULL_WEIGHT_SCORE: [200000, 'the score (fixed point) at which points earn full weight (rewards.ts FULL_WEIGHT_SCORE)'],
+  REPORT_SCORES_MAX: [64, 'score entries in one report_scores (8 + 6 × 64 bytes of data: one transaction holds them)'],
   UPDATE_MAX: [4657, "bytes of an update's data: flags, Config, MAX_CHECKPOINTERS keys, the model with MODEL_JSON_MAX of JSON (what an update buffer holds)"],
 } as const satisfies Record<string, readonly [number, string]>
 
@@ -47,8 +48,8 @@ export const CONSTANTS = {
 export const MAGICS = {
   MAGIC: [0x44524f4f43595350n, '"PSYCOORD": a coordinator account'],
   LAYOUT_VERSION: [
-    5n,
-    '5: the rewards ledger (points per client), rates; 4: checkpointers, Cooldown hash witnesses, the checkpoint hash (3: 256 clients, precomputed bloom probes; 2: times in unix milliseconds)',
+    6n,
+    "6: verifiers' scores in the ledger (report_scores; Points.weight derived from them); 5: the rewards ledger (points per client), rates; 4: checkpointers, Cooldown hash witnesses, the checkpoint hash (3: 256 clients, precomputed bloom probes; 2: times in unix milliseconds)",
   ],
   PEER_MAGIC: [0x5245455043595350n, '"PSYCPEER": a peer record'],
   METADATA_MAGIC: [0x4154454d43595350n, '"PSYCMETA": a run metadata record'],
@@ -65,7 +66,7 @@ type ConstantName = keyof typeof CONSTANTS
 type Row = readonly [name: string, type: string, doc?: string]
 
 /**
- * Every struct, in dependency order. Types: u8, u16, u32, u64 or a struct above. Fields are laid out as a C compiler
+ * Every struct, in dependency order. Types: u8, u16, u32, u64, i64 or a struct above. Fields are laid out as a C compiler
  * does (natural alignment); the generator refuses implicit padding, so every byte of an account is a named field.
  */
 export const STRUCTS = {
@@ -111,8 +112,15 @@ export const STRUCTS = {
     ['earned', 'u64', 'points earned in settled epochs'],
     ['slashed', 'u64', 'points withheld: the client was ejected in their epoch'],
     ['claimed', 'u64', 'points paid out'],
-    ['weight', 'u64', 'the weight of its points, parts per million (WEIGHT_ONE = 1; 0: not scored, which earns nothing in a run with verifiers)'],
     ['last_epoch', 'u64', 'the last epoch the client joined or began (an entry holding nothing is reused 3 epochs later)'],
+    ['score', 'i64', "moving average of the verifiers' scores, fixed point (SCORE_ONE = 1; rewards.ts ClientRewards.score; none while count is 0): its points' weight"],
+    ['last', 'i64', "the mean of last_step's reports (fixed point)"],
+    ['before', 'i64', 'the average before last_step (when has_before)'],
+    ['sum', 'i64', "the sum of last_step's reports"],
+    ['last_step', 'u64', 'the last step scored'],
+    ['count', 'u64', 'score reports received (0: never scored, which earns nothing in a run with verifiers)'],
+    ['verifiers', 'u32', 'verifiers that reported last_step'],
+    ['has_before', 'u32', '0: last_step is the first step scored'],
   ],
   Witness: [
     ['from', 'u8[32]'],
@@ -149,6 +157,7 @@ export const STRUCTS = {
     ['roster_ledger', 'u16[MAX_CLIENTS]', "each roster member's ClientRec.ledger"],
     ['extra_rounds', 'u64', 'rounds of the inverse shuffle that finds the members with one batch more, run so far (by the witness proofs)'],
     ['extra_at', 'u8[MAX_CLIENTS]', 'that shuffle in progress: where the followed positions are'],
+    ['scores_reported', 'u8[32]', 'a bit per roster member (MAX_CLIENTS bits): it reported its scores of the previous round (report_scores)'],
   ],
   State: [
     ['magic', 'u64', 'MAGIC'],
@@ -303,6 +312,7 @@ export const ENUMS = {
       'set_rates',
       'set_treasury',
       'claim',
+      'report_scores',
     ],
   },
   /** The treasurer program's instructions (programs/treasurer). */
@@ -343,6 +353,8 @@ export const ENUMS = {
       AlreadyExists: 108,
       NothingToClaim: 109,
       TreasuryEmpty: 110,
+      InvalidScores: 111,
+      DuplicateScores: 112,
     },
   },
 } as const
@@ -364,7 +376,7 @@ export const RUN_ID_MAX = constant('RUN_ID_MAX')
 
 // ---- layout: offsets and sizes, as a C compiler lays the structs out ----
 
-const SCALARS: Record<string, number> = {u8: 1, u16: 2, u32: 4, u64: 8}
+const SCALARS: Record<string, number> = {u8: 1, u16: 2, u32: 4, u64: 8, i64: 8}
 
 interface FieldLayout {
   name: string

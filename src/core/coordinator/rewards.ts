@@ -133,7 +133,7 @@ export function scoreToFixed(score: number): number {
 }
 
 /** A fixed-point score as the decimal users read (rows of `psyche rewards`, status, dashboards). */
-function scoreFromFixed(fixed: number): number {
+export function scoreFromFixed(fixed: number): number {
   return fixed / SCORE_ONE
 }
 

@@ -14,6 +14,7 @@ import {
   encodeHashWitness,
   encodeEject,
   encodeHealthCheck,
+  encodeReportScores,
   encodeInit,
   encodeSetMetadata,
   encodeSetPeer,
@@ -76,6 +77,8 @@ export const INSTRUCTION_UNITS = {
   eject: 30_000,
   /** is_witness, or (a low score) the verifier's, the accused's and its previous batch range's shuffles, plus its batch range: ~5 shuffles */
   accuse: 200_000,
+  /** the verifier's shuffle and one per distinct scored trainer (a window of at most VERIFICATION_SAMPLE + 1), one more each when the scored round had fewer batches than trainers */
+  report_scores: 300_000,
   set_peer: 25_000,
   equivocation: 30_000,
   set_metadata: 25_000,
@@ -310,6 +313,9 @@ export const accuseInstruction = (
   accused: string,
   reason: AccusationReason = 'invalid_result',
 ) => signed(programId, coordinator, accuser, encodeAccuse(step, accused, reason), INSTRUCTION_UNITS.accuse)
+/** A verifier's scores of the previous round's results: the scored round's roster index and fixed-point score per trainer. */
+export const reportScoresInstruction = (programId: Address, coordinator: Address, verifier: TransactionSigner, step: number, entries: readonly {index: number; score: number}[]) =>
+  signed(programId, coordinator, verifier, encodeReportScores(step, entries), INSTRUCTION_UNITS.report_scores)
 export const checkpointInstruction = (programId: Address, coordinator: Address, client: TransactionSigner, repo: HubRepo, paramHash?: string) =>
   signed(programId, coordinator, client, encodeCheckpoint(repo, paramHash), INSTRUCTION_UNITS.checkpoint)
 /** Cooldown: as a witness of the epoch's last round `step`, the hash of our parameters after applying it. */

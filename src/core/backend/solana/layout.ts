@@ -2,7 +2,7 @@ import {getAddressDecoder, getAddressEncoder, type Address} from '@solana/kit'
 import {RUN_STATES, type CheckpointConfig, type CoordinatorConfig, type HubRepo, type LLMConfig} from '../../config/types.js'
 import type {Accusation, AccusationReason, CheckpointHash, Client, ClientState, CoordinatorState, ExitedClient, HashWitness, Round, WitnessRecord} from '../../coordinator/types.js'
 import {DEFAULT_VERIFICATION_SAMPLE, verifierCount, witnessBloomParams} from '../../coordinator/rules.js'
-import type {RewardRow} from '../../coordinator/rewards.js'
+import {pointsFor, rewardWeight, scoreFromFixed, WEIGHT_ONE, type RewardRow} from '../../coordinator/rewards.js'
 import {CONFIG_FIELDS, ENUMS, MAGICS, MAX_CLIENTS, RUN_ID_MAX, STRUCTS, constant, enumValues, structLayout} from '../../coordinator/layout-table.js'
 
 /**
@@ -391,6 +391,22 @@ export function encodeAccuse(step: number, accused: string, reason: AccusationRe
   return Buffer.concat([Buffer.from([IX.accuse]), u64(step), keyBytes(accused), Buffer.from([r])])
 }
 
+/**
+ * report_scores: the scored step, then per trainer its index in the scored round's roster (u16) and its score in fixed
+ * point (i32, rewards.ts scoreToFixed), at most REPORT_SCORES_MAX entries.
+ */
+export function encodeReportScores(step: number, entries: readonly {index: number; score: number}[]): Uint8Array {
+  if (entries.length > REPORT_SCORES_MAX) throw new RangeError(`report_scores: at most ${REPORT_SCORES_MAX} entries`)
+  const b = Buffer.alloc(9 + 6 * entries.length)
+  b[0] = IX.report_scores
+  b.writeBigUInt64LE(BigInt(step), 1)
+  entries.forEach((e, i) => {
+    b.writeUInt16LE(e.index, 9 + 6 * i)
+    b.writeInt32LE(e.score, 11 + 6 * i)
+  })
+  return b
+}
+
 export function encodeEject(id: string): Uint8Array {
   return Buffer.concat([Buffer.from([IX.eject]), keyBytes(id)])
 }
@@ -517,7 +533,8 @@ export function decodeStateLogs(logs: string[]): StateLog[] {
 
 const POINTS = structLayout('Points')
 const LEDGER_MAX = constant('LEDGER_MAX')
-const WEIGHT_ONE = constant('WEIGHT_ONE')
+const SCORE_ONE = constant('SCORE_ONE')
+const REPORT_SCORES_MAX = constant('REPORT_SCORES_MAX')
 
 /** One client's entry in the coordinator account's rewards ledger (the program's `Points`). */
 export interface OnChainPoints {
@@ -529,9 +546,13 @@ export interface OnChainPoints {
   earned: number
   slashed: number
   claimed: number
-  /** The points' weight, 0..1 (the program's parts per million over WEIGHT_ONE). */
-  weight: number
   last_epoch: number
+  /** The moving average of its verifiers' scores, fixed point (rewards.ts; null: never scored), and as rewards.ts keeps it. */
+  score: number | null
+  last: number | null
+  last_step: number
+  verifiers: number
+  count: number
 }
 
 export interface OnChainLedger {
@@ -563,8 +584,8 @@ export function decodeLedger(data: Uint8Array): OnChainLedger {
       earned: field('earned'),
       slashed: field('slashed'),
       claimed: field('claimed'),
-      weight: Math.min(field('weight'), WEIGHT_ONE) / WEIGHT_ONE,
       last_epoch: field('last_epoch'),
+      ...scoreFields(b, o, i),
     }
   })
   const next =
@@ -576,25 +597,42 @@ export function decodeLedger(data: Uint8Array): OnChainLedger {
   return {points_per_batch: num(b, OFFSETS.points_per_batch, 'points_per_batch'), token_rate: num(b, OFFSETS.token_rate, 'token_rate'), next, treasury_mint, entries}
 }
 
+/** A ledger entry's scores: fixed point in [-SCORE_ONE, SCORE_ONE] (refused otherwise), null while never scored. */
+function scoreFields(b: Buffer, o: number, i: number): Pick<OnChainPoints, 'score' | 'last' | 'last_step' | 'verifiers' | 'count'> {
+  const fixed = (name: 'score' | 'last') => {
+    const v = b.readBigInt64LE(o + POINTS.at[name].offset)
+    if (v < -BigInt(SCORE_ONE) || v > BigInt(SCORE_ONE)) throw new RangeError(`coordinator account: ledger[${i}].${name} = ${v} is outside [-SCORE_ONE, SCORE_ONE]`)
+    return Number(v)
+  }
+  const count = num(b, o + POINTS.at.count.offset, `ledger[${i}].count`)
+  return {
+    score: count ? fixed('score') : null,
+    last: count ? fixed('last') : null,
+    last_step: num(b, o + POINTS.at.last_step.offset, `ledger[${i}].last_step`),
+    verifiers: b.readUInt32LE(o + POINTS.at.verifiers.offset),
+    count,
+  }
+}
+
 /**
  * The ledger as `psyche rewards` shows it (rewardRows' columns, in client id order, and what was claimed): the points
  * pending for the current epoch are what its accepted batches would earn at the entry's weight (none for a client
- * ejected in it). The account holds no scores (score: null); a run without verifiers weighs every point 1.
+ * ejected in it), by rewards.ts's rule (rewardWeight, pointsFor); scores as decimals.
  */
 export function ledgerRows(ledger: OnChainLedger, state: CoordinatorState): (RewardRow & {claimed: number})[] {
   const verified = verifierCount(state.config, 1) > 0
   const ejected = new Set([...state.epoch.clients, ...state.epoch.exited].filter((c) => c.state === 'Ejected').map((c) => c.id))
   return ledger.entries
-    .filter((e) => e.rounds + e.epoch_rounds + e.earned + e.slashed + e.claimed > 0)
+    .filter((e) => e.rounds + e.epoch_rounds + e.earned + e.slashed + e.claimed > 0 || e.score !== null)
     .map((e) => {
-      const weightPpm = verified ? Math.round(e.weight * WEIGHT_ONE) : WEIGHT_ONE
+      const weight = rewardWeight(e.score, verified)
       return {
         client_id: e.client_id,
-        score: null,
-        weight: weightPpm / WEIGHT_ONE,
+        score: e.score === null ? null : scoreFromFixed(e.score),
+        weight: weight / WEIGHT_ONE,
         rounds: e.rounds + e.epoch_rounds,
         batches: e.batches + e.epoch_batches,
-        pending: ejected.has(e.client_id) ? 0 : Math.floor((e.epoch_batches * ledger.points_per_batch * weightPpm) / WEIGHT_ONE),
+        pending: ejected.has(e.client_id) ? 0 : pointsFor(e.epoch_batches, weight, ledger.points_per_batch),
         earned: e.earned,
         slashed: e.slashed,
         claimed: e.claimed,
