@@ -31,12 +31,12 @@ results (rounds and batches), and its points: earned in finished epochs, pending
 (withheld because it was ejected in their epoch).
 
 A client earns floor(accepted batches × 1000 × weight) per epoch; weight = clamp(score / 0.2, 0, 1) in a run with
-verifiers (nothing for an unscored, harmful or empty update), 1 in a run without. A centralized run pays nothing out,
-so claimed is null.
+verifiers (nothing for an unscored, harmful or empty update), 1 in a run without. Scores are kept in fixed point
+(parts per million) with one integer rule on both backends. A centralized run pays nothing out, so claimed is null.
 
 With --rpc (and --program-id, --run-id) it reads the ledger a run on Solana keeps in its coordinator account (the
-same rule, applied by the program: programs/README.md, Rewards ledger): no scores there (score is null), the weight
-the account holds, and the points claimed.
+same rule, applied by the program: programs/README.md, Rewards ledger): the scores its verifiers reported on chain
+(report_scores), the weight they give, and the points claimed.
 
 --json prints {run_id, epoch, step, points_per_batch, token_rate, coordinator (Solana), clients: [{client_id, score,
 weight, rounds, batches, pending, earned, slashed, claimed}]}.`

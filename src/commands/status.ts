@@ -3,7 +3,7 @@ import {CoordinatorConnection} from '../core/backend/index.js'
 import {readMetadata, readRunLedger} from '../core/backend/solana/admin.js'
 import {RpcChain} from '../core/backend/solana/chain.js'
 import {coordinatorAddress, peerAddress} from '../core/backend/solana/instructions.js'
-import {addressOfClient, ledgerRows} from '../core/backend/solana/layout.js'
+import {addressOfClient, ledgerRows, ledgerScores} from '../core/backend/solana/layout.js'
 import {parseAddress} from '../core/cli/solana-flags.js'
 import {PsycheError} from '../core/errors.js'
 import {PsycheCommand} from '../core/cli/base-command.js'
@@ -27,8 +27,8 @@ accepted results (psyche rewards shows them alone).
 
 With --rpc (and --program-id, --run-id) it reads a run on Solana instead: its coordinator account, its peer records and
 its metadata (adding coordinator, main_authority, join_authority, name and description) and the rewards ledger the
-program keeps in the coordinator account: rewards as psyche rewards --rpc shows them (with claimed; score is null, and
-scores is empty: verifiers report scores to a server only).`
+program keeps in the coordinator account: rewards as psyche rewards --rpc shows them (with claimed), and scores the
+moving averages of the scores verifiers reported to the program (report_scores).`
 
   static examples = [
     '<%= config.bin %> status --server-addr 127.0.0.1:20000',
@@ -108,7 +108,7 @@ async function solanaStatus(rpc: string, program: string | undefined, runId: str
   return {
     ...summarizeRun(run.state, Date.now() / 1000),
     peers,
-    scores: [],
+    scores: ledgerScores(ledger),
     rewards: ledgerRows(ledger, run.state),
     coordinator,
     main_authority: run.main_authority,

@@ -170,6 +170,8 @@ export type PsycheEvent =
   | {event: 'rejected'; peer?: string; code: string; reason: string; of?: string; client?: string; closed?: boolean}
   | {event: 'rejected_by_program'; of: string; code?: string; reason: string}
   | {event: 'rejected_by_server'; of?: string; code: string; reason: string}
+  // core/backend/solana/client.ts: a verifier's scores of a round the state no longer holds
+  | {event: 'scores_not_sent'; step: number; reason: string}
   | {event: 'rejoined'; peer: string; client: string; detail: string}
   | {event: 'rejoining'; run_state: string}
   | {event: 'relay'; addrs: string[]}

@@ -6,7 +6,7 @@ import {createKeyPairSignerFromPrivateKeyBytes, type KeyPairSigner} from '@solan
 import {closePeerRecord, grant} from '../../src/core/backend/solana/admin.js'
 import {SolanaBackend, SolanaConnector} from '../../src/core/backend/solana/client.js'
 import {setPausedInstruction, updateInstruction} from '../../src/core/backend/solana/instructions.js'
-import {clientIdOf} from '../../src/core/backend/solana/layout.js'
+import {clientIdOf, decodeLedger, ledgerRows, ledgerScores} from '../../src/core/backend/solana/layout.js'
 import type {ClientComponents} from '../../src/core/client/components.js'
 import {PsycheClient, type ClientOptions, type ClientSummary, type RoundEvent} from '../../src/core/client/runner.js'
 import {HubServer} from '../../src/core/checkpoint/hub-server.js'
@@ -222,6 +222,37 @@ describe('Solana backend: real clients over the on-chain coordinator (LiteSVM, i
     assert.ok(final.epoch.hash_witnesses.length >= 1, 'Cooldown hash witnesses on chain')
     for (const w of final.epoch.hash_witnesses) assert.equal(w.param_hash, a.rounds.find((r) => r.step === last.step)?.param_hash, 'the hash of the applied model')
     assert.deepEqual(final.epoch.clients.map((x) => x.id).sort(), [a, b, c].map((x) => clientIdOf(x.signer.address)).sort())
+  })
+
+  it('a run with verifiers over the program: each verifier reports its scores on chain (report_scores), every client is scored and earns points', async () => {
+    // 100 % verifiers, 3 clients: each scores the 2 others' results of the round before (K = min(4, n − 1) = 2).
+    const sim = new SolanaSim(await configured('sol-scores', null, {verification_percent: 100, epoch_time: 12, total_steps: 6}))
+    const clients = [await sim.addClient('sa'), await sim.addClient('sb'), await sim.addClient('sc')]
+    let ended = 0
+    for (const x of clients) void x.done.then(() => ended++)
+    await sim.runUntil(() => sim.state.run_state === 'Finished' && ended === 3, 'the run to finish and every client to end')
+    for (const s of await Promise.all(clients.map((x) => x.done))) if (s instanceof Error) throw s
+    const ledger = decodeLedger(sim.d.chain.accountData(sim.d.coordinator)!)
+    for (const x of clients) {
+      assert.ok(x.worker.scored > 0, `${x.name} scored its peers' results`)
+      assert.ok(
+        x.events.some((e) => e.event === 'scored'),
+        `${x.name} logged its scores`,
+      )
+      assert.deepEqual(
+        x.events.filter((e) => e.event === 'rejected' && !(e.of === 'warmup_witness' && e.code === 'InvalidRunState')),
+        [],
+        `${x.name}: the program refused a message`,
+      )
+      const e = ledger.entries.find((y) => y.client_id === x.identity.id)!
+      // the deterministic worker scores every result as honest work: a full-weight score, so every accepted batch pays 1000
+      assert.ok(e.score !== null && e.score >= 200_000 && e.count >= 2 && e.verifiers >= 1, `${x.name}: scored on chain ${JSON.stringify(e)}`)
+      assert.ok(e.earned > 0 && e.earned === e.batches * 1000, `${x.name}: earned for its accepted batches ${JSON.stringify(e)}`)
+    }
+    // status --rpc and rewards --rpc read the same: scores as decimals, weight 1
+    const scores = ledgerScores(ledger)
+    assert.deepEqual(scores.map((r) => r.client_id).sort(), clients.map((x) => x.identity.id).sort())
+    for (const r of ledgerRows(ledger, sim.state)) assert.ok(r.score !== null && r.score >= 0.2 && r.weight === 1, JSON.stringify(r))
   })
 
   it('a designated checkpointer on Solana: its report carries the witnesses’ agreed hash, which the program records with the checkpoint', async () => {

@@ -116,7 +116,8 @@ export class Verification {
         gain_random: l.random.before - l.random.after,
       })
     }
-    // The server keeps moving averages of what verifiers report (psyche status, dashboards).
+    // The coordinator (the server, or the Solana program: report_scores) keeps moving averages of what verifiers report:
+    // they weigh each client's points (rewards.ts) and show in psyche status, rewards and dashboards.
     if (reported.length > 0) ctx.conn.sendScores?.(round.step, reported)
   }
 }

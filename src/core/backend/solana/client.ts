@@ -9,6 +9,7 @@ import {authorizationAddress} from './authorizer.js'
 import type {Chain, SendResult} from './chain.js'
 import {
   accuseInstruction,
+  reportScoresInstruction,
   checkpointInstruction,
   hashWitnessInstruction,
   coordinatorAddress,
@@ -23,7 +24,8 @@ import {
   withdrawInstruction,
   witnessInstruction,
 } from './instructions.js'
-import {PEER_SIZE, addressOfClient, fitPeerAddrs, clientIdOf, decodeCoordinator, decodePeer, type OnChainCoordinator} from './layout.js'
+import {PEER_SIZE, REPORT_SCORES_MAX, addressOfClient, fitPeerAddrs, clientIdOf, decodeCoordinator, decodePeer, type OnChainCoordinator} from './layout.js'
+import {scoreToFixed} from '../../coordinator/rewards.js'
 import {subscribeAccount} from './watch.js'
 import type {EventLog} from '../../events.js'
 
@@ -403,6 +405,26 @@ export class SolanaBackend extends EventEmitter implements CoordinatorBackend {
 
   sendAccusation(step: number, accused: ClientId, reason: AccusationReason): boolean {
     return this.enqueue('accuse', () => accuseInstruction(this.opts.programId, this.coordinator, this.opts.signer, step, accused, reason))
+  }
+
+  /**
+   * As a verifier of the round after `step`: our scores of its results (report_scores), each trainer addressed by its
+   * index in round `step`'s roster (as the state we hold has it) and its score rounded once to fixed point
+   * (scoreToFixed). The program keeps the moving averages that weigh each client's points (rewards.ts recordScores).
+   * False when we no longer hold round `step` (the report would be stale).
+   */
+  sendScores(step: number, scores: {client_id: ClientId; score: number}[]): boolean {
+    const s = this.state
+    const scored = [s?.epoch.round, s?.epoch.previous_round].find((r) => r?.step === step)
+    if (!scored) {
+      this.log({event: 'scores_not_sent', step, reason: `round ${step} is no longer held (the state is at step ${s?.progress.step})`})
+      return false
+    }
+    const entries = scores
+      .filter((e) => scored.roster.includes(e.client_id))
+      .slice(0, REPORT_SCORES_MAX)
+      .map((e) => ({index: scored.roster.indexOf(e.client_id), score: scoreToFixed(e.score)}))
+    return this.enqueue('report_scores', () => reportScoresInstruction(this.opts.programId, this.coordinator, this.opts.signer, step, entries))
   }
 
   /** Both signed announcements, verified by the Ed25519 program in the same transaction; the program ejects the producer. */
