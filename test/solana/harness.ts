@@ -12,6 +12,7 @@ import {
   healthCheckInstruction,
   initCoordinatorInstructions,
   joinRunInstruction,
+  reportScoresInstruction,
   setPausedInstruction,
   tickInstruction,
   updateInstruction,
@@ -19,7 +20,10 @@ import {
   witnessInstruction,
   withdrawInstruction,
 } from '../../src/core/backend/solana/instructions.js'
-import type {CoordinatorEvent} from '../../src/core/coordinator/index.js'
+import type {CoordinatorEvent, CoordinatorState} from '../../src/core/coordinator/index.js'
+import {recordScores, type RewardsLedger} from '../../src/core/coordinator/rewards.js'
+import {assignedTrainers, selectVerifiers} from '../../src/core/coordinator/rules.js'
+import type {SendResult} from '../../src/core/backend/solana/chain.js'
 import {STATE_SIZE, decodeCoordinator} from '../../src/core/backend/solana/layout.js'
 import type {CoordinatorConfig, LLMConfig} from '../../src/core/config/index.js'
 
@@ -146,4 +150,32 @@ export function toInstruction(d: Deployed, signers: Map<string, KeyPairSigner>, 
     case 'equivocation':
       return {signer: who(event.from), ix: equivocationInstructions(p, c, who(event.from), event.proof)}
   }
+}
+
+/**
+ * Every verifier of `state`'s round reports `scoreOf(trainer)` (fixed point) for the previous round's trainers the seed
+ * assigned it (report_scores), as honest Solana clients do; each report is also taken into the reference `ledger`
+ * (rewards.ts recordScores), which must accept it. Returns the ledger after them and each report's send result.
+ */
+export async function reportAssignedScores(
+  d: Deployed,
+  signers: Map<string, KeyPairSigner>,
+  state: CoordinatorState,
+  ledger: RewardsLedger,
+  scoreOf: (trainer: string) => number,
+): Promise<{ledger: RewardsLedger; sent: SendResult[]}> {
+  const round = state.epoch.round
+  const scored = state.epoch.previous_round
+  if (!round || !scored || round.step !== scored.step + 1) throw new Error(`no round to score: step ${round?.step}, previous ${scored?.step}`)
+  const sent: SendResult[] = []
+  for (const v of selectVerifiers(state)) {
+    const scores = assignedTrainers(state, round, scored, v).map((client_id) => ({client_id, score: scoreOf(client_id)}))
+    const signer = signers.get(v)!
+    const entries = scores.map((e) => ({index: scored.roster.indexOf(e.client_id), score: e.score}))
+    sent.push(await d.chain.send(signer, [reportScoresInstruction(d.programId, d.coordinator, signer, scored.step, entries)]))
+    const out = recordScores(ledger, state, v, scored.step, scores)
+    if ('code' in out) throw new Error(`the reference refuses ${v.slice(0, 8)}'s scores: ${out.reason}`)
+    ledger = out
+  }
+  return {ledger, sent}
 }

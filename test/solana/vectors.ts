@@ -437,6 +437,7 @@ export async function capacity(): Promise<Scenario> {
     init_min_clients: MAX_CLIENTS / 2, // every client joins before the first tick
     min_clients: MAX_CLIENTS / 2,
     witness_nodes: 0,
+    verification_percent: 25, // 64 verifiers, each assigned 4 trainers: every trainer is scored each round (capacity.test.ts)
     // 2.5 batches per trainer: half the roster has one more (the most a round's close shuffles to credit them)
     global_batch_size_start: (5 * MAX_CLIENTS) / 2,
     global_batch_size_end: (5 * MAX_CLIENTS) / 2,
