@@ -69,7 +69,8 @@ describe('end to end on Solana: localnet, run creator commands, join --rpc clien
   })
 
   it('two clients join a run created on the localnet and train 4 rounds over the program', async () => {
-    const state = writeSolanaRun(dir.path, {runId: 'sol-e2e', roundsPerEpoch: 2, totalSteps: 4, initMinClients: 2})
+    // every client verifies (100 %): each scores the other's result of the round before and reports it (report_scores)
+    const state = writeSolanaRun(dir.path, {runId: 'sol-e2e', roundsPerEpoch: 2, totalSteps: 4, initMinClients: 2, verificationPercent: 100})
     const authority = writeKeypair(join(dir.path, 'authority.json'))
     const keys = ['a', 'b'].map((n) => ({name: n, path: join(dir.path, `${n}.json`), ...writeKeypair(join(dir.path, `${n}.json`))}))
     const programId = (await generateKeyPairSigner()).address
@@ -141,27 +142,45 @@ describe('end to end on Solana: localnet, run creator commands, join --rpc clien
     assert.deepEqual(run.state.epoch.clients.map((c) => c.id).sort(), keys.map((k) => k.id).sort())
     assert.equal(run.main_authority, authority.address)
     assert.deepEqual(await readMetadata({chain: new RpcChain(url), programId, runId: 'sol-e2e'}), {name: 'Solana e2e', description: 'two clients, four rounds'})
-    // psyche rewards --rpc: the program's ledger; both epochs settled, 1000 points per accepted batch (no verifiers)
+    // each verifier's scores reached the program: none refused
+    for (const c of clients) {
+      assert.ok(
+        c.events.some((e) => e.event === 'scored'),
+        `${c.name} scored its peer's results`,
+      )
+      assert.deepEqual(
+        c.events.filter((e) => e.event === 'rejected' && e.of === 'report_scores'),
+        [],
+        `${c.name}: report_scores refused`,
+      )
+    }
+    // psyche rewards --rpc: the program's ledger; both epochs settled; each client scored on chain by the other and paid
+    // by its score's weight (at most 1000 points per accepted batch)
     const rewards = await runCli(['rewards', ...solana, '--run-id', 'sol-e2e', '--json'])
     assert.equal(rewards.exitCode, 0, rewards.stderr)
     const ledger = JSON.parse(rewards.stdout) as {
       points_per_batch: number
-      clients: {client_id: string; rounds: number; batches: number; earned: number; pending: number; slashed: number; claimed: number}[]
+      clients: {client_id: string; score: number | null; weight: number; rounds: number; batches: number; earned: number; pending: number; slashed: number; claimed: number}[]
     }
     assert.equal(ledger.points_per_batch, 1000)
     assert.deepEqual(ledger.clients.map((c) => c.client_id).sort(), keys.map((k) => k.id).sort())
     for (const c of ledger.clients) {
       assert.equal(c.rounds, 4, `${c.client_id}: every round's result was accepted`)
-      assert.ok(c.batches >= 4 && c.earned === c.batches * 1000 && c.pending === 0 && c.slashed === 0 && c.claimed === 0, JSON.stringify(c))
+      assert.ok(c.score !== null && c.score > 0 && c.weight > 0, `${c.client_id}: scored on chain ${JSON.stringify(c)}`)
+      assert.ok(c.batches >= 4 && c.earned > 0 && c.earned <= c.batches * 1000 && c.pending === 0 && c.slashed === 0 && c.claimed === 0, JSON.stringify(c))
     }
     const text = await runCli(['rewards', ...solana, '--run-id', 'sol-e2e'])
     assert.match(text.stdout, /rewards at epoch 2, step 5 \(points: 1000 per accepted batch at full weight; no token rate set\)/)
     // psyche status --rpc and psyche dashboard --rpc show the same points, from the same ledger
     const status = await runCli(['status', ...solana, '--run-id', 'sol-e2e', '--json'])
     assert.equal(status.exitCode, 0, status.stderr)
-    const st = JSON.parse(status.stdout) as {run_state: string; scores: unknown[]; rewards: typeof ledger.clients}
+    const st = JSON.parse(status.stdout) as {run_state: string; scores: {client_id: string; average: number; count: number}[]; rewards: typeof ledger.clients}
     assert.equal(st.run_state, 'Finished')
-    assert.deepEqual(st.scores, [], 'no scores on chain')
+    assert.deepEqual(
+      st.scores.map((x) => ({id: x.client_id, score: x.average})),
+      ledger.clients.map((c) => ({id: c.client_id, score: c.score})),
+      'status --rpc: the scores on chain',
+    )
     assert.deepEqual(st.rewards, ledger.clients, 'status --rpc: the ledger rewards --rpc shows')
     const statusText = await runCli(['status', ...solana, '--run-id', 'sol-e2e'])
     for (const c of ledger.clients) assert.match(statusText.stdout, new RegExp(`${c.client_id.slice(0, 16)}….*  points ${c.earned} earned`))
@@ -175,7 +194,7 @@ describe('end to end on Solana: localnet, run creator commands, join --rpc clien
     assert.equal(api.summary.run_state, 'Finished')
     assert.deepEqual(
       api.clients.map((c) => ({id: c.id, earned: c.earned, pending: c.pending_points, slashed: c.slashed, score: c.score})).sort((a, b) => (a.id < b.id ? -1 : 1)),
-      ledger.clients.map((c) => ({id: c.client_id, earned: c.earned, pending: c.pending, slashed: c.slashed, score: null})),
+      ledger.clients.map((c) => ({id: c.client_id, earned: c.earned, pending: c.pending, slashed: c.slashed, score: c.score})),
       "the dashboard's client table carries the ledger's points",
     )
     await dash.stop()
