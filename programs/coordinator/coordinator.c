@@ -243,7 +243,7 @@ static u64 ledger_slot(State *s, const u8 *key) {
       e->last_epoch = s->progress_epoch;
       return i + 1;
     }
-    if (!found && (e->rounds | e->epoch_rounds | e->earned | e->slashed | e->claimed) == 0 && e->last_epoch + 3 <= s->progress_epoch) found = i + 1;
+    if (!found && (e->rounds | e->epoch_rounds | e->earned | e->slashed) == 0 && e->last_epoch + 3 <= s->progress_epoch) found = i + 1;
   }
   if (!found && s->ledger_len < LEDGER_MAX) found = ++s->ledger_len;
   if (!found) {
@@ -1289,59 +1289,6 @@ static u64 on_equivocation(Input *in, State *s, const u8 *key, const u8 *data, u
 
 /* ---- instructions ---- */
 
-static const u8 TOKEN_PROGRAM[32] = {0x06, 0xdd, 0xf6, 0xe1, 0xd7, 0x65, 0xa1, 0x93, 0xd9, 0xcb, 0xe1, 0x46, 0xce, 0xeb, 0x79, 0xac,
-                                     0x1c, 0xb4, 0x85, 0xed, 0x5f, 0x5b, 0x37, 0x91, 0x3a, 0x8c, 0xf5, 0x85, 0x7e, 0xff, 0x00, 0xa9};
-#define TOKEN_ACCOUNT_SIZE 165 /* SPL token account: mint [32], owner [32], amount u64, ... */
-
-/*
- * claim: pays the signer's points not yet claimed × token_rate in the run's treasury mint, from the treasury (an SPL
- * token account of that mint whose owner is the program address ["treasury", coordinator]) to the token account it
- * names, by a CPI to the token program signed with that address. Only the points' own key can claim them (the
- * ledger entry is the signer's); claimed = earned before the transfer, so claiming twice pays once.
- * accounts: client (signer), coordinator (writable), treasury token account (writable), destination token account
- * (writable), the treasury's program address, the token program.
- */
-/* The largest x with x × b < 2^64 (out of line: clang turns an inline check into a 128-bit multiply sBPF lacks). */
-__attribute__((noinline)) static u64 max_factor(u64 b) {
-  return (u64)-1 / b;
-}
-
-static u64 claim(Input *in, State *s) {
-  if (in->account_count < 6) return fail(E_INVALID_INSTRUCTION, "claim: expected client, coordinator, treasury, destination, treasury authority, token program");
-  SolAccountInfo *treasury = &in->accounts[2], *dest = &in->accounts[3], *authority = &in->accounts[4], *token = &in->accounts[5];
-  u8 none[32];
-  zero(none, 32);
-  if (equal(s->treasury_mint, none, 32)) return fail(E_NOT_PERMITTED, "this run has no treasury: its main authority sets one with set_treasury");
-  if (s->token_rate == 0) return fail(E_NOT_PERMITTED, "this run's token rate is 0: set_rates sets one");
-  if (!equal(token->key, TOKEN_PROGRAM, 32)) return fail(E_WRONG_ACCOUNT, "the last account must be the SPL token program");
-  SolSignerSeed seeds[3] = {{(const u8 *)"treasury", 8}, {in->accounts[1].key, 32}, {NULL, 1}};
-  u8 address[32], bump;
-  if (sol_try_find_program_address(seeds, 2, in->program_id, address, &bump)) return fail(E_WRONG_PROGRAM_ADDRESS, "no treasury address");
-  if (!equal(authority->key, address, 32)) return fail(E_WRONG_PROGRAM_ADDRESS, "the treasury authority is not the program address of [\"treasury\", coordinator]");
-  if (!equal(treasury->owner, TOKEN_PROGRAM, 32) || treasury->data_len != TOKEN_ACCOUNT_SIZE || !equal(treasury->data, s->treasury_mint, 32) ||
-      !equal(treasury->data + 32, address, 32))
-    return fail(E_WRONG_ACCOUNT, "the treasury must be a token account of the run's mint owned by its treasury address");
-  if (!treasury->is_writable || !dest->is_writable) return fail(E_NOT_WRITABLE, "the treasury and the destination must be writable");
-  Points *e = NULL;
-  for (u64 i = 0; i < s->ledger_len && !e; i++)
-    if (equal(s->ledger[i].key, in->accounts[0].key, 32)) e = &s->ledger[i];
-  if (!e || e->earned <= e->claimed) return fail(E_NOTHING_TO_CLAIM, "this key has no points left to claim");
-  u64 points = e->earned - e->claimed;
-  if (points > max_factor(s->token_rate)) return fail(E_NOT_PERMITTED, "points × token rate exceeds a u64 token amount: the run's authority must lower the token rate");
-  u64 amount = points * s->token_rate;
-  e->claimed = e->earned;
-  u8 data[9];
-  data[0] = 3; /* TokenInstruction::Transfer: amount */
-  write_u64(data + 1, amount);
-  SolAccountMeta metas[3] = {{treasury->key, 1, 0}, {dest->key, 1, 0}, {authority->key, 0, 1}};
-  SolInstruction ix = {(u8 *)TOKEN_PROGRAM, metas, 3, data, 9};
-  seeds[2].addr = &bump;
-  SolSignerSeeds signer_seeds = {seeds, 3};
-  return sol_invoke_signed_c(&ix, in->accounts, in->account_count, &signer_seeds, 1);
-}
-
-
-
 /* The cluster clock (unix seconds) on the reference's millisecond scale. */
 static u64 now_ms(void) {
   SolClock clock;
@@ -1684,16 +1631,6 @@ u64 entrypoint(const u8 *input) {
     case IX_UPDATE_FROM_BUFFER:
       if ((e = signer(&in, s->main_authority))) return e;
       return update_from_buffer(&in, s, len);
-    case IX_SET_TREASURY:
-      /* data: the SPL token mint claims pay in (zeros: none) */
-      if ((e = signer(&in, s->main_authority))) return e;
-      if (len != 32) return fail(E_INVALID_INSTRUCTION, "set_treasury: expected a mint address");
-      copy(s->treasury_mint, d, 32);
-      return 0;
-    case IX_CLAIM:
-      if ((e = signer(&in, NULL))) return e;
-      if (len) return fail(E_INVALID_INSTRUCTION, "claim takes no data");
-      return claim(&in, s);
     case IX_SET_RATES:
       /* data: points per batch u64, token rate u64: the rates the next epoch starts with (set_future_epoch_rates) */
       if ((e = signer(&in, s->main_authority))) return e;

@@ -32,7 +32,7 @@
 
 /* ---- magic numbers ---- */
 #define MAGIC 0x44524f4f43595350ull /* "PSYCOORD": a coordinator account */
-#define LAYOUT_VERSION 6ull /* 6: verifiers' scores in the ledger (report_scores; Points.weight derived from them); 5: the rewards ledger (points per client), rates; 4: checkpointers, Cooldown hash witnesses, the checkpoint hash (3: 256 clients, precomputed bloom probes; 2: times in unix milliseconds) */
+#define LAYOUT_VERSION 6ull /* 6: verifiers' scores in the ledger (report_scores; Points.weight derived from them), claims move to the treasurer program (no claimed points, no treasury mint here); 5: the rewards ledger (points per client), rates; 4: checkpointers, Cooldown hash witnesses, the checkpoint hash (3: 256 clients, precomputed bloom probes; 2: times in unix milliseconds) */
 #define PEER_MAGIC 0x5245455043595350ull /* "PSYCPEER": a peer record */
 #define METADATA_MAGIC 0x4154454d43595350ull /* "PSYCMETA": a run metadata record */
 #define AUTH_MAGIC 0x4854554148595350ull /* "PSYHAUTH": an authorization */
@@ -46,7 +46,7 @@ enum { UNINITIALIZED = 0, WAITING_FOR_MEMBERS = 1, WARMUP = 2, ROUND_TRAIN = 3, 
 enum { HEALTHY = 0, DROPPED = 1, WITHDRAWN = 2, EJECTED = 3 }; /* ClientState */
 enum { CK_NONE = 0, CK_EPHEMERAL = 1, CK_DUMMY = 2, CK_HUB = 3, CK_P2P = 4 }; /* CheckpointKind */
 enum { REASON_INVALID_RESULT = 0, REASON_LOW_SCORE = 1 }; /* AccusationReason */
-enum { IX_INIT_COORDINATOR = 0, IX_UPDATE = 1, IX_SET_PAUSED = 2, IX_JOIN_RUN = 3, IX_TICK = 4, IX_WITNESS = 5, IX_WARMUP_WITNESS = 6, IX_HEALTH_CHECK = 7, IX_CHECKPOINT = 8, IX_FREE_COORDINATOR = 9, IX_WITHDRAW = 10, IX_EJECT = 11, IX_GROW = 12, IX_ACCUSE = 13, IX_SET_PEER = 14, IX_EQUIVOCATION = 15, IX_SET_METADATA = 16, IX_CLOSE_PEER = 17, IX_BUFFER_INIT = 18, IX_BUFFER_WRITE = 19, IX_UPDATE_FROM_BUFFER = 20, IX_HASH_WITNESS = 21, IX_SET_RATES = 22, IX_SET_TREASURY = 23, IX_CLAIM = 24, IX_REPORT_SCORES = 25 }; /* Instruction */
+enum { IX_INIT_COORDINATOR = 0, IX_UPDATE = 1, IX_SET_PAUSED = 2, IX_JOIN_RUN = 3, IX_TICK = 4, IX_WITNESS = 5, IX_WARMUP_WITNESS = 6, IX_HEALTH_CHECK = 7, IX_CHECKPOINT = 8, IX_FREE_COORDINATOR = 9, IX_WITHDRAW = 10, IX_EJECT = 11, IX_GROW = 12, IX_ACCUSE = 13, IX_SET_PEER = 14, IX_EQUIVOCATION = 15, IX_SET_METADATA = 16, IX_CLOSE_PEER = 17, IX_BUFFER_INIT = 18, IX_BUFFER_WRITE = 19, IX_UPDATE_FROM_BUFFER = 20, IX_HASH_WITNESS = 21, IX_SET_RATES = 22, IX_REPORT_SCORES = 23 }; /* Instruction */
 enum { TIX_INIT_TREASURY = 0, TIX_FUND = 1, TIX_CLAIM = 2 }; /* TreasurerInstruction */
 enum { E_HALTED = 1, E_INVALID_RUN_STATE = 2, E_ALREADY_JOINED = 3, E_UNKNOWN_CLIENT = 4, E_INVALID_WITHDRAW = 5, E_INVALID_WITNESS = 6, E_DUPLICATE_WITNESS = 7, E_WRONG_STEP = 8, E_NO_ACTIVE_ROUND = 9, E_INVALID_HEALTH_CHECK = 10, E_INVALID_ACCUSATION = 11, E_DUPLICATE_ACCUSATION = 12, E_INVALID_PROOF = 13, E_ALREADY_CHECKPOINTED = 14, E_CANNOT_RESUME = 15, E_INVALID_CONFIG = 16, E_INVALID_EVENT = 17, E_BANNED = 18, E_NOT_CHECKPOINTER = 19, E_HASH_NOT_AGREED = 20, E_CHECKPOINT_HASH_MISMATCH = 21, E_INVALID_INSTRUCTION = 100, E_WRONG_ACCOUNT = 101, E_UNAUTHORIZED = 102, E_CAPACITY_EXCEEDED = 103, E_MISSING_SIGNATURE = 104, E_NOT_WRITABLE = 105, E_WRONG_PROGRAM_ADDRESS = 106, E_NOT_PERMITTED = 107, E_ALREADY_EXISTS = 108, E_NOTHING_TO_CLAIM = 109, E_TREASURY_EMPTY = 110, E_INVALID_SCORES = 111, E_DUPLICATE_SCORES = 112 }; /* Error */
 
@@ -129,17 +129,16 @@ typedef struct {
   u64 epoch_batches; /* @56: accepted batches in the current epoch */
   u64 earned; /* @64: points earned in settled epochs */
   u64 slashed; /* @72: points withheld: the client was ejected in their epoch */
-  u64 claimed; /* @80: points paid out */
-  u64 last_epoch; /* @88: the last epoch the client joined or began (an entry holding nothing is reused 3 epochs later) */
-  i64 score; /* @96: moving average of the verifiers' scores, fixed point (SCORE_ONE = 1; rewards.ts ClientRewards.score; none while count is 0): its points' weight */
-  i64 last; /* @104: the mean of last_step's reports (fixed point) */
-  i64 before; /* @112: the average before last_step (when has_before) */
-  i64 sum; /* @120: the sum of last_step's reports */
-  u64 last_step; /* @128: the last step scored */
-  u64 count; /* @136: score reports received (0: never scored, which earns nothing in a run with verifiers) */
-  u32 verifiers; /* @144: verifiers that reported last_step */
-  u32 has_before; /* @148: 0: last_step is the first step scored */
-} Points; /* 152 bytes */
+  u64 last_epoch; /* @80: the last epoch the client joined or began (an entry holding nothing is reused 3 epochs later) */
+  i64 score; /* @88: moving average of the verifiers' scores, fixed point (SCORE_ONE = 1; rewards.ts ClientRewards.score; none while count is 0): its points' weight */
+  i64 last; /* @96: the mean of last_step's reports (fixed point) */
+  i64 before; /* @104: the average before last_step (when has_before) */
+  i64 sum; /* @112: the sum of last_step's reports */
+  u64 last_step; /* @120: the last step scored */
+  u64 count; /* @128: score reports received (0: never scored, which earns nothing in a run with verifiers) */
+  u32 verifiers; /* @136: verifiers that reported last_step */
+  u32 has_before; /* @140: 0: last_step is the first step scored */
+} Points; /* 144 bytes */
 _Static_assert(__builtin_offsetof(Points, key) == 0, "layout: Points.key");
 _Static_assert(__builtin_offsetof(Points, rounds) == 32, "layout: Points.rounds");
 _Static_assert(__builtin_offsetof(Points, batches) == 40, "layout: Points.batches");
@@ -147,17 +146,16 @@ _Static_assert(__builtin_offsetof(Points, epoch_rounds) == 48, "layout: Points.e
 _Static_assert(__builtin_offsetof(Points, epoch_batches) == 56, "layout: Points.epoch_batches");
 _Static_assert(__builtin_offsetof(Points, earned) == 64, "layout: Points.earned");
 _Static_assert(__builtin_offsetof(Points, slashed) == 72, "layout: Points.slashed");
-_Static_assert(__builtin_offsetof(Points, claimed) == 80, "layout: Points.claimed");
-_Static_assert(__builtin_offsetof(Points, last_epoch) == 88, "layout: Points.last_epoch");
-_Static_assert(__builtin_offsetof(Points, score) == 96, "layout: Points.score");
-_Static_assert(__builtin_offsetof(Points, last) == 104, "layout: Points.last");
-_Static_assert(__builtin_offsetof(Points, before) == 112, "layout: Points.before");
-_Static_assert(__builtin_offsetof(Points, sum) == 120, "layout: Points.sum");
-_Static_assert(__builtin_offsetof(Points, last_step) == 128, "layout: Points.last_step");
-_Static_assert(__builtin_offsetof(Points, count) == 136, "layout: Points.count");
-_Static_assert(__builtin_offsetof(Points, verifiers) == 144, "layout: Points.verifiers");
-_Static_assert(__builtin_offsetof(Points, has_before) == 148, "layout: Points.has_before");
-_Static_assert(sizeof(Points) == 152, "layout: sizeof(Points)");
+_Static_assert(__builtin_offsetof(Points, last_epoch) == 80, "layout: Points.last_epoch");
+_Static_assert(__builtin_offsetof(Points, score) == 88, "layout: Points.score");
+_Static_assert(__builtin_offsetof(Points, last) == 96, "layout: Points.last");
+_Static_assert(__builtin_offsetof(Points, before) == 104, "layout: Points.before");
+_Static_assert(__builtin_offsetof(Points, sum) == 112, "layout: Points.sum");
+_Static_assert(__builtin_offsetof(Points, last_step) == 120, "layout: Points.last_step");
+_Static_assert(__builtin_offsetof(Points, count) == 128, "layout: Points.count");
+_Static_assert(__builtin_offsetof(Points, verifiers) == 136, "layout: Points.verifiers");
+_Static_assert(__builtin_offsetof(Points, has_before) == 140, "layout: Points.has_before");
+_Static_assert(sizeof(Points) == 144, "layout: sizeof(Points)");
 
 typedef struct {
   u8 from[32]; /* @0 */
@@ -286,14 +284,13 @@ typedef struct {
   Checkpoint checkpoint_hash_repo; /* @178592: the Hub repository the hash was recorded with (kind Hub) */
   u64 pending_ledger[MAX_CLIENTS]; /* @178760: each joiner's ClientRec.ledger */
   u64 points_per_batch; /* @180808: points per accepted batch at full weight (POINTS_PER_BATCH; set_rates) */
-  u64 token_rate; /* @180816: token base units paid per point by a claim (0: nothing to claim; set_rates) */
+  u64 token_rate; /* @180816: token base units the treasurer program's claim pays per point (0: nothing to claim; set_rates) */
   u64 next_points_per_batch; /* @180824: set_rates: the rates the next epoch starts with (when has_next_rates) */
   u64 next_token_rate; /* @180832 */
   u64 has_next_rates; /* @180840 */
-  u8 treasury_mint[32]; /* @180848: the SPL token a claim pays in (set_treasury; zeros: none): from a token account owned by the program address ['treasury', coordinator] */
-  u64 ledger_len; /* @180880 */
-  Points ledger[LEDGER_MAX]; /* @180888: the rewards ledger (rewards.ts): per client key, accepted results and points */
-} State; /* 258712 bytes */
+  u64 ledger_len; /* @180848 */
+  Points ledger[LEDGER_MAX]; /* @180856: the rewards ledger (rewards.ts): per client key, accepted results and points */
+} State; /* 254584 bytes */
 _Static_assert(__builtin_offsetof(State, magic) == 0, "layout: State.magic");
 _Static_assert(__builtin_offsetof(State, version) == 8, "layout: State.version");
 _Static_assert(__builtin_offsetof(State, run_id) == 16, "layout: State.run_id");
@@ -350,10 +347,9 @@ _Static_assert(__builtin_offsetof(State, token_rate) == 180816, "layout: State.t
 _Static_assert(__builtin_offsetof(State, next_points_per_batch) == 180824, "layout: State.next_points_per_batch");
 _Static_assert(__builtin_offsetof(State, next_token_rate) == 180832, "layout: State.next_token_rate");
 _Static_assert(__builtin_offsetof(State, has_next_rates) == 180840, "layout: State.has_next_rates");
-_Static_assert(__builtin_offsetof(State, treasury_mint) == 180848, "layout: State.treasury_mint");
-_Static_assert(__builtin_offsetof(State, ledger_len) == 180880, "layout: State.ledger_len");
-_Static_assert(__builtin_offsetof(State, ledger) == 180888, "layout: State.ledger");
-_Static_assert(sizeof(State) == 258712, "layout: sizeof(State)");
+_Static_assert(__builtin_offsetof(State, ledger_len) == 180848, "layout: State.ledger_len");
+_Static_assert(__builtin_offsetof(State, ledger) == 180856, "layout: State.ledger");
+_Static_assert(sizeof(State) == 254584, "layout: sizeof(State)");
 
 typedef struct {
   u64 magic; /* @0: PEER_MAGIC */

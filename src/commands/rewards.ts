@@ -1,6 +1,6 @@
 import {Flags} from '@oclif/core'
 import {CoordinatorConnection} from '../core/backend/index.js'
-import {readRunLedger} from '../core/backend/solana/admin.js'
+import {readRunLedger, withClaims} from '../core/backend/solana/admin.js'
 import {RpcChain} from '../core/backend/solana/chain.js'
 import {coordinatorAddress} from '../core/backend/solana/instructions.js'
 import {ledgerRows} from '../core/backend/solana/layout.js'
@@ -36,7 +36,8 @@ verifiers (nothing for an unscored, harmful or empty update), 1 in a run without
 
 With --rpc (and --program-id, --run-id) it reads the ledger a run on Solana keeps in its coordinator account (the
 same rule, applied by the program: programs/README.md, Rewards ledger): the scores its verifiers reported on chain
-(report_scores), the weight they give, and the points claimed.
+(report_scores), the weight they give, and, with --treasurer-id, the points each client claimed from the run's
+treasury (its participant record in the treasurer program; null without --treasurer-id).
 
 --json prints {run_id, epoch, step, points_per_batch, token_rate, coordinator (Solana), clients: [{client_id, score,
 weight, rounds, batches, pending, earned, slashed, claimed}]}.`
@@ -51,6 +52,7 @@ weight, rounds, batches, pending, earned, slashed, claimed}]}.`
     'server-addr': Flags.string({summary: 'the coordinator server, host:port', exactlyOne: ['server-addr', 'rpc']}),
     rpc: Flags.string({summary: 'a run on Solana: JSON-RPC URL of the cluster (several, comma-separated)', exactlyOne: ['server-addr', 'rpc'], env: 'PSYCHE_SOLANA_RPC'}),
     'program-id': Flags.string({summary: 'Solana: the coordinator program', env: 'PSYCHE_COORDINATOR_PROGRAM', dependsOn: ['rpc']}),
+    'treasurer-id': Flags.string({summary: 'Solana: the treasurer program (claimed points)', env: 'PSYCHE_TREASURER_PROGRAM', dependsOn: ['rpc']}),
     'run-id': Flags.string({summary: 'expect this run (default: whichever run the server coordinates); required with --rpc'}),
     timeout: Flags.integer({summary: 'seconds to keep trying to reach the server', default: 5, min: 1}),
   }
@@ -58,7 +60,7 @@ weight, rounds, batches, pending, earned, slashed, claimed}]}.`
   async run(): Promise<RewardsSummary> {
     const {flags} = await this.parse(Rewards)
     if (flags.rpc) {
-      const summary = await solanaRewards(flags.rpc, flags['program-id'], flags['run-id'])
+      const summary = await solanaRewards(flags.rpc, flags['program-id'], flags['treasurer-id'], flags['run-id'])
       if (!this.jsonEnabled()) for (const line of formatRewards(summary)) this.log(line)
       return summary
     }
@@ -87,10 +89,11 @@ weight, rounds, batches, pending, earned, slashed, claimed}]}.`
 }
 
 /** The ledger a run on Solana keeps in its coordinator account. */
-async function solanaRewards(rpc: string, program: string | undefined, runId: string | undefined): Promise<RewardsSummary> {
+async function solanaRewards(rpc: string, program: string | undefined, treasurer: string | undefined, runId: string | undefined): Promise<RewardsSummary> {
   if (!runId) throw new PsycheError('--run-id is required with --rpc', {code: 'EUSAGE'})
   const programId = parseAddress(program, 'program-id')
-  const {run, ledger} = await readRunLedger({chain: new RpcChain(rpc), programId, runId})
+  const target = {chain: new RpcChain(rpc), programId, runId, treasurer: treasurer === undefined ? undefined : parseAddress(treasurer, 'treasurer-id')}
+  const {run, ledger} = await readRunLedger(target)
   return {
     run_id: run.state.run_id,
     epoch: run.state.progress.epoch,
@@ -98,7 +101,7 @@ async function solanaRewards(rpc: string, program: string | undefined, runId: st
     points_per_batch: ledger.points_per_batch,
     token_rate: ledger.token_rate,
     coordinator: await coordinatorAddress(programId, runId),
-    clients: ledgerRows(ledger, run.state),
+    clients: await withClaims(target, ledgerRows(ledger, run.state)),
   }
 }
 

@@ -1,6 +1,6 @@
 import {Flags} from '@oclif/core'
 import {CoordinatorConnection} from '../core/backend/index.js'
-import {readMetadata, readRunLedger} from '../core/backend/solana/admin.js'
+import {readMetadata, readRunLedger, withClaims} from '../core/backend/solana/admin.js'
 import {RpcChain} from '../core/backend/solana/chain.js'
 import {coordinatorAddress, peerAddress} from '../core/backend/solana/instructions.js'
 import {addressOfClient, ledgerRows, ledgerScores} from '../core/backend/solana/layout.js'
@@ -27,8 +27,9 @@ accepted results (psyche rewards shows them alone).
 
 With --rpc (and --program-id, --run-id) it reads a run on Solana instead: its coordinator account, its peer records and
 its metadata (adding coordinator, main_authority, join_authority, name and description) and the rewards ledger the
-program keeps in the coordinator account: rewards as psyche rewards --rpc shows them (with claimed), and scores the
-moving averages of the scores verifiers reported to the program (report_scores).`
+program keeps in the coordinator account: rewards as psyche rewards --rpc shows them (claimed, from the treasurer
+program's records, with --treasurer-id), and scores the moving averages of the scores verifiers reported to the
+program (report_scores).`
 
   static examples = [
     '<%= config.bin %> status --server-addr 127.0.0.1:20000',
@@ -40,6 +41,7 @@ moving averages of the scores verifiers reported to the program (report_scores).
     'server-addr': Flags.string({summary: 'the coordinator server, host:port', exactlyOne: ['server-addr', 'rpc']}),
     rpc: Flags.string({summary: 'a run on Solana: JSON-RPC URL of the cluster (several, comma-separated)', exactlyOne: ['server-addr', 'rpc'], env: 'PSYCHE_SOLANA_RPC'}),
     'program-id': Flags.string({summary: 'Solana: the coordinator program', env: 'PSYCHE_COORDINATOR_PROGRAM', dependsOn: ['rpc']}),
+    'treasurer-id': Flags.string({summary: 'Solana: the treasurer program (claimed points)', env: 'PSYCHE_TREASURER_PROGRAM', dependsOn: ['rpc']}),
     'run-id': Flags.string({summary: 'expect this run (default: whichever run the server coordinates); required with --rpc'}),
     timeout: Flags.integer({summary: 'seconds to keep trying to reach the server', default: 5, min: 1}),
   }
@@ -47,7 +49,7 @@ moving averages of the scores verifiers reported to the program (report_scores).
   async run(): Promise<StatusSummary> {
     const {flags} = await this.parse(Status)
     if (flags.rpc) {
-      const summary = await solanaStatus(flags.rpc, flags['program-id'], flags['run-id'])
+      const summary = await solanaStatus(flags.rpc, flags['program-id'], flags['treasurer-id'], flags['run-id'])
       if (!this.jsonEnabled()) for (const line of formatSummary(summary)) this.log(line)
       return summary
     }
@@ -79,7 +81,7 @@ export type StatusSummary = RunSummary & {
   peers: number
   scores?: ClientScore[]
   /** Points per client; a run on Solana adds what each has claimed. */
-  rewards?: (RewardRow & {claimed?: number})[]
+  rewards?: (RewardRow & {claimed?: number | null})[]
   /**
    * Clients whose latest report says they applied none of the others' results for `rounds` rounds in a row (they
    * reach no peer: they train alone), as of round `step`.
@@ -94,11 +96,11 @@ export type StatusSummary = RunSummary & {
 }
 
 /** A run on Solana as its accounts show it: the coordinator's state and rewards ledger, its peer records, its metadata. */
-async function solanaStatus(rpc: string, program: string | undefined, runId: string | undefined): Promise<StatusSummary> {
+async function solanaStatus(rpc: string, program: string | undefined, treasurer: string | undefined, runId: string | undefined): Promise<StatusSummary> {
   if (!runId) throw new PsycheError('--run-id is required with --rpc', {code: 'EUSAGE'})
   const chain = new RpcChain(rpc)
   const programId = parseAddress(program, 'program-id')
-  const target = {chain, programId, runId}
+  const target = {chain, programId, runId, treasurer: treasurer === undefined ? undefined : parseAddress(treasurer, 'treasurer-id')}
   const {run, ledger} = await readRunLedger(target)
   const coordinator = await coordinatorAddress(programId, runId)
   const ids = new Set([...run.state.epoch.clients.map((c) => c.id), ...run.state.pending])
@@ -109,7 +111,7 @@ async function solanaStatus(rpc: string, program: string | undefined, runId: str
     ...summarizeRun(run.state, Date.now() / 1000),
     peers,
     scores: ledgerScores(ledger),
-    rewards: ledgerRows(ledger, run.state),
+    rewards: await withClaims(target, ledgerRows(ledger, run.state)),
     coordinator,
     main_authority: run.main_authority,
     join_authority: run.join_authority,

@@ -5,10 +5,12 @@ import {join} from 'node:path'
 import {after, before, describe, it} from 'node:test'
 import {getAddressDecoder, type Address} from '@solana/kit'
 import {loadKeypair, readAuthorization, readMetadata, readRun} from '../../src/core/backend/solana/admin.js'
-import {coordinatorAddress, treasuryAddress} from '../../src/core/backend/solana/instructions.js'
+import {coordinatorAddress} from '../../src/core/backend/solana/instructions.js'
 import {RpcChain} from '../../src/core/backend/solana/chain.js'
+import {treasuryAddress} from '../../src/core/backend/solana/treasurer.js'
 import {projectRoot} from '../../src/core/worker/python.js'
 import {runCli, startCli, tempDir} from '../helpers.js'
+import {balance, createMint, createTokenAccount, mintTo} from './spl.js'
 
 /** A Solana CLI keypair file (secret seed ‖ public key, 64 numbers); returns its address. */
 function writeKeypair(path: string): Address {
@@ -25,7 +27,7 @@ describe('Solana commands against a localnet (psyche solana localnet)', () => {
   const dir = tempDir('psyche-solana-cli-')
   const creator = join(dir.path, 'creator.json')
   const alice = join(dir.path, 'alice.json')
-  const ids = {creator: '' as Address, alice: '' as Address, program: '' as Address, authorizer: '' as Address}
+  const ids = {creator: '' as Address, alice: '' as Address, program: '' as Address, authorizer: '' as Address, treasurer: '' as Address}
   let net: ReturnType<typeof startCli>
   let url = ''
   let configPath = ''
@@ -35,6 +37,7 @@ describe('Solana commands against a localnet (psyche solana localnet)', () => {
     ids.alice = writeKeypair(alice)
     ids.program = writeKeypair(join(dir.path, 'program.json'))
     ids.authorizer = writeKeypair(join(dir.path, 'authorizer.json'))
+    ids.treasurer = writeKeypair(join(dir.path, 'treasurer.json'))
     configPath = join(dir.path, 'state.toml')
     writeFileSync(
       configPath,
@@ -43,7 +46,23 @@ describe('Solana commands against a localnet (psyche solana localnet)', () => {
         '[model.LLM.checkpoint.Hub]\nrepo_id = "psyche/tiny-demo"',
       ),
     )
-    net = startCli(['solana', 'localnet', '--port', '0', '--json', '--program-id', ids.program, '--authorizer-id', ids.authorizer, '--fund', ids.creator, '--fund', ids.alice])
+    net = startCli([
+      'solana',
+      'localnet',
+      '--port',
+      '0',
+      '--json',
+      '--program-id',
+      ids.program,
+      '--authorizer-id',
+      ids.authorizer,
+      '--treasurer-id',
+      ids.treasurer,
+      '--fund',
+      ids.creator,
+      '--fund',
+      ids.alice,
+    ])
     url = await new Promise<string>((resolve, reject) => {
       let out = ''
       net.stdout!.on('data', (chunk: Buffer) => {
@@ -61,7 +80,8 @@ describe('Solana commands against a localnet (psyche solana localnet)', () => {
     dir.cleanup()
   })
 
-  const cli = (...args: string[]) => runCli([...args, '--rpc', url, '--program-id', ids.program, '--authorizer-id', ids.authorizer], {timeoutMs: 60_000})
+  const cli = (...args: string[]) =>
+    runCli([...args, '--rpc', url, '--program-id', ids.program, '--authorizer-id', ids.authorizer, '--treasurer-id', ids.treasurer], {timeoutMs: 60_000})
 
   it("the run creator's workflow: create-run (permissioned, configured), set-paused, update-config refused while running, authorize grant / delegates / revoke", async () => {
     const created = await cli('create-run', '--keypair', creator, '--run-id', 'cli-run', '--config-path', configPath, '--join-authority', ids.creator, '--json')
@@ -83,23 +103,57 @@ describe('Solana commands against a localnet (psyche solana localnet)', () => {
     // set-rates: the main authority's rates wait for the next epoch; anyone else is refused
     const rates = await cli('set-rates', '--keypair', creator, '--run-id', 'cli-run', '--points-per-batch', '2000', '--token-rate', '3', '--json')
     assert.equal(rates.exitCode, 0, rates.stderr)
-    const set = json(rates.stdout)
-    assert.deepEqual(
-      {...set, treasury_authority: undefined},
-      {run_id: 'cli-run', points_per_batch: 1000, token_rate: 0, next: {points_per_batch: 2000, token_rate: 3}, treasury_mint: null, treasury_authority: undefined},
-    )
-    assert.equal(set.treasury_authority, await treasuryAddress(ids.program, await coordinatorAddress(ids.program, 'cli-run')))
+    assert.deepEqual(json(rates.stdout), {run_id: 'cli-run', points_per_batch: 1000, token_rate: 0, next: {points_per_batch: 2000, token_rate: 3}})
     const squat = await cli('set-rates', '--keypair', alice, '--run-id', 'cli-run', '--points-per-batch', '1')
     assert.equal(squat.exitCode, 1)
     assert.match(squat.stderr, /set-rates cli-run refused: Unauthorized/)
-    // a treasury mint (any address: set_treasury records it); a claim before the rates apply is refused
-    const mint = writeKeypair(join(dir.path, 'mint.json'))
-    const treasury = await cli('set-rates', '--keypair', creator, '--run-id', 'cli-run', '--points-per-batch', '2000', '--token-rate', '3', '--treasury-mint', mint, '--json')
-    assert.equal(treasury.exitCode, 0, treasury.stderr)
-    assert.equal(json(treasury.stdout).treasury_mint, mint)
-    const claimed = await cli('rewards', 'claim', '--keypair', alice, '--run-id', 'cli-run', '--treasury', mint, '--to', mint)
+
+    // the treasury (treasurer program): an SPL mint of the creator's, and token accounts of it
+    const chain = new RpcChain(url)
+    const creatorKey = await loadKeypair(creator)
+    const aliceKey = await loadKeypair(alice)
+    const mint = await createMint(chain, creatorKey)
+    const source = await createTokenAccount(chain, creatorKey, creatorKey.address, mint)
+    await mintTo(chain, creatorKey, mint, source, 10_000n)
+    const aliceTokens = await createTokenAccount(chain, aliceKey, aliceKey.address, mint)
+    const noTreasury = await cli('rewards', 'claim', '--keypair', alice, '--run-id', 'cli-run', '--to', aliceTokens)
+    assert.equal(noTreasury.exitCode, 1)
+    assert.match(noTreasury.stderr, /run cli-run has no treasury: its main authority creates one with psyche rewards fund --mint/)
+    const noMint = await cli('rewards', 'fund', '--keypair', creator, '--run-id', 'cli-run', '--from', source, '--amount', '10')
+    assert.equal(noMint.exitCode, 1)
+    assert.match(noMint.stderr, /run cli-run has no treasury yet: --mint names the SPL token mint/)
+    const stranger = await cli('rewards', 'fund', '--keypair', alice, '--run-id', 'cli-run', '--mint', mint, '--from', aliceTokens)
+    assert.equal(stranger.exitCode, 1)
+    assert.match(stranger.stderr, /rewards fund cli-run refused: Unauthorized/)
+    const funded = await cli('rewards', 'fund', '--keypair', creator, '--run-id', 'cli-run', '--mint', mint, '--from', source, '--amount', '1000', '--json')
+    assert.equal(funded.exitCode, 0, funded.stderr)
+    const treasury = await treasuryAddress(ids.treasurer, await coordinatorAddress(ids.program, 'cli-run'))
+    assert.deepEqual(
+      {...json(funded.stdout), vault: undefined},
+      {
+        run_id: 'cli-run',
+        treasury,
+        vault: undefined,
+        mint,
+        created: true,
+        amount: 1000,
+        funded: 1000,
+        balance: 1000,
+        paid: 0,
+      },
+    )
+    const more = await cli('rewards', 'fund', '--keypair', creator, '--run-id', 'cli-run', '--from', source, '--amount', '500', '--json')
+    assert.equal(more.exitCode, 0, more.stderr)
+    assert.deepEqual([json(more.stdout).created, json(more.stdout).funded, json(more.stdout).balance], [false, 1500, 1500])
+    assert.equal(await balance(chain, source), 10_000n - 1500n)
+    const otherMint = await cli('rewards', 'fund', '--keypair', creator, '--run-id', 'cli-run', '--mint', aliceKey.address)
+    assert.equal(otherMint.exitCode, 1)
+    assert.match(otherMint.stderr, /its treasury pays in .*, not .* \(a run has one treasury, of one mint\)/)
+    // alice has no points in this run: nothing to claim, nothing paid
+    const claimed = await cli('rewards', 'claim', '--keypair', alice, '--run-id', 'cli-run', '--to', aliceTokens)
     assert.equal(claimed.exitCode, 1)
-    assert.match(claimed.stderr, /rewards claim cli-run refused: NotPermitted/) // the token rate is 0 until the next epoch
+    assert.match(claimed.stderr, /rewards claim cli-run refused: NothingToClaim \(this key has no points left to claim\)/)
+    assert.equal(await balance(chain, aliceTokens), 0n)
 
     const granted = await cli('authorize', 'grant', '--keypair', creator, '--grantee', ids.alice, '--json')
     assert.equal(granted.exitCode, 0, granted.stderr)

@@ -4,7 +4,7 @@ import {readFileSync, writeFileSync} from 'node:fs'
 import {join} from 'node:path'
 import {after, before, describe, it} from 'node:test'
 import {generateKeyPairSigner, type Address} from '@solana/kit'
-import {readMetadata, readRun} from '../../src/core/backend/solana/admin.js'
+import {loadKeypair, readMetadata, readRun} from '../../src/core/backend/solana/admin.js'
 import {RpcChain} from '../../src/core/backend/solana/chain.js'
 import {coordinatorAddress, peerAddress} from '../../src/core/backend/solana/instructions.js'
 import {addressOfClient} from '../../src/core/backend/solana/layout.js'
@@ -12,6 +12,7 @@ import {ensureDemoCorpus} from '../../src/core/corpus.js'
 import {identityFromSeed} from '../../src/core/protocol/identity.js'
 import {JsonProcess, hashesByStep, writeE2eRun} from '../e2e/helpers.js'
 import {runCli, tempDir} from '../helpers.js'
+import {balance, createMint, createTokenAccount, mintTo} from './spl.js'
 
 /**
  * End to end over Solana, with real processes: `psyche solana localnet` (the committed programs in LiteSVM behind the
@@ -75,11 +76,26 @@ describe('end to end on Solana: localnet, run creator commands, join --rpc clien
     const keys = ['a', 'b'].map((n) => ({name: n, path: join(dir.path, `${n}.json`), ...writeKeypair(join(dir.path, `${n}.json`))}))
     const programId = (await generateKeyPairSigner()).address
     const authorizerId = (await generateKeyPairSigner()).address
+    const treasurerId = (await generateKeyPairSigner()).address
     const fund = [authority, ...keys].flatMap((k) => ['--fund', k.address])
-    const localnet = new JsonProcess('localnet', ['solana', 'localnet', '--program-id', programId, '--authorizer-id', authorizerId, '--port', '0', ...fund, '--json'])
+    const localnet = new JsonProcess('localnet', [
+      'solana',
+      'localnet',
+      '--program-id',
+      programId,
+      '--authorizer-id',
+      authorizerId,
+      '--treasurer-id',
+      treasurerId,
+      '--port',
+      '0',
+      ...fund,
+      '--json',
+    ])
     procs.push(localnet)
     const url = (await localnet.waitFor((e) => e.event === 'listening', 'the localnet to listen', 60_000)).url as string
     const solana = ['--rpc', url, '--program-id', programId]
+    const treasurer = [...solana, '--treasurer-id', treasurerId]
 
     const created = await runCli([
       'create-run',
@@ -99,6 +115,9 @@ describe('end to end on Solana: localnet, run creator commands, join --rpc clien
       '--json',
     ])
     assert.equal(created.exitCode, 0, created.stderr)
+    // the token rate applies from the first epoch: it begins after this
+    const rates = await runCli(['set-rates', ...solana, '--run-id', 'sol-e2e', '--keypair', join(dir.path, 'authority.json'), '--points-per-batch', '1000', '--token-rate', '2'])
+    assert.equal(rates.exitCode, 0, rates.stderr)
     const resumed = await runCli(['set-paused', ...solana, '--run-id', 'sol-e2e', '--keypair', join(dir.path, 'authority.json'), 'resume'])
     assert.equal(resumed.exitCode, 0, resumed.stderr)
 
@@ -156,13 +175,17 @@ describe('end to end on Solana: localnet, run creator commands, join --rpc clien
     }
     // psyche rewards --rpc: the program's ledger; both epochs settled; each client scored on chain by the other and paid
     // by its score's weight (at most 1000 points per accepted batch)
-    const rewards = await runCli(['rewards', ...solana, '--run-id', 'sol-e2e', '--json'])
-    assert.equal(rewards.exitCode, 0, rewards.stderr)
-    const ledger = JSON.parse(rewards.stdout) as {
-      points_per_batch: number
-      clients: {client_id: string; score: number | null; weight: number; rounds: number; batches: number; earned: number; pending: number; slashed: number; claimed: number}[]
+    const rewardsOf = async () => {
+      const rewards = await runCli(['rewards', ...treasurer, '--run-id', 'sol-e2e', '--json'])
+      assert.equal(rewards.exitCode, 0, rewards.stderr)
+      return JSON.parse(rewards.stdout) as {
+        points_per_batch: number
+        token_rate: number
+        clients: {client_id: string; score: number | null; weight: number; rounds: number; batches: number; earned: number; pending: number; slashed: number; claimed: number}[]
+      }
     }
-    assert.equal(ledger.points_per_batch, 1000)
+    const ledger = await rewardsOf()
+    assert.deepEqual([ledger.points_per_batch, ledger.token_rate], [1000, 2])
     assert.deepEqual(ledger.clients.map((c) => c.client_id).sort(), keys.map((k) => k.id).sort())
     for (const c of ledger.clients) {
       assert.equal(c.rounds, 4, `${c.client_id}: every round's result was accepted`)
@@ -170,9 +193,52 @@ describe('end to end on Solana: localnet, run creator commands, join --rpc clien
       assert.ok(c.batches >= 4 && c.earned > 0 && c.earned <= c.batches * 1000 && c.pending === 0 && c.slashed === 0 && c.claimed === 0, JSON.stringify(c))
     }
     const text = await runCli(['rewards', ...solana, '--run-id', 'sol-e2e'])
-    assert.match(text.stdout, /rewards at epoch 2, step 5 \(points: 1000 per accepted batch at full weight; no token rate set\)/)
+    assert.match(text.stdout, /rewards at epoch 2, step 5 \(points: 1000 per accepted batch at full weight; a claim pays 2 token units per point\)/)
+
+    // token rewards (the treasurer program): the authority creates and funds the run's treasury, client a claims its
+    // points × 2 once; psyche rewards then shows them claimed
+    const chain = new RpcChain(url)
+    const authorityKey = await loadKeypair(join(dir.path, 'authority.json'))
+    const mint = await createMint(chain, authorityKey)
+    const source = await createTokenAccount(chain, authorityKey, authorityKey.address, mint)
+    await mintTo(chain, authorityKey, mint, source, 1_000_000n)
+    const funded = await runCli([
+      'rewards',
+      'fund',
+      ...treasurer,
+      '--run-id',
+      'sol-e2e',
+      '--keypair',
+      join(dir.path, 'authority.json'),
+      '--mint',
+      mint,
+      '--from',
+      source,
+      '--amount',
+      '1000000',
+      '--json',
+    ])
+    assert.equal(funded.exitCode, 0, funded.stderr)
+    assert.equal(JSON.parse(funded.stdout).balance, 1_000_000)
+    const aKey = await loadKeypair(keys[0].path)
+    const wallet = await createTokenAccount(chain, aKey, aKey.address, mint)
+    const earnedA = ledger.clients.find((c) => c.client_id === keys[0].id)!.earned
+    const claim = () => runCli(['rewards', 'claim', ...treasurer, '--run-id', 'sol-e2e', '--keypair', keys[0].path, '--to', wallet, '--json'])
+    const paid = await claim()
+    assert.equal(paid.exitCode, 0, paid.stderr)
+    assert.deepEqual(JSON.parse(paid.stdout), {run_id: 'sol-e2e', client_id: keys[0].id, points: earnedA, amount: earnedA * 2, earned: earnedA, claimed: earnedA, mint, to: wallet})
+    assert.equal(await balance(chain, wallet), BigInt(earnedA * 2))
+    const twice = await runCli(['rewards', 'claim', ...treasurer, '--run-id', 'sol-e2e', '--keypair', keys[0].path, '--to', wallet])
+    assert.equal(twice.exitCode, 1)
+    assert.match(twice.stderr, /NothingToClaim/)
+    assert.equal(await balance(chain, wallet), BigInt(earnedA * 2), 'claiming twice paid once')
+    const after = await rewardsOf()
+    assert.deepEqual(
+      after.clients.map((c) => [c.client_id, c.claimed]),
+      ledger.clients.map((c) => [c.client_id, c.client_id === keys[0].id ? earnedA : 0]),
+    )
     // psyche status --rpc and psyche dashboard --rpc show the same points, from the same ledger
-    const status = await runCli(['status', ...solana, '--run-id', 'sol-e2e', '--json'])
+    const status = await runCli(['status', ...treasurer, '--run-id', 'sol-e2e', '--json'])
     assert.equal(status.exitCode, 0, status.stderr)
     const st = JSON.parse(status.stdout) as {run_state: string; scores: {client_id: string; average: number; count: number}[]; rewards: typeof ledger.clients}
     assert.equal(st.run_state, 'Finished')
@@ -181,7 +247,7 @@ describe('end to end on Solana: localnet, run creator commands, join --rpc clien
       ledger.clients.map((c) => ({id: c.client_id, score: c.score})),
       'status --rpc: the scores on chain',
     )
-    assert.deepEqual(st.rewards, ledger.clients, 'status --rpc: the ledger rewards --rpc shows')
+    assert.deepEqual(st.rewards, after.clients, 'status --rpc: the ledger rewards --rpc shows')
     const statusText = await runCli(['status', ...solana, '--run-id', 'sol-e2e'])
     for (const c of ledger.clients) assert.match(statusText.stdout, new RegExp(`${c.client_id.slice(0, 16)}….*  points ${c.earned} earned`))
     const dash = new JsonProcess('dashboard', ['dashboard', ...solana, '--run-id', 'sol-e2e', '--poll-interval', '1', '--json'])

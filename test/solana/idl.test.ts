@@ -18,8 +18,6 @@ import {
   setMetadataInstruction,
   setPausedInstruction,
   setRatesInstruction,
-  setTreasuryInstruction,
-  claimInstruction,
   reportScoresInstruction,
   setPeerInstruction,
   tickInstruction,
@@ -32,7 +30,7 @@ import {IX, METADATA_SIZE, PEER_SIZE, PROGRAM_ERRORS, STATE_SIZE, UPDATE_BUFFER_
 import {signAnnouncement} from '../../src/core/primitives/announcement.js'
 import {identityFromSeed} from '../../src/core/protocol/identity.js'
 import {projectRoot} from '../../src/core/worker/python.js'
-import {PARTICIPANT_SIZE, TREASURY_SIZE, claimInstruction as treasurerClaimInstruction, fundInstruction, initTreasuryInstruction} from '../../src/core/backend/solana/treasurer.js'
+import {PARTICIPANT_SIZE, TREASURY_SIZE, claimInstruction, fundInstruction, initTreasuryInstruction} from '../../src/core/backend/solana/treasurer.js'
 import {enumValues} from '../../src/core/coordinator/layout-table.js'
 import {deployRun, keypair, readRun, testConfig, testModel} from './harness.js'
 
@@ -136,8 +134,6 @@ describe("the coordinator program's IDL (programs/idl/psyche_coordinator.json) a
       ),
       hash_witness: hashWitnessInstruction(p, c, signer, 1, 'ab'.repeat(32)),
       set_rates: setRatesInstruction(p, c, signer, 1000, 5),
-      set_treasury: setTreasuryInstruction(p, c, signer, other),
-      claim: claimInstruction(p, c, signer, other, other, other),
       report_scores: reportScoresInstruction(p, c, signer, 1, [{index: 0, score: 250000}]),
     }
     checkBuilders(idl, built, p)
@@ -189,7 +185,7 @@ describe("the treasurer program's IDL (programs/idl/psyche_treasurer.json) agree
       {
         init_treasury: await initTreasuryInstruction(t, c, signer, other, {treasury: 1n, vault: 1n}),
         fund: await fundInstruction(t, c, signer, other, 1n),
-        claim: await treasurerClaimInstruction(t, c, signer, other, 1n),
+        claim: await claimInstruction(t, c, signer, other, 1n),
       },
       t,
     )

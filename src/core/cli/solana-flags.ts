@@ -14,6 +14,7 @@ export const solanaFlags = {
   'program-id': Flags.string({summary: 'address of the deployed coordinator program (programs/build/psyche_coordinator.so)', env: 'PSYCHE_COORDINATOR_PROGRAM'}),
   'priority-fee': Flags.integer({summary: 'priority fee in micro-lamports per compute unit (default 0)', default: 0, min: 0, env: 'PSYCHE_SOLANA_PRIORITY_FEE'}),
   'authorizer-id': Flags.string({summary: 'address of the deployed authorizer program (programs/build/psyche_authorizer.so)', env: 'PSYCHE_AUTHORIZER_PROGRAM'}),
+  'treasurer-id': Flags.string({summary: 'address of the deployed treasurer program (programs/build/psyche_treasurer.so): token rewards', env: 'PSYCHE_TREASURER_PROGRAM'}),
 }
 
 export function parseAddress(value: string | undefined, flag: string): Address {

@@ -3,7 +3,7 @@ import {generateKeyPairSigner, type Address} from '@solana/kit'
 import {createRun, setPaused, updateConfig} from '../backend/solana/admin.js'
 import {RpcChain} from '../backend/solana/chain.js'
 import {addressOfClient} from '../backend/solana/layout.js'
-import {AUTHORIZER_PROGRAM_PATH, COORDINATOR_PROGRAM_PATH} from '../backend/solana/local-chain.js'
+import {AUTHORIZER_PROGRAM_PATH, COORDINATOR_PROGRAM_PATH, TREASURER_PROGRAM_PATH} from '../backend/solana/local-chain.js'
 import {Localnet} from '../backend/solana/localnet.js'
 import {loadRunConfigFile} from '../config/index.js'
 import type {RunConfigFile} from '../config/types.js'
@@ -44,6 +44,7 @@ export async function startSolanaRun(statePath: string): Promise<SolanaTestnet> 
     programs: [
       {address: programId, bytes: readFileSync(COORDINATOR_PROGRAM_PATH)},
       {address: authorizer, bytes: readFileSync(AUTHORIZER_PROGRAM_PATH)},
+      {address: (await generateKeyPairSigner()).address, bytes: readFileSync(TREASURER_PROGRAM_PATH)},
     ],
   })
   const url = await net.start()

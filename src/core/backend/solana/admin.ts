@@ -27,9 +27,6 @@ import {
   setMetadataInstruction,
   setPausedInstruction,
   setRatesInstruction,
-  setTreasuryInstruction,
-  claimInstruction,
-  treasuryAddress,
   bufferedUpdateTransactions,
   updateBufferAddress,
   updateInstruction,
@@ -39,6 +36,7 @@ import {
   METADATA_SIZE,
   STATE_SIZE,
   UPDATE_BUFFER_SIZE,
+  addressOfClient,
   decodeCoordinator,
   decodeLedger,
   decodeMetadata,
@@ -47,6 +45,19 @@ import {
   type RunMetadata,
 } from './layout.js'
 import type {SendResult} from './local-chain.js'
+import {
+  PARTICIPANT_SIZE,
+  TOKEN_ACCOUNT_SIZE,
+  TREASURY_SIZE,
+  claimInstruction,
+  decodeParticipant,
+  decodeTreasury,
+  fundInstruction,
+  initTreasuryInstruction,
+  participantAddress,
+  treasuryAddress,
+  type Treasury,
+} from './treasurer.js'
 
 /**
  * What a run creator does on Solana (the commands create-run, update-config, set-paused, authorize):
@@ -219,17 +230,80 @@ export async function setRates(t: RunTarget & {authority: TransactionSigner; poi
   check(await t.chain.send(t.authority, [setRatesInstruction(t.programId, coordinator, t.authority, t.pointsPerBatch, t.tokenRate)]), `set-rates ${t.runId}`)
 }
 
-/** set_treasury: the SPL token mint the run's claims pay in (main authority). */
-export async function setTreasury(t: RunTarget & {authority: TransactionSigner; mint: Address}): Promise<void> {
-  const coordinator = await coordinatorAddress(t.programId, t.runId)
-  check(await t.chain.send(t.authority, [setTreasuryInstruction(t.programId, coordinator, t.authority, t.mint)]), `set-rates --treasury-mint ${t.runId}`)
+interface TreasuryTarget extends RunTarget {
+  /** The treasurer program. */
+  treasurer: Address
 }
 
-/** claim: the signer's unclaimed points × the token rate, from the treasury token account to `destination`. */
-export async function claimRewards(t: RunTarget & {client: TransactionSigner; treasury: Address; destination: Address}): Promise<void> {
+/** A run's treasury (treasurer program), its address, and its vault's token balance; undefined when it has none. */
+export async function readTreasury(t: TreasuryTarget): Promise<{address: Address; treasury: Treasury; balance: bigint} | undefined> {
+  const address = await treasuryAddress(t.treasurer, await coordinatorAddress(t.programId, t.runId))
+  const data = await t.chain.fetchAccount(address)
+  if (!data) return undefined
+  const treasury = decodeTreasury(data)
+  const vault = await t.chain.fetchAccount(treasury.vault)
+  const balance = vault && vault.length === TOKEN_ACCOUNT_SIZE ? Buffer.from(vault).readBigUInt64LE(64) : 0n
+  return {address, treasury, balance}
+}
+
+/**
+ * init_treasury (when the run has none; `mint` then required) and fund: the run's main authority creates the run's
+ * treasury for an SPL token mint and moves `amount` token base units from its token account `source` into it.
+ */
+export async function fundTreasury(t: TreasuryTarget & {authority: TransactionSigner; mint?: Address; source?: Address; amount: bigint}): Promise<{created: boolean}> {
   const coordinator = await coordinatorAddress(t.programId, t.runId)
-  const authority = await treasuryAddress(t.programId, coordinator)
-  check(await t.chain.send(t.client, [claimInstruction(t.programId, coordinator, t.client, t.treasury, t.destination, authority)]), `rewards claim ${t.runId}`)
+  const existing = await readTreasury(t)
+  if (existing && t.mint && existing.treasury.mint !== t.mint)
+    throw new PsycheError(`run ${t.runId}: its treasury pays in ${existing.treasury.mint}, not ${t.mint} (a run has one treasury, of one mint)`, {code: 'EUSAGE'})
+  if (!existing && !t.mint) throw new PsycheError(`run ${t.runId} has no treasury yet: --mint names the SPL token mint to create it for`, {code: 'EUSAGE'})
+  const instructions: Instruction[] = []
+  if (!existing) {
+    const rent = {treasury: await t.chain.minimumBalance(TREASURY_SIZE), vault: await t.chain.minimumBalance(TOKEN_ACCOUNT_SIZE)}
+    instructions.push(await initTreasuryInstruction(t.treasurer, coordinator, t.authority, t.mint!, rent))
+  }
+  if (t.amount > 0n) {
+    if (!t.source) throw new PsycheError('--from names the token account (of the mint, yours) that funds the treasury', {code: 'EUSAGE'})
+    instructions.push(await fundInstruction(t.treasurer, coordinator, t.authority, t.source, t.amount))
+  }
+  if (instructions.length) check(await t.chain.send(t.authority, instructions), `rewards fund ${t.runId}`)
+  return {created: !existing}
+}
+
+/** claim (treasurer): the signer's points not yet claimed × the run's token rate, from the run's treasury to `destination`. */
+export async function claimRewards(t: TreasuryTarget & {client: TransactionSigner; destination: Address}): Promise<void> {
+  const coordinator = await coordinatorAddress(t.programId, t.runId)
+  const ix = await claimInstruction(t.treasurer, coordinator, t.client, t.destination, await t.chain.minimumBalance(PARTICIPANT_SIZE))
+  check(await t.chain.send(t.client, [ix]), `rewards claim ${t.runId}`)
+}
+
+/**
+ * Rows of a run's rewards ledger (ledgerRows) with what each client claimed from the run's treasury: `treasurer`
+ * undefined, claimed is null (the treasurer program is not known).
+ */
+export async function withClaims<T extends {client_id: string}>(t: RunTarget & {treasurer?: Address}, rows: T[]): Promise<(T & {claimed: number | null})[]> {
+  if (!t.treasurer) return rows.map((r) => ({...r, claimed: null}))
+  const claims = await readClaims(
+    {...t, treasurer: t.treasurer},
+    rows.map((r) => addressOfClient(r.client_id)),
+  )
+  return rows.map((r) => ({...r, claimed: claims.get(addressOfClient(r.client_id))!.claimed}))
+}
+
+/** The points each client claimed from the run's treasury (its participant records), by client address; 0 for none. */
+export async function readClaims(t: TreasuryTarget, clients: Address[]): Promise<Map<Address, {claimed: number; paid: number}>> {
+  const treasury = await treasuryAddress(t.treasurer, await coordinatorAddress(t.programId, t.runId))
+  const out = new Map<Address, {claimed: number; paid: number}>()
+  const BATCH = 16
+  for (let i = 0; i < clients.length; i += BATCH) {
+    await Promise.all(
+      clients.slice(i, i + BATCH).map(async (client) => {
+        const data = await t.chain.fetchAccount(await participantAddress(t.treasurer, treasury, client))
+        const record = data ? decodeParticipant(data) : undefined
+        out.set(client, {claimed: record?.claimed ?? 0, paid: record?.paid ?? 0})
+      }),
+    )
+  }
+  return out
 }
 
 interface AuthorizerTarget {

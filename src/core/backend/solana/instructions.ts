@@ -51,9 +51,6 @@ export const INSTRUCTION_UNITS = {
   update: 30_000,
   set_paused: 30_000,
   set_rates: 5_000,
-  set_treasury: 5_000,
-  /** the entry's scan, the treasury address, and the token program's transfer (CPI) */
-  claim: 40_000,
   join_run: 40_000,
   tick: 60_000,
   /**
@@ -93,7 +90,7 @@ export const INSTRUCTION_UNITS = {
   init_treasury: 30_000,
   fund: 10_000,
   /** treasurer: the ledger scan, the participant address (created on a first claim) and the token program's transfer */
-  treasurer_claim: 20_000,
+  claim: 20_000,
 } as const
 
 /** Accused clients per health_check transaction: the batch stays under the default 200,000 compute units. */
@@ -151,14 +148,8 @@ export async function coordinatorAddress(programId: Address, runId: string): Pro
 }
 
 /** A client's peer record in a run (the peer directory): the program address of ("peer", coordinator, client key). */
-/** The SPL token program, which claims pay through. */
+/** The SPL token program, which the treasurer program's claims pay through. */
 export const TOKEN_PROGRAM = 'TokenkegQfeZyiNwAJbNbGKPFXCWuBvf9Ss623VQ5DA' as Address
-
-/** The program address that owns a run's treasury token account: ("treasury", coordinator). */
-export async function treasuryAddress(programId: Address, coordinator: Address): Promise<Address> {
-  const [address] = await getProgramDerivedAddress({programAddress: programId, seeds: ['treasury', getAddressEncoder().encode(coordinator)]})
-  return address
-}
 
 export async function peerAddress(programId: Address, coordinator: Address, client: Address): Promise<Address> {
   const [address] = await getProgramDerivedAddress({
@@ -273,20 +264,6 @@ export function bufferedUpdateTransactions(
 /** set_rates (main authority): points per accepted batch and token base units per point, from the next epoch on. */
 export const setRatesInstruction = (programId: Address, coordinator: Address, authority: TransactionSigner, pointsPerBatch: number, tokenRate: number) =>
   signed(programId, coordinator, authority, encodeSetRates(pointsPerBatch, tokenRate), INSTRUCTION_UNITS.set_rates)
-/** set_treasury (main authority): the SPL token mint claims pay in. */
-export const setTreasuryInstruction = (programId: Address, coordinator: Address, authority: TransactionSigner, mint: Address) =>
-  signed(programId, coordinator, authority, Uint8Array.from([IX.set_treasury, ...getAddressEncoder().encode(mint)]), INSTRUCTION_UNITS.set_treasury)
-/**
- * claim: the client's points not yet claimed × the token rate, from the treasury (a token account of the run's mint owned
- * by treasuryAddress) to `destination` (a token account of that mint).
- */
-export const claimInstruction = (programId: Address, coordinator: Address, client: TransactionSigner, treasury: Address, destination: Address, treasuryAuthority: Address) =>
-  signed(programId, coordinator, client, encodeTag(IX.claim), INSTRUCTION_UNITS.claim, [
-    writable(treasury),
-    writable(destination),
-    {address: treasuryAuthority, role: AccountRole.READONLY},
-    {address: TOKEN_PROGRAM, role: AccountRole.READONLY},
-  ])
 export const setPausedInstruction = (programId: Address, coordinator: Address, authority: TransactionSigner, paused: boolean) =>
   signed(programId, coordinator, authority, encodeSetPaused(paused), INSTRUCTION_UNITS.set_paused)
 /** join_run; in a permissioned run, pass the authorization (authorizer program) that admits the client. */

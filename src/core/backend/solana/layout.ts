@@ -546,7 +546,6 @@ export interface OnChainPoints {
   epoch_batches: number
   earned: number
   slashed: number
-  claimed: number
   last_epoch: number
   /** The moving average of its verifiers' scores, fixed point (rewards.ts; null: never scored), and as rewards.ts keeps it. */
   score: number | null
@@ -562,8 +561,6 @@ export interface OnChainLedger {
   token_rate: number
   /** set_rates: the rates the next epoch starts with (null: none set). */
   next: {points_per_batch: number; token_rate: number} | null
-  /** set_treasury: the SPL token mint claims pay in (null: none). */
-  treasury_mint: Address | null
   entries: OnChainPoints[]
 }
 
@@ -584,7 +581,6 @@ export function decodeLedger(data: Uint8Array): OnChainLedger {
       epoch_batches: field('epoch_batches'),
       earned: field('earned'),
       slashed: field('slashed'),
-      claimed: field('claimed'),
       last_epoch: field('last_epoch'),
       ...scoreFields(b, o, i),
     }
@@ -593,9 +589,7 @@ export function decodeLedger(data: Uint8Array): OnChainLedger {
     b.readBigUInt64LE(OFFSETS.has_next_rates) === 0n
       ? null
       : {points_per_batch: num(b, OFFSETS.next_points_per_batch, 'next_points_per_batch'), token_rate: num(b, OFFSETS.next_token_rate, 'next_token_rate')}
-  const mint = b.subarray(OFFSETS.treasury_mint, OFFSETS.treasury_mint + 32)
-  const treasury_mint = mint.every((x) => x === 0) ? null : addressDecoder.decode(mint)
-  return {points_per_batch: num(b, OFFSETS.points_per_batch, 'points_per_batch'), token_rate: num(b, OFFSETS.token_rate, 'token_rate'), next, treasury_mint, entries}
+  return {points_per_batch: num(b, OFFSETS.points_per_batch, 'points_per_batch'), token_rate: num(b, OFFSETS.token_rate, 'token_rate'), next, entries}
 }
 
 /** A ledger entry's scores: fixed point in [-SCORE_ONE, SCORE_ONE] (refused otherwise), null while never scored. */
@@ -631,15 +625,15 @@ export function ledgerScores(ledger: OnChainLedger): ReturnType<typeof scoreRows
 }
 
 /**
- * The ledger as `psyche rewards` shows it (rewardRows' columns, in client id order, and what was claimed): the points
+ * The ledger as `psyche rewards` shows it (rewardRows' columns, in client id order; what was claimed is the treasurer's): the points
  * pending for the current epoch are what its accepted batches would earn at the entry's weight (none for a client
  * ejected in it), by rewards.ts's rule (rewardWeight, pointsFor); scores as decimals.
  */
-export function ledgerRows(ledger: OnChainLedger, state: CoordinatorState): (RewardRow & {claimed: number})[] {
+export function ledgerRows(ledger: OnChainLedger, state: CoordinatorState): RewardRow[] {
   const verified = verifierCount(state.config, 1) > 0
   const ejected = new Set([...state.epoch.clients, ...state.epoch.exited].filter((c) => c.state === 'Ejected').map((c) => c.id))
   return ledger.entries
-    .filter((e) => e.rounds + e.epoch_rounds + e.earned + e.slashed + e.claimed > 0 || e.score !== null)
+    .filter((e) => e.rounds + e.epoch_rounds + e.earned + e.slashed > 0 || e.score !== null)
     .map((e) => {
       const weight = rewardWeight(e.score, verified)
       return {
@@ -651,7 +645,6 @@ export function ledgerRows(ledger: OnChainLedger, state: CoordinatorState): (Rew
         pending: ejected.has(e.client_id) ? 0 : pointsFor(e.epoch_batches, weight, ledger.points_per_batch),
         earned: e.earned,
         slashed: e.slashed,
-        claimed: e.claimed,
       }
     })
     .sort((a, b) => (a.client_id < b.client_id ? -1 : a.client_id > b.client_id ? 1 : 0))

@@ -18,7 +18,7 @@ const T = structLayout('Treasury').at
 const P = structLayout('Participant').at
 const TIX = enumValues('TreasurerInstruction')
 
-interface Treasury {
+export interface Treasury {
   coordinator: Address
   coordinator_program: Address
   authority: Address
@@ -165,6 +165,6 @@ export async function claimInstruction(treasurer: Address, coordinator: Address,
       ],
       data,
     },
-    INSTRUCTION_UNITS.treasurer_claim,
+    INSTRUCTION_UNITS.claim,
   )
 }
