@@ -203,6 +203,27 @@ describe('treasurer program: token rewards for points', () => {
     poke(s, d.coordinator, 0, Buffer.from(d.chain.accountData(d.coordinator)!).readBigUInt64LE(0), d.programId)
     assert.equal(await balance(d.chain, wallet), 0n)
 
+    // a token account of another mint: the token program refuses the transfer, and the whole claim with it
+    const otherMint = await createMint(d.chain, d.authority)
+    const elsewhere = await createTokenAccount(d.chain, alice, alice.address, otherMint)
+    const wrongMint = await d.chain.send(alice, [await claim(alice, elsewhere)])
+    assert.ok(!wrongMint.ok && wrongMint.logs.some((l) => l.includes('TokenkegQfeZyiNwAJbNbGKPFXCWuBvf9Ss623VQ5DA failed')), wrongMint.logs.join('\n'))
+    assert.equal(d.chain.accountData(await participantAddress(treasurer, treasury, alice.address)), undefined, 'nothing recorded')
+    // mallory pre-funds alice's participant record's address: it is created anyway
+    const squat = Buffer.alloc(12)
+    squat[0] = 2
+    squat.writeBigUInt64LE(1_000_000n, 4)
+    const squatted = await d.chain.send(mallory, [
+      {
+        programAddress: SYSTEM_PROGRAM,
+        accounts: [
+          {address: mallory.address, role: AccountRole.WRITABLE_SIGNER, signer: mallory},
+          {address: await participantAddress(treasurer, treasury, alice.address), role: AccountRole.WRITABLE},
+        ],
+        data: squat,
+      },
+    ])
+    assert.ok(squatted.ok, squatted.error)
     const paid = await d.chain.send(alice, [good])
     assert.ok(paid.ok, `${paid.error}\n${paid.logs.join('\n')}`)
     assert.ok(paid.computeUnits <= INSTRUCTION_UNITS.claim, `claim: ${paid.computeUnits} CU`)
@@ -260,6 +281,8 @@ describe('treasurer program: token rewards for points', () => {
     assert.ok(last.ok, `${last.error}\n${last.logs.join('\n')}`)
     assert.equal(await balance(d.chain, wallet), BigInt(earned) * RATE + 500n * 5n + 500n * 5n)
     assert.ok(last.computeUnits <= INSTRUCTION_UNITS.claim, `claim at capacity: ${last.computeUnits} CU`)
-    console.log(`# treasurer CU: claim ${paid.computeUnits} (first, creating the participant record), ${last.computeUnits} (entry ${LEDGER_MAX} of ${LEDGER_MAX})`)
+    console.log(
+      `# treasurer CU: claim ${paid.computeUnits} (first, creating the participant record at an address a stranger pre-funded), ${last.computeUnits} (entry ${LEDGER_MAX} of ${LEDGER_MAX})`,
+    )
   })
 })
