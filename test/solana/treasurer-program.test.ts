@@ -5,7 +5,7 @@ import assert from 'node:assert/strict'
 import {readFileSync} from 'node:fs'
 import {before, describe, it} from 'node:test'
 import {AccountRole, lamports, type Address, type Instruction, type KeyPairSigner} from '@solana/kit'
-import {INSTRUCTION_UNITS, SYSTEM_PROGRAM, TOKEN_PROGRAM, setRatesInstruction, updateInstruction} from '../../src/core/backend/solana/instructions.js'
+import {INSTRUCTION_UNITS, SYSTEM_PROGRAM, TOKEN_PROGRAM, setRatesInstruction, signerMeta, updateInstruction} from '../../src/core/backend/solana/instructions.js'
 import {TREASURER_PROGRAM_PATH, programPath} from '../../src/core/backend/solana/local-chain.js'
 import {addressBytes, clientIdOf, decodeLedger} from '../../src/core/backend/solana/layout.js'
 import {
@@ -217,7 +217,7 @@ describe('treasurer program: token rewards for points', () => {
       {
         programAddress: SYSTEM_PROGRAM,
         accounts: [
-          {address: mallory.address, role: AccountRole.WRITABLE_SIGNER, signer: mallory},
+          signerMeta(mallory, true),
           {address: await participantAddress(treasurer, treasury, alice.address), role: AccountRole.WRITABLE},
         ],
         data: squat,
