@@ -216,10 +216,7 @@ describe('treasurer program: token rewards for points', () => {
     const squatted = await d.chain.send(mallory, [
       {
         programAddress: SYSTEM_PROGRAM,
-        accounts: [
-          signerMeta(mallory, true),
-          {address: await participantAddress(treasurer, treasury, alice.address), role: AccountRole.WRITABLE},
-        ],
+        accounts: [signerMeta(mallory, true), {address: await participantAddress(treasurer, treasury, alice.address), role: AccountRole.WRITABLE}],
         data: squat,
       },
     ])
