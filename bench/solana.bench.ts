@@ -12,6 +12,7 @@ import {
   equivocationInstructions,
   joinRunInstruction,
   peerAddress,
+  reportScoresInstruction,
   setPausedInstruction,
   setPeerInstruction,
   tickInstruction,
@@ -24,7 +25,7 @@ import {constant} from '../src/core/coordinator/layout-table.js'
 import {assignBatches, buildWitnessProof, selectWitnesses, type CoordinatorState} from '../src/core/coordinator/index.js'
 import {deployRun, keypair, readRun} from '../test/solana/harness.js'
 import {BloomFilter} from '../src/core/primitives/bloom.js'
-import {participantKey, witnessBloomParams} from '../src/core/coordinator/rules.js'
+import {assignedTrainers, participantKey, selectVerifiers, witnessBloomParams} from '../src/core/coordinator/rules.js'
 import {createHash} from 'node:crypto'
 import {signAnnouncement} from '../src/core/primitives/announcement.js'
 import {identityFromSeed} from '../src/core/protocol/identity.js'
@@ -40,7 +41,8 @@ const config = {
   min_clients: N >= 48 ? 1 : Math.floor(N / 2),
   init_min_clients: N,
   witness_nodes: N >= 48 ? 0 : Math.floor(N / 2),
-  verification_percent: 0,
+  /** a quarter of the roster verifies (64 of 256: their windows of 4 cover every trainer), for report_scores */
+  verification_percent: 25,
   global_batch_size_start: Math.max(128, 2 * N),
   global_batch_size_end: Math.max(128, 2 * N),
   global_batch_size_warmup_tokens: 0,
@@ -157,6 +159,18 @@ if (absent.length > 1) await send(`health_check (${absent.length} accused)`, rep
 const victim = state().epoch.round!.roster.find((id) => !witnesses.includes(id) && !absent.includes(id))!
 for (const w of witnesses.slice(0, Math.min(22, witnesses.length)))
   await send('accuse', byId.get(w)!, accuseInstruction(p, c, byId.get(w)!, state().epoch.round!.step, victim as Address))
+// The verifiers of round 2 report their scores of round 1's results (each its K = 4 assigned trainers); one lists its
+// trainers 16 times over (64 entries, the most one report holds).
+{
+  const s = state()
+  const round = s.epoch.round!
+  const scored = s.epoch.previous_round!
+  for (const [i, v] of selectVerifiers(s).entries()) {
+    const mine = assignedTrainers(s, round, scored, v).map((id) => ({index: scored.roster.indexOf(id), score: 300_000}))
+    const entries = i === 0 ? Array.from({length: 64}, (_, k) => mine[k % mine.length]) : mine
+    await send(`report_scores (${entries.length} entries)`, byId.get(v)!, reportScoresInstruction(p, c, byId.get(v)!, scored.step, entries))
+  }
+}
 // An equivocation proof: two signed announcements of one producer, checked by the Ed25519 program and the coordinator.
 const producer = state().epoch.round!.roster.find((id) => !witnesses.includes(id) && !absent.includes(id) && id !== victim)!
 const producerIdentity = identityFromSeed(
