@@ -7,6 +7,7 @@ import {getAddressDecoder, type Address} from '@solana/kit'
 import {loadKeypair, readAuthorization, readMetadata, readRun} from '../../src/core/backend/solana/admin.js'
 import {coordinatorAddress} from '../../src/core/backend/solana/instructions.js'
 import {RpcChain} from '../../src/core/backend/solana/chain.js'
+import {associatedTokenAddress, tokenBalance} from '../../src/core/backend/solana/spl.js'
 import {treasuryAddress} from '../../src/core/backend/solana/treasurer.js'
 import {projectRoot} from '../../src/core/worker/python.js'
 import {runCli, startCli, tempDir} from '../helpers.js'
@@ -185,7 +186,7 @@ describe('Solana without the Solana CLI: keys, a localnet that names its program
   before(async () => {
     const made = await runCli(['identity', 'new', '--solana', '--out', me, '--json'])
     assert.equal(made.exitCode, 0, made.stderr)
-    net = startCli(['solana', 'localnet', '--port', '0', '--fund', me])
+    net = startCli(['solana', 'localnet', '--port', '0', '--fund', me, '--tokens', '5000'])
     await new Promise<void>((resolve, reject) => {
       let out = ''
       net.stdout!.on('data', (chunk: Buffer) => {
@@ -263,5 +264,17 @@ describe('Solana without the Solana CLI: keys, a localnet that names its program
     const text = await cli('status', '--run-id', 'nocli-run')
     assert.match(text.stdout, /run nocli-run on Solana \(No CLI\): coordinator /)
     assert.match(text.stdout, /run nocli-run: WaitingForMembers/)
+    // --tokens: a mint, and 5000 of it in my associated token account; the treasury funded from there by default
+    assert.match(env.PSYCHE_TOKEN_MINT!, /^[1-9A-HJ-NP-Za-km-z]{32,44}$/)
+    const mine = await associatedTokenAddress((await loadKeypair(me)).address, env.PSYCHE_TOKEN_MINT as Address)
+    assert.equal(tokenBalance(await chain.fetchAccount(mine)), 5000n)
+    const funded = await cli('rewards', 'fund', '--keypair', me, '--run-id', 'nocli-run', '--mint', env.PSYCHE_TOKEN_MINT!, '--amount', '1200', '--json')
+    assert.equal(funded.exitCode, 0, funded.stderr)
+    assert.deepEqual([json(funded.stdout).created, json(funded.stdout).balance, json(funded.stdout).mint], [true, 1200, env.PSYCHE_TOKEN_MINT])
+    assert.equal(tokenBalance(await chain.fetchAccount(mine)), 3800n)
+    // no points yet: a claim (to my associated token account, by default) is refused whole
+    const claim = await cli('rewards', 'claim', '--keypair', me, '--run-id', 'nocli-run')
+    assert.equal(claim.exitCode, 1)
+    assert.match(claim.stderr, /rewards claim nocli-run refused: NothingToClaim/)
   })
 })

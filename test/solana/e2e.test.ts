@@ -8,6 +8,7 @@ import {loadKeypair, readMetadata, readRun} from '../../src/core/backend/solana/
 import {RpcChain} from '../../src/core/backend/solana/chain.js'
 import {coordinatorAddress, peerAddress} from '../../src/core/backend/solana/instructions.js'
 import {addressOfClient} from '../../src/core/backend/solana/layout.js'
+import {associatedTokenAddress, tokenBalance} from '../../src/core/backend/solana/spl.js'
 import {ensureDemoCorpus} from '../../src/core/corpus.js'
 import {identityFromSeed} from '../../src/core/protocol/identity.js'
 import {JsonProcess, hashesByStep, writeE2eRun} from '../e2e/helpers.js'
@@ -232,10 +233,17 @@ describe('end to end on Solana: localnet, run creator commands, join --rpc clien
     assert.equal(twice.exitCode, 1)
     assert.match(twice.stderr, /NothingToClaim/)
     assert.equal(await balance(chain, wallet), BigInt(earnedA * 2), 'claiming twice paid once')
+    // client b claims to its associated token account (the default), which the claim's transaction creates
+    const earnedB = ledger.clients.find((c) => c.client_id === keys[1].id)!.earned
+    const paidB = await runCli(['rewards', 'claim', ...treasurer, '--run-id', 'sol-e2e', '--keypair', keys[1].path, '--json'])
+    assert.equal(paidB.exitCode, 0, paidB.stderr)
+    const bWallet = await associatedTokenAddress(keys[1].address, mint)
+    assert.deepEqual([JSON.parse(paidB.stdout).amount, JSON.parse(paidB.stdout).to], [earnedB * 2, bWallet])
+    assert.equal(tokenBalance(await chain.fetchAccount(bWallet)), BigInt(earnedB * 2))
     const after = await rewardsOf()
     assert.deepEqual(
       after.clients.map((c) => [c.client_id, c.claimed]),
-      ledger.clients.map((c) => [c.client_id, c.client_id === keys[0].id ? earnedA : 0]),
+      ledger.clients.map((c) => [c.client_id, c.client_id === keys[0].id ? earnedA : earnedB]),
     )
     // psyche status --rpc and psyche dashboard --rpc show the same points, from the same ledger
     const status = await runCli(['status', ...treasurer, '--run-id', 'sol-e2e', '--json'])

@@ -23,7 +23,8 @@ export default class RewardsFund extends PsycheCommand {
   static description = `The run's main authority (--keypair) creates the run's treasury in the treasurer program the first time, for the
 SPL token --mint (a run has one treasury, of one mint): a program address of the treasurer that owns, as its token
 owner, a token account of the mint (the vault). Then --amount token base units move from --from (a token account of
-the mint whose owner is --keypair) into the vault, by a CPI to the SPL token program. Clients claim from it with psyche
+the mint whose owner is --keypair; default: its associated token account) into the vault, by a CPI to the SPL token
+program. Clients claim from it with psyche
 rewards claim: their points × the run's token rate (psyche set-rates). Only the run's main authority creates or funds
 it (anyone else is refused: Unauthorized); tokens sent to the vault with an ordinary transfer are a gift and pay
 claims too. Without --amount, it only creates the treasury.
@@ -32,14 +33,14 @@ claims too. Without --amount, it only creates the treasury.
 
   static examples = [
     '<%= config.bin %> rewards fund --program-id <ID> --treasurer-id <TREASURER> --run-id my-run --keypair authority.json --mint <MINT> --from <TOKEN ACCOUNT> --amount 1000000',
-    '<%= config.bin %> rewards fund --run-id my-run --keypair authority.json --from <TOKEN ACCOUNT> --amount 500000',
+    '<%= config.bin %> rewards fund --run-id my-run --keypair authority.json --amount 500000',
   ]
 
   static flags = {
     ...solanaFlags,
     'run-id': Flags.string({summary: 'the run id', required: true}),
     mint: Flags.string({summary: "the SPL token mint claims pay in (needed to create the run's treasury)"}),
-    from: Flags.string({summary: 'your token account of the mint that pays in'}),
+    from: Flags.string({summary: 'your token account of the mint that pays in (default: your associated token account)'}),
     amount: Flags.integer({summary: 'token base units to move into the treasury', default: 0, min: 0}),
   }
 

@@ -45,6 +45,7 @@ import {
   type RunMetadata,
 } from './layout.js'
 import type {SendResult} from './local-chain.js'
+import {associatedTokenAccountInstruction, associatedTokenAddress, tokenBalance} from './spl.js'
 import {
   PARTICIPANT_SIZE,
   TOKEN_ACCOUNT_SIZE,
@@ -242,8 +243,7 @@ export async function readTreasury(t: TreasuryTarget): Promise<{address: Address
   if (!data) return undefined
   const treasury = decodeTreasury(data)
   const vault = await t.chain.fetchAccount(treasury.vault)
-  const balance = vault && vault.length === TOKEN_ACCOUNT_SIZE ? Buffer.from(vault).readBigUInt64LE(64) : 0n
-  return {address, treasury, balance}
+  return {address, treasury, balance: tokenBalance(vault)}
 }
 
 /**
@@ -262,18 +262,26 @@ export async function fundTreasury(t: TreasuryTarget & {authority: TransactionSi
     instructions.push(await initTreasuryInstruction(t.treasurer, coordinator, t.authority, t.mint!, rent))
   }
   if (t.amount > 0n) {
-    if (!t.source) throw new PsycheError('--from names the token account (of the mint, yours) that funds the treasury', {code: 'EUSAGE'})
-    instructions.push(await fundInstruction(t.treasurer, coordinator, t.authority, t.source, t.amount))
+    // by default, from the authority's associated token account of the mint
+    const source = t.source ?? (await associatedTokenAddress(t.authority.address, existing?.treasury.mint ?? t.mint!))
+    instructions.push(await fundInstruction(t.treasurer, coordinator, t.authority, source, t.amount))
   }
   if (instructions.length) check(await t.chain.send(t.authority, instructions), `rewards fund ${t.runId}`)
   return {created: !existing}
 }
 
-/** claim (treasurer): the signer's points not yet claimed × the run's token rate, from the run's treasury to `destination`. */
-export async function claimRewards(t: TreasuryTarget & {client: TransactionSigner; destination: Address}): Promise<void> {
+/**
+ * claim (treasurer): the signer's points not yet claimed × the run's token rate, from the run's treasury to
+ * `destination`; by default to the signer's associated token account of the treasury's mint, created (the signer pays)
+ * in the same transaction when it does not exist. Returns the account paid.
+ */
+export async function claimRewards(t: TreasuryTarget & {client: TransactionSigner; mint: Address; destination?: Address}): Promise<Address> {
   const coordinator = await coordinatorAddress(t.programId, t.runId)
-  const ix = await claimInstruction(t.treasurer, coordinator, t.client, t.destination, await t.chain.minimumBalance(PARTICIPANT_SIZE))
-  check(await t.chain.send(t.client, [ix]), `rewards claim ${t.runId}`)
+  const destination = t.destination ?? (await associatedTokenAddress(t.client.address, t.mint))
+  const create = t.destination ? [] : [await associatedTokenAccountInstruction(t.client, t.client.address, t.mint)]
+  const ix = await claimInstruction(t.treasurer, coordinator, t.client, destination, await t.chain.minimumBalance(PARTICIPANT_SIZE))
+  check(await t.chain.send(t.client, [...create, ix]), `rewards claim ${t.runId}`)
+  return destination
 }
 
 /**

@@ -91,6 +91,10 @@ export const INSTRUCTION_UNITS = {
   fund: 10_000,
   /** treasurer: the ledger scan, the participant address (created on a first claim) and the token program's transfer */
   claim: 20_000,
+  /** the associated token account program's CreateIdempotent (creating the account: ~20k) */
+  associated_token_account: 40_000,
+  /** an SPL token program instruction (InitializeMint2, MintTo, Transfer: a few thousand) */
+  token: 10_000,
 } as const
 
 /** Accused clients per health_check transaction: the batch stays under the default 200,000 compute units. */
