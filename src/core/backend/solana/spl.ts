@@ -8,7 +8,7 @@ import {INSTRUCTION_UNITS, SYSTEM_PROGRAM, TOKEN_PROGRAM, signerMeta, withUnits}
  * accounts (where a key's tokens of a mint live by default), and, for a localnet, a mint and minting.
  */
 
-export const ASSOCIATED_TOKEN_PROGRAM = 'ATokenGPvbdGVxr1b2hvZbsiqW5xWH25efTNsLJA8knL' as Address
+const ASSOCIATED_TOKEN_PROGRAM = 'ATokenGPvbdGVxr1b2hvZbsiqW5xWH25efTNsLJA8knL' as Address
 const MINT_SIZE = 82
 const enc = getAddressEncoder()
 
