@@ -75,7 +75,7 @@ class SolanaSim {
     return readRun(this.d).state
   }
 
-  async addClient(name: string, hub?: ClientOptions['hub']): Promise<SolClient> {
+  async addClient(name: string, hub?: ClientOptions['hub'], worker = new DeterministicWorker()): Promise<SolClient> {
     const {identity, signer} = await keys(name)
     this.d.chain.airdrop(signer.address)
     const events: EventLine[] = []
@@ -88,7 +88,6 @@ class SolanaSim {
       clock: this.clock,
       log: (e) => events.push({...e, source: 'solana'}),
     })
-    const worker = new DeterministicWorker()
     const p2p = this.net.node(identity)
     const components: ClientComponents = {
       backend: {
@@ -157,6 +156,23 @@ class SolanaSim {
       this.d.chain.setTime(Math.floor(this.clock.now() / 1000))
       await this.quiesce()
     }
+  }
+}
+
+/** A trainer whose updates raise the loss on its own batches: its results carry a mark the honest scorers see. */
+class HarmfulWorker extends DeterministicWorker {
+  override async finishRound(step: number, previous?: {applyStep: number; results: Uint8Array[]}) {
+    const out = await super.finishRound(step, previous)
+    out.result[0] = 0xee
+    return out
+  }
+}
+
+/** An honest verifier's worker: a marked result raises the loss on its producer's batch (a negative score), others lower it. */
+class ScoringWorker extends DeterministicWorker {
+  override async scoreResults(step: number, results: Uint8Array[], batches: {tokens: Uint32Array; rows: number}[]) {
+    const out = await super.scoreResults(step, results, batches)
+    return {...out, after: results.map((r): [number, number] => (r[0] === 0xee ? [2.1, 2] : [1.9, 2]))}
   }
 }
 
@@ -253,6 +269,36 @@ describe('Solana backend: real clients over the on-chain coordinator (LiteSVM, i
     const scores = ledgerScores(ledger)
     assert.deepEqual(scores.map((r) => r.client_id).sort(), clients.map((x) => x.identity.id).sort())
     for (const r of ledgerRows(ledger, sim.state)) assert.ok(r.score !== null && r.score >= 0.2 && r.weight === 1, JSON.stringify(r))
+  })
+
+  it("a harmful trainer, one verifier a round: the run's agreed scores (the program's ledger) get it accused and ejected", async () => {
+    // 4 clients, 25 %: one verifier a round, which scores the 3 others; a verifier rarely scored the attacker twice
+    // itself, but the ledger holds every verifier's reports, so the first one assigned it after 2 reports accuses it
+    // (1 of 1 assigned: ejected).
+    const sim = new SolanaSim(await configured('sol-harm', null, {verification_percent: 25, init_min_clients: 4, epoch_time: 60, total_steps: 20}))
+    const honest = [
+      await sim.addClient('ha', undefined, new ScoringWorker()),
+      await sim.addClient('hb', undefined, new ScoringWorker()),
+      await sim.addClient('hc', undefined, new ScoringWorker()),
+    ]
+    const attacker = await sim.addClient('hx', undefined, new HarmfulWorker())
+    const ejected = () => [...sim.state.epoch.clients, ...sim.state.epoch.exited].some((c) => c.id === attacker.identity.id && c.state === 'Ejected')
+    await sim.runUntil(() => ejected() || sim.state.run_state === 'Finished', 'the attacker ejected')
+    assert.ok(ejected(), `the attacker was not ejected (run ${sim.state.run_state}, step ${sim.state.progress.step})`)
+    const accusations = honest.flatMap((x) => x.events.filter((e) => e.event === 'accused'))
+    assert.ok(accusations.length > 0 && accusations.every((e) => e.client_id === attacker.identity.id), JSON.stringify(accusations))
+    assert.ok(
+      accusations.some((e) => String(e.reason).includes('agreed moving average')),
+      `accused by the agreed average: ${JSON.stringify(accusations)}`,
+    )
+    const ledger = decodeLedger(sim.d.chain.accountData(sim.d.coordinator)!)
+    const score = (x: SolClient) => ledger.entries.find((e) => e.client_id === x.identity.id)?.score ?? null
+    assert.ok(score(attacker) !== null && score(attacker)! < 0, `the attacker's agreed score: ${score(attacker)}`)
+    for (const x of honest) assert.ok((score(x) ?? 0) >= 0, `${x.name}: ${score(x)}`)
+    let ended = 0
+    for (const x of [...honest, attacker]) void x.done.then(() => ended++)
+    for (const x of [...honest, attacker]) x.client.stop()
+    await sim.runUntil(() => ended === 4, 'every client to stop')
   })
 
   it('a designated checkpointer on Solana: its report carries the witnesses’ agreed hash, which the program records with the checkpoint', async () => {

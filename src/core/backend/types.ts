@@ -44,8 +44,14 @@ export interface CoordinatorBackend extends EventEmitter {
   sendHealthCheck(step: number, accused: ClientId[]): boolean
   /** As a witness of `step`: `accused`'s result for it failed validation. */
   sendAccusation(step: number, accused: ClientId, reason: AccusationReason): boolean
-  /** As a verifier: the scores we gave peers' results of round `step` (display: the server keeps moving averages). */
+  /** As a verifier: the scores we gave peers' results of round `step` (the coordinator keeps moving averages: rewards.ts). */
   sendScores?(step: number, scores: {client_id: ClientId; score: number}[]): boolean
+  /**
+   * The run's agreed scores: the moving averages of every verifier's reports the coordinator keeps (rewards.ts), by
+   * client, as decimals in [-1, 1], with the reports counted and the last step scored. Absent: the backend does not
+   * deliver them to clients (the centralized server sends them to watchers only).
+   */
+  agreedScores?(): ReadonlyMap<ClientId, {average: number; count: number; last_step: number}>
   /** Two signed announcements of one producer for one step (it equivocated). */
   sendEquivocation(proof: EquivocationProof): boolean
   sendWithdraw(): boolean

@@ -57,27 +57,33 @@ export class Verification {
     if (!current || !isRoundPhase(state.run_state) || !isVerifier(state, ctx.id, current) || !worker.scoreResults) return
     const assigned = new Set(assignedTrainers(state, current, round, ctx.id))
     const peers = results.filter((r) => assigned.has(r.client_id) && r.bytes)
-    if (peers.length > 0) await this.score(round, peers)
-    // Accused by its average over the rounds we scored it in, while the seed assigns it to us: the coordinator counts a
-    // low-score quorum among the verifiers assigned to the accused (isScoreAssigned) and refuses the others.
-    for (const id of this.scorer.lowScorers()) {
+    const fresh = peers.length > 0 ? await this.score(round, peers) : new Map<ClientId, number>()
+    // Accused by its average over the rounds we scored it in, or by the run's agreed average (every verifier's reports,
+    // where the backend delivers them: with few verifiers a round, one rarely scores the same peer twice) together with
+    // our score of this round, while the seed assigns it to us: the coordinator counts a low-score quorum among the
+    // verifiers assigned to the accused (isScoreAssigned) and refuses the others.
+    const {threshold, window} = this.scorer.settings
+    const low = new Map(this.scorer.lowScorers().map((id) => [id, `moving average ${this.scorer.get(id)!.average.toFixed(3)}`]))
+    for (const [id, agreed] of ctx.conn.agreedScores?.() ?? []) {
+      if (low.has(id) || !(agreed.average < threshold) || agreed.last_step >= round.step) continue
+      const mine = fresh.get(id)
+      if (agreed.count >= window) low.set(id, `agreed moving average ${agreed.average.toFixed(3)} over ${agreed.count} reports`)
+      else if (mine !== undefined && mine < threshold && agreed.count + 1 >= window)
+        low.set(id, `agreed moving average ${agreed.average.toFixed(3)} over ${agreed.count} reports, and our score ${mine.toFixed(3)}`)
+    }
+    for (const [id, why] of low) {
       const key = `${current.step}:${id}:low_score`
       const range = batchRangeFor(ctx.state, id, current)
       if (!assigned.has(id) || ctx.accused.has(key) || !range || range.end === range.start || current.excluded?.includes(id)) continue
       if (ctx.conn.sendAccusation(current.step, id, 'low_score')) {
         ctx.accused.add(key)
-        ctx.log({
-          event: 'accused',
-          step: current.step,
-          client_id: id,
-          reason: `low_score: moving average ${this.scorer.get(id)!.average.toFixed(3)} below ${this.scorer.settings.threshold}`,
-        })
+        ctx.log({event: 'accused', step: current.step, client_id: id, reason: `low_score: ${why} below ${threshold}`})
       }
     }
   }
 
-  /** Scores `peers`' results of `round` (one score_results call), keeps their averages, and reports the scores. */
-  private async score(round: Round, peers: HeldResult[]): Promise<void> {
+  /** Scores `peers`' results of `round` (one score_results call), keeps their averages, and reports the scores; returns them. */
+  private async score(round: Round, peers: HeldResult[]): Promise<Map<ClientId, number>> {
     const ctx = this.ctx
     const worker = ctx.worker
     const size = Math.max(...peers.map((r) => r.batch_end - r.batch_start))
@@ -119,5 +125,6 @@ export class Verification {
     // The coordinator (the server, or the Solana program: report_scores) keeps moving averages of what verifiers report:
     // they weigh each client's points (rewards.ts) and show in psyche status, rewards and dashboards.
     if (reported.length > 0) ctx.conn.sendScores?.(round.step, reported)
+    return new Map(reported.map((e) => [e.client_id, e.score]))
   }
 }

@@ -24,7 +24,18 @@ import {
   withdrawInstruction,
   witnessInstruction,
 } from './instructions.js'
-import {PEER_SIZE, REPORT_SCORES_MAX, addressOfClient, fitPeerAddrs, clientIdOf, decodeCoordinator, decodePeer, type OnChainCoordinator} from './layout.js'
+import {
+  PEER_SIZE,
+  REPORT_SCORES_MAX,
+  addressOfClient,
+  fitPeerAddrs,
+  clientIdOf,
+  decodeCoordinator,
+  decodeLedger,
+  decodePeer,
+  ledgerScores,
+  type OnChainCoordinator,
+} from './layout.js'
 import {scoreToFixed} from '../../coordinator/rewards.js'
 import {subscribeAccount} from './watch.js'
 import type {EventLog} from '../../events.js'
@@ -425,6 +436,24 @@ export class SolanaBackend extends EventEmitter implements CoordinatorBackend {
       .slice(0, REPORT_SCORES_MAX)
       .map((e) => ({index: scored.roster.indexOf(e.client_id), score: scoreToFixed(e.score)}))
     return this.enqueue('report_scores', () => reportScoresInstruction(this.opts.programId, this.coordinator, this.opts.signer, step, entries))
+  }
+
+  private agreed: {data: Buffer; scores: Map<ClientId, {average: number; count: number; last_step: number}>} | undefined
+
+  /** The scores the program keeps in the coordinator account's ledger (report_scores), as last read. */
+  agreedScores(): ReadonlyMap<ClientId, {average: number; count: number; last_step: number}> {
+    const data = this.lastData
+    if (!data) return new Map()
+    if (this.agreed?.data !== data) {
+      let scores = new Map<ClientId, {average: number; count: number; last_step: number}>()
+      try {
+        scores = new Map(ledgerScores(decodeLedger(data)).map((r) => [r.client_id, {average: r.average, count: r.count, last_step: r.last_step}]))
+      } catch (error) {
+        this.log({event: 'coordinator_account_invalid', message: `rewards ledger: ${errorMessage(error)}`})
+      }
+      this.agreed = {data, scores}
+    }
+    return this.agreed.scores
   }
 
   /** Both signed announcements, verified by the Ed25519 program in the same transaction; the program ejects the producer. */
