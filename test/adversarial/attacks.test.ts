@@ -5,7 +5,7 @@ import {ensureDemoCorpus} from '../../src/core/corpus.js'
 import {projectRoot} from '../../src/core/worker/python.js'
 import {runCli, tempDir} from '../helpers.js'
 import {DEFAULT_SCORE_SETTINGS} from '../../src/core/verify/score.js'
-import type {RewardRow} from '../../src/core/coordinator/rewards.js'
+import {pointsFor, WEIGHT_ONE, type RewardRow} from '../../src/core/coordinator/rewards.js'
 import {fieldOf, hashesByStep, JsonProcess, type Line, startClient, startServer, writeE2eRun} from '../e2e/helpers.js'
 
 /**
@@ -147,13 +147,14 @@ async function attackRun(name: string, cases: Expect[], shape: {rounds?: number;
       assert.ok((r?.rounds ?? 0) <= paidRounds || (r?.earned ?? 0) === 0, `${c.attack}: the attacker earned ${JSON.stringify(r)}`)
       if (paidRounds === 0) assert.equal(r?.earned ?? 0, 0, `${c.attack}: the attacker earned points: ${JSON.stringify(r)}`)
       // Ejected by a verifier quorum: what its results accepted before that would have earned is slashed.
-      if (c.byScore && r) assert.ok(r.earned === 0 && r.slashed === Math.floor(r.batches * 1000 * r.weight), `${c.attack}: slashed, not earned: ${JSON.stringify(r)}`)
+      if (c.byScore && r)
+        assert.ok(r.earned === 0 && r.slashed === pointsFor(r.batches, Math.round(r.weight * WEIGHT_ONE)), `${c.attack}: slashed, not earned: ${JSON.stringify(r)}`)
     }
     const honestRows = rows.filter((r) => !ids.includes(r.client_id))
     assert.equal(honestRows.length, 3, `three honest clients in the ledger: ${JSON.stringify(rows)}`)
     for (const r of honestRows) {
       assert.ok(r.rounds >= rounds - 1 && r.weight > 0 && r.slashed === 0, `an honest client's rewards: ${JSON.stringify(r)}`)
-      assert.equal(r.earned, Math.floor(r.batches * 1000 * r.weight), `earned = accepted batches × 1000 × weight: ${JSON.stringify(r)}`)
+      assert.equal(r.earned, pointsFor(r.batches, Math.round(r.weight * WEIGHT_ONE)), `earned = accepted batches × 1000 × weight: ${JSON.stringify(r)}`)
     }
     // Points per accepted round differ among honest clients only by their batch shares and their scores' weights.
     const perRound = honestRows.map((r) => r.earned / r.rounds)
