@@ -137,15 +137,20 @@ describe('Solana commands against a localnet (psyche solana localnet)', () => {
         vault: undefined,
         mint,
         created: true,
-        amount: 1000,
-        funded: 1000,
-        balance: 1000,
-        paid: 0,
+        amount: '1000',
+        funded: '1000',
+        balance: '1000',
+        paid: '0',
       },
     )
     const more = await cli('rewards', 'fund', '--keypair', creator, '--run-id', 'cli-run', '--from', source, '--amount', '500', '--json')
     assert.equal(more.exitCode, 0, more.stderr)
-    assert.deepEqual([json(more.stdout).created, json(more.stdout).funded, json(more.stdout).balance], [false, 1500, 1500])
+    assert.deepEqual([json(more.stdout).created, json(more.stdout).funded, json(more.stdout).balance], [false, '1500', '1500'])
+    for (const bad of ['-5', '1.5', '18446744073709551616']) {
+      const refused = await cli('rewards', 'fund', '--keypair', creator, '--run-id', 'cli-run', '--amount', bad)
+      assert.equal(refused.exitCode, 1)
+      assert.match(refused.stderr, /--amount .*: token base units, an integer from 0 to 2\^64 − 1/)
+    }
     assert.equal(await balance(chain, source), 10_000n - 1500n)
     const otherMint = await cli('rewards', 'fund', '--keypair', creator, '--run-id', 'cli-run', '--mint', aliceKey.address)
     assert.equal(otherMint.exitCode, 1)
@@ -270,7 +275,7 @@ describe('Solana without the Solana CLI: keys, a localnet that names its program
     assert.equal(tokenBalance(await chain.fetchAccount(mine)), 5000n)
     const funded = await cli('rewards', 'fund', '--keypair', me, '--run-id', 'nocli-run', '--mint', env.PSYCHE_TOKEN_MINT!, '--amount', '1200', '--json')
     assert.equal(funded.exitCode, 0, funded.stderr)
-    assert.deepEqual([json(funded.stdout).created, json(funded.stdout).balance, json(funded.stdout).mint], [true, 1200, env.PSYCHE_TOKEN_MINT])
+    assert.deepEqual([json(funded.stdout).created, json(funded.stdout).balance, json(funded.stdout).mint], [true, '1200', env.PSYCHE_TOKEN_MINT])
     assert.equal(tokenBalance(await chain.fetchAccount(mine)), 3800n)
     // no points yet: a claim (to my associated token account, by default) is refused whole
     const claim = await cli('rewards', 'claim', '--keypair', me, '--run-id', 'nocli-run')

@@ -4,6 +4,7 @@ import fc from 'fast-check'
 import {AUTHORIZATION_SIZE, decodeAuthorization} from '../../src/core/backend/solana/authorizer.js'
 import {METADATA_SIZE, PEER_SIZE, STATE_SIZE, decodeCoordinator, decodeMetadata, decodePeer} from '../../src/core/backend/solana/layout.js'
 import {updateInstruction} from '../../src/core/backend/solana/instructions.js'
+import {PARTICIPANT_SIZE, TREASURY_SIZE, decodeParticipant, decodeTreasury} from '../../src/core/backend/solana/treasurer.js'
 import {deployRun, readRun} from './harness.js'
 
 /** Account bytes come from an RPC node: decoding them either succeeds or throws a RangeError naming the problem. */
@@ -101,6 +102,25 @@ describe('decoders of account bytes (fuzzed)', () => {
       )
       fc.assert(
         fc.property(fc.uint8Array({maxLength: 1200}), (b) => decodesOrRangeError(decode, b)),
+        {numRuns: 200},
+      )
+    }
+  })
+
+  it('treasurer accounts: treasuries and participant records (claimed points past 2^53 refused, token amounts any u64)', () => {
+    for (const [decode, size, magic] of [
+      [decodeTreasury, TREASURY_SIZE, 'PSYTREAS'],
+      [decodeParticipant, PARTICIPANT_SIZE, 'PSYTPART'],
+    ] as const) {
+      fc.assert(
+        fc.property(fc.uint8Array({minLength: size, maxLength: size}), (b) => {
+          b.set(Buffer.from(magic), 0) // the magic, so the body is decoded
+          decodesOrRangeError(decode, b)
+        }),
+        {numRuns: 300},
+      )
+      fc.assert(
+        fc.property(fc.uint8Array({maxLength: 300}), (b) => decodesOrRangeError(decode, b)),
         {numRuns: 200},
       )
     }

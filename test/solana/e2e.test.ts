@@ -220,14 +220,23 @@ describe('end to end on Solana: localnet, run creator commands, join --rpc clien
       '--json',
     ])
     assert.equal(funded.exitCode, 0, funded.stderr)
-    assert.equal(JSON.parse(funded.stdout).balance, 1_000_000)
+    assert.equal(JSON.parse(funded.stdout).balance, '1000000')
     const aKey = await loadKeypair(keys[0].path)
     const wallet = await createTokenAccount(chain, aKey, aKey.address, mint)
     const earnedA = ledger.clients.find((c) => c.client_id === keys[0].id)!.earned
     const claim = () => runCli(['rewards', 'claim', ...treasurer, '--run-id', 'sol-e2e', '--keypair', keys[0].path, '--to', wallet, '--json'])
     const paid = await claim()
     assert.equal(paid.exitCode, 0, paid.stderr)
-    assert.deepEqual(JSON.parse(paid.stdout), {run_id: 'sol-e2e', client_id: keys[0].id, points: earnedA, amount: earnedA * 2, earned: earnedA, claimed: earnedA, mint, to: wallet})
+    assert.deepEqual(JSON.parse(paid.stdout), {
+      run_id: 'sol-e2e',
+      client_id: keys[0].id,
+      points: earnedA,
+      amount: String(earnedA * 2),
+      earned: earnedA,
+      claimed: earnedA,
+      mint,
+      to: wallet,
+    })
     assert.equal(await balance(chain, wallet), BigInt(earnedA * 2))
     const twice = await runCli(['rewards', 'claim', ...treasurer, '--run-id', 'sol-e2e', '--keypair', keys[0].path, '--to', wallet])
     assert.equal(twice.exitCode, 1)
@@ -238,7 +247,7 @@ describe('end to end on Solana: localnet, run creator commands, join --rpc clien
     const paidB = await runCli(['rewards', 'claim', ...treasurer, '--run-id', 'sol-e2e', '--keypair', keys[1].path, '--json'])
     assert.equal(paidB.exitCode, 0, paidB.stderr)
     const bWallet = await associatedTokenAddress(keys[1].address, mint)
-    assert.deepEqual([JSON.parse(paidB.stdout).amount, JSON.parse(paidB.stdout).to], [earnedB * 2, bWallet])
+    assert.deepEqual([JSON.parse(paidB.stdout).amount, JSON.parse(paidB.stdout).to], [String(earnedB * 2), bWallet])
     assert.equal(tokenBalance(await chain.fetchAccount(bWallet)), BigInt(earnedB * 2))
     const after = await rewardsOf()
     assert.deepEqual(

@@ -143,9 +143,9 @@ describe('treasurer program: token rewards for points', () => {
       authority: d.authority.address,
       mint,
       vault,
-      funded: 0,
+      funded: 0n,
       claimed: 0,
-      paid: 0,
+      paid: 0n,
     })
     const token = Buffer.from(d.chain.accountData(vault)!)
     const vaultAccount = d.chain.svm.getAccount(vault)
@@ -167,7 +167,7 @@ describe('treasurer program: token rewards for points', () => {
     assert.ok((await d.chain.send(mallory, [transferInstruction(mallory, malloryTokens, vault, 500n)])).ok)
     assert.equal(await balance(d.chain, vault), 1500n)
     assert.equal(await balance(d.chain, s.source), 1_000_000_000n - 1000n)
-    assert.equal(decodeTreasury(d.chain.accountData(treasury)!).funded, 1000)
+    assert.equal(decodeTreasury(d.chain.accountData(treasury)!).funded, 1000n)
     console.log(`# treasurer CU: init_treasury ${created.computeUnits}, fund ${funded.computeUnits}`)
   })
 
@@ -227,7 +227,7 @@ describe('treasurer program: token rewards for points', () => {
     assert.equal(await balance(d.chain, wallet), BigInt(earned) * RATE)
     assert.equal(await balance(d.chain, vault), 1500n)
     const record = await participantAddress(treasurer, treasury, alice.address)
-    assert.deepEqual(decodeParticipant(d.chain.accountData(record)!), {treasury, client: alice.address, claimed: earned, paid: earned * Number(RATE)})
+    assert.deepEqual(decodeParticipant(d.chain.accountData(record)!), {treasury, client: alice.address, claimed: earned, paid: BigInt(earned) * RATE})
     // claiming twice pays once; keys without points have nothing to claim (no record is created for them)
     const again = await d.chain.send(alice, [await claim(alice)])
     assert.equal(again.error, 'NothingToClaim')
@@ -255,9 +255,9 @@ describe('treasurer program: token rewards for points', () => {
     poke(s, d.coordinator, STATE.token_rate.offset, 5n)
     assert.ok((await d.chain.send(alice, [await claim(alice)])).ok)
     assert.equal(await balance(d.chain, wallet), BigInt(earned) * RATE + 500n * 5n)
-    assert.deepEqual(decodeParticipant(d.chain.accountData(record)!), {treasury, client: alice.address, claimed: earned + 500, paid: earned * Number(RATE) + 2500})
+    assert.deepEqual(decodeParticipant(d.chain.accountData(record)!), {treasury, client: alice.address, claimed: earned + 500, paid: BigInt(earned) * RATE + 2500n})
     const t = decodeTreasury(d.chain.accountData(treasury)!)
-    assert.deepEqual([t.claimed, t.paid], [earned + 500 + bobEarned, (earned + bobEarned) * Number(RATE) + 2500])
+    assert.deepEqual([t.claimed, t.paid], [earned + 500 + bobEarned, BigInt(earned + bobEarned) * RATE + 2500n])
 
     // a run whose main authority changed (e.g. freed and created again by someone else) pays nothing from this treasury
     const authorityAt = STATE.main_authority.offset

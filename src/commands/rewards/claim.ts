@@ -8,9 +8,10 @@ import {PsycheError} from '../../core/errors.js'
 interface ClaimSummary {
   run_id: string
   client_id: string
-  /** Points paid by this claim, the token base units they paid, and the client's totals after it. */
+  /** Points paid by this claim, the token base units they paid (a decimal string: a u64, as Solana's RPC spells token
+   * amounts), and the client's totals after it. */
   points: number
-  amount: number
+  amount: string
   earned: number
   claimed: number
   /** The mint paid in and the token account paid. */
@@ -27,7 +28,8 @@ treasury's mint (default: the key's associated token account of the mint, create
 not exist, its rent paid by the key), by a CPI to the SPL token program. The first claim creates the key's participant record (its rent
 paid by the key), which keeps what it claimed: claiming twice pays once (a second claim is refused with NothingToClaim).
 
---json prints {run_id, client_id, points, amount, earned, claimed, mint, to}.`
+--json prints {run_id, client_id, points, amount, earned, claimed, mint, to}; amount (token base units) is a decimal
+string, as Solana's RPC spells token amounts (a u64 can exceed what a JSON number holds exactly).`
 
   static examples = ['<%= config.bin %> rewards claim --program-id <ID> --treasurer-id <TREASURER> --run-id my-run --keypair me.json']
 
@@ -52,7 +54,7 @@ paid by the key), which keeps what it claimed: claiming twice pays once (a secon
       run_id: flags['run-id'],
       client_id: id,
       points: after.claimed - before.claimed,
-      amount: after.paid - before.paid,
+      amount: String(after.paid - before.paid),
       earned: entry?.earned ?? 0,
       claimed: after.claimed,
       mint: treasury.treasury.mint,

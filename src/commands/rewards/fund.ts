@@ -2,6 +2,7 @@ import {Flags} from '@oclif/core'
 import {fundTreasury, readTreasury} from '../../core/backend/solana/admin.js'
 import {PsycheCommand} from '../../core/cli/base-command.js'
 import {parseAddress, solanaContext, solanaFlags} from '../../core/cli/solana-flags.js'
+import {PsycheError} from '../../core/errors.js'
 
 interface FundSummary {
   run_id: string
@@ -11,11 +12,11 @@ interface FundSummary {
   mint: string
   /** Whether this command created the treasury. */
   created: boolean
-  /** Token base units this command paid in; all that fund paid in; what the vault holds now; what claims paid out. */
-  amount: number
-  funded: number
-  balance: number
-  paid: number
+  /** Token base units (decimal strings): this command paid in; all that fund paid in; what the vault holds now; what claims paid out. */
+  amount: string
+  funded: string
+  balance: string
+  paid: string
 }
 
 export default class RewardsFund extends PsycheCommand {
@@ -29,7 +30,8 @@ rewards claim: their points × the run's token rate (psyche set-rates). Only the
 it (anyone else is refused: Unauthorized); tokens sent to the vault with an ordinary transfer are a gift and pay
 claims too. Without --amount, it only creates the treasury.
 
---json prints {run_id, treasury, vault, mint, created, amount, funded, balance, paid}.`
+--json prints {run_id, treasury, vault, mint, created, amount, funded, balance, paid}; the token amounts are decimal
+strings, as Solana's RPC spells them (a u64 can exceed what a JSON number holds exactly).`
 
   static examples = [
     '<%= config.bin %> rewards fund --program-id <ID> --treasurer-id <TREASURER> --run-id my-run --keypair authority.json --mint <MINT> --from <TOKEN ACCOUNT> --amount 1000000',
@@ -41,19 +43,20 @@ claims too. Without --amount, it only creates the treasury.
     'run-id': Flags.string({summary: 'the run id', required: true}),
     mint: Flags.string({summary: "the SPL token mint claims pay in (needed to create the run's treasury)"}),
     from: Flags.string({summary: 'your token account of the mint that pays in (default: your associated token account)'}),
-    amount: Flags.integer({summary: 'token base units to move into the treasury', default: 0, min: 0}),
+    amount: Flags.string({summary: 'token base units to move into the treasury (an integer up to 2^64 − 1)', default: '0'}),
   }
 
   async run(): Promise<FundSummary> {
     const {flags} = await this.parse(RewardsFund)
     const {chain, signer} = await solanaContext(flags)
     const target = {chain, programId: parseAddress(flags['program-id'], 'program-id'), treasurer: parseAddress(flags['treasurer-id'], 'treasurer-id'), runId: flags['run-id']}
+    const amount = tokenAmount(flags.amount)
     const {created} = await fundTreasury({
       ...target,
       authority: signer,
       mint: flags.mint ? parseAddress(flags.mint, 'mint') : undefined,
       source: flags.from ? parseAddress(flags.from, 'from') : undefined,
-      amount: BigInt(flags.amount),
+      amount,
     })
     const now = (await readTreasury(target))!
     const summary = {
@@ -62,16 +65,23 @@ claims too. Without --amount, it only creates the treasury.
       vault: now.treasury.vault,
       mint: now.treasury.mint,
       created,
-      amount: flags.amount,
-      funded: now.treasury.funded,
-      balance: Number(now.balance),
-      paid: now.treasury.paid,
+      amount: String(amount),
+      funded: String(now.treasury.funded),
+      balance: String(now.balance),
+      paid: String(now.treasury.paid),
     }
     if (!this.jsonEnabled())
       this.log(
         `run ${flags['run-id']}: ${created ? 'created its treasury ' : 'treasury '}${now.address} (mint ${summary.mint}, vault ${summary.vault})` +
-          `${flags.amount ? `; paid in ${flags.amount}` : ''}; it holds ${summary.balance} token units (${summary.paid} paid out to claims)`,
+          `${amount ? `; paid in ${amount}` : ''}; it holds ${summary.balance} token units (${summary.paid} paid out to claims)`,
       )
     return summary
   }
+}
+
+/** --amount: token base units, a u64 in decimal. */
+function tokenAmount(text: string): bigint {
+  if (!/^[0-9]{1,20}$/.test(text) || BigInt(text) >= 1n << 64n)
+    throw new PsycheError(`--amount ${JSON.stringify(text)}: token base units, an integer from 0 to 2^64 − 1`, {code: 'EUSAGE'})
+  return BigInt(text)
 }

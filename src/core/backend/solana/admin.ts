@@ -298,16 +298,16 @@ export async function withClaims<T extends {client_id: string}>(t: RunTarget & {
 }
 
 /** The points each client claimed from the run's treasury (its participant records), by client address; 0 for none. */
-export async function readClaims(t: TreasuryTarget, clients: Address[]): Promise<Map<Address, {claimed: number; paid: number}>> {
+export async function readClaims(t: TreasuryTarget, clients: Address[]): Promise<Map<Address, {claimed: number; paid: bigint}>> {
   const treasury = await treasuryAddress(t.treasurer, await coordinatorAddress(t.programId, t.runId))
-  const out = new Map<Address, {claimed: number; paid: number}>()
+  const out = new Map<Address, {claimed: number; paid: bigint}>()
   const BATCH = 16
   for (let i = 0; i < clients.length; i += BATCH) {
     await Promise.all(
       clients.slice(i, i + BATCH).map(async (client) => {
         const data = await t.chain.fetchAccount(await participantAddress(t.treasurer, treasury, client))
         const record = data ? decodeParticipant(data) : undefined
-        out.set(client, {claimed: record?.claimed ?? 0, paid: record?.paid ?? 0})
+        out.set(client, {claimed: record?.claimed ?? 0, paid: record?.paid ?? 0n})
       }),
     )
   }

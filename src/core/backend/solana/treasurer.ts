@@ -24,10 +24,10 @@ export interface Treasury {
   authority: Address
   mint: Address
   vault: Address
-  /** Token base units the authority paid in with fund; points and token units paid out by claims. */
-  funded: number
+  /** Token base units the authority paid in with fund; points and token base units paid out by claims. */
+  funded: bigint
   claimed: number
-  paid: number
+  paid: bigint
 }
 
 interface Participant {
@@ -35,7 +35,7 @@ interface Participant {
   client: Address
   /** Points paid (the client's earned points at its last claim), and the token base units paid for them. */
   claimed: number
-  paid: number
+  paid: bigint
 }
 
 /** The treasury of a run: the treasurer's program address of ("treasury", coordinator). */
@@ -62,7 +62,12 @@ function view(data: Uint8Array, size: number, magic: bigint, what: string): Buff
   return b
 }
 
-const u64 = (b: Buffer, at: number) => Number(b.readBigUInt64LE(at))
+/** Points: a u64 the JavaScript number holds exactly (a RangeError past 2^53, as for the coordinator account). */
+function points(b: Buffer, at: number, field: string): number {
+  const v = b.readBigUInt64LE(at)
+  if (v > BigInt(Number.MAX_SAFE_INTEGER)) throw new RangeError(`treasurer account: ${field} = ${v} exceeds 2^53`)
+  return Number(v)
+}
 
 export function decodeTreasury(data: Uint8Array): Treasury {
   const b = view(data, TREASURY_SIZE, MAGICS.TREASURY_MAGIC[0], 'treasury')
@@ -74,9 +79,9 @@ export function decodeTreasury(data: Uint8Array): Treasury {
     authority: key(T.authority.offset),
     mint: key(T.mint.offset),
     vault: key(T.vault.offset),
-    funded: u64(b, T.funded.offset),
-    claimed: u64(b, T.claimed.offset),
-    paid: u64(b, T.paid.offset),
+    funded: b.readBigUInt64LE(T.funded.offset),
+    claimed: points(b, T.claimed.offset, 'claimed'),
+    paid: b.readBigUInt64LE(T.paid.offset),
   }
 }
 
@@ -86,8 +91,8 @@ export function decodeParticipant(data: Uint8Array): Participant {
   return {
     treasury: d.decode(b.subarray(P.treasury.offset, P.treasury.offset + 32)),
     client: d.decode(b.subarray(P.client.offset, P.client.offset + 32)),
-    claimed: u64(b, P.claimed.offset),
-    paid: u64(b, P.paid.offset),
+    claimed: points(b, P.claimed.offset, 'claimed'),
+    paid: b.readBigUInt64LE(P.paid.offset),
   }
 }
 
