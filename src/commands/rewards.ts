@@ -1,6 +1,6 @@
 import {Flags} from '@oclif/core'
 import {CoordinatorConnection} from '../core/backend/index.js'
-import {readRunLedger, withClaims} from '../core/backend/solana/admin.js'
+import {readRunLedger, readTreasury, withClaims} from '../core/backend/solana/admin.js'
 import {RpcChain} from '../core/backend/solana/chain.js'
 import {coordinatorAddress} from '../core/backend/solana/instructions.js'
 import {ledgerRows} from '../core/backend/solana/layout.js'
@@ -19,6 +19,8 @@ interface RewardsSummary {
   token_rate: number | null
   /** Solana: the coordinator account the ledger was read from. */
   coordinator?: string
+  /** Solana with --treasurer-id: the run's treasury (null: none yet); token amounts as decimal strings. */
+  treasury?: {address: string; mint: string; vault: string; balance: string; funded: string; paid: string; claimed: number} | null
   clients: (RewardRow & {claimed: number | null})[]
 }
 
@@ -39,8 +41,9 @@ same rule, applied by the program: programs/README.md, Rewards ledger): the scor
 (report_scores), the weight they give, and, with --treasurer-id, the points each client claimed from the run's
 treasury (its participant record in the treasurer program; null without --treasurer-id).
 
---json prints {run_id, epoch, step, points_per_batch, token_rate, coordinator (Solana), clients: [{client_id, score,
-weight, rounds, batches, pending, earned, slashed, claimed}]}.`
+--json prints {run_id, epoch, step, points_per_batch, token_rate, coordinator (Solana), treasury (Solana with
+--treasurer-id: {address, mint, vault, balance, funded, paid, claimed}, token amounts as decimal strings; null: none
+yet), clients: [{client_id, score, weight, rounds, batches, pending, earned, slashed, claimed}]}.`
 
   static examples = [
     '<%= config.bin %> rewards --server-addr 127.0.0.1:20000',
@@ -101,14 +104,27 @@ async function solanaRewards(rpc: string, program: string | undefined, treasurer
     points_per_batch: ledger.points_per_batch,
     token_rate: ledger.token_rate,
     coordinator: await coordinatorAddress(programId, runId),
+    ...(target.treasurer ? {treasury: await treasurySummary({...target, treasurer: target.treasurer})} : {}),
     clients: await withClaims(target, ledgerRows(ledger, run.state)),
   }
+}
+
+async function treasurySummary(t: Parameters<typeof readTreasury>[0]): Promise<RewardsSummary['treasury']> {
+  const found = await readTreasury(t)
+  if (!found) return null
+  const {address, treasury, balance} = found
+  return {address, mint: treasury.mint, vault: treasury.vault, balance: String(balance), funded: String(treasury.funded), paid: String(treasury.paid), claimed: treasury.claimed}
 }
 
 function formatRewards(s: RewardsSummary): string[] {
   const where = s.coordinator ? ` on Solana (coordinator ${s.coordinator})` : ''
   const rate = s.token_rate === null ? '' : s.token_rate > 0 ? `; a claim pays ${s.token_rate} token units per point` : '; no token rate set'
   const lines = [`run ${s.run_id}${where}: rewards at epoch ${s.epoch}, step ${s.step} (points: ${s.points_per_batch} per accepted batch at full weight${rate})`]
+  if (s.treasury === null) lines.push('no treasury yet (its main authority creates one with psyche rewards fund --mint)')
+  else if (s.treasury)
+    lines.push(
+      `treasury ${s.treasury.address}: holds ${s.treasury.balance} token units of ${s.treasury.mint}; ${s.treasury.paid} paid out for ${s.treasury.claimed} points claimed`,
+    )
   if (s.clients.length === 0) return [...lines, 'no client has an accepted result or a score yet']
   const claimed = s.clients.some((c) => c.claimed !== null)
   const header = ['client', 'score', 'weight', 'rounds', 'batches', 'earned', 'pending', 'slashed', ...(claimed ? ['claimed'] : [])]

@@ -117,6 +117,12 @@ describe('Solana commands against a localnet (psyche solana localnet)', () => {
     const source = await createTokenAccount(chain, creatorKey, creatorKey.address, mint)
     await mintTo(chain, creatorKey, mint, source, 10_000n)
     const aliceTokens = await createTokenAccount(chain, aliceKey, aliceKey.address, mint)
+    const rewards = async () => {
+      const r = await runCli(['rewards', '--rpc', url, '--program-id', ids.program, '--treasurer-id', ids.treasurer, '--run-id', 'cli-run', '--json'])
+      assert.equal(r.exitCode, 0, r.stderr)
+      return json(r.stdout)
+    }
+    assert.equal((await rewards()).treasury, null)
     const noTreasury = await cli('rewards', 'claim', '--keypair', alice, '--run-id', 'cli-run', '--to', aliceTokens)
     assert.equal(noTreasury.exitCode, 1)
     assert.match(noTreasury.stderr, /run cli-run has no treasury: its main authority creates one with psyche rewards fund --mint/)
@@ -152,6 +158,10 @@ describe('Solana commands against a localnet (psyche solana localnet)', () => {
       assert.match(refused.stderr, /--amount .*: token base units, an integer from 0 to 2\^64 − 1/)
     }
     assert.equal(await balance(chain, source), 10_000n - 1500n)
+    assert.deepEqual(
+      {...((await rewards()).treasury as object), vault: undefined},
+      {address: treasury, mint, vault: undefined, balance: '1500', funded: '1500', paid: '0', claimed: 0},
+    )
     const otherMint = await cli('rewards', 'fund', '--keypair', creator, '--run-id', 'cli-run', '--mint', aliceKey.address)
     assert.equal(otherMint.exitCode, 1)
     assert.match(otherMint.stderr, /its treasury pays in .*, not .* \(a run has one treasury, of one mint\)/)
