@@ -317,8 +317,15 @@ function bound(ledger: RewardsLedger, members: ReadonlySet<ClientId>, prune = fa
 }
 
 /** The verification scores as watchers get them (protocol ClientScore): the clients scored so far, in id order. */
-export function scoreRows(ledger: RewardsLedger): {client_id: ClientId; average: number; last: number; last_step: number; verifiers: number; count: number}[] {
-  return Object.values(ledger.clients)
+export function scoreRows(ledger: RewardsLedger) {
+  return scoreRowsOf(Object.values(ledger.clients))
+}
+
+/** scoreRows of ledger entries (the server's, or the Solana program's decoded ones: layout.ts ledgerScores). */
+export function scoreRowsOf(
+  entries: readonly Pick<ClientRewards, 'client_id' | 'score' | 'last' | 'last_step' | 'verifiers' | 'count'>[],
+): {client_id: ClientId; average: number; last: number; last_step: number; verifiers: number; count: number}[] {
+  return entries
     .filter((e) => e.score !== null && e.last !== null)
     .map((e) => ({
       client_id: e.client_id,

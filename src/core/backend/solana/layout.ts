@@ -2,7 +2,7 @@ import {getAddressDecoder, getAddressEncoder, type Address} from '@solana/kit'
 import {RUN_STATES, type CheckpointConfig, type CoordinatorConfig, type HubRepo, type LLMConfig} from '../../config/types.js'
 import type {Accusation, AccusationReason, CheckpointHash, Client, ClientState, CoordinatorState, ExitedClient, HashWitness, Round, WitnessRecord} from '../../coordinator/types.js'
 import {DEFAULT_VERIFICATION_SAMPLE, verifierCount, witnessBloomParams} from '../../coordinator/rules.js'
-import {pointsFor, rewardWeight, scoreFromFixed, WEIGHT_ONE, type RewardRow, type scoreRows} from '../../coordinator/rewards.js'
+import {pointsFor, rewardWeight, scoreFromFixed, WEIGHT_ONE, type RewardRow, scoreRowsOf, type scoreRows} from '../../coordinator/rewards.js'
 import {CONFIG_FIELDS, ENUMS, MAGICS, MAX_CLIENTS, RUN_ID_MAX, STRUCTS, constant, enumValues, structLayout} from '../../coordinator/layout-table.js'
 
 /**
@@ -611,17 +611,7 @@ function scoreFields(b: Buffer, o: number, i: number): Pick<OnChainPoints, 'scor
 
 /** The verification scores the program keeps, as watchers get them from a server (rewards.ts scoreRows): scored clients, in id order. */
 export function ledgerScores(ledger: OnChainLedger): ReturnType<typeof scoreRows> {
-  return ledger.entries
-    .filter((e) => e.score !== null && e.last !== null)
-    .map((e) => ({
-      client_id: e.client_id,
-      average: scoreFromFixed(e.score!),
-      last: scoreFromFixed(e.last!),
-      last_step: e.last_step,
-      verifiers: e.verifiers,
-      count: e.count,
-    }))
-    .sort((a, b) => (a.client_id < b.client_id ? -1 : a.client_id > b.client_id ? 1 : 0))
+  return scoreRowsOf(ledger.entries)
 }
 
 /**
