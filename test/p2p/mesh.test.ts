@@ -41,6 +41,30 @@ describe('the full mesh of a run', () => {
   })
 
   for (const quic of [false, true])
+    it(`a pair whose lower peer's dial the higher refuses (libp2p's inbound connections a second per host) still connects: each side dials once more${quic ? ' (QUIC)' : ''}`, async () => {
+      // One inbound connection a second per host: a third node's dial spends the higher peer's second, so the lower
+      // peer's dial is refused while the lower one refuses the higher one's (the tie rule). Before, over QUIC both
+      // dials had resolved (the refusal comes after the handshake) and neither side dialled again.
+      const nodes = await startNodes(3, {relay: false, quic, connectionManager: {inboundConnectionThreshold: 1}})
+      try {
+        const [low, mid, high] = [...nodes].sort((a, b) => (a.node.peerId < b.node.peerId ? -1 : 1))
+        await mid.node.connect(high.node.addresses())
+        await Promise.all([low.node.connect(high.node.addresses()), high.node.connect(low.node.addresses())])
+        // A connection that stays: a refused one closes within a few ms of opening.
+        const lasting = () => low.node.libp2p.getConnections(high.node.libp2p.peerId).filter((c) => c.status === 'open' && Date.now() - c.timeline.open > 1_000)
+        await waitFor(() => lasting().length > 0, 8_000, 'the lower and the higher peer connected for a second')
+        assert.equal(lasting().length, 1)
+        for (const n of [low, high])
+          assert.deepEqual(
+            n.events.filter((e) => e.event === 'dial_failed'),
+            [],
+          )
+      } finally {
+        await stopAll(nodes)
+      }
+    })
+
+  for (const quic of [false, true])
     it(`peers that dial each other at once keep one connection per pair (the lower peer id dialled it), and gossip flows over it${quic ? ' (QUIC: every connection QUIC)' : ''}`, async () => {
       const nodes = await startNodes(6, {relay: false, quic})
       try {

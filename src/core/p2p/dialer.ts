@@ -40,6 +40,11 @@ const RELAYED_ADDRESS_GRACE_MS = 3_000
  * second more) for the lower one's connection, and dials once more if none came (the lower side's dial failed).
  */
 const TIE_WINDOW_MS = 2_000
+/**
+ * A dial the far side refused for another reason than the tie rule (its limits: libp2p takes 5 inbound connections a
+ * second from one host, and a NAT's clients share one) is made once more after this long, when no connection came.
+ */
+const REFUSED_REDIAL_MS = 1_000
 
 interface PeerDialerInit {
   log: EventLog
@@ -72,6 +77,8 @@ export class PeerDialer implements Startable {
   private readonly directFailed = new Map<string, string>()
   /** Peer -> when our direct dial to it started, while it runs (see TIE_WINDOW_MS). */
   private readonly directDialStarted = new Map<string, number>()
+  /** Peers dialled once more after a refusal (watchRefusal), until one of our connections to them stays open. */
+  private readonly redialedAfterRefusal = new Set<string>()
   private stopped = false
   private readonly localNetworks: () => string[]
   private networksCache: {at: number; cidrs: string[]} | undefined
@@ -156,7 +163,7 @@ export class PeerDialer implements Startable {
       return next
     }
     if (this.stopped) return Promise.resolve()
-    if (this.components.connectionManager.getConnections().some((c) => c.remotePeer.toString() === peer && c.status === 'open')) {
+    if (this.hasOpenConnection(peer)) {
       this.dialFailures.delete(peer)
       return Promise.resolve()
     }
@@ -193,14 +200,29 @@ export class PeerDialer implements Startable {
       const started = Date.now()
       if (isDirect) this.directDialStarted.set(peer, started)
       try {
-        await open(addrs, timeoutMs)
+        const connection = await open(addrs, timeoutMs)
         this.dialFailures.delete(peer)
+        if (isDirect) this.watchRefusal(peer, connection)
         return
       } catch (error) {
         let reason = dialErrorMessage(error)
         // Refused at once by a lower peer as the duplicate of its own dial (TIE_WINDOW_MS): its connection comes.
         if (isDirect && this.peerId > peer && Date.now() - started < TIE_WINDOW_MS && !this.stopped) {
           if (await this.connectionComes(peer, TIE_WINDOW_MS + 1_000)) {
+            this.dialFailures.delete(peer)
+            return
+          }
+          try {
+            await open(addrs, timeoutMs)
+            this.dialFailures.delete(peer)
+            return
+          } catch (again) {
+            reason = dialErrorMessage(again)
+          }
+        } else if (isDirect && this.peerId < peer && Date.now() - started < TIE_WINDOW_MS && !this.stopped && /ECONNRESET/.test(reason)) {
+          // Reset at once over TCP: the peer's limits refused us after accepting (see watchRefusal). Once more.
+          await new Promise((r) => setTimeout(r, REFUSED_REDIAL_MS))
+          if (this.hasOpenConnection(peer)) {
             this.dialFailures.delete(peer)
             return
           }
@@ -225,11 +247,53 @@ export class PeerDialer implements Startable {
     this.log({event: 'dial_failed', peer_id: peer, addrs: targets.map((t) => t.toString()), reason})
   }
 
+  /**
+   * A dialled connection the far side closes at once was refused, not made: its connection gater or its limits
+   * refuse after the handshake (over QUIC; TCP after noise), when our dial has already resolved. Two peers dialling
+   * each other at once are refused that way by the tie rule (TIE_WINDOW_MS), and when the lower peer's own dial was
+   * refused by the higher one's limits, neither dialled again: the pair stayed apart until the next state push. So
+   * the higher peer waits for the lower one's connection and dials once more if none came; the lower one dials once
+   * more after REFUSED_REDIAL_MS. Once per peer until a connection of ours stays open: a peer that refuses us for good
+   * is not dialled in a loop.
+   */
+  private watchRefusal(peer: string, connection: Connection): void {
+    const refused = () => {
+      if (this.stopped || this.redialedAfterRefusal.has(peer)) return
+      this.redialedAfterRefusal.add(peer)
+      void this.redialAfterRefusal(peer)
+    }
+    if (connection.status !== 'open') return refused()
+    const onClose = () => {
+      clearTimeout(timer)
+      if (Date.now() - connection.timeline.open < TIE_WINDOW_MS) refused()
+    }
+    const timer = setTimeout(() => {
+      connection.removeEventListener('close', onClose)
+      if (connection.status === 'open') this.redialedAfterRefusal.delete(peer)
+    }, TIE_WINDOW_MS)
+    timer.unref()
+    connection.addEventListener('close', onClose, {once: true})
+  }
+
+  private async redialAfterRefusal(peer: string): Promise<void> {
+    if (this.peerId > peer) {
+      if (await this.connectionComes(peer, TIE_WINDOW_MS + 1_000)) return
+    } else {
+      await new Promise((r) => setTimeout(r, REFUSED_REDIAL_MS).unref())
+    }
+    if (this.stopped || this.hasOpenConnection(peer)) return
+    await this.dialPeer(peer, this.knownAddrs.get(peer) ?? [])
+  }
+
+  private hasOpenConnection(peer: string): boolean {
+    return this.components.connectionManager.getConnections().some((c) => c.remotePeer.toString() === peer && c.status === 'open')
+  }
+
   /** Waits up to `ms` for an open connection to `peer` (the one it dials to us); true when one is there. */
   private async connectionComes(peer: string, ms: number): Promise<boolean> {
     const until = Date.now() + ms
     for (;;) {
-      if (this.components.connectionManager.getConnections().some((c) => c.remotePeer.toString() === peer && c.status === 'open')) return true
+      if (this.hasOpenConnection(peer)) return true
       if (Date.now() >= until || this.stopped) return false
       await new Promise((r) => setTimeout(r, 100))
     }
