@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict'
 import {describe, it} from 'node:test'
-import {parseRoundLine, pickVictims, RoundBook} from '../../src/core/testnet/index.js'
+import {killCandidates, parseRoundLine, pickVictims, RoundBook} from '../../src/core/testnet/index.js'
 
 const line = (step: number, hash: string, bytesIn = 10, bytesOut = 20, result: number | null = 100, peers: [number, number] | null = [1, 1]) => ({
   step,
@@ -110,5 +110,24 @@ describe('testnet kill scheduler: victims', () => {
     assert.deepEqual(pickVictims(['a', 'b', 'c'], 2, random), ['a', 'c'])
     assert.deepEqual(pickVictims(['a', 'b'], 5, Math.random).length, 1)
     assert.deepEqual(pickVictims(['a'], 1, Math.random), [])
+  })
+
+  it('kills live, unfinished clients only, and none once one has applied --rounds (a kill then only postpones the end)', () => {
+    const c = (name: string, alive: boolean, finished: boolean, lastStep: number | null) => ({name, alive, finished, lastStep})
+    const clients = [c('a', true, false, 12), c('b', false, false, 11), c('c', true, true, 12), c('d', true, false, null)]
+    assert.deepEqual(
+      killCandidates(clients, 30).map((x) => x.name),
+      ['a', 'd'],
+    )
+    assert.deepEqual(
+      killCandidates(clients, undefined).map((x) => x.name),
+      ['a', 'd'],
+    )
+    clients[0].lastStep = 30
+    assert.deepEqual(killCandidates(clients, 30), [])
+    assert.deepEqual(
+      killCandidates(clients, undefined).map((x) => x.name),
+      ['a', 'd'],
+    )
   })
 })

@@ -5,12 +5,12 @@ import {loadRunConfigFile} from '../config/index.js'
 import {PsycheError} from '../errors.js'
 import {generateIdentity, saveIdentity} from '../protocol/identity.js'
 import {describeEvent, eventSeverity, type Severity} from '../obs/event-text.js'
-import {KillScheduler} from './kills.js'
+import {KillScheduler, killCandidates} from './kills.js'
 import {parseRoundLine, RoundBook, type TestnetSummary} from './summary.js'
 import {ClientProcess, ProcessGroup, startServer} from './supervisor.js'
 import type {SolanaTestnet} from './solana.js'
 
-export {pickVictims} from './kills.js'
+export {killCandidates, pickVictims} from './kills.js'
 export {RoundBook, parseRoundLine, type TestnetSummary} from './summary.js'
 
 /**
@@ -112,7 +112,7 @@ export async function runTestnet(options: TestnetOptions): Promise<TestnetSummar
     intervalMs: (options.randomKillInterval ?? 30) * 1000,
     restartDelayMs: (options.restartDelay ?? 2) * 1000,
     random: options.random ?? Math.random,
-    candidates: () => clients.filter((c) => c.alive && !c.finished),
+    candidates: () => killCandidates(clients, options.rounds),
     kill: (victim) => {
       book.recordKill(victim.name, seconds(), victim.lastStep)
       emit({kind: 'killed', client: victim.name, after_step: victim.lastStep})

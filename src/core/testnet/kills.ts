@@ -13,6 +13,17 @@ export function pickVictims<T>(alive: readonly T[], count: number, random: () =>
   return victims
 }
 
+/**
+ * The clients that may be killed now: the live ones that have not finished, and none once one of them has applied
+ * `rounds` steps (the run's end, `--rounds`). Past that a kill only postpones the end: the run waits for every live
+ * client to apply its rounds, and a client killed near the end must first rejoin at an epoch boundary; with rejoins
+ * slower than the kill interval the end could be put off kill after kill.
+ */
+export function killCandidates<T extends {alive: boolean; finished: boolean; lastStep: number | null}>(clients: readonly T[], rounds: number | undefined): T[] {
+  if (rounds !== undefined && clients.some((c) => (c.lastStep ?? 0) >= rounds)) return []
+  return clients.filter((c) => c.alive && !c.finished)
+}
+
 interface KillSchedulerOptions<T> {
   /** Victims per interval. */
   count: number
