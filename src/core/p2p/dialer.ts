@@ -206,23 +206,10 @@ export class PeerDialer implements Startable {
         return
       } catch (error) {
         let reason = dialErrorMessage(error)
-        // Refused at once by a lower peer as the duplicate of its own dial (TIE_WINDOW_MS): its connection comes.
-        if (isDirect && this.peerId > peer && Date.now() - started < TIE_WINDOW_MS && !this.stopped) {
-          if (await this.connectionComes(peer, TIE_WINDOW_MS + 1_000)) {
-            this.dialFailures.delete(peer)
-            return
-          }
-          try {
-            await open(addrs, timeoutMs)
-            this.dialFailures.delete(peer)
-            return
-          } catch (again) {
-            reason = dialErrorMessage(again)
-          }
-        } else if (isDirect && this.peerId < peer && Date.now() - started < TIE_WINDOW_MS && !this.stopped && /ECONNRESET/.test(reason)) {
-          // Reset at once over TCP: the peer's limits refused us after accepting (see watchRefusal). Once more.
-          await new Promise((r) => setTimeout(r, REFUSED_REDIAL_MS))
-          if (this.hasOpenConnection(peer)) {
+        // Refused at once: by a lower peer as the duplicate of its own dial (TIE_WINDOW_MS: its connection comes), or,
+        // reset over TCP, by a higher peer's limits after accepting (see watchRefusal). Once more.
+        if (isDirect && Date.now() - started < TIE_WINDOW_MS && !this.stopped && (this.peerId > peer || /ECONNRESET/.test(reason))) {
+          if (await this.connectionAfterRefusal(peer)) {
             this.dialFailures.delete(peer)
             return
           }
@@ -276,13 +263,18 @@ export class PeerDialer implements Startable {
   }
 
   private async redialAfterRefusal(peer: string): Promise<void> {
-    if (this.peerId > peer) {
-      if (await this.connectionComes(peer, TIE_WINDOW_MS + 1_000)) return
-    } else {
-      await new Promise((r) => setTimeout(r, REFUSED_REDIAL_MS).unref())
-    }
-    if (this.stopped || this.hasOpenConnection(peer)) return
+    if ((await this.connectionAfterRefusal(peer)) || this.stopped || this.hasOpenConnection(peer)) return
     await this.dialPeer(peer, this.knownAddrs.get(peer) ?? [])
+  }
+
+  /**
+   * After our dial to `peer` was refused: the higher peer waits for the lower one's connection (the tie rule), the
+   * lower one waits REFUSED_REDIAL_MS (the higher one's limits). True when a connection to the peer is open then.
+   */
+  private async connectionAfterRefusal(peer: string): Promise<boolean> {
+    if (this.peerId > peer) return this.connectionComes(peer, TIE_WINDOW_MS + 1_000)
+    await new Promise((r) => setTimeout(r, REFUSED_REDIAL_MS).unref())
+    return this.hasOpenConnection(peer)
   }
 
   private hasOpenConnection(peer: string): boolean {
