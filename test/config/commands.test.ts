@@ -28,25 +28,34 @@ describe('psyche server validate-config', () => {
     assert.match(r.stdout, /data\.toml {2}\.\.\/\.\.\/data\/dolma, TwoBytes, seq_len 2048/)
   })
 
-  it('--json returns the summary, with unsupported variants as warnings (and --strict as errors)', () => {
-    const file = `${fixtures}/solana-test/light-config-gcs.toml`
-    const r = psyche('server', 'validate-config', '--state', file, '--json')
-    assert.equal(r.status, 0, r.stderr)
-    const out = JSON.parse(r.stdout)
-    assert.equal(out.valid, true)
-    assert.equal(out.summary.kind, 'run config')
-    assert.equal(out.warnings.length, 2)
-    assert.equal(out.warnings[0].field, 'model.LLM.checkpoint.Gcs')
-    assert.match(out.warnings[0].reason, /no GCS credentials support/)
-    assert.deepEqual(out.problems, [])
-    const strict = psyche('server', 'validate-config', '--state', file, '--strict')
-    assert.equal(strict.status, 1)
-    assert.match(strict.stderr, /model\.LLM\.data_location\.Http\.location\.Gcp/)
+  it('calls a config our clients cannot run invalid, naming the field and the reason (the support table)', () => {
+    const gcs = psyche('server', 'validate-config', '--state', `${fixtures}/solana-test/light-config-gcs.toml`, '--json')
+    assert.equal(gcs.status, 1)
+    const out = JSON.parse(gcs.stdout)
+    assert.equal(out.valid, false)
+    assert.deepEqual(
+      out.problems.map((p: {field: string}) => p.field),
+      ['model.LLM.checkpoint.Gcs'],
+    )
+    assert.match(out.problems[0].reason, /our clients cannot run this: .*no GCS credentials support/)
+    // consilience: WeightedHttp data is served; the architecture is not (yet), and says so instead of "valid"
+    const consilience = psyche('server', 'validate-config', '--state', `${fixtures}/consilience/state.toml`)
+    assert.equal(consilience.status, 1)
+    assert.match(consilience.stderr, /consilience\/state\.toml: model\.LLM\.architecture: our clients cannot run this: the worker builds no DeepSeek-V3 model/)
+    assert.doesNotMatch(consilience.stderr, /data_location/)
+    // a Gcp bucket is served: valid
+    const light = psyche('server', 'validate-config', '--state', `${fixtures}/solana-test/light-config.toml`, '--json')
+    assert.equal(light.status, 0, light.stderr)
+    assert.deepEqual(JSON.parse(light.stdout).warnings, [])
   })
 
   it('prints every problem with its field and exits non-zero', () => {
     const bad = join(tmp, 'bad.toml')
-    const text = readFileSync(`${fixtures}/test/state.toml`, 'utf8').replace('min_clients = 2\n', 'min_clients = 0\n').replace('epoch_time = 60', 'epoch_time = "60"')
+    const text = readFileSync(`${fixtures}/test/state.toml`, 'utf8')
+      .replace('min_clients = 2\n', 'min_clients = 0\n')
+      .replace('epoch_time = 60', 'epoch_time = "60"')
+      .replace('optimizer = "Dummy"', 'optimizer = {AdamW = {betas = [0.9, 0.95], weight_decay = 0.0, eps = 1e-8}}')
+      .replace('data_location = "Dummy"', 'data_location = {Server = "127.0.0.1:20001"}')
     writeFileSync(bad, text)
     const r = psyche('server', 'validate-config', '--state', bad)
     assert.equal(r.status, 1)

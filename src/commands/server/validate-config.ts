@@ -26,7 +26,7 @@ const problem = (i: ConfigIssue): ConfigProblem => ({file: i.file, field: i.path
 
 export default class ServerValidateConfig extends PsycheCommand {
   static summary = 'Check a run configuration (state.toml or config.toml) and its data.toml'
-  static description = `Loads the file as the coordinator would and prints a short summary of the run, or every problem found (file: field = value: what was expected) and exits non-zero. Every size, count and duration has an upper bound. Local paths are checked as join and server run will use them: a Local data location and the data.toml's dir must hold token data, a Local checkpoint must be a model directory (config.json); --allow-missing reports them as warnings instead, for a config written before its data. Variants of Psyche's format that this implementation does not serve (e.g. GCS buckets) are reported as warnings; --strict makes them errors.
+  static description = `Loads the file as the coordinator would and prints a short summary of the run, or every problem found (file: field = value: what was expected) and exits non-zero. Every size, count and duration has an upper bound. Local paths are checked as join and server run will use them: a Local data location and the data.toml's dir must hold token data, a Local checkpoint must be a model directory (config.json); --allow-missing reports them as warnings instead, for a config written before its data. What our clients cannot run (an architecture, data location or data option that src/core/config/support.ts marks unsupported, such as a GCS checkpoint) is a problem naming the field, like any other.
 
 --json prints one object: {valid, summary, data, problems, warnings}, where problems and warnings are lists of {file, field, value, reason}; with problems, valid is false, error is {code: "ECONFIG", message} and the exit code is 1.`
   static examples = ['<%= config.bin %> server validate-config --state state.toml', '<%= config.bin %> server validate-config --state state.toml --data-config data.toml --json']
@@ -34,7 +34,6 @@ export default class ServerValidateConfig extends PsycheCommand {
   static flags = {
     state: Flags.string({summary: 'path to the state.toml (or update-config config.toml) to validate', required: true}),
     'data-config': Flags.string({summary: "path to the data server's data.toml to validate with it"}),
-    strict: Flags.boolean({summary: 'treat variants this implementation cannot serve as errors'}),
     'allow-missing': Flags.boolean({summary: 'report local data and model paths that do not exist yet as warnings (a config written before its data)'}),
   }
 
@@ -62,7 +61,7 @@ export default class ServerValidateConfig extends PsycheCommand {
     }
     if (run) (flags['allow-missing'] ? warnings : issues).push(...(await checkLocalPaths(run, data, {createdOnUse: [demoCorpusDir]})))
     const summary = run ? summarizeRunConfig(run) : undefined
-    for (const u of summary?.unsupported ?? []) (flags.strict ? issues : warnings).push({file: flags.state, path: u.path, message: u.reason})
+    for (const u of summary?.unsupported ?? []) issues.push({file: flags.state, path: u.path, message: `our clients cannot run this: ${u.reason}`})
     if (issues.length > 0) {
       const count = `${[flags.state, flags['data-config']].filter(Boolean).join(' + ')}: ${issues.length} problem${issues.length > 1 ? 's' : ''} found`
       if (this.jsonEnabled()) {

@@ -1,5 +1,5 @@
 import type {CheckpointConfig, DataLocation, LrSchedule, OptimizerConfig, RunConfigFile} from './types.js'
-import {unsupportedFeatures, type UnsupportedFeature} from './unsupported.js'
+import {unsupportedFeatures, type UnsupportedFeature} from './support.js'
 
 /** What `psyche server validate-config` reports about a valid run. */
 export interface RunSummary {

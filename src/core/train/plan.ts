@@ -1,7 +1,8 @@
 import {existsSync, readFileSync} from 'node:fs'
 import {dirname, join, resolve} from 'node:path'
 import {loadRunConfigFile} from '../config/index.js'
-import type {LLMConfig, LrSchedule, OptimizerConfig, RunConfigFile, DataLocation} from '../config/index.js'
+import type {LLMConfig, LLMDataType, LrSchedule, OptimizerConfig, RunConfigFile, DataLocation} from '../config/index.js'
+import {ARCHITECTURES, dataTypeProblem} from '../config/support.js'
 import {demoCorpusDir} from '../corpus.js'
 import {PsycheError} from '../errors.js'
 import {checkRepoId, checkRevision, downloadCheckpoint, type TransferProgress} from '../checkpoint/hub.js'
@@ -25,6 +26,8 @@ export interface TrainPlan {
   configPath: string
   model: ModelSource
   data: DataLocation
+  /** Finetuning: every batch must carry loss masks (Preprocessed data with a labels column). */
+  dataType: LLMDataType
   /** Base directory against which relative data paths resolve. */
   dataBaseDir: string
   validation?: DataLocation
@@ -170,9 +173,8 @@ export async function resolveTrainPlan(flags: TrainFlags): Promise<TrainPlan> {
   const configPath = flags.config ? resolve(flags.config) : templateStatePath(flags.template ?? DEFAULT_TEMPLATE)
   const run = await loadRunConfigFile(configPath)
   const llm = run.model.LLM
-  if (llm.architecture !== 'HfLlama') {
-    throw new PsycheError(`${run.path}: model.LLM.architecture = "${llm.architecture}": psyche train supports HfLlama`)
-  }
+  const architecture = ARCHITECTURES[llm.architecture]
+  if (!architecture.supported) throw new PsycheError(`${run.path}: model.LLM.architecture = "${llm.architecture}": ${architecture.reason}`, {code: 'ECONFIG'})
   const model = flags.model ? modelSourceFromDir(resolve(flags.model), '--model') : await modelFromCheckpoint(run, llm, flags.hub)
 
   let optimizer = llm.optimizer
@@ -202,6 +204,8 @@ export async function resolveTrainPlan(flags: TrainFlags): Promise<TrainPlan> {
   } else {
     data = llm.data_location
   }
+  const mismatch = dataTypeProblem(llm.data_type, data)
+  if (mismatch) throw new PsycheError(`${run.path}: model.LLM.data_type = "${llm.data_type}"${flags.data ? ' with --data' : ''}: ${mismatch}`, {code: 'ECONFIG'})
   let validation: DataLocation | undefined = flags.valData ? {Local: resolve(flags.valData)} : undefined
   // the demo corpus carries its own held-out split
   if (!validation && typeof data === 'object' && 'Local' in data && resolve(dataBaseDir, data.Local).startsWith(demoCorpusDir)) {
@@ -213,6 +217,7 @@ export async function resolveTrainPlan(flags: TrainFlags): Promise<TrainPlan> {
     configPath: run.path,
     model,
     data,
+    dataType: llm.data_type,
     dataBaseDir,
     validation,
     seqLen,

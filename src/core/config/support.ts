@@ -1,0 +1,114 @@
+import type {LLMArchitecture, LLMDataType, RunConfigFile} from './types.js'
+
+/**
+ * THE table of what our clients can run, by the name Psyche's config format gives it: `server validate-config`
+ * reports an unsupported entry as an error naming the field, `psyche train` refuses it, and the data providers
+ * (src/core/data/index.ts) and the train plan read the same rows. To support something, implement it and flip its
+ * row here; nothing else decides.
+ */
+export type Support = {supported: true} | {supported: false; reason: string}
+
+const yes: Support = {supported: true}
+const no = (reason: string): Support => ({supported: false, reason})
+
+/** `model.LLM.architecture`: the model families the worker builds (python/psyche_worker/model.py). */
+export const ARCHITECTURES: Record<LLMArchitecture, Support> = {
+  HfLlama: yes,
+  HfDeepseek: no('the worker builds no DeepSeek-V3 model yet (only HfLlama)'),
+  HfAuto: no('the worker builds no AutoModelForCausalLM model yet (only HfLlama)'),
+}
+
+/** The variants of `model.LLM.data_location`. */
+export type DataLocationKind = 'Local' | 'Server' | 'Http' | 'WeightedHttp' | 'Preprocessed' | 'Dummy'
+
+export const DATA_LOCATIONS: Record<DataLocationKind, Support> = {
+  Local: yes,
+  Server: yes,
+  Http: yes,
+  WeightedHttp: yes,
+  Preprocessed: yes,
+  Dummy: no("Dummy is Psyche's test placeholder: there is no data to train on"),
+}
+
+/** The variants of `model.LLM.data_location.Http.location` (a WeightedHttp mixture's entries too). */
+export type HttpLocationKind = 'SingleUrl' | 'NumberedFiles' | 'Gcp'
+
+export const HTTP_LOCATIONS: Record<HttpLocationKind, Support> = {
+  SingleUrl: yes,
+  NumberedFiles: yes,
+  Gcp: yes,
+}
+
+/**
+ * `model.LLM.data_type`. Finetuning trains on examples with loss masks (only the masked-in tokens count), which
+ * only Preprocessed data carries: a token stream has none.
+ */
+export const DATA_TYPES: Record<LLMDataType, Support> = {
+  Pretraining: yes,
+  Finetuning: yes,
+}
+
+/** The data locations that carry loss masks, as Finetuning needs. */
+export const LOSS_MASKED_LOCATIONS: readonly DataLocationKind[] = ['Preprocessed']
+
+/** Why `dataType` cannot train on `location`, if it cannot: Finetuning needs data with loss masks. */
+export function dataTypeProblem(dataType: LLMDataType, location: unknown): string | undefined {
+  const kind = dataLocationKind(location) as DataLocationKind
+  if (dataType !== 'Finetuning' || LOSS_MASKED_LOCATIONS.includes(kind)) return undefined
+  return `Finetuning trains on examples with loss masks, which only ${LOSS_MASKED_LOCATIONS.join(', ')} data carries; data_location ${kind} is a token stream without them`
+}
+
+/** Columns of a Preprocessed dataset besides `inputs` and `labels` (Psyche's packed sequences). */
+export const PREPROCESSED_COLUMNS: Record<'position_ids' | 'sequence_lengths', Support> = {
+  position_ids: no('packed sequences (position_ids) need attention masked per packed example, which the worker does not do'),
+  sequence_lengths: no('packed sequences (sequence_lengths) need attention masked per packed example, which the worker does not do'),
+}
+
+/** Checkpoint variants. */
+export const CHECKPOINTS: Record<'Gcs' | 'P2PGcs', Support> = {
+  Gcs: no('Google Cloud Storage checkpoints are not supported (no GCS credentials support); use Hub, P2P or Local'),
+  P2PGcs: no('Google Cloud Storage checkpoints are not supported (no GCS credentials support); use Hub, P2P or Local'),
+}
+
+/** A part of a valid Psyche config that our clients cannot run, and why. */
+export interface UnsupportedFeature {
+  path: string
+  reason: string
+}
+
+function variantOf(value: unknown): string {
+  return typeof value === 'string' ? value : Object.keys(value ?? {})[0]
+}
+
+/** Which variant of `data_location` a location is (a string for unit variants, the single key otherwise). */
+export function dataLocationKind(location: unknown): string {
+  return variantOf(location)
+}
+
+/**
+ * Every part of a run config that the table marks unsupported, with the field path and the reason. An empty list
+ * means our clients can run it.
+ */
+export function unsupportedFeatures(file: RunConfigFile): UnsupportedFeature[] {
+  const out: UnsupportedFeature[] = []
+  const llm = file.model.LLM
+  const check = (support: Support | undefined, path: string, fallback: string) => {
+    if (support === undefined) out.push({path, reason: fallback})
+    else if (!support.supported) out.push({path, reason: support.reason})
+  }
+  check(ARCHITECTURES[llm.architecture], 'model.LLM.architecture', `unknown architecture ${llm.architecture}`)
+  const checkpoint = variantOf(llm.checkpoint)
+  if (checkpoint in CHECKPOINTS) check(CHECKPOINTS[checkpoint as keyof typeof CHECKPOINTS], `model.LLM.checkpoint.${checkpoint}`, '')
+  const data = llm.data_location
+  const kind = dataLocationKind(data) as DataLocationKind
+  check(DATA_LOCATIONS[kind], typeof data === 'string' ? 'model.LLM.data_location' : `model.LLM.data_location.${kind}`, `unknown data location ${kind}`)
+  if (typeof data === 'object' && 'Http' in data) {
+    const http = variantOf(data.Http.location) as HttpLocationKind
+    check(HTTP_LOCATIONS[http], `model.LLM.data_location.Http.location.${http}`, `unknown HTTP location ${http}`)
+  }
+  check(DATA_TYPES[llm.data_type], 'model.LLM.data_type', `unknown data type ${llm.data_type}`)
+  const mismatch = dataTypeProblem(llm.data_type, data)
+  if (mismatch) out.push({path: 'model.LLM.data_type', reason: mismatch})
+  if (llm.optimizer === 'Dummy') out.push({path: 'model.LLM.optimizer', reason: "Dummy is Psyche's test placeholder: there is no optimizer to train with"})
+  return out
+}
