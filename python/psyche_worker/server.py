@@ -23,6 +23,7 @@ import zmq
 
 from . import model as models
 from .distro_codec import VALUE_FORMAT_NAMES
+from .loss_mask import pair_frames
 from .protocol import (
     ProtocolError,
     WorkerError,
@@ -152,17 +153,20 @@ class Worker:
             }
         return reply, []
 
-    def _tokens(self, frames: list[torch.Tensor]) -> torch.Tensor:
-        if len(frames) != 1:
+    def _tokens(self, h, frames: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One batch: its token ids, and its loss mask when the header says loss_mask (loss_mask.py)."""
+        batches = pair_frames(h, frames, h.get("op", "?"))
+        if len(batches) != 1:
             raise WorkerError(f"expected one frame of token ids, got {len(frames)}")
-        return frames[0]
+        return batches[0]
 
     def op_train_step(self, h, frames) -> Reply:
-        return self.t.train_step(self._tokens(frames), int(h.get("step", 0))), []
+        tokens, mask = self._tokens(h, frames)
+        return self.t.train_step(tokens, int(h.get("step", 0)), mask), []
 
     def op_evaluate(self, h, frames) -> Reply:
-        """Frame: token ids. The mean loss on them at the replicated parameters (validation: changes nothing)."""
-        return self.t.evaluate_replicated(self._tokens(frames)), []
+        """Frame: token ids (and loss mask). The mean loss on them at the replicated parameters (validation: changes nothing)."""
+        return self.t.evaluate_replicated(*self._tokens(h, frames)), []
 
     def op_apply_results(self, h, frames) -> Reply:
         for i, f in enumerate(frames):
@@ -175,14 +179,14 @@ class Worker:
         """Frames: token ids, then the previous round's result frames (uint8) to apply."""
         if not frames:
             raise WorkerError("train_round: expected a frame of token ids first")
-        self.op_begin_round(h, frames[:1])
-        return self.op_finish_round(h, frames[1:])
+        batch = 2 if h.get("loss_mask") else 1
+        self.op_begin_round(h, frames[:batch])
+        return self.op_finish_round(h, frames[batch:])
 
     def op_begin_round(self, h, frames) -> Reply:
         """Frame: token ids. Forward/backward of the round; finish_round applies and produces."""
-        if len(frames) != 1:
-            raise WorkerError("begin_round: expected one frame of token ids")
-        return self.t.begin_round(frames[0], int(h.get("step", 0))), []
+        tokens, mask = self._tokens(h, frames)
+        return self.t.begin_round(tokens, int(h.get("step", 0)), mask), []
 
     def op_finish_round(self, h, frames) -> Reply:
         """Frames: the previous round's result frames (uint8) to apply, then this round's result is produced."""
@@ -210,9 +214,11 @@ class Worker:
             if f.dtype != torch.uint8 or f.ndim != 1:
                 raise WorkerError(f"score_results: frame {i} must be a 1-D uint8 result")
         own = bool(h.get("own_batches", False))
-        if own and len(frames) != 2 * n + 1:
-            raise WorkerError(f"score_results: own_batches needs {n + 1} batches after the {n} results, got {len(frames) - n}")
-        reply = self.t.score_results([f.numpy().tobytes() for f in frames[:n]], int(h.get("step", 0)), frames[n:], own_batches=own)
+        batches = pair_frames(h, frames[n:], "score_results")
+        if own and len(batches) != n + 1:
+            raise WorkerError(f"score_results: own_batches needs {n + 1} batches after the {n} results, got {len(batches)}")
+        tokens, masks = [t for t, _ in batches], [m for _, m in batches]
+        reply = self.t.score_results([f.numpy().tobytes() for f in frames[:n]], int(h.get("step", 0)), tokens, own_batches=own, masks=masks)
         return reply, []
 
     def op_param_hash(self, h, frames) -> Reply:

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.nn.functional as F
 
 from .distro import DistroConfig, DistroOptimizer, ResultDecodeError
+from .loss_mask import check_mask, counted, lm_loss
 from .protocol import WorkerError
 from .schedule import Constant, schedule_from_config
 
@@ -134,48 +134,53 @@ class Trainer:
             return tokens.pin_memory().to(self.device, non_blocking=True)
         return tokens
 
-    def _loss(self, batch: torch.Tensor) -> torch.Tensor:
+    def _loss(self, batch: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16"):
             logits = self.model(input_ids=batch[:, :-1]).logits
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), batch[:, 1:].reshape(-1))
+        return lm_loss(logits, batch[:, 1:], mask)
 
     # -- steps -----------------------------------------------------------------------------------
-    def forward_backward(self, tokens: torch.Tensor) -> float:
+    def forward_backward(self, tokens: torch.Tensor, mask: torch.Tensor | None = None) -> float:
         """Accumulates gradients over micro-batches into .grad (zeroed first); returns the mean loss.
         With data parallelism each rank takes its shard of the rows; the sum over ranks of the weighted
-        gradients is the whole batch's mean gradient, identical on every rank after the all-reduce."""
+        gradients is the whole batch's mean gradient, identical on every rank after the all-reduce.
+        With a loss `mask` (loss_mask.py) the mean is over the counted targets of the whole batch."""
         batch = self.to_device_tokens(tokens)
+        mask = check_mask(mask, batch, self.device)
         self.model.train()
         for p in self.model.parameters():
             p.grad = None
         rows = batch.shape[0]
         first, last = self.group.shard(rows) if self.group else (0, rows)
         total = torch.zeros((), device=self.device)
+        denominator = rows if mask is None else max(counted(mask), 1)
         for start in range(first, last, self.micro_batch):
-            micro = batch[start : min(start + self.micro_batch, last)]
-            loss = self._loss(micro)
-            (loss * (micro.shape[0] / rows)).backward()
-            total += loss.detach() * micro.shape[0]
+            end = min(start + self.micro_batch, last)
+            micro, micro_mask = batch[start:end], None if mask is None else mask[start:end]
+            n = micro.shape[0] if micro_mask is None else counted(micro_mask)
+            loss = self._loss(micro, micro_mask)
+            (loss * (n / denominator)).backward()
+            total += loss.detach() * n
         if self.group:
             params = [p for _, p in sorted(self.model.named_parameters(), key=lambda kv: kv[0]) if p.requires_grad]
             for p in params:
                 if p.grad is None:  # an empty shard (fewer rows than ranks) still joins the sum
                     p.grad = torch.zeros_like(p)
             self.group.all_reduce_sum([*(p.grad for p in params), total.reshape(1)])
-        return float(total) / rows
+        return float(total) / denominator
 
     def clip(self) -> float:
         params = [p for p in self.model.parameters() if p.grad is not None]
         max_norm = self.clip_grad_norm if self.clip_grad_norm is not None else math.inf
         return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
 
-    def train_step(self, tokens: torch.Tensor, step: int) -> dict[str, Any]:
+    def train_step(self, tokens: torch.Tensor, step: int, mask: torch.Tensor | None = None) -> dict[str, Any]:
         if self.distro_peers:
-            return self.distro_step(tokens, step)
+            return self.distro_step(tokens, step, mask)
         if self.optimizer is None:
             raise WorkerError("train_step before configure: send the optimizer first", kind="state")
         lr = self.schedule(step)
-        loss = self.forward_backward(tokens)
+        loss = self.forward_backward(tokens, mask)
         grad_norm = self.clip()
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -183,7 +188,7 @@ class Trainer:
         _check_finite(loss, step)
         return {"loss": loss, "grad_norm": grad_norm, "lr": lr, "tokens": int(tokens.shape[0] * (tokens.shape[1] - 1))}
 
-    def distro_step(self, tokens: torch.Tensor, step: int) -> dict[str, Any]:
+    def distro_step(self, tokens: torch.Tensor, step: int, mask: torch.Tensor | None = None) -> dict[str, Any]:
         """One DisTrO step without network delay: the batch is split among the simulated peers (rows in
         order), each computes its gradient at the same parameters and produces its compressed result,
         then every result is applied. With one peer this is single-node DisTrO."""
@@ -195,7 +200,8 @@ class Trainer:
         per_peer = rows // len(peers)
         results, losses, norms = [], [], []
         for i, peer in enumerate(peers):
-            losses.append(self.forward_backward(tokens[i * per_peer : (i + 1) * per_peer]))
+            rows_i = slice(i * per_peer, (i + 1) * per_peer)
+            losses.append(self.forward_backward(tokens[rows_i], None if mask is None else mask[rows_i]))
             norms.append(self.clip())  # clip_grad_norm is None here: this only measures the norm
             results.append(peer.produce(lr))
         peers[0].apply(results, lr)  # the parameters are shared: apply once
@@ -230,12 +236,12 @@ class Trainer:
         self.begin_round(tokens, step)
         return self.finish_round(step, apply_step, results)
 
-    def begin_round(self, tokens: torch.Tensor, step: int) -> dict[str, Any]:
+    def begin_round(self, tokens: torch.Tensor, step: int, mask: torch.Tensor | None = None) -> dict[str, Any]:
         """The first half of train_round: forward/backward (and the gradient norm) for `step`. The gradients
         wait in .grad for finish_round; nothing else changes, so the previous round's results may still be
         on their way."""
         self._one_distro_peer("train_round")
-        loss = self.forward_backward(tokens)
+        loss = self.forward_backward(tokens, mask)
         norm = self.clip()
         self.pending_round = {"step": step, "loss": loss, "grad_norm": norm, "tokens": int(tokens.shape[0] * (tokens.shape[1] - 1))}
         return {"loss": loss, "grad_norm": norm}
@@ -255,7 +261,9 @@ class Trainer:
         return {"loss": loss, "grad_norm": pending["grad_norm"], "lr": lr, "tokens": pending["tokens"], "result_bytes": len(result)}, result
 
     @torch.no_grad()
-    def score_results(self, results: list[bytes], step: int, batches: list[torch.Tensor], own_batches: bool = False) -> dict[str, Any]:
+    def score_results(
+        self, results: list[bytes], step: int, batches: list[torch.Tensor], own_batches: bool = False, masks: list[torch.Tensor | None] | None = None
+    ) -> dict[str, Any]:
         """Verification (src/core/verify/): the loss on each batch at the committed parameters, and after applying
         each result alone at step `step`'s LR (as apply would, for one peer). Changes nothing: the parameters,
         any speculation, the momentum and the lookahead scales are as before. A result that does not decode
@@ -269,12 +277,13 @@ class Trainer:
         self._one_distro_peer("score_results")
         peer = self.distro_peers[0]
         lr = self.schedule(step)
+        masks = masks if masks is not None else [None] * len(batches)
         current = [p.detach().clone() for p in peer.params]
         base = [c.detach().clone() for _, c in peer.committed_parameters()]
         try:
             for p, b in zip(peer.params, base):
                 p.data.copy_(b)
-            before = [self.evaluate(t)["loss"] for t in batches]
+            before = [self.evaluate(t, m)["loss"] for t, m in zip(batches, masks)]
             after: list[list[float] | None] = []
             for result in results:
                 try:
@@ -283,8 +292,8 @@ class Trainer:
                     after.append(None)
                     continue
                 peer._update(base, [decoded], lr)
-                wanted = [batches[len(after)], batches[-1]] if own_batches else batches
-                after.append([self.evaluate(t)["loss"] for t in wanted])
+                wanted = [len(after), len(batches) - 1] if own_batches else range(len(batches))
+                after.append([self.evaluate(batches[j], masks[j])["loss"] for j in wanted])
         finally:
             for p, c in zip(peer.params, current):
                 p.data.copy_(c)
@@ -297,28 +306,29 @@ class Trainer:
         return [(n, p.detach()) for n, p in sorted(self.model.named_parameters(), key=lambda kv: kv[0])]
 
     @torch.no_grad()
-    def evaluate_replicated(self, tokens: torch.Tensor) -> dict[str, Any]:
+    def evaluate_replicated(self, tokens: torch.Tensor, mask: torch.Tensor | None = None) -> dict[str, Any]:
         """The loss on `tokens` at the replicated parameters (every replica holds the same: a pending DisTrO
         speculation is set aside for the evaluation and put back bit-exactly), so every client that evaluates the
         same held-out batches after the same step gets the same validation loss. Changes nothing."""
         peer = self.distro_peers[0] if self.distro_peers else None
         if peer is None or peer._committed is None:
-            return self.evaluate(tokens)
+            return self.evaluate(tokens, mask)
         speculative = [p.detach().clone() for p in peer.params]
         try:
             for p, c in zip(peer.params, peer._committed):
                 p.data.copy_(c)
-            return self.evaluate(tokens)
+            return self.evaluate(tokens, mask)
         finally:
             for p, c in zip(peer.params, speculative):
                 p.data.copy_(c)
 
     @torch.no_grad()
-    def evaluate(self, tokens: torch.Tensor) -> dict[str, Any]:
+    def evaluate(self, tokens: torch.Tensor, mask: torch.Tensor | None = None) -> dict[str, Any]:
         batch = self.to_device_tokens(tokens)
+        mask = check_mask(mask, batch, self.device)
         self.model.eval()
         total, rows = 0.0, batch.shape[0]
         for start in range(0, rows, self.micro_batch):
-            micro = batch[start : start + self.micro_batch]
-            total += float(self._loss(micro)) * micro.shape[0]
-        return {"loss": total / rows, "tokens": int(rows * (batch.shape[1] - 1))}
+            micro, micro_mask = batch[start : start + self.micro_batch], None if mask is None else mask[start : start + self.micro_batch]
+            total += float(self._loss(micro, micro_mask)) * (micro.shape[0] if micro_mask is None else counted(micro_mask))
+        return {"loss": total / (rows if mask is None else max(counted(mask), 1)), "tokens": int(rows * (batch.shape[1] - 1))}

@@ -109,7 +109,7 @@ def test_score_results_own_batches_evaluates_each_result_on_its_batch_and_the_sh
     full, _ = w.op_score_results({"step": 1, "results": 2}, frames)
     calls = []
     evaluate = w.t.evaluate
-    w.t.evaluate = lambda t: (calls.append(t), evaluate(t))[1]
+    w.t.evaluate = lambda t, mask=None: (calls.append(t), evaluate(t, mask))[1]
     own, _ = w.op_score_results({"step": 1, "results": 2, "own_batches": True}, frames)
     # 3 batches before, then 2 per result: 7 evaluations (the full matrix costs 3 + 2 * 3 = 9).
     assert len(calls) == 7

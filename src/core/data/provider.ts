@@ -1,6 +1,25 @@
 import {SampleLayout, checkVocab, type LayoutOptions, type SampleWindow} from './batches.js'
 import type {TokenFile} from './token-file.js'
 
+/**
+ * Samples whose loss counts only some targets (fine-tuning examples: a chat's assistant replies). Row r of a batch of
+ * rows of L ids has L - 1 targets (ids 1..L-1); `lossMask[r * (L - 1) + i]` is 1 when target i counts. It is a
+ * Uint32Array of the token ids, so it goes wherever samples go; the worker client sends the mask with the ids
+ * (python/psyche_worker/loss_mask.py). Arrays derived from it (slice, subarray) are plain ids without a mask.
+ */
+export class MaskedSamples extends Uint32Array {
+  static get [Symbol.species](): Uint32ArrayConstructor {
+    return Uint32Array
+  }
+
+  constructor(
+    length: number,
+    readonly lossMask: Uint8Array,
+  ) {
+    super(length)
+  }
+}
+
 /** What a client asks of any data source: the samples for some batch ids, identical whichever provider serves them. */
 export interface DataProvider {
   /** Where the data comes from, for logs and errors (a directory, a URL, host:port). */
@@ -9,7 +28,10 @@ export interface DataProvider {
   numSamples(): number | undefined
   /** Vocabulary size the data was tokenized with (from its manifest), when known. */
   vocabSize(): number | undefined
-  /** Samples for `batchIds`, each seqLen + 1 ids, row-major: shape [batchIds.length, seqLen + 1]. */
+  /**
+   * Samples for `batchIds`, row-major: shape [batchIds.length, seqLen + 1] for token streams, [batchIds.length,
+   * max_seq_len] for Preprocessed examples (Psyche's rows), with their loss masks (MaskedSamples) when the data has them.
+   */
   getSamples(batchIds: readonly number[]): Promise<Uint32Array>
   close(): Promise<void>
 }

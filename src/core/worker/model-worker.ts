@@ -1,3 +1,4 @@
+import {MaskedSamples} from '../data/provider.js'
 import {parseResultFormat, type ResultFormat} from '../verify/result.js'
 import {type Frame, WorkerClient, type WorkerOptions} from './client.js'
 
@@ -29,8 +30,19 @@ export interface TrainingSetup {
   delay_correction?: boolean
 }
 
-function tokensFrame(tokens: Uint32Array, rows: number): Frame {
-  return {name: 'tokens', dtype: 'uint32', shape: [rows, tokens.length / rows], data: tokens}
+/** A batch's frames: its token ids, then its loss mask when it has one (python/psyche_worker/loss_mask.py). */
+function tokenFrames(tokens: Uint32Array, rows: number): Frame[] {
+  const length = tokens.length / rows
+  const frames: Frame[] = [{name: 'tokens', dtype: 'uint32', shape: [rows, length], data: tokens}]
+  if (tokens instanceof MaskedSamples) frames.push({name: 'loss_mask', dtype: 'uint8', shape: [rows, length - 1], data: tokens.lossMask})
+  return frames
+}
+
+/** The header field that says each tokens frame is followed by its mask; all of a request's batches must agree. */
+function maskHeader(...batches: Uint32Array[]): {loss_mask?: true} {
+  const masked = batches.filter((b) => b instanceof MaskedSamples).length
+  if (masked > 0 && masked < batches.length) throw new RangeError(`${masked} of ${batches.length} batches have loss masks: all or none must`)
+  return masked > 0 ? {loss_mask: true} : {}
 }
 
 /** Typed operations of the PyTorch worker (python/psyche_worker/server.py). */
@@ -65,7 +77,7 @@ export class ModelWorker {
   }
 
   async trainStep(tokens: Uint32Array, rows: number, step: number): Promise<StepResult> {
-    return (await this.client.call<StepResult & Record<string, unknown>>('train_step', {step}, [tokensFrame(tokens, rows)])).reply
+    return (await this.client.call<StepResult & Record<string, unknown>>('train_step', {step, ...maskHeader(tokens)}, tokenFrames(tokens, rows))).reply
   }
 
   /**
@@ -80,9 +92,9 @@ export class ModelWorker {
     previous?: {applyStep: number; results: Uint8Array[]},
   ): Promise<StepResult & {result: Uint8Array; paramHash: string; applied: number}> {
     const resultFrames: Frame[] = (previous?.results ?? []).map((r, i) => ({name: `result${i}`, dtype: 'uint8', shape: [r.length], data: r}))
-    const header = previous ? {step, apply_step: previous.applyStep} : {step}
+    const header = {...(previous ? {step, apply_step: previous.applyStep} : {step}), ...maskHeader(tokens)}
     const {reply, frames} = await this.client.call<StepResult & {param_hash: string; applied: number} & Record<string, unknown>>('train_round', header, [
-      tokensFrame(tokens, rows),
+      ...tokenFrames(tokens, rows),
       ...resultFrames,
     ])
     return {...reply, result: new Uint8Array(frames[0]), paramHash: reply.param_hash, applied: reply.applied}
@@ -93,7 +105,7 @@ export class ModelWorker {
    * forward/backward of `step`, finishRound applies `previous` and produces the result (same outcome, bit for bit).
    */
   async beginRound(tokens: Uint32Array, rows: number, step: number): Promise<{loss: number; grad_norm: number}> {
-    return (await this.client.call<{loss: number; grad_norm: number} & Record<string, unknown>>('begin_round', {step}, [tokensFrame(tokens, rows)])).reply
+    return (await this.client.call<{loss: number; grad_norm: number} & Record<string, unknown>>('begin_round', {step, ...maskHeader(tokens)}, tokenFrames(tokens, rows))).reply
   }
 
   async finishRound(step: number, previous?: {applyStep: number; results: Uint8Array[]}): Promise<StepResult & {result: Uint8Array; paramHash: string; applied: number}> {
@@ -119,13 +131,14 @@ export class ModelWorker {
     if (batches.length !== results.length + 1) throw new RangeError(`scoreResults: ${results.length} results need ${results.length + 1} batches, not ${batches.length}`)
     const frames: Frame[] = [
       ...results.map((r, i) => ({name: `result${i}`, dtype: 'uint8' as const, shape: [r.length], data: r})),
-      ...batches.map((b) => tokensFrame(b.tokens, b.rows)),
+      ...batches.flatMap((b) => tokenFrames(b.tokens, b.rows)),
     ]
-    return (await this.client.call<{before: number[]; after: ([number, number] | null)[]}>('score_results', {step, results: results.length, own_batches: true}, frames)).reply
+    const header = {step, results: results.length, own_batches: true, ...maskHeader(...batches.map((b) => b.tokens))}
+    return (await this.client.call<{before: number[]; after: ([number, number] | null)[]}>('score_results', header, frames)).reply
   }
 
   async evaluate(tokens: Uint32Array, rows: number): Promise<{loss: number; tokens: number}> {
-    return (await this.client.call<{loss: number; tokens: number}>('evaluate', {}, [tokensFrame(tokens, rows)])).reply
+    return (await this.client.call<{loss: number; tokens: number}>('evaluate', {...maskHeader(tokens)}, tokenFrames(tokens, rows))).reply
   }
 
   async paramHash(): Promise<string> {
