@@ -48,6 +48,8 @@ export const tiers = {
     'test/data/batches.test.ts',
     'test/data/http.test.ts',
     'test/data/local.test.ts',
+    'test/data/locations.test.ts',
+    'test/data/preprocessed.test.ts',
     'test/data/providers.test.ts',
     'test/data/serve-command.test.ts',
     'test/data/tcp.test.ts',

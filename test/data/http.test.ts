@@ -91,9 +91,8 @@ describe('HTTP data provider', () => {
     )
     await assert.rejects(
       openDataProvider(http({Gcp: {bucket_name: 'b', filter_directory: ''}}), {seqLen: SEQ}),
-      /data_location.Http.location.Gcp: Google Cloud Storage buckets are not supported/,
+      /data_location.Http.location.Gcp.bucket_name: "b" is not a Cloud Storage bucket name/,
     )
-    await assert.rejects(openDataProvider({WeightedHttp: 'x'}, {seqLen: SEQ}), /data_location: "WeightedHttp" is not supported here/)
-    await assert.rejects(openDataProvider('Dummy', {seqLen: SEQ}), /data_location: "Dummy" is not supported here/)
+    await assert.rejects(openDataProvider('Dummy', {seqLen: SEQ}), /data_location: "Dummy" is not supported here: Dummy is Psyche's test placeholder/)
   })
 })

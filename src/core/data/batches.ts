@@ -34,11 +34,41 @@ export interface LayoutOptions {
   wrap?: boolean
 }
 
+/**
+ * The order in which batch ids take a dataset's samples: id b is sample b (past the end: an error, or with `wrap`
+ * b mod the number of samples), through the seeded permutation when there is a shuffle seed. Token files (SampleLayout)
+ * and mixtures (weighted.ts) both number their samples through it.
+ */
+export class SampleOrder {
+  private readonly permutation: SeededPermutation | undefined
+  readonly wrap: boolean
+
+  constructor(
+    readonly numSamples: number,
+    options: LayoutOptions = {},
+  ) {
+    this.wrap = options.wrap ?? false
+    this.permutation = options.shuffleSeed && numSamples > 0 ? new SeededPermutation(numSamples, options.shuffleSeed) : undefined
+  }
+
+  /** The sample index of a batch id; throws naming `where` and the batch when there is none. `empty` says why there are no samples. */
+  index(batchId: number, where: string, wrap: boolean, empty: string): number {
+    if (!Number.isSafeInteger(batchId) || batchId < 0) throw new PsycheError(`${where}: batch ${batchId}: a batch id is a non-negative integer`, {code: 'EDATA_BATCH'})
+    if (this.numSamples === 0) throw new PsycheError(`${where}: batch ${batchId}: ${empty}`, {code: 'EDATA_BATCH'})
+    let index = batchId
+    if (index >= this.numSamples) {
+      if (!wrap) throw new PsycheError(`${where}: batch ${batchId} is past the end of the data (${this.numSamples} samples; wrap-around is off)`, {code: 'EDATA_BATCH'})
+      index %= this.numSamples
+    }
+    return this.permutation ? this.permutation.apply(index) : index
+  }
+}
+
 export class SampleLayout {
   readonly numSamples: number
   /** First window index of each file; ascending. */
   private readonly firstWindow: number[]
-  private readonly permutation: SeededPermutation | undefined
+  private readonly order: SampleOrder
   readonly wrap: boolean
 
   constructor(
@@ -55,22 +85,12 @@ export class SampleLayout {
     })
     this.numSamples = total
     this.wrap = options.wrap ?? false
-    this.permutation = options.shuffleSeed && total > 0 ? new SeededPermutation(total, options.shuffleSeed) : undefined
+    this.order = new SampleOrder(total, options)
   }
 
   /** Window index of a batch id, applying wrap-around and the shuffle; throws naming the batch when it is past the end. */
   windowIndex(batchId: number, where: string, wrap = this.wrap): number {
-    if (!Number.isSafeInteger(batchId) || batchId < 0) throw new PsycheError(`${where}: batch ${batchId}: a batch id is a non-negative integer`, {code: 'EDATA_BATCH'})
-    if (this.numSamples === 0) throw new PsycheError(`${where}: batch ${batchId}: no file holds a whole sample of ${this.seqLen + 1} tokens`, {code: 'EDATA_BATCH'})
-    let index = batchId
-    if (index >= this.numSamples) {
-      if (!wrap)
-        throw new PsycheError(`${where}: batch ${batchId} is past the end of the data (${this.numSamples} samples of ${this.seqLen + 1} tokens; wrap-around is off)`, {
-          code: 'EDATA_BATCH',
-        })
-      index %= this.numSamples
-    }
-    return this.permutation ? this.permutation.apply(index) : index
+    return this.order.index(batchId, where, wrap, `no file holds a whole sample of ${this.seqLen + 1} tokens`)
   }
 
   /** Where the sample for `batchId` lives. `where` names the data (dir, URL, server) in errors. */

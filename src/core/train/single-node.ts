@@ -9,7 +9,7 @@ import {ModelWorker} from '../worker/model-worker.js'
 import {loadModel} from './load-model.js'
 import type {TrainPlan} from './plan.js'
 
-// the config's DataLocation also names variants no provider serves (Dummy, WeightedHttp): openDataProvider rejects those by name
+// the config's DataLocation also names variants no provider serves (Dummy): openDataProvider rejects those by name (config/support.ts)
 type ProviderLocation = Parameters<typeof openDataProvider>[0]
 
 interface StepMetrics {
@@ -105,6 +105,7 @@ export async function runSingleNode(plan: TrainPlan, options: {metricsPath?: str
       vocabSize: info.vocab_size,
       shuffleSeed: shuffleSeedFor(plan.seed),
       wrap: true,
+      requireLossMasks: plan.dataType === 'Finetuning',
     })
     checkVocab(train, info.vocab_size)
     if (plan.validation) {
