@@ -118,6 +118,7 @@ export const tiers = {
     'test/cli/model-init.test.ts',
     'test/cli/train.test.ts',
     'test/client/cli.test.ts',
+    'test/data/psyche-configs.test.ts',
     'test/e2e/faults.test.ts',
     'test/e2e/three-clients.test.ts',
     'test/solana/differential-long.test.ts',
