@@ -55,14 +55,14 @@ for c in conversations:
 print(json.dumps({"examples": out, "vocab_size": len(vocab), "pad": vocab["<pad>"]}))
 `
 
-export interface ChatExample {
+interface ChatExample {
   ids: number[]
   /** 1 on the assistant's tokens (what the loss counts). */
   assistant: number[]
 }
 
 /** The examples tokenized with the chat template (unpadded). */
-export function chatExamples(): {examples: ChatExample[]; vocabSize: number; pad: number} {
+function chatExamples(): {examples: ChatExample[]; vocabSize: number; pad: number} {
   const out = execFileSync(workerPython(), ['-c', SCRIPT], {input: JSON.stringify(CONVERSATIONS), env: pythonEnv(), encoding: 'utf8'})
   const parsed = JSON.parse(out) as {examples: ChatExample[]; vocab_size: number; pad: number}
   return {examples: parsed.examples, vocabSize: parsed.vocab_size, pad: parsed.pad}

@@ -132,7 +132,7 @@ function sendFile(req: IncomingMessage, res: ServerResponse, data: Buffer, trunc
   res.writeHead(206, {'content-range': `bytes ${start}-${end}/${data.length}`, 'content-length': sent.length}).end(sent)
 }
 
-export interface BucketOptions {
+interface BucketOptions {
   /** Objects per listing page. */
   pageSize?: number
   /** The size the listing reports for an object, instead of its real one. */

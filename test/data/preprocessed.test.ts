@@ -24,7 +24,7 @@ describe('Preprocessed: pre-tokenized examples with loss masks', () => {
     assert.ok(got instanceof MaskedSamples)
     for (let r = 0; r < 4; r++) {
       assert.deepEqual([...got.subarray(r * L, (r + 1) * L)], rows.inputs[r])
-      const mask = [...got.lossMask.subarray(r * (L - 1), (r + 1) * (L - 1))]
+      const mask: number[] = [...got.lossMask.subarray(r * (L - 1), (r + 1) * (L - 1))]
       assert.deepEqual(
         mask,
         rows.labels[r].slice(1).map((label) => (label === -100 ? 0 : 1)),

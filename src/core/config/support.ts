@@ -6,7 +6,7 @@ import type {LLMArchitecture, LLMDataType, RunConfigFile} from './types.js'
  * (src/core/data/index.ts) and the train plan read the same rows. To support something, implement it and flip its
  * row here; nothing else decides.
  */
-export type Support = {supported: true} | {supported: false; reason: string}
+type Support = {supported: true} | {supported: false; reason: string}
 
 const yes: Support = {supported: true}
 const no = (reason: string): Support => ({supported: false, reason})
@@ -43,13 +43,13 @@ export const HTTP_LOCATIONS: Record<HttpLocationKind, Support> = {
  * `model.LLM.data_type`. Finetuning trains on examples with loss masks (only the masked-in tokens count), which
  * only Preprocessed data carries: a token stream has none.
  */
-export const DATA_TYPES: Record<LLMDataType, Support> = {
+const DATA_TYPES: Record<LLMDataType, Support> = {
   Pretraining: yes,
   Finetuning: yes,
 }
 
 /** The data locations that carry loss masks, as Finetuning needs. */
-export const LOSS_MASKED_LOCATIONS: readonly DataLocationKind[] = ['Preprocessed']
+const LOSS_MASKED_LOCATIONS: readonly DataLocationKind[] = ['Preprocessed']
 
 /** Why `dataType` cannot train on `location`, if it cannot: Finetuning needs data with loss masks. */
 export function dataTypeProblem(dataType: LLMDataType, location: unknown): string | undefined {
@@ -81,7 +81,7 @@ function variantOf(value: unknown): string {
 }
 
 /** Which variant of `data_location` a location is (a string for unit variants, the single key otherwise). */
-export function dataLocationKind(location: unknown): string {
+function dataLocationKind(location: unknown): string {
   return variantOf(location)
 }
 

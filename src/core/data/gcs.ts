@@ -11,10 +11,10 @@ import {TOKEN_FILE_PATTERN} from './token-file.js'
  * objects whose name ends in .npy, .bin or .ds are kept, ordered by their media link.
  */
 
-export const DEFAULT_GCS_ENDPOINT = 'https://storage.googleapis.com'
+const DEFAULT_GCS_ENDPOINT = 'https://storage.googleapis.com'
 
 /** Bounds on what a bucket listing can make a client hold. */
-export const GCS_LIMITS = {
+const GCS_LIMITS = {
   /** Token files in one location. */
   files: 100_000,
   /** Bytes of one listing page (the API sends at most 1,000 objects a page, well under 1 MiB). */
@@ -23,7 +23,7 @@ export const GCS_LIMITS = {
   pages: 1_000,
 }
 
-export interface GcsFile {
+interface GcsFile {
   /** The object's name in the bucket. */
   name: string
   /** Where its bytes are read (the object's mediaLink). */
@@ -33,7 +33,7 @@ export interface GcsFile {
 }
 
 /** The listing endpoint: options, else PSYCHE_GCS_ENDPOINT (a mirror, or a test server), else Google's. */
-export function gcsEndpoint(options: HttpOptions = {}): string {
+function gcsEndpoint(options: HttpOptions = {}): string {
   const endpoint = (options.gcsEndpoint ?? process.env.PSYCHE_GCS_ENDPOINT ?? DEFAULT_GCS_ENDPOINT).replace(/\/+$/, '')
   let url: URL
   try {

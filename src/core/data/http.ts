@@ -23,7 +23,7 @@ type RetrySettings = Required<Omit<HttpOptions, 'gcsEndpoint'>>
 
 const DEFAULTS: RetrySettings = {timeoutMs: 10_000, attempts: 4, backoffMs: 200}
 
-export function retrySettings(options: HttpOptions = {}): RetrySettings {
+function retrySettings(options: HttpOptions = {}): RetrySettings {
   return {timeoutMs: options.timeoutMs ?? DEFAULTS.timeoutMs, attempts: options.attempts ?? DEFAULTS.attempts, backoffMs: options.backoffMs ?? DEFAULTS.backoffMs}
 }
 
@@ -53,12 +53,12 @@ export function httpLocationUrls(location: HttpLocation, where: string): string[
 }
 
 /** A failure worth another attempt (unreachable, timed out, 5xx, 429); anything else ends the request at once. */
-export class RetryableError extends Error {}
+class RetryableError extends Error {}
 
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms))
 
 /** Runs `attempt` until it succeeds or fails with a non-retryable error; after the last try, a "server down" error. */
-export async function withRetries<T>(url: string, what: string, options: RetrySettings, attempt: () => Promise<T>): Promise<T> {
+async function withRetries<T>(url: string, what: string, options: RetrySettings, attempt: () => Promise<T>): Promise<T> {
   let last = ''
   for (let i = 0; i < options.attempts; i++) {
     if (i > 0) await sleep(options.backoffMs * 2 ** (i - 1))
@@ -73,7 +73,7 @@ export async function withRetries<T>(url: string, what: string, options: RetrySe
 }
 
 /** fetch, turning network failures and timeouts into RetryableError and 5xx/429 answers likewise. */
-export async function request(url: string, init: RequestInit, timeoutMs: number): Promise<Response> {
+async function request(url: string, init: RequestInit, timeoutMs: number): Promise<Response> {
   let response: Response
   try {
     response = await fetch(url, {...init, signal: AbortSignal.timeout(timeoutMs)})

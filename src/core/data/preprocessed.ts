@@ -25,7 +25,7 @@ import type {ShuffleSeed} from './shuffle.js'
  */
 
 /** The most token ids a Preprocessed dataset may hold in memory (ids and masks: 5 bytes each). */
-export const PREPROCESSED_MAX_TOKENS = 2 ** 28
+const PREPROCESSED_MAX_TOKENS = 2 ** 28
 
 const IGNORE_INDEX = -100
 

@@ -27,7 +27,7 @@ import {parseShuffle, type ShuffleSpec} from './shuffle.js'
  */
 
 /** Bounds on what a mixture's JSON can make a client hold. */
-export const WEIGHTED_LIMITS = {
+const WEIGHTED_LIMITS = {
   /** Bytes of the JSON document. */
   jsonBytes: 4 << 20,
   /** Sources in one mixture (the position → source table holds one byte a position). */
