@@ -61,11 +61,15 @@ interface ChatExample {
   assistant: number[]
 }
 
-/** The examples tokenized with the chat template (unpadded). */
+let tokenized: {examples: ChatExample[]; vocabSize: number; pad: number} | undefined
+
+/** The examples tokenized with the chat template (unpadded); one Python process per test file. */
 function chatExamples(): {examples: ChatExample[]; vocabSize: number; pad: number} {
+  if (tokenized) return tokenized
   const out = execFileSync(workerPython(), ['-c', SCRIPT], {input: JSON.stringify(CONVERSATIONS), env: pythonEnv(), encoding: 'utf8'})
   const parsed = JSON.parse(out) as {examples: ChatExample[]; vocab_size: number; pad: number}
-  return {examples: parsed.examples, vocabSize: parsed.vocab_size, pad: parsed.pad}
+  tokenized = {examples: parsed.examples, vocabSize: parsed.vocab_size, pad: parsed.pad}
+  return tokenized
 }
 
 /** Rows of exactly `length` ids: each example padded (pad id, label -100) or cut. */
