@@ -1,5 +1,6 @@
 import {execFileSync} from 'node:child_process'
 import {mkdirSync, writeFileSync} from 'node:fs'
+import {gzipSync} from 'node:zlib'
 import {join} from 'node:path'
 import {parquetWriteBuffer} from 'hyparquet-writer'
 import {pythonEnv, workerPython} from '../../src/core/worker/python.js'
@@ -93,10 +94,12 @@ const listOf = (name: string) => [
   {name: 'element', type: 'INT32' as const, repetition_type: 'OPTIONAL' as const},
 ]
 
-/** A Parquet file with list<int32> columns, as Psyche's Preprocessed datasets are written. */
-export function parquetOf(columns: Record<string, number[][]>): Uint8Array {
+/** A Parquet file with list<int32> columns, as Psyche's Preprocessed datasets are written (Snappy, or gzip). */
+export function parquetOf(columns: Record<string, number[][]>, codec: 'SNAPPY' | 'GZIP' = 'SNAPPY'): Uint8Array {
   const names = Object.keys(columns)
   const buffer = parquetWriteBuffer({
+    codec,
+    compressors: {GZIP: (bytes: Uint8Array) => new Uint8Array(gzipSync(bytes))},
     columnData: names.map((name) => ({name, data: columns[name]})),
     schema: [{name: 'root', num_children: names.length}, ...names.flatMap(listOf)],
   })

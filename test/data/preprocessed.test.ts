@@ -40,6 +40,13 @@ describe('Preprocessed: pre-tokenized examples with loss masks', () => {
     const key = (s: Uint32Array) => Array.from({length: 4}, (_, r) => s.subarray(r * L, (r + 1) * L).join(','))
     assert.deepEqual(key(order).sort(), key(got).sort())
     assert.deepEqual(await shuffled.getSamples([5]), await shuffled.getSamples([1]))
+    // the same examples in a gzip-compressed file read the same
+    await mkdir(join(base, 'gzip'))
+    await writeFile(join(base, 'gzip', 'train.parquet'), parquetOf({inputs: rows.inputs, labels: rows.labels}, 'GZIP'))
+    const gzip = await openDataProvider({Preprocessed: 'gzip'}, {seqLen: L, baseDir: base})
+    const again = (await gzip.getSamples([0, 1, 2, 3])) as MaskedSamples
+    assert.deepEqual([...again], [...got])
+    assert.deepEqual([...again.lossMask], [...got.lossMask])
   })
 
   it('the mask reaches the worker: masked-out targets change nothing, counted ones do', async () => {

@@ -108,6 +108,8 @@ export class PreprocessedProvider implements DataProvider {
     const L = options.seqLen
     if (L < 2) throw new PsycheError(`${where}: max_seq_len ${L}: an example needs at least 2 tokens`)
     const files = await trainFiles(dir, where)
+    // every Parquet codec (Snappy, gzip, Brotli, zstd, LZ4); loaded here, not when the CLI starts
+    const {compressors} = await import('hyparquet-compressors')
     const parts: {ids: Uint32Array; mask?: Uint8Array; rows: number}[] = []
     let total = 0
     let labelled: boolean | undefined
@@ -136,7 +138,7 @@ export class PreprocessedProvider implements DataProvider {
         throw new PsycheError(`${where}: ${dir} holds more than ${PREPROCESSED_MAX_TOKENS} tokens, more than a client keeps in memory`, {code: 'EDATA_TOO_LARGE'})
       let records: Record<string, unknown>[]
       try {
-        records = await parquetReadObjects({file: buffer, metadata, columns: hasLabels ? ['inputs', 'labels'] : ['inputs'], utf8: false})
+        records = await parquetReadObjects({file: buffer, metadata, columns: hasLabels ? ['inputs', 'labels'] : ['inputs'], utf8: false, compressors})
       } catch (error) {
         throw new PsycheError(`${file}: cannot be read (${errorMessage(error)}): truncated or corrupt`, {code: 'EDATA_FORMAT'})
       }
