@@ -4,6 +4,7 @@ import {join} from 'node:path'
 import {describe, it} from 'node:test'
 import {openDataProvider} from '../../src/core/data/index.js'
 import {MaskedSamples} from '../../src/core/data/provider.js'
+import {resolveTrainPlan} from '../../src/core/train/plan.js'
 import {ModelWorker} from '../../src/core/worker/model-worker.js'
 import {parquetOf, writeChatDataset} from './chat.js'
 import {tempDir} from './fixtures.js'
@@ -123,5 +124,27 @@ describe('Preprocessed: pre-tokenized examples with loss masks', () => {
     await writeFile(join(base, 'nosplit', 'test.parquet'), whole)
     await assert.rejects(open('nosplit'), /data_location\.Preprocessed: .*nosplit holds no train split/)
     await assert.rejects(open('missing'), /data_location\.Preprocessed: .*missing is not a directory/)
+  })
+
+  it('a Finetuning run (psyche train, psyche join) is refused at its plan when the dataset has no labels', async () => {
+    const base = await tempDir()
+    const rows = writeChatDataset(join(base, 'chat'), L)
+    await mkdir(join(base, 'plain'))
+    await writeFile(join(base, 'plain', 'train.parquet'), parquetOf({inputs: rows.inputs}))
+    await mkdir(join(base, 'model'))
+    await writeFile(join(base, 'model', 'config.json'), '{}')
+    const config = (data: string) =>
+      readFile('templates/tiny-demo/state.toml', 'utf8').then((text) =>
+        text.replace('data_type = "Pretraining"', 'data_type = "Finetuning"').replace(/data_location = \{[^}]*\}/, `data_location = {Preprocessed = "${data}"}`),
+      )
+    await writeFile(join(base, 'plain.toml'), await config('plain'))
+    await assert.rejects(
+      resolveTrainPlan({config: join(base, 'plain.toml')}),
+      /plain\.toml: model\.LLM\.data_location\.Preprocessed: data_type Finetuning needs loss masks, but .*plain\/train\.parquet has no labels column/,
+    )
+    await writeFile(join(base, 'chat.toml'), await config('chat'))
+    const plan = await resolveTrainPlan({config: join(base, 'chat.toml')})
+    assert.equal(plan.dataType, 'Finetuning')
+    assert.deepEqual(plan.data, {Preprocessed: 'chat'})
   })
 })

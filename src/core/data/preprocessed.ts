@@ -67,6 +67,26 @@ function asInt(value: unknown, file: string, row: number, column: string, positi
   return n
 }
 
+/**
+ * Checks, from the files' footers only, that the dataset in `dir` carries loss masks (a labels column in every train
+ * file), as data_type Finetuning needs: `psyche train` and `psyche join` refuse a run without them before they start.
+ */
+export async function checkLossMasks(dir: string, where: string): Promise<void> {
+  for (const file of await trainFiles(dir, where)) {
+    let columns: string[]
+    try {
+      columns = parquetSchema(await parquetMetadataAsync(await asyncBufferFromFile(file))).children.map((c) => c.element.name)
+    } catch (error) {
+      throw new PsycheError(`${file}: not a readable Parquet file (${errorMessage(error)})`, {code: 'EDATA_FORMAT'})
+    }
+    if (!columns.includes('labels')) {
+      throw new PsycheError(`${where}: data_type Finetuning needs loss masks, but ${file} has no labels column (every token would count: that is pretraining)`, {
+        code: 'EDATA_FORMAT',
+      })
+    }
+  }
+}
+
 export class PreprocessedProvider implements DataProvider {
   private readonly order: SampleOrder
 

@@ -4,6 +4,7 @@ import {loadRunConfigFile} from '../config/index.js'
 import type {LLMConfig, LLMDataType, LrSchedule, OptimizerConfig, RunConfigFile, DataLocation} from '../config/index.js'
 import {ARCHITECTURES, dataTypeProblem} from '../config/support.js'
 import {demoCorpusDir} from '../corpus.js'
+import {checkLossMasks} from '../data/preprocessed.js'
 import {PsycheError} from '../errors.js'
 import {checkRepoId, checkRevision, downloadCheckpoint, type TransferProgress} from '../checkpoint/hub.js'
 import {projectRoot} from '../worker/python.js'
@@ -206,6 +207,9 @@ export async function resolveTrainPlan(flags: TrainFlags): Promise<TrainPlan> {
   }
   const mismatch = dataTypeProblem(llm.data_type, data)
   if (mismatch) throw new PsycheError(`${run.path}: model.LLM.data_type = "${llm.data_type}"${flags.data ? ' with --data' : ''}: ${mismatch}`, {code: 'ECONFIG'})
+  if (llm.data_type === 'Finetuning' && typeof data === 'object' && 'Preprocessed' in data) {
+    await checkLossMasks(resolve(dataBaseDir, data.Preprocessed), `${run.path}: model.LLM.data_location.Preprocessed`)
+  }
   let validation: DataLocation | undefined = flags.valData ? {Local: resolve(flags.valData)} : undefined
   // the demo corpus carries its own held-out split
   if (!validation && typeof data === 'object' && 'Local' in data && resolve(dataBaseDir, data.Local).startsWith(demoCorpusDir)) {
