@@ -53,7 +53,7 @@ distro = {"Distro": {"clip_grad_norm": 1.0, "compression_decay": 0.96, "compress
 
 trainer = Trainer(init_model(config, 0), device, precision=precision)
 trainer.configure(distro, {"Constant": {"base_lr": 1e-3}}, micro_batch=args.micro_batch, delay_correction=True)
-peer = trainer.distro_peers[0]
+peer = trainer.optimizer.peers[0]  # the Distro optimizer's one peer (DistroOptimizer): its parts are timed alone
 parameters = sum(p.numel() for p in trainer.model.parameters())
 gradient_bytes = 4 * parameters
 gen = torch.Generator().manual_seed(0)
@@ -81,8 +81,8 @@ result = b""
 for step in range(args.warmup + args.repeats):
     batch = tokens()
     fb = timed(lambda: trainer.begin_round(batch, step))
-    # finish_round = apply (nothing in this bench) + produce; produce is timed alone through the optimizer
-    trainer.pending_round = None
+    # finish_round = apply (nothing in this bench) + produce; produce is timed alone through the optimizer (the next
+    # begin_round replaces the round left pending here)
     lr = trainer.schedule(step)
     out: list[bytes] = []
     produce = timed(lambda: out.append(peer.produce(lr)))

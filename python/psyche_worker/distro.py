@@ -366,7 +366,19 @@ class DistroOptimizer:
             p.data.add_(sign.to(p.dtype), alpha=-lr * (scales[t] if scales is not None else 1.0))
         return signs
 
+    @torch.no_grad()
+    def update_from(self, base: list[torch.Tensor], results: list[list[DecodedTensor]], lr: float) -> None:
+        """params <- `base` updated by the decoded `results` (in canonical order) exactly as apply() would, and
+        nothing else: the momentum, a pending speculation and the lookahead scales stay as they are (the caller
+        puts the live parameters back). Verification measures one result alone on the committed parameters."""
+        self._update(base, results, lr)
+
     # ---- speculation
+
+    @property
+    def speculating(self) -> bool:
+        """Whether a speculative update is in place: the live parameters are not the committed ones."""
+        return self._committed is not None
 
     def discard_speculation(self) -> None:
         """Restore the committed parameters if a speculative update is in place (no-op otherwise)."""

@@ -22,7 +22,6 @@ import torch
 import zmq
 
 from . import model as models
-from .distro_codec import VALUE_FORMAT_NAMES
 from .loss_mask import pair_frames
 from .protocol import (
     ProtocolError,
@@ -80,6 +79,8 @@ class Worker:
         self.precision = models.resolve_precision(precision, self.device)
         self.group = group
         self.trainer: Trainer | None = None
+        # the loaded model's directory, if it came from one: its tokenizer goes with a saved model
+        self.source_dir: str | None = None
         self.ops: dict[str, Callable[[dict[str, Any], list[torch.Tensor]], Reply]] = {
             "hello": self.op_hello,
             "init_model": self.op_init_model,
@@ -144,13 +145,10 @@ class Worker:
             delay_correction=bool(h.get("delay_correction", False)),
         )
         reply: dict[str, Any] = {"optimizer": self.t.optimizer_name}
-        if self.t.distro_peers:
-            # What a peer's result must look like, for the client's validator (src/core/verify/result.ts).
-            peer = self.t.distro_peers[0]
-            reply["result_format"] = {
-                "value_format": VALUE_FORMAT_NAMES[peer.value_format],
-                "tensors": [{"name": s.name, "shape": list(s.shape), "chunk": list(s.chunk), "topk": s.topk} for s in peer.specs],
-            }
+        # What a peer's result must look like, for the client's validator (src/core/verify/result.ts).
+        result_format = self.t.result_format()
+        if result_format is not None:
+            reply["result_format"] = result_format
         return reply, []
 
     def _tokens(self, h, frames: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -253,11 +251,10 @@ class Worker:
             raise WorkerError("save_model needs dir")
         if self.group and self.group.rank != 0:
             return {"dir": h["dir"]}, []  # the ranks hold identical parameters: rank 0 writes them
-        if self.t.distro_peers:
-            # save what every replica holds, not a pending speculative update
-            self.t.distro_peers[0].discard_speculation()
+        # save what every replica holds, not a local change such as a pending speculative update
+        self.t.restore_replicated()
         # the tokenizer: as asked, else the one the loaded model came with, else a byte-level one
-        tokenizer = h.get("tokenizer") or getattr(self, "source_dir", None)
+        tokenizer = h.get("tokenizer") or self.source_dir
         card = h.get("card") if isinstance(h.get("card"), dict) else None
         models.save_model(self.t.model, h["dir"], tokenizer=tokenizer, card=card)
         return {"dir": h["dir"]}, []

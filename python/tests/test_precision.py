@@ -51,7 +51,7 @@ def test_bf16_autocast_trains_and_keeps_fp32_master_weights(tiny_config):
     assert abs(first - first32) < 0.05 * first32
     assert all(p.dtype == torch.float32 for p in bf16.model.parameters())
     assert all(p.grad is None or p.grad.dtype == torch.float32 for p in bf16.model.parameters())
-    assert all(s.dtype == torch.float32 for st in bf16.optimizer.state.values() for s in st.values() if s.numel() > 1)
+    assert all(s.dtype == torch.float32 for st in bf16.optimizer.state_dict()["state"].values() for s in st.values() if s.numel() > 1)
 
 
 def test_bf16_replicas_stay_bit_identical(tiny_config):

@@ -58,7 +58,7 @@ def test_configure_reports_the_result_format_peers_must_send(tiny_config):
     w.op_init_model({"config": tiny_config, "seed": 7}, [])
     reply, _ = w.op_configure({"optimizer": DISTRO, "micro_batch": 4, "delay_correction": True}, [])
     fmt = reply["result_format"]
-    specs = w.t.distro_peers[0].specs
+    specs = w.t.optimizer.peers[0].specs
     assert fmt["value_format"] == "sign"
     assert [t["name"] for t in fmt["tensors"]] == [s.name for s in specs] and len(specs) > 0
     assert all(t["topk"] <= 16 * 16 and max(t["chunk"]) <= 16 for t in fmt["tensors"])
@@ -70,7 +70,7 @@ def flip_signs(blob: bytes, w: Worker) -> bytes:
     """The result with every sign bit inverted (1-bit results: values are one bit each)."""
     from psyche_worker.distro_codec import decode_result, encode_result, EncodedTensor, VALUE_SIGN
 
-    peer = w.t.distro_peers[0]
+    peer = w.t.optimizer.peers[0]
     decoded = decode_result(blob, peer.specs, VALUE_SIGN)
     out = []
     for d in decoded:
@@ -85,8 +85,8 @@ def test_score_results_measures_each_result_alone_and_changes_nothing(tiny_confi
     _, out = w.op_train_round({"step": 1}, [train])
     blob = bytes(out[0])
     state_before = w.op_param_hash({}, [])[0]["param_hash"]
-    momentum = [m.clone() for m in w.t.distro_peers[0].momentum]
-    spec_params = [p.detach().clone() for p in w.t.distro_peers[0].params]
+    momentum = [m.clone() for m in w.t.optimizer.peers[0].momentum]
+    spec_params = [p.detach().clone() for p in w.t.optimizer.peers[0].params]
     reply, _ = w.op_score_results({"step": 1, "results": 3}, [result_frame(blob), result_frame(flip_signs(blob, w)), result_frame(b"junk"), train, other])
     (b_train, b_other), after = reply["before"], reply["after"]
     honest, flipped, junk = after
@@ -96,8 +96,8 @@ def test_score_results_measures_each_result_alone_and_changes_nothing(tiny_confi
     assert (b_train - honest[0]) > (b_other - honest[1])
     # Nothing changed: committed parameters, speculation, momentum.
     assert w.op_param_hash({}, [])[0]["param_hash"] == state_before
-    assert all(torch.equal(a, b) for a, b in zip(momentum, w.t.distro_peers[0].momentum))
-    assert all(torch.equal(a, b.detach()) for a, b in zip(spec_params, w.t.distro_peers[0].params))
+    assert all(torch.equal(a, b) for a, b in zip(momentum, w.t.optimizer.peers[0].momentum))
+    assert all(torch.equal(a, b.detach()) for a, b in zip(spec_params, w.t.optimizer.peers[0].params))
 
 
 def test_score_results_own_batches_evaluates_each_result_on_its_batch_and_the_shared_one_only(tiny_config):
