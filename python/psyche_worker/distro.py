@@ -313,9 +313,9 @@ class DistroOptimizer:
             try:
                 decoded.append((hashlib.sha256(result).digest(), self.decode(result)))
             except ResultDecodeError as e:
-                raise ResultDecodeError(f"result {i}: {e}") from None
+                raise ResultDecodeError(f"result {i}: {e}", index=i) from None
             except TypeError:
-                raise ResultDecodeError(f"result {i}: must be bytes, got {type(result).__name__}") from None
+                raise ResultDecodeError(f"result {i}: must be bytes, got {type(result).__name__}", index=i) from None
         committed, own_signs = self._committed, self._own_signs
         self._committed = self._own_signs = None
         base = committed if committed is not None else self.params

@@ -44,7 +44,12 @@ MAX_NAME_BYTES = 1024
 
 
 class ResultDecodeError(ValueError):
-    """Bytes that are not a valid DisTrO result for this model; the message says what is wrong."""
+    """Bytes that are not a valid DisTrO result for this model; the message says what is wrong, and `index`
+    (set by DistroOptimizer.apply) is the position of the bad result in the list it was given."""
+
+    def __init__(self, message: str, index: int | None = None):
+        super().__init__(message)
+        self.index = index
 
 
 @dataclass(frozen=True)

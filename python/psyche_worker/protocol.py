@@ -44,11 +44,23 @@ class ProtocolError(Exception):
 
 
 class WorkerError(Exception):
-    """A request that is well-formed but cannot be served (bad argument, wrong state, bad data)."""
+    """A request that is well-formed but cannot be served (bad argument, wrong state, bad data).
 
-    def __init__(self, message: str, kind: str = "bad_request"):
+    It crosses to the client as data, never as text to parse: the reply's ``error`` holds ``kind``, the message for
+    people, and the structured ``fields`` the kind carries (a ``bad_result`` names the refused result's ``index`` in
+    the list the client sent)."""
+
+    def __init__(self, message: str, kind: str = "bad_request", **fields: Any):
         super().__init__(message)
+        reserved = {"kind", "message"} & set(fields)
+        if reserved:
+            raise ValueError(f"WorkerError fields may not be named {sorted(reserved)}")
         self.kind = kind
+        self.fields = fields
+
+    def reply(self) -> dict[str, Any]:
+        """The ``error`` object of the reply."""
+        return {"kind": self.kind, "message": str(self), **self.fields}
 
 
 @dataclass

@@ -2,7 +2,8 @@
 
 Started by the TypeScript client (src/core/worker/) as ``python -m psyche_worker --endpoint E``.
 Prints one JSON line ``{"event": "ready", ...}`` on stdout once it listens. Every request gets a
-reply: a result, or ``{"ok": false, "error": {"kind", "message"}}`` — never silence.
+reply: a result, or ``{"ok": false, "error": {"kind", "message", ...}}`` — never silence: an error is
+data, and a kind may carry structured fields (a refused result's ``index``) so the client never parses the message.
 """
 
 from __future__ import annotations
@@ -279,7 +280,7 @@ class Worker:
         except ProtocolError as exc:
             return {"id": header.get("id"), "ok": False, "error": {"kind": "protocol", "message": str(exc)}}, [], False
         except WorkerError as exc:
-            return {"id": header.get("id"), "ok": False, "error": {"kind": exc.kind, "message": str(exc)}}, [], False
+            return {"id": header.get("id"), "ok": False, "error": exc.reply()}, [], False
         except Exception as exc:  # a bug or a torch error: report it rather than die silently
             traceback.print_exc(file=sys.stderr)
             return {"id": header.get("id"), "ok": False, "error": {"kind": "internal", "message": f"{type(exc).__name__}: {exc}"}}, [], False

@@ -149,7 +149,7 @@ class DenseMean(CommunicatingOptimizer):
 
     def _decode(self, i, result):
         if len(result) != 8 + 4 * self.size or result[:4] != b"DMv1":
-            raise WorkerError(f"rejected result: result {i}: not a DenseMean result of {self.size} values", kind="bad_result")
+            raise WorkerError(f"rejected result: result {i}: not a DenseMean result of {self.size} values", kind="bad_result", index=i)
         return torch.from_numpy(np.frombuffer(result, dtype=np.float32, offset=8).copy())
 
     @torch.no_grad()
@@ -227,5 +227,5 @@ def test_a_second_communicating_optimizer_plugs_in_with_no_change_to_trainer_or_
         workers[0].op_apply_results(
             {"step": 3}, [torch.frombuffer(bytearray(previous[0]), dtype=torch.uint8), torch.frombuffer(bytearray(b"junk"), dtype=torch.uint8)]
         )
-    assert refused.value.kind == "bad_result"
+    assert refused.value.kind == "bad_result" and refused.value.fields == {"index": 1}
     assert workers[0].op_evaluate({}, [tokens(40)])[0]["loss"] > 0

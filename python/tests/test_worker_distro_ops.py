@@ -1,5 +1,7 @@
 """The network path's combined op: train_round = forward/backward -> apply the previous round -> produce."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -117,3 +119,31 @@ def test_score_results_own_batches_evaluates_each_result_on_its_batch_and_the_sh
     assert own["after"] == [[full["after"][0][0], full["after"][0][2]], [full["after"][1][1], full["after"][1][2]]]
     with pytest.raises(WorkerError, match="own_batches needs 3 batches"):
         w.op_score_results({"step": 1, "results": 2, "own_batches": True}, frames[:4])
+
+
+def test_a_refused_result_is_named_by_its_index_as_data(tiny_config):
+    """The error reply names the refused result's position in the list sent ({"kind": "bad_result", "index": N}), so
+    the client reads it as data; the message stays as people read it. Nothing is applied."""
+    w = worker(tiny_config)
+    good = bytes(w.op_train_round({"step": 1}, [tokens(1)])[1][0])
+    start = w.op_param_hash({}, [])[0]["param_hash"]
+
+    def request(op: str, header: dict, frames: list[bytes]) -> dict:
+        specs = [{"name": f"r{i}", "dtype": "uint8", "shape": [len(f)]} for i, f in enumerate(frames)]
+        reply, _, _ = w.handle([json.dumps({"op": op, "id": 9, **header, "frames": specs}).encode(), *frames])
+        return reply
+
+    for index in (0, 2):
+        results = [good, good, good]
+        results[index] = good[:-3]
+        reply = request("apply_results", {"step": 1}, results)
+        assert reply["ok"] is False and reply["error"]["kind"] == "bad_result" and reply["error"]["index"] == index
+        assert reply["error"]["message"].startswith(f"rejected result: result {index}: truncated")
+    assert w.op_param_hash({}, [])[0]["param_hash"] == start
+    own = np.asarray(tokens(2), dtype=np.uint32)
+    specs = [{"name": "tokens", "dtype": "uint32", "shape": list(own.shape)}, *({"name": "r", "dtype": "uint8", "shape": [len(f)]} for f in (good, b"junk"))]
+    reply, _, _ = w.handle([json.dumps({"op": "train_round", "id": 10, "step": 2, "apply_step": 1, "frames": specs}).encode(), own.tobytes(), good, b"junk"])
+    assert reply["error"] == {"kind": "bad_result", "message": reply["error"]["message"], "index": 1} and "result 1:" in reply["error"]["message"]
+    # an error without structured fields has none
+    reply, _, _ = w.handle([json.dumps({"op": "finish_round", "id": 11, "step": 5, "frames": []}).encode()])
+    assert set(reply["error"]) == {"kind", "message"} and reply["error"]["kind"] == "state"

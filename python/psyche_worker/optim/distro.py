@@ -84,7 +84,7 @@ class Distro(CommunicatingOptimizer):
         try:
             peer.apply(results, self.schedule(step))
         except ResultDecodeError as exc:
-            raise WorkerError(f"rejected result: {exc}", kind="bad_result") from None
+            raise WorkerError(f"rejected result: {exc}", kind="bad_result", index=exc.index) from None
 
     def produce(self, step: int) -> tuple[bytes, Stats]:
         lr = self.schedule(step)

@@ -42,15 +42,30 @@ export class WorkerCrashedError extends PsycheError {
   }
 }
 
-/** The worker answered with a typed error (bad request, bad data, unsupported, …). */
+/**
+ * The worker answered with a typed error (bad request, bad data, unsupported, …). Errors cross the boundary as data:
+ * besides `kind` and the message for people, a kind may carry structured fields (WorkerError in
+ * python/psyche_worker/protocol.py), read here and never parsed out of the message.
+ */
 export class WorkerRequestError extends PsycheError {
   constructor(
     readonly kind: string,
     message: string,
     readonly op: string,
+    /** bad_result: the position of the refused result in the list the request sent. */
+    readonly index?: number,
   ) {
     super(message, {code: `EWORKER_${kind.toUpperCase()}`})
   }
+}
+
+/** The WorkerRequestError of an error reply's `error` object (whatever the worker sent: it is checked here). */
+export function workerRequestError(error: unknown, op: string): WorkerRequestError {
+  const e = (typeof error === 'object' && error !== null ? error : {}) as {kind?: unknown; message?: unknown; index?: unknown}
+  const kind = typeof e.kind === 'string' ? e.kind : 'unknown'
+  const message = typeof e.message === 'string' ? e.message : 'failed'
+  const index = typeof e.index === 'number' && Number.isSafeInteger(e.index) && e.index >= 0 ? e.index : undefined
+  return new WorkerRequestError(kind, `worker: ${op}: ${message}`, op, index)
 }
 
 interface Pending {
@@ -205,8 +220,7 @@ export class WorkerClient {
         if (reply.ok) {
           pending.resolve({reply, frames})
         } else {
-          const error = (reply.error ?? {}) as {kind?: string; message?: string}
-          pending.reject(new WorkerRequestError(error.kind ?? 'unknown', `worker: ${pending.op}: ${error.message ?? 'failed'}`, pending.op))
+          pending.reject(workerRequestError(reply.error, pending.op))
         }
       }
     } catch {
