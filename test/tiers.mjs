@@ -102,6 +102,7 @@ export const tiers = {
     'test/verify/result.test.ts',
     'test/verify/score.test.ts',
     'test/worker/client.test.ts',
+    'test/worker/ops.test.ts',
     'test/worker/socket-dir.test.ts',
   ],
   sim: ['test/checkpoint/hub-fallback.test.ts', 'test/sim/adversarial.test.ts', 'test/scale/scale.test.ts', 'test/sim/simulation.test.ts', 'test/solana/client.test.ts'],

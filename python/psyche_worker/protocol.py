@@ -46,9 +46,9 @@ class ProtocolError(Exception):
 class WorkerError(Exception):
     """A request that is well-formed but cannot be served (bad argument, wrong state, bad data).
 
-    It crosses to the client as data, never as text to parse: the reply's ``error`` holds ``kind``, the message for
-    people, and the structured ``fields`` the kind carries (a ``bad_result`` names the refused result's ``index`` in
-    the list the client sent)."""
+    It crosses to the client as data, never as text to parse: the reply's ``error`` holds ``kind`` (one of the error
+    kinds of ops.json), the message for people, and the structured ``fields`` the kind carries there (a ``bad_result``
+    names the refused result's ``index`` in the list the client sent)."""
 
     def __init__(self, message: str, kind: str = "bad_request", **fields: Any):
         super().__init__(message)

@@ -4,6 +4,7 @@ Started by the TypeScript client (src/core/worker/) as ``python -m psyche_worker
 Prints one JSON line ``{"event": "ready", ...}`` on stdout once it listens. Every request gets a
 reply: a result, or ``{"ok": false, "error": {"kind", "message", ...}}`` — never silence: an error is
 data, and a kind may carry structured fields (a refused result's ``index``) so the client never parses the message.
+The ops and the error kinds with their fields are listed in ops.json, the table the TypeScript client reads too.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import sys
 import threading
 import time
 import traceback
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -37,6 +39,11 @@ from .parallel import Group, join_group, listen_loopback, parse_devices, start_f
 from .trainer import Trainer
 
 Reply = tuple[dict[str, Any], list]
+
+OPS_TABLE = json.loads((Path(__file__).parent / "ops.json").read_text(encoding="utf-8"))
+"""ops.json: the worker's ops and error kinds, shared with the TypeScript client (src/core/worker/ops.ts)."""
+# served by handle() itself: it ends the loop
+LOOP_OPS = {"shutdown"}
 
 
 def die_with_parent() -> None:
@@ -82,22 +89,7 @@ class Worker:
         self.trainer: Trainer | None = None
         # the loaded model's directory, if it came from one: its tokenizer goes with a saved model
         self.source_dir: str | None = None
-        self.ops: dict[str, Callable[[dict[str, Any], list[torch.Tensor]], Reply]] = {
-            "hello": self.op_hello,
-            "init_model": self.op_init_model,
-            "configure": self.op_configure,
-            "train_step": self.op_train_step,
-            "evaluate": self.op_evaluate,
-            "param_hash": self.op_param_hash,
-            "export_params": self.op_export_params,
-            "import_params": self.op_import_params,
-            "save_model": self.op_save_model,
-            "apply_results": self.op_apply_results,
-            "train_round": self.op_train_round,
-            "begin_round": self.op_begin_round,
-            "finish_round": self.op_finish_round,
-            "score_results": self.op_score_results,
-        }
+        self.ops = handlers(self)
 
     @property
     def t(self) -> Trainer:
@@ -266,7 +258,7 @@ class Worker:
         try:
             header = decode_header(_buffer(parts[0]))
             rid = header.get("id")
-            if header["op"] == "shutdown":
+            if header["op"] in LOOP_OPS:
                 return {"id": rid, "ok": True}, [], True
             op = self.ops.get(header["op"])
             if op is None:
@@ -284,6 +276,14 @@ class Worker:
         except Exception as exc:  # a bug or a torch error: report it rather than die silently
             traceback.print_exc(file=sys.stderr)
             return {"id": header.get("id"), "ok": False, "error": {"kind": "internal", "message": f"{type(exc).__name__}: {exc}"}}, [], False
+
+
+def handlers(worker: Worker) -> dict[str, Callable[[dict[str, Any], list[torch.Tensor]], Reply]]:
+    """Every op of ops.json but the loop's own, served by the worker's op_<name> method."""
+    missing = [name for name in OPS_TABLE["ops"] if name not in LOOP_OPS and not callable(getattr(worker, f"op_{name}", None))]
+    if missing:
+        raise RuntimeError(f"ops.json lists op(s) the worker does not serve: {missing}")
+    return {name: getattr(worker, f"op_{name}") for name in OPS_TABLE["ops"] if name not in LOOP_OPS}
 
 
 def serve(endpoint: str, device: str, threads: int | None, data_parallel: int = 1, precision: str = "auto") -> None:

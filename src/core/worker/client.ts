@@ -5,6 +5,7 @@ import {execa, type ResultPromise} from 'execa'
 import * as zmq from 'zeromq'
 import {PsycheError} from '../errors.js'
 import {parseJsonLine} from '../json-lines.js'
+import type {WorkerOp} from './ops.js'
 import {projectRoot, pythonEnv, workerPython} from './python.js'
 import {workerSocketDir} from './socket-dir.js'
 
@@ -44,8 +45,8 @@ export class WorkerCrashedError extends PsycheError {
 
 /**
  * The worker answered with a typed error (bad request, bad data, unsupported, …). Errors cross the boundary as data:
- * besides `kind` and the message for people, a kind may carry structured fields (WorkerError in
- * python/psyche_worker/protocol.py), read here and never parsed out of the message.
+ * besides `kind` and the message for people, a kind may carry structured fields (the error kinds and their fields are
+ * listed in python/psyche_worker/ops.json), read here and never parsed out of the message.
  */
 export class WorkerRequestError extends PsycheError {
   constructor(
@@ -149,7 +150,7 @@ export class WorkerClient {
 
   /** Sends one request and waits for its reply. Throws WorkerRequestError, WorkerCrashedError or a timeout. */
   async call<T extends Record<string, unknown> = Record<string, unknown>>(
-    op: string,
+    op: WorkerOp,
     args: Record<string, unknown> = {},
     frames: Frame[] = [],
     timeoutMs = this.options.requestTimeoutMs ?? 600_000,
