@@ -10,7 +10,9 @@
  *   2 protocol/
  *   1 coordinator/ (pure) and the run configuration it is a function of: its schema (config/types.ts) and its
  *     pure validator (config/run-config.ts with its located-issue reader config/read.ts; no I/O)
- *   0 primitives/ (imports nothing of ours) and the leaf modules errors.ts events.ts json-lines.ts secret-file.ts descriptors.ts
+ *   0 primitives/ (imports nothing of ours), layout/ (the layout table that the run configuration's validator, the
+ *     coordinator, the Solana programs' generated header and the Solana backend share; imports nothing of ours) and the
+ *     leaf modules errors.ts events.ts json-lines.ts secret-file.ts descriptors.ts
  *
  * A module may import its own layer and those below, with no exception. Run by scripts/check-cycles.mjs (npm run
  * lint, npm test).
@@ -23,7 +25,7 @@ const LAYERS = [
   {level: 3, name: 'verify/checkpoint/config', path: '^src/core/(verify|checkpoint)/|^src/core/config/(?!(types|read|run-config)\\.ts$)'},
   {level: 2, name: 'protocol', path: '^src/core/protocol/'},
   {level: 1, name: 'coordinator', path: '^src/core/coordinator/|^src/core/config/(types|read|run-config)\\.ts$'},
-  {level: 0, name: 'primitives', path: '^src/core/primitives/|^src/core/(errors|events|json-lines|secret-file|descriptors)\\.ts$'},
+  {level: 0, name: 'primitives/layout', path: '^src/core/(primitives|layout)/|^src/core/(errors|events|json-lines|secret-file|descriptors)\\.ts$'},
 ]
 
 const above = (level) =>
@@ -55,6 +57,13 @@ module.exports = {
       comment: 'primitives/ imports nothing of ours outside primitives/ (node and npm packages only)',
       from: {path: '^src/core/primitives/'},
       to: {path: '^src/', pathNot: '^src/core/primitives/'},
+    },
+    {
+      name: 'layout-leaf',
+      severity: 'error',
+      comment: 'layout/ imports nothing of ours outside layout/ (scripts/gen-layout.ts and every layer read it)',
+      from: {path: '^src/core/layout/'},
+      to: {path: '^src/', pathNot: '^src/core/layout/'},
     },
     ...layerRules,
     {

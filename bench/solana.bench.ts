@@ -21,7 +21,7 @@ import {
   witnessInstruction,
 } from '../src/core/backend/solana/instructions.js'
 import {MAX_CLIENTS, PEER_SIZE, UPDATE_BUFFER_SIZE, clientIdOf} from '../src/core/backend/solana/layout.js'
-import {constant} from '../src/core/coordinator/layout-table.js'
+import {constant} from '../src/core/layout/layout-table.js'
 import {assignBatches, buildWitnessProof, selectWitnesses, type CoordinatorState} from '../src/core/coordinator/index.js'
 import {deployRun, keypair, readRun} from '../test/solana/harness.js'
 import {BloomFilter} from '../src/core/primitives/bloom.js'

@@ -26,7 +26,7 @@ function clangVersion() {
 }
 
 let failed = false
-// The C header of the layout table (src/core/coordinator/layout-table.ts) comes first: the programs include it.
+// The C header of the layout table (src/core/layout/layout-table.ts) comes first: the programs include it.
 const gen = spawnSync(process.execPath, ['--import', 'tsx', join(root, 'scripts', 'gen-layout.ts'), ...(checkOnly ? ['--check'] : [])], {stdio: 'inherit', cwd: root})
 if (gen.status !== 0) failed = true
 const version = clangVersion()

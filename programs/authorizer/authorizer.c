@@ -11,7 +11,7 @@
 #include "../include/sbpf.h"
 
 /* MAX_DELEGATES, AUTH_MAGIC, the error codes and `Authorization` come from the layout table
- * (src/core/coordinator/layout-table.ts), generated into ../include/psyche_layout.h. */
+ * (src/core/layout/layout-table.ts), generated into ../include/psyche_layout.h. */
 #include "../include/psyche_layout.h"
 
 enum { IX_GRANT = 0, IX_DELEGATES, IX_REVOKE };

@@ -12,7 +12,7 @@
 #include "../include/sbpf.h"
 
 /* Capacities, enums and the account structs (State, Round, ...) are generated from the layout table
- * (src/core/coordinator/layout-table.ts) into ../include/psyche_layout.h by `npm run build:programs`. */
+ * (src/core/layout/layout-table.ts) into ../include/psyche_layout.h by `npm run build:programs`. */
 #include "../include/psyche_layout.h"
 
 #define STR_(x) #x

@@ -15,7 +15,7 @@
 #include "../include/sbpf.h"
 
 /* The layout (State, Points, Treasury, Participant), magics and error codes come from the layout table
- * (src/core/coordinator/layout-table.ts), generated into ../include/psyche_layout.h. */
+ * (src/core/layout/layout-table.ts), generated into ../include/psyche_layout.h. */
 #include "../include/psyche_layout.h"
 
 #define STR_(x) #x

@@ -2,7 +2,7 @@ import {Flags} from '@oclif/core'
 import {readRunLedger, setRates} from '../core/backend/solana/admin.js'
 import {PsycheCommand} from '../core/cli/base-command.js'
 import {parseAddress, solanaContext, solanaFlags} from '../core/cli/solana-flags.js'
-import {constant} from '../core/coordinator/layout-table.js'
+import {constant} from '../core/layout/layout-table.js'
 import {POINTS_PER_BATCH} from '../core/coordinator/rewards.js'
 
 interface RatesSummary {

@@ -14,7 +14,7 @@ import {
 import {BloomFilter} from '../../src/core/primitives/bloom.js'
 import {loadRunConfigFile} from '../../src/core/config/index.js'
 import {PARAMS, S, attestParams, baseConfig, baseLLM, honestProof, joinAll, newRun, ok, rejected, toFirstRound, witnessAll} from './helpers.js'
-import {MAX_CLIENTS} from '../../src/core/coordinator/layout-table.js'
+import {MAX_CLIENTS} from '../../src/core/layout/layout-table.js'
 
 const ids = (n: number, prefix = 'c') => Array.from({length: n}, (_, i) => `${prefix}${i}`)
 

@@ -20,7 +20,7 @@ import {
 import {COORDINATOR_PROGRAM_PATH, LocalChain, programPath, type ChainFeatures} from '../../src/core/backend/solana/local-chain.js'
 import {IX, MAX_CLIENTS, STATE_SIZE, clientIdOf, decodeCoordinator, decodeLedger, encodeTag, type OnChainLedger} from '../../src/core/backend/solana/layout.js'
 import {emptyLedger, FULL_WEIGHT_SCORE, observeTransition, recordScores, SCORE_ONE, type RewardsLedger} from '../../src/core/coordinator/rewards.js'
-import {constant} from '../../src/core/coordinator/layout-table.js'
+import {constant} from '../../src/core/layout/layout-table.js'
 import {
   applyEvent,
   assignBatches,

@@ -31,7 +31,7 @@ import {signAnnouncement} from '../../src/core/primitives/announcement.js'
 import {identityFromSeed} from '../../src/core/protocol/identity.js'
 import {projectRoot} from '../../src/core/worker/python.js'
 import {PARTICIPANT_SIZE, TREASURY_SIZE, claimInstruction, fundInstruction, initTreasuryInstruction} from '../../src/core/backend/solana/treasurer.js'
-import {enumValues} from '../../src/core/coordinator/layout-table.js'
+import {enumValues} from '../../src/core/layout/layout-table.js'
 import {deployRun, keypair, readRun, testConfig, testModel} from './harness.js'
 
 interface IdlAccount {

@@ -1,11 +1,11 @@
-// The layout table (src/core/coordinator/layout-table.ts) is the one source of the coordinator account's shape: the
+// The layout table (src/core/layout/layout-table.ts) is the one source of the coordinator account's shape: the
 // committed C header is generated from it, the programs define none of its constants or structs themselves, and the
 // TypeScript decoder reads accounts at the offsets it computes.
 import {describe, it} from 'node:test'
 import assert from 'node:assert/strict'
 import {readFileSync, readdirSync} from 'node:fs'
 import {join} from 'node:path'
-import {CONFIG_FIELDS, CONSTANTS, MAGICS, RUN_ID_MAX, STRUCTS, structLayout, enumValues} from '../../src/core/coordinator/layout-table.js'
+import {CONFIG_FIELDS, CONSTANTS, MAGICS, RUN_ID_MAX, STRUCTS, structLayout, enumValues} from '../../src/core/layout/layout-table.js'
 import {LAYOUT_HEADER, layoutHeader} from '../../scripts/gen-layout.js'
 import {IX, PROGRAM_ERRORS, STATE_SIZE, PEER_SIZE, METADATA_SIZE, decodeCoordinator} from '../../src/core/backend/solana/layout.js'
 import {AUTHORIZATION_SIZE} from '../../src/core/backend/solana/authorizer.js'

@@ -21,7 +21,7 @@ import {
   treasuryAddress,
   vaultAddress,
 } from '../../src/core/backend/solana/treasurer.js'
-import {constant, structLayout} from '../../src/core/coordinator/layout-table.js'
+import {constant, structLayout} from '../../src/core/layout/layout-table.js'
 import {deployRun, keypair, toInstruction, type Deployed} from './harness.js'
 import {balance, createMint, createTokenAccount, mintTo, transferInstruction} from './spl.js'
 import {rewardsAtScale} from './vectors.js'

@@ -8,7 +8,7 @@ import {prepareUpdate, sendUpdate, updateConfig} from '../../src/core/backend/so
 import {SYSTEM_PROGRAM, bufferedUpdateTransactions, coordinatorAddress, initCoordinatorInstructions, updateBufferAddress} from '../../src/core/backend/solana/instructions.js'
 import {STATE_SIZE, UPDATE_BUFFER_SIZE, encodeUpdate} from '../../src/core/backend/solana/layout.js'
 import type {LLMConfig, RunConfigFile} from '../../src/core/config/index.js'
-import {constant} from '../../src/core/coordinator/layout-table.js'
+import {constant} from '../../src/core/layout/layout-table.js'
 import {deployRun, keypair, readRun, testConfig, testModel, type Deployed} from './harness.js'
 
 const T0 = 1_700_000_000

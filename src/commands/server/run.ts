@@ -16,7 +16,7 @@ import {peerIdOfClient} from '../../core/p2p/index.js'
 import {RelayNode} from '../../core/p2p/relay.js'
 import {loadIdentity} from '../../core/protocol/index.js'
 import type {PsycheEvent} from '../../core/events.js'
-import {MAX_CLIENTS} from '../../core/coordinator/layout-table.js'
+import {MAX_CLIENTS} from '../../core/layout/layout-table.js'
 
 export default class ServerRun extends PsycheCommand {
   static summary = "Run the centralized coordinator: a TCP server that owns the run's state and ticks it"

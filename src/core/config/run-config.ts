@@ -2,8 +2,7 @@
  * The run config's pure validator: `[config]` and `[model.LLM]` as objects (parsed TOML, or a config_update event)
  * to normalized values or located issues. No I/O: the coordinator runs it. Files are read by run-config-file.ts.
  */
-import {CONFIG_FIELDS as COORDINATOR_CONFIG_FIELDS, MAX_CLIENTS, MAX_WITNESSES, constant} from '../coordinator/layout-table.js'
-import {MAX_VERIFICATION_SAMPLE} from '../coordinator/rules.js'
+import {CONFIG_FIELDS as COORDINATOR_CONFIG_FIELDS, MAX_CLIENTS, MAX_WITNESSES, constant} from '../layout/layout-table.js'
 import {Reader, join, type Table} from './read.js'
 import type {
   AdamWConfig,
@@ -25,7 +24,7 @@ import type {
 /** Psyche's default for `waiting_for_members_extra_time` (its WAITING_FOR_MEMBERS_EXTRA_SECONDS). */
 const DEFAULT_WAITING_FOR_MEMBERS_EXTRA_TIME = 3
 /** A run id is at most RUN_ID_MAX = 32 bytes in a file, as on Solana (a program address seed; the layout table). */
-export {RUN_ID_MAX as MAX_RUN_ID_BYTES} from '../coordinator/layout-table.js'
+export {RUN_ID_MAX as MAX_RUN_ID_BYTES} from '../layout/layout-table.js'
 /** A file can only start a run before its first epoch; mid-epoch states are never written by hand. */
 export const STARTING_RUN_STATES: readonly RunState[] = ['Uninitialized', 'WaitingForMembers', 'Paused']
 
@@ -49,6 +48,8 @@ export const LIMITS = {
   seqLen: 1 << 20,
   /** NumberedFiles num_files. */
   files: 10_000_000,
+  /** verification_sample: the results one verifier scores per round (validate-config refuses more). */
+  verificationSample: 64,
 } as const
 
 /** The [config] keys: those the coordinator account holds (the layout table's Config struct), then the lists. */
@@ -97,7 +98,7 @@ function readCoordinatorConfig(r: Reader, t: Table, path: string): CoordinatorCo
     total_steps: r.int(t, 'total_steps', path, {min: 1, max: LIMITS.steps}),
     waiting_for_members_extra_time: seconds(r, t, 'waiting_for_members_extra_time', path, {positive: false, default: DEFAULT_WAITING_FOR_MEMBERS_EXTRA_TIME}),
   }
-  if (t.verification_sample !== undefined) config.verification_sample = r.int(t, 'verification_sample', path, {min: 1, max: MAX_VERIFICATION_SAMPLE})
+  if (t.verification_sample !== undefined) config.verification_sample = r.int(t, 'verification_sample', path, {min: 1, max: LIMITS.verificationSample})
   if (t.rounds_per_epoch !== undefined) config.rounds_per_epoch = r.int(t, 'rounds_per_epoch', path, {min: 1, max: LIMITS.steps})
   if (t.checkpointers !== undefined) {
     const list = t.checkpointers

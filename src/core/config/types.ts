@@ -4,8 +4,9 @@
  * bare strings (`"Dummy"`, `"Ephemeral"`). A file written by Psyche's authors loads unchanged.
  */
 
-/** The coordinator's phases (the Psyche book's run states). */
-export const RUN_STATES = ['Uninitialized', 'WaitingForMembers', 'Warmup', 'RoundTrain', 'RoundWitness', 'Cooldown', 'Finished', 'Paused'] as const
+import type {RUN_STATES} from '../layout/layout-table.js'
+
+/** The coordinator's phases (the Psyche book's run states; listed in layout/layout-table.ts). */
 export type RunState = (typeof RUN_STATES)[number]
 
 /**

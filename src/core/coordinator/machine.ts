@@ -24,7 +24,7 @@ import {
 } from './rules.js'
 import {ACTIVE_PHASES, EPOCH_PHASES, HALTED_PHASES, isCheckpointP2P, isRoundPhase} from './phases.js'
 import type {ApplyResult, Client, ClientId, CoordinatorEvent, CoordinatorState, EpochState, Rejection, RejectionCode, Round, RunState} from './types.js'
-import {MAX_ACCUSATIONS, MAX_CLIENTS} from './layout-table.js'
+import {MAX_ACCUSATIONS, MAX_CLIENTS} from '../layout/layout-table.js'
 
 /**
  * The coordinator state machine: (state, event, now) -> state. Pure — no I/O, no clock, no

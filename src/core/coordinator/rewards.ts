@@ -1,5 +1,5 @@
 import {BloomFilter} from '../primitives/bloom.js'
-import {constant} from './layout-table.js'
+import {constant} from '../layout/layout-table.js'
 import {isRoundPhase} from './phases.js'
 import {batchRangeFor, isVerifier, participantKey, isScoreAssigned, verifierCount, witnessBloomParams, witnessCount, witnessQuorum} from './rules.js'
 import type {ClientId, CoordinatorState, Round} from './types.js'

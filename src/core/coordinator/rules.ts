@@ -4,7 +4,7 @@ import {sha256, subSeed, u64le} from '../primitives/seed.js'
 import {isRoundPhase} from './phases.js'
 import {shuffleAll, shuffledIndex, unshuffledIndex} from '../primitives/shuffle.js'
 import type {ClientId, CoordinatorState, Round} from './types.js'
-import {MAX_WITNESSES} from './layout-table.js'
+import {MAX_WITNESSES} from '../layout/layout-table.js'
 
 /**
  * The coordinator's derived rules, as pure functions anyone can call: the coordinator to check a
@@ -256,8 +256,6 @@ export function agreedParamHash(s: CoordinatorState): string | undefined {
 
 /** Results a verifier scores per round when the config leaves verification_sample out. */
 export const DEFAULT_VERIFICATION_SAMPLE = 4
-/** The largest verification_sample a config may set (validate-config refuses more). */
-export const MAX_VERIFICATION_SAMPLE = 64
 
 /** The most results one verifier scores per round: config.verification_sample, or DEFAULT_VERIFICATION_SAMPLE. */
 function verificationSample(config: CoordinatorConfig): number {

@@ -1,4 +1,4 @@
-import {RUN_STATES} from '../config/types.js'
+import {RUN_STATES} from '../layout/layout-table.js'
 import type {CoordinatorState, Round} from './types.js'
 
 /**

@@ -1,6 +1,6 @@
 import {createServer, type Server} from 'node:http'
 import {Counter, Gauge, Histogram, Registry, collectDefaultMetrics} from 'prom-client'
-import {RUN_STATES} from '../config/types.js'
+import {RUN_STATES} from '../layout/layout-table.js'
 import {CLIENT_STATES, type CoordinatorState} from '../coordinator/types.js'
 import {PsycheError} from '../errors.js'
 

@@ -1,6 +1,6 @@
 import {sha256} from '../primitives/hash.js'
 import type {HubRepo} from '../config/types.js'
-import {RUN_ID_MAX as MAX_RUN_ID_BYTES} from '../coordinator/layout-table.js'
+import {RUN_ID_MAX as MAX_RUN_ID_BYTES} from '../layout/layout-table.js'
 import type {AccusationReason, ClientId, CoordinatorState, WitnessProof} from '../coordinator/types.js'
 import type {EquivocationProof} from '../coordinator/equivocation.js'
 import type {RewardRow} from '../coordinator/rewards.js'

@@ -1,4 +1,4 @@
-import {MAX_CLIENTS} from '../../coordinator/layout-table.js'
+import {MAX_CLIENTS} from '../../layout/layout-table.js'
 export {effectiveMaxConnections, openFileLimit} from '../../descriptors.js'
 
 /**

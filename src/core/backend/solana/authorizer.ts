@@ -1,6 +1,6 @@
 import {AccountRole, getAddressDecoder, getProgramDerivedAddress, type Address, type Instruction, type TransactionSigner} from '@solana/kit'
 import {addressBytes} from './layout.js'
-import {MAGICS, constant, structLayout} from '../../coordinator/layout-table.js'
+import {MAGICS, constant, structLayout} from '../../layout/layout-table.js'
 import {INSTRUCTION_UNITS, SYSTEM_PROGRAM, signerMeta, withUnits} from './instructions.js'
 
 /**

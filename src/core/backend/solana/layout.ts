@@ -1,16 +1,16 @@
 import {getAddressDecoder, getAddressEncoder, type Address} from '@solana/kit'
-import {RUN_STATES, type CheckpointConfig, type CoordinatorConfig, type HubRepo, type LLMConfig} from '../../config/types.js'
+import type {CheckpointConfig, CoordinatorConfig, HubRepo, LLMConfig} from '../../config/types.js'
 import type {Accusation, AccusationReason, CheckpointHash, Client, ClientState, CoordinatorState, ExitedClient, HashWitness, Round, WitnessRecord} from '../../coordinator/types.js'
 import {DEFAULT_VERIFICATION_SAMPLE, verifierCount, witnessBloomParams} from '../../coordinator/rules.js'
 import {pointsFor, rewardWeight, scoreFromFixed, WEIGHT_ONE, type RewardRow, scoreRowsOf, type scoreRows} from '../../coordinator/rewards.js'
-import {CONFIG_FIELDS, ENUMS, MAGICS, MAX_CLIENTS, RUN_ID_MAX, STRUCTS, constant, enumValues, structLayout} from '../../coordinator/layout-table.js'
+import {CONFIG_FIELDS, ENUMS, MAGICS, MAX_CLIENTS, RUN_ID_MAX, RUN_STATES, STRUCTS, constant, enumValues, structLayout} from '../../layout/layout-table.js'
 
 /**
  * The coordinator account of programs/coordinator (its `State` struct), byte for byte. Everything is
  * little-endian; lists are fixed arrays with a length field. See programs/README.md for the table.
  */
 
-/** Capacity limits of one coordinator account: the layout table (coordinator/layout-table.ts), as the program's header. */
+/** Capacity limits of one coordinator account: the layout table (layout/layout-table.ts), as the program's header. */
 export {MAX_CLIENTS, RUN_ID_MAX}
 const MAX_WITNESSES = constant('MAX_WITNESSES')
 const MAX_ACCUSATIONS = constant('MAX_ACCUSATIONS')

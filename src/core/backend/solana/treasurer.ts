@@ -1,6 +1,6 @@
 import {AccountRole, getAddressDecoder, getProgramDerivedAddress, type Address, type Instruction, type TransactionSigner} from '@solana/kit'
 import {addressBytes} from './layout.js'
-import {MAGICS, enumValues, structLayout} from '../../coordinator/layout-table.js'
+import {MAGICS, enumValues, structLayout} from '../../layout/layout-table.js'
 import {INSTRUCTION_UNITS, SYSTEM_PROGRAM, TOKEN_PROGRAM, signerMeta, withUnits} from './instructions.js'
 
 /**

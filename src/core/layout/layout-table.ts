@@ -13,9 +13,9 @@
  * field in programs/coordinator/coordinator.c and in layout.ts, and commit the header and the .so with it.
  * test/solana/layout-table.test.ts fails while the committed header is older than this table.
  *
- * It imports only config/types.ts (the run states), so every layer, the generator and the tests may read it.
+ * It imports nothing, so every layer, the generator and the tests may read it: the run configuration's validator
+ * (config/run-config.ts) and the coordinator (coordinator/) both do, and neither imports the other through it.
  */
-import {RUN_STATES} from '../config/types.js'
 
 /** Numeric constants: name → [value, what it bounds]. */
 export const CONSTANTS = {
@@ -272,6 +272,9 @@ export const STRUCTS = {
 } as const satisfies Record<string, readonly Row[]>
 
 export type StructName = keyof typeof STRUCTS
+
+/** The coordinator's phases (the Psyche book's run states): a state.toml's run_state, and the C enum RunState. */
+export const RUN_STATES = ['Uninitialized', 'WaitingForMembers', 'Warmup', 'RoundTrain', 'RoundWitness', 'Cooldown', 'Finished', 'Paused'] as const
 
 /**
  * Enums: the C names are the prefix and the value in SNAKE_CASE (RoundTrain → ROUND_TRAIN, update → IX_UPDATE). `values`
