@@ -1,4 +1,3 @@
-import {MaskedSamples} from '../data/provider.js'
 import {parseResultFormat, type ResultFormat} from '../verify/result.js'
 import {type Frame, WorkerClient, type WorkerOptions} from './client.js'
 
@@ -30,17 +29,27 @@ export interface TrainingSetup {
   delay_correction?: boolean
 }
 
+/**
+ * The loss mask of samples that carry one (data/provider.ts MaskedSamples), known by its shape: the worker imports
+ * nothing of data/, which runs the worker's Python to tokenize (no folder cycle between them).
+ */
+function lossMaskOf(tokens: Uint32Array): Uint8Array | undefined {
+  const mask = (tokens as {lossMask?: unknown}).lossMask
+  return mask instanceof Uint8Array ? mask : undefined
+}
+
 /** A batch's frames: its token ids, then its loss mask when it has one (python/psyche_worker/loss_mask.py). */
 function tokenFrames(tokens: Uint32Array, rows: number): Frame[] {
   const length = tokens.length / rows
   const frames: Frame[] = [{name: 'tokens', dtype: 'uint32', shape: [rows, length], data: tokens}]
-  if (tokens instanceof MaskedSamples) frames.push({name: 'loss_mask', dtype: 'uint8', shape: [rows, length - 1], data: tokens.lossMask})
+  const mask = lossMaskOf(tokens)
+  if (mask) frames.push({name: 'loss_mask', dtype: 'uint8', shape: [rows, length - 1], data: mask})
   return frames
 }
 
 /** The header field that says each tokens frame is followed by its mask; all of a request's batches must agree. */
 function maskHeader(...batches: Uint32Array[]): {loss_mask?: true} {
-  const masked = batches.filter((b) => b instanceof MaskedSamples).length
+  const masked = batches.filter((b) => lossMaskOf(b) !== undefined).length
   if (masked > 0 && masked < batches.length) throw new RangeError(`${masked} of ${batches.length} batches have loss masks: all or none must`)
   return masked > 0 ? {loss_mask: true} : {}
 }
