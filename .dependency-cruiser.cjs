@@ -1,6 +1,6 @@
 /**
- * dependency-cruiser: the import graph of src/ has no cycle (type-only imports included), and imports point down
- * the layers only (/work/shared/ARCHITECTURE.md, "Layers"):
+ * dependency-cruiser: the import graph of src/ has no cycle (type-only imports included), no two folders of src/core
+ * import each other (a folder-level cycle), and imports point down the layers only (docs/ARCHITECTURE.md, "Layers"):
  *
  *   7 commands/                      parse flags, call the core, render
  *   6 compose/ cli/                  the composition root (wires a client's components); command helpers
@@ -49,6 +49,14 @@ module.exports = {
       severity: 'error',
       comment: 'An import cycle: move the shared piece into a module both sides import (a port, a types file) instead.',
       from: {path: '^src/'},
+      to: {circular: true},
+    },
+    {
+      name: 'no-folder-cycle',
+      severity: 'error',
+      scope: 'folder',
+      comment: 'A folder-level cycle: two folders of src/core import each other (through any of their modules). Move what they share down into a leaf folder both import.',
+      from: {path: '^src/core/'},
       to: {circular: true},
     },
     {
