@@ -13,11 +13,11 @@ import {isIdentityId, signBytes, verifyBytes, type Identity} from './identity.js
 /** Each client's P2P addresses (multiaddrs), as the coordinator hands them out. */
 export type PeerDirectory = Record<ClientId, string[]>
 
-/** A verification score the server keeps per client (verify/scoreboard.ts), as sent to watchers. */
+/** A verification score the server keeps per client (its rewards ledger, coordinator/rewards.ts scoreRows), as sent to watchers. */
 export interface ClientScore {
   client_id: ClientId
   /**
-   * Moving average over the steps scored (the Scorer's alpha), of each step's mean over its verifiers' reports:
+   * Moving average over the steps scored (weight 1/2, coordinator/rewards.ts), of each step's mean over its verifiers' reports:
    * the same average each verifier keeps, when verifiers agree.
    */
   average: number
