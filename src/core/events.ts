@@ -191,7 +191,7 @@ export type PsycheEvent =
   | {event: 'resumed'; path: string; run_id: string; run_state: string; step: number; epoch: number; clients: number; pending: number}
   | {event: 'scored'; step: number; client_id: string; score: number; average: number; count: number; gain_assigned: number; gain_random: number}
   | {event: 'scores'; client: string; step: number; scores: {client_id: string; score: number}[]}
-  // core/backend/centralized/server.ts: an epoch's points settled (coordinator/rewards.ts), per client that got any
+  // core/backend/centralized/ledger.ts: an epoch's points settled (coordinator/rewards.ts), per client that got any
   | {event: 'epoch_rewards'; epoch: number; clients: {client_id: string; earned: number; slashed: number}[]}
   | {event: 'send_failed'; of: string; message: string}
   // core/p2p/node.ts
@@ -209,7 +209,7 @@ export type PsycheEvent =
   | {event: 'warmup_ready'; epoch: number; step: number | null}
   | {event: 'waiting'; reason: 'members' | 'next_epoch' | 'paused'; detail: string; seconds: number | null}
   | {event: 'warning'; message: string}
-  // core/backend/centralized/server.ts: a bound lowered at start (--max-connections to fit ulimit -n)
+  // core/backend/centralized/admission.ts: a bound lowered at start (--max-connections to fit ulimit -n)
   | {event: 'limit_lowered'; limit: string; to: number; reason: string}
   | {event: 'withdrawn'; client?: string; reason: string}
   | {event: 'witness'; step: number; seen: number}

@@ -1,4 +1,4 @@
-import type {ClientId} from '../../coordinator/types.js'
+import type {ClientId, CoordinatorState} from '../../coordinator/types.js'
 import type {PeerDirectory} from '../types.js'
 
 /** Most characters of multiaddrs one member's directory entry keeps (addresses past it are left out, in order). */
@@ -75,10 +75,11 @@ export class PeerBook {
     return true
   }
 
-  /** Removes every entry whose id `keep` refuses; true when any was removed. */
-  retain(keep: (id: ClientId) => boolean): boolean {
+  /** Removes the entries of every client that `state` does not list (directoryMembers); true when any was removed. */
+  retainListed(state: CoordinatorState): boolean {
+    const listed = directoryMembers(state)
     let changed = false
-    for (const id of [...this.entries.keys()]) if (!keep(id)) changed = this.remove(id) || changed
+    for (const id of [...this.entries.keys()]) if (!listed.has(id)) changed = this.remove(id) || changed
     return changed
   }
 
@@ -91,6 +92,16 @@ export class PeerBook {
     for (const [id, v] of this.tombstones) if (v > since) removed.push(id)
     return {reset: false, set, removed}
   }
+}
+
+/**
+ * Who the peer directory lists: the members, and the epoch's clients that left it this round (a dropped trainer's
+ * result may still be fetched) until the round ends; never an ejected client, a watcher or a stranger.
+ */
+export function directoryMembers(state: CoordinatorState): Set<ClientId> {
+  const ids = new Set(state.pending)
+  for (const c of state.epoch.clients) if (c.state !== 'Ejected') ids.add(c.id)
+  return ids
 }
 
 /** The addresses in order, as many as fit in MAX_DIRECTORY_ENTRY_CHARS. */

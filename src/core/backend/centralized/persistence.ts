@@ -1,0 +1,104 @@
+import {existsSync, mkdirSync, readFileSync} from 'node:fs'
+import {join} from 'node:path'
+import {deserializeState, serializeState} from '../../coordinator/index.js'
+import {checkLedger, emptyLedger, type RewardsLedger} from '../../coordinator/rewards.js'
+import type {CoordinatorState} from '../../coordinator/types.js'
+import {PsycheError} from '../../errors.js'
+import type {EventLog} from '../../events.js'
+import {writeFileAtomicSync} from '../../protocol/atomic-file.js'
+import {generateIdentity, loadIdentity, saveIdentity, type Identity} from '../../protocol/identity.js'
+import type {PeerDirectory} from '../types.js'
+
+/** File names inside saveStateDir. */
+export const SAVED_STATE_FILE = 'coordinator-state.json'
+export const SAVED_IDENTITY_FILE = 'server-identity.json'
+
+/** What the server keeps across restarts: the coordinator's state, the peer directory, the rewards ledger. */
+interface Saved {
+  state: CoordinatorState
+  peers: PeerDirectory
+  rewards: RewardsLedger
+}
+
+interface SavedStateFile {
+  type: 'psyche-coordinator-state'
+  version: 1
+  state: string
+  peers: PeerDirectory
+  /** The rewards ledger (absent in files saved before there was one: an empty ledger). */
+  rewards?: RewardsLedger
+}
+
+/**
+ * The server's identity: the given one, else the one kept in saveStateDir (created there on first use, so clients
+ * that pin it reconnect after a restart), else a new random one.
+ */
+export async function serverIdentity(saveStateDir: string | undefined, identity?: Identity): Promise<Identity> {
+  if (identity) return identity
+  if (!saveStateDir) return generateIdentity()
+  mkdirSync(saveStateDir, {recursive: true})
+  const identityPath = join(saveStateDir, SAVED_IDENTITY_FILE)
+  if (existsSync(identityPath)) return loadIdentity(identityPath)
+  const created = generateIdentity()
+  await saveIdentity(created, identityPath)
+  return created
+}
+
+/**
+ * The saved state in saveStateDir (SAVED_STATE_FILE), the one owner of that file: read once when the server starts
+ * (it resumes from it), written after every change the server adopts (temp name + rename, so a crash leaves the old
+ * file or the new one).
+ */
+export class StateStore {
+  readonly path: string
+
+  constructor(
+    dir: string,
+    private readonly log: EventLog,
+  ) {
+    this.path = join(dir, SAVED_STATE_FILE)
+  }
+
+  /** The state saved for run `runId` (undefined: none saved yet). A file that cannot be read, or is of another run, throws. */
+  load(runId: string): Saved | undefined {
+    if (!existsSync(this.path)) return undefined
+    const bad = (what: string) => new PsycheError(`saved state ${this.path}: ${what} (move the file away to start the run afresh)`, {code: 'ESAVEDSTATE'})
+    let saved: SavedStateFile
+    try {
+      saved = JSON.parse(readFileSync(this.path, 'utf8'))
+    } catch (error) {
+      throw bad(`cannot read: ${(error as NodeJS.ErrnoException).code ?? (error as Error).message}`)
+    }
+    if (saved?.type !== 'psyche-coordinator-state' || saved.version !== 1 || typeof saved.state !== 'string') throw bad('not a psyche coordinator state file (version 1)')
+    let state: CoordinatorState
+    try {
+      state = deserializeState(saved.state)
+    } catch (error) {
+      throw bad((error as Error).message)
+    }
+    if (state.run_id !== runId) throw bad(`it is run "${state.run_id}", but the state.toml is run "${runId}"`)
+    const peers: PeerDirectory = {}
+    if (saved.peers && typeof saved.peers === 'object') {
+      for (const [k, v] of Object.entries(saved.peers)) if (Array.isArray(v) && v.every((a) => typeof a === 'string')) peers[k] = v
+    }
+    let rewards = emptyLedger()
+    try {
+      if (saved.rewards !== undefined) rewards = checkLedger(saved.rewards)
+    } catch (error) {
+      throw bad((error as Error).message)
+    }
+    return {state, peers, rewards}
+  }
+
+  /** Writes what the server holds now; a failure is logged (where: save) and returned as false. */
+  save(saved: Saved): boolean {
+    const file: SavedStateFile = {type: 'psyche-coordinator-state', version: 1, state: serializeState(saved.state), peers: saved.peers, rewards: saved.rewards}
+    try {
+      writeFileAtomicSync(this.path, JSON.stringify(file))
+      return true
+    } catch (error) {
+      this.log({event: 'error', where: 'save', path: this.path, message: (error as Error).message})
+      return false
+    }
+  }
+}
