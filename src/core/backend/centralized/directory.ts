@@ -51,11 +51,17 @@ export class PeerBook {
     return out
   }
 
-  /** Sets a member's addresses (bounded to MAX_DIRECTORY_ENTRY_CHARS); true when anything changed. */
-  set(id: ClientId, addrs: readonly string[]): boolean {
+  /** Whether the entry of `id` is `addrs` (as bounded) already. */
+  holds(id: ClientId, addrs: readonly string[]): boolean {
     const kept = boundAddrs(addrs)
     const known = this.entries.get(id)
-    if (known && known.addrs.length === kept.length && known.addrs.every((a, i) => a === kept[i])) return false
+    return known !== undefined && known.addrs.length === kept.length && known.addrs.every((a, i) => a === kept[i])
+  }
+
+  /** Sets a member's addresses (bounded to MAX_DIRECTORY_ENTRY_CHARS); true when anything changed. */
+  set(id: ClientId, addrs: readonly string[]): boolean {
+    if (this.holds(id, addrs)) return false
+    const kept = boundAddrs(addrs)
     this.version += 1
     this.entries.set(id, {addrs: kept, version: this.version})
     this.tombstones.delete(id)

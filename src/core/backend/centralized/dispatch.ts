@@ -1,10 +1,11 @@
 import type {ClientId, CoordinatorEvent, CoordinatorState} from '../../coordinator/types.js'
+import type {PsycheEvent} from '../../events.js'
 import type {ClientEnvelope, ReportBody} from '../../protocol/messages.js'
 
 /**
  * What the server does with a client's message once its connection's checks passed (sessions.ts):
- * - `hello`: the connection is bound to its client, and joins the run if it asks to;
- * - `event`: an event of the coordinator;
+ * - `hello`: the connection is bound to its client, then a join is an event like any other;
+ * - `event`: an event of the coordinator, through the server's one path (admission, the coordinator, the answer);
  * - `refuse`: answered with `rejected`: a stale witness or health check counts as a violation (strike), a late
  *   report or one of someone who did not train does not;
  * - `report`, `scores`, `addresses`, `resync`: the server's own business (display, the rewards ledger, the peer
@@ -62,4 +63,21 @@ export function dispatch(m: ClientEnvelope, state: CoordinatorState, entropy: ()
     case 'resync':
       return {to: 'resync'}
   }
+}
+
+/**
+ * How the server answers the outcome of a client's event: the line it logs when taken (a join: `joined`, or
+ * `rejoined` when the client is in the run already, as after a server restart: nothing to refuse), else the refusal.
+ * The coordinator's refusals are normal in a distributed run (late proofs...): answered, not counted as violations.
+ */
+export function verdict(
+  event: CoordinatorEvent,
+  error: {code: string; message: string} | undefined,
+  who: {peer: string; client: ClientId; of: string},
+): {ok: true; line: PsycheEvent} | {ok: false; code: string; reason: string} {
+  const {peer, client} = who
+  if (event.type === 'join' && error?.code === 'AlreadyJoined') return {ok: true, line: {event: 'rejoined', peer, client, detail: error.message}}
+  if (error) return {ok: false, code: error.code, reason: error.message}
+  if (event.type === 'join') return {ok: true, line: {event: 'joined', peer, client}}
+  return {ok: true, line: {event: 'accepted', peer, client, kind: who.of}}
 }

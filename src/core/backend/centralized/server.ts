@@ -12,7 +12,7 @@ import type {ClientEnvelope} from '../../protocol/messages.js'
 import type {PeerDirectory} from '../types.js'
 import {Admission, serverLimits} from './admission.js'
 import {directoryMembers, PeerBook} from './directory.js'
-import {dispatch} from './dispatch.js'
+import {dispatch, verdict} from './dispatch.js'
 import {Ledger} from './ledger.js'
 import type {ServerLimits} from './limits.js'
 import {serverIdentity, StateStore} from './persistence.js'
@@ -89,7 +89,8 @@ interface ServerSettings {
  * each: the connections and their checks (sessions.ts), who may connect, watch and join (admission.ts), where each
  * message goes (dispatch.ts), the saved state and identity (persistence.ts), the state pushes and deltas
  * (state-push.ts), the peer directory (directory.ts), the rewards ledger (ledger.ts) and the clients' reports for
- * watchers (reports.ts). This class holds the state; each adopted state is saved and pushed once per turn of the event loop (commit, flush). Everything from the wire is
+ * watchers (reports.ts). This class holds the state: every client event, a join included, takes one path (applyFrom);
+ * each adopted state is saved and pushed once per turn of the event loop (commit, flush). Everything from the wire is
  * verified and bound to this run, this connection and the current step; a message that fails is dropped, answered
  * with `rejected`, and logged with the peer and the reason. Nothing a peer sends can throw out of the socket handlers.
  */
@@ -269,7 +270,7 @@ export class CoordinatorServer {
       case 'hello':
         return this.onHello(s, to.hello)
       case 'event':
-        return this.applyFrom(s, m.kind, to.event)
+        return void this.applyFrom(s, m.kind, to.event)
       case 'refuse':
         return this.sessions.reject(s, to.code, to.reason, m.kind, {strike: to.strike})
       case 'report':
@@ -287,7 +288,7 @@ export class CoordinatorServer {
       case 'addresses':
         // A member's directory entry (and so every client) gets the new list.
         s.addrs = to.addrs
-        if (!directoryMembers(this.current).has(m.from) || !this.book.set(m.from, to.addrs)) return
+        if (!this.updateEntry(s, this.current)) return
         this.opts.log({event: 'addresses', peer: s.peer, client: m.from, p2p_addrs: to.addrs})
         return this.commit(this.current, true)
       case 'resync':
@@ -297,36 +298,35 @@ export class CoordinatorServer {
 
   private onHello(s: Session, m: Extract<ClientEnvelope, {kind: 'hello'}>): void {
     if (!this.sessions.hello(s, m)) return
-    if (m.body.want_join) {
-      const refusal = this.admission.event(this.current, {type: 'join', id: m.from})
-      const result = refusal ? {state: this.current, error: refusal} : applyEvent(this.current, {type: 'join', id: m.from}, this.opts.now())
-      if (result.error) {
-        // A client that reconnects (e.g. after a server restart) is already in the run: nothing to refuse.
-        if (result.error.code === 'AlreadyJoined') this.opts.log({event: 'rejoined', peer: s.peer, client: m.from, detail: result.error.message})
-        else {
-          this.sessions.reject(s, result.error.code, result.error.message, 'hello', {strike: false})
-          // It stays to watch the run (a client asks again through a new connection): it counts as a watcher.
-          if (!this.sessions.keepWatching(s)) return
-        }
-      } else {
-        this.opts.log({event: 'joined', peer: s.peer, client: m.from})
-      }
-      // Its addresses go in the directory once it is a member (joined now, or already).
-      const peersChanged = directoryMembers(result.state).has(m.from) && this.book.set(m.from, s.addrs)
-      this.commit(result.state, peersChanged)
-      this.advance()
-    }
+    // A refused join leaves the connection watching the run (a client asks again through a new connection).
+    if (m.body.want_join && !this.applyFrom(s, 'hello', {type: 'join', id: m.from}) && !this.sessions.keepWatching(s)) return
     // Every client gets the state right after its welcome, changed or not.
     this.pusher.push([s])
   }
 
-  private applyFrom(s: Session, kind: string, event: CoordinatorEvent): void {
-    const result = applyEvent(this.current, event, this.opts.now())
-    // The coordinator's own refusals are normal in a distributed run (late proofs...): answered, not counted as violations.
-    if (result.error) return this.sessions.reject(s, result.error.code, result.error.message, kind, {strike: false})
-    this.commit(result.state)
+  /**
+   * The one path of a client's event to the coordinator, a join as any other: the server's admission (a join within
+   * the member bound and the join pace), the coordinator, the answer (dispatch.ts verdict), the client's directory
+   * entry while it is a member, then the new state adopted and ticked at once (a join or a quorum may start a phase).
+   * False when the event was refused.
+   */
+  private applyFrom(s: Session, of: string, event: CoordinatorEvent): boolean {
+    const refusal = this.admission.event(this.current, event)
+    const result = refusal ? {state: this.current, error: refusal} : applyEvent(this.current, event, this.opts.now())
+    const answer = verdict(event, result.error, {peer: s.peer, client: s.clientId!, of})
+    if (answer.ok) this.opts.log(answer.line)
+    else this.sessions.reject(s, answer.code, answer.reason, of, {strike: false})
+    const listed = this.updateEntry(s, result.state)
+    if (!answer.ok && !listed) return false
+    this.commit(result.state, listed)
     this.advance()
-    this.opts.log({event: 'accepted', peer: s.peer, client: s.clientId, kind})
+    return answer.ok
+  }
+
+  /** A member's directory entry is the addresses its connection announced last (a join lists them); true when it changed. */
+  private updateEntry(s: Session, state: CoordinatorState): boolean {
+    const id = s.clientId!
+    return !this.book.holds(id, s.addrs) && directoryMembers(state).has(id) && this.book.set(id, s.addrs)
   }
 
   /** The connection a client held closed: it is withdrawn from the run (unless withdrawOnDisconnect is off). */

@@ -74,7 +74,7 @@ export class Sessions {
   private readonly perIp = new Map<string, number>()
   private closing = false
 
-  constructor(private readonly o: SessionsOptions) {}
+  constructor(private readonly opts: SessionsOptions) {}
 
   /** Ids of the clients connected now (that said hello). */
   get clients(): ClientId[] {
@@ -92,7 +92,7 @@ export class Sessions {
       return
     }
     const ip = socket.remoteAddress ?? '?'
-    const refusal = this.o.admission.connection({connections: this.all.size, fromAddress: this.perIp.get(ip) ?? 0, handshaking: this.handshaking.size}, ip)
+    const refusal = this.opts.admission.connection({connections: this.all.size, fromAddress: this.perIp.get(ip) ?? 0, handshaking: this.handshaking.size}, ip)
     if (refusal) return this.refuse(socket, refusal)
     this.perIp.set(ip, (this.perIp.get(ip) ?? 0) + 1)
     const s: Session = {
@@ -101,17 +101,17 @@ export class Sessions {
       ip,
       addrs: [],
       session: randomBytes(16).toString('hex'),
-      reader: new FrameReader(Math.min(MAX_PRE_HELLO_FRAME_BYTES, this.o.maxFrameBytes)),
+      reader: new FrameReader(Math.min(MAX_PRE_HELLO_FRAME_BYTES, this.opts.maxFrameBytes)),
       lastSeq: 0,
       sentSeq: 0,
       strikes: 0,
       replaced: false,
-      pushed: newCursor(this.o.passiveStateMs),
+      pushed: newCursor(this.opts.passiveStateMs),
     }
     this.all.add(s)
     this.handshaking.add(s)
-    this.o.log({event: 'connected', peer: s.peer})
-    s.helloTimer = setTimeout(() => this.drop(s, 'hello_timeout', `no hello within ${this.o.helloTimeoutMs} ms`), this.o.helloTimeoutMs)
+    this.opts.log({event: 'connected', peer: s.peer})
+    s.helloTimer = setTimeout(() => this.drop(s, 'hello_timeout', `no hello within ${this.opts.helloTimeoutMs} ms`), this.opts.helloTimeoutMs)
     s.helloTimer.unref()
     socket.on('data', (chunk) => this.onData(s, chunk))
     socket.on('error', () => {}) // reported by 'close'
@@ -145,11 +145,11 @@ export class Sessions {
     s.deltas = body.state_deltas === true
     if (s.watcher) this.watchers.add(s)
     s.addrs = body.p2p_addrs
-    s.reader.maxFrameBytes = this.o.maxFrameBytes
+    s.reader.maxFrameBytes = this.opts.maxFrameBytes
     this.byClient.set(m.from, s)
-    this.o.log({event: 'hello', peer: s.peer, client: m.from, want_join: body.want_join, p2p_addrs: body.p2p_addrs})
-    const welcome: ServerBodies['welcome'] = {run_id: this.o.state().run_id, client_id: m.from, server_time: this.o.now()}
-    const relay = this.o.relayAddrs?.(s.socket.localAddress)
+    this.opts.log({event: 'hello', peer: s.peer, client: m.from, want_join: body.want_join, p2p_addrs: body.p2p_addrs})
+    const welcome: ServerBodies['welcome'] = {run_id: this.opts.state().run_id, client_id: m.from, server_time: this.opts.now()}
+    const relay = this.opts.relayAddrs?.(s.socket.localAddress)
     if (relay && relay.length > 0) welcome.relay_addrs = relay
     this.send(s, 'welcome', welcome)
     return true
@@ -157,7 +157,7 @@ export class Sessions {
 
   /** A connection whose join was refused stays to watch the run, as a watcher within that bound (else it is dropped). False when dropped. */
   keepWatching(s: Session): boolean {
-    const full = this.o.admission.watcher(this.watchers.size)
+    const full = this.opts.admission.watcher(this.watchers.size)
     if (full) this.drop(s, full.code, full.message, 'hello')
     else this.watchers.add(s)
     return !full
@@ -165,33 +165,33 @@ export class Sessions {
 
   send<K extends ServerKind>(s: Session, kind: K, body: Parameters<typeof encodeServerMessage<K>>[3]): void {
     if (s.socket.destroyed || !s.socket.writable) return
-    const limits = this.o.admission.limits
+    const limits = this.opts.admission.limits
     if (s.socket.writableLength > limits.maxUnsentBytes) {
       this.drop(s, 'slow_consumer', `more than ${limits.maxUnsentBytes} bytes unread (${LIMIT_FLAGS.maxUnsentBytes})`)
       return
     }
     s.sentSeq += 1
-    const state = this.o.state()
-    const frame = encodeServerMessage(this.o.identity, kind, {run_id: state.run_id, step: state.progress.step, seq: s.sentSeq, session: s.session}, body)
-    this.o.work.framesOut++
-    this.o.work.bytesOut += frame.length
+    const state = this.opts.state()
+    const frame = encodeServerMessage(this.opts.identity, kind, {run_id: state.run_id, step: state.progress.step, seq: s.sentSeq, session: s.session}, body)
+    this.opts.work.framesOut++
+    this.opts.work.bytesOut += frame.length
     s.socket.write(frame)
   }
 
   /** Logs a refused message and tells the peer why; a violation (strike, the default) counts toward closing it. */
   reject(s: Session, code: string, reason: string, of?: string, opts: {strike?: boolean} = {}): void {
-    this.o.log({event: 'rejected', peer: s.peer, ...(s.clientId ? {client: s.clientId} : {}), code, reason, ...(of ? {of} : {})})
+    this.opts.log({event: 'rejected', peer: s.peer, ...(s.clientId ? {client: s.clientId} : {}), code, reason, ...(of ? {of} : {})})
     const body: ServerBodies['rejected'] = {code, reason: reason.slice(0, 4096)}
     if (of) body.of = of
     this.send(s, 'rejected', body)
-    const out = opts.strike !== false ? this.o.admission.strike(s) : undefined
+    const out = opts.strike !== false ? this.opts.admission.strike(s) : undefined
     if (out) this.drop(s, out.code, out.message)
   }
 
   /** Refuses and closes a connection: logged as a rejection, and the peer is told why (best effort). */
   drop(s: Session, code: string, reason: string, of?: string): void {
     if (s.socket.destroyed || s.socket.writableEnded) return
-    this.o.log({event: 'rejected', peer: s.peer, ...(s.clientId ? {client: s.clientId} : {}), code, reason, ...(of ? {of} : {}), closed: true})
+    this.opts.log({event: 'rejected', peer: s.peer, ...(s.clientId ? {client: s.clientId} : {}), code, reason, ...(of ? {of} : {}), closed: true})
     if (code !== 'slow_consumer') {
       const body: ServerBodies['rejected'] = {code, reason}
       if (of) body.of = of
@@ -213,7 +213,7 @@ export class Sessions {
    * unread bytes (the slowest readers, or ones that never read) are cut off first.
    */
   boundUnsent(): void {
-    const cap = this.o.admission.limits.maxUnsentBytesTotal
+    const cap = this.opts.admission.limits.maxUnsentBytesTotal
     let total = 0
     for (const s of this.all) total += s.socket.writableLength
     if (total <= cap) return
@@ -241,28 +241,28 @@ export class Sessions {
   /** Why a hello is refused, and whether the connection is closed for it (undefined: it is taken). */
   private helloRefusal(s: Session, m: Hello): (Refusal & {close: boolean}) | undefined {
     const body = m.body
-    const runId = this.o.state().run_id
+    const runId = this.opts.state().run_id
     if (s.clientId) return {code: 'hello_twice', message: 'this connection already said hello', close: false}
     if (body.client_id !== m.from) return {code: 'wrong_sender', message: `hello names client ${body.client_id} but is signed by ${m.from}`, close: false}
     if (body.run_id !== runId) return {code: 'wrong_run_id', message: `this server coordinates run "${runId}", not "${body.run_id.slice(0, 256)}"`, close: true}
-    const full = !body.want_join && !this.watchers.has(s) ? this.o.admission.watcher(this.watchers.size) : undefined
+    const full = !body.want_join && !this.watchers.has(s) ? this.opts.admission.watcher(this.watchers.size) : undefined
     return full && {...full, close: true}
   }
 
   /** Refuses a new connection over a bound: one signed `rejected` naming the bound, then closed (logged). */
   private refuse(socket: Socket, refusal: Refusal<RetryableRefusal>): void {
     const {code, message: reason} = refusal
-    this.o.log({event: 'rejected', peer: `${socket.remoteAddress}:${socket.remotePort}`, code, reason, closed: true})
+    this.opts.log({event: 'rejected', peer: `${socket.remoteAddress}:${socket.remotePort}`, code, reason, closed: true})
     socket.on('error', () => {})
-    const state = this.o.state()
+    const state = this.opts.state()
     socket.end(
-      encodeServerMessage(this.o.identity, 'rejected', {run_id: state.run_id, step: state.progress.step, seq: 1, session: randomBytes(16).toString('hex')}, {code, reason}),
+      encodeServerMessage(this.opts.identity, 'rejected', {run_id: state.run_id, step: state.progress.step, seq: 1, session: randomBytes(16).toString('hex')}, {code, reason}),
     )
     setTimeout(() => socket.destroy(), 1000).unref()
   }
 
   private onData(s: Session, chunk: Buffer): void {
-    this.o.work.bytesIn += chunk.length
+    this.opts.work.bytesIn += chunk.length
     try {
       for (const frame of s.reader.push(chunk)) {
         if (s.socket.destroyed || s.socket.writableEnded) return
@@ -275,7 +275,7 @@ export class Sessions {
       }
     } catch (error) {
       // A bug, not the peer's fault; still never let it take the server down.
-      this.o.log({event: 'error', where: 'connection', peer: s.peer, message: (error as Error).message})
+      this.opts.log({event: 'error', where: 'connection', peer: s.peer, message: (error as Error).message})
       this.drop(s, 'internal_error', 'the server failed to handle a message')
     }
   }
@@ -287,7 +287,7 @@ export class Sessions {
     const m = decoded.envelope
     if (m.session !== s.session) return this.reject(s, 'wrong_session', 'message signed for another connection (replayed?)', m.kind)
     if (m.seq <= s.lastSeq) return this.reject(s, 'replayed_seq', `sequence number ${m.seq} is not above ${s.lastSeq} (duplicate or replayed)`, m.kind)
-    const runId = this.o.state().run_id
+    const runId = this.opts.state().run_id
     if (m.run_id !== runId) {
       const reason = `this server coordinates run "${runId}", not "${m.run_id.slice(0, 256)}"`
       // Before hello this is a client configured for another run: tell it and hang up.
@@ -300,7 +300,7 @@ export class Sessions {
       return this.reject(s, 'wrong_sender', `this connection belongs to ${s.clientId}, not ${m.from}`, m.kind)
     }
     s.lastSeq = m.seq
-    this.o.onMessage(s, m)
+    this.opts.onMessage(s, m)
   }
 
   private onClose(s: Session): void {
@@ -312,9 +312,9 @@ export class Sessions {
     if (n <= 0) this.perIp.delete(s.ip)
     else this.perIp.set(s.ip, n)
     const id = s.clientId
-    this.o.log({event: 'disconnected', peer: s.peer, ...(id ? {client: id} : {})})
+    this.opts.log({event: 'disconnected', peer: s.peer, ...(id ? {client: id} : {})})
     if (!id || s.replaced || this.byClient.get(id) !== s) return
     this.byClient.delete(id)
-    if (!this.closing) this.o.onGone(id)
+    if (!this.closing) this.opts.onGone(id)
   }
 }

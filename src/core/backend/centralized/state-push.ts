@@ -94,7 +94,7 @@ export class StatePusher<S extends PushTarget> {
 
   constructor(
     private readonly links: PushLinks<S>,
-    private readonly o: PushOptions,
+    private readonly opts: PushOptions,
   ) {}
 
   /**
@@ -104,8 +104,8 @@ export class StatePusher<S extends PushTarget> {
    */
   push(to?: Iterable<S>): void {
     const rev = this.revise()
-    const version = this.o.book.current
-    const now = this.o.now()
+    const version = this.opts.book.current
+    const now = this.opts.now()
     const head = `{"state":${JSON.stringify(rev.text)},"rev":${rev.rev},"server_time":${now}`
     // A client that asked for deltas and holds the previous revision (all of them after their first state) gets the
     // change alone; with N clients a whole state per event was O(N²) bytes and signatures.
@@ -120,7 +120,7 @@ export class StatePusher<S extends PushTarget> {
       let part = peerParts.get(since)
       if (part === undefined && since === undefined && this.wholeDirectory?.version === version) part = this.wholeDirectory.json
       if (part === undefined) {
-        const delta = this.o.book.deltaSince(since)
+        const delta = this.opts.book.deltaSince(since)
         part = `,"peers":${JSON.stringify(delta.set)}${delta.reset ? ',"peers_reset":true' : ''}${delta.removed.length > 0 ? `,"peers_removed":${JSON.stringify(delta.removed)}` : ''}`
         peerParts.set(since, part)
         if (since === undefined) this.wholeDirectory = {version, json: part}
@@ -141,7 +141,7 @@ export class StatePusher<S extends PushTarget> {
       c.pushedAt = at
       // Watchers (status, dashboards) also get the verification scores and rewards, and the reports since their last
       // state; training clients do not need them.
-      const json = s.watcher ? `${body}${this.o.ledger.watcherJson(this.o.state())}${this.reportsFor(s)}}` : `${body}}`
+      const json = s.watcher ? `${body}${this.opts.ledger.watcherJson(this.opts.state())}${this.reportsFor(s)}}` : `${body}}`
       this.links.send(s, asDelta ? 'state_delta' : 'state', {json})
     }
     this.links.boundUnsent()
@@ -149,11 +149,11 @@ export class StatePusher<S extends PushTarget> {
 
   /** The states due to connections on the passive cadence (the server's timer calls it after each tick). */
   pushDue(): void {
-    if (this.o.passiveStateMs <= 0) return
-    const period = this.o.passiveStateMs
+    if (this.opts.passiveStateMs <= 0) return
+    const period = this.opts.passiveStateMs
     const at = performance.now()
     const rev = this.revise().rev
-    const version = this.o.book.current
+    const version = this.opts.book.current
     const due: S[] = []
     for (const s of this.links.all) {
       if (!s.clientId || s.replaced || this.isActive(s)) continue
@@ -164,7 +164,7 @@ export class StatePusher<S extends PushTarget> {
       // connection that never reads costs what the kernel's buffers took, then nothing, until it is closed.
       if (s.socket.writableLength > 0) {
         c.backedUpSince ??= at
-        const limit = this.o.stallTimeoutSeconds
+        const limit = this.opts.stallTimeoutSeconds
         if (at - c.backedUpSince > limit * 1000) this.links.drop(s, 'slow_consumer', `it has not read what it was sent for ${limit} s (${LIMIT_FLAGS.stallTimeoutSeconds})`)
         continue
       }
@@ -183,9 +183,9 @@ export class StatePusher<S extends PushTarget> {
 
   /** A connection of one of the epoch's training clients: it gets every state change at once. */
   private isActive(s: S): boolean {
-    if (this.o.passiveStateMs <= 0) return true
+    if (this.opts.passiveStateMs <= 0) return true
     if (s.watcher || !s.clientId) return false
-    const state = this.o.state()
+    const state = this.opts.state()
     if (this.activeOf?.state !== state) {
       const ids = new Set<ClientId>()
       for (const c of state.epoch.clients) if (c.state === 'Healthy') ids.add(c.id)
@@ -196,20 +196,20 @@ export class StatePusher<S extends PushTarget> {
 
   /** What a connection has seen when it is up to date: the state's revision (and, for a watcher, its reports, scores and rewards). */
   private stateKey(s: S, rev: number): string {
-    return s.watcher ? `${rev}\0${this.o.reports.latest}\0${this.o.ledger.version}` : `${rev}`
+    return s.watcher ? `${rev}\0${this.opts.reports.latest}\0${this.opts.ledger.version}` : `${rev}`
   }
 
   /** The reports a watcher has not had yet, as the `reports` part of its state (empty when none). */
   private reportsFor(s: S): string {
-    const part = this.o.reports.since(s.pushed.reportSeq)
-    s.pushed.reportSeq = this.o.reports.latest
+    const part = this.opts.reports.since(s.pushed.reportSeq)
+    s.pushed.reportSeq = this.opts.reports.latest
     return part
   }
 
   /** The current state's revision: a new one (with its delta from the previous) when the state changed since the last push. */
   private revise(): {rev: number; text: string; hash: string; delta?: string | null} {
     const r = this.revision
-    const current = this.o.state()
+    const current = this.opts.state()
     if (r.state === current) return r
     const text = serializeState(current)
     if (r.state !== undefined && text === r.text) {
