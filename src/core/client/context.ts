@@ -2,16 +2,14 @@ import type {CoordinatorBackend} from '../backend/types.js'
 import type {ClientId, CoordinatorState} from '../coordinator/index.js'
 import type {EventLog} from '../events.js'
 import type {ModelSnapshot} from '../p2p/index.js'
-import {ResultIntake} from '../verify/intake.js'
 import type {ResultFormat} from '../verify/result.js'
 import type {Frame} from '../worker/client.js'
 import type {ClientComponents, ClientWorker} from './components.js'
-import type {HeldResult} from './decide.js'
 import {StepLedger} from './ledger.js'
 import type {ClientOptions} from './options.js'
 
 /**
- * What the client's phases share (model loading, round application, verification, training, checkpointing,
+ * What the client's phases share (model loading, round results, verification, training, checkpointing,
  * evaluation, exchange health): the run's state as last pushed, our model's position, the per-step ledger. The
  * runner owns it and hands it to each phase; a phase changes only what its job is about.
  */
@@ -23,8 +21,6 @@ export class ClientContext {
   readonly clock: ClientComponents['clock']
   /** Per-step memory (results, training, witness and health-check sends...), pruned as rounds are applied. */
   readonly ledger = new StepLedger()
-  /** Checks announcements and downloaded bytes before they count (the result format comes with the model). */
-  readonly intake = new ResultIntake(undefined)
   /** `${step}:${producer}` (and `…:low_score`) of the accusations sent. */
   readonly accused = new Set<string>()
   /** The coordinator connection (replaced when we join again). */
@@ -40,9 +36,8 @@ export class ClientContext {
   roundsApplied = 0
   /** What we serve to joining clients: the model after the last applied round of an epoch (or as loaded). */
   snapshot: ModelSnapshot | undefined
+  /** How the loaded model's results are laid out (the worker's configure reply); what intake checks bytes against. */
   resultFormat: ResultFormat | undefined
-  /** The results of the apply under way, in the order handed to the worker. */
-  applying: HeldResult[] = []
   stopped = false
 
   constructor(

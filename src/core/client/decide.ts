@@ -6,6 +6,7 @@ import {
   isResultWitnessed,
   isRoundPhase,
   isTrainerHealthy,
+  isVerifier,
   isWitness,
   type BatchRange,
   type ClientId,
@@ -21,8 +22,8 @@ export {FORMAT_INVALID}
  * (runner.ts) only executes what these return, so every rule here is unit-tested without processes.
  *
  * Two lanes:
- * - work (nextWork): load the model, apply a finished round's accepted results, train this round. Serial:
- *   each needs the worker, and applies must happen in strict step order.
+ * - work (nextWork): load the model, score a finished round's results (as a verifier), apply them, train this round.
+ *   Serial: each needs the worker, a round is scored before it is applied, and applies happen in strict step order.
  * - messages (messagesToSend): warmup-ready, witness proofs, health checks. Instant sends, re-evaluated on
  *   every state push and every downloaded result, even while the worker is busy.
  *
@@ -62,6 +63,8 @@ export interface ClientView {
   witnessSent: ReadonlySet<number>
   /** Steps (of judged rounds) this client already sent, or decided against, a health check for. */
   healthChecked: ReadonlySet<number>
+  /** Steps whose results this client scored as a verifier (the `score` job done). */
+  scored?: ReadonlySet<number>
   /** Rounds whose witness records are final, by step (finalRounds below collects them from each state). */
   finalRounds: ReadonlyMap<number, Round>
   /** Results announced for each step, by producer (first valid announcement per producer wins). */
@@ -82,6 +85,11 @@ export interface ClientView {
 export type Work =
   /** Load the model as of `step` (the epoch's start_step - 1): from the run's checkpoint, or from these peers. */
   | {kind: 'load_model'; step: number; from: 'checkpoint' | ClientId[]}
+  /**
+   * As a verifier of `current` (the round under way), score the results of the final `round` before they are applied
+   * (the worker's parameters are then those their producers trained from).
+   */
+  | {kind: 'score'; round: Round; current: Round}
   /** Apply `round`'s accepted results on their own (no training of ours to fold them into). */
   | {kind: 'apply'; round: Round}
   /** Train `round` on `range`; first apply `previous` (round.step - 1) if given (the worker's train_round). */
@@ -181,10 +189,15 @@ export function nextWork(state: CoordinatorState, view: ClientView): Work | unde
   const myRange = trainNow ? batchRangeFor(state, id, round!) : undefined
   const willTrain = myRange !== undefined && myRange.end > myRange.start
 
-  // Catch up: apply the next final round in step order, unless it is about to be folded into our training.
+  // Catch up: apply the next final round in step order (scored first when we verify), unless it is about to be folded
+  // into our training.
   if (modelStep !== null) {
     const next = view.finalRounds.get(modelStep + 1)
-    if (next && !(willTrain && next.step === round!.step - 1)) return {kind: 'apply', round: next}
+    if (next) {
+      const score = scoreWork(state, view, next)
+      if (score) return score
+      if (!(willTrain && next.step === round!.step - 1)) return {kind: 'apply', round: next}
+    }
   }
 
   if (state.run_state === 'Finished') return {kind: 'finished'}
@@ -206,6 +219,13 @@ export function nextWork(state: CoordinatorState, view: ClientView): Work | unde
     if (previous && modelStep === r.step - 2) return {kind: 'train', round: r, range: myRange!, previous}
   }
   return undefined
+}
+
+/** The `score` job for the final round `next` (applied next), when we verify the current round and have not scored it. */
+function scoreWork(state: CoordinatorState, view: ClientView, next: Round): Work | undefined {
+  const current = state.epoch.round
+  if (!current || !isRoundPhase(state.run_state) || view.scored?.has(next.step) || !isVerifier(state, view.id, current)) return undefined
+  return {kind: 'score', round: next, current}
 }
 
 /** Messages to send now for this state (the caller records what it sent in the view, so each goes once). */

@@ -28,6 +28,8 @@ interface StepRecord {
   witnessSent: boolean
   /** We sent (or decided against) a health check judging this step's round. */
   healthChecked: boolean
+  /** As a verifier, we scored the step's results (or found nothing to score): decide.ts's `score` job is done. */
+  scored: boolean
   /** When (clock ms) applying the step first found accepted results missing. */
   missingSince?: number
 }
@@ -42,7 +44,7 @@ export class StepLedger {
   /** The record of `step`, created empty if there is none. */
   at(step: number): StepRecord {
     let r = this.records.get(step)
-    if (!r) this.records.set(step, (r = {step, results: new Map(), announcements: new Map(), witnessSent: false, healthChecked: false}))
+    if (!r) this.records.set(step, (r = {step, results: new Map(), announcements: new Map(), witnessSent: false, healthChecked: false, scored: false}))
     return r
   }
 
@@ -69,6 +71,10 @@ export class StepLedger {
 
   healthChecked(): ReadonlySet<number> {
     return this.stepsWhere((r) => r.healthChecked)
+  }
+
+  scored(): ReadonlySet<number> {
+    return this.stepsWhere((r) => r.scored)
   }
 
   finalRounds(): ReadonlyMap<number, Round> {

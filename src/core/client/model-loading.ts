@@ -157,7 +157,6 @@ export class ModelLoading {
       delay_correction: true,
     })
     ctx.resultFormat = resultFormat
-    ctx.intake.setFormat(resultFormat)
   }
 
   /**

@@ -10,7 +10,7 @@ import {Evaluation} from './evaluation.js'
 import {ExchangeHealth} from './exchange-health.js'
 import {ModelLoading} from './model-loading.js'
 import type {ClientOptions, ClientSummary} from './options.js'
-import {RoundApplication} from './round-application.js'
+import {RoundResults} from './round-results.js'
 import {Training} from './training.js'
 import {Verification} from './verification.js'
 
@@ -25,7 +25,7 @@ const WARMUP_CONNECT_WAIT_MS = 20_000
 
 /**
  * The client's I/O loop: follows the coordinator's state pushes, and dispatches what decide.ts says — work on
- * the worker one piece at a time (to the phase that does it: model-loading.ts, round-application.ts,
+ * the worker one piece at a time (to the phase that does it: model-loading.ts, verification.ts, round-results.ts,
  * training.ts), messages to the coordinator as soon as they are due. Results travel over the P2P layer: ours
  * are published after training; everyone else's are downloaded as soon as announced. Its parts (backend, p2p,
  * worker, data, clock, and a result producer) come from outside: see components.ts.
@@ -35,7 +35,8 @@ export class PsycheClient {
   private readonly ctx: ClientContext
   private readonly models: ModelLoading
   private readonly verification: Verification
-  private readonly rounds: RoundApplication
+  /** A round's results, from announcement to applied. */
+  private readonly results: RoundResults
   private readonly training: Training
   private readonly checkpointing: Checkpointing
   private warmupReported: number | null = null
@@ -67,8 +68,8 @@ export class PsycheClient {
     this.models = new ModelLoading(ctx)
     this.verification = new Verification(ctx)
     this.checkpointing = new Checkpointing(ctx)
-    this.rounds = new RoundApplication(ctx, this.verification, new Evaluation(ctx), new ExchangeHealth(ctx), this.checkpointing)
-    this.training = new Training(ctx, this.rounds)
+    this.results = new RoundResults(ctx, new Evaluation(ctx), new ExchangeHealth(ctx), this.checkpointing)
+    this.training = new Training(ctx, this.results)
   }
 
   get id(): ClientId {
@@ -83,7 +84,7 @@ export class PsycheClient {
     const client = new PsycheClient(opts, components)
     const {worker, p2p} = components
     try {
-      p2p.onAnnouncement((a) => client.rounds.onAnnouncement(a))
+      p2p.onAnnouncement((a) => client.results.onAnnouncement(a))
       client.watchWorker(worker)
       p2p.serveModel(async () => {
         if (!client.ctx.snapshot) throw new PsycheError('no model loaded yet')
@@ -128,7 +129,6 @@ export class PsycheClient {
     this.ctx.modelStep = null
     this.ctx.snapshot = undefined
     this.training.reset()
-    this.ctx.applying = []
     this.ctx.worker = await restart()
     this.workerGone = undefined
     this.watchWorker(this.ctx.worker)
@@ -188,6 +188,7 @@ export class PsycheClient {
       warmupReported: this.warmupReported,
       witnessSent: this.ctx.ledger.witnessSent(),
       healthChecked: this.ctx.ledger.healthChecked(),
+      scored: this.ctx.ledger.scored(),
       finalRounds: this.ctx.ledger.finalRounds(),
       results: this.ctx.ledger.results(),
       accused: this.ctx.accused,
@@ -406,8 +407,14 @@ export class PsycheClient {
       }
       case 'load_model':
         return this.models.load(work.step, work.from)
+      case 'score': {
+        const collected = await this.results.collect(work.round)
+        if (!collected) return this.ctx.modelStep === null
+        await this.verification.score(work.round, work.current, collected.results)
+        return true
+      }
       case 'apply':
-        return this.rounds.apply(work.round)
+        return this.results.applyAlone(work.round)
       case 'train':
         return this.training.train(work.round, work.range, work.previous)
     }

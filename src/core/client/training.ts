@@ -1,13 +1,16 @@
 import type {ClientId, Round} from '../coordinator/index.js'
+import type {RoundEvent} from '../events.js'
 import type {ResultAnnouncement} from '../p2p/index.js'
 import {honestProducer, type ClientWorker, type ProducerContext, type ResultProducer} from './components.js'
 import type {ClientContext} from './context.js'
-import type {RoundApplication} from './round-application.js'
+import type {RoundResults} from './round-results.js'
+
+type Finished = Awaited<ReturnType<ClientWorker['finishRound']>>
 
 /**
  * Training (decide.ts's `train`): this round's forward/backward on our batches, overlapped with collecting the
- * previous round's accepted results; then the worker applies those and produces our result, which the producer
- * (components.producer, honest by default) publishes.
+ * previous round's accepted results (round-results.ts); then the worker applies those and produces our result, which
+ * the producer (components.producer, honest by default) publishes.
  */
 export class Training {
   /** This round's forward/backward, started before the previous round's results are all here. */
@@ -16,7 +19,7 @@ export class Training {
 
   constructor(
     private readonly ctx: ClientContext,
-    private readonly rounds: RoundApplication,
+    private readonly results: RoundResults,
   ) {
     this.producer = ctx.components.producer ?? honestProducer
   }
@@ -38,46 +41,38 @@ export class Training {
       this.begun = {step: round.step, batches: ids.length, done: ctx.worker.beginRound(tokens, ids.length, round.step).then(() => performance.now() - started)}
     }
     const begun = this.begun
-    let before: {applyStep: number; results: Uint8Array[]; peers: number; peersAccepted: number} | undefined
-    let applyMs = 0
+    let forwardBackwardMs = 0
+    let finishing = 0
+    const finish = async (results?: Uint8Array[]): Promise<Finished> => {
+      forwardBackwardMs = await begun.done
+      // finish_round consumes the forward/backward whatever happens: a retry begins the round again
+      this.begun = undefined
+      finishing = performance.now()
+      return ctx.worker.finishRound(round.step, previous && results ? {applyStep: previous.step, results} : undefined)
+    }
+    let r: Finished
+    /** The previous round's event: it waits until our result is out (and the validation loss, when due, is in). */
+    let applied: RoundEvent | undefined
     if (previous) {
-      const collecting = performance.now()
-      const results = await this.rounds.acceptedBytes(previous)
-      applyMs = performance.now() - collecting
-      if (!results) {
+      const out = await this.results.applyWithTraining(previous, finish)
+      if (out.status === 'refused') return false
+      if (out.status === 'waiting') {
         await begun.done // one request at a time on the worker; retried (or the model dropped) after this
         if (ctx.modelStep === null) this.begun = undefined
         return ctx.modelStep === null
       }
-      before = {applyStep: previous.step, results, peers: results.peers ?? 0, peersAccepted: results.peersAccepted ?? 0}
-    }
-    const forwardBackwardMs = await begun.done
-    // finish_round consumes the forward/backward whatever happens: a retry begins the round again
-    this.begun = undefined
-    const finishing = performance.now()
-    let r: Awaited<ReturnType<ClientWorker['finishRound']>>
-    try {
-      r = await ctx.worker.finishRound(round.step, before)
-    } catch (error) {
-      if (previous && this.rounds.refusedByWorker(error, previous.step)) return false
-      throw error
-    }
+      applied = out.event
+      r = out.value
+    } else r = await finish()
     const computeMs = forwardBackwardMs + performance.now() - finishing
     ctx.trainedStep = round.step
     ctx.ledger.at(round.step).trained = {loss: r.loss, resultBytes: r.result.length, computeMs}
-    // The previous round's event waits until our result is out (and the validation loss, when due, is in).
-    const applied = previous && before ? this.rounds.applied(previous, r.paramHash, before.results.length, before.peers, before.peersAccepted, applyMs) : undefined
     const producing = performance.now()
     const own = await this.publish(round, range, r.result)
     const produceMs = performance.now() - producing
-    const record = ctx.ledger.at(round.step)
-    if (own) {
-      record.own = own.announcement
-      ctx.intake.own(own.announcement, own.bytes)
-      record.results.set(ctx.id, {client_id: ctx.id, step: round.step, batch_start: range.start, batch_end: range.end, commitment: own.announcement.commitment, bytes: own.bytes})
-    }
+    if (own) this.results.own(own.announcement, own.bytes)
     ctx.flushMessages()
-    if (applied) await this.rounds.report(applied)
+    if (applied) await this.results.report(applied)
     ctx.log({
       event: 'trained',
       step: round.step,

@@ -1,63 +1,43 @@
-import {assignedTrainers, batchRangeFor, isRoundPhase, isVerifier, type ClientId, type Round} from '../coordinator/index.js'
-import type {ResultAnnouncement} from '../p2p/index.js'
-import type {EquivocationProof} from '../coordinator/equivocation.js'
+import {assignedTrainers, batchRangeFor, type ClientId, type Round} from '../coordinator/index.js'
+import {errorMessage} from '../errors.js'
 import {randomBatchIds, roundScale, scoreOf, Scorer, type Losses} from '../verify/score.js'
 import type {ClientContext} from './context.js'
 import type {HeldResult} from './decide.js'
 
 /**
- * Verification: downloaded bytes are validated before they count anywhere (decide.ts never attests or applies an
- * invalid one); two signed results for one step are reported to the coordinator; and, as a verifier of the
- * current round, peers' results are scored and persistent low scorers accused.
+ * Verification (decide.ts's `score` job): as a verifier of the current round, the peers' results of the final round
+ * applied next are scored on the worker before they are applied, their producers' moving averages kept, and
+ * persistent low scorers accused. The results come checked and in order from round-results.ts (collect).
  */
 export class Verification {
   private readonly scorer = new Scorer()
-  /** `${step}:${producer}` of the equivocations reported. */
-  private readonly equivocationsSent = new Set<string>()
 
   constructor(private readonly ctx: ClientContext) {}
 
   /**
-   * Two signed results for one step: the proof goes to the coordinator, which ejects the producer and excludes it
-   * from the round; we stop counting either result.
+   * As a verifier of `current` (decide.ts decided it): scores the peers' results of the final `round` that the round's seed assigned it (at
+   * most verification_sample: coordinator/rules.ts assignedTrainers, the rule the ledger checks reports by), before
+   * they are applied, so the worker's parameters are those their producers trained from; keeps moving averages, and
+   * accuses peers whose average stays low. Scores appear as `scored` events. Never stops the round: a failure is
+   * logged (verify_failed). The job is done afterwards (the ledger's `scored`), whatever came of it.
    */
-  equivocation(a: ResultAnnouncement, reason: string, proof: EquivocationProof): void {
+  async score(round: Round, current: Round, results: readonly HeldResult[]): Promise<void> {
     const ctx = this.ctx
-    const first = ctx.ledger.at(a.step).results.get(a.client_id)
-    if (first) first.invalid = reason
-    const key = `${a.step}:${a.client_id}`
-    if (this.equivocationsSent.has(key)) return
-    this.equivocationsSent.add(key)
-    ctx.log({event: 'result_rejected', client_id: a.client_id, step: a.step, reason})
-    if (ctx.conn.sendEquivocation(proof)) ctx.log({event: 'equivocation_reported', client_id: a.client_id, step: a.step})
-    ctx.flushMessages()
-  }
-
-  /** Validates downloaded bytes before they count anywhere (decide.ts never attests or applies an invalid one). */
-  received(held: HeldResult, bytes: Uint8Array): void {
-    if (held.bytes) return
-    const reason = held.invalid ?? this.ctx.intake.bytes(held, bytes)
-    held.bytes = bytes
-    if (reason !== undefined && held.invalid === undefined) {
-      held.invalid = reason
-      this.ctx.log({event: 'result_rejected', client_id: held.client_id, step: held.step, reason})
+    try {
+      await this.verify(round, current, results)
+    } catch (error) {
+      ctx.log({event: 'verify_failed', step: round.step, message: errorMessage(error)})
     }
+    ctx.ledger.at(round.step).scored = true
   }
 
-  /**
-   * As a verifier of the current round (the one after `round`): scores the peers' results of the final `round` that
-   * the round's seed assigned it (at most verification_sample: coordinator/rules.ts assignedTrainers, the rule the
-   * ledger checks reports by), before they are applied, so the worker's parameters are those their producers trained
-   * from; keeps moving averages, and accuses peers whose average stays low. Scores appear as `scored` events.
-   */
-  async verify(round: Round, results: HeldResult[]): Promise<void> {
+  private async verify(round: Round, current: Round, results: readonly HeldResult[]): Promise<void> {
     const ctx = this.ctx
     const {state, worker} = ctx
-    const current = state.epoch.round
-    if (!current || !isRoundPhase(state.run_state) || !isVerifier(state, ctx.id, current) || !worker.scoreResults) return
+    if (!worker.scoreResults) return // a worker that cannot score: nothing to do
     const assigned = new Set(assignedTrainers(state, current, round, ctx.id))
     const peers = results.filter((r) => assigned.has(r.client_id) && r.bytes)
-    const fresh = peers.length > 0 ? await this.score(round, peers) : new Map<ClientId, number>()
+    const fresh = peers.length > 0 ? await this.scoreResults(round, peers) : new Map<ClientId, number>()
     // Accused by its average over the rounds we scored it in, or by the run's agreed average (every verifier's reports,
     // where the backend delivers them: with few verifiers a round, one rarely scores the same peer twice) together with
     // our score of this round, while the seed assigns it to us: the coordinator counts a low-score quorum among the
@@ -83,7 +63,7 @@ export class Verification {
   }
 
   /** Scores `peers`' results of `round` (one score_results call), keeps their averages, and reports the scores; returns them. */
-  private async score(round: Round, peers: HeldResult[]): Promise<Map<ClientId, number>> {
+  private async scoreResults(round: Round, peers: HeldResult[]): Promise<Map<ClientId, number>> {
     const ctx = this.ctx
     const worker = ctx.worker
     const size = Math.max(...peers.map((r) => r.batch_end - r.batch_start))
