@@ -188,6 +188,26 @@ describe('client decisions: rounds', () => {
     assert.deepEqual(nextWork(state, v), {kind: 'train', round: state.epoch.round, range: batchRangeFor(state, 'alice'), previous})
   })
 
+  it('a verifier of the current round scores the previous round before it is applied (with training or alone), once', () => {
+    let {state, now} = toFirstRound(IDS, {...witnesses3, verification_percent: 100})
+    state = witness(state, now)
+    while (state.run_state !== 'RoundTrain' || state.epoch.round!.step !== 2) ({state, now} = advance(state, now))
+    const [previous] = finalRounds(state)
+    const v = view('alice', {modelStep: 0, trainedStep: 1, finalRounds: new Map([[1, previous]])})
+    assert.deepEqual(nextWork(state, v), {kind: 'score', round: previous, current: state.epoch.round})
+    assert.deepEqual(nextWork(state, {...v, scored: new Set([1])}), {kind: 'train', round: state.epoch.round, range: batchRangeFor(state, 'alice'), previous})
+    // trained already (nothing to fold it into): scored, then applied alone
+    const trained = {...v, trainedStep: 2}
+    assert.equal(nextWork(state, trained)?.kind, 'score')
+    assert.deepEqual(nextWork(state, {...trained, scored: new Set([1])}), {kind: 'apply', round: previous})
+    // not a verifier: no score job
+    let plain = toFirstRound(IDS, witnesses3)
+    plain.state = witness(plain.state, plain.now)
+    while (plain.state.run_state !== 'RoundTrain' || plain.state.epoch.round!.step !== 2) plain = advance(plain.state, plain.now)
+    const [p] = finalRounds(plain.state)
+    assert.equal(nextWork(plain.state, {...trained, finalRounds: new Map([[1, p]])})?.kind, 'apply')
+  })
+
   it("witnesses of the current round accuse the previous round's unseen trainers, once", () => {
     let {state, now} = toFirstRound(IDS, witnesses3)
     state = witness(state, now, ['alice', 'bob'])
