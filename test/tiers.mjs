@@ -62,6 +62,7 @@ export const tiers = {
     'test/data/serve-command.test.ts',
     'test/data/tcp.test.ts',
     'test/data/tokenize.test.ts',
+    'test/obs/client-view.test.ts',
     'test/obs/dashboard-command.test.ts',
     'test/obs/event-text.test.ts',
     'test/obs/metrics.test.ts',
