@@ -104,6 +104,15 @@ describe('training', () => {
     assert.equal(round.param_hash, t.worker.paramHash)
   })
 
+  it("begun ahead (a verifier's score job begins it, overlapping the downloads), the round is not begun again", async () => {
+    const t = await afterFirstRound()
+    await t.training.begin(t.round2, t.range2)
+    assert.equal(t.worker.begins, 2)
+    assert.equal(await t.training.train(t.round2, t.range2, t.previous), true)
+    assert.equal(t.worker.begins, 2)
+    assert.deepEqual(t.worker.applies, [{step: 1, results: 3}])
+  })
+
   it('while a result of the previous round is missing, the forward/backward runs once and the round is tried again later', async () => {
     const t = await afterFirstRound({announced: 1})
     t.w.ctx.opts.missingResultWaitMs = 60_000

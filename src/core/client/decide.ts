@@ -87,9 +87,10 @@ export type Work =
   | {kind: 'load_model'; step: number; from: 'checkpoint' | ClientId[]}
   /**
    * As a verifier of `current` (the round under way), score the results of the final `round` before they are applied
-   * (the worker's parameters are then those their producers trained from).
+   * (the worker's parameters are then those their producers trained from). `train`: `round` is to be applied with our
+   * training of `current`, whose forward/backward begins first (it overlaps the downloads, as in `train`).
    */
-  | {kind: 'score'; round: Round; current: Round}
+  | {kind: 'score'; round: Round; current: Round; train?: {round: Round; range: BatchRange}}
   /** Apply `round`'s accepted results on their own (no training of ours to fold them into). */
   | {kind: 'apply'; round: Round}
   /** Train `round` on `range`; first apply `previous` (round.step - 1) if given (the worker's train_round). */
@@ -194,9 +195,10 @@ export function nextWork(state: CoordinatorState, view: ClientView): Work | unde
   if (modelStep !== null) {
     const next = view.finalRounds.get(modelStep + 1)
     if (next) {
-      const score = scoreWork(state, view, next)
+      const folded = willTrain && next.step === round!.step - 1
+      const score = scoreWork(state, view, next, folded ? {round: round!, range: myRange!} : undefined)
       if (score) return score
-      if (!(willTrain && next.step === round!.step - 1)) return {kind: 'apply', round: next}
+      if (!folded) return {kind: 'apply', round: next}
     }
   }
 
@@ -222,10 +224,10 @@ export function nextWork(state: CoordinatorState, view: ClientView): Work | unde
 }
 
 /** The `score` job for the final round `next` (applied next), when we verify the current round and have not scored it. */
-function scoreWork(state: CoordinatorState, view: ClientView, next: Round): Work | undefined {
+function scoreWork(state: CoordinatorState, view: ClientView, next: Round, train?: {round: Round; range: BatchRange}): Work | undefined {
   const current = state.epoch.round
   if (!current || !isRoundPhase(state.run_state) || view.scored?.has(next.step) || !isVerifier(state, view.id, current)) return undefined
-  return {kind: 'score', round: next, current}
+  return train ? {kind: 'score', round: next, current, train} : {kind: 'score', round: next, current}
 }
 
 /** Messages to send now for this state (the caller records what it sent in the view, so each goes once). */

@@ -408,8 +408,12 @@ export class PsycheClient {
       case 'load_model':
         return this.models.load(work.step, work.from)
       case 'score': {
+        if (work.train) await this.training.begin(work.train.round, work.train.range)
         const collected = await this.results.collect(work.round)
-        if (!collected) return this.ctx.modelStep === null
+        if (!collected) {
+          await this.training.stall()
+          return this.ctx.modelStep === null
+        }
         await this.verification.score(work.round, work.current, collected.results)
         return true
       }

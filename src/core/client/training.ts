@@ -29,18 +29,33 @@ export class Training {
     this.begun = undefined
   }
 
+  /**
+   * Begins `round`'s forward/backward on our batches (unless it is under way): it needs only this round's data, so it
+   * runs on the worker while the previous round's accepted results finish downloading (and, as a verifier, are
+   * scored: decide.ts's `score` job begins it first); applying them and producing our result come after (train).
+   */
+  async begin(round: Round, range: {start: number; end: number}): Promise<{step: number; batches: number; done: Promise<number>}> {
+    if (this.begun?.step === round.step) return this.begun
+    const assigned = Array.from({length: range.end - range.start}, (_, i) => range.start + i)
+    const ids = this.producer.batches?.(assigned, round) ?? assigned
+    const tokens = await this.ctx.data.getSamples(ids)
+    const started = performance.now()
+    this.begun = {step: round.step, batches: ids.length, done: this.ctx.worker.beginRound(tokens, ids.length, round.step).then(() => performance.now() - started)}
+    return this.begun
+  }
+
+  /**
+   * The previous round's results are not all here yet: waits for the forward/backward under way (one request at a
+   * time on the worker), which is kept for the retry unless the model was dropped meanwhile.
+   */
+  async stall(): Promise<void> {
+    await this.begun?.done
+    if (this.ctx.modelStep === null) this.begun = undefined
+  }
+
   async train(round: Round, range: {start: number; end: number}, previous?: Round): Promise<boolean> {
     const ctx = this.ctx
-    // Overlap: the forward/backward of this round needs only this round's data, so it runs on the worker while the
-    // previous round's accepted results finish downloading; applying them and producing our result come after.
-    if (this.begun?.step !== round.step) {
-      const assigned = Array.from({length: range.end - range.start}, (_, i) => range.start + i)
-      const ids = this.producer.batches?.(assigned, round) ?? assigned
-      const tokens = await ctx.data.getSamples(ids)
-      const started = performance.now()
-      this.begun = {step: round.step, batches: ids.length, done: ctx.worker.beginRound(tokens, ids.length, round.step).then(() => performance.now() - started)}
-    }
-    const begun = this.begun
+    const begun = await this.begin(round, range)
     let forwardBackwardMs = 0
     let finishing = 0
     const finish = async (results?: Uint8Array[]): Promise<Finished> => {
@@ -57,8 +72,7 @@ export class Training {
       const out = await this.results.applyWithTraining(previous, finish)
       if (out.status === 'refused') return false
       if (out.status === 'waiting') {
-        await begun.done // one request at a time on the worker; retried (or the model dropped) after this
-        if (ctx.modelStep === null) this.begun = undefined
+        await this.stall()
         return ctx.modelStep === null
       }
       applied = out.event
