@@ -6,6 +6,7 @@ import type {ClientSetup} from '../compose/client.js'
 import {demoCorpusDir, ensureDemoCorpus} from '../corpus.js'
 import {listenAddrsForPort, parseMultiaddrs} from '../p2p/addresses.js'
 import type {Progress} from './progress.js'
+import {parseAddress} from './solana-flags.js'
 import {resolveTrainPlan, type Precision, type TrainPlan} from '../train/plan.js'
 
 /** `psyche join`'s flags. */
@@ -120,9 +121,9 @@ export function joinSetup(flags: JoinFlags, plan: TrainPlan, log: ClientSetup['l
             rpc,
             wsRpc: flags['ws-rpc'],
             pollMs: flags['poll-ms'],
-            programId: flags['program-id'],
+            programId: parseAddress(flags['program-id'], 'program-id'),
             priorityFee: flags['priority-fee'],
-            authorization: flags.authorization,
+            authorization: flags.authorization ? parseAddress(flags.authorization, 'authorization') : undefined,
             keypair: flags.keypair,
           },
         }

@@ -1,10 +1,9 @@
 import {homedir} from 'node:os'
 import {join, resolve} from 'node:path'
-import {createKeyPairSignerFromPrivateKeyBytes, type KeyPairSigner} from '@solana/kit'
+import {createKeyPairSignerFromPrivateKeyBytes, type Address, type KeyPairSigner} from '@solana/kit'
 import {closePeerRecord, loadKeypairWithSeed} from '../backend/solana/admin.js'
 import {RpcChain} from '../backend/solana/chain.js'
 import {SolanaConnector} from '../backend/solana/client.js'
-import {parseAddress} from '../cli/solana-flags.js'
 import type {EventLine} from '../events.js'
 import {identityFromSeed, identityPrivateSeed, loadIdentity, type Identity} from '../protocol/identity.js'
 
@@ -18,11 +17,11 @@ export interface SolanaSetup {
   /** The cluster's websocket (accountSubscribe); else the account is polled every pollMs. */
   wsRpc?: string
   pollMs: number
-  /** The coordinator program's address (base58). */
-  programId?: string
+  /** The coordinator program's address. */
+  programId: Address
   priorityFee?: number
-  /** A permissioned run's authorization admitting this key (base58); default: the join authority's grant. */
-  authorization?: string
+  /** A permissioned run's authorization admitting this key; default: the join authority's grant. */
+  authorization?: Address
   /** The client's Solana keypair file; default ~/.config/solana/id.json (unless an identity file gives the key). */
   keypair?: string
 }
@@ -45,7 +44,7 @@ export async function solanaCoordinator(
     signer = k.signer
     identity = identityFromSeed(k.seed)
   }
-  const run = {chain: new RpcChain(s.rpc, {priorityFee: BigInt(s.priorityFee ?? 0)}), programId: parseAddress(s.programId, 'program-id'), runId: o.runId, client: signer}
+  const run = {chain: new RpcChain(s.rpc, {priorityFee: BigInt(s.priorityFee ?? 0)}), programId: s.programId, runId: o.runId, client: signer}
   const connector = new SolanaConnector({
     chain: run.chain,
     programId: run.programId,
@@ -53,7 +52,7 @@ export async function solanaCoordinator(
     signer,
     wsUrl: s.wsRpc,
     pollMs: s.pollMs,
-    authorization: s.authorization ? parseAddress(s.authorization, 'authorization') : undefined,
+    authorization: s.authorization,
     log: (e) => o.log({...e, source: 'coordinator'}),
   })
   // A client that leaves for good closes its peer record (its rent comes back).
