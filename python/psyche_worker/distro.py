@@ -51,23 +51,24 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields
 
 import numpy as np
 import torch
 
+from .chunked import ChunkedDCT, Group, chunk_for, dct_matrix, group_layouts, largest_divisor_at_most, topk_per_chunk
 from .distro_codec import (
     VALUE_BF16,
     VALUE_FP16,
     VALUE_SIGN,
     DecodedTensor,
-    EncodedTensor,
     ResultDecodeError,
     TensorSpec,
     decode_result,
-    encode_result,
-    quantize_values,
 )
+from .distro_wire import MAX_RESULTS, Coefficients, WireCodec, cat_coefficients
 
 __all__ = ["DistroConfig", "DistroOptimizer", "ResultDecodeError", "dct_matrix", "largest_divisor_at_most", "ChunkedDCT", "topk_per_chunk"]
 
@@ -127,98 +128,23 @@ class DistroConfig:
             raise ValueError(f"Distro config: weight_decay must be >= 0, got {self.weight_decay}")
 
 
-# ---------------------------------------------------------------- chunked DCT
-
-
-def largest_divisor_at_most(n: int, limit: int) -> int:
-    """The chunk length of a dimension of size n: its largest divisor <= limit (n itself if n <= limit)."""
-    if n <= limit:
-        return n
-    best = 1
-    i = 1
-    while i * i <= n:
-        if n % i == 0:
-            if i <= limit:
-                best = max(best, i)
-            if n // i <= limit:
-                best = max(best, n // i)
-        i += 1
-    return best
-
-
-@functools.lru_cache(maxsize=None)
-def dct_matrix(n: int) -> torch.Tensor:
-    """Orthonormal DCT-II matrix D (float32) with D[k, j] = a_k cos(pi (2j+1) k / (2n)); D @ D.T = I.
-    Built in float64, rounded once."""
-    k = np.arange(n, dtype=np.float64)[:, None]
-    j = np.arange(n, dtype=np.float64)[None, :]
-    d = np.cos(np.pi * (2 * j + 1) * k / (2 * n)) * math.sqrt(2.0 / n)
-    d[0, :] = math.sqrt(1.0 / n)
-    return torch.from_numpy(d.astype(np.float32))
-
-
-class ChunkedDCT:
-    """DCT of one tensor's shape over its chunks, as batched matmuls.
-
-    2-D [R, C] with chunk [cr, cc]: coefficients[chunk, i*cc + j] where chunks are numbered row-major
-    over the [R/cr, C/cc] grid, C_chunk = D_r @ X_chunk @ D_c^T. 1-D [N] with chunk [c]: [N/c, c]."""
-
-    def __init__(self, shape: tuple[int, ...], chunk: tuple[int, ...], device: torch.device | str = "cpu"):
-        self.shape, self.chunk = shape, chunk
-        self.bases = [dct_matrix(c).to(device) for c in chunk]
-        if len(shape) == 2:
-            self.grid = (shape[0] // chunk[0], shape[1] // chunk[1])
-        else:
-            self.grid = (shape[0] // chunk[0],)
-        self.n_chunks = math.prod(self.grid)
-        self.chunk_elems = math.prod(chunk)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x of `shape` -> coefficients [n_chunks, chunk_elems] (float32)."""
-        x = x.to(torch.float32)
-        if len(self.shape) == 1:
-            return x.reshape(self.n_chunks, self.chunk[0]) @ self.bases[0].T
-        (rows, cols), (cr, cc) = self.shape, self.chunk
-        d_r, d_c = self.bases
-        # Columns first as one big GEMM, then rows as a batched GEMM over row-blocks.
-        y = (x.reshape(rows * cols // cc, cc) @ d_c.T).reshape(rows // cr, cr, cols)
-        z = torch.matmul(d_r, y)  # [R/cr, cr, C]
-        return z.reshape(rows // cr, cr, cols // cc, cc).permute(0, 2, 1, 3).reshape(self.n_chunks, cr * cc)
-
-    def inverse(self, coeffs: torch.Tensor) -> torch.Tensor:
-        """Dense coefficients [n_chunks, chunk_elems] -> tensor of `shape`."""
-        coeffs = coeffs.to(torch.float32)
-        if len(self.shape) == 1:
-            return (coeffs @ self.bases[0]).reshape(self.shape)
-        (rows, cols), (cr, cc) = self.shape, self.chunk
-        d_r, d_c = self.bases
-        blocks = coeffs.reshape(rows // cr, cols // cc, cr, cc).permute(0, 2, 1, 3).reshape(rows // cr, cr, cols)
-        y = torch.matmul(d_r.T, blocks)  # [R/cr, cr, C]
-        return (y.reshape(rows * cols // cc, cc) @ d_c).reshape(rows, cols)
-
-    def inverse_sparse(self, indices: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-        """Coefficients given as K (index, value) pairs per chunk ([n_chunks, K] each; repeated indices
-        add up) -> tensor of `shape`. Costs K multiply-adds per output element instead of cr + cc, so it
-        is the fast path for top-k results."""
-        values = values.to(torch.float32)
-        if len(self.shape) == 1:
-            basis_rows = self.bases[0][indices]  # [n, K, c]
-            return torch.bmm(values.unsqueeze(1), basis_rows).reshape(self.shape)
-        (rows, cols), (cr, cc) = self.shape, self.chunk
-        d_r, d_c = self.bases
-        left = d_r[indices // cc] * values.unsqueeze(-1)  # [n, K, cr]
-        right = d_c[indices % cc]  # [n, K, cc]
-        blocks = torch.bmm(left.transpose(1, 2), right)  # [n, cr, cc]
-        return blocks.reshape(rows // cr, cols // cc, cr, cc).permute(0, 2, 1, 3).reshape(rows, cols)
-
-
-def topk_per_chunk(coeffs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Indices [n, k] (int64) and values [n, k] of the k largest-magnitude coefficients of each chunk."""
-    indices = torch.topk(coeffs.abs(), k, dim=1, sorted=False).indices
-    return indices, torch.gather(coeffs, 1, indices)
-
-
 # ---------------------------------------------------------------- optimizer
+
+
+@functools.cache
+def _hashing_pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1), thread_name_prefix="distro-sha256")
+
+
+def _digests(blobs: dict[int, bytes]) -> dict[int, bytes]:
+    """The SHA-256 of each result, whose order is apply's canonical order (as it always was), hashed on several
+    threads when there is much to hash (hashlib releases the GIL)."""
+    if len(blobs) < 2:
+        return dict.fromkeys(blobs, b"")
+    keys = list(blobs)
+    if sum(len(blobs[i]) for i in keys) < 1 << 22:
+        return {i: hashlib.sha256(blobs[i]).digest() for i in keys}
+    return dict(zip(keys, _hashing_pool().map(lambda i: hashlib.sha256(blobs[i]).digest(), keys)))
 
 
 class DistroOptimizer:
@@ -239,18 +165,32 @@ class DistroOptimizer:
         self.names = names
         self.params = [p for _, p in named_params]
         self.specs: list[TensorSpec] = []
-        self.transforms: list[ChunkedDCT] = []
         for name, p in named_params:
-            if p.dim() not in (1, 2):
-                raise ValueError(f"tensor {name!r}: DisTrO supports 1-D and 2-D parameters, got shape {list(p.shape)}")
+            if p.dim() == 0:
+                raise ValueError(f"tensor {name!r}: DisTrO compresses tensors of one or more dimensions, got a scalar")
             shape = tuple(int(s) for s in p.shape)
-            chunk = tuple(largest_divisor_at_most(s, config.compression_chunk) for s in shape)
-            topk = min(config.compression_topk, math.prod(chunk))
-            self.specs.append(TensorSpec(name, shape, chunk, topk))
-            self.transforms.append(ChunkedDCT(shape, chunk, p.device))
-        self.momentum = [torch.zeros_like(p, dtype=torch.float32, memory_format=torch.contiguous_format) for p in self.params]
+            if 0 in shape:
+                raise ValueError(f"tensor {name!r}: DisTrO cannot compress an empty tensor (shape {list(shape)})")
+            chunk = chunk_for(shape, config.compression_chunk)
+            self.specs.append(TensorSpec(name, shape, chunk, min(config.compression_topk, math.prod(chunk))))
+        devices = {p.device for p in self.params}
+        if len(devices) > 1:
+            raise ValueError(f"DisTrO: every parameter must be on one device, got {sorted(map(str, devices))}")
+        self.device = devices.pop() if devices else torch.device("cpu")
+        # Tensors of one shape are one group: one momentum buffer, one DCT, one top-k per step.
+        self.groups = group_layouts([(s.shape, s.chunk, s.topk) for s in self.specs])
+        self._transforms = [ChunkedDCT(g.shape, g.chunk, self.device) for g in self.groups]
+        self._momentum = [torch.zeros((len(g.members), *g.shape), dtype=torch.float32, device=self.device) for g in self.groups]
+        self.transforms: list[ChunkedDCT] = [None] * len(self.params)  # type: ignore[list-item]
+        self.momentum: list[torch.Tensor] = [None] * len(self.params)  # type: ignore[list-item]
+        for g, transform, buffer in zip(self.groups, self._transforms, self._momentum):
+            for j, m in enumerate(g.members):
+                self.transforms[m] = transform
+                self.momentum[m] = buffer[j]  # a view: the group's buffer is what the step works on
+        self.wire = WireCodec(self.specs, self.groups, self.device)
         self._committed: list[torch.Tensor] | None = None  # params before the speculative update, if any
-        self._own_signs: list[torch.Tensor] | None = None  # sign step of the pending speculation (int8)
+        self._committed_buffers: list[torch.Tensor] | None = None  # kept from one step to the next
+        self._own_signs: list[torch.Tensor] | None = None  # sign step of the pending speculation (int8, per group)
         # Per-tensor lookahead scale: the least-squares fit of the last aggregate sign step onto our own
         # (1.0 = peers agreed with us everywhere; 0 = no correlation). Starts optimistic at 1.0.
         self.lookahead_scales = [1.0] * len(self.params)
@@ -267,38 +207,40 @@ class DistroOptimizer:
         self._check_lr(lr)
         self.discard_speculation()
         cfg = self.config
-        grads = [p.grad for p in self.params]
-        grad_scale = 1.0  # clipping folds into the momentum update; p.grad itself is left untouched
-        if cfg.clip_grad_norm is not None:
-            total_sq = sum(float(torch.sum(g.to(torch.float64) ** 2)) for g in grads if g is not None)
-            total = math.sqrt(total_sq)
-            if total > cfg.clip_grad_norm:
-                grad_scale = cfg.clip_grad_norm / (total + 1e-6)
-        encoded: list[EncodedTensor] = []
-        own: list[DecodedTensor] = []
-        for spec, transform, m, g in zip(self.specs, self.transforms, self.momentum, grads):
-            if cfg.compression_decay != 1.0:
-                m.mul_(cfg.compression_decay)
-            if g is not None:
-                m.add_(g.to(torch.float32), alpha=lr * grad_scale)
-            coeffs = transform.forward(m)
-            indices, values = topk_per_chunk(coeffs, spec.topk)
-            m.sub_(transform.inverse_sparse(indices, values))
-            payload, exponent, decoded = quantize_values(values, self.value_format)
-            idx_np = indices.cpu().numpy()
-            encoded.append(EncodedTensor(spec, idx_np, payload, exponent))
-            own.append(DecodedTensor(spec, idx_np, decoded.reshape(values.shape)))
-        result = encode_result(encoded, self.value_format)
+        present = [(m, p.grad) for m, p in zip(self.momentum, self.params) if p.grad is not None]
+        if cfg.compression_decay != 1.0:
+            torch._foreach_mul_(self._momentum, cfg.compression_decay)
+        if present:
+            momenta = [m for m, _ in present]
+            grads = [g.to(torch.float32) for _, g in present]
+            if cfg.clip_grad_norm is None:
+                torch._foreach_add_(momenta, grads, alpha=lr)
+            else:
+                # clipping folds into the momentum update (p.grad is left untouched), without a sync: the
+                # norm stays on the device
+                total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float64)))
+                scale = torch.where(total > cfg.clip_grad_norm, cfg.clip_grad_norm / (total + 1e-6), 1.0)
+                step = (lr * scale).to(torch.float32)
+                torch._foreach_addcmul_(momenta, grads, [step] * len(grads))
+        parts = []
+        for g, transform, momentum in zip(self.groups, self._transforms, self._momentum):
+            indices, values = topk_per_chunk(transform.forward(momentum), g.topk)
+            momentum.sub_(transform.inverse_sparse(indices, values).view_as(momentum))
+            parts.append((indices, values))
+        result, own = self.wire.encode(self.value_format, parts)
         if self.delay_correction:
-            committed = [p.detach().clone() for p in self.params]
-            self._own_signs = self._update(committed, [own], lr, self.lookahead_scales)
-            self._committed = committed
+            if self._committed_buffers is None:
+                self._committed_buffers = [torch.empty_like(p, memory_format=torch.contiguous_format) for p in self.params]
+            torch._foreach_copy_(self._committed_buffers, self._data())
+            self._own_signs = self._step(own, lr, self.lookahead_scales, keep_signs=True)
+            self._committed = self._committed_buffers
         return result
 
     # ---- apply
 
     def decode(self, result: bytes) -> list[DecodedTensor]:
-        """Decode and validate one result against this model and config (ResultDecodeError if bad)."""
+        """Decode and validate one result against this model and config on the host (ResultDecodeError if bad):
+        the reference decoder (distro_codec), for inspection and tests; apply() decodes on the device."""
         return decode_result(result, self.specs, self.value_format)
 
     @torch.no_grad()
@@ -308,63 +250,164 @@ class DistroOptimizer:
         lr*sign(IDCT(per-coefficient mean over peers)). Order of `results` does not matter. An empty
         list only discards the speculation."""
         self._check_lr(lr)
-        decoded = []
-        for i, result in enumerate(results):
-            try:
-                decoded.append((hashlib.sha256(result).digest(), self.decode(result)))
-            except ResultDecodeError as e:
-                raise ResultDecodeError(f"result {i}: {e}", index=i) from None
-            except TypeError:
-                raise ResultDecodeError(f"result {i}: must be bytes, got {type(result).__name__}", index=i) from None
+        coefficients = self._decode_all(results)
         committed, own_signs = self._committed, self._own_signs
         self._committed = self._own_signs = None
-        base = committed if committed is not None else self.params
-        if not decoded:
+        if coefficients is None:
             if committed is not None:
-                for p, c in zip(self.params, committed):
-                    p.data.copy_(c)
+                torch._foreach_copy_(self._data(), committed)
             return
-        decoded.sort(key=lambda pair: pair[0])
-        signs = self._update(base, [d for _, d in decoded], lr)
+        signs = self._step(coefficients, lr, None, base=committed, keep_signs=own_signs is not None)
         if own_signs is not None:
-            for t, (own, agg) in enumerate(zip(own_signs, signs)):
-                norm = int(own.abs().sum())  # sign entries are -1, 0, 1: |s| = s*s
-                if norm:
-                    dot = int((own.to(torch.int64) * agg.to(torch.int64)).sum())
-                    self.lookahead_scales[t] = min(1.0, max(0.0, dot / norm))
+            self._fit_lookahead(own_signs, signs)
+
+    def _decode_all(self, results: list[bytes]) -> list[Coefficients] | None:
+        """Every result's coefficients per group, in canonical order (by the SHA-256 of the results' bytes), on the
+        device: one host-to-device copy per value format, one sync for the validity flags of all of them. The first
+        bad result (by position) raises ResultDecodeError with its `index`."""
+        if len(results) > MAX_RESULTS:
+            raise ResultDecodeError(f"{len(results)} results in one apply; at most {MAX_RESULTS}")  # no one result's fault
+        allowed = (VALUE_SIGN,) if self.value_format == VALUE_SIGN else (VALUE_FP16, VALUE_BF16)
+        blobs: list[bytes] = []
+        by_format: dict[int, list[int]] = {}
+        bad: list[int] = []
+        for i, r in enumerate(results):
+            blob = bytes(r) if isinstance(r, (bytearray, memoryview)) else r
+            blobs.append(blob)
+            fmt = blob[5] if isinstance(blob, bytes) and len(blob) > 5 else None
+            if fmt in allowed and len(blob) == self.wire.layout(fmt)[0].size:
+                by_format.setdefault(fmt, []).append(i)
+            else:
+                bad.append(i)  # the reference decoder says why, below
+        if not results:
+            return None
+        digests = _digests({i: blobs[i] for members in by_format.values() for i in members})
+        decoded, flags, rows = [], [], []
+        for fmt in sorted(by_format):
+            order = sorted(by_format[fmt], key=digests.__getitem__)
+            size = self.wire.layout(fmt)[0].size
+            host = torch.empty((len(order), size), dtype=torch.uint8, pin_memory=self.device.type == "cuda")
+            view = host.numpy()
+            for row, i in enumerate(order):
+                view[row, :size] = np.frombuffer(blobs[i], dtype=np.uint8)
+            groups, invalid = self.wire.decode(fmt, host.to(self.device, non_blocking=True))
+            decoded.append(groups)
+            flags.append(invalid)
+            rows.extend(order)
+        if flags:
+            invalid = torch.cat(flags).cpu().tolist()
+            bad.extend(i for i, flag in zip(rows, invalid) if flag)
+        if bad:
+            self._reject(min(bad), results[min(bad)])
+        coefficients = [cat_coefficients([groups[k] for groups in decoded]) for k in range(len(self.groups))]
+        canonical = sorted(range(len(rows)), key=lambda row: digests[rows[row]])
+        if canonical != list(range(len(rows))):  # results of both value formats: one order for all of them
+            at = torch.tensor(canonical, device=self.device)
+            coefficients = [Coefficients(c.indices[at], values=c.signed_values()[at]) for c in coefficients]
+        return coefficients
+
+    def _reject(self, index: int, result) -> None:
+        """Raises the ResultDecodeError of result `index`: the reference decoder's reason, with the index."""
+        if not isinstance(result, (bytes, bytearray, memoryview)):
+            raise ResultDecodeError(f"result {index}: must be bytes, got {type(result).__name__}", index=index)
+        try:
+            decode_result(result, self.specs, self.value_format)
+        except ResultDecodeError as e:
+            raise ResultDecodeError(f"result {index}: {e}", index=index) from None
+        raise ResultDecodeError(f"result {index}: rejected by the device decoder but not by the reference decoder", index=index)
+
+    def _step(self, coefficients: list[Coefficients], lr: float, scales: list[float] | None, base: list[torch.Tensor] | None = None, keep_signs: bool = False):
+        """params <- base * (1 - lr*wd) - lr * scale * sign(IDCT(per-coefficient mean)); base None: the params as
+        they are. scale is 1 for apply(), the lookahead scale for speculation. The same operations for both, so a
+        one-peer speculation (scale exactly 1.0) equals apply bit for bit. Returns the int8 sign steps per group
+        if asked."""
+        wd = self.config.weight_decay or 0.0
+        if base is not None:
+            torch._foreach_copy_(self._data(), base)
+        signs = []
+        for g, transform, coeff in zip(self.groups, self._transforms, coefficients):
+            sign = self._direction(g, transform, coeff).sign_()
+            if keep_signs:
+                signs.append(sign.to(torch.int8))
+            params = [self.params[m].data for m in g.members]
+            if wd:
+                torch._foreach_mul_(params, 1.0 - lr * wd)
+            # alpha * sign is exact (sign is -1, 0 or 1): the same bytes however the add is grouped
+            steps = [-lr * (scales[m] if scales is not None else 1.0) for m in g.members]
+            if len(set(steps)) == 1:
+                torch._foreach_add_(params, list(sign.unbind(0)), alpha=steps[0])
+            else:
+                for p, s, step in zip(params, sign.unbind(0), steps):
+                    p.add_(s, alpha=step)
+        return signs
+
+    def _direction(self, g: Group, transform: ChunkedDCT, coeff: Coefficients) -> torch.Tensor:
+        """IDCT of the per-coefficient mean over the results that sent each coefficient: [members, *shape]."""
+        results, rows, k = coeff.indices.shape
+        shape = (len(g.members), *g.shape)
+        # The sparse inverse costs an entry's multiply-add per element, the dense one cr + cc (c for 1-D): the
+        # sparse one below that many entries per chunk, as the module always chose (the same bytes).
+        sparse = results * k < sum(transform.chunk[-2:])
+        if results == 1 and sparse:
+            return transform.inverse_sparse(coeff.indices[0], coeff.signed_values()[0]).view(shape)
+        # Entries chunk by chunk (each chunk's results in canonical order), so the accumulation below walks the
+        # coefficients in memory order.
+        by_chunk = lambda t: t.transpose(0, 1).reshape(rows, results * k)  # noqa: E731
+        offsets = torch.arange(rows, device=self.device)[:, None] * transform.chunk_elems
+        keys = (by_chunk(coeff.indices) + offsets).reshape(-1)
+        # Count the entries of each coefficient (and for sign results sum their ±1) in exact arithmetic: the same
+        # on every replica whatever the order of the adds.
+        size = rows * transform.chunk_elems
+        counts = torch.zeros(size, dtype=torch.int32, device=self.device)
+        counts.scatter_add_(0, keys, torch.ones_like(keys, dtype=torch.int32))
+        if sparse:
+            # Few entries per chunk: the sparse inverse of every entry weighted by 1/count (it sums a
+            # coefficient's entries: their mean)
+            weights = (by_chunk(coeff.signed_values()).reshape(-1) / counts.take(keys)).to(torch.float32)
+            return transform.inverse_sparse(keys.view(rows, -1) - offsets, weights.view(rows, -1)).view(shape)
+        if coeff.negative is not None:
+            # Many entries per chunk, so every coefficient at once: sum / count (integers below 2**24, exact in
+            # float32: one rounding, of the quotient), 0 where no result sent one
+            dense = torch.zeros(size, dtype=torch.float32, device=self.device)
+            dense.scatter_add_(0, keys, 1.0 - 2.0 * by_chunk(coeff.negative).reshape(-1).to(torch.float32))
+            dense.div_(counts.clamp_min_(1))
+            return transform.inverse(dense.view(rows, transform.chunk_elems)).view(shape)
+        # Value results are summed one result at a time, in canonical order: no two adds to one coefficient in one
+        # call, so the sum is in the same order on every device.
+        sums = torch.zeros(size, dtype=torch.float64, device=self.device)
+        for values, at in zip(coeff.values.reshape(results, -1), (coeff.indices + offsets[None]).reshape(results, -1)):
+            sums.index_add_(0, at, values)
+        dense = (sums / counts.clamp_min_(1)).to(torch.float32)
+        return transform.inverse(dense.view(rows, transform.chunk_elems)).view(shape)
+
+    def _fit_lookahead(self, own_signs: list[torch.Tensor], signs: list[torch.Tensor]) -> None:
+        """Each tensor's lookahead scale: <own, aggregate> / <own, own> of the sign steps, clamped to [0, 1]."""
+        dots, norms = [], []
+        for g, own, agg in zip(self.groups, own_signs, signs):
+            own = own.reshape(len(g.members), -1)
+            dots.append((own * agg.reshape(len(g.members), -1)).sum(dim=1))
+            norms.append(own.abs().sum(dim=1))  # sign entries are -1, 0, 1: |s| = s*s
+        dot, norm = torch.stack([torch.cat(dots), torch.cat(norms)]).cpu().tolist()
+        members = [m for g in self.groups for m in g.members]
+        for m, d, n in zip(members, dot, norm):
+            if n:
+                self.lookahead_scales[m] = min(1.0, max(0.0, d / n))
 
     def _update(self, base: list[torch.Tensor], results: list[list[DecodedTensor]], lr: float, scales: list[float] | None = None) -> list[torch.Tensor]:
-        """params <- base * (1 - lr*wd) - lr * scale * sign(IDCT(mean of results)); `results` in canonical
-        order; scale is 1 for apply(), the lookahead scale for speculation. Returns the int8 sign steps."""
-        wd = self.config.weight_decay or 0.0
-        signs = []
-        for t, (p, b, transform) in enumerate(zip(self.params, base, self.transforms)):
-            indices = np.concatenate([r[t].indices for r in results], axis=1)  # [n, K_total]
-            values = np.concatenate([r[t].values for r in results], axis=1)
-            if len(results) > 1:
-                # Mean over the peers that sent each coefficient: divide each entry by how many
-                # entries share its (chunk, index); the IDCT then sums them.
-                keys = indices + np.arange(indices.shape[0], dtype=np.int64)[:, None] * transform.chunk_elems
-                _, inverse, counts = np.unique(keys.reshape(-1), return_inverse=True, return_counts=True)
-                values = values / counts[inverse].reshape(values.shape)
-            idx_t = torch.from_numpy(indices).to(p.device)
-            val_t = torch.from_numpy(values.astype(np.float32)).to(p.device)
-            if indices.shape[1] < sum(transform.chunk):
-                direction = transform.inverse_sparse(idx_t, val_t)
+        """params <- base * (1 - lr*wd) - lr * scale * sign(IDCT(mean of results)) for results decoded on the host
+        (decode()), `results` in canonical order. Returns the int8 sign steps per group."""
+        coefficients = []
+        for g in self.groups:
+            indices = torch.from_numpy(np.stack([np.concatenate([r[m].indices for m in g.members]) for r in results])).to(self.device)
+            values = torch.from_numpy(np.stack([np.concatenate([r[m].values for m in g.members]) for r in results])).to(self.device)
+            if self.value_format == VALUE_SIGN:
+                coefficients.append(Coefficients(indices, negative=values < 0))
             else:
-                dense = torch.zeros(transform.n_chunks, transform.chunk_elems, dtype=torch.float64, device=p.device)
-                dense.scatter_add_(1, idx_t, torch.from_numpy(values).to(p.device))
-                direction = transform.inverse(dense.to(torch.float32))
-            sign = torch.sign(direction)
-            signs.append(sign.to(torch.int8))
-            # Same op sequence for speculation and apply, so a one-peer speculation (scale exactly 1.0)
-            # equals apply bit for bit.
-            if b is not p:
-                p.data.copy_(b)
-            if wd:
-                p.data.mul_(1.0 - lr * wd)
-            p.data.add_(sign.to(p.dtype), alpha=-lr * (scales[t] if scales is not None else 1.0))
-        return signs
+                coefficients.append(Coefficients(indices, values=values))
+        return self._step(coefficients, lr, scales, base=base, keep_signs=True)
+
+    def _data(self) -> list[torch.Tensor]:
+        return [p.data for p in self.params]
 
     @torch.no_grad()
     def update_from(self, base: list[torch.Tensor], results: list[list[DecodedTensor]], lr: float) -> None:
@@ -383,8 +426,7 @@ class DistroOptimizer:
     def discard_speculation(self) -> None:
         """Restore the committed parameters if a speculative update is in place (no-op otherwise)."""
         if self._committed is not None:
-            for p, c in zip(self.params, self._committed):
-                p.data.copy_(c)
+            torch._foreach_copy_(self._data(), self._committed)
             self._committed = self._own_signs = None
 
     def committed_parameters(self) -> list[tuple[str, torch.Tensor]]:

@@ -5,7 +5,7 @@ Layout (all integers little-endian):
     header   magic b"PSDR" | u8 version (=1) | u8 value_format | u32 tensor_count
     per tensor, in the model's parameter order:
              u16 name_len | name (UTF-8)
-             u8 ndim (1 or 2) | u32 shape[ndim] | u32 chunk[ndim]
+             u8 ndim | u32 shape[ndim] | u32 chunk[ndim]
              u32 topk                                  (coefficients kept per chunk)
              i8 exponent                               (value_format FP16 only: values are fp16 * 2**-exponent)
              indices: n_chunks*topk indices, each in ceil(log2(chunk elements)) bits (at least 1),
@@ -15,7 +15,10 @@ Layout (all integers little-endian):
     nothing after the last tensor.
 
 Indices address the row-major (row frequency, column frequency) position inside a chunk and are
-distinct within a chunk. The encoding is canonical (zero padding, exact length), so one content has
+distinct within a chunk. Chunks are numbered row-major over the grid shape[d] / chunk[d]. A 1-D tensor
+[N] has chunks [c]; a 2-D tensor [R, C] chunks [cr, cc]; a tensor of more dimensions (the fused experts
+[E, R, C] of a mixture of experts) is a stack of independent matrices: chunk [1, ..., 1, cr, cc], each
+matrix with its own chunks. The same layout serves every rank, so ranks 1 and 2 are as they always were. The encoding is canonical (zero padding, exact length), so one content has
 exactly one byte string and a commitment hash over the bytes identifies the content.
 
 Decoding never trusts a length from the wire: every size is derived from the expected model layout
@@ -140,6 +143,68 @@ def unpack_indices(data: bytes | memoryview, count: int, bits: int) -> np.ndarra
     return (bit_stream[: count * bits].reshape(count, bits).astype(np.uint64) * weights).sum(axis=1).astype(np.int64)
 
 
+# ---- layout ----
+
+
+def result_header(value_format: int, tensor_count: int) -> bytes:
+    return MAGIC + struct.pack("<BBI", FORMAT_VERSION, value_format, tensor_count)
+
+
+def tensor_header(spec: TensorSpec) -> bytes:
+    """A tensor's fixed part: name, ndim, shape, chunk and topk (the fp16 exponent follows it)."""
+    name = spec.name.encode("utf-8")
+    if len(name) > MAX_NAME_BYTES:
+        raise ValueError(f"tensor name {spec.name[:64]!r}... longer than {MAX_NAME_BYTES} bytes")
+    ndim = len(spec.shape)
+    return struct.pack("<H", len(name)) + name + struct.pack(f"<B{ndim}I{ndim}II", ndim, *spec.shape, *spec.chunk, spec.topk)
+
+
+@dataclass(frozen=True)
+class TensorRegion:
+    """Where one tensor's parts lie in a result of a given layout (byte offsets from the start)."""
+
+    header: int  # tensor_header(spec)
+    exponent: int | None  # the fp16 exponent byte, None for other value formats
+    indices: int
+    index_bytes: int
+    values: int
+    value_bytes: int
+
+
+@dataclass(frozen=True)
+class ResultLayout:
+    """Every result of one model layout and value format has exactly this size and these offsets: all but the
+    exponents, indices and values are fixed bytes (`fixed`: (offset, bytes) pieces)."""
+
+    value_format: int
+    size: int
+    regions: tuple[TensorRegion, ...]
+    fixed: tuple[tuple[int, bytes], ...]
+
+
+def result_layout(specs: list[TensorSpec], value_format: int) -> ResultLayout:
+    if value_format not in VALUE_FORMAT_NAMES:
+        raise ValueError(f"unknown value_format {value_format}")
+    fixed = [(0, result_header(value_format, len(specs)))]
+    pos = len(fixed[0][1])
+    regions = []
+    for spec in specs:
+        header = tensor_header(spec)
+        fixed.append((pos, header))
+        start = pos
+        pos += len(header)
+        exponent = None
+        if value_format == VALUE_FP16:
+            exponent = pos
+            pos += 1
+        n = spec.n_chunks * spec.topk
+        index_bytes = (n * spec.index_bits + 7) // 8
+        value_bytes = _value_bytes(value_format, n)
+        regions.append(TensorRegion(start, exponent, pos, index_bytes, pos + index_bytes, value_bytes))
+        pos += index_bytes + value_bytes
+    return ResultLayout(value_format, pos, tuple(regions), tuple(fixed))
+
+
 # ---- encode ----
 
 
@@ -156,16 +221,10 @@ class EncodedTensor:
 def encode_result(tensors: list[EncodedTensor], value_format: int) -> bytes:
     if value_format not in VALUE_FORMAT_NAMES:
         raise ValueError(f"unknown value_format {value_format}")
-    parts = [MAGIC, struct.pack("<BBI", FORMAT_VERSION, value_format, len(tensors))]
+    parts = [result_header(value_format, len(tensors))]
     for t in tensors:
         spec = t.spec
-        name = spec.name.encode("utf-8")
-        if len(name) > MAX_NAME_BYTES:
-            raise ValueError(f"tensor name {spec.name[:64]!r}... longer than {MAX_NAME_BYTES} bytes")
-        ndim = len(spec.shape)
-        parts.append(struct.pack("<H", len(name)))
-        parts.append(name)
-        parts.append(struct.pack(f"<B{ndim}I{ndim}II", ndim, *spec.shape, *spec.chunk, spec.topk))
+        parts.append(tensor_header(spec))
         if value_format == VALUE_FP16:
             parts.append(struct.pack("<b", t.exponent))
         parts.append(pack_indices(t.indices, spec.index_bits))

@@ -84,6 +84,8 @@ class Distro(CommunicatingOptimizer):
         try:
             peer.apply(results, self.schedule(step))
         except ResultDecodeError as exc:
+            if exc.index is None:  # about the list, not one result (too many)
+                raise WorkerError(f"apply_results: {exc}") from None
             raise WorkerError(f"rejected result: {exc}", kind="bad_result", index=exc.index) from None
 
     def produce(self, step: int) -> tuple[bytes, Stats]:
