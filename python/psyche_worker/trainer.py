@@ -118,24 +118,29 @@ class Trainer:
         return lm_loss(logits, batch[:, 1:], mask)
 
     # -- steps -----------------------------------------------------------------------------------
-    def forward_backward(self, tokens: torch.Tensor, mask: torch.Tensor | None = None) -> float:
-        """Accumulates gradients over micro-batches into .grad (zeroed first); returns the mean loss.
+    def forward_backward(self, tokens: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Accumulates gradients over micro-batches into .grad (zeroed first); returns the mean loss as a 0-d tensor
+        on the device (float64), not read: a read is a sync, and a sync in the middle of a step leaves the device
+        idle while the host queues what follows (the optimizer reads it with the step's other numbers).
         With data parallelism each rank takes its shard of the rows; the sum over ranks of the weighted
         gradients is the whole batch's mean gradient, identical on every rank after the all-reduce.
         With a loss `mask` (loss_mask.py) the mean is over the counted targets of the whole batch."""
         batch = self.to_device_tokens(tokens)
-        mask = check_mask(mask, batch, self.device)
+        checked = check_mask(mask, batch, self.device)
+        # the targets each row counts, from the mask as it came (on the host): no sync per micro-batch
+        row_targets = None if mask is None else mask.sum(dim=1, dtype=torch.int64).tolist()
+        mask = checked
         self.model.train()
         for p in self.model.parameters():
             p.grad = None
         rows = batch.shape[0]
         first, last = self.group.shard(rows) if self.group else (0, rows)
         total = torch.zeros((), device=self.device)
-        denominator = rows if mask is None else max(counted(mask), 1)
+        denominator = rows if row_targets is None else max(sum(row_targets), 1)
         for start in range(first, last, self.micro_batch):
             end = min(start + self.micro_batch, last)
             micro, micro_mask = batch[start:end], None if mask is None else mask[start:end]
-            n = micro.shape[0] if micro_mask is None else counted(micro_mask)
+            n = micro.shape[0] if row_targets is None else sum(row_targets[start:end])
             loss = self._loss(micro, micro_mask)
             (loss * (n / denominator)).backward()
             total += loss.detach() * n
@@ -145,9 +150,9 @@ class Trainer:
                 if p.grad is None:  # an empty shard (fewer rows than ranks) still joins the sum
                     p.grad = torch.zeros_like(p)
             self.group.all_reduce_sum([*(p.grad for p in params), total.reshape(1)])
-        return float(total) / denominator
+        return total.to(torch.float64) / denominator
 
-    def gradients(self, batch: Batch) -> float:
+    def gradients(self, batch: Batch) -> torch.Tensor:
         """forward_backward as the optimizers call it (optim.base.Gradients), as often as their step needs."""
         return self.forward_backward(batch.tokens, batch.mask)
 

@@ -10,7 +10,7 @@ import torch
 
 from psyche_worker import optim
 from psyche_worker.model import hash_named_tensors, init_model
-from psyche_worker.optim.base import BuildContext, CommunicatingOptimizer
+from psyche_worker.optim.base import Batch, BuildContext, CommunicatingOptimizer, clip_grad_norm, read
 from psyche_worker.protocol import WorkerError
 from psyche_worker.server import Worker
 from psyche_worker.trainer import Trainer
@@ -140,7 +140,7 @@ class DenseMean(CommunicatingOptimizer):
         return {**stats, **more}
 
     def begin_round(self, batch, step, gradients):
-        return {"loss": gradients(batch), "grad_norm": 0.0}
+        return {"loss": float(gradients(batch)), "grad_norm": 0.0}
 
     def produce(self, step):
         lr = self.schedule(step)
@@ -229,3 +229,23 @@ def test_a_second_communicating_optimizer_plugs_in_with_no_change_to_trainer_or_
         )
     assert refused.value.kind == "bad_result" and refused.value.fields == {"index": 1}
     assert workers[0].op_evaluate({}, [tokens(40)])[0]["loss"] > 0
+
+
+def test_gradients_stay_on_the_device_and_optimizers_reply_with_host_numbers(tiny_config):
+    """One sync per step: the trainer's forward/backward returns the loss unread (a 0-d device tensor), the norm is
+    measured without touching the gradients when nothing is clipped, and each optimizer reads its numbers once, as
+    plain floats for the reply."""
+    t = trainer(tiny_config, {"AdamW": {}})
+    loss = t.gradients(Batch(tokens(1)))
+    assert isinstance(loss, torch.Tensor) and loss.ndim == 0 and loss.dtype == torch.float64
+    grads = [p.grad.clone() for p in t.model.parameters()]
+    norm = clip_grad_norm(t.model, None)
+    assert all(torch.equal(g, p.grad) for g, p in zip(grads, t.model.parameters()))
+    measured, before_clipping = read(norm, clip_grad_norm(t.model, 1e-3))
+    assert measured == before_clipping == pytest.approx(float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))), rel=1e-6)
+    assert float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in t.model.parameters()]))) == pytest.approx(1e-3, rel=1e-4)
+    for config, kw in (({"AdamW": {"clip_grad_norm": 1.0}}, {}), (DISTRO, {}), (DISTRO, {"simulate_peers": 2})):
+        stats = trainer(tiny_config, config, **kw).train_step(tokens(2), 1)
+        assert all(type(stats[k]) is float for k in ("loss", "grad_norm", "lr")), stats
+    stats = trainer(tiny_config, DISTRO, delay_correction=True).begin_round(tokens(3), 1)
+    assert type(stats["loss"]) is float and type(stats["grad_norm"]) is float

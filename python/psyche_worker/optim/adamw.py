@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from ..protocol import WorkerError
-from .base import Batch, BuildContext, Gradients, Optimizer, Stats, clip_grad_norm
+from .base import Batch, BuildContext, Gradients, Optimizer, Stats, clip_grad_norm, read
 
 
 @dataclass
@@ -64,11 +64,12 @@ class AdamW(Optimizer):
     def step(self, batch: Batch, step: int, gradients: Gradients) -> Stats:
         lr = self.schedule(step)
         loss = gradients(batch)
-        grad_norm = clip_grad_norm(self.model, self.config.clip_grad_norm)
+        norm = clip_grad_norm(self.model, self.config.clip_grad_norm)
         for group in self.torch_optimizer.param_groups:
             group["lr"] = lr
         self.torch_optimizer.step()
-        return {"loss": loss, "grad_norm": grad_norm, "lr": lr}
+        loss_value, grad_norm = read(loss, norm)  # the step's one sync, after the update is queued
+        return {"loss": loss_value, "grad_norm": grad_norm, "lr": lr}
 
     def state_dict(self) -> dict[str, Any]:
         """torch's AdamW state: per parameter its step and moments, and the parameter groups."""

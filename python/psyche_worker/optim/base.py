@@ -15,8 +15,12 @@ Two kinds:
   step from every contribution in `apply`) is another.
 
 Step numbers are the coordinator's: an optimizer maps them to learning rates with the run's schedule
-(`BuildContext.schedule`). Methods return their reply fields as a plain dict (`Stats`): `loss` and `grad_norm` where
-gradients were taken, `lr`, and whatever else the optimizer reports (`result_bytes`).
+(`BuildContext.schedule`). Methods return their reply fields as a plain dict (`Stats`) of host numbers: `loss` and
+`grad_norm` where gradients were taken, `lr`, and whatever else the optimizer reports (`result_bytes`).
+
+One sync per step: `Gradients` returns the loss as a tensor on the device and `clip_grad_norm` the norm, both unread.
+An optimizer reads them together, with `read`, once it has queued what the step needs of them (the update): a read
+waits for the device, and a read in the middle of a step leaves the device idle while the host queues the rest.
 
 A result that does not decode is refused as data: `WorkerError(kind="bad_result", index=i)`, `i` its position in the
 list given, with nothing changed.
@@ -24,7 +28,6 @@ list given, with nothing changed.
 
 from __future__ import annotations
 
-import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -50,9 +53,10 @@ class Batch:
         return Batch(self.tokens[start:end], None if self.mask is None else self.mask[start:end])
 
 
-Gradients = Callable[[Batch], float]
+Gradients = Callable[[Batch], torch.Tensor]
 """The trainer's forward/backward on a batch: fills every parameter's `.grad` with the batch's mean gradient (zeroed
-first; identical on every data-parallel rank) and returns the mean loss."""
+first; identical on every data-parallel rank) and returns the mean loss, a 0-d tensor on the device (unread: `read`
+it with the step's other numbers)."""
 
 Losses = Callable[[int | None], list[float]]
 """Verification's measurement at the parameters in place: the losses on the batches the trainer holds for result `j`
@@ -75,10 +79,18 @@ class BuildContext:
     """The network path: a round's results are applied one round late, during the next round."""
 
 
-def clip_grad_norm(model: torch.nn.Module, max_norm: float | None) -> float:
-    """The total norm of the gradients; scales them down to `max_norm` if it is exceeded (None: only measures)."""
+def clip_grad_norm(model: torch.nn.Module, max_norm: float | None) -> torch.Tensor:
+    """The total norm of the gradients, a 0-d tensor on the device (unread); scales them down to `max_norm` if it
+    is exceeded (None: only measures, without a pass over the gradients to scale them by 1)."""
     params = [p for p in model.parameters() if p.grad is not None]
-    return float(torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm is not None else math.inf))
+    if max_norm is None:
+        return torch.nn.utils.get_total_norm([p.grad for p in params])
+    return torch.nn.utils.clip_grad_norm_(params, max_norm)
+
+
+def read(*values: torch.Tensor) -> list[float]:
+    """0-d device tensors as host floats, in one copy: the step's one sync (module docstring)."""
+    return torch.stack([v.detach().reshape(()).to(torch.float64) for v in values]).tolist()
 
 
 def sorted_parameters(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:

@@ -18,7 +18,7 @@ import torch
 from ..distro import DistroConfig, DistroOptimizer, ResultDecodeError
 from ..distro_codec import VALUE_FORMAT_NAMES
 from ..protocol import WorkerError
-from .base import Batch, BuildContext, CommunicatingOptimizer, Gradients, Losses, Stats, clip_grad_norm
+from .base import Batch, BuildContext, CommunicatingOptimizer, Gradients, Losses, Stats, clip_grad_norm, read
 
 STATE_FORMAT = "psyche-distro-peers-v1"
 
@@ -58,12 +58,14 @@ class Distro(CommunicatingOptimizer):
             raise WorkerError(f"batch of {rows} sequences does not split evenly among {len(peers)} simulated peers")
         lr = self.schedule(step)
         per_peer = rows // len(peers)
-        results, losses, norms = [], [], []
+        results, measured = [], []
         for i, peer in enumerate(peers):
-            losses.append(gradients(batch.rows_between(i * per_peer, (i + 1) * per_peer)))
-            norms.append(clip_grad_norm(self.model, None))  # DisTrO clips inside produce(): this only measures
+            measured.append(gradients(batch.rows_between(i * per_peer, (i + 1) * per_peer)))
+            measured.append(clip_grad_norm(self.model, None))  # DisTrO clips inside produce(): this only measures
             results.append(peer.produce(lr))
         peers[0].apply(results, lr)  # the parameters are shared: apply once
+        values = read(*measured)  # the step's one read of them
+        losses, norms = values[0::2], values[1::2]
         return {
             "loss": sum(losses) / len(losses),
             "grad_norm": sum(norms) / len(norms),
@@ -76,8 +78,8 @@ class Distro(CommunicatingOptimizer):
     def begin_round(self, batch: Batch, step: int, gradients: Gradients) -> Stats:
         """The forward/backward at the live (speculative) parameters; the gradients wait in .grad for produce."""
         self._peer("train_round")
-        loss = gradients(batch)
-        return {"loss": loss, "grad_norm": clip_grad_norm(self.model, None)}
+        loss, grad_norm = read(gradients(batch), clip_grad_norm(self.model, None))  # the round's reply needs them now
+        return {"loss": loss, "grad_norm": grad_norm}
 
     def apply(self, results: list[bytes], step: int) -> None:
         peer = self._peer("apply_results")
