@@ -10,13 +10,14 @@
 // Targets: psyche train ≥ 95 % of the plain loop; DisTrO < 5 % of a step at 1B.
 // Without CUDA it prints "no CUDA device: skipped" and exits 0. `--device cpu --tiny` runs the same code on the
 // tiny-demo model on CPU with a handful of steps (test/bench/gpu-bench.test.ts runs it, so the script cannot rot).
-// `--json` prints only the JSON summary. BENCH_GPU_STEPS / BENCH_GPU_ROUNDS override the step and round counts.
+// `--json` prints only the JSON summary. BENCH_GPU_STEPS / BENCH_GPU_ROUNDS override the step and round counts,
+// BENCH_GPU_REPEATS the alternating runs of each loop, BENCH_GPU_MODELS (names, comma-separated) the models, BENCH_GPU_PARTS (train,distro,testnet: all by default) what runs
+// (bench/gpu-check.sh runs the DisTrO part itself and carries no CLI for the testnet).
 import {mkdtempSync, readFileSync, rmSync, writeFileSync} from 'node:fs'
 import {tmpdir} from 'node:os'
 import {join} from 'node:path'
 import {execa} from 'execa'
 import {ensureDemoCorpus} from '../src/core/corpus.js'
-import {runTestnet} from '../src/core/testnet/index.js'
 import {resolveTrainPlan} from '../src/core/train/plan.js'
 import {runSingleNode} from '../src/core/train/single-node.js'
 import {projectRoot, pythonEnv, workerPython} from '../src/core/worker/python.js'
@@ -51,8 +52,11 @@ const MODELS: ModelCase[] = tiny
       {name: 'llama2-20m', config: template('llama2-20m'), seqLen: 1024, batch: 32, microBatch: 16, steps: steps(40), warmup: 5},
       {name: 'llama-1b', config: template('llama-1b'), seqLen: 1024, batch: 8, microBatch: 4, steps: steps(20), warmup: 4},
     ]
+const ONLY = process.env.BENCH_GPU_MODELS?.split(',')
+const CASES = ONLY ? MODELS.filter((m) => ONLY.includes(m.name)) : MODELS
 const TESTNET = tiny ? {model: 'tiny-demo', rounds: Number(process.env.BENCH_GPU_ROUNDS ?? 2)} : {model: 'llama2-20m', rounds: Number(process.env.BENCH_GPU_ROUNDS ?? 20)}
-const REPEATS = tiny ? 1 : 2
+const REPEATS = Number(process.env.BENCH_GPU_REPEATS ?? (tiny ? 1 : 2))
+const PARTS = new Set((process.env.BENCH_GPU_PARTS ?? 'train,distro,testnet').split(','))
 const THREADS = tiny ? 1 : undefined
 
 async function python(script: string, args: string[]): Promise<Record<string, any>> {
@@ -142,54 +146,11 @@ function testnetRunDir(model: string): string {
   return dir
 }
 
-const work = mkdtempSync(join(tmpdir(), 'psyche-gpu-bench-metrics-'))
-const report: Record<string, unknown> = {
-  date: new Date().toISOString(),
-  device: probe.cuda && device.startsWith('cuda') ? probe.name : 'cpu',
-  torch: probe.torch,
-  tiny,
-  train: [] as unknown[],
-  distro: [] as unknown[],
-}
-try {
-  for (const m of MODELS) {
-    const runs = {plain: [] as number[], psyche: [] as number[]}
-    let losses = {first: NaN, last: NaN}
-    for (let i = 0; i < REPEATS; i++) {
-      runs.plain.push(await plainLoop(m))
-      const p = await psycheTrain(m, join(work, `${m.name}-${i}.jsonl`))
-      runs.psyche.push(p.tokensPerSecond)
-      losses = {first: p.firstLoss, last: p.lastLoss}
-    }
-    const best = {plain: Math.max(...runs.plain), psyche: Math.max(...runs.psyche)}
-    const row = {model: m.name, seq_len: m.seqLen, batch: m.batch, micro_batch: m.microBatch, steps: m.steps, runs, best, ratio: best.psyche / best.plain, loss: losses}
-    ;(report.train as unknown[]).push(row)
-    say(
-      `${m.name}: psyche train ${best.psyche.toFixed(0)} tok/s, plain loop ${best.plain.toFixed(0)} tok/s → ${(100 * row.ratio).toFixed(1)} % (target ≥ 95 %); loss ${losses.first.toFixed(3)} → ${losses.last.toFixed(3)}`,
-    )
-
-    const d = await python('gpu_distro.py', [
-      '--model-config',
-      m.config,
-      '--device',
-      device,
-      '--seq-len',
-      String(m.seqLen),
-      '--batch',
-      String(m.batch),
-      '--micro-batch',
-      String(m.microBatch),
-      ...(tiny ? ['--warmup', '1', '--repeats', '2', '--threads', '1'] : []),
-    ])
-    ;(report.distro as unknown[]).push({model: m.name, ...d})
-    say(
-      `${m.name}: DisTrO compress ${d.compress_gb_per_s.toFixed(2)} GB/s, decode ${d.decode_gb_per_s.toFixed(2)} GB/s, decode+apply ${d.decompress_apply_gb_per_s.toFixed(2)} GB/s; ` +
-        `share of a step ${(100 * d.distro_share_1_peer).toFixed(1)} % (1 result), ${(100 * d[`distro_share_${d.peers}_peers`]).toFixed(1)} % (${d.peers} results) (target < 5 % at 1B)`,
-    )
-  }
-
+async function testnetPart(): Promise<void> {
   const runDir = testnetRunDir(TESTNET.model)
   try {
+    // imported here: the libp2p stack loads only when the testnet runs
+    const {runTestnet} = await import('../src/core/testnet/index.js')
     const summary = await runTestnet({clients: 2, config: runDir, rounds: TESTNET.rounds, threads: THREADS ?? 4, timeout: tiny ? 300 : 900})
     const losses = summary.rounds.flatMap((r) => Object.values(r.clients).map((c) => c.loss)).filter((l): l is number => l !== null)
     const last = summary.rounds.at(-1)
@@ -217,6 +178,61 @@ try {
   } finally {
     rmSync(runDir, {recursive: true, force: true})
   }
+}
+
+const work = mkdtempSync(join(tmpdir(), 'psyche-gpu-bench-metrics-'))
+const report: Record<string, unknown> = {
+  date: new Date().toISOString(),
+  device: probe.cuda && device.startsWith('cuda') ? probe.name : 'cpu',
+  torch: probe.torch,
+  tiny,
+  train: [] as unknown[],
+  distro: [] as unknown[],
+}
+try {
+  for (const m of CASES) {
+    if (!PARTS.has('train')) break
+    const runs = {plain: [] as number[], psyche: [] as number[]}
+    let losses = {first: NaN, last: NaN}
+    for (let i = 0; i < REPEATS; i++) {
+      runs.plain.push(await plainLoop(m))
+      const p = await psycheTrain(m, join(work, `${m.name}-${i}.jsonl`))
+      runs.psyche.push(p.tokensPerSecond)
+      losses = {first: p.firstLoss, last: p.lastLoss}
+    }
+    const best = {plain: Math.max(...runs.plain), psyche: Math.max(...runs.psyche)}
+    const row = {model: m.name, seq_len: m.seqLen, batch: m.batch, micro_batch: m.microBatch, steps: m.steps, runs, best, ratio: best.psyche / best.plain, loss: losses}
+    ;(report.train as unknown[]).push(row)
+    say(
+      `${m.name}: psyche train ${best.psyche.toFixed(0)} tok/s, plain loop ${best.plain.toFixed(0)} tok/s → ${(100 * row.ratio).toFixed(1)} % (target ≥ 95 %); loss ${losses.first.toFixed(3)} → ${losses.last.toFixed(3)}`,
+    )
+  }
+  for (const m of CASES) {
+    if (!PARTS.has('distro')) break
+
+    const d = await python('gpu_distro.py', [
+      '--model-config',
+      m.config,
+      '--device',
+      device,
+      '--seq-len',
+      String(m.seqLen),
+      '--batch',
+      String(m.batch),
+      '--micro-batch',
+      String(m.microBatch),
+      ...(tiny ? ['--warmup', '1', '--repeats', '2', '--threads', '1'] : []),
+    ])
+    ;(report.distro as unknown[]).push({model: m.name, ...d})
+    say(
+      `${m.name}: DisTrO compress ${d.compress_gb_per_s.toFixed(2)} GB/s, decode ${d.decode_gb_per_s.toFixed(2)} GB/s, decode+apply ${d.decompress_apply_gb_per_s.toFixed(2)} GB/s; ` +
+        `share of a step ${Object.entries(d.distro_share as Record<string, number>)
+          .map(([n, share]) => `${(100 * share).toFixed(1)} % (${n} results)`)
+          .join(', ')} (target < 5 % at 1B)`,
+    )
+  }
+
+  if (PARTS.has('testnet')) await testnetPart()
 } finally {
   rmSync(work, {recursive: true, force: true})
 }

@@ -31,6 +31,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "python"))
 
+from psyche_worker import reuse_freed_memory  # noqa: E402
 from psyche_worker.distro import DistroOptimizer  # noqa: E402
 from psyche_worker.model import init_model, resolve_device, resolve_precision  # noqa: E402
 from psyche_worker.trainer import Trainer  # noqa: E402
@@ -50,6 +51,7 @@ args = parser.parse_args()
 
 if args.threads:
     torch.set_num_threads(args.threads)
+reuse_freed_memory()  # as the worker process does
 device = resolve_device(args.device)
 precision = resolve_precision(args.precision, device)
 config = json.loads(Path(args.model_config).read_text())

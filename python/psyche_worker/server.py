@@ -35,6 +35,7 @@ from .protocol import (
     frame_to_tensor,
     tensor_to_frame,
 )
+from . import reuse_freed_memory
 from .parallel import Group, join_group, listen_loopback, parse_devices, start_followers
 from .trainer import Trainer
 
@@ -68,21 +69,6 @@ def die_with_parent() -> None:
             time.sleep(0.5)
 
     threading.Thread(target=watch, daemon=True, name="parent-watchdog").start()
-
-
-def reuse_freed_memory() -> None:
-    """Keep freed memory in the process for the next allocation (glibc; elsewhere nothing changes). glibc maps every
-    block above 32 MiB afresh and unmaps it when freed, so each step's large tensors (activations, DisTrO's
-    coefficients) cost page faults on every touch: on CPU that was half of DisTrO's time (bench/README.md). Like
-    the CUDA caching allocator, the worker keeps its peak."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(-4, 0)  # M_MMAP_MAX: no block from mmap, all from the heap, reused when freed
-        libc.mallopt(-1, 1 << 62)  # M_TRIM_THRESHOLD: never give the heap's top back
-    except (OSError, AttributeError):
-        pass  # not glibc (musl has no mallopt)
 
 
 def _buffer(part: Any) -> Any:
