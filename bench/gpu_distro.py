@@ -10,7 +10,8 @@ after --warmup steps:
 - produce ("compress"): momentum, chunked DCT, top-k, residual, quantize and encode to the wire bytes, and the
   speculative (lookahead) update;
 - decode ("decompress"): the wire bytes of one result back to indices and values;
-- apply of P distinct results, for each P of --peers: decode, aggregate, inverse DCT, the sign update.
+- apply of P distinct results, for each P of --peers: decode, aggregate, inverse DCT, the sign update (each apply
+  after a produce, so it also resolves the speculation and fits the lookahead scales, as in a round).
 
 The P results are distinct: the first is this client's own, the others are produced by a second optimizer over the
 same parameters from random gradients (so they share fewer coefficients than real peers' results would: the
@@ -116,7 +117,9 @@ for step in range(args.warmup + args.repeats):
     result = out[0]
     decode = timed(lambda: peer.decode(result))
     applies = []
-    for n in peer_counts:
+    for i, n in enumerate(peer_counts):
+        if i:  # every apply follows a produce, as in a round (it resolves the speculation, fits the lookahead)
+            result = peer.produce(lr)
         results = [result, *others[: n - 1]]
         applies.append(timed(lambda: peer.apply(results, lr)))
     if step >= args.warmup:

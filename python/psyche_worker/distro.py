@@ -232,7 +232,7 @@ class DistroOptimizer:
             if self._committed_buffers is None:
                 self._committed_buffers = [torch.empty_like(p, memory_format=torch.contiguous_format) for p in self.params]
             torch._foreach_copy_(self._committed_buffers, self._data())
-            self._own_signs = self._step(own, lr, self.lookahead_scales, keep_signs=True)
+            self._own_signs, _ = self._step(own, lr, self.lookahead_scales, keep_signs=True)
             self._committed = self._committed_buffers
         return result
 
@@ -257,9 +257,9 @@ class DistroOptimizer:
             if committed is not None:
                 torch._foreach_copy_(self._data(), committed)
             return
-        signs = self._step(coefficients, lr, None, base=committed, keep_signs=own_signs is not None)
+        _, dots = self._step(coefficients, lr, None, base=committed, own_signs=own_signs)
         if own_signs is not None:
-            self._fit_lookahead(own_signs, signs)
+            self._fit_lookahead(own_signs, dots)
 
     def _decode_all(self, results: list[bytes]) -> list[Coefficients] | None:
         """Every result's coefficients per group, in canonical order (by the SHA-256 of the results' bytes), on the
@@ -316,19 +316,29 @@ class DistroOptimizer:
             raise ResultDecodeError(f"result {index}: {e}", index=index) from None
         raise ResultDecodeError(f"result {index}: rejected by the device decoder but not by the reference decoder", index=index)
 
-    def _step(self, coefficients: list[Coefficients], lr: float, scales: list[float] | None, base: list[torch.Tensor] | None = None, keep_signs: bool = False):
+    def _step(
+        self,
+        coefficients: list[Coefficients],
+        lr: float,
+        scales: list[float] | None,
+        base: list[torch.Tensor] | None = None,
+        keep_signs: bool = False,
+        own_signs: list[torch.Tensor] | None = None,
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """params <- base * (1 - lr*wd) - lr * scale * sign(IDCT(per-coefficient mean)); base None: the params as
         they are. scale is 1 for apply(), the lookahead scale for speculation. The same operations for both, so a
-        one-peer speculation (scale exactly 1.0) equals apply bit for bit. Returns the int8 sign steps per group
-        if asked."""
+        one-peer speculation (scale exactly 1.0) equals apply bit for bit. Returns per group the int8 sign steps
+        (if `keep_signs`) and, given the speculation's `own_signs`, each member's <own, this step's signs>."""
         wd = self.config.weight_decay or 0.0
         if base is not None:
             torch._foreach_copy_(self._data(), base)
-        signs = []
-        for g, transform, coeff in zip(self.groups, self._transforms, coefficients):
+        signs, dots = [], []
+        for i, (g, transform, coeff) in enumerate(zip(self.groups, self._transforms, coefficients)):
             sign = self._direction(g, transform, coeff).sign_()
             if keep_signs:
                 signs.append(sign.to(torch.int8))
+            if own_signs is not None:  # integers below 2**53: exact in float64
+                dots.append((sign.view(len(g.members), -1) * own_signs[i].view(len(g.members), -1)).sum(dim=1, dtype=torch.float64))
             params = [self.params[m].data for m in g.members]
             if wd:
                 torch._foreach_mul_(params, 1.0 - lr * wd)
@@ -339,7 +349,7 @@ class DistroOptimizer:
             else:
                 for p, s, step in zip(params, sign.unbind(0), steps):
                     p.add_(s, alpha=step)
-        return signs
+        return signs, dots
 
     def _direction(self, g: Group, transform: ChunkedDCT, coeff: Coefficients) -> torch.Tensor:
         """IDCT of the per-coefficient mean over the results that sent each coefficient: [members, *shape]."""
@@ -380,22 +390,19 @@ class DistroOptimizer:
         dense = (sums / counts.clamp_min_(1)).to(torch.float32)
         return transform.inverse(dense.view(rows, transform.chunk_elems)).view(shape)
 
-    def _fit_lookahead(self, own_signs: list[torch.Tensor], signs: list[torch.Tensor]) -> None:
-        """Each tensor's lookahead scale: <own, aggregate> / <own, own> of the sign steps, clamped to [0, 1]."""
-        dots, norms = [], []
-        for g, own, agg in zip(self.groups, own_signs, signs):
-            own = own.reshape(len(g.members), -1)
-            dots.append((own * agg.reshape(len(g.members), -1)).sum(dim=1))
-            norms.append(own.abs().sum(dim=1))  # sign entries are -1, 0, 1: |s| = s*s
-        dot, norm = torch.stack([torch.cat(dots), torch.cat(norms)]).cpu().tolist()
+    def _fit_lookahead(self, own_signs: list[torch.Tensor], dots: list[torch.Tensor]) -> None:
+        """Each tensor's lookahead scale: <own, aggregate> / <own, own> of the sign steps, clamped to [0, 1]; one
+        device-to-host copy for all of them."""
+        # sign entries are -1, 0, 1: <own, own> counts the nonzero ones
+        norms = [torch.count_nonzero(own.view(len(g.members), -1), dim=1) for g, own in zip(self.groups, own_signs)]
+        dot, norm = torch.stack([torch.cat(dots), torch.cat(norms).to(torch.float64)]).cpu().tolist()
         members = [m for g in self.groups for m in g.members]
         for m, d, n in zip(members, dot, norm):
             if n:
                 self.lookahead_scales[m] = min(1.0, max(0.0, d / n))
 
-    def _update(self, base: list[torch.Tensor], results: list[list[DecodedTensor]], lr: float, scales: list[float] | None = None) -> list[torch.Tensor]:
-        """params <- base * (1 - lr*wd) - lr * scale * sign(IDCT(mean of results)) for results decoded on the host
-        (decode()), `results` in canonical order. Returns the int8 sign steps per group."""
+    def _host_coefficients(self, results: list[list[DecodedTensor]]) -> list[Coefficients]:
+        """Per group, the coefficients of results decoded on the host (decode()), in the order given."""
         coefficients = []
         for g in self.groups:
             indices = torch.from_numpy(np.stack([np.concatenate([r[m].indices for m in g.members]) for r in results])).to(self.device)
@@ -404,7 +411,7 @@ class DistroOptimizer:
                 coefficients.append(Coefficients(indices, negative=values < 0))
             else:
                 coefficients.append(Coefficients(indices, values=values))
-        return self._step(coefficients, lr, scales, base=base, keep_signs=True)
+        return coefficients
 
     def _data(self) -> list[torch.Tensor]:
         return [p.data for p in self.params]
@@ -414,7 +421,7 @@ class DistroOptimizer:
         """params <- `base` updated by the decoded `results` (in canonical order) exactly as apply() would, and
         nothing else: the momentum, a pending speculation and the lookahead scales stay as they are (the caller
         puts the live parameters back). Verification measures one result alone on the committed parameters."""
-        self._update(base, results, lr)
+        self._step(self._host_coefficients(results), lr, None, base=base)
 
     # ---- speculation
 
