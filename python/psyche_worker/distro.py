@@ -40,10 +40,20 @@ produce() and apply() the live parameters are speculative: call `discard_specula
 `committed_parameters()`) before exporting/hashing parameters at that point. Memory cost: one copy of
 the parameters plus one int8 per parameter. Disable with `DistroOptimizer(..., delay_correction=False)`.
 
-Determinism of apply(): results are sorted by the SHA-256 of their bytes, so every replica builds the
-same [chunk, entry] arrays; each entry is divided (float64) by the number of peers that sent its
-coefficient, and the inverse DCT sums the entries in that canonical order with a fixed algorithm.
-Nothing depends on arrival order (tested by shuffling).
+Where the work runs: on the parameters' device. Tensors of one (shape, chunk, topk) form a group (chunked.py)
+with one momentum buffer, so a step is a few batched operations per shape. produce() encodes on the device and
+copies the result's bytes to the host once; apply() copies the results of one value format to the device at once,
+decodes and validates them there (distro_wire.py; one sync for every result's validity flag), then, per group,
+aggregates them in the coefficient domain and runs one inverse DCT, however many results there are. Tensors of
+more than two dimensions (fused experts [E, R, C]) are stacks of matrices, each with its own chunks.
+
+Determinism of apply(): results are put in a canonical order (by the SHA-256 of their bytes, as before the work
+moved to the device, so that replicas of either version agree bit for bit). Each coefficient's entries are
+counted in integers; 1-bit results' ±1 are summed in float32, exact for any order of the adds; value results are
+summed in float64 one result at a time in the canonical order, so no two adds to one coefficient race on any
+device. The mean (sum / count) is rounded once to float32 and the inverse DCT is a fixed algorithm. With few
+entries per chunk the sparse inverse sums each entry divided by its coefficient's count, entries in canonical
+order. Nothing depends on arrival order (tested by shuffling, 64 results, on CPU and CUDA).
 """
 
 from __future__ import annotations
