@@ -362,3 +362,23 @@ def test_one_peer_speculation_equals_apply_on_the_device(device):
 def test_groups_keep_model_order():
     groups = group_layouts([((2, 2), (2, 2), 1), ((3,), (3,), 1), ((2, 2), (2, 2), 1)])
     assert groups == [Group((2, 2), (2, 2), 1, (0, 2)), Group((3,), (3,), 1, (1,))]
+
+
+def test_a_full_value_run_applies_fp16_and_bf16_results_together():
+    cfg = DistroConfig(compression_chunk=16, compression_topk=4, quantize_1bit=False)
+    mixed = results_of(3, cfg, "cpu", value_format="bf16") + results_of(3, cfg, "cpu", value_format="fp16")
+    hashes = set()
+    for order in (mixed, mixed[::-1]):
+        named = model_on("cpu")
+        DistroOptimizer(named, cfg, value_format="bf16").apply(order, lr=0.02)
+        hashes.add(params_hash(p for _, p in named))
+    # one canonical order for both formats together: the SHA-256 of every result, as for one format (the rows of
+    # the decoded coefficients: the order of the sum matters only near a tie in sign, too rarely to see here)
+    named = model_on("cpu")
+    opt = DistroOptimizer(named, cfg, value_format="bf16")
+    by_hash = [opt.decode(r) for r in sorted(mixed, key=lambda r: hashlib.sha256(r).digest())]
+    for decoded, expected in zip(opt._decode_all(mixed[::-1]), opt._host_coefficients(by_hash)):
+        assert torch.equal(decoded.indices, expected.indices) and torch.equal(decoded.signed_values(), expected.signed_values())
+    opt.update_from([p.detach().clone() for _, p in named], by_hash, 0.02)
+    hashes.add(params_hash(p for _, p in named))
+    assert len(hashes) == 1 and params_hash(p for _, p in model_on("cpu")) not in hashes
