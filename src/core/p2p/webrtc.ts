@@ -244,6 +244,22 @@ function raceAbort<T>(promise: Promise<T>, signal: AbortSignal): Promise<T> {
   })
 }
 
+/**
+ * Waits for the data channel to open once both sides have the candidates: at most CONNECT_TIMEOUT_MS, and an error
+ * that names the candidates tried when no pair answered (a symmetric NAT, a firewall) or the attempt ran out of time.
+ */
+async function opened(session: IceSession, theirs: readonly IceCandidate[], signal: AbortSignal): Promise<void> {
+  const connect = deadline(CONNECT_TIMEOUT_MS)
+  try {
+    await raceAbort(session.opened, AbortSignal.any([signal, connect]))
+  } catch (error) {
+    const tried = theirs.map((c) => `${c.type} ${c.address}:${c.port}`).join(', ')
+    if (connect.aborted) throw new Error(`no ICE candidate pair answered within ${CONNECT_TIMEOUT_MS} ms (the peer's candidates: ${tried})`)
+    if (signal.aborted && (signal.reason as Error | undefined)?.name === 'TimeoutError') throw new Error(`the WebRTC attempt took longer than ${ATTEMPT_TIMEOUT_MS} ms`)
+    throw error
+  }
+}
+
 /** `host:port` (or `stun:host:port`, `[v6]:port`) as the native library's ICE server; throws on anything else. */
 export function parseStunServer(value: string): IceServer {
   const text = value.startsWith('stun:') ? value.slice(5) : value
@@ -430,7 +446,7 @@ export class WebRtc implements Startable {
       // The peer adds our candidates as the sync arrives, half a round trip from now: both sides' first checks cross.
       await new Promise((r) => setTimeout(r, rtt / 2))
       session.addCandidates(theirs)
-      await raceAbort(session.opened, AbortSignal.any([signal, deadline(CONNECT_TIMEOUT_MS)]))
+      await opened(session, theirs, signal)
       await stream.close({signal}).catch(() => {})
       return await this.upgrade(session, peer, 'initiator', signal, started)
     } catch (error) {
@@ -484,7 +500,7 @@ export class WebRtc implements Startable {
       await write({type: 'pong'})
       await read('sync')
       session.addCandidates(theirs)
-      await raceAbort(session.opened, AbortSignal.any([signal, deadline(CONNECT_TIMEOUT_MS)]))
+      await opened(session, theirs, signal)
       await stream.close({signal}).catch(() => {})
       await this.upgrade(session, peer, 'responder', signal, started)
     } catch (error) {
