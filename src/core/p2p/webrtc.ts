@@ -550,7 +550,8 @@ export class WebRtc implements Startable {
   private failure(peer: PeerId, error: unknown, started: number, role: 'initiator' | 'responder'): Error {
     if (!this.stopped) {
       this.failed++
-      this.log({event: 'webrtc_failed', peer_id: peer.toString(), role, ms: Date.now() - started, reason: errorMessage(error)})
+      const reason = (error as Error | undefined)?.name === 'TimeoutError' ? `the WebRTC attempt took longer than ${ATTEMPT_TIMEOUT_MS} ms` : errorMessage(error)
+      this.log({event: 'webrtc_failed', peer_id: peer.toString(), role, ms: Date.now() - started, reason})
     }
     return error instanceof Error ? error : new Error(String(error))
   }
