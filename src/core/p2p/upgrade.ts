@@ -16,7 +16,8 @@ import {deadline, sleep, type Libp2pEventTarget} from './util.js'
  *
  *   1. WebRTC (webrtc.ts): UDP hole punching with ICE. Crosses NATs that drop unsolicited packets and, with its
  *      synchronized start, NATs that answer them (a RST, an ICMP error); fails within ~2 s when there is no UDP
- *      path (STUN unanswered, UDP blocked), within ~8 s when ICE finds no pair (symmetric NATs);
+ *      path (STUN unanswered, UDP blocked), within ~8 s when ICE finds no pair (symmetric NATs), and is then
+ *      tried once more with fresh sockets (the timing of the first packets may have been off);
  *   2. TCP hole punching (punch.ts): simultaneous open from a punch port, a 5 s window. For networks that block UDP;
  *   3. the relay, which stays: everything keeps flowing through it, bounded by the relay's limits.
  *
@@ -41,6 +42,8 @@ interface UpgradeStrategy {
 }
 
 const MAX_ROUNDS = 3
+/** Tries of one strategy in a round when its failure says another try may work (WebRTC's ICE timing). */
+const STRATEGY_ATTEMPTS = 2
 const RETRY_AFTER_MS = 60_000
 /** A relayed connection still carrying a transfer is closed once it is done, or after this long. */
 const RELAYED_DRAIN_MS = 60_000
@@ -139,12 +142,16 @@ export class DirectUpgrade implements Startable {
 
   private async upgrade(relayed: Connection, strategies: UpgradeStrategy[]): Promise<void> {
     for (const strategy of strategies) {
-      if (this.stopped || relayed.status !== 'open' || this.direct(relayed.remotePeer)) return
-      try {
-        await strategy.initiate(relayed)
-        return
-      } catch {
-        // logged by the strategy (webrtc_failed, hole_punch_failed): the next one is tried
+      for (let attempt = 1; attempt <= STRATEGY_ATTEMPTS; attempt++) {
+        if (this.stopped || relayed.status !== 'open' || this.direct(relayed.remotePeer)) return
+        try {
+          await strategy.initiate(relayed)
+          return
+        } catch (error) {
+          // Logged by the strategy (webrtc_failed, hole_punch_failed). Once more when it says a new try may do
+          // better (a timing that did not work out), else the next strategy.
+          if (!(error as {retryable?: boolean}).retryable) break
+        }
       }
     }
   }

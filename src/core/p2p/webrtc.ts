@@ -254,7 +254,8 @@ async function opened(session: IceSession, theirs: readonly IceCandidate[], sign
     await raceAbort(session.opened, AbortSignal.any([signal, connect]))
   } catch (error) {
     const tried = theirs.map((c) => `${c.type} ${c.address}:${c.port}`).join(', ')
-    if (connect.aborted) throw new Error(`no ICE candidate pair answered within ${CONNECT_TIMEOUT_MS} ms (the peer's candidates: ${tried})`)
+    // Fresh sockets may do better: the first packets may have crossed too far apart for NATs that answer what arrives unasked.
+    if (connect.aborted) throw Object.assign(new Error(`no ICE candidate pair answered within ${CONNECT_TIMEOUT_MS} ms (the peer's candidates: ${tried})`), {retryable: true})
     if (signal.aborted && (signal.reason as Error | undefined)?.name === 'TimeoutError') throw new Error(`the WebRTC attempt took longer than ${ATTEMPT_TIMEOUT_MS} ms`)
     throw error
   }
