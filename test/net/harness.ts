@@ -57,6 +57,8 @@ export class NetRun {
       '1',
       '--json',
       ...extra,
+      // PSYCHE_NET_CLIENT_ARGS adds flags to every client, for measurements (e.g. --no-webrtc: the scenario as before WebRTC).
+      ...(process.env.PSYCHE_NET_CLIENT_ARGS?.split(' ').filter(Boolean) ?? []),
     ]
     const proc = new JsonProcess(slot.procs.length ? `${name}#${slot.procs.length + 1}` : name, args, undefined, this.lab.exec(host, []))
     slot.procs.push(proc)
