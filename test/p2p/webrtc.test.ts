@@ -400,7 +400,7 @@ describe('WebRTC between peers that meet through a relay (one machine, loopback)
     assert.equal(a.node.stats().relayedReceived, relayedBefore, 'nothing through the relay')
   })
 
-  it("refuses signalling over a direct connection, and a peer's candidate list over --webrtc-max-candidates", async () => {
+  it("refuses signalling over a direct connection, a peer's candidate list over --webrtc-max-candidates, and a fifth attempt in a minute", async () => {
     // The stranger's peer id is the smaller one, so that the victim never starts an attempt of its own (upgrade.ts).
     const [stranger] = await startNodes(1, {listen: ['/ip4/127.0.0.5/tcp/0'], holePunch: false, webrtc: false})
     let victim: TestNode
@@ -434,6 +434,17 @@ describe('WebRTC between peers that meet through a relay (one machine, loopback)
       const failed = refusal()!
       assert.ok(failed.event === 'webrtc_failed' && /9 ICE candidates \(at most 8: --webrtc-max-candidates\)/.test(failed.reason), JSON.stringify(failed))
       assert.ok(!victim.events.some((e) => e.event === 'webrtc_connected'))
+      // At most 4 attempts a minute from one peer: three more (each refused for its offer), then one that is not read.
+      const refusals = () => victim.events.filter((e) => e.event === 'webrtc_failed' && e.role === 'responder').length
+      for (let i = 2; i <= 5; i++) {
+        const again = await relayed.newStream(WEBRTC_PROTOCOL, {runOnLimitedConnection: true})
+        const lpAgain = framed(again, MAX_SIGNAL_FRAME_BYTES)
+        await lpAgain.write(new TextEncoder().encode(JSON.stringify({type: 'offer', sdp: 'v=0\r\n'}))).catch(() => {})
+        await assert.rejects(lpAgain.read({signal: AbortSignal.timeout(5_000)}))
+        if (i <= 4) await waitFor(() => refusals() === i, 5_000, `attempt ${i} to be refused for its offer`)
+      }
+      await new Promise((r) => setTimeout(r, 300))
+      assert.equal(refusals(), 4, 'the fifth attempt was not even read')
     } finally {
       await stopAll([victim, stranger])
     }

@@ -37,8 +37,9 @@ import {decodeSignal, encodeSignal, MAX_SIGNAL_FRAME_BYTES, parseCandidate, usab
  * Bounds on what a peer can make us spend: WebRTC connections open or being made at once (maxConnections), ICE
  * candidates taken from one peer per attempt (maxCandidates), the size of a data-channel message (maxMessageBytes,
  * also announced in our session description), one data channel per connection (any other the peer opens is closed),
- * one signalling stream per relayed connection, signalling messages of MAX_SIGNAL_FRAME_BYTES, and ATTEMPT_TIMEOUT_MS
- * for the whole exchange. Signalling is answered only on relayed connections.
+ * one signalling stream per relayed connection and one attempt per peer at a time, at most RESPONDER_ATTEMPTS a
+ * minute from one peer, signalling messages of MAX_SIGNAL_FRAME_BYTES, and ATTEMPT_TIMEOUT_MS for the whole exchange.
+ * Signalling is answered only on relayed connections.
  */
 export const WEBRTC_PROTOCOL = '/psyche/webrtc/1'
 
@@ -62,6 +63,14 @@ const CONNECT_TIMEOUT_MS = 6_000
 /** The whole attempt, signalling included. */
 const ATTEMPT_TIMEOUT_MS = 15_000
 const STUN_INFO_TIMEOUT_MS = 2_000
+/**
+ * Attempts one peer may start with us in RESPONDER_WINDOW_MS (as the initiator, a psyche peer makes at most two per
+ * round of upgrade.ts, rounds 60 s apart): more are refused, so that a peer cannot keep us making peer connections.
+ */
+const RESPONDER_ATTEMPTS = 4
+const RESPONDER_WINDOW_MS = 60_000
+/** Peers whose recent attempts are remembered (for RESPONDER_ATTEMPTS); past it the oldest is forgotten. */
+const MAX_REMEMBERED_PEERS = 4_096
 
 /** node-datachannel, loaded when the service starts (a native library: a platform without it runs without WebRTC). */
 type Native = typeof import('node-datachannel')
@@ -283,6 +292,8 @@ export class WebRtc implements Startable {
   private readonly connections = new Set<Connection>()
   /** Peers with an attempt under way (one at a time per peer, either role). */
   private readonly active = new Set<string>()
+  /** Peer -> when it started its recent attempts with us (see RESPONDER_ATTEMPTS). */
+  private readonly answered = new Map<string, number[]>()
   /** Relay peer id -> its STUN server, as it told us (/psyche/stun/1). */
   private readonly relayStun = new Map<string, IceServer | undefined>()
   connected = 0
@@ -347,6 +358,17 @@ export class WebRtc implements Startable {
     const signal = AbortSignal.any([deadline(ATTEMPT_TIMEOUT_MS), this.running.signal])
     setMaxListeners(Infinity, signal)
     return signal
+  }
+
+  /** Counts an attempt the peer starts now; true when it is one too many (see RESPONDER_ATTEMPTS). */
+  private tooMany(peer: string, now: number): boolean {
+    const recent = (this.answered.get(peer) ?? []).filter((t) => now - t < RESPONDER_WINDOW_MS)
+    if (recent.length >= RESPONDER_ATTEMPTS) return true
+    recent.push(now)
+    this.answered.delete(peer)
+    if (this.answered.size >= MAX_REMEMBERED_PEERS) this.answered.delete(this.answered.keys().next().value!)
+    this.answered.set(peer, recent)
+    return false
   }
 
   private atLimit(): boolean {
@@ -475,7 +497,9 @@ export class WebRtc implements Startable {
           ? 'a WebRTC attempt to this peer is under way'
           : this.atLimit()
             ? `at the WebRTC connection limit (${this.limits.maxConnections})`
-            : undefined
+            : this.tooMany(key, started)
+              ? `more than ${RESPONDER_ATTEMPTS} WebRTC attempts in ${RESPONDER_WINDOW_MS / 1000} s`
+              : undefined
     if (refuse) return abortStream(stream, new Error(refuse))
     this.active.add(key)
     const signal = this.attemptSignal()
