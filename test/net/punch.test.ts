@@ -78,7 +78,7 @@ describe('direct connections between NATed clients: WebRTC (UDP, ICE) first, the
       // The rounds may end before every pair got through its attempts (WebRTC twice, ~7 s each, then a 5 s TCP window).
       const logged = () => clients.reduce((n, c) => n + eventsOf(c, 'hole_punch_failed').length, 0)
       const done = () => logged() >= 6 && clients.every((c) => eventsOf(c, 'hole_punch_failed').length >= 1)
-      for (const end = Date.now() + 45_000; !done() && Date.now() < end;) await new Promise((r) => setTimeout(r, 250))
+      for (const end = Date.now() + 90_000; !done() && Date.now() < end;) await new Promise((r) => setTimeout(r, 250))
       let failures = 0
       for (const c of clients) {
         assert.deepEqual(eventsOf(c, 'webrtc_connected'), [], `${c.name}: no WebRTC connection through a symmetric NAT`)
