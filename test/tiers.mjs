@@ -76,6 +76,7 @@ export const tiers = {
     'test/p2p/mesh.test.ts',
     'test/p2p/memory.test.ts',
     'test/p2p/traffic.test.ts',
+    'test/p2p/webrtc.test.ts',
     'test/p2p/model-download.test.ts',
     'test/p2p/model.test.ts',
     'test/p2p/punch.test.ts',

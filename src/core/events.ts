@@ -132,6 +132,16 @@ export type PsycheEvent =
   // core/p2p/punch.ts: a relayed connection upgraded to a direct one by TCP hole punching, or the attempt that failed
   | {event: 'hole_punched'; peer_id: string; addr: string; role: 'initiator' | 'responder'; attempts: number; ms: number}
   | {event: 'hole_punch_failed'; peer_id: string; role: 'initiator' | 'responder'; attempts: number; ms: number; reason: string}
+  // core/p2p/webrtc.ts: a relayed connection upgraded to a direct WebRTC (UDP) one, with the ICE candidate types of the
+  // chosen pair (host, srflx: the NAT mapping STUN told, prflx), or the attempt that failed; unavailable: no native library
+  | {event: 'webrtc_connected'; peer_id: string; addr: string; role: 'initiator' | 'responder'; local: string; remote: string; ms: number}
+  | {event: 'webrtc_failed'; peer_id: string; role: 'initiator' | 'responder'; ms: number; reason: string}
+  | {event: 'webrtc_unavailable'; reason: string}
+  // core/p2p/upgrade.ts: a peer's relayed connections closed once a direct one was up (after waited_ms of transfers)
+  | {event: 'relayed_closed'; peer_id: string; direct: string; waited_ms: number}
+  | {event: 'relayed_close_failed'; peer_id: string; reason: string}
+  // core/p2p/stun.ts: the STUN server's socket reported an error (it goes on serving)
+  | {event: 'stun_error'; reason: string}
   | {event: 'hello'; peer: string; client: string; want_join: boolean; p2p_addrs: string[]}
   | {event: 'joined'; peer?: string; client?: string; client_id?: string; address?: string}
   | {event: 'limit_lowered'; limit: string; to: number; reason: string}
@@ -175,7 +185,18 @@ export type PsycheEvent =
   | {event: 'rejoined'; peer: string; client: string; detail: string}
   | {event: 'rejoining'; run_state: string}
   | {event: 'relay'; addrs: string[]}
-  | {event: 'relay_listening'; peer_id: string; port: number; quic_port: number; addrs: string[]; max_reservations: number; data_limit_bytes: number; duration_limit_ms: number}
+  | {
+      event: 'relay_listening'
+      peer_id: string
+      port: number
+      quic_port: number
+      /** The relay's STUN server (UDP); 0: none. */
+      stun_port?: number
+      addrs: string[]
+      max_reservations: number
+      data_limit_bytes: number
+      duration_limit_ms: number
+    }
   // core/p2p/relay.ts
   | {event: 'relay_reservation'; peer_id: string; addr: string; expiry: string}
   // core/p2p/relay.ts: a stranger (not a member of the run) asked for a slot, a relayed connection or a dial-back

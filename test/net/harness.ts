@@ -1,10 +1,10 @@
-import type {RoundEvent} from '../../src/core/events.js'
+import type {EventLine, RoundEvent} from '../../src/core/events.js'
 import assert from 'node:assert/strict'
 import {mkdirSync, writeFileSync} from 'node:fs'
 import {basename, join} from 'node:path'
 import {generateIdentity, saveIdentity} from '../../src/core/protocol/identity.js'
 import {JsonProcess, writeE2eRun, type RunShape} from '../e2e/helpers.js'
-import {Lab, type Host} from './lab.js'
+import type {Lab, Host} from './lab.js'
 
 /**
  * Runs of psyche across the hosts of a Lab: `psyche server run` on one host, `psyche join` on others, each a
@@ -57,6 +57,8 @@ export class NetRun {
       '1',
       '--json',
       ...extra,
+      // PSYCHE_NET_CLIENT_ARGS adds flags to every client, for measurements (e.g. --no-webrtc: the scenario as before WebRTC).
+      ...(process.env.PSYCHE_NET_CLIENT_ARGS?.split(' ').filter(Boolean) ?? []),
     ]
     const proc = new JsonProcess(slot.procs.length ? `${name}#${slot.procs.length + 1}` : name, args, undefined, this.lab.exec(host, []))
     slot.procs.push(proc)
@@ -156,20 +158,104 @@ export function linkTotals(lab: Lab, coordinator: Host, clients: Host[]): {coord
   return {coordinator: c.rx + c.tx, clientsReceived: clients.reduce((sum, h) => sum + lab.linkBytes(h).rx, 0)}
 }
 
+/**
+ * Per client, how long after meeting a peer through the relay its first direct connection was up: the `ms` of its
+ * first webrtc_connected or hole_punched (each attempt starts as the relayed connection opens, or as the attempt
+ * before it failed), plus the `ms` of the failed WebRTC attempt to that peer before a TCP punch; null: none.
+ */
+export function firstDirectMs(clients: JsonProcess[]): (number | null)[] {
+  return clients.map((c) => {
+    const i = c.events.findIndex((x) => x.event === 'webrtc_connected' || x.event === 'hole_punched')
+    const e = c.events[i]
+    if (!e || (e.event !== 'webrtc_connected' && e.event !== 'hole_punched')) return null
+    const before = c.events.slice(0, i).find((x) => x.event === 'webrtc_failed' && x.peer_id === e.peer_id)
+    return e.ms + (e.event === 'hole_punched' && before?.event === 'webrtc_failed' ? before.ms : 0)
+  })
+}
+
 /** Per round between the two moments: the coordinator's link bytes, what the clients received, what they got through the relay, seconds. */
 export function perRound(label: string, from: ReturnType<typeof linkTotals>, to: ReturnType<typeof linkTotals>, clients: JsonProcess[], steps: [number, number]): void {
   const n = steps[1] - steps[0]
   const at = (c: JsonProcess, step: number) => rounds(c).find((r) => r.step === step)!
   const relayed = clients.reduce((sum, c) => sum + (at(c, steps[1]).relayed_in ?? 0) - (at(c, steps[0]).relayed_in ?? 0), 0)
   const seconds = clients.map((c) => (c.times[c.events.indexOf(at(c, steps[1]))] - c.times[c.events.indexOf(at(c, steps[0]))]) / 1000 / n)
+  const bytesIn = clients.reduce((sum, c) => sum + at(c, steps[1]).bytes_in - at(c, steps[0]).bytes_in, 0)
   const line = {
     scenario: label,
     rounds: n,
     coordinator_link_bytes_per_round: Math.round((to.coordinator - from.coordinator) / n),
     clients_received_bytes_per_round: Math.round((to.clientsReceived - from.clientsReceived) / n),
     relayed_in_bytes_per_round: Math.round(relayed / n),
+    relayed_share: bytesIn > 0 ? Number((relayed / bytesIn).toFixed(4)) : null,
+    first_direct_ms: firstDirectMs(clients),
     seconds_per_round: Number((seconds.reduce((a, b) => a + b, 0) / seconds.length).toFixed(2)),
   }
   // PSYCHE_NET_MEASURE=1 prints the numbers bench/README.md records.
   if (process.env.PSYCHE_NET_MEASURE) console.log(`# measure ${JSON.stringify(line)}`)
+}
+
+// Results of a few hundred KB (a wider model, DisTrO values unquantized): as in a real run, the results are the bulk,
+// and the coordinator's own traffic (state pushes, gossip) is small beside them on the interface counters.
+export const RESULTS_SHAPE = {
+  roundsPerEpoch: 4,
+  totalSteps: 4,
+  initMinClients: 3,
+  lr: 1e-2,
+  maxRoundTrainTime: 20,
+  warmupTime: 40,
+  compressionTopk: 32,
+  quantize1bit: false,
+  model: {hidden_size: 256, intermediate_size: 512},
+}
+
+type Kind = 'hole_punched' | 'hole_punch_failed' | 'webrtc_connected' | 'webrtc_failed'
+export function eventsOf<K extends Kind>(c: JsonProcess, kind: K): Extract<EventLine, {event: K}>[] {
+  return c.events.filter((e): e is Extract<EventLine, {event: K}> => e.event === kind)
+}
+
+/** Each client's libp2p peer id (from its started event). */
+export function peerIdsOf(clients: JsonProcess[]): Map<JsonProcess, string> {
+  const ids = new Map<JsonProcess, string>()
+  for (const c of clients)
+    ids.set(
+      c,
+      String(
+        c.events
+          .find((e) => e.event === 'started')
+          ?.p2p?.[0]?.split('/p2p/')
+          .at(-1),
+      ),
+    )
+  return ids
+}
+
+/**
+ * Every pair of clients connected directly over WebRTC (UDP): each client logged webrtc_connected with both others
+ * (in one role or the other), at the other's router's public address, within `withinMs` of meeting it through the
+ * relay, and its relayed connections were closed afterwards.
+ */
+export function assertWebRtcMesh(clients: JsonProcess[], hosts: Host[], withinMs: number): void {
+  const ids = peerIdsOf(clients)
+  for (const c of clients) {
+    const connected = eventsOf(c, 'webrtc_connected')
+    const others = clients.filter((o) => o !== c).map((o) => ids.get(o)!)
+    assert.deepEqual(
+      [...new Set(connected.map((e) => e.peer_id))].sort(),
+      others.sort(),
+      `${c.name} connected over WebRTC to both others: ${JSON.stringify(c.events.filter((e) => /^(webrtc|hole_punch)/.test(String(e.event))))}`,
+    )
+    for (const e of connected) {
+      const other = hosts[clients.findIndex((o) => ids.get(o) === e.peer_id)]
+      assert.ok(
+        e.addr.startsWith(`/ip4/${other.publicIp}/udp/`) && e.addr.includes('/webrtc/'),
+        `${c.name} reached ${e.peer_id} at its router's public address over UDP: ${e.addr}`,
+      )
+      assert.ok(e.ms < withinMs, `${c.name}: the WebRTC connection to ${e.peer_id} took ${e.ms} ms (under ${withinMs} ms)`)
+    }
+    assert.deepEqual(eventsOf(c, 'hole_punched'), [], `${c.name}: no TCP punch was needed`)
+    assert.ok(
+      c.events.some((e) => e.event === 'relayed_closed'),
+      `${c.name} closed a relayed connection once the direct one was up: ${JSON.stringify(c.events.filter((e) => String(e.event).startsWith('relayed')))}`,
+    )
+  }
 }

@@ -1,5 +1,7 @@
-import {spawnSync} from 'node:child_process'
+import {spawn, spawnSync} from 'node:child_process'
 import {randomBytes} from 'node:crypto'
+import {dirname, join} from 'node:path'
+import {fileURLToPath} from 'node:url'
 
 /**
  * A small internet inside Linux network namespaces, for multi-host tests on one machine:
@@ -61,6 +63,12 @@ export function labUnavailable(options: {nat?: boolean; rates?: boolean} = {}): 
 interface LabOptions {
   /** The shared segment: 'public' (45.77.0.0/24, the default) or 'private' (10.77.0.0/24). */
   segment?: 'public' | 'private'
+  /**
+   * One-way latency between any two hosts on the segment, in ms (default none: a kernel bridge, microseconds). The
+   * segment is then delay_switch.py, a learning switch in user space that holds each frame this long: an internet
+   * path's latency, which this kernel cannot add otherwise (no netem).
+   */
+  delayMs?: number
 }
 
 export class Lab {
@@ -70,6 +78,7 @@ export class Lab {
   readonly hosts = new Map<string, Host>()
   private readonly namespaces: string[] = []
   private readonly switchNs: string
+  private readonly delayed: boolean
   private nextPublic = 1
   private nextLan = 10
   private ifaces = 0
@@ -78,8 +87,15 @@ export class Lab {
   constructor(options: LabOptions = {}) {
     this.net = options.segment === 'private' ? '10.77.0' : '45.77.0'
     this.switchNs = this.addNs('sw')
-    sh(['ip', '-n', this.switchNs, 'link', 'add', 'br0', 'type', 'bridge'], 'bridge')
-    sh(['ip', '-n', this.switchNs, 'link', 'set', 'br0', 'up'], 'bridge up')
+    this.delayed = (options.delayMs ?? 0) > 0
+    if (this.delayed) {
+      const script = join(dirname(fileURLToPath(import.meta.url)), 'delay_switch.py')
+      // Detached, in the switch namespace: destroySync kills it with every other process there.
+      spawn('ip', ['netns', 'exec', this.switchNs, 'python3', script, String(options.delayMs)], {stdio: 'ignore', detached: true}).unref()
+    } else {
+      sh(['ip', '-n', this.switchNs, 'link', 'add', 'br0', 'type', 'bridge'], 'bridge')
+      sh(['ip', '-n', this.switchNs, 'link', 'set', 'br0', 'up'], 'bridge up')
+    }
     live.add(this)
     if (!exitHookInstalled) {
       exitHookInstalled = true
@@ -116,7 +132,7 @@ export class Lab {
   private plugIntoSwitch(ns: string): {dev: string; switchDev: string; ip: string} {
     const ip = `${this.net}.${this.nextPublic++}`
     const {a, b} = this.veth(ns, this.switchNs)
-    sh(['ip', '-n', this.switchNs, 'link', 'set', b, 'master', 'br0'], 'bridge port')
+    if (!this.delayed) sh(['ip', '-n', this.switchNs, 'link', 'set', b, 'master', 'br0'], 'bridge port')
     sh(['ip', '-n', this.switchNs, 'link', 'set', b, 'up'], 'port up')
     sh(['ip', '-n', ns, 'addr', 'add', `${ip}/24`, 'dev', a], 'addr')
     sh(['ip', '-n', ns, 'link', 'set', a, 'up'], 'link up')
@@ -133,13 +149,16 @@ export class Lab {
   }
 
   /**
-   * A host behind its own NAT router (masquerade; new inbound connections dropped, silently: a SYN from the WAN
-   * side that no connection of ours expects is dropped, not answered with RST), like a home router. Plain
+   * A host behind its own NAT router (masquerade), like a home router: `unsolicited: 'drop'` (the default) drops
+   * what arrives from the WAN side unasked (a TCP SYN, a UDP datagram no connection of ours expects), silently, as
+   * most home routers do; `'answer'` is a Linux NAT box with no firewall rules at all, whose kernel answers such a
+   * SYN with a RST and such a datagram with an ICMP port unreachable (and, what matters for hole punching,
+   * remembers it: its conntrack entry then takes the port our own reply would have been mapped to). Plain
    * masquerade keeps a connection's source port where it can (port-preserving: a port maps the same way towards
-   * every destination, so TCP hole punching works); `{nat: 'symmetric'}` (masquerade random) maps each connection
-   * to a random port, as a symmetric NAT does.
+   * every destination, so hole punching works); `{nat: 'symmetric'}` (masquerade random) maps each connection to a
+   * random port, as a symmetric NAT does.
    */
-  addNatHost(name: string, options: {nat?: 'port-preserving' | 'symmetric'} = {}): Host {
+  addNatHost(name: string, options: {nat?: 'port-preserving' | 'symmetric'; unsolicited?: 'drop' | 'answer'} = {}): Host {
     const router = this.addNs(`${name}-r`)
     const wan = this.plugIntoSwitch(router)
     const lan = this.nextLan++
@@ -151,20 +170,22 @@ export class Lab {
     sh(['ip', '-n', ns, 'addr', 'add', `10.77.${lan}.2/24`, 'dev', hostDev], 'host addr')
     sh(['ip', '-n', ns, 'link', 'set', hostDev, 'up'], 'host up')
     sh(['ip', '-n', ns, 'route', 'add', 'default', 'via', `10.77.${lan}.1`], 'default route')
-    const rules = `table ip nat {
+    const nat = `table ip nat {
   chain postrouting { type nat hook postrouting priority srcnat; policy accept; oifname "${wan.dev}" masquerade${options.nat === 'symmetric' ? ' random' : ''}; }
 }
-table ip filter {
+`
+    const firewall = `table ip filter {
   chain forward { type filter hook forward priority filter; policy drop;
     ct state established,related accept
     iifname "${routerLan}" oifname "${wan.dev}" accept
   }
   chain input { type filter hook input priority filter; policy accept;
     ct state established,related accept
-    iifname "${wan.dev}" tcp flags & (syn | ack) == syn drop
+    iifname "${wan.dev}" drop
   }
 }
 `
+    const rules = options.unsolicited === 'answer' ? nat : nat + firewall
     sh(['ip', 'netns', 'exec', router, 'nft', '-f', '-'], 'nftables', {input: rules})
     const host: Host = {name, ns, ip: `10.77.${lan}.2`, publicIp: wan.ip, nat: true, dev: hostDev, router, uplink: {ns: router, dev: wan.dev}}
     this.hosts.set(name, host)
@@ -202,6 +223,32 @@ table ip filter {
     const out = sh(['ip', 'netns', 'exec', host.ns, 'nft', 'list', 'table', 'inet', 'protocount'], 'nft list')
     const bytes = {tcp: 0, udp: 0}
     for (const m of out.matchAll(/meta l4proto (tcp|udp) counter packets \d+ bytes (\d+)/g)) bytes[m[1] as 'tcp' | 'udp'] += Number(m[2])
+    return bytes
+  }
+
+  /**
+   * Starts counting the bytes a host receives (loopback excluded) by sender and protocol: from `coordinator` (its
+   * server, relay and STUN) or from anyone else (its peers, directly), UDP or TCP: see receivedBytes.
+   */
+  countSenders(host: Host, coordinator: string): void {
+    const rules = `table inet senders {
+  chain input { type filter hook input priority filter; policy accept; iifname "lo" accept;
+    ip saddr ${coordinator} meta l4proto udp counter
+    ip saddr ${coordinator} meta l4proto tcp counter
+    ip saddr != ${coordinator} meta l4proto udp counter
+    ip saddr != ${coordinator} meta l4proto tcp counter
+  }
+}
+`
+    sh(['ip', 'netns', 'exec', host.ns, 'nft', '-f', '-'], 'nftables', {input: rules})
+  }
+
+  /** Bytes a host received since countSenders, by sender (the coordinator's host, or peers) and protocol: the kernel's counters. */
+  receivedBytes(host: Host): {coordinator: {udp: number; tcp: number}; peers: {udp: number; tcp: number}} {
+    const out = sh(['ip', 'netns', 'exec', host.ns, 'nft', 'list', 'table', 'inet', 'senders'], 'nft list')
+    const bytes = {coordinator: {udp: 0, tcp: 0}, peers: {udp: 0, tcp: 0}}
+    for (const m of out.matchAll(/ip saddr (!= )?\S+ meta l4proto (udp|tcp) counter packets \d+ bytes (\d+)/g))
+      bytes[m[1] ? 'peers' : 'coordinator'][m[2] as 'udp' | 'tcp'] += Number(m[3])
     return bytes
   }
 

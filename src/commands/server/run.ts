@@ -24,7 +24,8 @@ export default class ServerRun extends PsycheCommand {
 
 It also runs a libp2p circuit relay v2 (unless --no-relay), signed with the server's identity: every client is
 told its address in the welcome (as that client reached the server) and reserves a slot on it, so clients
-behind NAT reach each other through it, then punch a direct TCP connection where their NATs allow. The relay's
+behind NAT reach each other through it, then connect directly (WebRTC over UDP, or TCP hole punching) where their
+NATs allow. Beside it runs a STUN server (UDP, --stun-port) that tells clients their NAT mappings. The relay's
 limits per relayed connection are flags (--relay-data-limit-mb, --relay-duration-limit-s).
 
 --json prints one JSON object per line on stdout; the first is {"event":"listening","port":...}.`
@@ -167,6 +168,7 @@ limits per relayed connection are flags (--relay-data-limit-mb, --relay-duration
         peer_id: relay.peerId,
         port: relay.port,
         quic_port: relay.quicPort,
+        stun_port: relay.stunPort,
         addrs: relay.addresses(),
         max_reservations: relay.limits.maxReservations,
         data_limit_bytes: Number(relay.limits.dataLimitBytes),

@@ -7,6 +7,7 @@ import {demoCorpusDir, ensureDemoCorpus} from '../corpus.js'
 import {listenAddrsForPort, parseMultiaddrs} from '../p2p/addresses.js'
 import type {Progress} from './progress.js'
 import {parseAddress} from './solana-flags.js'
+import {webrtcFlags, webrtcOptionsFromFlags} from './webrtc-flags.js'
 import {resolveTrainPlan, type Precision, type TrainPlan} from '../train/plan.js'
 
 /** `psyche join`'s flags. */
@@ -45,6 +46,7 @@ export const joinFlags = {
     allowNo: true,
   }),
   'p2p-announce': Flags.string({summary: 'tell peers exactly these multiaddr(s): a public address or a forwarded port', multiple: true}),
+  ...webrtcFlags,
   relay: Flags.string({summary: 'also use this circuit relay (multiaddr ending in /p2p/<id>, from psyche relay): reserve a slot there when not reachable', multiple: true}),
   'checkpoint-dir': Flags.string({
     summary: 'save the model in this directory after each epoch (Hugging Face layout with psyche-checkpoint.json; replaced atomically)',
@@ -134,6 +136,7 @@ export function joinSetup(flags: JoinFlags, plan: TrainPlan, log: ClientSetup['l
       listen: flags['p2p-listen'] ? parseMultiaddrs(flags['p2p-listen'], '--p2p-listen') : listenAddrsForPort(flags['p2p-port']),
       announce: flags['p2p-announce'] ? parseMultiaddrs(flags['p2p-announce'], '--p2p-announce') : undefined,
       quic: flags.quic,
+      ...webrtcOptionsFromFlags(flags),
     },
     client: {
       relays: flags.relay ? parseMultiaddrs(flags.relay, '--relay', {needPeer: true}) : undefined,

@@ -1,6 +1,7 @@
 import {Flags} from '@oclif/core'
 import {listenAddrsForPort, parseMultiaddrs} from '../p2p/addresses.js'
 import {DEFAULT_RELAY_LIMITS, type RelayLimits} from '../p2p/relay.js'
+import {DEFAULT_STUN_RATE_PER_SECOND} from '../p2p/stun.js'
 
 /** The circuit relay's flags, shared by `psyche server run` (its built-in relay) and `psyche relay`. */
 export const relayFlags = {
@@ -32,6 +33,13 @@ export const relayFlags = {
     default: DEFAULT_RELAY_LIMITS.reservationTtlMs / 1000,
     min: 60,
   }),
+  'relay-stun': Flags.boolean({
+    summary: 'serve STUN beside the relay, so that clients learn their NAT mappings for WebRTC from it (--no-relay-stun: none)',
+    default: true,
+    allowNo: true,
+  }),
+  'stun-port': Flags.integer({summary: "UDP port of the relay's STUN server (default: any free port; clients ask the relay for it)", min: 0, max: 65535}),
+  'stun-rate': Flags.integer({summary: 'STUN answers per second to one source address (more are dropped)', default: DEFAULT_STUN_RATE_PER_SECOND, min: 1}),
 }
 
 interface RelayFlagValues {
@@ -43,9 +51,15 @@ interface RelayFlagValues {
   'relay-data-limit-mb': number
   'relay-duration-limit-s': number
   'relay-reservation-ttl-s': number
+  'relay-stun': boolean
+  'stun-port'?: number
+  'stun-rate': number
 }
 
-export function relayOptionsFromFlags(flags: RelayFlagValues, defaultHost = '0.0.0.0'): {listen: string[]; quic: boolean; announce?: string[]; limits: RelayLimits} {
+export function relayOptionsFromFlags(
+  flags: RelayFlagValues,
+  defaultHost = '0.0.0.0',
+): {listen: string[]; quic: boolean; announce?: string[]; limits: RelayLimits; stun: {port: number; ratePerSecond: number} | false} {
   const listen = flags['relay-listen']
     ? parseMultiaddrs(flags['relay-listen'], '--relay-listen')
     : defaultHost === '0.0.0.0'
@@ -54,6 +68,7 @@ export function relayOptionsFromFlags(flags: RelayFlagValues, defaultHost = '0.0
   return {
     listen,
     quic: flags['relay-quic'],
+    stun: flags['relay-stun'] ? {port: flags['stun-port'] ?? 0, ratePerSecond: flags['stun-rate']} : false,
     announce: flags['relay-announce'] ? parseMultiaddrs(flags['relay-announce'], '--relay-announce') : undefined,
     limits: {
       maxReservations: flags['relay-max-reservations'],

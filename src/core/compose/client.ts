@@ -10,7 +10,7 @@ import type {EventLine} from '../events.js'
 import {WaitingEvents} from '../obs/client-view.js'
 import {RoundReporter} from '../obs/report.js'
 import {coordinatorSeconds} from '../obs/summary.js'
-import {P2PNode} from '../p2p/index.js'
+import {P2PNode, type P2PNodeOptions} from '../p2p/index.js'
 import {generateIdentity, loadIdentity, type Identity} from '../protocol/identity.js'
 import type {TrainPlan} from '../train/plan.js'
 import {shuffleSeedFor} from '../train/single-node.js'
@@ -23,12 +23,8 @@ import type {SolanaSetup} from './solana.js'
 type ProviderLocation = Parameters<typeof openDataProvider>[0]
 type Log = (event: EventLine) => void
 
-/** libp2p listen and announce addresses; quic false: TCP only (join --no-quic). */
-interface P2PSetup {
-  listen: string[]
-  announce?: string[]
-  quic?: boolean
-}
+/** libp2p listen and announce addresses; quic false: TCP only (join --no-quic); WebRTC's options (join --stun, --webrtc-*). */
+type P2PSetup = {listen: string[]} & Pick<P2PNodeOptions, 'announce' | 'quic' | 'webrtc' | 'stun' | 'webrtcLimits'>
 
 /**
  * The real components of a client: a PyTorch worker, the run's data, a libp2p node, and the coordinator: the TCP
@@ -56,7 +52,7 @@ export async function startComponents(
     // The held-out split, in the run's shuffled order (the same samples on every client: client/eval.ts).
     if (plan.validation && plan.evalEvery > 0)
       evalData = await openDataProvider(plan.validation as ProviderLocation, {seqLen: plan.seqLen, baseDir: plan.dataBaseDir, shuffleSeed: shuffleSeedFor(o.seed)})
-    p2p = await P2PNode.start({identity, runId, listen: o.p2p.listen, announce: o.p2p.announce, quic: o.p2p.quic, log: (e) => log({...e, source: 'p2p'})})
+    p2p = await P2PNode.start({identity, runId, ...o.p2p, log: (e) => log({...e, source: 'p2p'})})
   } catch (error) {
     await p2p?.stop()
     await data?.close()

@@ -36,7 +36,8 @@ interface LivenessComponents {
  * one-byte echo, ALIVE_TIMEOUT_MS); if one is dead, every connection to the peer is closed (libp2p then says the peer
  * disconnected, and gossipsub forgets it) and the peer is dialled again, which starts it afresh. A live duplicate (the
  * relay's dial-back, a punched connection beside a relayed one, two peers dialling each other at once) answers and
- * is left alone. A libp2p service: see `liveness()`.
+ * is left alone; a relayed one is not probed when a direct one opens (upgrade.ts closes it). A libp2p service: see
+ * `liveness()`.
  */
 export class Liveness implements Startable {
   private readonly log: EventLog
@@ -114,7 +115,12 @@ export class Liveness implements Startable {
     const peer = opened.remotePeer
     const key = peer.toString()
     if (this.probing.has(key) || this.probing.size >= MAX_CONCURRENT_PROBES) return
-    const older = this.components.connectionManager.getConnections(peer).filter((c) => c !== opened && c.status === 'open' && c.timeline.open <= opened.timeline.open)
+    // A relayed connection is not probed when a direct one opens: upgrade.ts closes it (the peer may be closing it
+    // from its side at this very moment, and a probe caught in that would cut the new direct connection too).
+    const superseded = (c: Connection) => isCircuit(c.remoteAddr) && !isCircuit(opened.remoteAddr)
+    const older = this.components.connectionManager
+      .getConnections(peer)
+      .filter((c) => c !== opened && c.status === 'open' && c.timeline.open <= opened.timeline.open && !superseded(c))
     if (older.length === 0) return
     this.probing.add(key)
     void this.probe(peer, opened, older).finally(() => this.probing.delete(key))

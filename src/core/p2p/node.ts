@@ -21,11 +21,20 @@ import {reachability, type Reachability, type ReachabilityState} from './reachab
 import {DEFAULT_DOWNLOAD_TIMEOUT_MS, DEFAULT_MAX_BLOB_BYTES, DEFAULT_MAX_CONCURRENT_DOWNLOADS, resultExchange, ResultStore, type ResultExchange} from './result-exchange.js'
 import {traffic, type Traffic} from './traffic.js'
 import {defaultTransports, withQuicListen, type TransportFactory} from './transports.js'
+import {directUpgrade, type DirectUpgrade} from './upgrade.js'
+import {webRtc, type WebRtc, type WebRtcLimits} from './webrtc.js'
 import {safeLog} from './util.js'
 import {WireMetrics, type WireCounts} from './wire-metrics.js'
 import type {EventLog} from '../events.js'
 
 export {RESULT_PROTOCOL, ResultStore} from './result-exchange.js'
+
+/** The IP a node listening on loopback only listens on (WebRTC then binds there too); undefined otherwise. */
+function loopbackBind(listen: readonly string[]): string | undefined {
+  const hosts = listen.map((a) => /^\/ip[46]\/([^/]+)\//.exec(a)?.[1])
+  if (hosts.length === 0 || hosts.some((h) => h === undefined || !(h.startsWith('127.') || h === '::1'))) return undefined
+  return hosts[0]
+}
 
 export {peerIdOfClient} from './peer-id.js'
 
@@ -51,6 +60,15 @@ export interface P2PNodeOptions {
   holePunch?: boolean
   /** How long both sides of a punch keep dialling each other; default 5 s (tests shorten it). */
   punchWindowMs?: number
+  /**
+   * WebRTC (webrtc.ts, default true with `relay`): two peers that meet through a relay connect directly over UDP
+   * (ICE hole punching, a STUN server telling each its NAT mapping), tried before TCP punching (upgrade.ts).
+   */
+  webrtc?: boolean
+  /** STUN servers (host:port) beside the relays' own, for WebRTC (join --stun); no public one is ever used. */
+  stun?: string[]
+  /** Bounds on WebRTC connections, the ICE candidates and data-channel messages a peer sends (see WebRtcLimits). */
+  webrtcLimits?: Partial<WebRtcLimits>
   /** largest result blob accepted or served; default 64 MiB */
   maxBlobBytes?: number
   /** largest model (all frames) accepted; default 4 GiB */
@@ -111,6 +129,8 @@ type Services = {
   identify: ReturnType<ReturnType<typeof identify>>
   pubsub: GossipSub
   punch: HolePunch
+  webrtc: WebRtc
+  upgrade: DirectUpgrade
   traffic: Traffic
   resultStore: ResultStore
   dialer: PeerDialer
@@ -185,8 +205,11 @@ export class P2PNode {
         identify: identify(),
         // No AutoNAT (v1): its server closes a connection it was asked to verify when it already had one to the
         // asker (the relay, every peer), and it never checks a private address. The relay's dial-back decides.
-        // Upgrades a relayed connection between two NATed peers by TCP hole punching (punch.ts); @libp2p/dcutr cannot.
+        // A relayed connection between two NATed peers becomes a direct one: WebRTC (UDP, ICE) first, then TCP hole
+        // punching (punch.ts; @libp2p/dcutr cannot), as upgrade.ts orders them.
         punch: holePunch({log, enabled: relay && (options.holePunch ?? true), windowMs: options.punchWindowMs}),
+        webrtc: webRtc({log, enabled: relay && (options.webrtc ?? true), stun: options.stun, limits: options.webrtcLimits, bindAddress: loopbackBind(baseListen)}),
+        upgrade: directUpgrade({log, order: ['webrtc', 'punch']}),
         pubsub: gossipsub({
           // Announcements must also reach peers we only reach through a relay.
           runOnLimitedConnection: true,

@@ -13,8 +13,8 @@ import type {EventLog} from '../events.js'
 /**
  * Hole punching between two clients behind NATs, over TCP (what `@libp2p/dcutr` cannot do here: it dials from
  * ephemeral ports, and only public addresses; and the QUIC binding cannot dial from its listening socket, see
- * the README). When a relayed connection opens between two peers with no direct one, the peer with the smaller
- * peer id starts /psyche/punch/1 over it:
+ * the README). When WebRTC (webrtc.ts) could not connect two peers that met through a relay, the peer with the
+ * smaller peer id starts /psyche/punch/1 over their relayed connection (upgrade.ts decides when):
  *
  *   1. each side learns how its NAT maps its punch port: it dials the relay from that port (a libp2p connection,
  *      closed right after) and reads the address the relay observed (identify);
@@ -22,11 +22,11 @@ import type {EventLog} from '../events.js'
  *      from their punch ports, the initiator half a round trip later, so the SYNs cross: a port-preserving NAT maps
  *      the punch port as it did towards the relay, and lets the other's SYN in once ours went out;
  *   3. the TCP connection both dials end in (simultaneous open) is upgraded by libp2p (noise, yamux), the initiator
- *      as the noise initiator: a direct connection to the peer, which results and model pieces then use (the
- *      dialer opens streams on direct connections first). Gossip stays on the relayed connection it began on.
+ *      as the noise initiator: a direct connection to the peer, which results, model pieces and gossip then use
+ *      (the dialer opens streams on direct connections first; upgrade.ts closes the relayed one).
  *
  * A symmetric NAT maps each destination to a new port, so the observed address is useless: the dials fail for
- * `windowMs` and the peers keep the relay. Each pair is tried at most MAX_ATTEMPTS times, RETRY_AFTER_MS apart.
+ * `windowMs` and the peers keep the relay.
  */
 const PUNCH_PROTOCOL = '/psyche/punch/1'
 
@@ -39,8 +39,6 @@ const RETRY_MS = 5
 const PUNCH_TIMEOUT_MS = 30_000
 /** An observed mapping of the punch port is reused for this long. */
 const OBSERVATION_TTL_MS = 60_000
-const MAX_ATTEMPTS = 3
-const RETRY_AFTER_MS = 60_000
 const MAX_CONCURRENT_PUNCHES = 8
 
 interface HolePunchInit {
@@ -126,15 +124,13 @@ export class HolePunch implements Startable {
   private readonly debug: Logger
   private readonly windowMs: number
   private readonly slots = new Semaphore(MAX_CONCURRENT_PUNCHES)
-  /** Peers being punched now, and each peer's attempts so far. */
+  /** Peers being punched now. */
   private readonly active = new Set<string>()
-  private readonly tried = new Map<string, {attempts: number; at: number}>()
   private observation: Observation | undefined
   private observing: Promise<Observation> | undefined
   private stopped = true
   /** Aborted on stop: a punch under way stops dialling at once. */
   private running = new AbortController()
-  private readonly onOpen = (event: CustomEvent<Connection>): void => this.maybePunch(event.detail)
   /** Direct connections made by punching, and the punches that failed (for stats and tests). */
   punched = 0
   failed = 0
@@ -156,14 +152,12 @@ export class HolePunch implements Startable {
     this.running = new AbortController()
     if (!this.enabled) return
     await this.components.registrar.handle(PUNCH_PROTOCOL, (stream, connection) => this.respond(stream, connection), {...ON_LIMITED, maxInboundStreams: 4})
-    this.components.events.addEventListener('connection:open', this.onOpen)
   }
 
   async stop(): Promise<void> {
     this.stopped = true
     this.running.abort(new Error('the node is stopping'))
     if (!this.enabled) return
-    this.components.events.removeEventListener('connection:open', this.onOpen)
     await this.components.registrar.unhandle(PUNCH_PROTOCOL)
   }
 
@@ -178,17 +172,9 @@ export class HolePunch implements Startable {
     return this.components.connectionManager.getConnections(peer).some((c) => c.status === 'open' && !isCircuit(c.remoteAddr))
   }
 
-  /** A relayed connection opened: punch if we have no direct one and we are the side that starts (smaller peer id). */
-  private maybePunch(connection: Connection): void {
-    if (this.stopped || !isCircuit(connection.remoteAddr)) return
-    const peer = connection.remotePeer
-    const key = peer.toString()
-    if (this.components.peerId.toString() >= key || this.active.has(key) || this.hasDirect(peer)) return
-    const tried = this.tried.get(key)
-    if (tried && (tried.attempts >= MAX_ATTEMPTS || Date.now() - tried.at < RETRY_AFTER_MS)) return
-    this.tried.set(key, {attempts: (tried?.attempts ?? 0) + 1, at: Date.now()})
-    this.active.add(key)
-    void this.initiate(connection).finally(() => this.active.delete(key))
+  /** True when punching is on (it answers /psyche/punch/1 and may start it). */
+  available(): boolean {
+    return this.enabled && !this.stopped
   }
 
   /**
@@ -252,11 +238,17 @@ export class HolePunch implements Startable {
     return pick && multiaddr(`${endpointAddr(pick.e!)}/p2p/${id}`)
   }
 
-  /** The side with the smaller peer id: observe, swap addresses over the relayed connection, time it, sync, dial. */
-  private async initiate(relayed: Connection): Promise<void> {
+  /**
+   * The side with the smaller peer id: observe, swap addresses over the relayed connection, time it, sync, dial.
+   * Resolves once the punched connection is up; rejects (hole_punch_failed logged) when it is not.
+   */
+  async initiate(relayed: Connection): Promise<void> {
     const peer = relayed.remotePeer
+    const key = peer.toString()
     const started = Date.now()
     let attempts = 0
+    if (this.active.has(key)) throw new Error('a punch to this peer is under way')
+    this.active.add(key)
     await this.slots.acquire()
     const signal = this.punchSignal()
     let stream: Stream | undefined
@@ -286,8 +278,10 @@ export class HolePunch implements Startable {
     } catch (error) {
       if (stream) abortStream(stream, error)
       this.fail(peer, error, started, attempts, 'initiator')
+      throw error
     } finally {
       this.slots.release()
+      this.active.delete(key)
     }
   }
 

@@ -14,8 +14,10 @@ import type {SigningIdentity} from '../primitives/announcement.js'
 import {addressScope, isCircuit, listenAddrsForPort} from './addresses.js'
 import {dialbackServer, type DialbackServer} from './dialback-service.js'
 import {CONFIRMED_TTL_MS} from './internals.js'
+import {encodeStunInfo, StunServer, STUN_INFO_PROTOCOL} from './stun.js'
+import {framed} from './framing.js'
 import {defaultTransports, isQuicAddr, withQuicListen} from './transports.js'
-import type {Libp2pEventTarget} from './util.js'
+import {abortStream, deadline, type Libp2pEventTarget} from './util.js'
 import type {EventLog} from '../events.js'
 
 /**
@@ -58,6 +60,11 @@ interface RelayNodeOptions {
    * run` admits the run's members as its coordinator lists them. Default: every peer (`psyche relay` knows no run).
    */
   admit?: (peerId: string) => boolean
+  /**
+   * A STUN server beside the relay (stun.ts; default on, any free UDP port): clients learn their NAT mappings from it
+   * for WebRTC, and ask the relay where it is (/psyche/stun/1). false: none.
+   */
+  stun?: {port: number; ratePerSecond?: number} | false
 }
 
 interface BoundAddressesComponents {
@@ -113,8 +120,14 @@ export class RelayNode {
     readonly libp2p: Libp2p<RelayServices>,
     readonly limits: RelayLimits,
     private readonly announce: string[],
+    private readonly stun: StunServer | undefined,
   ) {
     this.peerId = libp2p.peerId.toString()
+  }
+
+  /** The UDP port of our STUN server; 0 without one. */
+  get stunPort(): number {
+    return this.stun?.port ?? 0
   }
 
   static async start(options: RelayNodeOptions): Promise<RelayNode> {
@@ -176,7 +189,32 @@ export class RelayNode {
     } catch (error) {
       throw new PsycheError(`cannot start the relay on ${listen.join(', ')}: ${errorMessage(error)}`, {cause: error})
     }
-    const node = new RelayNode(libp2p, limits, options.announce ?? [])
+    let stun: StunServer | undefined
+    if (options.stun !== false) {
+      const host = /^\/ip[46]\/([^/]+)\//.exec(listen[0] ?? '')?.[1] ?? '0.0.0.0'
+      try {
+        stun = await StunServer.start({port: options.stun?.port ?? 0, host, ratePerSecond: options.stun?.ratePerSecond, log})
+      } catch (error) {
+        await libp2p.stop()
+        throw error
+      }
+      const port = stun.port
+      await libp2p.handle(
+        STUN_INFO_PROTOCOL,
+        async (stream, connection) => {
+          if (refused(connection.remotePeer.toString(), 'STUN info')) return abortStream(stream, new Error('not a member of the run'))
+          try {
+            const signal = deadline(5_000)
+            await framed(stream, 64).write(encodeStunInfo(port), {signal})
+            await stream.close({signal})
+          } catch (error) {
+            abortStream(stream, error)
+          }
+        },
+        {maxInboundStreams: 2},
+      )
+    }
+    const node = new RelayNode(libp2p, limits, options.announce ?? [], stun)
     // The relay server emits no event for a reservation: its reservation table is watched instead (a peer and
     // its expiry: a refresh is logged again).
     const seen = new Map<string, number>()
@@ -259,6 +297,6 @@ export class RelayNode {
 
   async stop(): Promise<void> {
     clearInterval(this.watch)
-    await this.libp2p.stop()
+    await Promise.all([this.libp2p.stop(), this.stun?.stop()])
   }
 }

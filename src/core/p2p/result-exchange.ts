@@ -166,6 +166,10 @@ export class ResultExchange implements Startable {
     // floodPublish: gossipsub sends it to every subscribed peer it has a stream to; those are its recipients.
     const {recipients} = await this.components.pubsub.publish(this.topic, encodeAnnouncement(announcement))
     for (const p of recipients) sent.peers.add(p.toString())
+    // A subscribed peer gossipsub had no stream to (it was moving from a relayed connection that closed to a direct
+    // one, upgrade.ts) gets the announcement over its own stream, as a late joiner does.
+    if (this.topicSubscribers().some((p) => !sent.peers.has(p.toString())))
+      void this.reannounce(announcement).catch((error) => this.log({event: 'reannounce_failed', message: errorMessage(error)}))
     return announcement
   }
 
