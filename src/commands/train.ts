@@ -78,7 +78,7 @@ Per-step metrics go to a JSONL file; --json prints one summary object:
       evalEvery: flags['eval-every'],
       evalBatches: flags['eval-batches'],
       simulatePeers: flags['simulate-peers'],
-      hub: {onProgress: (p) => progress.update(`model from the Hub: ${transferLabel(p)}`, p.phase === 'done')},
+      hub: {onProgress: (p) => progress.update(`from the Hub: ${transferLabel(p)}`, p.phase === 'done')},
     })
     const stamp = new Date().toISOString().replace(/[:.]/g, '-')
     const metricsPath = flags.metrics ?? join('runs', `${plan.runId}-${stamp}`, 'metrics.jsonl')

@@ -1,7 +1,9 @@
 import assert from 'node:assert/strict'
-import {mkdir, readFile, writeFile} from 'node:fs/promises'
+import {mkdir, readFile, readdir, writeFile} from 'node:fs/promises'
 import {join} from 'node:path'
 import {describe, it} from 'node:test'
+import {createRepo, uploadFiles} from '@huggingface/hub'
+import {HubServer} from '../../src/core/checkpoint/hub-server.js'
 import {openDataProvider} from '../../src/core/data/index.js'
 import {MaskedSamples} from '../../src/core/data/provider.js'
 import {resolveTrainPlan} from '../../src/core/train/plan.js'
@@ -145,6 +147,63 @@ describe('Preprocessed: pre-tokenized examples with loss masks', () => {
     await writeFile(join(base, 'chat.toml'), await config('chat'))
     const plan = await resolveTrainPlan({config: join(base, 'chat.toml')})
     assert.equal(plan.dataType, 'Finetuning')
-    assert.deepEqual(plan.data, {Preprocessed: 'chat'})
+    assert.deepEqual(plan.data, {Preprocessed: join(base, 'chat')})
+  })
+
+  it('a Preprocessed location that names a Hub dataset repository is downloaded (its Parquet files only, hash-checked) from a Hub on 127.0.0.1 and read', async () => {
+    const base = await tempDir()
+    const hub = await HubServer.start({root: join(base, 'hub')})
+    try {
+      const rows = writeChatDataset(join(base, 'local'), L)
+      const parquet = await readFile(join(base, 'local', 'train.parquet'))
+      const accessToken = 'hf_datasetwriter'
+      const upload = async (name: string, files: Record<string, Uint8Array | string>) => {
+        await createRepo({repo: {type: 'dataset', name}, accessToken, hubUrl: hub.url})
+        await uploadFiles({
+          repo: {type: 'dataset', name},
+          accessToken,
+          hubUrl: hub.url,
+          files: Object.entries(files).map(([path, content]) => ({path, content: new Blob([typeof content === 'string' ? content : Buffer.from(content)])})),
+        })
+      }
+      // Hugging Face's layout: data/{split}-NNNNN-of-NNNNN.parquet, beside a README; a model repository of the same name is another repository
+      await upload('me/chat', {
+        'README.md': '# chat\n',
+        'data/train-00000-of-00001.parquet': parquet,
+        'data/test-00000-of-00001.parquet': parquetOf({inputs: rows.inputs.slice(0, 1)}),
+      })
+      await upload('me/nosplit', {'data/validation.parquet': parquet})
+      await upload('me/truncated', {'train.parquet': parquet.subarray(0, parquet.length - 40)})
+      const config = (data: string) =>
+        readFile('templates/tiny-demo/state.toml', 'utf8').then((text) =>
+          text.replace('data_type = "Pretraining"', 'data_type = "Finetuning"').replace(/data_location = \{[^}]*\}/, `data_location = {Preprocessed = "${data}"}`),
+        )
+      const cacheDir = join(base, 'cache')
+      const plan = async (data: string) => {
+        await writeFile(join(base, 'run.toml'), await config(data))
+        await mkdir(join(base, 'model'), {recursive: true})
+        await writeFile(join(base, 'model', 'config.json'), '{}')
+        return resolveTrainPlan({config: join(base, 'run.toml'), model: join(base, 'model'), hub: {url: hub.url, cacheDir}})
+      }
+      const got = await plan('me/chat')
+      const dir = (got.data as {Preprocessed: string}).Preprocessed
+      assert.match(dir, /datasets--me--chat\/snapshots\/[0-9a-f]{40}\/data$/)
+      assert.deepEqual((await readdir(dir)).sort(), ['test-00000-of-00001.parquet', 'train-00000-of-00001.parquet'], 'the Parquet files only: no README')
+      const provider = await openDataProvider(got.data as {Preprocessed: string}, {seqLen: L, requireLossMasks: true})
+      const local = await openDataProvider({Preprocessed: join(base, 'local')}, {seqLen: L, requireLossMasks: true})
+      assert.equal(provider.numSamples(), 4, 'the train split only')
+      const [a, b] = [(await provider.getSamples([0, 1, 2, 3])) as MaskedSamples, (await local.getSamples([0, 1, 2, 3])) as MaskedSamples]
+      assert.deepEqual([...a], [...b])
+      assert.deepEqual([...a.lossMask], [...b.lossMask])
+      // a second plan uses the cache: the same directory, nothing fetched again
+      assert.equal(((await plan('me/chat')).data as {Preprocessed: string}).Preprocessed, dir)
+      // bad input, each named
+      await assert.rejects(plan('me/nosplit'), /the Hub dataset me\/nosplit@[0-9a-f]{40} holds no train split/)
+      await assert.rejects(plan('me/missing'), /me\/missing@main: the Hub answered 404/)
+      await assert.rejects(plan('not a repo'), /data_location\.Preprocessed = "not a repo": no such directory .*and not a Hub dataset repository id/)
+      await assert.rejects(plan('me/truncated'), /datasets--me--truncated\/snapshots\/[0-9a-f]{40}\/train\.parquet: not a readable Parquet file/)
+    } finally {
+      await hub.close()
+    }
   })
 })

@@ -88,6 +88,17 @@ const LFS_PATTERNS = [
 ]
 const GITATTRIBUTES = LFS_PATTERNS.map((p) => `*${p.source.replace(/\\/g, '').replace(/\$$/, '').replace('(.gz)?', '')} filter=lfs diff=lfs merge=lfs -text`).join('\n') + '\n'
 const NAME = /^[A-Za-z0-9][A-Za-z0-9._-]{0,95}$/
+const DATASET_PREFIX = 'datasets/'
+
+/** The namespace that owns a repository key (see HubServer.repoId). */
+function namespaceOf(repo: string): string {
+  return (repo.startsWith(DATASET_PREFIX) ? repo.slice(DATASET_PREFIX.length) : repo).split('/')[0]!
+}
+
+/** The id the Hub shows for a repository key: NS/NAME for either kind. */
+function shownId(repo: string): string {
+  return repo.startsWith(DATASET_PREFIX) ? repo.slice(DATASET_PREFIX.length) : repo
+}
 const SHA256 = /^[0-9a-f]{64}$/
 const COMMIT_ID = /^[0-9a-f]{40}$/
 /** Objects in one LFS batch request. */
@@ -229,11 +240,11 @@ export class HubServer {
       if (method === 'POST' && segments[1] === 'repos' && segments[2] === 'create') return this.createRepo(req, res, base)
       if (method === 'GET' && segments[1] === 'whoami-v2') return this.whoami(req, res)
       if (method === 'POST' && segments[1] === 'validate-yaml' && segments.length === 2) return this.validateYaml(req, res)
-      if (segments[1] !== 'models') {
-        if (['datasets', 'spaces'].includes(segments[1] ?? '')) throw new HttpError(404, `only model repositories are served here`, 'RepoNotFound')
+      if (segments[1] !== 'models' && segments[1] !== 'datasets') {
+        if (segments[1] === 'spaces') throw new HttpError(404, `only model and dataset repositories are served here`, 'RepoNotFound')
         throw new HttpError(404, `no route ${method} ${url.pathname}`)
       }
-      const repo = this.repoId(segments[2], segments[3])
+      const repo = this.repoId(segments[2], segments[3], segments[1] === 'datasets')
       const action = segments[4]
       if (method === 'GET' && action === undefined) return this.modelInfo(req, res, repo, 'main', url)
       if (method === 'GET' && action === 'revision') return this.modelInfo(req, res, repo, this.required(segments[5], 'revision'), url)
@@ -245,14 +256,17 @@ export class HubServer {
       throw new HttpError(404, `no route ${method} ${url.pathname}`)
     }
     if (segments[0] === 'lfs-upload') return this.lfsUpload(req, res, segments, url)
+    // a dataset repository's files and git paths are those of a model repository under /datasets/
+    const dataset = segments[0] === 'datasets'
+    if (dataset) segments.shift()
     if (segments.length === 4 && segments[1]?.endsWith('.git') && segments[2] === 'lfs-objects' && (method === 'GET' || method === 'HEAD')) {
-      return this.lfsObject(req, res, this.repoId(segments[0], segments[1].slice(0, -4)), segments[3]!)
+      return this.lfsObject(req, res, this.repoId(segments[0], segments[1].slice(0, -4), dataset), segments[3]!)
     }
     if (segments.length >= 3 && segments[1]?.endsWith('.git') && segments.slice(2).join('/') === 'info/lfs/objects/batch' && method === 'POST') {
-      return this.lfsBatch(req, res, this.repoId(segments[0], segments[1].slice(0, -4)), base)
+      return this.lfsBatch(req, res, this.repoId(segments[0], segments[1].slice(0, -4), dataset), base)
     }
     if (segments.length >= 5 && (segments[2] === 'resolve' || segments[2] === 'raw') && (method === 'GET' || method === 'HEAD')) {
-      return this.resolve(req, res, this.repoId(segments[0], segments[1]), segments[3]!, segments.slice(4).join('/'), segments[2] === 'raw')
+      return this.resolve(req, res, this.repoId(segments[0], segments[1], dataset), segments[3]!, segments.slice(4).join('/'), segments[2] === 'raw')
     }
     throw new HttpError(404, `no route ${method} ${url.pathname}`)
   }
@@ -266,13 +280,15 @@ export class HubServer {
     return value
   }
 
-  private repoId(ns: string | undefined, name: string | undefined): string {
+  /** A repository's key: NS/NAME for a model, datasets/NS/NAME for a dataset (also its URL path under the Hub's). */
+  private repoId(ns: string | undefined, name: string | undefined, dataset = false): string {
     if (!ns || !name || !NAME.test(ns) || !NAME.test(name)) throw new HttpError(404, `repository ${ns}/${name} not found`, 'RepoNotFound')
-    return `${ns}/${name}`
+    return `${dataset ? DATASET_PREFIX : ''}${ns}/${name}`
   }
 
+  /** Models under repos/, datasets under datasets/: a namespace called "datasets" is a model namespace like any. */
   private repoDir(repo: string): string {
-    return join(this.options.root, 'repos', repo)
+    return repo.startsWith(DATASET_PREFIX) ? join(this.options.root, 'datasets', repo.slice(DATASET_PREFIX.length)) : join(this.options.root, 'repos', repo)
   }
 
   // ----------------------------------------------------------------------------------------------- helpers
@@ -397,7 +413,7 @@ export class HubServer {
     } catch {
       return // resolveRevision answers 404
     }
-    if (info.private === true && !(await this.owns(token, repo.split('/')[0]!))) throw new HttpError(404, `repository ${repo} not found`, 'RepoNotFound')
+    if (info.private === true && !(await this.owns(token, namespaceOf(repo)))) throw new HttpError(404, `repository ${repo} not found`, 'RepoNotFound')
   }
 
   /** Drops uploads idle longer than the TTL, with their parts. */
@@ -551,12 +567,12 @@ export class HubServer {
     if (!token) throw new HttpError(401, 'writing needs a token (Authorization: Bearer hf_...)')
     const body = await this.readJson(req)
     const type = body.type ?? 'model'
-    if (type !== 'model') throw new HttpError(400, `only model repositories are served here, not ${String(type)}`)
+    if (type !== 'model' && type !== 'dataset') throw new HttpError(400, `only model and dataset repositories are served here, not ${String(type)}`)
     const name = typeof body.name === 'string' ? body.name : ''
     const ns = typeof body.organization === 'string' && body.organization ? body.organization : (this.boundNamespaces(token)[0] ?? 'user')
     if (!NAME.test(name) || !NAME.test(ns)) throw new HttpError(400, `invalid repository name ${ns}/${name}`)
     await this.authorizeWrite(req, ns)
-    const repo = `${ns}/${name}`
+    const repo = `${type === 'dataset' ? DATASET_PREFIX : ''}${ns}/${name}`
     const url = `${base}/${repo}`
     const created = await this.withLock(repo, async () => {
       if (await this.repoExists(repo)) return false
@@ -573,12 +589,12 @@ export class HubServer {
       // repo.json last: a repository exists once its first commit and branch are in place
       await writeFileAtomic(
         join(this.repoDir(repo), 'repo.json'),
-        JSON.stringify({type: 'model', created: new Date().toISOString(), private: body.private === true || body.visibility === 'private'}),
+        JSON.stringify({type, created: new Date().toISOString(), private: body.private === true || body.visibility === 'private'}),
       )
       return true
     })
-    if (created) this.json(res, 200, {url, name: repo, id: repo})
-    else this.json(res, 409, {error: 'You already created this model repo', url}, {'X-Error-Code': 'RepoExists', 'X-Error-Message': 'You already created this model repo'})
+    if (created) this.json(res, 200, {url, name: shownId(repo), id: shownId(repo)})
+    else this.json(res, 409, {error: `You already created this ${type} repo`, url}, {'X-Error-Code': 'RepoExists', 'X-Error-Message': `You already created this ${type} repo`})
   }
 
   private async modelInfo(req: IncomingMessage, res: ServerResponse, repo: string, revision: string, _url: URL): Promise<void> {
@@ -587,9 +603,9 @@ export class HubServer {
     const info = JSON.parse(await readFile(join(this.repoDir(repo), 'repo.json'), 'utf8')) as {created: string; private: boolean}
     this.json(res, 200, {
       _id: createHash('sha1').update(repo).digest('hex').slice(0, 24),
-      id: repo,
-      modelId: repo,
-      author: repo.split('/')[0],
+      id: shownId(repo),
+      ...(repo.startsWith(DATASET_PREFIX) ? {} : {modelId: repo}),
+      author: namespaceOf(repo),
       sha: commit.id,
       lastModified: commit.date,
       createdAt: info.created,
@@ -680,7 +696,7 @@ export class HubServer {
   }
 
   private async preupload(req: IncomingMessage, res: ServerResponse, repo: string, revision: string): Promise<void> {
-    await this.authorizeWrite(req, repo.split('/')[0]!)
+    await this.authorizeWrite(req, namespaceOf(repo))
     const commit = await this.resolveRevision(repo, revision)
     const body = await this.readJson(req)
     if (!Array.isArray(body.files)) throw new HttpError(400, 'preupload: files must be a list')
@@ -711,7 +727,7 @@ export class HubServer {
     const body = await this.readJson(req)
     const operation = body.operation
     if (operation !== 'upload' && operation !== 'download') throw new HttpError(400, 'lfs batch: operation must be upload or download')
-    if (operation === 'upload') await this.authorizeWrite(req, repo.split('/')[0]!)
+    if (operation === 'upload') await this.authorizeWrite(req, namespaceOf(repo))
     else await this.authorizeRead(req, repo)
     if (!(await this.repoExists(repo))) throw new HttpError(404, `repository ${repo} not found`, 'RepoNotFound')
     const transfers = Array.isArray(body.transfers) ? body.transfers : ['basic']
@@ -861,7 +877,7 @@ export class HubServer {
   }
 
   private async commit(req: IncomingMessage, res: ServerResponse, repo: string, revision: string, url: URL, base: string): Promise<void> {
-    await this.authorizeWrite(req, repo.split('/')[0]!)
+    await this.authorizeWrite(req, namespaceOf(repo))
     if (url.searchParams.get('create_pr')) throw new HttpError(400, 'pull requests are not supported by this hub server')
     const body = (await this.readBody(req)).toString('utf8')
     const lines = body.split('\n').filter((l) => l.trim() !== '')
@@ -919,7 +935,7 @@ export class HubServer {
   }
 
   private async createBranch(req: IncomingMessage, res: ServerResponse, repo: string, branch: string): Promise<void> {
-    await this.authorizeWrite(req, repo.split('/')[0]!)
+    await this.authorizeWrite(req, namespaceOf(repo))
     if (!branch || branch.length > 200 || COMMIT_ID.test(branch) || !/^[A-Za-z0-9][A-Za-z0-9._/-]*$/.test(branch) || branch.includes('..'))
       throw new HttpError(400, `invalid branch name ${branch}`)
     const body = await this.readJson(req)

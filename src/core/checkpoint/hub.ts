@@ -387,10 +387,10 @@ interface HubEntry {
  * name that cannot be a file here (see unsafePathReason), a duplicate, a file that is also a directory, or a
  * size or hash of the wrong shape refuses the whole revision (exit 4).
  */
-async function listCommitFiles(options: {hubUrl: string; hubOrigin: string; token?: string; repo: string; commit: string}): Promise<HubEntry[]> {
+async function listCommitFiles(options: {hubUrl: string; hubOrigin: string; token?: string; repo: string; commit: string; kind: RepoKind}): Promise<HubEntry[]> {
   const {repo, commit} = options
   const what = `list ${repo}@${commit}`
-  let url: string | undefined = `${options.hubUrl}/api/models/${repo}/tree/${commit}?recursive=true&expand=false`
+  let url: string | undefined = `${options.hubUrl}/api/${REPO_KINDS[options.kind].api}/${repo}/tree/${commit}?recursive=true&expand=false`
   const seen = new Set<string>()
   const entries: HubEntry[] = []
   const files = new Set<string>()
@@ -607,6 +607,31 @@ async function freeBytes(path: string): Promise<number | undefined> {
 export async function downloadCheckpoint(
   options: HubTarget & {out?: string; cacheDir?: string; force?: boolean; onProgress?: (p: TransferProgress) => void},
 ): Promise<DownloadResult> {
+  return downloadRepo('model', options)
+}
+
+/**
+ * Downloads the Parquet files of a revision of a Hub dataset repository (Psyche's `Preprocessed` data location names
+ * one) into the cache (datasets--NS--NAME/...), with every check of downloadCheckpoint, and returns the snapshot
+ * directory. Nothing else of the repository is fetched: a README or a script is never needed to train.
+ */
+export async function downloadDataset(options: HubTarget & {cacheDir?: string; onProgress?: (p: TransferProgress) => void}): Promise<DownloadResult> {
+  return downloadRepo('dataset', options, (path) => path.endsWith('.parquet'))
+}
+
+/** Where the Hub keeps each kind of repository: its API path, its file URLs' prefix, the cache's folder prefix. */
+type RepoKind = 'model' | 'dataset'
+const REPO_KINDS: Record<RepoKind, {api: string; files: string; cache: string}> = {
+  model: {api: 'models', files: '', cache: 'models'},
+  dataset: {api: 'datasets', files: '/datasets', cache: 'datasets'},
+}
+
+async function downloadRepo(
+  kind: RepoKind,
+  options: HubTarget & {out?: string; cacheDir?: string; force?: boolean; onProgress?: (p: TransferProgress) => void},
+  include: (path: string) => boolean = () => true,
+): Promise<DownloadResult> {
+  const paths = REPO_KINDS[kind]
   const started = performance.now()
   const repo = checkRepoId(options.repo)
   const accessToken = checkToken(options.token, false)
@@ -623,13 +648,13 @@ export async function downloadCheckpoint(
   if (out && existsSync(out) && (await readdir(out)).length > 0 && !options.force) {
     throw new PsycheError(`${options.out}: exists and is not empty (use --force to replace it)`, {code: 'EEXIST'})
   }
-  const storage = join(cacheDir, `models--${repo.replace('/', '--')}`)
+  const storage = join(cacheDir, `${paths.cache}--${repo.replace('/', '--')}`)
   const http = {hubOrigin, token: accessToken}
-  const info = await hubJson(`${hubUrl}/api/models/${repo}/revision/${encodeURIComponent(revision)}`, http, `download from ${hubUrl} ${repo}@${revision}`)
+  const info = await hubJson(`${hubUrl}/api/${paths.api}/${repo}/revision/${encodeURIComponent(revision)}`, http, `download from ${hubUrl} ${repo}@${revision}`)
   const commit = (info.value as {sha?: unknown} | null)?.sha
   if (typeof commit !== 'string' || !/^[0-9a-f]{40}$/.test(commit))
     throw new PsycheError(`${repo}@${revision}: the Hub gave an invalid commit id`, {code: 'EHUB', exitCode: EXIT.hub})
-  const entries = await listCommitFiles({hubUrl, ...http, repo, commit})
+  const entries = (await listCommitFiles({hubUrl, ...http, repo, commit, kind})).filter((e) => include(e.path))
   const missing = entries.filter((e) => !existsSync(join(storage, 'blobs', e.lfs?.oid ?? e.oid))).reduce((a, e) => a + e.size, 0)
   const free = await freeBytes(cacheDir)
   if (free !== undefined && missing > free) {
@@ -646,7 +671,7 @@ export async function downloadCheckpoint(
     const blobPath = join(storage, 'blobs', etag)
     const cached = existsSync(blobPath)
     if (!cached) {
-      const url = `${hubUrl}/${repo}/resolve/${commit}/${entry.path.split('/').map(encodeURIComponent).join('/')}`
+      const url = `${hubUrl}${paths.files}/${repo}/resolve/${commit}/${entry.path.split('/').map(encodeURIComponent).join('/')}`
       try {
         downloaded += await fetchBlob({
           url,

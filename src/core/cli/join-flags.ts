@@ -100,7 +100,7 @@ export async function joinPlan(flags: JoinFlags, progress: Pick<Progress, 'statu
     valData: flags['eval-data'],
     evalEvery: flags['eval-every'],
     evalBatches: flags['eval-batches'],
-    hub: {url: flags['hub-url'], token: flags['hub-token'], onProgress: (p) => progress.update(`model from the Hub: ${transferLabel(p)}`, p.phase === 'done')},
+    hub: {url: flags['hub-url'], token: flags['hub-token'], onProgress: (p) => progress.update(`from the Hub: ${transferLabel(p)}`, p.phase === 'done')},
   })
   const d = plan.data
   if (typeof d === 'object' && 'Local' in d && resolve(plan.dataBaseDir, d.Local).startsWith(demoCorpusDir)) await ensureDemoCorpus((m) => progress.status(m))

@@ -1,6 +1,7 @@
 import {readdir, stat} from 'node:fs/promises'
-import {basename, extname, join} from 'node:path'
+import {basename, dirname, extname, isAbsolute, join, resolve} from 'node:path'
 import {asyncBufferFromFile, parquetMetadataAsync, parquetReadObjects, parquetSchema} from 'hyparquet'
+import {checkRepoId, downloadDataset, type TransferProgress} from '../checkpoint/hub.js'
 import {PREPROCESSED_COLUMNS} from '../config/support.js'
 import {PsycheError, errorMessage} from '../errors.js'
 import {SampleOrder, checkVocab} from './batches.js'
@@ -67,6 +68,47 @@ function asInt(value: unknown, file: string, row: number, column: string, positi
   return n
 }
 
+/** Where a Preprocessed dataset on the Hub is fetched from (default: HF_ENDPOINT, HF_TOKEN), into which cache. */
+interface HubSource {
+  url?: string
+  token?: string
+  cacheDir?: string
+  onProgress?: (p: TransferProgress) => void
+}
+
+/**
+ * The directory a `Preprocessed` location names, as Psyche reads the string: a path (relative to `baseDir`) when it
+ * exists here, else the id (NS/NAME) of a Hub dataset repository, whose Parquet files are downloaded into the Hub
+ * cache (resumable, each checked against the Hub's hash; see checkpoint/hub.ts) and whose train split's directory
+ * is returned: the one holding train*.parquet files, or a directory named train.
+ */
+export async function locatePreprocessed(value: string, baseDir: string, where: string, hub: HubSource = {}): Promise<string> {
+  const local = isAbsolute(value) ? value : resolve(baseDir, value)
+  if (await stat(local).catch(() => undefined)) return local
+  let repo: string
+  try {
+    repo = checkRepoId(value, where)
+  } catch {
+    throw new PsycheError(`${where} = ${JSON.stringify(value)}: no such directory (${local}), and not a Hub dataset repository id (NAMESPACE/NAME)`, {
+      code: 'EDATA_FILE',
+    })
+  }
+  const got = await downloadDataset({
+    repo,
+    hubUrl: hub.url ?? process.env.HF_ENDPOINT,
+    token: hub.token ?? process.env.HF_TOKEN,
+    cacheDir: hub.cacheDir,
+    onProgress: hub.onProgress,
+  })
+  const train = got.files.map((f) => f.path).find((path) => basename(path).startsWith('train') || isTrainSplit(dirname(path)))
+  if (!train) {
+    throw new PsycheError(`${where}: the Hub dataset ${repo}@${got.commit} holds no train split (no train*.parquet file, nor a directory named train holding Parquet files)`, {
+      code: 'EDATA_FILE',
+    })
+  }
+  return join(got.dir, dirname(train))
+}
+
 /**
  * Checks, from the files' footers only, that the dataset in `dir` carries loss masks (a labels column in every train
  * file), as data_type Finetuning needs: `psyche train` and `psyche join` refuse a run without them before they start.
@@ -121,7 +163,7 @@ export class PreprocessedProvider implements DataProvider {
     const found = await stat(dir).catch(() => undefined)
     if (!found?.isDirectory()) {
       throw new PsycheError(
-        `${where}: ${dir} is not a directory (a Preprocessed location is a directory of Parquet files, relative to the run config; a Hugging Face dataset repository must be downloaded first)`,
+        `${where}: ${dir} is not a directory (a Preprocessed location is a directory of Parquet files, relative to the run config, or a Hub dataset repository)`,
         {code: 'EDATA_FILE'},
       )
     }

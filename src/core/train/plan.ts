@@ -4,7 +4,7 @@ import {loadRunConfigFile} from '../config/index.js'
 import type {LLMConfig, LLMDataType, LrSchedule, OptimizerConfig, RunConfigFile, DataLocation} from '../config/index.js'
 import {ARCHITECTURES, dataTypeProblem} from '../config/support.js'
 import {demoCorpusDir} from '../corpus.js'
-import {checkLossMasks} from '../data/preprocessed.js'
+import {checkLossMasks, locatePreprocessed} from '../data/preprocessed.js'
 import {PsycheError} from '../errors.js'
 import {checkRepoId, checkRevision, downloadCheckpoint, type TransferProgress} from '../checkpoint/hub.js'
 import {projectRoot} from '../worker/python.js'
@@ -75,7 +75,7 @@ export interface TrainFlags {
   evalEvery?: number
   evalBatches?: number
   simulatePeers?: number
-  /** Where a `Hub` checkpoint is downloaded from and with which token (default: HF_ENDPOINT, HF_TOKEN) and into which cache. */
+  /** Where a `Hub` checkpoint or Preprocessed dataset is downloaded from and with which token (default: HF_ENDPOINT, HF_TOKEN) and into which cache. */
   hub?: {url?: string; token?: string; cacheDir?: string; onProgress?: (p: TransferProgress) => void}
 }
 
@@ -207,8 +207,11 @@ export async function resolveTrainPlan(flags: TrainFlags): Promise<TrainPlan> {
   }
   const mismatch = dataTypeProblem(llm.data_type, data)
   if (mismatch) throw new PsycheError(`${run.path}: model.LLM.data_type = "${llm.data_type}"${flags.data ? ' with --data' : ''}: ${mismatch}`, {code: 'ECONFIG'})
-  if (llm.data_type === 'Finetuning' && typeof data === 'object' && 'Preprocessed' in data) {
-    await checkLossMasks(resolve(dataBaseDir, data.Preprocessed), `${run.path}: model.LLM.data_location.Preprocessed`)
+  if (typeof data === 'object' && 'Preprocessed' in data) {
+    // a Hub dataset repository is downloaded here, once, and the run reads the local copy
+    const where = `${run.path}: model.LLM.data_location.Preprocessed`
+    data = {Preprocessed: await locatePreprocessed(data.Preprocessed, dataBaseDir, where, flags.hub)}
+    if (llm.data_type === 'Finetuning') await checkLossMasks(data.Preprocessed, where)
   }
   let validation: DataLocation | undefined = flags.valData ? {Local: resolve(flags.valData)} : undefined
   // the demo corpus carries its own held-out split
