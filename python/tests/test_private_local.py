@@ -35,6 +35,7 @@ def start_worker(tmp_path: Path, *args: str, umask: int | None = None) -> tuple[
 def stop_worker(proc: subprocess.Popen, endpoint: str) -> None:
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.RCVTIMEO, 30000)
     try:
         sock.connect(endpoint)

@@ -26,6 +26,8 @@ class Client:
         assert ready["event"] == "ready"
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.DEALER)
+        # a request left unsent to a worker that died must not block the context's term (pytest's last gc)
+        self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.RCVTIMEO, 60000)
         self.sock.connect(self.endpoint)
         self.next_id = 0
@@ -54,6 +56,9 @@ def client(tmp_path):
     yield c
     if c.proc.poll() is None:
         c.close()
+    else:
+        c.sock.close(0)
+        c.ctx.term()
 
 
 def tokens(rows, seq, vocab, seed=0):
