@@ -136,6 +136,7 @@ export const tiers = {
     'test/solana/differential-long.test.ts',
     'test/solana/e2e.test.ts',
     'test/worker/data-parallel.test.ts',
+    'test/worker/sharded.test.ts',
   ],
   net: ['test/net/nat.test.ts', 'test/net/punch.test.ts', 'test/net/segment.test.ts'],
   browser: ['test/obs/dashboard.e2e.test.ts'],

@@ -72,7 +72,9 @@ class Sharding:
         layers = getattr(getattr(model, "model", None), "layers", None)
         units = list(layers) if layers is not None else []
         for unit in [*units, model]:
-            fully_shard(unit, mesh=mesh, shard_placement_fn=placement, ignored_params=ignored or None)
+            # every unit, the root too, frees its gathered parameters after each forward: a forward without backward
+            # (evaluation, verification) must not leave a gathered copy that a later change of the shards misses
+            fully_shard(unit, mesh=mesh, reshard_after_forward=True, shard_placement_fn=placement, ignored_params=ignored or None)
         for unit in [*units, model]:
             # the trainer weights each rank's loss: FSDP sums the gradients, and divides by nothing
             unit.set_force_sum_reduction_for_comms(True)
