@@ -116,7 +116,8 @@ function modelSourceFromDir(dir: string, where: string): ModelSource {
   const configPath = join(dir, 'config.json')
   if (!existsSync(dir)) throw new PsycheError(`${where}: model directory ${dir} does not exist`)
   if (!existsSync(configPath)) throw new PsycheError(`${where}: ${dir} is not a model directory (no config.json)`)
-  if (existsSync(join(dir, 'model.safetensors'))) return {kind: 'dir', dir}
+  // one safetensors file, or several with their index (Hugging Face's sharded layout)
+  if (existsSync(join(dir, 'model.safetensors')) || existsSync(join(dir, 'model.safetensors.index.json'))) return {kind: 'dir', dir}
   return {kind: 'config', configPath, config: readModelConfig(configPath)}
 }
 
