@@ -106,6 +106,7 @@ export const tiers = {
     'test/solana/update-buffer.test.ts',
     'test/solana/vectors.test.ts',
     'test/testnet/summary.test.ts',
+    'test/train/memory-plan.test.ts',
     'test/verify/copy.test.ts',
     'test/verify/intake.test.ts',
     'test/verify/result.test.ts',
