@@ -271,11 +271,12 @@ def save_model(
     try:
         # `state`: the whole tensors (a sharded model's, gathered); safetensors files of at most max_shard_size each,
         # with model.safetensors.index.json when there are several (Hugging Face's layout)
-        model.save_pretrained(str(tmp), safe_serialization=True, state_dict=state, max_shard_size=max_shard_size)
+        # (hashed first: save_pretrained may drop entries of the dict it is given)
+        named = sorted(state.items(), key=lambda kv: kv[0]) if state is not None else named_parameters_sorted(model)
+        parameters, phash = sum(p.numel() for _, p in named), hash_sorted_tensors(named)
+        model.save_pretrained(str(tmp), safe_serialization=True, state_dict=None if state is None else dict(state), max_shard_size=max_shard_size)
         origin = write_tokenizer(tmp, model.config, tokenizer)
-        named = sorted(state.items()) if state is not None else named_parameters_sorted(model)
-        parameters = sum(p.numel() for _, p in named)
-        (tmp / "README.md").write_text(model_card(out.name, parameters, hash_sorted_tensors(named), origin, card or {}))
+        (tmp / "README.md").write_text(model_card(out.name, parameters, phash, origin, card or {}))
         os.chmod(tmp, 0o755)  # mkdtemp makes it private; a model is not secret
         old = None
         if out.exists():

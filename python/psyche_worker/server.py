@@ -222,12 +222,26 @@ class Worker:
     def op_param_hash(self, h, frames) -> Reply:
         return {"param_hash": self._param_hash()}, []
 
+    @property
+    def _answers(self) -> bool:
+        """Rank 0 answers the client; the other ranks run each op only for its collectives."""
+        return self.group is None or self.group.rank == 0
+
+    def _whole(self):
+        """The whole parameters on rank 0; on the others, the collectives that gather them, and nothing kept."""
+        whole = self.t.whole_parameters()
+        if self._answers:
+            return whole
+        for _ in whole:
+            pass
+        return iter(())
+
     def _param_hash(self) -> str:
-        return models.hash_sorted_tensors(self.t.whole_parameters())
+        return models.hash_sorted_tensors(self._whole())
 
     def op_export_params(self, h, frames) -> Reply:
         specs, bufs = [], []
-        named = list(self.t.whole_parameters())
+        named = list(self._whole())
         for name, p in named:
             spec, buf = tensor_to_frame(name, p)
             specs.append(spec)
@@ -252,7 +266,7 @@ class Worker:
             raise WorkerError("save_model needs dir")
         # save what every replica holds, not a local change such as a pending speculative update
         self.t.restore_replicated()
-        state = dict(self.t.whole_parameters()) if self.shard else None  # every rank gathers; rank 0 writes
+        state = dict(self._whole()) if self.shard else None  # every rank gathers; rank 0 writes
         if self.group and self.group.rank != 0:
             return {"dir": h["dir"]}, []  # the ranks hold identical parameters: rank 0 writes them
         # the tokenizer: as asked, else the one the loaded model came with, else a byte-level one

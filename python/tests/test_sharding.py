@@ -29,24 +29,29 @@ def _rounds(trainer, batches):
     return results, hashes, losses
 
 
-def _rank(rank, world, port, config, optimizer, out):
+def _rank(rank, world, port, configs, out, kind):
+    """One rank: every case's rounds with the model in `world` shards (one process group for all of them)."""
     torch.set_num_threads(1)
     from psyche_worker.model import init_model
     from psyche_worker.parallel import join_group
     from psyche_worker.sharding import Sharding
     from psyche_worker.trainer import Trainer
 
-    group = join_group(rank, world, port, torch.device("cpu"))
-    trainer = Trainer(init_model(config, 0), torch.device("cpu"), sharding=Sharding(rank, world, group.data))
-    trainer.configure(optimizer, SCHEDULE, micro_batch=ROWS // world, delay_correction=True)
-    results, hashes, losses = _rounds(trainer, _batches(config["vocab_size"]))
-    local = sum(p.numel() for p in trainer.optimizer.peers[0].params)
-    momentum = sum(m.numel() for m in trainer.optimizer.peers[0]._momentum)
-    out.put((rank, results, hashes, losses, local, momentum))
+    device = torch.device("cpu" if kind == "cpu" else f"cuda:{rank}")
+    group = join_group(rank, world, port, device)
+    got = {}
+    for case, (config, optimizer) in configs.items():
+        trainer = Trainer(init_model(config, 0), device, precision="fp32", sharding=Sharding(rank, world, group.data))
+        trainer.configure(optimizer, SCHEDULE, micro_batch=ROWS // world, delay_correction=True)
+        results, hashes, losses = _rounds(trainer, _batches(config["vocab_size"]))
+        local = sum(p.numel() for p in trainer.optimizer.peers[0].params)
+        momentum = sum(m.numel() for m in trainer.optimizer.peers[0]._momentum)
+        got[case] = (results, hashes, losses, local, momentum)
+    out.put((rank, got))
     torch.distributed.destroy_process_group()
 
 
-def _sharded(config, optimizer, world=2):
+def _sharded(configs, world=2, kind="cpu"):
     import torch.multiprocessing as mp
 
     from psyche_worker.parallel import free_port
@@ -54,7 +59,7 @@ def _sharded(config, optimizer, world=2):
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_rank, args=(r, world, port, config, optimizer, out)) for r in range(world)]
+    procs = [ctx.Process(target=_rank, args=(r, world, port, configs, out, kind)) for r in range(world)]
     for p in procs:
         p.start()
     got = []
@@ -64,10 +69,9 @@ def _sharded(config, optimizer, world=2):
         except Exception:
             dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
             assert not dead, f"a rank failed (exit codes {dead})"
-    got.sort(key=lambda r: r[0])
     for p in procs:
         p.join(timeout=60)
-    return got
+    return sorted(got, key=lambda r: r[0])
 
 
 # chunk 16 splits only the embeddings and the head of the tiny model (its 16-row tensors stay whole on each rank);
@@ -81,23 +85,35 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_two_shards_give_the_unsharded_bytes(tiny_config, case):
+def _check(configs, ranks, device):
     from psyche_worker.model import init_model
     from psyche_worker.trainer import Trainer
 
+    for case, (config, optimizer) in configs.items():
+        single = Trainer(init_model(config, 0), device, precision="fp32")
+        single.configure(optimizer, SCHEDULE, micro_batch=ROWS // 2, delay_correction=True)
+        results, hashes, losses = _rounds(single, _batches(config["vocab_size"]))
+        total = sum(p.numel() for p in single.model.parameters())
+        for rank, got in ranks:
+            r_results, r_hashes, r_losses, local, momentum = got[case]
+            assert r_results == results, f"{case}, rank {rank}: results differ"
+            assert r_hashes == hashes, f"{case}, rank {rank}: parameters differ"
+            assert r_losses == losses, f"{case}, rank {rank}: losses differ"
+            assert local < 0.75 * total and momentum == local, f"{case}: each rank holds about half"
+        assert len(set(hashes)) == ROUNDS, case  # the model changed every round
+        assert all(len(r) > 100 for r in results)
+
+
+def test_two_shards_give_the_unsharded_bytes(tiny_config):
     torch.set_num_threads(1)
-    changes, optimizer = CASES[case]
-    config = {**tiny_config, **changes}
-    single = Trainer(init_model(config, 0), torch.device("cpu"))
-    single.configure(optimizer, SCHEDULE, micro_batch=ROWS // 2, delay_correction=True)
-    results, hashes, losses = _rounds(single, _batches(config["vocab_size"]))
-    ranks = _sharded(config, optimizer)
-    total = sum(p.numel() for p in single.model.parameters())
-    for rank, r_results, r_hashes, r_losses, local, momentum in ranks:
-        assert r_results == results, f"rank {rank}: results differ"
-        assert r_hashes == hashes, f"rank {rank}: parameters differ"
-        assert r_losses == losses
-        assert local < 0.75 * total and momentum == local  # each rank holds about half
-    assert len(set(hashes)) == ROUNDS  # the model changed every round
-    assert all(len(r) > 100 for r in results)
+    configs = {case: ({**tiny_config, **changes}, optimizer) for case, (changes, optimizer) in CASES.items()}
+    _check(configs, _sharded(configs), torch.device("cpu"))
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="a 2-rank FSDP step with NCCL needs 2 CUDA GPUs (this machine has fewer)"
+)
+def test_two_gpu_shards_give_the_one_gpu_bytes(tiny_config):
+    """bench/gpu-check.sh runs this on a lent machine with 2 or more GPUs: the same check with NCCL."""
+    configs = {case: ({**tiny_config, **changes}, optimizer) for case, (changes, optimizer) in CASES.items()}
+    _check(configs, _sharded(configs, kind="cuda"), torch.device("cuda:0"))

@@ -22,7 +22,7 @@ export interface LlamaShape {
   max_position_embeddings?: number
 }
 
-export interface MemoryPlanOptions {
+interface MemoryPlanOptions {
   shards: number
   microBatch: number
   seqLen: number
@@ -59,7 +59,7 @@ export function chunkRows(n: number, limit: number): number {
 }
 
 /** Every parameter tensor of a Llama model of this shape: name and shape, as transformers' LlamaForCausalLM holds them. */
-export function llamaTensors(config: LlamaShape): {name: string; shape: number[]}[] {
+function llamaTensors(config: LlamaShape): {name: string; shape: number[]}[] {
   const h = positive('hidden_size', config.hidden_size)
   const v = positive('vocab_size', config.vocab_size)
   const inter = positive('intermediate_size', config.intermediate_size)
