@@ -63,7 +63,10 @@ class Sharding:
                 raise WorkerError("the model is sharded for another chunk size: reload the model before changing the optimizer's chunks", kind="state")
             return
         ignored = {p for n, p in named.items() if not split[n]}
-        model.to(device)
+        # FSDP moves what it shards to the mesh's device one unit at a time (never the whole model at once); a whole
+        # parameter is moved here
+        for p in ignored:
+            p.data = p.data.to(device)
         mesh = torch.distributed.device_mesh.init_device_mesh(device.type, (self.world,))
 
         def placement(_: torch.nn.Parameter):
