@@ -64,6 +64,7 @@ import math
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -79,6 +80,9 @@ from .distro_codec import (
     decode_result,
 )
 from .distro_wire import MAX_RESULTS, Coefficients, WireCodec, cat_coefficients
+
+if TYPE_CHECKING:
+    from .sharding import Sharding
 
 __all__ = ["DistroConfig", "DistroOptimizer", "ResultDecodeError", "dct_matrix", "largest_divisor_at_most", "ChunkedDCT", "topk_per_chunk"]
 
@@ -158,8 +162,17 @@ def _digests(blobs: dict[int, bytes]) -> dict[int, bytes]:
 
 
 class DistroOptimizer:
-    def __init__(self, named_params: list[tuple[str, torch.nn.Parameter]], config: DistroConfig, *, delay_correction: bool = True, value_format: str = "bf16"):
-        """`value_format` ("bf16" or "fp16") is the wire type of values when quantize_1bit is false."""
+    def __init__(
+        self,
+        named_params: list[tuple[str, torch.nn.Parameter]],
+        config: DistroConfig,
+        *,
+        delay_correction: bool = True,
+        value_format: str = "bf16",
+        sharding: Sharding | None = None,
+    ):
+        """`value_format` ("bf16" or "fp16") is the wire type of values when quantize_1bit is false. `sharding`: the
+        parameters are FSDP shards (sharding.py); this rank works on its own chunks of each split tensor (below)."""
         config.validate()
         self.config = config
         self.delay_correction = delay_correction
@@ -173,7 +186,10 @@ class DistroOptimizer:
         if len(set(names)) != len(names):
             raise ValueError("named_params has duplicate names")
         self.names = names
-        self.params = [p for _, p in named_params]
+        self.sharding = sharding
+        # the parameters as the model holds them (FSDP's DTensors when sharded), and the blocks this rank works on
+        self.sources = [p for _, p in named_params]
+        self.params = [p if sharding is None else sharding.local(p) for _, p in named_params]
         self.specs: list[TensorSpec] = []
         for name, p in named_params:
             if p.dim() == 0:
@@ -189,8 +205,12 @@ class DistroOptimizer:
         self.device = devices.pop() if devices else torch.device("cpu")
         # Tensors of one shape are one group: one momentum buffer, one DCT, one top-k per step.
         self.groups = group_layouts([(s.shape, s.chunk, s.topk) for s in self.specs])
-        self._transforms = [ChunkedDCT(g.shape, g.chunk, self.device) for g in self.groups]
-        self._momentum = [torch.zeros((len(g.members), *g.shape), dtype=torch.float32, device=self.device) for g in self.groups]
+        # Sharded: a split tensor's block on this rank is whole chunk rows (sharding.py), so its chunks are one run of
+        # the tensor's chunk numbering; every member of a group (one shape) is split alike.
+        self._split = [sharding is not None and sharding.is_split(self.sources[g.members[0]]) for g in self.groups]
+        local_shapes = [tuple(int(s) for s in self.params[g.members[0]].shape) for g in self.groups]
+        self._transforms = [ChunkedDCT(shape, g.chunk, self.device) for g, shape in zip(self.groups, local_shapes)]
+        self._momentum = [torch.zeros((len(g.members), *shape), dtype=torch.float32, device=self.device) for g, shape in zip(self.groups, local_shapes)]
         self.transforms: list[ChunkedDCT] = [None] * len(self.params)  # type: ignore[list-item]
         self.momentum: list[torch.Tensor] = [None] * len(self.params)  # type: ignore[list-item]
         for g, transform, buffer in zip(self.groups, self._transforms, self._momentum):
@@ -217,7 +237,7 @@ class DistroOptimizer:
         self._check_lr(lr)
         self.discard_speculation()
         cfg = self.config
-        present = [(m, p.grad) for m, p in zip(self.momentum, self.params) if p.grad is not None]
+        present = [(m, self._grad(p)) for m, p in zip(self.momentum, self.sources) if p.grad is not None]
         if cfg.compression_decay != 1.0:
             torch._foreach_mul_(self._momentum, cfg.compression_decay)
         if present:
@@ -228,16 +248,19 @@ class DistroOptimizer:
             else:
                 # clipping folds into the momentum update (p.grad is left untouched), without a sync: the
                 # norm stays on the device
-                total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float64)))
+                total = torch.linalg.vector_norm(torch.stack(self._norms(grads, [p for p in self.sources if p.grad is not None], torch.float64)))
                 scale = torch.where(total > cfg.clip_grad_norm, cfg.clip_grad_norm / (total + 1e-6), 1.0)
                 step = (lr * scale).to(torch.float32)
                 torch._foreach_addcmul_(momenta, grads, [step] * len(grads))
         parts = []
-        for g, transform, momentum in zip(self.groups, self._transforms, self._momentum):
+        for g, split, transform, momentum in zip(self.groups, self._split, self._transforms, self._momentum):
             indices, values = topk_per_chunk(transform.forward(momentum), g.topk)
             momentum.sub_(transform.inverse_sparse(indices, values).view_as(momentum))
+            if split:  # every rank's chunks of each member, in the tensor's chunk order
+                indices, values = (self._assemble(g, t) for t in (indices, values))
             parts.append((indices, values))
         result, own = self.wire.encode(self.value_format, parts)
+        own = self._local_coefficients(own)
         if self.delay_correction:
             if self._committed_buffers is None:
                 self._committed_buffers = [torch.empty_like(p, memory_format=torch.contiguous_format) for p in self.params]
@@ -267,7 +290,7 @@ class DistroOptimizer:
             if committed is not None:
                 torch._foreach_copy_(self._data(), committed)
             return
-        _, dots = self._step(coefficients, lr, None, base=committed, own_signs=own_signs)
+        _, dots = self._step(self._local_coefficients(coefficients), lr, None, base=committed, own_signs=own_signs)
         if own_signs is not None:
             self._fit_lookahead(own_signs, dots)
 
@@ -364,7 +387,7 @@ class DistroOptimizer:
     def _direction(self, g: Group, transform: ChunkedDCT, coeff: Coefficients) -> torch.Tensor:
         """IDCT of the per-coefficient mean over the results that sent each coefficient: [members, *shape]."""
         results, rows, k = coeff.indices.shape
-        shape = (len(g.members), *g.shape)
+        shape = (len(g.members), *transform.shape)  # this rank's block of each member when sharded
         # The sparse inverse costs an entry's multiply-add per element, the dense one cr + cc (c for 1-D): the
         # sparse one below that many entries per chunk, as the module always chose (the same bytes).
         sparse = results * k < sum(transform.chunk[-2:])
@@ -405,7 +428,12 @@ class DistroOptimizer:
         device-to-host copy for all of them."""
         # sign entries are -1, 0, 1: <own, own> counts the nonzero ones
         norms = [torch.count_nonzero(own.view(len(g.members), -1), dim=1) for g, own in zip(self.groups, own_signs)]
-        dot, norm = torch.stack([torch.cat(dots), torch.cat(norms).to(torch.float64)]).cpu().tolist()
+        both = torch.stack([torch.cat(dots), torch.cat(norms).to(torch.float64)])
+        if self.sharding is not None:
+            # a split tensor's sums are its blocks' sums (integers: exact in float64); a whole one counts once
+            once = [1.0 if split or self.sharding.rank == 0 else 0.0 for g, split in zip(self.groups, self._split) for _ in g.members]
+            both = self.sharding.all_reduce_sum_(both * torch.tensor(once, dtype=torch.float64, device=both.device))
+        dot, norm = both.cpu().tolist()
         members = [m for g in self.groups for m in g.members]
         for m, d, n in zip(members, dot, norm):
             if n:
@@ -426,12 +454,63 @@ class DistroOptimizer:
     def _data(self) -> list[torch.Tensor]:
         return [p.data for p in self.params]
 
+    # ---- shards
+
+    def _grad(self, p: torch.Tensor) -> torch.Tensor:
+        """This rank's block of a parameter's gradient."""
+        return p.grad if self.sharding is None else self.sharding.local(p.grad)
+
+    def _norms(self, grads: list[torch.Tensor], sources: list[torch.Tensor], dtype: torch.dtype | None) -> list[torch.Tensor]:
+        """Each gradient's L2 norm, computed as an unsharded client computes it: over the whole tensor, so a split
+        one is gathered (one tensor at a time: a transient copy of the largest gradient)."""
+        if self.sharding is None:
+            return list(torch._foreach_norm(grads, 2, dtype=dtype))
+        norms = []
+        for g, p in zip(grads, sources):
+            whole = self.sharding.gather_rows(g).reshape(p.shape) if self.sharding.is_split(p) else g
+            norms.append(torch._foreach_norm([whole], 2, dtype=dtype)[0])
+        return norms
+
+    def grad_norm(self) -> torch.Tensor:
+        """The total gradient norm as torch.nn.utils.get_total_norm gives it for an unsharded client (unread)."""
+        present = [p for p in self.sources if p.grad is not None]
+        if not present:
+            return torch.zeros((), device=self.device)
+        return torch.linalg.vector_norm(torch.stack(self._norms([self._grad(p) for p in present], present, None)), 2)
+
+    def _assemble(self, g: Group, t: torch.Tensor) -> torch.Tensor:
+        """A split group's per-chunk rows [members * local chunks, K] of this rank -> those of the whole tensors
+        [members * chunks, K], each member's chunks in order (rank 0's run first)."""
+        assert self.sharding is not None
+        members, k = len(g.members), t.shape[-1]
+        every = self.sharding.gather_rows(t.reshape(members, -1, k))  # [world, members, local chunks, K]
+        return every.transpose(0, 1).reshape(-1, k)
+
+    def _local_coefficients(self, coefficients: list[Coefficients]) -> list[Coefficients]:
+        """Per group, the coefficients of this rank's chunks (a split group's run of each member's chunks)."""
+        if self.sharding is None:
+            return coefficients
+        rank, world = self.sharding.rank, self.sharding.world
+        out = []
+        for g, split, c in zip(self.groups, self._split, coefficients):
+            if not split:
+                out.append(c)
+                continue
+
+            def cut(t: torch.Tensor | None, members: int = len(g.members)) -> torch.Tensor | None:
+                if t is None:
+                    return None
+                return t.reshape(t.shape[0], members, world, -1, t.shape[-1])[:, :, rank].reshape(t.shape[0], -1, t.shape[-1])
+
+            out.append(Coefficients(cut(c.indices), negative=cut(c.negative), values=cut(c.values)))
+        return out
+
     @torch.no_grad()
     def update_from(self, base: list[torch.Tensor], results: list[list[DecodedTensor]], lr: float) -> None:
         """params <- `base` updated by the decoded `results` (in canonical order) exactly as apply() would, and
         nothing else: the momentum, a pending speculation and the lookahead scales stay as they are (the caller
         puts the live parameters back). Verification measures one result alone on the committed parameters."""
-        self._step(self._host_coefficients(results), lr, None, base=base)
+        self._step(self._local_coefficients(self._host_coefficients(results)), lr, None, base=base)
 
     # ---- speculation
 

@@ -8,6 +8,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -78,21 +79,44 @@ def load_model(model_dir: str) -> torch.nn.Module:
     except json.JSONDecodeError as exc:
         raise WorkerError(f"{cfg_path}: not valid JSON ({exc})", kind="model") from None
     weights = path / "model.safetensors"
-    if not weights.is_file():
+    index = path / "model.safetensors.index.json"
+    if not weights.is_file() and not index.is_file():
         raise WorkerError(f"{model_dir}: no model.safetensors (create one with `psyche model init`)", kind="model")
     from safetensors.torch import load_file
 
     model = _llama_from_config(config_dict)
-    try:
-        state = load_file(str(weights))
-    except Exception as exc:  # safetensors raises several types for corrupt files
-        raise WorkerError(f"{weights}: cannot read safetensors ({exc})", kind="model") from None
+    files = [weights] if weights.is_file() else _index_files(index)
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        try:
+            state.update(load_file(str(file)))
+        except Exception as exc:  # safetensors raises several types for corrupt files
+            raise WorkerError(f"{file}: cannot read safetensors ({exc})", kind="model") from None
+    weights = weights if weights.is_file() else index
     missing, unexpected = model.load_state_dict(state, strict=False)
     # lm_head may be tied to the embeddings and therefore absent from the file
     missing = [m for m in missing if not (m == "lm_head.weight" and model.config.tie_word_embeddings)]
     if missing or unexpected:
         raise WorkerError(f"{weights}: tensors do not match config.json (missing {missing[:4]}, unexpected {unexpected[:4]})", kind="model")
     return model.float()
+
+
+def _index_files(index: Path) -> list[Path]:
+    """The files a sharded checkpoint's model.safetensors.index.json names (each in the index's directory)."""
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+        names = sorted(set(weight_map.values()))
+    except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
+        raise WorkerError(f"{index}: not a safetensors index (a weight_map of tensor -> file): {exc}", kind="model") from None
+    files = []
+    for name in names:
+        if not isinstance(name, str) or Path(name).name != name or not name.endswith(".safetensors"):
+            raise WorkerError(f"{index}: weight_map names {name!r}, not a .safetensors file in the same directory", kind="model")
+        file = index.parent / name
+        if not file.is_file():
+            raise WorkerError(f"{index}: names {name}, which is missing", kind="model")
+        files.append(file)
+    return files
 
 
 def named_parameters_sorted(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
@@ -105,8 +129,14 @@ def param_hash(model: torch.nn.Module) -> str:
 
 
 def hash_named_tensors(named: list[tuple[str, torch.Tensor]]) -> str:
+    return hash_sorted_tensors(sorted(named, key=lambda kv: kv[0]))
+
+
+def hash_sorted_tensors(named: Iterable[tuple[str, torch.Tensor]]) -> str:
+    """hash_named_tensors of tensors already sorted by name, read one at a time (a sharded model's are gathered as
+    they come)."""
     h = hashlib.sha256()
-    for name, p in sorted(named, key=lambda kv: kv[0]):
+    for name, p in named:
         t = p.detach().to("cpu").contiguous()
         h.update(name.encode())
         h.update(f"|{str(t.dtype).removeprefix('torch.')}|{list(t.shape)}|".encode())
@@ -223,7 +253,14 @@ def recover_interrupted_save(out: Path) -> None:
         os.rename(olds[0], out)
 
 
-def save_model(model: torch.nn.Module, out_dir: str, tokenizer: str | None = None, card: dict[str, Any] | None = None) -> None:
+def save_model(
+    model: torch.nn.Module,
+    out_dir: str,
+    tokenizer: str | None = None,
+    card: dict[str, Any] | None = None,
+    state: dict[str, torch.Tensor] | None = None,
+    max_shard_size: int | str = "5GB",
+) -> None:
     """Writes a complete model directory to ``out_dir`` atomically — config.json, model.safetensors, the tokenizer
     (tokenizer.json + tokenizer_config.json) and a model card (README.md) — into a temporary sibling directory
     first, then renamed over, so a crash never leaves a half-written model and the previous one stays intact."""
@@ -232,10 +269,14 @@ def save_model(model: torch.nn.Module, out_dir: str, tokenizer: str | None = Non
     recover_interrupted_save(out)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
-        model.save_pretrained(str(tmp), safe_serialization=True)
+        # `state`: the whole tensors (a sharded model's, gathered); safetensors files of at most max_shard_size each,
+        # with model.safetensors.index.json when there are several (Hugging Face's layout)
+        # (hashed first: save_pretrained may drop entries of the dict it is given)
+        named = sorted(state.items(), key=lambda kv: kv[0]) if state is not None else named_parameters_sorted(model)
+        parameters, phash = sum(p.numel() for _, p in named), hash_sorted_tensors(named)
+        model.save_pretrained(str(tmp), safe_serialization=True, state_dict=None if state is None else dict(state), max_shard_size=max_shard_size)
         origin = write_tokenizer(tmp, model.config, tokenizer)
-        parameters = sum(p.numel() for p in model.parameters())
-        (tmp / "README.md").write_text(model_card(out.name, parameters, param_hash(model), origin, card or {}))
+        (tmp / "README.md").write_text(model_card(out.name, parameters, phash, origin, card or {}))
         os.chmod(tmp, 0o755)  # mkdtemp makes it private; a model is not secret
         old = None
         if out.exists():

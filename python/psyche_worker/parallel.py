@@ -115,7 +115,7 @@ def keep_collectives_on_loopback() -> None:
         os.environ.setdefault("NCCL_SOCKET_IFNAME", loopback)
 
 
-def start_followers(devices: list[str], threads: int | None, port: int, precision: str = "auto") -> list[subprocess.Popen]:
+def start_followers(devices: list[str], threads: int | None, port: int, precision: str = "auto", shard: bool = False) -> list[subprocess.Popen]:
     """Ranks 1..N-1 as child processes of rank 0 (they exit when it does: see server.die_with_parent)."""
     procs = []
     for rank in range(1, len(devices)):
@@ -139,6 +139,8 @@ def start_followers(devices: list[str], threads: int | None, port: int, precisio
         ]
         if threads:
             args += ["--threads", str(threads)]
+        if shard:
+            args += ["--shard", str(len(devices))]
         procs.append(subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=os.environ.copy()))
     return procs
 

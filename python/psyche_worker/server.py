@@ -37,6 +37,7 @@ from .protocol import (
 )
 from . import reuse_freed_memory
 from .parallel import Group, join_group, listen_loopback, parse_devices, start_followers
+from .sharding import Sharding
 from .trainer import Trainer
 
 Reply = tuple[dict[str, Any], list]
@@ -77,7 +78,7 @@ def _buffer(part: Any) -> Any:
 
 
 class Worker:
-    def __init__(self, device: str, threads: int | None, group: Group | None = None, precision: str = "auto"):
+    def __init__(self, device: str, threads: int | None, group: Group | None = None, precision: str = "auto", shard: bool = False):
         if threads:
             torch.set_num_threads(threads)
             try:
@@ -87,6 +88,8 @@ class Worker:
         self.device = models.resolve_device(device)
         self.precision = models.resolve_precision(precision, self.device)
         self.group = group
+        # --shard: the ranks hold one model in shards (sharding.py) rather than a replica each (parallel.py)
+        self.shard = shard and group is not None and group.world > 1
         self.trainer: Trainer | None = None
         # the loaded model's directory, if it came from one: its tokenizer goes with a saved model
         self.source_dir: str | None = None
@@ -106,7 +109,8 @@ class Worker:
             "device": str(self.device),
             "threads": torch.get_num_threads(),
             "cuda": torch.cuda.is_available(),
-            "data_parallel": self.group.world if self.group else 1,
+            "data_parallel": self.group.world if self.group and not self.shard else 1,
+            "shards": self.group.world if self.group and self.shard else 1,
             "precision": self.precision,
         }, []
 
@@ -121,7 +125,9 @@ class Worker:
         else:
             raise WorkerError("init_model needs model_dir or config")
         torch.manual_seed(seed)
-        self.trainer = Trainer(m, self.device, group=self.group, precision=self.precision)
+        # sharded: each model is sharded afresh (Trainer.configure)
+        sharding = Sharding(self.group.rank, self.group.world, self.group.data) if self.shard and self.group else None
+        self.trainer = Trainer(m, self.device, group=self.group, precision=self.precision, sharding=sharding)
         n = sum(p.numel() for p in m.parameters())
         return {
             "parameters": n,
@@ -165,7 +171,7 @@ class Worker:
             if f.dtype != torch.uint8 or f.ndim != 1:
                 raise WorkerError(f"apply_results: frame {i} must be a 1-D uint8 result")
         self.t.apply_results([f.numpy().tobytes() for f in frames], int(h.get("step", 0)))
-        return {"applied": len(frames), "param_hash": models.hash_named_tensors(self.t.replicated_parameters())}, []
+        return {"applied": len(frames), "param_hash": self._param_hash()}, []
 
     def op_train_round(self, h, frames) -> Reply:
         """Frames: token ids, then the previous round's result frames (uint8) to apply."""
@@ -192,7 +198,7 @@ class Worker:
         return {
             **reply,
             "applied": len(frames),
-            "param_hash": models.hash_named_tensors(self.t.replicated_parameters()),
+            "param_hash": self._param_hash(),
             "frames": [{"name": "result", "dtype": "uint8", "shape": [len(result)]}],
         }, [result]
 
@@ -214,11 +220,28 @@ class Worker:
         return reply, []
 
     def op_param_hash(self, h, frames) -> Reply:
-        return {"param_hash": models.hash_named_tensors(self.t.replicated_parameters())}, []
+        return {"param_hash": self._param_hash()}, []
+
+    @property
+    def _answers(self) -> bool:
+        """Rank 0 answers the client; the other ranks run each op only for its collectives."""
+        return self.group is None or self.group.rank == 0
+
+    def _whole(self):
+        """The whole parameters on rank 0; on the others, the collectives that gather them, and nothing kept."""
+        whole = self.t.whole_parameters()
+        if self._answers:
+            return whole
+        for _ in whole:
+            pass
+        return iter(())
+
+    def _param_hash(self) -> str:
+        return models.hash_sorted_tensors(self._whole())
 
     def op_export_params(self, h, frames) -> Reply:
         specs, bufs = [], []
-        named = self.t.replicated_parameters()
+        named = list(self._whole())
         for name, p in named:
             spec, buf = tensor_to_frame(name, p)
             specs.append(spec)
@@ -227,7 +250,7 @@ class Worker:
 
     def op_import_params(self, h, frames) -> Reply:
         names = [s["name"] for s in h["frames"]]
-        params = dict(models.named_parameters_sorted(self.t.model))
+        params = {name: p for name, p in self.t.model.named_parameters()}
         if sorted(names) != sorted(params):
             missing, extra = sorted(set(params) - set(names)), sorted(set(names) - set(params))
             raise WorkerError(f"import_params: parameter names differ from the model (missing {missing[:4]}, unexpected {extra[:4]})")
@@ -235,22 +258,24 @@ class Worker:
             p = params[name]
             if tuple(tensor.shape) != tuple(p.shape) or tensor.dtype != p.dtype:
                 raise WorkerError(f"import_params: {name} is {tensor.dtype}{list(tensor.shape)}, model has {p.dtype}{list(p.shape)}")
-        with torch.no_grad():
-            for name, tensor in zip(names, frames):
-                params[name].copy_(tensor)
-        return {"param_hash": models.param_hash(self.t.model)}, []
+        self.t.import_whole(dict(zip(names, frames)))
+        return {"param_hash": self._param_hash()}, []
 
     def op_save_model(self, h, frames) -> Reply:
         if not h.get("dir"):
             raise WorkerError("save_model needs dir")
-        if self.group and self.group.rank != 0:
-            return {"dir": h["dir"]}, []  # the ranks hold identical parameters: rank 0 writes them
         # save what every replica holds, not a local change such as a pending speculative update
         self.t.restore_replicated()
+        state = dict(self._whole()) if self.shard else None  # every rank gathers; rank 0 writes
+        if self.group and self.group.rank != 0:
+            return {"dir": h["dir"]}, []  # the ranks hold identical parameters: rank 0 writes them
         # the tokenizer: as asked, else the one the loaded model came with, else a byte-level one
         tokenizer = h.get("tokenizer") or self.source_dir
         card = h.get("card") if isinstance(h.get("card"), dict) else None
-        models.save_model(self.t.model, h["dir"], tokenizer=tokenizer, card=card)
+        size = h.get("max_shard_size")
+        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+            raise WorkerError(f"save_model: max_shard_size {size!r} must be a positive number of bytes")
+        models.save_model(self.t.model, h["dir"], tokenizer=tokenizer, card=card, state=state, max_shard_size=size or "5GB")
         return {"dir": h["dir"]}, []
 
     # -- loop --------------------------------------------------------------------------------------
@@ -287,20 +312,24 @@ def handlers(worker: Worker) -> dict[str, Callable[[dict[str, Any], list[torch.T
     return {name: getattr(worker, f"op_{name}") for name in OPS_TABLE["ops"] if name not in LOOP_OPS}
 
 
-def serve(endpoint: str, device: str, threads: int | None, data_parallel: int = 1, precision: str = "auto") -> None:
+def serve(endpoint: str, device: str, threads: int | None, data_parallel: int = 1, precision: str = "auto", shard: int = 1) -> None:
     die_with_parent()
     reuse_freed_memory()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    devices = parse_devices(device, data_parallel)
+    if shard > 1 and data_parallel > 1:
+        raise WorkerError(
+            f"--shard {shard} with --data-parallel {data_parallel}: give one or the other (sharded and replicated at once is not supported)", kind="device"
+        )
+    devices = parse_devices(device, shard if shard > 1 else data_parallel)
     group: Group | None = None
     followers = []
     if len(devices) > 1:
         # data parallelism (parallel.py): this process is rank 0 and the only one the client talks to
         listener = listen_loopback()
         port = listener.getsockname()[1]
-        followers = start_followers(devices, threads, port, precision)
+        followers = start_followers(devices, threads, port, precision, shard=shard > 1)
         group = join_group(0, len(devices), port, models.resolve_device(devices[0]), listener)
-    worker = Worker(devices[0], threads, group, precision)
+    worker = Worker(devices[0], threads, group, precision, shard=shard > 1)
     ctx = zmq.Context.instance()
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 1000)
@@ -351,13 +380,13 @@ def serve(endpoint: str, device: str, threads: int | None, data_parallel: int = 
                 p.kill()
 
 
-def follow(rank: int, world: int, port: int, device: str, threads: int | None, precision: str = "auto") -> None:
+def follow(rank: int, world: int, port: int, device: str, threads: int | None, precision: str = "auto", shard: bool = False) -> None:
     """A data-parallel rank > 0: runs every request rank 0 broadcasts, and answers nothing (parallel.py)."""
     die_with_parent()
     reuse_freed_memory()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     group = join_group(rank, world, port, models.resolve_device(device))
-    worker = Worker(device, threads, group, precision)
+    worker = Worker(device, threads, group, precision, shard=shard)
     while True:
         parts = group.broadcast_request(None)
         _, _, stop = worker.handle(parts)
@@ -372,6 +401,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N, or one device per data-parallel rank: cuda:0,cuda:1 or cpu,cpu")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (per rank)")
     parser.add_argument("--data-parallel", type=int, default=1, help="ranks of one device kind (cpu: N processes; cuda: GPUs 0..N-1)")
+    parser.add_argument("--shard", type=int, default=1, help="ranks that hold one model in shards (FSDP2): cpu: N processes; cuda: GPUs 0..N-1")
     parser.add_argument("--precision", default="auto", help="auto | fp32 | bf16: forward passes under bf16 autocast (weights stay fp32); auto = bf16 on CUDA")
     # internal: a data-parallel rank > 0, started by rank 0 (parallel.start_followers)
     parser.add_argument("--follower", action="store_true", help=argparse.SUPPRESS)
@@ -381,9 +411,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         if args.follower:
-            follow(args.rank, args.world, args.master_port, args.device, args.threads, args.precision)
+            follow(args.rank, args.world, args.master_port, args.device, args.threads, args.precision, shard=args.shard > 1)
             return
-        serve(args.endpoint, args.device, args.threads, args.data_parallel, args.precision)
+        serve(args.endpoint, args.device, args.threads, args.data_parallel, args.precision, args.shard)
     except WorkerError as exc:
         print(json.dumps({"event": "fatal", "kind": exc.kind, "message": str(exc)}), flush=True)
         sys.exit(2)

@@ -6,19 +6,21 @@ from __future__ import annotations
 
 import math
 from contextlib import nullcontext
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .loss_mask import check_mask, counted, lm_loss
-from .optim import BuildContext, CommunicatingOptimizer, Optimizer, build_optimizer
+from .optim import BuildContext, CommunicatingOptimizer, Optimizer, build_optimizer, shard_rows
 from .optim.base import Batch, Stats, sorted_parameters
 from .protocol import WorkerError
 from .schedule import Constant, schedule_from_config
 
 if TYPE_CHECKING:
     from .parallel import Group
+    from .sharding import Sharding
 
 
 def _check_finite(loss: float, step: int) -> None:
@@ -41,16 +43,21 @@ class _PendingRound:
 
 
 class Trainer:
-    def __init__(self, model: torch.nn.Module, device: torch.device, group: Group | None = None, precision: str = "fp32"):
+    def __init__(self, model: torch.nn.Module, device: torch.device, group: Group | None = None, precision: str = "fp32", sharding: Sharding | None = None):
         if precision not in ("fp32", "bf16"):
             raise WorkerError(f"precision {precision!r}: expected fp32 or bf16", kind="device")
-        self.model = model.to(device)
+        # sharded (sharding.py): the model stays whole on the host until configure shards it onto the device with the
+        # chunk boundaries its optimizer needs
+        self.sharding = sharding if sharding is not None and sharding.world > 1 else None
+        self.model = model if self.sharding is not None else model.to(device)
         self.device = device
         # bf16: forward passes under torch.autocast (matmuls in bfloat16); parameters, gradients and the
         # optimizer stay fp32, so hashes, DisTrO results and applies are exactly as in fp32 given the gradients
         self.precision = precision
         # data parallelism inside this client (parallel.py): this rank's share of each batch, gradients summed
         self.group = group if group is not None and group.world > 1 else None
+        if self.sharding is not None:
+            self.group = None  # FSDP sums the gradients (sharding.py)
         self.vocab_size = int(model.config.vocab_size)
         self.max_positions = int(getattr(model.config, "max_position_embeddings", 1 << 30))
         self.schedule = Constant(base_lr=1e-3)
@@ -73,7 +80,9 @@ class Trainer:
         self.optimizer = None
         self.pending = None
         schedule = self.schedule if lr_schedule is None else schedule_from_config(lr_schedule)
-        ctx = BuildContext(self.model, self.device, schedule, simulate_peers=simulate_peers, delay_correction=delay_correction)
+        if self.sharding is not None:
+            self.sharding.shard(self.model, self.device, shard_rows(optimizer))
+        ctx = BuildContext(self.model, self.device, schedule, simulate_peers=simulate_peers, delay_correction=delay_correction, sharding=self.sharding)
         self.optimizer = build_optimizer(optimizer, ctx)
         self.schedule = schedule
         self.micro_batch = micro_batch
@@ -134,6 +143,8 @@ class Trainer:
         for p in self.model.parameters():
             p.grad = None
         rows = batch.shape[0]
+        if self.sharding is not None:
+            return self._sharded_forward_backward(batch, mask, row_targets)
         first, last = self.group.shard(rows) if self.group else (0, rows)
         total = torch.zeros((), device=self.device)
         denominator = rows if row_targets is None else max(sum(row_targets), 1)
@@ -151,6 +162,44 @@ class Trainer:
                     p.grad = torch.zeros_like(p)
             self.group.all_reduce_sum([*(p.grad for p in params), total.reshape(1)])
         return total.to(torch.float64) / denominator
+
+    def _sharded_forward_backward(self, batch: torch.Tensor, mask: torch.Tensor | None, row_targets: list[int] | None) -> torch.Tensor:
+        """forward_backward on a sharded model: this rank's rows, as with data parallelism, gradients kept whole on
+        the rank until its last micro-batch, then summed into the shards by FSDP (a whole parameter's by an
+        all-reduce). Every rank runs the same number of passes (each one all-gathers the shards): a rank with fewer
+        rows runs a pass that counts for nothing."""
+        sharding = self.sharding
+        assert sharding is not None
+        rows = batch.shape[0]
+        base, extra = divmod(rows, sharding.world)
+        first = sharding.rank * base + min(sharding.rank, extra)
+        last = first + base + (1 if sharding.rank < extra else 0)
+        passes = max(1, -(-(base + (1 if extra else 0)) // self.micro_batch))
+        denominator = rows if row_targets is None else max(sum(row_targets), 1)
+        total = torch.zeros((), device=self.device)
+        for i in range(passes):
+            start, end = first + i * self.micro_batch, min(first + (i + 1) * self.micro_batch, last)
+            self.model.set_requires_gradient_sync(i == passes - 1)
+            if start >= end:  # nothing left on this rank: one row, weighted 0
+                loss = self._loss(batch[:1], None if mask is None else mask[:1])
+                (loss * 0.0).backward()
+                continue
+            micro, micro_mask = batch[start:end], None if mask is None else mask[start:end]
+            n = micro.shape[0] if row_targets is None else sum(row_targets[start:end])
+            loss = self._loss(micro, micro_mask)
+            (loss * (n / denominator)).backward()
+            total += loss.detach() * n
+        whole = [p for _, p in sorted(self.model.named_parameters(), key=lambda kv: kv[0]) if p.requires_grad and not sharding.is_split(p)]
+        for p in whole:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        flat = torch.cat([*(p.grad.reshape(-1) for p in whole), total.reshape(1)])
+        sharding.all_reduce_sum_(flat)
+        offset = 0
+        for p in whole:
+            p.grad.copy_(flat[offset : offset + p.numel()].view_as(p))
+            offset += p.numel()
+        return flat[-1].to(torch.float64) / denominator
 
     def gradients(self, batch: Batch) -> torch.Tensor:
         """forward_backward as the optimizers call it (optim.base.Gradients), as often as their step needs."""
@@ -217,8 +266,36 @@ class Trainer:
         return optimizer.score(results, step, losses)
 
     def replicated_parameters(self) -> list[tuple[str, torch.Tensor]]:
-        """Parameters as every replica holds them (without a local change such as DisTrO's speculation), sorted by name."""
+        """Parameters as every replica holds them (without a local change such as DisTrO's speculation), sorted by name.
+        Sharded: this rank's blocks (whole_parameters gives the whole tensors)."""
         return sorted_parameters(self.model) if self.optimizer is None else self.optimizer.replicated_parameters()
+
+    def whole_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The replicated parameters, sorted by name, whole. Sharded, each is gathered from the ranks when its turn
+        comes (every rank must iterate to the end, in step) and handed over on the host: one whole tensor at a time
+        is on the device."""
+        if self.sharding is None:
+            yield from self.replicated_parameters()
+            return
+        sources = dict(self.model.named_parameters())
+        for name, local in self.replicated_parameters():
+            p = sources[name]
+            if self.sharding.is_split(p):
+                yield name, self.sharding.gather_rows(local).reshape(p.shape).cpu()
+            else:
+                yield name, local.cpu()
+
+    @torch.no_grad()
+    def import_whole(self, named: dict[str, torch.Tensor]) -> None:
+        """Sets every parameter from whole tensors (on every rank: each keeps its block)."""
+        for name, p in self.model.named_parameters():
+            t = named[name]
+            if self.sharding is not None and self.sharding.is_split(p):
+                local = self.sharding.local(p)
+                rows = local.shape[0]
+                local.copy_(t[self.sharding.rank * rows : (self.sharding.rank + 1) * rows])
+            else:
+                p.copy_(t)
 
     def restore_replicated(self) -> None:
         """Makes the live parameters the replicated ones (before a save: what every replica holds)."""

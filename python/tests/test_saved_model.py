@@ -117,3 +117,24 @@ def test_a_crash_mid_save_leaves_the_previous_model_intact(tiny_config, tmp_path
     newer = models.init_model(tiny_config, seed=2)
     models.save_model(newer, str(out))
     assert models.param_hash(models.load_model(str(out))) == models.param_hash(newer) != before
+
+
+def test_saved_in_several_files_with_an_index_loads_everywhere(tiny_config, tmp_path):
+    """save_model with whole tensors given (as a sharded client gathers them) and a small max_shard_size writes
+    Hugging Face's sharded layout; load_model and transformers read it back; a broken index is refused by name."""
+    m = models.init_model(dict(tiny_config, vocab_size=300), seed=4)
+    state = {n: p.detach().clone() for n, p in models.named_parameters_sorted(m)}
+    out = tmp_path / "model"
+    models.save_model(m, str(out), state=state, max_shard_size=20_000)
+    files = sorted(p.name for p in out.iterdir())
+    assert "model.safetensors.index.json" in files and "model.safetensors" not in files
+    assert len([f for f in files if f.endswith(".safetensors")]) >= 2
+    assert models.param_hash(m) in (out / "README.md").read_text()
+    assert models.param_hash(models.load_model(str(out))) == models.param_hash(m)
+    loaded, _ = load_with_transformers(out)
+    assert models.param_hash(loaded.float()) == models.param_hash(m)
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    index["weight_map"]["model.norm.weight"] = "../elsewhere.safetensors"
+    (out / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(WorkerError, match="model.safetensors.index.json: weight_map names '../elsewhere.safetensors'"):
+        models.load_model(str(out))

@@ -3,6 +3,7 @@ import {PsycheCommand} from '../core/cli/base-command.js'
 import {Progress} from '../core/cli/progress.js'
 import {runConfigPath, runTestnet, type TestnetSummary} from '../core/testnet/index.js'
 import {ensureDemoCorpus} from '../core/corpus.js'
+import {PsycheError} from '../core/errors.js'
 import {CoordinatorConnection} from '../core/backend/index.js'
 import type {CoordinatorState} from '../core/coordinator/types.js'
 import {RunHistory} from '../core/obs/history.js'
@@ -36,6 +37,7 @@ kills, rejoins, bytes: {name: {in, out}}, result_bytes_per_round, wall_seconds, 
     }),
     'random-kill-interval': Flags.integer({summary: 'seconds between random kills', default: 30, min: 1}),
     threads: Flags.integer({summary: 'torch threads per client worker (default 1)', default: 1, min: 1}),
+    shard: Flags.string({summary: "shards per client, client-0 first (join --shard): 2,1,1 holds client-0's model in 2 shards (FSDP2, 2 ranks)"}),
     timeout: Flags.integer({summary: 'give up after this many seconds', default: 900, min: 1}),
     backend: Flags.string({
       summary: 'the coordinator: psyche server run (centralized), or the Solana program in a localnet in this process (solana)',
@@ -82,6 +84,7 @@ kills, rejoins, bytes: {name: {in, out}}, result_bytes_per_round, wall_seconds, 
       randomKillNum: flags['random-kill-num'],
       randomKillInterval: flags['random-kill-interval'],
       threads: flags.threads,
+      shards: flags.shard === undefined ? undefined : parseShards(flags.shard, flags.clients),
       evalEvery: flags['eval-every'],
       timeout: flags.timeout,
       onEvent: (e) => {
@@ -213,4 +216,12 @@ kills, rejoins, bytes: {name: {in, out}}, result_bytes_per_round, wall_seconds, 
     if (summary.ended === 'interrupted') process.exitCode = this.shutdown.exitCode ?? 130
     return summary
   }
+}
+
+/** --shard 2,1,1: one whole number ≥ 1 per client at most. */
+function parseShards(text: string, clients: number): number[] {
+  const shards = text.split(',').map((x) => Number(x.trim()))
+  if (shards.some((n) => !Number.isInteger(n) || n < 1)) throw new PsycheError(`--shard ${text}: expected whole numbers ≥ 1, one per client (2,1,1)`)
+  if (shards.length > clients) throw new PsycheError(`--shard ${text}: ${shards.length} entries for ${clients} clients`)
+  return shards
 }

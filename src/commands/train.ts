@@ -37,6 +37,10 @@ Per-step metrics go to a JSONL file; --json prints one summary object:
     device: Flags.string({summary: 'auto | cpu | cuda | cuda:N', default: 'auto'}),
     devices: Flags.string({summary: 'several devices in this client, one data-parallel rank each (torch.distributed): cuda:0,cuda:1'}),
     'data-parallel': Flags.integer({summary: 'N data-parallel ranks on --device (cpu: N processes with gloo; cuda: GPUs 0..N-1 with NCCL)', min: 1}),
+    shard: Flags.integer({
+      summary: 'hold the model in N shards, one per rank (FSDP2; cpu: N processes with gloo; cuda: GPUs 0..N-1 with NCCL), for a model larger than one device',
+      min: 1,
+    }),
     precision: Flags.string({
       summary: 'forward-pass precision: bf16 = torch autocast to bfloat16 with fp32 master weights; auto = bf16 on CUDA, fp32 on CPU',
       options: ['auto', 'fp32', 'bf16'],
@@ -74,6 +78,7 @@ Per-step metrics go to a JSONL file; --json prints one summary object:
       device: flags.device,
       devices: flags.devices,
       dataParallel: flags['data-parallel'],
+      shard: flags.shard,
       precision: flags.precision as Precision,
       evalEvery: flags['eval-every'],
       evalBatches: flags['eval-batches'],

@@ -9,24 +9,35 @@ describe('end to end: psyche testnet, three clients', {timeout: 480_000}, () => 
     await ensureDemoCorpus()
   })
 
-  it('psyche testnet --json: starts the processes itself and summarizes rounds, hashes and bytes', async () => {
+  it('psyche testnet --json: starts the processes itself and summarizes rounds, hashes and bytes; client-0 holds its model in 2 shards', async () => {
     const run = tempDir('psyche-testnet-')
     try {
       writeE2eRun(run.path, {roundsPerEpoch: 2, totalSteps: 100})
-      const r = await runCli(['testnet', '--clients', '3', '--config', run.path, '--rounds', '3', '--threads', '1', '--timeout', '150', '--eval-every', '2', '--json'], {
-        timeoutMs: 180_000,
-      })
+      // --shard 2,1,1: client-0 runs FSDP2 over 2 gloo ranks (join --shard 2), the others are unsharded
+      const r = await runCli(
+        ['testnet', '--clients', '3', '--config', run.path, '--rounds', '4', '--threads', '1', '--timeout', '150', '--eval-every', '2', '--shard', '2,1,1', '--json'],
+        {timeoutMs: 180_000},
+      )
       assert.equal(r.exitCode, 0, r.stderr)
       const summary = JSON.parse(r.stdout)
       assert.equal(summary.ended, 'rounds')
       assert.deepEqual(summary.clients, ['client-0', 'client-1', 'client-2'])
       assert.deepEqual(
         summary.rounds.map((x: {step: number}) => x.step),
-        [1, 2, 3],
+        [1, 2, 3, 4],
       )
       for (const round of summary.rounds) {
         assert.equal(Object.keys(round.clients).length, 3)
+        // the sharded client applies the same results to the same bytes as the unsharded ones
         assert.equal(round.hashes_equal, true, JSON.stringify(round))
+      }
+      // from the first epoch in which they train, every round applies both other clients' results on every client,
+      // the sharded one included
+      const training = summary.rounds.filter((r: {epoch: number}) => r.epoch >= 1)
+      assert.ok(training.length >= 2, JSON.stringify(summary.rounds))
+      for (const round of training) {
+        assert.equal(round.exchanged, true, JSON.stringify(round))
+        for (const c of Object.values(round.clients) as {peers_applied: number | null}[]) assert.equal(c.peers_applied, 2, JSON.stringify(round))
       }
       assert.deepEqual(summary.kills, [])
       for (const b of Object.values(summary.bytes) as {in: number; out: number}[]) assert.ok(b.in > 0 && b.out > 0)

@@ -94,9 +94,9 @@ describe('data parallelism inside one client (2 gloo ranks on CPU)', () => {
 
 describe('--devices / --data-parallel', () => {
   it("become the worker's device list and rank count, and conflicting flags are refused by name", () => {
-    assert.deepEqual(devicePlan({devices: 'cuda:0, cuda:1'}), {device: 'cuda:0,cuda:1', dataParallel: 1})
-    assert.deepEqual(devicePlan({device: 'cpu', dataParallel: 2}), {device: 'cpu', dataParallel: 2})
-    assert.deepEqual(devicePlan({}), {device: 'auto', dataParallel: 1})
+    assert.deepEqual(devicePlan({devices: 'cuda:0, cuda:1'}), {device: 'cuda:0,cuda:1', dataParallel: 1, shard: 1})
+    assert.deepEqual(devicePlan({device: 'cpu', dataParallel: 2}), {device: 'cpu', dataParallel: 2, shard: 1})
+    assert.deepEqual(devicePlan({}), {device: 'auto', dataParallel: 1, shard: 1})
     assert.throws(() => devicePlan({devices: 'cuda:0,tpu'}), /--devices cuda:0,tpu/)
     assert.throws(() => devicePlan({devices: 'cuda:0,cuda:1', dataParallel: 3}), /--data-parallel/)
     assert.throws(() => devicePlan({devices: 'cuda:0,cuda:1', device: 'cpu'}), /--devices and --device/)

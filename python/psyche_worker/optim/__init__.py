@@ -27,6 +27,24 @@ def _names() -> str:
     return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
 
 
+SHARDABLE: dict[str, Callable[[dict[str, Any]], Callable[[tuple[int, ...]], int] | None]] = {
+    AdamW.name: AdamW.shard_rows,
+    Distro.name: Distro.shard_rows,
+}
+
+
+def shard_rows(config: Any) -> Callable[[tuple[int, ...]], int]:
+    """For a sharded client: the rows a shard of each shape must hold whole, for the optimizer a config names
+    (WorkerError if that optimizer does not train a sharded model)."""
+    if not isinstance(config, dict) or len(config) != 1:
+        raise WorkerError(f"optimizer must name exactly one of {', '.join(sorted(OPTIMIZERS))}")
+    ((name, params),) = config.items()
+    rows = SHARDABLE[name](params or {}) if name in SHARDABLE else None
+    if rows is None:
+        raise WorkerError(f"optimizer {name!r} does not train a sharded model (--shard); use Distro", kind="unsupported")
+    return rows
+
+
 def build_optimizer(config: Any, ctx: BuildContext) -> Optimizer:
     """The optimizer a config names, e.g. `{"AdamW": {"betas": [0.9, 0.95]}}`, built over ctx.model."""
     if not isinstance(config, dict) or len(config) != 1:
@@ -38,4 +56,4 @@ def build_optimizer(config: Any, ctx: BuildContext) -> Optimizer:
     return builder(params or {}, ctx)
 
 
-__all__ = ["BuildContext", "CommunicatingOptimizer", "OPTIMIZERS", "Optimizer", "build_optimizer"]
+__all__ = ["BuildContext", "CommunicatingOptimizer", "OPTIMIZERS", "Optimizer", "build_optimizer", "shard_rows"]

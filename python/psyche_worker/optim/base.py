@@ -32,9 +32,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
+
+if TYPE_CHECKING:
+    from ..sharding import Sharding
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,9 @@ class BuildContext:
     """Single-node training split among this many simulated clients (an optimizer that cannot refuses > 1)."""
     delay_correction: bool = False
     """The network path: a round's results are applied one round late, during the next round."""
+    sharding: Sharding | None = None
+    """The model is sharded across this client's ranks (sharding.py): the parameters are FSDP's DTensors, and the
+    optimizer keeps state for this rank's blocks only."""
 
 
 def clip_grad_norm(model: torch.nn.Module, max_norm: float | None) -> torch.Tensor:
@@ -110,6 +116,12 @@ class Optimizer(ABC):
     @abstractmethod
     def build(cls, config: dict[str, Any], ctx: BuildContext) -> Optimizer:
         """Validates the config table (a WorkerError naming the field) and builds the optimizer over ctx.model."""
+
+    @classmethod
+    def shard_rows(cls, config: dict[str, Any]) -> Callable[[tuple[int, ...]], int] | None:
+        """For a sharded client (sharding.py): given a tensor shape, the rows of the first dimension that one shard
+        must hold whole (a multiple of). None: this optimizer does not train a sharded model."""
+        return None
 
     @abstractmethod
     def step(self, batch: Batch, step: int, gradients: Gradients) -> Stats:

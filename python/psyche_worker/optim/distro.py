@@ -9,12 +9,13 @@ parameters; the network path needs exactly one (this client's)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 
+from ..chunked import chunk_for
 from ..distro import DistroConfig, DistroOptimizer, ResultDecodeError
 from ..distro_codec import VALUE_FORMAT_NAMES
 from ..protocol import WorkerError
@@ -31,7 +32,19 @@ class Distro(CommunicatingOptimizer):
         self.schedule = ctx.schedule
         named = sorted(model.named_parameters(), key=lambda kv: kv[0])
         # one optimizer state (momentum residual) per simulated peer, all over the same parameters; peers[0] applies
-        self.peers = [DistroOptimizer(named, config, delay_correction=ctx.delay_correction) for _ in range(ctx.simulate_peers)]
+        if ctx.sharding is not None and ctx.simulate_peers != 1:
+            raise WorkerError("a sharded client trains as one peer: simulate_peers must be 1", kind="unsupported")
+        self.sharding = ctx.sharding
+        self.peers = [DistroOptimizer(named, config, delay_correction=ctx.delay_correction, sharding=ctx.sharding) for _ in range(ctx.simulate_peers)]
+
+    @classmethod
+    def shard_rows(cls, config: dict[str, Any]) -> Callable[[tuple[int, ...]], int]:
+        """A shard holds whole DCT chunks: the first dimension's chunk (1 for the leading dimensions of N-D tensors)."""
+        try:
+            chunk = DistroConfig.from_dict(config or {}).compression_chunk
+        except ValueError as exc:
+            raise WorkerError(f"optimizer.Distro: {exc}") from None
+        return lambda shape: chunk_for(shape, chunk)[0] if len(shape) else 1
 
     @classmethod
     def build(cls, config: dict[str, Any], ctx: BuildContext) -> Distro:
@@ -78,7 +91,9 @@ class Distro(CommunicatingOptimizer):
     def begin_round(self, batch: Batch, step: int, gradients: Gradients) -> Stats:
         """The forward/backward at the live (speculative) parameters; the gradients wait in .grad for produce."""
         self._peer("train_round")
-        loss, grad_norm = read(gradients(batch), clip_grad_norm(self.model, None))  # the round's reply needs them now
+        loss = gradients(batch)
+        norm = clip_grad_norm(self.model, None) if self.sharding is None else self.peers[0].grad_norm()
+        loss, grad_norm = read(loss, norm)  # the round's reply needs them now
         return {"loss": loss, "grad_norm": grad_norm}
 
     def apply(self, results: list[bytes], step: int) -> None:

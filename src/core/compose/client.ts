@@ -42,7 +42,8 @@ export async function startComponents(
   },
 ): Promise<ClientComponents> {
   const {runId, identity, plan, log} = o
-  const startWorker = () => ModelWorker.start({threads: plan.threads, device: plan.device, dataParallel: plan.dataParallel, precision: plan.precision, label: 'client'})
+  const startWorker = () =>
+    ModelWorker.start({threads: plan.threads, device: plan.device, dataParallel: plan.dataParallel, shard: plan.shard, precision: plan.precision, label: 'client'})
   const worker = await startWorker()
   let p2p: P2PNode | undefined
   let data: DataProvider | undefined

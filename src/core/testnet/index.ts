@@ -33,6 +33,8 @@ interface TestnetOptions {
   /** Seconds a killed client stays down before it is restarted (default 2). */
   restartDelay?: number
   threads?: number
+  /** Per client (client-0 first), the shards it holds its model in (join --shard); missing or 1: unsharded. */
+  shards?: number[]
   /** The clients' validation interval (join --eval-every); default: join's. */
   evalEvery?: number
   /** Give up after this many seconds (default 900). */
@@ -132,6 +134,8 @@ export async function runTestnet(options: TestnetOptions): Promise<TestnetSummar
     const coordinator = solana ? ['--rpc', solana.url, '--ws-rpc', solana.wsUrl, '--program-id', solana.programId] : ['--server-addr', `127.0.0.1:${port}`]
     const joinArgs = [...coordinator, '--run-id', runId, '--config', statePath, '--p2p-listen', '/ip4/127.0.0.1/tcp/0']
     if (options.threads) joinArgs.push('--threads', String(options.threads))
+    const shard = options.shards?.[names.indexOf(name)] ?? 1
+    if (shard > 1) joinArgs.push('--shard', String(shard))
     if (options.evalEvery !== undefined) joinArgs.push('--eval-every', String(options.evalEvery))
     const client: ClientProcess = new ClientProcess(name, identityPath, group, joinArgs, {
       onEvent: (e, generation) => {

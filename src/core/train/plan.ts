@@ -44,6 +44,8 @@ export interface TrainPlan {
   device: string
   /** Data-parallel ranks inside this client (python/psyche_worker/parallel.py); 1 = none. */
   dataParallel: number
+  /** Ranks that hold one model in shards (FSDP2, python/psyche_worker/sharding.py); 1 = unsharded. */
+  shard: number
   /** Forward-pass precision (python/psyche_worker/model.py resolve_precision): bf16 autocast, fp32 master weights. */
   precision: Precision
   evalEvery: number
@@ -70,6 +72,8 @@ export interface TrainFlags {
   devices?: string
   /** --data-parallel N. */
   dataParallel?: number
+  /** --shard N: the model in N shards, one per rank (FSDP2). */
+  shard?: number
   /** --precision auto | fp32 | bf16 (default auto: bf16 on CUDA, fp32 on CPU). */
   precision?: Precision
   evalEvery?: number
@@ -112,7 +116,8 @@ function modelSourceFromDir(dir: string, where: string): ModelSource {
   const configPath = join(dir, 'config.json')
   if (!existsSync(dir)) throw new PsycheError(`${where}: model directory ${dir} does not exist`)
   if (!existsSync(configPath)) throw new PsycheError(`${where}: ${dir} is not a model directory (no config.json)`)
-  if (existsSync(join(dir, 'model.safetensors'))) return {kind: 'dir', dir}
+  // one safetensors file, or several with their index (Hugging Face's sharded layout)
+  if (existsSync(join(dir, 'model.safetensors')) || existsSync(join(dir, 'model.safetensors.index.json'))) return {kind: 'dir', dir}
   return {kind: 'config', configPath, config: readModelConfig(configPath)}
 }
 
@@ -243,15 +248,24 @@ export async function resolveTrainPlan(flags: TrainFlags): Promise<TrainPlan> {
   }
 }
 
-/** --device / --devices / --data-parallel as the worker takes them: a device (list) and a rank count. */
-export function devicePlan(flags: Pick<TrainFlags, 'device' | 'devices' | 'dataParallel'>): {device: string; dataParallel: number} {
+/** --device / --devices / --data-parallel / --shard as the worker takes them: a device (list) and rank counts. */
+export function devicePlan(flags: Pick<TrainFlags, 'device' | 'devices' | 'dataParallel' | 'shard'>): {device: string; dataParallel: number; shard: number} {
+  const shard = flags.shard ?? 1
+  if (!Number.isInteger(shard) || shard < 1) throw new PsycheError(`--shard ${flags.shard}: expected a whole number of ranks ≥ 1`)
+  if (shard > 1) {
+    if (flags.dataParallel !== undefined && flags.dataParallel > 1) throw new PsycheError(`--shard ${shard} and --data-parallel ${flags.dataParallel}: give one or the other`)
+    const planned = devicePlan({device: flags.device, devices: flags.devices})
+    const listed = planned.device.split(',').length
+    if (listed > 1 && listed !== shard) throw new PsycheError(`--devices lists ${listed} devices but --shard is ${shard}: give one device per shard`)
+    return {device: planned.device, dataParallel: 1, shard}
+  }
   if (flags.devices !== undefined) {
     const list = flags.devices.split(',').map((d) => d.trim())
     if (list.some((d) => !/^(cpu|cuda(:\d+)?)$/.test(d))) throw new PsycheError(`--devices ${flags.devices}: expected a comma-separated list like cuda:0,cuda:1`)
     if (flags.dataParallel !== undefined && flags.dataParallel !== list.length)
       throw new PsycheError(`--devices lists ${list.length} devices but --data-parallel is ${flags.dataParallel}: give one or the other`)
     if (flags.device !== undefined && flags.device !== 'auto') throw new PsycheError('--devices and --device: give one or the other')
-    return {device: list.join(','), dataParallel: 1}
+    return {device: list.join(','), dataParallel: 1, shard: 1}
   }
-  return {device: flags.device ?? 'auto', dataParallel: flags.dataParallel ?? 1}
+  return {device: flags.device ?? 'auto', dataParallel: flags.dataParallel ?? 1, shard: 1}
 }

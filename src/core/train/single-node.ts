@@ -93,7 +93,7 @@ export async function runSingleNode(plan: TrainPlan, options: {metricsPath?: str
   if (isInDemoCorpus(plan)) await ensureDemoCorpus(events.onStatus)
 
   events.onStatus?.('starting the PyTorch worker')
-  const worker = await ModelWorker.start({threads: plan.threads, device: plan.device, dataParallel: plan.dataParallel, precision: plan.precision})
+  const worker = await ModelWorker.start({threads: plan.threads, device: plan.device, dataParallel: plan.dataParallel, shard: plan.shard, precision: plan.precision})
   let train: DataProvider | undefined
   let validation: DataProvider | undefined
   let metrics: JsonlWriter | undefined

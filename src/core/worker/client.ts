@@ -25,6 +25,8 @@ export interface WorkerOptions {
   device?: string
   /** Data-parallel ranks on `device`'s kind (cpu: N processes, cuda: GPUs 0..N-1); default 1. */
   dataParallel?: number
+  /** Ranks that hold the model in shards (FSDP2) on `device`'s kind, or one per listed device; default 1. */
+  shard?: number
   /** auto | fp32 | bf16: forward passes under torch bf16 autocast, master weights fp32 (default auto: bf16 on CUDA). */
   precision?: 'auto' | 'fp32' | 'bf16'
   /** ms to wait for the worker to import torch and listen. */
@@ -129,6 +131,7 @@ export class WorkerClient {
     const args = ['-m', 'psyche_worker', '--endpoint', `ipc://${endpointPath}`, '--device', options.device ?? 'auto']
     if (options.threads) args.push('--threads', String(options.threads))
     if (options.dataParallel && options.dataParallel > 1) args.push('--data-parallel', String(options.dataParallel))
+    if (options.shard && options.shard > 1) args.push('--shard', String(options.shard))
     if (options.precision && options.precision !== 'auto') args.push('--precision', options.precision)
     const env = pythonEnv(options.threads ? {OMP_NUM_THREADS: String(options.threads), MKL_NUM_THREADS: String(options.threads)} : {})
     const proc = execa(python, args, {cwd: projectRoot, env, stdin: 'ignore', stdout: 'pipe', stderr: 'pipe', cleanup: true, buffer: false, reject: false})

@@ -166,10 +166,16 @@ export class ModelWorker {
   /**
    * Writes the model directory (config, weights, tokenizer, model card) atomically. The tokenizer is `tokenizer`
    * (a tokenizer.json or a model directory), else the loaded model's own, else a byte-level one; `card` adds rows
-   * (step, run id, ...) to the model card.
+   * (step, run id, ...) to the model card. Weights go in safetensors files of at most `maxShardBytes` (default 5 GB),
+   * with model.safetensors.index.json when there are several (Hugging Face's layout).
    */
-  async save(dir: string, options: {tokenizer?: string; card?: Record<string, string | number>} = {}): Promise<void> {
-    await this.client.call('save_model', {dir, ...(options.tokenizer ? {tokenizer: options.tokenizer} : {}), ...(options.card ? {card: options.card} : {})})
+  async save(dir: string, options: {tokenizer?: string; card?: Record<string, string | number>; maxShardBytes?: number} = {}): Promise<void> {
+    await this.client.call('save_model', {
+      dir,
+      ...(options.tokenizer ? {tokenizer: options.tokenizer} : {}),
+      ...(options.card ? {card: options.card} : {}),
+      ...(options.maxShardBytes ? {max_shard_size: options.maxShardBytes} : {}),
+    })
   }
 
   async shutdown(): Promise<void> {

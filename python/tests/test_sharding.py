@@ -1,0 +1,119 @@
+"""A model sharded across 2 gloo ranks (sharding.py, FSDP2) trains DisTrO rounds with the bytes of an unsharded client:
+the same results, the same parameters after apply, the same hashes."""
+
+import pytest
+import torch
+
+DISTRO = {"Distro": {"clip_grad_norm": 1.0, "compression_decay": 0.96, "compression_chunk": 16, "compression_topk": 4, "quantize_1bit": True}}
+SCHEDULE = {"Constant": {"base_lr": 1e-2, "warmup_steps": 0, "warmup_init_lr": 0}}
+ROWS, ROUNDS = 8, 3
+
+
+def _batches(vocab: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(5)
+    return [torch.randint(0, vocab, (ROWS, 17), generator=g, dtype=torch.int64).to(torch.int32) for _ in range(ROUNDS)]
+
+
+def _rounds(trainer, batches):
+    """Rounds with delay correction, each applying the previous round's own result: results and hashes."""
+    from psyche_worker.model import hash_sorted_tensors
+
+    results, hashes, losses = [], [], []
+    previous = None
+    for step, tokens in enumerate(batches, 1):
+        losses.append(trainer.begin_round(tokens, step)["loss"])
+        stats, result = trainer.finish_round(step, None if previous is None else step - 1, [] if previous is None else [previous])
+        results.append(result)
+        hashes.append(hash_sorted_tensors(trainer.whole_parameters()))
+        previous = result
+    return results, hashes, losses
+
+
+def _rank(rank, world, port, configs, out, kind):
+    """One rank: every case's rounds with the model in `world` shards (one process group for all of them)."""
+    torch.set_num_threads(1)
+    from psyche_worker.model import init_model
+    from psyche_worker.parallel import join_group
+    from psyche_worker.sharding import Sharding
+    from psyche_worker.trainer import Trainer
+
+    device = torch.device("cpu" if kind == "cpu" else f"cuda:{rank}")
+    group = join_group(rank, world, port, device)
+    got = {}
+    for case, (config, optimizer) in configs.items():
+        trainer = Trainer(init_model(config, 0), device, precision="fp32", sharding=Sharding(rank, world, group.data))
+        trainer.configure(optimizer, SCHEDULE, micro_batch=ROWS // world, delay_correction=True)
+        results, hashes, losses = _rounds(trainer, _batches(config["vocab_size"]))
+        local = sum(p.numel() for p in trainer.optimizer.peers[0].params)
+        momentum = sum(m.numel() for m in trainer.optimizer.peers[0]._momentum)
+        got[case] = (results, hashes, losses, local, momentum)
+    out.put((rank, got))
+    torch.distributed.destroy_process_group()
+
+
+def _sharded(configs, world=2, kind="cpu"):
+    import torch.multiprocessing as mp
+
+    from psyche_worker.parallel import free_port
+
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_rank, args=(r, world, port, configs, out, kind)) for r in range(world)]
+    for p in procs:
+        p.start()
+    got = []
+    while len(got) < len(procs):
+        try:
+            got.append(out.get(timeout=5))
+        except Exception:
+            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            assert not dead, f"a rank failed (exit codes {dead})"
+    for p in procs:
+        p.join(timeout=60)
+    return sorted(got, key=lambda r: r[0])
+
+
+# chunk 16 splits only the embeddings and the head of the tiny model (its 16-row tensors stay whole on each rank);
+# chunk 8 on a wider one splits every tensor, and its results carry bf16 values rather than signs
+CASES = {
+    "some tensors split, signs": ({}, DISTRO),
+    "every tensor split, values": (
+        {"hidden_size": 32, "intermediate_size": 64},
+        {"Distro": {**DISTRO["Distro"], "compression_chunk": 8, "compression_topk": 3, "quantize_1bit": False, "weight_decay": 0.1}},
+    ),
+}
+
+
+def _check(configs, ranks, device):
+    from psyche_worker.model import init_model
+    from psyche_worker.trainer import Trainer
+
+    for case, (config, optimizer) in configs.items():
+        single = Trainer(init_model(config, 0), device, precision="fp32")
+        single.configure(optimizer, SCHEDULE, micro_batch=ROWS // 2, delay_correction=True)
+        results, hashes, losses = _rounds(single, _batches(config["vocab_size"]))
+        total = sum(p.numel() for p in single.model.parameters())
+        for rank, got in ranks:
+            r_results, r_hashes, r_losses, local, momentum = got[case]
+            assert r_results == results, f"{case}, rank {rank}: results differ"
+            assert r_hashes == hashes, f"{case}, rank {rank}: parameters differ"
+            assert r_losses == losses, f"{case}, rank {rank}: losses differ"
+            assert local < 0.75 * total and momentum == local, f"{case}: each rank holds about half"
+        assert len(set(hashes)) == ROUNDS, case  # the model changed every round
+        assert all(len(r) > 100 for r in results)
+
+
+def test_two_shards_give_the_unsharded_bytes(tiny_config):
+    torch.set_num_threads(1)
+    configs = {case: ({**tiny_config, **changes}, optimizer) for case, (changes, optimizer) in CASES.items()}
+    _check(configs, _sharded(configs), torch.device("cpu"))
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="a 2-rank FSDP step with NCCL needs 2 CUDA GPUs (this machine has fewer)"
+)
+def test_two_gpu_shards_give_the_one_gpu_bytes(tiny_config):
+    """bench/gpu-check.sh runs this on a lent machine with 2 or more GPUs: the same check with NCCL."""
+    configs = {case: ({**tiny_config, **changes}, optimizer) for case, (changes, optimizer) in CASES.items()}
+    _check(configs, _sharded(configs, kind="cuda"), torch.device("cuda:0"))
