@@ -84,6 +84,16 @@ limits per relayed connection are flags (--relay-data-limit-mb, --relay-duration
       default: DEFAULT_LIMITS.stallTimeoutSeconds,
       min: 1,
     }),
+    'max-strikes': Flags.integer({
+      summary: 'refused messages a connection (a watcher too) may send, net of those taken, before it is closed and its identity and address banned',
+      default: DEFAULT_LIMITS.maxStrikes,
+      min: 1,
+    }),
+    'strike-ban-s': Flags.integer({
+      summary: 'seconds the identity and the address of a connection closed for its refusals (--max-strikes) are refused',
+      default: DEFAULT_LIMITS.strikeBanSeconds,
+      min: 1,
+    }),
     'watcher-state-ms': Flags.integer({
       summary: 'how often watchers and clients waiting for the next epoch get the newest state, in milliseconds (the epoch’s clients get every change at once; 0: everyone does)',
       default: DEFAULT_PASSIVE_STATE_MS,
@@ -172,6 +182,8 @@ limits per relayed connection are flags (--relay-data-limit-mb, --relay-duration
         maxUnsentBytesTotal: flags['max-unsent-bytes-total'],
         maxUnsentBytes: flags['max-unsent-bytes'],
         stallTimeoutSeconds: flags['stall-timeout-s'],
+        maxStrikes: flags['max-strikes'],
+        strikeBanSeconds: flags['strike-ban-s'],
       },
       passiveStateMs: flags['watcher-state-ms'],
     }).catch(async (error) => {

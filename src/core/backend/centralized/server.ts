@@ -318,16 +318,18 @@ export class CoordinatorServer {
       case 'event':
         return void this.applyFrom(s, m.kind, to.event)
       case 'refuse':
-        return this.sessions.reject(s, to.code, to.reason, m.kind, {strike: to.strike})
+        return this.sessions.reject(s, to.code, to.reason, m.kind)
       case 'report':
         this.opts.log({event: 'client_report', client: m.from, step: to.step, ...to.report})
         // Watchers get it with their next state (on their cadence), not as a frame each.
         this.reports.add(m.from, to.step, to.report)
+        this.admission.forgive(s)
         if (this.opts.passiveStateMs <= 0) this.pusher.push(this.sessions.watching)
         return
       case 'scores': {
         const refused = this.ledger.record(this.current, m.from, to.step, to.scores)
-        if (refused) return this.sessions.reject(s, refused.code, refused.reason, 'scores', {strike: false})
+        if (refused) return this.sessions.reject(s, refused.code, refused.reason, 'scores')
+        this.admission.forgive(s)
         this.saveDue()
         return this.pusher.push()
       }
@@ -360,8 +362,12 @@ export class CoordinatorServer {
     const refusal = this.admission.event(this.current, event)
     const result = refusal ? {state: this.current, error: refusal} : applyEvent(this.current, event, this.opts.now())
     const answer = verdict(event, result.error, {peer: s.peer, client: s.clientId!, of})
-    if (answer.ok) this.opts.log(answer.line)
-    else this.sessions.reject(s, answer.code, answer.reason, of, {strike: false})
+    if (answer.ok) {
+      this.opts.log(answer.line)
+      this.admission.forgive(s)
+    }
+    // The coordinator's refusals count as strikes (a watcher's invalid witnesses included); the server's own bounds do not.
+    else this.sessions.reject(s, answer.code, answer.reason, of, {strike: !refusal})
     const listed = this.updateEntry(s, result.state)
     if (!answer.ok && !listed) return false
     this.commit(result.state, listed)
