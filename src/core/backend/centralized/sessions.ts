@@ -148,7 +148,9 @@ export class Sessions {
     s.deltas = body.state_deltas === true
     if (s.watcher) this.watchers.add(s)
     s.addrs = body.p2p_addrs
-    s.reader.maxFrameBytes = this.opts.maxFrameBytes
+    // A watcher sends nothing large (a resync, its scores): it keeps the pre-hello frame bound, so a flood of big
+    // frames from one is cut at the first frame's header, not read, verified and refused 16 times over.
+    s.reader.maxFrameBytes = s.watcher ? Math.min(MAX_PRE_HELLO_FRAME_BYTES, this.opts.maxFrameBytes) : this.opts.maxFrameBytes
     this.byClient.set(m.from, s)
     this.opts.log({event: 'hello', peer: s.peer, client: m.from, want_join: body.want_join, p2p_addrs: body.p2p_addrs})
     const welcome: ServerBodies['welcome'] = {run_id: this.opts.state().run_id, client_id: m.from, server_time: this.opts.now()}
@@ -162,7 +164,10 @@ export class Sessions {
   keepWatching(s: Session): boolean {
     const full = this.opts.admission.watcher(this.watchers.size)
     if (full) this.drop(s, full.code, full.message, 'hello')
-    else this.watchers.add(s)
+    else {
+      this.watchers.add(s)
+      s.reader.maxFrameBytes = Math.min(MAX_PRE_HELLO_FRAME_BYTES, this.opts.maxFrameBytes)
+    }
     return !full
   }
 
