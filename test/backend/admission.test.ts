@@ -60,7 +60,7 @@ describe('admission: who may connect, watch and join', () => {
     assert.equal(three.strike(other)?.code, 'too_many_rejections')
     three.ban(['id1', '10.0.0.1', undefined])
     assert.match(three.banRefusal('10.0.0.1')!.message, /^10\.0\.0\.1 was closed for 3 refused messages; it may return in 1 s \(--strike-ban-s\)$/)
-    assert.equal(three.banRefusal('id1')?.code, 'banned')
+    assert.equal(three.banRefusal('id1')?.code, 'strike_banned')
     assert.equal(three.banRefusal('10.0.0.2'), undefined)
   })
 })

@@ -204,7 +204,7 @@ test('an oversized frame closes only its connection; garbage is refused with rea
     await t.waitLog({event: 'rejected', code: 'too_many_rejections'}, from)
     // Its address waits out its ban (--strike-ban-s) before it may connect again.
     await refusedOnConnect(t.server.port)
-    const banned = await t.waitLog({event: 'rejected', code: 'banned'}, from)
+    const banned = await t.waitLog({event: 'rejected', code: 'strike_banned'}, from)
     assert.match(String(banned.reason), /^127\.0\.0\.1 was closed for 16 refused messages; it may return in 1 s \(--strike-ban-s\)/)
     await new Promise((r) => setTimeout(r, 1100))
 
@@ -404,7 +404,7 @@ test('refusals cost the sender: a watcher flooding invalid witnesses is closed w
     assert.equal(refused.filter((l) => l.code !== 'too_many_rejections').length, 5, 'closed at its 5th refusal')
     // The identity may not come back (from a new address neither: the test's one address is banned too).
     await refusedOnConnect(t.server.port)
-    await t.waitLog({event: 'rejected', code: 'banned'}, from)
+    await t.waitLog({event: 'rejected', code: 'strike_banned'}, from)
     await raw.close()
   })
 })

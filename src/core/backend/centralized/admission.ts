@@ -106,7 +106,7 @@ export class Admission {
   }
 
   /** Why an identity or address is refused now (undefined: it is not banned). */
-  banRefusal(key: string): Refusal<'banned'> | undefined {
+  banRefusal(key: string): Refusal<'strike_banned'> | undefined {
     const until = this.banned.get(key)
     if (until === undefined) return undefined
     const left = until - Date.now()
@@ -115,7 +115,7 @@ export class Admission {
       return undefined
     }
     return {
-      code: 'banned',
+      code: 'strike_banned',
       message: `${key} was closed for ${this.limits.maxStrikes} refused messages; it may return in ${Math.ceil(left / 1000)} s (${LIMIT_FLAGS.strikeBanSeconds})`,
     }
   }

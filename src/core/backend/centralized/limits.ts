@@ -73,7 +73,7 @@ export const LIMIT_FLAGS: Record<keyof ServerLimits, string> = {
 }
 
 /** Refusals of a server at one of its bounds: the client tries again later (they are not about who it is). */
-export const RETRYABLE_REFUSALS = ['too_many_connections', 'too_many_connections_from_address', 'too_many_handshakes', 'too_many_watchers', 'banned'] as const
+export const RETRYABLE_REFUSALS = ['too_many_connections', 'too_many_connections_from_address', 'too_many_handshakes', 'too_many_watchers', 'strike_banned'] as const
 export type RetryableRefusal = (typeof RETRYABLE_REFUSALS)[number]
 
 /** A token bucket: `take()` is true `burst` times at once, then at most `perSecond` times a second on average. */
