@@ -2,6 +2,9 @@
 //   attack-hostile.ts coordinator HOST:PORT RUN_ID COUNT   each connection takes the challenge, says hello with the
 //       largest address list (32 × 512 characters) from a free identity — half ask to join, half only watch — and
 //       then never reads again
+//   attack-hostile.ts refusals HOST:PORT RUN_ID COUNT     COUNT watchers, each saying hello and then sending, as fast as
+//       the server reads them, 15 MB witnesses for step 2^40 (each refused by the coordinator); one that is closed
+//       comes back at once with a new identity from its next address (an attacker trying to get round the ban)
 //   attack-hostile.ts data HOST:PORT SEQ_LEN COUNT         each connection says hello and asks for 60 batches of 64
 //       samples, and never reads
 // Connections come from 50 loopback addresses (127.0.1.1–50), as an attacker with many addresses would. Prints one
@@ -15,7 +18,7 @@ const [host, portText] = addr.split(':')
 const port = Number(portText)
 const count = Number(countText)
 const sockets: Socket[] = []
-const stats = {opened: 0, refused: 0, closed: 0}
+const stats = {opened: 0, refused: 0, closed: 0, sent: 0}
 
 function open(i: number): Socket {
   const socket = connect({host, port, localAddress: `127.0.1.${(i % 50) + 1}`})
@@ -61,9 +64,40 @@ function dataAttacker(i: number, seqLen: number): void {
   })
 }
 
+/** A watcher that floods refused witnesses; closed (or refused), it comes back from its next address. */
+function refusalFlooder(i: number, runId: string, attempt = 0): void {
+  const socket = open(i + attempt * count)
+  const identity = generateIdentity()
+  const reader = new FrameReader()
+  const bloom = 'f'.repeat(7_500_000)
+  let session: string | undefined
+  let seq = 1
+  const flood = () => {
+    while (!socket.destroyed && session) {
+      stats.sent++
+      const frame = encodeClientMessage(identity, 'witness', {run_id: runId, step: 2 ** 40, seq: ++seq, session}, {proof: {participant_bloom: bloom, broadcast_bloom: bloom}})
+      if (!socket.write(frame)) return void socket.once('drain', flood)
+    }
+  }
+  socket.on('data', (chunk: Buffer) => {
+    for (const frame of reader.push(chunk)) {
+      if (!frame.ok) continue
+      const d = decodeServerMessage(frame.body)
+      if (!d.ok) continue
+      if (d.envelope.kind === 'rejected') stats.refused++
+      if (d.envelope.kind !== 'challenge') continue
+      session = d.envelope.body.session
+      socket.write(encodeClientMessage(identity, 'hello', {run_id: runId, step: 0, seq: 1, session}, {run_id: runId, client_id: identity.id, p2p_addrs: [], want_join: false}))
+      flood()
+    }
+  })
+  socket.once('close', () => setTimeout(() => refusalFlooder(i, runId, attempt + 1), 100))
+}
+
 // Opened in waves of 50, as fast as the server accepts them.
 for (let i = 0; i < count; i++) {
-  if (mode === 'coordinator') coordinatorAttacker(i, arg)
+  if (mode === 'refusals') refusalFlooder(i, arg)
+  else if (mode === 'coordinator') coordinatorAttacker(i, arg)
   else dataAttacker(i, Number(arg))
   if (i % 50 === 49) await new Promise((r) => setTimeout(r, 20))
 }

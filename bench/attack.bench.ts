@@ -20,6 +20,9 @@ const ROUNDS = Number(process.env.BENCH_ATTACK_ROUNDS ?? 24)
 // BENCH_ATTACK_COUNTS=none: the data server only.
 const COUNTS = process.env.BENCH_ATTACK_COUNTS === 'none' ? [] : (process.env.BENCH_ATTACK_COUNTS ?? '0,100,1000').split(',').map(Number)
 const HONEST = 4
+// BENCH_ATTACK_MODE=refusals: the hostile connections flood refused witnesses (attack-hostile.ts refusals) instead;
+// BENCH_ATTACK_LIMITS: the server's limits as JSON (e.g. {"maxStrikes": 1000000000} for no strike budget).
+const MODE = process.env.BENCH_ATTACK_MODE === 'refusals' ? 'refusals' : 'coordinator'
 const COMPUTE_MS = 300
 
 function fileLimit(): number {
@@ -88,13 +91,18 @@ interface CoordinatorResult {
   clients_cpu_ms_per_round: number
   refusals: Record<string, number>
   hostile_open_at_end: number
+  hostile_sent: number
 }
 
 async function coordinatorUnder(hostile: number): Promise<CoordinatorResult> {
   const run = await scaleRun({clients: HONEST, rounds: ROUNDS, warmupTime: 30, maxRoundTrainTime: 10, roundWitnessTime: 2})
   run.run_id = 'attack-bench'
   const prof = PROF_DIR ? ['--cpu-prof', '--cpu-prof-dir', PROF_DIR] : []
-  const target = tsx(['bench/attack-target.ts', 'coordinator'], {PSYCHE_ATTACK_RUN: JSON.stringify(run)}, prof)
+  const target = tsx(
+    ['bench/attack-target.ts', 'coordinator'],
+    {PSYCHE_ATTACK_RUN: JSON.stringify(run), ...(process.env.BENCH_ATTACK_LIMITS ? {PSYCHE_ATTACK_LIMITS: process.env.BENCH_ATTACK_LIMITS} : {})},
+    prof,
+  )
   const {port} = (await firstJson(target.lines)) as {port: number}
   const addr = `127.0.0.1:${port}`
   const pid = target.child.pid!
@@ -133,9 +141,9 @@ async function coordinatorUnder(hostile: number): Promise<CoordinatorResult> {
   )
   await training
   let attacker: ReturnType<typeof tsx> | undefined
-  let hostileStats = {opened: 0, refused: 0, closed: 0}
+  let hostileStats = {opened: 0, refused: 0, closed: 0, sent: 0}
   if (hostile > 0) {
-    attacker = tsx(['bench/attack-hostile.ts', 'coordinator', addr, run.run_id!, String(hostile)])
+    attacker = tsx(['bench/attack-hostile.ts', MODE, addr, run.run_id!, String(hostile)])
     attackerPid = attacker.child.pid
     void (async () => {
       for await (const line of attacker!.lines) hostileStats = JSON.parse(line)
@@ -167,6 +175,7 @@ async function coordinatorUnder(hostile: number): Promise<CoordinatorResult> {
       : {}),
     refusals: Object.fromEntries(Object.entries(refusals).filter(([k]) => k !== 'event' && k !== 't')),
     hostile_open_at_end: hostileStats.opened - hostileStats.closed,
+    hostile_sent: hostileStats.sent,
   }
 }
 

@@ -27,6 +27,7 @@ export const tiers = {
     'test/backend/restart.test.ts',
     'test/backend/server.test.ts',
     'test/checkpoint/checkpointer.test.ts',
+    'test/checkpoint/llama-layout.test.ts',
     'test/checkpoint/hub-client-hostile.test.ts',
     'test/checkpoint/hub-server-hostile.test.ts',
     'test/checkpoint/hub-server.test.ts',

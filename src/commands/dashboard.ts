@@ -70,6 +70,7 @@ keeps there (as psyche rewards --rpc; no scores, and no plots: clients report th
             history.clientRows(),
             conn.rewards,
           ),
+        saveState: () => conn.saveState,
       },
       {port: flags['dashboard-port'], host: flags.host},
     )

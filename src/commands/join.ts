@@ -45,8 +45,8 @@ several rounds while others train prints a no_exchange warning naming the addres
   static flags = joinFlags
 
   /** With --json, stdout is a stream of one-line events: an error is one more line, not a pretty-printed object. */
-  protected writeJsonError(code: string, message: string): void {
-    process.stdout.write(`${JSON.stringify({event: 'error', code, message})}\n`)
+  protected get streamsEvents(): boolean {
+    return true
   }
 
   async run(): Promise<ClientSummary | undefined> {

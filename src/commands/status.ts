@@ -7,9 +7,9 @@ import {addressOfClient, ledgerRows, ledgerScores} from '../core/backend/solana/
 import {parseAddress} from '../core/cli/solana-flags.js'
 import {PsycheError} from '../core/errors.js'
 import {PsycheCommand} from '../core/cli/base-command.js'
-import {coordinatorSeconds, summarizeRun, timeLeftText, type RunSummary} from '../core/obs/summary.js'
+import {coordinatorSeconds, saveStatusText, summarizeRun, timeLeftText, type RunSummary} from '../core/obs/summary.js'
 import {generateIdentity} from '../core/protocol/index.js'
-import type {ClientScore} from '../core/protocol/messages.js'
+import type {ClientScore, SaveStatus} from '../core/protocol/messages.js'
 import type {RewardRow} from '../core/coordinator/rewards.js'
 
 export default class Status extends PsycheCommand {
@@ -19,7 +19,10 @@ state, prints it and exits. With --json, one object: {run_id, run_state, epoch, 
 phase_elapsed_seconds, phase_time_left_seconds (a round's is its timeout), epoch_time_left_seconds, clients: [{id, state}], clients_by_state: {healthy, dropped,
 withdrawn, ejected, pending}, round: {step, height, batch_size, trainers, witnesses_expected, witness_proofs,
 witness_quorum} | null, pause_pending, peers, scores: [{client_id, average, last, last_step, verifiers, count}],
-rewards: [{client_id, score, weight, rounds, batches, pending, earned, slashed}], no_exchange: [{client_id, rounds, step}]}:
+rewards: [{client_id, score, weight, rounds, batches, pending, earned, slashed}], no_exchange: [{client_id, rounds, step}],
+save_state: {ok, failures_in_a_row, failures, max_failures, last_error, last_saved_step, last_saved_at} | null}:
+save_state is how the server's saves of its state go (null: it runs without --save-state-dir; text: STATE NOT SAVED
+while they fail);
 no_exchange lists the clients whose latest round report says they applied none of the others' results for that many
 rounds in a row (they reach no peer and train alone; text: NO EXCHANGE on the client's line). scores are the moving averages of the
 verification scores verifiers reported for each client's results; rewards are the points each client earned for its
@@ -67,6 +70,7 @@ program (report_scores).`
       peers: Object.values(conn.peers).filter((a) => a.length > 0).length,
       scores: conn.scores,
       rewards: conn.rewards,
+      save_state: conn.saveState ?? null,
       no_exchange: [...conn.latestReports.values()]
         .filter((r) => (r.report.rounds_without_exchange ?? 0) > 0)
         .map((r) => ({client_id: r.client, rounds: r.report.rounds_without_exchange!, step: r.step})),
@@ -87,6 +91,8 @@ export type StatusSummary = RunSummary & {
    * reach no peer: they train alone), as of round `step`.
    */
   no_exchange?: {client_id: string; rounds: number; step: number}[]
+  /** A server that saves its state (--save-state-dir): how its saves are going (null: it saves nothing). */
+  save_state?: SaveStatus | null
   /** A run on Solana: its coordinator account, authorities and metadata. */
   coordinator?: string
   main_authority?: string
@@ -138,6 +144,8 @@ export function formatSummary(s: StatusSummary): string[] {
       `round ${s.round.step} (height ${s.round.height}): ${s.round.trainers} trainers, batch ${s.round.batch_size}, witness proofs ${s.round.witness_proofs}/${s.round.witnesses_expected} (quorum ${s.round.witness_quorum})`,
     )
   if (s.pause_pending) lines.push('a pause is pending (at the end of the epoch)')
+  const unsaved = s.save_state ? saveStatusText(s.save_state) : null
+  if (unsaved) lines.push(unsaved)
   const scores = new Map((s.scores ?? []).map((x) => [x.client_id, x]))
   const rewards = new Map((s.rewards ?? []).map((x) => [x.client_id, x]))
   const alone = new Map((s.no_exchange ?? []).map((x) => [x.client_id, x]))

@@ -115,7 +115,8 @@ export type PsycheEvent =
   | {event: 'dialback_failed'; peer_id: string; reason: string}
   | {event: 'disconnected'; addr?: string; client?: string; peer?: string; message?: string}
   | {event: 'equivocation_reported'; client_id: string; step: number}
-  | {event: 'error'; where?: string; message: string; path?: string; peer?: string; code?: string}
+  // where: save (the coordinator server's saved state): with the saves that failed in a row, and the step of the last state saved
+  | {event: 'error'; where?: string; message: string; path?: string; peer?: string; code?: string; failures_in_a_row?: number; last_saved_step?: number | null}
   | {event: 'eval_failed'; step: number; message: string}
   | {event: 'eval_set'; source: string; samples: number; data: string}
   | {event: 'eval_unavailable'; reason: string}
@@ -222,6 +223,8 @@ export type PsycheEvent =
   | {event: 'server_message_dropped'; reason: string; detail: string}
   | {event: 'started'; client_id: string; p2p: string[]; worker_pid?: number}
   | {event: 'stopped'; run_state: string; step: number}
+  // core/backend/centralized/server.ts: the server's saves kept failing (--max-save-failures): it starts no more rounds and exits
+  | {event: 'halted'; reason: string; run_state: string; step: number; last_saved_step: number | null}
   | {event: 'subscription_failed'; ws_rpc: string; message: string}
   | {event: 'tick_refused'; reason: string}
   | {event: 'trained'; step: number; loss: number; batches: number; result_bytes: number; compute_ms: number; produce_ms: number}

@@ -46,11 +46,22 @@ describe('admission: who may connect, watch and join', () => {
     assert.equal(admission.event(dropped, {type: 'join', id: ids(1, 99)[0]}), undefined)
   })
 
-  it('a connection is closed at its 16th violation', () => {
+  it('a connection is closed at its 16th refusal net of the messages taken (--max-strikes); its identity and address are then banned for --strike-ban-s', () => {
     const admission = new Admission(DEFAULT_LIMITS)
     const connection = {strikes: 0}
     for (let i = 1; i < 16; i++) assert.equal(admission.strike(connection), undefined, `strike ${i}`)
-    assert.deepEqual(admission.strike(connection), {code: 'too_many_rejections', message: '16 invalid messages'})
+    admission.forgive(connection)
+    assert.equal(admission.strike(connection), undefined, 'a message taken earned one back')
+    assert.deepEqual(admission.strike(connection), {code: 'too_many_rejections', message: '16 refused messages (--max-strikes)'})
+    const three = new Admission({...DEFAULT_LIMITS, maxStrikes: 3, strikeBanSeconds: 1})
+    const other = {strikes: 0}
+    assert.equal(three.strike(other), undefined)
+    assert.equal(three.strike(other), undefined)
+    assert.equal(three.strike(other)?.code, 'too_many_rejections')
+    three.ban(['id1', '10.0.0.1', undefined])
+    assert.match(three.banRefusal('10.0.0.1')!.message, /^10\.0\.0\.1 was closed for 3 refused messages; it may return in 1 s \(--strike-ban-s\)$/)
+    assert.equal(three.banRefusal('id1')?.code, 'strike_banned')
+    assert.equal(three.banRefusal('10.0.0.2'), undefined)
   })
 })
 

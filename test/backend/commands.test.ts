@@ -7,7 +7,7 @@ import type {ResultPromise} from 'execa'
 import {CoordinatorConnection} from '../../src/core/backend/index.js'
 import {buildWitnessProof} from '../../src/core/coordinator/index.js'
 import type {CoordinatorState} from '../../src/core/coordinator/types.js'
-import {generateIdentity, loadIdentity} from '../../src/core/protocol/index.js'
+import {generateIdentity, loadIdentity, saveIdentity} from '../../src/core/protocol/index.js'
 import {runCli, startCli, tempDir} from '../helpers.js'
 import {RUN_ID, waitUntil, writeRunConfig} from './helpers.js'
 
@@ -66,60 +66,84 @@ function nextState(c: CoordinatorConnection, pred: (s: CoordinatorState) => bool
   return waitUntil(() => c.state && pred(c.state) && c.state, 'a coordinator state', timeoutMs)
 }
 
-test('psyche server run: killed (SIGKILL) and restarted with --save-state-dir, the client reconnects and training resumes; SIGINT stops it cleanly', async () => {
-  const dir = tempDir()
-  const saveDir = join(dir.path, 'saved')
-  const statePath = writeRunConfig(dir.path, {warmup_time: 30, max_round_train_time: 30})
-  const args = ['server', 'run', '--state', statePath, '--save-state-dir', saveDir, '--tick-ms', '50', '--json']
-  let client: CoordinatorConnection | undefined
-  const children: ResultPromise[] = []
-  try {
-    const first = startCli(args)
-    children.push(first)
-    const firstLog = jsonLines(first)
-    const listening = await waitUntil(() => firstLog[0], 'the listening line', 15_000)
-    assert.equal(listening.event, 'listening', 'the first line says where the server listens')
-    const port = Number(listening.port)
-    assert.ok(port > 0)
+// Every documented way to run a server that keeps its state (README: --save-state-dir; server run --help:
+// --save-state-dir with --identity, the directory new), killed at step 2 and restarted: no step is lost.
+const restartCombinations: {name: string; flags: (dir: string) => Promise<string[]>}[] = [
+  {name: '--save-state-dir', flags: async (dir) => ['--save-state-dir', join(dir, 'saved')]},
+  {
+    name: '--identity FILE --save-state-dir NEWDIR --dashboard-port 0',
+    flags: async (dir) => {
+      await saveIdentity(generateIdentity(), join(dir, 'server.json'))
+      return ['--identity', join(dir, 'server.json'), '--save-state-dir', join(dir, 'new', 'saved'), '--dashboard-port', '0']
+    },
+  },
+]
+for (const [i, combination] of restartCombinations.entries()) {
+  test(`psyche server run ${combination.name}: killed (SIGKILL) at step 2 and restarted, it resumes at step 2 (no step lost) and the client reconnects${i === 0 ? '; SIGINT stops it cleanly' : ''}`, async () => {
+    const dir = tempDir()
+    const statePath = writeRunConfig(dir.path, {warmup_time: 30, max_round_train_time: 30})
+    const flags = await combination.flags(dir.path)
+    const saveDir = flags[flags.indexOf('--save-state-dir') + 1]
+    const args = ['server', 'run', '--state', statePath, ...flags, '--tick-ms', '50', '--json']
+    let client: CoordinatorConnection | undefined
+    const children: ResultPromise[] = []
+    try {
+      const first = startCli(args)
+      children.push(first)
+      const firstLog = jsonLines(first)
+      const listening = await waitUntil(() => firstLog[0], 'the listening line', 15_000)
+      assert.equal(listening.event, 'listening', 'the first line says where the server listens')
+      const port = Number(listening.port)
+      assert.ok(port > 0)
 
-    const alice = generateIdentity()
-    client = await CoordinatorConnection.connect({addr: `127.0.0.1:${port}`, runId: RUN_ID, identity: alice, p2pAddrs: [], join: true, serverId: String(listening.server_id)})
-    await nextState(client, (s) => s.run_state === 'Warmup')
-    client.sendWarmupReady()
-    const round1 = await nextState(client, (s) => s.run_state === 'RoundTrain')
+      const alice = generateIdentity()
+      client = await CoordinatorConnection.connect({addr: `127.0.0.1:${port}`, runId: RUN_ID, identity: alice, p2pAddrs: [], join: true, serverId: String(listening.server_id)})
+      await nextState(client, (s) => s.run_state === 'Warmup')
+      client.sendWarmupReady()
+      const round1 = await nextState(client, (s) => s.run_state === 'RoundTrain')
+      assert.ok(client.sendWitness(1, buildWitnessProof(round1.epoch.round!, [])))
+      const round2 = await nextState(client, (s) => s.run_state === 'RoundTrain' && s.progress.step === 2)
+      // Saved as it happened: the file on disk is at step 2 when the server is killed.
+      await waitUntil(() => JSON.parse(JSON.parse(readFileSync(join(saveDir, 'coordinator-state.json'), 'utf8')).state).progress.step === 2, 'step 2 on disk')
 
-    first.kill('SIGKILL')
-    await first
-    const reconnected = new Promise((r) => client!.once('reconnected', r))
-    const second = startCli([...args, '--server-port', String(port)])
-    children.push(second)
-    const secondLog = jsonLines(second)
-    await waitUntil(() => secondLog.find((l) => l.event === 'resumed'), 'the resumed line', 15_000)
-    assert.equal(secondLog[0].event, 'listening')
-    assert.equal(secondLog[0].server_id, listening.server_id, 'the same server identity, so the pinned client accepts it')
-    const resumed = secondLog.find((l) => l.event === 'resumed')!
-    assert.equal(resumed.run_state, 'RoundTrain')
-    assert.equal(resumed.step, 1)
-    await reconnected
-    assert.ok(client.sendWitness(1, buildWitnessProof(round1.epoch.round!, [])))
-    await nextState(client, (s) => s.run_state === 'RoundTrain' && s.progress.step === 2)
+      first.kill('SIGKILL')
+      await first
+      assert.deepEqual(
+        firstLog.filter((l) => l.event === 'error'),
+        [],
+        'no save failed',
+      )
+      const reconnected = new Promise((r) => client!.once('reconnected', r))
+      const second = startCli([...args, '--server-port', String(port)])
+      children.push(second)
+      const secondLog = jsonLines(second)
+      await waitUntil(() => secondLog.find((l) => l.event === 'resumed'), 'the resumed line', 15_000)
+      assert.equal(secondLog[0].event, 'listening')
+      assert.equal(secondLog[0].server_id, listening.server_id, 'the same server identity, so the pinned client accepts it')
+      const resumed = secondLog.find((l) => l.event === 'resumed')!
+      assert.equal(resumed.run_state, 'RoundTrain')
+      assert.equal(resumed.step, 2, 'no step lost')
+      await reconnected
+      assert.ok(client.sendWitness(2, buildWitnessProof(round2.epoch.round!, [])))
+      await nextState(client, (s) => s.run_state === 'RoundTrain' && s.progress.step === 3)
 
-    // The saved file follows the run.
-    const saved = JSON.parse(readFileSync(join(saveDir, 'coordinator-state.json'), 'utf8'))
-    assert.equal(JSON.parse(saved.state).progress.step, 2)
+      // The saved file follows the run.
+      await waitUntil(() => JSON.parse(JSON.parse(readFileSync(join(saveDir, 'coordinator-state.json'), 'utf8')).state).progress.step === 3, 'step 3 on disk')
 
-    await client.close()
-    client = undefined
-    second.kill('SIGINT')
-    const result = await second
-    assert.equal(result.exitCode, 0, String(result.stderr))
-    await waitUntil(() => secondLog.find((l) => l.event === 'stopped'), 'the stopped line', 1000)
-  } finally {
-    await client?.close()
-    for (const c of children) c.kill('SIGKILL')
-    dir.cleanup()
-  }
-})
+      await client.close()
+      client = undefined
+      if (i > 0) return
+      second.kill('SIGINT')
+      const result = await second
+      assert.equal(result.exitCode, 0, String(result.stderr))
+      await waitUntil(() => secondLog.find((l) => l.event === 'stopped'), 'the stopped line', 1000)
+    } finally {
+      await client?.close()
+      for (const c of children) c.kill('SIGKILL')
+      dir.cleanup()
+    }
+  })
+}
 
 test("psyche server run --data-config also serves the run's tokens on data_location.Server; a data.toml that does not fit the run is refused", async () => {
   const dir = tempDir()

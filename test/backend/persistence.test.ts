@@ -1,5 +1,5 @@
 import assert from 'node:assert/strict'
-import {mkdirSync, readFileSync, readdirSync, writeFileSync} from 'node:fs'
+import {mkdirSync, readFileSync, readdirSync, rmdirSync, writeFileSync} from 'node:fs'
 import {join} from 'node:path'
 import {describe, it} from 'node:test'
 import {SAVED_IDENTITY_FILE, SAVED_STATE_FILE, serverIdentity, StateStore} from '../../src/core/backend/centralized/persistence.js'
@@ -51,16 +51,53 @@ describe('persistence: the saved state and the server identity', () => {
     }
   })
 
-  it('a failed save is logged with the file and returned as false', () => {
+  it('a failed save is logged with the file and the failures in a row, counted, and returned as false; the next good save resets the count', () => {
     const dir = tempDir()
     try {
       const logs: EventLine[] = []
       // The file's name is taken by a directory: the rename onto it fails.
       mkdirSync(join(dir.path, SAVED_STATE_FILE))
       const store = new StateStore(dir.path, (e) => logs.push(e))
-      assert.equal(store.save({state: newRun(), peers: {}, rewards: emptyLedger()}), false)
-      assert.equal(logs.length, 1)
-      assert.deepEqual({...logs[0], message: undefined}, {event: 'error', where: 'save', path: store.path, message: undefined})
+      assert.equal(store.save({state: newRun(), peers: {}, rewards: emptyLedger()}, 100), false)
+      assert.equal(store.save({state: newRun(), peers: {}, rewards: emptyLedger()}, 101), false)
+      assert.equal(logs.length, 2)
+      assert.deepEqual({...logs[1], message: undefined}, {event: 'error', where: 'save', path: store.path, message: undefined, failures_in_a_row: 2, last_saved_step: null})
+      const failing = store.health()
+      assert.deepEqual(
+        {...failing, last_error: undefined},
+        {path: store.path, ok: false, failures_in_a_row: 2, failures: 2, last_error: undefined, last_saved_step: null, last_saved_at: null},
+      )
+      assert.match(failing.last_error!, /EISDIR|EEXIST|ENOTEMPTY|directory/i)
+      // The disk is fixed: the next save succeeds and the count in a row starts again (the total stays).
+      const version = store.version
+      rmdirSync(join(dir.path, SAVED_STATE_FILE))
+      assert.equal(store.save({state: newRun(), peers: {}, rewards: emptyLedger()}, 102), true)
+      assert.deepEqual(store.health(), {
+        path: store.path,
+        ok: true,
+        failures_in_a_row: 0,
+        failures: 2,
+        last_error: null,
+        last_saved_step: newRun().progress.step,
+        last_saved_at: 102,
+      })
+      assert.ok(store.version > version, 'watchers are told')
+    } finally {
+      dir.cleanup()
+    }
+  })
+
+  it('the directory is created with the store, whatever gave the identity; one that cannot be created is an error naming it', () => {
+    const dir = tempDir()
+    try {
+      const nested = join(dir.path, 'a', 'b')
+      new StateStore(nested, () => {})
+      assert.deepEqual(readdirSync(nested), [])
+      writeFileSync(join(dir.path, 'file'), 'x')
+      assert.throws(
+        () => new StateStore(join(dir.path, 'file', 'sub'), () => {}),
+        (e: Error & {code?: string}) => e.code === 'ESAVEDSTATE' && e.message.includes(join(dir.path, 'file', 'sub')),
+      )
     } finally {
       dir.cleanup()
     }

@@ -1,11 +1,12 @@
 import assert from 'node:assert/strict'
-import {existsSync, readFileSync, readdirSync, writeFileSync} from 'node:fs'
+import {existsSync, readFileSync, readdirSync, renameSync, rmSync, writeFileSync} from 'node:fs'
 import {join} from 'node:path'
 import {test} from 'node:test'
 import {CoordinatorConnection, SAVED_IDENTITY_FILE, SAVED_STATE_FILE} from '../../src/core/backend/index.js'
 import {buildWitnessProof, deserializeState} from '../../src/core/coordinator/index.js'
 import type {CoordinatorState} from '../../src/core/coordinator/types.js'
 import {PsycheError} from '../../src/core/errors.js'
+import {saveStatusText} from '../../src/core/obs/summary.js'
 import {generateIdentity} from '../../src/core/protocol/index.js'
 import {tempDir} from '../helpers.js'
 import {Clock, RUN_ID, startTestServer, waitUntil, writeRunConfig, nextState} from './helpers.js'
@@ -176,6 +177,107 @@ test('points survive a restart: the rewards ledger is saved with the state and w
     now.rewards.clients[alice.id].earned = -5
     writeFileSync(file, JSON.stringify(now))
     await assert.rejects(startTestServer(statePath, {saveStateDir: saveDir, clock}), (e: Error) => e instanceof PsycheError && e.message.includes(file) && /earned/.test(e.message))
+  } finally {
+    await watcher?.close()
+    await c?.close()
+    await second?.server.stop()
+    dir.cleanup()
+  }
+})
+
+test('with an identity file, a --save-state-dir that does not exist is created and saved to; the restarted server resumes at the step it was at', async () => {
+  const dir = tempDir()
+  const saveDir = join(dir.path, 'new', 'saved')
+  const statePath = writeRunConfig(dir.path)
+  const clock = new Clock()
+  const alice = generateIdentity()
+  let c: CoordinatorConnection | undefined
+  let second: Awaited<ReturnType<typeof startTestServer>> | undefined
+  try {
+    const identity = generateIdentity()
+    const first = await startTestServer(statePath, {saveStateDir: saveDir, identity, clock})
+    assert.ok(existsSync(join(saveDir, SAVED_STATE_FILE)), 'the directory was created and the state saved')
+    c = await CoordinatorConnection.connect({addr: first.addr, runId: RUN_ID, identity: alice, p2pAddrs: [], join: true})
+    clock.advance(2)
+    await nextState(c, (s) => s.run_state === 'Warmup')
+    c.sendWarmupReady()
+    const round1 = await nextState(c, (s) => s.run_state === 'RoundTrain')
+    assert.ok(c.sendWitness(1, buildWitnessProof(round1.epoch.round!, [])))
+    await nextState(c, (s) => s.run_state === 'RoundWitness')
+    clock.advance(2)
+    await nextState(c, (s) => s.run_state === 'RoundTrain' && s.progress.step === 2)
+    assert.equal(first.logs.filter((l) => l.event === 'error').length, 0, JSON.stringify(first.logs.filter((l) => l.event === 'error')))
+    const port = first.server.port
+    await first.server.stop()
+    second = await startTestServer(statePath, {saveStateDir: saveDir, identity, clock, port})
+    const resumed = await second.waitLog({event: 'resumed'})
+    assert.equal(resumed.step, 2, 'no step lost')
+    assert.equal(resumed.run_state, 'RoundTrain')
+  } finally {
+    await c?.close()
+    await second?.server.stop()
+    dir.cleanup()
+  }
+})
+
+test('saves that fail are errors in the log and on watchers (status, dashboard); after --max-save-failures in a row the server halts, and restarted it resumes from the last state saved', async () => {
+  const dir = tempDir()
+  const saveDir = join(dir.path, 'saved')
+  const statePath = writeRunConfig(dir.path)
+  const clock = new Clock()
+  const alice = generateIdentity()
+  let c: CoordinatorConnection | undefined
+  let watcher: CoordinatorConnection | undefined
+  let second: Awaited<ReturnType<typeof startTestServer>> | undefined
+  try {
+    const first = await startTestServer(statePath, {saveStateDir: saveDir, clock, maxSaveFailures: 3, passiveStateMs: 0})
+    watcher = await CoordinatorConnection.connect({addr: first.addr, runId: RUN_ID, identity: generateIdentity(), p2pAddrs: [], join: false, reconnect: false})
+    await waitUntil(() => watcher!.saveState, 'the save status')
+    assert.equal(watcher.saveState!.ok, true)
+    assert.equal(watcher.saveState!.max_failures, 3)
+    c = await CoordinatorConnection.connect({addr: first.addr, runId: RUN_ID, identity: alice, p2pAddrs: [], join: true})
+    clock.advance(2)
+    await nextState(c, (s) => s.run_state === 'Warmup')
+    c.sendWarmupReady()
+    const round1 = await nextState(c, (s) => s.run_state === 'RoundTrain')
+    await waitUntil(() => watcher!.saveState?.last_saved_step === 1, 'step 1 saved')
+
+    // The disk goes away: the directory is replaced by a file, so every save fails (ENOTDIR).
+    renameSync(saveDir, `${saveDir}.away`)
+    writeFileSync(saveDir, 'not a directory')
+    assert.ok(c.sendWitness(1, buildWitnessProof(round1.epoch.round!, [])))
+    const error = await first.waitLog({event: 'error', where: 'save'})
+    assert.equal(error.failures_in_a_row, 1)
+    assert.equal(error.last_saved_step, 1)
+    const failing = await waitUntil(() => watcher!.saveState?.ok === false && watcher!.saveState, 'watchers to see the failing save')
+    assert.equal(failing.last_saved_step, 1)
+    assert.match(String(failing.last_error), /ENOTDIR/)
+    assert.match(saveStatusText(failing)!, /^STATE NOT SAVED: \d+ saves? failed in a row \(the server halts at 3\); the last state saved is step 1; last error: .*ENOTDIR/)
+
+    // Failed saves are tried again each second, the state changed or not: the third failure in a row halts the server.
+    const halted = await first.server.halted
+    assert.match(halted.message, /could not be saved .* 3 times in a row \(--max-save-failures 3\).*the last state saved is step 1/)
+    const haltLine = await first.waitLog({event: 'halted'})
+    assert.equal(haltLine.last_saved_step, 1)
+    assert.equal(first.logs.filter((l) => l.event === 'error' && l.where === 'save').length, 3)
+    // Halted: no round starts, and events are refused.
+    const stepAtHalt = first.server.state.progress.step
+    clock.advance(30)
+    await new Promise((r) => setTimeout(r, 200))
+    assert.equal(first.server.state.progress.step, stepAtHalt)
+    c.sendWarmupReady()
+    await first.waitLog({event: 'rejected', code: 'server_halted'})
+    const port = first.server.port
+    await c.close()
+    c = undefined
+    await first.server.stop()
+
+    // The disk is back: the restarted server resumes from the last state saved (step 1), not from the start.
+    rmSync(saveDir)
+    renameSync(`${saveDir}.away`, saveDir)
+    second = await startTestServer(statePath, {saveStateDir: saveDir, clock, port})
+    const resumed = await second.waitLog({event: 'resumed'})
+    assert.equal(resumed.step, 1)
   } finally {
     await watcher?.close()
     await c?.close()

@@ -1,5 +1,6 @@
 import assert from 'node:assert/strict'
 import {randomBytes} from 'node:crypto'
+import {connect} from 'node:net'
 import {test} from 'node:test'
 import {CoordinatorConnection} from '../../src/core/backend/index.js'
 import {MAX_PRE_HELLO_FRAME_BYTES} from '../../src/core/backend/centralized/server.js'
@@ -30,6 +31,14 @@ async function connectClient(t: TestServer, identity: Identity, extra: Partial<P
   const c = await CoordinatorConnection.connect({addr: t.addr, runId: RUN_ID, identity, p2pAddrs: [`/ip4/127.0.0.1/tcp/${4000 + identity.publicKey[0]}`], join: true, ...extra})
   opened.push(c)
   return c
+}
+
+/** A connection the server refuses at once (no challenge): resolves when the server closed it. */
+async function refusedOnConnect(port: number): Promise<void> {
+  const socket = connect({host: '127.0.0.1', port})
+  socket.on('data', () => {})
+  socket.on('error', () => {})
+  await new Promise((r) => socket.once('close', r))
 }
 
 test('clients join, every state change is pushed to all with the peer directory, and training starts', async () => {
@@ -158,8 +167,8 @@ test('a witness replayed at a later step is refused: same connection (seq), anot
   })
 })
 
-test('an oversized frame closes only its connection; garbage is refused with reasons; the server keeps serving', async () => {
-  await withServer({}, {}, async (t) => {
+test('an oversized frame closes only its connection; garbage is refused with reasons, and its address banned for a while; the server keeps serving', async () => {
+  await withServer({}, {limits: {strikeBanSeconds: 1}}, async (t) => {
     const watcher = await connectClient(t, generateIdentity())
     const oversized = (bytes: number) => {
       const head = Buffer.alloc(4)
@@ -193,6 +202,11 @@ test('an oversized frame closes only its connection; garbage is refused with rea
     for (let i = 0; i < 20; i++) junk.write(encodeFrame(randomBytes(64)))
     await waitUntil(() => junk.closed, 'the garbage connection to close')
     await t.waitLog({event: 'rejected', code: 'too_many_rejections'}, from)
+    // Its address waits out its ban (--strike-ban-s) before it may connect again.
+    await refusedOnConnect(t.server.port)
+    const banned = await t.waitLog({event: 'rejected', code: 'strike_banned'}, from)
+    assert.match(String(banned.reason), /^127\.0\.0\.1 was closed for 16 refused messages; it may return in 1 s \(--strike-ban-s\)/)
+    await new Promise((r) => setTimeout(r, 1100))
 
     const noise = await RawClient.open(t.server.port)
     noise.write(randomBytes(4096))
@@ -368,4 +382,29 @@ test('the server mixes its own entropy into every round’s seed, the first roun
   assert.equal(x.before.seed, y.before.seed, 'the same run starts from the same seed')
   assert.notEqual(x.training.seed, derived(x.before.seed, x.training.progress.step, ''), 'the first round’s seed is not the entropy-free one')
   assert.notEqual(x.training.seed, y.training.seed, 'two servers of one run draw different first-round seeds')
+})
+
+test('refusals cost the sender: a watcher flooding invalid witnesses is closed within --max-strikes, and its identity and address banned', async () => {
+  await withServer({}, {limits: {maxStrikes: 5, strikeBanSeconds: 30}}, async (t) => {
+    const flooder = generateIdentity()
+    const raw = await RawClient.open(t.server.port)
+    await raw.hello(flooder, false)
+    await raw.next((m) => m.kind === 'state')
+    const from = t.logs.length
+    // A witness for step 2^40 from a connection that never joined: refused by the coordinator each time.
+    const proof = {participant_bloom: '', broadcast_bloom: ''}
+    for (let i = 0; i < 20 && !raw.closed; i++) {
+      raw.send(flooder, 'witness', {proof}, {step: 2 ** 40})
+      await new Promise((r) => setTimeout(r, 5))
+    }
+    await waitUntil(() => raw.closed, 'the flooding watcher to be closed')
+    const refused = t.logs.slice(from).filter((l) => l.event === 'rejected' && l.client === flooder.id)
+    const closing = refused.find((l) => l.code === 'too_many_rejections')
+    assert.ok(closing, JSON.stringify(refused.slice(-3)))
+    assert.equal(refused.filter((l) => l.code !== 'too_many_rejections').length, 5, 'closed at its 5th refusal')
+    // The identity may not come back (from a new address neither: the test's one address is banned too).
+    await refusedOnConnect(t.server.port)
+    await t.waitLog({event: 'rejected', code: 'strike_banned'}, from)
+    await raw.close()
+  })
 })

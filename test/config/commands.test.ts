@@ -112,6 +112,16 @@ describe('psyche server validate-config', () => {
     assert.equal(JSON.parse(later.stdout).warnings.length, 2)
     // The demo corpus is made on first use (join, train): its path is not a problem before then.
     assert.equal(psyche('server', 'validate-config', '--state', state).status, 0)
+    // A model.safetensors that is not the model config.json describes (here: cut short) is a problem naming it.
+    const weights = Buffer.alloc(64)
+    weights.writeBigUInt64LE(200n)
+    writeFileSync(join(dir, 'model', 'model.safetensors'), weights)
+    const corrupt = psyche('server', 'validate-config', '--state', state, '--json')
+    assert.equal(corrupt.status, 1)
+    assert.deepEqual(
+      JSON.parse(corrupt.stdout).problems.map((p: {field: string; reason: string}) => [p.field, p.reason]),
+      [['model.LLM.checkpoint.Local.path', `${join(dir, 'model', 'model.safetensors')}: not a safetensors file (bad header length)`]],
+    )
   })
 
   it('checks the data.toml against the run', () => {

@@ -1,8 +1,10 @@
 import assert from 'node:assert/strict'
+import {renameSync, writeFileSync} from 'node:fs'
+import {join} from 'node:path'
 import {after, describe, it} from 'node:test'
 import {CoordinatorConnection} from '../../src/core/backend/index.js'
 import {ClientMetrics, MAX_PEER_LABELS, serveMetrics} from '../../src/core/obs/metrics.js'
-import {generateIdentity} from '../../src/core/protocol/index.js'
+import {generateIdentity, type SaveStatus} from '../../src/core/protocol/index.js'
 import {writeRunConfig, RUN_ID} from '../backend/helpers.js'
 import {JsonProcess} from '../e2e/helpers.js'
 import {tempDir} from '../helpers.js'
@@ -49,6 +51,61 @@ describe('Prometheus metrics', () => {
     } finally {
       await conn.close()
     }
+  })
+
+  it('psyche server run whose saves fail: an error on the log, /metrics and the dashboard; at --max-save-failures it halts and exits 1 saying why', async () => {
+    const state = writeRunConfig(dir.path)
+    const saveDir = join(dir.path, 'failing-saves')
+    const server = new JsonProcess('server', [
+      'server',
+      'run',
+      '--state',
+      state,
+      '--save-state-dir',
+      saveDir,
+      '--max-save-failures',
+      '4',
+      '--metrics-port',
+      '0',
+      '--dashboard-port',
+      '0',
+      '--json',
+    ])
+    procs.push(server)
+    const {port} = (await server.waitFor((e) => e.event === 'listening', 'listening', 60_000)) as {port: number}
+    const {port: metricsPort} = (await server.waitFor((e) => e.event === 'metrics_listening', 'the metrics endpoint', 10_000)) as {port: number}
+    const {url} = (await server.waitFor((e) => e.event === 'dashboard_listening', 'the dashboard', 10_000)) as {url: string}
+    assert.equal((await scrape(metricsPort)).metrics.get('psyche_coordinator_save_failures_in_a_row'), 0)
+    assert.equal((await scrape(metricsPort)).metrics.get('psyche_coordinator_saved_step'), 1)
+
+    // The directory is replaced by a file: every save fails from now on.
+    renameSync(saveDir, `${saveDir}.away`)
+    writeFileSync(saveDir, 'not a directory')
+    // A client joins: the state changes, and its save fails.
+    const conn = await CoordinatorConnection.connect({addr: `127.0.0.1:${port}`, runId: RUN_ID, identity: generateIdentity(), p2pAddrs: [], join: true, reconnect: false})
+    conn.on('error', () => {})
+    after(() => conn.close())
+    const error = (await server.waitFor((e) => e.event === 'error' && e.where === 'save', 'a failed save', 20_000)) as Record<string, unknown>
+    assert.equal(error.failures_in_a_row, 1)
+    const failing = await scrape(metricsPort)
+    assert.ok((failing.metrics.get('psyche_coordinator_save_failures_in_a_row') ?? 0) >= 1)
+    assert.ok((failing.metrics.get('psyche_coordinator_save_failures_total') ?? 0) >= 1)
+    const page = (await (await fetch(`${url}api/status`)).json()) as {save_state: SaveStatus}
+    assert.equal(page.save_state.ok, false)
+    assert.equal(page.save_state.max_failures, 4)
+    assert.match(String(page.save_state.last_error), /ENOTDIR/)
+
+    const result = await server.proc
+    assert.equal(result.exitCode, 1)
+    const halted = server.events.find((e) => e.event === 'halted')
+    assert.ok(halted, `the halted line: ${JSON.stringify(server.events.slice(-4))}`)
+    assert.equal(halted.last_saved_step, 1)
+    // Four in a row halt it (a last try as it stops may add one).
+    assert.ok(server.events.filter((e) => e.event === 'error' && e.where === 'save').length >= 4)
+    // --json: the error as one more event line on stdout.
+    const last = (await server.waitFor((e) => e.event === 'error' && 'code' in e, 'the error line', 5000)) as {code?: string; message: string}
+    assert.equal(last.code, 'ESAVEDSTATE', JSON.stringify(last))
+    assert.match(last.message, /could not be saved .* 4 times in a row \(--max-save-failures 4\)/)
   })
 
   it('client metrics from the event stream: tokens/s, histograms of times and sizes, byte counters, rejections by reason', async () => {

@@ -1,6 +1,6 @@
 import {Flags} from '@oclif/core'
 import {join} from 'node:path'
-import {CoordinatorServer, DEFAULT_LIMITS, DEFAULT_PASSIVE_STATE_MS, serverIdentity} from '../../core/backend/index.js'
+import {CoordinatorServer, DEFAULT_LIMITS, DEFAULT_MAX_SAVE_FAILURES, DEFAULT_PASSIVE_STATE_MS, serverIdentity} from '../../core/backend/index.js'
 import {PsycheCommand} from '../../core/cli/base-command.js'
 import {relayFlags, relayOptionsFromFlags} from '../../core/cli/relay-flags.js'
 import {checkDataServerForRun, formatIssue, loadRunConfigFile} from '../../core/config/index.js'
@@ -20,7 +20,7 @@ import {MAX_CLIENTS} from '../../core/layout/layout-table.js'
 
 export default class ServerRun extends PsycheCommand {
   static summary = "Run the centralized coordinator: a TCP server that owns the run's state and ticks it"
-  static description = `Loads the state.toml, listens for clients (psyche join), ticks the coordinator every --tick-ms and after every accepted message, and pushes each new state to every connected client. Every message is signed, bound to the run, the connection and the step; anything else is refused with a logged reason. With --save-state-dir the state is saved atomically after every transition and a restarted server resumes from it. With --data-config it also serves the run's token data (data_location.Server). Runs until SIGINT/SIGTERM.
+  static description = `Loads the state.toml, listens for clients (psyche join), ticks the coordinator every --tick-ms and after every accepted message, and pushes each new state to every connected client. Every message is signed, bound to the run, the connection and the step; anything else is refused with a logged reason. With --save-state-dir (created if missing) the state is saved atomically after every transition and a restarted server resumes from it; a failed save is an error in the log, status, the dashboard and /metrics, and after --max-save-failures failures in a row the server halts and exits 1. With --data-config it also serves the run's token data (data_location.Server). Runs until SIGINT/SIGTERM.
 
 It also runs a libp2p circuit relay v2 (unless --no-relay), signed with the server's identity: every client is
 told its address in the welcome (as that client reached the server) and reserves a slot on it, so clients
@@ -39,7 +39,12 @@ limits per relayed connection are flags (--relay-data-limit-mb, --relay-duration
     'data-config': Flags.string({summary: 'also serve token data with this data.toml, on the port of model.LLM.data_location.Server'}),
     'server-port': Flags.integer({summary: 'TCP port for clients (0: any free port)', default: 0, min: 0, max: 65535}),
     host: Flags.string({summary: 'address to listen on (default every IPv4 interface; 127.0.0.1 for this machine only)', default: '0.0.0.0'}),
-    'save-state-dir': Flags.string({summary: 'save the coordinator state here after every transition, and resume from it'}),
+    'save-state-dir': Flags.string({summary: 'save the coordinator state here after every transition (the directory is created), and resume from it'}),
+    'max-save-failures': Flags.integer({
+      summary: 'saves of the state that may fail in a row (tried again every second) before the server stops the run and exits 1',
+      default: DEFAULT_MAX_SAVE_FAILURES,
+      min: 1,
+    }),
     'withdraw-on-disconnect': Flags.string({summary: 'withdraw clients whose connection closes', options: ['true', 'false'], default: 'true'}),
     identity: Flags.string({summary: "the server's identity file (psyche identity new); default: kept in --save-state-dir, else random"}),
     'tick-ms': Flags.integer({summary: 'how often to tick the coordinator, in milliseconds', default: 200, min: 10}),
@@ -79,12 +84,27 @@ limits per relayed connection are flags (--relay-data-limit-mb, --relay-duration
       default: DEFAULT_LIMITS.stallTimeoutSeconds,
       min: 1,
     }),
+    'max-strikes': Flags.integer({
+      summary: 'refused messages a connection (a watcher too) may send, net of those taken, before it is closed and its identity and address banned',
+      default: DEFAULT_LIMITS.maxStrikes,
+      min: 1,
+    }),
+    'strike-ban-s': Flags.integer({
+      summary: 'seconds the identity and the address of a connection closed for its refusals (--max-strikes) are refused',
+      default: DEFAULT_LIMITS.strikeBanSeconds,
+      min: 1,
+    }),
     'watcher-state-ms': Flags.integer({
       summary: 'how often watchers and clients waiting for the next epoch get the newest state, in milliseconds (the epoch’s clients get every change at once; 0: everyone does)',
       default: DEFAULT_PASSIVE_STATE_MS,
       min: 0,
     }),
     ...relayFlags,
+  }
+
+  /** With --json, stdout is a stream of one-line events: an error is one more line. */
+  protected get streamsEvents(): boolean {
+    return true
   }
 
   async run(): Promise<void> {
@@ -94,14 +114,20 @@ limits per relayed connection are flags (--relay-data-limit-mb, --relay-duration
     const json = this.jsonEnabled()
     // Observers of the event stream (metrics): they read the server's state at scrape time, never change it.
     let server: CoordinatorServer | undefined
-    const metrics = flags['metrics-port'] === undefined ? undefined : new ServerMetrics({state: () => server!.state, connected: () => server!.connectedClients.length})
+    const metrics =
+      flags['metrics-port'] === undefined
+        ? undefined
+        : new ServerMetrics({state: () => server!.state, connected: () => server!.connectedClients.length, saves: () => server?.saveStatus})
     // On a terminal (not --json): a live view instead of log lines; it keeps the last warnings.
     const live = !this.plain
     const warnings = new Warnings()
     const history =
       flags['dashboard-port'] === undefined && !live
         ? undefined
-        : RunHistory.open(run.run_id!, {path: flags['save-state-dir'] ? join(flags['save-state-dir'], HISTORY_FILE) : undefined})
+        : RunHistory.open(run.run_id!, {
+            path: flags['save-state-dir'] ? join(flags['save-state-dir'], HISTORY_FILE) : undefined,
+            onSaveError: (error) => log({event: 'error', where: 'metrics history', path: join(flags['save-state-dir']!, HISTORY_FILE), message: error.message}),
+          })
     const log = (event: PsycheEvent) => {
       metrics?.observe(event)
       if (server) history?.observe(event, server.state)
@@ -139,6 +165,7 @@ limits per relayed connection are flags (--relay-data-limit-mb, --relay-duration
       host: flags.host,
       port: flags['server-port'],
       saveStateDir: flags['save-state-dir'],
+      maxSaveFailures: flags['max-save-failures'],
       withdrawOnDisconnect: flags['withdraw-on-disconnect'] === 'true',
       tickIntervalMs: flags['tick-ms'],
       identity: id,
@@ -155,6 +182,8 @@ limits per relayed connection are flags (--relay-data-limit-mb, --relay-duration
         maxUnsentBytesTotal: flags['max-unsent-bytes-total'],
         maxUnsentBytes: flags['max-unsent-bytes'],
         stallTimeoutSeconds: flags['stall-timeout-s'],
+        maxStrikes: flags['max-strikes'],
+        strikeBanSeconds: flags['strike-ban-s'],
       },
       passiveStateMs: flags['watcher-state-ms'],
     }).catch(async (error) => {
@@ -187,7 +216,12 @@ limits per relayed connection are flags (--relay-data-limit-mb, --relay-duration
         const s = server
         const summary = () => summarizeRun(s.state, coordinatorNow())
         dashboard = await serveDashboard(
-          {summary, history: (since) => history.history(since), clients: () => clientTable(summary(), s.state.pending, s.connectedClients, history.clientRows(), s.rewardRows)},
+          {
+            summary,
+            history: (since) => history.history(since),
+            clients: () => clientTable(summary(), s.state.pending, s.connectedClients, history.clientRows(), s.rewardRows),
+            saveState: () => s.saveStatus,
+          },
           {port: flags['dashboard-port']!, host: flags['dashboard-host']},
         )
         log({event: 'dashboard_listening', host: flags['dashboard-host'], port: dashboard.port, url: dashboard.url})
@@ -219,14 +253,20 @@ limits per relayed connection are flags (--relay-data-limit-mb, --relay-duration
           }
         })
       : undefined
-    await this.shutdown.requested()
+    // Until a signal, or until the state cannot be saved (the server has halted: it exits 1 saying why).
+    const halted = await Promise.race([this.shutdown.requested().then(() => undefined), server.halted])
     view?.stop()
     await dashboard?.close()
     await metricsEndpoint?.close()
     await data?.close()
     await relay?.stop()
     await server.stop()
-    history?.save()
+    try {
+      history?.save()
+    } catch (error) {
+      log({event: 'error', where: 'metrics history', message: (error as Error).message})
+    }
+    if (halted) throw halted
   }
 }
 

@@ -22,7 +22,7 @@ interface SafetensorsHeader {
 const MAX_HEADER = 100 * 1024 * 1024
 
 /** Reads and checks the header of a safetensors file (8-byte little-endian length, then JSON). */
-async function readSafetensorsHeader(path: string): Promise<SafetensorsHeader> {
+export async function readSafetensorsHeader(path: string): Promise<SafetensorsHeader> {
   const handle = await open(path, 'r')
   try {
     const {size} = await handle.stat()

@@ -36,9 +36,18 @@ export abstract class PsycheCommand extends Command {
     return this.jsonEnabled() || !liveTerminal()
   }
 
-  /** How a failure is printed under --json (join, whose stdout is a stream of events, prints one more line). */
-  protected writeJsonError(code: string, message: string): void {
-    this.logJson({error: {code, message}})
+  /**
+   * The command's --json output is a stream of one-line events (join, server run), not one object: a failure is one
+   * more line, {"event": "error", "code", "message"}, on stdout like the rest.
+   */
+  protected get streamsEvents(): boolean {
+    return false
+  }
+
+  /** How a failure is printed under --json: always on stdout (one object, or one more event line). */
+  private writeJsonError(code: string, message: string): void {
+    if (this.streamsEvents) process.stdout.write(`${JSON.stringify({event: 'error', code, message})}\n`)
+    else this.logJson({error: {code, message}})
   }
 
   protected async catch(error: Error & {exitCode?: number; oclif?: {exit?: number}; code?: string}): Promise<unknown> {

@@ -1,6 +1,7 @@
 import {stat} from 'node:fs/promises'
 import {dirname, isAbsolute, resolve} from 'node:path'
 import {LocalTokenDataset} from './local.js'
+import {modelWeightProblems} from '../checkpoint/llama-layout.js'
 import {errorMessage} from '../errors.js'
 import {resolveConfigPath} from '../config/run-config-file.js'
 import type {ConfigIssue, DataServerConfig, RunConfigFile} from '../config/types.js'
@@ -9,7 +10,7 @@ import type {ConfigIssue, DataServerConfig, RunConfigFile} from '../config/types
  * The local paths a run config and its data.toml name, checked as `join` and `server run` will use them: a Local
  * data location and a data.toml's dir must open as token data (a directory of token files), a Local checkpoint
  * must be a model directory (config.json; weights are optional, a model without them starts from a random
- * initialization). `createdOnUse`: directories that are made on first use (the demo corpus), not checked.
+ * initialization, but a model.safetensors must be the model config.json describes: its header is read and checked). `createdOnUse`: directories that are made on first use (the demo corpus), not checked.
  */
 export async function checkLocalPaths(run: RunConfigFile, data: DataServerConfig | undefined, options: {createdOnUse?: string[]} = {}): Promise<ConfigIssue[]> {
   const issues: ConfigIssue[] = []
@@ -38,6 +39,7 @@ export async function checkLocalPaths(run: RunConfigFile, data: DataServerConfig
     if (!found) issues.push({...where, message: `model directory does not exist (${dir}); psyche model init --out ${dir} creates one`})
     else if (!found.isDirectory()) issues.push({...where, message: `is not a directory (${dir})`})
     else if (!(await stat(resolve(dir, 'config.json')).catch(() => undefined))) issues.push({...where, message: `is not a model directory: no config.json in ${dir}`})
+    else for (const message of await modelWeightProblems(dir)) issues.push({...where, message})
   }
   if (data) await tokens(data.path, 'dir', data.dir, isAbsolute(data.dir) ? data.dir : resolve(dirname(data.path), data.dir))
   return issues

@@ -21,6 +21,8 @@ export const DASHBOARD_HTML = `<!doctype html>
   th, td { text-align: left; padding: 4px 8px; border-bottom: 1px solid #e6e8eb; }
   .Healthy { color: #17803d; } .Dropped, .Ejected { color: #b42318; } .Withdrawn, .Pending { color: #8a6d00; }
   #error { color: #b42318; padding: 0 20px; }
+  #save-error { background: #b42318; color: #fff; padding: 8px 20px; font-weight: 600; }
+  #save-error:empty { display: none; }
 </style>
 </head>
 <body>
@@ -34,6 +36,7 @@ export const DASHBOARD_HTML = `<!doctype html>
   <span><span class="k">witnesses</span><span class="v" id="quorum">…</span></span>
   <span><span class="k">loss</span><span class="v" id="loss">…</span></span>
 </header>
+<div id="save-error"></div>
 <div id="error"></div>
 <main>
   <section><h2>Loss (train, validation)</h2><div id="plot-loss" class="plot"></div></section>
@@ -102,7 +105,11 @@ async function pollHistory() {
 
 async function pollStatus() {
   const r = await fetch('/api/status')
-  const {summary: s, clients} = await r.json()
+  const {summary: s, clients, save_state: save} = await r.json()
+  $('save-error').textContent = save && !save.ok
+    ? 'STATE NOT SAVED: ' + save.failures_in_a_row + ' saves failed in a row (the server halts at ' + save.max_failures + '); ' +
+      (save.last_saved_step === null ? 'no state saved yet' : 'the last state saved is step ' + save.last_saved_step) + '; last error: ' + save.last_error
+    : ''
   $('run-id').textContent = s.run_id
   $('phase').textContent = s.run_state
   $('round').textContent = s.step + ' / ' + s.total_steps

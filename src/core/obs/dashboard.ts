@@ -4,6 +4,7 @@ import {createRequire} from 'node:module'
 import {dirname, join} from 'node:path'
 import {PsycheError} from '../errors.js'
 import type {RewardRow} from '../coordinator/rewards.js'
+import type {SaveStatus} from '../protocol/messages.js'
 import type {ClientRow, HistoryPoint} from './history.js'
 import type {RunSummary} from './summary.js'
 import {DASHBOARD_HTML, DASHBOARD_JS} from './dashboard-page.js'
@@ -33,6 +34,8 @@ interface DashboardSource {
   summary(): RunSummary
   history(sinceStep?: number): HistoryPoint[]
   clients(): DashboardClient[]
+  /** A server that saves its state: how its saves are going (absent or null: it saves nothing, or nothing is known). */
+  saveState?(): SaveStatus | null | undefined
 }
 
 /** The table of clients: every client of the epoch and every pending one, joined with their latest reports and rewards. */
@@ -90,7 +93,7 @@ export async function serveDashboard(source: DashboardSource, opts: {port: numbe
         case '/uPlot.min.css':
           return send(200, 'text/css; charset=utf-8', assets.css)
         case '/api/status':
-          return send(200, 'application/json', JSON.stringify({summary: source.summary(), clients: source.clients()}))
+          return send(200, 'application/json', JSON.stringify({summary: source.summary(), clients: source.clients(), save_state: source.saveState?.() ?? null}))
         case '/api/history': {
           const since = Number(url.searchParams.get('since') ?? '-1')
           return send(200, 'application/json', JSON.stringify({points: source.history(Number.isFinite(since) ? since : -1)}))

@@ -92,6 +92,7 @@ export class RunHistory {
   private roundStart: {step: number; at: number} | undefined
   private dirty = false
   private timer: NodeJS.Timeout | undefined
+  private onSaveError: ((error: Error) => void) | undefined
   /** Bumped on every change: watchers poll with it. */
   version = 0
 
@@ -102,8 +103,13 @@ export class RunHistory {
   ) {}
 
   /** A history for the run, loaded from `path` when it exists (a file of another run is an error naming it). */
-  static open(runId: string, opts: {path?: string; now?: () => number} = {}): RunHistory {
+  /**
+   * opts.onSaveError: a write of the history (once a second at most, in the background) failed: it is told, and the
+   * history is written again at its next change (a failing disk must not end the process that keeps the history).
+   */
+  static open(runId: string, opts: {path?: string; now?: () => number; onSaveError?: (error: Error) => void} = {}): RunHistory {
     const h = new RunHistory(runId, opts.path, opts.now ?? Date.now)
+    h.onSaveError = opts.onSaveError
     if (opts.path && existsSync(opts.path)) h.load(opts.path)
     return h
   }
@@ -267,7 +273,12 @@ export class RunHistory {
     // At most one write a second: a round's reports arrive together.
     this.timer ??= setTimeout(() => {
       this.timer = undefined
-      this.save()
+      try {
+        this.save()
+      } catch (error) {
+        this.dirty = true
+        this.onSaveError?.(error as Error)
+      }
     }, 1000)
     this.timer.unref()
   }

@@ -3,6 +3,7 @@ import {Counter, Gauge, Histogram, Registry, collectDefaultMetrics} from 'prom-c
 import {RUN_STATES} from '../layout/layout-table.js'
 import {CLIENT_STATES, type CoordinatorState} from '../coordinator/types.js'
 import {PsycheError} from '../errors.js'
+import type {SaveStatus} from '../protocol/messages.js'
 
 /**
  * Prometheus metrics of a server and of a client, derived from their structured event streams (the `log`
@@ -44,7 +45,8 @@ export class ServerMetrics {
   private phase: {name: string; since: number} | undefined
   private roundStarted: number | undefined
 
-  constructor(source: {state: () => CoordinatorState; connected: () => number}, opts: {now?: () => number} = {}) {
+  /** source.saves: a server that saves its state (--save-state-dir): how its saves go (undefined: it saves nothing). */
+  constructor(source: {state: () => CoordinatorState; connected: () => number; saves?: () => SaveStatus | undefined}, opts: {now?: () => number} = {}) {
     const now = opts.now ?? (() => performance.now() / 1000)
     this.now = now
     // eslint-disable-next-line @typescript-eslint/no-this-alias -- prom-client calls collect() with the metric as `this`
@@ -112,6 +114,38 @@ export class ServerMetrics {
         this.set(source.state().epoch.round?.witnesses.length ?? 0)
       },
     })
+    if (source.saves) {
+      const saves = source.saves
+      new Gauge({
+        name: 'psyche_coordinator_save_failures_in_a_row',
+        help: 'Saves of the coordinator state (--save-state-dir) that failed since the last one that succeeded: above 0 the state on disk is behind; at --max-save-failures the server halts',
+        registers: [r],
+        collect() {
+          const s = saves()
+          if (s) this.set(s.failures_in_a_row)
+        },
+      })
+      let counted = 0
+      new Counter({
+        name: 'psyche_coordinator_save_failures_total',
+        help: 'Saves of the coordinator state that failed since the server started',
+        registers: [r],
+        collect() {
+          const s = saves()
+          if (s && s.failures > counted) this.inc(s.failures - counted)
+          if (s) counted = s.failures
+        },
+      })
+      new Gauge({
+        name: 'psyche_coordinator_saved_step',
+        help: 'The step of the last coordinator state saved to disk',
+        registers: [r],
+        collect() {
+          const s = saves()
+          if (s?.last_saved_step != null) this.set(s.last_saved_step)
+        },
+      })
+    }
     this.phaseSeconds = new Histogram({
       name: 'psyche_coordinator_phase_duration_seconds',
       help: 'How long each completed phase lasted',

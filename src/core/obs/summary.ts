@@ -1,5 +1,6 @@
 import {witnessCount, witnessQuorum} from '../coordinator/index.js'
 import type {CoordinatorState} from '../coordinator/types.js'
+import type {SaveStatus} from '../protocol/messages.js'
 
 /** One run's state, summarized for people and scripts (`psyche status --json`, the dashboard). Keys are snake_case and stable. */
 export interface RunSummary {
@@ -144,4 +145,14 @@ export function waitingFor(state: CoordinatorState, id: string, nowSeconds: numb
       }
     }
   }
+}
+
+/**
+ * A server's failing saves as one line for people (status, the dashboard); null while its saves succeed. The state
+ * the server holds past `last_saved_step` is lost if it stops now.
+ */
+export function saveStatusText(s: SaveStatus): string | null {
+  if (s.ok) return null
+  const saved = s.last_saved_step === null ? 'no state saved yet' : `the last state saved is step ${s.last_saved_step}`
+  return `STATE NOT SAVED: ${s.failures_in_a_row} save${s.failures_in_a_row === 1 ? '' : 's'} failed in a row (the server halts at ${s.max_failures}); ${saved}; last error: ${s.last_error}`
 }

@@ -29,6 +29,25 @@ export interface ClientScore {
   count: number
 }
 
+/**
+ * How the coordinator server's saves of its state are going (--save-state-dir), as watchers get it: status, the
+ * dashboard and /metrics show a failing save as an error.
+ */
+export interface SaveStatus {
+  /** The last save succeeded (true before the first one). */
+  ok: boolean
+  /** Saves that failed since the last one that succeeded, and since the server started. */
+  failures_in_a_row: number
+  failures: number
+  /** Failures in a row after which the server halts (--max-save-failures). */
+  max_failures: number
+  /** Why the last failed save failed (null: none failed since the last success). */
+  last_error: string | null
+  /** The step of the last state saved, and when (unix seconds; null: none yet). */
+  last_saved_step: number | null
+  last_saved_at: number | null
+}
+
 /** Scores are kept for at most this many clients (the scoreboard's bound, and a message's). */
 const MAX_SCORED_CLIENTS = 4096
 
@@ -69,6 +88,8 @@ const MAX_SCORED_CLIENTS = 4096
  *                                           connection's previous state; peers_reset: true replaces the whole directory
  *                                           (the first state of a connection); peers_removed: members gone since
  *                                           scores (to watchers): the verification scores the server keeps (ClientScore[])
+ *                                           save_state (to watchers, from a server that saves its state): how its saves
+ *                                           are going (SaveStatus)
  *                                           rev: the state's revision (counts the server's state changes)
  *                  state_delta {base, rev, ops, hash, peers, server_time, scores?, peers_reset?, peers_removed?}
  *                                           to a client that asked for deltas (hello.state_deltas): the state of revision
@@ -187,6 +208,8 @@ export interface StateBody {
   rewards?: RewardRow[]
   /** Sent to watchers: the round trainers' reports that arrived since this connection's previous state (oldest first). */
   reports?: ClientReportBody[]
+  /** Sent to watchers of a server that saves its state: how its saves are going. */
+  save_state?: SaveStatus
   /** The state's revision: a later state_delta with this base applies to it. */
   rev?: number
 }
@@ -483,6 +506,22 @@ function directoryAndScores(b: Obj, where: string): Omit<StateBody, 'state' | 'r
       }
     })
   }
+  if (b.save_state !== undefined) {
+    const v = b.save_state
+    const at = `${where}.save_state`
+    if (!isObj(v)) throw new Invalid(`${at} must be an object`)
+    exactKeys(v, ['ok', 'failures_in_a_row', 'failures', 'max_failures', 'last_error', 'last_saved_step', 'last_saved_at'], [], at)
+    if (typeof v.ok !== 'boolean') throw new Invalid(`${at}.ok must be a boolean`)
+    out.save_state = {
+      ok: v.ok,
+      failures_in_a_row: count(v.failures_in_a_row, `${at}.failures_in_a_row`, 0),
+      failures: count(v.failures, `${at}.failures`, 0),
+      max_failures: count(v.max_failures, `${at}.max_failures`, 1),
+      last_error: v.last_error === null ? null : str(v.last_error, `${at}.last_error`, MAX_REASON_CHARS),
+      last_saved_step: v.last_saved_step === null ? null : count(v.last_saved_step, `${at}.last_saved_step`, 0),
+      last_saved_at: v.last_saved_at === null ? null : time(v.last_saved_at, `${at}.last_saved_at`),
+    }
+  }
   if (b.reports !== undefined) {
     if (!Array.isArray(b.reports) || b.reports.length > MAX_FORWARDED_REPORTS) throw new Invalid(`${where}.reports must be a list of at most ${MAX_FORWARDED_REPORTS} reports`)
     out.reports = b.reports.map((r: unknown, i: number) => {
@@ -509,7 +548,7 @@ const serverBodyCheckers: {[K in ServerKind]: (b: Obj) => ServerBodies[K]} = {
     return out
   },
   state(b) {
-    exactKeys(b, ['state', 'peers', 'server_time'], ['scores', 'rewards', 'reports', 'peers_reset', 'peers_removed', 'rev'], 'state')
+    exactKeys(b, ['state', 'peers', 'server_time'], ['scores', 'rewards', 'reports', 'save_state', 'peers_reset', 'peers_removed', 'rev'], 'state')
     const text = str(b.state, 'state.state', Number.MAX_SAFE_INTEGER)
     let state: CoordinatorState
     try {
@@ -522,7 +561,7 @@ const serverBodyCheckers: {[K in ServerKind]: (b: Obj) => ServerBodies[K]} = {
     return out
   },
   state_delta(b) {
-    exactKeys(b, ['base', 'rev', 'ops', 'hash', 'peers', 'server_time'], ['scores', 'rewards', 'reports', 'peers_reset', 'peers_removed'], 'state_delta')
+    exactKeys(b, ['base', 'rev', 'ops', 'hash', 'peers', 'server_time'], ['scores', 'rewards', 'reports', 'save_state', 'peers_reset', 'peers_removed'], 'state_delta')
     let ops: DeltaOp[]
     try {
       ops = parseDeltaOps(b.ops)

@@ -4,9 +4,6 @@ import {PsycheError} from '../../errors.js'
 import type {EventLog} from '../../events.js'
 import {DEFAULT_LIMITS, effectiveMaxConnections, LIMIT_FLAGS, RateLimiter, type RetryableRefusal, type ServerLimits} from './limits.js'
 
-/** Protocol violations a connection may commit before it is closed (each is logged and answered). */
-const MAX_STRIKES = 16
-
 /** A refusal of the server's own: a code the peer can act on, and the reason, naming the bound (its flag). */
 export interface Refusal<C extends string = string> {
   code: C
@@ -43,6 +40,8 @@ export function serverLimits(run: RunConfigFile, given: Partial<ServerLimits> | 
  */
 export class Admission {
   private readonly joins: RateLimiter
+  /** Identities and addresses closed for their refusals, and until when (Date.now() ms) they are refused. */
+  private readonly banned = new Map<string, number>()
 
   constructor(readonly limits: ServerLimits) {
     this.joins = new RateLimiter(limits.joinsPerSecond, () => Date.now(), limits.joinBurst)
@@ -84,11 +83,41 @@ export class Admission {
   }
 
   /**
-   * Counts a protocol violation of a connection (a malformed, replayed or misdirected message; the coordinator's own
-   * refusals are not counted): the refusal to close it with once it has used up its strikes.
+   * Counts a refusal of a connection's message (a malformed, replayed or misdirected message, or one the coordinator
+   * refused; not the server's own bounds): the refusal to close it with once it has used up its strikes. Its identity
+   * and address are then banned (ban).
    */
   strike(connection: {strikes: number}): Refusal<'too_many_rejections'> | undefined {
-    return ++connection.strikes >= MAX_STRIKES ? {code: 'too_many_rejections', message: `${MAX_STRIKES} invalid messages`} : undefined
+    const max = this.limits.maxStrikes
+    return ++connection.strikes >= max ? {code: 'too_many_rejections', message: `${max} refused messages (${LIMIT_FLAGS.maxStrikes})`} : undefined
+  }
+
+  /** A message of the connection was taken: it earns one strike back (an honest client's occasional late message is no flood). */
+  forgive(connection: {strikes: number}): void {
+    if (connection.strikes > 0) connection.strikes--
+  }
+
+  /** Bans an identity and an address closed for their refusals, for strikeBanSeconds. */
+  ban(keys: (string | undefined)[]): void {
+    const until = Date.now() + this.limits.strikeBanSeconds * 1000
+    for (const key of keys) if (key !== undefined) this.banned.set(key, until)
+    // Bounded: the oldest bans go first past 65,536 (each closed connection took 16 refused messages to earn one).
+    while (this.banned.size > 65_536) this.banned.delete(this.banned.keys().next().value!)
+  }
+
+  /** Why an identity or address is refused now (undefined: it is not banned). */
+  banRefusal(key: string): Refusal<'strike_banned'> | undefined {
+    const until = this.banned.get(key)
+    if (until === undefined) return undefined
+    const left = until - Date.now()
+    if (left <= 0) {
+      this.banned.delete(key)
+      return undefined
+    }
+    return {
+      code: 'strike_banned',
+      message: `${key} was closed for ${this.limits.maxStrikes} refused messages; it may return in ${Math.ceil(left / 1000)} s (${LIMIT_FLAGS.strikeBanSeconds})`,
+    }
   }
 }
 

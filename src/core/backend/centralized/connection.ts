@@ -3,7 +3,7 @@ import {connect as tcpConnect, type Socket} from 'node:net'
 import type {HubRepo} from '../../config/types.js'
 import type {AccusationReason, ClientId, CoordinatorState, WitnessProof} from '../../coordinator/types.js'
 import type {EquivocationProof} from '../../coordinator/equivocation.js'
-import type {ClientReportBody, ClientScore} from '../../protocol/messages.js'
+import type {ClientReportBody, ClientScore, SaveStatus} from '../../protocol/messages.js'
 import type {RewardRow} from '../../coordinator/rewards.js'
 import {parseHostPort} from '../../protocol/address.js'
 import {PsycheError} from '../../errors.js'
@@ -108,6 +108,8 @@ export class CoordinatorConnection extends EventEmitter implements CoordinatorBa
   scores: ClientScore[] = []
   /** As a watcher: each client's rewards (score, accepted rounds, pending, earned and slashed points), likewise. */
   rewards: RewardRow[] = []
+  /** As a watcher of a server that saves its state: how its saves are going (undefined: it saves nothing). */
+  saveState: SaveStatus | undefined
 
   /** The run followed: the one asked for, or the server's (runId ''), once its challenge arrived. */
   runId: string
@@ -265,6 +267,7 @@ export class CoordinatorConnection extends EventEmitter implements CoordinatorBa
     this.serverTime = body.server_time
     if (body.scores) this.scores = body.scores
     if (body.rewards) this.rewards = body.rewards
+    if (body.save_state) this.saveState = body.save_state
     const first = !link.gotState
     link.gotState = true
     this.emit('state', this.state, this.peers)

@@ -6,15 +6,15 @@ import type {ClientEnvelope, ReportBody} from '../../protocol/messages.js'
  * What the server does with a client's message once its connection's checks passed (sessions.ts):
  * - `hello`: the connection is bound to its client, then a join is an event like any other;
  * - `event`: an event of the coordinator, through the server's one path (admission, the coordinator, the answer);
- * - `refuse`: answered with `rejected`: a stale witness or health check counts as a violation (strike), a late
- *   report or one of someone who did not train does not;
+ * - `refuse`: answered with `rejected`, a strike of the connection (a stale witness or health check, a late report
+ *   or one of someone who did not train; an honest client's taken messages earn its occasional late one back);
  * - `report`, `scores`, `addresses`, `resync`: the server's own business (display, the rewards ledger, the peer
  *   directory, a whole state), never an event of the coordinator.
  */
 type Dispatch =
   | {to: 'hello'; hello: Extract<ClientEnvelope, {kind: 'hello'}>}
   | {to: 'event'; event: CoordinatorEvent}
-  | {to: 'refuse'; code: string; reason: string; strike: boolean}
+  | {to: 'refuse'; code: string; reason: string}
   | {to: 'report'; step: number; report: ReportBody}
   | {to: 'scores'; step: number; scores: {client_id: ClientId; score: number}[]}
   | {to: 'addresses'; addrs: string[]}
@@ -35,7 +35,7 @@ export function dispatch(m: ClientEnvelope, state: CoordinatorState, entropy: ()
       // Witness proofs and health checks are about a step; anything older than the current one is stale or replayed.
       // (A Cooldown witness attests the epoch's last round, the step before the run's.)
       const oldest = m.kind === 'witness' && m.body.param_hash !== undefined ? current - 1 : current
-      if (m.step < oldest) return {to: 'refuse', code: 'stale_step', reason: `${m.kind} for step ${m.step}, but the run is at step ${current}`, strike: true}
+      if (m.step < oldest) return {to: 'refuse', code: 'stale_step', reason: `${m.kind} for step ${m.step}, but the run is at step ${current}`}
       if (m.kind === 'health_check') return {to: 'event', event: {type: 'health_check', from, accused: m.body.accused}}
       const {proof, param_hash} = m.body
       return {to: 'event', event: {type: 'witness', from, step: m.step, proof, entropy: entropy(), ...(param_hash === undefined ? {} : {param_hash})}}
@@ -50,10 +50,10 @@ export function dispatch(m: ClientEnvelope, state: CoordinatorState, entropy: ()
       return {to: 'event', event: {type: 'checkpoint', from, repo: m.body.repo, ...(m.body.param_hash === undefined ? {} : {param_hash: m.body.param_hash})}}
     case 'report': {
       // Display only: logged for the metrics and dashboard layers, and forwarded to watchers.
-      if (m.step > current || m.step < current - 2) return {to: 'refuse', code: 'stale_step', reason: `report for step ${m.step}, but the run is at step ${current}`, strike: false}
+      if (m.step > current || m.step < current - 2) return {to: 'refuse', code: 'stale_step', reason: `report for step ${m.step}, but the run is at step ${current}`}
       // Only a trainer of a recent round has anything to report: anyone else's numbers would reach dashboards and history.
       const trainers = [state.epoch.round, state.epoch.previous_round].flatMap((r) => r?.roster ?? [])
-      if (!trainers.includes(from)) return {to: 'refuse', code: 'not_a_trainer', reason: `client ${from} trained in neither of the last two rounds`, strike: false}
+      if (!trainers.includes(from)) return {to: 'refuse', code: 'not_a_trainer', reason: `client ${from} trained in neither of the last two rounds`}
       return {to: 'report', step: m.step, report: m.body}
     }
     case 'scores':

@@ -32,6 +32,13 @@ export interface ServerLimits {
    * Until then it is sent nothing new (it gets the newest state once it reads again).
    */
   stallTimeoutSeconds: number
+  /**
+   * Refusals a connection may earn, net, before it is closed: every message refused counts (a watcher's included),
+   * every message taken earns one back; the server's own bounds (a full run, the join pace) do not count.
+   */
+  maxStrikes: number
+  /** Seconds the identity and the address of a connection closed for its refusals are refused before they may return. */
+  strikeBanSeconds: number
 }
 
 export const DEFAULT_LIMITS: ServerLimits = {
@@ -45,6 +52,8 @@ export const DEFAULT_LIMITS: ServerLimits = {
   maxUnsentBytes: 4 * 1024 * 1024,
   maxUnsentBytesTotal: 64 * 1024 * 1024,
   stallTimeoutSeconds: 60,
+  maxStrikes: 16,
+  strikeBanSeconds: 60,
 }
 
 /** The flag of `psyche server run` that sets each bound (what a refusal names). */
@@ -59,10 +68,12 @@ export const LIMIT_FLAGS: Record<keyof ServerLimits, string> = {
   maxUnsentBytes: '--max-unsent-bytes',
   maxUnsentBytesTotal: '--max-unsent-bytes-total',
   stallTimeoutSeconds: '--stall-timeout-s',
+  maxStrikes: '--max-strikes',
+  strikeBanSeconds: '--strike-ban-s',
 }
 
 /** Refusals of a server at one of its bounds: the client tries again later (they are not about who it is). */
-export const RETRYABLE_REFUSALS = ['too_many_connections', 'too_many_connections_from_address', 'too_many_handshakes', 'too_many_watchers'] as const
+export const RETRYABLE_REFUSALS = ['too_many_connections', 'too_many_connections_from_address', 'too_many_handshakes', 'too_many_watchers', 'strike_banned'] as const
 export type RetryableRefusal = (typeof RETRYABLE_REFUSALS)[number]
 
 /** A token bucket: `take()` is true `burst` times at once, then at most `perSecond` times a second on average. */

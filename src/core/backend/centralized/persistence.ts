@@ -7,6 +7,7 @@ import {PsycheError} from '../../errors.js'
 import type {EventLog} from '../../events.js'
 import {writeFileAtomicSync} from '../../protocol/atomic-file.js'
 import {generateIdentity, loadIdentity, saveIdentity, type Identity} from '../../protocol/identity.js'
+import type {SaveStatus} from '../../protocol/messages.js'
 import type {PeerDirectory} from '../types.js'
 
 /** File names inside saveStateDir. */
@@ -44,19 +45,35 @@ export async function serverIdentity(saveStateDir: string | undefined, identity?
   return created
 }
 
+/** How the saves are going (the wire's SaveStatus, less the server's limit), with the file they go to. */
+export type SaveHealth = Omit<SaveStatus, 'max_failures'> & {path: string}
+
 /**
- * The saved state in saveStateDir (SAVED_STATE_FILE), the one owner of that file: read once when the server starts
- * (it resumes from it), written after every change the server adopts (temp name + rename, so a crash leaves the old
- * file or the new one).
+ * The saved state in saveStateDir (SAVED_STATE_FILE), the one owner of that directory and file: the directory is
+ * created when the store is (whatever else the server was given: an identity file, a dashboard), the file read once
+ * when the server starts (it resumes from it) and written after every change the server adopts (temp name + rename,
+ * so a crash leaves the old file or the new one). It keeps count of the saves that failed (health()).
  */
 export class StateStore {
   readonly path: string
+  private readonly counts: Omit<SaveHealth, 'path'> = {ok: true, failures_in_a_row: 0, failures: 0, last_error: null, last_saved_step: null, last_saved_at: null}
+  /** Changes whenever health() does (watchers get it again). */
+  version = 0
 
   constructor(
     dir: string,
     private readonly log: EventLog,
   ) {
+    try {
+      mkdirSync(dir, {recursive: true})
+    } catch (error) {
+      throw new PsycheError(`the save-state directory ${dir}: cannot create it: ${(error as NodeJS.ErrnoException).code ?? (error as Error).message}`, {code: 'ESAVEDSTATE'})
+    }
     this.path = join(dir, SAVED_STATE_FILE)
+  }
+
+  health(): SaveHealth {
+    return {path: this.path, ...this.counts}
   }
 
   /** The state saved for run `runId` (undefined: none saved yet). A file that cannot be read, or is of another run, throws. */
@@ -90,14 +107,23 @@ export class StateStore {
     return {state, peers, rewards}
   }
 
-  /** Writes what the server holds now; a failure is logged (where: save) and returned as false. */
-  save(saved: Saved): boolean {
+  /**
+   * Writes what the server holds now (`now`: unix seconds); a failure is counted, logged (where: save, with the
+   * failures in a row) and returned as false.
+   */
+  save(saved: Saved, now: number = Date.now() / 1000): boolean {
     const file: SavedStateFile = {type: 'psyche-coordinator-state', version: 1, state: serializeState(saved.state), peers: saved.peers, rewards: saved.rewards}
+    const c = this.counts
     try {
       writeFileAtomicSync(this.path, JSON.stringify(file))
+      if (!c.ok) this.version++
+      Object.assign(c, {ok: true, failures_in_a_row: 0, last_error: null, last_saved_step: saved.state.progress.step, last_saved_at: now})
       return true
     } catch (error) {
-      this.log({event: 'error', where: 'save', path: this.path, message: (error as Error).message})
+      const message = (error as Error).message
+      Object.assign(c, {ok: false, failures_in_a_row: c.failures_in_a_row + 1, failures: c.failures + 1, last_error: message})
+      this.version++
+      this.log({event: 'error', where: 'save', path: this.path, message, failures_in_a_row: c.failures_in_a_row, last_saved_step: c.last_saved_step})
       return false
     }
   }

@@ -8,14 +8,14 @@ import {PsycheError} from '../../errors.js'
 import type {EventLog} from '../../events.js'
 import {DEFAULT_MAX_FRAME_BYTES} from '../../protocol/frames.js'
 import type {Identity} from '../../protocol/identity.js'
-import type {ClientEnvelope} from '../../protocol/messages.js'
+import type {ClientEnvelope, SaveStatus} from '../../protocol/messages.js'
 import type {PeerDirectory} from '../types.js'
 import {Admission, serverLimits} from './admission.js'
 import {directoryMembers, PeerBook} from './directory.js'
 import {dispatch, verdict} from './dispatch.js'
 import {Ledger} from './ledger.js'
 import type {ServerLimits} from './limits.js'
-import {serverIdentity, StateStore} from './persistence.js'
+import {serverIdentity, StateStore, type SaveHealth} from './persistence.js'
 import {ReportFeed} from './reports.js'
 import {Sessions, type Session} from './sessions.js'
 import {DEFAULT_PASSIVE_STATE_MS, StatePusher} from './state-push.js'
@@ -30,8 +30,14 @@ export interface CoordinatorServerOptions {
   host?: string
   /** 0 (default): any free port. */
   port?: number
-  /** Save the state after every transition here, and resume from it on start. */
+  /** Save the state after every transition here (created if missing), and resume from it on start. */
   saveStateDir?: string
+  /**
+   * Saves that may fail in a row (each change is saved, and a failed save is tried again every second) before the
+   * server halts: it starts no more rounds, takes no more events, and `halted` resolves (psyche server run exits 1).
+   * Default DEFAULT_MAX_SAVE_FAILURES.
+   */
+  maxSaveFailures?: number
   /** Withdraw a client from the run when its connection closes (default true, as Psyche). */
   withdrawOnDisconnect?: boolean
   /** How often the coordinator is ticked, besides after every accepted event (default 50 ms: how late a timeout may fire). */
@@ -71,7 +77,13 @@ export interface CoordinatorServerOptions {
   entropy?: () => string
 }
 
+/** Saves that may fail in a row before the server halts (--max-save-failures). */
+export const DEFAULT_MAX_SAVE_FAILURES = 10
+/** A failed save is tried again this often while nothing else changes. */
+const SAVE_RETRY_MS = 1000
+
 interface ServerSettings {
+  maxSaveFailures: number
   withdrawOnDisconnect: boolean
   entropy: () => string
   log: EventLog
@@ -107,6 +119,16 @@ export class CoordinatorServer {
   /** A flush (save, then push to the epoch's clients) is scheduled: state changes in one turn of the event loop go out once. */
   private flushScheduled = false
   private unsaved = false
+  /** When the last save was tried (performance.now() ms): a failed one is tried again after SAVE_RETRY_MS. */
+  private lastSaveAttempt = 0
+  /** Why the server halted (its saves kept failing), once it has. */
+  private haltedWith: PsycheError | undefined
+  private onHalt: (error: PsycheError) => void = () => {}
+  /**
+   * Resolves when the server halts because its state cannot be saved (maxSaveFailures saves failed in a row): it has
+   * stopped ticking (no new round starts) and refuses every event; the caller stops it and exits non-zero.
+   */
+  readonly halted: Promise<PsycheError> = new Promise((resolve) => (this.onHalt = resolve))
 
   private constructor(
     private readonly net: Server,
@@ -138,6 +160,12 @@ export class CoordinatorServer {
       book,
       ledger: this.ledger,
       reports: this.reports,
+      saves: store && {
+        get version() {
+          return store.version
+        },
+        status: () => this.saveStatus!,
+      },
       now: opts.now,
       passiveStateMs: opts.passiveStateMs,
       stallTimeoutSeconds: opts.limits.stallTimeoutSeconds,
@@ -165,7 +193,11 @@ export class CoordinatorServer {
     const net = createServer({noDelay: true})
     // The kernel-side backstop: past this Node closes new sockets at once (we refuse with a reason below it).
     net.maxConnections = limits.maxConnections + 64
+    const maxSaveFailures = options.maxSaveFailures ?? DEFAULT_MAX_SAVE_FAILURES
+    if (!Number.isInteger(maxSaveFailures) || maxSaveFailures < 1)
+      throw new PsycheError(`--max-save-failures: ${maxSaveFailures} is not a positive whole number`, {exitCode: 2, code: 'EUSAGE'})
     const server = new CoordinatorServer(net, identity, state, new PeerBook(saved?.peers ?? {}), saved?.rewards ?? emptyLedger(), store, {
+      maxSaveFailures,
       withdrawOnDisconnect: options.withdrawOnDisconnect ?? true,
       maxFrameBytes: options.maxFrameBytes ?? DEFAULT_MAX_FRAME_BYTES,
       helloTimeoutMs: options.helloTimeoutMs ?? 10_000,
@@ -184,7 +216,13 @@ export class CoordinatorServer {
       net.listen(options.port ?? 0, options.host ?? '127.0.0.1', () => resolve())
     })
     net.on('error', (error) => log({event: 'server_error', message: error.message}))
-    server.save()
+    // A server that cannot save its state does not start: it would train on state that a restart loses.
+    if (store && !server.save()) {
+      const health = store.health()
+      server.unsaved = false
+      await server.stop()
+      throw new PsycheError(`cannot save the coordinator state to ${health.path}: ${health.last_error}`, {code: 'ESAVEDSTATE'})
+    }
     server.timer = setInterval(() => server.onTimer(), options.tickIntervalMs ?? 50)
     // 'listening' comes first: launchers read the port from the first log line.
     log({event: 'listening', host: options.host ?? '127.0.0.1', port: server.port, run_id: runId, server_id: identity.id, run_state: state.run_state, step: state.progress.step})
@@ -221,6 +259,13 @@ export class CoordinatorServer {
   /** Ids of the clients connected now (that said hello). */
   get connectedClients(): ClientId[] {
     return this.sessions.clients
+  }
+
+  /** How the saves of the state are going, as watchers get it (undefined: the server saves nothing, no saveStateDir). */
+  get saveStatus(): SaveStatus | undefined {
+    if (!this.store) return undefined
+    const {path: _path, ...health} = this.store.health()
+    return {...health, max_failures: this.opts.maxSaveFailures}
   }
 
   /** The verification scores the server keeps (moving averages of what verifiers reported), by client id. */
@@ -265,6 +310,7 @@ export class CoordinatorServer {
   // ---- a client's messages ----
 
   private onMessage(s: Session, m: ClientEnvelope): void {
+    if (this.haltedWith) return this.sessions.reject(s, 'server_halted', this.haltedWith.message, m.kind, {strike: false})
     const to = dispatch(m, this.current, this.opts.entropy)
     switch (to.to) {
       case 'hello':
@@ -272,17 +318,19 @@ export class CoordinatorServer {
       case 'event':
         return void this.applyFrom(s, m.kind, to.event)
       case 'refuse':
-        return this.sessions.reject(s, to.code, to.reason, m.kind, {strike: to.strike})
+        return this.sessions.reject(s, to.code, to.reason, m.kind)
       case 'report':
         this.opts.log({event: 'client_report', client: m.from, step: to.step, ...to.report})
         // Watchers get it with their next state (on their cadence), not as a frame each.
         this.reports.add(m.from, to.step, to.report)
+        this.admission.forgive(s)
         if (this.opts.passiveStateMs <= 0) this.pusher.push(this.sessions.watching)
         return
       case 'scores': {
         const refused = this.ledger.record(this.current, m.from, to.step, to.scores)
-        if (refused) return this.sessions.reject(s, refused.code, refused.reason, 'scores', {strike: false})
-        this.save()
+        if (refused) return this.sessions.reject(s, refused.code, refused.reason, 'scores')
+        this.admission.forgive(s)
+        this.saveDue()
         return this.pusher.push()
       }
       case 'addresses':
@@ -314,8 +362,12 @@ export class CoordinatorServer {
     const refusal = this.admission.event(this.current, event)
     const result = refusal ? {state: this.current, error: refusal} : applyEvent(this.current, event, this.opts.now())
     const answer = verdict(event, result.error, {peer: s.peer, client: s.clientId!, of})
-    if (answer.ok) this.opts.log(answer.line)
-    else this.sessions.reject(s, answer.code, answer.reason, of, {strike: false})
+    if (answer.ok) {
+      this.opts.log(answer.line)
+      this.admission.forgive(s)
+    }
+    // The coordinator's refusals count as strikes (a watcher's invalid witnesses included); the server's own bounds do not.
+    else this.sessions.reject(s, answer.code, answer.reason, of, {strike: !refusal})
     const listed = this.updateEntry(s, result.state)
     if (!answer.ok && !listed) return false
     this.commit(result.state, listed)
@@ -343,7 +395,7 @@ export class CoordinatorServer {
 
   /** One tick, with fresh randomness so the next round's seed cannot be predicted by clients. */
   private advance(): void {
-    if (this.stopping) return
+    if (this.stopping || this.haltedWith) return
     try {
       this.commit(tick(this.current, this.opts.now(), this.opts.entropy()))
     } catch (error) {
@@ -353,6 +405,8 @@ export class CoordinatorServer {
 
   /** The timer's tick: the coordinator's, then the states due to connections on the passive cadence. */
   private onTimer(): void {
+    // A save that failed is tried again, changed or not.
+    if (this.unsaved && !this.flushScheduled) this.saveDue()
     this.advance()
     if (!this.stopping) this.pusher.pushDue()
   }
@@ -390,13 +444,49 @@ export class CoordinatorServer {
   private flush(): void {
     this.flushScheduled = false
     if (this.stopping) return
-    if (this.unsaved) this.save()
+    if (this.unsaved) this.saveDue()
     this.pusher.push()
   }
 
-  private save(): void {
+  /**
+   * Saves the state now, or, while saves fail, once SAVE_RETRY_MS has passed since the last try (the state stays
+   * unsaved until then): the failures in a row count seconds of a failing disk, not a burst of changes.
+   */
+  private saveDue(): void {
+    if (this.store?.health().ok === false && performance.now() - this.lastSaveAttempt < SAVE_RETRY_MS) {
+      this.unsaved = true
+      return
+    }
+    this.save()
+  }
+
+  /** Saves the state (when the server keeps one); false when that failed: it stays unsaved, and is tried again. */
+  private save(): boolean {
     this.unsaved = false
-    this.store?.save({state: this.current, peers: this.book.snapshot(), rewards: this.ledger.value})
+    if (!this.store) return true
+    this.lastSaveAttempt = performance.now()
+    if (this.store.save({state: this.current, peers: this.book.snapshot(), rewards: this.ledger.value}, this.opts.now() / 1000)) return true
+    this.unsaved = true
+    const health = this.store.health()
+    if (health.failures_in_a_row >= this.opts.maxSaveFailures) this.halt(health)
+    return false
+  }
+
+  /**
+   * The state cannot be saved: the server starts no more rounds and takes no more events (the clients keep what they
+   * trained; a restart resumes from the last saved state), and `halted` tells the caller to stop it.
+   */
+  private halt(health: SaveHealth): void {
+    if (this.haltedWith) return
+    clearInterval(this.timer)
+    const step = this.current.progress.step
+    const message =
+      `the coordinator state could not be saved to ${health.path} ${health.failures_in_a_row} times in a row (--max-save-failures ${this.opts.maxSaveFailures}), ` +
+      `the last: ${health.last_error}; halted at step ${step} so that no more training depends on state a restart would lose ` +
+      `(the last state saved is step ${health.last_saved_step ?? 'none'}): free the disk or fix the directory, then restart with the same --save-state-dir`
+    this.haltedWith = new PsycheError(message, {code: 'ESAVEDSTATE'})
+    this.opts.log({event: 'halted', reason: message, run_state: this.current.run_state, step, last_saved_step: health.last_saved_step})
+    this.onHalt(this.haltedWith)
   }
 }
 

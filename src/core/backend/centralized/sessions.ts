@@ -94,6 +94,9 @@ export class Sessions {
     const ip = socket.remoteAddress ?? '?'
     const refusal = this.opts.admission.connection({connections: this.all.size, fromAddress: this.perIp.get(ip) ?? 0, handshaking: this.handshaking.size}, ip)
     if (refusal) return this.refuse(socket, refusal)
+    // An address closed for its refusals waits out its ban (--strike-ban-s).
+    const banned = this.opts.admission.banRefusal(ip)
+    if (banned) return this.refuse(socket, banned)
     this.perIp.set(ip, (this.perIp.get(ip) ?? 0) + 1)
     const s: Session = {
       socket,
@@ -145,7 +148,9 @@ export class Sessions {
     s.deltas = body.state_deltas === true
     if (s.watcher) this.watchers.add(s)
     s.addrs = body.p2p_addrs
-    s.reader.maxFrameBytes = this.opts.maxFrameBytes
+    // A watcher sends nothing large (a resync, its scores): it keeps the pre-hello frame bound, so a flood of big
+    // frames from one is cut at the first frame's header, not read, verified and refused 16 times over.
+    s.reader.maxFrameBytes = s.watcher ? Math.min(MAX_PRE_HELLO_FRAME_BYTES, this.opts.maxFrameBytes) : this.opts.maxFrameBytes
     this.byClient.set(m.from, s)
     this.opts.log({event: 'hello', peer: s.peer, client: m.from, want_join: body.want_join, p2p_addrs: body.p2p_addrs})
     const welcome: ServerBodies['welcome'] = {run_id: this.opts.state().run_id, client_id: m.from, server_time: this.opts.now()}
@@ -159,7 +164,10 @@ export class Sessions {
   keepWatching(s: Session): boolean {
     const full = this.opts.admission.watcher(this.watchers.size)
     if (full) this.drop(s, full.code, full.message, 'hello')
-    else this.watchers.add(s)
+    else {
+      this.watchers.add(s)
+      s.reader.maxFrameBytes = Math.min(MAX_PRE_HELLO_FRAME_BYTES, this.opts.maxFrameBytes)
+    }
     return !full
   }
 
@@ -178,14 +186,20 @@ export class Sessions {
     s.socket.write(frame)
   }
 
-  /** Logs a refused message and tells the peer why; a violation (strike, the default) counts toward closing it. */
+  /**
+   * Logs a refused message and tells the peer why; it counts toward closing the connection (strike, the default:
+   * every refusal but the server's own bounds), and past --max-strikes the connection is closed and banned.
+   */
   reject(s: Session, code: string, reason: string, of?: string, opts: {strike?: boolean} = {}): void {
     this.opts.log({event: 'rejected', peer: s.peer, ...(s.clientId ? {client: s.clientId} : {}), code, reason, ...(of ? {of} : {})})
     const body: ServerBodies['rejected'] = {code, reason: reason.slice(0, 4096)}
     if (of) body.of = of
     this.send(s, 'rejected', body)
     const out = opts.strike !== false ? this.opts.admission.strike(s) : undefined
-    if (out) this.drop(s, out.code, out.message)
+    if (!out) return
+    // Closed for its refusals: its identity and its address wait before they may return.
+    this.opts.admission.ban([s.clientId, s.ip])
+    this.drop(s, out.code, out.message)
   }
 
   /** Refuses and closes a connection: logged as a rejection, and the peer is told why (best effort). */
@@ -245,6 +259,8 @@ export class Sessions {
     if (s.clientId) return {code: 'hello_twice', message: 'this connection already said hello', close: false}
     if (body.client_id !== m.from) return {code: 'wrong_sender', message: `hello names client ${body.client_id} but is signed by ${m.from}`, close: false}
     if (body.run_id !== runId) return {code: 'wrong_run_id', message: `this server coordinates run "${runId}", not "${body.run_id.slice(0, 256)}"`, close: true}
+    const banned = this.opts.admission.banRefusal(m.from)
+    if (banned) return {...banned, close: true}
     const full = !body.want_join && !this.watchers.has(s) ? this.opts.admission.watcher(this.watchers.size) : undefined
     return full && {...full, close: true}
   }

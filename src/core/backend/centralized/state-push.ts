@@ -6,6 +6,7 @@ import {diffState} from '../../protocol/state-delta.js'
 import type {PeerBook} from './directory.js'
 import type {Ledger} from './ledger.js'
 import {LIMIT_FLAGS} from './limits.js'
+import type {SaveStatus} from '../../protocol/messages.js'
 import type {ReportFeed} from './reports.js'
 
 /** How often connections not training in the epoch get the newest state (CoordinatorServerOptions.passiveStateMs). */
@@ -66,6 +67,8 @@ interface PushOptions {
   book: PeerBook
   ledger: Ledger
   reports: ReportFeed
+  /** A server that saves its state: how its saves are going (watchers get it with their states), and a number that changes whenever that does. */
+  saves?: {readonly version: number; status(): SaveStatus}
   /** The coordinator's clock (each state carries the server's time). */
   now: () => number
   /** CoordinatorServerOptions.passiveStateMs (0: every connection gets every change at once). */
@@ -141,7 +144,7 @@ export class StatePusher<S extends PushTarget> {
       c.pushedAt = at
       // Watchers (status, dashboards) also get the verification scores and rewards, and the reports since their last
       // state; training clients do not need them.
-      const json = s.watcher ? `${body}${this.opts.ledger.watcherJson(this.opts.state())}${this.reportsFor(s)}}` : `${body}}`
+      const json = s.watcher ? `${body}${this.opts.ledger.watcherJson(this.opts.state())}${this.savesPart()}${this.reportsFor(s)}}` : `${body}}`
       this.links.send(s, asDelta ? 'state_delta' : 'state', {json})
     }
     this.links.boundUnsent()
@@ -196,7 +199,12 @@ export class StatePusher<S extends PushTarget> {
 
   /** What a connection has seen when it is up to date: the state's revision (and, for a watcher, its reports, scores and rewards). */
   private stateKey(s: S, rev: number): string {
-    return s.watcher ? `${rev}\0${this.opts.reports.latest}\0${this.opts.ledger.version}` : `${rev}`
+    return s.watcher ? `${rev}\0${this.opts.reports.latest}\0${this.opts.ledger.version}\0${this.opts.saves?.version ?? 0}` : `${rev}`
+  }
+
+  /** How the server's saves are going, as the `save_state` part of a watcher's state (empty when it saves nothing). */
+  private savesPart(): string {
+    return this.opts.saves ? `,"save_state":${JSON.stringify(this.opts.saves.status())}` : ''
   }
 
   /** The reports a watcher has not had yet, as the `reports` part of its state (empty when none). */
