@@ -9,10 +9,11 @@ describe('end to end: psyche testnet, three clients', {timeout: 480_000}, () => 
     await ensureDemoCorpus()
   })
 
-  it('psyche testnet --json: starts the processes itself and summarizes rounds, hashes and bytes', async () => {
+  // SparseLoCo here (2 inner steps per round), DisTrO in the smoke run (test/e2e/smoke.test.ts) and below.
+  it("psyche testnet --json, SparseLoCo: starts the processes itself and summarizes rounds, hashes and bytes; every round applies the peers' results", async () => {
     const run = tempDir('psyche-testnet-')
     try {
-      writeE2eRun(run.path, {roundsPerEpoch: 2, totalSteps: 100})
+      writeE2eRun(run.path, {roundsPerEpoch: 2, totalSteps: 100, lr: 1e-2, sparseloco: {innerSteps: 2}})
       const r = await runCli(['testnet', '--clients', '3', '--config', run.path, '--rounds', '3', '--threads', '1', '--timeout', '150', '--eval-every', '2', '--json'], {
         timeoutMs: 180_000,
       })
@@ -27,7 +28,15 @@ describe('end to end: psyche testnet, three clients', {timeout: 480_000}, () => 
       for (const round of summary.rounds) {
         assert.equal(Object.keys(round.clients).length, 3)
         assert.equal(round.hashes_equal, true, JSON.stringify(round))
+        for (const c of Object.values(round.clients) as {peers_applied: number; loss: number | null}[]) {
+          assert.equal(c.peers_applied, 2, `step ${round.step}: both peers' results applied: ${JSON.stringify(round)}`)
+          assert.equal(typeof c.loss, 'number')
+        }
       }
+      // every round changed the model
+      const hashes = summary.rounds.map((x: {clients: Record<string, {param_hash: string}>}) => x.clients['client-0'].param_hash)
+      assert.equal(new Set(hashes).size, 3, JSON.stringify(hashes))
+      assert.equal(summary.rounds_without_exchange, 0)
       assert.deepEqual(summary.kills, [])
       for (const b of Object.values(summary.bytes) as {in: number; out: number}[]) assert.ok(b.in > 0 && b.out > 0)
       assert.ok(summary.result_bytes_per_round > 0)

@@ -1,6 +1,6 @@
 import {existsSync, readFileSync} from 'node:fs'
 import {dirname, join, resolve} from 'node:path'
-import {loadRunConfigFile} from '../config/index.js'
+import {innerSteps, loadRunConfigFile} from '../config/index.js'
 import type {LLMConfig, LLMDataType, LrSchedule, OptimizerConfig, RunConfigFile, DataLocation} from '../config/index.js'
 import {ARCHITECTURES, dataTypeProblem} from '../config/support.js'
 import {demoCorpusDir} from '../corpus.js'
@@ -184,13 +184,14 @@ export async function resolveTrainPlan(flags: TrainFlags): Promise<TrainPlan> {
   if (optimizer === 'Dummy') throw new PsycheError(`${run.path}: model.LLM.optimizer = "Dummy" cannot train; use AdamW or Distro`)
 
   const seqLen = flags.seqLen ?? llm.max_seq_len
-  const totalBatch = flags.totalBatch ?? run.config?.global_batch_size_start ?? 16
+  // a round of an optimizer with inner steps (SparseLoCo's H) trains H global batches, as in a distributed run
+  const totalBatch = flags.totalBatch ?? (run.config?.global_batch_size_start ?? 16) * innerSteps(optimizer)
   const microBatch = Math.min(flags.microBatch ?? 8, totalBatch)
   const scheduleSteps = Object.values(llm.lr_schedule)[0] as {total_steps?: number}
   const steps = flags.steps ?? scheduleSteps.total_steps ?? run.config?.total_steps ?? 100
   const simulatePeers = flags.simulatePeers ?? 1
-  if (simulatePeers > 1 && !(typeof optimizer === 'object' && 'Distro' in optimizer)) {
-    throw new PsycheError('--simulate-peers needs the DisTrO optimizer (--optimizer distro)')
+  if (simulatePeers > 1 && !(typeof optimizer === 'object' && ('Distro' in optimizer || 'SparseLoCo' in optimizer))) {
+    throw new PsycheError('--simulate-peers needs an optimizer that exchanges results (Distro or SparseLoCo)')
   }
 
   if (totalBatch % simulatePeers !== 0) {
