@@ -1,8 +1,25 @@
 import assert from 'node:assert/strict'
+import {join} from 'node:path'
 import {before, describe, it} from 'node:test'
+import {execa} from 'execa'
 import {ensureDemoCorpus} from '../../src/core/corpus.js'
+import {pythonEnv, workerPython} from '../../src/core/worker/python.js'
 import {runCli, tempDir} from '../helpers.js'
 import {writeE2eRun} from './helpers.js'
+
+/** The size of every SparseLoCo result of the model at `config` (python/psyche_worker/sparseloco_codec.py). */
+async function sparseLoCoResultSize(config: string, chunk: number, topk: number, valueBits: number): Promise<number> {
+  const script = [
+    'import json, sys',
+    'from psyche_worker import sparseloco_codec as c',
+    'from psyche_worker.model import init_model',
+    'm = init_model(json.load(open(sys.argv[1])), 0)',
+    'ls = [c.layout_for(n, tuple(p.shape), int(sys.argv[2]), int(sys.argv[3])) for n, p in sorted(m.named_parameters())]',
+    'print(c.result_size(ls, int(sys.argv[4])))',
+  ].join('\n')
+  const r = await execa(workerPython(), ['-c', script, config, String(chunk), String(topk), String(valueBits)], {env: pythonEnv()})
+  return Number(r.stdout)
+}
 
 describe('end to end: psyche testnet, three clients', {timeout: 480_000}, () => {
   before(async () => {
@@ -13,7 +30,8 @@ describe('end to end: psyche testnet, three clients', {timeout: 480_000}, () => 
   it("psyche testnet --json, SparseLoCo: starts the processes itself and summarizes rounds, hashes and bytes; every round applies the peers' results", async () => {
     const run = tempDir('psyche-testnet-')
     try {
-      writeE2eRun(run.path, {roundsPerEpoch: 2, totalSteps: 100, lr: 1e-2, sparseloco: {innerSteps: 2}})
+      // warmup ends once all three loaded the model; a long timeout lets a slow start on a loaded machine still train from round 1
+      writeE2eRun(run.path, {roundsPerEpoch: 2, totalSteps: 100, lr: 1e-2, warmupTime: 60, sparseloco: {innerSteps: 2}})
       const r = await runCli(['testnet', '--clients', '3', '--config', run.path, '--rounds', '3', '--threads', '1', '--timeout', '150', '--eval-every', '2', '--json'], {
         timeoutMs: 180_000,
       })
@@ -39,7 +57,8 @@ describe('end to end: psyche testnet, three clients', {timeout: 480_000}, () => 
       assert.equal(summary.rounds_without_exchange, 0)
       assert.deepEqual(summary.kills, [])
       for (const b of Object.values(summary.bytes) as {in: number; out: number}[]) assert.ok(b.in > 0 && b.out > 0)
-      assert.ok(summary.result_bytes_per_round > 0)
+      // the clients ran SparseLoCo (not the plan's DisTrO): every result has PSSL's size for this model at chunk 32, top-32
+      assert.equal(summary.result_bytes_per_round, await sparseLoCoResultSize(join(run.path, 'model', 'config.json'), 32, 32, 2))
       // --eval-every 2: the validation loss after round 2, the same on every replica, in the summary.
       const validation = summary.validation as {step: number; loss: number}[]
       const atTwo = validation.find((v) => v.step === 2)

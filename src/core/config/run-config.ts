@@ -290,6 +290,11 @@ export function innerSteps(optimizer: OptimizerConfig | undefined): number {
   return typeof optimizer === 'object' && 'SparseLoCo' in optimizer ? optimizer.SparseLoCo.inner_steps : 1
 }
 
+/** Whether an optimizer's rounds exchange results between clients, as the network path needs: Distro and SparseLoCo. */
+export function exchangesResults(optimizer: OptimizerConfig | undefined): optimizer is {Distro: DistroConfig} | {SparseLoCo: SparseLoCoConfig} {
+  return typeof optimizer === 'object' && ('Distro' in optimizer || 'SparseLoCo' in optimizer)
+}
+
 /** An AdamW table ([model.LLM.optimizer.AdamW], or SparseLoCo's inner one, whose missing fields take `defaults`). */
 function readAdamW(r: Reader, v: unknown, at: string, defaults?: AdamWConfig): AdamWConfig {
   const t = r.payload(v, at, ['betas', 'weight_decay', 'eps', 'clip_grad_norm'])
