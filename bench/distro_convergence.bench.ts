@@ -29,7 +29,8 @@ for (const v of variants.filter((x) => !only || x.name.includes(only))) {
     .trim()
     .split('\n')
     .map((l) => JSON.parse(l).loss as number)
-  const trainLoss = losses.slice(-20).reduce((a, b) => a + b, 0) / 20
+  const last = losses.slice(-20) // SparseLoCo's 10 rounds: all of them
+  const trainLoss = last.reduce((a, b) => a + b, 0) / last.length
   rows.push({
     name: v.name,
     steps: s.steps,
