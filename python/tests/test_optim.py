@@ -38,10 +38,10 @@ def test_the_registry_builds_by_name_and_names_what_it_knows(tiny_config):
     ctx = BuildContext(t.model, t.device, lambda step: 1e-3)
     assert isinstance(optim.build_optimizer({"AdamW": {}}, ctx), optim.Optimizer)
     assert isinstance(optim.build_optimizer({"Distro": None}, ctx), CommunicatingOptimizer)
-    with pytest.raises(WorkerError, match="expected AdamW or Distro") as unknown:
+    with pytest.raises(WorkerError, match="expected AdamW, Distro or SparseLoCo") as unknown:
         optim.build_optimizer({"Lion": {}}, ctx)
     assert unknown.value.kind == "unsupported"
-    with pytest.raises(WorkerError, match="exactly one of AdamW, Distro"):
+    with pytest.raises(WorkerError, match="exactly one of AdamW, Distro, SparseLoCo"):
         optim.build_optimizer({"AdamW": {}, "Distro": {}}, ctx)
     with pytest.raises(WorkerError, match="optimizer.Distro: .*compression_topk"):
         optim.build_optimizer({"Distro": {"compression_topk": 0}}, ctx)

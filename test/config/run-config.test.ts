@@ -15,6 +15,7 @@ import {
   summarizeRunConfig,
   unsupportedFeatures,
   validateRunConfig,
+  type SparseLoCoConfig,
 } from '../../src/core/config/index.js'
 
 const fixtures = join(dirname(fileURLToPath(import.meta.url)), '..', 'fixtures')
@@ -223,6 +224,41 @@ describe('parseRunConfig', () => {
       assert.deepEqual(Object.keys(run.model.LLM.lr_schedule), [variant])
       assert.deepEqual(run.model.LLM.optimizer, {AdamW: {betas: [0.9, 0.95], weight_decay: 0, eps: 1e-8}})
     }
+  })
+
+  it('SparseLoCo (our extension): the defaults of τemplar, with, every field bounded, inner steps in the summary and the round', () => {
+    const head = good.slice(0, good.indexOf('[model.LLM.lr_schedule.Cosine]')).replace('optimizer = "Dummy"\n', '')
+    const lr = '[model.LLM.lr_schedule.Constant]\nbase_lr = 1e-3\nwarmup_steps = 10\nwarmup_init_lr = 0.0\n'
+    const with_ = (body: string) => `${head}${lr}[model.LLM.optimizer.SparseLoCo]\n${body}\n`
+    const run = parseRunConfig(with_('inner_steps = 30'), 'state.toml')
+    assert.deepEqual(run.model.LLM.optimizer, {
+      SparseLoCo: {
+        inner_steps: 30,
+        error_feedback_decay: 0.95,
+        chunk: 64,
+        topk: 64,
+        value_bits: 2,
+        outer_lr: 0.4,
+        dct: false,
+        inner: {betas: [0.9, 0.95], weight_decay: 0.1, eps: 1e-8, clip_grad_norm: 1},
+      },
+    })
+    const tuned = parseRunConfig(
+      with_('inner_steps = 4\nchunk = 32\ntopk = 16\nvalue_bits = 3\nouter_lr = 0.7\ndct = true\n[model.LLM.optimizer.SparseLoCo.inner]\nweight_decay = 0.0'),
+      's',
+    )
+    const s = (tuned.model.LLM.optimizer as {SparseLoCo: SparseLoCoConfig}).SparseLoCo
+    assert.deepEqual([s.inner_steps, s.chunk, s.topk, s.value_bits, s.outer_lr, s.dct, s.inner.weight_decay, s.inner.betas], [4, 32, 16, 3, 0.7, true, 0, [0.9, 0.95]])
+    const summary = summarizeRunConfig(tuned)
+    assert.match(summary.optimizer, /SparseLoCo 4 inner steps, chunk 32, top-k 16, 3-bit, outer_lr 0.7, DCT/)
+    assert.equal(summary.total_tokens, tuned.config!.total_steps * tuned.config!.global_batch_size_end * 4 * tuned.model.LLM.max_seq_len)
+    expectIssue(with_('inner_steps = 0'), 's', 'model.LLM.optimizer.SparseLoCo.inner_steps = 0: must be ≥ 1')
+    expectIssue(with_('chunk = 8\ntopk = 65'), 's', 'model.LLM.optimizer.SparseLoCo.topk = 65: must be ≤ 64')
+    expectIssue(with_('value_bits = 9'), 's', 'model.LLM.optimizer.SparseLoCo.value_bits = 9: must be ≤ 8')
+    expectIssue(with_('outer_lr = 0'), 's', 'model.LLM.optimizer.SparseLoCo.outer_lr = 0')
+    expectIssue(with_('error_feedback_decay = 1.5'), 's', 'model.LLM.optimizer.SparseLoCo.error_feedback_decay = 1.5')
+    expectIssue(with_('topK = 3'), 's', 'model.LLM.optimizer.SparseLoCo.topK: unknown field')
+    expectIssue(with_('[model.LLM.optimizer.SparseLoCo.inner]\neps = 0'), 's', 'model.LLM.optimizer.SparseLoCo.inner.eps = 0')
   })
 
   it('accepts every data location variant, and rejects malformed ones with the path', () => {

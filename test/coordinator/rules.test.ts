@@ -6,6 +6,7 @@ import {
   isTrainerHealthy,
   participantKey,
   rangeForPosition,
+  roundBatchSize,
   selectWitnesses,
   shuffleAll,
   shuffledIndex,
@@ -103,6 +104,21 @@ describe('global batch size', () => {
     assert.equal(globalBatchSize(config, 1000), 300)
     assert.equal(globalBatchSize(config, 10 ** 12), 300)
     assert.equal(globalBatchSize(baseConfig, 0), 8)
+  })
+
+  it('a SparseLoCo round carries its inner steps: H times the global batch (other optimizers: one)', () => {
+    const llm = {max_seq_len: 10}
+    const sparseloco = {SparseLoCo: {inner_steps: 5}} as never
+    assert.equal(roundBatchSize({config, model: {LLM: {...llm, optimizer: sparseloco}}} as never, 50), 200 * 5)
+    assert.equal(roundBatchSize({config, model: {LLM: {...llm, optimizer: sparseloco}}} as never, 100), 300 * 5)
+    assert.equal(roundBatchSize({config, model: {LLM: {...llm, optimizer: {Distro: {}}}}} as never, 50), 200)
+    // Consecutive rounds' batches tile the data: the next round starts where this one's H global batches end.
+    const ranges = [0, 1, 2].map((t) => rangeForPosition({data_index: 0, batch_size: 1500}, 3, t))
+    assert.deepEqual(ranges, [
+      {start: 0, end: 500},
+      {start: 500, end: 1000},
+      {start: 1000, end: 1500},
+    ])
   })
 })
 

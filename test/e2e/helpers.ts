@@ -45,10 +45,12 @@ export interface RunShape {
   /** Overrides of the small model's config.json (a wider model makes bigger results). */
   model?: {hidden_size?: number; intermediate_size?: number}
   quantize1bit?: boolean
+  /** SparseLoCo instead of DisTrO: inner steps per round, chunk, top-k (its other settings at their defaults). */
+  sparseloco?: {innerSteps: number; chunk?: number; topk?: number; outerLr?: number}
 }
 
 /**
- * A run directory for end-to-end tests: state.toml (DisTrO, constant LR, short phases) and model/config.json.
+ * A run directory for end-to-end tests: state.toml (DisTrO or SparseLoCo, constant LR, short phases) and model/config.json.
  * Absolute data path (the demo corpus), so the server and every client read the same file from anywhere.
  */
 export function writeE2eRun(dir: string, shape: RunShape = {}): string {
@@ -89,16 +91,29 @@ base_lr = ${shape.lr ?? 3.0e-3}
 warmup_steps = 0
 warmup_init_lr = 0.0
 
-[model.LLM.optimizer.Distro]
+${shape.sparseloco ? sparseLoCoTable(shape.sparseloco) : distroTable(shape)}`
+  const path = join(dir, 'state.toml')
+  writeFileSync(path, text)
+  return path
+}
+
+function distroTable(shape: RunShape): string {
+  return `[model.LLM.optimizer.Distro]
 clip_grad_norm = 1.0
 compression_decay = 0.999
 compression_chunk = ${shape.compressionChunk ?? 32}
 compression_topk = ${shape.compressionTopk ?? 8}
 quantize_1bit = ${shape.quantize1bit ?? true}
 `
-  const path = join(dir, 'state.toml')
-  writeFileSync(path, text)
-  return path
+}
+
+function sparseLoCoTable(s: NonNullable<RunShape['sparseloco']>): string {
+  return `[model.LLM.optimizer.SparseLoCo]
+inner_steps = ${s.innerSteps}
+chunk = ${s.chunk ?? 32}
+topk = ${s.topk ?? 32}
+outer_lr = ${s.outerLr ?? 0.7}
+`
 }
 
 /** What a process under test prints, one JSON line each: a command's events (and the adversary's own, test/adversarial). */

@@ -1,52 +1,93 @@
 import assert from 'node:assert/strict'
+import {join} from 'node:path'
 import {before, describe, it} from 'node:test'
+import {execa} from 'execa'
 import {ensureDemoCorpus} from '../../src/core/corpus.js'
+import {pythonEnv, workerPython} from '../../src/core/worker/python.js'
 import {runCli, tempDir} from '../helpers.js'
 import {writeE2eRun} from './helpers.js'
+
+/** The size of every SparseLoCo result of the model at `config` (python/psyche_worker/sparseloco_codec.py). */
+async function sparseLoCoResultSize(config: string, chunk: number, topk: number, valueBits: number): Promise<number> {
+  const script = [
+    'import json, sys',
+    'from psyche_worker import sparseloco_codec as c',
+    'from psyche_worker.model import init_model',
+    'm = init_model(json.load(open(sys.argv[1])), 0)',
+    'ls = [c.layout_for(n, tuple(p.shape), int(sys.argv[2]), int(sys.argv[3])) for n, p in sorted(m.named_parameters())]',
+    'print(c.result_size(ls, int(sys.argv[4])))',
+  ].join('\n')
+  const r = await execa(workerPython(), ['-c', script, config, String(chunk), String(topk), String(valueBits)], {env: pythonEnv()})
+  return Number(r.stdout)
+}
 
 describe('end to end: psyche testnet, three clients', {timeout: 480_000}, () => {
   before(async () => {
     await ensureDemoCorpus()
   })
 
-  it('psyche testnet --json: starts the processes itself and summarizes rounds, hashes and bytes; client-0 holds its model in 2 shards', async () => {
+  // SparseLoCo here (2 inner steps per round), DisTrO in the smoke run (test/e2e/smoke.test.ts) and below.
+  it("psyche testnet --json, SparseLoCo: starts the processes itself and summarizes rounds, hashes and bytes; every round applies the peers' results", async () => {
     const run = tempDir('psyche-testnet-')
     try {
-      writeE2eRun(run.path, {roundsPerEpoch: 2, totalSteps: 100})
-      // --shard 2,1,1: client-0 runs FSDP2 over 2 gloo ranks (join --shard 2), the others are unsharded
-      const r = await runCli(
-        ['testnet', '--clients', '3', '--config', run.path, '--rounds', '4', '--threads', '1', '--timeout', '150', '--eval-every', '2', '--shard', '2,1,1', '--json'],
-        {timeoutMs: 180_000},
-      )
+      // warmup ends once all three loaded the model; a long timeout lets a slow start on a loaded machine still train from round 1
+      writeE2eRun(run.path, {roundsPerEpoch: 2, totalSteps: 100, lr: 1e-2, warmupTime: 60, sparseloco: {innerSteps: 2}})
+      const r = await runCli(['testnet', '--clients', '3', '--config', run.path, '--rounds', '3', '--threads', '1', '--timeout', '150', '--eval-every', '2', '--json'], {
+        timeoutMs: 180_000,
+      })
       assert.equal(r.exitCode, 0, r.stderr)
       const summary = JSON.parse(r.stdout)
       assert.equal(summary.ended, 'rounds')
       assert.deepEqual(summary.clients, ['client-0', 'client-1', 'client-2'])
       assert.deepEqual(
         summary.rounds.map((x: {step: number}) => x.step),
-        [1, 2, 3, 4],
+        [1, 2, 3],
       )
       for (const round of summary.rounds) {
         assert.equal(Object.keys(round.clients).length, 3)
-        // the sharded client applies the same results to the same bytes as the unsharded ones
         assert.equal(round.hashes_equal, true, JSON.stringify(round))
+        for (const c of Object.values(round.clients) as {peers_applied: number; loss: number | null}[]) {
+          assert.equal(c.peers_applied, 2, `step ${round.step}: both peers' results applied: ${JSON.stringify(round)}`)
+          assert.equal(typeof c.loss, 'number')
+        }
       }
-      // from the first epoch in which they train, every round applies both other clients' results on every client,
-      // the sharded one included
-      const training = summary.rounds.filter((r: {epoch: number}) => r.epoch >= 1)
-      assert.ok(training.length >= 2, JSON.stringify(summary.rounds))
-      for (const round of training) {
-        assert.equal(round.exchanged, true, JSON.stringify(round))
-        for (const c of Object.values(round.clients) as {peers_applied: number | null}[]) assert.equal(c.peers_applied, 2, JSON.stringify(round))
-      }
+      // every round changed the model
+      const hashes = summary.rounds.map((x: {clients: Record<string, {param_hash: string}>}) => x.clients['client-0'].param_hash)
+      assert.equal(new Set(hashes).size, 3, JSON.stringify(hashes))
+      assert.equal(summary.rounds_without_exchange, 0)
       assert.deepEqual(summary.kills, [])
       for (const b of Object.values(summary.bytes) as {in: number; out: number}[]) assert.ok(b.in > 0 && b.out > 0)
-      assert.ok(summary.result_bytes_per_round > 0)
+      // the clients ran SparseLoCo (not the plan's DisTrO): every result has PSSL's size for this model at chunk 32, top-32
+      assert.equal(summary.result_bytes_per_round, await sparseLoCoResultSize(join(run.path, 'model', 'config.json'), 32, 32, 2))
       // --eval-every 2: the validation loss after round 2, the same on every replica, in the summary.
       const validation = summary.validation as {step: number; loss: number}[]
       const atTwo = validation.find((v) => v.step === 2)
       assert.ok(atTwo && atTwo.loss > 0, JSON.stringify(validation))
       assert.ok(Math.abs(atTwo.loss - summary.rounds[1].clients['client-0'].val_loss) < 1e-3)
+    } finally {
+      run.cleanup()
+    }
+  })
+
+  it("psyche testnet --shard 2,1,1, DisTrO: client-0 holds its model in 2 shards and agrees with the unsharded clients bit for bit; every round applies the peers' results", async () => {
+    const run = tempDir('psyche-testnet-shard-')
+    try {
+      writeE2eRun(run.path, {roundsPerEpoch: 2, totalSteps: 100, lr: 1e-2, warmupTime: 60})
+      // --shard 2,1,1: client-0 runs FSDP2 over 2 gloo ranks (join --shard 2), the others are unsharded
+      const r = await runCli(['testnet', '--clients', '3', '--config', run.path, '--rounds', '3', '--threads', '1', '--timeout', '150', '--shard', '2,1,1', '--json'], {
+        timeoutMs: 180_000,
+      })
+      assert.equal(r.exitCode, 0, r.stderr)
+      const summary = JSON.parse(r.stdout)
+      assert.equal(summary.ended, 'rounds')
+      for (const round of summary.rounds) {
+        // the sharded client applies the same results to the same bytes as the unsharded ones
+        assert.equal(round.hashes_equal, true, JSON.stringify(round))
+        for (const c of Object.values(round.clients) as {peers_applied: number | null}[]) assert.equal(c.peers_applied, 2, JSON.stringify(round))
+      }
+      const hashes = summary.rounds.map((x: {clients: Record<string, {param_hash: string}>}) => x.clients['client-0'].param_hash)
+      assert.equal(new Set(hashes).size, summary.rounds.length, `every round changed the model: ${JSON.stringify(hashes)}`)
+      assert.equal(summary.rounds_without_exchange, 0)
     } finally {
       run.cleanup()
     }

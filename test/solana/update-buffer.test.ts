@@ -63,6 +63,9 @@ describe('update buffer: configurations too large for one transaction', () => {
     assert.ok(before - d.chain.svm.getBalance(d.authority.address)! < 100_000n)
     // a small update still goes in one transaction, and updateConfig sends either kind
     assert.equal((await prepareUpdate({...target, authority: d.authority, file: file(testModel)})).length, 1)
+    // SparseLoCo's inner steps are the centralized server's for now: refused before anything is sent
+    const sparseloco = {LLM: {...testModel.LLM, optimizer: {SparseLoCo: {inner_steps: 4}} as unknown as LLMConfig['optimizer']}}
+    await assert.rejects(prepareUpdate({...target, authority: d.authority, file: file(sparseloco)}), /SparseLoCo.inner_steps > 1: the Solana program/)
     const other = bigModel(3000)
     await updateConfig({...target, authority: d.authority, file: file(other)})
     assert.deepEqual(readRun(d).state.model, other)

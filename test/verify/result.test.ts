@@ -4,7 +4,10 @@ import {join} from 'node:path'
 import {test} from 'node:test'
 import {execa} from 'execa'
 import {projectRoot, pythonEnv, workerPython} from '../../src/core/worker/python.js'
-import {maxResultSize, parseResultFormat, resultSize, validateResult, type ResultFormat} from '../../src/core/verify/result.js'
+import {maxResultSize, parseResultFormat, resultSize, validateResult, type DistroResultFormat} from '../../src/core/verify/result.js'
+
+type ResultFormat = DistroResultFormat
+const parseDistro = (raw: unknown) => parseResultFormat(raw) as DistroResultFormat
 
 interface Vectors {
   format: ResultFormat
@@ -20,7 +23,7 @@ test('the TypeScript validator accepts exactly what the worker decoder accepts (
   const sets = await pythonVectors(7, 3000)
   assert.equal(sets.length, 3)
   for (const set of sets) {
-    const format = parseResultFormat(set.format)
+    const format = parseDistro(set.format)
     let accepted = 0
     for (const [i, c] of set.cases.entries()) {
       const v = validateResult(Buffer.from(c.hex, 'hex'), format)
@@ -38,13 +41,13 @@ test('the TypeScript validator accepts exactly what the worker decoder accepts (
 
 test('validation names what is wrong; sizes are exact; nothing throws on random input', async () => {
   const [sign, bf16, fp16] = await pythonVectors(3, 0)
-  const fmt = parseResultFormat(sign.format)
+  const fmt = parseDistro(sign.format)
   const valid = Buffer.from(sign.cases[0].hex, 'hex')
   assert.deepEqual(validateResult(valid, fmt), {ok: true})
   assert.equal(valid.length, resultSize(fmt))
   assert.equal(maxResultSize(fmt), valid.length)
-  assert.equal(Buffer.from(bf16.cases[0].hex, 'hex').length, resultSize(parseResultFormat(bf16.format)))
-  assert.equal(Buffer.from(fp16.cases[0].hex, 'hex').length, maxResultSize(parseResultFormat(fp16.format)))
+  assert.equal(Buffer.from(bf16.cases[0].hex, 'hex').length, resultSize(parseDistro(bf16.format)))
+  assert.equal(Buffer.from(fp16.cases[0].hex, 'hex').length, maxResultSize(parseDistro(fp16.format)))
 
   const reason = (b: Uint8Array, f: ResultFormat = fmt) => {
     const v = validateResult(b, f)
@@ -69,7 +72,7 @@ test('validation names what is wrong; sizes are exact; nothing throws on random 
   dup[at] = (dup[at] & ~0b111000) | (first << 3)
   assert.match(reason(dup), /duplicate index in chunk 0|out of range/)
   // A non-finite bf16 value.
-  const bfFmt = parseResultFormat(bf16.format)
+  const bfFmt = parseDistro(bf16.format)
   const nan = Buffer.from(bf16.cases[0].hex, 'hex')
   nan.writeUInt16LE(0x7fc0, nan.length - 2)
   assert.match(reason(nan, bfFmt), /non-finite bf16/)
@@ -83,6 +86,6 @@ test('validation names what is wrong; sizes are exact; nothing throws on random 
 })
 
 test('parseResultFormat refuses a malformed format', () => {
-  assert.throws(() => parseResultFormat({value_format: 'int8', tensors: []}), /result_format/)
-  assert.throws(() => parseResultFormat({value_format: 'sign', tensors: [{name: 'x', shape: [4], chunk: [4, 1], topk: 1}]}), /tensor 0/)
+  assert.throws(() => parseDistro({value_format: 'int8', tensors: []}), /result_format/)
+  assert.throws(() => parseDistro({value_format: 'sign', tensors: [{name: 'x', shape: [4], chunk: [4, 1], topk: 1}]}), /tensor 0/)
 })

@@ -13,12 +13,14 @@ from ..protocol import WorkerError
 from .adamw import AdamW
 from .base import BuildContext, CommunicatingOptimizer, Optimizer
 from .distro import Distro
+from .sparseloco import SparseLoCo
 
 Builder = Callable[[dict[str, Any], BuildContext], Optimizer]
 
 OPTIMIZERS: dict[str, Builder] = {
     AdamW.name: AdamW.build,
     Distro.name: Distro.build,
+    SparseLoCo.name: SparseLoCo.build,
 }
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,12 +28,20 @@ class AdamWConfig:
         betas = tuple(d.get("betas", (0.9, 0.95)))
         if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
             raise WorkerError(f"optimizer.AdamW.betas = {list(betas)}: expected two numbers in [0, 1)")
+
+        def number(name: str, value: Any, positive: bool) -> float:
+            # the run-config validator's bounds (src/core/config/run-config.ts readAdamW)
+            ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+            if not ok or value < 0 or (positive and value == 0):
+                raise WorkerError(f"optimizer.AdamW.{name} = {value!r}: expected a finite number {'> 0' if positive else '≥ 0'}")
+            return float(value)
+
         clip = d.get("clip_grad_norm")
         return cls(
             betas=(float(betas[0]), float(betas[1])),
-            weight_decay=float(d.get("weight_decay", 0.0)),
-            eps=float(d.get("eps", 1e-8)),
-            clip_grad_norm=None if clip is None else float(clip),
+            weight_decay=number("weight_decay", d.get("weight_decay", 0.0), False),
+            eps=number("eps", d.get("eps", 1e-8), True),
+            clip_grad_norm=None if clip is None else number("clip_grad_norm", clip, True),
         )
 
 

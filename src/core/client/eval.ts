@@ -1,4 +1,4 @@
-import {globalBatchSize, type CoordinatorState} from '../coordinator/index.js'
+import {roundBatchSize, type CoordinatorState} from '../coordinator/index.js'
 
 /**
  * Validation loss: which held-out samples a client evaluates, and after which rounds. Pure rules, so that every
@@ -18,11 +18,10 @@ export interface EvalSettings {
   batches: number
 }
 
-/** The first batch id the run never trains on: the sum of the global batch sizes of its total_steps rounds. */
+/** The first batch id the run never trains on: the sum of the batch sizes of its total_steps rounds. */
 export function dataIndexAfter(state: Pick<CoordinatorState, 'config' | 'model'>, steps = state.config.total_steps): number {
-  const seqLen = state.model.LLM.max_seq_len
   let index = 0
-  for (let step = 1; step <= steps; step++) index += globalBatchSize(state.config, index * seqLen)
+  for (let step = 1; step <= steps; step++) index += roundBatchSize(state, index)
   return index
 }
 

@@ -2,6 +2,7 @@ import {existsSync} from 'node:fs'
 import {join, resolve} from 'node:path'
 import {CHECKPOINT_META_FILE, readCheckpointMeta, type CheckpointMeta} from '../checkpoint/checkpointer.js'
 import {downloadCheckpoint} from '../checkpoint/hub.js'
+import {exchangesResults} from '../config/index.js'
 import type {HubRepo} from '../config/types.js'
 import {isCheckpointP2P, type CheckpointHash, type ClientId} from '../coordinator/index.js'
 import {errorMessage} from '../errors.js'
@@ -143,10 +144,11 @@ export class ModelLoading {
     const ctx = this.ctx
     const {microBatch} = ctx.opts.plan
     const model = fromDir ? ({kind: 'dir', dir: fromDir} as const) : ctx.opts.plan.model
-    // The run's state is authoritative for what every replica must agree on: the LR schedule, and DisTrO's
-    // settings when the run names DisTrO (the network path needs it; other optimizers fall back to the plan's).
+    // The run's state is authoritative for what every replica must agree on: the LR schedule, and the optimizer
+    // when the run names one that exchanges results (DisTrO, SparseLoCo: the network path needs one; a run that
+    // names a single-node optimizer trains with the plan's).
     const llm = ctx.state.model.LLM
-    const optimizer = typeof llm.optimizer === 'object' && 'Distro' in llm.optimizer ? llm.optimizer : ctx.opts.plan.optimizer
+    const optimizer = exchangesResults(llm.optimizer) ? llm.optimizer : ctx.opts.plan.optimizer
     const lrSchedule = llm.lr_schedule
     const info = await loadModel(ctx.worker, model, ctx.opts.seed, ctx.opts.plan.seqLen)
     this.parameters = info.parameters

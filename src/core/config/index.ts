@@ -4,7 +4,7 @@
  */
 export * from './types.js'
 export {ConfigError, formatIssue} from './read.js'
-export {validateRunConfig} from './run-config.js'
+export {exchangesResults, innerSteps, validateRunConfig} from './run-config.js'
 export {loadRunConfigFile, parseRunConfig, resolveConfigPath} from './run-config-file.js'
 export {checkDataServerForRun, loadDataServerConfig, parseDataServerConfig} from './data-config.js'
 export {unsupportedFeatures} from './support.js'

@@ -19,6 +19,7 @@ import type {
   OptimizerConfig,
   RunState,
   Shuffle,
+  SparseLoCoConfig,
 } from './types.js'
 
 /** Psyche's default for `waiting_for_members_extra_time` (its WAITING_FOR_MEMBERS_EXTRA_SECONDS). */
@@ -273,24 +274,69 @@ function readLrSchedule(r: Reader, llm: Table, path: string): LrSchedule | undef
  */
 export const DISTRO_MAX_CHUNK = 4096
 
+/**
+ * SparseLoCo's limits and defaults, the same in the worker (python/psyche_worker/optim/sparseloco.py SparseLoCoConfig;
+ * test/config/sparseloco-limits.test.ts compares both on the boundaries). Defaults are τemplar's (hparams/hparams.json).
+ */
+export const SPARSELOCO_LIMITS = {innerSteps: 10_000, chunk: 4096, valueBits: 8, outerLr: 100} as const
+const SPARSELOCO_DEFAULTS = {inner_steps: 30, error_feedback_decay: 0.95, chunk: 64, topk: 64, value_bits: 2, outer_lr: 0.4, dct: false} as const
+const SPARSELOCO_INNER_DEFAULTS: AdamWConfig = {betas: [0.9, 0.95], weight_decay: 0.1, eps: 1e-8, clip_grad_norm: 1.0}
+
+/**
+ * Inner steps per round: H for SparseLoCo, 1 for every other optimizer. A round's batch is this many global batches
+ * (coordinator/rules.ts), and the worker splits a client's share into this many inner steps.
+ */
+export function innerSteps(optimizer: OptimizerConfig | undefined): number {
+  return typeof optimizer === 'object' && 'SparseLoCo' in optimizer ? optimizer.SparseLoCo.inner_steps : 1
+}
+
+/** Whether an optimizer's rounds exchange results between clients, as the network path needs: Distro and SparseLoCo. */
+export function exchangesResults(optimizer: OptimizerConfig | undefined): optimizer is {Distro: DistroConfig} | {SparseLoCo: SparseLoCoConfig} {
+  return typeof optimizer === 'object' && ('Distro' in optimizer || 'SparseLoCo' in optimizer)
+}
+
+/** An AdamW table ([model.LLM.optimizer.AdamW], or SparseLoCo's inner one, whose missing fields take `defaults`). */
+function readAdamW(r: Reader, v: unknown, at: string, defaults?: AdamWConfig): AdamWConfig {
+  const t = r.payload(v, at, ['betas', 'weight_decay', 'eps', 'clip_grad_norm'])
+  const betas = t.betas ?? defaults?.betas
+  if (!Array.isArray(betas) || betas.length !== 2 || !betas.every((b) => typeof b === 'number' && b >= 0 && b < 1)) {
+    r.issue(`${at}.betas`, betas === undefined ? 'missing (expected [beta1, beta2], each in [0, 1))' : 'must be [beta1, beta2], each in [0, 1)', betas)
+  }
+  const adamw: AdamWConfig = {
+    betas: Array.isArray(betas) && betas.length === 2 ? [Number(betas[0]), Number(betas[1])] : [NaN, NaN],
+    weight_decay: t.weight_decay === undefined && defaults ? defaults.weight_decay : r.num(t, 'weight_decay', at, {min: 0}),
+    eps: t.eps === undefined && defaults ? defaults.eps : r.num(t, 'eps', at, {above: 0}),
+  }
+  if (t.clip_grad_norm !== undefined) adamw.clip_grad_norm = r.num(t, 'clip_grad_norm', at, {above: 0})
+  else if (defaults?.clip_grad_norm !== undefined) adamw.clip_grad_norm = defaults.clip_grad_norm
+  return adamw
+}
+
+function readSparseLoCo(r: Reader, v: unknown, at: string): SparseLoCoConfig {
+  const t = r.payload(v, at, ['inner_steps', 'error_feedback_decay', 'chunk', 'topk', 'value_bits', 'outer_lr', 'dct', 'inner'])
+  const d = SPARSELOCO_DEFAULTS
+  const number = (key: 'error_feedback_decay' | 'outer_lr', rule: {min?: number; max?: number; above?: number}) => (t[key] === undefined ? d[key] : r.num(t, key, at, rule))
+  const chunk = r.int(t, 'chunk', at, {min: 1, max: SPARSELOCO_LIMITS.chunk, default: d.chunk})
+  const config: SparseLoCoConfig = {
+    inner_steps: r.int(t, 'inner_steps', at, {min: 1, max: SPARSELOCO_LIMITS.innerSteps, default: d.inner_steps}),
+    error_feedback_decay: number('error_feedback_decay', {min: 0, max: 1}),
+    chunk,
+    // at most a 2-D chunk's elements (a smaller chunk takes all of its own)
+    topk: r.int(t, 'topk', at, {min: 1, max: Number.isInteger(chunk) ? chunk * chunk : SPARSELOCO_LIMITS.chunk ** 2, default: d.topk}),
+    value_bits: r.int(t, 'value_bits', at, {min: 1, max: SPARSELOCO_LIMITS.valueBits, default: d.value_bits}),
+    outer_lr: number('outer_lr', {above: 0, max: SPARSELOCO_LIMITS.outerLr}),
+    dct: t.dct === undefined ? d.dct : r.bool(t, 'dct', at),
+    inner: readAdamW(r, t.inner ?? {}, `${at}.inner`, SPARSELOCO_INNER_DEFAULTS),
+  }
+  return config
+}
+
 function readOptimizer(r: Reader, llm: Table, path: string): OptimizerConfig | undefined {
   return r.tagged<OptimizerConfig>(llm, 'optimizer', path, {
     unit: ['Dummy'],
     data: {
-      AdamW: (v, at) => {
-        const t = r.payload(v, at, ['betas', 'weight_decay', 'eps', 'clip_grad_norm'])
-        const betas = t.betas
-        if (!Array.isArray(betas) || betas.length !== 2 || !betas.every((b) => typeof b === 'number' && b >= 0 && b < 1)) {
-          r.issue(`${at}.betas`, betas === undefined ? 'missing (expected [beta1, beta2], each in [0, 1))' : 'must be [beta1, beta2], each in [0, 1)', betas)
-        }
-        const adamw: AdamWConfig = {
-          betas: Array.isArray(betas) && betas.length === 2 ? [Number(betas[0]), Number(betas[1])] : [NaN, NaN],
-          weight_decay: r.num(t, 'weight_decay', at, {min: 0}),
-          eps: r.num(t, 'eps', at, {above: 0}),
-        }
-        if (t.clip_grad_norm !== undefined) adamw.clip_grad_norm = r.num(t, 'clip_grad_norm', at, {above: 0})
-        return {AdamW: adamw}
-      },
+      AdamW: (v, at) => ({AdamW: readAdamW(r, v, at)}),
+      SparseLoCo: (v, at) => ({SparseLoCo: readSparseLoCo(r, v, at)}),
       Distro: (v, at) => {
         const t = r.payload(v, at, ['clip_grad_norm', 'weight_decay', 'compression_decay', 'compression_chunk', 'compression_topk', 'quantize_1bit'])
         const distro: DistroConfig = {

@@ -1,5 +1,6 @@
 import type {CheckpointConfig, DataLocation, LrSchedule, OptimizerConfig, RunConfigFile} from './types.js'
 import {unsupportedFeatures, type UnsupportedFeature} from './support.js'
+import {innerSteps} from './run-config.js'
 
 /** What `psyche server validate-config` reports about a valid run. */
 export interface RunSummary {
@@ -58,6 +59,10 @@ function describeLr(lr: LrSchedule): string {
 function describeOptimizer(o: OptimizerConfig): string {
   if (typeof o === 'string') return o
   if ('AdamW' in o) return `AdamW betas ${o.AdamW.betas.join('/')}, weight_decay ${o.AdamW.weight_decay}`
+  if ('SparseLoCo' in o) {
+    const s = o.SparseLoCo
+    return `SparseLoCo ${s.inner_steps} inner steps, chunk ${s.chunk}, top-k ${s.topk}, ${s.value_bits}-bit, outer_lr ${s.outer_lr}${s.dct ? ', DCT' : ''}`
+  }
   const d = o.Distro
   return `Distro chunk ${d.compression_chunk}, top-k ${d.compression_topk}${d.quantize_1bit ? ', 1-bit' : ''}`
 }
@@ -84,7 +89,8 @@ export function summarizeRunConfig(file: RunConfigFile): RunSummary {
         ? String(c.global_batch_size_end)
         : `${c.global_batch_size_start} → ${c.global_batch_size_end} over ${c.global_batch_size_warmup_tokens} tokens`,
     total_steps: c.total_steps,
-    total_tokens: c.total_steps * c.global_batch_size_end * llm.max_seq_len,
+    // a SparseLoCo round trains inner_steps global batches
+    total_tokens: c.total_steps * c.global_batch_size_end * innerSteps(llm.optimizer) * llm.max_seq_len,
     unsupported: unsupportedFeatures(file),
   }
 }

@@ -124,7 +124,32 @@ export interface DistroConfig {
   quantize_1bit: boolean
 }
 
-export type OptimizerConfig = 'Dummy' | {AdamW: AdamWConfig} | {Distro: DistroConfig}
+/**
+ * SparseLoCo (arXiv 2508.15706, τemplar's algorithm): our extension of Psyche's optimizer variants. A round is
+ * `inner_steps` inner AdamW steps (`inner`, at the run's lr_schedule counted in inner steps) on the client's batches,
+ * then a chunk-wise top-k of the error-feedback pseudo-gradient quantized to `value_bits`, and an outer step at
+ * `outer_lr` from every accepted contribution (python/psyche_worker/optim/sparseloco.py).
+ */
+export interface SparseLoCoConfig {
+  /** H: inner steps per round; a round's batch is H times the global batch (coordinator/rules.ts). */
+  inner_steps: number
+  /** β of the error feedback e ← β·e + Δ. */
+  error_feedback_decay: number
+  /** Chunk side: each dimension is cut at its largest divisor at most this. */
+  chunk: number
+  /** Values kept per chunk. */
+  topk: number
+  /** Bits per kept value (2^value_bits quantization levels). */
+  value_bits: number
+  /** α of the outer step θ ← θ − α · aggregate. */
+  outer_lr: number
+  /** Compress the chunks' 2-D DCT instead of the values. */
+  dct: boolean
+  /** The inner AdamW. */
+  inner: AdamWConfig
+}
+
+export type OptimizerConfig = 'Dummy' | {AdamW: AdamWConfig} | {Distro: DistroConfig} | {SparseLoCo: SparseLoCoConfig}
 
 export type LLMArchitecture = 'HfLlama' | 'HfDeepseek' | 'HfAuto'
 export type LLMDataType = 'Pretraining' | 'Finetuning'

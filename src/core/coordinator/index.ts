@@ -18,6 +18,7 @@ export {
   buildWitnessProof,
   checkpointRefusal,
   globalBatchSize,
+  roundBatchSize,
   isResultWitnessed,
   isTrainerHealthy,
   isVerifier,

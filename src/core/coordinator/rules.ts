@@ -1,5 +1,6 @@
 import {BloomFilter, bloomParamsFor, type BloomParams} from '../primitives/bloom.js'
 import type {CoordinatorConfig} from '../config/types.js'
+import {innerSteps} from '../config/run-config.js'
 import {sha256, subSeed, u64le} from '../primitives/seed.js'
 import {isRoundPhase} from './phases.js'
 import {shuffleAll, shuffledIndex, unshuffledIndex} from '../primitives/shuffle.js'
@@ -32,6 +33,15 @@ export function globalBatchSize(config: CoordinatorConfig, tokensProcessed: numb
   return Math.round(start + ((end - start) * tokensProcessed) / warmup)
 }
 
+/**
+ * The batches of a round that starts at batch `dataIndex`: the global batch size times the optimizer's inner steps
+ * per round (SparseLoCo's H, 1 for every other optimizer). So each trainer gets H times its share, the worker trains
+ * them as H inner steps, and no batch is trained twice.
+ */
+export function roundBatchSize(state: Pick<CoordinatorState, 'config' | 'model'>, dataIndex: number): number {
+  return globalBatchSize(state.config, dataIndex * state.model.LLM.max_seq_len) * innerSteps(state.model.LLM.optimizer)
+}
+
 /** The first batch id of the next round to start. Rounds follow each other without gaps or overlap. */
 export function nextDataIndex(state: CoordinatorState): number {
   const round = state.epoch.round
@@ -39,7 +49,7 @@ export function nextDataIndex(state: CoordinatorState): number {
 }
 
 /**
- * The global batch size of `step` (default: the current round, or the next one if none is active).
+ * The batch size of round `step` (roundBatchSize; default: the current round, or the next one if none is active).
  * Known for the current and previous round, and for the next step; other steps throw a RangeError.
  */
 export function batchSizeForStep(state: CoordinatorState, step?: number): number {
@@ -48,7 +58,7 @@ export function batchSizeForStep(state: CoordinatorState, step?: number): number
   const wanted = step ?? (active ? round!.step : state.progress.step)
   if (round && round.step === wanted) return round.batch_size
   if (previous && previous.step === wanted) return previous.batch_size
-  if (wanted === state.progress.step) return globalBatchSize(state.config, nextDataIndex(state) * state.model.LLM.max_seq_len)
+  if (wanted === state.progress.step) return roundBatchSize(state, nextDataIndex(state))
   throw new RangeError(`step ${wanted} is neither the current, the previous nor the next round`)
 }
 

@@ -1,6 +1,6 @@
 import {existsSync, readFileSync} from 'node:fs'
 import {dirname, join, resolve} from 'node:path'
-import {loadRunConfigFile} from '../config/index.js'
+import {exchangesResults, innerSteps, loadRunConfigFile} from '../config/index.js'
 import type {LLMConfig, LLMDataType, LrSchedule, OptimizerConfig, RunConfigFile, DataLocation} from '../config/index.js'
 import {ARCHITECTURES, dataTypeProblem} from '../config/support.js'
 import {demoCorpusDir} from '../corpus.js'
@@ -63,7 +63,7 @@ export interface TrainFlags {
   microBatch?: number
   totalBatch?: number
   seqLen?: number
-  optimizer?: 'adamw' | 'distro'
+  optimizer?: 'adamw' | 'distro' | 'sparseloco'
   lr?: number
   seed?: number
   threads?: number
@@ -171,6 +171,19 @@ function positive(value: number | undefined, name: string): void {
 /** Optimizer settings used when --optimizer names the one the run config does not (the demo's tuned values). */
 const DEFAULT_ADAMW: OptimizerConfig = {AdamW: {betas: [0.9, 0.95], weight_decay: 0.1, eps: 1e-8, clip_grad_norm: 1.0}}
 const DEFAULT_DISTRO: OptimizerConfig = {Distro: {clip_grad_norm: 1.0, compression_decay: 0.96, compression_chunk: 64, compression_topk: 8, quantize_1bit: true}}
+/** τemplar's settings (hparams/hparams.json) with H = 30 inner steps. */
+const DEFAULT_SPARSELOCO: OptimizerConfig = {
+  SparseLoCo: {
+    inner_steps: 30,
+    error_feedback_decay: 0.95,
+    chunk: 64,
+    topk: 64,
+    value_bits: 2,
+    outer_lr: 0.4,
+    dct: false,
+    inner: {betas: [0.9, 0.95], weight_decay: 0.1, eps: 1e-8, clip_grad_norm: 1.0},
+  },
+}
 
 export async function resolveTrainPlan(flags: TrainFlags): Promise<TrainPlan> {
   for (const name of ['steps', 'microBatch', 'totalBatch', 'seqLen', 'evalBatches', 'simulatePeers'] as const)
@@ -186,16 +199,19 @@ export async function resolveTrainPlan(flags: TrainFlags): Promise<TrainPlan> {
   let optimizer = llm.optimizer
   if (flags.optimizer === 'adamw' && !(typeof optimizer === 'object' && 'AdamW' in optimizer)) optimizer = DEFAULT_ADAMW
   if (flags.optimizer === 'distro' && !(typeof optimizer === 'object' && 'Distro' in optimizer)) optimizer = DEFAULT_DISTRO
-  if (optimizer === 'Dummy') throw new PsycheError(`${run.path}: model.LLM.optimizer = "Dummy" cannot train; use AdamW or Distro`)
+  if (flags.optimizer === 'sparseloco' && !(typeof optimizer === 'object' && 'SparseLoCo' in optimizer)) optimizer = DEFAULT_SPARSELOCO
+  if (optimizer === 'Dummy') throw new PsycheError(`${run.path}: model.LLM.optimizer = "Dummy" cannot train; use AdamW, Distro or SparseLoCo`)
 
   const seqLen = flags.seqLen ?? llm.max_seq_len
-  const totalBatch = flags.totalBatch ?? run.config?.global_batch_size_start ?? 16
+  // a round of an optimizer with inner steps (SparseLoCo's H) trains H global batches, as in a distributed run
+  const totalBatch = flags.totalBatch ?? (run.config?.global_batch_size_start ?? 16) * innerSteps(optimizer)
   const microBatch = Math.min(flags.microBatch ?? 8, totalBatch)
   const scheduleSteps = Object.values(llm.lr_schedule)[0] as {total_steps?: number}
-  const steps = flags.steps ?? scheduleSteps.total_steps ?? run.config?.total_steps ?? 100
+  // the schedule counts inner steps (SparseLoCo: H per round), a step here is a round
+  const steps = flags.steps ?? (scheduleSteps.total_steps ? Math.ceil(scheduleSteps.total_steps / innerSteps(optimizer)) : (run.config?.total_steps ?? 100))
   const simulatePeers = flags.simulatePeers ?? 1
-  if (simulatePeers > 1 && !(typeof optimizer === 'object' && 'Distro' in optimizer)) {
-    throw new PsycheError('--simulate-peers needs the DisTrO optimizer (--optimizer distro)')
+  if (simulatePeers > 1 && !exchangesResults(optimizer)) {
+    throw new PsycheError('--simulate-peers needs an optimizer that exchanges results (Distro or SparseLoCo)')
   }
 
   if (totalBatch % simulatePeers !== 0) {

@@ -1,5 +1,5 @@
 import type {ClientId} from '../coordinator/types.js'
-import {resultIndices, type ResultFormat} from './result.js'
+import {resultIndices, selectionChunks, type ResultFormat} from './result.js'
 
 /**
  * Copy detection by index overlap between peers' results (τemplar's way, seed 003): a result that selects
@@ -22,9 +22,7 @@ export const OVERLAP_SAMPLE_CHUNKS = 4096
 
 /** Every how many chunks one is sampled for this run's model. */
 export function sampleStride(format: ResultFormat): number {
-  let chunks = 0
-  for (const t of format.tensors) chunks += t.shape.reduce((acc, s, i) => acc * Math.floor(s / t.chunk[i]), 1)
-  return Math.max(1, Math.ceil(chunks / OVERLAP_SAMPLE_CHUNKS))
+  return Math.max(1, Math.ceil(selectionChunks(format) / OVERLAP_SAMPLE_CHUNKS))
 }
 
 /** The positions compared between results: a fixed, evenly spaced sample of chunks (the same for every result of the run). */

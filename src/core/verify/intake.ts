@@ -2,7 +2,7 @@ import type {ClientId} from '../coordinator/types.js'
 import type {ResultAnnouncement} from '../primitives/announcement.js'
 import {copyReason, COPY_OVERLAP_THRESHOLD, indexSample, OverlapIndex} from './copy.js'
 import type {EquivocationProof} from '../coordinator/equivocation.js'
-import {maxResultSize, resultSize, validateResult, type ResultFormat} from './result.js'
+import {validateResult, validSizes, type ResultFormat} from './result.js'
 
 /**
  * What a client checks of its peers' results before counting them anywhere (witnessing, applying): the
@@ -57,7 +57,7 @@ export class ResultIntake {
     }
     this.byProducer.set(key, a)
     if (this.format) {
-      const sizes = this.format.value_format === 'sign' ? [resultSize(this.format)] : [resultSize(this.format, 'bf16'), maxResultSize(this.format)]
+      const sizes = validSizes(this.format)
       if (!sizes.includes(a.size)) return {ok: false, reason: `${FORMAT_INVALID}announced size ${a.size} bytes; a result for this model is exactly ${sizes.join(' or ')}`}
     }
     return {ok: true}

@@ -1,6 +1,6 @@
 import {createHash} from 'node:crypto'
 import {systemClock, type Clock} from '../primitives/clock.js'
-import {resultSize, RESULT_FORMAT_VERSION, RESULT_MAGIC, type ResultFormat} from '../verify/result.js'
+import {resultSize, RESULT_FORMAT_VERSION, RESULT_MAGIC, type DistroResultFormat} from '../verify/result.js'
 import type {Frame} from './client.js'
 import type {ModelInfo, StepResult, TrainingSetup} from './model-worker.js'
 
@@ -47,7 +47,7 @@ interface LoadTestWorkerOptions {
 }
 
 /** The result format of a load-test run whose results are about `resultBytes` bytes (one sign-valued tensor). */
-export function loadTestResultFormat(resultBytes: number): ResultFormat {
+export function loadTestResultFormat(resultBytes: number): DistroResultFormat {
   const perChunk = (TOPK * (INDEX_BITS + 1)) / 8 // 12-bit indices and 1 sign bit per selected value
   const header = resultSize({value_format: 'sign', tensors: [{name: LOAD_TEST_TENSOR, shape: [1, CHUNK], chunk: [1, CHUNK], topk: TOPK}]}) - perChunk
   const rows = Math.max(1, Math.ceil((resultBytes - header) / perChunk))
@@ -76,7 +76,7 @@ class Stream {
 }
 
 /** Encodes a valid PSDR sign result for `format` (as loadTestResultFormat builds it) from `seed`. */
-function encodeLoadTestResult(format: ResultFormat, seed: Buffer): Uint8Array {
+function encodeLoadTestResult(format: DistroResultFormat, seed: Buffer): Uint8Array {
   const spec = format.tensors[0]
   const rows = spec.shape[0]
   const out = Buffer.alloc(resultSize(format))
@@ -125,7 +125,7 @@ export class LoadTestWorker {
   /** Every apply: the step and how many results it folded in. */
   readonly applies: {step: number; results: number}[] = []
   private params: Buffer = Buffer.alloc(32)
-  private readonly format: ResultFormat
+  private readonly format: DistroResultFormat
   private readonly clock: Clock
   private begun: {step: number; seed: Buffer; tokens: number} | undefined
   private exit!: () => void
@@ -169,7 +169,7 @@ export class LoadTestWorker {
     return this.info()
   }
 
-  async configure(_setup: TrainingSetup): Promise<{resultFormat: ResultFormat}> {
+  async configure(_setup: TrainingSetup): Promise<{resultFormat: DistroResultFormat}> {
     this.alive()
     return {resultFormat: this.format}
   }
