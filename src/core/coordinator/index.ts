@@ -22,6 +22,8 @@ export {
   isTrainerHealthy,
   isVerifier,
   isWitness,
+  modelMismatch,
+  modelWanted,
   participantKey,
   rangeForPosition,
   selectVerifiers,
