@@ -18,7 +18,8 @@ export default class Status extends PsycheCommand {
 state, prints it and exits. With --json, one object: {run_id, run_state, epoch, step, total_steps, progress,
 phase_elapsed_seconds, phase_time_left_seconds (a round's is its timeout), epoch_time_left_seconds, clients: [{id, state}], clients_by_state: {healthy, dropped,
 withdrawn, ejected, pending}, round: {step, height, batch_size, trainers, witnesses_expected, witness_proofs,
-witness_quorum} | null, pause_pending, peers, scores: [{client_id, average, last, last_step, verifiers, count}],
+witness_quorum} | null, pause_pending, model_wanted: {step, param_hash, detail} | null (the run waits: no member holds its
+current model, nor a checkpoint of it), peers, scores: [{client_id, average, last, last_step, verifiers, count}],
 rewards: [{client_id, score, weight, rounds, batches, pending, earned, slashed}], no_exchange: [{client_id, rounds, step}]}:
 no_exchange lists the clients whose latest round report says they applied none of the others' results for that many
 rounds in a row (they reach no peer and train alone; text: NO EXCHANGE on the client's line). scores are the moving averages of the
@@ -138,6 +139,7 @@ export function formatSummary(s: StatusSummary): string[] {
       `round ${s.round.step} (height ${s.round.height}): ${s.round.trainers} trainers, batch ${s.round.batch_size}, witness proofs ${s.round.witness_proofs}/${s.round.witnesses_expected} (quorum ${s.round.witness_quorum})`,
     )
   if (s.pause_pending) lines.push('a pause is pending (at the end of the epoch)')
+  if (s.model_wanted) lines.push(`waiting: ${s.model_wanted.detail}`)
   const scores = new Map((s.scores ?? []).map((x) => [x.client_id, x]))
   const rewards = new Map((s.rewards ?? []).map((x) => [x.client_id, x]))
   const alone = new Map((s.no_exchange ?? []).map((x) => [x.client_id, x]))

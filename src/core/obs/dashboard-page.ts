@@ -21,6 +21,7 @@ export const DASHBOARD_HTML = `<!doctype html>
   th, td { text-align: left; padding: 4px 8px; border-bottom: 1px solid #e6e8eb; }
   .Healthy { color: #17803d; } .Dropped, .Ejected { color: #b42318; } .Withdrawn, .Pending { color: #8a6d00; }
   #error { color: #b42318; padding: 0 20px; }
+  #waiting { color: #8a6d00; padding: 8px 20px 0; font-weight: 600; }
 </style>
 </head>
 <body>
@@ -34,6 +35,7 @@ export const DASHBOARD_HTML = `<!doctype html>
   <span><span class="k">witnesses</span><span class="v" id="quorum">…</span></span>
   <span><span class="k">loss</span><span class="v" id="loss">…</span></span>
 </header>
+<div id="waiting"></div>
 <div id="error"></div>
 <main>
   <section><h2>Loss (train, validation)</h2><div id="plot-loss" class="plot"></div></section>
@@ -105,6 +107,7 @@ async function pollStatus() {
   const {summary: s, clients} = await r.json()
   $('run-id').textContent = s.run_id
   $('phase').textContent = s.run_state
+  $('waiting').textContent = s.model_wanted ? 'waiting: ' + s.model_wanted.detail : ''
   $('round').textContent = s.step + ' / ' + s.total_steps
   $('epoch').textContent = s.epoch
   $('time-left').textContent = s.phase_time_left_seconds === null ? '–' : s.phase_time_left_seconds.toFixed(0) + ' s'
