@@ -96,7 +96,7 @@ describe('every model a client trains from is the run’s current model', {timeo
 
     // Epoch 0 (steps 1-2) ends; its model's hash is attested in Cooldown, and the checkpointer's upload starts (held).
     const attested = await a.waitFor((e) => e.event === 'cooldown_witness' && e.step === 2, "a to attest step 2's parameters", 120_000)
-    const hash = attested.param_hash as string
+    const hash = fieldOf(attested, 'param_hash') as string
     await a.waitFor((e) => e.event === 'checkpoint_upload_started', 'the upload to start', 60_000)
     assert.notEqual(hash, start, 'the model changed in epoch 0')
     // The only holder vanishes (its connection stays open: it is still a member, serving nothing), and a client joins.
@@ -108,7 +108,7 @@ describe('every model a client trains from is the run’s current model', {timeo
     const waiting = await c
       .waitFor((e) => e.event === 'waiting' && e.reason === 'model', 'c to wait for the model', 120_000)
       .catch((error: Error) => assert.fail(`${error.message}\n${trace()}`))
-    assert.match(String(waiting.detail), /^no member holds step 2 \(the run's model, parameter hash [0-9a-f]{12}…\)/)
+    assert.match(String(fieldOf(waiting, 'detail')), /^no member holds step 2 \(the run's model, parameter hash [0-9a-f]{12}…\)/)
     const status = await runCli(['status', '--server-addr', `127.0.0.1:${port}`, '--json'])
     assert.equal(status.exitCode, 0, status.stderr)
     const summary = JSON.parse(status.stdout) as {step: number; model_wanted: {step: number; param_hash: string; detail: string} | null}
@@ -150,6 +150,6 @@ describe('every model a client trains from is the run’s current model', {timeo
       'c trained on from step 3',
     )
     assert.ok(c.rounds().every((r) => r.loss !== null && r.applied === 1))
-    assert.notEqual(round.param_hash, hash, 'the model changed')
+    assert.notEqual(fieldOf(round, 'param_hash'), hash, 'the model changed')
   })
 })

@@ -154,7 +154,7 @@ describe('psyche init', () => {
     assert.equal(v.status, 0, v.stderr)
   })
 
-  it('--min-clients sets the clients the first epoch waits for, and refuses more than the first batch can feed', async () => {
+  it('--min-clients sets the clients every epoch waits for, and refuses more than the first batch can feed', async () => {
     const dir = join(tmp, 'run-two')
     const r = psyche('init', dir, '--min-clients', '2')
     assert.equal(r.status, 0, r.stderr)

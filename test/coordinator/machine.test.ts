@@ -47,6 +47,33 @@ describe('WaitingForMembers → Warmup', () => {
     assert.ok(s.epoch.clients.every((c) => c.state === 'Healthy'))
   })
 
+  it("init_min_clients gates the start of every epoch, as Psyche's coordinator does; min_clients is the fewest a started epoch goes on with", () => {
+    // Psyche (shared/coordinator/src/coordinator.rs, tick_waiting_for_members at 96aa920): pending ≥ init_min_clients
+    // starts Warmup, whichever epoch it is; tick_warmup and the rounds end the epoch below min_clients.
+    let {state: s, now} = toFirstRound(ids(3), {init_min_clients: 3, min_clients: 2, epoch_time: 30})
+    // one leaves mid-epoch: two are still ≥ min_clients, the epoch goes on
+    s = ok(s, {type: 'withdraw', id: 'c2'}, now)
+    for (let i = 0; i < 200 && s.run_state !== 'Cooldown'; i++) {
+      if (s.run_state === 'RoundTrain') s = witnessAll(s, now)
+      s = tick(s, (now += S))
+      assert.notEqual(s.run_state, 'WaitingForMembers', 'the epoch went on with 2 clients')
+    }
+    s = attestParams(s, now)
+    for (let i = 0; i < 20 && s.run_state === 'Cooldown'; i++) s = tick(s, (now += S))
+    assert.equal(s.run_state, 'WaitingForMembers')
+    assert.deepEqual(s.pending, ['c0', 'c1'])
+    // the next epoch waits for init_min_clients again: 2 of 3 do not start it, however long they wait
+    for (let i = 0; i < 60; i++) s = tick(s, (now += S))
+    assert.equal(s.run_state, 'WaitingForMembers')
+    s = ok(s, {type: 'join', id: 'c3'}, now)
+    for (let i = 0; i < 5 && s.run_state === 'WaitingForMembers'; i++) s = tick(s, (now += S))
+    assert.equal(s.run_state, 'Warmup')
+    assert.deepEqual(
+      s.epoch.clients.map((c) => c.id),
+      ['c0', 'c1', 'c3'],
+    )
+  })
+
   it('waits the extra time after entering the phase, so more clients can join', () => {
     let s = joinAll(newRun({waiting_for_members_extra_time: 3}), ids(3), 0)
     s = tick(s, 2 * S)

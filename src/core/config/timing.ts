@@ -5,14 +5,14 @@ import type {ConfigIssue, CoordinatorConfig, RunConfigFile} from './types.js'
  * the trainers of the one before. (This coordinator also drops the trainers a round's witnesses did not see when it
  * closes, so one round judges them here; a Psyche coordinator needs the second.)
  */
-export const ROUNDS_TO_JUDGE_HEALTH = 2
+const ROUNDS_TO_JUDGE_HEALTH = 2
 
 /**
  * The rounds an epoch fits when every round times out, as one member that never trains makes each: the epoch's clock
  * starts at its Warmup, each round then takes max_round_train_time + round_witness_time, and the epoch ends after the
  * first round that closes past epoch_time (at least one runs), or after rounds_per_epoch.
  */
-export function roundsPerTimedOutEpoch(c: CoordinatorConfig): number {
+function roundsPerTimedOutEpoch(c: CoordinatorConfig): number {
   const round = c.max_round_train_time + c.round_witness_time
   const byTime = Math.max(1, Math.ceil((c.epoch_time - c.warmup_time) / round))
   return c.rounds_per_epoch === undefined ? byTime : Math.min(byTime, c.rounds_per_epoch)

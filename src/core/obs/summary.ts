@@ -135,7 +135,7 @@ export function waitingFor(state: CoordinatorState, id: string, nowSeconds: numb
       if (joined < c.init_min_clients) {
         return {
           reason: 'members',
-          detail: `waiting for members: ${joined} of ${c.init_min_clients} clients have joined; the epoch starts once ${c.init_min_clients} have (init_min_clients)`,
+          detail: `waiting for members: ${joined} of ${c.init_min_clients} clients have joined; the epoch starts once ${c.init_min_clients} have (init_min_clients: every epoch waits for that many, the first and every later one, as in Psyche)`,
           seconds: null,
         }
       }
