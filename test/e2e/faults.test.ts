@@ -19,7 +19,7 @@ function assertIdentical(clients: JsonProcess[], steps: number[]): void {
   }
 }
 
-describe('end to end: faults', {timeout: 300_000}, () => {
+describe('end to end: faults', {timeout: 600_000}, () => {
   const procs: JsonProcess[] = []
   const dirs: {cleanup: () => void}[] = []
   before(async () => {
