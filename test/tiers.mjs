@@ -126,6 +126,7 @@ export const tiers = {
     'test/adversarial/memory.test.ts',
     'test/backend/commands.test.ts',
     'test/checkpoint/hub-python.test.ts',
+    'test/checkpoint/holders-vanish.test.ts',
     'test/checkpoint/jobs.test.ts',
     'test/checkpoint/p2p-join.test.ts',
     'test/checkpoint/run-checkpoint.test.ts',

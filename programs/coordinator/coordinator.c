@@ -308,11 +308,15 @@ static void extras_slice(const State *s, Round *r) {
 }
 
 /* A round closes (acceptedResults): each roster member that a witness quorum saw, whose result was not excluded and
- * whose batch range is not empty, is credited the round and its batches in the current epoch. */
+ * whose batch range is not empty, is credited the round and its batches in the current epoch. A round with a witness
+ * quorum also judges its trainers (dropUnseen): each Healthy member with batches that no quorum saw is Dropped. The
+ * roster is the epoch's clients in order (start_round_train copies them; nothing compacts clients during a round), so
+ * roster member i is clients[i]; the key is compared anyway before a drop. */
 __attribute__((noinline)) static void credit_round(State *s, Round *r) {
   u64 n = r->roster_len;
   if (n == 0 || r->witness_len == 0) return;
   u64 quorum = witness_quorum(witness_count(s, n));
+  int judged = r->witness_len >= quorum;
   u64 base = r->batch_size / n;
   u64 extra = r->batch_size % n;
   int few = extra <= n - extra;
@@ -325,6 +329,9 @@ __attribute__((noinline)) static void credit_round(State *s, Round *r) {
     u64 mark = r->roster_mark[i];
     u64 batches = base + more[i];
     u64 slot = r->roster_ledger[i];
+    if (judged && batches && (mark & ~(u64)MARK_EXCLUDED) < quorum && i < s->clients_len && s->clients[i].state == HEALTHY &&
+        equal(s->clients[i].key, r->roster[i], 32))
+      s->clients[i].state = DROPPED;
     if ((mark & MARK_EXCLUDED) || mark < quorum || batches == 0 || slot == 0) continue;
     Points *e = &s->ledger[slot - 1];
     e->epoch_rounds++;
@@ -604,11 +611,22 @@ static void empty_epoch(State *s, u64 now) {
 
 /* ---- ticks ---- */
 
+/* isCurrentCheckpoint (rules.ts): any checkpoint before an epoch recorded the run's model, then only the Hub checkpoint
+ * recorded with the current model's parameter hash. */
+static int is_current_checkpoint(const State *s, const Checkpoint *c) {
+  if (!s->has_current_model) return 1;
+  if (!s->has_current_model_hash || !s->has_checkpoint_hash || !equal(s->checkpoint_hash, s->current_model_hash, 32)) return 0;
+  const Checkpoint *r = &s->checkpoint_hash_repo;
+  return c->kind == CK_HUB && c->repo_len == r->repo_len && equal(c->repo, r->repo, c->repo_len) && c->has_revision == r->has_revision &&
+         c->revision_len == r->revision_len && equal(c->revision, r->revision, c->revision_len);
+}
+
 static void tick_waiting_for_members(State *s, u64 now) {
   if (s->pending_len < s->config.init_min_clients || !timed_out(s, now, s->config.waiting_for_members_extra_time)) return;
-  int previous_present = 0; /* a client of the last epoch is back */
-  for (u64 j = 0; j < s->pending_len && !previous_present; j++) previous_present = pending_is_client(s, j, 0);
-  if (!previous_present && s->checkpoint.kind == CK_P2P && s->checkpoint_fallback.kind != CK_NONE)
+  int previous_present = 0; /* a client of the last epoch that ran (it had a round) is back */
+  for (u64 j = 0; s->has_round && j < s->pending_len && !previous_present; j++) previous_present = pending_is_client(s, j, 0);
+  /* only a fallback that holds the run's current model: never an older one (the epoch stays P2P, and waits) */
+  if (!previous_present && s->checkpoint.kind == CK_P2P && s->checkpoint_fallback.kind != CK_NONE && is_current_checkpoint(s, &s->checkpoint_fallback))
     copy(&s->checkpoint, &s->checkpoint_fallback, sizeof(Checkpoint));
   empty_epoch(s, now);
   for (u64 i = 0; i < s->pending_len; i++) {
@@ -632,7 +650,11 @@ static void tick_waiting_for_members(State *s, u64 now) {
 static void tick_warmup(State *s, u64 now) {
   move_exited(s, 0);
   if (s->clients_len < s->config.min_clients) start_waiting_for_members(s, now);
-  else if (timed_out(s, now, s->config.warmup_time)) start_round_train(s, now);
+  /* nobody reported the model loaded: no round (nobody could train it), the run waits for members again */
+  else if (timed_out(s, now, s->config.warmup_time)) {
+    if (s->warmup_len == 0) start_waiting_for_members(s, now);
+    else start_round_train(s, now);
+  }
 }
 
 static void start_cooldown(State *s, u64 now) {
@@ -662,8 +684,28 @@ static void tick_round_witness(State *s, u64 now) {
   start_round_train(s, now);
 }
 
+static const u8 *agreed_param_hash(const State *s);
+
+/* modelAtEpochEnd (machine.ts): the run's model at an epoch's end (in its Cooldown) is the last round's step with the hash
+ * its witnesses agreed on, none when no quorum did; an epoch whose only round no witness attested keeps the model it
+ * began with (its hash, at the new step). */
+static void record_model(State *s) {
+  if (!s->has_round) return;
+  const u8 *agreed = agreed_param_hash(s);
+  if (!agreed && s->round.height == 0 && s->round.witness_len == 0) {
+    if (s->has_current_model) s->current_model_step = s->round.step;
+    return;
+  }
+  s->has_current_model = 1;
+  s->current_model_step = s->round.step;
+  s->has_current_model_hash = agreed != NULL;
+  if (agreed) copy(s->current_model_hash, agreed, 32);
+  else zero(s->current_model_hash, 32);
+}
+
 static void tick_cooldown(State *s, u64 now) {
   if (!timed_out(s, now, s->config.cooldown_time) && !s->checkpointed) return;
+  record_model(s);
   move_exited(s, current_height(s));
   checkpoint_to_p2p(s);
   settle_epoch(s);
@@ -1000,27 +1042,32 @@ static const u8 *agreed_param_hash(const State *s) {
   return NULL;
 }
 
-/* data: has_hash u8, param_hash (32 bytes, zeros without), then the repo (read_repo) */
+/* data: has_hash u8, param_hash (32 bytes, zeros without), then the repo (read_repo). In Cooldown, of the hash the
+ * epoch's last round's witnesses agreed on; in any other phase ("late"), only of the run's current model (its hash
+ * recorded at the last epoch's end), once, and then a designated checkpointer needs no membership (onCheckpoint). */
 static u64 on_checkpoint(State *s, const u8 *key, const u8 *data, u64 len) {
-  if (s->run_state != COOLDOWN) return fail(E_INVALID_RUN_STATE, "checkpoints are reported in Cooldown");
-  if (client_index(s, key) < 0) return fail(E_UNKNOWN_CLIENT, "this client is not in this epoch");
+  int late = s->run_state != COOLDOWN;
+  if (late && !(s->has_current_model && s->has_current_model_hash))
+    return fail(E_INVALID_RUN_STATE, "checkpoints are reported in Cooldown (outside it only of the run's current model, whose hash no epoch recorded)");
+  if (!(late && s->checkpointers_len) && client_index(s, key) < 0) return fail(E_UNKNOWN_CLIENT, "this client is not in this epoch");
   if (s->checkpointers_len) {
     u64 c = 0;
     while (c < s->checkpointers_len && !equal(s->checkpointers[c], key, 32)) c++;
     if (c == s->checkpointers_len) return fail(E_NOT_CHECKPOINTER, "this client is not one of the run's checkpointers (config.checkpointers)");
   }
-  if (s->checkpointed) return fail(E_ALREADY_CHECKPOINTED, "this epoch is already checkpointed");
+  if (late ? s->has_checkpoint_hash && equal(s->checkpoint_hash, s->current_model_hash, 32) : s->checkpointed)
+    return fail(E_ALREADY_CHECKPOINTED, late ? "the run's current model is already checkpointed" : "this epoch is already checkpointed");
   if (len < 33 || data[0] > 1) return fail(E_INVALID_INSTRUCTION, "checkpoint: expected a hash flag, a hash and a repo");
   Checkpoint repo;
   u64 e = read_repo(&repo, data + 33, len - 33);
   if (e) return e;
   if (repo.repo_len == 0) return fail(E_INVALID_EVENT, "checkpoint repo_id must be a non-empty string");
-  const u8 *agreed = agreed_param_hash(s);
+  const u8 *agreed = late ? s->current_model_hash : agreed_param_hash(s);
   if (!agreed) return fail(E_HASH_NOT_AGREED, "no quorum of the last round's witnesses has attested a parameter hash yet");
   if (!data[0] || !equal(data + 1, agreed, 32)) return fail(E_CHECKPOINT_HASH_MISMATCH, "the checkpoint's parameter hash is not the one the witnesses agreed on");
   repo.kind = CK_HUB;
   s->has_checkpoint_hash = 1;
-  s->checkpoint_hash_step = s->round.step;
+  s->checkpoint_hash_step = late ? s->current_model_step : s->round.step;
   copy(s->checkpoint_hash, agreed, 32);
   copy(&s->checkpoint_hash_repo, &repo, sizeof(Checkpoint));
   u8 kind = s->checkpoint.kind;
@@ -1030,7 +1077,7 @@ static u64 on_checkpoint(State *s, const u8 *key, const u8 *data, u64 len) {
     copy(&s->checkpoint, &repo, sizeof(Checkpoint));
     s->checkpoint.kind = kind == CK_P2P ? CK_P2P : CK_HUB;
   }
-  s->checkpointed = 1;
+  if (!late) s->checkpointed = 1; /* a late checkpoint ends no Cooldown */
   return 0;
 }
 

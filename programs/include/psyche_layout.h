@@ -32,7 +32,7 @@
 
 /* ---- magic numbers ---- */
 #define MAGIC 0x44524f4f43595350ull /* "PSYCOORD": a coordinator account */
-#define LAYOUT_VERSION 6ull /* 6: verifiers' scores in the ledger (report_scores; Points.weight derived from them), claims move to the treasurer program (no claimed points, no treasury mint here); 5: the rewards ledger (points per client), rates; 4: checkpointers, Cooldown hash witnesses, the checkpoint hash (3: 256 clients, precomputed bloom probes; 2: times in unix milliseconds) */
+#define LAYOUT_VERSION 7ull /* 7: the run's current model (step and agreed parameter hash, recorded at every epoch's end); 6: verifiers' scores in the ledger (report_scores; Points.weight derived from them), claims move to the treasurer program (no claimed points, no treasury mint here); 5: the rewards ledger (points per client), rates; 4: checkpointers, Cooldown hash witnesses, the checkpoint hash (3: 256 clients, precomputed bloom probes; 2: times in unix milliseconds) */
 #define PEER_MAGIC 0x5245455043595350ull /* "PSYCPEER": a peer record */
 #define METADATA_MAGIC 0x4154454d43595350ull /* "PSYCMETA": a run metadata record */
 #define AUTH_MAGIC 0x4854554148595350ull /* "PSYHAUTH": an authorization */
@@ -290,7 +290,11 @@ typedef struct {
   u64 has_next_rates; /* @180840 */
   u64 ledger_len; /* @180848 */
   Points ledger[LEDGER_MAX]; /* @180856: the rewards ledger (rewards.ts): per client key, accepted results and points */
-} State; /* 254584 bytes */
+  u64 has_current_model; /* @254584: 0: no epoch has recorded the run's model yet (its starting checkpoint is its model) */
+  u64 current_model_step; /* @254592: the run's current model: the step of the last epoch's last round (recorded at every epoch's end) */
+  u64 has_current_model_hash; /* @254600: 0: no witness quorum agreed on its parameter hash */
+  u8 current_model_hash[32]; /* @254608: the parameter hash its witnesses agreed on: every model a client loads is checked against it */
+} State; /* 254640 bytes */
 _Static_assert(__builtin_offsetof(State, magic) == 0, "layout: State.magic");
 _Static_assert(__builtin_offsetof(State, version) == 8, "layout: State.version");
 _Static_assert(__builtin_offsetof(State, run_id) == 16, "layout: State.run_id");
@@ -349,7 +353,11 @@ _Static_assert(__builtin_offsetof(State, next_token_rate) == 180832, "layout: St
 _Static_assert(__builtin_offsetof(State, has_next_rates) == 180840, "layout: State.has_next_rates");
 _Static_assert(__builtin_offsetof(State, ledger_len) == 180848, "layout: State.ledger_len");
 _Static_assert(__builtin_offsetof(State, ledger) == 180856, "layout: State.ledger");
-_Static_assert(sizeof(State) == 254584, "layout: sizeof(State)");
+_Static_assert(__builtin_offsetof(State, has_current_model) == 254584, "layout: State.has_current_model");
+_Static_assert(__builtin_offsetof(State, current_model_step) == 254592, "layout: State.current_model_step");
+_Static_assert(__builtin_offsetof(State, has_current_model_hash) == 254600, "layout: State.has_current_model_hash");
+_Static_assert(__builtin_offsetof(State, current_model_hash) == 254608, "layout: State.current_model_hash");
+_Static_assert(sizeof(State) == 254640, "layout: sizeof(State)");
 
 typedef struct {
   u64 magic; /* @0: PEER_MAGIC */

@@ -27,9 +27,9 @@ export default class Init extends PsycheCommand {
     template: Flags.string({summary: 'run template (a folder of templates/ with a state.toml)', default: 'tiny-demo'}),
     'run-id': Flags.string({summary: "run id to write into state.toml (default: the template's)"}),
     'min-clients': Flags.integer({
-      summary: "clients the run waits for before its first epoch (init_min_clients; default: the template's)",
+      summary: "clients every epoch waits for before it starts (init_min_clients; default: the template's)",
       description:
-        'Start the run only once this many clients have joined, so that none trains the first epoch alone. min_clients (the clients an epoch needs to go on) is lowered to it if the template has more.',
+        "Start each epoch only once this many clients have joined (the first epoch and every later one, as Psyche's coordinator does), so that none trains alone. min_clients (the clients a started epoch needs to go on) is lowered to it if the template has more.",
       min: 1,
     }),
     force: Flags.boolean({summary: 'write into a non-empty directory, replacing files of the same name'}),

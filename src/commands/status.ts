@@ -18,7 +18,8 @@ export default class Status extends PsycheCommand {
 state, prints it and exits. With --json, one object: {run_id, run_state, epoch, step, total_steps, progress,
 phase_elapsed_seconds, phase_time_left_seconds (a round's is its timeout), epoch_time_left_seconds, clients: [{id, state}], clients_by_state: {healthy, dropped,
 withdrawn, ejected, pending}, round: {step, height, batch_size, trainers, witnesses_expected, witness_proofs,
-witness_quorum} | null, pause_pending, peers, scores: [{client_id, average, last, last_step, verifiers, count}],
+witness_quorum} | null, pause_pending, model_wanted: {step, param_hash, detail} | null (the run waits: no member holds its
+current model, nor a checkpoint of it), peers, scores: [{client_id, average, last, last_step, verifiers, count}],
 rewards: [{client_id, score, weight, rounds, batches, pending, earned, slashed}], no_exchange: [{client_id, rounds, step}],
 save_state: {ok, failures_in_a_row, failures, max_failures, last_error, last_saved_step, last_saved_at} | null}:
 save_state is how the server's saves of its state go (null: it runs without --save-state-dir; text: STATE NOT SAVED
@@ -146,6 +147,7 @@ export function formatSummary(s: StatusSummary): string[] {
   if (s.pause_pending) lines.push('a pause is pending (at the end of the epoch)')
   const unsaved = s.save_state ? saveStatusText(s.save_state) : null
   if (unsaved) lines.push(unsaved)
+  if (s.model_wanted) lines.push(`waiting: ${s.model_wanted.detail}`)
   const scores = new Map((s.scores ?? []).map((x) => [x.client_id, x]))
   const rewards = new Map((s.rewards ?? []).map((x) => [x.client_id, x]))
   const alone = new Map((s.no_exchange ?? []).map((x) => [x.client_id, x]))

@@ -74,7 +74,7 @@ export type PsycheEvent =
   | {event: 'banned'; epoch: number; detail: string}
   // core/p2p/node.ts
   | {event: 'blob_refused'; client_id: string; commitment: string; reason: string}
-  | {event: 'checkpoint'; step: number; epoch: number; repo_id: string; revision: string; param_hash?: string}
+  | {event: 'checkpoint'; step: number; epoch: number; repo_id: string; revision: string; param_hash?: string; late?: boolean}
   | {event: 'checkpoint_download_failed'; step: number; repo_id: string; message: string}
   | {event: 'checkpoint_downloaded'; step: number; repo_id: string; revision: string; bytes: number; downloaded_bytes: number}
   | {event: 'checkpoint_late'; step: number; epoch: number; repo_id: string; revision: string; reason: string}
@@ -231,7 +231,7 @@ export type PsycheEvent =
   | {event: 'transition'; from: string; to: string; step: number; epoch?: number; clients?: number; pending?: number}
   | {event: 'verify_failed'; step: number; message: string}
   | {event: 'warmup_ready'; epoch: number; step: number | null}
-  | {event: 'waiting'; reason: 'members' | 'next_epoch' | 'paused'; detail: string; seconds: number | null}
+  | {event: 'waiting'; reason: 'members' | 'model' | 'next_epoch' | 'paused'; detail: string; seconds: number | null}
   | {event: 'warning'; message: string}
   // core/backend/centralized/admission.ts: a bound lowered at start (--max-connections to fit ulimit -n)
   | {event: 'limit_lowered'; limit: string; to: number; reason: string}

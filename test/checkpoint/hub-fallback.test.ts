@@ -138,7 +138,11 @@ describe('Hub checkpoints with the in-process simulation', () => {
     const d = await sim.addClient('d', undefined, {hub: {url: hub.url, cacheDir: join(tmp.path, 'cache-stale')}})
     await paced(sim, () => d.events.some((e) => e.event === 'checkpoint_rejected'), 'd to refuse the stale checkpoint', 5)
     const rejected = d.events.find((e) => e.event === 'checkpoint_rejected')!
-    assert.match(String(rejected.message), /cannot stand in for our peers' model at step \d+: it is the model at step 1/)
+    // checked against the run's current model, as the coordinator recorded it at the last epoch's end (its hash)
+    assert.match(
+      String(rejected.message),
+      /^sim\/stale@[0-9a-f]{40} is not the run's current model: its parameters hash to (07){32}, the run's model \(step \d+\) to [0-9a-f]{64}$/,
+    )
     assert.ok(!d.events.some((e) => e.event === 'model_loaded'), 'd loaded nothing')
     await stopPaced(sim)
   })

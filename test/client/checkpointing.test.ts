@@ -109,6 +109,26 @@ describe('checkpointing', () => {
     assert.equal(w.logged('checkpoint').length, 1)
   })
 
+  it("an upload that finishes after the Cooldown is reported if it is the run's current model (a waiting run resumes from it)", async () => {
+    const cool = cooldown()
+    const w = phaseWorld({
+      identity: generateIdentity(),
+      state: cool.state,
+      opts: {hub: {url: hub.url, token: TOKEN, repo: 'org/late-current', stagingDir: join(tmp.path, 'staging-late-current')}},
+    })
+    await applied(w)
+    const c = new Checkpointing(w.ctx)
+    await c.afterApply(cool.state.epoch.round!)
+    // the Cooldown ended before the upload did; the coordinator recorded these parameters as the run's model
+    w.ctx.state = {...cool.state, run_state: 'WaitingForMembers', current_model: {step: 1, param_hash: w.ctx.lastHash!}}
+    await c.idle()
+    const [[repo, paramHash]] = w.conn.of('checkpoint') as [{repo_id: string; revision: string}, string][]
+    assert.equal(repo.repo_id, 'org/late-current')
+    assert.equal(paramHash, w.worker.paramHash)
+    assert.equal((w.logged('checkpoint')[0] as {late?: boolean}).late, true)
+    assert.deepEqual(w.logged('checkpoint_late'), [])
+  })
+
   it('an upload that finishes after the Cooldown is not reported: it is late, and said so', async () => {
     const cool = cooldown()
     const w = phaseWorld({
@@ -122,6 +142,6 @@ describe('checkpointing', () => {
     w.ctx.state = {...cool.state, run_state: 'WaitingForMembers'}
     await c.idle()
     assert.deepEqual(w.conn.of('checkpoint'), [])
-    assert.match(String((w.logged('checkpoint_late')[0] as {reason: string}).reason), /after the Cooldown/)
+    assert.match(String((w.logged('checkpoint_late')[0] as {reason: string}).reason), /after the Cooldown .* not the run's current model/)
   })
 })

@@ -210,19 +210,24 @@ describe('client decisions: rounds', () => {
     assert.equal(nextWork(plain.state, {...trained, finalRounds: new Map([[1, p]])})?.kind, 'apply')
   })
 
-  it("witnesses of the current round accuse the previous round's unseen trainers, once", () => {
+  it("the previous round's unseen trainers left as it closed: the health check judging it (sent once) accuses nobody", () => {
     let {state, now} = toFirstRound(IDS, witnesses3)
     state = witness(state, now, ['alice', 'bob'])
     while (state.run_state !== 'RoundTrain' || state.epoch.round!.step !== 2) ({state, now} = advance(state, now))
+    assert.deepEqual(
+      state.epoch.exited.map((c) => [c.id, c.state]),
+      [['carol', 'Dropped']],
+      'the coordinator dropped carol when round 1 closed',
+    )
     const checks = messagesToSend(state, view('alice', {modelStep: 1, trainedStep: 2})).filter((m) => m.kind === 'health_check')
-    assert.deepEqual(checks, [{kind: 'health_check', step: 2, judged: 1, accused: ['carol']}])
+    assert.deepEqual(checks, [{kind: 'health_check', step: 2, judged: 1, accused: []}])
     assert.deepEqual(
       messagesToSend(state, view('alice', {modelStep: 1, trainedStep: 2, healthChecked: new Set([1])})).filter((m) => m.kind === 'health_check'),
       [],
     )
-    // the coordinator accepts it: carol is dropped
+    // Psyche's health check naming carol is still taken, and changes nothing
     const after = ok(state, {type: 'health_check', from: 'alice', accused: ['carol']}, now)
-    assert.equal(after.epoch.clients.find((c) => c.id === 'carol')!.state, 'Dropped')
+    assert.deepEqual(after.epoch, state.epoch)
   })
 
   it("at Cooldown the epoch's last round is applied; a missing round blocks every later apply", () => {

@@ -1,4 +1,5 @@
 import assert from 'node:assert/strict'
+import {mkdirSync, writeFileSync} from 'node:fs'
 import {join} from 'node:path'
 import {after, before, describe, it} from 'node:test'
 import {ModelLoading} from '../../src/core/client/model-loading.js'
@@ -21,9 +22,9 @@ function run(checkpoint: Record<string, unknown> = {Dummy: {repo_id: 'org/model'
 }
 
 /** The model another replica serves at `step` (its exported parameters). */
-async function served(step: number, o: {paramHash?: string} = {}): Promise<ModelSnapshot> {
+async function served(step: number, o: {paramHash?: string; init?: number} = {}): Promise<ModelSnapshot> {
   const other = new DeterministicWorker()
-  await other.initFromConfig({other: true}, 3)
+  await other.initFromConfig({other: true}, o.init ?? 3)
   const e = await other.exportParams()
   return {step, paramHash: o.paramHash ?? e.paramHash, frames: e.frames.map((f) => ({name: f.name!, dtype: f.dtype, shape: f.shape, data: f.data as Uint8Array}))}
 }
@@ -65,9 +66,68 @@ describe('model loading', () => {
     assert.equal(await loading.load(4, [peer.id]), false)
     assert.match(String((w.logged('model_fetch_failed')[0] as {message: string}).message), /at step 3, the epoch starts after step 4/)
     snapshot = await served(4, {paramHash: 'ff'.repeat(32)})
+    // a failed attempt is not repeated at once (the state named no other source): the next waits 2 s
+    assert.equal(await loading.load(4, [peer.id]), false)
+    assert.equal(w.logged('model_fetch_failed').length, 1)
+    w.clock.advance(2000)
     assert.equal(await loading.load(4, [peer.id]), false)
     assert.match(String((w.logged('model_fetch_failed')[1] as {message: string}).message), /the peer announced f{64}/)
     assert.equal(w.ctx.modelStep, null)
+  })
+
+  it("a peer serving another model than the run's current one (the coordinator's record) is refused, whatever step it claims", async () => {
+    const me = generateIdentity()
+    const [honest, other] = [generateIdentity(), generateIdentity()]
+    const current = await served(4)
+    const stale = await served(4, {init: 7})
+    const state = {...run({P2P: {repo_id: ''}}), current_model: {step: 4, param_hash: current.paramHash}}
+    const w = phaseWorld({identity: me, state, modelStep: null})
+    ;(await w.peer(other)).serveModel(async () => stale)
+    const loading = new ModelLoading(w.ctx)
+    // a lone answering peer with another model: refused (it used to decide alone: a majority of those who answer)
+    assert.equal(await loading.load(4, [other.id]), false)
+    assert.match(String((w.logged('model_fetch_failed')[0] as {message: string}).message), /serves another model than the run's/)
+    ;(await w.peer(honest)).serveModel(async () => current)
+    w.clock.advance(2000)
+    assert.equal(await loading.load(4, [other.id, honest.id]), true)
+    assert.equal(w.ctx.lastHash, current.paramHash)
+  })
+
+  it("a config's Local checkpoint counts only at step 0, or when its psyche-checkpoint.json records the run's step and hash", async () => {
+    const tmp = tempDir('psyche-local-checkpoint-')
+    try {
+      const dir = join(tmp.path, 'model')
+      mkdirSync(dir)
+      writeFileSync(join(dir, 'config.json'), '{}')
+      const world = (current: {step: number; param_hash: string | null} | null) =>
+        phaseWorld({
+          identity: generateIdentity(),
+          state: {...run({Local: {path: dir}} as never), current_model: current},
+          modelStep: null,
+          opts: {plan: {model: {kind: 'config', configPath: join(dir, 'config.json'), config: {test: true}}, seqLen: 16, microBatch: 1, optimizer: 'adamw'} as never},
+        })
+      // step 0: no epoch recorded a model, the starting checkpoint is the run's model
+      const fresh = world(null)
+      assert.equal(await new ModelLoading(fresh.ctx).load(0, 'checkpoint'), true)
+      const start = fresh.ctx.lastHash!
+      // the run trained to step 61: the starting model does not stand for it (the issue: loss back from 6.73 to 8.32)
+      const trained = world({step: 61, param_hash: 'ab'.repeat(32)})
+      assert.equal(await new ModelLoading(trained.ctx).load(61, 'checkpoint'), false)
+      assert.match(String((trained.logged('checkpoint_rejected')[0] as {message: string}).message), /cannot stand for the run's model at step 61: it is the run's starting model/)
+      assert.equal(trained.ctx.modelStep, null)
+      assert.equal(trained.logged('model_loaded').length, 0)
+      // a --checkpoint-dir save that records the run's step and these parameters' hash does
+      writeFileSync(join(dir, 'psyche-checkpoint.json'), JSON.stringify({step: 61, param_hash: start}))
+      const saved = world({step: 61, param_hash: start})
+      assert.equal(await new ModelLoading(saved.ctx).load(61, 'checkpoint'), true)
+      // one that records another step, while no quorum agreed on the run's hash, does not
+      writeFileSync(join(dir, 'psyche-checkpoint.json'), JSON.stringify({step: 60, param_hash: start}))
+      const older = world({step: 61, param_hash: null})
+      assert.equal(await new ModelLoading(older.ctx).load(61, 'checkpoint'), false)
+      assert.match(String((older.logged('checkpoint_rejected')[0] as {message: string}).message), /it is the model at step 60, the run's model is at step 61/)
+    } finally {
+      tmp.cleanup()
+    }
   })
 
   it('nobody serves the model and the P2P checkpoint names no Hub repository: not loaded, and said so', async () => {

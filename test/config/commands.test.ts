@@ -49,6 +49,25 @@ describe('psyche server validate-config', () => {
     assert.deepEqual(JSON.parse(light.stdout).warnings, [])
   })
 
+  it('warns when an epoch whose rounds time out fits fewer rounds than health checks need (an idle member is never judged by them)', () => {
+    // 30 s warmup, then 20 s rounds (15 + 5): a 45 s epoch fits one that times out, as one member that never trains
+    // makes every round do (the issue's run: a 15 s epoch, 10 s rounds).
+    const short = join(tmp, 'short-epoch.toml')
+    writeFileSync(short, readFileSync(`${fixtures}/solana-test/light-config.toml`, 'utf8').replace('epoch_time = 60', 'epoch_time = 45'))
+    const r = psyche('server', 'validate-config', '--state', short, '--json')
+    assert.equal(r.status, 0, r.stderr)
+    const warnings = JSON.parse(r.stdout).warnings as {field: string; value: string; reason: string}[]
+    assert.deepEqual(
+      warnings.map((w) => [w.field, w.value]),
+      [['config.epoch_time', '45']],
+    )
+    assert.match(warnings[0].reason, /fits 1 round of 20 s .* fewer than the 2 that health checks need .* Raise epoch_time above 50 s/)
+    const text = psyche('server', 'validate-config', '--state', short)
+    assert.equal(text.status, 0, text.stderr)
+    assert.match(text.stderr, /^warning: .*short-epoch\.toml: config\.epoch_time = 45: an epoch whose rounds time out/m)
+    // 60 s fits 2 such rounds: no warning (the light-config case above)
+  })
+
   it('prints every problem with its field and exits non-zero', () => {
     const bad = join(tmp, 'bad.toml')
     const text = readFileSync(`${fixtures}/test/state.toml`, 'utf8')
@@ -145,7 +164,7 @@ describe('psyche init', () => {
     assert.equal(v.status, 0, v.stderr)
   })
 
-  it('--min-clients sets the clients the first epoch waits for, and refuses more than the first batch can feed', async () => {
+  it('--min-clients sets the clients every epoch waits for, and refuses more than the first batch can feed', async () => {
     const dir = join(tmp, 'run-two')
     const r = psyche('init', dir, '--min-clients', '2')
     assert.equal(r.status, 0, r.stderr)

@@ -73,11 +73,24 @@ export function witnessAll(state: CoordinatorState, now: number, saw?: string[])
   return state
 }
 
-/** Runs from WaitingForMembers with `ids` to the first RoundTrain, ticking once a second; returns the state and the time (ms). */
+/**
+ * In Warmup, the first client that has not yet reports its model loaded (a Warmup that ends with no report starts no
+ * round); a state in any other phase is returned as it is.
+ */
+export function reportLoaded(state: CoordinatorState, now: number): CoordinatorState {
+  if (state.run_state !== 'Warmup' || state.epoch.warmup_witnesses.length > 0) return state
+  const id = state.epoch.clients.find((c) => c.state === 'Healthy')?.id
+  return id === undefined ? state : ok(state, {type: 'witness', from: id, step: state.progress.step, proof: {participant_bloom: '', broadcast_bloom: ''}}, now)
+}
+
+/**
+ * Runs from WaitingForMembers with `ids` to the first RoundTrain, ticking once a second (one client reports its model
+ * loaded in Warmup, reportLoaded); returns the state and the time (ms).
+ */
 export function toFirstRound(ids: string[], config: Partial<CoordinatorConfig> = {}, llm: Partial<LLMConfig> = {}): {state: CoordinatorState; now: number} {
   let state = joinAll(newRun(config, llm), ids, 0)
   let now = 0
-  for (let i = 0; i < 100 && state.run_state !== 'RoundTrain'; i++) state = applyEvent(state, {type: 'tick'}, (now += S)).state
+  for (let i = 0; i < 100 && state.run_state !== 'RoundTrain'; i++) state = reportLoaded(applyEvent(state, {type: 'tick'}, (now += S)).state, now)
   if (state.run_state !== 'RoundTrain') throw new Error(`never reached RoundTrain (${state.run_state})`)
   return {state, now}
 }

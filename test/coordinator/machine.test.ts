@@ -5,7 +5,10 @@ import {
   assignBatches,
   batchSizeForStep,
   createCoordinator,
+  isCheckpointP2P,
   isWitness,
+  modelMismatch,
+  modelWanted,
   selectWitnesses,
   tick,
   witnessBloomParams,
@@ -13,16 +16,16 @@ import {
 } from '../../src/core/coordinator/index.js'
 import {BloomFilter} from '../../src/core/primitives/bloom.js'
 import {loadRunConfigFile} from '../../src/core/config/index.js'
-import {PARAMS, S, attestParams, baseConfig, baseLLM, honestProof, joinAll, newRun, ok, rejected, toFirstRound, witnessAll} from './helpers.js'
+import {PARAMS, S, attestParams, baseConfig, baseLLM, honestProof, joinAll, newRun, ok, rejected, reportLoaded, toFirstRound, witnessAll} from './helpers.js'
 import {MAX_CLIENTS} from '../../src/core/layout/layout-table.js'
 
 const ids = (n: number, prefix = 'c') => Array.from({length: n}, (_, i) => `${prefix}${i}`)
 
-/** Ticks once a second (S ms) until the phase changes (or `limit` seconds pass). */
+/** Ticks once a second (S ms) until the phase changes (or `limit` seconds pass); in Warmup a client reports its model loaded. */
 function tickUntilChange(state: CoordinatorState, now: number, limit = 200): {state: CoordinatorState; now: number} {
   const phase = state.run_state
   for (let i = 0; i < limit; i++) {
-    state = tick(state, (now += S))
+    state = tick(reportLoaded(state, now), (now += S))
     if (state.run_state !== phase) return {state, now}
   }
   throw new Error(`stayed in ${phase} for ${limit}s`)
@@ -44,6 +47,33 @@ describe('WaitingForMembers → Warmup', () => {
     assert.ok(s.epoch.clients.every((c) => c.state === 'Healthy'))
   })
 
+  it("init_min_clients gates the start of every epoch, as Psyche's coordinator does; min_clients is the fewest a started epoch goes on with", () => {
+    // Psyche (shared/coordinator/src/coordinator.rs, tick_waiting_for_members at 96aa920): pending ≥ init_min_clients
+    // starts Warmup, whichever epoch it is; tick_warmup and the rounds end the epoch below min_clients.
+    let {state: s, now} = toFirstRound(ids(3), {init_min_clients: 3, min_clients: 2, epoch_time: 30})
+    // one leaves mid-epoch: two are still ≥ min_clients, the epoch goes on
+    s = ok(s, {type: 'withdraw', id: 'c2'}, now)
+    for (let i = 0; i < 200 && s.run_state !== 'Cooldown'; i++) {
+      if (s.run_state === 'RoundTrain') s = witnessAll(s, now)
+      s = tick(s, (now += S))
+      assert.notEqual(s.run_state, 'WaitingForMembers', 'the epoch went on with 2 clients')
+    }
+    s = attestParams(s, now)
+    for (let i = 0; i < 20 && s.run_state === 'Cooldown'; i++) s = tick(s, (now += S))
+    assert.equal(s.run_state, 'WaitingForMembers')
+    assert.deepEqual(s.pending, ['c0', 'c1'])
+    // the next epoch waits for init_min_clients again: 2 of 3 do not start it, however long they wait
+    for (let i = 0; i < 60; i++) s = tick(s, (now += S))
+    assert.equal(s.run_state, 'WaitingForMembers')
+    s = ok(s, {type: 'join', id: 'c3'}, now)
+    for (let i = 0; i < 5 && s.run_state === 'WaitingForMembers'; i++) s = tick(s, (now += S))
+    assert.equal(s.run_state, 'Warmup')
+    assert.deepEqual(
+      s.epoch.clients.map((c) => c.id),
+      ['c0', 'c1', 'c3'],
+    )
+  })
+
   it('waits the extra time after entering the phase, so more clients can join', () => {
     let s = joinAll(newRun({waiting_for_members_extra_time: 3}), ids(3), 0)
     s = tick(s, 2 * S)
@@ -62,14 +92,25 @@ describe('WaitingForMembers → Warmup', () => {
 describe('Warmup', () => {
   const warm = () => tick(joinAll(newRun(), ids(3), 0), 3 * S)
 
-  it('→ RoundTrain when warmup_time elapses', () => {
-    let s = warm()
+  it('→ RoundTrain when warmup_time elapses, once a client reported its model loaded', () => {
+    let s = ok(warm(), {type: 'witness', from: 'c1', step: 1, proof: {participant_bloom: '', broadcast_bloom: ''}}, 4 * S)
     s = tick(s, 12 * S)
     assert.equal(s.run_state, 'Warmup')
     s = tick(s, 13 * S)
     assert.equal(s.run_state, 'RoundTrain')
     assert.equal(s.epoch.round!.step, 1)
     assert.equal(s.epoch.round!.height, 0)
+  })
+
+  it('→ WaitingForMembers when warmup_time elapses and nobody reported the model loaded: no round, the step unchanged', () => {
+    let s = warm()
+    s = tick(s, 13 * S)
+    assert.equal(s.run_state, 'WaitingForMembers')
+    assert.equal(s.progress.step, 1)
+    assert.equal(s.epoch.round, null)
+    assert.deepEqual(s.pending, ['c0', 'c1', 'c2'], 'its members wait for the next Warmup')
+    s = tick(s, 16 * S)
+    assert.equal(s.run_state, 'Warmup')
   })
 
   it("→ RoundTrain as soon as a round's worth of clients report the model loaded", () => {
@@ -390,9 +431,104 @@ describe('Cooldown → next epoch', () => {
     })
   }
 
-  it('accepts checkpoints only in Cooldown', () => {
+  it('accepts checkpoints only in Cooldown while no epoch recorded the run’s model', () => {
     const {state: s, now} = toFirstRound(ids(3))
     rejected(s, {type: 'checkpoint', from: 'c0', repo: {repo_id: 'x/y'}}, now, 'InvalidRunState')
+  })
+})
+
+describe("the run's current model", () => {
+  const OTHER = 'b2'.repeat(32)
+  /** Epoch 0 (steps 1-3) trained, its last round's witnesses attest `hash` in Cooldown (none: no agreement), and the epoch ends. */
+  function epochEnded(config = {}, hash: string | null = PARAMS) {
+    let {state: s, now} = toFirstRound(ids(3), {epoch_time: 1000, rounds_per_epoch: 3, cooldown_time: 5, ...config}, {checkpoint: {Local: {path: 'model'}}})
+    for (let i = 0; i < 100 && s.run_state !== 'Cooldown'; i++) {
+      if (s.run_state === 'RoundTrain') s = witnessAll(s, now)
+      s = tick(s, (now += S))
+    }
+    if (hash) s = attestParams(s, now, hash)
+    ;({state: s, now} = tickUntilChange(s, now))
+    assert.equal(s.run_state, 'WaitingForMembers')
+    return {state: s, now}
+  }
+
+  it('is recorded at every epoch’s end: the last round’s step and the hash its witnesses agreed on (null without a quorum)', () => {
+    assert.equal(newRun().current_model, null)
+    assert.deepEqual(epochEnded().state.current_model, {step: 3, param_hash: PARAMS})
+    assert.deepEqual(epochEnded({}, null).state.current_model, {step: 3, param_hash: null})
+  })
+
+  it('an epoch whose only round no witness attested keeps the model it began with (its hash, at the new step)', () => {
+    let {state: s, now} = epochEnded()
+    ;({state: s, now} = tickUntilChange(s, now)) // Warmup (a client reports its model loaded)
+    ;({state: s, now} = tickUntilChange(s, now)) // RoundTrain: nobody trains or witnesses
+    for (let i = 0; i < 100 && s.run_state !== 'WaitingForMembers'; i++) s = tick(s, (now += S))
+    assert.deepEqual(s.current_model, {step: 4, param_hash: PARAMS})
+  })
+
+  it('a run whose members all left never falls back to the config’s starting checkpoint: it waits, its step unchanged', () => {
+    let {state: s, now} = epochEnded()
+    for (const id of ['c0', 'c1', 'c2']) s = ok(s, {type: 'withdraw', id}, now)
+    s = joinAll(s, ['n0'], now)
+    s = {...s, config: {...s.config, init_min_clients: 1, min_clients: 1}}
+    assert.match(modelWanted(s)!.detail, /^no member holds step 3 \(the run's model, parameter hash a1a1a1a1a1a1…\): every member that held it has left/)
+    ;({state: s, now} = tickUntilChange(s, now))
+    assert.equal(s.run_state, 'Warmup')
+    assert.deepEqual(s.model.LLM.checkpoint, {P2P: {repo_id: ''}}, 'not the Local starting checkpoint: the member asks its peers')
+    assert.deepEqual(s.checkpoint_fallback, {Local: {path: 'model'}}, 'the starting checkpoint stays the fallback, unused')
+    // nobody can load the model: the Warmup ends without a round
+    for (let i = 0; i < 100 && s.run_state === 'Warmup'; i++) s = tick(s, (now += S))
+    assert.equal(s.run_state, 'WaitingForMembers')
+    assert.equal(s.progress.step, 4)
+    assert.deepEqual(s.current_model, {step: 3, param_hash: PARAMS})
+    assert.match(modelWanted(s)!.detail, /no member holds step 3 .*the last Warmup ended with none of its members loaded/)
+  })
+
+  it('a designated checkpointer’s upload of it, reported after its Cooldown, is taken, and the waiting run resumes from it', () => {
+    let {state: s, now} = epochEnded({checkpointers: ['c1']})
+    for (const id of ['c0', 'c1', 'c2']) s = ok(s, {type: 'withdraw', id}, now)
+    s = {...joinAll(s, ['n0'], now), config: {...s.config, init_min_clients: 1, min_clients: 1}}
+    const late = {type: 'checkpoint', from: 'c1', repo: {repo_id: 'org/late', revision: 'r1'}, param_hash: PARAMS} as const
+    rejected(s, {...late, from: 'c0'}, now, 'NotCheckpointer')
+    rejected(s, {...late, param_hash: OTHER}, now, 'CheckpointHashMismatch')
+    s = ok(s, late, now)
+    rejected(s, late, now, 'AlreadyCheckpointed')
+    assert.deepEqual(s.checkpoint_hash, {repo: {repo_id: 'org/late', revision: 'r1'}, step: 3, param_hash: PARAMS})
+    assert.deepEqual(s.model.LLM.checkpoint, {P2P: {repo_id: 'org/late', revision: 'r1'}})
+    assert.equal(modelWanted(s), undefined)
+    ;({state: s, now} = tickUntilChange(s, now))
+    assert.equal(s.run_state, 'Warmup')
+    assert.deepEqual(s.model.LLM.checkpoint, {Hub: {repo_id: 'org/late', revision: 'r1'}}, 'the newcomer loads the upload of the run’s model')
+    assert.equal(s.epoch.checkpointed, false, 'a late checkpoint ends no Cooldown')
+  })
+
+  it('without designated checkpointers a late checkpoint comes from a member of the recorded epoch; none is taken without an agreed hash', () => {
+    const {state: s, now} = epochEnded()
+    rejected(s, {type: 'checkpoint', from: 'stranger', repo: {repo_id: 'org/x'}, param_hash: PARAMS}, now, 'UnknownClient')
+    ok(s, {type: 'checkpoint', from: 'c2', repo: {repo_id: 'org/x'}, param_hash: PARAMS}, now)
+    const unagreed = epochEnded({}, null)
+    rejected(unagreed.state, {type: 'checkpoint', from: 'c2', repo: {repo_id: 'org/x'}, param_hash: PARAMS}, unagreed.now, 'InvalidRunState')
+  })
+
+  it('a Hub fallback of an older model is not named: only the checkpoint recorded with the current hash', () => {
+    let {state: s, now} = epochEnded()
+    // a checkpoint of another model than the run's (an earlier epoch's, say)
+    s = {...s, checkpoint_fallback: {Hub: {repo_id: 'org/old'}}, checkpoint_hash: {repo: {repo_id: 'org/old'}, step: 1, param_hash: OTHER}}
+    for (const id of ['c0', 'c1', 'c2']) s = ok(s, {type: 'withdraw', id}, now)
+    s = {...joinAll(s, ['n0'], now), config: {...s.config, init_min_clients: 1, min_clients: 1}}
+    ;({state: s, now} = tickUntilChange(s, now))
+    assert.equal(s.run_state, 'Warmup')
+    assert.ok(isCheckpointP2P(s.model.LLM.checkpoint), JSON.stringify(s.model.LLM.checkpoint))
+  })
+
+  it('a loaded model is checked against it: the recorded hash, or the recorded step when no quorum agreed', () => {
+    const {state: s} = epochEnded()
+    assert.equal(modelMismatch(s, PARAMS, 1), undefined, 'the hash decides (a round nobody trained leaves it as it was)')
+    assert.match(modelMismatch(s, OTHER, 3)!, /hash to b2b2.*the run's model \(step 3\) to a1a1/)
+    const unagreed = epochEnded({}, null).state
+    assert.equal(modelMismatch(unagreed, OTHER, 3), undefined)
+    assert.match(modelMismatch(unagreed, OTHER, 0)!, /model at step 0, the run's model is at step 3/)
+    assert.equal(modelMismatch(newRun(), OTHER, undefined), undefined, 'before any epoch ended, the starting checkpoint is the model')
   })
 })
 
@@ -415,18 +551,45 @@ describe('health checks', () => {
     rejected(s, {type: 'health_check', from: 'c0', accused: ['c1']}, now, 'NoActiveRound')
   })
 
-  it('drop a client too few witnesses saw; it leaves at the end of the round', () => {
+  it('the closing round drops a trainer too few witnesses saw (it leaves at the round’s end); a health check naming it is still taken', () => {
     let {state: s, now} = secondRound('c3')
-    s = ok(s, {type: 'health_check', from: 'c0', accused: ['c3']}, now)
-    assert.equal(s.epoch.clients.find((c) => c.id === 'c3')!.state, 'Dropped')
-    s = witnessAll(s, now)
-    ;({state: s, now} = tickUntilChange(s, now))
-    assert.equal(s.run_state, 'RoundTrain')
-    assert.ok(!s.epoch.round!.roster.includes('c3'))
+    assert.ok(!s.epoch.round!.roster.includes('c3'), 'c3 left when the round it missed closed')
     assert.deepEqual(
-      s.epoch.exited.map((c) => c.id),
-      ['c3'],
+      s.epoch.exited.map((c) => [c.id, c.state, c.exited_height]),
+      [['c3', 'Dropped', 0]],
     )
+    // Psyche's health check judges the previous round: it names c3 rightly, and changes nothing now.
+    const after = ok(s, {type: 'health_check', from: 'c0', accused: ['c3']}, now)
+    assert.deepEqual(after.epoch.clients, s.epoch.clients)
+  })
+
+  it('a round that times out still judges its trainers: an idle member of an epoch that fits one round is dropped at its end', () => {
+    // epoch_time 15 and 10 s rounds: each epoch is one round that times out, and no next round's witness judges it
+    let {state: s, now} = toFirstRound(ids(3), {epoch_time: 15, max_round_train_time: 10, witness_nodes: 0, min_clients: 1, init_min_clients: 1})
+    const idle = 'c1'
+    s = tick(s, (now += 10 * S))
+    assert.equal(s.run_state, 'RoundWitness')
+    s = witnessAll(s, now, ['c0', 'c2'])
+    s = tick(s, (now += 2 * S))
+    assert.equal(s.run_state, 'Cooldown', 'the epoch’s time is up after one round')
+    assert.deepEqual(
+      s.epoch.exited.map((c) => [c.id, c.state]),
+      [[idle, 'Dropped']],
+    )
+    ;({state: s, now} = tickUntilChange(s, now))
+    assert.equal(s.run_state, 'WaitingForMembers')
+    assert.deepEqual(s.pending, ['c0', 'c2'], 'the idle member is not carried into the next epoch')
+  })
+
+  it('a round without a witness quorum judges nobody', () => {
+    let {state: s, now} = toFirstRound(ids(4), {witness_nodes: 3, min_clients: 2})
+    const [w0] = selectWitnesses(s)
+    s = ok(s, {type: 'witness', from: w0, step: 1, proof: honestProof(s, [w0])}, now)
+    s = tick(s, (now += 10 * S))
+    s = tick(s, (now += 2 * S))
+    assert.equal(s.run_state, 'Cooldown')
+    assert.ok(s.epoch.clients.every((c) => c.state === 'Healthy'))
+    assert.deepEqual(s.epoch.exited, [])
   })
 
   it('accusing a healthy client is rejected, and nobody is dropped', () => {

@@ -20,7 +20,7 @@ import {
 } from '../../src/core/coordinator/rewards.js'
 import {Scorer} from '../../src/core/verify/score.js'
 import {assignedTrainers} from '../../src/core/coordinator/rules.js'
-import {honestProof, newRun, ok, S} from './helpers.js'
+import {honestProof, newRun, ok, reportLoaded, S} from './helpers.js'
 
 /** A coordinator with the rewards ledger following every state it adopts, as the server keeps it. */
 class Run {
@@ -41,7 +41,9 @@ class Run {
     this.adopt(applyEvent(this.state, {type: 'tick'}, this.now).state)
   }
 
+  /** One second on (in Warmup a client has reported its model loaded: a Warmup with no report starts no round). */
   tick(): void {
+    this.adopt(reportLoaded(this.state, this.now))
     this.adopt(applyEvent(this.state, {type: 'tick'}, (this.now += S)).state)
   }
 
@@ -67,7 +69,8 @@ describe('rewards ledger (coordinator/rewards.ts)', () => {
     const run = new Run(newRun({init_min_clients: 4, min_clients: 2, witness_nodes: 0, rounds_per_epoch: 3, global_batch_size_start: 10, global_batch_size_end: 10}))
     for (const id of ['a', 'b', 'c', 'x']) run.apply({type: 'join', id})
     run.until('RoundTrain')
-    // Round 1: every result witnessed. Round 2: nobody saw c's result (not accepted). Then x is ejected (authority).
+    // Round 1: every result witnessed. Round 2: nobody saw c's result (not accepted: c is dropped as the round closes).
+    // Then x is ejected (authority).
     run.witness()
     run.until('RoundTrain')
     assert.equal(run.state.progress.step, 2)
@@ -95,14 +98,16 @@ describe('rewards ledger (coordinator/rewards.ts)', () => {
       assert.equal(r.pending, 0)
     }
     assert.equal(row(run, 'a')!.rounds, 3)
-    assert.equal(row(run, 'c')!.rounds, 2, "c's unwitnessed result of round 2 earns nothing")
+    assert.equal(row(run, 'c')!.rounds, 1, "c's unwitnessed result of round 2 earns nothing (and c left as it closed)")
+    assert.ok(run.state.epoch.exited.some((e) => e.id === 'c' && e.state === 'Dropped' && e.exited_height === 1))
     const x = row(run, 'x')!
     assert.equal(x.earned, 0, 'the ejected client earns nothing for its epoch')
     assert.ok(x.slashed > 0 && x.slashed === run.batches.get('x')! * POINTS_PER_BATCH, `x slashed ${x.slashed}`)
     assert.equal(row(run, 'late'), undefined, 'the late joiner trained nothing yet')
 
-    // Epoch 2: the late joiner trains one round (its results seen), then the epoch ends.
+    // Epoch 2: the late joiner trains one round (its results seen), then the epoch ends. c, dropped, joins again.
     const lateBefore = 0
+    run.apply({type: 'join', id: 'c'})
     run.until('RoundTrain')
     assert.ok(run.state.epoch.clients.some((c) => c.id === 'late'))
     run.witness()

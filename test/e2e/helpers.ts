@@ -33,6 +33,8 @@ export interface RunShape {
   minClients?: number
   initMinClients?: number
   warmupTime?: number
+  /** seconds (default 600: the rounds_per_epoch decide) */
+  epochTime?: number
   maxRoundTrainTime?: number
   cooldownTime?: number
   batchSize?: number
@@ -47,6 +49,10 @@ export interface RunShape {
   quantize1bit?: boolean
   /** SparseLoCo instead of DisTrO: inner steps per round, chunk, top-k (its other settings at their defaults). */
   sparseloco?: {innerSteps: number; chunk?: number; topk?: number; outerLr?: number}
+  /** seconds a wait for members lasts once enough have joined (default 1) */
+  waitingExtraTime?: number
+  /** config.checkpointers: the client ids that may report checkpoints */
+  checkpointers?: string[]
 }
 
 /**
@@ -62,7 +68,7 @@ run_state = "WaitingForMembers"
 [config]
 warmup_time = ${shape.warmupTime ?? 10}
 cooldown_time = ${shape.cooldownTime ?? 2}
-epoch_time = 600
+epoch_time = ${shape.epochTime ?? 600}
 rounds_per_epoch = ${shape.roundsPerEpoch ?? 3}
 max_round_train_time = ${shape.maxRoundTrainTime ?? 6}
 round_witness_time = 1
@@ -74,8 +80,8 @@ global_batch_size_start = ${shape.batchSize ?? 12}
 global_batch_size_end = ${shape.batchSize ?? 12}
 global_batch_size_warmup_tokens = 0
 total_steps = ${shape.totalSteps ?? 6}
-waiting_for_members_extra_time = 1
-
+waiting_for_members_extra_time = ${shape.waitingExtraTime ?? 1}
+${shape.checkpointers ? `checkpointers = ${JSON.stringify(shape.checkpointers)}\n` : ''}
 [model.LLM]
 architecture = "HfLlama"
 data_type = "Pretraining"

@@ -21,7 +21,10 @@ test('a client waiting for members says how many have joined and how many the ep
   const w = waitingFor(s, 'me', at(3000))
   assert.equal(w?.reason, 'members')
   assert.equal(w?.seconds, null)
-  assert.match(w!.detail, /1 of 2 clients have joined; the epoch starts once 2 have \(init_min_clients\)/)
+  assert.match(
+    w!.detail,
+    /1 of 2 clients have joined; the epoch starts once 2 have \(init_min_clients: every epoch waits for that many, the first and every later one, as in Psyche\)/,
+  )
   const enough = waitingFor({...s, pending: ['me', 'other'], run_state_start: T + 3000}, 'me', at(3400))
   assert.match(enough!.detail, /2 clients have joined; the epoch starts in ~1 s/)
 })

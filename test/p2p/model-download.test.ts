@@ -186,6 +186,25 @@ describe('p2p model download: manifests, quorum and verified tensors (in process
     )
   })
 
+  it("with the run's parameter hash (the coordinator's record): a lone answering peer with another model is refused, and the run's model wins over a majority of others", async () => {
+    const m = model()
+    const lone = peer(model(7, 1)) // the only peer that answers, serving another model than the run's
+    const silent = peer(m, {down: true})
+    await assert.rejects(
+      downloadModel(network([lone, silent]), {runId: RUN, peers: [lone.identity.id, silent.identity.id], maxModelBytes: MAX, paramHash: m.paramHash}),
+      /none of the 1 answering peers serves the run's model \(parameter hash hash-0-7…, recorded by the coordinator\)/,
+    )
+    assert.equal(lone.requests, 0, 'nothing was downloaded from it')
+    // without the record, the lone peer decided alone (a strict majority of those that answer)
+    assertSameModel((await downloadModel(network([lone, silent]), {runId: RUN, peers: [lone.identity.id, silent.identity.id], maxModelBytes: MAX})).snapshot, lone.model)
+    const others = [peer(model(7, 2)), peer(model(7, 2))]
+    const honest = peer(m)
+    const got = await downloadModel(network([...others, honest]), {runId: RUN, peers: [...others, honest].map((p) => p.identity.id), maxModelBytes: MAX, paramHash: m.paramHash})
+    assertSameModel(got.snapshot, m)
+    assert.deepEqual(got.attesters, [honest.identity.id])
+    assert.match(got.dropped[0].reason, /is not the run's model/)
+  })
+
   it('counts only peers at the requested step; unreachable peers and forged signatures do not count', async () => {
     const m = model(7)
     const ahead = peer(model(8))

@@ -439,7 +439,8 @@ export class MemoryP2P implements ClientP2P {
     this.modelProvider = provider
   }
 
-  async fetchModel(fromClientIds: string[]): Promise<ModelSnapshot> {
+  /** The first reachable peer's model (with `paramHash`, the first serving that model, as the real download chooses). */
+  async fetchModel(fromClientIds: string[], options: {step?: number; paramHash?: string} = {}): Promise<ModelSnapshot> {
     await settle(1)
     const failures: string[] = []
     for (const id of fromClientIds) {
@@ -450,6 +451,10 @@ export class MemoryP2P implements ClientP2P {
       }
       try {
         const snapshot = await peer.modelProvider()
+        if (options.paramHash !== undefined && snapshot.paramHash !== options.paramHash) {
+          failures.push(`${id.slice(0, 8)}: serves another model than the run's (${snapshot.paramHash.slice(0, 12)}…)`)
+          continue
+        }
         const size = snapshot.frames.reduce((n, f) => n + f.data.length, 0)
         this.bytesReceived += size
         peer.bytesSent += size

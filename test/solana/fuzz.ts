@@ -359,11 +359,12 @@ class Sequence {
       join: 12,
       withdraw: 4,
       eject: 2,
-      witness: round ? 22 : s.run_state === 'Warmup' ? 14 : s.run_state === 'Cooldown' ? 40 : 2,
+      witness: round ? 22 : s.run_state === 'Warmup' ? 30 : s.run_state === 'Cooldown' ? 40 : 2,
       health_check: round ? 6 : 1,
       accuse: round ? 6 : 1,
       equivocation: 2,
-      checkpoint: s.run_state === 'Cooldown' ? 20 : 1,
+      // outside Cooldown: a late upload of the run's current model (once an epoch recorded its hash)
+      checkpoint: s.run_state === 'Cooldown' ? 20 : s.current_model?.param_hash ? 8 : 1,
       pause: 2,
       resume: s.run_state === 'Paused' || s.run_state === 'Uninitialized' ? 6 : 1,
       config_update: s.run_state === 'Paused' || s.run_state === 'Uninitialized' ? 5 : 1,
@@ -421,7 +422,14 @@ class Sequence {
         const hash = this.rng.weighted({honest: 4, other: 4, none: 1})
         const param_hash = hash === 'honest' ? FUZZ_PARAMS[0] : hash === 'other' ? FUZZ_PARAMS[1] : undefined
         const members = s.epoch.clients.map((c) => c.id)
-        const from = members.length > 0 && this.rng.chance(0.7) ? this.rng.pick(members) : this.client()
+        // late, a designated checkpointer needs no membership: often one of the list
+        const designated = s.config.checkpointers ?? []
+        const from =
+          s.run_state !== 'Cooldown' && designated.length > 0 && this.rng.chance(0.6)
+            ? this.rng.pick(designated)
+            : members.length > 0 && this.rng.chance(0.7)
+              ? this.rng.pick(members)
+              : this.client()
         return {event: {type: 'checkpoint', from, repo: randomRepo(this.rng, true), ...(param_hash ? {param_hash} : {})}}
       }
       case 'pause':
@@ -636,6 +644,11 @@ export interface SequenceResult {
   /** Score reports both took, and clients holding a score at the end. */
   reports: number
   scored: number
+  /** Checkpoints both took outside Cooldown (late uploads of the run's current model). */
+  lateCheckpoints: number
+  /** Warmups that ended with nobody loaded (no round), and trainers a closing round dropped. */
+  abortedWarmups: number
+  dropped: number
 }
 
 class Divergence extends Error {
@@ -792,6 +805,9 @@ async function runSteps(seed: number, options: SequenceOptions): Promise<Sequenc
     earned: 0,
     slashed: 0,
     reports: 0,
+    lateCheckpoints: 0,
+    abortedWarmups: 0,
+    dropped: 0,
     scored: 0,
   }
   // The rewards ledger (rewards.ts) follows the reference's transitions; the program's must hold the same points.
@@ -859,6 +875,7 @@ async function runSteps(seed: number, options: SequenceOptions): Promise<Sequenc
         fail(i, what, `the reference rejects with ${expected.error ?? 'some error'} (${expected.message ?? ''}); the program accepted`, r.logs)
       result.accepted++
       if (scored) result.reports++
+      if (what.startsWith('checkpoint') && seq.state.run_state !== 'Cooldown') result.lateCheckpoints++
     } else if (!expected.error && !expected.anyError) {
       const over = overCapacity(expected.state)
       if (r.error === 'CapacityExceeded' && over.length > 0) {
@@ -873,6 +890,9 @@ async function runSteps(seed: number, options: SequenceOptions): Promise<Sequenc
       result.rejected[key] = (result.rejected[key] ?? 0) + 1
     }
     ledger = scored ?? observeTransition(ledger, seq.state, expected.state)
+    if (seq.state.run_state === 'Warmup' && expected.state.run_state === 'WaitingForMembers' && seq.state.epoch.warmup_witnesses.length === 0) result.abortedWarmups++
+    if (seq.state.run_state === 'RoundWitness' && expected.state.run_state !== 'RoundWitness')
+      result.dropped += expected.state.epoch.exited.filter((c) => c.state === 'Dropped' && seq.state.epoch.clients.some((e) => e.id === c.id && e.state === 'Healthy')).length
     seq.state = expected.state
     result.phases.add(seq.state.run_state)
     result.maxClients = Math.max(result.maxClients, seq.state.epoch.clients.length)
@@ -994,6 +1014,9 @@ export function summarize(results: SequenceResult[], options: {fullRun?: boolean
   const reports = results.reduce((n, r) => n + r.reports, 0)
   console.log(`# scores: ${reports} reports taken, ${results.reduce((n, r) => n + r.scored, 0)} clients scored at the end (program = reference)`)
   assert.ok(reports > 0, 'no sequence had a score report taken')
+  const [late, aborted, dropped] = (['lateCheckpoints', 'abortedWarmups', 'dropped'] as const).map((k) => results.reduce((n, r) => n + r[k], 0))
+  console.log(`# the run's model: ${late} late checkpoints taken, ${aborted} Warmups ended with nothing loaded; ${dropped} unseen trainers dropped by a closing round`)
+  assert.ok(late > 0 && aborted > 0 && dropped > 0, 'no sequence took a late checkpoint, ended a Warmup with nothing loaded, or dropped an unseen trainer')
   if (options.fullRun) for (const code of ['InvalidScores', 'DuplicateScores']) assert.ok((rejected[code] ?? 0) > 0, `no score report was rejected with ${code}`)
   if (options.fullRun) assert.equal(maxClients, MAX_CLIENTS, `no sequence filled an epoch with MAX_CLIENTS = ${MAX_CLIENTS} clients`)
 }

@@ -169,6 +169,12 @@ class Recorder {
     return hash
   }
 
+  /** In Warmup, one client reports its model loaded: the round starts when warmup_time is up (with no report, none does). */
+  warmupOne(): void {
+    const c = this.state.epoch.clients.find((x) => x.state === 'Healthy')
+    if (this.state.run_state === 'Warmup' && c) this.apply({type: 'witness', from: c.id, step: 0, proof: {participant_bloom: '', broadcast_bloom: ''}}, 'ok')
+  }
+
   warmupAll(): void {
     for (const c of this.state.epoch.clients)
       if (this.state.run_state === 'Warmup') this.apply({type: 'witness', from: c.id, step: 0, proof: {participant_bloom: '', broadcast_bloom: ''}}, 'ok')
@@ -221,6 +227,7 @@ async function fullRun(): Promise<Scenario> {
   r.tick()
   r.apply({type: 'resume'}, 'ok')
   r.tickOut() // → Warmup
+  r.warmupOne()
   r.tickOut() // warmup_time → RoundTrain
   for (let i = 0; i < 12 && !['WaitingForMembers', 'Finished', 'Paused'].includes(r.state.run_state); i++) {
     if (r.state.run_state === 'RoundTrain') r.witnessAll()
@@ -230,6 +237,7 @@ async function fullRun(): Promise<Scenario> {
   if ((r.state.run_state as string) === 'Paused') {
     r.apply({type: 'resume'}, 'ok')
     r.tickOut()
+    r.warmupOne()
     r.tickOut()
     for (let i = 0; i < 12 && (r.state.run_state as string) !== 'Finished'; i++) {
       if ((r.state.run_state as string) === 'RoundTrain') r.witnessAll()
@@ -316,6 +324,7 @@ async function rampAndLosses(): Promise<Scenario> {
   r.apply({type: 'join', id: r.id('d')}, 'ok')
   r.apply({type: 'join', id: r.id('e')}, 'ok')
   r.tickOut() // → Warmup
+  r.warmupOne()
   r.tickOut() // → RoundTrain
   for (let round = 0; round < 6 && r.state.run_state !== 'Cooldown'; round++) {
     if (round === 3) {
@@ -365,6 +374,7 @@ async function accusations(): Promise<Scenario> {
   for (const l of ['a', 'b', 'c', 'd', 'e']) r.apply({type: 'join', id: r.id(l)}, 'ok')
   r.apply({type: 'accuse', from: r.id('a'), step: 1, accused: r.id('b'), reason: 'invalid_result'}, 'InvalidRunState')
   r.tickOut() // → Warmup
+  r.warmupOne()
   r.tickOut() // → RoundTrain
   const round = r.state.epoch.round!
   const [w0, w1] = selectWitnesses(r.state)
@@ -399,7 +409,7 @@ async function accusations(): Promise<Scenario> {
 
 /**
  * A trainer cut off from its peers (3 clients, all witnesses, quorum 2): the two others saw each other, its own proof
- * names only itself. It is not healthy, so a health check drops it. The labels cut-6 and cut-18 are a pair whose
+ * names only itself. It is not healthy, so the round's close drops it (and a health check naming it is still taken). The labels cut-6 and cut-18 are a pair whose
  * participant keys plain double hashing mapped to the same bits of the round's 64-bit bloom (found by search): under
  * that hashing the others' proofs named the cut-off trainer too, the health check was refused, and every replica
  * waited for a result nobody had (bloom.ts positionsOf).
@@ -416,10 +426,10 @@ async function cutOff(): Promise<Scenario> {
   const step = r.state.epoch.round!.step
   for (const from of [a, b]) r.apply({type: 'witness', from, step, proof: r.proof([a, b])}, 'ok')
   r.apply({type: 'witness', from: c, step, proof: r.proof([c])}, 'ok')
-  r.tickOut() // round 3 judges round 2
-  r.apply({type: 'health_check', from: c, accused: [a]}, 'InvalidHealthCheck') // a was seen by b
+  r.tickOut() // round 2 closes: c, unseen, is dropped
+  if (!r.state.epoch.exited.some((x) => x.id === c && x.state === 'Dropped')) throw new Error('cut-off: the closing round did not drop c')
+  r.apply({type: 'health_check', from: b, accused: [a]}, 'InvalidHealthCheck') // a was seen by b
   r.apply({type: 'health_check', from: a, accused: [c]}, 'ok')
-  if (!r.state.epoch.clients.some((x) => x.id === c && x.state === 'Dropped')) throw new Error('cut-off: the health check did not drop c')
   r.witnessAll([a, b])
   r.tickOut()
   return finish(r)
@@ -551,6 +561,7 @@ async function equivocation(): Promise<Scenario> {
   for (const l of ['a', 'b', 'c', 'd']) r.apply({type: 'join', id: r.id(l)}, 'ok')
   r.apply({type: 'equivocation', from: r.id('b'), proof: proof('a', 1)}, 'InvalidRunState')
   r.tickOut() // → Warmup
+  r.warmupOne()
   r.tickOut() // → RoundTrain
   const step = r.state.epoch.round!.step
   r.apply({type: 'equivocation', from: r.id('b'), proof: proof('a', step, true)}, 'InvalidProof') // the same result twice
@@ -574,7 +585,7 @@ async function equivocation(): Promise<Scenario> {
  * checkpoint recorded with the hash a quorum of them agreed on (one declaring another hash is refused).
  */
 async function checkpointAuthority(): Promise<Scenario> {
-  const r = await recorder('checkpoint-authority', ['a', 'b', 'c', 'd'], {rounds_per_epoch: 1, witness_nodes: 3, min_clients: 3, cooldown_time: 50})
+  const r = await recorder('checkpoint-authority', ['a', 'b', 'c', 'd', 'e'], {rounds_per_epoch: 1, witness_nodes: 3, min_clients: 3, cooldown_time: 50})
   r.apply({type: 'config_update', config: {...r.state.config, checkpointers: [r.id('a'), r.id('a')]}}, 'InvalidConfig')
   r.apply({type: 'config_update', config: {...r.state.config, checkpointers: [r.id('a'), r.id('b')]}}, 'ok')
   r.apply({type: 'resume'}, 'ok')
@@ -604,6 +615,58 @@ async function checkpointAuthority(): Promise<Scenario> {
   r.tickOut() // → WaitingForMembers; the record stays
   r.apply({type: 'pause'}, 'ok')
   r.apply({type: 'config_update', config: {...r.state.config, checkpointers: undefined}}, 'ok') // the list is gone again
+  // After its Cooldown only a checkpoint of the run's current model is taken, from a member of the recorded epoch
+  r.apply({type: 'checkpoint', from: r.id('e'), repo: {repo_id: 'org/late'}, param_hash: PARAMS}, 'UnknownClient')
+  r.apply({type: 'checkpoint', from: r.id('b'), repo: {repo_id: 'org/late'}, param_hash: PARAMS}, 'AlreadyCheckpointed') // the same model
+  return finish(r)
+}
+
+/**
+ * The run's current model and idle members: a member that never trains is dropped as the round it missed closes; the
+ * model is recorded at the epoch's end; a run whose members all left does not fall back to its Dummy starting point
+ * (its Warmup ends with nobody loaded: no round, the step unchanged); a designated checkpointer's upload of the model,
+ * reported after its Cooldown, is taken (after its refusals), and the run resumes from it; an epoch whose only round
+ * nobody witnessed keeps the model it began with.
+ */
+async function currentModel(): Promise<Scenario> {
+  const r = await recorder(
+    'current-model',
+    ['a', 'b', 'c', 'n'],
+    {rounds_per_epoch: 2, witness_nodes: 0, min_clients: 1, init_min_clients: 2, cooldown_time: 5, waiting_for_members_extra_time: 1},
+    {checkpoint: {Dummy: {repo_id: 'org/dummy'}}},
+  )
+  const [a, b, c, n] = ['a', 'b', 'c', 'n'].map((l) => r.id(l))
+  r.apply({type: 'config_update', config: {...r.state.config, checkpointers: [a]}}, 'ok')
+  r.apply({type: 'resume'}, 'ok')
+  r.apply({type: 'checkpoint', from: a, repo: {repo_id: 'org/early'}, param_hash: PARAMS}, 'InvalidRunState') // no model recorded yet
+  for (const id of [a, b, c]) r.apply({type: 'join', id}, 'ok')
+  r.tickOut() // → Warmup
+  r.warmupOne()
+  r.tickOut() // → RoundTrain
+  // round 1: c trains and witnesses nothing; a and b (a quorum of the 3 witnesses) saw each other
+  const step = r.state.epoch.round!.step
+  for (const from of [a, b]) r.apply({type: 'witness', from, step, proof: r.proof([a, b])}, 'ok')
+  r.tickOut() // the round closes: c, unseen, is dropped
+  r.witnessAll()
+  r.tickOut() // → Cooldown (rounds_per_epoch)
+  r.attest()
+  r.tickOut() // → WaitingForMembers: the model recorded
+  for (const id of [a, b]) r.apply({type: 'withdraw', id}, 'ok')
+  for (const id of [n, c]) r.apply({type: 'join', id}, 'ok')
+  r.tickOut() // → Warmup, still P2P (the Dummy fallback is not the run's model)
+  r.tickOut() // nobody loaded it: back to WaitingForMembers, no round
+  r.apply({type: 'checkpoint', from: n, repo: {repo_id: 'org/late'}, param_hash: PARAMS}, 'NotCheckpointer')
+  r.apply({type: 'checkpoint', from: a, repo: {repo_id: 'org/late'}, param_hash: OTHER_PARAMS}, 'CheckpointHashMismatch')
+  r.apply({type: 'checkpoint', from: a, repo: {repo_id: 'org/late', revision: 'r2'}, param_hash: PARAMS}, 'ok') // a has left: the list suffices
+  r.apply({type: 'checkpoint', from: a, repo: {repo_id: 'org/late'}, param_hash: PARAMS}, 'AlreadyCheckpointed')
+  r.tickOut() // → Warmup from the late upload (Hub: the aborted Warmup's members held nothing)
+  r.warmupOne()
+  r.tickOut() // → RoundTrain: a round nobody witnesses
+  r.tickOut() // → RoundWitness
+  r.tickOut() // → Cooldown, everyone withdrawn
+  r.tickOut() // → WaitingForMembers: the model is the one the epoch began with
+  for (const id of [n, c]) r.apply({type: 'join', id}, 'ok')
+  r.tickOut() // → Warmup from the Hub upload again (it is the run's model)
   return finish(r)
 }
 
@@ -620,6 +683,7 @@ export async function generateVectors(): Promise<VectorFile> {
       await dummyThenHub(),
       await checkpointAuthority(),
       await cutOff(),
+      await currentModel(),
     ],
   }
 }

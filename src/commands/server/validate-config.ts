@@ -7,6 +7,7 @@ import {
   loadDataServerConfig,
   loadRunConfigFile,
   summarizeRunConfig,
+  timingWarnings,
   type ConfigIssue,
   type DataServerConfig,
   type RunSummary,
@@ -60,6 +61,7 @@ export default class ServerValidateConfig extends PsycheCommand {
       warnings.push(...cross.warnings)
     }
     if (run) (flags['allow-missing'] ? warnings : issues).push(...(await checkLocalPaths(run, data, {createdOnUse: [demoCorpusDir]})))
+    if (run) warnings.push(...timingWarnings(run))
     const summary = run ? summarizeRunConfig(run) : undefined
     for (const u of summary?.unsupported ?? []) issues.push({file: flags.state, path: u.path, message: `our clients cannot run this: ${u.reason}`})
     if (issues.length > 0) {

@@ -66,11 +66,16 @@ export class Checkpointing {
     const c = this.waiting
     if (!c) return
     const state = ctx.state
-    // The coordinator takes a checkpoint only in the Cooldown of the epoch it ends, once. Finished after that
-    // Cooldown (or another checkpointer reported first): the commit is on the Hub branch but the coordinator
-    // will not take it; it is reported here, with what a user needs to find it.
     const refusal = checkpointRefusal(state)
-    if (refusal || state.progress.epoch !== c.epoch) {
+    const ownCooldown = state.run_state === 'Cooldown' && state.progress.epoch === c.epoch
+    // After its Cooldown, the coordinator still takes the checkpoint if it is the run's current model (the hash it
+    // recorded at the epoch's end): a run whose members all left resumes from it.
+    const current = state.current_model?.param_hash
+    const late = state.run_state !== 'Cooldown' && !refusal && c.param_hash !== undefined && current === c.param_hash
+    // The coordinator takes a checkpoint only in the Cooldown of the epoch it ends, once, or late as above. Otherwise
+    // (finished after that Cooldown, another checkpointer reported first, no quorum agreed on the hash): the commit is
+    // on the Hub branch but the coordinator will not take it; it is reported here, with what a user needs to find it.
+    if (!late && (refusal || !ownCooldown)) {
       this.waiting = undefined
       ctx.log({
         event: 'checkpoint_late',
@@ -79,22 +84,32 @@ export class Checkpointing {
         repo_id: c.repo_id,
         revision: c.revision,
         reason:
-          state.progress.epoch === c.epoch && state.epoch.checkpointed
+          ownCooldown && state.epoch.checkpointed
             ? 'another checkpointer reported this epoch first'
-            : c.waited
-              ? `no quorum of the epoch's last round's witnesses attested a parameter hash before its Cooldown ended`
-              : `the upload finished in ${state.run_state} of epoch ${state.progress.epoch}, after the Cooldown the coordinator takes checkpoints in`,
+            : state.run_state !== 'Cooldown' && refusal?.code === 'AlreadyCheckpointed'
+              ? `the run's current model (step ${state.current_model?.step}) is already checkpointed`
+              : c.waited
+                ? `no quorum of the epoch's last round's witnesses attested a parameter hash before its Cooldown ended`
+                : `the upload finished in ${state.run_state} of epoch ${state.progress.epoch}, after the Cooldown the coordinator takes checkpoints in, and it is not the run's current model`,
       })
       return
     }
     // Wait for a quorum of the last round's witnesses to attest the parameters (the state shows it as it arrives).
-    if (c.param_hash !== undefined && ctx.conn.sendCooldownWitness !== undefined && agreedParamHash(state) === undefined) {
+    if (!late && c.param_hash !== undefined && ctx.conn.sendCooldownWitness !== undefined && agreedParamHash(state) === undefined) {
       c.waited = true
       return
     }
     this.waiting = undefined
     if (ctx.conn.sendCheckpoint({repo_id: c.repo_id, revision: c.revision}, c.param_hash))
-      ctx.log({event: 'checkpoint', step: c.step, epoch: c.epoch, repo_id: c.repo_id, revision: c.revision, ...(c.param_hash ? {param_hash: c.param_hash} : {})})
+      ctx.log({
+        event: 'checkpoint',
+        step: c.step,
+        epoch: c.epoch,
+        repo_id: c.repo_id,
+        revision: c.revision,
+        ...(c.param_hash ? {param_hash: c.param_hash} : {}),
+        ...(late ? {late: true} : {}),
+      })
   }
 
   /** After applying `round`: in the epoch's Cooldown, once per epoch, save the model (the upload runs in the background). */

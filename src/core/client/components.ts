@@ -97,10 +97,11 @@ export interface ClientP2P {
   /** What we answer model requests with (a rejoining client's source). */
   serveModel(provider: () => Promise<ModelSnapshot>): void
   /**
-   * Downloads the model from these clients: the tensors of the manifest a majority of them sign (at `step` when
-   * given), spread over its signers and each checked against its hash.
+   * Downloads the model from these clients: the tensors of the manifest of the model with `paramHash` (the run's
+   * current model; without it, the manifest a majority of them sign), at `step` when given, spread over its signers
+   * and each checked against its hash.
    */
-  fetchModel(fromClientIds: string[], options?: {step?: number}): Promise<ModelSnapshot>
+  fetchModel(fromClientIds: string[], options?: {step?: number; paramHash?: string}): Promise<ModelSnapshot>
   stats(): ClientP2PStats
   stop(): Promise<void>
   // Networking across hosts (libp2p); an in-process P2P layer has no addresses to change and no relays.

@@ -1,26 +1,48 @@
 import {existsSync} from 'node:fs'
-import {join, resolve} from 'node:path'
+import {dirname, join, resolve} from 'node:path'
 import {CHECKPOINT_META_FILE, readCheckpointMeta, type CheckpointMeta} from '../checkpoint/checkpointer.js'
 import {downloadCheckpoint} from '../checkpoint/hub.js'
 import {exchangesResults} from '../config/index.js'
 import type {HubRepo} from '../config/types.js'
-import {isCheckpointP2P, type CheckpointHash, type ClientId} from '../coordinator/index.js'
+import {isCheckpointP2P, modelMismatch, type CheckpointHash, type ClientId} from '../coordinator/index.js'
 import {errorMessage} from '../errors.js'
 import type {ModelSnapshot} from '../p2p/index.js'
 import {loadModel} from '../train/load-model.js'
 import {snapshotOf, type ClientContext} from './context.js'
 
+/** After a failed attempt, how long the client waits before it tries to load the model again (the state may change sooner). */
+const RETRY_MS = 2000
+
 /**
  * Model loading (decide.ts's `load_model`): the run's starting model (the plan's, or the coordinator's Hub
  * checkpoint, downloaded and hash-checked), or our peers' model at the epoch's step over P2P, with the last Hub
- * checkpoint as the fallback when nobody serves it.
+ * checkpoint as the fallback when nobody serves it. Whatever the source, the model is loaded only if it is the run's
+ * current model, as the coordinator recorded it at the last epoch's end (rules.ts modelMismatch): a client never
+ * trains from an older one. When no source has it, the client loads nothing, and the epoch's Warmup ends without it.
  */
 export class ModelLoading {
   private parameters: number | undefined
+  /** The last failed attempt: the next waits RETRY_MS, unless the run's state named another source since. */
+  private failed: {step: number; at: number; state: unknown} | undefined
 
   constructor(private readonly ctx: ClientContext) {}
 
   async load(step: number, from: 'checkpoint' | ClientId[]): Promise<boolean> {
+    const last = this.failed
+    const source = this.sourceKey()
+    if (last && last.step === step && last.state === source && this.ctx.clock.now() - last.at < RETRY_MS) return false
+    const loaded = await this.tryLoad(step, from)
+    this.failed = loaded ? undefined : {step, at: this.ctx.clock.now(), state: source}
+    return loaded
+  }
+
+  /** What the coordinator's state says about where the model is: a change is worth an attempt at once. */
+  private sourceKey(): string {
+    const s = this.ctx.state
+    return JSON.stringify([s.model.LLM.checkpoint, s.current_model, s.checkpoint_hash, s.epoch.start_time])
+  }
+
+  private async tryLoad(step: number, from: 'checkpoint' | ClientId[]): Promise<boolean> {
     const ctx = this.ctx
     if (from === 'checkpoint') {
       const checkpoint = this.ctx.state.model.LLM.checkpoint
@@ -30,6 +52,7 @@ export class ModelLoading {
       if (dir === undefined) {
         await this.initModel()
         const exported = await ctx.worker.exportParams()
+        if (!(await this.isPlanModelCurrent(step, exported.paramHash))) return false
         ctx.snapshot = snapshotOf(step, exported)
         this.setLoaded(step, exported.paramHash, 'checkpoint')
         return true
@@ -40,9 +63,11 @@ export class ModelLoading {
       return true
     }
     let snapshot: ModelSnapshot
+    // The run's current model: only a manifest of it counts (a peer serving another cannot outvote it).
+    const paramHash = ctx.state.current_model?.param_hash ?? undefined
     try {
       // Every peer is asked for its signed manifest; only those whose model is at `step` count.
-      snapshot = await ctx.p2p.fetchModel(from, {step})
+      snapshot = await ctx.p2p.fetchModel(from, paramHash === undefined ? {step} : {step, paramHash})
     } catch (error) {
       ctx.log({event: 'model_fetch_failed', step, message: errorMessage(error)})
       return this.hubFallback(step)
@@ -55,6 +80,11 @@ export class ModelLoading {
     const hash = await ctx.worker.importParams(snapshot.frames.map((f) => ({name: f.name, dtype: f.dtype as 'float32', shape: f.shape, data: f.data})))
     if (hash !== snapshot.paramHash) {
       ctx.log({event: 'model_fetch_failed', step, message: `imported parameters hash to ${hash}, the peer announced ${snapshot.paramHash}`})
+      return false
+    }
+    const mismatch = modelMismatch(ctx.state, hash, snapshot.step)
+    if (mismatch !== undefined) {
+      ctx.log({event: 'model_fetch_failed', step, message: `the peers' model is not the run's current model: ${mismatch}`})
       return false
     }
     ctx.snapshot = snapshot
@@ -109,7 +139,8 @@ export class ModelLoading {
       return undefined
     }
     const checkpointStep = recorded?.step ?? meta?.step
-    if (exactStep && checkpointStep !== step) {
+    // With the run's model's hash recorded, the hash decides (below): a round nobody trained moves the step, not the model.
+    if (exactStep && checkpointStep !== step && !ctx.state.current_model?.param_hash) {
       const why = checkpointStep !== undefined ? `it is the model at step ${checkpointStep}` : `it has no ${CHECKPOINT_META_FILE} naming its step`
       ctx.log({event: 'checkpoint_rejected', step, message: `the Hub checkpoint cannot stand in for our peers' model at step ${step}: ${why}`})
       return undefined
@@ -134,10 +165,49 @@ export class ModelLoading {
       ctx.log({event: 'checkpoint_rejected', step, message: `its parameters hash to ${paramHash}, its ${CHECKPOINT_META_FILE} says ${meta.param_hash}`})
       return undefined
     }
+    const mismatch = modelMismatch(ctx.state, paramHash, checkpointStep)
+    if (mismatch !== undefined) {
+      const revision = repo.revision ?? null
+      ctx.log({event: 'checkpoint_rejected', step, repo_id: repo.repo_id, revision, message: `${repo.repo_id}@${revision ?? 'main'} is not the run's current model: ${mismatch}`})
+      return undefined
+    }
     // A whole run restarted from its last checkpoint: the coordinator may have closed rounds nobody trained since.
     if (meta && meta.step !== step) ctx.log({event: 'checkpoint_step', step, checkpoint_step: meta.step})
     ctx.snapshot = snapshotOf(step, exported)
     return paramHash
+  }
+
+  /**
+   * Whether the plan's model (a config's Local or Dummy checkpoint), just loaded with `paramHash`, may stand for the run's
+   * model: at step 0 (no epoch recorded one), or when the psyche-checkpoint.json in its directory (a --checkpoint-dir
+   * save) records the run's current model and these very parameters. Logged when not.
+   */
+  private async isPlanModelCurrent(step: number, paramHash: string): Promise<boolean> {
+    const ctx = this.ctx
+    const model = ctx.state.current_model
+    if (model === null) return true
+    const source = ctx.opts.plan.model
+    const dir = source.kind === 'dir' ? source.dir : dirname(source.configPath)
+    let meta: CheckpointMeta | undefined
+    try {
+      meta = await readCheckpointMeta(dir)
+    } catch (error) {
+      ctx.log({event: 'checkpoint_rejected', step, message: `${dir}: ${errorMessage(error)}`})
+      return false
+    }
+    const why =
+      meta === undefined
+        ? `it is the run's starting model (no ${CHECKPOINT_META_FILE} records a step and hash)`
+        : meta.param_hash !== paramHash
+          ? `its parameters hash to ${paramHash}, its ${CHECKPOINT_META_FILE} says ${meta.param_hash ?? '(none)'}`
+          : modelMismatch(ctx.state, paramHash, meta.step)
+    if (why === undefined) return true
+    ctx.log({
+      event: 'checkpoint_rejected',
+      step,
+      message: `${dir} cannot stand for the run's model at step ${model.step}: ${why}; a config's Local checkpoint counts only at step 0, or when it records the run's step and hash`,
+    })
+    return false
   }
 
   private async initModel(fromDir?: string): Promise<void> {

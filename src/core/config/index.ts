@@ -9,3 +9,4 @@ export {loadRunConfigFile, parseRunConfig, resolveConfigPath} from './run-config
 export {checkDataServerForRun, loadDataServerConfig, parseDataServerConfig} from './data-config.js'
 export {unsupportedFeatures} from './support.js'
 export {summarizeRunConfig, type RunSummary} from './summary.js'
+export {timingWarnings} from './timing.js'

@@ -15,7 +15,7 @@ interface ScaffoldOptions {
   runId?: string
   /** Allows writing into a non-empty directory. */
   force?: boolean
-  /** Sets init_min_clients (the clients the first epoch waits for); min_clients is lowered to it if above. */
+  /** Sets init_min_clients (the clients every epoch waits for before it starts); min_clients is lowered to it if above. */
   minClients?: number
   templatesDir?: string
 }

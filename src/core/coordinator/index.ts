@@ -23,6 +23,8 @@ export {
   isTrainerHealthy,
   isVerifier,
   isWitness,
+  modelMismatch,
+  modelWanted,
   participantKey,
   rangeForPosition,
   selectVerifiers,

@@ -8,6 +8,7 @@ import {
   agreedParamHash,
   batchRangeFor,
   checkpointRefusal,
+  isCurrentCheckpoint,
   isParamHash,
   roundBatchSize,
   isTrainerHealthy,
@@ -21,9 +22,10 @@ import {
   witnessCount,
   witnessQuorum,
   participantKey,
+  unseenTrainers,
 } from './rules.js'
 import {ACTIVE_PHASES, EPOCH_PHASES, HALTED_PHASES, isCheckpointP2P, isRoundPhase} from './phases.js'
-import type {ApplyResult, Client, ClientId, CoordinatorEvent, CoordinatorState, EpochState, Rejection, RejectionCode, Round, RunState} from './types.js'
+import type {ApplyResult, Client, ClientId, CoordinatorEvent, CoordinatorState, EpochState, ModelRecord, Rejection, RejectionCode, Round, RunState} from './types.js'
 import {MAX_ACCUSATIONS, MAX_CLIENTS} from '../layout/layout-table.js'
 
 /**
@@ -93,6 +95,7 @@ export function createCoordinator(file: Pick<RunConfigFile, 'run_id' | 'run_stat
     model: file.model,
     checkpoint_fallback: null,
     checkpoint_hash: null,
+    current_model: null,
     seed,
     progress: {epoch: 0, step: 1, epoch_start_data_index: 0},
     epoch: emptyEpoch(now, 1),
@@ -206,9 +209,13 @@ function startCooldown(s: CoordinatorState, now: number): CoordinatorState {
 function tickWaitingForMembers(s: CoordinatorState, now: number): CoordinatorState {
   if (s.pending.length < s.config.init_min_clients || !timedOut(s, now, s.config.waiting_for_members_extra_time)) return s
   const pending = new Set(s.pending)
-  const previousPresent = s.epoch.clients.some((c) => pending.has(c.id))
-  // Nobody who holds the trained model is back: new clients must load the last uploaded checkpoint.
-  if (!previousPresent && isCheckpointP2P(s.model.LLM.checkpoint) && s.checkpoint_fallback) {
+  // A member of the last epoch that ran (one whose Warmup ended with nothing loaded holds nobody we know has the model).
+  const previousPresent = s.epoch.round !== null && s.epoch.clients.some((c) => pending.has(c.id))
+  // Nobody who holds the trained model is back: new clients load the last uploaded checkpoint, if it is the run's
+  // current model (Psyche switches to it whatever it holds). Else the epoch stays P2P: its members take the model from
+  // whoever holds it, or from a checkpoint of it reported since; if none can, its Warmup ends with nothing loaded and
+  // the run waits (tickWarmup). It never falls back to an older model, such as the config's starting one.
+  if (!previousPresent && isCheckpointP2P(s.model.LLM.checkpoint) && s.checkpoint_fallback && isCurrentCheckpoint(s, s.checkpoint_fallback)) {
     s = {...s, model: {LLM: {...s.model.LLM, checkpoint: s.checkpoint_fallback}}}
   }
   const epoch = emptyEpoch(now, s.progress.step)
@@ -220,8 +227,11 @@ function tickWaitingForMembers(s: CoordinatorState, now: number): CoordinatorSta
 function tickWarmup(s: CoordinatorState, now: number, entropy: string | undefined): CoordinatorState {
   s = moveExited(s, 0)
   if (s.epoch.clients.length < s.config.min_clients) return startWaitingForMembers(s, now)
-  if (timedOut(s, now, s.config.warmup_time)) return startRoundTrain(s, now, entropy)
-  return s
+  if (!timedOut(s, now, s.config.warmup_time)) return s
+  // Nobody reported the model loaded (our rule; Psyche starts the round anyway): nobody could train, and rounds nobody
+  // trains would count steps past the run's model. The run waits for members again, its step unchanged.
+  if (s.epoch.warmup_witnesses.length === 0) return startWaitingForMembers(s, now)
+  return startRoundTrain(s, now, entropy)
 }
 
 function tickRoundTrain(s: CoordinatorState, now: number): CoordinatorState {
@@ -247,6 +257,7 @@ function tickRoundWitness(s: CoordinatorState, now: number, entropy: string | un
   // round_witness_time stays the upper bound, for witnesses still downloading; it ends early once all attested.
   if (!timedOut(s, now, s.config.round_witness_time) && !allAttested(s, round)) return s
   s = {...s, progress: {...s.progress, step: s.progress.step + 1}}
+  s = dropUnseen(s, round)
   s = moveExited(s, round.height)
   const witnessed = round.witnesses.length
   if (witnessed === 0) {
@@ -266,9 +277,43 @@ function tickRoundWitness(s: CoordinatorState, now: number, entropy: string | un
   return startRoundTrain(s, now, entropy)
 }
 
+/**
+ * A closing round judges its trainers (our rule): those with batches whom its witness quorum did not see are Dropped, as
+ * a witness's health check in the next round would drop them (onHealthCheck). So a member that never trains leaves
+ * at the first round it misses, even when no next round comes to judge it (an epoch whose time fits one round). A round
+ * without a witness quorum judges nobody: it cannot tell who is there.
+ */
+function dropUnseen(s: CoordinatorState, round: Round): CoordinatorState {
+  if (round.witnesses.length < witnessQuorum(witnessCount(s.config, round.roster.length))) return s
+  let clients: Client[] | undefined
+  for (const id of unseenTrainers(s, round)) {
+    const i = clientIndex(s, id)
+    if (i >= 0 && s.epoch.clients[i].state === 'Healthy') {
+      clients ??= s.epoch.clients.slice()
+      clients[i] = {id, state: 'Dropped'}
+    }
+  }
+  return clients ? {...s, epoch: {...s.epoch, clients}} : s
+}
+
+/**
+ * The run's model at the end of an epoch (in its Cooldown): the last round's step, with the hash its witnesses agreed on
+ * (null when no quorum did). An epoch whose only round no witness attested applied nothing: its model is the one it
+ * began with (the record's hash stays; null stays null, the run's starting model).
+ */
+function modelAtEpochEnd(s: CoordinatorState): ModelRecord | null {
+  const round = s.epoch.round
+  if (!round) return s.current_model
+  const agreed = agreedParamHash(s)
+  if (agreed !== undefined) return {step: round.step, param_hash: agreed}
+  if (round.height === 0 && round.witnesses.length === 0) return s.current_model && {step: round.step, param_hash: s.current_model.param_hash}
+  return {step: round.step, param_hash: null}
+}
+
 function tickCooldown(s: CoordinatorState, now: number): CoordinatorState {
   // The book: Cooldown waits for its time to pass or for a checkpoint to have been uploaded.
   if (!timedOut(s, now, s.config.cooldown_time) && !s.epoch.checkpointed) return s
+  s = {...s, current_model: modelAtEpochEnd(s)}
   s = moveExited(s, currentHeight(s))
   s = checkpointToP2P(s)
   s = {...s, progress: {...s.progress, epoch: s.progress.epoch + 1, epoch_start_data_index: nextDataIndex(s)}}
@@ -522,31 +567,42 @@ function onResume(s: CoordinatorState, now: number): CoordinatorState {
 function onCheckpoint(s: CoordinatorState, event: Extract<CoordinatorEvent, {type: 'checkpoint'}>): CoordinatorState {
   const refusal = checkpointRefusal(s)
   if (refusal?.code === 'InvalidRunState') throw new Reject(refusal.code, refusal.reason)
-  if (clientIndex(s, event.from) < 0) throw new Reject('UnknownClient', `client ${event.from} is not in this epoch`)
+  // Outside Cooldown (a late upload of the run's current model): a designated checkpointer needs no membership, the
+  // list is the authority (its epoch may be over); without a list, a member of the epoch the state records.
+  const late = s.run_state !== 'Cooldown'
   const designated = s.config.checkpointers
-  if (designated && designated.length > 0 && !designated.includes(event.from)) {
+  const listed = designated !== undefined && designated.length > 0
+  if (!(late && listed) && clientIndex(s, event.from) < 0) throw new Reject('UnknownClient', `client ${event.from} is not in this epoch`)
+  if (listed && !designated.includes(event.from)) {
     throw new Reject('NotCheckpointer', `client ${event.from} is not one of the run's checkpointers (config.checkpointers)`)
   }
   if (refusal) throw new Reject(refusal.code, refusal.reason)
   if (typeof event.repo?.repo_id !== 'string' || event.repo.repo_id === '') throw new Reject('InvalidEvent', 'checkpoint repo_id must be a non-empty string')
   if (event.param_hash !== undefined && !isParamHash(event.param_hash)) throw new Reject('InvalidEvent', 'checkpoint param_hash must be 64 lowercase hex digits')
   const repo: HubRepo = event.repo.revision === undefined ? {repo_id: event.repo.repo_id} : {repo_id: event.repo.repo_id, revision: event.repo.revision}
-  // The checkpoint is recorded with the hash the last round's witnesses agreed on; one that declares another is refused.
-  const agreed = agreedParamHash(s)
+  // The checkpoint is recorded with the hash the last round's witnesses agreed on (late: the run's current model's,
+  // recorded at its epoch's end); one that declares another is refused.
+  const model = s.current_model
+  const agreed = late ? model!.param_hash! : agreedParamHash(s)
+  const step = late ? model!.step : s.epoch.round!.step
   if (agreed === undefined)
     throw new Reject('HashNotAgreed', `no quorum of step ${s.epoch.round?.step}'s witnesses has attested a parameter hash yet: the checkpoint cannot be checked`)
   if (event.param_hash !== agreed)
     throw new Reject(
       'CheckpointHashMismatch',
-      `checkpoint ${event.repo.repo_id} declares parameter hash ${event.param_hash ?? '(none)'}, the epoch's witnesses agreed on ${agreed}`,
+      late
+        ? `checkpoint ${event.repo.repo_id} declares parameter hash ${event.param_hash ?? '(none)'}, the run's current model (step ${step}) is ${agreed}`
+        : `checkpoint ${event.repo.repo_id} declares parameter hash ${event.param_hash ?? '(none)'}, the epoch's witnesses agreed on ${agreed}`,
     )
-  const checkpoint_hash = {repo, step: s.epoch.round!.step, param_hash: agreed}
+  const checkpoint_hash = {repo, step, param_hash: agreed}
   const checkpoint = s.model.LLM.checkpoint
   // The model now lives in that Hub repository: it replaces a Hub, Dummy or Local starting point too, so the
   // epoch's end (checkpointToP2P) keeps it as the fallback a run whose clients are all gone starts from again.
   const fromHub = typeof checkpoint === 'object' && ('Hub' in checkpoint || 'Dummy' in checkpoint || 'Local' in checkpoint)
   const next: CheckpointConfig = isCheckpointP2P(checkpoint) ? {P2P: repo} : fromHub ? {Hub: repo} : checkpoint
-  return {...s, checkpoint_fallback: {Hub: repo}, checkpoint_hash, model: {LLM: {...s.model.LLM, checkpoint: next}}, epoch: {...s.epoch, checkpointed: true}}
+  // Only Cooldown's report ends its epoch's Cooldown (a late one belongs to no Cooldown).
+  const epoch = late ? s.epoch : {...s.epoch, checkpointed: true}
+  return {...s, checkpoint_fallback: {Hub: repo}, checkpoint_hash, model: {LLM: {...s.model.LLM, checkpoint: next}}, epoch}
 }
 
 function onConfigUpdate(s: CoordinatorState, event: Extract<CoordinatorEvent, {type: 'config_update'}>): CoordinatorState {

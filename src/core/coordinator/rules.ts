@@ -1,5 +1,5 @@
 import {BloomFilter, bloomParamsFor, type BloomParams} from '../primitives/bloom.js'
-import type {CoordinatorConfig} from '../config/types.js'
+import type {CheckpointConfig, CoordinatorConfig} from '../config/types.js'
 import {innerSteps} from '../config/run-config.js'
 import {sha256, subSeed, u64le} from '../primitives/seed.js'
 import {isRoundPhase} from './phases.js'
@@ -231,14 +231,100 @@ export function isResultWitnessed(state: CoordinatorState, round: Round, id: Cli
 }
 
 /**
- * Whether the coordinator takes a checkpoint report now: only in the Cooldown of an epoch, and once per epoch.
- * Undefined when it does; else the rejection it answers (the machine's onCheckpoint, and a checkpointer deciding
+ * Whether the coordinator takes a checkpoint report now. In the Cooldown of an epoch, once per epoch (of the hash the
+ * epoch's last round's witnesses agree on). In any other phase, only one of the run's current model (the hash recorded
+ * at the last epoch's end), once: an upload that finished after its Cooldown, which a run waiting for its model resumes
+ * from. Undefined when it does; else the rejection it answers (the machine's onCheckpoint, and a checkpointer deciding
  * whether a finished upload is still worth reporting).
  */
 export function checkpointRefusal(s: CoordinatorState): {code: 'InvalidRunState' | 'AlreadyCheckpointed'; reason: string} | undefined {
-  if (s.run_state !== 'Cooldown') return {code: 'InvalidRunState', reason: `checkpoints are reported in Cooldown, not ${s.run_state}`}
-  if (s.epoch.checkpointed) return {code: 'AlreadyCheckpointed', reason: 'this epoch is already checkpointed'}
+  if (s.run_state === 'Cooldown') return s.epoch.checkpointed ? {code: 'AlreadyCheckpointed', reason: 'this epoch is already checkpointed'} : undefined
+  const model = s.current_model
+  if (model?.param_hash == null)
+    return {
+      code: 'InvalidRunState',
+      reason: `checkpoints are reported in Cooldown, not ${s.run_state} (outside it only a checkpoint of the run's current model, and no epoch has recorded its parameter hash)`,
+    }
+  if (s.checkpoint_hash?.param_hash === model.param_hash) return {code: 'AlreadyCheckpointed', reason: `the run's current model (step ${model.step}) is already checkpointed`}
   return undefined
+}
+
+/**
+ * Whether `checkpoint` holds the run's current model: any checkpoint before an epoch recorded one (the run's starting
+ * checkpoint is its model), then only the Hub checkpoint the coordinator recorded with the current model's parameter
+ * hash. The coordinator names a checkpoint for a run whose members all left only when it is (tickWaitingForMembers).
+ */
+export function isCurrentCheckpoint(s: CoordinatorState, checkpoint: CheckpointConfig | null): boolean {
+  const model = s.current_model
+  if (model === null) return true
+  const recorded = s.checkpoint_hash
+  if (model.param_hash === null || !recorded || recorded.param_hash !== model.param_hash) return false
+  if (typeof checkpoint !== 'object' || checkpoint === null || !('Hub' in checkpoint)) return false
+  return checkpoint.Hub.repo_id === recorded.repo.repo_id && (checkpoint.Hub.revision ?? null) === (recorded.repo.revision ?? null)
+}
+
+/**
+ * Why a model a client loaded is not the run's current model, or undefined when it is: `param_hash` is the hash of the
+ * parameters it loaded, `step` the step its source claims (a manifest's, a psyche-checkpoint.json's; undefined: none).
+ * Before any epoch recorded a model, the run's starting checkpoint is its model; then the hash must be the recorded one
+ * (whatever step its source claims: a round nobody trained leaves the parameters as they were), or, when no witness
+ * quorum agreed on a hash, the source must claim the recorded step.
+ */
+export function modelMismatch(s: CoordinatorState, param_hash: string, step: number | undefined): string | undefined {
+  const model = s.current_model
+  if (model === null) return undefined
+  if (model.param_hash !== null) {
+    return param_hash === model.param_hash ? undefined : `its parameters hash to ${param_hash}, the run's model (step ${model.step}) to ${model.param_hash}`
+  }
+  if (step === model.step) return undefined
+  return `it is ${step === undefined ? 'a model of no recorded step' : `the model at step ${step}`}, the run's model is at step ${model.step} (no witness quorum recorded its parameter hash)`
+}
+
+/**
+ * What the run waits for when it cannot start training for want of its model: the step (and hash) of the run's current
+ * model, once the last Warmup ended with no member holding it, or while the next epoch would start with none of the
+ * members that held it and no checkpoint of it. Undefined otherwise. `status`, the dashboard and `join` show it.
+ */
+export function modelWanted(s: CoordinatorState): {step: number; param_hash: string | null; detail: string} | undefined {
+  const model = s.current_model
+  if (model === null || (s.run_state !== 'WaitingForMembers' && s.run_state !== 'Warmup')) return undefined
+  const hash = model.param_hash === null ? '' : `, parameter hash ${model.param_hash.slice(0, 12)}…`
+  const wanted = (why: string) => ({
+    step: model.step,
+    param_hash: model.param_hash,
+    detail: `no member holds step ${model.step} (the run's model${hash}): ${why}; the run waits for a member that holds it or a designated checkpointer's upload of it, and never falls back to an older model`,
+  })
+  // An aborted Warmup (tickWarmup): its epoch record has no round, and nobody reported the model loaded.
+  const aborted = s.epoch.round === null && s.epoch.clients.length > 0 && s.epoch.warmup_witnesses.length === 0
+  if (s.run_state === 'WaitingForMembers' && aborted && s.epoch.start_step === s.progress.step) return wanted('the last Warmup ended with none of its members loaded')
+  if (s.run_state !== 'WaitingForMembers' || s.epoch.round === null || s.pending.length === 0) return undefined
+  // The members at the last epoch's end; when its last round had no witness at all, every one of them was withdrawn
+  // (it applied nothing: they still hold the model).
+  const last = s.epoch.round
+  const withdrawnAll = last.witnesses.length === 0 ? s.epoch.exited.filter((c) => c.state === 'Withdrawn' && c.exited_height === last.height) : []
+  const holders = new Set([...s.epoch.clients, ...withdrawnAll].map((c) => c.id))
+  if (s.pending.some((id) => holders.has(id))) return undefined
+  const checkpoint = s.model.LLM.checkpoint
+  const repo = typeof checkpoint === 'object' && 'P2P' in checkpoint ? {Hub: checkpoint.P2P} : checkpoint
+  if (isCurrentCheckpoint(s, s.checkpoint_fallback) || isCurrentCheckpoint(s, repo)) return undefined
+  return wanted('every member that held it has left, and no checkpoint of it was reported')
+}
+
+/**
+ * The trainers of `round` with batches whom no witness quorum saw (the participant blooms of its record): those a
+ * closing round drops (machine.ts tickRoundWitness), and a health check may accuse. Blooms decoded once per round.
+ */
+export function unseenTrainers(state: CoordinatorState, round: Round): ClientId[] {
+  const params = witnessBloomParams(round.roster.length)
+  const filters = round.witnesses.map((w) => BloomFilter.fromBase64(params, w.participant_bloom))
+  const quorum = witnessQuorum(witnessCount(state.config, round.roster.length))
+  const out: ClientId[] = []
+  for (const [id, range] of assignBatches(state, round)) {
+    if (range.end === range.start) continue
+    const key = participantKey(id)
+    if (filters.filter((b) => b.contains(key)).length < quorum) out.push(id)
+  }
+  return out
 }
 
 /** A parameter hash as the worker computes it (SHA-256 over the parameters): 64 lowercase hex digits. */

@@ -1,5 +1,6 @@
 import {RUN_STATES} from '../layout/layout-table.js'
-import type {CoordinatorState, Round} from './types.js'
+import {EPOCH_PHASES} from './phases.js'
+import type {CoordinatorState, ModelRecord, Round} from './types.js'
 
 /**
  * The coordinator state as JSON. BigInts (none today, but backends may add u64 fields) are written
@@ -36,11 +37,22 @@ function migrateFromSeconds(v1: Omit<CoordinatorState, 'version'>): CoordinatorS
   return {...v1, version: 2, run_state_start: v1.run_state_start * 1000, epoch}
 }
 
+function savedModel(state: CoordinatorState): ModelRecord | null {
+  // In an epoch (Cooldown included), the model it began with; after it, the model its last round left.
+  const step = EPOCH_PHASES.has(state.run_state) ? state.epoch.start_step - 1 : state.progress.step - 1
+  if (step < 1 || state.progress.epoch === 0) return null
+  const recorded = state.checkpoint_hash
+  return {step, param_hash: recorded && recorded.step === step ? recorded.param_hash : null}
+}
+
 function checked(state: CoordinatorState): CoordinatorState {
   if (!RUN_STATES.includes(state.run_state)) throw new RangeError(`coordinator state: run_state ${JSON.stringify(state.run_state)}: expected one of ${RUN_STATES.join(', ')}`)
   if (!Array.isArray(state.epoch?.clients) || !Array.isArray(state.pending)) throw new RangeError('coordinator state: epoch.clients and pending must be arrays')
   // States saved before checkpoints carried the witnesses' parameter hash: none recorded then.
   state.checkpoint_hash ??= null
+  // States saved before the coordinator recorded the run's model at every epoch's end: the checkpoint recorded with its
+  // hash if it is at the epoch's step, else the step alone (no hash: a joiner checks the step its source claims).
+  if (state.current_model === undefined) state.current_model = savedModel(state)
   state.epoch.hash_witnesses ??= []
   // States saved before rounds recorded accusations and exclusions: none then.
   for (const r of [state.epoch.round, state.epoch.previous_round]) {

@@ -111,6 +111,16 @@ export interface CheckpointHash {
   param_hash: string
 }
 
+/**
+ * The run's current model, as the coordinator records it at every epoch's end: the step of the epoch's last round and
+ * the parameter hash a quorum of that round's witnesses attested after applying it (null: no quorum agreed on one).
+ * Every model a client loads — from its peers, the Hub or its disk — is checked against it (rules.ts modelMismatch).
+ */
+export interface ModelRecord {
+  step: number
+  param_hash: string | null
+}
+
 /** The coordinator's whole state: serializable (serializeState), and never mutated by this module. */
 export interface CoordinatorState {
   /** 2: times in unix milliseconds (version 1 kept whole seconds; deserializeState migrates it). */
@@ -125,6 +135,12 @@ export interface CoordinatorState {
   checkpoint_fallback: CheckpointConfig | null
   /** The parameter hash recorded with the last Hub checkpoint the coordinator took (null: none taken with one). */
   checkpoint_hash: CheckpointHash | null
+  /**
+   * The run's current model (recorded at every epoch's end), or null while no epoch has changed the model: the run's
+   * starting checkpoint is then its model. A joiner loads only this model; when no member holds it and no checkpoint
+   * of it is known, the run waits (rules.ts modelWanted) rather than fall back to an older one.
+   */
+  current_model: ModelRecord | null
   /** 32-byte hex; each round's seed is derived from the previous one (and the tick's entropy). */
   seed: string
   progress: {epoch: number; step: number; epoch_start_data_index: number}
@@ -150,7 +166,9 @@ export interface WitnessProof {
  * - health_check: `from` says the `accused` trained nothing its witnesses saw in the previous round.
  * - pause / resume / config_update: the run's authority.
  * - checkpoint: a client uploaded the model at the end of the epoch (Cooldown); `param_hash` is the hash of what it
- *   uploaded, which must be the hash the last round's witnesses agreed on.
+ *   uploaded, which must be the hash the last round's witnesses agreed on. Outside Cooldown, a checkpoint of the run's
+ *   current model (`current_model`'s hash) is taken too: an upload that finished after its Cooldown, which a run
+ *   whose members all left resumes from.
  * - eject: the authority removes a client (ours: Psyche has the state but no event).
  * - accuse: a witness of the current round found `accused`'s result invalid (it does not decode or validate
  *   against the run's model), or a verifier of the current round scored its results low. A quorum of the

@@ -48,8 +48,8 @@ export const CONSTANTS = {
 export const MAGICS = {
   MAGIC: [0x44524f4f43595350n, '"PSYCOORD": a coordinator account'],
   LAYOUT_VERSION: [
-    6n,
-    "6: verifiers' scores in the ledger (report_scores; Points.weight derived from them), claims move to the treasurer program (no claimed points, no treasury mint here); 5: the rewards ledger (points per client), rates; 4: checkpointers, Cooldown hash witnesses, the checkpoint hash (3: 256 clients, precomputed bloom probes; 2: times in unix milliseconds)",
+    7n,
+    "7: the run's current model (step and agreed parameter hash, recorded at every epoch's end); 6: verifiers' scores in the ledger (report_scores; Points.weight derived from them), claims move to the treasurer program (no claimed points, no treasury mint here); 5: the rewards ledger (points per client), rates; 4: checkpointers, Cooldown hash witnesses, the checkpoint hash (3: 256 clients, precomputed bloom probes; 2: times in unix milliseconds)",
   ],
   PEER_MAGIC: [0x5245455043595350n, '"PSYCPEER": a peer record'],
   METADATA_MAGIC: [0x4154454d43595350n, '"PSYCMETA": a run metadata record'],
@@ -217,6 +217,10 @@ export const STRUCTS = {
     ['has_next_rates', 'u64'],
     ['ledger_len', 'u64'],
     ['ledger', 'Points[LEDGER_MAX]', 'the rewards ledger (rewards.ts): per client key, accepted results and points'],
+    ['has_current_model', 'u64', "0: no epoch has recorded the run's model yet (its starting checkpoint is its model)"],
+    ['current_model_step', 'u64', "the run's current model: the step of the last epoch's last round (recorded at every epoch's end)"],
+    ['has_current_model_hash', 'u64', '0: no witness quorum agreed on its parameter hash'],
+    ['current_model_hash', 'u8[32]', 'the parameter hash its witnesses agreed on: every model a client loads is checked against it'],
   ],
   Peer: [
     ['magic', 'u64', 'PEER_MAGIC'],

@@ -23,6 +23,7 @@ export const DASHBOARD_HTML = `<!doctype html>
   #error { color: #b42318; padding: 0 20px; }
   #save-error { background: #b42318; color: #fff; padding: 8px 20px; font-weight: 600; }
   #save-error:empty { display: none; }
+  #waiting { color: #8a6d00; padding: 8px 20px 0; font-weight: 600; }
 </style>
 </head>
 <body>
@@ -37,6 +38,7 @@ export const DASHBOARD_HTML = `<!doctype html>
   <span><span class="k">loss</span><span class="v" id="loss">…</span></span>
 </header>
 <div id="save-error"></div>
+<div id="waiting"></div>
 <div id="error"></div>
 <main>
   <section><h2>Loss (train, validation)</h2><div id="plot-loss" class="plot"></div></section>
@@ -112,6 +114,7 @@ async function pollStatus() {
     : ''
   $('run-id').textContent = s.run_id
   $('phase').textContent = s.run_state
+  $('waiting').textContent = s.model_wanted ? 'waiting: ' + s.model_wanted.detail : ''
   $('round').textContent = s.step + ' / ' + s.total_steps
   $('epoch').textContent = s.epoch
   $('time-left').textContent = s.phase_time_left_seconds === null ? '–' : s.phase_time_left_seconds.toFixed(0) + ' s'

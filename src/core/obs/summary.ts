@@ -1,4 +1,4 @@
-import {witnessCount, witnessQuorum} from '../coordinator/index.js'
+import {modelWanted, witnessCount, witnessQuorum} from '../coordinator/index.js'
 import type {CoordinatorState} from '../coordinator/types.js'
 import type {SaveStatus} from '../protocol/messages.js'
 
@@ -20,6 +20,11 @@ export interface RunSummary {
   clients_by_state: {healthy: number; dropped: number; withdrawn: number; ejected: number; pending: number}
   round: {step: number; height: number; batch_size: number; trainers: number; witnesses_expected: number; witness_proofs: number; witness_quorum: number} | null
   pause_pending: boolean
+  /**
+   * The run cannot train for want of its model: the step and parameter hash of the run's current model that no member
+   * holds, and why (rules.ts modelWanted); null otherwise.
+   */
+  model_wanted: {step: number; param_hash: string | null; detail: string} | null
 }
 
 /** The phase's timeout in seconds of the coordinator's config (null: none). */
@@ -82,6 +87,7 @@ export function summarizeRun(state: CoordinatorState, nowSeconds: number): RunSu
         }
       : null,
     pause_pending: state.pending_pause,
+    model_wanted: modelWanted(state) ?? null,
   }
 }
 
@@ -98,8 +104,11 @@ export function timeLeftText(s: Pick<RunSummary, 'run_state' | 'phase_time_left_
 
 /** What a client that is not training in the current epoch waits for, and about how long (`seconds`, null: unknown). */
 interface Waiting {
-  /** members: the epoch waits for clients; next_epoch: the client joins when the current epoch ends; paused: the run is. */
-  reason: 'members' | 'next_epoch' | 'paused'
+  /**
+   * members: the epoch waits for clients; model: for a member that holds the run's model, or a checkpoint of it;
+   * next_epoch: the client joins when the current epoch ends; paused: the run is.
+   */
+  reason: 'members' | 'model' | 'next_epoch' | 'paused'
   detail: string
   seconds: number | null
 }
@@ -121,11 +130,13 @@ export function waitingFor(state: CoordinatorState, id: string, nowSeconds: numb
     case 'Paused':
       return {reason: 'paused', detail: 'the run is paused; it goes on when its authority resumes it', seconds: null}
     case 'WaitingForMembers': {
+      const wanted = modelWanted(state)
+      if (wanted) return {reason: 'model', detail: wanted.detail, seconds: null}
       const joined = state.pending.length
       if (joined < c.init_min_clients) {
         return {
           reason: 'members',
-          detail: `waiting for members: ${joined} of ${c.init_min_clients} clients have joined; the epoch starts once ${c.init_min_clients} have (init_min_clients)`,
+          detail: `waiting for members: ${joined} of ${c.init_min_clients} clients have joined; the epoch starts once ${c.init_min_clients} have (init_min_clients: every epoch waits for that many, the first and every later one, as in Psyche)`,
           seconds: null,
         }
       }

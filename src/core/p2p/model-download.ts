@@ -24,6 +24,11 @@ interface ModelDownloadOptions {
   selfId?: string
   /** only manifests of the model at this step count (the epoch's start step - 1) */
   step?: number
+  /**
+   * only manifests of a model with this parameter hash count: the run's current model, as the coordinator recorded it
+   * (the hash the epoch's witnesses agreed on). Without it (no quorum agreed on one), the root a majority signed.
+   */
+  paramHash?: string
   maxModelBytes: number
   /** tensor requests in flight, over all peers; default 4 */
   concurrency?: number
@@ -58,17 +63,30 @@ interface Piece {
   triedBy: Set<string>
 }
 
-/** The root a strict majority of the answering peers signed, or the reason there is none. */
+/**
+ * The manifest to download. With `paramHash` (the run's current model, as the coordinator recorded it): one of a model
+ * with that hash, whoever else answers (a peer serving another model cannot outvote it, nor a lone peer impose one);
+ * among several roots of that hash, the one most of their peers signed. Without it: the root a strict majority of the
+ * answering peers signed. Else the reason there is none.
+ */
 export function chooseManifest(
   answers: {clientId: string; root: string; manifest: ModelManifest}[],
+  paramHash?: string,
 ): {ok: true; root: string; manifest: ModelManifest; attesters: string[]; dissenters: string[]} | {ok: false; reason: string} {
   if (answers.length === 0) return {ok: false, reason: 'no peer served a manifest'}
+  const candidates = paramHash === undefined ? answers : answers.filter((a) => a.manifest.param_hash === paramHash)
+  if (candidates.length === 0) {
+    return {
+      ok: false,
+      reason: `none of the ${answers.length} answering peers serves the run's model (parameter hash ${paramHash!.slice(0, 12)}…, recorded by the coordinator): they serve ${[...new Set(answers.map((a) => `${a.manifest.param_hash.slice(0, 12)}…`))].join(', ')}`,
+    }
+  }
   const byRoot = new Map<string, string[]>()
-  for (const a of answers) byRoot.set(a.root, [...(byRoot.get(a.root) ?? []), a.clientId])
+  for (const a of candidates) byRoot.set(a.root, [...(byRoot.get(a.root) ?? []), a.clientId])
   // Most signers first; ties broken by the root so every client decides the same way (a tie is no quorum anyway).
   const ranked = [...byRoot.entries()].sort((x, y) => y[1].length - x[1].length || (x[0] < y[0] ? -1 : 1))
   const [root, attesters] = ranked[0]
-  if (attesters.length * 2 <= answers.length) {
+  if (paramHash === undefined && attesters.length * 2 <= answers.length) {
     return {
       ok: false,
       reason: `no manifest root is signed by a majority of the ${answers.length} answering peers (${ranked.map(([r, s]) => `${r.slice(0, 12)}…: ${s.length}`).join(', ')})`,
@@ -102,8 +120,9 @@ function short(id: string): string {
 }
 
 /**
- * Downloads a model from several peers: every peer's signed manifest first, then the tensors of the manifest a
- * strict majority of the answering peers signed, spread over those peers with bounded concurrency. A piece that
+ * Downloads a model from several peers: every peer's signed manifest first, then the tensors of the manifest of the
+ * run's current model (`paramHash`; without it, the manifest a strict majority of the answering peers signed, see
+ * chooseManifest), spread over those peers with bounded concurrency. A piece that
  * fails is retried on another peer; a peer that fails maxPeerFailures times is given up, and one whose bytes do not
  * hash to the manifest is dropped at once (and reported). Resolves only when every tensor is verified; the caller
  * still checks the worker's hash of the imported parameters against the manifest's param_hash.
@@ -143,12 +162,13 @@ export async function downloadModel(transport: ModelPeerTransport, options: Mode
   )
   // Canonical order (arrival order must not matter).
   answers.sort((a, b) => (a.clientId < b.clientId ? -1 : 1))
-  const chosen = chooseManifest(answers)
+  const chosen = chooseManifest(answers, options.paramHash)
   if (!chosen.ok) throw new PsycheError(`could not fetch the model: ${chosen.reason}${failures.length ? `; ${failures.join('; ')}` : ''}`)
   const {manifest, root, attesters} = chosen
   for (const d of chosen.dissenters) {
     const theirs = answers.find((a) => a.clientId === d)!
-    dropped.push({client_id: d, reason: `its manifest (root ${theirs.root.slice(0, 12)}…, step ${theirs.manifest.step}) differs from the quorum's`, bad: false})
+    const why = options.paramHash === undefined ? "differs from the quorum's" : `is not the run's model (parameter hash ${theirs.manifest.param_hash.slice(0, 12)}…)`
+    dropped.push({client_id: d, reason: `its manifest (root ${theirs.root.slice(0, 12)}…, step ${theirs.manifest.step}) ${why}`, bad: false})
     log({event: 'model_peer_dropped', client_id: d, reason: dropped.at(-1)!.reason})
   }
   log({

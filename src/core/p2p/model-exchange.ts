@@ -108,15 +108,17 @@ export class ModelExchange implements Startable {
   /**
    * Downloads the model from these clients (see downloadModel): signed manifests from all, the tensors of the
    * manifest a majority of them signed spread over its signers, every tensor checked against its sha256. With
-   * `step`, only peers whose model is at that step count. The caller's worker checks paramHash after importing.
+   * `step`, only peers whose model is at that step count; with `paramHash`, only manifests of that model (the run's
+   * current one). The caller's worker checks paramHash after importing.
    */
-  async fetchModel(fromClientIds: string[], options: {step?: number} = {}): Promise<ModelSnapshot> {
+  async fetchModel(fromClientIds: string[], options: {step?: number; paramHash?: string} = {}): Promise<ModelSnapshot> {
     const started = performance.now()
     const got = await downloadModel(this.transport(), {
       runId: this.init.runId,
       peers: fromClientIds,
       selfId: this.init.identity.id,
       step: options.step,
+      paramHash: options.paramHash,
       maxModelBytes: this.init.maxModelBytes,
       attemptTimeoutMs: this.init.downloadTimeoutMs,
       log: (e) => this.init.log(e),

@@ -394,7 +394,7 @@ export class P2PNode {
   }
 
   /** See ModelExchange.fetchModel: download the model from these clients, checked tensor by tensor. */
-  fetchModel(fromClientIds: string[], options: {step?: number} = {}): Promise<ModelSnapshot> {
+  fetchModel(fromClientIds: string[], options: {step?: number; paramHash?: string} = {}): Promise<ModelSnapshot> {
     return this.libp2p.services.models.fetchModel(fromClientIds, options)
   }
 

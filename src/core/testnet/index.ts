@@ -68,9 +68,9 @@ export function runConfigPath(config: string): string {
 }
 
 /**
- * The state.toml the testnet's server runs: the given one, except that the first epoch waits for all N clients
- * (init_min_clients = N). Otherwise the first client to start would begin an epoch alone and the others would
- * wait a whole epoch. Written next to the original (relative paths in it keep working) and removed at the end.
+ * The state.toml the testnet's server runs: the given one, except that every epoch waits for all N clients
+ * (init_min_clients = N, which gates every epoch's start, as in Psyche). Otherwise the first client to start would
+ * begin an epoch alone and the others would wait a whole epoch. Written next to the original (relative paths in it keep working) and removed at the end.
  */
 function serverStateFile(statePath: string, clients: number, initMinClients: number | undefined): {path: string; remove: () => void} {
   if (initMinClients !== undefined && initMinClients >= clients) return {path: statePath, remove: () => {}}

@@ -1,6 +1,18 @@
 import {getAddressDecoder, getAddressEncoder, type Address} from '@solana/kit'
 import type {CheckpointConfig, CoordinatorConfig, HubRepo, LLMConfig} from '../../config/types.js'
-import type {Accusation, AccusationReason, CheckpointHash, Client, ClientState, CoordinatorState, ExitedClient, HashWitness, Round, WitnessRecord} from '../../coordinator/types.js'
+import type {
+  Accusation,
+  AccusationReason,
+  CheckpointHash,
+  Client,
+  ClientState,
+  CoordinatorState,
+  ExitedClient,
+  HashWitness,
+  ModelRecord,
+  Round,
+  WitnessRecord,
+} from '../../coordinator/types.js'
 import {DEFAULT_VERIFICATION_SAMPLE, verifierCount, witnessBloomParams} from '../../coordinator/rules.js'
 import {pointsFor, rewardWeight, scoreFromFixed, WEIGHT_ONE, type RewardRow, scoreRowsOf, type scoreRows} from '../../coordinator/rewards.js'
 import {CONFIG_FIELDS, ENUMS, MAGICS, MAX_CLIENTS, RUN_ID_MAX, RUN_STATES, STRUCTS, constant, enumValues, structLayout} from '../../layout/layout-table.js'
@@ -171,6 +183,12 @@ function readCheckpointHash(b: Buffer): CheckpointHash | null {
   }
 }
 
+function readCurrentModel(b: Buffer): ModelRecord | null {
+  if (b.readBigUInt64LE(OFFSETS.has_current_model) === 0n) return null
+  const hash = b.readBigUInt64LE(OFFSETS.has_current_model_hash) !== 0n ? b.toString('hex', OFFSETS.current_model_hash, OFFSETS.current_model_hash + 32) : null
+  return {step: num(b, OFFSETS.current_model_step, 'current_model_step'), param_hash: hash}
+}
+
 /** Decodes a coordinator account into the reference's CoordinatorState (and the on-chain extras). */
 export function decodeCoordinator(data: Uint8Array): OnChainCoordinator {
   const b = Buffer.from(data.buffer, data.byteOffset, data.byteLength)
@@ -218,6 +236,7 @@ export function decodeCoordinator(data: Uint8Array): OnChainCoordinator {
     model: {LLM: llm},
     checkpoint_fallback: readCheckpoint(b, O.checkpoint_fallback),
     checkpoint_hash: readCheckpointHash(b),
+    current_model: readCurrentModel(b),
     seed: b.toString('hex', O.seed, O.seed + 32),
     progress: {
       epoch: num(b, O.progress_epoch, 'progress.epoch'),
