@@ -29,6 +29,7 @@ export {
   selectVerifiers,
   assignedTrainers,
   selectWitnesses,
+  trainerCount,
   verifierCount,
   witnessBloomParams,
   witnessCount,
