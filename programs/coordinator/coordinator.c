@@ -688,10 +688,23 @@ static void start_cooldown(State *s, u64 now) {
   change_state(s, now, COOLDOWN);
 }
 
+/* allAttested (machine.ts): every witness attested every trainer. With max_trainers_per_round below the roster, once
+ * every witness has sent its proof: the shuffle the round's close runs anyway (extras_progress, which then follows the
+ * chosen positions) names the chosen trainers, and each must be in every proof (roster_mark counts the proofs). */
+static int all_attested(const State *s, Round *r) {
+  u64 n = r->roster_len, w = witness_count(s, n), t = trainer_count(s, n);
+  if (t == n) return r->complete_witnesses >= w;
+  if (r->witness_len < w || t > r->batch_size) return 0;
+  extras_progress(s, r, SHUFFLE_ROUNDS);
+  for (u64 k = 0; k < t; k++)
+    if ((u64)(r->roster_mark[r->extra_at[k]] & ~MARK_EXCLUDED) < w) return 0;
+  return 1;
+}
+
 static void tick_round_witness(State *s, u64 now) {
   Round *r = &s->round;
   /* The window is the upper bound; it closes as soon as every witness attested every trainer (allAttested). */
-  if (!timed_out(s, now, s->config.round_witness_time) && r->complete_witnesses < witness_count(s, r->roster_len)) return;
+  if (!timed_out(s, now, s->config.round_witness_time) && !all_attested(s, r)) return;
   credit_round(s, r);
   s->progress_step++;
   move_exited(s, r->height);

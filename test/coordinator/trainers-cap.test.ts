@@ -6,7 +6,7 @@ import {describe, it} from 'node:test'
 import {applyEvent, assignBatches, batchRangeFor, isWitness, selectWitnesses, trainerCount} from '../../src/core/coordinator/index.js'
 import type {CoordinatorState} from '../../src/core/coordinator/index.js'
 import {validateRunConfig} from '../../src/core/config/run-config.js'
-import {baseConfig, baseLLM, ok, rejected, S, toFirstRound, witnessAll} from './helpers.js'
+import {baseConfig, baseLLM, honestProof, ok, rejected, S, toFirstRound, witnessAll} from './helpers.js'
 
 const ids = Array.from({length: 8}, (_, i) => `client-${i}`)
 
@@ -74,7 +74,8 @@ describe('max_trainers_per_round', () => {
     rejected(state, {type: 'accuse', from: w0, step: state.epoch.round!.step, accused: idle, reason: 'invalid_result'}, now, 'InvalidAccusation')
     // the witnesses saw only one of the two chosen trainers
     state = witnessAll(state, now, [first[0]])
-    assert.equal(state.epoch.round!.complete_witnesses, 0, 'a capped round never closes early')
+    assert.equal(state.epoch.round!.complete_witnesses, 0, 'a capped round counts no proof as it arrives')
+    assert.equal(applyEvent(state, {type: 'tick'}, now + S).state.run_state, 'RoundWitness', 'a proof lacks a chosen trainer: no early close')
     ;({state, now} = nextRound(state, now))
     const reporter = state.epoch.clients.find((c) => c.id !== first[1])!.id
     rejected(state, {type: 'health_check', from: reporter, accused: [idle]}, now, 'InvalidHealthCheck')
@@ -82,6 +83,21 @@ describe('max_trainers_per_round', () => {
     state = ok(state, {type: 'health_check', from: reporter, accused: [first[1]]}, now)
     assert.equal(state.epoch.clients.find((c) => c.id === first[1])!.state, 'Dropped')
     assert.ok(state.epoch.clients.filter((c) => c.state === 'Healthy').length === 7, 'the members not chosen stay healthy')
+  })
+
+  it('the witness window closes early once every witness attested both chosen trainers, not before', () => {
+    let {state, now} = toFirstRound(ids, {max_trainers_per_round: 2, init_min_clients: 8, witness_nodes: 3, round_witness_time: 60})
+    const step = state.epoch.round!.step
+    const [w0, w1, w2] = selectWitnesses(state)
+    for (const w of [w0, w1]) state = ok(state, {type: 'witness', from: w, step, proof: honestProof(state)}, now)
+    state = applyEvent(state, {type: 'tick'}, (now += S)).state
+    assert.equal(state.run_state, 'RoundWitness', 'a quorum of proofs ends training')
+    state = applyEvent(state, {type: 'tick'}, (now += S)).state
+    assert.equal(state.run_state, 'RoundWitness', 'a witness has not sent its proof: the window stays open')
+    state = ok(state, {type: 'witness', from: w2, step, proof: honestProof(state)}, now)
+    state = applyEvent(state, {type: 'tick'}, (now += S)).state
+    assert.equal(state.run_state, 'RoundTrain', 'every witness attested every chosen trainer: the next round, 58 s early')
+    assert.equal(state.epoch.round!.step, step + 1)
   })
 
   it('validate-config: 1 to 128, a whole number', () => {

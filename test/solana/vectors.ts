@@ -681,6 +681,7 @@ async function currentModel(): Promise<Scenario> {
 async function trainersCap(): Promise<Scenario> {
   const labels = ['a', 'b', 'c', 'd', 'e', 'f']
   const r = await recorder('trainers-cap', labels, {
+    round_witness_time: 30, // a round whose every proof names both chosen trainers closes at the next tick
     max_trainers_per_round: 2,
     verification_percent: 50,
     min_clients: 3,
@@ -699,7 +700,9 @@ async function trainersCap(): Promise<Scenario> {
   const [w0, w1] = selectWitnesses(r.state)
   r.apply({type: 'accuse', from: w0, step: first.step, accused: idle, reason: 'invalid_result'}, 'InvalidAccusation') // it has no result
   r.witnessAll()
-  r.tickOut() // round 2 (no early close: RoundWitness waits its time)
+  const before = r.now
+  r.tickOut() // RoundTrain → RoundWitness (the proofs' quorum already ended training) → round 2
+  if (r.state.run_state !== 'RoundTrain' || r.now - before > 3) throw new Error('trainers-cap: round 1 did not close early')
   // round 1's idle member is not judged; a chosen trainer its witnesses did not see is
   r.apply({type: 'health_check', from: w0, accused: [idle]}, 'InvalidHealthCheck')
   const second = r.state.epoch.round!
