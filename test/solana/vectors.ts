@@ -702,8 +702,8 @@ async function trainersCap(): Promise<Scenario> {
   r.witnessAll()
   const before = r.now
   r.tickOut() // RoundTrain → RoundWitness (the proofs' quorum already ended training) → round 2
-  if (r.state.run_state !== 'RoundTrain' || r.now - before > 3) throw new Error('trainers-cap: round 1 did not close early')
-  // round 1's idle member is not judged; a chosen trainer its witnesses did not see is
+  if ((r.state.run_state as string) !== 'RoundTrain' || r.now - before > 3) throw new Error('trainers-cap: round 1 did not close early')
+  // round 1's idle member is not judged; a chosen trainer its witnesses did not see is (the closing round drops it)
   r.apply({type: 'health_check', from: w0, accused: [idle]}, 'InvalidHealthCheck')
   const second = r.state.epoch.round!
   const chosen2 = [...assignBatches(r.state)].filter(([, range]) => range.end > range.start).map(([id]) => id)
