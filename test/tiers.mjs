@@ -55,6 +55,7 @@ export const tiers = {
     'test/coordinator/rules.test.ts',
     'test/coordinator/score-assignment.test.ts',
     'test/coordinator/serialize.test.ts',
+    'test/coordinator/trainers-cap.test.ts',
     'test/data/batches.test.ts',
     'test/data/http.test.ts',
     'test/data/local.test.ts',

@@ -101,12 +101,23 @@ static u64 verifier_count(const State *s, u64 roster) {
   return n < roster ? n : roster;
 }
 
-/* The batch range [start, end) of a roster member (rangeForPosition of its shuffled position). */
-static void batch_range(const Round *r, u64 index, u64 *start, u64 *end) {
+/* trainerCount: config.max_trainers_per_round when the roster is larger (0: not set), else the whole roster. */
+static u64 trainer_count(const State *s, u64 roster) {
+  u64 cap = s->config.max_trainers_per_round;
+  return cap > 0 && cap < roster ? cap : roster;
+}
+
+/* The batch range [start, end) of a roster member (rangeForPosition of its shuffled position): the first t positions
+ * train (t = trainer_count), the others get an empty range at the round's end. */
+static void batch_range(const State *s, const Round *r, u64 index, u64 *start, u64 *end) {
   u8 seed[32];
   sub_seed(r->seed, "data", seed);
-  u64 n = r->roster_len;
-  u64 position = shuffle_index(index, n, seed, 0);
+  u64 n = trainer_count(s, r->roster_len);
+  u64 position = shuffle_index(index, r->roster_len, seed, 0);
+  if (position >= n) {
+    *start = *end = r->data_index + r->batch_size;
+    return;
+  }
   u64 base = r->batch_size / n;
   u64 extra = r->batch_size % n;
   *start = r->data_index + position * base + (position < extra ? position : extra);
@@ -138,7 +149,7 @@ static int score_assigned(const State *s, const Round *r, const u8 *verifier, co
   i64 vi = roster_index(r, verifier), ti = roster_index(r, trainer), si = roster_index(&s->previous_round, trainer);
   if (vi < 0 || ti < 0 || si < 0) return 0;
   u64 start = 0, end = 0;
-  batch_range(&s->previous_round, (u64)si, &start, &end);
+  batch_range(s, &s->previous_round, (u64)si, &start, &end);
   if (end <= start) return 0;
   u64 n = r->roster_len, v = verifier_count(s, n);
   u8 seed[32];
@@ -212,15 +223,15 @@ static int trainer_healthy(const State *s, const Round *r, u64 probe) {
 /*
  * One witness proof's participant bloom over the roster: counts, per trainer, the proofs that hold it (for the rewards
  * ledger's accepted results, credit_round), and returns attestsEveryTrainer (machine.ts): the bloom names every
- * trainer of the round. Only rounds with at least as many batches as trainers count (then every trainer has batches):
- * finding the empty-handed trainers of a smaller batch would cost a shuffle each, which the compute budget does not
- * allow.
+ * trainer of the round. Only rounds where every member trains count (at least as many batches as members, no
+ * max_trainers_per_round below the roster): finding the empty-handed members would cost a shuffle each, which the
+ * compute budget does not allow.
  */
-static int mark_witnessed(Round *r, const u8 *bloom) {
+static int mark_witnessed(const State *s, Round *r, const u8 *bloom) {
   u64 size = r->roster_len ? r->roster_len : 1;
   u64 bits = BLOOM_BITS[size - 1];
   u64 hashes = BLOOM_HASHES[size - 1];
-  int every = r->roster_len <= r->batch_size;
+  int every = r->roster_len <= r->batch_size && trainer_count(s, r->roster_len) == r->roster_len;
   for (u64 i = 0; i < r->roster_len; i++) {
     if (bloom_contains(bloom, bits, hashes, r->roster_probe[i])) r->roster_mark[i]++;
     else every = 0;
@@ -258,21 +269,35 @@ static u64 ledger_slot(State *s, const u8 *key) {
 }
 
 /*
- * Which roster members have one batch more than batch_size / n (batch_range: those whose shuffled position is below
- * batch_size % n): the inverse shuffle of those positions (or of the others, whichever are fewer), all at once. With
- * n <= 256 every position reads hash chunk 0, so each of the 90 rounds hashes twice for the whole roster, not twice
- * per member as shuffle_index would. Still ~2.7k CU a round at 256 trainers, so the round's witness proofs run it
- * in slices (on_witness): this runs its rounds from r->extra_rounds up to `upto`, its state in r->extra_at.
+ * The shuffled positions extras_progress follows, [*first, *first + count) (the count is returned). When every member
+ * trains: those below batch_size % n, which have one batch more (or the others, whichever are fewer). With
+ * max_trainers_per_round below the roster: the t = trainer_count positions that train, in order.
  */
-static void extras_progress(Round *r, u64 upto) {
+static u64 followed_positions(const State *s, const Round *r, u64 *first) {
+  u64 n = r->roster_len, t = trainer_count(s, n);
+  *first = 0;
+  if (t < n) return t;
+  u64 extra = n ? r->batch_size % n : 0;
+  if (extra <= n - extra) return extra;
+  *first = extra;
+  return n - extra;
+}
+
+/*
+ * Which roster members have how many batches (batch_range): the inverse shuffle of the followed positions
+ * (followed_positions), all at once. With n <= 256 every position reads hash chunk 0, so each of the 90 rounds hashes
+ * twice for the whole roster, not twice per member as shuffle_index would. Still ~2.7k CU a round at 256 trainers, so
+ * the round's witness proofs run it in slices (on_witness): this runs its rounds from r->extra_rounds up to `upto`,
+ * its state in r->extra_at.
+ */
+static void extras_progress(const State *s, Round *r, u64 upto) {
   u64 n = r->roster_len;
   if (upto > SHUFFLE_ROUNDS) upto = SHUFFLE_ROUNDS;
   if (n == 0 || r->extra_rounds >= upto) return;
-  u64 extra = r->batch_size % n;
-  int few = extra <= n - extra; /* follow the positions below extra, else those from extra on */
-  u64 count = few ? extra : n - extra;
+  u64 first;
+  u64 count = followed_positions(s, r, &first);
   if (r->extra_rounds == 0)
-    for (u64 k = 0; k < count; k++) r->extra_at[k] = (u8)(few ? k : extra + k);
+    for (u64 k = 0; k < count; k++) r->extra_at[k] = (u8)(first + k);
   u8 buf[40], h[32], bits[32];
   sub_seed(r->seed, "data", buf);
   zero(buf + 32, 8);
@@ -299,12 +324,12 @@ static void extras_progress(Round *r, u64 upto) {
 static void extras_slice(const State *s, Round *r) {
   u64 n = r->roster_len;
   if (n == 0) return;
-  u64 extra = r->batch_size % n;
-  u64 count = extra <= n - extra ? extra : n - extra;
+  u64 first;
+  u64 count = followed_positions(s, r, &first);
   u64 quorum = witness_quorum(witness_count(s, n));
   u64 per = quorum ? (SHUFFLE_ROUNDS + quorum - 1) / quorum : SHUFFLE_ROUNDS;
   if (count && per > EXTRAS_PER_PROOF / count) per = EXTRAS_PER_PROOF / count ? EXTRAS_PER_PROOF / count : 1;
-  extras_progress(r, r->extra_rounds + per);
+  extras_progress(s, r, r->extra_rounds + per);
 }
 
 /* A round closes (acceptedResults): each roster member that a witness quorum saw, whose result was not excluded and
@@ -317,17 +342,19 @@ __attribute__((noinline)) static void credit_round(State *s, Round *r) {
   if (n == 0 || r->witness_len == 0) return;
   u64 quorum = witness_quorum(witness_count(s, n));
   int judged = r->witness_len >= quorum;
-  u64 base = r->batch_size / n;
-  u64 extra = r->batch_size % n;
-  int few = extra <= n - extra;
-  u64 count = few ? extra : n - extra;
-  extras_progress(r, SHUFFLE_ROUNDS); /* the rest, if fewer proofs than a quorum ran it (then nobody is accepted) */
-  u8 more[MAX_CLIENTS];
-  for (u64 i = 0; i < n; i++) more[i] = few ? 0 : 1;
-  for (u64 k = 0; k < count; k++) more[r->extra_at[k]] = few ? 1 : 0;
+  u64 t = trainer_count(s, n);
+  u64 base = r->batch_size / t;
+  u64 extra = r->batch_size % t;
+  u64 first;
+  u64 count = followed_positions(s, r, &first);
+  extras_progress(s, r, SHUFFLE_ROUNDS); /* the rest, if fewer proofs than a quorum ran it (then nobody is accepted) */
+  /* per member: 0 no batches (not chosen this round), 1 base, 2 base + 1 */
+  u8 share[MAX_CLIENTS];
+  for (u64 i = 0; i < n; i++) share[i] = t < n ? 0 : first ? 2 : 1;
+  for (u64 k = 0; k < count; k++) share[r->extra_at[k]] = t < n ? (k < extra ? 2 : 1) : first ? 1 : 2;
   for (u64 i = 0; i < n; i++) {
     u64 mark = r->roster_mark[i];
-    u64 batches = base + more[i];
+    u64 batches = share[i] ? base + share[i] - 1 : 0;
     u64 slot = r->roster_ledger[i];
     if (judged && batches && (mark & ~(u64)MARK_EXCLUDED) < quorum && i < s->clients_len && s->clients[i].state == HEALTHY &&
         equal(s->clients[i].key, r->roster[i], 32))
@@ -661,10 +688,23 @@ static void start_cooldown(State *s, u64 now) {
   change_state(s, now, COOLDOWN);
 }
 
+/* allAttested (machine.ts): every witness attested every trainer. With max_trainers_per_round below the roster, once
+ * every witness has sent its proof: the shuffle the round's close runs anyway (extras_progress, which then follows the
+ * chosen positions) names the chosen trainers, and each must be in every proof (roster_mark counts the proofs). */
+static int all_attested(const State *s, Round *r) {
+  u64 n = r->roster_len, w = witness_count(s, n), t = trainer_count(s, n);
+  if (t == n) return r->complete_witnesses >= w;
+  if (r->witness_len < w || t > r->batch_size) return 0;
+  extras_progress(s, r, SHUFFLE_ROUNDS);
+  for (u64 k = 0; k < t; k++)
+    if ((u64)(r->roster_mark[r->extra_at[k]] & ~MARK_EXCLUDED) < w) return 0;
+  return 1;
+}
+
 static void tick_round_witness(State *s, u64 now) {
   Round *r = &s->round;
   /* The window is the upper bound; it closes as soon as every witness attested every trainer (allAttested). */
-  if (!timed_out(s, now, s->config.round_witness_time) && r->complete_witnesses < witness_count(s, r->roster_len)) return;
+  if (!timed_out(s, now, s->config.round_witness_time) && !all_attested(s, r)) return;
   credit_round(s, r);
   s->progress_step++;
   move_exited(s, r->height);
@@ -804,7 +844,7 @@ static u64 on_witness(State *s, u64 now, const u8 *key, const u8 *data, u64 len)
   copy(w->from, key, 32);
   copy(w->participant_bloom, data + 10, bytes);
   copy(w->broadcast_bloom, data + 10 + bytes, bytes);
-  if (mark_witnessed(r, w->participant_bloom)) r->complete_witnesses++;
+  if (mark_witnessed(s, r, w->participant_bloom)) r->complete_witnesses++;
   extras_slice(s, r);
   if (s->run_state == ROUND_TRAIN && r->witness_len >= witness_quorum(witness_count(s, r->roster_len))) change_state(s, now, ROUND_WITNESS);
   return 0;
@@ -826,7 +866,7 @@ static u64 on_health_check(State *s, const u8 *key, const u8 *data, u64 len) {
     i64 index = roster_index(judged, accused);
     if (index < 0) return fail(E_INVALID_HEALTH_CHECK, "an accused client did not train in the judged step");
     u64 start, end;
-    batch_range(judged, (u64)index, &start, &end);
+    batch_range(s, judged, (u64)index, &start, &end);
     if (start == end) return fail(E_INVALID_HEALTH_CHECK, "an accused client had no batches in the judged step");
     if (trainer_healthy(s, judged, judged->roster_probe[index])) return fail(E_INVALID_HEALTH_CHECK, "an accused client is healthy: a witness quorum saw its results");
   }
@@ -853,7 +893,7 @@ static u64 on_accuse(State *s, const u8 *key, const u8 *data, u64 len) {
   if (equal(key, accused, 32)) return fail(E_INVALID_ACCUSATION, "a client cannot accuse itself");
   i64 index = roster_index(r, accused);
   u64 start = 0, end = 0;
-  if (index >= 0) batch_range(r, (u64)index, &start, &end);
+  if (index >= 0) batch_range(s, r, (u64)index, &start, &end);
   if (start == end) return fail(E_INVALID_ACCUSATION, "the accused has no batches in the round, so no result to accuse");
   u64 assigned = 0;
   if (reason == REASON_LOW_SCORE && !score_assigned(s, r, key, accused, &assigned))
@@ -954,8 +994,8 @@ static u64 on_report_scores(State *s, const u8 *key, const u8 *data, u64 len) {
     const u8 *trainer = p->roster[index];
     i64 ti = equal(trainer, key, 32) ? -1 : roster_index(r, trainer);
     if (ti < 0 || !in_score_window(j, shuffle_index((u64)ti, n, seed, 0), n, v)) return fail(E_INVALID_SCORES, "a scored trainer the reporter was not assigned");
-    u64 start = 0, end = 1; /* every member has a batch when there are as many as members */
-    if (p->batch_size < p->roster_len) batch_range(p, index, &start, &end);
+    u64 start = 0, end = 1; /* every member has a batch when all train and there are as many batches as members */
+    if (p->batch_size < p->roster_len || trainer_count(s, p->roster_len) < p->roster_len) batch_range(s, p, index, &start, &end);
     if (end <= start) return fail(E_INVALID_SCORES, "a scored trainer had no batches in the scored round");
   }
   if (r->scores_reported[vi >> 3] & (1 << (vi & 7))) return fail(E_DUPLICATE_SCORES, "this verifier already reported its scores of that step");
@@ -1103,6 +1143,8 @@ static u64 validate_config(const Config *c, u64 max_seq_len, u64 cold_start) {
   if (c->witness_nodes > MAX_WITNESSES) return fail(E_INVALID_CONFIG, "witness_nodes exceeds MAX_WITNESSES = " STR(MAX_WITNESSES));
   if (c->witness_nodes > c->min_clients) return fail(E_INVALID_CONFIG, "witness_nodes must be <= min_clients, or 0 for automatic");
   if (c->verification_percent > 100) return fail(E_INVALID_CONFIG, "verification_percent must be <= 100");
+  /* credit_round follows the chosen trainers' positions: at most MAX_CLIENTS / 2, as for the members with one batch more */
+  if (c->max_trainers_per_round > MAX_CLIENTS / 2) return fail(E_INVALID_CONFIG, "max_trainers_per_round exceeds MAX_CLIENTS / 2 = 128");
   if (c->global_batch_size_start < c->init_min_clients || c->global_batch_size_end < c->global_batch_size_start)
     return fail(E_INVALID_CONFIG, "need init_min_clients <= global_batch_size_start <= global_batch_size_end");
   if (c->global_batch_size_start != c->global_batch_size_end && c->global_batch_size_warmup_tokens == 0)
@@ -1116,7 +1158,7 @@ static u64 validate_config(const Config *c, u64 max_seq_len, u64 cold_start) {
 }
 
 /*
- * update data: has_config u8, Config (120 bytes), checkpointers count u8 and as many public keys (config.checkpointers,
+ * update data: has_config u8, Config (128 bytes), checkpointers count u8 and as many public keys (config.checkpointers,
  * with the config; 0: none), has_model u8, then if has_model: max_seq_len u64, cold_start_warmup_steps u64, checkpoint
  * kind u8, repo (read_repo), model JSON length u16, JSON.
  */
@@ -1548,7 +1590,7 @@ static u64 buffer_init(Input *in, const u8 *d, u64 len) {
   if (len != 10) return fail(E_INVALID_INSTRUCTION, "buffer_init: expected lamports u64 and length u16");
   SolAccountInfo *auth = &in->accounts[0], *coord = &in->accounts[1], *buf = &in->accounts[2];
   u64 n = read_u16(d + 8);
-  if (n < 2 + sizeof(Config) || n > UPDATE_MAX) return fail(E_CAPACITY_EXCEEDED, "buffer_init: an update is 122 to UPDATE_MAX = " STR(UPDATE_MAX) " bytes");
+  if (n < 2 + sizeof(Config) || n > UPDATE_MAX) return fail(E_CAPACITY_EXCEEDED, "buffer_init: an update is 130 to UPDATE_MAX = " STR(UPDATE_MAX) " bytes");
   u8 bump;
   u64 e = update_buffer(in, 0, &bump);
   if (e) return e;

@@ -142,7 +142,7 @@ export function formatSummary(s: StatusSummary): string[] {
   ]
   if (s.round)
     lines.push(
-      `round ${s.round.step} (height ${s.round.height}): ${s.round.trainers} trainers, batch ${s.round.batch_size}, witness proofs ${s.round.witness_proofs}/${s.round.witnesses_expected} (quorum ${s.round.witness_quorum})`,
+      `round ${s.round.step} (height ${s.round.height}): ${s.round.trainers} trainers${s.round.members > s.round.trainers ? ` of ${s.round.members} members` : ''}, batch ${s.round.batch_size}, witness proofs ${s.round.witness_proofs}/${s.round.witnesses_expected} (quorum ${s.round.witness_quorum})`,
     )
   if (s.pause_pending) lines.push('a pause is pending (at the end of the epoch)')
   const unsaved = s.save_state ? saveStatusText(s.save_state) : null

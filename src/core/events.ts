@@ -16,6 +16,7 @@ export type RoundEvent = {
   /** The committed parameters after applying the round's accepted results. */
   param_hash: string
   applied: number
+  /** The round's trainers: its members, or max_trainers_per_round of them when that is fewer. */
   trainers: number
   /** Other clients' results applied in this round (our own excluded). */
   peers_applied: number

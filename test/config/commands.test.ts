@@ -26,6 +26,24 @@ describe('psyche server validate-config', () => {
     assert.match(r.stdout, /valid server state of run "llama2-20m-dolma"/)
     assert.match(r.stdout, /25000 steps, global batch 8/)
     assert.match(r.stdout, /data\.toml {2}\.\.\/\.\.\/data\/dolma, TwoBytes, seq_len 2048/)
+    assert.match(r.stdout, /trainers {3}every member, every round/)
+  })
+
+  it('max_trainers_per_round: the summary states the trade (results downloaded a round, samples per trainer)', () => {
+    const capped = join(tmp, 'capped.toml')
+    const text0 = readFileSync(`${fixtures}/test/state.toml`, 'utf8')
+      .replace('[config]\n', '[config]\nmax_trainers_per_round = 2\n')
+      .replace('optimizer = "Dummy"', 'optimizer = {AdamW = {betas = [0.9, 0.95], weight_decay = 0.0, eps = 1e-8}}')
+      .replace('data_location = "Dummy"', 'data_location = {Server = "127.0.0.1:20001"}')
+    writeFileSync(capped, text0)
+    const r = psyche('server', 'validate-config', '--state', capped, '--json')
+    assert.equal(r.status, 0, r.stderr)
+    assert.equal(JSON.parse(r.stdout).summary.max_trainers_per_round, 2)
+    const text = psyche('server', 'validate-config', '--state', capped)
+    assert.match(
+      text.stdout,
+      /trainers {3}at most 2 a round \(max_trainers_per_round\): each client downloads at most 2 results a round, each trainer computes ≥ \d+ of the \d+ samples/,
+    )
   })
 
   it('calls a config our clients cannot run invalid, naming the field and the reason (the support table)', () => {

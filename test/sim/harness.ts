@@ -359,6 +359,8 @@ export class MemoryP2P implements ClientP2P {
   private modelProvider: (() => Promise<ModelSnapshot>) | undefined
   private bytesSent = 0
   private bytesReceived = 0
+  /** Results downloaded from peers, by step. */
+  readonly fetchedByStep = new Map<number, number>()
 
   constructor(
     private readonly net: MemoryNetwork,
@@ -420,6 +422,7 @@ export class MemoryP2P implements ClientP2P {
       const bytes = this.net.nodes.get(holder)!.results.get(a.commitment)?.bytes
       if (!bytes || sha256Hex(bytes) !== a.commitment) continue
       this.results.set(a.commitment, {step: a.step, bytes})
+      this.fetchedByStep.set(a.step, (this.fetchedByStep.get(a.step) ?? 0) + 1)
       this.bytesReceived += bytes.length
       this.net.nodes.get(holder)!.bytesSent += bytes.length
       return bytes

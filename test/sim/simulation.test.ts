@@ -73,6 +73,47 @@ describe('in-process simulation: real clients, in-memory coordinator, P2P and wo
     )
   })
 
+  it('max_trainers_per_round = 2 of 5 clients: each round 2 train, every replica downloads and applies those 2 results only, hashes agree, the model changes, nobody is dropped', async () => {
+    const sim = new Simulation(simRun({total_steps: 6, max_trainers_per_round: 2, init_min_clients: 5, witness_nodes: 3, verification_percent: 40}))
+    const clients = [] as SimClient[]
+    for (const name of ['a', 'b', 'c', 'd', 'e']) clients.push(await sim.addClient(name))
+    await sim.runUntil(() => sim.coordinator.state.run_state === 'Finished', {what: 'the run to finish'})
+    const summaries = (await Promise.all(clients.map((c) => c.done))).map(summaryOf)
+    const steps = [1, 2, 3, 4, 5, 6]
+    assertReplicasAgree(sim, clients, steps)
+    for (const c of clients) assertModelChanged(c, steps)
+    for (const s of summaries) assert.equal(s.rounds, 6)
+    for (const c of clients) {
+      for (const r of c.rounds) {
+        assert.equal(r.trainers, 2, `${c.name} step ${r.step}: ${r.trainers} trainers`)
+        assert.equal(r.applied, 2, `${c.name} step ${r.step}: applied ${r.applied}`)
+      }
+      assert.deepEqual(
+        c.worker.applies.map((a) => a.results),
+        steps.map(() => 2),
+        `${c.name} applied 2 results a round`,
+      )
+      // what a client downloads per round: the other chosen trainers' results, at most G
+      for (const [step, n] of c.p2p.fetchedByStep) assert.ok(n <= 2, `${c.name} downloaded ${n} results of step ${step}`)
+    }
+    // each step, exactly 2 clients trained; over the run the choice moved around (more than 2 distinct producers)
+    const producers = new Map<number, string[]>()
+    for (const c of clients) for (const e of c.events) if (e.event === 'trained') producers.set(e.step as number, [...(producers.get(e.step as number) ?? []), c.name])
+    assert.deepEqual(
+      steps.map((s) => producers.get(s)?.length),
+      steps.map(() => 2),
+      JSON.stringify(Object.fromEntries(producers)),
+    )
+    assert.ok(new Set([...producers.values()].flat()).size > 2, `the same trainers every round: ${JSON.stringify(Object.fromEntries(producers))}`)
+    assert.ok(clients.reduce((n, c) => n + c.worker.scored, 0) > 0, 'verifiers scored the chosen trainers')
+    // members not chosen were neither dropped by health checks nor accused
+    assert.equal(sim.coordinator.accepted.get('health_check') ?? 0, 0)
+    assert.ok(
+      sim.coordinator.state.epoch.clients.every((c) => c.state === 'Healthy'),
+      JSON.stringify(sim.coordinator.state.epoch.clients),
+    )
+  })
+
   it('join --checkpoint-dir: the model is saved after each epoch, the last save holding the final parameters', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'psyche-sim-ckpt-'))
     try {

@@ -271,6 +271,52 @@ describe('Solana backend: real clients over the on-chain coordinator (LiteSVM, i
     for (const r of ledgerRows(ledger, sim.state)) assert.ok(r.score !== null && r.score >= 0.2 && r.weight === 1, JSON.stringify(r))
   })
 
+  it('max_trainers_per_round = 2 of 4 clients over the program: each round the 2 the program chose train, every replica applies those 2 results only, the ledger credits them', async () => {
+    const sim = new SolanaSim(await configured('sol-cap', null, {max_trainers_per_round: 2, min_clients: 3, init_min_clients: 4, witness_nodes: 3, verification_percent: 50}))
+    const clients = [await sim.addClient('ga'), await sim.addClient('gb'), await sim.addClient('gc'), await sim.addClient('gd')]
+    let ended = 0
+    for (const x of clients) void x.done.then(() => ended++)
+    await sim.runUntil(() => sim.state.run_state === 'Finished' && ended === 4, 'the run to finish and every client to end')
+    for (const s of await Promise.all(clients.map((x) => x.done))) if (s instanceof Error) throw s
+    const steps = [1, 2, 3, 4, 5, 6]
+    const producers = new Map<number, string[]>()
+    for (const x of clients) {
+      let previous = x.events.find((e) => e.event === 'model_loaded')?.param_hash
+      for (const r of x.rounds) {
+        assert.notEqual(r.param_hash, previous, `${x.name}: step ${r.step} changed the model`)
+        previous = r.param_hash
+        assert.equal(r.trainers, 2, `${x.name} step ${r.step}: ${r.trainers} trainers`)
+        assert.equal(r.applied, 2, `${x.name} step ${r.step}: applied ${r.applied}`)
+      }
+      for (const e of x.events) if (e.event === 'trained') producers.set(e.step as number, [...(producers.get(e.step as number) ?? []), x.name])
+      assert.deepEqual(
+        x.events.filter((e) => e.event === 'rejected' && !(e.of === 'warmup_witness' && e.code === 'InvalidRunState')),
+        [],
+        `${x.name}: the program refused a message`,
+      )
+    }
+    for (const step of steps) {
+      const hashes = clients.map((x) => x.rounds.find((r) => r.step === step)?.param_hash)
+      assert.ok(
+        hashes.every((h) => h !== undefined),
+        `step ${step} applied by all: ${hashes}`,
+      )
+      assert.equal(new Set(hashes).size, 1, `step ${step}: replicas differ`)
+      assert.equal(producers.get(step)?.length, 2, `step ${step} trained by ${producers.get(step)}`)
+    }
+    // the program credited 2 accepted results a round, 6 batches between them
+    const ledger = decodeLedger(sim.d.chain.accountData(sim.d.coordinator)!)
+    assert.equal(
+      ledger.entries.reduce((n, e) => n + e.rounds + e.epoch_rounds, 0),
+      2 * steps.length,
+    )
+    assert.equal(
+      ledger.entries.reduce((n, e) => n + e.batches + e.epoch_batches, 0),
+      6 * steps.length,
+    )
+    assert.ok(sim.state.epoch.clients.every((c) => c.state === 'Healthy'))
+  })
+
   it("a harmful trainer, one verifier a round: the run's agreed scores (the program's ledger) get it accused and ejected", async () => {
     // 4 clients, 25 %: one verifier a round, which scores the 3 others; a verifier rarely scored the attacker twice
     // itself, but the ledger holds every verifier's reports, so the first one assigned it after 2 reports accuses it

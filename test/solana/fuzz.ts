@@ -31,6 +31,7 @@ import {
   isRoundPhase,
   selectVerifiers,
   verifierCount,
+  trainerCount,
   selectWitnesses,
   serializeState,
   witnessBloomParams,
@@ -184,6 +185,9 @@ function randomConfig(rng: Rng, clients: number, invalid: boolean): CoordinatorC
     waiting_for_members_extra_time: rng.int(0, 5),
   }
   if (rng.chance(0.4)) config.rounds_per_epoch = rng.int(1, 6)
+  // Drawn from a generator of its own, so that every other draw of a seed's sequence stays what it was.
+  const side = new Rng(config.total_steps * 7919 + config.epoch_time * 131 + start)
+  if (side.chance(0.35)) config.max_trainers_per_round = side.int(1, 4)
   if (invalid) {
     const bad = config as unknown as Record<string, number>
     const field = rng.pick([
@@ -649,6 +653,8 @@ export interface SequenceResult {
   /** Warmups that ended with nobody loaded (no round), and trainers a closing round dropped. */
   abortedWarmups: number
   dropped: number
+  /** Rounds begun with max_trainers_per_round below the roster (some members not chosen to train). */
+  cappedRounds: number
 }
 
 class Divergence extends Error {
@@ -809,6 +815,7 @@ async function runSteps(seed: number, options: SequenceOptions): Promise<Sequenc
     abortedWarmups: 0,
     dropped: 0,
     scored: 0,
+    cappedRounds: 0,
   }
   // The rewards ledger (rewards.ts) follows the reference's transitions; the program's must hold the same points.
   let ledger = emptyLedger()
@@ -893,6 +900,8 @@ async function runSteps(seed: number, options: SequenceOptions): Promise<Sequenc
     if (seq.state.run_state === 'Warmup' && expected.state.run_state === 'WaitingForMembers' && seq.state.epoch.warmup_witnesses.length === 0) result.abortedWarmups++
     if (seq.state.run_state === 'RoundWitness' && expected.state.run_state !== 'RoundWitness')
       result.dropped += expected.state.epoch.exited.filter((c) => c.state === 'Dropped' && seq.state.epoch.clients.some((e) => e.id === c.id && e.state === 'Healthy')).length
+    const begun = expected.state.epoch.round
+    if (begun && begun !== seq.state.epoch.round && trainerCount(expected.state.config, begun.roster.length) < begun.roster.length) result.cappedRounds++
     seq.state = expected.state
     result.phases.add(seq.state.run_state)
     result.maxClients = Math.max(result.maxClients, seq.state.epoch.clients.length)
@@ -1017,6 +1026,9 @@ export function summarize(results: SequenceResult[], options: {fullRun?: boolean
   const [late, aborted, dropped] = (['lateCheckpoints', 'abortedWarmups', 'dropped'] as const).map((k) => results.reduce((n, r) => n + r[k], 0))
   console.log(`# the run's model: ${late} late checkpoints taken, ${aborted} Warmups ended with nothing loaded; ${dropped} unseen trainers dropped by a closing round`)
   assert.ok(late > 0 && aborted > 0 && dropped > 0, 'no sequence took a late checkpoint, ended a Warmup with nothing loaded, or dropped an unseen trainer')
+  const capped = results.reduce((n, r) => n + r.cappedRounds, 0)
+  console.log(`# max_trainers_per_round: ${capped} rounds began with fewer trainers than members`)
+  assert.ok(capped > 0, 'no round began with max_trainers_per_round below its roster')
   if (options.fullRun) for (const code of ['InvalidScores', 'DuplicateScores']) assert.ok((rejected[code] ?? 0) > 0, `no score report was rejected with ${code}`)
   if (options.fullRun) assert.equal(maxClients, MAX_CLIENTS, `no sequence filled an epoch with MAX_CLIENTS = ${MAX_CLIENTS} clients`)
 }

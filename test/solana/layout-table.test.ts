@@ -124,7 +124,7 @@ describe('layout table', () => {
   it('validate-config knows every config field the account holds, and refuses others', async () => {
     const run = await loadRunConfigFile(join(root, 'test', 'fixtures', 'psyche-configs', 'test', 'state.toml'))
     const config = run.config as unknown as Record<string, number>
-    assert.ok(CONFIG_FIELDS.every((f) => f === 'rounds_per_epoch' || config[f] !== undefined))
+    assert.ok(CONFIG_FIELDS.every((f) => f === 'rounds_per_epoch' || f === 'max_trainers_per_round' || config[f] !== undefined))
     const full = Object.fromEntries(CONFIG_FIELDS.filter((f) => config[f] !== undefined).map((f) => [f, config[f]]))
     const ok = validateRunConfig(full, run.model)
     assert.ok('config' in ok, JSON.stringify(ok))

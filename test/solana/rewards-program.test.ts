@@ -16,9 +16,14 @@ import {deployRun, keypair, readRun, toInstruction} from './harness.js'
 import {rewardsAtScale} from './vectors.js'
 
 describe(`rewards ledger in the program: ${MAX_CLIENTS} trainers`, () => {
-  for (const witnesses of [1, 2]) {
-    it(`${witnesses} witness${witnesses > 1 ? 'es' : ''}: the program's points equal the reference's after every event, within each instruction's budget`, async () => {
-      const scenario = await rewardsAtScale(witnesses)
+  for (const [witnesses, cap] of [
+    [1, undefined],
+    [2, undefined],
+    [1, MAX_CLIENTS / 2 - 1],
+  ] as const) {
+    const capped = cap ? `, max_trainers_per_round = ${cap}` : ''
+    it(`${witnesses} witness${witnesses > 1 ? 'es' : ''}${capped}: the program's points equal the reference's after every event, within each instruction's budget`, async () => {
+      const scenario = await rewardsAtScale(witnesses, MAX_CLIENTS, 0, cap)
       const d = await deployRun(scenario.run_id, scenario.created_at)
       const signers = new Map<string, KeyPairSigner>()
       for (const label of Object.keys(scenario.clients)) {
@@ -48,9 +53,23 @@ describe(`rewards ledger in the program: ${MAX_CLIENTS} trainers`, () => {
       console.log(`# ${witnesses} witness(es), most CU per event: ${JSON.stringify(worst)}`)
       assert.ok(worst.tick <= INSTRUCTION_UNITS.tick_close_round, `tick: ${worst.tick} CU > ${INSTRUCTION_UNITS.tick_close_round}`)
       assert.ok(worst.witness <= INSTRUCTION_UNITS.witness, `witness: ${worst.witness} CU > ${INSTRUCTION_UNITS.witness}`)
-      // both epochs settled: every trainer earned for its 4 rounds, 2 or 3 batches in each (both kinds present)
       const onChain = decodeLedger(d.chain.accountData(d.coordinator)!)
       assert.equal(onChain.entries.length, MAX_CLIENTS)
+      if (cap) {
+        // 4 rounds of `cap` chosen trainers each, 640 batches a round between them (5 or 6 each)
+        assert.equal(
+          onChain.entries.reduce((n, e) => n + e.rounds, 0),
+          4 * cap,
+        )
+        assert.equal(
+          onChain.entries.reduce((n, e) => n + e.batches, 0),
+          4 * 640,
+        )
+        assert.ok(onChain.entries.every((e) => e.earned === e.batches * 1000 && e.batches <= e.rounds * 6 && e.batches >= e.rounds * 5))
+        assert.ok(new Set(onChain.entries.map((e) => e.batches - 5 * e.rounds)).size > 1, 'chosen trainers were credited different batch counts')
+        return
+      }
+      // both epochs settled: every trainer earned for its 4 rounds, 2 or 3 batches in each (both kinds present)
       assert.ok(
         onChain.entries.every((e) => e.rounds === 4 && e.epoch_rounds === 0 && e.batches >= 8 && e.batches <= 12 && e.earned === e.batches * 1000),
         'every trainer was credited its 4 rounds and earned 1000 points a batch',

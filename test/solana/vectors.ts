@@ -506,10 +506,13 @@ export async function capacity(): Promise<Scenario> {
  * The rewards ledger's costliest round closes: MAX_CLIENTS trainers with 2.5 batches each (half the roster has one more,
  * found by the program's sliced inverse shuffle) and `witnessNodes` witnesses (1: the round's close runs most of the
  * shuffle; 2: each proof runs its capped slice), two epochs of rounds, so the first settles (test/solana/rewards-program).
+ * `maxTrainers`: max_trainers_per_round, whose chosen trainers the same shuffle finds.
  */
-export async function rewardsAtScale(witnessNodes: number, clients = MAX_CLIENTS, verificationPercent = 0): Promise<Scenario> {
+export async function rewardsAtScale(witnessNodes: number, clients = MAX_CLIENTS, verificationPercent = 0, maxTrainers?: number): Promise<Scenario> {
   const labels = Array.from({length: clients}, (_, i) => `cap-${i}`)
-  const r = await recorder(`rewards-w${witnessNodes}-${clients}${verificationPercent ? `-v${verificationPercent}` : ''}`, labels, {
+  const name = `rewards-w${witnessNodes}-${clients}${verificationPercent ? `-v${verificationPercent}` : ''}${maxTrainers ? `-g${maxTrainers}` : ''}`
+  const r = await recorder(name, labels, {
+    ...(maxTrainers ? {max_trainers_per_round: maxTrainers} : {}),
     verification_percent: verificationPercent,
     init_min_clients: Math.ceil(clients / 2),
     min_clients: Math.max(1, witnessNodes),
@@ -670,6 +673,55 @@ async function currentModel(): Promise<Scenario> {
   return finish(r)
 }
 
+/**
+ * max_trainers_per_round = 2 of 6 members, with verifiers: each round only the 2 the data shuffle puts first have
+ * batches (the round's batches split between them); a health check or an accusation of a member not chosen is refused,
+ * the chosen are judged as usual, nobody closes the round early, and the ledger credits the chosen only.
+ */
+async function trainersCap(): Promise<Scenario> {
+  const labels = ['a', 'b', 'c', 'd', 'e', 'f']
+  const r = await recorder('trainers-cap', labels, {
+    round_witness_time: 30, // a round whose every proof names both chosen trainers closes at the next tick
+    max_trainers_per_round: 2,
+    verification_percent: 50,
+    min_clients: 3,
+    init_min_clients: 6,
+    witness_nodes: 3,
+    rounds_per_epoch: 4,
+  })
+  r.apply({type: 'resume'}, 'ok')
+  for (const l of labels) r.apply({type: 'join', id: r.id(l)}, 'ok')
+  r.tickOut() // → Warmup
+  r.warmupAll()
+  const first = r.state.epoch.round!
+  const chosen = [...assignBatches(r.state)].filter(([, range]) => range.end > range.start).map(([id]) => id)
+  if (chosen.length !== 2) throw new Error(`trainers-cap: ${chosen.length} trainers chosen, expected 2`)
+  const idle = first.roster.find((id) => !chosen.includes(id) && !selectWitnesses(r.state).includes(id))!
+  const [w0, w1] = selectWitnesses(r.state)
+  r.apply({type: 'accuse', from: w0, step: first.step, accused: idle, reason: 'invalid_result'}, 'InvalidAccusation') // it has no result
+  r.witnessAll()
+  const before = r.now
+  r.tickOut() // RoundTrain → RoundWitness (the proofs' quorum already ended training) → round 2
+  if ((r.state.run_state as string) !== 'RoundTrain' || r.now - before > 3) throw new Error('trainers-cap: round 1 did not close early')
+  // round 1's idle member is not judged; a chosen trainer its witnesses did not see is (the closing round drops it)
+  r.apply({type: 'health_check', from: w0, accused: [idle]}, 'InvalidHealthCheck')
+  const second = r.state.epoch.round!
+  const chosen2 = [...assignBatches(r.state)].filter(([, range]) => range.end > range.start).map(([id]) => id)
+  r.witnessAll(chosen2.slice(0, 1))
+  r.tickOut() // round 3
+  const unseen = chosen2[1]
+  const reporter = r.state.epoch.clients.find((c) => c.id !== unseen)!.id
+  r.apply({type: 'health_check', from: reporter, accused: [unseen]}, 'ok')
+  r.apply({type: 'accuse', from: w1, step: second.step, accused: unseen, reason: 'invalid_result'}, 'WrongStep')
+  for (let i = 0; i < 6 && r.state.run_state !== 'Cooldown'; i++) {
+    if (r.state.run_state === 'RoundTrain') r.witnessAll()
+    r.tickOut()
+  }
+  r.attest()
+  r.tickOut() // → WaitingForMembers: the epoch settles (the ledger credits the chosen trainers only)
+  return finish(r)
+}
+
 export async function generateVectors(): Promise<VectorFile> {
   return {
     about:
@@ -684,6 +736,7 @@ export async function generateVectors(): Promise<VectorFile> {
       await checkpointAuthority(),
       await cutOff(),
       await currentModel(),
+      await trainersCap(),
     ],
   }
 }

@@ -86,6 +86,14 @@ export default class ServerValidateConfig extends PsycheCommand {
       this.log(`  training   ${s.total_steps} steps, global batch ${s.global_batch_size}, ≤ ${s.total_tokens.toLocaleString('en-US')} tokens`)
       this.log(`  optimizer  ${s.optimizer}; lr ${s.lr_schedule}`)
       this.log(`  clients    min ${s.min_clients}, ${s.init_min_clients} to start an epoch, witnesses ${s.witness_nodes}`)
+      const g = s.max_trainers_per_round
+      if (g !== null) {
+        // The trade: fewer trainers a round means more batches each (compute per round), fewer results to download (bandwidth per client).
+        const batch = run!.config!.global_batch_size_end
+        this.log(
+          `  trainers   at most ${g} a round (max_trainers_per_round): each client downloads at most ${g} results a round, each trainer computes ≥ ${Math.floor(batch / g)} of the ${batch} samples`,
+        )
+      } else this.log("  trainers   every member, every round: each client downloads every other member's result a round")
       if (data) this.log(`  data.toml  ${data.dir}, ${data.token_size}, seq_len ${data.seq_len}`)
       for (const line of warningLines) process.stderr.write(`warning: ${line}\n`)
     }

@@ -49,6 +49,12 @@ export const LIMITS = {
   seqLen: 1 << 20,
   /** NumberedFiles num_files. */
   files: 10_000_000,
+  /**
+   * max_trainers_per_round: half of MAX_CLIENTS. The Solana program's round close finds the chosen trainers with one
+   * inverse shuffle of their positions, within its compute budget for at most this many (as for the members with one
+   * batch more when every member trains).
+   */
+  trainersPerRound: MAX_CLIENTS / 2,
   /** verification_sample: the results one verifier scores per round (validate-config refuses more). */
   verificationSample: 64,
 } as const
@@ -101,6 +107,7 @@ function readCoordinatorConfig(r: Reader, t: Table, path: string): CoordinatorCo
   }
   if (t.verification_sample !== undefined) config.verification_sample = r.int(t, 'verification_sample', path, {min: 1, max: LIMITS.verificationSample})
   if (t.rounds_per_epoch !== undefined) config.rounds_per_epoch = r.int(t, 'rounds_per_epoch', path, {min: 1, max: LIMITS.steps})
+  if (t.max_trainers_per_round !== undefined) config.max_trainers_per_round = r.int(t, 'max_trainers_per_round', path, {min: 1, max: LIMITS.trainersPerRound})
   if (t.checkpointers !== undefined) {
     const list = t.checkpointers
     const where = join(path, 'checkpointers')

@@ -17,6 +17,8 @@ export interface RunSummary {
   min_clients: number
   init_min_clients: number
   witness_nodes: string
+  /** max_trainers_per_round, or null when every member trains each round. */
+  max_trainers_per_round: number | null
   global_batch_size: string
   total_steps: number
   /** Tokens the whole run trains on: total_steps × global batch (after its ramp) × max_seq_len (an upper bound during the ramp). */
@@ -84,6 +86,7 @@ export function summarizeRunConfig(file: RunConfigFile): RunSummary {
     min_clients: c.min_clients,
     init_min_clients: c.init_min_clients,
     witness_nodes: c.witness_nodes === 0 ? 'automatic' : String(c.witness_nodes),
+    max_trainers_per_round: c.max_trainers_per_round ?? null,
     global_batch_size:
       c.global_batch_size_start === c.global_batch_size_end
         ? String(c.global_batch_size_end)

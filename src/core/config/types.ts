@@ -37,6 +37,12 @@ export interface CoordinatorConfig {
    * them (coordinator/rules.ts assignedTrainers), so a verifier's scoring cost stays bounded as the run grows.
    */
   verification_sample?: number
+  /**
+   * At most this many members train each round (our extension; absent: all of them). The round's seed chooses them, as
+   * it chooses witnesses; the others verify, witness and serve. A client then downloads at most this many results a
+   * round, whatever the run's size: less compute per round, bounded bandwidth per client.
+   */
+  max_trainers_per_round?: number
   global_batch_size_start: number
   global_batch_size_end: number
   /** The global batch grows linearly from start to end over this many tokens; 0 = no ramp. */

@@ -30,6 +30,7 @@ export {
   selectVerifiers,
   assignedTrainers,
   selectWitnesses,
+  trainerCount,
   verifierCount,
   witnessBloomParams,
   witnessCount,

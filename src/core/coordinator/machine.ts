@@ -6,6 +6,7 @@ import {checkEquivocation} from './equivocation.js'
 import {fromHex, sha256, u64le} from '../primitives/seed.js'
 import {
   agreedParamHash,
+  assignBatches,
   batchRangeFor,
   checkpointRefusal,
   isCurrentCheckpoint,
@@ -23,6 +24,7 @@ import {
   witnessQuorum,
   participantKey,
   unseenTrainers,
+  trainerCount,
 } from './rules.js'
 import {ACTIVE_PHASES, EPOCH_PHASES, HALTED_PHASES, isCheckpointP2P, isRoundPhase} from './phases.js'
 import type {ApplyResult, Client, ClientId, CoordinatorEvent, CoordinatorState, EpochState, ModelRecord, Rejection, RejectionCode, Round, RunState} from './types.js'
@@ -247,9 +249,25 @@ function epochOver(s: CoordinatorState, now: number, round: Round): boolean {
 /**
  * Every witness of the round has sent a proof attesting every trainer's result: nothing more can arrive for
  * this round, so waiting out round_witness_time would be dead time (our extension; Psyche always waits).
+ * When every member trains, the proofs are counted as they arrive (complete_witnesses). With max_trainers_per_round
+ * below the roster, once every witness has sent its proof: each chosen trainer is in every proof's participant
+ * bloom (the program finds the chosen ones then, with the shuffle its round close runs anyway). Either way only when
+ * every trainer has batches.
  */
 function allAttested(s: CoordinatorState, round: Round): boolean {
-  return round.complete_witnesses >= witnessCount(s.config, round.roster.length)
+  const n = round.roster.length
+  const witnesses = witnessCount(s.config, n)
+  const trainers = trainerCount(s.config, n)
+  if (trainers === n) return round.complete_witnesses >= witnesses
+  if (round.witnesses.length < witnesses || trainers > round.batch_size) return false
+  const params = witnessBloomParams(n)
+  const proofs = round.witnesses.map((w) => BloomFilter.fromBase64(params, w.participant_bloom))
+  const positions = trainerPositions(round)
+  const ranges = assignBatches(s, round)
+  return round.roster.every((id, i) => {
+    const range = ranges.get(id)!
+    return range.end === range.start || proofs.every((p) => p.containsPositions(positions[i]))
+  })
 }
 
 function tickRoundWitness(s: CoordinatorState, now: number, entropy: string | undefined): CoordinatorState {
@@ -394,16 +412,18 @@ function decodeBloom(text: unknown, rosterSize: number, field: string): BloomFil
 }
 
 /**
- * Whether a participant bloom names every trainer of the round. Only rounds with at least as many batches as
- * trainers count (then every trainer has batches, the usual case); a round with empty-handed trainers never
- * closes early, because telling them apart costs a shuffle per trainer, more than the Solana program's compute
- * budget allows (programs/coordinator mirrors this rule). A bloom can only err towards "present" (1 % false
+ * Whether a participant bloom names every trainer of the round. Only rounds where every member trains count: at least
+ * as many batches as members, and no max_trainers_per_round below the roster (the usual case). A round with more
+ * members than batches never closes early, because telling them apart costs a shuffle per member, more than the Solana
+ * program's compute budget allows (programs/coordinator mirrors this rule); one with max_trainers_per_round below its
+ * roster is judged once all its proofs are in (allAttested). A bloom can only err towards "present" (1 % false
  * positives by design), so at worst the window closes early for a result the witness lacks — which is then
  * judged exactly as when the window times out: by the quorum rules on the final witness record. (A witness
  * that finds a result invalid leaves it out of its proof, so accusations are never cut short.)
  */
-function attestsEveryTrainer(round: Round, participants: BloomFilter): boolean {
-  if (round.roster.length > round.batch_size) return false
+function attestsEveryTrainer(config: CoordinatorConfig, round: Round, participants: BloomFilter): boolean {
+  const n = round.roster.length
+  if (n > round.batch_size || trainerCount(config, n) < n) return false
   return trainerPositions(round).every((positions) => participants.containsPositions(positions))
 }
 
@@ -447,7 +467,7 @@ function onWitness(s: CoordinatorState, now: number, event: Extract<CoordinatorE
   const participants = decodeBloom(event.proof?.participant_bloom, n, 'participant_bloom')
   decodeBloom(event.proof?.broadcast_bloom, n, 'broadcast_bloom')
   const witnesses = [...round.witnesses, {from, participant_bloom: event.proof.participant_bloom, broadcast_bloom: event.proof.broadcast_bloom}]
-  const complete_witnesses = round.complete_witnesses + (attestsEveryTrainer(round, participants) ? 1 : 0)
+  const complete_witnesses = round.complete_witnesses + (attestsEveryTrainer(s.config, round, participants) ? 1 : 0)
   s = {...s, epoch: {...s.epoch, round: {...round, witnesses, complete_witnesses}}}
   // Opportunistic witnessing: a quorum of proofs ends training early.
   if (s.run_state === 'RoundTrain' && witnesses.length >= witnessQuorum(witnessCount(s.config, n))) return changeState(s, now, 'RoundWitness')

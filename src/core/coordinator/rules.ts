@@ -87,8 +87,23 @@ const witnessMemo = new WeakMap<Round, ClientId[]>()
 /** A client asks whether it witnesses on every result it receives: one shuffle per client and round, not per result. */
 const isWitnessMemo = new WeakMap<Round, Map<ClientId, boolean>>()
 
-/** The batch range of the trainer at shuffled `position` among `trainers`: contiguous, sizes differing by at most one. */
+/**
+ * How many members of a round with `rosterSize` members train: config.max_trainers_per_round (G) when the roster is
+ * larger, else all of them. Those the round's data shuffle puts at the first positions train; the others verify,
+ * witness and serve, and wait for a round that chooses them (each round's seed draws again, so every member is chosen
+ * with the same chance G / n every round, whatever it did before).
+ */
+export function trainerCount(config: CoordinatorConfig, rosterSize: number): number {
+  const cap = config.max_trainers_per_round
+  return cap !== undefined && cap > 0 && cap < rosterSize ? cap : rosterSize
+}
+
+/**
+ * The batch range of the member at shuffled `position` when `trainers` members train: the first `trainers` positions
+ * get contiguous ranges, sizes differing by at most one; the others (not chosen this round), an empty one.
+ */
 export function rangeForPosition(round: Pick<Round, 'data_index' | 'batch_size'>, trainers: number, position: number): BatchRange {
+  if (position >= trainers) return {start: round.data_index + round.batch_size, end: round.data_index + round.batch_size}
   const base = Math.floor(round.batch_size / trainers)
   const extra = round.batch_size % trainers
   const start = round.data_index + position * base + Math.min(position, extra)
@@ -96,9 +111,9 @@ export function rangeForPosition(round: Pick<Round, 'data_index' | 'batch_size'>
 }
 
 /**
- * Every trainer's batch range for the round (default: current): the round's batches split into
- * contiguous ranges, handed out in an order shuffled by the round seed. With more trainers than
- * batches, the last positions get empty ranges (start = end).
+ * Every member's batch range for the round (default: current): the round's batches split into contiguous ranges,
+ * handed out in an order shuffled by the round seed. Members past trainerCount (max_trainers_per_round), and with
+ * more trainers than batches the last positions, get empty ranges (start = end): they produce nothing this round.
  */
 export function assignBatches(state: CoordinatorState, round?: Round | null): Map<ClientId, BatchRange> {
   const r = roundOf(state, round)
@@ -106,8 +121,9 @@ export function assignBatches(state: CoordinatorState, round?: Round | null): Ma
   if (hit) return hit
   const n = r.roster.length
   const positions = shuffleAll(n, subSeed(r.seed, 'data'))
+  const trainers = trainerCount(state.config, n)
   const out = new Map<ClientId, BatchRange>()
-  for (let i = 0; i < n; i++) out.set(r.roster[i], rangeForPosition(r, n, positions[i]))
+  for (let i = 0; i < n; i++) out.set(r.roster[i], rangeForPosition(r, trainers, positions[i]))
   assignmentMemo.set(r, out)
   return out
 }
@@ -119,7 +135,8 @@ export function batchRangeFor(state: CoordinatorState, id: ClientId, round?: Rou
   if (memo) return memo.get(id)
   const index = r.roster.indexOf(id)
   if (index < 0) return undefined
-  return rangeForPosition(r, r.roster.length, shuffledIndex(index, r.roster.length, subSeed(r.seed, 'data')))
+  const n = r.roster.length
+  return rangeForPosition(r, trainerCount(state.config, n), shuffledIndex(index, n, subSeed(r.seed, 'data')))
 }
 
 /** The round's witnesses (default: current round), in witness order: those the seed shuffles to the first positions. */

@@ -1,4 +1,5 @@
 import {existsSync, readFileSync} from 'node:fs'
+import {trainerCount} from '../coordinator/rules.js'
 import type {CoordinatorState} from '../coordinator/types.js'
 import {PsycheError} from '../errors.js'
 import {writeFileAtomicSync} from '../protocol/atomic-file.js'
@@ -175,7 +176,7 @@ export class RunHistory {
           round_seconds: null,
           compute_seconds: null,
           coordination_seconds: null,
-          trainers: round.roster.length,
+          trainers: trainerCount(state.config, round.roster.length),
           witnesses: 0,
           loss: null,
           val_loss: null,

@@ -1,4 +1,4 @@
-import {modelWanted, witnessCount, witnessQuorum} from '../coordinator/index.js'
+import {modelWanted, trainerCount, witnessCount, witnessQuorum} from '../coordinator/index.js'
 import type {CoordinatorState} from '../coordinator/types.js'
 import type {SaveStatus} from '../protocol/messages.js'
 
@@ -18,7 +18,7 @@ export interface RunSummary {
   epoch_time_left_seconds: number | null
   clients: {id: string; state: string}[]
   clients_by_state: {healthy: number; dropped: number; withdrawn: number; ejected: number; pending: number}
-  round: {step: number; height: number; batch_size: number; trainers: number; witnesses_expected: number; witness_proofs: number; witness_quorum: number} | null
+  round: {step: number; height: number; batch_size: number; trainers: number; members: number; witnesses_expected: number; witness_proofs: number; witness_quorum: number} | null
   pause_pending: boolean
   /**
    * The run cannot train for want of its model: the step and parameter hash of the run's current model that no member
@@ -80,7 +80,8 @@ export function summarizeRun(state: CoordinatorState, nowSeconds: number): RunSu
           step: round.step,
           height: round.height,
           batch_size: round.batch_size,
-          trainers: round.roster.length,
+          trainers: trainerCount(state.config, round.roster.length),
+          members: round.roster.length,
           witnesses_expected: expected,
           witness_proofs: round.witnesses.length,
           witness_quorum: witnessQuorum(expected),

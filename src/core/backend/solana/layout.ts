@@ -200,6 +200,7 @@ export function decodeCoordinator(data: Uint8Array): OnChainCoordinator {
   const config = {} as Record<string, number>
   for (const f of structLayout('Config').fields) config[f.name] = num(b, O.config + f.offset, `config.${f.name}`)
   if (config.rounds_per_epoch === 0) delete config.rounds_per_epoch
+  if (config.max_trainers_per_round === 0) delete config.max_trainers_per_round
   const checkpointersLen = num(b, O.checkpointers_len, 'checkpointers_len')
   if (checkpointersLen > MAX_CHECKPOINTERS) throw new RangeError('coordinator account: checkpointers exceed MAX_CHECKPOINTERS')
   const checkpointers = Array.from({length: checkpointersLen}, (_, i) => b.toString('hex', O.checkpointers + i * 32, O.checkpointers + i * 32 + 32))
@@ -308,6 +309,7 @@ export function encodeInit(runId: string, mainAuthority: string, joinAuthority: 
 export function encodeUpdate(config: CoordinatorConfig | undefined, model: {LLM: LLMConfig} | undefined): Uint8Array {
   // rounds_per_epoch 0 is how the account spells "not set": a 0 in the config would silently mean that
   if (config?.rounds_per_epoch === 0) throw new RangeError('config.rounds_per_epoch must be at least 1 (leave it out for no limit)')
+  if (config?.max_trainers_per_round === 0) throw new RangeError('config.max_trainers_per_round must be at least 1 (leave it out for no limit)')
   // Not in the coordinator account yet: refused rather than silently dropped (the clients would use the default).
   if (config?.verification_sample !== undefined && config.verification_sample !== DEFAULT_VERIFICATION_SAMPLE)
     throw new RangeError(`config.verification_sample: the Solana coordinator program does not store it yet; leave it out (default ${DEFAULT_VERIFICATION_SAMPLE})`)
