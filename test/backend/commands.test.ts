@@ -9,7 +9,7 @@ import {buildWitnessProof} from '../../src/core/coordinator/index.js'
 import type {CoordinatorState} from '../../src/core/coordinator/types.js'
 import {generateIdentity, loadIdentity, saveIdentity} from '../../src/core/protocol/index.js'
 import {runCli, startCli, tempDir} from '../helpers.js'
-import {RUN_ID, waitUntil, writeRunConfig} from './helpers.js'
+import {RUN_ID, aliveProof, waitUntil, writeRunConfig} from './helpers.js'
 
 test('psyche identity new writes a 0600 identity and prints its id, refuses to overwrite without --force; show prints the id', async () => {
   const dir = tempDir()
@@ -101,7 +101,7 @@ for (const [i, combination] of restartCombinations.entries()) {
       await nextState(client, (s) => s.run_state === 'Warmup')
       client.sendWarmupReady()
       const round1 = await nextState(client, (s) => s.run_state === 'RoundTrain')
-      assert.ok(client.sendWitness(1, buildWitnessProof(round1.epoch.round!, [])))
+      assert.ok(client.sendWitness(1, aliveProof(round1.epoch.round!, [alice.id])))
       const round2 = await nextState(client, (s) => s.run_state === 'RoundTrain' && s.progress.step === 2)
       // Saved as it happened: the file on disk is at step 2 when the server is killed.
       await waitUntil(() => JSON.parse(JSON.parse(readFileSync(join(saveDir, 'coordinator-state.json'), 'utf8')).state).progress.step === 2, 'step 2 on disk')
@@ -124,7 +124,7 @@ for (const [i, combination] of restartCombinations.entries()) {
       assert.equal(resumed.run_state, 'RoundTrain')
       assert.equal(resumed.step, 2, 'no step lost')
       await reconnected
-      assert.ok(client.sendWitness(2, buildWitnessProof(round2.epoch.round!, [])))
+      assert.ok(client.sendWitness(2, aliveProof(round2.epoch.round!, [alice.id])))
       await nextState(client, (s) => s.run_state === 'RoundTrain' && s.progress.step === 3)
 
       // The saved file follows the run.

@@ -4,7 +4,9 @@ import {connect, type Socket} from 'node:net'
 import {join} from 'node:path'
 import {CoordinatorConnection, CoordinatorServer, type CoordinatorServerOptions} from '../../src/core/backend/index.js'
 import {loadRunConfigFile} from '../../src/core/config/index.js'
-import type {CoordinatorState} from '../../src/core/coordinator/types.js'
+import {participantKey, witnessBloomParams} from '../../src/core/coordinator/rules.js'
+import type {CoordinatorState, Round} from '../../src/core/coordinator/types.js'
+import {BloomFilter} from '../../src/core/primitives/bloom.js'
 import {FrameReader, decodeServerMessage, encodeClientMessage, type ClientBodies, type ClientKind, type Identity, type ServerEnvelope} from '../../src/core/protocol/index.js'
 import {projectRoot} from '../../src/core/worker/python.js'
 
@@ -174,5 +176,31 @@ export function nextState(c: CoordinatorConnection, pred: (s: CoordinatorState) 
       }
     }
     c.on('state', on)
+  })
+}
+
+/**
+ * A witness proof that saw these clients alive but none of their results: the round waits out its witness phase (no
+ * early close), and none of them is dropped as unseen when it closes (coordinator/rules.ts unseenTrainers).
+ */
+export function aliveProof(round: Round, ids: string[]): {participant_bloom: string; broadcast_bloom: string} {
+  const params = witnessBloomParams(round.roster.length)
+  const participants = new BloomFilter(params)
+  for (const id of ids) participants.add(participantKey(id))
+  return {participant_bloom: participants.toBase64(), broadcast_bloom: new BloomFilter(params).toBase64()}
+}
+
+/**
+ * The state of round `step` once it starts, whether the round before closes at once (every witness saw every
+ * trainer) or after its witness phase: with `clock`, time is moved past that phase when it begins.
+ */
+export function nextRound(c: CoordinatorConnection, step: number, clock?: {advance(seconds: number): void}): Promise<CoordinatorState> {
+  let advanced = false
+  return nextState(c, (s) => {
+    if (clock && !advanced && s.run_state === 'RoundWitness') {
+      advanced = true
+      clock.advance(2)
+    }
+    return s.run_state === 'RoundTrain' && s.progress.step === step
   })
 }

@@ -9,7 +9,7 @@ import {PsycheError} from '../../src/core/errors.js'
 import {saveStatusText} from '../../src/core/obs/summary.js'
 import {generateIdentity} from '../../src/core/protocol/index.js'
 import {tempDir} from '../helpers.js'
-import {Clock, RUN_ID, startTestServer, waitUntil, writeRunConfig, nextState} from './helpers.js'
+import {Clock, RUN_ID, aliveProof, nextRound, startTestServer, waitUntil, writeRunConfig, nextState} from './helpers.js'
 
 test('a stopped server restarted from --save-state-dir resumes the run; the client reconnects and training goes on', async () => {
   const dir = tempDir()
@@ -56,12 +56,22 @@ test('a stopped server restarted from --save-state-dir resumes the run; the clie
     assert.equal(c.state?.run_state, 'RoundTrain')
     assert.deepEqual(c.state?.epoch.clients, [{id: alice.id, state: 'Healthy'}])
 
-    // Training resumes: the witness proof for step 1 ends the round, and step 2 begins.
-    assert.ok(c.sendWitness(1, buildWitnessProof(round1.epoch.round!, [])))
-    await nextState(c, (s) => s.run_state === 'RoundWitness')
-    clock.advance(2)
-    const round2 = await nextState(c, (s) => s.run_state === 'RoundTrain' && s.progress.step === 2)
-    assert.notEqual(round2.epoch.round?.seed, round1.epoch.round?.seed)
+    // Training resumes: the witness proof for step 1 (which saw alice's result: a trainer its quorum did not see is
+    // dropped when the round closes) ends the round, at once (every witness saw every trainer) or after the witness
+    // phase, and step 2 begins.
+    const r1 = round1.epoch.round!
+    const round2 = new Promise<CoordinatorState>((resolve) => {
+      const on = (s: CoordinatorState) => {
+        if (s.run_state === 'RoundWitness') clock.advance(2)
+        if (s.run_state === 'RoundTrain' && s.progress.step === 2) {
+          c!.off('state', on)
+          resolve(s)
+        }
+      }
+      c!.on('state', on)
+    })
+    assert.ok(c.sendWitness(1, buildWitnessProof(r1, [{id: alice.id, range: {start: r1.data_index, end: r1.data_index + r1.batch_size}, commitment: Buffer.alloc(32, 7)}])))
+    assert.notEqual((await round2).epoch.round?.seed, round1.epoch.round?.seed)
   } finally {
     await c?.close()
     await second?.server.stop()
@@ -202,10 +212,9 @@ test('with an identity file, a --save-state-dir that does not exist is created a
     await nextState(c, (s) => s.run_state === 'Warmup')
     c.sendWarmupReady()
     const round1 = await nextState(c, (s) => s.run_state === 'RoundTrain')
-    assert.ok(c.sendWitness(1, buildWitnessProof(round1.epoch.round!, [])))
-    await nextState(c, (s) => s.run_state === 'RoundWitness')
-    clock.advance(2)
-    await nextState(c, (s) => s.run_state === 'RoundTrain' && s.progress.step === 2)
+    const round2 = nextRound(c, 2, clock)
+    assert.ok(c.sendWitness(1, aliveProof(round1.epoch.round!, [alice.id])))
+    await round2
     assert.equal(first.logs.filter((l) => l.event === 'error').length, 0, JSON.stringify(first.logs.filter((l) => l.event === 'error')))
     const port = first.server.port
     await first.server.stop()
