@@ -83,10 +83,10 @@ describe("Psyche's own configs (test/fixtures/psyche-configs)", () => {
     for (const file of ['solana-test/light-config.toml', 'solana-test/nano-config.toml', 'llama2-20m-dolma-noverify-first-checkpointer/state.toml']) {
       assert.deepEqual(await unsupported(file), [], file)
     }
-    // consilience: its WeightedHttp data is served, its DeepSeek-V3 model is not (yet)
+    // consilience: its WeightedHttp data and its DeepSeek-V3 model are served, DisTrO over fused 3-D experts is not (yet)
     assert.deepEqual(
       (await unsupported('consilience/state.toml')).map(([path]) => path),
-      ['model.LLM.architecture'],
+      ['model.LLM.optimizer.Distro'],
     )
     assert.deepEqual(
       (await unsupported('test/state.toml')).map(([path]) => path),

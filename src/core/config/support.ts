@@ -14,8 +14,31 @@ const no = (reason: string): Support => ({supported: false, reason})
 /** `model.LLM.architecture`: the model families the worker builds (python/psyche_worker/model.py). */
 export const ARCHITECTURES: Record<LLMArchitecture, Support> = {
   HfLlama: yes,
-  HfDeepseek: no('the worker builds no DeepSeek-V3 model yet (only HfLlama)'),
-  HfAuto: no('the worker builds no AutoModelForCausalLM model yet (only HfLlama)'),
+  HfDeepseek: yes,
+  HfAuto: yes,
+}
+
+/**
+ * The transformers model types (a model's config.json `model_type`) each architecture runs: HfLlama and HfDeepseek
+ * one family, HfAuto (`undefined`) any causal language model that transformers' AutoModelForCausalLM builds. The
+ * worker's own table is python/psyche_worker/model.py ARCHITECTURES, which its hello reports
+ * (test/worker/architectures.test.ts checks that the two agree); src/core/config/architectures.ts checks a model
+ * against it.
+ */
+export const ARCHITECTURE_MODEL_TYPES: Readonly<Record<LLMArchitecture, readonly string[] | undefined>> = {
+  HfLlama: ['llama'],
+  HfDeepseek: ['deepseek_v3'],
+  HfAuto: undefined,
+}
+
+/**
+ * The optimizers on a mixture of experts whose experts are fused 3-D tensors (transformers 5's DeepSeek-V3:
+ * `mlp.experts.gate_up_proj`, `down_proj`). The worker refuses DisTrO on any model with a 3-D parameter, naming it;
+ * here the run config says so for HfDeepseek (an HfAuto model's shape is only known from its config.json).
+ */
+const OPTIMIZERS_ON_FUSED_EXPERTS: Record<'AdamW' | 'Distro', Support> = {
+  AdamW: yes,
+  Distro: no("DisTrO compresses 1-D and 2-D tensors, and a DeepSeek-V3 model's experts are fused 3-D tensors; train it with AdamW on one node"),
 }
 
 /** The variants of `model.LLM.data_location`. */
@@ -97,6 +120,8 @@ export function unsupportedFeatures(file: RunConfigFile): UnsupportedFeature[] {
     else if (!support.supported) out.push({path, reason: support.reason})
   }
   check(ARCHITECTURES[llm.architecture], 'model.LLM.architecture', `unknown architecture ${llm.architecture}`)
+  if (llm.architecture === 'HfDeepseek' && typeof llm.optimizer === 'object' && 'Distro' in llm.optimizer)
+    check(OPTIMIZERS_ON_FUSED_EXPERTS.Distro, 'model.LLM.optimizer.Distro', '')
   const checkpoint = variantOf(llm.checkpoint)
   if (checkpoint in CHECKPOINTS) check(CHECKPOINTS[checkpoint as keyof typeof CHECKPOINTS], `model.LLM.checkpoint.${checkpoint}`, '')
   const data = llm.data_location

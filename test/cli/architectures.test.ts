@@ -1,0 +1,53 @@
+import assert from 'node:assert/strict'
+import {mkdirSync, readFileSync, writeFileSync} from 'node:fs'
+import {join} from 'node:path'
+import {after, before, describe, it} from 'node:test'
+import {ensureDemoCorpus} from '../../src/core/corpus.js'
+import {projectRoot} from '../../src/core/worker/python.js'
+import {runCli, tempDir} from '../helpers.js'
+
+/**
+ * `psyche train --model DIR --steps 5` as a user runs it on a model of another family than Llama: the model's
+ * config.json decides what it is (HfAuto), the demo corpus is the data, and two runs with the same seed give the same
+ * parameter hash. One dense family (qwen3, tied embeddings, the default run's DisTrO) and one mixture of experts
+ * (deepseek_v3, HfDeepseek's family, with AdamW: DisTrO does not compress fused 3-D expert tensors yet). Every other
+ * family trains through the same command path; test/worker/architectures.test.ts trains all ten in two worker
+ * processes (a CLI run costs ~5 CPU seconds, most of it importing torch and transformers).
+ */
+const all = JSON.parse(readFileSync(join(projectRoot, 'test', 'fixtures', 'tiny-architectures.json'), 'utf8')) as Record<string, {config: Record<string, unknown>}>
+const families = {qwen3: all.qwen3, deepseek_v3: all.deepseek_v3}
+const MOE = new Set(['deepseek_v3'])
+const tmp = tempDir()
+after(() => tmp.cleanup())
+
+describe('psyche train --model DIR of a dense and a mixture-of-experts family', () => {
+  before(async () => {
+    await ensureDemoCorpus()
+  })
+
+  for (const [family, {config}] of Object.entries(families)) {
+    it(`${family}: a finite, falling loss and the same param_hash for the same seed`, async () => {
+      const dir = join(tmp.path, family)
+      mkdirSync(dir)
+      writeFileSync(join(dir, 'config.json'), JSON.stringify(config))
+      const args = ['train', '--model', dir, '--steps', '5', '--total-batch', '8', '--seq-len', '32', '--lr', '5e-2', '--eval-batches', '1', '--threads', '1', '--json']
+      if (MOE.has(family)) args.push('--optimizer', 'adamw')
+      const runs = await Promise.all([0, 1].map((i) => runCli([...args, '--metrics', join(dir, `metrics-${i}.jsonl`)])))
+      for (const r of runs) assert.equal(r.exitCode, 0, r.stderr)
+      const [a, b] = runs.map((r) => JSON.parse(r.stdout))
+      assert.equal(a.steps, 5)
+      const losses = readFileSync(join(dir, 'metrics-0.jsonl'), 'utf8')
+        .trim()
+        .split('\n')
+        .map((l) => JSON.parse(l).loss as number)
+      assert.equal(losses.length, 5)
+      assert.ok(
+        losses.every((l) => Number.isFinite(l)),
+        `finite: ${losses}`,
+      )
+      assert.ok(a.last_loss < a.first_loss - 0.1, `the loss falls: ${losses.map((l) => l.toFixed(3)).join(' → ')}`)
+      assert.match(a.param_hash, /^[0-9a-f]{64}$/)
+      assert.equal(a.param_hash, b.param_hash, 'the same seed, the same parameters')
+    })
+  }
+})
