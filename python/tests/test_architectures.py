@@ -56,7 +56,7 @@ def test_a_saved_checkpoint_loads_with_plain_transformers_and_with_the_worker(fa
     assert f"- {family}" in (out / "README.md").read_text()
 
 
-def test_tied_embeddings_count_once():
+def test_tied_embeddings_count_once(tmp_path):
     spec = FAMILIES["qwen3"]
     m = models.init_model(spec["config"], seed=0, architecture="HfAuto")
     assert m.config.tie_word_embeddings and m.lm_head.weight is m.model.embed_tokens.weight
@@ -68,6 +68,11 @@ def test_tied_embeddings_count_once():
     grouped = [p for g in split_decay_groups(m, 0.1) for p in g["params"]]
     assert len(grouped) == len(names) and sum(p is m.lm_head.weight for p in grouped) == 1
     assert models.param_hash(m) == models.hash_named_tensors([(n, p) for n, p in m.named_parameters()])
+    # saved once: the file holds the embeddings, and loading ties lm_head to them again
+    models.save_model(m, str(tmp_path / "m"))
+    assert "lm_head.weight" not in load_file(str(tmp_path / "m" / "model.safetensors"))
+    again = models.load_model(str(tmp_path / "m"), "HfAuto")
+    assert again.lm_head.weight is again.model.embed_tokens.weight
 
 
 def test_two_parameters_over_one_storage_are_refused():
