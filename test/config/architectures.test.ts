@@ -68,6 +68,8 @@ describe('model.LLM.architecture against the model it names', () => {
     assert.equal(plan.model.architecture, 'HfAuto')
     assert.equal(plan.model.kind, 'config')
     await assert.rejects(resolveTrainPlan({model: dir, template: 'tiny-demo'}), /model\.LLM\.architecture = "HfLlama": the model's config\.json has model_type "mixtral"/)
+    writeFileSync(join(dir, 'config.json'), JSON.stringify({...families.mixtral.config, model_type: undefined}))
+    await assert.rejects(resolveTrainPlan({model: dir}), new RegExp(`--model ${dir}: its config\\.json has no model_type`))
   })
 
   it('the tiny-qwen3 and tiny-deepseek-v3 templates scaffold runs that validate', async () => {

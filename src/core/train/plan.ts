@@ -188,9 +188,12 @@ export async function resolveTrainPlan(flags: TrainFlags): Promise<TrainPlan> {
   if (!supported.supported) throw new PsycheError(`${run.path}: model.LLM.architecture = "${llm.architecture}": ${supported.reason}`, {code: 'ECONFIG'})
   const source = flags.model ? modelSourceFromDir(resolve(flags.model), '--model') : await modelFromCheckpoint(run, llm, flags.hub)
   // --model alone (the default template's run): the model's own config.json says what it is
-  const architecture: LLMArchitecture = flags.model && !flags.config && !flags.template ? 'HfAuto' : llm.architecture
+  const modelAlone = flags.model !== undefined && !flags.config && !flags.template
+  const architecture: LLMArchitecture = modelAlone ? 'HfAuto' : llm.architecture
   const wrongModel = architectureMismatch(architecture, source.kind === 'config' ? source.config : readModelConfig(join(source.dir, 'config.json')))
-  if (wrongModel) throw new PsycheError(`${run.path}: model.LLM.architecture = "${architecture}": ${wrongModel}`, {code: 'ECONFIG'})
+  if (wrongModel) {
+    throw new PsycheError(`${modelAlone ? `--model ${flags.model}` : `${run.path}: model.LLM.architecture = "${architecture}"`}: ${wrongModel}`, {code: 'ECONFIG'})
+  }
   const model: ModelSource = {...source, architecture}
 
   let optimizer = llm.optimizer
