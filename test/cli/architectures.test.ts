@@ -8,16 +8,15 @@ import {runCli, tempDir} from '../helpers.js'
 
 /**
  * `psyche train --model DIR --steps 5` as a user runs it on a model of another family than Llama: the model's
- * config.json decides what it is (HfAuto), the demo corpus is the data, two runs with the same seed give the same
- * parameter hash, and the trained model is saved with the directory's own tokenizer. One dense family (qwen3, tied
- * embeddings, the default run's DisTrO) and one mixture of experts (deepseek_v3, HfDeepseek's family, with AdamW:
- * DisTrO does not compress fused 3-D expert tensors yet). Every other family trains through the same command path;
- * test/worker/architectures.test.ts trains all ten in two worker processes (a CLI run costs ~5 CPU seconds, most of
- * it importing torch and transformers).
+ * config.json decides what it is (HfAuto), the demo corpus is the data, the default run's DisTrO the optimizer, two
+ * runs with the same seed give the same parameter hash, and the trained model is saved with the directory's own
+ * tokenizer. One dense family (qwen3, tied embeddings) and one mixture of experts (deepseek_v3, HfDeepseek's family,
+ * fused 3-D experts). Every other family trains through the same command path; test/worker/architectures.test.ts
+ * trains all ten in two worker processes (a CLI run costs ~5 CPU seconds, most of it importing torch and
+ * transformers).
  */
 const all = JSON.parse(readFileSync(join(projectRoot, 'test', 'fixtures', 'tiny-architectures.json'), 'utf8')) as Record<string, {config: Record<string, unknown>}>
 const families = {qwen3: all.qwen3, deepseek_v3: all.deepseek_v3}
-const MOE = new Set(['deepseek_v3'])
 const tmp = tempDir()
 after(() => tmp.cleanup())
 
@@ -36,7 +35,6 @@ describe('psyche train --model DIR of a dense and a mixture-of-experts family', 
       const ownTokenizer = JSON.stringify(JSON.parse(readFileSync(corpusTokenizer, 'utf8')))
       writeFileSync(join(dir, 'tokenizer.json'), ownTokenizer)
       const args = ['train', '--model', dir, '--steps', '5', '--total-batch', '8', '--seq-len', '32', '--lr', '5e-2', '--eval-batches', '1', '--threads', '1', '--json']
-      if (MOE.has(family)) args.push('--optimizer', 'adamw')
       const save = join(dir, 'trained')
       const runs = await Promise.all([0, 1].map((i) => runCli([...args, '--metrics', join(dir, `metrics-${i}.jsonl`), ...(i === 0 ? ['--save', save] : [])])))
       for (const r of runs) assert.equal(r.exitCode, 0, r.stderr)

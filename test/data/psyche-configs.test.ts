@@ -10,7 +10,7 @@ import {serveBucket, serveDirectory, tokens, writeTokenFiles} from './fixtures.j
 // Done-when of the data half of issue 35: every real Psyche config (test/fixtures/psyche-configs, unchanged copies of
 // Psyche's config/ folder), with its data replaced by a local server of the same location kind and its model by a tiny
 // Llama, trains 2 steps with `psyche train --config`, and the model changes. Consilience names HfDeepseek: its model is
-// a tiny DeepSeek-V3, trained with AdamW (DisTrO does not compress fused 3-D expert tensors yet: config/support.ts).
+// a tiny DeepSeek-V3, trained with its config's DisTrO.
 
 const FIXTURES = 'test/fixtures/psyche-configs'
 const SEQ = 32
@@ -84,7 +84,7 @@ describe("Psyche's run configs train with their data from a local server of the 
   })
 
   /** Trains 2 steps of `text` (a rewritten config) and checks the run: finite losses, and the model changed. */
-  async function train(name: string, text: string, env: Record<string, string> = {}, from = model, extra: string[] = []): Promise<Record<string, number>> {
+  async function train(name: string, text: string, env: Record<string, string> = {}, from = model): Promise<Record<string, number>> {
     const file = join(tmp.path, `${name.replace(/\//g, '-')}`)
     writeFileSync(file, text)
     const r = await runCli(
@@ -94,7 +94,6 @@ describe("Psyche's run configs train with their data from a local server of the 
         file,
         '--model',
         from,
-        ...extra,
         '--steps',
         '2',
         '--seq-len',
@@ -146,10 +145,12 @@ describe("Psyche's run configs train with their data from a local server of the 
         return
       }
       if (/WeightedHttp = "/.test(text)) {
-        // consilience: HfDeepseek, a tiny DeepSeek-V3 on AdamW (DisTrO over its fused 3-D experts: config/support.ts)
+        // consilience: HfDeepseek, a tiny DeepSeek-V3 (DisTrO over its fused 3-D experts, as the config says)
         assert.match(text, /architecture = "HfDeepseek"/)
         text = text.replace(/WeightedHttp = "[^"]*"/, `WeightedHttp = "${http}/mix.json"`)
-        await train(config, text, {}, deepseek, ['--optimizer', 'adamw'])
+        const summary = await train(config, text, {}, deepseek)
+        const distro = summary.distro as unknown as {result_bytes: number; dense_bytes: number}
+        assert.ok(distro && distro.result_bytes > 0 && distro.result_bytes < distro.dense_bytes / 100, `consilience trained with DisTrO: ${JSON.stringify(distro)}`)
         return
       }
       if (/location\.Gcp\]/.test(text)) {

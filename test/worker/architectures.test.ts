@@ -9,16 +9,15 @@ import {projectRoot} from '../../src/core/worker/python.js'
 /**
  * Replicas of every architecture family stay bit-identical across clients: two worker processes (one thread each,
  * as two clients' workers) build each tiny model of test/fixtures/tiny-architectures.json from the same seed and
- * train it. Dense families take DisTrO's network path (each client its own batch, both apply both results);
- * mixtures of experts, whose fused 3-D expert tensors DisTrO does not compress yet, take AdamW steps on the same
- * batches (routing included: a token routed differently would change the hash).
+ * train it on DisTrO's network path, each client on its own batches, both applying both clients' results a round
+ * later. Mixtures of experts included: routing decides each client's gradient, and their fused 3-D expert tensors
+ * are compressed expert by expert.
  */
 interface Family {
   architecture: 'HfLlama' | 'HfDeepseek' | 'HfAuto'
   config: Record<string, unknown>
 }
 const families = JSON.parse(readFileSync(join(projectRoot, 'test', 'fixtures', 'tiny-architectures.json'), 'utf8')) as Record<string, Family>
-const MOE = new Set(['deepseek_v3', 'qwen3_moe', 'mixtral'])
 const ROWS = 4
 const SEQ = 33
 const STEPS = 5
@@ -58,29 +57,16 @@ describe('every architecture family, in two worker processes', () => {
       assert.equal(ia.vocab_size, 4096)
       const hashes = new Set([ia.param_hash])
       const losses: number[] = []
-      if (MOE.has(family)) {
-        const setup = {optimizer: {AdamW: {}}, lr_schedule: schedule, micro_batch: ROWS}
-        await Promise.all([a.configure(setup), b.configure(setup)])
-        for (let step = 0; step < STEPS; step++) {
-          const [ra, rb] = await Promise.all([a.trainStep(batch(step + 1), ROWS, step), b.trainStep(batch(step + 1), ROWS, step)])
-          assert.equal(ra.loss, rb.loss, `step ${step}: the same loss`)
-          losses.push(ra.loss)
-          const [ha, hb] = await Promise.all([a.paramHash(), b.paramHash()])
-          assert.equal(ha, hb, `step ${step}: replicas differ`)
-          hashes.add(ha)
-        }
-      } else {
-        // DisTrO across two clients: each trains on its own batch and applies both results, a round later
-        const setup = {optimizer: distro, lr_schedule: schedule, micro_batch: ROWS, delay_correction: true}
-        await Promise.all([a.configure(setup), b.configure(setup)])
-        let previous: {applyStep: number; results: Uint8Array[]} | undefined
-        for (let step = 1; step <= STEPS + 1; step++) {
-          const [ra, rb] = await Promise.all([a.trainRound(batch(2 * step), ROWS, step, previous), b.trainRound(batch(2 * step + 1), ROWS, step, previous)])
-          assert.equal(ra.paramHash, rb.paramHash, `step ${step}: replicas differ after applying both results`)
-          hashes.add(ra.paramHash)
-          losses.push((ra.loss + rb.loss) / 2)
-          previous = {applyStep: step, results: [ra.result, rb.result]}
-        }
+      const setup = {optimizer: distro, lr_schedule: schedule, micro_batch: ROWS, delay_correction: true}
+      await Promise.all([a.configure(setup), b.configure(setup)])
+      let previous: {applyStep: number; results: Uint8Array[]} | undefined
+      for (let step = 1; step <= STEPS + 1; step++) {
+        const [ra, rb] = await Promise.all([a.trainRound(batch(2 * step), ROWS, step, previous), b.trainRound(batch(2 * step + 1), ROWS, step, previous)])
+        assert.equal(ra.paramHash, rb.paramHash, `step ${step}: replicas differ after applying both results`)
+        assert.equal(ra.applied, previous ? 2 : 0, `step ${step}: both clients' results applied`)
+        hashes.add(ra.paramHash)
+        losses.push((ra.loss + rb.loss) / 2)
+        previous = {applyStep: step, results: [ra.result, rb.result]}
       }
       assert.equal(hashes.size, STEPS + 1, 'every step changed the parameters')
       assert.ok(
@@ -91,15 +77,22 @@ describe('every architecture family, in two worker processes', () => {
     })
   }
 
-  it('DisTrO compresses a tied embedding once (qwen3 ties lm_head to the embeddings)', async () => {
-    const {config} = families.qwen3
-    assert.equal(config.tie_word_embeddings, true)
-    await a.initFromConfig(config, 0, 'HfAuto')
-    const {resultFormat} = await a.configure({optimizer: distro, lr_schedule: schedule, micro_batch: ROWS, delay_correction: true})
-    const compressed = resultFormat!.tensors.map((t) => t.name)
-    const params = (await a.exportParams()).frames.map((f) => f.name)
-    assert.deepEqual([...compressed].sort(), [...params].sort(), 'one compressed tensor per parameter')
-    assert.ok(params.includes('model.embed_tokens.weight') && !params.includes('lm_head.weight'))
+  it('DisTrO compresses every parameter once: a tied embedding (qwen3) once, a fused 3-D expert tensor (deepseek_v3) whole', async () => {
+    for (const family of ['qwen3', 'deepseek_v3']) {
+      const {architecture, config} = families[family]
+      await a.initFromConfig(config, 0, architecture)
+      const {resultFormat} = await a.configure({optimizer: distro, lr_schedule: schedule, micro_batch: ROWS, delay_correction: true})
+      const tensors = resultFormat!.tensors
+      const params = (await a.exportParams()).frames
+      assert.deepEqual(tensors.map((t) => t.name).sort(), params.map((f) => f.name).sort(), `${family}: one compressed tensor per parameter`)
+      if (family === 'qwen3') {
+        assert.equal(config.tie_word_embeddings, true)
+        assert.ok(params.some((f) => f.name === 'model.embed_tokens.weight') && !params.some((f) => f.name === 'lm_head.weight'))
+      } else {
+        const experts = tensors.find((t) => t.name === 'model.layers.1.mlp.experts.gate_up_proj')
+        assert.equal(experts?.shape.length, 3, 'the fused experts [E, R, C]')
+      }
+    }
   })
 
   it('refuses a model of another architecture than the run names, by its model_type', async () => {

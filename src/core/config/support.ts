@@ -31,16 +31,6 @@ export const ARCHITECTURE_MODEL_TYPES: Readonly<Record<LLMArchitecture, readonly
   HfAuto: undefined,
 }
 
-/**
- * The optimizers on a mixture of experts whose experts are fused 3-D tensors (transformers 5's DeepSeek-V3:
- * `mlp.experts.gate_up_proj`, `down_proj`). The worker refuses DisTrO on any model with a 3-D parameter, naming it;
- * here the run config says so for HfDeepseek (an HfAuto model's shape is only known from its config.json).
- */
-const OPTIMIZERS_ON_FUSED_EXPERTS: Record<'AdamW' | 'Distro', Support> = {
-  AdamW: yes,
-  Distro: no("DisTrO compresses 1-D and 2-D tensors, and a DeepSeek-V3 model's experts are fused 3-D tensors; train it with AdamW on one node"),
-}
-
 /** The variants of `model.LLM.data_location`. */
 export type DataLocationKind = 'Local' | 'Server' | 'Http' | 'WeightedHttp' | 'Preprocessed' | 'Dummy'
 
@@ -120,8 +110,6 @@ export function unsupportedFeatures(file: RunConfigFile): UnsupportedFeature[] {
     else if (!support.supported) out.push({path, reason: support.reason})
   }
   check(ARCHITECTURES[llm.architecture], 'model.LLM.architecture', `unknown architecture ${llm.architecture}`)
-  if (llm.architecture === 'HfDeepseek' && typeof llm.optimizer === 'object' && 'Distro' in llm.optimizer)
-    check(OPTIMIZERS_ON_FUSED_EXPERTS.Distro, 'model.LLM.optimizer.Distro', '')
   const checkpoint = variantOf(llm.checkpoint)
   if (checkpoint in CHECKPOINTS) check(CHECKPOINTS[checkpoint as keyof typeof CHECKPOINTS], `model.LLM.checkpoint.${checkpoint}`, '')
   const data = llm.data_location
