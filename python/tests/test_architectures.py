@@ -11,7 +11,8 @@ from safetensors.torch import load_file, save_file
 
 from psyche_worker import model as models
 from psyche_worker.protocol import WorkerError
-from psyche_worker.trainer import Trainer, split_decay_groups
+from psyche_worker.optim.adamw import split_decay_groups
+from psyche_worker.trainer import Trainer
 
 from conftest import ROOT
 
