@@ -142,7 +142,8 @@ export class ModelLoading {
   private async initModel(fromDir?: string): Promise<void> {
     const ctx = this.ctx
     const {microBatch} = ctx.opts.plan
-    const model = fromDir ? ({kind: 'dir', dir: fromDir} as const) : ctx.opts.plan.model
+    // a model from a peer or a checkpoint must be of the run's architecture too (the worker refuses another model_type)
+    const model = fromDir ? ({kind: 'dir', dir: fromDir, architecture: ctx.opts.plan.model.architecture} as const) : ctx.opts.plan.model
     // The run's state is authoritative for what every replica must agree on: the LR schedule, and DisTrO's
     // settings when the run names DisTrO (the network path needs it; other optimizers fall back to the plan's).
     const llm = ctx.state.model.LLM
