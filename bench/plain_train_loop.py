@@ -1,5 +1,6 @@
 """The baseline for bench/train.bench.ts and bench/gpu.bench.ts: a plain PyTorch training loop (no worker, no
-ZeroMQ, no TypeScript), same model, batch shape, optimizer and threads as `psyche train` on the demo corpus.
+ZeroMQ, no TypeScript), same model (any causal LM transformers builds from the config.json), batch shape, optimizer
+and threads as `psyche train` on the demo corpus.
 On CUDA it is the loop one would write: model and batch on the GPU, bf16 autocast (--precision bf16), fused AdamW.
 Prints one JSON object: per-step wall seconds and tokens."""
 
@@ -10,7 +11,7 @@ import time
 import numpy as np
 import torch
 import torch.nn.functional as F
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--model-config", required=True)
@@ -36,7 +37,8 @@ def sync() -> None:
 torch.set_num_threads(args.threads)
 torch.manual_seed(0)
 config = json.load(open(args.model_config))
-model = LlamaForCausalLM(LlamaConfig(**{k: v for k, v in config.items() if k != "architectures"})).float().to(device)
+fields = {k: v for k, v in config.items() if k not in ("architectures", "model_type")}
+model = AutoModelForCausalLM.from_config(AutoConfig.for_model(config["model_type"], **fields), dtype=torch.float32).to(device)
 decay = [p for p in model.parameters() if p.ndim >= 2]
 no_decay = [p for p in model.parameters() if p.ndim < 2]
 opt = torch.optim.AdamW(

@@ -15,8 +15,14 @@ import torch
 
 from .protocol import WorkerError
 
-# Psyche's architecture names -> transformers model types we can build
-ARCHITECTURES = {"HfLlama": "llama"}
+# Psyche's architecture names -> the transformers model types (config.json's model_type) each one builds; None: any
+# causal language model that transformers' AutoModelForCausalLM builds. The worker's one source of truth for what it
+# can build (README, "Supported architectures", names the test that proves each).
+ARCHITECTURES: dict[str, tuple[str, ...] | None] = {
+    "HfLlama": ("llama",),
+    "HfDeepseek": ("deepseek_v3",),
+    "HfAuto": None,
+}
 
 
 def resolve_device(name: str) -> torch.device:
@@ -51,24 +57,94 @@ def resolve_precision(name: str, device: torch.device) -> str:
     return name
 
 
-def _llama_from_config(config_dict: dict[str, Any]):
-    from transformers import LlamaConfig, LlamaForCausalLM
+def _quiet_transformers() -> None:
+    """No progress bars or advice on the worker's stderr (the client reads its errors as data)."""
+    from transformers.utils import logging as hf_logging
 
-    model_type = config_dict.get("model_type", "llama")
-    if model_type != "llama":
-        raise WorkerError(f"config.json: model_type {model_type!r} is not supported (only llama / HfLlama)")
-    cfg = LlamaConfig(**{k: v for k, v in config_dict.items() if k not in ("architectures", "transformers_version")})
-    return LlamaForCausalLM(cfg)
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
 
 
-def init_model(config_dict: dict[str, Any], seed: int) -> torch.nn.Module:
-    """A randomly initialised model; the same config and seed give the same parameter bytes."""
+def causal_lm_types() -> frozenset[str]:
+    """The config.json model types that this transformers' AutoModelForCausalLM builds."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return frozenset(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+
+
+def check_architecture(config_dict: dict[str, Any], architecture: str | None, where: str) -> str:
+    """The model type of a config.json that ``architecture`` (a Psyche name; None: HfAuto) runs, or a WorkerError
+    naming the field: a config without model_type, one transformers cannot build as a causal LM, or one of another
+    architecture than the run's."""
+    name = architecture or "HfAuto"
+    if name not in ARCHITECTURES:
+        raise WorkerError(f"model.LLM.architecture = {name!r}: expected one of {', '.join(ARCHITECTURES)}", kind="unsupported")
+    model_type = config_dict.get("model_type")
+    if not isinstance(model_type, str) or not model_type:
+        raise WorkerError(f'{where}: no model_type (the transformers architecture of the model, e.g. "llama" or "qwen3")', kind="model")
+    allowed = ARCHITECTURES[name]
+    if allowed is not None and model_type not in allowed:
+        raise WorkerError(
+            f'{where}: model_type {model_type!r} is not a {name} model ({name} runs {", ".join(allowed)}); set model.LLM.architecture = "HfAuto" to train it',
+            kind="model",
+        )
+    if model_type not in causal_lm_types():
+        import transformers
+
+        raise WorkerError(
+            f"{where}: model_type {model_type!r} is not a causal language model that transformers {transformers.__version__} builds", kind="model"
+        )
+    return model_type
+
+
+def _config_from_dict(config_dict: dict[str, Any], architecture: str | None, where: str):
+    from transformers import AutoConfig
+
+    model_type = check_architecture(config_dict, architecture, where)
+    fields = {k: v for k, v in config_dict.items() if k not in ("model_type", "auto_map", "transformers_version")}
+    try:
+        return AutoConfig.for_model(model_type, **fields)
+    except (TypeError, ValueError) as exc:
+        raise WorkerError(f"{where}: not a valid {model_type} config ({exc})", kind="model") from None
+
+
+def _check_unshared(model: torch.nn.Module, where: str) -> None:
+    """Every parameter owns its storage: tied weights are one Parameter (transformers ties them so), which
+    named_parameters() yields once, so hashing, DisTrO and the optimizer each count a tied tensor once. Two
+    Parameters over one storage would be counted, compressed and updated twice."""
+    seen: dict[int, str] = {}
+    for name, p in model.named_parameters():
+        ptr = p.untyped_storage().data_ptr()
+        if ptr in seen:
+            raise WorkerError(f"{where}: parameters {seen[ptr]} and {name} share storage without being one tied parameter", kind="model")
+        seen[ptr] = name
+
+
+def init_model(config_dict: dict[str, Any], seed: int, architecture: str | None = None) -> torch.nn.Module:
+    """A randomly initialised model (AutoModelForCausalLM.from_config, fp32); the same config and seed give the same
+    parameter bytes. ``architecture``: the run's Psyche architecture the config must be (None: any causal LM)."""
+    from transformers import AutoModelForCausalLM
+
+    _quiet_transformers()
+    config = _config_from_dict(config_dict, architecture, "config.json")
     torch.manual_seed(seed)
-    model = _llama_from_config(config_dict)
-    return model.float()
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).float()
+    _check_unshared(model, "config.json")
+    return model
 
 
-def load_model(model_dir: str) -> torch.nn.Module:
+def _shape_mismatch(entry: Any) -> str:
+    """transformers' mismatched_keys entry (name, shape in the file, shape in the model), for an error message."""
+    if isinstance(entry, tuple) and len(entry) == 3:
+        name, found, wanted = entry
+        return f"{name}: {list(found)} in the file, {list(wanted)} in the model"
+    return str(entry)
+
+
+def load_model(model_dir: str, architecture: str | None = None) -> torch.nn.Module:
+    """A model directory in Hugging Face layout (config.json and model.safetensors, or shards with their
+    model.safetensors.index.json), loaded with AutoModelForCausalLM.from_pretrained in fp32. Every parameter must
+    come from the files: a missing, unexpected or misshapen tensor is an error, never a random initialisation."""
     path = Path(model_dir)
     recover_interrupted_save(path.resolve())
     cfg_path = path / "config.json"
@@ -78,27 +154,42 @@ def load_model(model_dir: str) -> torch.nn.Module:
         config_dict = json.loads(cfg_path.read_text())
     except json.JSONDecodeError as exc:
         raise WorkerError(f"{cfg_path}: not valid JSON ({exc})", kind="model") from None
+    if not isinstance(config_dict, dict):
+        raise WorkerError(f"{cfg_path}: not a JSON object", kind="model")
     weights = path / "model.safetensors"
     index = path / "model.safetensors.index.json"
     if not weights.is_file() and not index.is_file():
         raise WorkerError(f"{model_dir}: no model.safetensors (create one with `psyche model init`)", kind="model")
-    from safetensors.torch import load_file
+    check_architecture(config_dict, architecture, str(cfg_path))
+    from transformers import AutoModelForCausalLM
 
-    model = _llama_from_config(config_dict)
-    files = [weights] if weights.is_file() else _index_files(index)
-    state: dict[str, torch.Tensor] = {}
-    for file in files:
-        try:
-            state.update(load_file(str(file)))
-        except Exception as exc:  # safetensors raises several types for corrupt files
-            raise WorkerError(f"{file}: cannot read safetensors ({exc})", kind="model") from None
-    weights = weights if weights.is_file() else index
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    # lm_head may be tied to the embeddings and therefore absent from the file
-    missing = [m for m in missing if not (m == "lm_head.weight" and model.config.tie_word_embeddings)]
-    if missing or unexpected:
-        raise WorkerError(f"{weights}: tensors do not match config.json (missing {missing[:4]}, unexpected {unexpected[:4]})", kind="model")
-    return model.float()
+    _quiet_transformers()
+    if not weights.is_file():
+        _index_files(index)  # every file it names is a .safetensors file beside it, and present
+    source = weights if weights.is_file() else index
+    try:
+        model, info = AutoModelForCausalLM.from_pretrained(
+            str(path),
+            dtype=torch.float32,
+            output_loading_info=True,
+            trust_remote_code=False,
+            local_files_only=True,
+            use_safetensors=True,
+            ignore_mismatched_sizes=True,  # reported in the loading info, refused below by name
+        )
+    except WorkerError:
+        raise
+    except Exception as exc:  # safetensors and transformers raise several types for corrupt or mismatched files
+        raise WorkerError(f"{source}: cannot load the model ({type(exc).__name__}: {exc})", kind="model") from None
+    missing, unexpected = sorted(info.get("missing_keys") or ()), sorted(info.get("unexpected_keys") or ())
+    mismatched = sorted(_shape_mismatch(m) for m in info.get("mismatched_keys") or ())
+    if missing or unexpected or mismatched:
+        raise WorkerError(
+            f"{source}: tensors do not match config.json (missing {missing[:4]}, unexpected {unexpected[:4]}, wrong shape {mismatched[:4]})", kind="model"
+        )
+    model = model.float()
+    _check_unshared(model, str(source))
+    return model
 
 
 def _index_files(index: Path) -> list[Path]:
@@ -145,7 +236,12 @@ def hash_sorted_tensors(named: Iterable[tuple[str, torch.Tensor]]) -> str:
 
 
 EOS = "<|endoftext|>"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+# What a tokenizer.json travels with: its settings, special tokens and chat template (transformers 5 writes the template
+# to chat_template.jinja; older versions put it in tokenizer_config.json)
+TOKENIZER_SIDE_FILES = ("tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "chat_template.json")
+# Files of a tokenizer without a tokenizer.json that transformers' AutoTokenizer reads (BPE vocab and merges,
+# SentencePiece model)
+TOKENIZER_SOURCE_FILES = ("vocab.json", "merges.txt", "tokenizer.model", "spiece.model", "vocab.txt")
 
 
 def byte_level_tokenizer(vocab_size: int = 257):
@@ -167,13 +263,19 @@ def byte_level_tokenizer(vocab_size: int = 257):
 
 
 def write_tokenizer(dest: Path, config, source: str | None) -> str:
-    """Writes tokenizer.json + tokenizer_config.json into ``dest``: from ``source`` (a tokenizer.json file or a
-    model directory holding one), else a byte-level tokenizer. Returns where it came from."""
+    """Writes the tokenizer into ``dest``: from ``source`` (a tokenizer.json file, or a model directory: its
+    tokenizer.json with the files beside it, else whatever tokenizer files of its own AutoTokenizer reads), else a
+    byte-level tokenizer. Returns where it came from."""
     from tokenizers import Tokenizer
 
     src = Path(source) if source else None
     if src is not None and src.is_dir():
-        src = src / "tokenizer.json" if (src / "tokenizer.json").is_file() else None
+        if (src / "tokenizer.json").is_file():
+            src = src / "tokenizer.json"
+        elif any((src / name).is_file() for name in TOKENIZER_SOURCE_FILES):
+            return _save_auto_tokenizer(src, dest, config)
+        else:
+            src = None
     if src is not None and not src.is_file():
         raise WorkerError(f"tokenizer {source}: no such file", kind="model")
     if src is not None:
@@ -185,18 +287,15 @@ def write_tokenizer(dest: Path, config, source: str | None) -> str:
     else:
         vocab_size = int(getattr(config, "vocab_size", 0) or 0)
         tok, origin = byte_level_tokenizer(vocab_size or 257), "byte-level (the model came without a tokenizer)"
-    vocab_size = int(getattr(config, "vocab_size", 0) or 0)
-    if vocab_size and tok.get_vocab_size() > vocab_size:
-        raise WorkerError(f"tokenizer {origin} has {tok.get_vocab_size()} tokens, more than the model's vocab_size {vocab_size}", kind="model")
+    _check_tokenizer_fits(tok.get_vocab_size(), config, origin)
     if src is not None:
         shutil.copyfile(src, dest / "tokenizer.json")
     else:
         tok.save(str(dest / "tokenizer.json"))
-    sibling_config = src.parent / "tokenizer_config.json" if src is not None else None
-    if sibling_config is not None and sibling_config.is_file():
-        shutil.copyfile(sibling_config, dest / "tokenizer_config.json")
-        if (src.parent / "special_tokens_map.json").is_file():
-            shutil.copyfile(src.parent / "special_tokens_map.json", dest / "special_tokens_map.json")
+    if src is not None and (src.parent / "tokenizer_config.json").is_file():
+        for name in TOKENIZER_SIDE_FILES:
+            if (src.parent / name).is_file():
+                shutil.copyfile(src.parent / name, dest / name)
     else:
         tok_config: dict[str, Any] = {
             "tokenizer_class": "PreTrainedTokenizerFast",
@@ -209,14 +308,35 @@ def write_tokenizer(dest: Path, config, source: str | None) -> str:
     return origin
 
 
-def model_card(name: str, parameters: int, phash: str, tokenizer: str, card: dict[str, Any]) -> str:
+def _check_tokenizer_fits(size: int, config, origin: str) -> None:
+    vocab_size = int(getattr(config, "vocab_size", 0) or 0)
+    if vocab_size and size > vocab_size:
+        raise WorkerError(f"tokenizer {origin} has {size} tokens, more than the model's vocab_size {vocab_size}", kind="model")
+
+
+def _save_auto_tokenizer(src: Path, dest: Path, config) -> str:
+    """A model's own tokenizer that has no tokenizer.json (e.g. vocab.json + merges.txt, or a SentencePiece model):
+    loaded with AutoTokenizer (no remote code) and saved as transformers saves it."""
+    from transformers import AutoTokenizer
+
+    _quiet_transformers()
+    try:
+        tok = AutoTokenizer.from_pretrained(str(src), trust_remote_code=False, local_files_only=True)
+    except Exception as exc:  # transformers raises several types for a tokenizer it cannot read
+        raise WorkerError(f"{src}: its tokenizer files do not load with AutoTokenizer ({type(exc).__name__}: {exc})", kind="model") from None
+    _check_tokenizer_fits(len(tok), config, str(src))
+    tok.save_pretrained(str(dest))
+    return str(src)
+
+
+def model_card(name: str, model_type: str, parameters: int, phash: str, tokenizer: str, card: dict[str, Any]) -> str:
     lines = [
         "---",
         "library_name: transformers",
         "pipeline_tag: text-generation",
         "tags:",
         "- psyche",
-        "- llama",
+        f"- {model_type}",
         "---",
         "",
         f"# {name}",
@@ -276,7 +396,7 @@ def save_model(
         parameters, phash = sum(p.numel() for _, p in named), hash_sorted_tensors(named)
         model.save_pretrained(str(tmp), safe_serialization=True, state_dict=None if state is None else dict(state), max_shard_size=max_shard_size)
         origin = write_tokenizer(tmp, model.config, tokenizer)
-        (tmp / "README.md").write_text(model_card(out.name, parameters, phash, origin, card or {}))
+        (tmp / "README.md").write_text(model_card(out.name, str(model.config.model_type), parameters, phash, origin, card or {}))
         os.chmod(tmp, 0o755)  # mkdtemp makes it private; a model is not secret
         old = None
         if out.exists():

@@ -112,16 +112,22 @@ class Worker:
             "data_parallel": self.group.world if self.group and not self.shard else 1,
             "shards": self.group.world if self.group and self.shard else 1,
             "precision": self.precision,
+            # what init_model builds: Psyche's architecture names -> config.json model types (null: any causal LM)
+            "architectures": {name: list(types) if types else None for name, types in models.ARCHITECTURES.items()},
         }, []
 
     def op_init_model(self, h, frames) -> Reply:
         seed = int(h.get("seed", 0))
         self.source_dir = None
+        # the run's Psyche architecture (HfLlama, HfDeepseek, HfAuto) the model must be; none: any causal LM
+        architecture = h.get("architecture")
+        if architecture is not None and not isinstance(architecture, str):
+            raise WorkerError(f"init_model: architecture must be a string, got {architecture!r}")
         if h.get("model_dir"):
-            m = models.load_model(h["model_dir"])
+            m = models.load_model(h["model_dir"], architecture)
             self.source_dir = h["model_dir"]
         elif isinstance(h.get("config"), dict):
-            m = models.init_model(h["config"], seed)
+            m = models.init_model(h["config"], seed, architecture)
         else:
             raise WorkerError("init_model needs model_dir or config")
         torch.manual_seed(seed)

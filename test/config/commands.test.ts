@@ -56,11 +56,10 @@ describe('psyche server validate-config', () => {
       ['model.LLM.checkpoint.Gcs'],
     )
     assert.match(out.problems[0].reason, /our clients cannot run this: .*no GCS credentials support/)
-    // consilience: WeightedHttp data is served; the architecture is not (yet), and says so instead of "valid"
-    const consilience = psyche('server', 'validate-config', '--state', `${fixtures}/consilience/state.toml`)
-    assert.equal(consilience.status, 1)
-    assert.match(consilience.stderr, /consilience\/state\.toml: model\.LLM\.architecture: our clients cannot run this: the worker builds no DeepSeek-V3 model/)
-    assert.doesNotMatch(consilience.stderr, /data_location/)
+    // consilience: its WeightedHttp data and its DeepSeek-V3 model (DisTrO over fused 3-D experts) are served
+    const consilience = psyche('server', 'validate-config', '--state', `${fixtures}/consilience/state.toml`, '--json')
+    assert.equal(consilience.status, 0, consilience.stderr)
+    assert.deepEqual(JSON.parse(consilience.stdout).problems, [])
     // a Gcp bucket is served: valid
     const light = psyche('server', 'validate-config', '--state', `${fixtures}/solana-test/light-config.toml`, '--json')
     assert.equal(light.status, 0, light.stderr)

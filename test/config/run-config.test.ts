@@ -84,11 +84,8 @@ describe("Psyche's own configs (test/fixtures/psyche-configs)", () => {
     for (const file of ['solana-test/light-config.toml', 'solana-test/nano-config.toml', 'llama2-20m-dolma-noverify-first-checkpointer/state.toml']) {
       assert.deepEqual(await unsupported(file), [], file)
     }
-    // consilience: its WeightedHttp data is served, its DeepSeek-V3 model is not (yet)
-    assert.deepEqual(
-      (await unsupported('consilience/state.toml')).map(([path]) => path),
-      ['model.LLM.architecture'],
-    )
+    // consilience: its WeightedHttp data and its DeepSeek-V3 model (DisTrO over fused 3-D experts) are served
+    assert.deepEqual(await unsupported('consilience/state.toml'), [])
     assert.deepEqual(
       (await unsupported('test/state.toml')).map(([path]) => path),
       ['model.LLM.data_location', 'model.LLM.optimizer'],

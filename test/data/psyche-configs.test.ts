@@ -9,8 +9,8 @@ import {serveBucket, serveDirectory, tokens, writeTokenFiles} from './fixtures.j
 
 // Done-when of the data half of issue 35: every real Psyche config (test/fixtures/psyche-configs, unchanged copies of
 // Psyche's config/ folder), with its data replaced by a local server of the same location kind and its model by a tiny
-// Llama, trains 2 steps with `psyche train --config`, and the model changes. Consilience names HfDeepseek, which the
-// worker does not build yet: its data path (WeightedHttp) is shown with the architecture swapped to HfLlama.
+// Llama, trains 2 steps with `psyche train --config`, and the model changes. Consilience names HfDeepseek: its model is
+// a tiny DeepSeek-V3, trained with its config's DisTrO.
 
 const FIXTURES = 'test/fixtures/psyche-configs'
 const SEQ = 32
@@ -30,6 +30,10 @@ const ids = tokens(4000, 4096, 3)
 // The servers live for the whole file (registered at its top level, so they stop after it).
 mkdirSync(model)
 writeFileSync(join(model, 'config.json'), JSON.stringify(tinyModelConfig))
+const deepseek = join(tmp.path, 'deepseek')
+mkdirSync(deepseek)
+const tinyDeepseek = (JSON.parse(readFileSync('test/fixtures/tiny-architectures.json', 'utf8')) as Record<string, {config: object}>).deepseek_v3.config
+writeFileSync(join(deepseek, 'config.json'), JSON.stringify(tinyDeepseek))
 mkdirSync(tokensDir)
 await writeTokenFiles(tokensDir, [{name: '000.ds', ids, tokenSize: 2}])
 // Http and WeightedHttp: files, and a mixture of two NumberedFiles sources, on one server
@@ -68,16 +72,19 @@ const gcsEndpoint = (await serveBucket(bucket, 'nous-pretraining-public-us')).en
 
 // Two runs at a time: each worker uses one thread.
 describe("Psyche's run configs train with their data from a local server of the same kind", {concurrency: 2}, () => {
-  let initialHash = ''
+  const initialHash: Record<string, string> = {}
   before(async () => {
-    // the tiny Llama every run starts from (random weights, seed 0), and its parameter hash
-    const init = await runCli(['model', 'init', '--out', model, '--json'])
-    assert.equal(init.exitCode, 0, init.stderr)
-    initialHash = JSON.parse(init.stdout).param_hash
+    // the tiny Llama every run starts from (random weights, seed 0), the tiny DeepSeek-V3 consilience starts from,
+    // and their parameter hashes
+    const inits = await Promise.all([model, deepseek].map((out) => runCli(['model', 'init', '--out', out, '--json'])))
+    for (const [i, out] of [model, deepseek].entries()) {
+      assert.equal(inits[i].exitCode, 0, inits[i].stderr)
+      initialHash[out] = JSON.parse(inits[i].stdout).param_hash
+    }
   })
 
   /** Trains 2 steps of `text` (a rewritten config) and checks the run: finite losses, and the model changed. */
-  async function train(name: string, text: string, env: Record<string, string> = {}): Promise<Record<string, number>> {
+  async function train(name: string, text: string, env: Record<string, string> = {}, from = model): Promise<Record<string, number>> {
     const file = join(tmp.path, `${name.replace(/\//g, '-')}`)
     writeFileSync(file, text)
     const r = await runCli(
@@ -86,7 +93,7 @@ describe("Psyche's run configs train with their data from a local server of the 
         '--config',
         file,
         '--model',
-        model,
+        from,
         '--steps',
         '2',
         '--seq-len',
@@ -107,7 +114,7 @@ describe("Psyche's run configs train with their data from a local server of the 
     const summary = JSON.parse(r.stdout)
     assert.equal(summary.steps, 2, name)
     assert.ok(Number.isFinite(summary.first_loss) && Number.isFinite(summary.last_loss), name)
-    assert.notEqual(summary.param_hash, initialHash, `${name}: the model changed`)
+    assert.notEqual(summary.param_hash, initialHash[from], `${name}: the model changed`)
     return summary
   }
 
@@ -138,9 +145,12 @@ describe("Psyche's run configs train with their data from a local server of the 
         return
       }
       if (/WeightedHttp = "/.test(text)) {
-        // consilience: HfDeepseek is not built by the worker yet (config/support.ts); the data path is what this shows
-        text = text.replace(/WeightedHttp = "[^"]*"/, `WeightedHttp = "${http}/mix.json"`).replace('architecture = "HfDeepseek"', 'architecture = "HfLlama"')
-        await train(config, text)
+        // consilience: HfDeepseek, a tiny DeepSeek-V3 (DisTrO over its fused 3-D experts, as the config says)
+        assert.match(text, /architecture = "HfDeepseek"/)
+        text = text.replace(/WeightedHttp = "[^"]*"/, `WeightedHttp = "${http}/mix.json"`)
+        const summary = await train(config, text, {}, deepseek)
+        const distro = summary.distro as unknown as {result_bytes: number; dense_bytes: number}
+        assert.ok(distro && distro.result_bytes > 0 && distro.result_bytes < distro.dense_bytes / 100, `consilience trained with DisTrO: ${JSON.stringify(distro)}`)
         return
       }
       if (/location\.Gcp\]/.test(text)) {

@@ -1,9 +1,11 @@
 import assert from 'node:assert/strict'
+import {readFileSync, writeFileSync} from 'node:fs'
 import {join} from 'node:path'
 import {before, describe, it} from 'node:test'
 import {execa} from 'execa'
 import {ensureDemoCorpus} from '../../src/core/corpus.js'
 import {pythonEnv, workerPython} from '../../src/core/worker/python.js'
+import type {TestnetSummary} from '../../src/core/testnet/summary.js'
 import {runCli, tempDir} from '../helpers.js'
 import {writeE2eRun} from './helpers.js'
 
@@ -21,7 +23,7 @@ async function sparseLoCoResultSize(config: string, chunk: number, topk: number,
   return Number(r.stdout)
 }
 
-describe('end to end: psyche testnet, three clients', {timeout: 480_000}, () => {
+describe('end to end: psyche testnet, three clients', {timeout: 900_000}, () => {
   before(async () => {
     await ensureDemoCorpus()
   })
@@ -93,6 +95,26 @@ describe('end to end: psyche testnet, three clients', {timeout: 480_000}, () => 
     }
   })
 
+  // The two non-Llama templates as a user starts them (`psyche init --template`, then `psyche testnet`), one after the
+  // other (~30 s each on an idle machine; side by side they took as long, and a loaded machine starved them).
+  describe('on the non-Llama templates, made with psyche init --template', () => {
+    it('tiny-qwen3 (HfAuto, dense, tied embeddings): psyche testnet --json starts the processes itself and summarizes rounds, hashes, bytes and validation', async () => {
+      const summary = await templateTestnet('tiny-qwen3', ['--eval-every', '2'])
+      for (const b of Object.values(summary.bytes) as {in: number; out: number}[]) assert.ok(b.in > 0 && b.out > 0)
+      // --eval-every 2: the validation loss after round 2, the same on every replica, in the summary.
+      const validation = summary.validation as {step: number; loss: number}[]
+      const atTwo = validation.find((v) => v.step === 2)
+      assert.ok(atTwo && atTwo.loss > 0, JSON.stringify(validation))
+      assert.ok(Math.abs(atTwo.loss - summary.rounds[1].clients['client-0'].val_loss!) < 1e-3)
+    })
+
+    it('tiny-deepseek-v3 (HfDeepseek, a mixture of experts): routing and DisTrO over fused 3-D experts keep the replicas identical', async () => {
+      const summary = await templateTestnet('tiny-deepseek-v3')
+      // DisTrO results, not dense gradients: 8 of 64x64 per chunk, 1-bit (the template's run) over ~1.5M parameters
+      assert.ok(summary.result_bytes_per_round! > 0 && summary.result_bytes_per_round! < 20_000, String(summary.result_bytes_per_round))
+    })
+  })
+
   it("psyche testnet --random-kill-num 1: killed clients are restarted, rejoin at an epoch boundary, and every round's hashes agree", async () => {
     const run = tempDir('psyche-testnet-kill-')
     try {
@@ -145,3 +167,48 @@ describe('end to end: psyche testnet, three clients', {timeout: 480_000}, () => 
     }
   })
 })
+
+/**
+ * `psyche init --template TEMPLATE`, then `psyche testnet --clients 3 --rounds 3` on it, and the checks every such run
+ * passes: every round's hashes agree, every client trained in every round and applied both peers' results, and every
+ * round changed the model.
+ */
+async function templateTestnet(template: string, extra: string[] = []): Promise<TestnetSummary> {
+  const run = tempDir(`psyche-testnet-${template}-`)
+  try {
+    const init = await runCli(['init', run.path, '--template', template, '--json'])
+    assert.equal(init.exitCode, 0, init.stderr)
+    // Warmup ends as soon as all three have loaded the model; the template's 5 s would leave a client slow to start
+    // its worker on a loaded machine out of round 1 (as in test/e2e/smoke.test.ts).
+    const state = join(run.path, 'state.toml')
+    const text = readFileSync(state, 'utf8')
+    assert.match(text, /^warmup_time = \d+$/m)
+    writeFileSync(state, text.replace(/^warmup_time = \d+$/m, 'warmup_time = 60'))
+    const r = await runCli(['testnet', '--clients', '3', '--config', run.path, '--rounds', '3', '--threads', '1', '--timeout', '200', ...extra, '--json'], {
+      timeoutMs: 240_000,
+    })
+    assert.equal(r.exitCode, 0, r.stderr)
+    const summary = JSON.parse(r.stdout) as TestnetSummary
+    assert.equal(summary.ended, 'rounds')
+    assert.deepEqual(summary.clients, ['client-0', 'client-1', 'client-2'])
+    assert.deepEqual(
+      summary.rounds.map((x) => x.step),
+      [1, 2, 3],
+    )
+    for (const round of summary.rounds) {
+      assert.equal(round.hashes_equal, true, JSON.stringify(round))
+      assert.deepEqual(Object.keys(round.clients).sort(), summary.clients, JSON.stringify(round))
+      for (const [name, c] of Object.entries(round.clients)) {
+        assert.ok(c.loss !== null && Number.isFinite(c.loss), `${template} step ${round.step}: ${name} trained: ${JSON.stringify(round)}`)
+        assert.equal(c.peers_applied, 2, `${template} step ${round.step}: ${name} applied both peers' results: ${JSON.stringify(round)}`)
+      }
+    }
+    assert.equal(summary.rounds_without_exchange, 0)
+    const hashes = summary.rounds.map((x) => x.clients['client-0'].param_hash)
+    assert.equal(new Set(hashes).size, 3, `${template}: a round changed no parameter: ${hashes.join(' ')}`)
+    assert.deepEqual(summary.kills, [])
+    return summary
+  } finally {
+    run.cleanup()
+  }
+}

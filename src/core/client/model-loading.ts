@@ -213,7 +213,8 @@ export class ModelLoading {
   private async initModel(fromDir?: string): Promise<void> {
     const ctx = this.ctx
     const {microBatch} = ctx.opts.plan
-    const model = fromDir ? ({kind: 'dir', dir: fromDir} as const) : ctx.opts.plan.model
+    // a model from a peer or a checkpoint must be of the run's architecture too (the worker refuses another model_type)
+    const model = fromDir ? ({kind: 'dir', dir: fromDir, architecture: ctx.opts.plan.model.architecture} as const) : ctx.opts.plan.model
     // The run's state is authoritative for what every replica must agree on: the LR schedule, and the optimizer
     // when the run names one that exchanges results (DisTrO, SparseLoCo: the network path needs one; a run that
     // names a single-node optimizer trains with the plan's).

@@ -14,8 +14,21 @@ const no = (reason: string): Support => ({supported: false, reason})
 /** `model.LLM.architecture`: the model families the worker builds (python/psyche_worker/model.py). */
 export const ARCHITECTURES: Record<LLMArchitecture, Support> = {
   HfLlama: yes,
-  HfDeepseek: no('the worker builds no DeepSeek-V3 model yet (only HfLlama)'),
-  HfAuto: no('the worker builds no AutoModelForCausalLM model yet (only HfLlama)'),
+  HfDeepseek: yes,
+  HfAuto: yes,
+}
+
+/**
+ * The transformers model types (a model's config.json `model_type`) each architecture runs: HfLlama and HfDeepseek
+ * one family, HfAuto (`undefined`) any causal language model that transformers' AutoModelForCausalLM builds. The
+ * worker's own table is python/psyche_worker/model.py ARCHITECTURES, which its hello reports
+ * (test/worker/architectures.test.ts checks that the two agree); src/core/config/architectures.ts checks a model
+ * against it.
+ */
+export const ARCHITECTURE_MODEL_TYPES: Readonly<Record<LLMArchitecture, readonly string[] | undefined>> = {
+  HfLlama: ['llama'],
+  HfDeepseek: ['deepseek_v3'],
+  HfAuto: undefined,
 }
 
 /** The variants of `model.LLM.data_location`. */

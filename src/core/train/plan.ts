@@ -1,7 +1,8 @@
 import {existsSync, readFileSync} from 'node:fs'
 import {dirname, join, resolve} from 'node:path'
 import {exchangesResults, innerSteps, loadRunConfigFile} from '../config/index.js'
-import type {LLMConfig, LLMDataType, LrSchedule, OptimizerConfig, RunConfigFile, DataLocation} from '../config/index.js'
+import type {LLMArchitecture, LLMConfig, LLMDataType, LrSchedule, OptimizerConfig, RunConfigFile, DataLocation} from '../config/index.js'
+import {architectureMismatch} from '../config/architectures.js'
 import {ARCHITECTURES, dataTypeProblem} from '../config/support.js'
 import {demoCorpusDir} from '../corpus.js'
 import {checkLossMasks, locatePreprocessed} from '../data/preprocessed.js'
@@ -15,11 +16,15 @@ const DEFAULT_TEMPLATE = 'tiny-demo'
 /** The worker's forward-pass precision: `auto` is bf16 on a CUDA device with bfloat16, fp32 otherwise. */
 export type Precision = 'auto' | 'fp32' | 'bf16'
 
-/** Where the model's weights come from. */
-export type ModelSource =
+/**
+ * Where the model's weights come from, and the run's architecture it must be (the worker refuses another; none: any
+ * causal LM transformers builds).
+ */
+export type ModelSource = (
   | {kind: 'dir'; dir: string}
   /** Random initialisation from an HF config.json (a template's, or a checkpoint dir that has no weights yet). */
   | {kind: 'config'; configPath: string; config: Record<string, unknown>}
+) & {architecture?: LLMArchitecture}
 
 /** Everything a single-node run needs, resolved from a run config, a template and flags. */
 export interface TrainPlan {
@@ -111,7 +116,7 @@ export function readModelConfig(path: string): Record<string, unknown> {
   }
 }
 
-/** A model directory: its config.json must exist; weights are optional (random init from the config). */
+/** A model directory: its config.json must exist; weights (one file or shards) are optional (random init from the config). */
 function modelSourceFromDir(dir: string, where: string): ModelSource {
   const configPath = join(dir, 'config.json')
   if (!existsSync(dir)) throw new PsycheError(`${where}: model directory ${dir} does not exist`)
@@ -192,9 +197,17 @@ export async function resolveTrainPlan(flags: TrainFlags): Promise<TrainPlan> {
   const configPath = flags.config ? resolve(flags.config) : templateStatePath(flags.template ?? DEFAULT_TEMPLATE)
   const run = await loadRunConfigFile(configPath)
   const llm = run.model.LLM
-  const architecture = ARCHITECTURES[llm.architecture]
-  if (!architecture.supported) throw new PsycheError(`${run.path}: model.LLM.architecture = "${llm.architecture}": ${architecture.reason}`, {code: 'ECONFIG'})
-  const model = flags.model ? modelSourceFromDir(resolve(flags.model), '--model') : await modelFromCheckpoint(run, llm, flags.hub)
+  const supported = ARCHITECTURES[llm.architecture]
+  if (!supported.supported) throw new PsycheError(`${run.path}: model.LLM.architecture = "${llm.architecture}": ${supported.reason}`, {code: 'ECONFIG'})
+  const source = flags.model ? modelSourceFromDir(resolve(flags.model), '--model') : await modelFromCheckpoint(run, llm, flags.hub)
+  // --model alone (the default template's run): the model's own config.json says what it is
+  const modelAlone = flags.model !== undefined && !flags.config && !flags.template
+  const architecture: LLMArchitecture = modelAlone ? 'HfAuto' : llm.architecture
+  const wrongModel = architectureMismatch(architecture, source.kind === 'config' ? source.config : readModelConfig(join(source.dir, 'config.json')))
+  if (wrongModel) {
+    throw new PsycheError(`${modelAlone ? `--model ${flags.model}` : `${run.path}: model.LLM.architecture = "${architecture}"`}: ${wrongModel}`, {code: 'ECONFIG'})
+  }
+  const model: ModelSource = {...source, architecture}
 
   let optimizer = llm.optimizer
   if (flags.optimizer === 'adamw' && !(typeof optimizer === 'object' && 'AdamW' in optimizer)) optimizer = DEFAULT_ADAMW

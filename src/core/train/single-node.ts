@@ -72,12 +72,17 @@ class JsonlWriter {
   }
 }
 
+/** Files of a model directory's own tokenizer: a tokenizer.json, or what AutoTokenizer reads without one (python/psyche_worker/model.py). */
+const TOKENIZER_FILES = ['tokenizer.json', 'vocab.json', 'tokenizer.model', 'spiece.model', 'vocab.txt']
+
 /**
- * The tokenizer to save with a trained model: the model directory's own (the worker keeps it), else the
- * tokenizer.json a Local data directory's manifest names (the one its tokens were made with), if any.
+ * The tokenizer to save with a trained model: the model directory's own (the worker keeps a loaded model's; a
+ * directory with a config.json and no weights yet names its own), else the tokenizer.json a Local data directory's
+ * manifest names (the one its tokens were made with), if any.
  */
 async function dataTokenizer(plan: TrainPlan): Promise<string | undefined> {
-  if (plan.model.kind === 'dir' && existsSync(join(plan.model.dir, 'tokenizer.json'))) return undefined
+  const dir = plan.model.kind === 'dir' ? plan.model.dir : dirname(plan.model.configPath)
+  if (TOKENIZER_FILES.some((name) => existsSync(join(dir, name)))) return plan.model.kind === 'dir' ? undefined : dir
   const location = plan.data as {Local?: unknown}
   if (typeof location?.Local !== 'string') return undefined
   return manifestTokenizer(resolve(plan.dataBaseDir, location.Local))

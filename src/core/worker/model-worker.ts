@@ -1,3 +1,4 @@
+import type {LLMArchitecture} from '../config/types.js'
 import {parseResultFormat, type ResultFormat} from '../verify/result.js'
 import {type Frame, WorkerClient, type WorkerOptions} from './client.js'
 
@@ -71,12 +72,14 @@ export class ModelWorker {
     return this.client.exited
   }
 
-  async initFromConfig(config: Record<string, unknown>, seed: number): Promise<ModelInfo> {
-    return (await this.client.call<ModelInfo & Record<string, unknown>>('init_model', {config, seed})).reply
+  /** A random initialisation of the config (AutoModelForCausalLM.from_config); `architecture`: what it must be (none: any causal LM). */
+  async initFromConfig(config: Record<string, unknown>, seed: number, architecture?: LLMArchitecture): Promise<ModelInfo> {
+    return (await this.client.call<ModelInfo & Record<string, unknown>>('init_model', {config, seed, ...(architecture ? {architecture} : {})})).reply
   }
 
-  async load(modelDir: string, seed = 0): Promise<ModelInfo> {
-    return (await this.client.call<ModelInfo & Record<string, unknown>>('init_model', {model_dir: modelDir, seed})).reply
+  /** A model directory in Hugging Face layout (AutoModelForCausalLM.from_pretrained); `architecture` as for initFromConfig. */
+  async load(modelDir: string, seed = 0, architecture?: LLMArchitecture): Promise<ModelInfo> {
+    return (await this.client.call<ModelInfo & Record<string, unknown>>('init_model', {model_dir: modelDir, seed, ...(architecture ? {architecture} : {})})).reply
   }
 
   /** Configures training; with DisTrO, returns the format peers' results must have (for validateResult). */
