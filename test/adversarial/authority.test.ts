@@ -14,6 +14,7 @@ import {
   setPausedInstruction,
   tickInstruction,
   updateInstruction,
+  warmupWitnessInstruction,
   witnessInstruction,
 } from '../../src/core/backend/solana/instructions.js'
 import {clientIdOf} from '../../src/core/backend/solana/layout.js'
@@ -156,7 +157,9 @@ describe('checkpoints only from the designated checkpointers', () => {
       }
     }
     await tickOut() // → Warmup
-    await tickOut() // → RoundTrain
+    // each reports its model loaded (a Warmup where nobody loaded it starts no round)
+    for (const k of [a, b, c]) assert.ok((await send(k, warmupWitnessInstruction(d.programId, d.coordinator, k))).ok)
+    if (readRun(d).state.run_state === 'Warmup') await tickOut() // → RoundTrain
     const round = readRun(d).state.epoch.round!
     const signerOf = (id: string) => [a, b, c][ids.indexOf(id)]
     for (const w of selectWitnesses(readRun(d).state)) {

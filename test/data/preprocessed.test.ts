@@ -134,7 +134,7 @@ describe('Preprocessed: pre-tokenized examples with loss masks', () => {
     await mkdir(join(base, 'plain'))
     await writeFile(join(base, 'plain', 'train.parquet'), parquetOf({inputs: rows.inputs}))
     await mkdir(join(base, 'model'))
-    await writeFile(join(base, 'model', 'config.json'), '{}')
+    await writeFile(join(base, 'model', 'config.json'), '{"model_type": "llama"}')
     const config = (data: string) =>
       readFile('templates/tiny-demo/state.toml', 'utf8').then((text) =>
         text.replace('data_type = "Pretraining"', 'data_type = "Finetuning"').replace(/data_location = \{[^}]*\}/, `data_location = {Preprocessed = "${data}"}`),
@@ -182,7 +182,7 @@ describe('Preprocessed: pre-tokenized examples with loss masks', () => {
       const plan = async (data: string) => {
         await writeFile(join(base, 'run.toml'), await config(data))
         await mkdir(join(base, 'model'), {recursive: true})
-        await writeFile(join(base, 'model', 'config.json'), '{}')
+        await writeFile(join(base, 'model', 'config.json'), '{"model_type": "llama"}')
         return resolveTrainPlan({config: join(base, 'run.toml'), model: join(base, 'model'), hub: {url: hub.url, cacheDir}})
       }
       const got = await plan('me/chat')
