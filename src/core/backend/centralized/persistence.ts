@@ -46,7 +46,7 @@ export async function serverIdentity(saveStateDir: string | undefined, identity?
 }
 
 /** How the saves are going (the wire's SaveStatus, less the server's limit), with the file they go to. */
-export type SaveHealth = Omit<SaveStatus, 'max_failures'> & {path: string}
+type SaveHealth = Omit<SaveStatus, 'max_failures'> & {path: string}
 
 /**
  * The saved state in saveStateDir (SAVED_STATE_FILE), the one owner of that directory and file: the directory is
@@ -126,5 +126,61 @@ export class StateStore {
       this.log({event: 'error', where: 'save', path: this.path, message, failures_in_a_row: c.failures_in_a_row, last_saved_step: c.last_saved_step})
       return false
     }
+  }
+}
+
+/** Saves that may fail in a row before the server halts (--max-save-failures). */
+export const DEFAULT_MAX_SAVE_FAILURES = 10
+/** A failed save is tried again this often while nothing else changes. */
+const SAVE_RETRY_MS = 1000
+
+/**
+ * The server's saving rule over its StateStore: while saves fail, one is tried at most every SAVE_RETRY_MS (the
+ * failures in a row count seconds of a failing disk, not a burst of changes), and after `maxFailures` in a row the
+ * server halts: `haltedWith` says why, and `halted` resolves.
+ */
+export class SavePolicy {
+  private lastAttempt = 0
+  /** Why the server halted (its saves kept failing), once it has. */
+  haltedWith: PsycheError | undefined
+  private onHalt: (error: PsycheError) => void = () => {}
+  readonly halted: Promise<PsycheError> = new Promise((resolve) => (this.onHalt = resolve))
+
+  constructor(
+    readonly store: StateStore,
+    readonly maxFailures: number,
+    private readonly log: EventLog,
+  ) {
+    if (!Number.isInteger(maxFailures) || maxFailures < 1)
+      throw new PsycheError(`--max-save-failures: ${maxFailures} is not a positive whole number`, {exitCode: 2, code: 'EUSAGE'})
+  }
+
+  /** Whether a save is due now: always while saves succeed, else once the retry interval has passed. */
+  due(): boolean {
+    return this.store.health().ok !== false || performance.now() - this.lastAttempt >= SAVE_RETRY_MS
+  }
+
+  /** Saves; false when that failed (and halts at maxFailures in a row; `at` is where the run stands). */
+  save(saved: Saved, now: number, at: {run_state: string; step: number}): boolean {
+    this.lastAttempt = performance.now()
+    if (this.store.save(saved, now)) return true
+    const health = this.store.health()
+    if (health.failures_in_a_row >= this.maxFailures) this.halt(health, at)
+    return false
+  }
+
+  /**
+   * The state cannot be saved: the server starts no more rounds and takes no more events (the clients keep what they
+   * trained; a restart resumes from the last saved state), and `halted` tells the caller to stop it.
+   */
+  private halt(health: SaveHealth, at: {run_state: string; step: number}): void {
+    if (this.haltedWith) return
+    const message =
+      `the coordinator state could not be saved to ${health.path} ${health.failures_in_a_row} times in a row (--max-save-failures ${this.maxFailures}), ` +
+      `the last: ${health.last_error}; halted at step ${at.step} so that no more training depends on state a restart would lose ` +
+      `(the last state saved is step ${health.last_saved_step ?? 'none'}): free the disk or fix the directory, then restart with the same --save-state-dir`
+    this.haltedWith = new PsycheError(message, {code: 'ESAVEDSTATE'})
+    this.log({event: 'halted', reason: message, run_state: at.run_state, step: at.step, last_saved_step: health.last_saved_step})
+    this.onHalt(this.haltedWith)
   }
 }

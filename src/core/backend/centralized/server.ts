@@ -15,7 +15,8 @@ import {directoryMembers, PeerBook} from './directory.js'
 import {dispatch, verdict} from './dispatch.js'
 import {Ledger} from './ledger.js'
 import type {ServerLimits} from './limits.js'
-import {serverIdentity, StateStore, type SaveHealth} from './persistence.js'
+import {DEFAULT_MAX_SAVE_FAILURES, SavePolicy, serverIdentity, StateStore} from './persistence.js'
+import type {CoordinatorServerOptions} from './options.js'
 import {ReportFeed} from './reports.js'
 import {Sessions, type Session} from './sessions.js'
 import {DEFAULT_PASSIVE_STATE_MS, StatePusher} from './state-push.js'
@@ -23,64 +24,9 @@ import {DEFAULT_PASSIVE_STATE_MS, StatePusher} from './state-push.js'
 export {SAVED_IDENTITY_FILE, SAVED_STATE_FILE, serverIdentity} from './persistence.js'
 export {MAX_PRE_HELLO_FRAME_BYTES} from './sessions.js'
 export {DEFAULT_PASSIVE_STATE_MS} from './state-push.js'
+export type {CoordinatorServerOptions} from './options.js'
 
-export interface CoordinatorServerOptions {
-  run: RunConfigFile
-  /** Default 127.0.0.1; 0.0.0.0 to serve other machines. */
-  host?: string
-  /** 0 (default): any free port. */
-  port?: number
-  /** Save the state after every transition here (created if missing), and resume from it on start. */
-  saveStateDir?: string
-  /**
-   * Saves that may fail in a row (each change is saved, and a failed save is tried again every second) before the
-   * server halts: it starts no more rounds, takes no more events, and `halted` resolves (psyche server run exits 1).
-   * Default DEFAULT_MAX_SAVE_FAILURES.
-   */
-  maxSaveFailures?: number
-  /** Withdraw a client from the run when its connection closes (default true, as Psyche). */
-  withdrawOnDisconnect?: boolean
-  /** How often the coordinator is ticked, besides after every accepted event (default 50 ms: how late a timeout may fire). */
-  tickIntervalMs?: number
-  /** The server's signing identity. Default: the one saved in saveStateDir, else a new random one. */
-  identity?: Identity
-  /** Structured log lines ({event: ..., ...}); rejections among them with the peer and the reason. */
-  log?: EventLog
-  /** The coordinator's clock: unix milliseconds (default: Date.now). */
-  now?: () => number
-  /** Largest frame accepted from a client once it said hello (default 16 MiB; 64 KiB before). */
-  maxFrameBytes?: number
-  /**
-   * Bounds on what strangers can make the server hold (limits.ts: DEFAULT_LIMITS; each a flag of psyche server run).
-   * The connection bound is lowered to what `ulimit -n` leaves room for.
-   */
-  limits?: Partial<ServerLimits>
-  /** A connection must say hello within this time (default 10 s). */
-  helloTimeoutMs?: number
-  /**
-   * The run's circuit relay (psyche server run starts one): each client is told its addresses in the welcome, as
-   * that client can dial them (`localAddress`: the server address its TCP connection arrived on).
-   */
-  relayAddrs?: (localAddress: string | undefined) => string[]
-  /**
-   * How often a connection that is not training in the epoch (a watcher, a client waiting for the next epoch) gets the
-   * newest state, in milliseconds (default 1000; 0: at every change, as the epoch's clients). The epoch's clients get
-   * each change at once; the rest, however many, cannot make the server sign and send a frame each per change.
-   */
-  passiveStateMs?: number
-  /**
-   * The entropy mixed into the seed of each round this server starts (coordinator tick/witness entropy, as the Solana
-   * program mixes its clock's slot:unix_timestamp). Default: the server's clock, a count, and 16 random bytes, fresh at
-   * every tick and every witness, so no client can work out a round's witnesses or batches before the round starts.
-   * Tests give a fixed one to reproduce a run.
-   */
-  entropy?: () => string
-}
-
-/** Saves that may fail in a row before the server halts (--max-save-failures). */
-export const DEFAULT_MAX_SAVE_FAILURES = 10
-/** A failed save is tried again this often while nothing else changes. */
-const SAVE_RETRY_MS = 1000
+export {DEFAULT_MAX_SAVE_FAILURES}
 
 interface ServerSettings {
   maxSaveFailures: number
@@ -119,16 +65,13 @@ export class CoordinatorServer {
   /** A flush (save, then push to the epoch's clients) is scheduled: state changes in one turn of the event loop go out once. */
   private flushScheduled = false
   private unsaved = false
-  /** When the last save was tried (performance.now() ms): a failed one is tried again after SAVE_RETRY_MS. */
-  private lastSaveAttempt = 0
-  /** Why the server halted (its saves kept failing), once it has. */
-  private haltedWith: PsycheError | undefined
-  private onHalt: (error: PsycheError) => void = () => {}
+  /** How the state is saved (absent: no saveStateDir). */
+  private readonly saves: SavePolicy | undefined
   /**
    * Resolves when the server halts because its state cannot be saved (maxSaveFailures saves failed in a row): it has
    * stopped ticking (no new round starts) and refuses every event; the caller stops it and exits non-zero.
    */
-  readonly halted: Promise<PsycheError> = new Promise((resolve) => (this.onHalt = resolve))
+  readonly halted: Promise<PsycheError>
 
   private constructor(
     private readonly net: Server,
@@ -139,6 +82,8 @@ export class CoordinatorServer {
     private readonly store: StateStore | undefined,
     private readonly opts: ServerSettings,
   ) {
+    this.saves = store && new SavePolicy(store, opts.maxSaveFailures, opts.log)
+    this.halted = this.saves?.halted ?? new Promise(() => {})
     this.admission = new Admission(opts.limits)
     this.ledger = new Ledger(rewards, opts.log)
     this.sessions = new Sessions({
@@ -194,8 +139,6 @@ export class CoordinatorServer {
     // The kernel-side backstop: past this Node closes new sockets at once (we refuse with a reason below it).
     net.maxConnections = limits.maxConnections + 64
     const maxSaveFailures = options.maxSaveFailures ?? DEFAULT_MAX_SAVE_FAILURES
-    if (!Number.isInteger(maxSaveFailures) || maxSaveFailures < 1)
-      throw new PsycheError(`--max-save-failures: ${maxSaveFailures} is not a positive whole number`, {exitCode: 2, code: 'EUSAGE'})
     const server = new CoordinatorServer(net, identity, state, new PeerBook(saved?.peers ?? {}), saved?.rewards ?? emptyLedger(), store, {
       maxSaveFailures,
       withdrawOnDisconnect: options.withdrawOnDisconnect ?? true,
@@ -310,7 +253,8 @@ export class CoordinatorServer {
   // ---- a client's messages ----
 
   private onMessage(s: Session, m: ClientEnvelope): void {
-    if (this.haltedWith) return this.sessions.reject(s, 'server_halted', this.haltedWith.message, m.kind, {strike: false})
+    const halted = this.saves?.haltedWith
+    if (halted) return this.sessions.reject(s, 'server_halted', halted.message, m.kind, {strike: false})
     const to = dispatch(m, this.current, this.opts.entropy)
     switch (to.to) {
       case 'hello':
@@ -395,7 +339,7 @@ export class CoordinatorServer {
 
   /** One tick, with fresh randomness so the next round's seed cannot be predicted by clients. */
   private advance(): void {
-    if (this.stopping || this.haltedWith) return
+    if (this.stopping || this.saves?.haltedWith) return
     try {
       this.commit(tick(this.current, this.opts.now(), this.opts.entropy()))
     } catch (error) {
@@ -448,12 +392,9 @@ export class CoordinatorServer {
     this.pusher.push()
   }
 
-  /**
-   * Saves the state now, or, while saves fail, once SAVE_RETRY_MS has passed since the last try (the state stays
-   * unsaved until then): the failures in a row count seconds of a failing disk, not a burst of changes.
-   */
+  /** Saves the state now, or, while saves fail, once the retry interval has passed (the state stays unsaved until then). */
   private saveDue(): void {
-    if (this.store?.health().ok === false && performance.now() - this.lastSaveAttempt < SAVE_RETRY_MS) {
+    if (this.saves && !this.saves.due()) {
       this.unsaved = true
       return
     }
@@ -463,30 +404,15 @@ export class CoordinatorServer {
   /** Saves the state (when the server keeps one); false when that failed: it stays unsaved, and is tried again. */
   private save(): boolean {
     this.unsaved = false
-    if (!this.store) return true
-    this.lastSaveAttempt = performance.now()
-    if (this.store.save({state: this.current, peers: this.book.snapshot(), rewards: this.ledger.value}, this.opts.now() / 1000)) return true
+    if (!this.saves) return true
+    const saved = this.saves.save({state: this.current, peers: this.book.snapshot(), rewards: this.ledger.value}, this.opts.now() / 1000, {
+      run_state: this.current.run_state,
+      step: this.current.progress.step,
+    })
+    if (saved) return true
     this.unsaved = true
-    const health = this.store.health()
-    if (health.failures_in_a_row >= this.opts.maxSaveFailures) this.halt(health)
+    if (this.saves.haltedWith) clearInterval(this.timer)
     return false
-  }
-
-  /**
-   * The state cannot be saved: the server starts no more rounds and takes no more events (the clients keep what they
-   * trained; a restart resumes from the last saved state), and `halted` tells the caller to stop it.
-   */
-  private halt(health: SaveHealth): void {
-    if (this.haltedWith) return
-    clearInterval(this.timer)
-    const step = this.current.progress.step
-    const message =
-      `the coordinator state could not be saved to ${health.path} ${health.failures_in_a_row} times in a row (--max-save-failures ${this.opts.maxSaveFailures}), ` +
-      `the last: ${health.last_error}; halted at step ${step} so that no more training depends on state a restart would lose ` +
-      `(the last state saved is step ${health.last_saved_step ?? 'none'}): free the disk or fix the directory, then restart with the same --save-state-dir`
-    this.haltedWith = new PsycheError(message, {code: 'ESAVEDSTATE'})
-    this.opts.log({event: 'halted', reason: message, run_state: this.current.run_state, step, last_saved_step: health.last_saved_step})
-    this.onHalt(this.haltedWith)
   }
 }
 
