@@ -23,3 +23,20 @@ export function paddingIsZero(b: Uint8Array, start: number, usedBits: number, by
   if (usedBits % 8 === 0) return true
   return b[start + bytes - 1] >>> (usedBits % 8) === 0
 }
+
+/** What a result reader says of untrusted bytes: valid, or why not. */
+export type Validation = {ok: true} | {ok: false; reason: string}
+
+/** A result's bytes break its format; `validating` turns it into a Validation. */
+export class Invalid extends Error {}
+
+/** Runs a reader's checks over untrusted bytes: `Invalid` becomes {ok: false, reason}; anything else is a bug and throws. */
+export function validating(check: () => void): Validation {
+  try {
+    check()
+    return {ok: true}
+  } catch (error) {
+    if (error instanceof Invalid) return {ok: false, reason: error.message}
+    throw error
+  }
+}

@@ -12,7 +12,7 @@
  * run's model and DisTrO settings: nothing here re-derives chunking or top-k.
  */
 
-import {paddingIsZero, readBits, readBitsSlow} from './bits.js'
+import {Invalid, paddingIsZero, readBits, readBitsSlow, validating, type Validation} from './bits.js'
 
 export const RESULT_MAGIC = Buffer.from('PSDR', 'latin1')
 export const RESULT_FORMAT_VERSION = 1
@@ -39,7 +39,7 @@ export interface DistroResultFormat {
   tensors: TensorSpec[]
 }
 
-export type Validation = {ok: true} | {ok: false; reason: string}
+export type {Validation}
 
 interface Layout {
   spec: TensorSpec
@@ -89,38 +89,30 @@ export function maxResultSize(format: DistroResultFormat): number {
   return format.value_format === 'sign' ? resultSize(format, 'sign') : resultSize(format, 'fp16')
 }
 
-class Bad extends Error {}
-
 /**
  * Validates `data` as a result for this run: format, version, value format, tensor names, shapes, chunks
  * and top-k against the model, exact size, index ranges, no duplicate index within a chunk, canonical zero
  * padding, finite values. Never throws on any input.
  */
 export function validateDistroResult(data: Uint8Array, format: DistroResultFormat): Validation {
-  try {
-    check(data, format)
-    return {ok: true}
-  } catch (error) {
-    if (error instanceof Bad) return {ok: false, reason: error.message}
-    throw error
-  }
+  return validating(() => check(data, format))
 }
 
 function check(b: Uint8Array, format: DistroResultFormat): void {
   const view = new DataView(b.buffer, b.byteOffset, b.byteLength)
-  if (b.length < 10) throw new Bad(`truncated: ${b.length} bytes is shorter than a result header`)
-  if (!RESULT_MAGIC.equals(b.subarray(0, 4))) throw new Bad(`bad magic ${JSON.stringify(Buffer.from(b.subarray(0, 4)).toString('latin1'))}, expected "PSDR"`)
+  if (b.length < 10) throw new Invalid(`truncated: ${b.length} bytes is shorter than a result header`)
+  if (!RESULT_MAGIC.equals(b.subarray(0, 4))) throw new Invalid(`bad magic ${JSON.stringify(Buffer.from(b.subarray(0, 4)).toString('latin1'))}, expected "PSDR"`)
   const version = b[4]
   const fmt = b[5]
   const count = view.getUint32(6, true)
-  if (version !== RESULT_FORMAT_VERSION) throw new Bad(`unsupported version ${version}, expected ${RESULT_FORMAT_VERSION}`)
-  if (fmt > VALUE_BF16) throw new Bad(`unknown value format ${fmt}`)
+  if (version !== RESULT_FORMAT_VERSION) throw new Invalid(`unsupported version ${version}, expected ${RESULT_FORMAT_VERSION}`)
+  if (fmt > VALUE_BF16) throw new Invalid(`unknown value format ${fmt}`)
   const wantSign = format.value_format === 'sign'
-  if ((fmt === VALUE_SIGN) !== wantSign) throw new Bad(`value format ${VALUE_FORMAT_NAMES[fmt]} does not match the run's ${wantSign ? '1-bit' : 'full-value'} configuration`)
+  if ((fmt === VALUE_SIGN) !== wantSign) throw new Invalid(`value format ${VALUE_FORMAT_NAMES[fmt]} does not match the run's ${wantSign ? '1-bit' : 'full-value'} configuration`)
   const layout = layoutOf(format)
-  if (count !== layout.length) throw new Bad(`result has ${count} tensors, the model has ${layout.length}`)
+  if (count !== layout.length) throw new Invalid(`result has ${count} tensors, the model has ${layout.length}`)
   const expected = resultSize(format, VALUE_FORMAT_NAMES[fmt])
-  if (b.length !== expected) throw new Bad(`result is ${b.length} bytes, a ${VALUE_FORMAT_NAMES[fmt]} result for this model is exactly ${expected}`)
+  if (b.length !== expected) throw new Invalid(`result is ${b.length} bytes, a ${VALUE_FORMAT_NAMES[fmt]} result for this model is exactly ${expected}`)
   // From here on the size is exact, so every read below is in bounds.
   let pos = 10
   for (let t = 0; t < layout.length; t++) {
@@ -128,49 +120,49 @@ function check(b: Uint8Array, format: DistroResultFormat): void {
     const where = `tensor ${t} (${spec.name})`
     const nameLen = view.getUint16(pos, true)
     pos += 2
-    if (nameLen > MAX_NAME_BYTES) throw new Bad(`${where}: name length ${nameLen} exceeds ${MAX_NAME_BYTES}`)
-    if (nameLen !== name.length || !name.equals(b.subarray(pos, pos + nameLen))) throw new Bad(`tensor ${t}: name does not match the model's ${spec.name}`)
+    if (nameLen > MAX_NAME_BYTES) throw new Invalid(`${where}: name length ${nameLen} exceeds ${MAX_NAME_BYTES}`)
+    if (nameLen !== name.length || !name.equals(b.subarray(pos, pos + nameLen))) throw new Invalid(`tensor ${t}: name does not match the model's ${spec.name}`)
     pos += nameLen
     const ndim = b[pos++]
-    if (ndim !== spec.shape.length) throw new Bad(`${where}: ndim ${ndim} does not match the model's ${spec.shape.length}`)
+    if (ndim !== spec.shape.length) throw new Invalid(`${where}: ndim ${ndim} does not match the model's ${spec.shape.length}`)
     for (let d = 0; d < ndim; d++, pos += 4) {
       const s = view.getUint32(pos, true)
-      if (s !== spec.shape[d]) throw new Bad(`${where}: shape[${d}] ${s} does not match the model's ${spec.shape[d]}`)
+      if (s !== spec.shape[d]) throw new Invalid(`${where}: shape[${d}] ${s} does not match the model's ${spec.shape[d]}`)
     }
     for (let d = 0; d < ndim; d++, pos += 4) {
       const c = view.getUint32(pos, true)
-      if (c !== spec.chunk[d]) throw new Bad(`${where}: chunk[${d}] ${c} does not match the expected ${spec.chunk[d]}`)
+      if (c !== spec.chunk[d]) throw new Invalid(`${where}: chunk[${d}] ${c} does not match the expected ${spec.chunk[d]}`)
     }
     const topk = view.getUint32(pos, true)
     pos += 4
-    if (topk !== spec.topk) throw new Bad(`${where}: topk ${topk} does not match the expected ${spec.topk}`)
+    if (topk !== spec.topk) throw new Invalid(`${where}: topk ${topk} does not match the expected ${spec.topk}`)
     if (fmt === VALUE_FP16) pos += 1 // i8 exponent: any value is valid
 
     const idxBytes = Math.ceil((n * bits) / 8)
-    if (!paddingIsZero(b, pos, n * bits, idxBytes)) throw new Bad(`${where}: nonzero padding bits after the indices`)
+    if (!paddingIsZero(b, pos, n * bits, idxBytes)) throw new Invalid(`${where}: nonzero padding bits after the indices`)
     const read = bits <= 24 ? readBits : readBitsSlow
     const row = new Float64Array(topk)
     for (let c = 0, i = 0; i < n; c++) {
       for (let k = 0; k < topk; k++, i++) {
         const index = read(b, pos, i * bits, bits)
-        if (index >= chunkElems) throw new Bad(`${where}: index ${index} at chunk ${c} is out of range (chunk has ${chunkElems} elements)`)
+        if (index >= chunkElems) throw new Invalid(`${where}: index ${index} at chunk ${c} is out of range (chunk has ${chunkElems} elements)`)
         row[k] = index
       }
       if (topk > 1) {
         row.sort()
-        for (let k = 1; k < topk; k++) if (row[k] === row[k - 1]) throw new Bad(`${where}: duplicate index in chunk ${c}`)
+        for (let k = 1; k < topk; k++) if (row[k] === row[k - 1]) throw new Invalid(`${where}: duplicate index in chunk ${c}`)
       }
     }
     pos += idxBytes
 
     const vBytes = valueBytes(fmt, n)
     if (fmt === VALUE_SIGN) {
-      if (!paddingIsZero(b, pos, n, vBytes)) throw new Bad(`${where}: nonzero padding bits after the sign bits`)
+      if (!paddingIsZero(b, pos, n, vBytes)) throw new Invalid(`${where}: nonzero padding bits after the sign bits`)
     } else {
       // fp16: exponent bits 0x7c00 all set is inf/NaN; bf16: 0x7f80.
       const mask = fmt === VALUE_FP16 ? 0x7c00 : 0x7f80
       for (let i = 0; i < n; i++) {
-        if ((view.getUint16(pos + 2 * i, true) & mask) === mask) throw new Bad(`${where}: non-finite ${VALUE_FORMAT_NAMES[fmt]} value`)
+        if ((view.getUint16(pos + 2 * i, true) & mask) === mask) throw new Invalid(`${where}: non-finite ${VALUE_FORMAT_NAMES[fmt]} value`)
       }
     }
     pos += vBytes

@@ -11,7 +11,7 @@
  * the layout the worker reports (its configure reply, `result_format`).
  */
 
-import {paddingIsZero, readBits, readBitsSlow} from './bits.js'
+import {Invalid, paddingIsZero, readBits, readBitsSlow, validating, type Validation} from './bits.js'
 import type {TensorSpec} from './distro-result.js'
 
 const MAGIC = Buffer.from('PSSL', 'latin1')
@@ -28,8 +28,6 @@ export interface SparseLoCoResultFormat {
   layout_id: string
   tensors: TensorSpec[]
 }
-
-type Validation = {ok: true} | {ok: false; reason: string}
 
 interface Layout {
   spec: TensorSpec
@@ -91,63 +89,55 @@ export function sparseLoCoSelectionChunks(format: SparseLoCoResultFormat): numbe
   return layoutOf(format).tensors.reduce((a, t) => a + (t.dense ? 0 : t.n), 0)
 }
 
-class Bad extends Error {}
-
 /**
  * Validates `data` as a SparseLoCo result for this run: header (magic, version, value_bits, flags, layout id), exact
  * size, finite levels, exactly k indices per chunk, strictly increasing and in range, zero padding. Never throws.
  */
 export function validateSparseLoCoResult(data: Uint8Array, format: SparseLoCoResultFormat): Validation {
-  try {
-    check(data, format)
-    return {ok: true}
-  } catch (error) {
-    if (error instanceof Bad) return {ok: false, reason: error.message}
-    throw error
-  }
+  return validating(() => check(data, format))
 }
 
 function check(b: Uint8Array, format: SparseLoCoResultFormat): void {
   const {tensors, size, id} = layoutOf(format)
-  if (b.length < HEADER) throw new Bad(`truncated: ${b.length} bytes is shorter than the ${HEADER}-byte header`)
-  if (!MAGIC.equals(b.subarray(0, 4))) throw new Bad(`bad magic ${JSON.stringify(Buffer.from(b.subarray(0, 4)).toString('latin1'))}, expected "PSSL"`)
-  if (b[4] !== VERSION) throw new Bad(`unsupported version ${b[4]}, expected ${VERSION}`)
-  if (b[5] !== format.value_bits) throw new Bad(`value_bits ${b[5]} does not match the run's ${format.value_bits}`)
-  if (b[6] !== (format.dct ? FLAG_DCT : 0) || b[7] !== 0) throw new Bad(`flags ${b[6]}, ${b[7]} do not match the run's (dct ${format.dct ? 'on' : 'off'})`)
+  if (b.length < HEADER) throw new Invalid(`truncated: ${b.length} bytes is shorter than the ${HEADER}-byte header`)
+  if (!MAGIC.equals(b.subarray(0, 4))) throw new Invalid(`bad magic ${JSON.stringify(Buffer.from(b.subarray(0, 4)).toString('latin1'))}, expected "PSSL"`)
+  if (b[4] !== VERSION) throw new Invalid(`unsupported version ${b[4]}, expected ${VERSION}`)
+  if (b[5] !== format.value_bits) throw new Invalid(`value_bits ${b[5]} does not match the run's ${format.value_bits}`)
+  if (b[6] !== (format.dct ? FLAG_DCT : 0) || b[7] !== 0) throw new Invalid(`flags ${b[6]}, ${b[7]} do not match the run's (dct ${format.dct ? 'on' : 'off'})`)
   if (!id.equals(b.subarray(8, 16)))
-    throw new Bad(`layout id ${Buffer.from(b.subarray(8, 16)).toString('hex')} is not this run's ${format.layout_id} (another model or configuration)`)
-  if (b.length !== size) throw new Bad(`result is ${b.length} bytes, a result for this model is exactly ${size}`)
+    throw new Invalid(`layout id ${Buffer.from(b.subarray(8, 16)).toString('hex')} is not this run's ${format.layout_id} (another model or configuration)`)
+  if (b.length !== size) throw new Invalid(`result is ${b.length} bytes, a result for this model is exactly ${size}`)
   // From here on the size is exact, so every read below is in bounds.
   const view = new DataView(b.buffer, b.byteOffset, b.byteLength)
   const levels = 2 ** format.value_bits * tensors.length
-  for (let i = 0; i < levels; i++) if ((view.getUint32(HEADER + 4 * i, true) & 0x7f800000) === 0x7f800000) throw new Bad('non-finite level')
+  for (let i = 0; i < levels; i++) if ((view.getUint32(HEADER + 4 * i, true) & 0x7f800000) === 0x7f800000) throw new Invalid('non-finite level')
   let pos = HEADER + 4 * levels
   for (const [t, l] of tensors.entries()) {
     const where = `tensor ${t} (${l.spec.name})`
     if (!l.dense) {
       const uppers = pos
       const lows = pos + l.upperBytes
-      if (!paddingIsZero(b, uppers, l.n * l.upper, l.upperBytes)) throw new Bad(`${where}: nonzero padding bits after the index high parts`)
-      if (!paddingIsZero(b, lows, l.n * l.k * l.low, l.lowBytes)) throw new Bad(`${where}: nonzero padding bits after the index low parts`)
+      if (!paddingIsZero(b, uppers, l.n * l.upper, l.upperBytes)) throw new Invalid(`${where}: nonzero padding bits after the index high parts`)
+      if (!paddingIsZero(b, lows, l.n * l.k * l.low, l.lowBytes)) throw new Invalid(`${where}: nonzero padding bits after the index low parts`)
       for (let c = 0; c < l.n; c++) {
         let found = 0
         let previous = -1
         for (let p = 0; p < l.upper; p++) {
           const bit = c * l.upper + p
           if (((b[uppers + (bit >>> 3)] >>> (bit & 7)) & 1) === 0) continue
-          if (found === l.k) throw new Bad(`${where}: a chunk does not hold exactly ${l.k} indices`)
+          if (found === l.k) throw new Invalid(`${where}: a chunk does not hold exactly ${l.k} indices`)
           const index = (p - found) * 2 ** l.low + (l.low ? readBits(b, lows, (c * l.k + found) * l.low, l.low) : 0)
-          if (index >= l.elems) throw new Bad(`${where}: an index is out of range (chunk has ${l.elems} elements)`)
-          if (index <= previous) throw new Bad(`${where}: indices of a chunk are not strictly increasing`)
+          if (index >= l.elems) throw new Invalid(`${where}: an index is out of range (chunk has ${l.elems} elements)`)
+          if (index <= previous) throw new Invalid(`${where}: indices of a chunk are not strictly increasing`)
           previous = index
           found++
         }
-        if (found !== l.k) throw new Bad(`${where}: a chunk does not hold exactly ${l.k} indices`)
+        if (found !== l.k) throw new Invalid(`${where}: a chunk does not hold exactly ${l.k} indices`)
       }
       pos = lows + l.lowBytes
     }
     const used = (l.dense ? l.spec.shape.reduce((a, s) => a * s, 1) : l.n * l.k) * format.value_bits
-    if (!paddingIsZero(b, pos, used, l.codeBytes)) throw new Bad(`${where}: nonzero padding bits after the codes`)
+    if (!paddingIsZero(b, pos, used, l.codeBytes)) throw new Invalid(`${where}: nonzero padding bits after the codes`)
     pos += l.codeBytes
   }
 }
