@@ -1,5 +1,7 @@
 import assert from 'node:assert/strict'
 import {mkdirSync, writeFileSync} from 'node:fs'
+import {createServer, request as httpRequest} from 'node:http'
+import type {AddressInfo} from 'node:net'
 import {join} from 'node:path'
 import {after, describe, it} from 'node:test'
 import {CHECKPOINT_META_FILE, readCheckpointMeta} from '../../src/core/checkpoint/checkpointer.js'
@@ -32,6 +34,47 @@ async function stopPaced(sim: Simulation): Promise<void> {
   let all = false
   void Promise.all(sim.clients.map((c) => c.done)).then(() => (all = true))
   await paced(sim, () => all, 'every client to stop')
+}
+
+/**
+ * A proxy in front of the Hub server that holds every commit request (POST .../commit/...) until release(): an
+ * upload that finishes exactly when a test wants it to.
+ */
+async function commitGate(target: string): Promise<{url: string; held: () => number; release: () => void; close: () => Promise<void>}> {
+  const upstream = new URL(target)
+  let open = false
+  let held = 0
+  const waiting: (() => void)[] = []
+  const server = createServer((req, res) => {
+    const forward = () => {
+      const out = httpRequest({host: upstream.hostname, port: upstream.port, path: req.url, method: req.method, headers: req.headers}, (up) => {
+        res.writeHead(up.statusCode ?? 502, up.headers)
+        up.pipe(res)
+      })
+      out.on('error', (error) => res.destroy(error))
+      req.pipe(out)
+    }
+    if (!open && req.method === 'POST' && /\/commit\//.test(req.url ?? '')) {
+      held++
+      req.pause()
+      waiting.push(forward)
+    } else forward()
+  })
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve))
+  const {port} = server.address() as AddressInfo
+  return {
+    url: `http://127.0.0.1:${port}`,
+    held: () => held,
+    release: () => {
+      open = true
+      for (const f of waiting.splice(0)) f()
+    },
+    close: () =>
+      new Promise<void>((resolve) => {
+        server.closeAllConnections()
+        server.close(() => resolve())
+      }),
+  }
 }
 
 const hashAt = (c: SimClient, step: number) => c.rounds.find((r) => r.step === step)?.param_hash
@@ -98,25 +141,38 @@ describe('Hub checkpoints with the in-process simulation', () => {
     await stopPaced(sim)
   })
 
-  it('an upload that finishes after the Cooldown is reported (checkpoint_late, with its revision), and the commit is on the Hub', async () => {
+  it('an upload that finishes after the Cooldown, once the run moved past its model, is reported (checkpoint_late, with its revision), and the commit is on the Hub', async () => {
     hub ??= await HubServer.start({root: join(tmp.path, 'hub')})
-    const sim = new Simulation(simRun({total_steps: 40, epoch_time: 60, rounds_per_epoch: 3, cooldown_time: 1}))
-    const a = await sim.addClient('a', undefined, {hub: {url: hub.url, token: TOKEN, repo: 'sim/late', cacheDir: join(tmp.path, 'c2'), stagingDir: join(tmp.path, 's2')}})
-    await sim.addClient('b')
-    await sim.addClient('c')
-    // virtual time runs far ahead of the upload's real HTTP: the 1-second Cooldown is over before it finishes
-    await sim.runUntil(() => a.events.some((e) => e.event === 'checkpoint_upload_started'), {what: 'the upload to start'})
-    await sim.runUntil(() => sim.coordinator.state.run_state !== 'Cooldown', {what: 'the Cooldown to end'})
-    await paced(sim, () => a.events.some((e) => e.event === 'checkpoint_late'), 'the late upload', 20, 5000)
-    const late = a.events.find((e) => e.event === 'checkpoint_late')!
-    assert.match(String(late.revision), /^[0-9a-f]{40}$/)
-    assert.equal(late.repo_id, 'sim/late')
-    assert.match(String(late.reason), /after the Cooldown/)
-    assert.ok(!a.events.some((e) => e.event === 'checkpoint'), 'not sent to the coordinator')
-    const info = (await (await fetch(`${hub.url}/api/models/sim/late`)).json()) as {sha: string; siblings: {rfilename: string}[]}
-    assert.equal(info.sha, late.revision, 'the late commit is the branch head')
-    assert.ok(info.siblings.some((s) => s.rfilename === CHECKPOINT_META_FILE))
-    await stopPaced(sim)
+    // The upload's commit is held until the run recorded a later model: a late upload of the run's current model is
+    // still taken (test/client/checkpointing.test.ts), so only one that the run moved past is late.
+    const gate = await commitGate(hub.url)
+    try {
+      const sim = new Simulation(simRun({total_steps: 40, epoch_time: 60, rounds_per_epoch: 3, cooldown_time: 1}))
+      const a = await sim.addClient('a', undefined, {hub: {url: gate.url, token: TOKEN, repo: 'sim/late', cacheDir: join(tmp.path, 'c2'), stagingDir: join(tmp.path, 's2')}})
+      await sim.addClient('b')
+      await sim.addClient('c')
+      const started = () => a.events.find((e) => e.event === 'checkpoint_upload_started') as {step: number} | undefined
+      await sim.runUntil(() => started() !== undefined, {what: 'the upload to start'})
+      const step = started()!.step
+      await paced(sim, () => gate.held() > 0, 'the commit to reach the Hub', 1)
+      await sim.runUntil(() => (sim.coordinator.state.current_model?.step ?? 0) > step, {what: 'the run to record a later model'})
+      assert.equal(a.events.filter((e) => e.event === 'checkpoint' || e.event === 'checkpoint_late').length, 0, 'nothing reported while the commit is held')
+      gate.release()
+      await paced(sim, () => a.events.some((e) => e.event === 'checkpoint_late'), 'the late upload', 20, 5000)
+      const late = a.events.find((e) => e.event === 'checkpoint_late')!
+      assert.equal(late.step, step)
+      assert.match(String(late.revision), /^[0-9a-f]{40}$/)
+      assert.equal(late.repo_id, 'sim/late')
+      assert.match(String(late.reason), /after the Cooldown the coordinator takes checkpoints in, and it is not the run's current model/)
+      assert.ok(!a.events.some((e) => e.event === 'checkpoint'), 'not sent to the coordinator')
+      const info = (await (await fetch(`${hub.url}/api/models/sim/late`)).json()) as {sha: string; siblings: {rfilename: string}[]}
+      assert.equal(info.sha, late.revision, 'the late commit is the branch head')
+      assert.ok(info.siblings.some((s) => s.rfilename === CHECKPOINT_META_FILE))
+      await stopPaced(sim)
+    } finally {
+      gate.release()
+      await gate.close()
+    }
   })
 
   it('the fallback refuses a Hub checkpoint that is not the model at the epoch’s step (it would fork from the peers)', async () => {
