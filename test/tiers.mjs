@@ -76,6 +76,7 @@ export const tiers = {
     'test/obs/summary.test.ts',
     'test/obs/terminal-view.test.ts',
     'test/p2p/addresses.test.ts',
+    'test/p2p/signals.test.ts',
     'test/p2p/dialer.test.ts',
     'test/p2p/limits.test.ts',
     'test/p2p/mesh.test.ts',

@@ -65,7 +65,9 @@ describe('direct connections between NATed clients: WebRTC (UDP, ICE) first, the
     const lab = new Lab()
     const dir = tempDir('psyche-net-f-')
     const coordinator = lab.addPublicHost('coord')
-    const run = new NetRun(lab, dir.path, coordinator, SHAPE)
+    // A run long enough for every pair's attempts (WebRTC twice, ~7 s each, then a 5 s TCP window); stopped once they
+    // are logged.
+    const run = new NetRun(lab, dir.path, coordinator, {...SHAPE, totalSteps: 40})
     try {
       await run.startServer()
       const hosts = ['a', 'b', 'c'].map((n) => lab.addNatHost(n, {nat: 'symmetric'}))
@@ -75,11 +77,9 @@ describe('direct connections between NATed clients: WebRTC (UDP, ICE) first, the
       await waitForStep(run, clients, 4, 240_000)
       perRound('f', first, linkTotals(lab, coordinator, hosts), clients, [1, 4])
       assertExchanged(clients, [1, 2, 3, 4], 2)
-      // The rounds may end before every pair got through its attempts (WebRTC twice, ~7 s each, then a 5 s TCP window).
       const logged = () => clients.reduce((n, c) => n + eventsOf(c, 'hole_punch_failed').length, 0)
       const done = () => logged() >= 6 && clients.every((c) => eventsOf(c, 'hole_punch_failed').length >= 1)
       for (const end = Date.now() + 90_000; !done() && Date.now() < end;) await new Promise((r) => setTimeout(r, 250))
-      let failures = 0
       for (const c of clients) {
         assert.deepEqual(eventsOf(c, 'webrtc_connected'), [], `${c.name}: no WebRTC connection through a symmetric NAT`)
         assert.deepEqual(eventsOf(c, 'hole_punched'), [], `${c.name}: nothing punched through a symmetric NAT`)
@@ -87,8 +87,8 @@ describe('direct connections between NATed clients: WebRTC (UDP, ICE) first, the
         assert.ok(webrtc.length >= 1, `${c.name} tried WebRTC and failed`)
         for (const e of webrtc) assert.ok(e.ms < 20_000, `${c.name}: the WebRTC attempt gave up in bounded time: ${JSON.stringify(e)}`)
         const failed = eventsOf(c, 'hole_punch_failed')
+        assert.ok(failed.length >= 1, `${c.name} tried to punch over TCP and failed`)
         for (const e of failed) {
-          failures++
           assert.ok(e.ms < 40_000, `${c.name}: the punch gave up in bounded time: ${JSON.stringify(e)}`)
         }
         assert.ok(
@@ -96,9 +96,6 @@ describe('direct connections between NATed clients: WebRTC (UDP, ICE) first, the
           `${c.name} exchanged with both peers through the relay: ${JSON.stringify(rounds(c).map((r) => [r.conn_direct, r.conn_relayed, r.relayed_in]))}`,
         )
       }
-      // The pairs then tried TCP punching and failed (a pair's attempt may still be under way when the rounds end,
-      // so not every client need have logged one yet).
-      assert.ok(failures >= 2, `the pairs tried to punch over TCP: ${failures} failures logged`)
     } finally {
       await run.stop()
       lab.destroySync()

@@ -3,6 +3,7 @@ import type {Logger} from '@libp2p/interface'
 import {AbstractMultiaddrConnection} from '@libp2p/utils'
 import type {Multiaddr} from '@multiformats/multiaddr'
 import {setTimeout as sleep} from 'node:timers/promises'
+import {anySignal, deadline} from './util.js'
 
 // TCP sockets for hole punching: dialled from a chosen local port (so a port-preserving NAT maps every dial from it
 // the same way), retried until the other side's dial crosses ours (TCP simultaneous open), then handed to libp2p's
@@ -52,9 +53,9 @@ export async function punchTcp(host: string, port: number, localPort: number, op
   while (Date.now() < end && !options.signal?.aborted) {
     attempts++
     const started = Date.now()
-    const timeout = AbortSignal.timeout(Math.max(1, end - started))
+    const timeout = deadline(Math.max(1, end - started))
     try {
-      const socket = await dialFrom(host, port, localPort, options.signal ? AbortSignal.any([timeout, options.signal]) : timeout)
+      const socket = await dialFrom(host, port, localPort, options.signal ? anySignal(timeout, options.signal) : timeout)
       return {socket, attempts}
     } catch (error) {
       lastError = (error as NodeJS.ErrnoException).code ?? (error as Error).message

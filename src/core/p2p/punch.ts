@@ -7,7 +7,7 @@ import {peerIdFromString} from '@libp2p/peer-id'
 import {addressScope, addrPeerId, isCircuit} from './addresses.js'
 import {framed, readJsonObject, writeJson} from './framing.js'
 import {dialFrom, punchTcp, socketConnection} from './punch-socket.js'
-import {abortStream, deadline, ON_LIMITED, Semaphore, type Libp2pEventTarget} from './util.js'
+import {abortStream, anySignal, deadline, ON_LIMITED, Semaphore, type Libp2pEventTarget} from './util.js'
 import type {EventLog} from '../events.js'
 
 /**
@@ -163,7 +163,7 @@ export class HolePunch implements Startable {
 
   /** One punch's deadline, cut short when the node stops. */
   private punchSignal(): AbortSignal {
-    const signal = AbortSignal.any([deadline(PUNCH_TIMEOUT_MS), this.running.signal])
+    const signal = anySignal(deadline(PUNCH_TIMEOUT_MS), this.running.signal)
     setMaxListeners(Infinity, signal)
     return signal
   }

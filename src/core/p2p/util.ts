@@ -6,11 +6,37 @@ import type {EventLog} from '../events.js'
 /** Our protocols also run over relayed connections, which the relay limits in time and bytes (see psyche relay). */
 export const ON_LIMITED = {runOnLimitedConnection: true} as const
 
-/** A deadline for one transfer. Every chunk read/write listens on it, so Node's 10-listener warning does not apply. */
+/**
+ * A deadline for one transfer. Every chunk read/write listens on it, so Node's 10-listener warning does not apply.
+ * Its timer holds it strongly (unref'd: it keeps no process alive). AbortSignal.timeout's timer holds its signal
+ * weakly, and Node 20's AbortSignal.any follows its sources without holding them: a timeout signal inside a composite
+ * may be collected and the composite never abort (nodejs/node#57736), which left WebRTC attempts waiting forever.
+ */
 export function deadline(ms: number): AbortSignal {
-  const signal = AbortSignal.timeout(ms)
-  setMaxListeners(Infinity, signal)
-  return signal
+  const controller = new AbortController()
+  setTimeout(() => controller.abort(new DOMException('The operation was aborted due to timeout', 'TimeoutError')), ms).unref()
+  setMaxListeners(Infinity, controller.signal)
+  return controller.signal
+}
+
+/**
+ * Aborts when any of `signals` does, with its reason: AbortSignal.any, but held by its sources through their abort
+ * listeners, so it lives as long as any of them (see deadline). Once it aborts, its listeners on the others go.
+ */
+export function anySignal(...signals: AbortSignal[]): AbortSignal {
+  const controller = new AbortController()
+  setMaxListeners(Infinity, controller.signal)
+  const already = signals.find((s) => s.aborted)
+  if (already) {
+    controller.abort(already.reason)
+    return controller.signal
+  }
+  const onAbort = (event: Event) => {
+    for (const s of signals) s.removeEventListener('abort', onAbort)
+    controller.abort((event.target as AbortSignal).reason)
+  }
+  for (const s of signals) s.addEventListener('abort', onAbort)
+  return controller.signal
 }
 
 export function sleep(ms: number): Promise<void> {

@@ -9,7 +9,7 @@ import type {EventLog} from '../events.js'
 import {addrPeerId, isCircuit, localNetworks} from './addresses.js'
 import {framed} from './framing.js'
 import {STUN_INFO_PROTOCOL, decodeStunInfo} from './stun.js'
-import {abortStream, deadline, ON_LIMITED} from './util.js'
+import {abortStream, anySignal, deadline, ON_LIMITED} from './util.js'
 import {dataChannelConnection} from './webrtc-channel.js'
 import {decodeSignal, encodeSignal, MAX_SIGNAL_FRAME_BYTES, parseCandidate, usableCandidate, type IceCandidate, type SignalMessage} from './webrtc-signal.js'
 
@@ -260,7 +260,7 @@ function raceAbort<T>(promise: Promise<T>, signal: AbortSignal): Promise<T> {
 async function opened(session: IceSession, theirs: readonly IceCandidate[], signal: AbortSignal): Promise<void> {
   const connect = deadline(CONNECT_TIMEOUT_MS)
   try {
-    await raceAbort(session.opened, AbortSignal.any([signal, connect]))
+    await raceAbort(session.opened, anySignal(signal, connect))
   } catch (error) {
     const tried = theirs.map((c) => `${c.type} ${c.address}:${c.port}`).join(', ')
     // Fresh sockets may do better: the first packets may have crossed too far apart for NATs that answer what arrives unasked.
@@ -355,7 +355,7 @@ export class WebRtc implements Startable {
   }
 
   private attemptSignal(): AbortSignal {
-    const signal = AbortSignal.any([deadline(ATTEMPT_TIMEOUT_MS), this.running.signal])
+    const signal = anySignal(deadline(ATTEMPT_TIMEOUT_MS), this.running.signal)
     setMaxListeners(Infinity, signal)
     return signal
   }
@@ -398,7 +398,7 @@ export class WebRtc implements Startable {
     if (!connection || !host) return undefined
     let stream: Stream | undefined
     try {
-      const s = AbortSignal.any([signal, deadline(STUN_INFO_TIMEOUT_MS)])
+      const s = anySignal(signal, deadline(STUN_INFO_TIMEOUT_MS))
       stream = await connection.newStream(STUN_INFO_PROTOCOL, {signal: s})
       const lp = framed(stream, 256)
       const port = decodeStunInfo((await lp.read({signal: s})).subarray())
