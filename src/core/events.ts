@@ -152,7 +152,19 @@ export type PsycheEvent =
   // core/client/runner.ts, core/p2p/model-download.ts
   | {event: 'model_fetch_failed'; client_id?: string; reason?: string; step?: number; message?: string}
   // core/p2p/node.ts
-  | {event: 'model_fetched'; from: string[]; step: number; bytes: number; peers: number; attesters: number; dropped: number; root: string; ms: number; relayed: boolean}
+  | {
+      event: 'model_fetched'
+      from: string[]
+      step: number
+      bytes: number
+      peers: number
+      attesters: number
+      dropped: number
+      root: string
+      ms: number
+      relayed: boolean
+      busy: number
+    }
   | {event: 'model_loaded'; step: number; source: string; param_hash: string; parameters?: number}
   // core/p2p/model-download.ts
   | {event: 'model_manifest'; step: number; root: string; param_hash: string; attesters: number; answered: number; tensors: number}

@@ -5,6 +5,7 @@ import {describe, it} from 'node:test'
 import fc from 'fast-check'
 import {
   BadPeerError,
+  BusyPeerError,
   chooseManifest,
   downloadModel,
   manifestRoot,
@@ -36,6 +37,10 @@ interface Peer {
   /** requests that fail (a flaky or dead peer) */
   failTensors?: number
   down?: boolean
+  /** tensor requests answered busy (a holder at its upload bound); Infinity: always */
+  busy?: number
+  /** each tensor request takes this long */
+  delayMs?: number
   manifestOverride?: unknown
   requests: number
 }
@@ -52,8 +57,12 @@ function network(peers: Peer[], log: string[] = []): ModelPeerTransport {
       const p = byId.get(id)!
       p.requests++
       log.push(id)
-      await new Promise((r) => setImmediate(r))
+      await new Promise((r) => (p.delayMs ? setTimeout(r, p.delayMs) : setImmediate(r)))
       if (p.down) throw new Error('unreachable')
+      if ((p.busy ?? 0) > 0) {
+        p.busy!--
+        throw new BusyPeerError('serving 4 model pieces, its bound', 20)
+      }
       if ((p.failTensors ?? 0) > 0) {
         p.failTensors!--
         throw new Error('connection reset')
@@ -112,6 +121,40 @@ describe('p2p model download: manifests, quorum and verified tensors (in process
       got.totalBytes,
     )
     assert.deepEqual(got.dropped, [])
+  })
+
+  it('a holder at its upload bound (busy) is no failure: the piece goes to another holder, nobody is dropped, and the busy one is asked again', async () => {
+    // 40 pieces of 256 bytes, each request taking 5 ms: the busy holder's rest (50 ms, the least a holder may ask for) ends before the other is done
+    const m: ModelSnapshot = {
+      step: 7,
+      paramHash: 'many',
+      frames: Array.from({length: 40}, (_, i) => ({name: `t${i}`, dtype: 'float32', shape: [64], data: new Uint8Array(randomBytes(256))})),
+    }
+    const [busy, free] = [peer(m, {busy: 2, delayMs: 5}), peer(m, {delayMs: 5})]
+    const got = await downloadModel(network([busy, free]), {runId: RUN, peers: [busy, free].map((p) => p.identity.id), maxModelBytes: MAX, step: 7, pieceBytes: 256})
+    assertSameModel(got.snapshot, m)
+    assert.deepEqual(got.dropped, [])
+    assert.equal(got.busy, 2)
+    assert.ok(got.bytesFrom[free.identity.id] > 0)
+    assert.ok(busy.requests > 2 && got.bytesFrom[busy.identity.id] > 0, `the busy holder was asked again once it could serve: ${JSON.stringify(got.bytesFrom)}`)
+  })
+
+  it('with one holder, busy answers make the joiner wait and ask again; when every holder stays busy past the bound it fails naming it', async () => {
+    const m = model()
+    const one = peer(m, {busy: 5})
+    const got = await downloadModel(network([one]), {runId: RUN, peers: [one.identity.id], maxModelBytes: MAX, step: 7, pieceBytes: 1 << 20})
+    assertSameModel(got.snapshot, m)
+    assert.equal(got.busy, 5)
+    assert.deepEqual(got.dropped, [])
+    const stuck = [peer(m, {busy: Infinity}), peer(m, {busy: Infinity})]
+    const started = Date.now()
+    await assert.rejects(
+      downloadModel(network(stuck), {runId: RUN, peers: stuck.map((p) => p.identity.id), maxModelBytes: MAX, step: 7, busyTimeoutMs: 300}),
+      /could not fetch the model: every holder stayed busy \(at its upload bound\) for 0 s, the last: busy: serving 4 model pieces, its bound/,
+    )
+    assert.ok(Date.now() - started < 5_000, 'it gave up in bounded time')
+    // it rested between asks: a few requests per holder, not a spin
+    for (const p of stuck) assert.ok(p.requests <= 40, `${p.requests} requests to one always-busy holder in 300 ms`)
   })
 
   it('drops a peer that serves bytes not matching the manifest it signed, and takes those tensors from another', async () => {

@@ -126,6 +126,41 @@ describe('p2p: model sharing over /psyche/model/2', () => {
   })
 })
 
+describe('p2p: a serving peer bounds its model uploads (--max-model-uploads, --max-model-uploads-per-peer)', () => {
+  let nodes: TestNode[] = []
+  after(async () => stopAll(nodes))
+
+  it('three joiners at once from one holder allowed one upload: it never serves two, the others are told busy and ask again, and each gets the model', async () => {
+    nodes = await startNodes(4, {modelServeLimits: {maxUploads: 1, maxUploadsPerPeer: 1}})
+    const [holder, ...joiners] = nodes
+    for (const j of joiners) await j.node.connect(holder.node.addresses())
+    const model: ModelSnapshot = {
+      step: 3,
+      paramHash: 'bounded',
+      frames: ['a', 'b', 'c', 'd'].map((name) => ({name, dtype: 'float32', shape: [1024, 1025], data: randomBlob(1024 * 1025 * 4)})),
+    }
+    holder.node.serveModel(async () => model)
+    const got = await Promise.all(joiners.map((j) => j.node.fetchModel([holder.identity.id], {step: 3})))
+    for (const g of got) g.frames.forEach((f, i) => assert.ok(Buffer.from(f.data).equals(Buffer.from(model.frames[i].data)), `frame ${f.name}`))
+    const served = holder.node.modelServeStats()
+    assert.equal(served.peakUploads, 1, 'never two uploads at once')
+    assert.equal(served.uploads, 3 * model.frames.length, 'every piece uploaded once per joiner')
+    assert.ok(served.busy > 0, 'joiners beyond the bound were told busy')
+    const busyAnswers = joiners.map((j) => j.events.find((e) => e.event === 'model_fetched')!.busy as number)
+    assert.equal(
+      busyAnswers.reduce((a, b) => a + b, 0),
+      served.busy,
+      `each busy answer reached a joiner, which asked again (${JSON.stringify(busyAnswers)})`,
+    )
+    for (const j of joiners)
+      assert.deepEqual(
+        j.events.filter((e) => e.event === 'model_peer_dropped'),
+        [],
+        'a busy holder is not given up',
+      )
+  })
+})
+
 describe('p2p: validateModelHeader', () => {
   const ok = {step: 1, paramHash: 'h', frames: [{name: 'w', dtype: 'float16', shape: [2, 3], size: 12}]}
   it('accepts a consistent header and sums the sizes', () => {

@@ -5,6 +5,7 @@ import {DEFAULT_MAX_ROUNDS_WITHOUT_EXCHANGE} from '../client/runner.js'
 import type {ClientSetup} from '../compose/client.js'
 import {demoCorpusDir, ensureDemoCorpus} from '../corpus.js'
 import {listenAddrsForPort, parseMultiaddrs} from '../p2p/addresses.js'
+import {DEFAULT_MODEL_SERVE_LIMITS} from '../p2p/index.js'
 import type {Progress} from './progress.js'
 import {parseAddress} from './solana-flags.js'
 import {webrtcFlags, webrtcOptionsFromFlags} from './webrtc-flags.js'
@@ -51,6 +52,16 @@ export const joinFlags = {
   }),
   'p2p-announce': Flags.string({summary: 'tell peers exactly these multiaddr(s): a public address or a forwarded port', multiple: true}),
   ...webrtcFlags,
+  'max-model-uploads': Flags.integer({
+    summary: 'model pieces this client uploads to joining clients at once, all joiners together (more wait, or take them from another member)',
+    default: DEFAULT_MODEL_SERVE_LIMITS.maxUploads,
+    min: 1,
+  }),
+  'max-model-uploads-per-peer': Flags.integer({
+    summary: 'model pieces this client uploads to one joining client at once',
+    default: DEFAULT_MODEL_SERVE_LIMITS.maxUploadsPerPeer,
+    min: 1,
+  }),
   relay: Flags.string({summary: 'also use this circuit relay (multiaddr ending in /p2p/<id>, from psyche relay): reserve a slot there when not reachable', multiple: true}),
   'checkpoint-dir': Flags.string({
     summary: 'save the model in this directory after each epoch (Hugging Face layout with psyche-checkpoint.json; replaced atomically)',
@@ -142,6 +153,7 @@ export function joinSetup(flags: JoinFlags, plan: TrainPlan, log: ClientSetup['l
       announce: flags['p2p-announce'] ? parseMultiaddrs(flags['p2p-announce'], '--p2p-announce') : undefined,
       quic: flags.quic,
       ...webrtcOptionsFromFlags(flags),
+      modelServeLimits: {maxUploads: flags['max-model-uploads'], maxUploadsPerPeer: flags['max-model-uploads-per-peer']},
     },
     client: {
       relays: flags.relay ? parseMultiaddrs(flags.relay, '--relay', {needPeer: true}) : undefined,

@@ -24,7 +24,7 @@ type ProviderLocation = Parameters<typeof openDataProvider>[0]
 type Log = (event: EventLine) => void
 
 /** libp2p listen and announce addresses; quic false: TCP only (join --no-quic); WebRTC's options (join --stun, --webrtc-*). */
-type P2PSetup = {listen: string[]} & Pick<P2PNodeOptions, 'announce' | 'quic' | 'webrtc' | 'stun' | 'webrtcLimits'>
+type P2PSetup = {listen: string[]} & Pick<P2PNodeOptions, 'announce' | 'quic' | 'webrtc' | 'stun' | 'webrtcLimits' | 'modelServeLimits'>
 
 /**
  * The real components of a client: a PyTorch worker, the run's data, a libp2p node, and the coordinator: the TCP

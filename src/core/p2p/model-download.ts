@@ -17,6 +17,15 @@ export interface ModelPeerTransport {
 /** The peer broke the protocol in a way only a dishonest or broken peer can (wrong bytes, more bytes than asked). */
 export class BadPeerError extends Error {}
 
+/** A holder at its upload bound (model-exchange.ts ModelServeLimits): not a failure; ask again after retryMs. */
+export class BusyPeerError extends Error {
+  readonly retryMs: number
+  constructor(reason: string, retryMs: number) {
+    super(`busy: ${reason}`)
+    this.retryMs = Number.isFinite(retryMs) ? Math.min(5_000, Math.max(50, retryMs)) : 500
+  }
+}
+
 interface ModelDownloadOptions {
   runId: string
   /** the clients to take the model from (the caller's own id is skipped) */
@@ -40,6 +49,8 @@ interface ModelDownloadOptions {
   attemptTimeoutMs?: number
   /** a piece groups consecutive small tensors up to this many bytes into one request; default 4 MiB */
   pieceBytes?: number
+  /** give up when every holder answered busy and no piece arrived for this long; default 5 minutes */
+  busyTimeoutMs?: number
   log?: EventLog
 }
 
@@ -54,6 +65,8 @@ interface ModelDownload {
   /** peers given up during the download, and why */
   dropped: {client_id: string; reason: string; bad: boolean}[]
   totalBytes: number
+  /** requests a holder answered busy (at its upload bound), asked again later or of another holder */
+  busy: number
 }
 
 interface Piece {
@@ -133,6 +146,7 @@ export async function downloadModel(transport: ModelPeerTransport, options: Mode
   const perPeer = Math.max(1, options.perPeer ?? 2)
   const maxFailures = Math.max(1, options.maxPeerFailures ?? 2)
   const timeoutMs = options.attemptTimeoutMs ?? 60_000
+  const busyTimeoutMs = options.busyTimeoutMs ?? 300_000
   const peers = [...new Set(options.peers)].filter((p) => p !== options.selfId)
   if (peers.length === 0) throw new PsycheError('could not fetch the model: no peers given')
   const dropped: ModelDownload['dropped'] = []
@@ -199,6 +213,11 @@ export async function downloadModel(transport: ModelPeerTransport, options: Mode
   const pending = [...pieces]
   let running = 0
   let verified = 0
+  /** Holders that answered busy: not asked again before this time. */
+  const busyUntil = new Map<string, number>()
+  let busyAnswers = 0
+  let lastProgress = Date.now()
+  let wake: ReturnType<typeof setTimeout> | undefined
 
   const drop = (peer: string, reason: string, bad: boolean) => {
     if (!active.delete(peer)) return
@@ -206,7 +225,8 @@ export async function downloadModel(transport: ModelPeerTransport, options: Mode
     log({event: 'model_peer_dropped', client_id: peer, reason, bad})
   }
   const pickPeer = (piece: Piece): string | undefined => {
-    const usable = [...active].filter((p) => inflight.get(p)! < perPeer)
+    const now = Date.now()
+    const usable = [...active].filter((p) => inflight.get(p)! < perPeer && (busyUntil.get(p) ?? 0) <= now)
     // a peer that has not failed this piece yet, then the least busy, then the one we took the least from
     const rank = (p: string) => [piece.triedBy.has(p) ? 1 : 0, inflight.get(p)!, bytesFrom[p]]
     usable.sort((a, b) => {
@@ -221,9 +241,11 @@ export async function downloadModel(transport: ModelPeerTransport, options: Mode
     const fail = (reason: string) => {
       if (settled) return
       settled = true
+      clearTimeout(wake)
       reject(new PsycheError(`could not fetch the model: ${reason}`))
     }
     const attempt = async (peer: string, piece: Piece): Promise<void> => {
+      const triedBefore = piece.triedBy.has(peer)
       piece.attempts++
       piece.triedBy.add(peer)
       try {
@@ -239,9 +261,21 @@ export async function downloadModel(transport: ModelPeerTransport, options: Mode
         got.forEach((bytes, k) => (data[wanted[k].index] = bytes))
         bytesFrom[peer] += piece.bytes
         verified++
+        lastProgress = Date.now()
       } catch (error) {
         if (settled) return
         const reason = errorMessage(error)
+        if (error instanceof BusyPeerError) {
+          // Not a failure: the holder is at its upload bound. The piece goes back; this holder rests a while.
+          piece.attempts--
+          if (!triedBefore) piece.triedBy.delete(peer)
+          busyAnswers++
+          busyUntil.set(peer, Date.now() + error.retryMs)
+          if (Date.now() - lastProgress > busyTimeoutMs)
+            return fail(`every holder stayed busy (at its upload bound) for ${Math.round(busyTimeoutMs / 1000)} s, the last: ${reason}`)
+          pending.push(piece)
+          return
+        }
         if (error instanceof BadPeerError) drop(peer, reason, true)
         else {
           const n = (peerFailures.get(peer) ?? 0) + 1
@@ -257,6 +291,7 @@ export async function downloadModel(transport: ModelPeerTransport, options: Mode
       if (settled) return
       if (verified === pieces.length) {
         settled = true
+        clearTimeout(wake)
         return resolve()
       }
       while (running < concurrency && pending.length > 0) {
@@ -274,10 +309,21 @@ export async function downloadModel(transport: ModelPeerTransport, options: Mode
       if (running === 0 && pending.length > 0 && active.size === 0) {
         fail(`every peer that signed the manifest was given up (${dropped.map((d) => `${short(d.client_id)}: ${d.reason}`).join('; ')})`)
       }
+      // Pieces wait while the holders that could take them rest after a busy answer: ask again when the first may.
+      const resting = [...active].map((p) => busyUntil.get(p) ?? 0).filter((t) => t > Date.now())
+      if (!settled && pending.length > 0 && running < concurrency && resting.length > 0 && wake === undefined) {
+        wake = setTimeout(
+          () => {
+            wake = undefined
+            pump()
+          },
+          Math.min(...resting) - Date.now() + 1,
+        )
+      }
     }
     pump()
   })
 
   const frames = manifest.tensors.map((t, i) => ({name: t.name, dtype: t.dtype, shape: t.shape, data: data[i]!}))
-  return {snapshot: {step: manifest.step, paramHash: manifest.param_hash, frames}, root, attesters, bytesFrom, dropped, totalBytes}
+  return {snapshot: {step: manifest.step, paramHash: manifest.param_hash, frames}, root, attesters, bytesFrom, dropped, totalBytes, busy: busyAnswers}
 }

@@ -6,7 +6,7 @@ import type {SigningIdentity} from '../primitives/announcement.js'
 import type {PeerDialer} from './dialer.js'
 import {CHUNK_BYTES, framed, OverrunError, readChunksInto, readJsonObject, writeChunks, writeJson} from './framing.js'
 import {parseTensorRequest, signManifest, type ModelManifest, type ModelSnapshot} from './model.js'
-import {BadPeerError, downloadModel, type ModelPeerTransport} from './model-download.js'
+import {BadPeerError, BusyPeerError, downloadModel, type ModelPeerTransport} from './model-download.js'
 import {isCircuit} from './addresses.js'
 import {peerIdOfClient} from './peer-id.js'
 import type {Traffic} from './traffic.js'
@@ -20,6 +20,22 @@ const MAX_REQUEST_BYTES = 1024
 const MAX_MODEL_HEADER_BYTES = 4 * 1024 * 1024
 /** A whole model may take minutes to export and send; a model transfer is bounded by this instead of downloadTimeoutMs. */
 const MODEL_TRANSFER_TIMEOUT_MS = 600_000
+/** How long a joiner told `busy` waits before asking this peer again (it asks another holder meanwhile). */
+const BUSY_RETRY_MS = 500
+
+/**
+ * What a serving peer gives joiners at once: model-piece uploads (tensor requests) in total and to one joiner. Past
+ * either, a request is answered `busy` at once (a few bytes) and the joiner takes the piece from another holder or
+ * asks again later: joins cannot saturate a member's link while it trains (Psyche added such a cap after joins did).
+ */
+export interface ModelServeLimits {
+  /** piece uploads at once, to every joiner together (join --max-model-uploads) */
+  maxUploads: number
+  /** piece uploads at once to one joiner (join --max-model-uploads-per-peer) */
+  maxUploadsPerPeer: number
+}
+
+export const DEFAULT_MODEL_SERVE_LIMITS: ModelServeLimits = {maxUploads: 4, maxUploadsPerPeer: 2}
 
 interface ModelExchangeInit {
   identity: SigningIdentity
@@ -28,7 +44,16 @@ interface ModelExchangeInit {
   maxModelBytes: number
   /** per attempt (one holder) */
   downloadTimeoutMs: number
+  /** bounds on what this peer serves; default DEFAULT_MODEL_SERVE_LIMITS */
+  serveLimits?: Partial<ModelServeLimits>
   log: EventLog
+}
+
+/** What this peer served joiners: piece uploads done, refused as busy, and the most at once. */
+export interface ModelServeStats {
+  uploads: number
+  busy: number
+  peakUploads: number
 }
 
 interface ModelExchangeComponents {
@@ -44,11 +69,40 @@ interface ModelExchangeComponents {
 export class ModelExchange implements Startable {
   private provider?: () => Promise<ModelSnapshot>
   private readonly manifests = new WeakMap<ModelSnapshot, ModelManifest>()
+  private readonly limits: ModelServeLimits
+  /** Piece uploads under way, per joining peer (its peer id). */
+  private readonly uploading = new Map<string, number>()
+  private uploads = 0
+  private readonly stats: ModelServeStats = {uploads: 0, busy: 0, peakUploads: 0}
 
   constructor(
     private readonly components: ModelExchangeComponents,
     private readonly init: ModelExchangeInit,
-  ) {}
+  ) {
+    this.limits = {...DEFAULT_MODEL_SERVE_LIMITS, ...init.serveLimits}
+  }
+
+  serveStats(): ModelServeStats {
+    return {...this.stats}
+  }
+
+  /** Takes an upload slot for `peer`, or says why not (the bound it is at). */
+  private takeSlot(peer: string): string | undefined {
+    const mine = this.uploading.get(peer) ?? 0
+    if (this.uploads >= this.limits.maxUploads) return `serving ${this.uploads} model pieces, its bound (--max-model-uploads ${this.limits.maxUploads})`
+    if (mine >= this.limits.maxUploadsPerPeer) return `serving you ${mine} model pieces, its bound per peer (--max-model-uploads-per-peer ${this.limits.maxUploadsPerPeer})`
+    this.uploads++
+    this.uploading.set(peer, mine + 1)
+    this.stats.peakUploads = Math.max(this.stats.peakUploads, this.uploads)
+    return undefined
+  }
+
+  private releaseSlot(peer: string): void {
+    this.uploads--
+    const left = (this.uploading.get(peer) ?? 1) - 1
+    if (left > 0) this.uploading.set(peer, left)
+    else this.uploading.delete(peer)
+  }
 
   async start(): Promise<void> {
     await this.components.registrar.handle(MODEL_PROTOCOL, (stream, connection) => this.serve(stream, connection), {maxInboundStreams: 4, ...ON_LIMITED})
@@ -85,14 +139,26 @@ export class ModelExchange implements Startable {
         await writeJson(lp, {status: 'ok', manifest}, {signal})
       } else if (request.kind === 'tensors') {
         const {step, indices} = parseTensorRequest(request)
-        const model = await this.provider()
-        if (step !== model.step) await writeJson(lp, {status: 'stale', step: model.step}, {signal})
-        else if (indices.some((i) => i >= model.frames.length)) await writeJson(lp, {status: 'error', reason: 'no such tensor'}, {signal})
-        else {
-          await writeJson(lp, {status: 'ok'}, {signal})
-          for (const i of indices) {
-            await writeChunks(lp, model.frames[i].data, {signal})
-            this.components.traffic.count(connection.remotePeer, 'out', model.frames[i].data.length, isCircuit(connection.remoteAddr))
+        const peer = connection.remotePeer.toString()
+        const busy = this.takeSlot(peer)
+        if (busy !== undefined) {
+          this.stats.busy++
+          await writeJson(lp, {status: 'busy', reason: busy, retry_ms: BUSY_RETRY_MS}, {signal})
+        } else {
+          try {
+            const model = await this.provider()
+            if (step !== model.step) await writeJson(lp, {status: 'stale', step: model.step}, {signal})
+            else if (indices.some((i) => i >= model.frames.length)) await writeJson(lp, {status: 'error', reason: 'no such tensor'}, {signal})
+            else {
+              await writeJson(lp, {status: 'ok'}, {signal})
+              for (const i of indices) {
+                await writeChunks(lp, model.frames[i].data, {signal})
+                this.components.traffic.count(connection.remotePeer, 'out', model.frames[i].data.length, isCircuit(connection.remoteAddr))
+              }
+              this.stats.uploads++
+            }
+          } finally {
+            this.releaseSlot(peer)
           }
         }
       } else {
@@ -133,6 +199,7 @@ export class ModelExchange implements Startable {
       peers: sources.length,
       attesters: got.attesters.length,
       dropped: got.dropped.length,
+      busy: got.busy,
       root: got.root,
       ms: Math.round(performance.now() - started),
       relayed,
@@ -173,6 +240,7 @@ export class ModelExchange implements Startable {
       const lp = framed(stream, Math.max(MAX_MODEL_HEADER_BYTES, CHUNK_BYTES))
       await writeJson(lp, {run_id: this.init.runId, ...request}, {signal})
       const header = await readJsonObject(lp, 'model response', {signal})
+      if (header.status === 'busy') throw new BusyPeerError(String(header.reason ?? 'busy').slice(0, 200), Number(header.retry_ms))
       if (header.status !== 'ok') throw new Error(`refused: ${String(header.reason ?? header.status).slice(0, 200)}`)
       const out = await read(lp, header)
       await stream.close({signal}).catch(() => {})

@@ -13,7 +13,7 @@ import type {ResultAnnouncement, SigningIdentity} from '../primitives/announceme
 import {listenAddrsForPort} from './addresses.js'
 import {peerDialer, RELAYED_DIAL_TIMEOUT_MS, type DialFailure, type PeerDialer} from './dialer.js'
 import {liveness, type Liveness} from './liveness.js'
-import {DEFAULT_MAX_MODEL_BYTES, modelExchange, type ModelExchange} from './model-exchange.js'
+import {DEFAULT_MAX_MODEL_BYTES, modelExchange, type ModelExchange, type ModelServeLimits, type ModelServeStats} from './model-exchange.js'
 import type {ModelSnapshot} from './model.js'
 import {peerIdOfClient} from './peer-id.js'
 import {holePunch, type HolePunch} from './punch.js'
@@ -73,6 +73,8 @@ export interface P2PNodeOptions {
   maxBlobBytes?: number
   /** largest model (all frames) accepted; default 4 GiB */
   maxModelBytes?: number
+  /** what this node serves joiners at once (model-exchange.ts ModelServeLimits; join --max-model-uploads*) */
+  modelServeLimits?: Partial<ModelServeLimits>
   /** default 4 */
   maxConcurrentDownloads?: number
   /** per attempt (one holder), for blobs and models; default 60 s */
@@ -254,7 +256,7 @@ export class P2PNode {
           ...(options.fetchBackoffMs ? {fetchBackoffMs: options.fetchBackoffMs} : {}),
           log,
         }),
-        models: modelExchange({identity, runId, maxModelBytes: options.maxModelBytes ?? DEFAULT_MAX_MODEL_BYTES, downloadTimeoutMs, log}),
+        models: modelExchange({identity, runId, maxModelBytes: options.maxModelBytes ?? DEFAULT_MAX_MODEL_BYTES, downloadTimeoutMs, serveLimits: options.modelServeLimits, log}),
       },
     })
     dialer = libp2p.services.dialer
@@ -391,6 +393,11 @@ export class P2PNode {
   /** See ModelExchange.serveModel: answer model requests from the provider's current parameters. */
   serveModel(provider: () => Promise<ModelSnapshot>): void {
     this.libp2p.services.models.serveModel(provider)
+  }
+
+  /** See ModelExchange.serveStats: model pieces served to joiners, refused as busy, and the most at once. */
+  modelServeStats(): ModelServeStats {
+    return this.libp2p.services.models.serveStats()
   }
 
   /** See ModelExchange.fetchModel: download the model from these clients, checked tensor by tensor. */
