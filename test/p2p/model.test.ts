@@ -159,6 +159,19 @@ describe('p2p: a serving peer bounds its model uploads (--max-model-uploads, --m
         'a busy holder is not given up',
       )
   })
+  it('--max-model-upload-mbit paces what a holder uploads: 8 MiB at 8 MB/s take a second, whoever asks', async () => {
+    const [holder, joiner] = await startNodes(2, {modelServeLimits: {maxUploadBytesPerSecond: 8e6}})
+    nodes.push(holder, joiner)
+    await joiner.node.connect(holder.node.addresses())
+    const model: ModelSnapshot = {step: 5, paramHash: 'paced', frames: ['a', 'b'].map((name) => ({name, dtype: 'float32', shape: [1 << 20], data: randomBlob(4 << 20)}))}
+    holder.node.serveModel(async () => model)
+    const t = performance.now()
+    const got = await joiner.node.fetchModel([holder.identity.id], {step: 5})
+    const ms = performance.now() - t
+    got.frames.forEach((f, i) => assert.ok(Buffer.from(f.data).equals(Buffer.from(model.frames[i].data))))
+    // 8,388,608 bytes at 8e6 B/s is 1,049 ms, less the 256 KiB the pacer lets go ahead (33 ms)
+    assert.ok(ms >= 1_000, `the upload was paced: ${ms.toFixed(0)} ms`)
+  })
 })
 
 describe('p2p: validateModelHeader', () => {

@@ -62,6 +62,11 @@ export const joinFlags = {
     default: DEFAULT_MODEL_SERVE_LIMITS.maxUploadsPerPeer,
     min: 1,
   }),
+  'max-model-upload-mbit': Flags.integer({
+    summary: "Mbit/s of model uploads to joining clients, all together (0: no cap); below your uplink, it leaves the round's own exchange room",
+    default: 0,
+    min: 0,
+  }),
   relay: Flags.string({summary: 'also use this circuit relay (multiaddr ending in /p2p/<id>, from psyche relay): reserve a slot there when not reachable', multiple: true}),
   'checkpoint-dir': Flags.string({
     summary: 'save the model in this directory after each epoch (Hugging Face layout with psyche-checkpoint.json; replaced atomically)',
@@ -153,7 +158,11 @@ export function joinSetup(flags: JoinFlags, plan: TrainPlan, log: ClientSetup['l
       announce: flags['p2p-announce'] ? parseMultiaddrs(flags['p2p-announce'], '--p2p-announce') : undefined,
       quic: flags.quic,
       ...webrtcOptionsFromFlags(flags),
-      modelServeLimits: {maxUploads: flags['max-model-uploads'], maxUploadsPerPeer: flags['max-model-uploads-per-peer']},
+      modelServeLimits: {
+        maxUploads: flags['max-model-uploads'],
+        maxUploadsPerPeer: flags['max-model-uploads-per-peer'],
+        maxUploadBytesPerSecond: (flags['max-model-upload-mbit'] * 1e6) / 8,
+      },
     },
     client: {
       relays: flags.relay ? parseMultiaddrs(flags.relay, '--relay', {needPeer: true}) : undefined,

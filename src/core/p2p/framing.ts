@@ -28,9 +28,11 @@ export async function readJsonObject(lp: LengthPrefixedStream<Stream>, what: str
 }
 
 /** Writes bytes as CHUNK_BYTES frames (waiting for the stream to drain between them). */
-export async function writeChunks(lp: LengthPrefixedStream<Stream>, bytes: Uint8Array, options?: AbortOptions): Promise<void> {
+export async function writeChunks(lp: LengthPrefixedStream<Stream>, bytes: Uint8Array, options?: AbortOptions & {pace?: (bytes: number) => Promise<void>}): Promise<void> {
   for (let offset = 0; offset < bytes.length; offset += CHUNK_BYTES) {
-    await lp.write(bytes.subarray(offset, Math.min(offset + CHUNK_BYTES, bytes.length)), options)
+    const chunk = bytes.subarray(offset, Math.min(offset + CHUNK_BYTES, bytes.length))
+    await options?.pace?.(chunk.length)
+    await lp.write(chunk, options)
   }
 }
 

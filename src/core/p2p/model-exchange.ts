@@ -10,7 +10,7 @@ import {BadPeerError, BusyPeerError, downloadModel, type ModelPeerTransport} fro
 import {isCircuit} from './addresses.js'
 import {peerIdOfClient} from './peer-id.js'
 import type {Traffic} from './traffic.js'
-import {abortStream, deadline, ON_LIMITED} from './util.js'
+import {abortStream, deadline, ON_LIMITED, Pacer} from './util.js'
 import type {EventLog} from '../events.js'
 
 const MODEL_PROTOCOL = '/psyche/model/2'
@@ -33,9 +33,14 @@ export interface ModelServeLimits {
   maxUploads: number
   /** piece uploads at once to one joiner (join --max-model-uploads-per-peer) */
   maxUploadsPerPeer: number
+  /**
+   * bytes per second of model uploads, all joiners together; 0: no cap (join --max-model-upload-mbit). Below the
+   * uplink, it leaves the round's own exchange room: a saturated uplink queues every packet behind the joiners'.
+   */
+  maxUploadBytesPerSecond: number
 }
 
-export const DEFAULT_MODEL_SERVE_LIMITS: ModelServeLimits = {maxUploads: 4, maxUploadsPerPeer: 2}
+export const DEFAULT_MODEL_SERVE_LIMITS: ModelServeLimits = {maxUploads: 4, maxUploadsPerPeer: 2, maxUploadBytesPerSecond: 0}
 
 interface ModelExchangeInit {
   identity: SigningIdentity
@@ -74,12 +79,14 @@ export class ModelExchange implements Startable {
   private readonly uploading = new Map<string, number>()
   private uploads = 0
   private readonly stats: ModelServeStats = {uploads: 0, busy: 0, peakUploads: 0}
+  private readonly pacer?: Pacer
 
   constructor(
     private readonly components: ModelExchangeComponents,
     private readonly init: ModelExchangeInit,
   ) {
     this.limits = {...DEFAULT_MODEL_SERVE_LIMITS, ...init.serveLimits}
+    if (this.limits.maxUploadBytesPerSecond > 0) this.pacer = new Pacer(this.limits.maxUploadBytesPerSecond)
   }
 
   serveStats(): ModelServeStats {
@@ -152,7 +159,7 @@ export class ModelExchange implements Startable {
             else {
               await writeJson(lp, {status: 'ok'}, {signal})
               for (const i of indices) {
-                await writeChunks(lp, model.frames[i].data, {signal})
+                await writeChunks(lp, model.frames[i].data, {signal, pace: this.pacer && ((n) => this.pacer!.take(n, signal))})
                 this.components.traffic.count(connection.remotePeer, 'out', model.frames[i].data.length, isCircuit(connection.remoteAddr))
               }
               this.stats.uploads++

@@ -87,6 +87,37 @@ export class Semaphore {
   }
 }
 
+/**
+ * Paces bytes to `bytesPerSecond`, shared by every caller: take(n) resolves when n more bytes may go. Callers are
+ * served in the order they ask (each reserves the next slot of the wire), with at most `burstBytes` sent ahead.
+ */
+export class Pacer {
+  /** When (performance.now() ms) the bytes reserved so far have gone at the rate. */
+  private until = 0
+  constructor(
+    readonly bytesPerSecond: number,
+    private readonly burstBytes = 256 * 1024,
+  ) {}
+
+  async take(bytes: number, signal?: AbortSignal): Promise<void> {
+    const now = performance.now()
+    this.until = Math.max(this.until, now) + (bytes / this.bytesPerSecond) * 1000
+    const wait = this.until - now - (this.burstBytes / this.bytesPerSecond) * 1000
+    if (wait <= 0) return
+    await new Promise<void>((resolve, reject) => {
+      const timer = setTimeout(() => {
+        signal?.removeEventListener('abort', onAbort)
+        resolve()
+      }, wait)
+      const onAbort = () => {
+        clearTimeout(timer)
+        reject(signal!.reason as Error)
+      }
+      signal?.addEventListener('abort', onAbort, {once: true})
+    })
+  }
+}
+
 /** libp2p's event bus as a service's `events` component sees it (connection:open, transport:listening, ...). */
 export interface Libp2pEventTarget {
   addEventListener<K extends keyof Libp2pEvents>(type: K, listener: (event: Libp2pEvents[K]) => void): void
