@@ -1,5 +1,5 @@
 import assert from 'node:assert/strict'
-import {existsSync, mkdtempSync, readFileSync, rmSync} from 'node:fs'
+import {existsSync, mkdtempSync, readdirSync, readFileSync, rmSync} from 'node:fs'
 import {tmpdir} from 'node:os'
 import {join} from 'node:path'
 import {describe, it} from 'node:test'
@@ -114,11 +114,11 @@ describe('in-process simulation: real clients, in-memory coordinator, P2P and wo
     )
   })
 
-  it('join --checkpoint-dir: the model is saved after each epoch, the last save holding the final parameters', async () => {
+  it('join --checkpoint-dir: the model is saved after each epoch, the last save holding the final parameters; the last 3 saves are kept', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'psyche-sim-ckpt-'))
     try {
       const saved = join(dir, 'model')
-      const sim = new Simulation(simRun({total_steps: 6}))
+      const sim = new Simulation(simRun({total_steps: 8, rounds_per_epoch: 2}))
       const a = await sim.addClient('a', undefined, {checkpointDir: saved})
       const others = [await sim.addClient('b'), await sim.addClient('c')]
       await sim.runUntil(() => sim.coordinator.state.run_state === 'Finished', {what: 'the run to finish'})
@@ -131,11 +131,21 @@ describe('in-process simulation: real clients, in-memory coordinator, P2P and wo
         [...lastOfEpoch.entries()],
         'one save per epoch, at its last round',
       )
-      const meta = JSON.parse(readFileSync(join(saved, 'psyche-checkpoint.json'), 'utf8'))
-      const last = a.rounds.find((r) => r.step === 6)!
-      assert.deepEqual([meta.step, meta.param_hash], [6, last.param_hash])
+      const meta = JSON.parse(readFileSync(join(saved, 'step-8', 'psyche-checkpoint.json'), 'utf8'))
+      const last = a.rounds.find((r) => r.step === 8)!
+      assert.deepEqual([meta.step, meta.param_hash], [8, last.param_hash])
       assert.equal(meta.param_hash, a.worker.paramHash, 'the final parameters')
-      assert.ok(existsSync(join(saved, 'params.bin')) && existsSync(join(saved, 'config.json')))
+      assert.ok(existsSync(join(saved, 'step-8', 'params.bin')) && existsSync(join(saved, 'step-8', 'config.json')))
+      // --keep-checkpoints' default: the last 3 epochs' saves stay, the older ones were removed
+      const steps = saves.map((e) => e.step as number)
+      assert.ok(steps.length > 3, `${steps.length} saves`)
+      assert.deepEqual(
+        readdirSync(saved).sort(),
+        steps
+          .slice(-3)
+          .map((s) => `step-${s}`)
+          .sort(),
+      )
       assert.equal(others[0].events.filter((e) => e.event === 'checkpoint_saved').length, 0, 'only the client asked to saves')
     } finally {
       rmSync(dir, {recursive: true, force: true})

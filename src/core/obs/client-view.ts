@@ -99,7 +99,7 @@ export class ClientEventRenderer {
         return `WARNING: ${event.detail}. ${unreachable.length ? `Could not dial: ${unreachable.join('; ')}` : `Connected to ${event.peers} peer(s), yet no result arrived`}. See the README, "Training across machines".`
       }
       case 'checkpoint_saved':
-        return `model saved to ${event.dir} (step ${event.step}, epoch ${event.epoch})`
+        return `model ${event.staged ? 'staged for upload in' : 'saved to'} ${event.dir} (step ${event.step}, epoch ${event.epoch})`
       case 'checkpoint_save_failed':
         return `error: could not save the model: ${event.message}`
       case 'disconnected':
