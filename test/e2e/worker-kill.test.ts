@@ -13,6 +13,7 @@ import {startClient, startServer, writeE2eRun, type JsonProcess, type Line} from
 
 const WAVES = 4
 const PER_WAVE = 5
+const CONCURRENT_WAVES = 2
 
 /** When client k's worker is killed: after the first event `at` matches, and `delayMs` more. */
 function schedule(k: number): {what: string; at: (e: Line) => boolean; delayMs: number} {
@@ -43,16 +44,16 @@ describe('a worker killed with SIGKILL', () => {
   it(`ends its client with a non-zero exit and a clear error, ${WAVES * PER_WAVE} of ${WAVES * PER_WAVE} times`, {timeout: 600_000}, async (t) => {
     const started = Date.now()
     const outcomes: string[] = []
-    for (let wave = 0; wave < WAVES; wave++) {
+    const runWave = async (wave: number) => {
       const dir = tempDir('psyche-worker-kill-')
       dirs.push(dir)
       // The epoch starts once the clients killed after training have joined (the one killed early may be gone by
       // then); it never ends while they live (a run that finished would exit 0 rightly).
       const state = writeE2eRun(dir.path, {initMinClients: PER_WAVE - 1, minClients: 1, totalSteps: 100_000, roundsPerEpoch: 10_000, warmupTime: 5})
-      const {server} = await startServer(state)
+      const {server, port} = await startServer(state)
       procs.push(server)
       const runs = Array.from({length: PER_WAVE}, (_, i) => wave * PER_WAVE + i).map(async (k) => {
-        const client = startClient(`client-${k}`, (server.events.find((e) => e.event === 'listening') as {port: number}).port, state)
+        const client = startClient(`client-${k}`, port, state)
         procs.push(client)
         const when = schedule(k)
         const workerPid = (await client.waitFor((e) => e.event === 'started', 'started', 120_000)).worker_pid as number
@@ -79,6 +80,8 @@ describe('a worker killed with SIGKILL', () => {
       await server.stop()
       t.diagnostic(`wave ${wave + 1} done at ${((Date.now() - started) / 1000).toFixed(1)} s`)
     }
+    // Two waves at a time: one's waits (start-up, Warmup, a round that times out) overlap the other's work.
+    for (let wave = 0; wave < WAVES; wave += CONCURRENT_WAVES) await Promise.all(Array.from({length: Math.min(CONCURRENT_WAVES, WAVES - wave)}, (_, i) => runWave(wave + i)))
     assert.equal(outcomes.length, WAVES * PER_WAVE)
     for (const o of outcomes) t.diagnostic(o.split(', error')[0])
   })
