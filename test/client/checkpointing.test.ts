@@ -94,7 +94,9 @@ describe('checkpointing', () => {
     mkdirSync(join(dir, 'notes'))
     const w = phaseWorld({identity: generateIdentity(), state: cool.state, opts: {checkpointDir: dir, keepCheckpoints: 1}})
     await applied(w)
-    await new Checkpointing(w.ctx).afterApply(cool.state.epoch.round!)
+    const checkpointing = new Checkpointing(w.ctx)
+    await checkpointing.afterApply(cool.state.epoch.round!)
+    await checkpointing.idle()
     assert.deepEqual(readdirSync(dir).sort(), ['notes', 'step-1', 'step-5'])
     assert.deepEqual(
       w.logged('checkpoint_pruned').map((e) => (e as {step: number}).step),
@@ -106,7 +108,9 @@ describe('checkpointing', () => {
     fakeSave(kept, cool.state.run_id, 0)
     const c = phaseWorld({identity: generateIdentity(), state: {...cool.state, current_model: {step: 0, param_hash: 'h'}}, opts: {checkpointDir: kept, keepCheckpoints: 1}})
     await applied(c)
-    await new Checkpointing(c.ctx).afterApply(cool.state.epoch.round!)
+    const kept1 = new Checkpointing(c.ctx)
+    await kept1.afterApply(cool.state.epoch.round!)
+    await kept1.idle()
     assert.deepEqual(readdirSync(kept).sort(), ['step-0', 'step-1'])
     assert.equal(c.logged('checkpoint_pruned').length, 0)
 
@@ -115,7 +119,9 @@ describe('checkpointing', () => {
     for (const step of [0]) fakeSave(three, cool.state.run_id, step)
     const d = phaseWorld({identity: generateIdentity(), state: cool.state, opts: {checkpointDir: three}})
     await applied(d)
-    await new Checkpointing(d.ctx).afterApply(cool.state.epoch.round!)
+    const kept3 = new Checkpointing(d.ctx)
+    await kept3.afterApply(cool.state.epoch.round!)
+    await kept3.idle()
     assert.deepEqual(readdirSync(three).sort(), ['step-0', 'step-1'], `${DEFAULT_KEEP_CHECKPOINTS} kept: nothing to remove yet`)
   })
 

@@ -31,6 +31,8 @@ export class Checkpointing {
   /** The parameter hash of each step saved for upload. */
   private readonly savedHashes = new Map<number, string>()
   private waiting: Uploaded | undefined
+  /** The removal of older saves under way (--keep-checkpoints). */
+  private pruning: Promise<void> = Promise.resolve()
 
   constructor(private readonly ctx: ClientContext) {
     const {opts} = ctx
@@ -128,7 +130,11 @@ export class Checkpointing {
       const dir = await this.saveToDir(ctx.opts.checkpointDir, round.step, epoch)
       if (dir === undefined) return void this.savedHashes.delete(round.step)
       await this.checkpointer?.upload(round.step, epoch, dir)
-      await this.prune(ctx.opts.checkpointDir, round.step)
+      // off the training path: the next round need not wait for older saves to be removed
+      const checkpointDir = ctx.opts.checkpointDir
+      this.pruning = this.pruning
+        .then(() => this.prune(checkpointDir, round.step))
+        .catch((error: unknown) => ctx.log({event: 'checkpoint_prune_failed', dir: checkpointDir, message: errorMessage(error)}))
       return
     }
     await this.checkpointer
@@ -174,8 +180,9 @@ export class Checkpointing {
     })
   }
 
-  /** Waits for the upload under way (the last epoch's checkpoint is not abandoned when the run finishes). */
+  /** Waits for the upload and the pruning under way (the last epoch's checkpoint is not abandoned when the run finishes). */
   async idle(): Promise<void> {
     await this.checkpointer?.idle()
+    await this.pruning
   }
 }
