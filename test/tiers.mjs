@@ -143,6 +143,7 @@ export const tiers = {
     'test/data/psyche-configs.test.ts',
     'test/e2e/faults.test.ts',
     'test/e2e/three-clients.test.ts',
+    'test/e2e/worker-kill.test.ts',
     'test/solana/differential-long.test.ts',
     'test/solana/e2e.test.ts',
     'test/worker/data-parallel.test.ts',

@@ -7,7 +7,7 @@ import {addressOfClient, ledgerRows, ledgerScores} from '../core/backend/solana/
 import {parseAddress} from '../core/cli/solana-flags.js'
 import {PsycheError} from '../core/errors.js'
 import {PsycheCommand} from '../core/cli/base-command.js'
-import {coordinatorSeconds, saveStatusText, summarizeRun, timeLeftText, type RunSummary} from '../core/obs/summary.js'
+import {checkpointNotSavedText, coordinatorSeconds, saveStatusText, summarizeRun, timeLeftText, type RunSummary} from '../core/obs/summary.js'
 import {generateIdentity} from '../core/protocol/index.js'
 import type {ClientScore, SaveStatus} from '../core/protocol/messages.js'
 import type {RewardRow} from '../core/coordinator/rewards.js'
@@ -21,11 +21,14 @@ withdrawn, ejected, pending}, round: {step, height, batch_size, trainers, witnes
 witness_quorum} | null, pause_pending, model_wanted: {step, param_hash, detail} | null (the run waits: no member holds its
 current model, nor a checkpoint of it), peers, scores: [{client_id, average, last, last_step, verifiers, count}],
 rewards: [{client_id, score, weight, rounds, batches, pending, earned, slashed}], no_exchange: [{client_id, rounds, step}],
-save_state: {ok, failures_in_a_row, failures, max_failures, last_error, last_saved_step, last_saved_at} | null}:
+save_state: {ok, failures_in_a_row, failures, max_failures, last_error, last_saved_step, last_saved_at} | null,
+checkpoint_save_failed: [{client_id, step, message}]}:
 save_state is how the server's saves of its state go (null: it runs without --save-state-dir; text: STATE NOT SAVED
 while they fail);
 no_exchange lists the clients whose latest round report says they applied none of the others' results for that many
-rounds in a row (they reach no peer and train alone; text: NO EXCHANGE on the client's line). scores are the moving averages of the
+rounds in a row (they reach no peer and train alone; text: NO EXCHANGE on the client's line); checkpoint_save_failed
+lists the clients whose last checkpoint save (join --checkpoint-dir, or a checkpointer's) failed, until a later one
+succeeds (text: CHECKPOINT NOT SAVED on the client's line). scores are the moving averages of the
 verification scores verifiers reported for each client's results; rewards are the points each client earned for its
 accepted results (psyche rewards shows them alone).
 
@@ -75,6 +78,9 @@ program (report_scores).`
       no_exchange: [...conn.latestReports.values()]
         .filter((r) => (r.report.rounds_without_exchange ?? 0) > 0)
         .map((r) => ({client_id: r.client, rounds: r.report.rounds_without_exchange!, step: r.step})),
+      checkpoint_save_failed: [...conn.latestReports.values()].flatMap((r) =>
+        r.report.checkpoint_save_failed ? [{client_id: r.client, step: r.report.checkpoint_save_failed.step, message: r.report.checkpoint_save_failed.message}] : [],
+      ),
     }
     await conn.close()
     if (!this.jsonEnabled()) for (const line of formatSummary(summary)) this.log(line)
@@ -92,6 +98,8 @@ export type StatusSummary = RunSummary & {
    * reach no peer: they train alone), as of round `step`.
    */
   no_exchange?: {client_id: string; rounds: number; step: number}[]
+  /** Clients whose latest report says their last checkpoint save failed: at which step, and why. */
+  checkpoint_save_failed?: {client_id: string; step: number; message: string}[]
   /** A server that saves its state (--save-state-dir): how its saves are going (null: it saves nothing). */
   save_state?: SaveStatus | null
   /** A run on Solana: its coordinator account, authorities and metadata. */
@@ -151,16 +159,19 @@ export function formatSummary(s: StatusSummary): string[] {
   const scores = new Map((s.scores ?? []).map((x) => [x.client_id, x]))
   const rewards = new Map((s.rewards ?? []).map((x) => [x.client_id, x]))
   const alone = new Map((s.no_exchange ?? []).map((x) => [x.client_id, x]))
+  const unsavedCheckpoints = new Map((s.checkpoint_save_failed ?? []).map((x) => [x.client_id, x]))
   for (const client of s.clients) {
     const sc = scores.get(client.id)
     const r = rewards.get(client.id)
     const a = alone.get(client.id)
     const noExchange = a ? `  NO EXCHANGE: none of its peers' results for ${a.rounds} round${a.rounds === 1 ? '' : 's'} (to step ${a.step})` : ''
+    const f = unsavedCheckpoints.get(client.id)
+    const unsaved = f ? `  ${checkpointNotSavedText(f)}` : ''
     const points = r
       ? `  points ${r.earned} earned${r.pending ? ` + ${r.pending} this epoch` : ''}${r.slashed ? `, ${r.slashed} slashed` : ''}${r.claimed ? `, ${r.claimed} claimed` : ''}`
       : ''
     lines.push(
-      `  ${client.id.slice(0, 16)}…  ${client.state}${sc ? `  score ${sc.average.toFixed(3)} (${sc.count} reports, last step ${sc.last_step})` : ''}${points}${noExchange}`,
+      `  ${client.id.slice(0, 16)}…  ${client.state}${sc ? `  score ${sc.average.toFixed(3)} (${sc.count} reports, last step ${sc.last_step})` : ''}${points}${noExchange}${unsaved}`,
     )
   }
   return lines

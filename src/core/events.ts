@@ -80,8 +80,11 @@ export type PsycheEvent =
   | {event: 'checkpoint_downloaded'; step: number; repo_id: string; revision: string; bytes: number; downloaded_bytes: number}
   | {event: 'checkpoint_late'; step: number; epoch: number; repo_id: string; revision: string; reason: string}
   | {event: 'checkpoint_rejected'; step: number; message: string; repo_id?: string; revision?: string | null; expected?: string; actual?: string}
+  | {event: 'checkpoint_prune_failed'; dir: string; message: string}
+  | {event: 'checkpoint_pruned'; step: number; dir: string}
   | {event: 'checkpoint_save_failed'; step: number; message: string}
-  | {event: 'checkpoint_saved'; step: number; epoch: number; dir: string; param_hash: string | null}
+  /** staged: saved in the checkpointer's staging directory for upload (removed once uploaded). */
+  | {event: 'checkpoint_saved'; step: number; epoch: number; dir: string; param_hash: string | null; staged?: boolean}
   | {event: 'checkpoint_step'; step: number; checkpoint_step: number}
   | {event: 'checkpoint_superseded'; step: number; by: number}
   | {event: 'checkpoint_upload_failed'; step: number; message: string}

@@ -66,6 +66,34 @@ describe('checkpointer: save on the training path, upload in the background', ()
     assert.equal(info.sha, reported.at(-1)!.revision)
   })
 
+  it('a save that is not its own (--checkpoint-dir) is uploaded from where it is and never removed, superseded or not; uploading names the steps whose directories must stay', async () => {
+    const events: EventLine[] = []
+    const checkpointer = new Checkpointer({
+      repo: 'run/kept',
+      hubUrl: hub.url,
+      token: TOKEN,
+      stagingDir: join(tmp.path, 'staging-unused'),
+      save: () => assert.fail('upload() saves nothing'),
+      onUploaded: () => {},
+      log: (e) => events.push(e),
+    })
+    const dirs = [1, 2, 3].map((step) => join(tmp.path, 'kept', `step-${step}`))
+    for (const dir of dirs) await worker.save(dir, {card: {}})
+    await checkpointer.upload(1, 0, dirs[0])
+    await checkpointer.upload(2, 1, dirs[1])
+    await checkpointer.upload(3, 2, dirs[2]) // supersedes step 2, waiting behind step 1's upload
+    assert.deepEqual(checkpointer.uploading, [1, 3])
+    await checkpointer.idle()
+    assert.deepEqual(checkpointer.uploading, [])
+    assert.deepEqual(
+      events.filter((e) => e.event === 'checkpoint_uploaded').map((e) => e.step),
+      [1, 3],
+    )
+    assert.ok(events.some((e) => e.event === 'checkpoint_superseded' && e.step === 2 && e.by === 3))
+    for (const dir of dirs) assert.ok(existsSync(join(dir, 'config.json')), `${dir} stays`)
+    assert.equal(existsSync(join(tmp.path, 'staging-unused')), false)
+  })
+
   it('a failed upload is logged, not thrown: training goes on', async () => {
     const events: EventLine[] = []
     const checkpointer = new Checkpointer({

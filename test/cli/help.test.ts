@@ -89,3 +89,17 @@ test('the real executable (bin/psyche.js, its own process): --help exits 0, an u
   assert.equal(bad.exitCode, 2, bad.stderr)
   assert.match(bad.stderr, /Nonexistent flag: --no-such-flag/)
 })
+
+test('join --keep-checkpoints: documented with its default; not an integer ≥ 1, or without --checkpoint-dir, exits 2 naming the flag', async () => {
+  const help = await runInProcess(['join', '--help'])
+  assert.match(help.stdout, /--keep-checkpoints=<value>\s+keep the last N epochs' checkpoints in --checkpoint-dir[^[]*\[default: 3\]/)
+  for (const value of ['0', '-1', 'abc', '2.5']) {
+    const bad = await runInProcess(['join', '--run-id', 'r', '--server-addr', '127.0.0.1:1', '--checkpoint-dir', '/nonexistent/psyche', `--keep-checkpoints=${value}`])
+    assert.equal(bad.exitCode, 2, `--keep-checkpoints=${value}: ${bad.stderr}`)
+    assert.match(bad.stderr, /--keep-checkpoints/, `--keep-checkpoints=${value} names the flag`)
+    assert.match(bad.stderr, /Expected an integer/)
+  }
+  const alone = await runInProcess(['join', '--run-id', 'r', '--server-addr', '127.0.0.1:1', '--keep-checkpoints', '2'])
+  assert.equal(alone.exitCode, 2, alone.stderr)
+  assert.match(alone.stderr, /--keep-checkpoints[\s\S]*--checkpoint-dir/)
+})

@@ -3,6 +3,8 @@ import {describe, it} from 'node:test'
 import type {CoordinatorState} from '../../src/core/coordinator/index.js'
 import type {EventLine, RoundEvent} from '../../src/core/events.js'
 import {ClientEventRenderer, WaitingEvents} from '../../src/core/obs/client-view.js'
+import {RoundReporter} from '../../src/core/obs/report.js'
+import {MAX_SAVE_FAILURE_CHARS} from '../../src/core/protocol/messages.js'
 import {joinAll, newRun, toFirstRound} from '../coordinator/helpers.js'
 
 const round: RoundEvent = {
@@ -93,6 +95,41 @@ describe("join's events as shown (obs/client-view.ts)", () => {
     assert.equal(view.clients.find((c) => c.name.endsWith('(me)'))?.step, 7)
     assert.equal(view.notes!.length, 1)
     assert.match(view.warnings[0], /out of sync: results never came$/)
+  })
+
+  it('a failed checkpoint save: an error on our row of the live view, with the step and the reason, until a save succeeds', () => {
+    const {state} = toFirstRound(['a', 'b', 'c'])
+    const {r} = renderer('live', state)
+    const me = () => r.view({title: 't', me: 'a', nowSeconds: 0}).clients.find((c) => c.name.endsWith('(me)'))!
+    r.render(round)
+    assert.equal(me().note, undefined)
+    r.render({event: 'checkpoint_save_failed', step: 7, message: '/data/step-7: No space left on device'})
+    assert.equal(me().note, 'CHECKPOINT NOT SAVED (step 7): /data/step-7: No space left on device')
+    const view = r.view({title: 't', me: 'a', nowSeconds: 0})
+    assert.match(view.warnings.at(-1)!, /could not save the model at step 7: \/data\/step-7: No space left on device$/)
+    assert.equal(view.notes!.length, 0, 'an error, not news')
+    r.render({event: 'checkpoint_saved', step: 9, epoch: 2, dir: '/data/step-9', param_hash: null})
+    assert.equal(me().note, undefined, 'cleared by the next save that succeeds')
+  })
+
+  it("the reports sent to the coordinator carry a failed save: the last round's report again at once, then every report until a save succeeds", () => {
+    const reporter = new RoundReporter(16)
+    assert.equal(reporter.observe({event: 'checkpoint_save_failed', step: 3, message: 'full'}), undefined, 'no round reported yet: nothing to send')
+    const first = reporter.observe(round)!
+    assert.deepEqual(first.report.checkpoint_save_failed, {step: 3, message: 'full'}, 'a failure before the first report is carried by it')
+    reporter.observe({event: 'checkpoint_saved', step: 7, epoch: 1, dir: '/d', param_hash: null})
+    assert.equal(reporter.observe({event: 'checkpoint_saved', step: 7, epoch: 1, dir: '/d', param_hash: null}), undefined, 'nothing changed: nothing sent')
+    const again = reporter.observe({event: 'checkpoint_save_failed', step: 7, message: 'disk\nfull\u001b[0m ' + 'x'.repeat(400)})!
+    assert.equal(again.step, 7, "the last round's report, sent again")
+    assert.equal(again.report.loss, 2.5)
+    assert.equal(again.report.checkpoint_save_failed!.step, 7)
+    assert.match(again.report.checkpoint_save_failed!.message, /^disk full \[0m x+…$/, 'one printable line')
+    assert.equal(again.report.checkpoint_save_failed!.message.length, MAX_SAVE_FAILURE_CHARS)
+    assert.deepEqual(reporter.observe({...round, step: 8})!.report.checkpoint_save_failed?.step, 7, 'every report until a save succeeds')
+    const cleared = reporter.observe({event: 'checkpoint_saved', step: 9, epoch: 2, dir: '/d', param_hash: null})!
+    assert.equal(cleared.step, 8)
+    assert.equal('checkpoint_save_failed' in cleared.report, false)
+    assert.equal('checkpoint_save_failed' in reporter.observe({...round, step: 9})!.report, false)
   })
 
   it('waiting: what the client waits for, once per change', () => {

@@ -80,6 +80,26 @@ describe('psyche dashboard --server-addr', () => {
     assert.deepEqual(JSON.parse(st.stdout).no_exchange, [{client_id: identity.id, rounds: 4, step}])
     const text = await runCli(['status', '--server-addr', t.addr])
     assert.match(text.stdout, /NO EXCHANGE: none of its peers' results for 4 rounds/)
+    assert.deepEqual(JSON.parse(st.stdout).checkpoint_save_failed, [])
+    assert.doesNotMatch(text.stdout, /CHECKPOINT NOT SAVED/)
+
+    // A failed checkpoint save: the client sends its last report again with it; status and the dashboard show it,
+    // with the step and the reason, until a report without it (a later save succeeded).
+    const failed = {step, message: '/data/ckpt/step-1: No space left on device'}
+    assert.ok(conn.sendReport(step, {...REPORT, checkpoint_save_failed: failed}))
+    const failedRow = async () => ((await api('/api/status')) as {clients: {checkpoint_save_failed: unknown}[]}).clients[0].checkpoint_save_failed
+    const until = async (ok: (v: unknown) => boolean, what: string) => {
+      for (const deadline = Date.now() + 10_000; !ok(await failedRow()); await new Promise((r) => setTimeout(r, 100)))
+        if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`)
+    }
+    await until((v) => JSON.stringify(v) === JSON.stringify(failed), 'the dashboard to show the failed save')
+    const [stFailed, textFailed] = await Promise.all([runCli(['status', '--server-addr', t.addr, '--json']), runCli(['status', '--server-addr', t.addr])])
+    assert.deepEqual(JSON.parse(stFailed.stdout).checkpoint_save_failed, [{client_id: identity.id, ...failed}])
+    assert.match(textFailed.stdout, new RegExp(`${identity.id.slice(0, 16)}….*CHECKPOINT NOT SAVED \\(step ${step}\\): /data/ckpt/step-1: No space left on device`))
+    assert.ok(conn.sendReport(step, REPORT))
+    await until((v) => v === null, 'the dashboard to clear the failed save')
+    const stCleared = await runCli(['status', '--server-addr', t.addr, '--json'])
+    assert.deepEqual(JSON.parse(stCleared.stdout).checkpoint_save_failed, [])
     // Once the round's result is witnessed, its points show as pending for the epoch (no verifiers: weight 1).
     const round = t.server.state.epoch.round!
     const range = {start: round.data_index, end: round.data_index + round.batch_size}

@@ -156,6 +156,9 @@ describe('Prometheus metrics', () => {
     m.observe({event: 'rejected', code: 'stale_step', reason: 'y'})
     m.observe({event: 'announcement_ignored', client_id: 'c', step: 2})
     m.observe({event: 'worker_crashed', message: 'gone'})
+    m.observe({event: 'checkpoint_save_failed', step: 1, message: 'full'})
+    m.observe({event: 'checkpoint_saved', step: 2, epoch: 1, dir: '/d', param_hash: null})
+    m.observe({event: 'checkpoint_save_failed', step: 3, message: 'full'})
     const endpoint = await serveMetrics(m.registry, {port: 0})
     try {
       const {metrics} = await scrape(endpoint.port)
@@ -183,6 +186,8 @@ describe('Prometheus metrics', () => {
       assert.equal(metrics.get('psyche_p2p_peer_relayed_sent_bytes_total{peer="peerB"}'), 6500)
       assert.equal(metrics.get('psyche_p2p_peer_relayed_received_bytes_total{peer="peerA"}'), undefined)
       assert.equal(metrics.get('psyche_client_rounds_without_exchange'), 2)
+      assert.equal(metrics.get('psyche_client_checkpoint_save_failed'), 1)
+      assert.equal(metrics.get('psyche_client_checkpoint_save_failures_total'), 2)
       assert.equal(metrics.get('psyche_p2p_peers'), 2)
       assert.equal(metrics.get('psyche_p2p_connections{kind="direct"}'), 1)
       assert.equal(metrics.get('psyche_p2p_connections{kind="relayed"}'), 1)

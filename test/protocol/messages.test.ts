@@ -82,6 +82,7 @@ test('every client message round-trips with its sender, run, step, seq and sessi
         peers: 2,
       },
     ],
+    ['report', {...REPORT, checkpoint_save_failed: {step: 12, message: '/data/step-12: No space left on device'}}],
     ['scores', {scores: [{client_id: bob, score: -0.25}]}],
     ['addresses', {p2p_addrs: ['/ip4/10.0.0.2/tcp/4001/p2p/12D3KooWA', '/ip4/203.0.113.7/tcp/4001/p2p/12D3KooWR/p2p-circuit/p2p/12D3KooWA']}],
   ] as const
@@ -204,6 +205,20 @@ test('tampering anywhere, unsigned bytes, the wrong direction, or bad fields are
     [{kind: 'report', run_id: 'r', step: 0, seq: 1, session: SESSION, body: {...REPORT, loss: 'NaN'}}, 'invalid_message', /report.loss/],
     [{kind: 'report', run_id: 'r', step: 0, seq: 1, session: SESSION, body: {...REPORT, applied: 1.5}}, 'invalid_message', /report.applied/],
     [{kind: 'report', run_id: 'r', step: 0, seq: 1, session: SESSION, body: {...REPORT, peers: undefined}}, 'invalid_message', /missing "peers"/],
+    ...[
+      [{step: 1, message: ''}, /checkpoint_save_failed.message must not be empty/],
+      [{step: 1, message: 'x'.repeat(301)}, /checkpoint_save_failed.message is longer than 300/],
+      [{step: 1, message: 'no\u001b[2Jspace'}, /checkpoint_save_failed.message must be one line without control characters/],
+      [{step: 1, message: 'a\nb'}, /one line/],
+      [{step: -1, message: 'x'}, /checkpoint_save_failed.step/],
+      [{message: 'x'}, /checkpoint_save_failed: missing "step"/],
+      [{step: 1, message: 'x', extra: 1}, /unexpected field "extra"/],
+      ['full', /checkpoint_save_failed must be an object/],
+    ].map(([failed, why]): [object, DecodeReason, RegExp] => [
+      {kind: 'report', run_id: 'r', step: 0, seq: 1, session: SESSION, body: {...REPORT, checkpoint_save_failed: failed}},
+      'invalid_message',
+      why as RegExp,
+    ]),
     [{kind: 'addresses', run_id: 'r', step: 0, seq: 1, session: SESSION, body: {p2p_addrs: Array(33).fill('a')}}, 'invalid_message', /addresses.p2p_addrs has more than 32/],
     [{kind: 'addresses', run_id: 'r', step: 0, seq: 1, session: SESSION, body: {p2p_addrs: ['x'.repeat(513)]}}, 'invalid_message', /longer than 512/],
     [{kind: 'addresses', run_id: 'r', step: 0, seq: 1, session: SESSION, body: {p2p_addrs: [1]}}, 'invalid_message', /must be text/],

@@ -1,5 +1,5 @@
 import assert from 'node:assert/strict'
-import {existsSync, mkdtempSync, readFileSync, rmSync} from 'node:fs'
+import {existsSync, mkdtempSync, readdirSync, readFileSync, rmSync} from 'node:fs'
 import {tmpdir} from 'node:os'
 import {join} from 'node:path'
 import {describe, it} from 'node:test'
@@ -114,11 +114,11 @@ describe('in-process simulation: real clients, in-memory coordinator, P2P and wo
     )
   })
 
-  it('join --checkpoint-dir: the model is saved after each epoch, the last save holding the final parameters', async () => {
+  it('join --checkpoint-dir: the model is saved after each epoch, each save holding its step; the last 3 saves are kept', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'psyche-sim-ckpt-'))
     try {
       const saved = join(dir, 'model')
-      const sim = new Simulation(simRun({total_steps: 6}))
+      const sim = new Simulation(simRun({total_steps: 12, rounds_per_epoch: 2}))
       const a = await sim.addClient('a', undefined, {checkpointDir: saved})
       const others = [await sim.addClient('b'), await sim.addClient('c')]
       await sim.runUntil(() => sim.coordinator.state.run_state === 'Finished', {what: 'the run to finish'})
@@ -126,16 +126,29 @@ describe('in-process simulation: real clients, in-memory coordinator, P2P and wo
       const saves = a.events.filter((e) => e.event === 'checkpoint_saved')
       const lastOfEpoch = new Map<number, number>()
       for (const r of a.rounds) lastOfEpoch.set(r.epoch, Math.max(lastOfEpoch.get(r.epoch) ?? 0, r.step))
+      // At most one save per epoch, at its last round. (In the simulation an apply may end after the Cooldown, whose
+      // clock runs on while the client works: that epoch saves nothing.)
+      const perEpoch = saves.map((e) => [e.epoch, e.step])
+      for (const [epoch, step] of perEpoch) assert.equal(lastOfEpoch.get(epoch), step, `the save of epoch ${epoch} is at its last round`)
+      assert.equal(new Set(perEpoch.map(([epoch]) => epoch)).size, perEpoch.length, 'once per epoch')
+      // The last save holds the parameters of its step (the final ones when the last epoch saved).
+      const lastSaved = saves.at(-1)!.step as number
+      const meta = JSON.parse(readFileSync(join(saved, `step-${lastSaved}`, 'psyche-checkpoint.json'), 'utf8'))
+      const last = a.rounds.find((r) => r.step === lastSaved)!
+      assert.deepEqual([meta.step, meta.param_hash], [lastSaved, last.param_hash])
+      if (lastSaved === 12) assert.equal(meta.param_hash, a.worker.paramHash, 'the final parameters')
+      assert.ok(existsSync(join(saved, `step-${lastSaved}`, 'params.bin')) && existsSync(join(saved, `step-${lastSaved}`, 'config.json')))
+      // --keep-checkpoints' default: the last 3 epochs' saves stay, the older ones were removed
+      const steps = saves.map((e) => e.step as number)
+      assert.ok(steps.length > 3, `${steps.length} saves`)
       assert.deepEqual(
-        saves.map((e) => [e.epoch, e.step]),
-        [...lastOfEpoch.entries()],
-        'one save per epoch, at its last round',
+        readdirSync(saved).sort(),
+        steps
+          .slice(-3)
+          .map((s) => `step-${s}`)
+          .sort(),
       )
-      const meta = JSON.parse(readFileSync(join(saved, 'psyche-checkpoint.json'), 'utf8'))
-      const last = a.rounds.find((r) => r.step === 6)!
-      assert.deepEqual([meta.step, meta.param_hash], [6, last.param_hash])
-      assert.equal(meta.param_hash, a.worker.paramHash, 'the final parameters')
-      assert.ok(existsSync(join(saved, 'params.bin')) && existsSync(join(saved, 'config.json')))
+      assert.equal(a.events.filter((e) => e.event === 'checkpoint_pruned').length, steps.length - 3)
       assert.equal(others[0].events.filter((e) => e.event === 'checkpoint_saved').length, 0, 'only the client asked to saves')
     } finally {
       rmSync(dir, {recursive: true, force: true})

@@ -10,7 +10,7 @@ import {PsycheError} from '../../core/errors.js'
 import {clientTable, serveDashboard} from '../../core/obs/dashboard.js'
 import {HISTORY_FILE, RunHistory} from '../../core/obs/history.js'
 import {ServerMetrics, serveMetrics} from '../../core/obs/metrics.js'
-import {summarizeRun} from '../../core/obs/summary.js'
+import {checkpointNotSavedText, summarizeRun} from '../../core/obs/summary.js'
 import {historyFigures, startTerminalView, Warnings} from '../../core/obs/terminal-view.js'
 import {peerIdOfClient} from '../../core/p2p/index.js'
 import {RelayNode} from '../../core/p2p/relay.js'
@@ -245,7 +245,7 @@ limits per relayed connection are flags (--relay-data-limit-mb, --relay-duration
               state: c.state,
               step: c.step,
               loss: c.loss,
-              note: c.connected ? '' : 'not connected',
+              note: [c.connected ? '' : 'not connected', c.checkpoint_save_failed ? checkpointNotSavedText(c.checkpoint_save_failed) : ''].filter(Boolean).join('; '),
             })),
             ...historyFigures(history!.history()),
             peers: {all: Object.values(s.peers).filter((a) => a.length > 0).length},

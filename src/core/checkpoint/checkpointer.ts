@@ -70,7 +70,9 @@ interface CheckpointerOptions {
  */
 export class Checkpointer {
   private running: Promise<void> | undefined
-  private waiting: {step: number; epoch: number; dir: string} | undefined
+  /** The checkpoint next to upload; `owned`: a staging directory of ours, removed once uploaded or superseded. */
+  private waiting: {step: number; epoch: number; dir: string; owned: boolean} | undefined
+  private uploadingStep: number | undefined
   private readonly done: {step: number; commit: string}[] = []
 
   constructor(private readonly options: CheckpointerOptions) {}
@@ -81,11 +83,30 @@ export class Checkpointer {
     await this.options.save(dir, {step, epoch})
     const record: CheckpointMeta = {...(meta.run_id ? {run_id: meta.run_id} : {}), step, epoch, ...(meta.param_hash ? {param_hash: meta.param_hash} : {})}
     await writeFileAtomic(join(dir, CHECKPOINT_META_FILE), JSON.stringify(record, null, 2) + '\n')
-    if (this.waiting) {
-      this.options.log?.({event: 'checkpoint_superseded', step: this.waiting.step, by: step})
-      await rm(this.waiting.dir, {recursive: true, force: true})
+    this.options.log?.({event: 'checkpoint_saved', step, epoch, dir, param_hash: meta.param_hash ?? null, staged: true})
+    await this.enqueue({step, epoch, dir, owned: true})
+  }
+
+  /**
+   * Queues the upload of a checkpoint already saved in `dir` with its psyche-checkpoint.json (a --checkpoint-dir save):
+   * the directory is the caller's and is never removed here.
+   */
+  async upload(step: number, epoch: number, dir: string): Promise<void> {
+    await this.enqueue({step, epoch, dir, owned: false})
+  }
+
+  /** The steps whose checkpoints are being uploaded or wait for it: their directories must stay. */
+  get uploading(): number[] {
+    return [this.uploadingStep, this.waiting?.step].filter((s): s is number => s !== undefined)
+  }
+
+  private async enqueue(job: {step: number; epoch: number; dir: string; owned: boolean}): Promise<void> {
+    const superseded = this.waiting
+    this.waiting = job
+    if (superseded) {
+      this.options.log?.({event: 'checkpoint_superseded', step: superseded.step, by: job.step})
+      if (superseded.owned) await rm(superseded.dir, {recursive: true, force: true})
     }
-    this.waiting = {step, epoch, dir}
     if (!this.running) this.running = this.drain()
   }
 
@@ -103,6 +124,7 @@ export class Checkpointer {
       while (this.waiting) {
         const job = this.waiting
         this.waiting = undefined
+        this.uploadingStep = job.step
         const revision = this.options.revision ?? 'main'
         this.options.log?.({event: 'checkpoint_upload_started', step: job.step, repo: this.options.repo, revision})
         try {
@@ -122,7 +144,8 @@ export class Checkpointer {
           // a failed upload is logged and dropped: the run goes on, the next epoch's checkpoint tries again
           this.options.log?.({event: 'checkpoint_upload_failed', step: job.step, message: errorMessage(error)})
         } finally {
-          await rm(job.dir, {recursive: true, force: true})
+          this.uploadingStep = undefined
+          if (job.owned) await rm(job.dir, {recursive: true, force: true})
         }
       }
     } finally {

@@ -1,6 +1,7 @@
 import {resolve} from 'node:path'
 import {Flags, type Interfaces} from '@oclif/core'
 import {checkRepoId, checkToken, transferLabel} from '../checkpoint/hub.js'
+import {DEFAULT_KEEP_CHECKPOINTS} from '../checkpoint/retention.js'
 import {DEFAULT_MAX_ROUNDS_WITHOUT_EXCHANGE} from '../client/runner.js'
 import type {ClientSetup} from '../compose/client.js'
 import {demoCorpusDir, ensureDemoCorpus} from '../corpus.js'
@@ -69,7 +70,12 @@ export const joinFlags = {
   }),
   relay: Flags.string({summary: 'also use this circuit relay (multiaddr ending in /p2p/<id>, from psyche relay): reserve a slot there when not reachable', multiple: true}),
   'checkpoint-dir': Flags.string({
-    summary: 'save the model in this directory after each epoch (Hugging Face layout with psyche-checkpoint.json; replaced atomically)',
+    summary: 'save the model after each epoch in DIR/step-S (Hugging Face layout with psyche-checkpoint.json); a checkpointer (--hub-repo) uploads that save',
+  }),
+  'keep-checkpoints': Flags.integer({
+    summary: `keep the last N epochs' checkpoints in --checkpoint-dir, removing older ones after each save (never the one being uploaded, nor the run's current model) [default: ${DEFAULT_KEEP_CHECKPOINTS}]`,
+    min: 1,
+    dependsOn: ['checkpoint-dir'],
   }),
   'eval-every': Flags.integer({
     summary: 'validation loss on held-out samples after every N-th round and the last (0: never); the same on every replica',
@@ -168,6 +174,7 @@ export function joinSetup(flags: JoinFlags, plan: TrainPlan, log: ClientSetup['l
       relays: flags.relay ? parseMultiaddrs(flags.relay, '--relay', {needPeer: true}) : undefined,
       hub,
       checkpointDir: flags['checkpoint-dir'],
+      keepCheckpoints: flags['keep-checkpoints'],
       workerRestarts: flags['worker-restarts'],
       maxRoundsWithoutExchange: flags['max-rounds-without-exchange'],
     },

@@ -1,6 +1,7 @@
 import {tmpdir} from 'node:os'
-import {join, resolve} from 'node:path'
+import {dirname, join} from 'node:path'
 import {Checkpointer, CHECKPOINT_META_FILE, type CheckpointMeta} from '../checkpoint/checkpointer.js'
+import {checkpointStepDir, DEFAULT_KEEP_CHECKPOINTS, pruneCheckpoints} from '../checkpoint/retention.js'
 import {writeFileAtomic} from '../checkpoint/store.js'
 import {agreedParamHash, checkpointRefusal, type Round} from '../coordinator/index.js'
 import {errorMessage, PsycheError} from '../errors.js'
@@ -30,6 +31,8 @@ export class Checkpointing {
   /** The parameter hash of each step saved for upload. */
   private readonly savedHashes = new Map<number, string>()
   private waiting: Uploaded | undefined
+  /** The removal of older saves under way (--keep-checkpoints). */
+  private pruning: Promise<void> = Promise.resolve()
 
   constructor(private readonly ctx: ClientContext) {
     const {opts} = ctx
@@ -112,7 +115,10 @@ export class Checkpointing {
       })
   }
 
-  /** After applying `round`: in the epoch's Cooldown, once per epoch, save the model (the upload runs in the background). */
+  /**
+   * After applying `round`: in the epoch's Cooldown, once per epoch, save the model (the upload runs in the
+   * background). With --checkpoint-dir the model is saved there once, and a checkpointer uploads that save.
+   */
   async afterApply(round: Round): Promise<void> {
     const ctx = this.ctx
     if ((!this.checkpointer && !ctx.opts.checkpointDir) || ctx.state.run_state !== 'Cooldown' || ctx.state.epoch.round?.step !== round.step) return
@@ -120,28 +126,63 @@ export class Checkpointing {
     if (this.checkpointedEpoch === epoch) return
     this.checkpointedEpoch = epoch
     if (ctx.lastHash) this.savedHashes.set(round.step, ctx.lastHash)
-    if (ctx.opts.checkpointDir) await this.saveToDir(ctx.opts.checkpointDir, round.step, epoch)
+    if (ctx.opts.checkpointDir) {
+      const dir = await this.saveToDir(ctx.opts.checkpointDir, round.step, epoch)
+      if (dir === undefined) return void this.savedHashes.delete(round.step)
+      await this.checkpointer?.upload(round.step, epoch, dir)
+      // off the training path: the next round need not wait for older saves to be removed
+      const checkpointDir = ctx.opts.checkpointDir
+      this.pruning = this.pruning
+        .then(() => this.prune(checkpointDir, round.step))
+        .catch((error: unknown) => ctx.log({event: 'checkpoint_prune_failed', dir: checkpointDir, message: errorMessage(error)}))
+      return
+    }
     await this.checkpointer
       ?.checkpoint(round.step, epoch, {run_id: ctx.opts.runId, param_hash: ctx.lastHash ?? undefined})
       .catch((error: unknown) => ctx.log({event: 'checkpoint_save_failed', step: round.step, message: errorMessage(error)}))
   }
 
-  /** --checkpoint-dir: the model (the worker replaces the directory in two renames), then its psyche-checkpoint.json. */
-  private async saveToDir(checkpointDir: string, step: number, epoch: number): Promise<void> {
+  /**
+   * --checkpoint-dir: the model in `step-S` (the worker replaces the directory in two renames), then its
+   * psyche-checkpoint.json. Returns the directory, or undefined when the save failed (logged).
+   */
+  private async saveToDir(checkpointDir: string, step: number, epoch: number): Promise<string | undefined> {
     const ctx = this.ctx
-    const dir = resolve(checkpointDir)
+    const dir = checkpointStepDir(checkpointDir, step)
     try {
       await ctx.worker.save!(dir, {card: {step, epoch, run_id: ctx.opts.runId}})
       const meta: CheckpointMeta = {run_id: ctx.opts.runId, step, epoch, ...(ctx.lastHash ? {param_hash: ctx.lastHash} : {})}
       await writeFileAtomic(join(dir, CHECKPOINT_META_FILE), JSON.stringify(meta, null, 2) + '\n')
       ctx.log({event: 'checkpoint_saved', step, epoch, dir, param_hash: ctx.lastHash ?? null})
+      return dir
     } catch (error) {
       ctx.log({event: 'checkpoint_save_failed', step, message: `${dir}: ${errorMessage(error)}`})
+      return undefined
     }
   }
 
-  /** Waits for the upload under way (the last epoch's checkpoint is not abandoned when the run finishes). */
+  /**
+   * --keep-checkpoints: the run's older saves beyond the last N are removed, never the one being uploaded, the run's
+   * current model, or the directory the client loaded its model from.
+   */
+  private async prune(checkpointDir: string, saved: number): Promise<void> {
+    const ctx = this.ctx
+    const current = ctx.state.current_model?.step
+    const source = ctx.opts.plan.model
+    await pruneCheckpoints({
+      checkpointDir,
+      runId: ctx.opts.runId,
+      keep: ctx.opts.keepCheckpoints ?? DEFAULT_KEEP_CHECKPOINTS,
+      saved,
+      protect: [...(this.checkpointer?.uploading ?? []), ...(current === undefined ? [] : [current])],
+      protectDirs: source.kind === 'dir' ? [source.dir] : [dirname(source.configPath)],
+      log: ctx.log,
+    })
+  }
+
+  /** Waits for the upload and the pruning under way (the last epoch's checkpoint is not abandoned when the run finishes). */
   async idle(): Promise<void> {
     await this.checkpointer?.idle()
+    await this.pruning
   }
 }

@@ -121,8 +121,8 @@ export interface ClientP2P {
 export interface ClientWorker {
   /** For logs: the worker's process id (undefined in-process). */
   readonly pid: number | undefined
-  /** Settles when the worker is gone (a crash while the client waits is noticed at once). */
-  readonly exited: Promise<void>
+  /** Settles when the worker is gone, with why when it can tell (a crash while the client waits is noticed at once). */
+  readonly exited: Promise<Error | void>
   load(modelDir: string, seed?: number): Promise<ModelInfo>
   initFromConfig(config: Record<string, unknown>, seed: number): Promise<ModelInfo>
   /** Sets up training; the reply says how results are laid out when the worker knows (DisTrO). */

@@ -17,8 +17,12 @@ export interface ClientOptions {
   log: EventLog
   /** How long an apply waits for a witnessed result it has no announcement of before applying without it. */
   missingResultWaitMs?: number
-  /** join --checkpoint-dir: after each epoch the model is saved here (Hugging Face layout, replaced atomically). */
+  /**
+   * join --checkpoint-dir: after each epoch the model is saved in a directory `step-S` here (Hugging Face layout with
+   * psyche-checkpoint.json), of which the last `keepCheckpoints` (default 3) are kept.
+   */
   checkpointDir?: string
+  keepCheckpoints?: number
   /** Relays (multiaddrs) to reserve a slot on besides the coordinator's; `relay: false` uses none. */
   relays?: string[]
   relay?: boolean

@@ -107,9 +107,9 @@ export class PsycheClient {
 
   /** A worker that dies while we wait for the next round is noticed at once, not at the next request. */
   private watchWorker(worker: ClientComponents['worker']): void {
-    void worker.exited.then(() => {
+    void worker.exited.then((why) => {
       if (this.ctx.stopped || this.ctx.worker !== worker) return
-      this.workerGone = new WorkerCrashedError(`worker${worker.pid === undefined ? '' : ` (pid ${worker.pid})`} exited unexpectedly`)
+      this.workerGone = why instanceof WorkerCrashedError ? why : new WorkerCrashedError(`worker${worker.pid === undefined ? '' : ` (pid ${worker.pid})`} exited unexpectedly`)
       this.poke()
     })
   }

@@ -90,7 +90,7 @@ export interface ClientSetup {
   plan: TrainPlan
   p2p: P2PSetup
   /** What the client runs with beyond its identity, run and plan (join's flags). */
-  client: Pick<ClientOptions, 'relays' | 'hub' | 'checkpointDir' | 'workerRestarts' | 'maxRoundsWithoutExchange'>
+  client: Pick<ClientOptions, 'relays' | 'hub' | 'checkpointDir' | 'keepCheckpoints' | 'workerRestarts' | 'maxRoundsWithoutExchange'>
   /** Every event of the client, its P2P node and its coordinator connection (marked `source`). */
   log: Log
 }

@@ -3,7 +3,7 @@ import type {EventLine} from '../events.js'
 import {describeEvent, eventSeverity} from './event-text.js'
 import {acceptedOf} from './metrics.js'
 import {RoundReporter} from './report.js'
-import {summarizeRun, waitingFor} from './summary.js'
+import {checkpointNotSavedText, summarizeRun, waitingFor} from './summary.js'
 import type {TerminalView} from './terminal-format.js'
 import {Warnings} from './terminal-view.js'
 
@@ -33,6 +33,7 @@ const SHOWN_EVENTS = new Set([
   'model_peer_dropped',
   'checkpoint_late',
   'checkpoint_rejected',
+  'checkpoint_save_failed',
 ])
 
 /** Events a plain (piped) client prints as a sentence of event-text.ts. */
@@ -43,6 +44,8 @@ export class ClientEventRenderer {
   private valLoss: number | null = null
   private last: Record<string, unknown> | undefined
   private tokensPerSecond: number | null = null
+  /** The last checkpoint save failed (shown on our row until a later save succeeds). */
+  private saveFailed: {step: number; message: string} | undefined
   private readonly warnings = new Warnings()
   private readonly notes = new Warnings()
   /** The round reports' throughput (tokens/s), for the live view. */
@@ -66,6 +69,8 @@ export class ClientEventRenderer {
 
   render(event: EventLine): void {
     const report = this.reporter.observe(event)
+    if (event.event === 'checkpoint_save_failed') this.saveFailed = {step: event.step, message: event.message}
+    else if (event.event === 'checkpoint_saved') this.saveFailed = undefined
     if (this.o.mode === 'json') return this.o.write(`${JSON.stringify(event)}\n`)
     if (this.o.mode === 'live') {
       if (event.event === 'round') {
@@ -99,7 +104,7 @@ export class ClientEventRenderer {
         return `WARNING: ${event.detail}. ${unreachable.length ? `Could not dial: ${unreachable.join('; ')}` : `Connected to ${event.peers} peer(s), yet no result arrived`}. See the README, "Training across machines".`
       }
       case 'checkpoint_saved':
-        return `model saved to ${event.dir} (step ${event.step}, epoch ${event.epoch})`
+        return `model ${event.staged ? 'staged for upload in' : 'saved to'} ${event.dir} (step ${event.step}, epoch ${event.epoch})`
       case 'checkpoint_save_failed':
         return `error: could not save the model: ${event.message}`
       case 'disconnected':
@@ -125,7 +130,15 @@ export class ClientEventRenderer {
       summary,
       // Our own row from our own round reports; the others' figures are the server's to show (server run, dashboard).
       clients: (summary?.clients ?? []).map((c) =>
-        c.id === o.me ? {name: `${c.id.slice(0, 12)}… (me)`, state: c.state, step: n(last?.step), loss: n(last?.loss)} : {name: `${c.id.slice(0, 12)}…`, state: c.state},
+        c.id === o.me
+          ? {
+              name: `${c.id.slice(0, 12)}… (me)`,
+              state: c.state,
+              step: n(last?.step),
+              loss: n(last?.loss),
+              ...(this.saveFailed ? {note: checkpointNotSavedText(this.saveFailed)} : {}),
+            }
+          : {name: `${c.id.slice(0, 12)}…`, state: c.state},
       ),
       losses: this.losses,
       valLoss: this.valLoss,

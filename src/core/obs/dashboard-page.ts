@@ -126,7 +126,7 @@ async function pollStatus() {
   const body = $('clients')
   body.replaceChildren(...clients.map((cl) => {
     const tr = document.createElement('tr')
-    const cells = [cl.id.slice(0, 16) + '…', cl.state, cl.connected ? 'yes' : 'no', fmt(cl.step), fmt(cl.loss), fmt(cl.tokens_per_second, 0), cl.bytes_in === null ? '–' : (cl.bytes_in / 1e6).toFixed(2), cl.bytes_out === null ? '–' : (cl.bytes_out / 1e6).toFixed(2), fmt(cl.peers) + (cl.rounds_without_exchange ? ' (no exchange, ' + cl.rounds_without_exchange + ' rounds)' : ''), fmt(cl.score), cl.earned + (cl.pending_points ? ' + ' + cl.pending_points : '') + (cl.slashed ? ' (' + cl.slashed + ' slashed)' : '')]
+    const cells = [cl.id.slice(0, 16) + '…', cl.state + (cl.checkpoint_save_failed ? ' — CHECKPOINT NOT SAVED (step ' + cl.checkpoint_save_failed.step + '): ' + cl.checkpoint_save_failed.message : ''), cl.connected ? 'yes' : 'no', fmt(cl.step), fmt(cl.loss), fmt(cl.tokens_per_second, 0), cl.bytes_in === null ? '–' : (cl.bytes_in / 1e6).toFixed(2), cl.bytes_out === null ? '–' : (cl.bytes_out / 1e6).toFixed(2), fmt(cl.peers) + (cl.rounds_without_exchange ? ' (no exchange, ' + cl.rounds_without_exchange + ' rounds)' : ''), fmt(cl.score), cl.earned + (cl.pending_points ? ' + ' + cl.pending_points : '') + (cl.slashed ? ' (' + cl.slashed + ' slashed)' : '')]
     cells.forEach((t, i) => { const td = document.createElement('td'); td.textContent = t; if (i === 1) td.className = cl.state; tr.append(td) })
     tr.title = cl.id
     return tr

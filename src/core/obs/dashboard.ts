@@ -22,6 +22,8 @@ interface DashboardClient {
   peers: number | null
   /** Rounds in a row it applied none of the others' results (a client that exchanges with no peer); null: no report. */
   rounds_without_exchange: number | null
+  /** Its last checkpoint save failed: the step and why (null: none failed since its last good save, or no report). */
+  checkpoint_save_failed: {step: number; message: string} | null
   /** Its verification score (moving average; null: not scored), and its points: earned, pending this epoch, slashed. */
   score: number | null
   earned: number
@@ -60,6 +62,7 @@ export function clientTable(summary: RunSummary, pending: string[], connected: s
       bytes_out: r?.bytes_out ?? null,
       peers: r?.peers ?? null,
       rounds_without_exchange: r?.rounds_without_exchange ?? null,
+      checkpoint_save_failed: r?.checkpoint_save_failed ?? null,
       score: p?.score ?? null,
       earned: p?.earned ?? 0,
       pending_points: p?.pending ?? 0,

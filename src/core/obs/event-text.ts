@@ -12,6 +12,7 @@ const list = (v: unknown) => (Array.isArray(v) ? v.map((x) => `${short(x)}…`).
 const SEVERITY: Record<string, Severity> = {
   worker_crashed: 'error',
   checkpoint_rejected: 'error',
+  checkpoint_save_failed: 'error',
   rejected: 'warning',
   out_of_sync: 'warning',
   health_check: 'warning',
@@ -60,6 +61,8 @@ export function describeEvent(e: Record<string, unknown> & {event: string}): str
       return `checkpoint of step ${e.step} not on the Hub yet (${e.repo_id}@${e.revision}): ${e.reason}`
     case 'checkpoint_rejected':
       return `checkpoint of step ${e.step} rejected: ${e.message}`
+    case 'checkpoint_save_failed':
+      return `could not save the model at step ${e.step}: ${e.message}`
     default: {
       const fields = Object.entries(e)
         .filter(([k, v]) => k !== 'event' && k !== 'source' && v !== undefined && v !== null)

@@ -49,6 +49,8 @@ export interface ClientRow {
   peers: number
   /** Rounds in a row in which others trained and none of their results reached it (0: it exchanges). */
   rounds_without_exchange: number
+  /** Its last checkpoint save failed: at which step and why (null: its saves go well, or it saves none). */
+  checkpoint_save_failed: {step: number; message: string} | null
   /** Unix milliseconds of the report. */
   time: number
 }
@@ -214,7 +216,13 @@ export class RunHistory {
     const p = this.byStep.get(step)
     let byClient = this.reports.get(step)
     if (!byClient) this.reports.set(step, (byClient = new Map()))
-    if (byClient.has(client)) return // one report per client and round
+    const saveFailed = saveFailure(e.checkpoint_save_failed)
+    if (byClient.has(client)) {
+      // One report per client and round; one sent again says how its checkpoint saves go now.
+      const row = this.clients.get(client)
+      if (row) row.checkpoint_save_failed = saveFailed
+      return
+    }
     const r: Report = {
       loss: num(e.loss),
       val_loss: num(e.val_loss),
@@ -242,6 +250,7 @@ export class RunHistory {
       bytes_out: r.bytes_out,
       peers: r.peers,
       rounds_without_exchange: num(e.rounds_without_exchange) ?? 0,
+      checkpoint_save_failed: saveFailed,
       time: this.now(),
     })
     if (p) {
@@ -293,4 +302,11 @@ export class RunHistory {
     const saved: Saved = {type: 'psyche-metrics-history', version: 1, run_id: this.runId, points: this.points, clients: this.clientRows()}
     writeFileAtomicSync(this.path, JSON.stringify(saved))
   }
+}
+
+/** A report's checkpoint_save_failed (validated on the wire), or null. */
+function saveFailure(v: unknown): {step: number; message: string} | null {
+  if (typeof v !== 'object' || v === null) return null
+  const f = v as Record<string, unknown>
+  return typeof f.step === 'number' && typeof f.message === 'string' ? {step: f.step, message: f.message} : null
 }

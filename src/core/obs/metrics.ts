@@ -238,6 +238,8 @@ export class ClientMetrics {
   private readonly peerRelayedReceived: Counter<'peer'>
   private readonly peerRelayedSent: Counter<'peer'>
   private readonly withoutExchange: Gauge
+  private readonly checkpointSaveFailed: Gauge
+  private readonly checkpointSaveFailures: Counter
   private lastRelayedIn = 0
   private lastRelayedOut = 0
   private readonly peers: Gauge
@@ -332,6 +334,12 @@ export class ClientMetrics {
       help: 'Rounds in a row in which other clients trained and none of their results reached this client (0: exchanging); see join --max-rounds-without-exchange',
       registers: [r],
     })
+    this.checkpointSaveFailed = new Gauge({
+      name: 'psyche_client_checkpoint_save_failed',
+      help: "1 while this client's last checkpoint save (join --checkpoint-dir, or a checkpointer's) failed; 0 once one succeeds",
+      registers: [r],
+    })
+    this.checkpointSaveFailures = new Counter({name: 'psyche_client_checkpoint_save_failures_total', help: 'Checkpoint saves that failed', registers: [r]})
     this.peers = new Gauge({name: 'psyche_p2p_peers', help: 'Connected libp2p peers', registers: [r]})
     this.connections = new Gauge({
       name: 'psyche_p2p_connections',
@@ -431,6 +439,13 @@ export class ClientMetrics {
         break
       case 'worker_crashed':
         this.workerCrashes.inc()
+        break
+      case 'checkpoint_save_failed':
+        this.checkpointSaveFailed.set(1)
+        this.checkpointSaveFailures.inc()
+        break
+      case 'checkpoint_saved':
+        this.checkpointSaveFailed.set(0)
         break
     }
   }

@@ -168,3 +168,8 @@ export function saveStatusText(s: SaveStatus): string | null {
   const saved = s.last_saved_step === null ? 'no state saved yet' : `the last state saved is step ${s.last_saved_step}`
   return `STATE NOT SAVED: ${s.failures_in_a_row} save${s.failures_in_a_row === 1 ? '' : 's'} failed in a row (the server halts at ${s.max_failures}); ${saved}; last error: ${s.last_error}`
 }
+
+/** A client's failed checkpoint save, as status and the client's own view show it. */
+export function checkpointNotSavedText(f: {step: number; message: string}): string {
+  return `CHECKPOINT NOT SAVED (step ${f.step}): ${f.message}`
+}

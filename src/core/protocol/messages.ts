@@ -166,7 +166,14 @@ export interface ReportBody {
   peers: number
   /** Rounds in a row in which others trained and none of their results reached this client (0: it exchanges). */
   rounds_without_exchange?: number
+  /**
+   * Its last checkpoint save (--checkpoint-dir, or a checkpointer's staging) failed: the step and why, one line of at
+   * most MAX_SAVE_FAILURE_CHARS. Absent once a later save succeeds.
+   */
+  checkpoint_save_failed?: {step: number; message: string}
 }
+/** The longest reason a report's checkpoint_save_failed carries. */
+export const MAX_SAVE_FAILURE_CHARS = 300
 /** A verifier's scores of its peers' results of round `step` (src/core/verify/score.ts scoreOf: in [−1, 1]). */
 export interface ScoresBody {
   scores: {client_id: ClientId; score: number}[]
@@ -418,11 +425,21 @@ const clientBodyCheckers: {[K in ClientKind]: (b: Obj) => ClientBodies[K]} = {
     return {}
   },
   report(b) {
-    exactKeys(b, [...REPORT_NUMBERS, ...REPORT_COUNTS], ['rounds_without_exchange'], 'report')
-    const out: Record<string, number | null> = {}
+    exactKeys(b, [...REPORT_NUMBERS, ...REPORT_COUNTS], ['rounds_without_exchange', 'checkpoint_save_failed'], 'report')
+    const out: Record<string, unknown> = {}
     for (const k of REPORT_NUMBERS) out[k] = b[k] === null ? null : time(b[k], `report.${k}`)
     for (const k of REPORT_COUNTS) out[k] = count(b[k], `report.${k}`, 0)
     if (b.rounds_without_exchange !== undefined) out.rounds_without_exchange = count(b.rounds_without_exchange, 'report.rounds_without_exchange', 0)
+    const failed = b.checkpoint_save_failed
+    if (failed !== undefined) {
+      const where = 'report.checkpoint_save_failed'
+      if (!isObj(failed)) throw new Invalid(`${where} must be an object`)
+      exactKeys(failed, ['step', 'message'], [], where)
+      const message = str(failed.message, `${where}.message`, MAX_SAVE_FAILURE_CHARS, {nonEmpty: true})
+      // shown on terminals (status, the dashboard): one line of printable text
+      if (/[\u0000-\u001f\u007f-\u009f]/.test(message)) throw new Invalid(`${where}.message must be one line without control characters`)
+      out.checkpoint_save_failed = {step: count(failed.step, `${where}.step`, 0), message}
+    }
     return out as unknown as ReportBody
   },
   scores(b) {

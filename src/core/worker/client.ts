@@ -100,7 +100,8 @@ function installExitHandlers(): void {
  */
 export class WorkerClient {
   readonly pid: number
-  readonly exited: Promise<void>
+  /** Settles when the process has exited, with why (was killed by SIGKILL, exited with code 1...). */
+  readonly exited: Promise<WorkerCrashedError>
   private readonly pending = new Map<number, Pending>()
   private nextId = 1
   private crash: WorkerCrashedError | undefined
@@ -232,7 +233,7 @@ export class WorkerClient {
     }
   }
 
-  private onExit(exitCode: number | undefined, signal: string | undefined): void {
+  private onExit(exitCode: number | undefined, signal: string | undefined): WorkerCrashedError {
     live.delete(this)
     const how = signal ? `was killed by ${signal}` : `exited with code ${exitCode}`
     const tail = this.stderrTail.slice(-5).join(' | ')
@@ -244,6 +245,7 @@ export class WorkerClient {
     }
     this.socket.close()
     rmSync(this.endpointPath, {force: true})
+    return this.crash
   }
 }
 

@@ -1,6 +1,6 @@
 import type {LLMArchitecture} from '../config/types.js'
 import {parseResultFormat, type ResultFormat} from '../verify/result.js'
-import {type Frame, WorkerClient, type WorkerOptions} from './client.js'
+import {type Frame, WorkerClient, type WorkerCrashedError, type WorkerOptions} from './client.js'
 
 export interface ModelInfo {
   parameters: number
@@ -67,8 +67,8 @@ export class ModelWorker {
     return this.client.pid
   }
 
-  /** Settles when the worker process has exited (for whatever reason). */
-  get exited(): Promise<void> {
+  /** Settles when the worker process has exited, with why. */
+  get exited(): Promise<WorkerCrashedError> {
     return this.client.exited
   }
 
