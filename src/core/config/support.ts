@@ -1,12 +1,14 @@
 import {readFileSync} from 'node:fs'
 import {fileURLToPath} from 'node:url'
+import {PsycheError} from '../errors.js'
 import type {LLMArchitecture, LLMDataType, RunConfigFile} from './types.js'
 
 /**
  * THE table of what our clients can run, by the name Psyche's config format gives it: `server validate-config`
  * reports an unsupported entry as an error naming the field, `psyche train` refuses it, and the data providers
  * (src/core/data/index.ts) and the train plan read the same rows. To support something, implement it and flip its
- * row here; nothing else decides.
+ * row here (an architecture: add it to python/psyche_worker/architectures.json, which the worker reads too); nothing
+ * else decides.
  */
 type Support = {supported: true} | {supported: false; reason: string}
 
@@ -28,12 +30,12 @@ export function readArchitectures(path: string): Partial<Record<LLMArchitecture,
   try {
     table = JSON.parse(readFileSync(path, 'utf8'))
   } catch (error) {
-    throw new Error(`${path}: the table of supported architectures cannot be read: ${(error as Error).message}`)
+    throw new PsycheError(`${path}: the table of supported architectures cannot be read: ${(error as Error).message}`)
   }
-  if (typeof table !== 'object' || table === null || Array.isArray(table)) throw new Error(`${path}: expected an object of architecture names`)
+  if (typeof table !== 'object' || table === null || Array.isArray(table)) throw new PsycheError(`${path}: expected an object of architecture names`)
   for (const [name, types] of Object.entries(table)) {
     const list = Array.isArray(types) && types.length > 0 && types.every((t) => typeof t === 'string' && t !== '')
-    if (types !== null && !list) throw new Error(`${path}: ${name}: expected null (any causal LM) or a non-empty list of model types`)
+    if (types !== null && !list) throw new PsycheError(`${path}: ${name}: expected null (any causal LM) or a non-empty list of model types`)
   }
   return table as Partial<Record<LLMArchitecture, readonly string[] | null>>
 }
