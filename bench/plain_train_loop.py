@@ -2,7 +2,7 @@
 ZeroMQ, no TypeScript), same model (any causal LM transformers builds from the config.json), batch shape, optimizer
 and threads as `psyche train` on the demo corpus.
 On CUDA it is the loop one would write: model and batch on the GPU, bf16 autocast (--precision bf16), fused AdamW.
-Prints one JSON object: per-step wall seconds and tokens."""
+Prints one JSON object: per-step wall seconds, per-step CPU seconds of the process (all its threads) and tokens."""
 
 import argparse
 import json
@@ -47,12 +47,12 @@ opt = torch.optim.AdamW(
 data = np.memmap(args.tokens, dtype="<u2", mode="r")
 rng = np.random.default_rng(0)
 S = args.seq_len
-step_seconds, losses = [], []
+step_seconds, step_cpu_seconds, losses = [], [], []
 for step in range(args.steps):
     starts = rng.integers(0, len(data) - S - 1, size=args.total_batch)
     batch = torch.from_numpy(np.stack([data[s : s + S + 1].astype(np.int64) for s in starts]))
     sync()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     batch = batch.to(device, non_blocking=True)
     model.train()
     opt.zero_grad(set_to_none=True)
@@ -69,11 +69,13 @@ for step in range(args.steps):
     loss_value = float(total) / args.total_batch  # one sync per step, as psyche's worker reports its loss
     sync()
     step_seconds.append(time.perf_counter() - t0)
+    step_cpu_seconds.append(time.process_time() - c0)
     losses.append(loss_value)
 print(
     json.dumps(
         {
             "step_seconds": step_seconds,
+            "step_cpu_seconds": step_cpu_seconds,
             "tokens_per_step": args.total_batch * S,
             "first_loss": losses[0],
             "last_loss": losses[-1],

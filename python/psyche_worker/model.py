@@ -16,13 +16,23 @@ import torch
 from .protocol import WorkerError
 
 # Psyche's architecture names -> the transformers model types (config.json's model_type) each one builds; None: any
-# causal language model that transformers' AutoModelForCausalLM builds. The worker's one source of truth for what it
-# can build (README, "Supported architectures", names the test that proves each).
-ARCHITECTURES: dict[str, tuple[str, ...] | None] = {
-    "HfLlama": ("llama",),
-    "HfDeepseek": ("deepseek_v3",),
-    "HfAuto": None,
-}
+# causal language model that transformers' AutoModelForCausalLM builds. architectures.json is the one table of what
+# the worker can build: the TypeScript side reads the same file (src/core/config/support.ts) for validate-config,
+# create-run and `psyche train`, and hello reports it (README, "Models", names the test that proves each).
+ARCHITECTURES_FILE = Path(__file__).with_name("architectures.json")
+
+
+def _read_architectures(path: Path) -> dict[str, tuple[str, ...] | None]:
+    table = json.loads(path.read_text())
+    if not isinstance(table, dict) or not table:
+        raise ValueError(f"{path}: expected an object of architecture names")
+    for name, types in table.items():
+        if types is not None and (not isinstance(types, list) or not types or not all(isinstance(t, str) and t for t in types)):
+            raise ValueError(f"{path}: {name}: expected null (any causal LM) or a non-empty list of model types")
+    return {name: tuple(types) if types is not None else None for name, types in table.items()}
+
+
+ARCHITECTURES: dict[str, tuple[str, ...] | None] = _read_architectures(ARCHITECTURES_FILE)
 
 
 def resolve_device(name: str) -> torch.device:

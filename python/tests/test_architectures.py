@@ -104,6 +104,22 @@ def test_the_architecture_must_build_the_configs_model_type():
     assert type(m).__name__ == "Qwen2ForCausalLM"
 
 
+def test_the_architectures_are_the_shared_files_and_hello_reports_them(tmp_path):
+    # one table for both sides: src/core/config/support.ts reads the same file for validate-config and psyche train
+    assert models.ARCHITECTURES_FILE == ROOT / "python" / "psyche_worker" / "architectures.json"
+    table = json.loads(models.ARCHITECTURES_FILE.read_text())
+    assert models.ARCHITECTURES == {name: tuple(types) if types is not None else None for name, types in table.items()}
+    from psyche_worker.server import Worker
+
+    hello, _ = Worker("cpu", 1).op_hello({}, [])
+    assert hello["architectures"] == table
+    for bad in ({"HfLlama": []}, {"HfLlama": "llama"}, [], {}):
+        path = tmp_path / "architectures.json"
+        path.write_text(json.dumps(bad))
+        with pytest.raises(ValueError, match="architectures.json"):
+            models._read_architectures(path)
+
+
 def test_loading_refuses_tensors_that_do_not_match_and_loads_shards(tmp_path):
     spec = FAMILIES["deepseek_v3"]
     m = models.init_model(spec["config"], seed=2, architecture="HfDeepseek")

@@ -3,7 +3,9 @@ import {spawnSync} from 'node:child_process'
 import {mkdirSync, readFileSync, writeFileSync} from 'node:fs'
 import {join} from 'node:path'
 import {after, describe, it} from 'node:test'
-import {architectureMismatch, checkArchitecture} from '../../src/core/config/architectures.js'
+import ValidateConfig from '../../src/commands/server/validate-config.js'
+import {architectureMismatch, checkArchitecture, describeArchitectures} from '../../src/core/config/architectures.js'
+import {ARCHITECTURES, ARCHITECTURE_MODEL_TYPES, ARCHITECTURES_FILE, readArchitectures, unsupportedFeatures} from '../../src/core/config/support.js'
 import {loadRunConfigFile} from '../../src/core/config/index.js'
 import {scaffoldRun} from '../../src/core/config/scaffold.js'
 import {resolveTrainPlan} from '../../src/core/train/plan.js'
@@ -24,6 +26,28 @@ async function runWith(name: string, architecture: string, modelConfig: Record<s
 }
 
 describe('model.LLM.architecture against the model it names', () => {
+  it('one file decides the architectures, for the validator and the worker alike (python/psyche_worker/architectures.json)', async () => {
+    assert.equal(ARCHITECTURES_FILE, join(process.cwd(), 'python', 'psyche_worker', 'architectures.json'))
+    const table = JSON.parse(readFileSync(ARCHITECTURES_FILE, 'utf8')) as Record<string, string[] | null>
+    assert.deepEqual(ARCHITECTURE_MODEL_TYPES, table)
+    for (const [name, support] of Object.entries(ARCHITECTURES)) assert.equal(support.supported, name in table, name)
+    // validate-config's help describes the same table
+    assert.equal(describeArchitectures(), 'HfLlama: llama, HfDeepseek: deepseek_v3, HfAuto: any causal LM transformers builds')
+    assert.ok(ValidateConfig.description!.includes(`(${describeArchitectures()})`), ValidateConfig.description)
+    // a run of every architecture in the file is one our clients can run
+    const run = await loadRunConfigFile('templates/tiny-deepseek-v3/state.toml')
+    for (const architecture of Object.keys(table)) {
+      const file = {...run, model: {LLM: {...run.model.LLM, architecture: architecture as typeof run.model.LLM.architecture}}}
+      assert.deepEqual(unsupportedFeatures(file), [], architecture)
+    }
+    // a malformed table is refused, naming the file
+    for (const bad of ['{"HfLlama": []}', '{"HfLlama": "llama"}', '[]', '{"HfLlama": [""]}', '{']) {
+      const path = join(tmp.path, 'architectures.json')
+      writeFileSync(path, bad)
+      assert.throws(() => readArchitectures(path), /architectures\.json: /, bad)
+    }
+  })
+
   it('HfLlama runs llama, HfDeepseek deepseek_v3, HfAuto any model type', () => {
     assert.equal(architectureMismatch('HfLlama', families.llama.config), undefined)
     assert.equal(architectureMismatch('HfDeepseek', families.deepseek_v3.config), undefined)

@@ -100,7 +100,7 @@ describe('every architecture family, in two worker processes', () => {
     await assert.rejects(a.initFromConfig(families.mixtral.config, 0, 'HfDeepseek'), /model_type 'mixtral' is not a HfDeepseek model \(HfDeepseek runs deepseek_v3\)/)
   })
 
-  it("the validator's architecture table is the worker's (python/psyche_worker/model.py ARCHITECTURES, in its hello)", async () => {
+  it("the worker's hello reports the architectures the validator reads (python/psyche_worker/architectures.json)", async () => {
     const {reply} = await a.client.call<{architectures: Record<string, string[] | null>}>('hello')
     const ours = Object.fromEntries(Object.entries(ARCHITECTURE_MODEL_TYPES).map(([k, v]) => [k, v ? [...v] : null]))
     assert.deepEqual(ours, reply.architectures)

@@ -12,7 +12,7 @@ import {
   type DataServerConfig,
   type RunSummary,
 } from '../../core/config/index.js'
-import {checkArchitecture} from '../../core/config/architectures.js'
+import {checkArchitecture, describeArchitectures} from '../../core/config/architectures.js'
 import {checkLocalPaths} from '../../core/data/local-paths.js'
 import {demoCorpusDir} from '../../core/corpus.js'
 import {PsycheError} from '../../core/errors.js'
@@ -28,7 +28,7 @@ const problem = (i: ConfigIssue): ConfigProblem => ({file: i.file, field: i.path
 
 export default class ServerValidateConfig extends PsycheCommand {
   static summary = 'Check a run configuration (state.toml or config.toml) and its data.toml'
-  static description = `Loads the file as the coordinator would and prints a short summary of the run, or every problem found (file: field = value: what was expected) and exits non-zero. Every size, count and duration has an upper bound. Local paths are checked as join and server run will use them: a Local data location and the data.toml's dir must hold token data, a Local checkpoint must be a model directory (config.json) of a model_type that model.LLM.architecture runs (HfLlama: llama, HfDeepseek: deepseek_v3, HfAuto: any causal LM transformers builds) whose model.safetensors, if any, has a sound header and the tensors config.json describes; --allow-missing reports them as warnings instead, for a config written before its data. What our clients cannot run (an architecture, data location or data option that src/core/config/support.ts marks unsupported, such as a GCS checkpoint) is a problem naming the field, like any other.
+  static description = `Loads the file as the coordinator would and prints a short summary of the run, or every problem found (file: field = value: what was expected) and exits non-zero. Every size, count and duration has an upper bound. Local paths are checked as join and server run will use them: a Local data location and the data.toml's dir must hold token data, a Local checkpoint must be a model directory (config.json) of a model_type that model.LLM.architecture runs (${describeArchitectures()}) whose model.safetensors, if any, has a sound header and the tensors config.json describes; --allow-missing reports them as warnings instead, for a config written before its data. What our clients cannot run (an architecture, data location or data option that src/core/config/support.ts marks unsupported, such as a GCS checkpoint) is a problem naming the field, like any other.
 
 --json prints one object: {valid, summary, data, problems, warnings}, where problems and warnings are lists of {file, field, value, reason}; with problems, valid is false, error is {code: "ECONFIG", message} and the exit code is 1.`
   static examples = ['<%= config.bin %> server validate-config --state state.toml', '<%= config.bin %> server validate-config --state state.toml --data-config data.toml --json']

@@ -4,6 +4,13 @@ import {resolveConfigPath} from './run-config-file.js'
 import {ARCHITECTURE_MODEL_TYPES} from './support.js'
 import type {ConfigIssue, LLMArchitecture, RunConfigFile} from './types.js'
 
+/** The architectures the worker builds and what each runs, for help texts: "HfLlama: llama, ..., HfAuto: any causal LM transformers builds". */
+export function describeArchitectures(): string {
+  return Object.entries(ARCHITECTURE_MODEL_TYPES)
+    .map(([name, types]) => `${name}: ${types === null ? 'any causal LM transformers builds' : types!.join(', ')}`)
+    .join(', ')
+}
+
 /**
  * Why `architecture` cannot run a model with this config.json, or undefined when it can (as far as can be told
  * without transformers: HfAuto's model type is checked by the worker).
@@ -12,7 +19,8 @@ export function architectureMismatch(architecture: LLMArchitecture, modelConfig:
   const modelType = modelConfig.model_type
   if (typeof modelType !== 'string' || modelType === '') return 'its config.json has no model_type (the transformers architecture, e.g. "llama" or "qwen3")'
   const types = ARCHITECTURE_MODEL_TYPES[architecture]
-  if (types !== undefined && !types.includes(modelType)) {
+  if (types === undefined) return `the worker does not build ${architecture} models`
+  if (types !== null && !types.includes(modelType)) {
     return `the model's config.json has model_type "${modelType}"; ${architecture} runs ${types.join(', ')} models (HfAuto runs any causal LM transformers builds)`
   }
   return undefined

@@ -1,34 +1,60 @@
+import {readFileSync} from 'node:fs'
+import {fileURLToPath} from 'node:url'
+import {PsycheError} from '../errors.js'
 import type {LLMArchitecture, LLMDataType, RunConfigFile} from './types.js'
 
 /**
  * THE table of what our clients can run, by the name Psyche's config format gives it: `server validate-config`
  * reports an unsupported entry as an error naming the field, `psyche train` refuses it, and the data providers
  * (src/core/data/index.ts) and the train plan read the same rows. To support something, implement it and flip its
- * row here; nothing else decides.
+ * row here (an architecture: add it to python/psyche_worker/architectures.json, which the worker reads too); nothing
+ * else decides.
  */
 type Support = {supported: true} | {supported: false; reason: string}
 
 const yes: Support = {supported: true}
 const no = (reason: string): Support => ({supported: false, reason})
 
-/** `model.LLM.architecture`: the model families the worker builds (python/psyche_worker/model.py). */
-export const ARCHITECTURES: Record<LLMArchitecture, Support> = {
-  HfLlama: yes,
-  HfDeepseek: yes,
-  HfAuto: yes,
+/**
+ * The file that decides which architectures our clients run: Psyche's architecture name -> the transformers model
+ * types (a model's config.json `model_type`) it builds, `null` for any causal language model that transformers'
+ * AutoModelForCausalLM builds. The worker reads the same file (python/psyche_worker/model.py ARCHITECTURES) and
+ * reports it in its hello; test/config/architectures.test.ts and test/worker/architectures.test.ts check that both
+ * sides read it.
+ */
+export const ARCHITECTURES_FILE = fileURLToPath(new URL('../../../python/psyche_worker/architectures.json', import.meta.url))
+
+/** The architectures file at `path`, its shape checked (an error names the file). */
+export function readArchitectures(path: string): Partial<Record<LLMArchitecture, readonly string[] | null>> {
+  let table: unknown
+  try {
+    table = JSON.parse(readFileSync(path, 'utf8'))
+  } catch (error) {
+    throw new PsycheError(`${path}: the table of supported architectures cannot be read: ${(error as Error).message}`)
+  }
+  if (typeof table !== 'object' || table === null || Array.isArray(table)) throw new PsycheError(`${path}: expected an object of architecture names`)
+  for (const [name, types] of Object.entries(table)) {
+    const list = Array.isArray(types) && types.length > 0 && types.every((t) => typeof t === 'string' && t !== '')
+    if (types !== null && !list) throw new PsycheError(`${path}: ${name}: expected null (any causal LM) or a non-empty list of model types`)
+  }
+  return table as Partial<Record<LLMArchitecture, readonly string[] | null>>
 }
 
 /**
- * The transformers model types (a model's config.json `model_type`) each architecture runs: HfLlama and HfDeepseek
- * one family, HfAuto (`undefined`) any causal language model that transformers' AutoModelForCausalLM builds. The
- * worker's own table is python/psyche_worker/model.py ARCHITECTURES, which its hello reports
- * (test/worker/architectures.test.ts checks that the two agree); src/core/config/architectures.ts checks a model
- * against it.
+ * The transformers model types each architecture runs, as the worker builds them: a list (HfLlama: llama,
+ * HfDeepseek: deepseek_v3), `null` for any causal LM (HfAuto), absent for an architecture the worker does not build.
+ * src/core/config/architectures.ts checks a model against it.
  */
-export const ARCHITECTURE_MODEL_TYPES: Readonly<Record<LLMArchitecture, readonly string[] | undefined>> = {
-  HfLlama: ['llama'],
-  HfDeepseek: ['deepseek_v3'],
-  HfAuto: undefined,
+export const ARCHITECTURE_MODEL_TYPES: Readonly<Partial<Record<LLMArchitecture, readonly string[] | null>>> = readArchitectures(ARCHITECTURES_FILE)
+
+const built = (name: LLMArchitecture): Support =>
+  ARCHITECTURE_MODEL_TYPES[name] !== undefined ? yes : no(`the worker does not build ${name} models (python/psyche_worker/architectures.json)`)
+
+/** `model.LLM.architecture`: the model families the worker builds (the architectures file above). */
+export const ARCHITECTURES: Record<LLMArchitecture, Support> = {
+  HfLlama: built('HfLlama'),
+  HfDeepseek: built('HfDeepseek'),
+  HfAuto: built('HfAuto'),
 }
 
 /** The variants of `model.LLM.data_location`. */
