@@ -181,6 +181,20 @@ describe('psyche init', () => {
     assert.equal(v.status, 0, v.stderr)
   })
 
+  it('--template tiny-sparseloco: a SparseLoCo run that validates, at the demo run’s tokens in 30× fewer rounds', () => {
+    const dir = join(tmp, 'run-sparseloco')
+    assert.equal(psyche('init', dir, '--template', 'tiny-sparseloco').status, 0)
+    const v = psyche('server', 'validate-config', '--state', join(dir, 'state.toml'), '--json')
+    assert.equal(v.status, 0, v.stderr)
+    const {summary, problems} = JSON.parse(v.stdout)
+    assert.deepEqual(problems, [])
+    assert.equal(summary.optimizer, 'SparseLoCo 30 inner steps, chunk 64, top-k 64, 2-bit, outer_lr 0.4')
+    assert.equal(summary.total_steps, 10)
+    const demo = JSON.parse(psyche('server', 'validate-config', '--state', 'templates/tiny-demo/state.toml', '--json').stdout).summary
+    assert.equal(demo.total_steps, 300)
+    assert.equal(summary.total_tokens, demo.total_tokens)
+  })
+
   it('--min-clients sets the clients every epoch waits for, and refuses more than the first batch can feed', async () => {
     const dir = join(tmp, 'run-two')
     const r = psyche('init', dir, '--min-clients', '2')
