@@ -2,26 +2,11 @@ import assert from 'node:assert/strict'
 import {readFileSync, writeFileSync} from 'node:fs'
 import {join} from 'node:path'
 import {before, describe, it} from 'node:test'
-import {execa} from 'execa'
 import {ensureDemoCorpus} from '../../src/core/corpus.js'
-import {projectRoot, pythonEnv, workerPython} from '../../src/core/worker/python.js'
+import {projectRoot} from '../../src/core/worker/python.js'
 import type {TestnetSummary} from '../../src/core/testnet/summary.js'
 import {runCli, tempDir} from '../helpers.js'
-import {writeE2eRun} from './helpers.js'
-
-/** The size of every SparseLoCo result of the model at `config` (python/psyche_worker/sparseloco_codec.py). */
-async function sparseLoCoResultSize(config: string, chunk: number, topk: number, valueBits: number): Promise<number> {
-  const script = [
-    'import json, sys',
-    'from psyche_worker import sparseloco_codec as c',
-    'from psyche_worker.model import init_model',
-    'm = init_model(json.load(open(sys.argv[1])), 0)',
-    'ls = [c.layout_for(n, tuple(p.shape), int(sys.argv[2]), int(sys.argv[3])) for n, p in sorted(m.named_parameters())]',
-    'print(c.result_size(ls, int(sys.argv[4])))',
-  ].join('\n')
-  const r = await execa(workerPython(), ['-c', script, config, String(chunk), String(topk), String(valueBits)], {env: pythonEnv()})
-  return Number(r.stdout)
-}
+import {sparseLoCoResultSize, writeE2eRun} from './helpers.js'
 
 /**
  * tiny-sparseloco's testnet runs 2 inner steps per round instead of the template's 30, its one change besides the
