@@ -1,11 +1,12 @@
 import assert from 'node:assert/strict'
 import {spawnSync} from 'node:child_process'
-import {mkdtempSync, readFileSync, rmSync, writeFileSync, mkdirSync, existsSync} from 'node:fs'
+import {mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync, mkdirSync, existsSync} from 'node:fs'
 import {tmpdir} from 'node:os'
 import {join} from 'node:path'
 import {after, describe, it} from 'node:test'
 import {loadRunConfigFile, resolveConfigPath} from '../../src/core/config/index.js'
 import {scaffoldRun} from '../../src/core/config/scaffold.js'
+import {runTestnet} from '../../src/core/testnet/index.js'
 
 const fixtures = 'test/fixtures/psyche-configs'
 const tmp = mkdtempSync(join(tmpdir(), 'psyche-config-test-'))
@@ -193,6 +194,18 @@ describe('psyche init', () => {
     const demo = JSON.parse(psyche('server', 'validate-config', '--state', 'templates/tiny-demo/state.toml', '--json').stdout).summary
     assert.equal(demo.total_steps, 300)
     assert.equal(summary.total_tokens, demo.total_tokens)
+  })
+
+  it('--template tiny-sparseloco on Solana: psyche testnet --backend solana refuses it before anything starts, naming the file and the field', async () => {
+    const dir = join(tmp, 'run-sparseloco-solana')
+    await scaffoldRun({template: 'tiny-sparseloco', dir})
+    const field = /model\.LLM\.optimizer\.SparseLoCo\.inner_steps: 30 inner steps a round, but the Solana program gives a round one global batch/
+    await assert.rejects(runTestnet({clients: 2, config: dir, backend: 'solana', rounds: 1}), (e: Error) => {
+      assert.ok(e.message.startsWith(`${join(dir, 'state.toml')}: `), e.message)
+      assert.match(e.message, field)
+      return true
+    })
+    assert.deepEqual(readdirSync(dir).sort(), ['model', 'state.toml'], 'nothing written')
   })
 
   it('--min-clients sets the clients every epoch waits for, and refuses more than the first batch can feed', async () => {
