@@ -1,11 +1,12 @@
 import assert from 'node:assert/strict'
 import {spawnSync} from 'node:child_process'
-import {mkdtempSync, readFileSync, rmSync, writeFileSync, mkdirSync, existsSync} from 'node:fs'
+import {mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync, mkdirSync, existsSync} from 'node:fs'
 import {tmpdir} from 'node:os'
 import {join} from 'node:path'
 import {after, describe, it} from 'node:test'
-import {loadRunConfigFile, resolveConfigPath} from '../../src/core/config/index.js'
+import {loadRunConfigFile, resolveConfigPath, summarizeRunConfig} from '../../src/core/config/index.js'
 import {scaffoldRun} from '../../src/core/config/scaffold.js'
+import {runTestnet} from '../../src/core/testnet/index.js'
 
 const fixtures = 'test/fixtures/psyche-configs'
 const tmp = mkdtempSync(join(tmpdir(), 'psyche-config-test-'))
@@ -179,6 +180,40 @@ describe('psyche init', () => {
     assert.ok(!existsSync(join(dir, 'model', 'model.safetensors')), 'init invents no weights')
     const v = psyche('server', 'validate-config', '--state', join(dir, 'state.toml'))
     assert.equal(v.status, 0, v.stderr)
+  })
+
+  it('--template tiny-sparseloco: a SparseLoCo run that validates, at the demo run’s tokens in 30× fewer rounds, and not on Solana', async () => {
+    const dir = join(tmp, 'run-sparseloco')
+    await scaffoldRun({template: 'tiny-sparseloco', dir})
+    const v = psyche('server', 'validate-config', '--state', join(dir, 'state.toml'), '--json')
+    assert.equal(v.status, 0, v.stderr)
+    const {summary, problems} = JSON.parse(v.stdout)
+    assert.deepEqual(problems, [])
+    assert.equal(summary.optimizer, 'SparseLoCo 30 inner steps, chunk 64, top-k 64, 2-bit, outer_lr 0.4')
+    assert.equal(summary.total_steps, 10)
+    const demo = summarizeRunConfig(await loadRunConfigFile('templates/tiny-demo/state.toml'))
+    assert.equal(demo.total_steps, 300)
+    assert.equal(summary.total_tokens, demo.total_tokens)
+    // the summary says that the Solana program cannot run it (create-run would refuse it), and why
+    assert.deepEqual(
+      summary.solana_unsupported.map((u: {path: string}) => u.path),
+      ['model.LLM.optimizer.SparseLoCo.inner_steps'],
+    )
+    assert.deepEqual(demo.solana_unsupported, [])
+    const text = psyche('server', 'validate-config', '--state', join(dir, 'state.toml')).stdout
+    assert.match(text, /\n {2}solana {5}not on the Solana program: model\.LLM\.optimizer\.SparseLoCo\.inner_steps: 30 inner steps a round/)
+  })
+
+  it('--template tiny-sparseloco on Solana: psyche testnet --backend solana refuses it before anything starts, naming the file and the field', async () => {
+    const dir = join(tmp, 'run-sparseloco-solana')
+    await scaffoldRun({template: 'tiny-sparseloco', dir})
+    const field = /model\.LLM\.optimizer\.SparseLoCo\.inner_steps: 30 inner steps a round, but the Solana program gives a round one global batch/
+    await assert.rejects(runTestnet({clients: 2, config: dir, backend: 'solana', rounds: 1}), (e: Error) => {
+      assert.ok(e.message.startsWith(`${join(dir, 'state.toml')}: `), e.message)
+      assert.match(e.message, field)
+      return true
+    })
+    assert.deepEqual(readdirSync(dir).sort(), ['model', 'state.toml'], 'nothing written')
   })
 
   it('--min-clients sets the clients every epoch waits for, and refuses more than the first batch can feed', async () => {

@@ -4,7 +4,7 @@ import {after, before, describe, it} from 'node:test'
 import {ensureDemoCorpus} from '../../src/core/corpus.js'
 import {generateIdentity, saveIdentity} from '../../src/core/protocol/identity.js'
 import {processAlive, tempDir, waitFor} from '../helpers.js'
-import {fieldOf, freePort, hashesByStep, startClient, startServer, writeE2eRun, type JsonProcess} from './helpers.js'
+import {fieldOf, freePort, hashesByStep, startClient, startServer, writeE2eRun, sparseLoCoResultSize, type JsonProcess, type RunShape} from './helpers.js'
 
 const finished = (e: Record<string, unknown>) => e.event === 'finished'
 const appliedStep = (step: number) => (e: Record<string, unknown>) => e.event === 'round' && e.step === step
@@ -30,10 +30,16 @@ describe('end to end: faults', {timeout: 600_000}, () => {
     for (const d of dirs) d.cleanup()
   })
 
-  it('a client killed mid-epoch: the run goes on, survivors stay identical, and the restarted client rejoins at the next epoch identical again', async () => {
+  /**
+   * Three clients, 4 rounds an epoch, 8 in all; c is SIGKILLed once it applied step 2 and restarted with its identity.
+   * The run goes on, the survivors stay identical, and the restarted client waits for the epoch boundary, loads the
+   * model from a peer, and is identical from then on; every round after it applies every peer's result and changes
+   * the model.
+   */
+  async function killAndRejoin(shape: Pick<RunShape, 'sparseloco'>): Promise<void> {
     const dir = tempDir('psyche-e2e-kill-')
     dirs.push(dir)
-    const state = writeE2eRun(dir.path, {roundsPerEpoch: 4, totalSteps: 8, maxRoundTrainTime: 4, minClients: 2, lr: 1e-2})
+    const state = writeE2eRun(dir.path, {...shape, roundsPerEpoch: 4, totalSteps: 8, maxRoundTrainTime: 4, minClients: 2, lr: 1e-2})
     const ids = ['a', 'b', 'c'].map((n) => join(dir.path, `${n}.json`))
     for (const path of ids) await saveIdentity(generateIdentity(), path)
     const {server, port} = await startServer(state)
@@ -88,6 +94,35 @@ describe('end to end: faults', {timeout: 600_000}, () => {
       later,
     )
     assertIdentical([a, b, restarted], later)
+    // every round from the rejoin on: all three trained, each applied both peers' results, and the model changed
+    for (const p of [a, b, restarted]) {
+      for (const r of p.rounds().filter((x) => x.step > boundary)) {
+        assert.equal(r.trainers, 3, `step ${r.step}: ${p.name} saw three trainers`)
+        assert.equal(r.peers_applied, 2, `step ${r.step}: ${p.name} applied both peers' results`)
+      }
+    }
+    const hashes = [boundary, ...later].map((step) => a.rounds().find((r) => r.step === step)!.param_hash)
+    assert.equal(new Set(hashes).size, hashes.length, `every round changed the model: ${hashes.join(' ')}`)
+    // the optimizer the run names made every result: SparseLoCo's have PSSL's size for this model (chunk 32, top-32,
+    // 2-bit: writeE2eRun's), DisTrO's are smaller
+    const sizes = new Set(restarted.rounds().map((r) => r.result_bytes))
+    const pssl = await sparseLoCoResultSize(join(dir.path, 'model', 'config.json'), 32, 32, 2)
+    if (shape.sparseloco) assert.deepEqual([...sizes], [pssl])
+    else
+      assert.ok(
+        [...sizes].every((n) => n !== null && n > 0 && n < pssl),
+        JSON.stringify([...sizes]),
+      )
+  }
+
+  it('a client killed mid-epoch: the run goes on, survivors stay identical, and the restarted client rejoins at the next epoch identical again', async () => {
+    await killAndRejoin({})
+  })
+
+  // The same with SparseLoCo, 2 inner steps a round: a round's outer step is applied one round late, and the model the
+  // restarted client loads at the boundary must be the one the survivors hold there.
+  it("SparseLoCo: a client killed mid-epoch rejoins at the next epoch identical again, and its peers' contributions are applied", async () => {
+    await killAndRejoin({sparseloco: {innerSteps: 2}})
   })
 
   it('an idle member under a short epoch (one timed-out round per epoch) is dropped within 2 epochs', async () => {

@@ -4,7 +4,7 @@ import {execa, type ResultPromise} from 'execa'
 import {nonSnakeKeys} from '../../src/core/cli/json.js'
 import {demoCorpusDir} from '../../src/core/corpus.js'
 import type {EventLine, RoundEvent} from '../../src/core/events.js'
-import {projectRoot} from '../../src/core/worker/python.js'
+import {projectRoot, pythonEnv, workerPython} from '../../src/core/worker/python.js'
 import {cliPath} from '../helpers.js'
 
 /** A small model for end-to-end runs: fast on one CPU thread, big enough that the loss visibly falls. */
@@ -120,6 +120,20 @@ chunk = ${s.chunk ?? 32}
 topk = ${s.topk ?? 32}
 outer_lr = ${s.outerLr ?? 0.7}
 `
+}
+
+/** The size of every SparseLoCo result of the model at `config` (python/psyche_worker/sparseloco_codec.py). */
+export async function sparseLoCoResultSize(config: string, chunk: number, topk: number, valueBits: number): Promise<number> {
+  const script = [
+    'import json, sys',
+    'from psyche_worker import sparseloco_codec as c',
+    'from psyche_worker.model import init_model',
+    'm = init_model(json.load(open(sys.argv[1])), 0)',
+    'ls = [c.layout_for(n, tuple(p.shape), int(sys.argv[2]), int(sys.argv[3])) for n, p in sorted(m.named_parameters())]',
+    'print(c.result_size(ls, int(sys.argv[4])))',
+  ].join('\n')
+  const r = await execa(workerPython(), ['-c', script, config, String(chunk), String(topk), String(valueBits)], {env: pythonEnv()})
+  return Number(r.stdout)
 }
 
 /** What a process under test prints, one JSON line each: a command's events (and the adversary's own, test/adversarial). */

@@ -65,7 +65,10 @@ describe('update buffer: configurations too large for one transaction', () => {
     assert.equal((await prepareUpdate({...target, authority: d.authority, file: file(testModel)})).length, 1)
     // SparseLoCo's inner steps are the centralized server's for now: refused before anything is sent
     const sparseloco = {LLM: {...testModel.LLM, optimizer: {SparseLoCo: {inner_steps: 4}} as unknown as LLMConfig['optimizer']}}
-    await assert.rejects(prepareUpdate({...target, authority: d.authority, file: file(sparseloco)}), /SparseLoCo.inner_steps > 1: the Solana program/)
+    await assert.rejects(
+      prepareUpdate({...target, authority: d.authority, file: file(sparseloco)}),
+      /: model\.LLM\.optimizer\.SparseLoCo\.inner_steps: 4 inner steps a round, but the Solana program gives a round one global batch/,
+    )
     const other = bigModel(3000)
     await updateConfig({...target, authority: d.authority, file: file(other)})
     assert.deepEqual(readRun(d).state.model, other)

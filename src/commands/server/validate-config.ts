@@ -97,6 +97,7 @@ export default class ServerValidateConfig extends PsycheCommand {
         )
       } else this.log("  trainers   every member, every round: each client downloads every other member's result a round")
       if (data) this.log(`  data.toml  ${data.dir}, ${data.token_size}, seq_len ${data.seq_len}`)
+      for (const u of s.solana_unsupported) this.log(`  solana     not on the Solana program: ${u.path}: ${u.reason}`)
       for (const line of warningLines) process.stderr.write(`warning: ${line}\n`)
     }
     const {shuffle_seed: _seed, ...dataInfo} = data ?? ({} as DataServerConfig)

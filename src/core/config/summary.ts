@@ -1,5 +1,5 @@
 import type {CheckpointConfig, DataLocation, LrSchedule, OptimizerConfig, RunConfigFile} from './types.js'
-import {unsupportedFeatures, type UnsupportedFeature} from './support.js'
+import {programUnsupported, unsupportedFeatures, type UnsupportedFeature} from './support.js'
 import {innerSteps} from './run-config.js'
 
 /** What `psyche server validate-config` reports about a valid run. */
@@ -24,6 +24,8 @@ export interface RunSummary {
   /** Tokens the whole run trains on: total_steps × global batch (after its ramp) × max_seq_len (an upper bound during the ramp). */
   total_tokens: number
   unsupported: UnsupportedFeature[]
+  /** What the Solana program cannot run of it (create-run and update-config refuse it); the centralized server can. */
+  solana_unsupported: UnsupportedFeature[]
 }
 
 function describeCheckpoint(c: CheckpointConfig): string {
@@ -95,5 +97,6 @@ export function summarizeRunConfig(file: RunConfigFile): RunSummary {
     // a SparseLoCo round trains inner_steps global batches
     total_tokens: c.total_steps * c.global_batch_size_end * innerSteps(llm.optimizer) * llm.max_seq_len,
     unsupported: unsupportedFeatures(file),
+    solana_unsupported: programUnsupported(file),
   }
 }

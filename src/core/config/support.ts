@@ -1,6 +1,7 @@
 import {readFileSync} from 'node:fs'
 import {fileURLToPath} from 'node:url'
 import {PsycheError} from '../errors.js'
+import {innerSteps} from './run-config.js'
 import type {LLMArchitecture, LLMDataType, RunConfigFile} from './types.js'
 
 /**
@@ -150,4 +151,29 @@ export function unsupportedFeatures(file: RunConfigFile): UnsupportedFeature[] {
   if (mismatch) out.push({path: 'model.LLM.data_type', reason: mismatch})
   if (llm.optimizer === 'Dummy') out.push({path: 'model.LLM.optimizer', reason: "Dummy is Psyche's test placeholder: there is no optimizer to train with"})
   return out
+}
+
+/**
+ * What the Solana coordinator program (programs/coordinator) cannot run of a config the centralized server runs, with
+ * the field path and the reason. create-run and update-config refuse such a file before anything is sent, and
+ * `psyche testnet --backend solana` before anything starts. To support something, implement it in the program and
+ * drop its check here.
+ */
+export function programUnsupported(file: RunConfigFile): UnsupportedFeature[] {
+  const out: UnsupportedFeature[] = []
+  const h = innerSteps(file.model.LLM.optimizer)
+  if (h > 1) {
+    // The program sizes a round's batch as one global batch (programs/coordinator/coordinator.c global_batch_size):
+    // its Config has no inner steps. Until it does, its rounds would give each trainer 1/H of what they need.
+    out.push({
+      path: 'model.LLM.optimizer.SparseLoCo.inner_steps',
+      reason: `${h} inner steps a round, but the Solana program gives a round one global batch, not one per inner step; run SparseLoCo on the centralized server (psyche server run, or psyche testnet without --backend solana)`,
+    })
+  }
+  return out
+}
+
+/** The error a Solana command gives for what the program cannot run of `file` (programUnsupported): every field, named. */
+export function programRefusal(file: string, unsupported: UnsupportedFeature[]): string {
+  return unsupported.map((u) => `${file}: ${u.path}: ${u.reason}`).join('\n')
 }

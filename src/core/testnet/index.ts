@@ -1,7 +1,7 @@
 import {existsSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync} from 'node:fs'
 import {tmpdir} from 'node:os'
 import {dirname, join, resolve} from 'node:path'
-import {loadRunConfigFile} from '../config/index.js'
+import {loadRunConfigFile, programRefusal, programUnsupported} from '../config/index.js'
 import {PsycheError} from '../errors.js'
 import {generateIdentity, saveIdentity} from '../protocol/identity.js'
 import {describeEvent, eventSeverity, type Severity} from '../obs/event-text.js'
@@ -89,6 +89,11 @@ export async function runTestnet(options: TestnetOptions): Promise<TestnetSummar
   const run = await loadRunConfigFile(statePath)
   if (!run.run_id) throw new PsycheError(`${statePath}: run_id: a testnet needs a state.toml with a run_id`)
   const runId = run.run_id
+  if (options.backend === 'solana') {
+    // refused before anything starts, naming the user's file (the program would refuse the testnet's copy of it)
+    const unsupported = programUnsupported(run)
+    if (unsupported.length > 0) throw new PsycheError(programRefusal(statePath, unsupported), {code: 'ECONFIG'})
+  }
   const emit = options.onEvent ?? (() => {})
   const started = performance.now()
   const seconds = () => (performance.now() - started) / 1000

@@ -13,7 +13,7 @@ import {
   type KeyPairSigner,
   type TransactionSigner,
 } from '@solana/kit'
-import {innerSteps} from '../../config/run-config.js'
+import {programRefusal, programUnsupported} from '../../config/support.js'
 import type {RunConfigFile} from '../../config/types.js'
 import {PsycheError} from '../../errors.js'
 import {readSecretFile} from '../../secret-file.js'
@@ -146,13 +146,8 @@ export async function createRun(t: RunTarget & {payer: TransactionSigner; mainAu
  */
 export async function prepareUpdate(t: RunTarget & {authority: TransactionSigner; file: RunConfigFile}): Promise<Instruction[][]> {
   if (!t.file.config) throw new PsycheError(`${t.file.path}: no [config] table: update-config needs the run's configuration`, {code: 'ECONFIG'})
-  if (innerSteps(t.file.model.LLM.optimizer) > 1) {
-    // The program sizes a round's batch as one global batch (programs/coordinator/coordinator.c global_batch_size).
-    throw new PsycheError(
-      `${t.file.path}: model.LLM.optimizer.SparseLoCo.inner_steps > 1: the Solana program does not yet give a round H global batches; run SparseLoCo on the centralized server (psyche server run)`,
-      {code: 'ECONFIG'},
-    )
-  }
+  const unsupported = programUnsupported(t.file)
+  if (unsupported.length > 0) throw new PsycheError(programRefusal(t.file.path, unsupported), {code: 'ECONFIG'})
   const coordinator = await coordinatorAddress(t.programId, t.runId)
   let ix: Instruction
   try {
