@@ -28,6 +28,8 @@ interface Uploaded {
 export class Checkpointing {
   private readonly checkpointer: Checkpointer | undefined
   private checkpointedEpoch: number | null = null
+  /** The last Cooldown seen: its epoch and last round's step. */
+  private epochEnd: {epoch: number; step: number} | undefined
   /** The parameter hash of each step saved for upload. */
   private readonly savedHashes = new Map<number, string>()
   private waiting: Uploaded | undefined
@@ -59,9 +61,22 @@ export class Checkpointing {
     })
   }
 
-  /** A new coordinator state: an upload waiting for the witnesses' agreement may be reported now (or be late). */
+  /**
+   * A new coordinator state: an upload waiting for the witnesses' agreement may be reported now (or be late). A
+   * Cooldown names the epoch's last round, remembered so that an apply of it that ends after the Cooldown still saves.
+   */
   onState(): void {
+    const state = this.ctx.state
+    const last = state.epoch.round?.step
+    if (state.run_state === 'Cooldown' && last !== undefined) this.epochEnd = {epoch: state.progress.epoch, step: last}
     if (this.waiting) this.report()
+  }
+
+  /** The epoch whose last round is `step` (seen in its Cooldown), or undefined. */
+  epochEndingAt(step: number): number | undefined {
+    const state = this.ctx.state
+    if (state.run_state === 'Cooldown' && state.epoch.round?.step === step) return state.progress.epoch
+    return this.epochEnd?.step === step ? this.epochEnd.epoch : undefined
   }
 
   private report(): void {
@@ -116,14 +131,15 @@ export class Checkpointing {
   }
 
   /**
-   * After applying `round`: in the epoch's Cooldown, once per epoch, save the model (the upload runs in the
-   * background). With --checkpoint-dir the model is saved there once, and a checkpointer uploads that save.
+   * After applying `round`: if it is its epoch's last round (in the Cooldown, or after it when the apply ended late),
+   * once per epoch, save the model (the upload runs in the background). With --checkpoint-dir the model is saved there once, and a checkpointer uploads that save.
    */
   async afterApply(round: Round): Promise<void> {
     const ctx = this.ctx
-    if ((!this.checkpointer && !ctx.opts.checkpointDir) || ctx.state.run_state !== 'Cooldown' || ctx.state.epoch.round?.step !== round.step) return
-    const epoch = ctx.state.progress.epoch
-    if (this.checkpointedEpoch === epoch) return
+    if (!this.checkpointer && !ctx.opts.checkpointDir) return
+    // The epoch's last round, applied in its Cooldown or after it (a slow apply): the model is that epoch's either way.
+    const epoch = this.epochEndingAt(round.step)
+    if (epoch === undefined || this.checkpointedEpoch === epoch) return
     this.checkpointedEpoch = epoch
     if (ctx.lastHash) this.savedHashes.set(round.step, ctx.lastHash)
     if (ctx.opts.checkpointDir) {

@@ -230,8 +230,9 @@ export class RoundResults {
     if (out.status === 'waiting') return ctx.modelStep === null
     if (out.status === 'refused') return false
     await this.report(out.event)
-    // Past the epoch's rounds the model is what joiners of the next epoch fetch: refresh what we serve.
-    if (!isRoundPhase(ctx.state.run_state)) {
+    // Past the epoch's rounds (or its last round, applied after its Cooldown) the model is what joiners of the next
+    // epoch fetch: refresh what we serve.
+    if (!isRoundPhase(ctx.state.run_state) || this.checkpointing.epochEndingAt(round.step) !== undefined) {
       ctx.snapshot = snapshotOf(round.step, await ctx.worker.exportParams())
       await this.checkpointing.afterApply(round)
     }
