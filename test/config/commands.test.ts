@@ -190,9 +190,9 @@ describe('psyche init', () => {
     const {summary, problems} = JSON.parse(v.stdout)
     assert.deepEqual(problems, [])
     assert.equal(summary.optimizer, 'SparseLoCo 30 inner steps, chunk 64, top-k 64, 2-bit, outer_lr 0.4')
-    assert.equal(summary.total_steps, 10)
+    assert.deepEqual([summary.total_steps, summary.inner_steps], [10, 30])
     const demo = summarizeRunConfig(await loadRunConfigFile('templates/tiny-demo/state.toml'))
-    assert.equal(demo.total_steps, 300)
+    assert.deepEqual([demo.total_steps, demo.inner_steps], [300, 1])
     assert.equal(summary.total_tokens, demo.total_tokens)
     // the summary says that the Solana program cannot run it (create-run would refuse it), and why
     assert.deepEqual(
@@ -201,6 +201,7 @@ describe('psyche init', () => {
     )
     assert.deepEqual(demo.solana_unsupported, [])
     const text = psyche('server', 'validate-config', '--state', join(dir, 'state.toml')).stdout
+    assert.match(text, /\n {2}training {3}10 rounds of 30 inner steps, global batch /)
     assert.match(text, /\n {2}solana {5}not on the Solana program: model\.LLM\.optimizer\.SparseLoCo\.inner_steps: 30 inner steps a round/)
   })
 

@@ -85,7 +85,8 @@ export default class ServerValidateConfig extends PsycheCommand {
       this.log(`${flags.state}: valid ${what}`)
       this.log(`  model      ${s.architecture}, max_seq_len ${s.max_seq_len}, checkpoint ${s.checkpoint}`)
       this.log(`  data       ${s.data_location}`)
-      this.log(`  training   ${s.total_steps} steps, global batch ${s.global_batch_size}, ≤ ${s.total_tokens.toLocaleString('en-US')} tokens`)
+      const steps = s.inner_steps > 1 ? `${s.total_steps} rounds of ${s.inner_steps} inner steps` : `${s.total_steps} steps`
+      this.log(`  training   ${steps}, global batch ${s.global_batch_size}, ≤ ${s.total_tokens.toLocaleString('en-US')} tokens`)
       this.log(`  optimizer  ${s.optimizer}; lr ${s.lr_schedule}`)
       this.log(`  clients    min ${s.min_clients}, ${s.init_min_clients} to start an epoch, witnesses ${s.witness_nodes}`)
       const g = s.max_trainers_per_round

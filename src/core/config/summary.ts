@@ -20,7 +20,10 @@ export interface RunSummary {
   /** max_trainers_per_round, or null when every member trains each round. */
   max_trainers_per_round: number | null
   global_batch_size: string
+  /** Rounds (coordinator steps) the run makes. */
   total_steps: number
+  /** Optimizer steps each round trains (SparseLoCo's inner steps; 1 otherwise). */
+  inner_steps: number
   /** Tokens the whole run trains on: total_steps × global batch (after its ramp) × max_seq_len (an upper bound during the ramp). */
   total_tokens: number
   unsupported: UnsupportedFeature[]
@@ -94,6 +97,7 @@ export function summarizeRunConfig(file: RunConfigFile): RunSummary {
         ? String(c.global_batch_size_end)
         : `${c.global_batch_size_start} → ${c.global_batch_size_end} over ${c.global_batch_size_warmup_tokens} tokens`,
     total_steps: c.total_steps,
+    inner_steps: innerSteps(llm.optimizer),
     // a SparseLoCo round trains inner_steps global batches
     total_tokens: c.total_steps * c.global_batch_size_end * innerSteps(llm.optimizer) * llm.max_seq_len,
     unsupported: unsupportedFeatures(file),
