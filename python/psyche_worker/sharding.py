@@ -95,6 +95,11 @@ class Sharding:
     def is_split(self, t: torch.Tensor) -> bool:
         return hasattr(t, "to_local") and self.world > 1
 
+    def whole(self, local: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+        """The whole tensor of which `local` is this rank's block, `source` the parameter it belongs to (every rank
+        must call this, in the same order); a parameter that is not split as it is."""
+        return self.gather_rows(local).reshape(source.shape) if self.is_split(source) else local
+
     def full(self, t: torch.Tensor) -> torch.Tensor:
         """The whole tensor (every rank must call this, in the same order)."""
         if hasattr(t, "full_tensor"):
