@@ -25,6 +25,11 @@ from the parameters before the previous round's results, moved by its own previo
 
 Inner steps: a round's rows split into H parts as evenly as rows allow; a part with no rows is skipped. The inner
 AdamW state and the error feedback stay across rounds (τemplar keeps both). Weight decay applies to matrices only.
+
+**A sharded client** (`--shard N`, ../sharding.py): a split tensor's block on each rank is whole chunk rows
+(`shard_rows`), so each rank keeps the error feedback and inner AdamW moments of its blocks, selects its chunks'
+top-k, and applies the outer step to its chunks; the selections are gathered in chunk order to be quantized and
+encoded whole, and the result and the parameters are an unsharded client's, bit for bit. Not with `dct`.
 """
 
 from __future__ import annotations
