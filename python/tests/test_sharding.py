@@ -82,6 +82,9 @@ def _sharded(configs, world=2, kind="cpu"):
             got.append(out.get(timeout=5))
         except Exception:
             dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if dead:
+                for p in procs:  # the others wait in a collective for the dead one: end them now
+                    p.kill()
             assert not dead, f"a rank failed (exit codes {dead})"
     for p in procs:
         p.join(timeout=60)
