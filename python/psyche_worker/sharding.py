@@ -79,9 +79,10 @@ class Sharding:
             # (evaluation, verification) must not leave a gathered copy that a later change of the shards misses
             fully_shard(unit, mesh=mesh, reshard_after_forward=True, shard_placement_fn=placement, ignored_params=ignored or None)
         for unit in [*units, model]:
-            # the trainer weights each rank's loss: FSDP sums the gradients, and divides by nothing
+            # the trainer weights each rank's loss: FSDP sums the gradients, and divides by nothing, in rank order
             unit.set_force_sum_reduction_for_comms(True)
             unit.set_gradient_divide_factor(1.0)
+            unit.set_custom_reduce_scatter(_InRankOrder(self))
         self.split = {n: split[n] for n in named}
         self.chunk_rows = chunk_rows
 
@@ -94,6 +95,11 @@ class Sharding:
 
     def is_split(self, t: torch.Tensor) -> bool:
         return hasattr(t, "to_local") and self.world > 1
+
+    def whole(self, local: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+        """The whole tensor of which `local` is this rank's block, `source` the parameter it belongs to (every rank
+        must call this, in the same order); a parameter that is not split as it is."""
+        return self.gather_rows(local).reshape(source.shape) if self.is_split(source) else local
 
     def full(self, t: torch.Tensor) -> torch.Tensor:
         """The whole tensor (every rank must call this, in the same order)."""
@@ -109,6 +115,40 @@ class Sharding:
         dist.all_gather_into_tensor(out, local, group=self.group)
         return out.view(self.world, *shape)
 
+    def reduce_scatter_in_order(self, flat: torch.Tensor, out: torch.Tensor) -> None:
+        """`out` ← the sum over ranks of their `flat`'s piece of this rank (piece r: the r-th of `world` equal ones),
+        added in rank order, ((x0 + x1) + x2) + ...: the order in which an unsharded client accumulates the
+        micro-batches of the same rows (rank r holds the r-th run of them). A ring's reduce-scatter or all-reduce adds
+        in another order from 3 ranks on, and float addition is not associative."""
+        pieces = torch.empty_like(flat)
+        dist.all_to_all_single(pieces, flat.contiguous(), group=self.group)
+        pieces = pieces.view(self.world, -1)
+        out.copy_(pieces[0])
+        for piece in pieces[1:]:
+            out.add_(piece)
+
     def all_reduce_sum_(self, t: torch.Tensor) -> torch.Tensor:
-        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.group)
+        """`t` ← the sum of every rank's `t`, added in rank order (reduce_scatter_in_order), the same on every rank."""
+        flat = t.reshape(-1)
+        n = flat.numel()
+        padded = torch.nn.functional.pad(flat, (0, (-n) % self.world))
+        mine = torch.empty(padded.numel() // self.world, dtype=t.dtype, device=t.device)
+        self.reduce_scatter_in_order(padded, mine)
+        every = torch.empty_like(padded)
+        dist.all_gather_into_tensor(every, mine, group=self.group)
+        t.copy_(every[:n].view_as(t))
         return t
+
+
+class _InRankOrder:
+    """FSDP's reduce-scatter of the gradients (its `ReduceScatter` interface: `set_custom_reduce_scatter`), summing in
+    rank order (Sharding.reduce_scatter_in_order)."""
+
+    def __init__(self, sharding: Sharding):
+        self.sharding = sharding
+
+    def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any, op: Any, async_op: bool = False) -> None:
+        self.sharding.reduce_scatter_in_order(input_tensor, output_tensor)

@@ -53,7 +53,7 @@ from __future__ import annotations
 import hashlib
 import math
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -73,6 +73,7 @@ __all__ = [
     "layout_for",
     "layout_id",
     "result_size",
+    "select",
     "compress",
     "encode",
     "decode",
@@ -176,6 +177,21 @@ class TensorLayout:
 
     def spec(self) -> dict:
         return {"name": self.name, "shape": list(self.shape), "chunk": list(self.chunk), "topk": self.topk}
+
+    def block_rows(self) -> int:
+        """The rows of the first dimension that one chunk spans: a block of whole such rows is whole chunks."""
+        return self.cc if len(self.shape) == 1 else self.cr if len(self.shape) == 2 else 1
+
+    def block(self, index: int, count: int) -> tuple[TensorLayout, int]:
+        """Block `index` of `count` equal blocks along the first dimension (a sharded client's rank, sharding.py):
+        its layout (the same chunks) and the number of its first chunk. The blocks' chunks are consecutive runs of
+        the tensor's chunk numbering, in block order, so a block's chunks are compressed and applied as the whole
+        tensor's are. ValueError if a block would cut a chunk."""
+        rows, extra = divmod(self.shape[0], count)
+        if extra or rows % self.block_rows():
+            raise ValueError(f"tensor {self.name!r}: {count} blocks of shape {list(self.shape)} would cut its chunks {list(self.chunk)}")
+        part = replace(self, shape=(rows, *self.shape[1:]))
+        return part, index * part.n_chunks
 
 
 def layout_for(name: str, shape: tuple[int, ...], chunk: int, topk: int) -> TensorLayout:
@@ -286,17 +302,24 @@ def quantize(values: torch.Tensor, value_bits: int) -> tuple[torch.Tensor, torch
     return codes, lookup + shift
 
 
-def compress(x: torch.Tensor, t: TensorLayout, value_bits: int, dct: bool) -> Compressed:
-    """The top-k of each chunk of `x` (a tensor of t.shape, or its DCT), quantized: τemplar's compress."""
+def select(x: torch.Tensor, t: TensorLayout, dct: bool) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """The top-k of each chunk of `x` (a tensor of t.shape, or its DCT): sorted indices [n, k] (None when dense) and
+    their values [n, k] (float32). Chunk by chunk: a block of a tensor (TensorLayout.block) selects its chunks' rows
+    of the whole tensor's."""
     chunks = to_chunks(x.to(torch.float32), t)
     if dct:
         chunks = dct_chunks(chunks, t)
     if t.dense:
-        codes, levels = quantize(chunks, value_bits)
-        return Compressed(t, None, codes, levels)
+        return None, chunks
     selected = torch.topk(chunks.abs(), t.topk, dim=1, largest=True, sorted=False).indices
     indices, _ = torch.sort(selected, dim=1)
-    codes, levels = quantize(torch.gather(chunks, 1, indices), value_bits)
+    return indices, torch.gather(chunks, 1, indices)
+
+
+def compress(x: torch.Tensor, t: TensorLayout, value_bits: int, dct: bool) -> Compressed:
+    """The top-k of each chunk of `x` (a tensor of t.shape, or its DCT), quantized: τemplar's compress."""
+    indices, values = select(x, t, dct)
+    codes, levels = quantize(values, value_bits)
     return Compressed(t, indices, codes, levels)
 
 
@@ -488,27 +511,34 @@ def scaled_levels(results: list[list[Decoded]], value_bits: int, median: list[fl
     return (levels * factors.unsqueeze(-1)).to(torch.float32).to(device)
 
 
-def aggregate(results: list[list[Decoded]], value_bits: int, dct: bool, median: list[float] | None = None) -> list[torch.Tensor]:
+def aggregate(
+    results: list[list[Decoded]], value_bits: int, dct: bool, median: list[float] | None = None, blocks: list[tuple[TensorLayout, int]] | None = None
+) -> list[torch.Tensor]:
     """The outer step's direction per tensor (its shape, float32): for each position, the mean of the clipped values
     of the results that selected it (0 where none did). `results` in canonical order (module docstring); `median`:
-    the norms to clip to, per tensor (scaled_levels)."""
+    the norms to clip to, per tensor (scaled_levels). `blocks`: per tensor, only this block of it (a sharded
+    client's: TensorLayout.block's layout and first chunk), computed chunk by chunk as the whole tensor's; the norms
+    are still the whole results'."""
     if not results:
         raise ValueError("aggregate needs at least one result")
     scaled = scaled_levels(results, value_bits, median)
     out = []
-    for i, t in enumerate(d.layout for d in results[0]):
+    for i, whole in enumerate(d.layout for d in results[0]):
+        t, first = (whole, 0) if blocks is None else blocks[i]
+        rows = slice(first, first + t.n_chunks)
         device = results[0][i].codes.device
         total = torch.zeros(t.n_chunks, t.chunk_elems, dtype=torch.float32, device=device)
         count = torch.zeros(t.n_chunks, t.chunk_elems, dtype=torch.int32, device=device)
         for r, result in enumerate(results):
             d = result[i]
-            values = scaled[r, i][d.codes]
+            values = scaled[r, i][d.codes[rows]]
             if d.indices is None:
                 total += values
                 count += 1
             else:
-                total.scatter_add_(1, d.indices, values)
-                count.scatter_add_(1, d.indices, torch.ones_like(d.indices, dtype=torch.int32))
+                indices = d.indices[rows]
+                total.scatter_add_(1, indices, values)
+                count.scatter_add_(1, indices, torch.ones_like(indices, dtype=torch.int32))
         mean = torch.where(count > 0, total / count.clamp(min=1).to(torch.float32), torch.zeros_like(total))
         if dct:
             mean = idct_chunks(mean, t)

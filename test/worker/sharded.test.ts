@@ -13,7 +13,9 @@ import {projectRoot, workerPython} from '../../src/core/worker/python.js'
  * against an unsharded one, on llama2-20m: 5 DisTrO rounds give the same result bytes, the same parameters after
  * every apply (hashes), the same losses, the same verification scores and the same exported parameters. With
  * micro-batches of one rank's rows, FSDP's sum of the 2 ranks' gradients adds the terms the unsharded accumulation
- * adds (a + b = b + a exactly), and each rank compresses and applies its own DCT chunks.
+ * adds (a + b = b + a exactly), and each rank compresses and applies its own DCT chunks. Then the same two workers
+ * train 3 SparseLoCo rounds of 2 inner steps each, with the same bytes again (each rank its own chunks' top-k,
+ * error feedback and inner AdamW moments).
  * A checkpoint the sharded client saves (several safetensors files and an index) loads in transformers and in an
  * unsharded worker with the same parameter hash (python/tests/test_saved_model.py loads one into a sharded worker).
  */
@@ -22,6 +24,9 @@ const distro = {Distro: {clip_grad_norm: 1.0, compression_decay: 0.999, compress
 const ROWS = 4
 const SEQ = 33
 const ROUNDS = 5
+const sparseloco = {SparseLoCo: {inner_steps: 2, chunk: 64, topk: 32, outer_lr: 0.7}}
+const SPARSELOCO_ROUNDS = 3
+const schedule = {Constant: {base_lr: 4e-4, warmup_steps: 0, warmup_init_lr: 0}}
 
 function batch(seed: number): Uint32Array {
   const vocab = Number(config.vocab_size)
@@ -46,16 +51,20 @@ async function client(shard: number) {
   workers.push(w)
   const hello = (await w.client.call<{shards: number}>('hello')).reply
   await w.initFromConfig(config, 11)
-  await w.configure({optimizer: distro, lr_schedule: {Constant: {base_lr: 4e-4, warmup_steps: 0, warmup_init_lr: 0}}, micro_batch: ROWS / 2, delay_correction: true})
+  await w.configure({optimizer: distro, lr_schedule: schedule, micro_batch: ROWS / 2, delay_correction: true})
   return {w, shards: hello.shards}
 }
 
-async function rounds(w: ModelWorker) {
+/** The unsharded and the 2-way sharded client, started once for both optimizers. */
+let started: Promise<[Awaited<ReturnType<typeof client>>, Awaited<ReturnType<typeof client>>]> | undefined
+const clients = () => (started ??= Promise.all([client(1), client(2)]))
+
+async function rounds(w: ModelWorker, count = ROUNDS) {
   const losses: number[] = []
   const results: Buffer[] = []
   const hashes: string[] = []
   let previous: {applyStep: number; results: Uint8Array[]} | undefined
-  for (let step = 1; step <= ROUNDS; step++) {
+  for (let step = 1; step <= count; step++) {
     const r = await w.trainRound(batch(step), ROWS, step, previous)
     losses.push(r.loss)
     results.push(Buffer.from(r.result))
@@ -64,8 +73,8 @@ async function rounds(w: ModelWorker) {
     previous = {applyStep: step, results: results.length > 1 ? [r.result, results[results.length - 2]] : [r.result]}
   }
   const scores = await w.scoreResults(
-    ROUNDS,
-    [results[ROUNDS - 1]],
+    count,
+    [results[count - 1]],
     [
       {tokens: batch(100), rows: ROWS},
       {tokens: batch(101), rows: ROWS},
@@ -77,8 +86,7 @@ async function rounds(w: ModelWorker) {
 
 describe('a client sharded 2 ways (FSDP2 on 2 gloo ranks), llama2-20m', () => {
   it("produces the unsharded client's results and parameters, bit for bit, for 5 DisTrO rounds; its checkpoint loads", async () => {
-    const one = await client(1)
-    const two = await client(2)
+    const [one, two] = await clients()
     assert.equal(one.shards, 1)
     assert.equal(two.shards, 2)
     const a = await rounds(one.w)
@@ -125,6 +133,29 @@ describe('a client sharded 2 ways (FSDP2 on 2 gloo ranks), llama2-20m', () => {
     assert.notEqual(moved.paramHash, before.paramHash)
     assert.equal(await two.w.importParams(moved.frames), moved.paramHash)
     assert.equal(await two.w.paramHash(), moved.paramHash)
+  })
+})
+
+describe('a client sharded 2 ways, SparseLoCo, llama2-20m', () => {
+  it("produces the unsharded client's results and parameters, bit for bit, for 3 rounds of 2 inner steps", async () => {
+    const [one, two] = await clients()
+    // each inner step's 2 rows: one micro-batch a rank on the sharded client, two on the unsharded one
+    const setup = {optimizer: sparseloco, lr_schedule: schedule, micro_batch: 1, delay_correction: true}
+    for (const c of [one, two]) {
+      await c.w.initFromConfig(config, 12)
+      await c.w.configure(setup)
+    }
+    const a = await rounds(one.w, SPARSELOCO_ROUNDS)
+    const b = await rounds(two.w, SPARSELOCO_ROUNDS)
+    for (let i = 0; i < SPARSELOCO_ROUNDS; i++) assert.ok(b.results[i].equals(a.results[i]), `round ${i + 1}: results differ`)
+    assert.deepEqual(b.hashes, a.hashes)
+    assert.deepEqual(b.losses, a.losses)
+    assert.deepEqual(b.scores, a.scores)
+    assert.deepEqual(b.evaluation, a.evaluation)
+    // work happened: the model changed every round, the results are SparseLoCo's
+    assert.equal(new Set(a.hashes).size, SPARSELOCO_ROUNDS)
+    assert.ok(a.results.every((r) => r.subarray(0, 4).toString() === 'PSSL' && r.length > 10_000))
+    assert.equal((await two.w.exportParams()).paramHash, a.hashes[SPARSELOCO_ROUNDS - 1])
   })
 })
 

@@ -32,6 +32,7 @@ def _names() -> str:
 SHARDABLE: dict[str, Callable[[dict[str, Any]], Callable[[tuple[int, ...]], int] | None]] = {
     AdamW.name: AdamW.shard_rows,
     Distro.name: Distro.shard_rows,
+    SparseLoCo.name: SparseLoCo.shard_rows,
 }
 
 
@@ -43,7 +44,7 @@ def shard_rows(config: Any) -> Callable[[tuple[int, ...]], int]:
     ((name, params),) = config.items()
     rows = SHARDABLE[name](params or {}) if name in SHARDABLE else None
     if rows is None:
-        raise WorkerError(f"optimizer {name!r} does not train a sharded model (--shard); use Distro", kind="unsupported")
+        raise WorkerError(f"optimizer {name!r} does not train a sharded model (--shard); use Distro or SparseLoCo", kind="unsupported")
     return rows
 
 

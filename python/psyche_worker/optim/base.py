@@ -85,13 +85,27 @@ class BuildContext:
     optimizer keeps state for this rank's blocks only."""
 
 
-def clip_grad_norm(model: torch.nn.Module, max_norm: float | None) -> torch.Tensor:
+def clip_grad_norm(model: torch.nn.Module, max_norm: float | None, sharding: Sharding | None = None) -> torch.Tensor:
     """The total norm of the gradients, a 0-d tensor on the device (unread); scales them down to `max_norm` if it
-    is exceeded (None: only measures, without a pass over the gradients to scale them by 1)."""
+    is exceeded (None: only measures, without a pass over the gradients to scale them by 1).
+
+    Sharded (every rank calls it): the norm and the scaling of an unsharded client, bit for bit, as torch computes
+    them: each gradient's norm over the whole tensor (a split one gathered, one at a time), their norm in the
+    model's order, and each rank's blocks scaled by min(1, max_norm / (norm + 1e-6))."""
     params = [p for p in model.parameters() if p.grad is not None]
-    if max_norm is None:
-        return torch.nn.utils.get_total_norm([p.grad for p in params])
-    return torch.nn.utils.clip_grad_norm_(params, max_norm)
+    if sharding is None:
+        if max_norm is None:
+            return torch.nn.utils.get_total_norm([p.grad for p in params])
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+    if not params:
+        return torch.tensor(0.0)
+    norms = [torch._foreach_norm([sharding.whole(sharding.local(p.grad), p)], 2)[0] for p in params]
+    total = torch.linalg.vector_norm(torch.stack(norms), 2)
+    if max_norm is not None:
+        coefficient = torch.clamp(float(max_norm) / (total + 1e-6), max=1.0)
+        for p in params:
+            sharding.local(p.grad).mul_(coefficient)
+    return total
 
 
 def read(*values: torch.Tensor) -> list[float]:

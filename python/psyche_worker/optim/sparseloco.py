@@ -25,13 +25,18 @@ from the parameters before the previous round's results, moved by its own previo
 
 Inner steps: a round's rows split into H parts as evenly as rows allow; a part with no rows is skipped. The inner
 AdamW state and the error feedback stay across rounds (τemplar keeps both). Weight decay applies to matrices only.
+
+**A sharded client** (`--shard N`, ../sharding.py): a split tensor's block on each rank is whole chunk rows
+(`shard_rows`), so each rank keeps the error feedback and inner AdamW moments of its blocks, selects its chunks'
+top-k, and applies the outer step to its chunks; the selections are gathered in chunk order to be quantized and
+encoded whole, and the result and the parameters are an unsharded client's, bit for bit. Not with `dct`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -129,17 +134,41 @@ class SparseLoCo(CommunicatingOptimizer):
         self.config = config
         self.schedule = ctx.schedule
         self.delayed = ctx.delay_correction
+        sharding = ctx.sharding
+        if sharding is not None and ctx.simulate_peers != 1:
+            raise WorkerError("a sharded client trains as one peer: simulate_peers must be 1", kind="unsupported")
+        self.sharding = sharding
         named = sorted(model.named_parameters(), key=lambda kv: kv[0])
         self.names = [n for n, _ in named]
-        self.params = [p for _, p in named]
+        # the parameters as the model holds them (FSDP's DTensors when sharded) and the blocks this rank works on:
+        # its error feedback, inner AdamW moments and outer step are over those blocks alone
+        self.sources = [p for _, p in named]
+        self.params = [p if sharding is None else sharding.local(p) for p in self.sources]
         self.layouts = [codec.layout_for(n, tuple(p.shape) or (1,), config.chunk, config.topk) for n, p in named]
         self.layout_id = codec.layout_id(self.layouts, config.value_bits, config.dct)
+        # Sharded: a split tensor's block on this rank is whole chunk rows (shard_rows), its chunks one run of the
+        # tensor's; a tensor that is not split is one block of itself
+        self._split = [sharding is not None and sharding.is_split(p) for p in self.sources]
+        self.blocks = [t.block(sharding.rank, sharding.world) if split and sharding else (t, 0) for t, split in zip(self.layouts, self._split)]
         self.device = ctx.device
         self.peers = [_Peer(model, self.params, config, ctx.device) for _ in range(ctx.simulate_peers)]
         self._committed: list[torch.Tensor] | None = None
         """The network path: the replicated parameters while the live ones hold a speculation."""
         self._previous: list[torch.Tensor] | None = None
         """Single-node simulation with delay: the parameters before the previous round's results."""
+
+    @classmethod
+    def shard_rows(cls, config: dict[str, Any]) -> Callable[[tuple[int, ...]], int]:
+        """A shard holds whole chunks: the rows of the first dimension one chunk spans (TensorLayout.block_rows).
+        Not with `dct`: a matrix product over a block's chunks need not give the bytes of the same product over the
+        whole tensor's (BLAS kernels differ with the batch), so a sharded client's result would differ."""
+        try:
+            cfg = SparseLoCoConfig.from_dict(config or {})
+        except ValueError as exc:
+            raise WorkerError(f"optimizer.SparseLoCo: {exc}") from None
+        if cfg.dct:
+            raise WorkerError("optimizer.SparseLoCo.dct = true is not supported on a sharded client (--shard): set dct = false", kind="unsupported")
+        return lambda shape: codec.layout_for("", shape, cfg.chunk, cfg.topk).block_rows() if len(shape) else 1
 
     @classmethod
     def build(cls, config: dict[str, Any], ctx: BuildContext) -> SparseLoCo:
@@ -168,7 +197,7 @@ class SparseLoCo(CommunicatingOptimizer):
             if a == b:
                 continue
             losses.append(torch.as_tensor(gradients(batch.rows_between(a, b)), dtype=torch.float64))
-            norms.append(torch.as_tensor(clip_grad_norm(self.model, cfg.inner.clip_grad_norm), dtype=torch.float64))
+            norms.append(torch.as_tensor(clip_grad_norm(self.model, cfg.inner.clip_grad_norm, self.sharding), dtype=torch.float64))
             lr = self.schedule(step * h + i)
             for group in peer.adamw.param_groups:
                 group["lr"] = lr
@@ -177,6 +206,7 @@ class SparseLoCo(CommunicatingOptimizer):
             for e, s, p in zip(peer.error, start, self.params):
                 e.mul_(cfg.error_feedback_decay).add_(s - p)  # the pseudo-gradient θ_start − θ_H
                 p.copy_(s)
+            for p in self.sources:
                 p.grad = None
         if not losses:
             return math.nan, 0.0
@@ -185,12 +215,23 @@ class SparseLoCo(CommunicatingOptimizer):
 
     @torch.no_grad()
     def _produce(self, peer: _Peer) -> tuple[bytes, list[codec.Compressed]]:
+        """The result compressed from the error feedback, which keeps what it did not transmit. Sharded, each rank
+        selects its own chunks' top-k, and the ranks' selections are gathered in chunk order, to be quantized and
+        encoded whole (the quantizer's statistics are over the whole tensor's selection): every rank holds the
+        result, and subtracts what its own chunks transmit."""
         cfg = self.config
         compressed = []
-        for e, t in zip(peer.error, self.layouts):
-            c = codec.compress(e.reshape(t.shape), t, cfg.value_bits, cfg.dct)
-            e.sub_(codec.transmitted(c, cfg.dct).reshape(e.shape))
-            compressed.append(c)
+        for e, t, (block, first), split in zip(peer.error, self.layouts, self.blocks, self._split):
+            indices, values = codec.select(e.reshape(block.shape), block, cfg.dct)
+            if split and self.sharding is not None:
+                every = self.sharding.gather_rows(values).reshape(t.n_chunks, -1)
+                every_indices = None if indices is None else self.sharding.gather_rows(indices).reshape(t.n_chunks, -1)
+            else:
+                every, every_indices = values, indices
+            codes, levels = codec.quantize(every, cfg.value_bits)
+            mine = codec.Compressed(block, indices, codes[first : first + block.n_chunks], levels)
+            e.sub_(codec.transmitted(mine, cfg.dct).reshape(e.shape))
+            compressed.append(codec.Compressed(t, every_indices, codes, levels))
         return codec.encode(compressed, cfg.value_bits, cfg.dct, self.layout_id), compressed
 
     def decode(self, result: bytes) -> list[codec.Decoded]:
@@ -216,7 +257,8 @@ class SparseLoCo(CommunicatingOptimizer):
         """params ← base − α · aggregate(results): the outer step, also the speculation's and verification's update.
         α · direction is rounded before the subtraction (no fused multiply-add: the same bytes on every device)."""
         cfg = self.config
-        directions = codec.aggregate(results, cfg.value_bits, cfg.dct, median)
+        # sharded: the directions of this rank's blocks only (the clipping norms are the whole results')
+        directions = codec.aggregate(results, cfg.value_bits, cfg.dct, median, self.blocks if self.sharding is not None else None)
         for p, b, d in zip(self.params, base, directions):
             if b is not p:
                 p.copy_(b)
