@@ -4,7 +4,8 @@
 //
 //   unit     in-process: pure code, servers and libp2p nodes on loopback, a few short-lived CLI or Python processes
 //   sim      the in-process simulation: real clients, coordinator, P2P and worker code in one process
-//   smoke    the one multi-process training run of `npm test` (a server and three clients, each with its worker)
+//   smoke    the multi-process training runs of `npm test`: a server and three clients, each with its worker; and
+//            `psyche train` for every model family we support
 //   e2e      multi-process runs and CLI processes in bulk (training, faults, attacks, checkpoints, Solana)
 //   net      several hosts in Linux network namespaces (root; they skip, saying why, where that cannot be done)
 //   browser  the dashboard in headless Chromium
@@ -124,7 +125,7 @@ export const tiers = {
     'test/worker/socket-dir.test.ts',
   ],
   sim: ['test/checkpoint/hub-fallback.test.ts', 'test/sim/adversarial.test.ts', 'test/scale/scale.test.ts', 'test/sim/simulation.test.ts', 'test/solana/client.test.ts'],
-  smoke: ['test/e2e/smoke.test.ts'],
+  smoke: ['test/cli/architectures.test.ts', 'test/e2e/smoke.test.ts'],
   e2e: [
     'test/adversarial/attacks.test.ts',
     'test/adversarial/memory.test.ts',
@@ -135,7 +136,6 @@ export const tiers = {
     'test/checkpoint/p2p-join.test.ts',
     'test/checkpoint/run-checkpoint.test.ts',
     'test/checkpoint/run-from-hub.test.ts',
-    'test/cli/architectures.test.ts',
     'test/cli/compiled-cli.test.ts',
     'test/cli/model-init.test.ts',
     'test/cli/train.test.ts',
