@@ -29,7 +29,8 @@ test('the source stamp changes when a file under src/ is edited, touched, added 
   }
 })
 
-// A copy of the package (its own src/, bin/, scripts/build.mjs; node_modules and templates linked): build it, and
+// A copy of the package (its own src/, bin/, scripts/build.mjs; node_modules, templates and python linked: the
+// support table reads python/psyche_worker/architectures.json): build it, and
 // check that bin/psyche.js runs dist/ while it matches src/, and the sources as soon as one of them changes.
 test('bin/psyche.js runs the compiled dist/ only while it matches src/', () => {
   const tmp = tempDir()
@@ -38,7 +39,7 @@ test('bin/psyche.js runs the compiled dist/ only while it matches src/', () => {
     for (const p of ['src', 'bin', 'package.json', 'tsconfig.json', 'tsconfig.build.json']) cpSync(join(projectRoot, p), join(pkg, p), {recursive: true})
     mkdirSync(join(pkg, 'scripts'))
     cpSync(join(projectRoot, 'scripts', 'build.mjs'), join(pkg, 'scripts', 'build.mjs'))
-    for (const p of ['node_modules', 'templates']) symlinkSync(join(projectRoot, p), join(pkg, p))
+    for (const p of ['node_modules', 'templates', 'python']) symlinkSync(join(projectRoot, p), join(pkg, p))
     const cli = (...args: string[]) => spawnSync(process.execPath, [join(pkg, 'bin', 'psyche.js'), ...args], {cwd: pkg, encoding: 'utf8', env: {...process.env, NO_COLOR: '1'}})
 
     const build = spawnSync(process.execPath, [join(pkg, 'scripts', 'build.mjs'), '--quiet'], {cwd: pkg, encoding: 'utf8'})
