@@ -96,10 +96,11 @@ describe('model.LLM.architecture against the model it names', () => {
     await assert.rejects(resolveTrainPlan({model: dir}), new RegExp(`--model ${dir}: its config\\.json has no model_type`))
   })
 
-  it('the tiny-qwen3 and tiny-deepseek-v3 templates scaffold runs that validate', async () => {
+  it('the tiny-qwen3, tiny-deepseek-v3 and deepseek-v3-small templates scaffold runs that validate', async () => {
     for (const [template, architecture, modelType] of [
       ['tiny-qwen3', 'HfAuto', 'qwen3'],
       ['tiny-deepseek-v3', 'HfDeepseek', 'deepseek_v3'],
+      ['deepseek-v3-small', 'HfDeepseek', 'deepseek_v3'],
     ]) {
       const dir = join(tmp.path, template)
       const result = await scaffoldRun({template, dir})
