@@ -146,6 +146,7 @@ export const tiers = {
     'test/e2e/worker-kill.test.ts',
     'test/solana/differential-long.test.ts',
     'test/solana/e2e.test.ts',
+    'test/train/memory-plan-measured.test.ts',
     'test/worker/data-parallel.test.ts',
     'test/worker/sharded.test.ts',
   ],

@@ -2,7 +2,7 @@ import assert from 'node:assert/strict'
 import {readFileSync} from 'node:fs'
 import {join} from 'node:path'
 import {describe, it} from 'node:test'
-import {chunkRows, memoryPlan} from '../../src/core/train/memory-plan.js'
+import {STATE_BYTES, chunkRows, memoryPlan} from '../../src/core/train/memory-plan.js'
 import {projectRoot} from '../../src/core/worker/python.js'
 import {runCli} from '../helpers.js'
 
@@ -37,12 +37,54 @@ describe('psyche plan: the memory per rank of a sharded client', () => {
     assert.equal(chunkRows(98, 64), 49)
   })
 
+  it('counts SparseLoCo state (error feedback, inner AdamW moments, committed and start copies) and refuses AdamW sharded', () => {
+    const config = template('llama2-20m')
+    const sparse = (shards: number) => memoryPlan(config, {shards, microBatch: 2, seqLen: 64, optimizer: 'sparseloco', chunk: 64, topk: 32})
+    const held = 19_794_176
+    assert.deepEqual(sparse(1).per_rank.optimizer_state_parts, {error_feedback: 4 * held, inner_adamw_moments: 8 * held, committed: 4 * held, round_start: 4 * held})
+    assert.equal(sparse(2).per_rank.optimizer_state, (20 * held) / 2)
+    assert.equal(sparse(4).per_rank.gradients, (4 * held) / 4)
+    // producing a result gathers every rank's top-k of the largest tensor: more than DisTrO's moment on one rank
+    assert.ok(sparse(1).per_rank.transient > 0)
+    assert.equal(memoryPlan(config, {shards: 1, microBatch: 2, seqLen: 64}).per_rank.transient, 0)
+    assert.equal(memoryPlan(config, {shards: 1, microBatch: 2, seqLen: 64, optimizer: 'adamw'}).per_rank.optimizer_state, 8 * held)
+    assert.throws(() => memoryPlan(config, {shards: 2, microBatch: 1, seqLen: 64, optimizer: 'adamw'}), /--optimizer adamw with --devices 2: AdamW does not train a sharded model/)
+    assert.deepEqual(Object.keys(STATE_BYTES).sort(), ['adamw', 'distro', 'sparseloco'])
+  })
+
+  it("counts a DeepSeek-V3 model's tensors as transformers 5 builds them, its fused 3-D experts split by expert", () => {
+    // transformers 5.23's DeepseekV3ForCausalLM on the meta device: 1,509,184 and 7,017,530,368 parameters
+    assert.equal(memoryPlan(template('tiny-deepseek-v3'), {shards: 1, microBatch: 1, seqLen: 128}).parameters, 1_509_184)
+    const small = template('deepseek-v3-small')
+    const plan = (shards: number) => memoryPlan(small, {shards, microBatch: 1, seqLen: 2048, deviceBytes: 80 * 2 ** 30})
+    assert.equal(plan(1).parameters, 7_017_530_368)
+    assert.equal(plan(1).model_type, 'deepseek_v3')
+    assert.equal(plan(1).fits, false) // 17 bytes a parameter: ~111 GiB before activations
+    assert.equal(plan(2).fits, true)
+    // 64 experts split 2, 4 and 8 ways; the router (64 rows: one chunk) and kv_a_proj_with_mqa (576 rows: 9 chunks) cannot
+    for (const n of [2, 4, 8]) {
+      assert.ok(!plan(n).whole_tensors.some((t) => t.includes('.experts.')), `${n} ranks`)
+      assert.ok(plan(n).whole_tensors.includes('model.layers.1.mlp.gate.weight'))
+      assert.ok(plan(n).whole_tensors.includes('model.layers.1.self_attn.kv_a_proj_with_mqa.weight'))
+    }
+    // 129,280 rows = 2020 chunks of 64: the embeddings and the head stay whole at 8 ranks, not at 4
+    assert.ok(!plan(4).whole_tensors.includes('model.embed_tokens.weight'))
+    assert.ok(plan(8).whole_tensors.includes('lm_head.weight'))
+    assert.throws(() => memoryPlan({...small, model_type: 'qwen3_moe'}, {shards: 1, microBatch: 1, seqLen: 8}), /model_type "qwen3_moe": psyche plan knows llama and deepseek_v3/)
+  })
+
   it('psyche plan --json prints the plan; a missing config is named', async () => {
     const r = await runCli(['plan', '--model', join(projectRoot, 'templates', 'llama-8b', 'model'), '--devices', '4', '--json'])
     assert.equal(r.exitCode, 0, r.stderr)
     const out = JSON.parse(r.stdout)
     assert.equal(out.parameters, 8_030_261_248)
     assert.equal(out.fits, true)
+    // a run config gives the optimizer, its chunk and top-k, the sequence length and the model directory
+    const run = join(projectRoot, 'templates', 'deepseek-v3-small', 'state.toml')
+    const sparse = await runCli(['plan', '--config', run, '--optimizer', 'sparseloco', '--devices', '4'])
+    assert.equal(sparse.exitCode, 0, sparse.stderr)
+    assert.match(sparse.stdout, /^7,017,530,368 parameters \(deepseek_v3\) in 4 shard\(s\); micro-batch 1 × 2048 tokens/)
+    assert.match(sparse.stdout, /SparseLoCo state [\d.]+ GiB \(error feedback [\d.]+ GiB, inner adamw moments [\d.]+ GiB, committed [\d.]+ GiB, round start [\d.]+ GiB\)/)
     const bad = await runCli(['plan', '--model', '/nonexistent', '--json'])
     assert.notEqual(bad.exitCode, 0)
     assert.match(bad.stdout + bad.stderr, /nonexistent\/config.json/)
