@@ -282,7 +282,10 @@ export function devicePlan(flags: Pick<TrainFlags, 'device' | 'devices' | 'dataP
   const shard = flags.shard ?? 1
   if (!Number.isInteger(shard) || shard < 1) throw new PsycheError(`--shard ${flags.shard}: expected a whole number of ranks ≥ 1`)
   if (shard > 1) {
-    if (flags.dataParallel !== undefined && flags.dataParallel > 1) throw new PsycheError(`--shard ${shard} and --data-parallel ${flags.dataParallel}: give one or the other`)
+    if (flags.dataParallel !== undefined && flags.dataParallel > 1)
+      throw new PsycheError(
+        `--shard ${shard} and --data-parallel ${flags.dataParallel}: give one or the other (sharded replicas, HSDP, would add the gradients in another order than an unsharded client, so its results would not be that client's bytes)`,
+      )
     const planned = devicePlan({device: flags.device, devices: flags.devices})
     const listed = planned.device.split(',').length
     if (listed > 1 && listed !== shard) throw new PsycheError(`--devices lists ${listed} devices but --shard is ${shard}: give one device per shard`)
