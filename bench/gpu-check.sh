@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# One command for a lent GPU machine: the Python suite with CUDA, DisTrO on the device at 20M and 1.1B with 1, 4,
-# 16 and 64 results (bench/gpu_distro.py), and `psyche train` against the plain bf16 loop (bench/gpu.bench.ts),
-# printed as one JSON object on stdout. Each part runs under its own time limit, within GPU_CHECK_SECONDS (330)
+# One command for a lent GPU machine: the Python suite with CUDA, on 2 or more GPUs a 2-rank FSDP step with NCCL
+# against the unsharded client (bench/shard_step_check.py), DisTrO on the device at 20M and 1.1B with 1, 4, 16 and 64
+# results (bench/gpu_distro.py), and `psyche train` against the plain bf16 loop (bench/gpu.bench.ts), printed as one
+# JSON object on stdout. Each part runs under its own time limit, within GPU_CHECK_SECONDS (330)
 # for the whole, most important first; a part that does not fit says so in the summary.
 #
 # The machine has CUDA torch and transformers but no network, no Node and no pyzmq: run bench/gpu-prepare.sh here
 # first, and carry .gpu-carry with the working tree. `--cpu` runs every part on this CPU with the tiny-demo model
-# (the dry run that proves the script and what it carries work).
+# (the dry run that proves the script and what it carries work); there the 2-rank step runs with gloo on 2 CPU
+# processes, and GPU_CHECK_GPUS=1 takes the path of a one-GPU machine.
 #
 #   bash bench/gpu-check.sh [--cpu]
 set -uo pipefail
@@ -56,9 +58,31 @@ part() {
   echo $(($(date +%s) - t0)) >"$work/$name.seconds"
 }
 
+# shard_step GPUS: the 2-rank FSDP step (issue: models larger than one GPU) where there are 2 ranks to run it on; on
+# one GPU it only says so (no torch import: ~0 s)
+shard_step() {
+  local gpus=$1
+  if [ "$mode" = cpu ] && [ -z "${GPU_CHECK_GPUS:-}" ]; then
+    part shard_2_ranks 90 "$py" bench/shard_step_check.py --device cpu --template tiny-demo
+  elif [ "$gpus" -ge 2 ]; then
+    part shard_2_ranks 90 "$py" bench/shard_step_check.py --device "$mode" --template llama2-20m
+  else
+    echo "$gpus GPU: the 2-rank NCCL step needs 2; not run" >"$work/shard_2_ranks.skipped"
+  fi
+}
+if [ -n "${GPU_CHECK_GPUS:-}" ]; then
+  gpus=$GPU_CHECK_GPUS
+elif [ "$mode" = cuda ]; then
+  gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
+  [ "$gpus" -ge 1 ] 2>/dev/null || gpus=$("$py" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
+else
+  gpus=0
+fi
+
 bench_env=(env BENCH_GPU_PARTS=train BENCH_GPU_REPEATS=1)
 if [ "$mode" = cuda ]; then
   part pytest 150 "$py" -m pytest -q -p no:cacheprovider -rs --junitxml="$work/pytest.xml" python/tests
+  shard_step "$gpus"
   distro=("$py" bench/gpu_distro.py --device cuda --seq-len 1024 --peers 1,4,16,64 --warmup 2 --repeats 5)
   part distro_llama2-20m 60 "${distro[@]}" --model-config templates/llama2-20m/model/config.json --batch 32 --micro-batch 16
   part distro_llama-1b 120 "${distro[@]}" --model-config templates/llama-1b/model/config.json --batch 8 --micro-batch 4
@@ -66,16 +90,17 @@ if [ "$mode" = cuda ]; then
   part train_llama-1b 150 "${bench_env[@]}" BENCH_GPU_MODELS=llama-1b "$work/node" "$carry/bundle/x/gpu.bench.mjs" --json
 else
   part pytest 150 "$py" -m pytest -q -p no:cacheprovider -rs --junitxml="$work/pytest.xml" python/tests/test_distro_wire.py
+  shard_step "$gpus"
   part distro_tiny-demo 120 "$py" bench/gpu_distro.py --model-config templates/tiny-demo/model/config.json --device cpu --seq-len 32 --batch 4 --micro-batch 4 --peers 1,4,16,64 --warmup 1 --repeats 2 --threads 2
   part train_tiny-demo 240 "${bench_env[@]}" BENCH_GPU_STEPS=6 "$work/node" "$carry/bundle/x/gpu.bench.mjs" --device cpu --tiny --json
 fi
 
-"$py" - "$work" "$mode" "$budget" "$(($(date +%s) - start))" <<'EOF'
+"$py" - "$work" "$mode" "$budget" "$(($(date +%s) - start))" "$gpus" <<'EOF'
 import json, sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-work, mode, budget, seconds = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+work, mode, budget, seconds, gpus = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 
 
 def last_json(text):
@@ -87,7 +112,7 @@ def last_json(text):
     return None
 
 
-summary = {"mode": mode, "budget_seconds": budget, "seconds": seconds, "parts": {}}
+summary = {"mode": mode, "gpus": gpus, "budget_seconds": budget, "seconds": seconds, "parts": {}}
 names = sorted({p.name.split(".")[0] for p in work.iterdir() if p.suffix in (".rc", ".skipped")})
 for name in names:
     if (work / f"{name}.skipped").exists():
