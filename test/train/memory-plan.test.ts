@@ -73,19 +73,23 @@ describe('psyche plan: the memory per rank of a sharded client', () => {
     assert.throws(() => memoryPlan({...small, model_type: 'qwen3_moe'}, {shards: 1, microBatch: 1, seqLen: 8}), /model_type "qwen3_moe": psyche plan knows llama and deepseek_v3/)
   })
 
-  it('psyche plan --json prints the plan; a missing config is named', async () => {
-    const r = await runCli(['plan', '--model', join(projectRoot, 'templates', 'llama-8b', 'model'), '--devices', '4', '--json'])
+  it('psyche plan --json prints the plan, --config takes a run config; a missing config is named', async () => {
+    // a run config gives the optimizer, its chunk and top-k, the sequence length and the model directory
+    const run = join(projectRoot, 'templates', 'deepseek-v3-small', 'state.toml')
+    // three CLI processes at once (each start is most of its time)
+    const [r, sparse, bad] = await Promise.all([
+      runCli(['plan', '--model', join(projectRoot, 'templates', 'llama-8b', 'model'), '--devices', '4', '--json']),
+      runCli(['plan', '--config', run, '--optimizer', 'sparseloco', '--devices', '4']),
+      runCli(['plan', '--model', '/nonexistent', '--json']),
+    ])
     assert.equal(r.exitCode, 0, r.stderr)
     const out = JSON.parse(r.stdout)
     assert.equal(out.parameters, 8_030_261_248)
     assert.equal(out.fits, true)
-    // a run config gives the optimizer, its chunk and top-k, the sequence length and the model directory
-    const run = join(projectRoot, 'templates', 'deepseek-v3-small', 'state.toml')
-    const sparse = await runCli(['plan', '--config', run, '--optimizer', 'sparseloco', '--devices', '4'])
     assert.equal(sparse.exitCode, 0, sparse.stderr)
     assert.match(sparse.stdout, /^7,017,530,368 parameters \(deepseek_v3\) in 4 shard\(s\); micro-batch 1 × 2048 tokens/)
     assert.match(sparse.stdout, /SparseLoCo state [\d.]+ GiB \(error feedback [\d.]+ GiB, inner adamw moments [\d.]+ GiB, committed [\d.]+ GiB, round start [\d.]+ GiB\)/)
-    const bad = await runCli(['plan', '--model', '/nonexistent', '--json'])
+    assert.match(sparse.stdout, /total ~[\d.]+ GiB of 80 GiB: fits/)
     assert.notEqual(bad.exitCode, 0)
     assert.match(bad.stdout + bad.stderr, /nonexistent\/config.json/)
   })
