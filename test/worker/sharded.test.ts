@@ -18,14 +18,21 @@ import {projectRoot, workerPython} from '../../src/core/worker/python.js'
  * error feedback and inner AdamW moments).
  * A checkpoint the sharded client saves (several safetensors files and an index) loads in transformers and in an
  * unsharded worker with the same parameter hash (python/tests/test_saved_model.py loads one into a sharded worker).
+ *
+ * `PSYCHE_TEST_SHARD_RANKS=4 node scripts/test.mjs test/worker/sharded.test.ts` runs the same against a client
+ * sharded 4 ways, with 5 SparseLoCo rounds (outside the suites for their time: bench/README.md, "Memory per rank of
+ * a sharded client"). The batch has 2 rows a rank, so that each rank's rows are one micro-batch (DisTrO) and each
+ * inner step's (SparseLoCo).
  */
 const config = JSON.parse(readFileSync(join(projectRoot, 'templates', 'llama2-20m', 'model', 'config.json'), 'utf8')) as Record<string, unknown>
 const distro = {Distro: {clip_grad_norm: 1.0, compression_decay: 0.999, compression_chunk: 64, compression_topk: 8, quantize_1bit: true, weight_decay: 0.01}}
-const ROWS = 4
+const RANKS = Number(process.env.PSYCHE_TEST_SHARD_RANKS ?? 2)
+if (!Number.isInteger(RANKS) || RANKS < 2) throw new Error(`PSYCHE_TEST_SHARD_RANKS=${process.env.PSYCHE_TEST_SHARD_RANKS}: expected a whole number ≥ 2`)
+const ROWS = 2 * RANKS
 const SEQ = 33
 const ROUNDS = 5
 const sparseloco = {SparseLoCo: {inner_steps: 2, chunk: 64, topk: 32, outer_lr: 0.7}}
-const SPARSELOCO_ROUNDS = 3
+const SPARSELOCO_ROUNDS = RANKS === 2 ? 3 : 5
 const schedule = {Constant: {base_lr: 4e-4, warmup_steps: 0, warmup_init_lr: 0}}
 
 function batch(seed: number): Uint32Array {
@@ -51,13 +58,13 @@ async function client(shard: number) {
   workers.push(w)
   const hello = (await w.client.call<{shards: number}>('hello')).reply
   await w.initFromConfig(config, 11)
-  await w.configure({optimizer: distro, lr_schedule: schedule, micro_batch: ROWS / 2, delay_correction: true})
+  await w.configure({optimizer: distro, lr_schedule: schedule, micro_batch: ROWS / RANKS, delay_correction: true})
   return {w, shards: hello.shards}
 }
 
 /** The unsharded and the 2-way sharded client, started once for both optimizers. */
 let started: Promise<[Awaited<ReturnType<typeof client>>, Awaited<ReturnType<typeof client>>]> | undefined
-const clients = () => (started ??= Promise.all([client(1), client(2)]))
+const clients = () => (started ??= Promise.all([client(1), client(RANKS)]))
 
 async function rounds(w: ModelWorker, count = ROUNDS) {
   const losses: number[] = []
@@ -84,11 +91,11 @@ async function rounds(w: ModelWorker, count = ROUNDS) {
   return {losses, results, hashes, scores: {before: scores.before, after: scores.after}, evaluation: {loss: evaluation.loss, tokens: evaluation.tokens}}
 }
 
-describe('a client sharded 2 ways (FSDP2 on 2 gloo ranks), llama2-20m', () => {
+describe(`a client sharded ${RANKS} ways (FSDP2 on ${RANKS} gloo ranks), llama2-20m`, () => {
   it("produces the unsharded client's results and parameters, bit for bit, for 5 DisTrO rounds; its checkpoint loads", async () => {
     const [one, two] = await clients()
     assert.equal(one.shards, 1)
-    assert.equal(two.shards, 2)
+    assert.equal(two.shards, RANKS)
     const a = await rounds(one.w)
     const b = await rounds(two.w)
     for (let i = 0; i < ROUNDS; i++) assert.ok(b.results[i].equals(a.results[i]), `round ${i + 1}: results differ`)
@@ -136,10 +143,10 @@ describe('a client sharded 2 ways (FSDP2 on 2 gloo ranks), llama2-20m', () => {
   })
 })
 
-describe('a client sharded 2 ways, SparseLoCo, llama2-20m', () => {
-  it("produces the unsharded client's results and parameters, bit for bit, for 3 rounds of 2 inner steps", async () => {
+describe(`a client sharded ${RANKS} ways, SparseLoCo, llama2-20m`, () => {
+  it(`produces the unsharded client's results and parameters, bit for bit, for ${SPARSELOCO_ROUNDS} rounds of 2 inner steps`, async () => {
     const [one, two] = await clients()
-    // each inner step's 2 rows: one micro-batch a rank on the sharded client, two on the unsharded one
+    // each inner step's rows: one micro-batch a rank on the sharded client, one a row on the unsharded one
     const setup = {optimizer: sparseloco, lr_schedule: schedule, micro_batch: 1, delay_correction: true}
     for (const c of [one, two]) {
       await c.w.initFromConfig(config, 12)
@@ -163,7 +170,7 @@ describe('--shard', () => {
   it("becomes the worker's rank count, and conflicting flags are refused by name", () => {
     assert.deepEqual(devicePlan({device: 'cpu', shard: 2}), {device: 'cpu', dataParallel: 1, shard: 2})
     assert.deepEqual(devicePlan({devices: 'cuda:0,cuda:1', shard: 2}), {device: 'cuda:0,cuda:1', dataParallel: 1, shard: 2})
-    assert.throws(() => devicePlan({device: 'cpu', shard: 2, dataParallel: 2}), /--shard 2 and --data-parallel 2/)
+    assert.throws(() => devicePlan({device: 'cpu', shard: 2, dataParallel: 2}), /--shard 2 and --data-parallel 2: give one or the other \(sharded replicas, HSDP,/)
     assert.throws(() => devicePlan({devices: 'cuda:0,cuda:1,cuda:2', shard: 2}), /--shard is 2/)
   })
 })
