@@ -76,7 +76,7 @@ export default class Plan extends PsycheCommand {
       deviceBytes: flags['device-memory'] * GIB,
     })
     if (!this.jsonEnabled()) {
-      const gib = (n: number) => `${(n / GIB).toFixed(2)} GiB`
+      const gib = (n: number) => (n >= GIB || n === 0 ? `${(n / GIB).toFixed(2)} GiB` : `${(n / 2 ** 20).toFixed(1)} MiB`)
       const r = plan.per_rank
       const parts = Object.entries(r.optimizer_state_parts)
         .map(([name, bytes]) => `${name.replaceAll('_', ' ')} ${gib(bytes)}`)
