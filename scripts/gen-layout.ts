@@ -50,7 +50,7 @@ export function layoutHeader(): string {
     `__attribute__((unused)) static const u8 BLOOM_HASHES[MAX_CLIENTS] = {${params.map((p) => p.hashes).join(', ')}};`,
   )
   const checkpointers = 1 + 32 * CONSTANTS.MAX_CHECKPOINTERS[0]
-  const update = 1 + structLayout('Config').size + checkpointers + 1 + 8 + 8 + 1 + 3 + CONSTANTS.REPO_MAX[0] + CONSTANTS.REVISION_MAX[0] + 2 + CONSTANTS.MODEL_JSON_MAX[0]
+  const update = 1 + structLayout('Config').size + checkpointers + 1 + 8 + 8 + 8 + 1 + 3 + CONSTANTS.REPO_MAX[0] + CONSTANTS.REVISION_MAX[0] + 2 + CONSTANTS.MODEL_JSON_MAX[0]
   if (update !== CONSTANTS.UPDATE_MAX[0])
     throw new Error(`UPDATE_MAX = ${CONSTANTS.UPDATE_MAX[0]} must be the longest update's data, ${update} bytes: change it in the layout table`)
   out.push('', '/* ---- account structs (little-endian) ---- */')

@@ -49,6 +49,12 @@ static u64 global_batch_size(const State *s, u64 tokens) {
   return c->global_batch_size_start + ((c->global_batch_size_end - c->global_batch_size_start) * tokens * 2 + w) / (2 * w);
 }
 
+/* The batches of a round starting at batch data_index: the global batch size times the optimizer's inner steps per
+ * round (SparseLoCo's H, 1 for every other optimizer), as the reference's roundBatchSize. */
+static u64 round_batch_size(const State *s, u64 data_index) {
+  return global_batch_size(s, data_index * s->max_seq_len) * s->inner_steps;
+}
+
 static void sub_seed(const u8 *seed, const char *label, u8 *out) {
   u64 n = 0;
   while (label[n]) n++;
@@ -603,7 +609,7 @@ static void start_round_train(State *s, u64 now) {
   r->step = s->progress_step;
   r->height = height;
   r->data_index = data_index;
-  r->batch_size = global_batch_size(s, data_index * s->max_seq_len);
+  r->batch_size = round_batch_size(s, data_index);
   copy(r->seed, s->seed, 32);
   r->started_at = now;
   r->roster_len = s->clients_len;
@@ -1128,14 +1134,17 @@ static u64 on_checkpoint(State *s, const u8 *key, const u8 *data, u64 len) {
 #define LIMIT_BATCH 65535
 #define LIMIT_STEPS 0xffffffffull
 #define LIMIT_SEQ_LEN (1 << 20)
+/* SPARSELOCO_LIMITS.innerSteps: SparseLoCo's inner steps per round (every other optimizer has 1) */
+#define LIMIT_INNER_STEPS 10000
 
-static u64 validate_config(const Config *c, u64 max_seq_len, u64 cold_start) {
+static u64 validate_config(const Config *c, u64 max_seq_len, u64 cold_start, u64 inner_steps) {
   if (c->warmup_time > LIMIT_SECONDS || c->cooldown_time > LIMIT_SECONDS || c->epoch_time > LIMIT_SECONDS || c->max_round_train_time > LIMIT_SECONDS ||
       c->round_witness_time > LIMIT_SECONDS || c->waiting_for_members_extra_time > LIMIT_SECONDS)
     return fail(E_INVALID_CONFIG, "every duration must be at most a week (604800 s)");
   if (c->global_batch_size_start > LIMIT_BATCH || c->global_batch_size_end > LIMIT_BATCH) return fail(E_INVALID_CONFIG, "global batch sizes must be at most 65535");
   if (c->total_steps > LIMIT_STEPS || c->rounds_per_epoch > LIMIT_STEPS || cold_start > LIMIT_STEPS) return fail(E_INVALID_CONFIG, "step counts must be at most 2^32 - 1");
   if (max_seq_len > LIMIT_SEQ_LEN) return fail(E_INVALID_CONFIG, "max_seq_len must be at most 2^20");
+  if (inner_steps < 1 || inner_steps > LIMIT_INNER_STEPS) return fail(E_INVALID_CONFIG, "inner_steps (model.LLM.optimizer.SparseLoCo) must be 1 to 10000");
   if (c->cooldown_time < 1 || c->epoch_time < 1 || c->max_round_train_time < 1 || c->round_witness_time < 1)
     return fail(E_INVALID_CONFIG, "cooldown_time, epoch_time, max_round_train_time and round_witness_time must be >= 1");
   if (c->min_clients < 1 || c->init_min_clients < c->min_clients) return fail(E_INVALID_CONFIG, "need 1 <= min_clients <= init_min_clients");
@@ -1159,8 +1168,9 @@ static u64 validate_config(const Config *c, u64 max_seq_len, u64 cold_start) {
 
 /*
  * update data: has_config u8, Config (128 bytes), checkpointers count u8 and as many public keys (config.checkpointers,
- * with the config; 0: none), has_model u8, then if has_model: max_seq_len u64, cold_start_warmup_steps u64, checkpoint
- * kind u8, repo (read_repo), model JSON length u16, JSON.
+ * with the config; 0: none), has_model u8, then if has_model: max_seq_len u64, cold_start_warmup_steps u64, inner_steps
+ * u64 (SparseLoCo's, 1 for every other optimizer; not in the JSON), checkpoint kind u8, repo (read_repo), model JSON
+ * length u16, JSON.
  */
 static u64 on_update(State *s, const u8 *data, u64 len) {
   if (s->run_state != PAUSED && s->run_state != UNINITIALIZED)
@@ -1180,27 +1190,28 @@ static u64 on_update(State *s, const u8 *data, u64 len) {
       if (equal(keys + 32 * i, keys + 32 * j, 32)) return fail(E_INVALID_CONFIG, "config.checkpointers names a client twice");
   const u8 *m = keys + 32 * checkpointers;
   u64 rest = len - 2 - sizeof(Config) - 32 * checkpointers;
-  u64 max_seq_len = s->max_seq_len, cold_start = s->cold_start_warmup_steps;
+  u64 max_seq_len = s->max_seq_len, cold_start = s->cold_start_warmup_steps, inner_steps = s->inner_steps;
   Checkpoint checkpoint;
   copy(&checkpoint, &s->checkpoint, sizeof(Checkpoint));
   u64 json_len = 0;
   const u8 *json = NULL;
   if (m[0]) {
-    if (rest < 1 + 17 + 3 + 2) return fail(E_INVALID_INSTRUCTION, "update: model too short");
+    if (rest < 1 + 25 + 3 + 2) return fail(E_INVALID_INSTRUCTION, "update: model too short");
     max_seq_len = read_u64(m + 1);
     cold_start = read_u64(m + 9);
-    u8 kind = m[17];
+    inner_steps = read_u64(m + 17);
+    u8 kind = m[25];
     if (kind != CK_DUMMY && kind != CK_HUB && kind != CK_P2P)
       return fail(E_INVALID_CONFIG, "model.LLM.checkpoint must be Hub, P2P or Dummy on Solana (Ephemeral cannot start a run)");
-    u64 repo_bytes = 3 + m[18] + m[18 + 2 + m[18]];
-    if (18 + repo_bytes + 2 > rest) return fail(E_INVALID_INSTRUCTION, "update: model too short");
-    u64 e = read_repo(&checkpoint, m + 18, repo_bytes);
+    u64 repo_bytes = 3 + m[26] + m[26 + 2 + m[26]];
+    if (26 + repo_bytes + 2 > rest) return fail(E_INVALID_INSTRUCTION, "update: model too short");
+    u64 e = read_repo(&checkpoint, m + 26, repo_bytes);
     if (e) return e;
     checkpoint.kind = kind;
-    json_len = (u64)m[18 + repo_bytes] | ((u64)m[19 + repo_bytes] << 8);
-    json = m + 20 + repo_bytes;
+    json_len = (u64)m[26 + repo_bytes] | ((u64)m[27 + repo_bytes] << 8);
+    json = m + 28 + repo_bytes;
     if (json_len > MODEL_JSON_MAX) return fail(E_CAPACITY_EXCEEDED, "model JSON exceeds MODEL_JSON_MAX = 4096 bytes");
-    if (20 + repo_bytes + json_len != rest) return fail(E_INVALID_INSTRUCTION, "update: model JSON length mismatch");
+    if (28 + repo_bytes + json_len != rest) return fail(E_INVALID_INSTRUCTION, "update: model JSON length mismatch");
   } else if (rest != 1) return fail(E_INVALID_INSTRUCTION, "update: trailing bytes");
   else if (!s->has_config) return fail(E_INVALID_CONFIG, "the first update must set the model");
   /* readHubRepo, on the checkpoint the run will have (the new one, or the one it has: the reference validates the
@@ -1208,7 +1219,7 @@ static u64 on_update(State *s, const u8 *data, u64 len) {
    * run's epoch end turns it into P2P) */
   if (checkpoint.has_revision && !checkpoint.revision_len) return fail(E_INVALID_CONFIG, "model.LLM.checkpoint: the revision must not be empty");
   if (checkpoint.kind != CK_DUMMY && !checkpoint.repo_len) return fail(E_INVALID_CONFIG, "model.LLM.checkpoint: repo_id must not be empty");
-  u64 e = validate_config(&config, max_seq_len, cold_start);
+  u64 e = validate_config(&config, max_seq_len, cold_start, inner_steps);
   if (e) return e;
   copy(&s->config, &config, sizeof(Config));
   if (data[0]) {
@@ -1219,6 +1230,7 @@ static u64 on_update(State *s, const u8 *data, u64 len) {
   s->has_config = 1;
   s->max_seq_len = max_seq_len;
   s->cold_start_warmup_steps = cold_start;
+  s->inner_steps = inner_steps;
   copy(&s->checkpoint, &checkpoint, sizeof(Checkpoint));
   if (json) {
     s->model_json_len = json_len;

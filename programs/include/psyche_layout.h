@@ -28,11 +28,11 @@
 #define SCORE_ONE 1000000 /* a verifier's score of 1 in the ledger's fixed point (parts per million: scores are in [-SCORE_ONE, SCORE_ONE]) */
 #define FULL_WEIGHT_SCORE 200000 /* the score (fixed point) at which points earn full weight (rewards.ts FULL_WEIGHT_SCORE) */
 #define REPORT_SCORES_MAX 64 /* score entries in one report_scores (8 + 6 × 64 bytes of data: one transaction holds them) */
-#define UPDATE_MAX 4665 /* bytes of an update's data: flags, Config, MAX_CHECKPOINTERS keys, the model with MODEL_JSON_MAX of JSON (what an update buffer holds) */
+#define UPDATE_MAX 4673 /* bytes of an update's data: flags, Config, MAX_CHECKPOINTERS keys, the model with MODEL_JSON_MAX of JSON (what an update buffer holds) */
 
 /* ---- magic numbers ---- */
 #define MAGIC 0x44524f4f43595350ull /* "PSYCOORD": a coordinator account */
-#define LAYOUT_VERSION 8ull /* 8: max_trainers_per_round in Config; 7: the run's current model (step and agreed parameter hash, recorded at every epoch's end); 6: verifiers' scores in the ledger (report_scores; Points.weight derived from them), claims move to the treasurer program (no claimed points, no treasury mint here); 5: the rewards ledger (points per client), rates; 4: checkpointers, Cooldown hash witnesses, the checkpoint hash (3: 256 clients, precomputed bloom probes; 2: times in unix milliseconds) */
+#define LAYOUT_VERSION 9ull /* 9: inner_steps (SparseLoCo's H) beside max_seq_len; 8: max_trainers_per_round in Config; 7: the run's current model (step and agreed parameter hash, recorded at every epoch's end); 6: verifiers' scores in the ledger (report_scores; Points.weight derived from them), claims move to the treasurer program (no claimed points, no treasury mint here); 5: the rewards ledger (points per client), rates; 4: checkpointers, Cooldown hash witnesses, the checkpoint hash (3: 256 clients, precomputed bloom probes; 2: times in unix milliseconds) */
 #define PEER_MAGIC 0x5245455043595350ull /* "PSYCPEER": a peer record */
 #define METADATA_MAGIC 0x4154454d43595350ull /* "PSYCMETA": a run metadata record */
 #define AUTH_MAGIC 0x4854554148595350ull /* "PSYHAUTH": an authorization */
@@ -248,55 +248,56 @@ typedef struct {
   Config config; /* @184 */
   u64 max_seq_len; /* @312 */
   u64 cold_start_warmup_steps; /* @320 */
-  Checkpoint checkpoint; /* @328 */
-  Checkpoint checkpoint_fallback; /* @496 */
-  u8 seed[32]; /* @664 */
-  u64 progress_epoch; /* @696 */
-  u64 progress_step; /* @704 */
-  u64 epoch_start_data_index; /* @712 */
-  u64 epoch_start_time; /* @720 */
-  u64 epoch_start_step; /* @728 */
-  u64 first_round; /* @736 */
-  u64 checkpointed; /* @744 */
-  u64 cold_start; /* @752 */
-  u64 clients_len; /* @760 */
-  u64 exited_len; /* @768 */
-  u64 warmup_len; /* @776 */
-  u64 pending_len; /* @784 */
-  u64 has_round; /* @792 */
-  u64 has_previous_round; /* @800 */
-  u64 pending_pause; /* @808 */
-  ClientRec clients[MAX_CLIENTS]; /* @816 */
-  ClientRec exited[MAX_CLIENTS]; /* @17200 */
-  u8 warmup_witnesses[MAX_CLIENTS][32]; /* @33584 */
-  u8 pending[MAX_CLIENTS][32]; /* @41776 */
-  u64 pending_probe[MAX_CLIENTS]; /* @49968: each joiner's bloom probe (ClientRec.probe) */
-  u64 pending_client[MAX_CLIENTS]; /* @52016: 1 + where the joiner was in clients when it was queued, 0 if it was not there */
-  Round round; /* @54064 */
-  Round previous_round; /* @113096 */
-  u64 model_json_len; /* @172128 */
-  u8 model_json[MODEL_JSON_MAX]; /* @172136: the rest of model.LLM as JSON */
-  u64 checkpointers_len; /* @176232: config.checkpointers (0: not set, any epoch member may checkpoint) */
-  u8 checkpointers[MAX_CHECKPOINTERS][32]; /* @176240 */
-  u64 hash_witness_len; /* @176496 */
-  HashWitness hash_witnesses[MAX_WITNESSES]; /* @176504: Cooldown: parameter hashes attested by the epoch last round witnesses */
-  u64 has_checkpoint_hash; /* @178552 */
-  u64 checkpoint_hash_step; /* @178560: the step of the model the recorded checkpoint holds */
-  u8 checkpoint_hash[32]; /* @178568: the parameter hash the witnesses agreed on, recorded with the checkpoint */
-  Checkpoint checkpoint_hash_repo; /* @178600: the Hub repository the hash was recorded with (kind Hub) */
-  u64 pending_ledger[MAX_CLIENTS]; /* @178768: each joiner's ClientRec.ledger */
-  u64 points_per_batch; /* @180816: points per accepted batch at full weight (POINTS_PER_BATCH; set_rates) */
-  u64 token_rate; /* @180824: token base units the treasurer program's claim pays per point (0: nothing to claim; set_rates) */
-  u64 next_points_per_batch; /* @180832: set_rates: the rates the next epoch starts with (when has_next_rates) */
-  u64 next_token_rate; /* @180840 */
-  u64 has_next_rates; /* @180848 */
-  u64 ledger_len; /* @180856 */
-  Points ledger[LEDGER_MAX]; /* @180864: the rewards ledger (rewards.ts): per client key, accepted results and points */
-  u64 has_current_model; /* @254592: 0: no epoch has recorded the run's model yet (its starting checkpoint is its model) */
-  u64 current_model_step; /* @254600: the run's current model: the step of the last epoch's last round (recorded at every epoch's end) */
-  u64 has_current_model_hash; /* @254608: 0: no witness quorum agreed on its parameter hash */
-  u8 current_model_hash[32]; /* @254616: the parameter hash its witnesses agreed on: every model a client loads is checked against it */
-} State; /* 254648 bytes */
+  u64 inner_steps; /* @328: model.LLM.optimizer's inner steps per round (SparseLoCo's H; 1 for every other optimizer): a round's batch is this many global batches */
+  Checkpoint checkpoint; /* @336 */
+  Checkpoint checkpoint_fallback; /* @504 */
+  u8 seed[32]; /* @672 */
+  u64 progress_epoch; /* @704 */
+  u64 progress_step; /* @712 */
+  u64 epoch_start_data_index; /* @720 */
+  u64 epoch_start_time; /* @728 */
+  u64 epoch_start_step; /* @736 */
+  u64 first_round; /* @744 */
+  u64 checkpointed; /* @752 */
+  u64 cold_start; /* @760 */
+  u64 clients_len; /* @768 */
+  u64 exited_len; /* @776 */
+  u64 warmup_len; /* @784 */
+  u64 pending_len; /* @792 */
+  u64 has_round; /* @800 */
+  u64 has_previous_round; /* @808 */
+  u64 pending_pause; /* @816 */
+  ClientRec clients[MAX_CLIENTS]; /* @824 */
+  ClientRec exited[MAX_CLIENTS]; /* @17208 */
+  u8 warmup_witnesses[MAX_CLIENTS][32]; /* @33592 */
+  u8 pending[MAX_CLIENTS][32]; /* @41784 */
+  u64 pending_probe[MAX_CLIENTS]; /* @49976: each joiner's bloom probe (ClientRec.probe) */
+  u64 pending_client[MAX_CLIENTS]; /* @52024: 1 + where the joiner was in clients when it was queued, 0 if it was not there */
+  Round round; /* @54072 */
+  Round previous_round; /* @113104 */
+  u64 model_json_len; /* @172136 */
+  u8 model_json[MODEL_JSON_MAX]; /* @172144: the rest of model.LLM as JSON */
+  u64 checkpointers_len; /* @176240: config.checkpointers (0: not set, any epoch member may checkpoint) */
+  u8 checkpointers[MAX_CHECKPOINTERS][32]; /* @176248 */
+  u64 hash_witness_len; /* @176504 */
+  HashWitness hash_witnesses[MAX_WITNESSES]; /* @176512: Cooldown: parameter hashes attested by the epoch last round witnesses */
+  u64 has_checkpoint_hash; /* @178560 */
+  u64 checkpoint_hash_step; /* @178568: the step of the model the recorded checkpoint holds */
+  u8 checkpoint_hash[32]; /* @178576: the parameter hash the witnesses agreed on, recorded with the checkpoint */
+  Checkpoint checkpoint_hash_repo; /* @178608: the Hub repository the hash was recorded with (kind Hub) */
+  u64 pending_ledger[MAX_CLIENTS]; /* @178776: each joiner's ClientRec.ledger */
+  u64 points_per_batch; /* @180824: points per accepted batch at full weight (POINTS_PER_BATCH; set_rates) */
+  u64 token_rate; /* @180832: token base units the treasurer program's claim pays per point (0: nothing to claim; set_rates) */
+  u64 next_points_per_batch; /* @180840: set_rates: the rates the next epoch starts with (when has_next_rates) */
+  u64 next_token_rate; /* @180848 */
+  u64 has_next_rates; /* @180856 */
+  u64 ledger_len; /* @180864 */
+  Points ledger[LEDGER_MAX]; /* @180872: the rewards ledger (rewards.ts): per client key, accepted results and points */
+  u64 has_current_model; /* @254600: 0: no epoch has recorded the run's model yet (its starting checkpoint is its model) */
+  u64 current_model_step; /* @254608: the run's current model: the step of the last epoch's last round (recorded at every epoch's end) */
+  u64 has_current_model_hash; /* @254616: 0: no witness quorum agreed on its parameter hash */
+  u8 current_model_hash[32]; /* @254624: the parameter hash its witnesses agreed on: every model a client loads is checked against it */
+} State; /* 254656 bytes */
 _Static_assert(__builtin_offsetof(State, magic) == 0, "layout: State.magic");
 _Static_assert(__builtin_offsetof(State, version) == 8, "layout: State.version");
 _Static_assert(__builtin_offsetof(State, run_id) == 16, "layout: State.run_id");
@@ -311,55 +312,56 @@ _Static_assert(__builtin_offsetof(State, has_config) == 176, "layout: State.has_
 _Static_assert(__builtin_offsetof(State, config) == 184, "layout: State.config");
 _Static_assert(__builtin_offsetof(State, max_seq_len) == 312, "layout: State.max_seq_len");
 _Static_assert(__builtin_offsetof(State, cold_start_warmup_steps) == 320, "layout: State.cold_start_warmup_steps");
-_Static_assert(__builtin_offsetof(State, checkpoint) == 328, "layout: State.checkpoint");
-_Static_assert(__builtin_offsetof(State, checkpoint_fallback) == 496, "layout: State.checkpoint_fallback");
-_Static_assert(__builtin_offsetof(State, seed) == 664, "layout: State.seed");
-_Static_assert(__builtin_offsetof(State, progress_epoch) == 696, "layout: State.progress_epoch");
-_Static_assert(__builtin_offsetof(State, progress_step) == 704, "layout: State.progress_step");
-_Static_assert(__builtin_offsetof(State, epoch_start_data_index) == 712, "layout: State.epoch_start_data_index");
-_Static_assert(__builtin_offsetof(State, epoch_start_time) == 720, "layout: State.epoch_start_time");
-_Static_assert(__builtin_offsetof(State, epoch_start_step) == 728, "layout: State.epoch_start_step");
-_Static_assert(__builtin_offsetof(State, first_round) == 736, "layout: State.first_round");
-_Static_assert(__builtin_offsetof(State, checkpointed) == 744, "layout: State.checkpointed");
-_Static_assert(__builtin_offsetof(State, cold_start) == 752, "layout: State.cold_start");
-_Static_assert(__builtin_offsetof(State, clients_len) == 760, "layout: State.clients_len");
-_Static_assert(__builtin_offsetof(State, exited_len) == 768, "layout: State.exited_len");
-_Static_assert(__builtin_offsetof(State, warmup_len) == 776, "layout: State.warmup_len");
-_Static_assert(__builtin_offsetof(State, pending_len) == 784, "layout: State.pending_len");
-_Static_assert(__builtin_offsetof(State, has_round) == 792, "layout: State.has_round");
-_Static_assert(__builtin_offsetof(State, has_previous_round) == 800, "layout: State.has_previous_round");
-_Static_assert(__builtin_offsetof(State, pending_pause) == 808, "layout: State.pending_pause");
-_Static_assert(__builtin_offsetof(State, clients) == 816, "layout: State.clients");
-_Static_assert(__builtin_offsetof(State, exited) == 17200, "layout: State.exited");
-_Static_assert(__builtin_offsetof(State, warmup_witnesses) == 33584, "layout: State.warmup_witnesses");
-_Static_assert(__builtin_offsetof(State, pending) == 41776, "layout: State.pending");
-_Static_assert(__builtin_offsetof(State, pending_probe) == 49968, "layout: State.pending_probe");
-_Static_assert(__builtin_offsetof(State, pending_client) == 52016, "layout: State.pending_client");
-_Static_assert(__builtin_offsetof(State, round) == 54064, "layout: State.round");
-_Static_assert(__builtin_offsetof(State, previous_round) == 113096, "layout: State.previous_round");
-_Static_assert(__builtin_offsetof(State, model_json_len) == 172128, "layout: State.model_json_len");
-_Static_assert(__builtin_offsetof(State, model_json) == 172136, "layout: State.model_json");
-_Static_assert(__builtin_offsetof(State, checkpointers_len) == 176232, "layout: State.checkpointers_len");
-_Static_assert(__builtin_offsetof(State, checkpointers) == 176240, "layout: State.checkpointers");
-_Static_assert(__builtin_offsetof(State, hash_witness_len) == 176496, "layout: State.hash_witness_len");
-_Static_assert(__builtin_offsetof(State, hash_witnesses) == 176504, "layout: State.hash_witnesses");
-_Static_assert(__builtin_offsetof(State, has_checkpoint_hash) == 178552, "layout: State.has_checkpoint_hash");
-_Static_assert(__builtin_offsetof(State, checkpoint_hash_step) == 178560, "layout: State.checkpoint_hash_step");
-_Static_assert(__builtin_offsetof(State, checkpoint_hash) == 178568, "layout: State.checkpoint_hash");
-_Static_assert(__builtin_offsetof(State, checkpoint_hash_repo) == 178600, "layout: State.checkpoint_hash_repo");
-_Static_assert(__builtin_offsetof(State, pending_ledger) == 178768, "layout: State.pending_ledger");
-_Static_assert(__builtin_offsetof(State, points_per_batch) == 180816, "layout: State.points_per_batch");
-_Static_assert(__builtin_offsetof(State, token_rate) == 180824, "layout: State.token_rate");
-_Static_assert(__builtin_offsetof(State, next_points_per_batch) == 180832, "layout: State.next_points_per_batch");
-_Static_assert(__builtin_offsetof(State, next_token_rate) == 180840, "layout: State.next_token_rate");
-_Static_assert(__builtin_offsetof(State, has_next_rates) == 180848, "layout: State.has_next_rates");
-_Static_assert(__builtin_offsetof(State, ledger_len) == 180856, "layout: State.ledger_len");
-_Static_assert(__builtin_offsetof(State, ledger) == 180864, "layout: State.ledger");
-_Static_assert(__builtin_offsetof(State, has_current_model) == 254592, "layout: State.has_current_model");
-_Static_assert(__builtin_offsetof(State, current_model_step) == 254600, "layout: State.current_model_step");
-_Static_assert(__builtin_offsetof(State, has_current_model_hash) == 254608, "layout: State.has_current_model_hash");
-_Static_assert(__builtin_offsetof(State, current_model_hash) == 254616, "layout: State.current_model_hash");
-_Static_assert(sizeof(State) == 254648, "layout: sizeof(State)");
+_Static_assert(__builtin_offsetof(State, inner_steps) == 328, "layout: State.inner_steps");
+_Static_assert(__builtin_offsetof(State, checkpoint) == 336, "layout: State.checkpoint");
+_Static_assert(__builtin_offsetof(State, checkpoint_fallback) == 504, "layout: State.checkpoint_fallback");
+_Static_assert(__builtin_offsetof(State, seed) == 672, "layout: State.seed");
+_Static_assert(__builtin_offsetof(State, progress_epoch) == 704, "layout: State.progress_epoch");
+_Static_assert(__builtin_offsetof(State, progress_step) == 712, "layout: State.progress_step");
+_Static_assert(__builtin_offsetof(State, epoch_start_data_index) == 720, "layout: State.epoch_start_data_index");
+_Static_assert(__builtin_offsetof(State, epoch_start_time) == 728, "layout: State.epoch_start_time");
+_Static_assert(__builtin_offsetof(State, epoch_start_step) == 736, "layout: State.epoch_start_step");
+_Static_assert(__builtin_offsetof(State, first_round) == 744, "layout: State.first_round");
+_Static_assert(__builtin_offsetof(State, checkpointed) == 752, "layout: State.checkpointed");
+_Static_assert(__builtin_offsetof(State, cold_start) == 760, "layout: State.cold_start");
+_Static_assert(__builtin_offsetof(State, clients_len) == 768, "layout: State.clients_len");
+_Static_assert(__builtin_offsetof(State, exited_len) == 776, "layout: State.exited_len");
+_Static_assert(__builtin_offsetof(State, warmup_len) == 784, "layout: State.warmup_len");
+_Static_assert(__builtin_offsetof(State, pending_len) == 792, "layout: State.pending_len");
+_Static_assert(__builtin_offsetof(State, has_round) == 800, "layout: State.has_round");
+_Static_assert(__builtin_offsetof(State, has_previous_round) == 808, "layout: State.has_previous_round");
+_Static_assert(__builtin_offsetof(State, pending_pause) == 816, "layout: State.pending_pause");
+_Static_assert(__builtin_offsetof(State, clients) == 824, "layout: State.clients");
+_Static_assert(__builtin_offsetof(State, exited) == 17208, "layout: State.exited");
+_Static_assert(__builtin_offsetof(State, warmup_witnesses) == 33592, "layout: State.warmup_witnesses");
+_Static_assert(__builtin_offsetof(State, pending) == 41784, "layout: State.pending");
+_Static_assert(__builtin_offsetof(State, pending_probe) == 49976, "layout: State.pending_probe");
+_Static_assert(__builtin_offsetof(State, pending_client) == 52024, "layout: State.pending_client");
+_Static_assert(__builtin_offsetof(State, round) == 54072, "layout: State.round");
+_Static_assert(__builtin_offsetof(State, previous_round) == 113104, "layout: State.previous_round");
+_Static_assert(__builtin_offsetof(State, model_json_len) == 172136, "layout: State.model_json_len");
+_Static_assert(__builtin_offsetof(State, model_json) == 172144, "layout: State.model_json");
+_Static_assert(__builtin_offsetof(State, checkpointers_len) == 176240, "layout: State.checkpointers_len");
+_Static_assert(__builtin_offsetof(State, checkpointers) == 176248, "layout: State.checkpointers");
+_Static_assert(__builtin_offsetof(State, hash_witness_len) == 176504, "layout: State.hash_witness_len");
+_Static_assert(__builtin_offsetof(State, hash_witnesses) == 176512, "layout: State.hash_witnesses");
+_Static_assert(__builtin_offsetof(State, has_checkpoint_hash) == 178560, "layout: State.has_checkpoint_hash");
+_Static_assert(__builtin_offsetof(State, checkpoint_hash_step) == 178568, "layout: State.checkpoint_hash_step");
+_Static_assert(__builtin_offsetof(State, checkpoint_hash) == 178576, "layout: State.checkpoint_hash");
+_Static_assert(__builtin_offsetof(State, checkpoint_hash_repo) == 178608, "layout: State.checkpoint_hash_repo");
+_Static_assert(__builtin_offsetof(State, pending_ledger) == 178776, "layout: State.pending_ledger");
+_Static_assert(__builtin_offsetof(State, points_per_batch) == 180824, "layout: State.points_per_batch");
+_Static_assert(__builtin_offsetof(State, token_rate) == 180832, "layout: State.token_rate");
+_Static_assert(__builtin_offsetof(State, next_points_per_batch) == 180840, "layout: State.next_points_per_batch");
+_Static_assert(__builtin_offsetof(State, next_token_rate) == 180848, "layout: State.next_token_rate");
+_Static_assert(__builtin_offsetof(State, has_next_rates) == 180856, "layout: State.has_next_rates");
+_Static_assert(__builtin_offsetof(State, ledger_len) == 180864, "layout: State.ledger_len");
+_Static_assert(__builtin_offsetof(State, ledger) == 180872, "layout: State.ledger");
+_Static_assert(__builtin_offsetof(State, has_current_model) == 254600, "layout: State.has_current_model");
+_Static_assert(__builtin_offsetof(State, current_model_step) == 254608, "layout: State.current_model_step");
+_Static_assert(__builtin_offsetof(State, has_current_model_hash) == 254616, "layout: State.has_current_model_hash");
+_Static_assert(__builtin_offsetof(State, current_model_hash) == 254624, "layout: State.current_model_hash");
+_Static_assert(sizeof(State) == 254656, "layout: sizeof(State)");
 
 typedef struct {
   u64 magic; /* @0: PEER_MAGIC */
@@ -398,16 +400,16 @@ typedef struct {
   u64 len; /* @72: the update's length, set by buffer_init */
   u64 written; /* @80: bytes written so far (chunks are appended in order) */
   u8 data[UPDATE_MAX]; /* @88: the update instruction's data after its tag */
-  u8 pad[7]; /* @4753 */
-} UpdateBuffer; /* 4760 bytes */
+  u8 pad[7]; /* @4761 */
+} UpdateBuffer; /* 4768 bytes */
 _Static_assert(__builtin_offsetof(UpdateBuffer, magic) == 0, "layout: UpdateBuffer.magic");
 _Static_assert(__builtin_offsetof(UpdateBuffer, coordinator) == 8, "layout: UpdateBuffer.coordinator");
 _Static_assert(__builtin_offsetof(UpdateBuffer, authority) == 40, "layout: UpdateBuffer.authority");
 _Static_assert(__builtin_offsetof(UpdateBuffer, len) == 72, "layout: UpdateBuffer.len");
 _Static_assert(__builtin_offsetof(UpdateBuffer, written) == 80, "layout: UpdateBuffer.written");
 _Static_assert(__builtin_offsetof(UpdateBuffer, data) == 88, "layout: UpdateBuffer.data");
-_Static_assert(__builtin_offsetof(UpdateBuffer, pad) == 4753, "layout: UpdateBuffer.pad");
-_Static_assert(sizeof(UpdateBuffer) == 4760, "layout: sizeof(UpdateBuffer)");
+_Static_assert(__builtin_offsetof(UpdateBuffer, pad) == 4761, "layout: UpdateBuffer.pad");
+_Static_assert(sizeof(UpdateBuffer) == 4768, "layout: sizeof(UpdateBuffer)");
 
 typedef struct {
   u64 magic; /* @0: AUTH_MAGIC */

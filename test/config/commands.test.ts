@@ -182,7 +182,7 @@ describe('psyche init', () => {
     assert.equal(v.status, 0, v.stderr)
   })
 
-  it('--template tiny-sparseloco: a SparseLoCo run that validates, at the demo run’s tokens in 30× fewer rounds, and not on Solana', async () => {
+  it('--template tiny-sparseloco: a SparseLoCo run that validates, at the demo run’s tokens in 30× fewer rounds, on either backend', async () => {
     const dir = join(tmp, 'run-sparseloco')
     await scaffoldRun({template: 'tiny-sparseloco', dir})
     const v = psyche('server', 'validate-config', '--state', join(dir, 'state.toml'), '--json')
@@ -194,23 +194,30 @@ describe('psyche init', () => {
     const demo = summarizeRunConfig(await loadRunConfigFile('templates/tiny-demo/state.toml'))
     assert.deepEqual([demo.total_steps, demo.inner_steps], [300, 1])
     assert.equal(summary.total_tokens, demo.total_tokens)
-    // the summary says that the Solana program cannot run it (create-run would refuse it), and why
-    assert.deepEqual(
-      summary.solana_unsupported.map((u: {path: string}) => u.path),
-      ['model.LLM.optimizer.SparseLoCo.inner_steps'],
-    )
+    // the Solana program runs it too (its account holds the inner steps)
+    assert.deepEqual(summary.solana_unsupported, [])
     assert.deepEqual(demo.solana_unsupported, [])
     const text = psyche('server', 'validate-config', '--state', join(dir, 'state.toml')).stdout
     assert.match(text, /\n {2}training {3}10 rounds of 30 inner steps, global batch /)
-    assert.match(text, /\n {2}solana {5}not on the Solana program: model\.LLM\.optimizer\.SparseLoCo\.inner_steps: 30 inner steps a round/)
+    assert.doesNotMatch(text, /not on the Solana program/)
   })
 
-  it('--template tiny-sparseloco on Solana: psyche testnet --backend solana refuses it before anything starts, naming the file and the field', async () => {
-    const dir = join(tmp, 'run-sparseloco-solana')
-    await scaffoldRun({template: 'tiny-sparseloco', dir})
-    const field = /model\.LLM\.optimizer\.SparseLoCo\.inner_steps: 30 inner steps a round, but the Solana program gives a round one global batch/
+  it('a verification_sample the Solana program cannot store: validate-config says so, and psyche testnet --backend solana refuses it before anything starts, naming the file and the field', async () => {
+    const dir = join(tmp, 'run-sample-solana')
+    await scaffoldRun({template: 'tiny-demo', dir})
+    const state = join(dir, 'state.toml')
+    const text = readFileSync(state, 'utf8')
+    assert.match(text, /^\[config\]$/m)
+    writeFileSync(state, text.replace(/^\[config\]$/m, '[config]\nverification_sample = 8'))
+    const field = /config\.verification_sample: 8, but the Solana program does not store it/
+    const v = psyche('server', 'validate-config', '--state', state, '--json')
+    assert.equal(v.status, 0, v.stderr)
+    assert.deepEqual(
+      JSON.parse(v.stdout).summary.solana_unsupported.map((u: {path: string}) => u.path),
+      ['config.verification_sample'],
+    )
     await assert.rejects(runTestnet({clients: 2, config: dir, backend: 'solana', rounds: 1}), (e: Error) => {
-      assert.ok(e.message.startsWith(`${join(dir, 'state.toml')}: `), e.message)
+      assert.ok(e.message.startsWith(`${state}: `), e.message)
       assert.match(e.message, field)
       return true
     })

@@ -39,7 +39,9 @@ import {
   encodeTag,
   IX,
 } from '../../src/core/backend/solana/layout.js'
+import {innerSteps, SPARSELOCO_LIMITS, validateRunConfig} from '../../src/core/config/run-config.js'
 import {deployRun, keypair, readRun, testConfig as config, testModel as model, type Deployed} from './harness.js'
+import {sparseLoCo} from './vectors.js'
 
 const T0 = 1_700_000_000
 
@@ -157,6 +159,21 @@ describe('coordinator program: authority checks', () => {
     assert.deepEqual(run.state.config, config)
     assert.deepEqual(run.state.model, model)
     assert.equal(run.has_config, true)
+  })
+
+  it(`SparseLoCo's inner_steps: 1 to ${SPARSELOCO_LIMITS.innerSteps} taken, as the reference takes them; 0 and ${SPARSELOCO_LIMITS.innerSteps + 1} refused with InvalidConfig`, async () => {
+    const d = await deployRun('inner-run', T0)
+    const {programId: p, coordinator: c, authority: a} = d
+    for (const h of [0, 1, 2, SPARSELOCO_LIMITS.innerSteps, SPARSELOCO_LIMITS.innerSteps + 1]) {
+      const sparse = {LLM: {...model.LLM, optimizer: sparseLoCo(h)}}
+      const reference = 'config' in validateRunConfig(config, sparse)
+      const r = await d.chain.send(a, [updateInstruction(p, c, a, config, sparse)])
+      assert.equal(r.ok, reference, `inner_steps ${h}: the program ${r.ok ? 'took' : `refused (${r.error})`} it, the reference ${reference ? 'takes' : 'refuses'} it`)
+      if (!reference) assert.equal(r.error, 'InvalidConfig')
+      else assert.deepEqual(readRun(d).state.model, sparse)
+    }
+    // the account keeps the last one taken
+    assert.equal(innerSteps(readRun(d).state.model.LLM.optimizer), SPARSELOCO_LIMITS.innerSteps)
   })
 })
 

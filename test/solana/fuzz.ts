@@ -41,9 +41,9 @@ import {
 } from '../../src/core/coordinator/index.js'
 import type {EquivocationProof} from '../../src/core/coordinator/equivocation.js'
 import type {CheckpointConfig, CoordinatorConfig, HubRepo, LLMConfig} from '../../src/core/config/index.js'
-import {validateRunConfig} from '../../src/core/config/run-config.js'
+import {innerSteps, validateRunConfig} from '../../src/core/config/run-config.js'
 import {keypair, toInstruction, type Deployed} from './harness.js'
-import {announce} from './vectors.js'
+import {announce, sparseLoCo} from './vectors.js'
 
 /**
  * Differential fuzzing of the on-chain coordinator against the TypeScript reference (src/core/coordinator): a seeded
@@ -211,14 +211,13 @@ function randomConfig(rng: Rng, clients: number, invalid: boolean): CoordinatorC
 function randomModel(rng: Rng, config: CoordinatorConfig): {LLM: LLMConfig} {
   const kind = rng.pick(['Hub', 'P2P', 'Dummy'] as const)
   const checkpoint = {[kind]: randomRepo(rng, true)} as CheckpointConfig
-  return {
-    LLM: {
-      ...baseLLM,
-      max_seq_len: rng.pick([1, 16, 64, rng.int(1, 4096)]),
-      cold_start_warmup_steps: rng.chance(0.8) ? 0 : rng.int(0, config.total_steps + 2),
-      checkpoint,
-    },
-  }
+  const max_seq_len = rng.pick([1, 16, 64, rng.int(1, 4096)])
+  const cold_start_warmup_steps = rng.chance(0.8) ? 0 : rng.int(0, config.total_steps + 2)
+  // SparseLoCo's inner steps (each round H global batches), now and then out of range: drawn from a generator of its
+  // own, so that every other draw of a seed's sequence stays what it was
+  const side = new Rng(max_seq_len * 7919 + cold_start_warmup_steps * 131 + config.total_steps * 31 + (checkpoint as Record<string, HubRepo>)[kind].repo_id.length)
+  const optimizer = side.chance(0.4) ? sparseLoCo(side.chance(0.05) ? side.pick([0, 10_001]) : side.pick([2, 3, 4, side.int(1, 40)])) : baseLLM.optimizer
+  return {LLM: {...baseLLM, max_seq_len, cold_start_warmup_steps, checkpoint, optimizer}}
 }
 
 /** A program-only event: an instruction the reference has no event for, which the program must refuse. */
@@ -655,6 +654,8 @@ export interface SequenceResult {
   dropped: number
   /** Rounds begun with max_trainers_per_round below the roster (some members not chosen to train). */
   cappedRounds: number
+  /** Rounds begun with SparseLoCo's inner steps above 1 (a round of H global batches). */
+  innerStepRounds: number
 }
 
 class Divergence extends Error {
@@ -816,6 +817,7 @@ async function runSteps(seed: number, options: SequenceOptions): Promise<Sequenc
     dropped: 0,
     scored: 0,
     cappedRounds: 0,
+    innerStepRounds: 0,
   }
   // The rewards ledger (rewards.ts) follows the reference's transitions; the program's must hold the same points.
   let ledger = emptyLedger()
@@ -902,6 +904,7 @@ async function runSteps(seed: number, options: SequenceOptions): Promise<Sequenc
       result.dropped += expected.state.epoch.exited.filter((c) => c.state === 'Dropped' && seq.state.epoch.clients.some((e) => e.id === c.id && e.state === 'Healthy')).length
     const begun = expected.state.epoch.round
     if (begun && begun !== seq.state.epoch.round && trainerCount(expected.state.config, begun.roster.length) < begun.roster.length) result.cappedRounds++
+    if (begun && begun !== seq.state.epoch.round && innerSteps(expected.state.model.LLM.optimizer) > 1) result.innerStepRounds++
     seq.state = expected.state
     result.phases.add(seq.state.run_state)
     result.maxClients = Math.max(result.maxClients, seq.state.epoch.clients.length)
@@ -1029,6 +1032,9 @@ export function summarize(results: SequenceResult[], options: {fullRun?: boolean
   const capped = results.reduce((n, r) => n + r.cappedRounds, 0)
   console.log(`# max_trainers_per_round: ${capped} rounds began with fewer trainers than members`)
   assert.ok(capped > 0, 'no round began with max_trainers_per_round below its roster')
+  const inner = results.reduce((n, r) => n + r.innerStepRounds, 0)
+  console.log(`# SparseLoCo: ${inner} rounds began with inner_steps > 1 (H global batches a round)`)
+  assert.ok(inner > 0, 'no round began with inner_steps > 1')
   if (options.fullRun) for (const code of ['InvalidScores', 'DuplicateScores']) assert.ok((rejected[code] ?? 0) > 0, `no score report was rejected with ${code}`)
   if (options.fullRun) assert.equal(maxClients, MAX_CLIENTS, `no sequence filled an epoch with MAX_CLIENTS = ${MAX_CLIENTS} clients`)
 }

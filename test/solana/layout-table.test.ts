@@ -7,9 +7,12 @@ import {readFileSync, readdirSync} from 'node:fs'
 import {join} from 'node:path'
 import {CONFIG_FIELDS, CONSTANTS, MAGICS, RUN_ID_MAX, STRUCTS, structLayout, enumValues} from '../../src/core/layout/layout-table.js'
 import {LAYOUT_HEADER, layoutHeader} from '../../scripts/gen-layout.js'
-import {IX, PROGRAM_ERRORS, STATE_SIZE, PEER_SIZE, METADATA_SIZE, decodeCoordinator} from '../../src/core/backend/solana/layout.js'
+import {IX, PROGRAM_ERRORS, STATE_SIZE, PEER_SIZE, METADATA_SIZE, decodeCoordinator, encodeUpdate} from '../../src/core/backend/solana/layout.js'
 import {AUTHORIZATION_SIZE} from '../../src/core/backend/solana/authorizer.js'
-import {validateRunConfig} from '../../src/core/config/run-config.js'
+import {LIMITS, SPARSELOCO_LIMITS, validateRunConfig} from '../../src/core/config/run-config.js'
+import type {SparseLoCoConfig} from '../../src/core/config/types.js'
+import {testConfig, testModel} from './harness.js'
+import {sparseLoCo} from './vectors.js'
 import {loadRunConfigFile, parseRunConfig} from '../../src/core/config/run-config-file.js'
 
 const root = join(import.meta.dirname, '..', '..')
@@ -113,6 +116,57 @@ describe('layout table', () => {
     assert.equal(d.state.epoch.round?.step, 5)
     assert.deepEqual(d.state.epoch.round?.roster, ['cc'.repeat(32)])
     assert.equal((d.state.model.LLM as unknown as {architecture: string}).architecture, 'HfLlama')
+  })
+
+  it("SparseLoCo's inner_steps: the account's field, put back into the model's optimizer; refused where it cannot be", () => {
+    const S = structLayout('State').at
+    const account = (json: string, innerSteps: number) => {
+      const b = Buffer.alloc(STATE_SIZE)
+      b.writeBigUInt64LE(MAGICS.MAGIC[0], S.magic.offset)
+      b.writeBigUInt64LE(MAGICS.LAYOUT_VERSION[0], S.version.offset)
+      b.writeBigUInt64LE(BigInt(innerSteps), S.inner_steps.offset)
+      b.writeBigUInt64LE(BigInt(Buffer.byteLength(json)), S.model_json_len.offset)
+      b.write(json, S.model_json.offset)
+      return b
+    }
+    const model = {...testModel, LLM: {...testModel.LLM, optimizer: sparseLoCo(7)}}
+    // encodeUpdate takes inner_steps out of the JSON and sends it as a u64 after max_seq_len and cold_start_warmup_steps
+    const update = Buffer.from(encodeUpdate(testConfig, model))
+    const m = 1 + 1 + structLayout('Config').size + 1
+    assert.equal(update[m], 1)
+    assert.equal(update.readBigUInt64LE(m + 17), 7n)
+    assert.ok(!update.toString('utf8').includes('inner_steps'))
+    assert.equal(Buffer.from(encodeUpdate(testConfig, testModel)).readBigUInt64LE(m + 17), 1n, 'every other optimizer: 1')
+    const {inner_steps: _, ...rest} = (sparseLoCo(7) as {SparseLoCo: SparseLoCoConfig}).SparseLoCo
+    const decoded = decodeCoordinator(account(JSON.stringify({optimizer: {SparseLoCo: rest}}), 7)).state.model.LLM
+    assert.deepEqual(decoded.optimizer, sparseLoCo(7))
+    assert.equal(decodeCoordinator(account(JSON.stringify({optimizer: 'Dummy'}), 1)).state.model.LLM.optimizer, 'Dummy')
+    assert.throws(() => decodeCoordinator(account(JSON.stringify({optimizer: 'Dummy'}), 3)), /inner_steps 3, but the model's optimizer is not SparseLoCo/)
+    assert.throws(() => decodeCoordinator(account(JSON.stringify({optimizer: {SparseLoCo: {inner_steps: 2}}}), 3)), /without inner_steps/)
+  })
+
+  it("the program's bounds are the run config's (run-config.ts LIMITS, SPARSELOCO_LIMITS)", () => {
+    const c = readFileSync(join(root, 'programs', 'coordinator', 'coordinator.c'), 'utf8')
+    const define = (name: string) => {
+      const m = new RegExp(`^#define ${name} (.+)$`, 'm').exec(c)
+      assert.ok(m, `coordinator.c defines ${name}`)
+      // the forms these take: 65535, 0xffffffffull, (1 << 20), (7 * 24 * 3600)
+      const text = m[1].replace(/^\((.*)\)$/, '$1').replace(/ull$/, '')
+      if (text.includes('<<'))
+        return text
+          .split('<<')
+          .map(Number)
+          .reduce((a, b) => a * 2 ** b)
+      return text
+        .split('*')
+        .map(Number)
+        .reduce((a, b) => a * b)
+    }
+    assert.equal(define('LIMIT_SECONDS'), LIMITS.seconds)
+    assert.equal(define('LIMIT_BATCH'), LIMITS.batch)
+    assert.equal(define('LIMIT_STEPS'), LIMITS.steps)
+    assert.equal(define('LIMIT_SEQ_LEN'), LIMITS.seqLen)
+    assert.equal(define('LIMIT_INNER_STEPS'), SPARSELOCO_LIMITS.innerSteps)
   })
 
   it('instruction tags and error codes come from the table', () => {

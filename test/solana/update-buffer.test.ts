@@ -8,7 +8,8 @@ import {prepareUpdate, sendUpdate, updateConfig} from '../../src/core/backend/so
 import {SYSTEM_PROGRAM, bufferedUpdateTransactions, coordinatorAddress, initCoordinatorInstructions, updateBufferAddress} from '../../src/core/backend/solana/instructions.js'
 import {STATE_SIZE, UPDATE_BUFFER_SIZE, encodeUpdate} from '../../src/core/backend/solana/layout.js'
 import type {LLMConfig, RunConfigFile} from '../../src/core/config/index.js'
-import {constant} from '../../src/core/layout/layout-table.js'
+import {validateRunConfig} from '../../src/core/config/run-config.js'
+import {constant, structLayout} from '../../src/core/layout/layout-table.js'
 import {deployRun, keypair, readRun, testConfig, testModel, type Deployed} from './harness.js'
 
 const T0 = 1_700_000_000
@@ -63,11 +64,24 @@ describe('update buffer: configurations too large for one transaction', () => {
     assert.ok(before - d.chain.svm.getBalance(d.authority.address)! < 100_000n)
     // a small update still goes in one transaction, and updateConfig sends either kind
     assert.equal((await prepareUpdate({...target, authority: d.authority, file: file(testModel)})).length, 1)
-    // SparseLoCo's inner steps are the centralized server's for now: refused before anything is sent
-    const sparseloco = {LLM: {...testModel.LLM, optimizer: {SparseLoCo: {inner_steps: 4}} as unknown as LLMConfig['optimizer']}}
+    // SparseLoCo: its inner steps travel in the account's inner_steps field (the program sizes each round by them), not
+    // in the model JSON, and come back in the decoded model
+    const sparse = validateRunConfig(testConfig, {LLM: {...testModel.LLM, optimizer: {SparseLoCo: {inner_steps: 4}}}})
+    assert.ok('model' in sparse, JSON.stringify(sparse))
+    await updateConfig({...target, authority: d.authority, file: file(sparse.model)})
+    assert.deepEqual(readRun(d).state.model, sparse.model)
+    const account = Buffer.from(d.chain.accountData(d.coordinator)!)
+    assert.equal(account.readBigUInt64LE(structLayout('State').at.inner_steps.offset), 4n)
+    const json = account.toString(
+      'utf8',
+      structLayout('State').at.model_json.offset,
+      structLayout('State').at.model_json.offset + Number(account.readBigUInt64LE(structLayout('State').at.model_json_len.offset)),
+    )
+    assert.ok(json.includes('"SparseLoCo":{"error_feedback_decay"') && !json.includes('inner_steps'), json)
+    // what the program cannot store is refused before anything is sent, naming the file and the field
     await assert.rejects(
-      prepareUpdate({...target, authority: d.authority, file: file(sparseloco)}),
-      /: model\.LLM\.optimizer\.SparseLoCo\.inner_steps: 4 inner steps a round, but the Solana program gives a round one global batch/,
+      prepareUpdate({...target, authority: d.authority, file: {...file(testModel), config: {...testConfig, verification_sample: 8}}}),
+      /big\.toml: config\.verification_sample: 8, but the Solana program does not store it/,
     )
     const other = bigModel(3000)
     await updateConfig({...target, authority: d.authority, file: file(other)})

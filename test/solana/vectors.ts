@@ -2,6 +2,7 @@ import {
   clockEntropy,
   applyEvent,
   assignBatches,
+  globalBatchSize,
   buildWitnessProof,
   createCoordinator,
   selectVerifiers,
@@ -722,6 +723,88 @@ async function trainersCap(): Promise<Scenario> {
   return finish(r)
 }
 
+/**
+ * SparseLoCo with `h` inner steps a round, every field given (as validateRunConfig fills them in), so the reference's
+ * normalized model and the program's decoded one are the same object.
+ */
+export function sparseLoCo(h: number): LLMConfig['optimizer'] {
+  return {
+    SparseLoCo: {
+      inner_steps: h,
+      error_feedback_decay: 0.95,
+      chunk: 64,
+      topk: 64,
+      value_bits: 2,
+      outer_lr: 0.4,
+      dct: false,
+      inner: {betas: [0.9, 0.95], weight_decay: 0.1, eps: 1e-8, clip_grad_norm: 1},
+    },
+  }
+}
+
+/**
+ * SparseLoCo, 3 inner steps a round, then 5 (an update of the model while Paused): each round carries H global batches
+ * (the global batch ramping from 4 to 8 over the tokens of the batches before it), max_trainers_per_round = 2 of 4
+ * members share them, and the next round starts after them: no batch is handed out twice. An inner_steps of 0 or
+ * 10,001 is refused.
+ */
+async function innerSteps(): Promise<Scenario> {
+  const labels = ['a', 'b', 'c', 'd']
+  const r = await recorder(
+    'inner-steps',
+    labels,
+    {global_batch_size_start: 4, global_batch_size_end: 8, global_batch_size_warmup_tokens: 640, max_trainers_per_round: 2, init_min_clients: 4, rounds_per_epoch: 3},
+    {optimizer: sparseLoCo(3)},
+  )
+  const handedOut = new Set<number>()
+  let rounds = 0
+  let checked = 0
+  const checkRound = (h: number) => {
+    const round = r.state.epoch.round!
+    if (round.step === checked) return
+    checked = round.step
+    const global = globalBatchSize(r.state.config, round.data_index * r.state.model.LLM.max_seq_len)
+    if (round.batch_size !== global * h) throw new Error(`inner-steps: round ${round.step} has ${round.batch_size} batches, expected ${h} × ${global}`)
+    const ranges = [...assignBatches(r.state).values()].filter((x) => x.end > x.start)
+    if (ranges.length !== 2) throw new Error(`inner-steps: ${ranges.length} trainers, expected 2`)
+    for (const range of ranges)
+      for (let b = range.start; b < range.end; b++) {
+        if (handedOut.has(b)) throw new Error(`inner-steps: batch ${b} handed out twice`)
+        handedOut.add(b)
+      }
+    if (handedOut.size !== round.data_index + round.batch_size) throw new Error(`inner-steps: batches 0..${round.data_index + round.batch_size} not all handed out once`)
+    rounds++
+  }
+  r.apply({type: 'resume'}, 'ok')
+  for (const l of labels) r.apply({type: 'join', id: r.id(l)}, 'ok')
+  r.tickOut() // → Warmup
+  r.warmupAll()
+  for (let i = 0; i < 8 && r.state.run_state !== 'Cooldown'; i++) {
+    if (r.state.run_state === 'RoundTrain') {
+      checkRound(3)
+      r.witnessAll()
+    }
+    r.tickOut()
+  }
+  r.attest()
+  r.tickOut() // → WaitingForMembers, epoch 1
+  r.apply({type: 'pause'}, 'ok')
+  for (const bad of [0, 10_001]) r.apply({type: 'config_update', model: {LLM: {...r.state.model.LLM, optimizer: sparseLoCo(bad)}}}, 'InvalidConfig')
+  r.apply({type: 'config_update', model: {LLM: {...r.state.model.LLM, optimizer: sparseLoCo(5)}}}, 'ok')
+  r.apply({type: 'resume'}, 'ok')
+  r.tickOut() // → Warmup
+  r.warmupAll()
+  for (let i = 0; i < 8 && r.state.run_state !== 'Cooldown'; i++) {
+    if (r.state.run_state === 'RoundTrain') {
+      checkRound(5)
+      r.witnessAll()
+    }
+    r.tickOut()
+  }
+  if (rounds !== 6) throw new Error(`inner-steps: ${rounds} rounds checked, expected 6`)
+  return finish(r)
+}
+
 export async function generateVectors(): Promise<VectorFile> {
   return {
     about:
@@ -737,6 +820,7 @@ export async function generateVectors(): Promise<VectorFile> {
       await cutOff(),
       await currentModel(),
       await trainersCap(),
+      await innerSteps(),
     ],
   }
 }

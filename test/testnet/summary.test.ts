@@ -1,6 +1,7 @@
 import assert from 'node:assert/strict'
 import {describe, it} from 'node:test'
 import {killCandidates, parseRoundLine, pickVictims, RoundBook} from '../../src/core/testnet/index.js'
+import {KillScheduler} from '../../src/core/testnet/kills.js'
 
 const line = (step: number, hash: string, bytesIn = 10, bytesOut = 20, result: number | null = 100, peers: [number, number] | null = [1, 1]) => ({
   step,
@@ -129,5 +130,31 @@ describe('testnet kill scheduler: victims', () => {
       killCandidates(clients, undefined).map((x) => x.name),
       ['a', 'd'],
     )
+  })
+
+  it('killNow (testnet --kill-after-step): kills that many candidates at once, never all, and restarts each after the delay', async () => {
+    const killed: string[] = []
+    const restarted: string[] = []
+    let i = 0
+    const seq = [0, 0.5, 0.9]
+    const kills = new KillScheduler<string>({
+      count: 0,
+      intervalMs: 60_000,
+      restartDelayMs: 5,
+      random: () => seq[i++ % seq.length],
+      candidates: () => ['a', 'b', 'c'],
+      kill: (v) => killed.push(v),
+      restart: (v) => restarted.push(v),
+    })
+    kills.killNow(1)
+    assert.deepEqual([killed, restarted], [['a'], []])
+    await new Promise((r) => setTimeout(r, 50))
+    assert.deepEqual(restarted, ['a'])
+    assert.equal(kills.active, false, 'no interval kills: --random-kill-num 0')
+    kills.killNow(5)
+    assert.deepEqual(killed, ['a', 'b', 'c'], 'never every client: 2 of the 3')
+    kills.stop() // the pending restarts are dropped
+    await new Promise((r) => setTimeout(r, 50))
+    assert.deepEqual(restarted, ['a'])
   })
 })

@@ -59,6 +59,9 @@ export const LIMITS = {
   verificationSample: 64,
 } as const
 
+/** Results a verifier scores per round when the config leaves verification_sample out (coordinator/rules.ts). */
+export const DEFAULT_VERIFICATION_SAMPLE = 4
+
 /** The [config] keys: those the coordinator account holds (the layout table's Config struct), then the lists. */
 const CONFIG_FIELDS = [...COORDINATOR_CONFIG_FIELDS, 'checkpointers', 'verification_sample'] as const
 

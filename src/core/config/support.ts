@@ -1,7 +1,7 @@
 import {readFileSync} from 'node:fs'
 import {fileURLToPath} from 'node:url'
 import {PsycheError} from '../errors.js'
-import {innerSteps} from './run-config.js'
+import {DEFAULT_VERIFICATION_SAMPLE} from './run-config.js'
 import type {LLMArchitecture, LLMDataType, RunConfigFile} from './types.js'
 
 /**
@@ -157,17 +157,16 @@ export function unsupportedFeatures(file: RunConfigFile): UnsupportedFeature[] {
  * What the Solana coordinator program (programs/coordinator) cannot run of a config the centralized server runs, with
  * the field path and the reason. create-run and update-config refuse such a file before anything is sent, and
  * `psyche testnet --backend solana` before anything starts. To support something, implement it in the program and
- * drop its check here.
+ * drop its check here. (SparseLoCo's inner steps are supported: the account holds them, layout version 9.)
  */
 export function programUnsupported(file: RunConfigFile): UnsupportedFeature[] {
   const out: UnsupportedFeature[] = []
-  const h = innerSteps(file.model.LLM.optimizer)
-  if (h > 1) {
-    // The program sizes a round's batch as one global batch (programs/coordinator/coordinator.c global_batch_size):
-    // its Config has no inner steps. Until it does, its rounds would give each trainer 1/H of what they need.
+  const sample = file.config?.verification_sample
+  if (sample !== undefined && sample !== DEFAULT_VERIFICATION_SAMPLE) {
+    // The coordinator account has no field for it (src/core/backend/solana/layout.ts encodeUpdate refuses it too).
     out.push({
-      path: 'model.LLM.optimizer.SparseLoCo.inner_steps',
-      reason: `${h} inner steps a round, but the Solana program gives a round one global batch, not one per inner step; run SparseLoCo on the centralized server (psyche server run, or psyche testnet without --backend solana)`,
+      path: 'config.verification_sample',
+      reason: `${sample}, but the Solana program does not store it: its runs score the default ${DEFAULT_VERIFICATION_SAMPLE} results per verifier; leave it out, or run on the centralized server`,
     })
   }
   return out

@@ -1,6 +1,6 @@
 import {BloomFilter, bloomParamsFor, type BloomParams} from '../primitives/bloom.js'
 import type {CheckpointConfig, CoordinatorConfig} from '../config/types.js'
-import {innerSteps} from '../config/run-config.js'
+import {DEFAULT_VERIFICATION_SAMPLE, innerSteps} from '../config/run-config.js'
 import {sha256, subSeed, u64le} from '../primitives/seed.js'
 import {isRoundPhase} from './phases.js'
 import {shuffleAll, shuffledIndex, unshuffledIndex} from '../primitives/shuffle.js'
@@ -367,8 +367,8 @@ export function agreedParamHash(s: CoordinatorState): string | undefined {
   return undefined
 }
 
-/** Results a verifier scores per round when the config leaves verification_sample out. */
-export const DEFAULT_VERIFICATION_SAMPLE = 4
+/** Results a verifier scores per round when the config leaves verification_sample out (a default of the run config). */
+export {DEFAULT_VERIFICATION_SAMPLE}
 
 /** The most results one verifier scores per round: config.verification_sample, or DEFAULT_VERIFICATION_SAMPLE. */
 function verificationSample(config: CoordinatorConfig): number {

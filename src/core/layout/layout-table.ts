@@ -41,15 +41,15 @@ export const CONSTANTS = {
   SCORE_ONE: [1000000, "a verifier's score of 1 in the ledger's fixed point (parts per million: scores are in [-SCORE_ONE, SCORE_ONE])"],
   FULL_WEIGHT_SCORE: [200000, 'the score (fixed point) at which points earn full weight (rewards.ts FULL_WEIGHT_SCORE)'],
   REPORT_SCORES_MAX: [64, 'score entries in one report_scores (8 + 6 × 64 bytes of data: one transaction holds them)'],
-  UPDATE_MAX: [4665, "bytes of an update's data: flags, Config, MAX_CHECKPOINTERS keys, the model with MODEL_JSON_MAX of JSON (what an update buffer holds)"],
+  UPDATE_MAX: [4673, "bytes of an update's data: flags, Config, MAX_CHECKPOINTERS keys, the model with MODEL_JSON_MAX of JSON (what an update buffer holds)"],
 } as const satisfies Record<string, readonly [number, string]>
 
 /** Magic numbers (the first u64 of each account) and the coordinator layout's version. */
 export const MAGICS = {
   MAGIC: [0x44524f4f43595350n, '"PSYCOORD": a coordinator account'],
   LAYOUT_VERSION: [
-    8n,
-    "8: max_trainers_per_round in Config; 7: the run's current model (step and agreed parameter hash, recorded at every epoch's end); 6: verifiers' scores in the ledger (report_scores; Points.weight derived from them), claims move to the treasurer program (no claimed points, no treasury mint here); 5: the rewards ledger (points per client), rates; 4: checkpointers, Cooldown hash witnesses, the checkpoint hash (3: 256 clients, precomputed bloom probes; 2: times in unix milliseconds)",
+    9n,
+    "9: inner_steps (SparseLoCo's H) beside max_seq_len; 8: max_trainers_per_round in Config; 7: the run's current model (step and agreed parameter hash, recorded at every epoch's end); 6: verifiers' scores in the ledger (report_scores; Points.weight derived from them), claims move to the treasurer program (no claimed points, no treasury mint here); 5: the rewards ledger (points per client), rates; 4: checkpointers, Cooldown hash witnesses, the checkpoint hash (3: 256 clients, precomputed bloom probes; 2: times in unix milliseconds)",
   ],
   PEER_MAGIC: [0x5245455043595350n, '"PSYCPEER": a peer record'],
   METADATA_MAGIC: [0x4154454d43595350n, '"PSYCMETA": a run metadata record'],
@@ -174,6 +174,7 @@ export const STRUCTS = {
     ['config', 'Config'],
     ['max_seq_len', 'u64'],
     ['cold_start_warmup_steps', 'u64'],
+    ['inner_steps', 'u64', "model.LLM.optimizer's inner steps per round (SparseLoCo's H; 1 for every other optimizer): a round's batch is this many global batches"],
     ['checkpoint', 'Checkpoint'],
     ['checkpoint_fallback', 'Checkpoint'],
     ['seed', 'u8[32]'],

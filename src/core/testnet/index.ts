@@ -16,7 +16,7 @@ export {RoundBook, parseRoundLine, type TestnetSummary} from './summary.js'
 /**
  * A local testnet, the launcher behind `psyche testnet`: one `psyche server run` and N `psyche join` processes
  * on this machine (supervisor.ts), their round events gathered into one summary (summary.ts), optionally K
- * random clients killed every S seconds and restarted with the same identity (kills.ts).
+ * random clients killed every S seconds (or once, after a given round) and restarted with the same identity (kills.ts).
  */
 
 interface TestnetOptions {
@@ -30,6 +30,11 @@ interface TestnetOptions {
   randomKillNum?: number
   /** Seconds between random kills (default 30). */
   randomKillInterval?: number
+  /**
+   * Once every live client has applied this round (step), kill randomKillNum random clients (at least 1) once, and
+   * restart them: a kill at a known point of the run, in the middle of the next round.
+   */
+  killAfterStep?: number
   /** Seconds a killed client stays down before it is restarted (default 2). */
   restartDelay?: number
   threads?: number
@@ -128,6 +133,8 @@ export async function runTestnet(options: TestnetOptions): Promise<TestnetSummar
     restart: (victim) => startClient(victim),
   })
 
+  let killedAfterStep = false
+
   /** Applied rounds per client generation: a restarted client's first one is its rejoin. */
   const firstRoundSeen = new Map<string, number>()
   const startClient = (client: ClientProcess) => {
@@ -149,6 +156,11 @@ export async function runTestnet(options: TestnetOptions): Promise<TestnetSummar
           if (!r) return
           book.recordRound(name, r)
           client.lastStep = r.step
+          const all = clients.filter((c) => c.alive)
+          if (options.killAfterStep !== undefined && !killedAfterStep && all.every((c) => (c.lastStep ?? 0) >= options.killAfterStep!)) {
+            killedAfterStep = true
+            kills.killNow(Math.max(1, options.randomKillNum ?? 0))
+          }
           if (generation > 1 && firstRoundSeen.get(name) !== generation) book.recordRejoin(name, seconds(), {step: r.step, param_hash: r.param_hash})
           firstRoundSeen.set(name, generation)
           emit({kind: 'round', client: name, step: r.step, epoch: r.epoch, loss: r.loss, param_hash: r.param_hash})

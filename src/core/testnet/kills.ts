@@ -45,12 +45,15 @@ export class KillScheduler<T> {
 
   start(): void {
     if (this.o.count <= 0 || this.interval) return
-    this.interval = setInterval(() => {
-      for (const victim of pickVictims(this.o.candidates(), this.o.count, this.o.random)) {
-        this.o.kill(victim)
-        this.timers.push(setTimeout(() => this.o.restart(victim), this.o.restartDelayMs))
-      }
-    }, this.o.intervalMs)
+    this.interval = setInterval(() => this.killNow(this.o.count), this.o.intervalMs)
+  }
+
+  /** Kills up to `count` random candidates now (never all), each restarted restartDelayMs later. */
+  killNow(count: number): void {
+    for (const victim of pickVictims(this.o.candidates(), count, this.o.random)) {
+      this.o.kill(victim)
+      this.timers.push(setTimeout(() => this.o.restart(victim), this.o.restartDelayMs))
+    }
   }
 
   /** True once started (until stopped): dead clients may still come back. */

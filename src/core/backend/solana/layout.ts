@@ -1,5 +1,6 @@
 import {getAddressDecoder, getAddressEncoder, type Address} from '@solana/kit'
-import type {CheckpointConfig, CoordinatorConfig, HubRepo, LLMConfig} from '../../config/types.js'
+import type {CheckpointConfig, CoordinatorConfig, HubRepo, LLMConfig, SparseLoCoConfig} from '../../config/types.js'
+import {innerSteps} from '../../config/run-config.js'
 import type {
   Accusation,
   AccusationReason,
@@ -189,6 +190,23 @@ function readCurrentModel(b: Buffer): ModelRecord | null {
   return {step: num(b, OFFSETS.current_model_step, 'current_model_step'), param_hash: hash}
 }
 
+/**
+ * model.LLM.optimizer with the account's inner_steps put back (encodeUpdate takes SparseLoCo's inner_steps out of the
+ * model JSON: the program sizes each round by the account's field, so that field is its only place). Every optimizer
+ * but SparseLoCo has 1; a JSON that says otherwise is refused. `h` 0: no update has set the model yet.
+ */
+function withInnerSteps(optimizer: unknown, h: number): {optimizer?: LLMConfig['optimizer']} {
+  if (h === 0) return optimizer === undefined ? {} : {optimizer: optimizer as LLMConfig['optimizer']}
+  const sparse = typeof optimizer === 'object' && optimizer !== null && 'SparseLoCo' in optimizer ? (optimizer as {SparseLoCo: unknown}).SparseLoCo : undefined
+  if (sparse === undefined) {
+    if (h !== 1) throw new RangeError(`coordinator account: inner_steps ${h}, but the model's optimizer is not SparseLoCo (which alone has inner steps)`)
+    return optimizer === undefined ? {} : {optimizer: optimizer as LLMConfig['optimizer']}
+  }
+  if (typeof sparse !== 'object' || sparse === null || Array.isArray(sparse) || 'inner_steps' in sparse)
+    throw new RangeError("coordinator account: the model JSON's SparseLoCo must be an object without inner_steps (the account's inner_steps field holds it)")
+  return {optimizer: {SparseLoCo: {inner_steps: h, ...(sparse as Omit<SparseLoCoConfig, 'inner_steps'>)}}}
+}
+
 /** Decodes a coordinator account into the reference's CoordinatorState (and the on-chain extras). */
 export function decodeCoordinator(data: Uint8Array): OnChainCoordinator {
   const b = Buffer.from(data.buffer, data.byteOffset, data.byteLength)
@@ -219,6 +237,7 @@ export function decodeCoordinator(data: Uint8Array): OnChainCoordinator {
   const checkpoint = readCheckpoint(b, O.checkpoint) ?? 'Ephemeral'
   const llm = {
     ...rest,
+    ...withInnerSteps(rest.optimizer, num(b, O.inner_steps, 'inner_steps')),
     max_seq_len: num(b, O.max_seq_len, 'max_seq_len'),
     cold_start_warmup_steps: num(b, O.cold_start_warmup_steps, 'cold_start_warmup_steps'),
     checkpoint,
@@ -305,6 +324,11 @@ export function encodeInit(runId: string, mainAuthority: string, joinAuthority: 
   ])
 }
 
+function withoutInnerSteps(sparse: SparseLoCoConfig): Omit<SparseLoCoConfig, 'inner_steps'> {
+  const {inner_steps: _, ...rest} = sparse
+  return rest
+}
+
 /** update: the whole [config] and/or [model.LLM] (validate it with validateRunConfig first). */
 export function encodeUpdate(config: CoordinatorConfig | undefined, model: {LLM: LLMConfig} | undefined): Uint8Array {
   // rounds_per_epoch 0 is how the account spells "not set": a 0 in the config would silently mean that
@@ -323,7 +347,10 @@ export function encodeUpdate(config: CoordinatorConfig | undefined, model: {LLM:
   parts.push(Buffer.from([checkpointers.length]), ...checkpointers.map((id) => Buffer.from(keyBytes(id))))
   if (!model) parts.push(Buffer.from([0]))
   else {
-    const {max_seq_len, cold_start_warmup_steps, checkpoint, ...rest} = model.LLM
+    const {max_seq_len, cold_start_warmup_steps, checkpoint, ...llm} = model.LLM
+    // SparseLoCo's inner steps travel as a field of their own (the program sizes each round by them), not in the JSON
+    const h = innerSteps(llm.optimizer)
+    const rest = typeof llm.optimizer === 'object' && 'SparseLoCo' in llm.optimizer ? {...llm, optimizer: {SparseLoCo: withoutInnerSteps(llm.optimizer.SparseLoCo)}} : llm
     if (typeof checkpoint !== 'object' || !('Hub' in checkpoint || 'P2P' in checkpoint || 'Dummy' in checkpoint)) {
       throw new RangeError('model.LLM.checkpoint must be Hub, P2P or Dummy for a run on Solana')
     }
@@ -333,7 +360,7 @@ export function encodeUpdate(config: CoordinatorConfig | undefined, model: {LLM:
     if (json.length > MODEL_JSON_MAX) throw new RangeError(`the model configuration is ${json.length} bytes of JSON, more than the account holds (${MODEL_JSON_MAX})`)
     const len = Buffer.alloc(2)
     len.writeUInt16LE(json.length)
-    parts.push(Buffer.from([1]), u64(max_seq_len), u64(cold_start_warmup_steps ?? 0), Buffer.from([CHECKPOINT_KINDS.indexOf(kind)]), repoBytes(repo), len, json)
+    parts.push(Buffer.from([1]), u64(max_seq_len), u64(cold_start_warmup_steps ?? 0), u64(h), Buffer.from([CHECKPOINT_KINDS.indexOf(kind)]), repoBytes(repo), len, json)
   }
   return Buffer.concat(parts)
 }
