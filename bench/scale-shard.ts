@@ -60,8 +60,9 @@ for (let i = 0; i < o.count; i += 4) {
         relay: false,
         wireMetrics: true,
         // Every node of the bench is on 127.0.0.1: libp2p's per-host inbound rate limit (5 a second) would refuse
-        // most of a full mesh's dials.
-        connectionManager: {inboundConnectionThreshold: 100_000, maxIncomingPendingConnections: 256, maxConnections: 1024},
+        // most of the dials. The connection bound is join's (--p2p-max-connections), or BENCH_SCALE_MAX_CONNECTIONS.
+        connectionManager: {inboundConnectionThreshold: 100_000, maxIncomingPendingConnections: 256},
+        ...(process.env.BENCH_SCALE_MAX_CONNECTIONS ? {maxPeerConnections: Number(process.env.BENCH_SCALE_MAX_CONNECTIONS)} : {}),
         log: (e) => {
           const ev = e as Record<string, unknown>
           if (ev.event === 'dial_failed' || ev.event === 'fetch_failed' || ev.event === 'bad_blob') out({t: 'p2p', shard: o.shard, client: i + j, ...ev})

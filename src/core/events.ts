@@ -69,6 +69,7 @@ export type PsycheEvent =
   | {event: 'announcement_ignored'; client_id: string; step: number; reason: string}
   // core/p2p/node.ts
   | {event: 'announcement_rejected'; reason: string; from?: string; via: string}
+  | {event: 'have_rejected'; from: string; reason: string}
   | {event: 'authority'; type: string}
   // core/p2p/node.ts
   | {event: 'bad_blob'; from: string; client_id: string; commitment: string; reason: string}

@@ -7,6 +7,8 @@ import type {ClientSetup} from '../compose/client.js'
 import {demoCorpusDir, ensureDemoCorpus} from '../corpus.js'
 import {listenAddrsForPort, parseMultiaddrs} from '../p2p/addresses.js'
 import {DEFAULT_MODEL_SERVE_LIMITS} from '../p2p/index.js'
+import {DEFAULT_MAX_PEER_CONNECTIONS} from '../p2p/overlay.js'
+import {DEFAULT_SERVING_LIMITS} from '../p2p/result-exchange.js'
 import type {Progress} from './progress.js'
 import {parseAddress} from './solana-flags.js'
 import {webrtcFlags, webrtcOptionsFromFlags} from './webrtc-flags.js'
@@ -51,6 +53,18 @@ export const joinFlags = {
     default: true,
     allowNo: true,
   }),
+  'p2p-max-connections': Flags.integer({
+    summary: `most libp2p connections this client holds (default ${DEFAULT_MAX_PEER_CONNECTIONS}); past half of it, not every member is dialled (about 2·log2 N neighbours; transfers open and close connections on demand)`,
+    default: DEFAULT_MAX_PEER_CONNECTIONS,
+    min: 4,
+  }),
+  'max-serves-per-result': Flags.integer({
+    summary: 'our own result is served to at most this many peers; the others fetch it from them (swarmed downloads)',
+    default: DEFAULT_SERVING_LIMITS.maxServesPerResult,
+    min: 1,
+  }),
+  'max-serves-per-peer': Flags.integer({summary: 'result transfers served to one peer at once', default: DEFAULT_SERVING_LIMITS.maxServesPerPeer, min: 1}),
+  'max-concurrent-serves': Flags.integer({summary: 'result transfers served at once, to all peers', default: DEFAULT_SERVING_LIMITS.maxConcurrentServes, min: 1}),
   'p2p-announce': Flags.string({summary: 'tell peers exactly these multiaddr(s): a public address or a forwarded port', multiple: true}),
   ...webrtcFlags,
   'max-model-uploads': Flags.integer({
@@ -163,6 +177,12 @@ export function joinSetup(flags: JoinFlags, plan: TrainPlan, log: ClientSetup['l
       listen: flags['p2p-listen'] ? parseMultiaddrs(flags['p2p-listen'], '--p2p-listen') : listenAddrsForPort(flags['p2p-port']),
       announce: flags['p2p-announce'] ? parseMultiaddrs(flags['p2p-announce'], '--p2p-announce') : undefined,
       quic: flags.quic,
+      maxPeerConnections: flags['p2p-max-connections'],
+      serving: {
+        maxServesPerResult: flags['max-serves-per-result'],
+        maxServesPerPeer: flags['max-serves-per-peer'],
+        maxConcurrentServes: flags['max-concurrent-serves'],
+      },
       ...webrtcOptionsFromFlags(flags),
       modelServeLimits: {
         maxUploads: flags['max-model-uploads'],

@@ -23,8 +23,8 @@ import type {SolanaSetup} from './solana.js'
 type ProviderLocation = Parameters<typeof openDataProvider>[0]
 type Log = (event: EventLine) => void
 
-/** libp2p listen and announce addresses; quic false: TCP only (join --no-quic); WebRTC's options (join --stun, --webrtc-*). */
-type P2PSetup = {listen: string[]} & Pick<P2PNodeOptions, 'announce' | 'quic' | 'webrtc' | 'stun' | 'webrtcLimits' | 'modelServeLimits'>
+/** libp2p listen and announce addresses; quic false: TCP only (join --no-quic); WebRTC's options (join --stun, --webrtc-*); model uploads to joiners (join --max-model-uploads*); connection and serving bounds (join --p2p-max-connections, --max-serves-*). */
+type P2PSetup = {listen: string[]} & Pick<P2PNodeOptions, 'announce' | 'quic' | 'webrtc' | 'stun' | 'webrtcLimits' | 'modelServeLimits' | 'maxPeerConnections' | 'serving'>
 
 /**
  * The real components of a client: a PyTorch worker, the run's data, a libp2p node, and the coordinator: the TCP

@@ -1,8 +1,11 @@
 import type {Connection, MultiaddrConnection, PeerId, Startable, Stream} from '@libp2p/interface'
 import type {ConnectionManager} from '@libp2p/interface-internal'
+import type {PeerStore} from '@libp2p/interface'
+import {peerIdFromString} from '@libp2p/peer-id'
 import {multiaddr, type Multiaddr} from '@multiformats/multiaddr'
 import {errorMessage} from '../errors.js'
 import {addrPeerId, isCircuit, isOtherPrivateNetwork, localNetworks} from './addresses.js'
+import {DEFAULT_MAX_PEER_CONNECTIONS, fullMeshUpTo, overlay} from './overlay.js'
 import {isQuicAddr} from './transports.js'
 import {dialErrorMessage, ON_LIMITED} from './util.js'
 import type {EventLog} from '../events.js'
@@ -45,16 +48,27 @@ const TIE_WINDOW_MS = 2_000
  * second from one host, and a NAT's clients share one) is made once more after this long, when no connection came.
  */
 const REFUSED_REDIAL_MS = 1_000
+/** A connection to a member outside our overlay (opened for a transfer) with no exchange stream for this long is closed. */
+const DEFAULT_IDLE_CLOSE_MS = 10_000
+/** How often connections are checked for idleness. */
+const IDLE_SWEEP_MS = 2_000
+/** The peer store tag that keeps overlay neighbours' connections when libp2p prunes past its maxConnections. */
+const OVERLAY_TAG = 'psyche-overlay'
 
 interface PeerDialerInit {
   log: EventLog
   /** This machine's networks as CIDRs (default: its interfaces'; see dialPlan). */
   localNetworks?: () => string[]
+  /** The bound on our connections (overlay.ts: past half of it the run's members are not all dialled); default 32. */
+  maxConnections?: number
+  /** See DEFAULT_IDLE_CLOSE_MS. */
+  idleCloseMs?: number
 }
 
 interface PeerDialerComponents {
   peerId: PeerId
   connectionManager: ConnectionManager
+  peerStore: PeerStore
 }
 
 /**
@@ -82,6 +96,17 @@ export class PeerDialer implements Startable {
   private stopped = false
   private readonly localNetworks: () => string[]
   private networksCache: {at: number; cidrs: string[]} | undefined
+  private readonly maxConnections: number
+  private readonly idleCloseMs: number
+  /** The run's members we keep connections to (overlay.ts); undefined: all of them (a full mesh). */
+  private neighbours: Set<string> | undefined
+  /** The members we dial (see overlay.ts). */
+  private dialSet: Set<string> | undefined
+  /** Connection id -> when an exchange stream was last seen on it (idle sweep). */
+  private readonly lastBusy = new Map<string, number>()
+  private sweepTimer: ReturnType<typeof setInterval> | undefined
+  /** Connections closed for being idle (for measurements and tests). */
+  idleClosed = 0
 
   constructor(
     private readonly components: PeerDialerComponents,
@@ -90,6 +115,8 @@ export class PeerDialer implements Startable {
     this.peerId = components.peerId.toString()
     this.log = init.log
     this.localNetworks = init.localNetworks ?? localNetworks
+    this.maxConnections = init.maxConnections ?? DEFAULT_MAX_PEER_CONNECTIONS
+    this.idleCloseMs = init.idleCloseMs ?? DEFAULT_IDLE_CLOSE_MS
   }
 
   /** Our interfaces' networks (see dialPlan), read at most every few seconds (interfaces come and go). */
@@ -101,14 +128,73 @@ export class PeerDialer implements Startable {
 
   start(): void {
     this.stopped = false
+    this.sweepTimer = setInterval(() => this.closeIdle(), IDLE_SWEEP_MS)
+    this.sweepTimer.unref?.()
   }
 
   beforeStop(): void {
     this.stopped = true
+    clearInterval(this.sweepTimer)
   }
 
   stop(): void {
     this.stopped = true
+    clearInterval(this.sweepTimer)
+  }
+
+  /**
+   * Dials the run's members learned from the coordinator (all their addresses, ours skipped), as connect() does, but
+   * only our overlay neighbours among them (overlay.ts): the others' addresses are kept for transfers, which dial
+   * them on demand (openStream). The neighbours are tagged so libp2p's pruning keeps their connections.
+   */
+  async connectMembers(addrs: string[]): Promise<void> {
+    const byPeer = this.byPeer(addrs)
+    const plan = overlay(this.peerId, [...byPeer.keys()], fullMeshUpTo(this.maxConnections))
+    for (const [peer, targets] of byPeer) if (targets.length > 0) this.knownAddrs.set(peer, targets)
+    const before = this.neighbours
+    this.neighbours = plan.fullMesh ? undefined : plan.neighbours
+    this.dialSet = plan.fullMesh ? undefined : new Set(plan.dial)
+    if (!plan.fullMesh) void this.tagNeighbours(before ?? new Set(), plan.neighbours)
+    await Promise.all(plan.dial.map((peer) => this.dialPeer(peer, byPeer.get(peer) ?? [])))
+  }
+
+  /** The members we dial (overlay.ts); undefined while we dial them all. */
+  dialedMembers(): ReadonlySet<string> | undefined {
+    return this.dialSet
+  }
+
+  private async tagNeighbours(before: Set<string>, now: Set<string>): Promise<void> {
+    const change = async (peer: string, tag: boolean) => {
+      try {
+        await this.components.peerStore.merge(peerIdFromString(peer), {tags: {[OVERLAY_TAG]: tag ? {value: 100} : undefined}})
+      } catch {
+        // a peer id we cannot parse is not dialled either
+      }
+    }
+    await Promise.all([...[...now].filter((p) => !before.has(p)).map((p) => change(p, true)), ...[...before].filter((p) => !now.has(p)).map((p) => change(p, false))])
+  }
+
+  /**
+   * Closes connections to run members outside our overlay that carried no exchange stream (/psyche/…) for
+   * idleCloseMs: they were opened for a transfer, ours or theirs. Only while the overlay is not a full mesh; relays
+   * and other non-members are left alone.
+   */
+  private closeIdle(): void {
+    const neighbours = this.neighbours
+    const now = Date.now()
+    const open = new Set<string>()
+    for (const c of this.components.connectionManager.getConnections()) {
+      open.add(c.id)
+      if (c.streams.some((s) => s.protocol?.startsWith('/psyche/'))) this.lastBusy.set(c.id, now)
+      if (neighbours === undefined || this.stopped || c.status !== 'open') continue
+      const peer = c.remotePeer.toString()
+      if (neighbours.has(peer) || !this.knownAddrs.has(peer)) continue
+      const since = Math.max(this.lastBusy.get(c.id) ?? 0, c.timeline.open)
+      if (now - since < this.idleCloseMs) continue
+      this.idleClosed++
+      void c.close().catch((error: unknown) => c.abort(error instanceof Error ? error : new Error(String(error))))
+    }
+    for (const id of this.lastBusy.keys()) if (!open.has(id)) this.lastBusy.delete(id)
   }
 
   /**
@@ -117,6 +203,12 @@ export class PeerDialer implements Startable {
    * and may be retried by a later call.
    */
   async connect(addrs: string[]): Promise<void> {
+    const byPeer = this.byPeer(addrs)
+    await Promise.all([...byPeer].map(([peer, targets]) => this.dialPeer(peer, targets)))
+  }
+
+  /** Addresses by the peer they end in (ours and malformed ones left out, and logged). */
+  private byPeer(addrs: string[]): Map<string, Multiaddr[]> {
     const byPeer = new Map<string, Multiaddr[]>()
     for (const addr of addrs) {
       let target: Multiaddr
@@ -136,7 +228,7 @@ export class PeerDialer implements Startable {
       if (!list) byPeer.set(peer, (list = []))
       list.push(target)
     }
-    await Promise.all([...byPeer].map(([peer, targets]) => this.dialPeer(peer, targets)))
+    return byPeer
   }
 
   /**

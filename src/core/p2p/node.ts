@@ -15,10 +15,19 @@ import {peerDialer, RELAYED_DIAL_TIMEOUT_MS, type DialFailure, type PeerDialer} 
 import {liveness, type Liveness} from './liveness.js'
 import {DEFAULT_MAX_MODEL_BYTES, modelExchange, type ModelExchange, type ModelServeLimits, type ModelServeStats} from './model-exchange.js'
 import type {ModelSnapshot} from './model.js'
+import {DEFAULT_MAX_PEER_CONNECTIONS} from './overlay.js'
 import {peerIdOfClient} from './peer-id.js'
 import {holePunch, type HolePunch} from './punch.js'
 import {reachability, type Reachability, type ReachabilityState} from './reachability.js'
-import {DEFAULT_DOWNLOAD_TIMEOUT_MS, DEFAULT_MAX_BLOB_BYTES, DEFAULT_MAX_CONCURRENT_DOWNLOADS, resultExchange, ResultStore, type ResultExchange} from './result-exchange.js'
+import {
+  DEFAULT_DOWNLOAD_TIMEOUT_MS,
+  DEFAULT_MAX_BLOB_BYTES,
+  DEFAULT_MAX_CONCURRENT_DOWNLOADS,
+  resultExchange,
+  ResultStore,
+  type ResultExchange,
+  type ServingLimits,
+} from './result-exchange.js'
 import {traffic, type Traffic} from './traffic.js'
 import {defaultTransports, withQuicListen, type TransportFactory} from './transports.js'
 import {directUpgrade, type DirectUpgrade} from './upgrade.js'
@@ -90,6 +99,16 @@ export interface P2PNodeOptions {
    * bench raises the last two: all its nodes are on 127.0.0.1.
    */
   connectionManager?: {maxConnections?: number; inboundConnectionThreshold?: number; maxIncomingPendingConnections?: number}
+  /**
+   * The bound on this client's connections (join --p2p-max-connections; default 32): libp2p's maxConnections unless
+   * connectionManager gives one, and past half of it the run's members are not all dialled (overlay.ts: about
+   * 2·log2 N neighbours; transfers with the others open connections on demand, closed after idleCloseMs).
+   */
+  maxPeerConnections?: number
+  /** A connection to a member outside the overlay with no transfer for this long is closed; default 10 s. */
+  idleCloseMs?: number
+  /** Serving bounds: each own result to at most this many peers, transfers per peer and in all (see DEFAULT_SERVING_LIMITS). */
+  serving?: Partial<ServingLimits>
   log?: EventLog
   /**
    * The transports to dial and listen with; default defaultTransports() (TCP). The circuit relay transport is added
@@ -116,6 +135,10 @@ interface P2PStats {
   bytesReceived: number
   peers: number
   badBlobs: number
+  /** Requests we answered 'busy' (serving bounds), the most peers one of our results was served to, connections closed idle. */
+  servesRefused: number
+  maxUploadsOfOwnResult: number
+  idleClosed: number
   downloadsInFlight: number
   peakDownloadsInFlight: number
   /** Result and model bytes per remote peer (its client id when the peer is a run member's ed25519 key, else its peer id), cumulative. */
@@ -185,6 +208,7 @@ export class P2PNode {
     const transports = [...(options.transports ?? defaultTransports({quic: quicOn})), ...(relay ? [circuitRelayTransport({reservationCompletionTimeout: 20_000})] : [])]
     const resultStore = options.resultStore ?? new ResultStore()
     const wire = options.wireMetrics ? new WireMetrics() : undefined
+    const maxPeerConnections = options.maxPeerConnections ?? DEFAULT_MAX_PEER_CONNECTIONS
     // The dialer and the liveness check are services, made after the gater: the gater asks them once they exist (see
     // PeerDialer.refuseDuplicate).
     let dialer: PeerDialer | undefined
@@ -202,7 +226,7 @@ export class P2PNode {
           return typeof duplicate === 'boolean' ? duplicate : ((await alive?.alive(duplicate)) ?? false)
         },
       },
-      connectionManager: {dialTimeout: RELAYED_DIAL_TIMEOUT_MS, addressDialTimeout: RELAYED_DIAL_TIMEOUT_MS, ...options.connectionManager},
+      connectionManager: {dialTimeout: RELAYED_DIAL_TIMEOUT_MS, addressDialTimeout: RELAYED_DIAL_TIMEOUT_MS, maxConnections: maxPeerConnections, ...options.connectionManager},
       services: {
         identify: identify(),
         // No AutoNAT (v1): its server closes a connection it was asked to verify when it already had one to the
@@ -243,7 +267,7 @@ export class P2PNode {
         }),
         traffic: traffic(),
         resultStore: () => resultStore,
-        dialer: peerDialer({log}),
+        dialer: peerDialer({log, maxConnections: maxPeerConnections, idleCloseMs: options.idleCloseMs}),
         // A peer that restarted (same key) while we still held its old connection: the dead one is found and cut.
         liveness: liveness({log, reconnect: (peer, hint) => dialer?.redial(peer, hint)}),
         reachability: reachability({relay, announced: (options.announce?.length ?? 0) > 0, log}),
@@ -254,6 +278,7 @@ export class P2PNode {
           maxConcurrentDownloads: options.maxConcurrentDownloads ?? DEFAULT_MAX_CONCURRENT_DOWNLOADS,
           downloadTimeoutMs,
           ...(options.fetchBackoffMs ? {fetchBackoffMs: options.fetchBackoffMs} : {}),
+          serving: options.serving,
           log,
         }),
         models: modelExchange({identity, runId, maxModelBytes: options.maxModelBytes ?? DEFAULT_MAX_MODEL_BYTES, downloadTimeoutMs, serveLimits: options.modelServeLimits, log}),
@@ -318,9 +343,12 @@ export class P2PNode {
     return this.libp2p.services.reachability.relayedAddresses()
   }
 
-  /** See PeerDialer.connect: dial peers learned from the coordinator. */
+  /**
+   * Dial the run's members learned from the coordinator (every member's addresses): all of them in a small run, our
+   * overlay neighbours in a large one (see PeerDialer.connectMembers).
+   */
   connect(addrs: string[]): Promise<void> {
-    return this.libp2p.services.dialer.connect(addrs)
+    return this.libp2p.services.dialer.connectMembers(addrs)
   }
 
   /** Peers we were told about and could not reach the last time we tried (none: everyone dialled is reachable). */
@@ -328,9 +356,13 @@ export class P2PNode {
     return this.libp2p.services.dialer.unreachablePeers()
   }
 
-  /** Of these clients, the ones we have no connection to, or that do not subscribe to our run's results yet. */
+  /**
+   * Of these clients, the ones we dial (all, or our overlay neighbours: see connect) that we have no connection to,
+   * or that do not subscribe to our run's results yet.
+   */
   notConnected(clientIds: string[]): string[] {
     const subscribers = new Set(this.libp2p.services.results.topicSubscribers().map((p) => p.toString()))
+    const dialed = this.libp2p.services.dialer.dialedMembers()
     return clientIds.filter((id) => {
       let peer: string
       try {
@@ -338,6 +370,7 @@ export class P2PNode {
       } catch {
         return true
       }
+      if (dialed !== undefined && !dialed.has(peer)) return false
       return peer !== this.peerId && (this.libp2p.getConnections(peerIdOfClient(id)).length === 0 || !subscribers.has(peer))
     })
   }
@@ -412,6 +445,9 @@ export class P2PNode {
       bytesReceived: traffic.bytesReceived,
       peers: this.libp2p.getPeers().length,
       badBlobs: results.badBlobs,
+      servesRefused: results.servesRefused,
+      maxUploadsOfOwnResult: results.maxUploadsOfOwnResult(),
+      idleClosed: this.libp2p.services.dialer.idleClosed,
       downloadsInFlight: results.downloads.active,
       peakDownloadsInFlight: results.downloads.peak,
       peerBytes: traffic.peerBytes(),

@@ -1,5 +1,6 @@
 import {TopicValidatorResult, type GossipSub, type Message} from '@libp2p/gossipsub'
 import type {Connection, PeerId, Startable, Stream} from '@libp2p/interface'
+import {peerIdFromString} from '@libp2p/peer-id'
 import type {Registrar} from '@libp2p/interface-internal'
 import {errorMessage, PsycheError} from '../errors.js'
 import {
@@ -14,6 +15,7 @@ import {
 import type {PeerDialer} from './dialer.js'
 import {CHUNK_BYTES, framed, OverrunError, readChunksInto, readJsonObject, writeChunks, writeJson} from './framing.js'
 import {isCircuit} from './addresses.js'
+import {encodeHave, havePrefix, MAX_HAVE_MESSAGE_BYTES, MAX_HAVES_PER_MESSAGE, parseHave} from './have.js'
 import {peerIdOfClient} from './peer-id.js'
 import type {Traffic} from './traffic.js'
 import {abortStream, deadline, dialErrorMessage, ON_LIMITED, Semaphore, sleep} from './util.js'
@@ -26,6 +28,30 @@ const ANNOUNCE_TIMEOUT_MS = 10_000
 export const DEFAULT_MAX_BLOB_BYTES = 64 * 1024 * 1024
 export const DEFAULT_MAX_CONCURRENT_DOWNLOADS = 4
 export const DEFAULT_DOWNLOAD_TIMEOUT_MS = 60_000
+/** "I hold these results" to the peers we are connected to (have.ts), so they fetch from us, not the producer. */
+const HAVE_PROTOCOL = '/psyche/have/1'
+/**
+ * Serving bounds (join --max-serves-per-result, --max-serves-per-peer, --max-concurrent-serves): our own result goes
+ * to at most this many peers (the others get it from those, swarmed: a producer's uplink carries each result a
+ * bounded number of times); at most this many transfers to one peer at once, and in all. A request past them is
+ * answered 'busy' and asked elsewhere or again.
+ */
+export const DEFAULT_SERVING_LIMITS: ServingLimits = {maxServesPerResult: 4, maxServesPerPeer: 2, maxConcurrentServes: 16}
+/** Holders told us nothing yet, or were busy: asked again after this long (until downloadTimeoutMs has passed). */
+const SWARM_RETRY_MS = 250
+/** New holdings are told to peers in batches, this often. */
+const HAVE_FLUSH_MS = 100
+/** At most this many (result, holders) entries are kept from have messages; more are ignored until steps are dropped. */
+const MAX_HAVE_ENTRIES = 65_536
+/** At most this many holders kept per result. */
+const MAX_HOLDERS_PER_RESULT = 64
+const HAVE_TIMEOUT_MS = 5_000
+
+export interface ServingLimits {
+  maxServesPerResult: number
+  maxServesPerPeer: number
+  maxConcurrentServes: number
+}
 
 /** Requests and response headers are small JSON; anything bigger is refused before parsing. */
 const MAX_REQUEST_BYTES = 1024
@@ -76,6 +102,7 @@ interface ResultExchangeInit {
   downloadTimeoutMs: number
   /** pauses before each retry pass over the holders; default DEFAULT_FETCH_BACKOFF_MS */
   fetchBackoffMs?: readonly number[]
+  serving?: Partial<ServingLimits>
   log: EventLog
 }
 
@@ -105,6 +132,22 @@ export class ResultExchange implements Startable {
   /** Our own announcements (by signature): their step, and the peers they were gossiped or sent to. */
   private readonly announcedTo = new Map<string, {step: number; peers: Set<string>}>()
   private stopped = false
+  private readonly serving: ServingLimits
+  /** Our own results: their step, and the peers they were served to (at most maxServesPerResult). */
+  private readonly own = new Map<string, {step: number; servedTo: Set<string>}>()
+  /** Transfers we are serving now, per peer and in all. */
+  private readonly servingTo = new Map<string, number>()
+  private servingNow = 0
+  /** Commitment prefix -> the peers that told us they hold it (have.ts), and its step. */
+  private readonly holders = new Map<string, {step: number; peers: Set<string>}>()
+  /** Results we got that our peers have not been told of yet, by step. */
+  private readonly pendingHaves = new Map<number, string[]>()
+  private haveTimer: ReturnType<typeof setTimeout> | undefined
+  /** Steps before this one were dropped: have messages for them are ignored. */
+  private firstStep = 0
+  /** Requests answered 'busy' (a serving bound), and have messages refused as malformed. */
+  servesRefused = 0
+  badHaves = 0
 
   constructor(
     private readonly components: ResultExchangeComponents,
@@ -114,6 +157,7 @@ export class ResultExchange implements Startable {
     this.topic = resultsTopic(init.runId)
     this.log = init.log
     this.downloads = new Semaphore(Math.max(1, init.maxConcurrentDownloads))
+    this.serving = {...DEFAULT_SERVING_LIMITS, ...init.serving}
   }
 
   async start(): Promise<void> {
@@ -126,6 +170,7 @@ export class ResultExchange implements Startable {
       maxInboundStreams: 8,
       ...ON_LIMITED,
     })
+    await this.components.registrar.handle(HAVE_PROTOCOL, (stream, connection) => this.receiveHave(stream, connection), {maxInboundStreams: 8, ...ON_LIMITED})
   }
 
   /** Gossipsub accepts subscriptions once it has started. */
@@ -141,6 +186,8 @@ export class ResultExchange implements Startable {
     this.stopped = true
     await this.components.registrar.unhandle(RESULT_PROTOCOL)
     await this.components.registrar.unhandle(ANNOUNCE_PROTOCOL)
+    await this.components.registrar.unhandle(HAVE_PROTOCOL)
+    clearTimeout(this.haveTimer)
   }
 
   private get results(): ResultStore {
@@ -160,6 +207,7 @@ export class ResultExchange implements Startable {
       size: blob.length,
     })
     this.results.put(announcement.commitment, step, blob)
+    this.own.set(announcement.commitment, {step, servedTo: new Set()})
     this.seenAnnouncements.set(announcement.signature, step)
     const sent = {step, peers: new Set<string>()}
     this.announcedTo.set(announcement.signature, sent)
@@ -294,6 +342,91 @@ export class ResultExchange implements Startable {
     this.results.dropBefore(step)
     for (const [signature, seenStep] of this.seenAnnouncements) if (seenStep < step) this.seenAnnouncements.delete(signature)
     for (const [signature, sent] of this.announcedTo) if (sent.step < step) this.announcedTo.delete(signature)
+    for (const [commitment, own] of this.own) if (own.step < step) this.own.delete(commitment)
+    for (const [prefix, held] of this.holders) if (held.step < step) this.holders.delete(prefix)
+    for (const pending of this.pendingHaves.keys()) if (pending < step) this.pendingHaves.delete(pending)
+    this.firstStep = Math.max(this.firstStep, step)
+  }
+
+  /** The most peers one of our results still kept was served to (bounded by maxServesPerResult): for measurements. */
+  maxUploadsOfOwnResult(): number {
+    let most = 0
+    for (const own of this.own.values()) most = Math.max(most, own.servedTo.size)
+    return most
+  }
+
+  /** Tells our connected peers, in a moment (batched), that we hold this result. */
+  private queueHave(step: number, commitment: string): void {
+    let list = this.pendingHaves.get(step)
+    if (!list) this.pendingHaves.set(step, (list = []))
+    list.push(commitment)
+    if (this.haveTimer === undefined && !this.stopped) {
+      this.haveTimer = setTimeout(() => {
+        this.haveTimer = undefined
+        void this.flushHaves()
+      }, HAVE_FLUSH_MS)
+      this.haveTimer.unref?.()
+    }
+  }
+
+  private async flushHaves(): Promise<void> {
+    const messages: Uint8Array[] = []
+    for (const [step, commitments] of this.pendingHaves)
+      for (let i = 0; i < commitments.length; i += MAX_HAVES_PER_MESSAGE) messages.push(encodeHave(step, commitments.slice(i, i + MAX_HAVES_PER_MESSAGE)))
+    this.pendingHaves.clear()
+    if (messages.length === 0 || this.stopped) return
+    await Promise.all(
+      this.topicSubscribers().map(async (peer) => {
+        const signal = deadline(HAVE_TIMEOUT_MS)
+        let stream: Stream | undefined
+        try {
+          stream = await this.components.dialer.openStream(peer, HAVE_PROTOCOL, signal)
+          const lp = framed(stream, MAX_HAVE_MESSAGE_BYTES)
+          for (const m of messages) await lp.write(m, {signal})
+          await stream.close({signal})
+        } catch (error) {
+          // A peer that left or is busy learns of the holders another way (it asks the producer, or us, again).
+          if (stream) abortStream(stream, error)
+        }
+      }),
+    )
+  }
+
+  /** Have messages from one peer (see have.ts): where to ask for results besides their producers. */
+  private async receiveHave(stream: Stream, connection: Connection): Promise<void> {
+    const signal = deadline(HAVE_TIMEOUT_MS)
+    const from = connection.remotePeer.toString()
+    try {
+      const lp = framed(stream, MAX_HAVE_MESSAGE_BYTES)
+      for (let i = 0; i < 64; i++) {
+        let frame: Uint8Array
+        try {
+          frame = (await lp.read({signal})).subarray()
+        } catch (error) {
+          if (stream.readStatus !== 'readable' || /unexpected end|end of input/i.test(errorMessage(error))) break
+          throw error
+        }
+        const parsed = parseHave(frame)
+        if (!parsed.ok) {
+          this.badHaves++
+          this.log({event: 'have_rejected', from, reason: parsed.reason})
+          break
+        }
+        const {step, prefixes} = parsed.have
+        if (step < this.firstStep) continue
+        for (const prefix of prefixes) {
+          let held = this.holders.get(prefix)
+          if (!held) {
+            if (this.holders.size >= MAX_HAVE_ENTRIES) continue
+            this.holders.set(prefix, (held = {step, peers: new Set()}))
+          }
+          if (held.peers.size < MAX_HOLDERS_PER_RESULT) held.peers.add(from)
+        }
+      }
+      await stream.close({signal}).catch(() => {})
+    } catch (error) {
+      abortStream(stream, error)
+    }
   }
 
   /**
@@ -314,6 +447,13 @@ export class ResultExchange implements Startable {
     return pending
   }
 
+  /**
+   * Peers that told us they hold the result (have.ts) are asked first, in random order, then its producer (which
+   * serves each of its results to at most maxServesPerResult peers: the rest get it from them), then, once per pass,
+   * every other subscribed peer. While every holder asked answered 'busy' or 'not found' (the result is still
+   * spreading), they are asked again every SWARM_RETRY_MS for up to downloadTimeoutMs; other failures (unreachable,
+   * timed out) use up one of the backoff passes.
+   */
   private async fetchResultOnce(a: ResultAnnouncement): Promise<Uint8Array> {
     if (a.run_id !== this.runId) throw new PsycheError(`announcement is for run ${a.run_id}, not ${this.runId}`)
     const maxBlobBytes = this.init.maxBlobBytes
@@ -322,18 +462,37 @@ export class ResultExchange implements Startable {
       throw new PsycheError(`result ${a.commitment.slice(0, 16)}… from ${a.client_id.slice(0, 16)}… is ${a.size} bytes, more than the ${maxBlobBytes}-byte maximum`)
     }
     const producer = peerIdOfClient(a.client_id)
-    const failures: string[] = []
+    /** The last failure per holder. */
+    const failures = new Map<string, string>()
     /** Holders that sent wrong bytes are not asked again. */
     const bad = new Set<string>()
     const backoff = this.init.fetchBackoffMs ?? DEFAULT_FETCH_BACKOFF_MS
-    for (let pass = 0; pass < backoff.length + 1; pass++) {
-      // The pause holds no download slot.
-      if (pass > 0) await sleep(backoff[pass - 1])
+    const prefix = havePrefix(a.commitment)
+    let pass = 0
+    let everyone = true
+    let softUntil = Date.now() + this.init.downloadTimeoutMs
+    for (;;) {
+      // The pauses hold no download slot.
       await this.downloads.acquire()
+      let soft = true
       try {
+        const told = shuffled([...(this.holders.get(prefix)?.peers ?? [])]).flatMap((p) => {
+          try {
+            return [peerIdFromString(p)]
+          } catch {
+            return []
+          }
+        })
         // Every run member re-serves what it downloaded; other peers (a relay) hold nothing of ours. Asked again
         // each pass: a peer that connected or subscribed since may hold it now.
-        const holders = [producer, ...this.topicSubscribers().filter((p) => !p.equals(producer))].filter((h) => !bad.has(h.toString()))
+        const others = everyone ? this.topicSubscribers() : []
+        const seen = new Set<string>()
+        const holders = [...told, producer, ...others].filter((h) => {
+          const id = h.toString()
+          if (seen.has(id) || bad.has(id)) return false
+          seen.add(id)
+          return true
+        })
         for (const holder of holders) {
           if (this.stopped) throw new PsycheError('p2p node stopped')
           try {
@@ -342,15 +501,20 @@ export class ResultExchange implements Startable {
             if (hash !== a.commitment) {
               this.badBlobs++
               bad.add(holder.toString())
+              soft = false
               this.log({event: 'bad_blob', from: holder.toString(), client_id: a.client_id, commitment: a.commitment, reason: `bytes hash to ${hash}, not the commitment`})
-              failures.push(`${holder.toString()}: bytes do not match the commitment`)
+              failures.set(holder.toString(), 'bytes do not match the commitment')
               continue
             }
             this.results.put(a.commitment, a.step, bytes)
+            this.queueHave(a.step, a.commitment)
             if (pass > 0) this.log({event: 'fetch_retried', from: holder.toString(), client_id: a.client_id, step: a.step, pass})
             return bytes
           } catch (error) {
             const reason = dialErrorMessage(error)
+            failures.set(holder.toString(), reason)
+            if (error instanceof NotThereError) continue
+            soft = false
             if (error instanceof BadSenderError) {
               this.badBlobs++
               bad.add(holder.toString())
@@ -358,7 +522,6 @@ export class ResultExchange implements Startable {
             } else {
               this.log({event: 'fetch_failed', from: holder.toString(), client_id: a.client_id, commitment: a.commitment, step: a.step, pass, reason})
             }
-            failures.push(`${holder.toString()}: ${reason}`)
           }
         }
         // Someone else downloaded it meanwhile (concurrent fetchResult calls share one download; publishResult, tests).
@@ -369,8 +532,20 @@ export class ResultExchange implements Startable {
       } finally {
         this.downloads.release()
       }
+      everyone = false
+      if (soft && Date.now() < softUntil && !this.stopped) {
+        await sleep(SWARM_RETRY_MS)
+        continue
+      }
+      if (pass >= backoff.length || this.stopped) break
+      await sleep(backoff[pass++])
+      everyone = true
+      softUntil = Date.now() + this.init.downloadTimeoutMs
     }
-    throw new PsycheError(`could not fetch result ${a.commitment.slice(0, 16)}… of client ${a.client_id.slice(0, 16)}… (step ${a.step}): ${failures.join('; ') || 'no peers'}`)
+    const reasons = [...failures].map(([holder, reason]) => `${holder}: ${reason}`)
+    throw new PsycheError(
+      `could not fetch result ${a.commitment.slice(0, 16)}… of client ${a.client_id.slice(0, 16)}… (step ${a.step}): ${reasons.slice(0, 8).join('; ') || 'no peers'}${reasons.length > 8 ? ` (and ${reasons.length - 8} more)` : ''}`,
+    )
   }
 
   private async downloadFrom(holder: PeerId, a: ResultAnnouncement): Promise<Uint8Array> {
@@ -380,7 +555,8 @@ export class ResultExchange implements Startable {
       const lp = framed(stream, Math.max(MAX_BLOB_HEADER_BYTES, CHUNK_BYTES))
       await writeJson(lp, {run_id: this.runId, commitment: a.commitment}, {signal})
       const header = await readJsonObject(lp, 'result response header', {signal})
-      if (header.status === 'not_found') throw new Error('does not hold it')
+      if (header.status === 'not_found') throw new NotThereError('does not hold it')
+      if (header.status === 'busy') throw new NotThereError(`busy: ${String(header.reason ?? '').slice(0, 200)}`)
       if (header.status !== 'ok') throw new Error(`refused: ${String(header.reason ?? header.status).slice(0, 200)}`)
       if (header.size !== a.size) throw new BadSenderError(`declared ${String(header.size).slice(0, 20)} bytes, announcement says ${a.size}`)
       const bytes = new Uint8Array(a.size)
@@ -399,8 +575,19 @@ export class ResultExchange implements Startable {
     }
   }
 
+  /** Why a transfer of this result to this peer is refused now (the serving bounds), or undefined. */
+  private busyReason(peer: string, commitment: string): string | undefined {
+    const own = this.own.get(commitment)
+    if (own && !own.servedTo.has(peer) && own.servedTo.size >= this.serving.maxServesPerResult)
+      return `served our result to ${own.servedTo.size} peers already (max-serves-per-result): ask them`
+    if ((this.servingTo.get(peer) ?? 0) >= this.serving.maxServesPerPeer) return `serving you ${this.serving.maxServesPerPeer} transfers already (max-serves-per-peer)`
+    if (this.servingNow >= this.serving.maxConcurrentServes) return `serving ${this.servingNow} transfers already (max-concurrent-serves)`
+    return undefined
+  }
+
   private async serve(stream: Stream, connection: Connection): Promise<void> {
     const signal = deadline(this.init.downloadTimeoutMs)
+    const peer = connection.remotePeer.toString()
     try {
       const lp = framed(stream, MAX_REQUEST_BYTES)
       const request = await readJsonObject(lp, 'result request', {signal})
@@ -411,9 +598,31 @@ export class ResultExchange implements Startable {
       } else if (stored === undefined) {
         await writeJson(lp, {status: 'not_found'}, {signal})
       } else {
-        await writeJson(lp, {status: 'ok', size: stored.length}, {signal})
-        await writeChunks(lp, stored, {signal})
-        this.components.traffic.count(connection.remotePeer, 'out', stored.length, isCircuit(connection.remoteAddr))
+        const busy = this.busyReason(peer, commitment)
+        if (busy !== undefined) {
+          this.servesRefused++
+          await writeJson(lp, {status: 'busy', reason: busy}, {signal})
+        } else {
+          const own = this.own.get(commitment)
+          const first = own !== undefined && !own.servedTo.has(peer)
+          if (first) own.servedTo.add(peer)
+          this.servingTo.set(peer, (this.servingTo.get(peer) ?? 0) + 1)
+          this.servingNow++
+          try {
+            await writeJson(lp, {status: 'ok', size: stored.length}, {signal})
+            await writeChunks(lp, stored, {signal})
+          } catch (error) {
+            // Not carried: the peer may ask again, and it does not count against the result's bound.
+            if (first) own.servedTo.delete(peer)
+            throw error
+          } finally {
+            this.servingNow--
+            const left = (this.servingTo.get(peer) ?? 1) - 1
+            if (left > 0) this.servingTo.set(peer, left)
+            else this.servingTo.delete(peer)
+          }
+          this.components.traffic.count(connection.remotePeer, 'out', stored.length, isCircuit(connection.remoteAddr))
+        }
       }
       await stream.close({signal})
     } catch (error) {
@@ -430,3 +639,14 @@ export function resultExchange(init: ResultExchangeInit): (components: ResultExc
 
 /** The sender broke the protocol in a way that is its fault (lied about sizes): reported like a bad blob. */
 class BadSenderError extends Error {}
+
+/** The holder does not have the result (yet), or is busy (its serving bounds): asked again later, not a failure. */
+class NotThereError extends Error {}
+
+function shuffled<T>(xs: T[]): T[] {
+  for (let i = xs.length - 1; i > 0; i--) {
+    const j = Math.floor(Math.random() * (i + 1))
+    ;[xs[i], xs[j]] = [xs[j], xs[i]]
+  }
+  return xs
+}
