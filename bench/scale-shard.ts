@@ -58,6 +58,8 @@ for (let i = 0; i < o.count; i += 4) {
         runId: o.runId,
         listen: ['/ip4/127.0.0.1/tcp/0'],
         relay: false,
+        // TCP only, as the series of 2026-11-24 (before QUIC): BENCH_SCALE_QUIC=1 adds QUIC.
+        quic: process.env.BENCH_SCALE_QUIC === '1',
         wireMetrics: true,
         // Every node of the bench is on 127.0.0.1: libp2p's per-host inbound rate limit (5 a second) would refuse
         // most of the dials. The connection bound is join's (--p2p-max-connections), or BENCH_SCALE_MAX_CONNECTIONS.
@@ -65,7 +67,8 @@ for (let i = 0; i < o.count; i += 4) {
         ...(process.env.BENCH_SCALE_MAX_CONNECTIONS ? {maxPeerConnections: Number(process.env.BENCH_SCALE_MAX_CONNECTIONS)} : {}),
         log: (e) => {
           const ev = e as Record<string, unknown>
-          if (ev.event === 'dial_failed' || ev.event === 'fetch_failed' || ev.event === 'bad_blob') out({t: 'p2p', shard: o.shard, client: i + j, ...ev})
+          // BENCH_SCALE_LOG (bench/scale.bench.ts): every event, for debugging a run.
+          if (ev.event === 'dial_failed' || ev.event === 'fetch_failed' || ev.event === 'bad_blob' || process.env.BENCH_SCALE_LOG) out({t: 'p2p', shard: o.shard, client: i + j, ...ev})
         },
       })
       nodes.push(p2p)

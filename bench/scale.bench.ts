@@ -17,7 +17,7 @@
 // BENCH_SCALE_COMPUTE_MS (500), BENCH_SCALE_PER_PROCESS (16), BENCH_SCALE_OUT (JSON results, default bench/scale-results.json).
 // The 128 and 256 runs are heavy: run under the heavy lock (flock /work/coord/heavy.lock npm run bench -- scale).
 import {spawn, type ChildProcess} from 'node:child_process'
-import {writeFileSync} from 'node:fs'
+import {appendFileSync, writeFileSync} from 'node:fs'
 import {join} from 'node:path'
 import {createInterface} from 'node:readline'
 import {RESULT_PROTOCOL} from '../src/core/p2p/index.js'
@@ -150,6 +150,7 @@ async function measure(n: number): Promise<ScalePoint> {
       if (text && errors.length < 20) errors.push(`shard ${s}: ${text.slice(0, 300)}`)
     })
     createInterface({input: child.stdout!}).on('line', (line) => {
+      if (process.env.BENCH_SCALE_LOG && !line.includes('"t":"proc"')) appendFileSync(process.env.BENCH_SCALE_LOG, line + '\n')
       let m: Record<string, unknown>
       try {
         m = JSON.parse(line)

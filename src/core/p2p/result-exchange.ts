@@ -39,6 +39,12 @@ const HAVE_PROTOCOL = '/psyche/have/1'
 export const DEFAULT_SERVING_LIMITS: ServingLimits = {maxServesPerResult: 4, maxServesPerPeer: 2, maxConcurrentServes: 16}
 /** Holders told us nothing yet, or were busy: asked again after this long (until downloadTimeoutMs has passed). */
 const SWARM_RETRY_MS = 250
+/**
+ * A producer we hold no connection to (not one of our overlay neighbours: dialer.ts) is dialled only after this long
+ * without the result from the peers we are connected to: its neighbours fetch it from it and tell theirs, so the
+ * result spreads along the overlay, and a producer does not get a connection from every member of a large run.
+ */
+const PRODUCER_DIAL_GRACE_MS = 5_000
 /** New holdings are told to peers in batches, this often. */
 const HAVE_FLUSH_MS = 100
 /** At most this many (result, holders) entries are kept from have messages; more are ignored until steps are dropped. */
@@ -450,9 +456,9 @@ export class ResultExchange implements Startable {
   /**
    * Peers that told us they hold the result (have.ts) are asked first, in random order, then its producer (which
    * serves each of its results to at most maxServesPerResult peers: the rest get it from them), then, once per pass,
-   * every other subscribed peer. While every holder asked answered 'busy' or 'not found' (the result is still
-   * spreading), they are asked again every SWARM_RETRY_MS for up to downloadTimeoutMs; other failures (unreachable,
-   * timed out) use up one of the backoff passes.
+   * every other subscribed peer. While the producer answers 'busy' (the result is spreading), the holders and it are
+   * asked again every SWARM_RETRY_MS for up to downloadTimeoutMs; otherwise (the producer unreachable, lying, or not
+   * holding it) a pass is used up and the next one waits its backoff pause.
    */
   private async fetchResultOnce(a: ResultAnnouncement): Promise<Uint8Array> {
     if (a.run_id !== this.runId) throw new PsycheError(`announcement is for run ${a.run_id}, not ${this.runId}`)
@@ -471,10 +477,12 @@ export class ResultExchange implements Startable {
     let pass = 0
     let everyone = true
     let softUntil = Date.now() + this.init.downloadTimeoutMs
+    const started = Date.now()
     for (;;) {
       // The pauses hold no download slot.
       await this.downloads.acquire()
-      let soft = true
+      // The producer answered 'busy' (it served its bound and the result is spreading): ask again soon.
+      let spreading = false
       try {
         const told = shuffled([...(this.holders.get(prefix)?.peers ?? [])]).flatMap((p) => {
           try {
@@ -485,9 +493,14 @@ export class ResultExchange implements Startable {
         })
         // Every run member re-serves what it downloaded; other peers (a relay) hold nothing of ours. Asked again
         // each pass: a peer that connected or subscribed since may hold it now.
-        const others = everyone ? this.topicSubscribers() : []
+        const subscribers = this.topicSubscribers()
+        const others = everyone ? subscribers : []
+        const nearProducer = subscribers.some((p) => p.equals(producer))
+        const askProducer = nearProducer || pass > 0 || Date.now() - started >= PRODUCER_DIAL_GRACE_MS
+        // Not asked yet: the result is expected from our neighbours (see PRODUCER_DIAL_GRACE_MS).
+        if (!askProducer) spreading = true
         const seen = new Set<string>()
-        const holders = [...told, producer, ...others].filter((h) => {
+        const holders = [...told, ...(askProducer ? [producer] : []), ...others].filter((h) => {
           const id = h.toString()
           if (seen.has(id) || bad.has(id)) return false
           seen.add(id)
@@ -501,7 +514,6 @@ export class ResultExchange implements Startable {
             if (hash !== a.commitment) {
               this.badBlobs++
               bad.add(holder.toString())
-              soft = false
               this.log({event: 'bad_blob', from: holder.toString(), client_id: a.client_id, commitment: a.commitment, reason: `bytes hash to ${hash}, not the commitment`})
               failures.set(holder.toString(), 'bytes do not match the commitment')
               continue
@@ -513,8 +525,9 @@ export class ResultExchange implements Startable {
           } catch (error) {
             const reason = dialErrorMessage(error)
             failures.set(holder.toString(), reason)
-            if (error instanceof NotThereError) continue
-            soft = false
+            if (error instanceof NotThereError && error.busy && holder.equals(producer)) spreading = true
+            // Expected while the result spreads (its producer busy), and asked again every SWARM_RETRY_MS: not logged.
+            if (error instanceof NotThereError && (spreading || !everyone)) continue
             if (error instanceof BadSenderError) {
               this.badBlobs++
               bad.add(holder.toString())
@@ -528,12 +541,12 @@ export class ResultExchange implements Startable {
         const local = this.results.get(a.commitment)
         if (local) return local
         // Every holder sent wrong bytes: asking again would not help.
-        if (holders.every((h) => bad.has(h.toString()))) break
+        if (holders.length > 0 && holders.every((h) => bad.has(h.toString()))) break
       } finally {
         this.downloads.release()
       }
       everyone = false
-      if (soft && Date.now() < softUntil && !this.stopped) {
+      if (spreading && Date.now() < softUntil && !this.stopped) {
         await sleep(SWARM_RETRY_MS)
         continue
       }
@@ -555,8 +568,8 @@ export class ResultExchange implements Startable {
       const lp = framed(stream, Math.max(MAX_BLOB_HEADER_BYTES, CHUNK_BYTES))
       await writeJson(lp, {run_id: this.runId, commitment: a.commitment}, {signal})
       const header = await readJsonObject(lp, 'result response header', {signal})
-      if (header.status === 'not_found') throw new NotThereError('does not hold it')
-      if (header.status === 'busy') throw new NotThereError(`busy: ${String(header.reason ?? '').slice(0, 200)}`)
+      if (header.status === 'not_found') throw new NotThereError('does not hold it', false)
+      if (header.status === 'busy') throw new NotThereError(`busy: ${String(header.reason ?? '').slice(0, 200)}`, true)
       if (header.status !== 'ok') throw new Error(`refused: ${String(header.reason ?? header.status).slice(0, 200)}`)
       if (header.size !== a.size) throw new BadSenderError(`declared ${String(header.size).slice(0, 20)} bytes, announcement says ${a.size}`)
       const bytes = new Uint8Array(a.size)
@@ -641,7 +654,14 @@ export function resultExchange(init: ResultExchangeInit): (components: ResultExc
 class BadSenderError extends Error {}
 
 /** The holder does not have the result (yet), or is busy (its serving bounds): asked again later, not a failure. */
-class NotThereError extends Error {}
+class NotThereError extends Error {
+  constructor(
+    message: string,
+    readonly busy: boolean,
+  ) {
+    super(message)
+  }
+}
 
 function shuffled<T>(xs: T[]): T[] {
   for (let i = xs.length - 1; i > 0; i--) {
