@@ -27,9 +27,12 @@ export function overlay(self: string, members: readonly string[], fullMeshUpTo: 
   const dial = new Set<string>()
   const neighbours = new Set<string>()
   for (let d = 1; d < n; d *= 2) {
-    dial.add(ring[(i + d) % n])
-    neighbours.add(ring[(i + d) % n])
-    neighbours.add(ring[(i - d + n) % n])
+    const ahead = ring[(i + d) % n]
+    const behind = ring[(i - d + n) % n]
+    // A member both d ahead and d behind (d = N/2) would dial us as we dial it: the lower peer id dials.
+    if (ahead !== behind || self < ahead) dial.add(ahead)
+    neighbours.add(ahead)
+    neighbours.add(behind)
   }
   return {dial: [...dial], neighbours, fullMesh: false}
 }

@@ -46,7 +46,7 @@ const SWARM_RETRY_MS = 250
  */
 const PRODUCER_DIAL_GRACE_MS = 5_000
 /** New holdings are told to peers in batches, this often. */
-const HAVE_FLUSH_MS = 100
+const HAVE_FLUSH_MS = 200
 /** At most this many (result, holders) entries are kept from have messages; more are ignored until steps are dropped. */
 const MAX_HAVE_ENTRIES = 65_536
 /** At most this many holders kept per result. */
@@ -147,7 +147,7 @@ export class ResultExchange implements Startable {
   /** Commitment prefix -> the peers that told us they hold it (have.ts), and its step. */
   private readonly holders = new Map<string, {step: number; peers: Set<string>}>()
   /** Results we got that our peers have not been told of yet, by step. */
-  private readonly pendingHaves = new Map<number, string[]>()
+  private readonly pendingHaves = new Map<number, {commitment: string; producer: string}[]>()
   private haveTimer: ReturnType<typeof setTimeout> | undefined
   /** Steps before this one were dropped: have messages for them are ignored. */
   private firstStep = 0
@@ -362,10 +362,10 @@ export class ResultExchange implements Startable {
   }
 
   /** Tells our connected peers, in a moment (batched), that we hold this result. */
-  private queueHave(step: number, commitment: string): void {
+  private queueHave(step: number, commitment: string, producer: string): void {
     let list = this.pendingHaves.get(step)
     if (!list) this.pendingHaves.set(step, (list = []))
-    list.push(commitment)
+    list.push({commitment, producer})
     if (this.haveTimer === undefined && !this.stopped) {
       this.haveTimer = setTimeout(() => {
         this.haveTimer = undefined
@@ -376,13 +376,19 @@ export class ResultExchange implements Startable {
   }
 
   private async flushHaves(): Promise<void> {
-    const messages: Uint8Array[] = []
-    for (const [step, commitments] of this.pendingHaves)
-      for (let i = 0; i < commitments.length; i += MAX_HAVES_PER_MESSAGE) messages.push(encodeHave(step, commitments.slice(i, i + MAX_HAVES_PER_MESSAGE)))
+    const pending = [...this.pendingHaves]
     this.pendingHaves.clear()
-    if (messages.length === 0 || this.stopped) return
+    if (pending.length === 0 || this.stopped) return
     await Promise.all(
       this.topicSubscribers().map(async (peer) => {
+        // Not told: the producer, and a peer that told us it holds the result.
+        const id = peer.toString()
+        const messages: Uint8Array[] = []
+        for (const [step, held] of pending) {
+          const news = held.filter((h) => h.producer !== id && !this.holders.get(havePrefix(h.commitment))?.peers.has(id)).map((h) => h.commitment)
+          for (let i = 0; i < news.length; i += MAX_HAVES_PER_MESSAGE) messages.push(encodeHave(step, news.slice(i, i + MAX_HAVES_PER_MESSAGE)))
+        }
+        if (messages.length === 0) return
         const signal = deadline(HAVE_TIMEOUT_MS)
         let stream: Stream | undefined
         try {
@@ -519,7 +525,7 @@ export class ResultExchange implements Startable {
               continue
             }
             this.results.put(a.commitment, a.step, bytes)
-            this.queueHave(a.step, a.commitment)
+            this.queueHave(a.step, a.commitment, producer.toString())
             if (pass > 0) this.log({event: 'fetch_retried', from: holder.toString(), client_id: a.client_id, step: a.step, pass})
             return bytes
           } catch (error) {
