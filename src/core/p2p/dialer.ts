@@ -192,7 +192,9 @@ export class PeerDialer implements Startable {
       const since = Math.max(this.lastBusy.get(c.id) ?? 0, c.timeline.open)
       if (now - since < this.idleCloseMs) continue
       this.idleClosed++
-      void c.close().catch((error: unknown) => c.abort(error instanceof Error ? error : new Error(String(error))))
+      // Aborted, not closed: a graceful close leaves the read side open while our side is closing, and a stream the
+      // peer opens in that window makes yamux abort on a closed connection, which throws outside any caller.
+      c.abort(new Error('idle: no transfer for a while, and not an overlay neighbour'))
     }
     for (const id of this.lastBusy.keys()) if (!open.has(id)) this.lastBusy.delete(id)
   }
