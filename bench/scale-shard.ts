@@ -68,7 +68,8 @@ for (let i = 0; i < o.count; i += 4) {
         log: (e) => {
           const ev = e as Record<string, unknown>
           // BENCH_SCALE_LOG (bench/scale.bench.ts): every event, for debugging a run.
-          if (ev.event === 'dial_failed' || ev.event === 'fetch_failed' || ev.event === 'bad_blob' || process.env.BENCH_SCALE_LOG) out({t: 'p2p', shard: o.shard, client: i + j, ...ev})
+          if (ev.event === 'dial_failed' || ev.event === 'fetch_failed' || ev.event === 'bad_blob' || process.env.BENCH_SCALE_LOG)
+            out({t: 'p2p', shard: o.shard, client: i + j, ...ev})
         },
       })
       nodes.push(p2p)
