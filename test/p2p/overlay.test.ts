@@ -1,6 +1,7 @@
 import assert from 'node:assert/strict'
 import {randomBytes} from 'node:crypto'
 import {describe, it} from 'node:test'
+import {multiaddr} from '@multiformats/multiaddr'
 import {encodeHave, HAVE_PREFIX_BYTES, MAX_HAVE_MESSAGE_BYTES, parseHave} from '../../src/core/p2p/have.js'
 import {overlay} from '../../src/core/p2p/overlay.js'
 import type {ResultAnnouncement} from '../../src/core/p2p/index.js'
@@ -72,6 +73,8 @@ describe('the overlay: a bounded set of connections per client', () => {
       maxPeerConnections: 16,
       idleCloseMs: 1_500,
       fetchBackoffMs: [200, 500],
+      // 16 kB results, swarmed as larger ones are by default.
+      serving: {swarmMinBytes: 0},
       connectionManager: {inboundConnectionThreshold: 10_000, maxIncomingPendingConnections: 64},
     })
     let most = 0
@@ -105,8 +108,13 @@ describe('the overlay: a bounded set of connections per client', () => {
       // The producers' uplinks carried 20 × 4 copies at most; the other 19 × 20 − 80 came from other holders.
       assert.ok(nodes.some((t) => t.node.stats().servesRefused > 0))
       assert.ok(most <= 16, `a client held ${most} connections`)
-      await waitFor(() => nodes.every((t) => t.node.libp2p.getConnections().length <= 10), 10_000, 'transfer connections closed once idle')
-      assert.ok(nodes.some((t) => t.node.stats().idleClosed > 0))
+      // Fetchers wait for their neighbours' have messages rather than dial producers, so a transfer connection is
+      // rare here: open one to a member outside client 0's overlay, and it is closed once idle.
+      const far = nodes.find((t) => t !== nodes[0] && nodes[0].node.libp2p.getConnections(t.node.libp2p.peerId).length === 0)!
+      await nodes[0].node.libp2p.dial(multiaddr(far.node.addresses()[0]))
+      await waitFor(() => nodes[0].node.libp2p.getConnections(far.node.libp2p.peerId).length === 0, 10_000, 'the transfer connection closed once idle')
+      assert.ok(nodes.every((t) => t.node.libp2p.getConnections().length <= 10))
+      assert.ok(nodes[0].node.stats().idleClosed + far.node.stats().idleClosed > 0)
     } finally {
       clearInterval(sample)
       await stopAll(nodes)

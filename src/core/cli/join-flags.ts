@@ -63,6 +63,11 @@ export const joinFlags = {
     default: DEFAULT_SERVING_LIMITS.maxServesPerResult,
     min: 1,
   }),
+  'swarm-min-bytes': Flags.integer({
+    summary: 'results smaller than this are served to every peer that asks (no --max-serves-per-result, no have messages in a full mesh)',
+    default: DEFAULT_SERVING_LIMITS.swarmMinBytes,
+    min: 0,
+  }),
   'max-serves-per-peer': Flags.integer({summary: 'result transfers served to one peer at once', default: DEFAULT_SERVING_LIMITS.maxServesPerPeer, min: 1}),
   'max-concurrent-serves': Flags.integer({summary: 'result transfers served at once, to all peers', default: DEFAULT_SERVING_LIMITS.maxConcurrentServes, min: 1}),
   'p2p-announce': Flags.string({summary: 'tell peers exactly these multiaddr(s): a public address or a forwarded port', multiple: true}),
@@ -182,6 +187,7 @@ export function joinSetup(flags: JoinFlags, plan: TrainPlan, log: ClientSetup['l
         maxServesPerResult: flags['max-serves-per-result'],
         maxServesPerPeer: flags['max-serves-per-peer'],
         maxConcurrentServes: flags['max-concurrent-serves'],
+        swarmMinBytes: flags['swarm-min-bytes'],
       },
       ...webrtcOptionsFromFlags(flags),
       modelServeLimits: {

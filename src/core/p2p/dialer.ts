@@ -5,6 +5,7 @@ import {peerIdFromString} from '@libp2p/peer-id'
 import {multiaddr, type Multiaddr} from '@multiformats/multiaddr'
 import {errorMessage} from '../errors.js'
 import {addrPeerId, isCircuit, isOtherPrivateNetwork, localNetworks} from './addresses.js'
+import {HAVE_PROTOCOL} from './have.js'
 import {DEFAULT_MAX_PEER_CONNECTIONS, fullMeshUpTo, overlay} from './overlay.js'
 import {isQuicAddr} from './transports.js'
 import {dialErrorMessage, ON_LIMITED} from './util.js'
@@ -185,7 +186,8 @@ export class PeerDialer implements Startable {
     const open = new Set<string>()
     for (const c of this.components.connectionManager.getConnections()) {
       open.add(c.id)
-      if (c.streams.some((s) => s.protocol?.startsWith('/psyche/'))) this.lastBusy.set(c.id, now)
+      // The long-lived have stream (have.ts) lasts as long as the connection: it is no transfer.
+      if (c.streams.some((s) => s.protocol?.startsWith('/psyche/') && s.protocol !== HAVE_PROTOCOL)) this.lastBusy.set(c.id, now)
       if (neighbours === undefined || this.stopped || c.status !== 'open') continue
       const peer = c.remotePeer.toString()
       if (neighbours.has(peer) || !this.knownAddrs.has(peer)) continue

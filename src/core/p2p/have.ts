@@ -1,9 +1,11 @@
 /**
  * "I hold these results" (/psyche/have/1): a client that got a result tells the peers it is connected to, so they
- * fetch it from it rather than from its producer (result-exchange.ts: swarmed downloads). A binary frame: the step
+ * fetch it from it rather than from its producer (result-exchange.ts: swarmed downloads). Each client keeps one
+ * long-lived stream of these to each connected peer, a frame per batch. A binary frame: the step
  * (u32, big-endian), then the first HAVE_PREFIX_BYTES of each result's commitment. A prefix only steers where a
  * result is asked for: what arrives is checked against the full commitment. Pure.
  */
+export const HAVE_PROTOCOL = '/psyche/have/1'
 export const HAVE_PREFIX_BYTES = 8
 /** At most this many results per message (a round has one per trainer; more are sent as several messages). */
 export const MAX_HAVES_PER_MESSAGE = 1024

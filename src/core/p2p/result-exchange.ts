@@ -15,7 +15,7 @@ import {
 import type {PeerDialer} from './dialer.js'
 import {CHUNK_BYTES, framed, OverrunError, readChunksInto, readJsonObject, writeChunks, writeJson} from './framing.js'
 import {isCircuit} from './addresses.js'
-import {encodeHave, havePrefix, MAX_HAVE_MESSAGE_BYTES, MAX_HAVES_PER_MESSAGE, parseHave} from './have.js'
+import {encodeHave, HAVE_PROTOCOL, havePrefix, MAX_HAVE_MESSAGE_BYTES, MAX_HAVES_PER_MESSAGE, parseHave} from './have.js'
 import {peerIdOfClient} from './peer-id.js'
 import type {Traffic} from './traffic.js'
 import {abortStream, deadline, dialErrorMessage, ON_LIMITED, Semaphore, sleep} from './util.js'
@@ -28,15 +28,14 @@ const ANNOUNCE_TIMEOUT_MS = 10_000
 export const DEFAULT_MAX_BLOB_BYTES = 64 * 1024 * 1024
 export const DEFAULT_MAX_CONCURRENT_DOWNLOADS = 4
 export const DEFAULT_DOWNLOAD_TIMEOUT_MS = 60_000
-/** "I hold these results" to the peers we are connected to (have.ts), so they fetch from us, not the producer. */
-const HAVE_PROTOCOL = '/psyche/have/1'
 /**
- * Serving bounds (join --max-serves-per-result, --max-serves-per-peer, --max-concurrent-serves): our own result goes
- * to at most this many peers (the others get it from those, swarmed: a producer's uplink carries each result a
- * bounded number of times); at most this many transfers to one peer at once, and in all. A request past them is
- * answered 'busy' and asked elsewhere or again.
+ * Serving bounds (join --max-serves-per-result, --max-serves-per-peer, --max-concurrent-serves, --swarm-min-bytes):
+ * our own result of at least swarmMinBytes goes to at most maxServesPerResult peers (the others get it from those,
+ * swarmed: a producer's uplink carries each result a bounded number of times); a smaller one goes to every peer that
+ * asks (swarming it would cost more in messages and retries than it saves in uplink); at most this many transfers to
+ * one peer at once, and in all. A request past them is answered 'busy' and asked elsewhere or again.
  */
-export const DEFAULT_SERVING_LIMITS: ServingLimits = {maxServesPerResult: 4, maxServesPerPeer: 2, maxConcurrentServes: 16}
+export const DEFAULT_SERVING_LIMITS: ServingLimits = {maxServesPerResult: 4, maxServesPerPeer: 2, maxConcurrentServes: 16, swarmMinBytes: 256 * 1024}
 /** Holders told us nothing yet, or were busy: asked again after this long (until downloadTimeoutMs has passed). */
 const SWARM_RETRY_MS = 250
 /**
@@ -46,7 +45,13 @@ const SWARM_RETRY_MS = 250
  */
 const PRODUCER_DIAL_GRACE_MS = 5_000
 /** New holdings are told to peers in batches, this often. */
-const HAVE_FLUSH_MS = 200
+const HAVE_FLUSH_MS = 50
+/**
+ * A fetcher connected to the producer of a swarmed result that is not among the first maxServesPerResult in line for
+ * it (see inLine) waits this long for holders to tell it they have it before asking the producer, which would
+ * likely answer 'busy'.
+ */
+const HOLDER_WAIT_MS = 2_000
 /** At most this many (result, holders) entries are kept from have messages; more are ignored until steps are dropped. */
 const MAX_HAVE_ENTRIES = 65_536
 /** At most this many holders kept per result. */
@@ -57,6 +62,8 @@ export interface ServingLimits {
   maxServesPerResult: number
   maxServesPerPeer: number
   maxConcurrentServes: number
+  /** Results smaller than this are served to every peer that asks (see DEFAULT_SERVING_LIMITS). */
+  swarmMinBytes: number
 }
 
 /** Requests and response headers are small JSON; anything bigger is refused before parsing. */
@@ -113,6 +120,7 @@ interface ResultExchangeInit {
 }
 
 interface ResultExchangeComponents {
+  peerId: PeerId
   registrar: Registrar
   pubsub: GossipSub
   dialer: PeerDialer
@@ -149,6 +157,11 @@ export class ResultExchange implements Startable {
   /** Results we got that our peers have not been told of yet, by step. */
   private readonly pendingHaves = new Map<number, {commitment: string; producer: string}[]>()
   private haveTimer: ReturnType<typeof setTimeout> | undefined
+  private flushingHaves = false
+  /** Our long-lived have stream to each peer (one per peer, reopened when it breaks). */
+  private readonly haveStreams = new Map<string, {stream: Stream; lp: ReturnType<typeof framed>}>()
+  /** Per peer id, a hash of it (inLine). */
+  private readonly peerRank = new Map<string, number>()
   /** Steps before this one were dropped: have messages for them are ignored. */
   private firstStep = 0
   /** Requests answered 'busy' (a serving bound), and have messages refused as malformed. */
@@ -176,7 +189,8 @@ export class ResultExchange implements Startable {
       maxInboundStreams: 8,
       ...ON_LIMITED,
     })
-    await this.components.registrar.handle(HAVE_PROTOCOL, (stream, connection) => this.receiveHave(stream, connection), {maxInboundStreams: 8, ...ON_LIMITED})
+    // One long-lived stream per peer, and one more while a broken one is replaced.
+    await this.components.registrar.handle(HAVE_PROTOCOL, (stream, connection) => this.receiveHave(stream, connection), {maxInboundStreams: 2, ...ON_LIMITED})
   }
 
   /** Gossipsub accepts subscriptions once it has started. */
@@ -194,6 +208,8 @@ export class ResultExchange implements Startable {
     await this.components.registrar.unhandle(ANNOUNCE_PROTOCOL)
     await this.components.registrar.unhandle(HAVE_PROTOCOL)
     clearTimeout(this.haveTimer)
+    for (const {stream} of this.haveStreams.values()) abortStream(stream, new Error('p2p node stopped'))
+    this.haveStreams.clear()
   }
 
   private get results(): ResultStore {
@@ -361,26 +377,44 @@ export class ResultExchange implements Startable {
     return most
   }
 
-  /** Tells our connected peers, in a moment (batched), that we hold this result. */
-  private queueHave(step: number, commitment: string, producer: string): void {
+  /**
+   * Tells our connected peers, in a moment (batched), that we hold this result; not when every fetcher asks its
+   * producer anyway: a result below swarmMinBytes (served to all) while we are connected to every member (overlay.ts).
+   */
+  private queueHave(step: number, commitment: string, producer: string, size: number): void {
+    if (size < this.serving.swarmMinBytes && this.components.dialer.dialedMembers() === undefined) return
     let list = this.pendingHaves.get(step)
     if (!list) this.pendingHaves.set(step, (list = []))
     list.push({commitment, producer})
-    if (this.haveTimer === undefined && !this.stopped) {
-      this.haveTimer = setTimeout(() => {
-        this.haveTimer = undefined
-        void this.flushHaves()
-      }, HAVE_FLUSH_MS)
-      this.haveTimer.unref?.()
-    }
+    this.scheduleHaves()
+  }
+
+  private scheduleHaves(): void {
+    if (this.haveTimer !== undefined || this.stopped) return
+    this.haveTimer = setTimeout(() => {
+      this.haveTimer = undefined
+      // One flush at a time (each peer's stream has one writer): the next waits for it.
+      if (this.flushingHaves) return this.scheduleHaves()
+      this.flushingHaves = true
+      void this.flushHaves().finally(() => (this.flushingHaves = false))
+    }, HAVE_FLUSH_MS)
+    this.haveTimer.unref?.()
   }
 
   private async flushHaves(): Promise<void> {
     const pending = [...this.pendingHaves]
     this.pendingHaves.clear()
     if (pending.length === 0 || this.stopped) return
+    const peers = this.topicSubscribers()
+    // Streams to peers no longer subscribed (gone, or disconnected) are let go.
+    const current = new Set(peers.map((p) => p.toString()))
+    for (const [id, {stream}] of this.haveStreams)
+      if (!current.has(id) || stream.writeStatus !== 'writable') {
+        if (stream.writeStatus === 'writable') abortStream(stream, new Error('peer left the topic'))
+        this.haveStreams.delete(id)
+      }
     await Promise.all(
-      this.topicSubscribers().map(async (peer) => {
+      peers.map(async (peer) => {
         // Not told: the producer, and a peer that told us it holds the result.
         const id = peer.toString()
         const messages: Uint8Array[] = []
@@ -388,32 +422,46 @@ export class ResultExchange implements Startable {
           const news = held.filter((h) => h.producer !== id && !this.holders.get(havePrefix(h.commitment))?.peers.has(id)).map((h) => h.commitment)
           for (let i = 0; i < news.length; i += MAX_HAVES_PER_MESSAGE) messages.push(encodeHave(step, news.slice(i, i + MAX_HAVES_PER_MESSAGE)))
         }
-        if (messages.length === 0) return
-        const signal = deadline(HAVE_TIMEOUT_MS)
-        let stream: Stream | undefined
-        try {
-          stream = await this.components.dialer.openStream(peer, HAVE_PROTOCOL, signal)
-          const lp = framed(stream, MAX_HAVE_MESSAGE_BYTES)
-          for (const m of messages) await lp.write(m, {signal})
-          await stream.close({signal})
-        } catch (error) {
-          // A peer that left or is busy learns of the holders another way (it asks the producer, or us, again).
-          if (stream) abortStream(stream, error)
-        }
+        if (messages.length > 0) await this.sendHaves(peer, messages)
       }),
     )
   }
 
-  /** Have messages from one peer (see have.ts): where to ask for results besides their producers. */
-  private async receiveHave(stream: Stream, connection: Connection): Promise<void> {
+  /** Writes have messages on our long-lived stream to this peer, opening it first if there is none. */
+  private async sendHaves(peer: PeerId, messages: Uint8Array[]): Promise<void> {
+    const id = peer.toString()
     const signal = deadline(HAVE_TIMEOUT_MS)
+    let out = this.haveStreams.get(id)
+    try {
+      if (out === undefined) {
+        const stream = await this.components.dialer.openStream(peer, HAVE_PROTOCOL, signal)
+        out = {stream, lp: framed(stream, MAX_HAVE_MESSAGE_BYTES)}
+        if (this.stopped) throw new Error('p2p node stopped')
+        this.haveStreams.set(id, out)
+      }
+      for (const m of messages) await out.lp.write(m, {signal})
+    } catch (error) {
+      // A peer that left or is busy learns of the holders another way (it asks the producer, or us, again); the
+      // stream is opened again at the next batch.
+      if (out) {
+        abortStream(out.stream, error)
+        if (this.haveStreams.get(id) === out) this.haveStreams.delete(id)
+      }
+    }
+  }
+
+  /**
+   * A peer's long-lived stream of have messages (see have.ts): where to ask for results besides their producers. It
+   * lasts as long as the connection; what it can make us hold is bounded (MAX_HAVE_ENTRIES, MAX_HOLDERS_PER_RESULT).
+   */
+  private async receiveHave(stream: Stream, connection: Connection): Promise<void> {
     const from = connection.remotePeer.toString()
     try {
       const lp = framed(stream, MAX_HAVE_MESSAGE_BYTES)
-      for (let i = 0; i < 64; i++) {
+      for (;;) {
         let frame: Uint8Array
         try {
-          frame = (await lp.read({signal})).subarray()
+          frame = (await lp.read()).subarray()
         } catch (error) {
           if (stream.readStatus !== 'readable' || /unexpected end|end of input/i.test(errorMessage(error))) break
           throw error
@@ -422,7 +470,8 @@ export class ResultExchange implements Startable {
         if (!parsed.ok) {
           this.badHaves++
           this.log({event: 'have_rejected', from, reason: parsed.reason})
-          break
+          abortStream(stream, new Error(parsed.reason))
+          return
         }
         const {step, prefixes} = parsed.have
         if (step < this.firstStep) continue
@@ -435,16 +484,42 @@ export class ResultExchange implements Startable {
           if (held.peers.size < MAX_HOLDERS_PER_RESULT) held.peers.add(from)
         }
       }
-      await stream.close({signal}).catch(() => {})
+      await stream.close().catch(() => {})
     } catch (error) {
       abortStream(stream, error)
     }
   }
 
   /**
-   * Downloads an announced result: from the producer first, then from any other connected peer (every node re-serves
-   * what it downloaded). Bytes that do not hash to the commitment are discarded and their sender reported
-   * ({event: 'bad_blob'}); throws when no holder supplied the right bytes.
+   * Whether we are among the first maxServesPerResult of the producer's connected peers in line for this result (an
+   * order every member computes alike from the commitment and peer ids, when it sees the same peers: in a full mesh),
+   * so the producer serves those first and the rest wait for them to tell they hold it. O(peers) integer work.
+   */
+  private inLine(commitment: string, subscribers: readonly PeerId[], producer: PeerId): boolean {
+    const key = Number.parseInt(commitment.slice(0, 8), 16) >>> 0
+    const rank = (id: string) => {
+      let h = this.peerRank.get(id)
+      if (h === undefined) {
+        h = fnv1a(id)
+        if (this.peerRank.size > 4096) this.peerRank.clear()
+        this.peerRank.set(id, h)
+      }
+      return (h ^ key) >>> 0
+    }
+    const mine = rank(this.components.peerId.toString())
+    let ahead = 0
+    for (const p of subscribers) {
+      if (p.equals(producer)) continue
+      const r = rank(p.toString())
+      if (r < mine && ++ahead >= this.serving.maxServesPerResult) return false
+    }
+    return true
+  }
+
+  /**
+   * Downloads an announced result: from the peers that told us they hold it, or its producer, then from any other
+   * connected peer (every node re-serves what it downloaded). Bytes that do not hash to the commitment are discarded
+   * and their sender reported ({event: 'bad_blob'}); throws when no holder supplied the right bytes.
    */
   async fetchResult(a: ResultAnnouncement): Promise<Uint8Array> {
     const local = this.results.get(a.commitment)
@@ -461,10 +536,11 @@ export class ResultExchange implements Startable {
 
   /**
    * Peers that told us they hold the result (have.ts) are asked first, in random order, then its producer (which
-   * serves each of its results to at most maxServesPerResult peers: the rest get it from them), then, once per pass,
-   * every other subscribed peer. While the producer answers 'busy' (the result is spreading), the holders and it are
-   * asked again every SWARM_RETRY_MS for up to downloadTimeoutMs; otherwise (the producer unreachable, lying, or not
-   * holding it) a pass is used up and the next one waits its backoff pause.
+   * serves each of its results of swarmMinBytes or more to at most maxServesPerResult peers: the rest get it from
+   * them, and wait for them rather than ask it: see inLine, HOLDER_WAIT_MS, PRODUCER_DIAL_GRACE_MS), then, once per
+   * pass, every other subscribed peer. While holders answer 'busy' or we wait for them (the result is spreading),
+   * they are asked again every SWARM_RETRY_MS for up to downloadTimeoutMs; otherwise (the producer unreachable,
+   * lying, or not holding it) a pass is used up and the next one waits its backoff pause.
    */
   private async fetchResultOnce(a: ResultAnnouncement): Promise<Uint8Array> {
     if (a.run_id !== this.runId) throw new PsycheError(`announcement is for run ${a.run_id}, not ${this.runId}`)
@@ -481,7 +557,10 @@ export class ResultExchange implements Startable {
     const backoff = this.init.fetchBackoffMs ?? DEFAULT_FETCH_BACKOFF_MS
     const prefix = havePrefix(a.commitment)
     let pass = 0
-    let everyone = true
+    /** This try also asks every subscribed peer (once a pass: the told holders and the producer could not serve it). */
+    let everyone = false
+    let first = true
+    const swarmed = a.size >= this.serving.swarmMinBytes
     let softUntil = Date.now() + this.init.downloadTimeoutMs
     const started = Date.now()
     for (;;) {
@@ -500,13 +579,22 @@ export class ResultExchange implements Startable {
         // Every run member re-serves what it downloaded; other peers (a relay) hold nothing of ours. Asked again
         // each pass: a peer that connected or subscribed since may hold it now.
         const subscribers = this.topicSubscribers()
-        const others = everyone ? subscribers : []
         const nearProducer = subscribers.some((p) => p.equals(producer))
-        const askProducer = nearProducer || pass > 0 || Date.now() - started >= PRODUCER_DIAL_GRACE_MS
-        // Not asked yet: the result is expected from our neighbours (see PRODUCER_DIAL_GRACE_MS).
+        // Connected to every member but not to the producer (gone, or not yet reachable): any member may hold it, and
+        // the have messages sent before we joined never reached us. In a bounded overlay we wait for them instead.
+        if (first && !nearProducer && this.components.dialer.dialedMembers() === undefined) everyone = true
+        first = false
+        const others = everyone ? subscribers : []
+        const waited = Date.now() - started
+        // A swarmed result's producer is asked at once by the fetchers in line for it (inLine), by the others once
+        // HOLDER_WAIT_MS passed without a holder serving it.
+        const askProducer =
+          pass > 0 || everyone || waited >= PRODUCER_DIAL_GRACE_MS || (nearProducer && (!swarmed || waited >= HOLDER_WAIT_MS || this.inLine(a.commitment, subscribers, producer)))
+        // Not asked yet: the result is expected from our neighbours (see PRODUCER_DIAL_GRACE_MS, HOLDER_WAIT_MS).
         if (!askProducer) spreading = true
         const seen = new Set<string>()
-        const holders = [...told, ...(askProducer ? [producer] : []), ...others].filter((h) => {
+        // A producer we are not connected to is dialled last.
+        const holders = [...told, ...(askProducer && nearProducer ? [producer] : []), ...others, ...(askProducer ? [producer] : [])].filter((h) => {
           const id = h.toString()
           if (seen.has(id) || bad.has(id)) return false
           seen.add(id)
@@ -525,15 +613,16 @@ export class ResultExchange implements Startable {
               continue
             }
             this.results.put(a.commitment, a.step, bytes)
-            this.queueHave(a.step, a.commitment, producer.toString())
+            this.queueHave(a.step, a.commitment, producer.toString(), a.size)
             if (pass > 0) this.log({event: 'fetch_retried', from: holder.toString(), client_id: a.client_id, step: a.step, pass})
             return bytes
           } catch (error) {
             const reason = dialErrorMessage(error)
             failures.set(holder.toString(), reason)
-            if (error instanceof NotThereError && error.busy && holder.equals(producer)) spreading = true
-            // Expected while the result spreads (its producer busy), and asked again every SWARM_RETRY_MS: not logged.
-            if (error instanceof NotThereError && (spreading || !everyone)) continue
+            if (error instanceof NotThereError && error.busy) spreading = true
+            // Expected while the result spreads (its holders busy, or other peers not holding it yet), and asked
+            // again: not logged. A producer without its own result is.
+            if (error instanceof NotThereError && (error.busy || !holder.equals(producer))) continue
             if (error instanceof BadSenderError) {
               this.badBlobs++
               bad.add(holder.toString())
@@ -551,9 +640,15 @@ export class ResultExchange implements Startable {
       } finally {
         this.downloads.release()
       }
+      const askedEveryone = everyone
       everyone = false
       if (spreading && Date.now() < softUntil && !this.stopped) {
         await sleep(SWARM_RETRY_MS)
+        continue
+      }
+      // The producer could not serve it: every peer is asked once before the pass is used up.
+      if (!askedEveryone && !this.stopped) {
+        everyone = true
         continue
       }
       if (pass >= backoff.length || this.stopped) break
@@ -595,9 +690,9 @@ export class ResultExchange implements Startable {
   }
 
   /** Why a transfer of this result to this peer is refused now (the serving bounds), or undefined. */
-  private busyReason(peer: string, commitment: string): string | undefined {
+  private busyReason(peer: string, commitment: string, size: number): string | undefined {
     const own = this.own.get(commitment)
-    if (own && !own.servedTo.has(peer) && own.servedTo.size >= this.serving.maxServesPerResult)
+    if (own && size >= this.serving.swarmMinBytes && !own.servedTo.has(peer) && own.servedTo.size >= this.serving.maxServesPerResult)
       return `served our result to ${own.servedTo.size} peers already (max-serves-per-result): ask them`
     if ((this.servingTo.get(peer) ?? 0) >= this.serving.maxServesPerPeer) return `serving you ${this.serving.maxServesPerPeer} transfers already (max-serves-per-peer)`
     if (this.servingNow >= this.serving.maxConcurrentServes) return `serving ${this.servingNow} transfers already (max-concurrent-serves)`
@@ -617,7 +712,7 @@ export class ResultExchange implements Startable {
       } else if (stored === undefined) {
         await writeJson(lp, {status: 'not_found'}, {signal})
       } else {
-        const busy = this.busyReason(peer, commitment)
+        const busy = this.busyReason(peer, commitment, stored.length)
         if (busy !== undefined) {
           this.servesRefused++
           await writeJson(lp, {status: 'busy', reason: busy}, {signal})
@@ -675,4 +770,11 @@ function shuffled<T>(xs: T[]): T[] {
     ;[xs[i], xs[j]] = [xs[j], xs[i]]
   }
   return xs
+}
+
+/** 32-bit FNV-1a of a string's UTF-16 code units (inLine's order; not for anything an attacker could exploit). */
+function fnv1a(text: string): number {
+  let h = 0x811c9dc5
+  for (let i = 0; i < text.length; i++) h = Math.imul(h ^ text.charCodeAt(i), 0x01000193)
+  return h >>> 0
 }
