@@ -8,7 +8,7 @@ import {addrPeerId, isCircuit, isOtherPrivateNetwork, localNetworks} from './add
 import {HAVE_PROTOCOL} from './have.js'
 import {DEFAULT_MAX_PEER_CONNECTIONS, fullMeshUpTo, overlay} from './overlay.js'
 import {isQuicAddr} from './transports.js'
-import {dialErrorMessage, ON_LIMITED} from './util.js'
+import {deadline, dialErrorMessage, ON_LIMITED} from './util.js'
 import type {EventLog} from '../events.js'
 
 /** A peer we were told about but could not reach, with the addresses we tried (for the no-exchange warning). */
@@ -290,7 +290,7 @@ export class PeerDialer implements Startable {
     }
     const reasons: string[] = []
     // As libp2p.dial: user dials go first in the dial queue.
-    const open = (addrs: Multiaddr[], timeoutMs: number) => this.components.connectionManager.openConnection(addrs, {priority: 75, signal: AbortSignal.timeout(timeoutMs)})
+    const open = (addrs: Multiaddr[], timeoutMs: number) => this.components.connectionManager.openConnection(addrs, {priority: 75, signal: deadline(timeoutMs)})
     for (const {addrs, timeoutMs, kind, marksDirectFailed} of attempts) {
       const isDirect = kind !== 'relayed'
       const started = Date.now()

@@ -620,9 +620,9 @@ export class ResultExchange implements Startable {
             const reason = dialErrorMessage(error)
             failures.set(holder.toString(), reason)
             if (error instanceof NotThereError && error.busy) spreading = true
-            // Expected while the result spreads (its holders busy, or other peers not holding it yet), and asked
-            // again: not logged. A producer without its own result is.
-            if (error instanceof NotThereError && (error.busy || !holder.equals(producer))) continue
+            // Expected while the result spreads (its holders busy, or told holders not holding it yet), and asked
+            // again: not logged. A producer without its own result is, and so is every peer asked once it failed.
+            if (error instanceof NotThereError && (error.busy || (!everyone && !holder.equals(producer)))) continue
             if (error instanceof BadSenderError) {
               this.badBlobs++
               bad.add(holder.toString())
@@ -635,8 +635,8 @@ export class ResultExchange implements Startable {
         // Someone else downloaded it meanwhile (concurrent fetchResult calls share one download; publishResult, tests).
         const local = this.results.get(a.commitment)
         if (local) return local
-        // Every holder sent wrong bytes: asking again would not help.
-        if (holders.length > 0 && holders.every((h) => bad.has(h.toString()))) break
+        // Every peer asked sent wrong bytes: asking again would not help.
+        if (everyone && holders.length > 0 && holders.every((h) => bad.has(h.toString()))) break
       } finally {
         this.downloads.release()
       }

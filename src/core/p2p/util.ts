@@ -6,15 +6,56 @@ import type {EventLog} from '../events.js'
 /** Our protocols also run over relayed connections, which the relay limits in time and bytes (see psyche relay). */
 export const ON_LIMITED = {runOnLimitedConnection: true} as const
 
+const LAG_TICK_MS = 50
+const LAG_JITTER_MS = 2
+let lagTotal = 0
+let lastTick = 0
+let lagTicker: ReturnType<typeof setInterval> | undefined
+
+/**
+ * How long this process could not run its timers, in all (ms): its event loop busy with other work, or the process
+ * not scheduled at all (a machine short of CPU). A ticker every LAG_TICK_MS adds up how late it woke, past a little
+ * jitter; started on first use, unref'd.
+ */
+export function eventLoopLagMs(): number {
+  const now = performance.now()
+  if (lagTicker === undefined) {
+    lastTick = now
+    lagTicker = setInterval(() => {
+      const at = performance.now()
+      lagTotal += Math.max(0, at - lastTick - LAG_TICK_MS - LAG_JITTER_MS)
+      lastTick = at
+    }, LAG_TICK_MS)
+    lagTicker.unref()
+  }
+  // Also the lateness of a tick that is due and has not run yet (our caller ran first).
+  return lagTotal + Math.max(0, now - lastTick - LAG_TICK_MS - LAG_JITTER_MS)
+}
+/** A deadline is stretched by the event-loop lag it saw to at most this many times its length. */
+export const MAX_DEADLINE_STRETCH = 3
+
 /**
  * A deadline for one transfer. Every chunk read/write listens on it, so Node's 10-listener warning does not apply.
+ * It counts only the time this process could run (eventLoopLagMs): a peer that answered while our event loop was busy,
+ * or while the machine gave us no CPU, is not timed out for our own delay, as a starved client on a weak machine
+ * would otherwise cut every peer it was talking to; it is stretched to at most MAX_DEADLINE_STRETCH times `ms`, so a
+ * peer that is gone is still given up on.
  * Its timer holds it strongly (unref'd: it keeps no process alive). AbortSignal.timeout's timer holds its signal
  * weakly, and Node 20's AbortSignal.any follows its sources without holding them: a timeout signal inside a composite
  * may be collected and the composite never abort (nodejs/node#57736), which left WebRTC attempts waiting forever.
  */
 export function deadline(ms: number): AbortSignal {
   const controller = new AbortController()
-  setTimeout(() => controller.abort(new DOMException('The operation was aborted due to timeout', 'TimeoutError')), ms).unref()
+  const start = performance.now()
+  const lagAtStart = eventLoopLagMs()
+  const latest = ms * MAX_DEADLINE_STRETCH
+  const check = () => {
+    const elapsed = performance.now() - start
+    const ran = elapsed - (eventLoopLagMs() - lagAtStart)
+    if (ran >= ms - 1 || elapsed >= latest - 1) controller.abort(new DOMException('The operation was aborted due to timeout', 'TimeoutError'))
+    else setTimeout(check, Math.min(ms - ran, latest - elapsed)).unref()
+  }
+  setTimeout(check, ms).unref()
   setMaxListeners(Infinity, controller.signal)
   return controller.signal
 }
