@@ -325,6 +325,8 @@ export class PeerDialer implements Startable {
         if (isDirect && this.directDialStarted.get(peer) === started) this.directDialStarted.delete(peer)
       }
     }
+    // Dials cut short by our own stop are no failures of the peer's.
+    if (this.stopped) return
     const reason = reasons.join('; ') || 'no address'
     this.dialFailures.set(peer, {peer_id: peer, addrs: targets.map((t) => t.toString()), reason, at: Date.now()})
     this.log({event: 'dial_failed', peer_id: peer, addrs: targets.map((t) => t.toString()), reason})
