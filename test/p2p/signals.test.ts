@@ -32,6 +32,33 @@ describe('deadlines and composed signals', () => {
     }
   })
 
+  it('a deadline counts only the time the event loop could run: a blocked loop stretches it, to at most 3× its length', async () => {
+    const blockFor = (ms: number) => {
+      const until = performance.now() + ms
+      while (performance.now() < until) {
+        // busy: the event loop runs nothing else
+      }
+    }
+    const firedAfter = (signal: AbortSignal, start: number) =>
+      new Promise<number>((resolve) => signal.addEventListener('abort', () => resolve(performance.now() - start), {once: true}))
+    // 250 ms of a 300 ms deadline blocked: it fires after about 550 ms, not 300.
+    let start = performance.now()
+    let signal = deadline(300)
+    let fired = firedAfter(signal, start)
+    await new Promise((r) => setTimeout(r, 20))
+    blockFor(250)
+    let at = await fired
+    assert.ok(at >= 500 && at < 900 + 500, `fired after ${at.toFixed(0)} ms`)
+    assert.equal((signal.reason as Error).name, 'TimeoutError')
+    // Blocked for longer than 3× its length: it fires as soon as the loop runs again.
+    start = performance.now()
+    signal = deadline(100)
+    fired = firedAfter(signal, start)
+    blockFor(500)
+    at = await fired
+    assert.ok(at >= 500 && at < 500 + 300, `fired after ${at.toFixed(0)} ms`)
+  })
+
   it('aborts with the first source’s reason, at once when one already aborted, and lets go of the others', async () => {
     const a = new AbortController()
     const b = new AbortController()

@@ -446,6 +446,10 @@ export class PeerDialer implements Startable {
     }
     const existing = await tryOpen()
     if (existing) return existing
+    // A transfer with a member outside our overlay opens no connection past the bound (libp2p only prunes after).
+    const atBound = this.components.connectionManager.getConnections().length >= this.maxConnections
+    if (this.neighbours !== undefined && !this.neighbours.has(peer.toString()) && atBound)
+      throw new Error(`${reasons.join('; ')}${reasons.length ? '; ' : ''}not dialled: ${this.maxConnections} connections open already (--p2p-max-connections)`)
     const known = this.knownAddrs.get(peer.toString())
     if (known) {
       await this.dialPeer(peer.toString(), known)

@@ -17,7 +17,7 @@ let lagTicker: ReturnType<typeof setInterval> | undefined
  * not scheduled at all (a machine short of CPU). A ticker every LAG_TICK_MS adds up how late it woke, past a little
  * jitter; started on first use, unref'd.
  */
-export function eventLoopLagMs(): number {
+function eventLoopLagMs(): number {
   const now = performance.now()
   if (lagTicker === undefined) {
     lastTick = now
@@ -32,7 +32,7 @@ export function eventLoopLagMs(): number {
   return lagTotal + Math.max(0, now - lastTick - LAG_TICK_MS - LAG_JITTER_MS)
 }
 /** A deadline is stretched by the event-loop lag it saw to at most this many times its length. */
-export const MAX_DEADLINE_STRETCH = 3
+const MAX_DEADLINE_STRETCH = 3
 
 /**
  * A deadline for one transfer. Every chunk read/write listens on it, so Node's 10-listener warning does not apply.
