@@ -147,6 +147,7 @@ async function measure(n: number): Promise<ScalePoint> {
     procs.push(child)
     child.stderr!.on('data', (d: Buffer) => {
       const text = d.toString().trim()
+      if (text && process.env.BENCH_SCALE_LOG) appendFileSync(process.env.BENCH_SCALE_LOG, `shard ${s} stderr: ${text}\n`)
       if (text && errors.length < 20) errors.push(`shard ${s}: ${text.slice(0, 300)}`)
     })
     createInterface({input: child.stdout!}).on('line', (line) => {

@@ -137,7 +137,9 @@ export class Liveness implements Startable {
       // state for it), then one dial. The new connection's address is where the peer listens only when we dialled it:
       // an inbound one comes from the port it dials from (TCP's ephemeral port; libp2p-quic's dialing socket).
       const hint = !isCircuit(opened.remoteAddr) && opened.direction === 'outbound' ? [opened.remoteAddr] : []
-      await this.components.connectionManager.closeConnections(peer).catch(() => {})
+      // Aborted, not closed: a graceful close leaves our side closing while the peer still sends, and yamux answering
+      // it on the closed connection throws outside any caller (it crashed a starved process); these are dead anyway.
+      for (const c of this.components.connectionManager.getConnections(peer)) c.abort(new Error('stale: a connection to this peer did not answer its probe'))
       if (!this.stopped) this.reconnect(key, hint)
     } catch (error) {
       this.log({event: 'stale_connection_failed', peer_id: peer.toString(), reason: errorMessage(error)})
