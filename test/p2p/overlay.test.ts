@@ -6,7 +6,7 @@ import {encodeHave, HAVE_PREFIX_BYTES, MAX_HAVE_MESSAGE_BYTES, parseHave} from '
 import {overlay} from '../../src/core/p2p/overlay.js'
 import type {ResultAnnouncement} from '../../src/core/p2p/index.js'
 import {waitFor} from '../helpers.js'
-import {randomBlob, startNodes, stopAll} from './helpers.js'
+import {meshUp, randomBlob, startNodes, stopAll} from './helpers.js'
 
 const ids = (n: number) => Array.from({length: n}, () => randomBytes(8).toString('hex'))
 
@@ -63,6 +63,31 @@ describe('the overlay: a bounded set of connections per client', () => {
     }
     const huge = parseHave(new Uint8Array(MAX_HAVE_MESSAGE_BYTES + HAVE_PREFIX_BYTES))
     assert.ok(!huge.ok && /more than/.test(huge.reason))
+  })
+
+  it('8 clients in a full mesh, 400 kB results: each producer serves at most 4 peers, and the others wait for their have messages rather than be answered busy', async () => {
+    const n = 8
+    const nodes = await startNodes(n, {relay: false, connectionManager: {inboundConnectionThreshold: 10_000, maxIncomingPendingConnections: 64}})
+    try {
+      await meshUp(nodes)
+      const received = nodes.map(() => [] as ResultAnnouncement[])
+      nodes.forEach((t, i) => t.node.onAnnouncement((a) => received[i].push(a)))
+      const blobs = nodes.map(() => randomBlob(400 * 1024))
+      await Promise.all(nodes.map((t, i) => t.node.publishResult(1, i, i + 1, blobs[i])))
+      await waitFor(() => received.every((r) => r.length === n - 1), 20_000, 'every announcement delivered to every client')
+      await Promise.all(nodes.map((t, i) => Promise.all(received[i].map((a) => t.node.fetchResult(a)))))
+      for (const [i, t] of nodes.entries()) for (const a of received[i]) assert.deepEqual(Buffer.from(t.node.getResult(a.commitment)!), Buffer.from(blobs[a.batch_start]))
+      assert.ok(
+        nodes.every((t) => t.node.stats().maxUploadsOfOwnResult <= 4),
+        nodes.map((t) => t.node.stats().maxUploadsOfOwnResult).join(','),
+      )
+      // 3 of each result's 7 fetchers are not in line for its producer: asking it, each would be answered busy at
+      // least once (8 × 3), and again every 250 ms until a holder told it; they wait for the have messages instead.
+      const busy = nodes.reduce((acc, t) => acc + t.node.stats().servesRefused, 0)
+      assert.ok(busy < n * 3, `${busy} busy answers`)
+    } finally {
+      await stopAll(nodes)
+    }
   })
 
   it('16 clients under a bound of 12 connections: every announcement reaches everyone, results swarm (each producer serves at most 4 peers), transfer connections close when idle', async () => {
