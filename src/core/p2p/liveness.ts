@@ -33,11 +33,12 @@ interface LivenessComponents {
  * gossipsub keep using the old one: gossipsub keeps one outbound stream per peer and opens none on the new
  * connection, so the restarted peer got no announcement and its results reached no one (a restarted client applied
  * no round, CI). When a connection opens to a peer we already had a connection to, each older one is probed (a
- * one-byte echo, ALIVE_TIMEOUT_MS); if one is dead, every connection to the peer is closed (libp2p then says the peer
- * disconnected, and gossipsub forgets it) and the peer is dialled again, which starts it afresh. A live duplicate (the
- * relay's dial-back, a punched connection beside a relayed one, two peers dialling each other at once) answers and
- * is left alone; a relayed one is not probed when a direct one opens (upgrade.ts closes it). A libp2p service: see
- * `liveness()`.
+ * one-byte echo, ALIVE_TIMEOUT_MS, counting only the time we could run: util.ts deadline; one that does not answer
+ * but sent something meanwhile is alive); if one is dead, every connection to the peer is aborted (libp2p then says
+ * the peer disconnected, and gossipsub forgets it) and the peer is dialled again, which starts it afresh. A live
+ * duplicate (the relay's dial-back, a punched connection beside a relayed one, two peers dialling each other at
+ * once) answers and is left alone; a relayed one is not probed when a direct one opens (upgrade.ts closes it). A
+ * libp2p service: see `liveness()`.
  */
 export class Liveness implements Startable {
   private readonly log: EventLog
@@ -96,6 +97,15 @@ export class Liveness implements Startable {
   private async probeOnce(connection: Connection): Promise<boolean> {
     const signal = deadline(ALIVE_TIMEOUT_MS)
     let stream: Stream | undefined
+    // Anything the peer sends on the connection's streams meanwhile (gossipsub's heartbeats, a transfer), or a stream
+    // it opens, shows it alive: a peer too busy to answer the probe in time (a starved machine) is not cut for it.
+    const started = Date.now()
+    let heard = false
+    const onMessage = () => (heard = true)
+    // Only streams already read by their owner: a listener added to one that is not would take its buffered data.
+    const watched = connection.streams.filter((s) => s.listenerCount('message') > 0)
+    for (const s of watched) s.addEventListener('message', onMessage)
+    const heardFrom = () => heard || connection.streams.some((s) => s.direction === 'inbound' && s.protocol !== ALIVE_PROTOCOL && s.timeline.open >= started)
     try {
       stream = await connection.newStream(ALIVE_PROTOCOL, {signal, ...ON_LIMITED})
       const lp = framed(stream, 1)
@@ -106,7 +116,9 @@ export class Liveness implements Startable {
     } catch (error) {
       stream?.abort(new Error('the probe failed'))
       // A peer that does not speak the protocol (the relay, an older client) said so over the connection: it is there.
-      return (error as Error).name === 'UnsupportedProtocolError'
+      return (error as Error).name === 'UnsupportedProtocolError' || heardFrom()
+    } finally {
+      for (const s of watched) s.removeEventListener('message', onMessage)
     }
   }
 
