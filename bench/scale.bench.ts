@@ -14,8 +14,9 @@
 //   connections  libp2p connections per client
 // and the growth exponent of each (least-squares slope of log(value) over log(N)). Plots: bench/scale-*.png.
 // Env: BENCH_SCALE_NS (default 8,32,128,256), BENCH_SCALE_ROUNDS (3), BENCH_SCALE_RESULT_BYTES (4096),
-// BENCH_SCALE_COMPUTE_MS (500), BENCH_SCALE_PER_PROCESS (16), BENCH_SCALE_OUT (JSON results, default bench/scale-results.json).
-// The 128 and 256 runs are heavy: run under the heavy lock (flock /work/coord/heavy.lock npm run bench -- scale).
+// BENCH_SCALE_COMPUTE_MS (500), BENCH_SCALE_PER_PROCESS (16), BENCH_SCALE_G (max_trainers_per_round; default 0: every
+// client trains), BENCH_SCALE_OUT (JSON results, default bench/scale-results.json).
+// The 128 and 256 runs are heavy: run them on an otherwise idle machine.
 import {spawn, type ChildProcess} from 'node:child_process'
 import {appendFileSync, writeFileSync} from 'node:fs'
 import {join} from 'node:path'
@@ -30,6 +31,10 @@ const ROUNDS = Number(process.env.BENCH_SCALE_ROUNDS ?? 3)
 const RESULT_BYTES = Number(process.env.BENCH_SCALE_RESULT_BYTES ?? 4096)
 const COMPUTE_MS = Number(process.env.BENCH_SCALE_COMPUTE_MS ?? 500)
 const PER_PROCESS = Number(process.env.BENCH_SCALE_PER_PROCESS ?? 16)
+/** max_trainers_per_round (G): at most G clients train each round, so a client downloads and checks G results, not N (0: all). */
+const MAX_TRAINERS = Number(process.env.BENCH_SCALE_G ?? 0)
+/** How many clients train (and produce a result) in a round of N. */
+const trainersOf = (n: number) => (MAX_TRAINERS > 0 ? Math.min(MAX_TRAINERS, n) : n)
 const OUT = process.env.BENCH_SCALE_OUT ?? join(projectRoot, 'bench', 'scale-results.json')
 /** A run that has not finished by then is stopped, and reported as such. */
 const RUN_TIMEOUT_MS = Number(process.env.BENCH_SCALE_TIMEOUT_S ?? 900) * 1000
@@ -83,7 +88,7 @@ export interface ScalePoint {
 }
 
 async function measureInProcess(n: number): Promise<ScalePoint> {
-  const run = await scaleRun({clients: n, rounds: ROUNDS})
+  const run = await scaleRun({clients: n, rounds: ROUNDS, maxTrainers: MAX_TRAINERS || undefined})
   const server = await ScaleServer.start(run, {limits: {maxConnectionsPerIp: 4096, maxHandshakes: 1024}})
   const t0 = performance.now()
   const {clients} = await startMemoryClients(server, n, {resultBytes: RESULT_BYTES, computeMs: COMPUTE_MS})
@@ -117,7 +122,7 @@ async function measureInProcess(n: number): Promise<ScalePoint> {
     payload_bytes_per_client_round: median(payloads),
     connections_per_client: NaN,
     client_cpu_ms_per_client_round: NaN,
-    every_result_applied: clients.every((c) => c.rounds.length === ROUNDS && c.rounds.every((r) => r.applied === n && r.trainers === n)),
+    every_result_applied: clients.every((c) => c.rounds.length === ROUNDS && c.rounds.every((r) => r.applied === trainersOf(n) && r.trainers === trainersOf(n))),
     replicas_agree: [...hashes.values()].every((s) => s.size === 1),
     errors: clients.flatMap((c) => c.events.filter((e) => /fail|error/.test(String(e.event))).map((e) => JSON.stringify(e).slice(0, 300))).slice(0, 20),
   }
@@ -125,7 +130,7 @@ async function measureInProcess(n: number): Promise<ScalePoint> {
 
 async function measure(n: number): Promise<ScalePoint> {
   if (P2P === 'memory') return measureInProcess(n)
-  const run = await scaleRun({clients: n, rounds: ROUNDS, warmupTime: 600, maxRoundTrainTime: 120, roundWitnessTime: 20})
+  const run = await scaleRun({clients: n, rounds: ROUNDS, warmupTime: 600, maxRoundTrainTime: 120, roundWitnessTime: 20, maxTrainers: MAX_TRAINERS || undefined})
   // Every client is on 127.0.0.1: the per-address bound must admit them all (the join pacing stays as shipped).
   const server = await ScaleServer.start(run, {limits: {maxConnectionsPerIp: 4096, maxHandshakes: 1024}})
   const shards = Math.ceil(n / PER_PROCESS)
@@ -258,7 +263,7 @@ async function measure(n: number): Promise<ScalePoint> {
     payload_bytes_per_client_round: payloadPerClientRound,
     connections_per_client: median(list.map((r) => r.conn_direct ?? NaN)),
     client_cpu_ms_per_client_round: cpu / n / roundsN,
-    every_result_applied: list.length === n * ROUNDS && list.every((r) => r.applied === n && r.trainers === n),
+    every_result_applied: list.length === n * ROUNDS && list.every((r) => r.applied === trainersOf(n) && r.trainers === trainersOf(n)),
     replicas_agree: [...byStep.values()].every((s) => s.size === 1),
     wire_per_client_round: Object.fromEntries(Object.entries(kinds).map(([k, v]) => [k, v / n / roundsN])),
     errors,

@@ -29,6 +29,8 @@ interface ScaleRunConfig {
   roundWitnessTime?: number
   maxRoundTrainTime?: number
   warmupTime?: number
+  /** max_trainers_per_round (G): at most G of the clients train a round (default: all of them). */
+  maxTrainers?: number
 }
 
 /** The tiny demo's run, resized: one sample per client per round, every client needed to start, `rounds` steps. */
@@ -50,6 +52,7 @@ export async function scaleRun(o: ScaleRunConfig): Promise<RunConfigFile> {
     round_witness_time: o.roundWitnessTime ?? 3,
     cooldown_time: 1,
     waiting_for_members_extra_time: 0,
+    ...(o.maxTrainers ? {max_trainers_per_round: o.maxTrainers} : {}),
   }
   run.model!.LLM.max_seq_len = SCALE_SEQ_LEN
   run.model!.LLM.checkpoint = {Dummy: {repo_id: 'load-test/none'}} as never
