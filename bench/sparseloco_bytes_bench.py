@@ -33,18 +33,20 @@ sys.path.insert(0, str(ROOT / "python"))
 from psyche_worker import sparseloco_codec as codec  # noqa: E402
 from psyche_worker.chunked import chunk_for  # noqa: E402
 from psyche_worker.distro_codec import TensorSpec, result_layout  # noqa: E402
-from psyche_worker.model import _llama_from_config  # noqa: E402
+from psyche_worker.model import _config_from_dict  # noqa: E402
 
 CHUNK, TOPK, VALUE_BITS = 64, 64, 2
 DISTRO_CHUNK, DISTRO_TOPK = 64, 8
-H = (30, 8)
-"""τemplar's H = 30, and 8."""
+H = (30, 20, 8)
+"""τemplar's H = 30, the tiny-sparseloco template's 20 (bench/README.md, DisTrO convergence), and 8."""
 
 
 def shapes(template: str) -> list[tuple[str, tuple[int, ...]]]:
     config = json.loads((ROOT / "templates" / template / "model" / "config.json").read_text())
+    from transformers import AutoModelForCausalLM
+
     with torch.device("meta"):
-        model = _llama_from_config(config)
+        model = AutoModelForCausalLM.from_config(_config_from_dict(config, None, template))
     return [(n, tuple(p.shape)) for n, p in sorted(model.named_parameters())]
 
 

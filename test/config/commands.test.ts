@@ -182,15 +182,15 @@ describe('psyche init', () => {
     assert.equal(v.status, 0, v.stderr)
   })
 
-  it('--template tiny-sparseloco: a SparseLoCo run that validates, at the demo run’s tokens in 30× fewer rounds, on either backend', async () => {
+  it('--template tiny-sparseloco: a SparseLoCo run that validates, at the demo run’s tokens in 20× fewer rounds, on either backend', async () => {
     const dir = join(tmp, 'run-sparseloco')
     await scaffoldRun({template: 'tiny-sparseloco', dir})
     const v = psyche('server', 'validate-config', '--state', join(dir, 'state.toml'), '--json')
     assert.equal(v.status, 0, v.stderr)
     const {summary, problems} = JSON.parse(v.stdout)
     assert.deepEqual(problems, [])
-    assert.equal(summary.optimizer, 'SparseLoCo 30 inner steps, chunk 64, top-k 64, 2-bit, outer_lr 0.4')
-    assert.deepEqual([summary.total_steps, summary.inner_steps], [10, 30])
+    assert.equal(summary.optimizer, 'SparseLoCo 20 inner steps, chunk 64, top-k 64, 2-bit, outer_lr 0.5')
+    assert.deepEqual([summary.total_steps, summary.inner_steps], [15, 20])
     const demo = summarizeRunConfig(await loadRunConfigFile('templates/tiny-demo/state.toml'))
     assert.deepEqual([demo.total_steps, demo.inner_steps], [300, 1])
     assert.equal(summary.total_tokens, demo.total_tokens)
@@ -198,7 +198,7 @@ describe('psyche init', () => {
     assert.deepEqual(summary.solana_unsupported, [])
     assert.deepEqual(demo.solana_unsupported, [])
     const text = psyche('server', 'validate-config', '--state', join(dir, 'state.toml')).stdout
-    assert.match(text, /\n {2}training {3}10 rounds of 30 inner steps, global batch /)
+    assert.match(text, /\n {2}training {3}15 rounds of 20 inner steps, global batch /)
     assert.doesNotMatch(text, /not on the Solana program/)
   })
 

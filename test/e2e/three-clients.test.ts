@@ -9,8 +9,8 @@ import {runCli, tempDir} from '../helpers.js'
 import {sparseLoCoResultSize, writeE2eRun} from './helpers.js'
 
 /**
- * tiny-sparseloco's testnet runs 2 inner steps per round instead of the template's 30, its one change besides the
- * warmup: the template as it is took 60 s here, with 2 about 40 s (the e2e model this test used before took 31 s) (the same checks pass at either).
+ * tiny-sparseloco's testnet runs 2 inner steps per round instead of the template's 20, its one change besides the
+ * warmup: the template at 30 inner steps took 60 s here, with 2 about 40 s (the e2e model this test used before took 31 s) (the same checks pass at either).
  */
 const TEMPLATE_INNER_STEPS = 2
 
