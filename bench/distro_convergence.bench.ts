@@ -2,7 +2,8 @@
 // BENCH_STEPS inner steps (default 1,200) × 16 sequences × 128 tokens for every row, the same data order and
 // initialisation. Final train loss (mean of the last 60 inner steps: SparseLoCo's last 60 / H rounds) and validation
 // loss on 32 held-out sequences, for AdamW on one node, DisTrO with 1 and 4 simulated peers (each step's batch split
-// among the peers), and SparseLoCo with 4 simulated peers (templates/tiny-sparseloco: a round is H inner steps).
+// among the peers), and SparseLoCo with 4 simulated peers (templates/tiny-sparseloco: a round is H inner steps), with
+// its results applied at once and one round late (--simulate-delay, as clients on a network apply them).
 // Every row's Cosine schedule counts inner steps and ends at BENCH_STEPS. Loss numbers do not depend on machine load;
 // the wall times do.
 //
@@ -52,6 +53,8 @@ const variants: Variant[] = [
   {name: 'DisTrO, 1 peer', flags: {optimizer: 'distro'}},
   {name: 'DisTrO, 4 simulated peers', flags: {optimizer: 'distro', simulatePeers: 4}},
   {name: 'SparseLoCo, 4 simulated peers', flags: {template: 'tiny-sparseloco', simulatePeers: 4}, sparseloco: true},
+  // the network path's one-round delay (each client's next inner steps start before the round's results are applied)
+  {name: 'SparseLoCo, 4 simulated peers, one round late', flags: {template: 'tiny-sparseloco', simulatePeers: 4, simulateDelay: true}, sparseloco: true},
 ]
 const only = process.env.BENCH_ONLY
 

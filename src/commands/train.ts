@@ -48,7 +48,10 @@ Per-step metrics go to a JSONL file; --json prints one summary object:
     }),
     'eval-every': Flags.integer({summary: 'validation loss every N steps (0: at start and end only)', default: 0, min: 0}),
     'eval-batches': Flags.integer({summary: 'validation sequences per evaluation', default: 8, min: 1}),
-    'simulate-peers': Flags.integer({summary: 'DisTrO only: train N simulated clients in one process, each on its own batches', min: 1}),
+    'simulate-peers': Flags.integer({summary: 'DisTrO or SparseLoCo: train N simulated clients in one process, each on its own batches', min: 1}),
+    'simulate-delay': Flags.boolean({
+      summary: "SparseLoCo: the simulated clients apply a round's results one round late, as clients on a network do (what the delay costs in loss)",
+    }),
     metrics: Flags.string({summary: 'per-step metrics JSONL file (default runs/<run>-<time>/metrics.jsonl)'}),
     save: Flags.string({summary: 'write the trained model (Hugging Face layout) to this directory'}),
   }
@@ -83,6 +86,7 @@ Per-step metrics go to a JSONL file; --json prints one summary object:
       evalEvery: flags['eval-every'],
       evalBatches: flags['eval-batches'],
       simulatePeers: flags['simulate-peers'],
+      simulateDelay: flags['simulate-delay'],
       hub: {onProgress: (p) => progress.update(`from the Hub: ${transferLabel(p)}`, p.phase === 'done')},
     })
     const stamp = new Date().toISOString().replace(/[:.]/g, '-')

@@ -125,6 +125,47 @@ print(json.dumps({"ids": ids, "text": t.decode(ids), "logits": list(m(__import__
     const bad = await runCli([...common, '--optimizer', 'distro', '--simulate-peers', '3'])
     assert.notEqual(bad.exitCode, 0)
     assert.match(JSON.parse(bad.stdout).error.message, /total-batch 8 does not split evenly among 3 simulated peers/)
+    const late = await runCli([...common, '--optimizer', 'distro', '--simulate-peers', '2', '--simulate-delay'])
+    assert.notEqual(late.exitCode, 0)
+    assert.match(JSON.parse(late.stdout).error.message, /--simulate-delay: only SparseLoCo/)
+  })
+
+  test("SparseLoCo's simulated clients with --simulate-delay: round 1 as without it, round 2 starts before round 1's results are applied", async () => {
+    // 2 rounds of the template's H = 20 inner steps, 2 simulated clients of one row each
+    const common = [
+      'train',
+      '--template',
+      'tiny-sparseloco',
+      '--steps',
+      '2',
+      '--total-batch',
+      '40',
+      '--micro-batch',
+      '4',
+      '--simulate-peers',
+      '2',
+      '--json',
+      '--threads',
+      '1',
+      '--eval-batches',
+      '2',
+    ]
+    const [now, late] = await Promise.all([
+      runCli([...common, '--metrics', join(tmp.path, 'now.jsonl')]),
+      runCli([...common, '--simulate-delay', '--metrics', join(tmp.path, 'late.jsonl')]),
+    ])
+    assert.equal(now.exitCode, 0, now.stderr)
+    assert.equal(late.exitCode, 0, late.stderr)
+    const losses = (f: string) =>
+      readFileSync(join(tmp.path, f), 'utf8')
+        .trim()
+        .split('\n')
+        .map((l) => JSON.parse(l).loss as number)
+    const [a, b] = [losses('now.jsonl'), losses('late.jsonl')]
+    assert.equal(a.length, 2)
+    assert.equal(a[0], b[0], 'round 1 has no earlier results to apply late')
+    assert.notEqual(a[1], b[1], "round 2's inner steps start elsewhere when round 1's results are applied late")
+    assert.notEqual(JSON.parse(now.stdout).param_hash, JSON.parse(late.stdout).param_hash)
   })
 
   test('a worker killed mid-run gives a clear error and leaves no process behind', async () => {

@@ -56,6 +56,11 @@ export interface TrainPlan {
   evalEvery: number
   evalBatches: number
   simulatePeers: number
+  /**
+   * SparseLoCo's simulation with the network path's one-round delay: each simulated client's inner steps of round r+1
+   * start before round r's results are applied, moved by its own result only (python/psyche_worker/optim/sparseloco.py).
+   */
+  simulateDelay: boolean
 }
 
 export interface TrainFlags {
@@ -84,6 +89,8 @@ export interface TrainFlags {
   evalEvery?: number
   evalBatches?: number
   simulatePeers?: number
+  /** --simulate-delay: SparseLoCo's simulated clients apply a round's results one round late, as clients on a network do. */
+  simulateDelay?: boolean
   /** Where a `Hub` checkpoint or Preprocessed dataset is downloaded from and with which token (default: HF_ENDPOINT, HF_TOKEN) and into which cache. */
   hub?: {url?: string; token?: string; cacheDir?: string; onProgress?: (p: TransferProgress) => void}
 }
@@ -227,6 +234,11 @@ export async function resolveTrainPlan(flags: TrainFlags): Promise<TrainPlan> {
     throw new PsycheError('--simulate-peers needs an optimizer that exchanges results (Distro or SparseLoCo)')
   }
 
+  const simulateDelay = flags.simulateDelay ?? false
+  if (simulateDelay && !(typeof optimizer === 'object' && 'SparseLoCo' in optimizer)) {
+    throw new PsycheError("--simulate-delay: only SparseLoCo's simulation applies a round's results one round late (use --optimizer sparseloco or a SparseLoCo run)")
+  }
+
   if (totalBatch % simulatePeers !== 0) {
     throw new PsycheError(`--total-batch ${totalBatch} does not split evenly among ${simulatePeers} simulated peers`)
   }
@@ -274,6 +286,7 @@ export async function resolveTrainPlan(flags: TrainFlags): Promise<TrainPlan> {
     evalEvery: flags.evalEvery ?? 0,
     evalBatches: flags.evalBatches ?? 8,
     simulatePeers,
+    simulateDelay,
   }
 }
 

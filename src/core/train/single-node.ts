@@ -122,6 +122,7 @@ export async function runSingleNode(plan: TrainPlan, options: {metricsPath?: str
       lr_schedule: plan.lrSchedule as Record<string, unknown>,
       micro_batch: plan.microBatch,
       simulate_peers: plan.simulatePeers,
+      delay_correction: plan.simulateDelay || undefined,
     })
     events.onStatus?.(`model: ${info.parameters.toLocaleString('en-US')} parameters; data: ${train.description}`)
 

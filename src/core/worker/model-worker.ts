@@ -26,7 +26,10 @@ export interface TrainingSetup {
   micro_batch: number
   /** DisTrO only: split each step's batch among N simulated clients, each with its own momentum. */
   simulate_peers?: number
-  /** DisTrO network path: results of step t are applied during step t+1 (train_round / apply_results). */
+  /**
+   * DisTrO network path: results of step t are applied during step t+1 (train_round / apply_results). SparseLoCo's
+   * simulation (simulate_peers): each client's next inner steps start before the round's results are applied.
+   */
   delay_correction?: boolean
 }
 
