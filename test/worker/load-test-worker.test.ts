@@ -4,7 +4,8 @@ import type {ClientWorker} from '../../src/core/client/components.js'
 import {nearCopies} from '../../src/core/verify/copy.js'
 import {ResultIntake} from '../../src/core/verify/intake.js'
 import {validateResult, type ResultFormat} from '../../src/core/verify/result.js'
-import {LOAD_TEST_TENSOR, LoadTestWorker, loadTestResultFormat} from '../../src/core/worker/load-test-worker.js'
+import {sparseLoCoResultSize, validateSparseLoCoResult, type SparseLoCoResultFormat} from '../../src/core/verify/sparseloco-result.js'
+import {LOAD_TEST_TENSOR, LoadTestWorker, loadTestResultFormat, loadTestSparseLoCoResultFormat} from '../../src/core/worker/load-test-worker.js'
 
 const tokens = (seed: number) => Uint32Array.from({length: 2 * 17}, (_, i) => (seed * 131 + i * 7) % 256)
 
@@ -65,6 +66,69 @@ describe('the load-test compute stand-in (LoadTestWorker)', () => {
     bad[40] ^= 0xff
     assert.equal(validateResult(bad, loadTestResultFormat(500)).ok, false)
     assert.ok(LOAD_TEST_TENSOR.includes('not_a_model'))
+  })
+
+  for (const target of [100, 5000, 40_000]) {
+    it(`in a SparseLoCo run, returns SparseLoCo results of about ${target} bytes that pass the SparseLoCo validator and the intake`, async () => {
+      const w = new LoadTestWorker({purpose: 'load-test', resultBytes: target, computeMs: 0})
+      await w.initFromConfig({}, 1)
+      const {resultFormat} = await w.configure({optimizer: {SparseLoCo: {inner_steps: 15}}, micro_batch: 1})
+      assert.equal(resultFormat.format, 'sparseloco')
+      const format = resultFormat as SparseLoCoResultFormat
+      assert.equal(format.tensors[0].name, LOAD_TEST_TENSOR)
+      const intake = new ResultIntake(resultFormat)
+      const results: Uint8Array[] = []
+      for (let seed = 0; seed < 6; seed++) {
+        const r = await oneResult(w, 2, seed)
+        assert.equal(r.length, w.resultSize)
+        assert.ok(r.length >= target && r.length < target + 100, `size ${r.length} for a target of ${target}`)
+        assert.deepEqual(validateSparseLoCoResult(r, format), {ok: true})
+        assert.equal(intake.bytes({client_id: `p${seed}`, step: 2, commitment: `c${seed}`}, r), undefined)
+        results.push(r)
+      }
+      assert.deepEqual(
+        nearCopies(
+          results.map((bytes, i) => ({client_id: `p${i}`, bytes})),
+          resultFormat,
+        ),
+        [],
+      )
+      // A real model's layout (another layout id) refuses it; a flipped index bit breaks it; the same inputs give the same bytes.
+      const real: SparseLoCoResultFormat = {...format, layout_id: '0123456789abcdef'}
+      assert.match((validateSparseLoCoResult(results[0], real) as {reason: string}).reason, /layout id/)
+      const bad = Uint8Array.from(results[0])
+      bad[40] ^= 0xff
+      assert.equal(validateSparseLoCoResult(bad, format).ok, false)
+      assert.deepEqual(await oneResult(w, 2, 0), results[0])
+      // Replicas fold the applied results' hashes: every result applied shows in the hash.
+      const [a, b] = [new LoadTestWorker({purpose: 'load-test', resultBytes: target, computeMs: 0}), new LoadTestWorker({purpose: 'load-test', resultBytes: target, computeMs: 0})]
+      assert.equal(await a.applyResults(2, results), await b.applyResults(2, [...results].reverse()))
+      assert.notEqual(await a.applyResults(3, results.slice(1)), await b.applyResults(3, results))
+    })
+  }
+
+  it('sizes SparseLoCo results to the target (one chunk of 4,096 with 64 indices is about 80 bytes)', () => {
+    for (const target of [200, 21_476_224]) {
+      const f = loadTestSparseLoCoResultFormat(target)
+      assert.equal(f.tensors[0].topk, 64)
+      assert.equal(f.value_bits, 2)
+      const size = sparseLoCoResultSize(f)
+      assert.ok(size >= target && size < target + 80, `size ${size} for a target of ${target}`)
+    }
+  })
+
+  it('with computeMsPerBatch, computes longer for more batches (a SparseLoCo round of H batches), and records it', async () => {
+    const w = new LoadTestWorker({purpose: 'load-test', resultBytes: 100, computeMs: 0, computeMsPerBatch: 20})
+    const t0 = performance.now()
+    await w.beginRound(
+      Uint32Array.from({length: 4 * 17}, (_, i) => i % 256),
+      4,
+      1,
+    )
+    assert.ok(performance.now() - t0 >= 75, `took ${performance.now() - t0} ms`)
+    assert.equal(w.computed.length, 1)
+    assert.equal(w.computed[0].batches, 4)
+    assert.ok(w.computed[0].end - w.computed[0].start >= 75)
   })
 
   it('waits computeMs before the round is trained', async () => {
