@@ -21,6 +21,7 @@ export const tiers = {
     'test/adversarial/forge.test.ts',
     'test/adversarial/relay-members.test.ts',
     'test/backend/addresses.test.ts',
+    'test/bench/utilization.test.ts',
     'test/backend/admission.test.ts',
     'test/backend/connection.test.ts',
     'test/backend/dispatch.test.ts',

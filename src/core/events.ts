@@ -225,6 +225,8 @@ export type PsycheEvent =
   | {event: 'reservation_failed'; relay: string; reason: string}
   | {event: 'result_dropped'; client_id: string; step: number; reason?: string}
   | {event: 'result_fetch_failed'; client_id: string; step: number; message: string}
+  // core/p2p/result-exchange.ts
+  | {event: 'result_fetched'; from: string; client_id: string; step: number; bytes: number}
   | {event: 'result_rejected'; client_id: string; step: number; reason: string}
   | {event: 'results_excluded'; step: number; client_ids: string[]}
   | {event: 'resumed'; path: string; run_id: string; run_state: string; step: number; epoch: number; clients: number; pending: number}

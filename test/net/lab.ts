@@ -272,8 +272,11 @@ export class Lab {
     return [...out.matchAll(/counter packets (\d+)/g)].reduce((sum, m) => sum + Number(m[1]), 0)
   }
 
-  /** Limits a host's link to `mbit` Mbit/s in both directions (tbf on its interface and on the far end). */
-  limitRate(host: Host, mbit: number): void {
+  /**
+   * Limits a host's link to `mbit` Mbit/s in both directions (tbf on its interface and on the far end), or to `mbit`
+   * up (what the host sends) and `downMbit` down (what it receives), as a home link is.
+   */
+  limitRate(host: Host, mbit: number, downMbit = mbit): void {
     const peerNs = host.router ?? this.switchNs
     const out = sh(['ip', '-n', host.ns, '-o', 'link', 'show', host.dev], 'link')
     const peerIndex = /@if(\d+)/.exec(out)?.[1]
@@ -282,9 +285,9 @@ export class Lab {
       .map((l) => /^(\d+):\s+([^@:]+)/.exec(l))
       .find((m) => m?.[1] === peerIndex)?.[2]
     if (!peerDev) throw new Error(`cannot find the far end of ${host.dev}`)
-    const tbf = ['root', 'tbf', 'rate', `${mbit}mbit`, 'burst', '32kbit', 'latency', '400ms']
-    sh(['ip', 'netns', 'exec', host.ns, 'tc', 'qdisc', 'add', 'dev', host.dev, ...tbf], 'tc (egress)')
-    sh(['ip', 'netns', 'exec', peerNs, 'tc', 'qdisc', 'add', 'dev', peerDev, ...tbf], 'tc (ingress)')
+    const tbf = (rate: number) => ['root', 'tbf', 'rate', `${Math.round(rate * 1000)}kbit`, 'burst', '32kbit', 'latency', '400ms']
+    sh(['ip', 'netns', 'exec', host.ns, 'tc', 'qdisc', 'add', 'dev', host.dev, ...tbf(mbit)], 'tc (egress)')
+    sh(['ip', 'netns', 'exec', peerNs, 'tc', 'qdisc', 'add', 'dev', peerDev, ...tbf(downMbit)], 'tc (ingress)')
   }
 
   /**

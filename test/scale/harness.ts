@@ -152,13 +152,15 @@ export async function startScaleClient(o: {
   p2p: ClientP2P
   resultBytes: number
   computeMs: number
+  /** The stand-in's compute per batch of the round, on top of computeMs (default 0). */
+  computeMsPerBatch?: number
   /** Keep every event (default: only rounds, and problems). */
   keepEvents?: boolean
 }): Promise<ScaleClient> {
   const {identity} = o
   const rounds: RoundEvent[] = []
   const events: EventLine[] = []
-  const worker = new LoadTestWorker({purpose: 'load-test', resultBytes: o.resultBytes, computeMs: o.computeMs})
+  const worker = new LoadTestWorker({purpose: 'load-test', resultBytes: o.resultBytes, computeMs: o.computeMs, computeMsPerBatch: o.computeMsPerBatch})
   const backend: BackendConnector = {
     description: `coordinator ${o.serverAddr}`,
     connect: ({p2pAddrs}) => CoordinatorConnection.connect({addr: o.serverAddr, runId: o.runId, identity, p2pAddrs, join: true, connectTimeoutMs: 60_000}),

@@ -614,6 +614,8 @@ export class ResultExchange implements Startable {
             }
             this.results.put(a.commitment, a.step, bytes)
             this.queueHave(a.step, a.commitment, producer.toString(), a.size)
+            // Who uploaded each result (bench/utilization.bench.ts counts a producer's uploads per result from it).
+            this.log({event: 'result_fetched', from: holder.toString(), client_id: a.client_id, step: a.step, bytes: bytes.length})
             if (pass > 0) this.log({event: 'fetch_retried', from: holder.toString(), client_id: a.client_id, step: a.step, pass})
             return bytes
           } catch (error) {
