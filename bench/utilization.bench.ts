@@ -106,6 +106,9 @@ async function serverProcess(o: {row: Row; rounds: number}): Promise<void> {
 
 /** One client's process, on its own host. */
 async function clientProcess(o: {serverAddr: string; runId: string; ip: string; resultBytes: number; stepMs: number}): Promise<void> {
+  // A libp2p error thrown outside any caller (seen here: yamux writing its go-away to a closed connection) would end
+  // the process, and the row with it: it is counted as the row's problem instead, and the client goes on.
+  process.on('uncaughtException', (error) => say({t: 'event', event: 'uncaught_exception', reason: `${error.name}: ${error.message}`}))
   const identity = generateIdentity()
   const p2p = await P2PNode.start({
     identity,
@@ -145,6 +148,8 @@ function start(lab: Lab, host: Host, args: unknown[], on: (line: Record<string, 
   createInterface({input: child.stdout!}).on('line', (line) => {
     if (line.startsWith('{')) on(JSON.parse(line) as Record<string, unknown>)
   })
+  // A process that dies before the row ends (a crash) is one of the row's problems.
+  child.on('exit', (code, signal) => on({t: 'exited', reason: `exit code ${code}${signal ? `, ${signal}` : ''}`}))
   return child
 }
 
@@ -218,7 +223,7 @@ async function measure(row: Row): Promise<RowResult> {
             rec.applied.set(l.step as number, l.applied as number)
           } else if (l.t === 'fetched') rec.fetches.push({fetcher: rec.id ?? '', from: l.from as string, producer: l.producer as string, step: l.step as number})
           else {
-            const name = String(l.event ?? l.t)
+            const name = `${String(l.event ?? l.t)}${typeof l.reason === 'string' ? ` (${l.reason.replace(/12D3Koo\w+/g, 'PEER').slice(0, 60)})` : ''}`
             rec.events.set(name, (rec.events.get(name) ?? 0) + 1)
             if (rec.problems.length < 2) rec.problems.push(JSON.stringify({...l, commitment: undefined, client_id: undefined}).slice(0, 300))
           }
@@ -316,6 +321,40 @@ function label(row: Row): string {
   return row.g ? `DisTrO, max_trainers_per_round = ${row.g}` : 'DisTrO every step'
 }
 
+const TABLE_HEADER = `| row | N | round period | GPU-busy (min / median / max) | a round: compute + link time up / down + rest (s) | up B/token | down B/token | producer's uploads per result (max / mean) | uplink / downlink use (busiest) | client CPU (median, of a core) | machine CPU busy | load avg (1 min) | all applied, replicas agree | limit |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|`
+
+/** A row's line of the table printed at the end. */
+function tableLine(r: RowResult): string {
+  const c = r.clients
+  const max = (f: (x: RowResult['clients'][number]) => number) => Math.max(...c.map(f))
+  const busy = median(c.map((x) => x.busy))
+  const compute = max((x) => x.compute)
+  const up = max((x) => x.upS)
+  const down = max((x) => x.downS)
+  const {limit, rest} = limitOf({busy, period: r.period, compute, up, down, cpuBusy: r.cpuBusy})
+  const u = r.uploads.byProducer
+  const cells = [
+    label(r.row),
+    String(r.row.n),
+    `${num(r.period, 1)} s`,
+    span(
+      c.map((x) => x.busy),
+      pct,
+    ),
+    `${num(compute, 1)} + ${num(up, 1)} / ${num(down, 1)} + ${num(rest, 1)}`,
+    num(median(c.map((x) => x.upPerToken)), 2),
+    num(median(c.map((x) => x.downPerToken)), 2),
+    u.length ? `${Math.max(...u)} / ${num(u.reduce((a, b) => a + b, 0) / u.length, 1)}` : '—',
+    `${pct(max((x) => x.upUse))} / ${pct(max((x) => x.downUse))}`,
+    `${num(median(c.map((x) => x.cpuPct)))} %`,
+    pct(r.cpuBusy),
+    `${num(Math.min(...r.load), 1)}–${num(Math.max(...r.load), 1)}`,
+    `${r.everyResultApplied ? 'yes' : 'NO'}, ${r.replicasAgree ? 'yes' : 'NO'}`,
+    limit,
+  ]
+  return `| ${cells.join(' | ')} |`
+}
+
 if (process.argv[2] === 'server') await serverProcess(JSON.parse(process.argv[3]) as Parameters<typeof serverProcess>[0])
 else if (process.argv[2] === 'client') await clientProcess(JSON.parse(process.argv[3]) as Parameters<typeof clientProcess>[0])
 else {
@@ -336,8 +375,13 @@ else {
   const results: RowResult[] = []
   for (const row of rows) {
     const t = Date.now()
-    const r = await measure(row)
+    const r = await measure(row).catch((error: Error) => error)
+    if (r instanceof Error) {
+      console.log(`${row.spec}: not measured: ${r.message}`)
+      continue
+    }
     results.push(r)
+    console.log(`${TABLE_HEADER}\n${tableLine(r)}`)
     const events = [...r.events].map(([k, v]) => `${k} ×${v}`).join(', ')
     console.log(
       `${row.spec}: ${((Date.now() - t) / 1000).toFixed(0)} s; problems logged (all clients, whole run): ${events || 'none'}${r.problems.length ? `; e.g. ${r.problems.join(' | ')}` : ''}`,
@@ -350,38 +394,6 @@ else {
       )
     }
   }
-  console.log(
-    `\n| row | N | round period | GPU-busy (min / median / max) | a round: compute + link time up / down + rest (s) | up B/token | down B/token | producer's uploads per result (max / mean) | uplink / downlink use (busiest) | client CPU (median, of a core) | machine CPU busy | load avg (1 min) | all applied, replicas agree | limit |`,
-  )
-  console.log('|---|---|---|---|---|---|---|---|---|---|---|---|---|---|')
-  for (const r of results) {
-    const c = r.clients
-    const max = (f: (x: RowResult['clients'][number]) => number) => Math.max(...c.map(f))
-    const busy = median(c.map((x) => x.busy))
-    const compute = max((x) => x.compute)
-    const up = max((x) => x.upS)
-    const down = max((x) => x.downS)
-    const {limit, rest} = limitOf({busy, period: r.period, compute, up, down, cpuBusy: r.cpuBusy})
-    const u = r.uploads.byProducer
-    const cells = [
-      label(r.row),
-      String(r.row.n),
-      `${num(r.period, 1)} s`,
-      span(
-        c.map((x) => x.busy),
-        pct,
-      ),
-      `${num(compute, 1)} + ${num(up, 1)} / ${num(down, 1)} + ${num(rest, 1)}`,
-      num(median(c.map((x) => x.upPerToken)), 2),
-      num(median(c.map((x) => x.downPerToken)), 2),
-      u.length ? `${Math.max(...u)} / ${num(u.reduce((a, b) => a + b, 0) / u.length, 1)}` : '—',
-      `${pct(max((x) => x.upUse))} / ${pct(max((x) => x.downUse))}`,
-      `${num(median(c.map((x) => x.cpuPct)))} %`,
-      pct(r.cpuBusy),
-      `${num(Math.min(...r.load), 1)}–${num(Math.max(...r.load), 1)}`,
-      `${r.everyResultApplied ? 'yes' : 'NO'}, ${r.replicasAgree ? 'yes' : 'NO'}`,
-      limit,
-    ]
-    console.log(`| ${cells.join(' | ')} |`)
-  }
+  console.log(`\n${TABLE_HEADER}`)
+  for (const r of results) console.log(tableLine(r))
 }
