@@ -71,6 +71,9 @@ function parseRow(spec: string): Row {
 
 const say = (o: object) => process.stdout.write(`${JSON.stringify(o)}\n`)
 
+/** The run's max_round_train_time: three times a trainer's compute, and two minutes. */
+const maxRoundTrainSeconds = (row: Row) => Math.ceil((row.h * STEP_MS * (row.g ? row.n / row.g : 1)) / 1000) * 3 + 120
+
 /** The server process, on its own host: the run, and every state transition with its time. */
 async function serverProcess(o: {row: Row; rounds: number}): Promise<void> {
   const {row} = o
@@ -78,7 +81,7 @@ async function serverProcess(o: {row: Row; rounds: number}): Promise<void> {
     clients: row.n,
     rounds: o.rounds,
     warmupTime: 600,
-    maxRoundTrainTime: Math.ceil((row.h * STEP_MS * (row.g ? row.n / row.g : 1)) / 1000) * 3 + 120,
+    maxRoundTrainTime: maxRoundTrainSeconds(row),
     roundWitnessTime: 60,
   })
   run.run_id = `utilization-${row.spec.replace(/@/, '-')}`
@@ -233,7 +236,8 @@ async function measure(row: Row): Promise<RowResult> {
     const started = (step: number) => transitions.find((t) => t.step === step)?.at
     const first = WARMUP + 1
     const last = WARMUP + ROUNDS + 1
-    const timeoutAt = Date.now() + ((row.h * STEP_MS * (row.g ? row.n / row.g : 1) + 60_000) * (last + 1) + 300_000)
+    // A round lasts at most max_round_train_time and round_witness_time (60 s), and the clients' start takes a while.
+    const timeoutAt = Date.now() + (maxRoundTrainSeconds(row) + 90) * 1000 * last + 300_000
     let stat0: number[] | undefined
     let stat1: number[] | undefined
     const linkSample = () => {
