@@ -87,6 +87,7 @@ export const tiers = {
     'test/p2p/webrtc.test.ts',
     'test/p2p/model-download.test.ts',
     'test/p2p/model.test.ts',
+    'test/p2p/muxer.test.ts',
     'test/p2p/punch.test.ts',
     'test/p2p/quic.test.ts',
     'test/p2p/rejection.test.ts',

@@ -135,6 +135,8 @@ export type PsycheEvent =
   // restarted with the same key): they were closed, and the peer dialled afresh
   | {event: 'stale_connection'; peer_id: string; addrs: string[]; replaced_by: string}
   | {event: 'stale_connection_failed'; peer_id: string; reason: string}
+  /** The stream muxer's abort of a connection already closed threw (p2p/muxer.ts): reported, the process goes on. */
+  | {event: 'muxer_abort_failed'; reason: string}
   // core/p2p/punch.ts: a relayed connection upgraded to a direct one by TCP hole punching, or the attempt that failed
   | {event: 'hole_punched'; peer_id: string; addr: string; role: 'initiator' | 'responder'; attempts: number; ms: number}
   | {event: 'hole_punch_failed'; peer_id: string; role: 'initiator' | 'responder'; attempts: number; ms: number; reason: string}

@@ -1,6 +1,5 @@
 import './polyfill.js'
 import {noise} from '@chainsafe/libp2p-noise'
-import {yamux} from '@chainsafe/libp2p-yamux'
 import {circuitRelayTransport} from '@libp2p/circuit-relay-v2'
 import {generateKeyPairFromSeed} from '@libp2p/crypto/keys'
 import {gossipsub, type GossipSub} from '@libp2p/gossipsub'
@@ -13,6 +12,7 @@ import type {ResultAnnouncement, SigningIdentity} from '../primitives/announceme
 import {listenAddrsForPort} from './addresses.js'
 import {peerDialer, RELAYED_DIAL_TIMEOUT_MS, type DialFailure, type PeerDialer} from './dialer.js'
 import {liveness, type Liveness} from './liveness.js'
+import {safeYamux} from './muxer.js'
 import {DEFAULT_MAX_MODEL_BYTES, modelExchange, type ModelExchange, type ModelServeLimits, type ModelServeStats} from './model-exchange.js'
 import type {ModelSnapshot} from './model.js'
 import {DEFAULT_MAX_PEER_CONNECTIONS} from './overlay.js'
@@ -218,7 +218,7 @@ export class P2PNode {
       addresses: {listen, ...(options.announce?.length ? {announce: options.announce} : {})},
       transports,
       connectionEncrypters: [noise()],
-      streamMuxers: [yamux()],
+      streamMuxers: [safeYamux((error) => log({event: 'muxer_abort_failed', reason: errorMessage(error)}))],
       ...(wire ? {metrics: wire.component} : {}),
       connectionGater: {
         denyInboundEncryptedConnection: async (peer, maConn) => {

@@ -1,6 +1,5 @@
 import './polyfill.js'
 import {noise} from '@chainsafe/libp2p-noise'
-import {yamux} from '@chainsafe/libp2p-yamux'
 import {circuitRelayServer, type CircuitRelayService} from '@libp2p/circuit-relay-v2'
 import {generateKeyPairFromSeed} from '@libp2p/crypto/keys'
 import type {Listener, Startable} from '@libp2p/interface'
@@ -16,6 +15,7 @@ import {dialbackServer, type DialbackServer} from './dialback-service.js'
 import {CONFIRMED_TTL_MS} from './internals.js'
 import {encodeStunInfo, StunServer, STUN_INFO_PROTOCOL} from './stun.js'
 import {framed} from './framing.js'
+import {safeYamux} from './muxer.js'
 import {defaultTransports, isQuicAddr, withQuicListen} from './transports.js'
 import {abortStream, deadline, type Libp2pEventTarget} from './util.js'
 import type {EventLog} from '../events.js'
@@ -153,7 +153,7 @@ export class RelayNode {
         // gater hold for QUIC as for TCP: @chainsafe/libp2p-quic hands every inbound connection to libp2p's upgrader.
         transports: defaultTransports({quic: quicOn}),
         connectionEncrypters: [noise()],
-        streamMuxers: [yamux()],
+        streamMuxers: [safeYamux((error) => log({event: 'muxer_abort_failed', reason: errorMessage(error)}))],
         connectionManager: {maxConnections: Math.max(300, limits.maxReservations * 2 + 64)},
         ...(admit
           ? {
