@@ -2,6 +2,7 @@ import assert from 'node:assert/strict'
 import {after, before, describe, it} from 'node:test'
 import {lpStream} from '@libp2p/utils'
 import {peerIdOfClient, sha256Hex, signAnnouncement, type ResultAnnouncement} from '../../src/core/p2p/index.js'
+import {encodeHave, HAVE_PROTOCOL} from '../../src/core/p2p/have.js'
 import {ANNOUNCE_PROTOCOL} from '../../src/core/p2p/result-exchange.js'
 import {waitFor} from '../helpers.js'
 import {meshUp, randomBlob, startNodes, stopAll, testIdentity, type TestNode} from './helpers.js'
@@ -127,5 +128,32 @@ describe('p2p: forged announcements and dishonest blobs are rejected with a logg
       [liar.node.peerId],
     )
     assert.equal(fetcher.node.hasResult(commitment), false)
+  })
+})
+
+describe('p2p: a peer telling us of results it holds fills its own share of what we remember (join --max-haves-per-peer)', () => {
+  let nodes: TestNode[] = []
+  before(async () => {
+    nodes = await startNodes(3, {serving: {maxHavesPerPeer: 8}})
+    await meshUp(nodes)
+  })
+  after(async () => stopAll(nodes))
+
+  it('a stranger claiming 20 made-up results of a far-future round gets 8 remembered; an honest peer after it still gets its 3', async () => {
+    const [a, stranger, honest] = nodes
+    const tell = async (from: TestNode, step: number, count: number) => {
+      const stream = await from.node.libp2p.dialProtocol(peerIdOfClient(a.identity.id), HAVE_PROTOCOL)
+      const commitments = Array.from({length: count}, () => sha256Hex(randomBlob(32)))
+      await lpStream(stream).write(encodeHave(step, commitments))
+      await stream.close().catch(() => {})
+    }
+    await tell(stranger, 4_000_000_000, 20)
+    await waitFor(() => a.node.stats().havesIgnored === 12, 10_000, "the stranger's holdings past its share ignored")
+    await tell(honest, 5, 3)
+    // the honest peer's 3 are kept: nothing more is ignored, while a 9th from the stranger is
+    await tell(stranger, 4_000_000_000, 1)
+    await waitFor(() => a.node.stats().havesIgnored === 13, 10_000, "the stranger's 21st")
+    await new Promise((r) => setTimeout(r, 200))
+    assert.equal(a.node.stats().havesIgnored, 13)
   })
 })

@@ -68,6 +68,11 @@ export const joinFlags = {
     default: DEFAULT_SERVING_LIMITS.swarmMinBytes,
     min: 0,
   }),
+  'max-haves-per-peer': Flags.integer({
+    summary: 'results one peer may tell us it holds that we remember (have messages), until their round is dropped; past it they are ignored',
+    default: DEFAULT_SERVING_LIMITS.maxHavesPerPeer,
+    min: 1,
+  }),
   'max-serves-per-peer': Flags.integer({summary: 'result transfers served to one peer at once', default: DEFAULT_SERVING_LIMITS.maxServesPerPeer, min: 1}),
   'max-concurrent-serves': Flags.integer({summary: 'result transfers served at once, to all peers', default: DEFAULT_SERVING_LIMITS.maxConcurrentServes, min: 1}),
   'p2p-announce': Flags.string({summary: 'tell peers exactly these multiaddr(s): a public address or a forwarded port', multiple: true}),
@@ -188,6 +193,7 @@ export function joinSetup(flags: JoinFlags, plan: TrainPlan, log: ClientSetup['l
         maxServesPerPeer: flags['max-serves-per-peer'],
         maxConcurrentServes: flags['max-concurrent-serves'],
         swarmMinBytes: flags['swarm-min-bytes'],
+        maxHavesPerPeer: flags['max-haves-per-peer'],
       },
       ...webrtcOptionsFromFlags(flags),
       modelServeLimits: {

@@ -137,6 +137,8 @@ interface P2PStats {
   badBlobs: number
   /** Requests we answered 'busy' (serving bounds), the most peers one of our results was served to, connections closed idle. */
   servesRefused: number
+  /** Holdings peers told us of that we did not keep (join --max-haves-per-peer and the table's bounds). */
+  havesIgnored: number
   maxUploadsOfOwnResult: number
   idleClosed: number
   downloadsInFlight: number
@@ -446,6 +448,7 @@ export class P2PNode {
       peers: this.libp2p.getPeers().length,
       badBlobs: results.badBlobs,
       servesRefused: results.servesRefused,
+      havesIgnored: results.havesIgnored,
       maxUploadsOfOwnResult: results.maxUploadsOfOwnResult(),
       idleClosed: this.libp2p.services.dialer.idleClosed,
       downloadsInFlight: results.downloads.active,

@@ -35,7 +35,7 @@ export const DEFAULT_DOWNLOAD_TIMEOUT_MS = 60_000
  * asks (swarming it would cost more in messages and retries than it saves in uplink); at most this many transfers to
  * one peer at once, and in all. A request past them is answered 'busy' and asked elsewhere or again.
  */
-export const DEFAULT_SERVING_LIMITS: ServingLimits = {maxServesPerResult: 4, maxServesPerPeer: 2, maxConcurrentServes: 16, swarmMinBytes: 256 * 1024}
+export const DEFAULT_SERVING_LIMITS: ServingLimits = {maxServesPerResult: 4, maxServesPerPeer: 2, maxConcurrentServes: 16, swarmMinBytes: 256 * 1024, maxHavesPerPeer: 4096}
 /** Holders told us nothing yet, or were busy: asked again after this long (until downloadTimeoutMs has passed). */
 const SWARM_RETRY_MS = 250
 /**
@@ -64,6 +64,11 @@ export interface ServingLimits {
   maxConcurrentServes: number
   /** Results smaller than this are served to every peer that asks (see DEFAULT_SERVING_LIMITS). */
   swarmMinBytes: number
+  /**
+   * Results one peer may tell us it holds that we keep (have messages, until their step is dropped): a stranger
+   * announcing made-up results, or results of a far-future step, fills its own share, not the whole table.
+   */
+  maxHavesPerPeer: number
 }
 
 /** Requests and response headers are small JSON; anything bigger is refused before parsing. */
@@ -164,9 +169,12 @@ export class ResultExchange implements Startable {
   private readonly peerRank = new Map<string, number>()
   /** Steps before this one were dropped: have messages for them are ignored. */
   private firstStep = 0
-  /** Requests answered 'busy' (a serving bound), and have messages refused as malformed. */
+  /** Per peer id, the holders entries that name it (bounded by maxHavesPerPeer). */
+  private readonly havesOf = new Map<string, number>()
+  /** Requests answered 'busy' (a serving bound), have messages refused as malformed, and holdings past a bound. */
   servesRefused = 0
   badHaves = 0
+  havesIgnored = 0
 
   constructor(
     private readonly components: ResultExchangeComponents,
@@ -365,7 +373,15 @@ export class ResultExchange implements Startable {
     for (const [signature, seenStep] of this.seenAnnouncements) if (seenStep < step) this.seenAnnouncements.delete(signature)
     for (const [signature, sent] of this.announcedTo) if (sent.step < step) this.announcedTo.delete(signature)
     for (const [commitment, own] of this.own) if (own.step < step) this.own.delete(commitment)
-    for (const [prefix, held] of this.holders) if (held.step < step) this.holders.delete(prefix)
+    for (const [prefix, held] of this.holders) {
+      if (held.step >= step) continue
+      this.holders.delete(prefix)
+      for (const peer of held.peers) {
+        const n = (this.havesOf.get(peer) ?? 1) - 1
+        if (n > 0) this.havesOf.set(peer, n)
+        else this.havesOf.delete(peer)
+      }
+    }
     for (const pending of this.pendingHaves.keys()) if (pending < step) this.pendingHaves.delete(pending)
     this.firstStep = Math.max(this.firstStep, step)
   }
@@ -452,7 +468,7 @@ export class ResultExchange implements Startable {
 
   /**
    * A peer's long-lived stream of have messages (see have.ts): where to ask for results besides their producers. It
-   * lasts as long as the connection; what it can make us hold is bounded (MAX_HAVE_ENTRIES, MAX_HOLDERS_PER_RESULT).
+   * lasts as long as the connection; what it can make us hold is bounded (maxHavesPerPeer: join --max-haves-per-peer; MAX_HAVE_ENTRIES, MAX_HOLDERS_PER_RESULT).
    */
   private async receiveHave(stream: Stream, connection: Connection): Promise<void> {
     const from = connection.remotePeer.toString()
@@ -477,11 +493,15 @@ export class ResultExchange implements Startable {
         if (step < this.firstStep) continue
         for (const prefix of prefixes) {
           let held = this.holders.get(prefix)
-          if (!held) {
-            if (this.holders.size >= MAX_HAVE_ENTRIES) continue
-            this.holders.set(prefix, (held = {step, peers: new Set()}))
+          if (held?.peers.has(from)) continue
+          const mine = this.havesOf.get(from) ?? 0
+          if (mine >= this.serving.maxHavesPerPeer || (held ? held.peers.size >= MAX_HOLDERS_PER_RESULT : this.holders.size >= MAX_HAVE_ENTRIES)) {
+            this.havesIgnored++
+            continue
           }
-          if (held.peers.size < MAX_HOLDERS_PER_RESULT) held.peers.add(from)
+          if (!held) this.holders.set(prefix, (held = {step, peers: new Set()}))
+          held.peers.add(from)
+          this.havesOf.set(from, mine + 1)
         }
       }
       await stream.close().catch(() => {})
