@@ -117,7 +117,7 @@ static u64 trainer_count(const State *s, u64 roster) {
  * train (t = trainer_count), the others get an empty range at the round's end. */
 static void batch_range(const State *s, const Round *r, u64 index, u64 *start, u64 *end) {
   u8 seed[32];
-  sub_seed(r->seed, "data", seed);
+  sub_seed(r->data_seed, "data", seed);
   u64 n = trainer_count(s, r->roster_len);
   u64 position = shuffle_index(index, r->roster_len, seed, 0);
   if (position >= n) {
@@ -305,7 +305,7 @@ static void extras_progress(const State *s, Round *r, u64 upto) {
   if (r->extra_rounds == 0)
     for (u64 k = 0; k < count; k++) r->extra_at[k] = (u8)(first + k);
   u8 buf[40], h[32], bits[32];
-  sub_seed(r->seed, "data", buf);
+  sub_seed(r->data_seed, "data", buf);
   zero(buf + 32, 8);
   for (u64 i = r->extra_rounds; i < upto && count; i++) {
     buf[32] = (u8)(SHUFFLE_ROUNDS - 1 - i);
@@ -611,6 +611,10 @@ static void start_round_train(State *s, u64 now) {
   r->data_index = data_index;
   r->batch_size = round_batch_size(s, data_index);
   copy(r->seed, s->seed, 32);
+  /* The data shuffle is known one round ahead (rules.ts nextDataSeed): from the previous round's seed; the epoch's
+   * first round's is its own seed. */
+  if (has_previous) sub_seed(s->previous_round.seed, "next-data", r->data_seed);
+  else copy(r->data_seed, s->seed, 32);
   r->started_at = now;
   r->roster_len = s->clients_len;
   for (u64 i = 0; i < s->clients_len; i++) {

@@ -32,7 +32,7 @@
 
 /* ---- magic numbers ---- */
 #define MAGIC 0x44524f4f43595350ull /* "PSYCOORD": a coordinator account */
-#define LAYOUT_VERSION 9ull /* 9: inner_steps (SparseLoCo's H) beside max_seq_len; 8: max_trainers_per_round in Config; 7: the run's current model (step and agreed parameter hash, recorded at every epoch's end); 6: verifiers' scores in the ledger (report_scores; Points.weight derived from them), claims move to the treasurer program (no claimed points, no treasury mint here); 5: the rewards ledger (points per client), rates; 4: checkpointers, Cooldown hash witnesses, the checkpoint hash (3: 256 clients, precomputed bloom probes; 2: times in unix milliseconds) */
+#define LAYOUT_VERSION 10ull /* 10: Round.data_seed (a round's batches are known one round ahead); 9: inner_steps (SparseLoCo's H) beside max_seq_len; 8: max_trainers_per_round in Config; 7: the run's current model (step and agreed parameter hash, recorded at every epoch's end); 6: verifiers' scores in the ledger (report_scores; Points.weight derived from them), claims move to the treasurer program (no claimed points, no treasury mint here); 5: the rewards ledger (points per client), rates; 4: checkpointers, Cooldown hash witnesses, the checkpoint hash (3: 256 clients, precomputed bloom probes; 2: times in unix milliseconds) */
 #define PEER_MAGIC 0x5245455043595350ull /* "PSYCPEER": a peer record */
 #define METADATA_MAGIC 0x4154454d43595350ull /* "PSYCMETA": a run metadata record */
 #define AUTH_MAGIC 0x4854554148595350ull /* "PSYHAUTH": an authorization */
@@ -199,17 +199,18 @@ typedef struct {
   u64 excluded_len; /* @64 */
   u64 complete_witnesses; /* @72: proofs whose participant bloom names every trainer */
   u8 seed[32]; /* @80 */
-  u8 roster[MAX_CLIENTS][32]; /* @112 */
-  u64 roster_probe[MAX_CLIENTS]; /* @8304: each roster member's ClientRec.probe */
-  Witness witnesses[MAX_WITNESSES]; /* @10352 */
-  Accusation accusations[MAX_ACCUSATIONS]; /* @31344 */
-  u8 excluded[MAX_CLIENTS][32]; /* @49776 */
-  u8 roster_mark[MAX_CLIENTS]; /* @57968: per roster member: the witnesses whose participant bloom holds it (low 7 bits), 0x80 when its result is excluded */
-  u16 roster_ledger[MAX_CLIENTS]; /* @58224: each roster member's ClientRec.ledger */
-  u64 extra_rounds; /* @58736: rounds of the inverse shuffle that finds the members with one batch more, run so far (by the witness proofs) */
-  u8 extra_at[MAX_CLIENTS]; /* @58744: that shuffle in progress: where the followed positions are */
-  u8 scores_reported[32]; /* @59000: a bit per roster member (MAX_CLIENTS bits): it reported its scores of the previous round (report_scores) */
-} Round; /* 59032 bytes */
+  u8 data_seed[32]; /* @112: the data shuffle's seed: the epoch's first round's own seed, then SHA-256(the previous round's seed ‖ "next-data") */
+  u8 roster[MAX_CLIENTS][32]; /* @144 */
+  u64 roster_probe[MAX_CLIENTS]; /* @8336: each roster member's ClientRec.probe */
+  Witness witnesses[MAX_WITNESSES]; /* @10384 */
+  Accusation accusations[MAX_ACCUSATIONS]; /* @31376 */
+  u8 excluded[MAX_CLIENTS][32]; /* @49808 */
+  u8 roster_mark[MAX_CLIENTS]; /* @58000: per roster member: the witnesses whose participant bloom holds it (low 7 bits), 0x80 when its result is excluded */
+  u16 roster_ledger[MAX_CLIENTS]; /* @58256: each roster member's ClientRec.ledger */
+  u64 extra_rounds; /* @58768: rounds of the inverse shuffle that finds the members with one batch more, run so far (by the witness proofs) */
+  u8 extra_at[MAX_CLIENTS]; /* @58776: that shuffle in progress: where the followed positions are */
+  u8 scores_reported[32]; /* @59032: a bit per roster member (MAX_CLIENTS bits): it reported its scores of the previous round (report_scores) */
+} Round; /* 59064 bytes */
 _Static_assert(__builtin_offsetof(Round, step) == 0, "layout: Round.step");
 _Static_assert(__builtin_offsetof(Round, height) == 8, "layout: Round.height");
 _Static_assert(__builtin_offsetof(Round, data_index) == 16, "layout: Round.data_index");
@@ -221,17 +222,18 @@ _Static_assert(__builtin_offsetof(Round, accusation_len) == 56, "layout: Round.a
 _Static_assert(__builtin_offsetof(Round, excluded_len) == 64, "layout: Round.excluded_len");
 _Static_assert(__builtin_offsetof(Round, complete_witnesses) == 72, "layout: Round.complete_witnesses");
 _Static_assert(__builtin_offsetof(Round, seed) == 80, "layout: Round.seed");
-_Static_assert(__builtin_offsetof(Round, roster) == 112, "layout: Round.roster");
-_Static_assert(__builtin_offsetof(Round, roster_probe) == 8304, "layout: Round.roster_probe");
-_Static_assert(__builtin_offsetof(Round, witnesses) == 10352, "layout: Round.witnesses");
-_Static_assert(__builtin_offsetof(Round, accusations) == 31344, "layout: Round.accusations");
-_Static_assert(__builtin_offsetof(Round, excluded) == 49776, "layout: Round.excluded");
-_Static_assert(__builtin_offsetof(Round, roster_mark) == 57968, "layout: Round.roster_mark");
-_Static_assert(__builtin_offsetof(Round, roster_ledger) == 58224, "layout: Round.roster_ledger");
-_Static_assert(__builtin_offsetof(Round, extra_rounds) == 58736, "layout: Round.extra_rounds");
-_Static_assert(__builtin_offsetof(Round, extra_at) == 58744, "layout: Round.extra_at");
-_Static_assert(__builtin_offsetof(Round, scores_reported) == 59000, "layout: Round.scores_reported");
-_Static_assert(sizeof(Round) == 59032, "layout: sizeof(Round)");
+_Static_assert(__builtin_offsetof(Round, data_seed) == 112, "layout: Round.data_seed");
+_Static_assert(__builtin_offsetof(Round, roster) == 144, "layout: Round.roster");
+_Static_assert(__builtin_offsetof(Round, roster_probe) == 8336, "layout: Round.roster_probe");
+_Static_assert(__builtin_offsetof(Round, witnesses) == 10384, "layout: Round.witnesses");
+_Static_assert(__builtin_offsetof(Round, accusations) == 31376, "layout: Round.accusations");
+_Static_assert(__builtin_offsetof(Round, excluded) == 49808, "layout: Round.excluded");
+_Static_assert(__builtin_offsetof(Round, roster_mark) == 58000, "layout: Round.roster_mark");
+_Static_assert(__builtin_offsetof(Round, roster_ledger) == 58256, "layout: Round.roster_ledger");
+_Static_assert(__builtin_offsetof(Round, extra_rounds) == 58768, "layout: Round.extra_rounds");
+_Static_assert(__builtin_offsetof(Round, extra_at) == 58776, "layout: Round.extra_at");
+_Static_assert(__builtin_offsetof(Round, scores_reported) == 59032, "layout: Round.scores_reported");
+_Static_assert(sizeof(Round) == 59064, "layout: sizeof(Round)");
 
 typedef struct {
   u64 magic; /* @0: MAGIC */
@@ -274,30 +276,30 @@ typedef struct {
   u64 pending_probe[MAX_CLIENTS]; /* @49976: each joiner's bloom probe (ClientRec.probe) */
   u64 pending_client[MAX_CLIENTS]; /* @52024: 1 + where the joiner was in clients when it was queued, 0 if it was not there */
   Round round; /* @54072 */
-  Round previous_round; /* @113104 */
-  u64 model_json_len; /* @172136 */
-  u8 model_json[MODEL_JSON_MAX]; /* @172144: the rest of model.LLM as JSON */
-  u64 checkpointers_len; /* @176240: config.checkpointers (0: not set, any epoch member may checkpoint) */
-  u8 checkpointers[MAX_CHECKPOINTERS][32]; /* @176248 */
-  u64 hash_witness_len; /* @176504 */
-  HashWitness hash_witnesses[MAX_WITNESSES]; /* @176512: Cooldown: parameter hashes attested by the epoch last round witnesses */
-  u64 has_checkpoint_hash; /* @178560 */
-  u64 checkpoint_hash_step; /* @178568: the step of the model the recorded checkpoint holds */
-  u8 checkpoint_hash[32]; /* @178576: the parameter hash the witnesses agreed on, recorded with the checkpoint */
-  Checkpoint checkpoint_hash_repo; /* @178608: the Hub repository the hash was recorded with (kind Hub) */
-  u64 pending_ledger[MAX_CLIENTS]; /* @178776: each joiner's ClientRec.ledger */
-  u64 points_per_batch; /* @180824: points per accepted batch at full weight (POINTS_PER_BATCH; set_rates) */
-  u64 token_rate; /* @180832: token base units the treasurer program's claim pays per point (0: nothing to claim; set_rates) */
-  u64 next_points_per_batch; /* @180840: set_rates: the rates the next epoch starts with (when has_next_rates) */
-  u64 next_token_rate; /* @180848 */
-  u64 has_next_rates; /* @180856 */
-  u64 ledger_len; /* @180864 */
-  Points ledger[LEDGER_MAX]; /* @180872: the rewards ledger (rewards.ts): per client key, accepted results and points */
-  u64 has_current_model; /* @254600: 0: no epoch has recorded the run's model yet (its starting checkpoint is its model) */
-  u64 current_model_step; /* @254608: the run's current model: the step of the last epoch's last round (recorded at every epoch's end) */
-  u64 has_current_model_hash; /* @254616: 0: no witness quorum agreed on its parameter hash */
-  u8 current_model_hash[32]; /* @254624: the parameter hash its witnesses agreed on: every model a client loads is checked against it */
-} State; /* 254656 bytes */
+  Round previous_round; /* @113136 */
+  u64 model_json_len; /* @172200 */
+  u8 model_json[MODEL_JSON_MAX]; /* @172208: the rest of model.LLM as JSON */
+  u64 checkpointers_len; /* @176304: config.checkpointers (0: not set, any epoch member may checkpoint) */
+  u8 checkpointers[MAX_CHECKPOINTERS][32]; /* @176312 */
+  u64 hash_witness_len; /* @176568 */
+  HashWitness hash_witnesses[MAX_WITNESSES]; /* @176576: Cooldown: parameter hashes attested by the epoch last round witnesses */
+  u64 has_checkpoint_hash; /* @178624 */
+  u64 checkpoint_hash_step; /* @178632: the step of the model the recorded checkpoint holds */
+  u8 checkpoint_hash[32]; /* @178640: the parameter hash the witnesses agreed on, recorded with the checkpoint */
+  Checkpoint checkpoint_hash_repo; /* @178672: the Hub repository the hash was recorded with (kind Hub) */
+  u64 pending_ledger[MAX_CLIENTS]; /* @178840: each joiner's ClientRec.ledger */
+  u64 points_per_batch; /* @180888: points per accepted batch at full weight (POINTS_PER_BATCH; set_rates) */
+  u64 token_rate; /* @180896: token base units the treasurer program's claim pays per point (0: nothing to claim; set_rates) */
+  u64 next_points_per_batch; /* @180904: set_rates: the rates the next epoch starts with (when has_next_rates) */
+  u64 next_token_rate; /* @180912 */
+  u64 has_next_rates; /* @180920 */
+  u64 ledger_len; /* @180928 */
+  Points ledger[LEDGER_MAX]; /* @180936: the rewards ledger (rewards.ts): per client key, accepted results and points */
+  u64 has_current_model; /* @254664: 0: no epoch has recorded the run's model yet (its starting checkpoint is its model) */
+  u64 current_model_step; /* @254672: the run's current model: the step of the last epoch's last round (recorded at every epoch's end) */
+  u64 has_current_model_hash; /* @254680: 0: no witness quorum agreed on its parameter hash */
+  u8 current_model_hash[32]; /* @254688: the parameter hash its witnesses agreed on: every model a client loads is checked against it */
+} State; /* 254720 bytes */
 _Static_assert(__builtin_offsetof(State, magic) == 0, "layout: State.magic");
 _Static_assert(__builtin_offsetof(State, version) == 8, "layout: State.version");
 _Static_assert(__builtin_offsetof(State, run_id) == 16, "layout: State.run_id");
@@ -338,30 +340,30 @@ _Static_assert(__builtin_offsetof(State, pending) == 41784, "layout: State.pendi
 _Static_assert(__builtin_offsetof(State, pending_probe) == 49976, "layout: State.pending_probe");
 _Static_assert(__builtin_offsetof(State, pending_client) == 52024, "layout: State.pending_client");
 _Static_assert(__builtin_offsetof(State, round) == 54072, "layout: State.round");
-_Static_assert(__builtin_offsetof(State, previous_round) == 113104, "layout: State.previous_round");
-_Static_assert(__builtin_offsetof(State, model_json_len) == 172136, "layout: State.model_json_len");
-_Static_assert(__builtin_offsetof(State, model_json) == 172144, "layout: State.model_json");
-_Static_assert(__builtin_offsetof(State, checkpointers_len) == 176240, "layout: State.checkpointers_len");
-_Static_assert(__builtin_offsetof(State, checkpointers) == 176248, "layout: State.checkpointers");
-_Static_assert(__builtin_offsetof(State, hash_witness_len) == 176504, "layout: State.hash_witness_len");
-_Static_assert(__builtin_offsetof(State, hash_witnesses) == 176512, "layout: State.hash_witnesses");
-_Static_assert(__builtin_offsetof(State, has_checkpoint_hash) == 178560, "layout: State.has_checkpoint_hash");
-_Static_assert(__builtin_offsetof(State, checkpoint_hash_step) == 178568, "layout: State.checkpoint_hash_step");
-_Static_assert(__builtin_offsetof(State, checkpoint_hash) == 178576, "layout: State.checkpoint_hash");
-_Static_assert(__builtin_offsetof(State, checkpoint_hash_repo) == 178608, "layout: State.checkpoint_hash_repo");
-_Static_assert(__builtin_offsetof(State, pending_ledger) == 178776, "layout: State.pending_ledger");
-_Static_assert(__builtin_offsetof(State, points_per_batch) == 180824, "layout: State.points_per_batch");
-_Static_assert(__builtin_offsetof(State, token_rate) == 180832, "layout: State.token_rate");
-_Static_assert(__builtin_offsetof(State, next_points_per_batch) == 180840, "layout: State.next_points_per_batch");
-_Static_assert(__builtin_offsetof(State, next_token_rate) == 180848, "layout: State.next_token_rate");
-_Static_assert(__builtin_offsetof(State, has_next_rates) == 180856, "layout: State.has_next_rates");
-_Static_assert(__builtin_offsetof(State, ledger_len) == 180864, "layout: State.ledger_len");
-_Static_assert(__builtin_offsetof(State, ledger) == 180872, "layout: State.ledger");
-_Static_assert(__builtin_offsetof(State, has_current_model) == 254600, "layout: State.has_current_model");
-_Static_assert(__builtin_offsetof(State, current_model_step) == 254608, "layout: State.current_model_step");
-_Static_assert(__builtin_offsetof(State, has_current_model_hash) == 254616, "layout: State.has_current_model_hash");
-_Static_assert(__builtin_offsetof(State, current_model_hash) == 254624, "layout: State.current_model_hash");
-_Static_assert(sizeof(State) == 254656, "layout: sizeof(State)");
+_Static_assert(__builtin_offsetof(State, previous_round) == 113136, "layout: State.previous_round");
+_Static_assert(__builtin_offsetof(State, model_json_len) == 172200, "layout: State.model_json_len");
+_Static_assert(__builtin_offsetof(State, model_json) == 172208, "layout: State.model_json");
+_Static_assert(__builtin_offsetof(State, checkpointers_len) == 176304, "layout: State.checkpointers_len");
+_Static_assert(__builtin_offsetof(State, checkpointers) == 176312, "layout: State.checkpointers");
+_Static_assert(__builtin_offsetof(State, hash_witness_len) == 176568, "layout: State.hash_witness_len");
+_Static_assert(__builtin_offsetof(State, hash_witnesses) == 176576, "layout: State.hash_witnesses");
+_Static_assert(__builtin_offsetof(State, has_checkpoint_hash) == 178624, "layout: State.has_checkpoint_hash");
+_Static_assert(__builtin_offsetof(State, checkpoint_hash_step) == 178632, "layout: State.checkpoint_hash_step");
+_Static_assert(__builtin_offsetof(State, checkpoint_hash) == 178640, "layout: State.checkpoint_hash");
+_Static_assert(__builtin_offsetof(State, checkpoint_hash_repo) == 178672, "layout: State.checkpoint_hash_repo");
+_Static_assert(__builtin_offsetof(State, pending_ledger) == 178840, "layout: State.pending_ledger");
+_Static_assert(__builtin_offsetof(State, points_per_batch) == 180888, "layout: State.points_per_batch");
+_Static_assert(__builtin_offsetof(State, token_rate) == 180896, "layout: State.token_rate");
+_Static_assert(__builtin_offsetof(State, next_points_per_batch) == 180904, "layout: State.next_points_per_batch");
+_Static_assert(__builtin_offsetof(State, next_token_rate) == 180912, "layout: State.next_token_rate");
+_Static_assert(__builtin_offsetof(State, has_next_rates) == 180920, "layout: State.has_next_rates");
+_Static_assert(__builtin_offsetof(State, ledger_len) == 180928, "layout: State.ledger_len");
+_Static_assert(__builtin_offsetof(State, ledger) == 180936, "layout: State.ledger");
+_Static_assert(__builtin_offsetof(State, has_current_model) == 254664, "layout: State.has_current_model");
+_Static_assert(__builtin_offsetof(State, current_model_step) == 254672, "layout: State.current_model_step");
+_Static_assert(__builtin_offsetof(State, has_current_model_hash) == 254680, "layout: State.has_current_model_hash");
+_Static_assert(__builtin_offsetof(State, current_model_hash) == 254688, "layout: State.current_model_hash");
+_Static_assert(sizeof(State) == 254720, "layout: sizeof(State)");
 
 typedef struct {
   u64 magic; /* @0: PEER_MAGIC */

@@ -26,6 +26,7 @@ export {
   modelMismatch,
   modelWanted,
   participantKey,
+  predictNextRound,
   rangeForPosition,
   selectVerifiers,
   assignedTrainers,

@@ -16,6 +16,7 @@ import {
   isVerifier,
   isWitness,
   nextDataIndex,
+  nextDataSeed,
   isScoreAssigned,
   scoreAssignedCount,
   wasEjected,
@@ -192,6 +193,8 @@ function startRoundTrain(s: CoordinatorState, now: number, entropy: string | und
     data_index: dataIndex,
     batch_size: roundBatchSize(s, dataIndex),
     seed,
+    // The data shuffle is known one round ahead: drawn from the previous round's seed (the epoch's first: its own).
+    data_seed: previous ? nextDataSeed(previous.seed) : seed,
     started_at: now,
     roster: s.epoch.clients.map((c) => c.id),
     witnesses: [],

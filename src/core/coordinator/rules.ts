@@ -82,6 +82,47 @@ function roundOf(state: CoordinatorState, round?: Round | null): Round {
   return r
 }
 
+/** The seed of a round's data shuffle (Round.data_seed; a round saved before it: its own seed). */
+function dataSeed(r: Pick<Round, 'seed' | 'data_seed'>): Buffer {
+  return subSeed(r.data_seed ?? r.seed, 'data')
+}
+
+/**
+ * The data seed (Round.data_seed) of the round after one whose seed is `seed`: drawn from that round's seed, so it is
+ * known, with the round's roster and data index, as soon as that round starts. The epoch's first round has its own
+ * seed as its data seed (machine.ts startRoundTrain; coordinator.c start_round_train).
+ */
+export function nextDataSeed(seed: string): string {
+  return subSeed(seed, 'next-data').toString('hex')
+}
+
+/**
+ * The next round as the state in round `state.epoch.round` predicts it, for a client to begin training it early
+ * (client/decide.ts `speculate`): its roster is the epoch's Healthy members now, its batches follow this round's, and
+ * its data seed is nextDataSeed of this round's. It is the round the coordinator starts (startRoundTrain) unless
+ * somebody leaves, is dropped or ejected first, or the epoch ends; a client checks its range against the real round
+ * before using the work. Undefined outside a round.
+ */
+export function predictNextRound(state: CoordinatorState): Round | undefined {
+  const round = state.epoch.round
+  if (!round || !isRoundPhase(state.run_state)) return undefined
+  const dataIndex = round.data_index + round.batch_size
+  return {
+    step: round.step + 1,
+    height: round.height + 1,
+    data_index: dataIndex,
+    batch_size: roundBatchSize(state, dataIndex),
+    seed: round.seed,
+    data_seed: nextDataSeed(round.seed),
+    started_at: round.started_at,
+    roster: state.epoch.clients.filter((c) => c.state === 'Healthy').map((c) => c.id),
+    witnesses: [],
+    accusations: [],
+    excluded: [],
+    complete_witnesses: 0,
+  }
+}
+
 const assignmentMemo = new WeakMap<Round, Map<ClientId, BatchRange>>()
 const witnessMemo = new WeakMap<Round, ClientId[]>()
 /** A client asks whether it witnesses on every result it receives: one shuffle per client and round, not per result. */
@@ -112,7 +153,7 @@ export function rangeForPosition(round: Pick<Round, 'data_index' | 'batch_size'>
 
 /**
  * Every member's batch range for the round (default: current): the round's batches split into contiguous ranges,
- * handed out in an order shuffled by the round seed. Members past trainerCount (max_trainers_per_round), and with
+ * handed out in an order shuffled by the round's data seed (Round.data_seed: known one round ahead). Members past trainerCount (max_trainers_per_round), and with
  * more trainers than batches the last positions, get empty ranges (start = end): they produce nothing this round.
  */
 export function assignBatches(state: CoordinatorState, round?: Round | null): Map<ClientId, BatchRange> {
@@ -120,7 +161,7 @@ export function assignBatches(state: CoordinatorState, round?: Round | null): Ma
   const hit = assignmentMemo.get(r)
   if (hit) return hit
   const n = r.roster.length
-  const positions = shuffleAll(n, subSeed(r.seed, 'data'))
+  const positions = shuffleAll(n, dataSeed(r))
   const trainers = trainerCount(state.config, n)
   const out = new Map<ClientId, BatchRange>()
   for (let i = 0; i < n; i++) out.set(r.roster[i], rangeForPosition(r, trainers, positions[i]))
@@ -136,7 +177,7 @@ export function batchRangeFor(state: CoordinatorState, id: ClientId, round?: Rou
   const index = r.roster.indexOf(id)
   if (index < 0) return undefined
   const n = r.roster.length
-  return rangeForPosition(r, trainerCount(state.config, n), shuffledIndex(index, n, subSeed(r.seed, 'data')))
+  return rangeForPosition(r, trainerCount(state.config, n), shuffledIndex(index, n, dataSeed(r)))
 }
 
 /** The round's witnesses (default: current round), in witness order: those the seed shuffles to the first positions. */

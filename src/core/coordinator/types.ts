@@ -38,8 +38,15 @@ export interface Round {
   data_index: number
   /** The global batch size for this round (ramped over tokens). */
   batch_size: number
-  /** 32-byte hex seed: data assignment and witness selection derive from it. */
+  /** 32-byte hex seed: witness and verifier selection derive from it. */
   seed: string
+  /**
+   * 32-byte hex seed the round's data shuffle derives from (rules.ts assignBatches): the epoch's first round's own
+   * seed, then each round's from the previous round's seed (rules.ts nextDataSeed), so a client knows its batches of
+   * the next round while this one runs (docs/ARCHITECTURE.md, "Knowing the next round's batches"). Absent in states
+   * saved before it: the round's own seed.
+   */
+  data_seed?: string
   /** Unix milliseconds when the round's RoundTrain began. */
   started_at: number
   /** Client ids in epoch order at the round's start: the trainers. */

@@ -138,6 +138,7 @@ function readRound(b: Buffer, o: number): Round {
     data_index: field('data_index'),
     batch_size: field('batch_size'),
     seed: key(o + ROUND.seed.offset),
+    data_seed: key(o + ROUND.data_seed.offset),
     started_at: field('started_at'),
     roster: Array.from({length: rosterLen}, (_, i) => key(o + ROUND.roster.offset + i * ROUND.roster.stride)),
     witnesses,
