@@ -20,7 +20,10 @@
 // Each row: BENCH_UTIL_WARMUP (1) rounds not measured, then BENCH_UTIL_ROUNDS (2) measured: the window is from the
 // start of the first measured round to the start of the round after the last (the coordinator's RoundTrain).
 // Other knobs: BENCH_UTIL_K (8: link rates and result sizes ÷ K), BENCH_UTIL_STEP_MS (6476), BENCH_UTIL_PER_CLIENT
-// (print every client's line), BENCH_UTIL_DOWNLOAD_TIMEOUT_S (600: a result download's time limit).
+// (print every client's line), BENCH_UTIL_DOWNLOAD_TIMEOUT_S (600: a result download's time limit),
+// BENCH_UTIL_SPECULATE=0 (clients begin a round's compute only once it begins, not on its predicted batches as soon
+// as their previous result is out: client/decide.ts `speculate`). Compute of a speculative round that was undone
+// (its round gave other batches) is not counted as busy.
 // Per client: GPU-busy fraction (its compute ÷ the window's wall), bytes up and down through its link per token
 // trained (kernel counters, × K: at full scale), its CPU. Per result: how many fetchers downloaded it from its
 // producer (the fetchers' result_fetched events). What limits the row: see utilization-stats.ts limitOf.
@@ -49,6 +52,7 @@ const ROWS = (process.env.BENCH_UTIL_ROWS ?? 'distro@8,sparseloco-h15@8').split(
  * 7 × 21.5 MB ÷ 2.5 MB/s ≈ 60 s, so the default would cut it (bench/README.md, "Utilization").
  */
 const DOWNLOAD_TIMEOUT_S = Number(process.env.BENCH_UTIL_DOWNLOAD_TIMEOUT_S ?? 600)
+const SPECULATE = process.env.BENCH_UTIL_SPECULATE !== '0'
 const DISTRO_BYTES = 3_513_025
 const SPARSELOCO_BYTES = 21_476_224
 const DOWN_MBIT = 100
@@ -127,7 +131,16 @@ async function clientProcess(o: {serverAddr: string; runId: string; ip: string; 
     },
   })
   say({t: 'client', id: identity.id, peer_id: p2p.peerId})
-  const c = await startScaleClient({serverAddr: o.serverAddr, runId: o.runId, identity, p2p, resultBytes: o.resultBytes, computeMs: 0, computeMsPerBatch: o.stepMs})
+  const c = await startScaleClient({
+    serverAddr: o.serverAddr,
+    runId: o.runId,
+    identity,
+    p2p,
+    resultBytes: o.resultBytes,
+    computeMs: 0,
+    computeMsPerBatch: o.stepMs,
+    speculate: SPECULATE,
+  })
   let rounds = 0
   let computes = 0
   setInterval(() => {
@@ -164,7 +177,9 @@ interface ClientRecord {
   host: Host
   id?: string
   peerId?: string
-  computes: (Span & {step: number; batches: number})[]
+  computes: (Span & {step: number; batches: number; speculative?: boolean})[]
+  /** Speculative rounds whose work was used, and the steps of those undone (their compute is not counted). */
+  speculation: {used: number; discarded: Set<number>}
   cpu: {at: number; cpu_ms: number}[]
   hashes: Map<number, string>
   applied: Map<number, number>
@@ -187,6 +202,8 @@ interface RowResult {
   replicasAgree: boolean
   problems: string[]
   events: Map<string, number>
+  /** Speculative rounds over the whole run, all clients: used, and undone. */
+  speculation: {used: number; discarded: number}
 }
 
 async function measure(row: Row): Promise<RowResult> {
@@ -214,7 +231,18 @@ async function measure(row: Row): Promise<RowResult> {
     for (let i = 0; i < row.n; i++) {
       const host = lab.addPublicHost(`c${i}`)
       lab.limitRate(host, UP_MBIT / K, DOWN_MBIT / K)
-      const rec: ClientRecord = {host, computes: [], cpu: [], hashes: new Map(), applied: new Map(), fetches: [], problems: [], events: new Map(), link: []}
+      const rec: ClientRecord = {
+        host,
+        computes: [],
+        speculation: {used: 0, discarded: new Set()},
+        cpu: [],
+        hashes: new Map(),
+        applied: new Map(),
+        fetches: [],
+        problems: [],
+        events: new Map(),
+        link: [],
+      }
       clients.push(rec)
       procs.push(
         start(lab, host, ['client', {serverAddr: `${serverHost.ip}:${port}`, runId, ip: host.ip, resultBytes, stepMs: STEP_MS}], (l) => {
@@ -224,6 +252,9 @@ async function measure(row: Row): Promise<RowResult> {
           else if (l.t === 'round') {
             rec.hashes.set(l.step as number, l.param_hash as string)
             rec.applied.set(l.step as number, l.applied as number)
+          } else if (l.t === 'event' && l.event === 'speculation') {
+            if (l.outcome === 'used') rec.speculation.used++
+            else if (l.outcome === 'discarded') rec.speculation.discarded.add(l.step as number)
           } else if (l.t === 'fetched') rec.fetches.push({fetcher: rec.id ?? '', from: l.from as string, producer: l.producer as string, step: l.step as number})
           else {
             const name = `${String(l.event ?? l.t)}${typeof l.reason === 'string' ? ` (${l.reason.replace(/12D3Koo\w+/g, 'PEER').slice(0, 60)})` : ''}`
@@ -267,14 +298,15 @@ async function measure(row: Row): Promise<RowResult> {
     const upCap = ((UP_MBIT / K) * 1e6) / 8
     const downCap = ((DOWN_MBIT / K) * 1e6) / 8
     const perClient = clients.map((c) => {
-      const computes = c.computes.filter((x) => x.step >= first && x.step < last)
+      const kept = c.computes.filter((x) => !(x.speculative && c.speculation.discarded.has(x.step)))
+      const computes = kept.filter((x) => x.start >= window.start && x.start < window.end)
       const batches = computes.reduce((s, x) => s + x.batches, 0)
       const [a, b] = c.link
       const up = b.tx - a.tx
       const down = b.rx - a.rx
       const linkWall = (b.at - a.at) / 1000
       return {
-        busy: busyFraction(c.computes, window),
+        busy: busyFraction(kept, window),
         compute: computes.reduce((s, x) => s + x.end - x.start, 0) / 1000 / ROUNDS,
         upS: up / upCap / ROUNDS,
         downS: down / downCap / ROUNDS,
@@ -301,6 +333,7 @@ async function measure(row: Row): Promise<RowResult> {
       everyResultApplied: applySteps.every((s) => clients.every((c) => c.applied.get(s) === (row.g ?? row.n))),
       replicasAgree: hashesAgree,
       problems: clients.flatMap((c, i) => c.problems.map((p) => `client ${i}: ${p}`)).slice(0, 4),
+      speculation: {used: clients.reduce((n, c) => n + c.speculation.used, 0), discarded: clients.reduce((n, c) => n + c.speculation.discarded.size, 0)},
       events: clients.reduce((all, c) => {
         for (const [k, v] of c.events) all.set(k, (all.get(k) ?? 0) + v)
         return all
@@ -388,7 +421,7 @@ else {
     console.log(`${TABLE_HEADER}\n${tableLine(r)}`)
     const events = [...r.events].map(([k, v]) => `${k} ×${v}`).join(', ')
     console.log(
-      `${row.spec}: ${((Date.now() - t) / 1000).toFixed(0)} s; problems logged (all clients, whole run): ${events || 'none'}${r.problems.length ? `; e.g. ${r.problems.join(' | ')}` : ''}`,
+      `${row.spec}: ${((Date.now() - t) / 1000).toFixed(0)} s; speculative rounds (all clients, whole run): ${r.speculation.used} used, ${r.speculation.discarded} undone; problems logged (all clients, whole run): ${events || 'none'}${r.problems.length ? `; e.g. ${r.problems.join(' | ')}` : ''}`,
     )
     if (process.env.BENCH_UTIL_PER_CLIENT) {
       console.log('| client | GPU-busy | up B/token | down B/token | uplink use | downlink use | CPU |')

@@ -190,7 +190,12 @@ class Worker:
     def op_begin_round(self, h, frames) -> Reply:
         """Frame: token ids. Forward/backward of the round; finish_round applies and produces."""
         tokens, mask = self._tokens(h, frames)
-        return self.t.begin_round(tokens, int(h.get("step", 0)), mask), []
+        return self.t.begin_round(tokens, int(h.get("step", 0)), mask, speculative=bool(h.get("speculative", False))), []
+
+    def op_discard_round(self, h, frames) -> Reply:
+        """Undo a speculative begin_round (header speculative) whose round gave this client other batches."""
+        self.t.discard_round(int(h.get("step", 0)))
+        return {"discarded": int(h.get("step", 0))}, []
 
     def op_finish_round(self, h, frames) -> Reply:
         """Frames: the previous round's result frames (uint8) to apply, then this round's result is produced."""

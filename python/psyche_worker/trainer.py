@@ -40,6 +40,9 @@ class _PendingRound:
     step: int
     stats: Stats
     tokens: int
+    speculative: bool = False
+    saved: Any = None
+    """A speculative round's: what discard_round restores (Optimizer.save_round)."""
 
 
 class Trainer:
@@ -223,12 +226,28 @@ class Trainer:
         self.begin_round(tokens, step)
         return self.finish_round(step, apply_step, results)
 
-    def begin_round(self, tokens: torch.Tensor, step: int, mask: torch.Tensor | None = None) -> dict[str, Any]:
+    def begin_round(self, tokens: torch.Tensor, step: int, mask: torch.Tensor | None = None, speculative: bool = False) -> dict[str, Any]:
         """The first half of train_round: the optimizer's local compute for `step` (DisTrO: the forward/backward).
-        The replicated parameters do not change, so the previous round's results may still be on their way."""
-        stats = self._communicating("train_round").begin_round(Batch(tokens, mask), step, self.gradients)
-        self.pending = _PendingRound(step, stats, _token_count(tokens))
+        The replicated parameters do not change, so the previous round's results may still be on their way.
+        `speculative`: on batches the client predicted before the round began; discard_round undoes it if the round
+        gives it others. Either way the work is the same bytes: only the undo record is kept besides."""
+        optimizer = self._communicating("train_round")
+        if self.pending is not None and self.pending.speculative:
+            self.discard_round(self.pending.step)  # a speculation nobody finished never stays in the state
+        self.pending = None
+        saved = optimizer.save_round() if speculative else None
+        stats = optimizer.begin_round(Batch(tokens, mask), step, self.gradients)
+        self.pending = _PendingRound(step, stats, _token_count(tokens), speculative, saved)
         return stats
+
+    def discard_round(self, step: int) -> None:
+        """Drops begin_round's work for `step`, which must have been speculative: the optimizer's state is restored
+        to what it was before it (Optimizer.discard_round)."""
+        pending = self.pending
+        if pending is None or pending.step != step or not pending.speculative:
+            raise WorkerError(f"discard_round for step {step}, which is not begun speculative", kind="state")
+        self.pending = None
+        self._communicating("discard_round").discard_round(pending.saved)
 
     def finish_round(self, step: int, apply_step: int | None, results: list[bytes]) -> tuple[dict[str, Any], bytes]:
         """The second half: apply the previous round's accepted results, then produce `step`'s result."""

@@ -248,6 +248,11 @@ export type PsycheEvent =
   | {event: 'halted'; reason: string; run_state: string; step: number; last_saved_step: number | null}
   | {event: 'subscription_failed'; ws_rpc: string; message: string}
   | {event: 'tick_refused'; reason: string}
+  /**
+   * core/client/training.ts: the next round's compute begun on the batches predicted for it, before it began (`begun`);
+   * the round began as predicted and its work was kept (`used`), or not and it was undone (`discarded`, with why).
+   */
+  | {event: 'speculation'; step: number; outcome: 'begun' | 'used' | 'discarded'; batches: number; reason?: string}
   | {event: 'trained'; step: number; loss: number; batches: number; result_bytes: number; compute_ms: number; produce_ms: number}
   | {event: 'transition'; from: string; to: string; step: number; epoch?: number; clients?: number; pending?: number}
   | {event: 'verify_failed'; step: number; message: string}

@@ -188,6 +188,46 @@ describe('client decisions: rounds', () => {
     assert.deepEqual(nextWork(state, v), {kind: 'train', round: state.epoch.round, range: batchRangeFor(state, 'alice'), previous})
   })
 
+  it('once its result is out, a client begins the next round on the batches the state predicts; the round uses them, or a changed roster has them undone', () => {
+    const {state, now} = toFirstRound(IDS, witnesses3)
+    const round1 = state.epoch.round!
+    assert.equal(round1.data_seed, round1.seed, "the epoch's first round shuffles its data by its own seed")
+    const done = {modelStep: 0, trainedStep: 1, canSpeculate: true}
+    const work = nextWork(state, view('bob', done))
+    assert.ok(work?.kind === 'speculate', JSON.stringify(work))
+    assert.equal(work.round.step, 2)
+    assert.equal(nextWork(state, view('bob', {modelStep: 0, trainedStep: 1})), undefined, 'a worker that cannot undo it does not speculate')
+    assert.equal(nextWork(state, view('bob', {modelStep: 0, canSpeculate: true}))?.kind, 'train', 'round 1 is trained first')
+    const speculation = {step: 2, range: work.range}
+    assert.equal(nextWork(state, view('bob', {...done, speculation})), undefined, 'one speculative round at a time')
+
+    // Everyone's result of round 1 is seen: round 2 begins as predicted, and training takes the work begun for it.
+    let s = witness(state, now)
+    let t = now
+    while (s.run_state !== 'RoundTrain' || s.epoch.round!.step !== 2) ({state: s, now: t} = advance(s, t))
+    const round2 = s.epoch.round!
+    assert.deepEqual(
+      [round2.data_seed, round2.roster, round2.data_index, round2.batch_size],
+      [work.round.data_seed, work.round.roster, work.round.data_index, work.round.batch_size],
+    )
+    assert.deepEqual(assignBatches(s), assignBatches(state, work.round))
+    const [previous] = finalRounds(s)
+    assert.deepEqual(nextWork(s, view('bob', {...done, speculation, finalRounds: new Map([[1, previous]])})), {kind: 'train', round: round2, range: work.range, previous})
+
+    // carol's result of round 1 is not seen: she is dropped when it closes, round 2 splits its batches between two, and
+    // the work begun on bob's predicted batches is undone before anything else.
+    s = witness(state, now, ['alice', 'bob'])
+    t = now
+    while (s.run_state !== 'RoundTrain' || s.epoch.round!.step !== 2) ({state: s, now: t} = advance(s, t))
+    assert.deepEqual(s.epoch.round!.roster, ['alice', 'bob'])
+    const undo = nextWork(s, view('bob', {...done, speculation, finalRounds: new Map([[1, finalRounds(s)[0]]])}))
+    assert.ok(undo?.kind === 'discard' && undo.step === 2, JSON.stringify(undo))
+    assert.match(undo.reason, /not the predicted|no batches/)
+    // past the rounds (Cooldown), a speculation under way is undone too
+    while (s.run_state !== 'Cooldown') ({state: s, now: t} = advance(witness(s, t), t))
+    assert.equal(nextWork(s, view('bob', {...done, speculation}))?.kind, 'discard')
+  })
+
   it('a verifier of the current round scores the previous round before it is applied (with training or alone), once', () => {
     let {state, now} = toFirstRound(IDS, {...witnesses3, verification_percent: 100})
     state = witness(state, now)

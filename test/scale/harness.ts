@@ -154,8 +154,10 @@ export async function startScaleClient(o: {
   computeMs: number
   /** The stand-in's compute per batch of the round, on top of computeMs (default 0). */
   computeMsPerBatch?: number
-  /** Keep every event (default: only rounds, and problems). */
+  /** Keep every event (default: only rounds, problems and speculation). */
   keepEvents?: boolean
+  /** ClientOptions.speculate (default true). */
+  speculate?: boolean
 }): Promise<ScaleClient> {
   const {identity} = o
   const rounds: RoundEvent[] = []
@@ -168,7 +170,7 @@ export async function startScaleClient(o: {
   const components: ClientComponents = {backend, p2p: o.p2p, worker, data: memoryData(SCALE_SEQ_LEN), clock: systemClock}
   const log = (e: EventLine) => {
     if (e.event === 'round') rounds.push(e)
-    else if (o.keepEvents || /fail|reject|error|out_of_sync|no_exchange|dropped|rejoin/.test(e.event)) events.push(e)
+    else if (o.keepEvents || /fail|reject|error|out_of_sync|no_exchange|dropped|rejoin|speculation/.test(e.event)) events.push(e)
   }
   const client = await PsycheClient.start(
     {
@@ -182,6 +184,7 @@ export async function startScaleClient(o: {
       } as never,
       seed: 7,
       log,
+      ...(o.speculate === false ? {speculate: false} : {}),
     },
     components,
   )

@@ -564,14 +564,28 @@ export class DeterministicWorker implements ClientWorker {
     return {}
   }
 
-  private begun: {step: number; result: Uint8Array; tokens: number} | undefined
+  private begun: {step: number; result: Uint8Array; tokens: number; speculative: boolean} | undefined
+
+  /** Speculative rounds: begun, and of those, undone (discardRound). */
+  speculated = 0
+  discarded = 0
 
   /** Like the real worker: the result depends on the parameters the forward/backward ran at. */
-  async beginRound(tokens: Uint32Array, rows: number, step: number): Promise<{loss: number; grad_norm: number}> {
+  async beginRound(tokens: Uint32Array, rows: number, step: number, options: {speculative?: boolean} = {}): Promise<{loss: number; grad_norm: number}> {
     await this.op()
     const result = new Uint8Array(sha256('result', this.params, String(step), new Uint8Array(tokens.buffer, tokens.byteOffset, tokens.byteLength)))
-    this.begun = {step, result, tokens: tokens.length - rows}
+    const speculative = options.speculative === true
+    if (speculative) this.speculated++
+    this.begun = {step, result, tokens: tokens.length - rows, speculative}
     return {loss: 2 + (result[0] / 255) * 0.5, grad_norm: 1}
+  }
+
+  /** Like the real worker's discard_round: only a speculative round that is begun. */
+  async discardRound(step: number): Promise<void> {
+    await this.op()
+    if (this.begun?.step !== step || !this.begun.speculative) throw new Error(`discard_round for step ${step}, which is not begun speculative`)
+    this.begun = undefined
+    this.discarded++
   }
 
   async finishRound(step: number, previous?: {applyStep: number; results: Uint8Array[]}): Promise<StepResult & {result: Uint8Array; paramHash: string; applied: number}> {
@@ -716,7 +730,15 @@ export class Simulation {
   async addClient(
     name: string,
     identity: Identity = generateIdentity(),
-    o: {hub?: ClientOptions['hub']; checkpointDir?: string; workerRestarts?: number; eval?: EvalSettings; evalData?: DataProvider; producer?: ResultProducer} = {},
+    o: {
+      hub?: ClientOptions['hub']
+      checkpointDir?: string
+      workerRestarts?: number
+      eval?: EvalSettings
+      evalData?: DataProvider
+      producer?: ResultProducer
+      speculate?: boolean
+    } = {},
   ): Promise<SimClient> {
     const events: EventLine[] = []
     const worker = new DeterministicWorker()
@@ -747,6 +769,7 @@ export class Simulation {
         ...(o.checkpointDir ? {checkpointDir: o.checkpointDir} : {}),
         workerRestarts: o.workerRestarts,
         eval: o.eval,
+        ...(o.speculate === false ? {speculate: false} : {}),
       },
       components,
     )

@@ -49,6 +49,29 @@ describe('in-process simulation: real clients, in-memory coordinator, P2P and wo
     const [a, b, c] = [await sim.addClient('a'), await sim.addClient('b'), await sim.addClient('c')]
     await sim.runUntil(() => sim.coordinator.state.run_state === 'Finished', {what: 'the run to finish'})
     const summaries = (await Promise.all([a.done, b.done, c.done])).map(summaryOf)
+    // Each round after the first was begun speculatively, on the batches its predecessor predicted, and all of it used:
+    // nothing undone, and the same parameters as clients that begin each round only once it starts.
+    for (const s of [a, b, c]) {
+      const speculation = (outcome: string) => s.events.filter((e) => e.event === 'speculation' && e.outcome === outcome).map((e) => e.step)
+      assert.deepEqual(speculation('used'), [2, 3, 4, 5, 6], `${s.name} speculated every round after the first`)
+      assert.deepEqual(speculation('begun'), [2, 3, 4, 5, 6])
+      assert.deepEqual(speculation('discarded'), [])
+      assert.equal(s.worker.speculated, 5)
+    }
+    const usual = new Simulation(simRun({total_steps: 6}))
+    const unspeculated = [
+      await usual.addClient('a', a.identity, {speculate: false}),
+      await usual.addClient('b', b.identity, {speculate: false}),
+      await usual.addClient('c', c.identity, {speculate: false}),
+    ]
+    await usual.runUntil(() => usual.coordinator.state.run_state === 'Finished', {what: 'the run without speculation to finish'})
+    await Promise.all(unspeculated.map((u) => u.done))
+    for (const u of unspeculated) assert.equal(u.worker.speculated, 0)
+    assert.deepEqual(
+      [...usual.hashesByStep(unspeculated).values()].map((h) => [...h.values()]),
+      [...sim.hashesByStep([a, b, c]).values()].map((h) => [...h.values()]),
+      'the same parameters at every step with and without speculation',
+    )
 
     const steps = [1, 2, 3, 4, 5, 6]
     assertReplicasAgree(sim, [a, b, c], steps)
@@ -176,6 +199,17 @@ describe('in-process simulation: real clients, in-memory coordinator, P2P and wo
     const after = [reloadAt + 1, reloadAt + 2]
     assertReplicasAgree(sim, [a, b, c], after)
     assertModelChanged(c, after)
+    // a and b had begun the round after c's last on the batches of a roster with c: its drop changed them, so that
+    // work was undone and the round trained on its real batches (the replicas above agree)
+    for (const s of [a, b]) {
+      const discarded = s.events.filter((e) => e.event === 'speculation' && e.outcome === 'discarded')
+      assert.ok(discarded.length > 0, `${s.name} undid no speculative round`)
+      assert.ok(
+        discarded.every((e) => s.events.some((t) => t.event === 'trained' && t.step === e.step)),
+        `${s.name} trained the rounds it undid`,
+      )
+      assert.equal(s.worker.discarded, discarded.length)
+    }
     assert.ok(
       c.events.some((e) => e.event === 'out_of_sync' || e.event === 'rejoining'),
       'c knew it fell out',

@@ -179,6 +179,17 @@ class CommunicatingOptimizer(Optimizer):
         """The local compute of round `step` on this client's batch, while the previous round's results may still be
         arriving: it leaves what `apply` starts from (the replicated parameters) as it is. Returns loss and grad_norm."""
 
+    def save_round(self) -> Any:
+        """Before a speculative begin_round (a round whose batches the client predicted before the round began): what
+        discard_round needs to undo that begin_round bit for bit. Default None: begin_round changes nothing that
+        outlives it (DisTrO's gradients wait in .grad, and the next begin_round overwrites them)."""
+        return None
+
+    def discard_round(self, saved: Any) -> None:
+        """Undoes a speculative begin_round whose prediction failed, from save_round's value: the optimizer is as
+        if it had never run, so nothing is trained twice or on batches that are not this client's."""
+        return None
+
     @abstractmethod
     def apply(self, results: list[bytes], step: int) -> None:
         """Applies the results accepted in round `step`, as every replica does: in any order, with the same bytes

@@ -315,6 +315,24 @@ class SparseLoCo(CommunicatingOptimizer):
         loss, norm = self._inner_steps(self._peer("train_round"), batch, step, gradients)
         return {"loss": loss, "grad_norm": norm}
 
+    @torch.no_grad()
+    def save_round(self) -> Any:
+        """The inner steps change the error feedback and the inner AdamW's moments: a copy of both (on the device,
+        as much memory again as they hold, while a speculative round is pending)."""
+        peer = self._peer("begin_round")
+        adamw = {p: {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in state.items()} for p, state in peer.adamw.state.items()}
+        return [e.clone() for e in peer.error], adamw
+
+    @torch.no_grad()
+    def discard_round(self, saved: Any) -> None:
+        peer = self._peer("discard_round")
+        error, adamw = saved
+        for e, s in zip(peer.error, error):
+            e.copy_(s)
+        peer.adamw.state.clear()
+        for p, state in adamw.items():
+            peer.adamw.state[p] = state
+
     def apply(self, results: list[bytes], step: int) -> None:
         self._peer("apply_results")
         decoded = self._decode_all(results)

@@ -131,7 +131,12 @@ export interface ClientWorker {
    * A round in two requests (ModelWorker.trainRound split): the forward/backward of `step` on `tokens`, then —
    * once the previous round's accepted results are downloaded — apply them and produce this step's result.
    */
-  beginRound(tokens: Uint32Array, rows: number, step: number): Promise<{loss: number; grad_norm: number}>
+  beginRound(tokens: Uint32Array, rows: number, step: number, options?: {speculative?: boolean}): Promise<{loss: number; grad_norm: number}>
+  /**
+   * Undoes a beginRound of `step` begun with `speculative` (on batches predicted before the round began; the round gave
+   * this client others): the worker's state is as if it had never run. A worker without it is never asked to speculate.
+   */
+  discardRound?(step: number): Promise<void>
   finishRound(step: number, previous?: {applyStep: number; results: Uint8Array[]}): Promise<StepResult & {result: Uint8Array; paramHash: string; applied: number}>
   applyResults(step: number, results: Uint8Array[]): Promise<string>
   /** The mean loss on `tokens` at the replicated parameters (speculation set aside); changes nothing. */

@@ -34,6 +34,8 @@ export class ClientContext {
   trainedStep = 0
   lastHash: string | null = null
   roundsApplied = 0
+  /** Speculative rounds (training.ts speculate) whose work the real round used, and those undone. */
+  readonly speculation = {used: 0, discarded: 0}
   /** What we serve to joining clients: the model after the last applied round of an epoch (or as loaded). */
   snapshot: ModelSnapshot | undefined
   /** How the loaded model's results are laid out (the worker's configure reply); what intake checks bytes against. */

@@ -8,6 +8,7 @@ import {
   isTrainerHealthy,
   isVerifier,
   isWitness,
+  predictNextRound,
   type BatchRange,
   type ClientId,
   type CoordinatorState,
@@ -80,6 +81,10 @@ export interface ClientView {
   paramHash?: string | null
   /** The step whose Cooldown witness (our parameter hash after applying it) was sent. */
   cooldownWitnessSent?: number | null
+  /** Whether the worker can undo a speculative round (only then does nextWork return `speculate`). */
+  canSpeculate?: boolean
+  /** The speculative round under way (`speculate`), until the real round confirms its batches. */
+  speculation?: {step: number; range: BatchRange}
 }
 
 export type Work =
@@ -95,6 +100,13 @@ export type Work =
   | {kind: 'apply'; round: Round}
   /** Train `round` on `range`; first apply `previous` (round.step - 1) if given (the worker's train_round). */
   | {kind: 'train'; round: Round; range: BatchRange; previous?: Round}
+  /**
+   * Our result of the current round is out: begin the next round's compute now on `range`, our batches in `round` as
+   * this state predicts it (rules.ts predictNextRound), while this round's results move and are witnessed.
+   */
+  | {kind: 'speculate'; round: Round; range: BatchRange}
+  /** Undo the speculative round `step`: the state shows it will not be trained on the predicted batches (`reason`). */
+  | {kind: 'discard'; step: number; reason: string}
   /** Neither in the epoch nor waiting to join: ask to join again (e.g. after being dropped). */
   | {kind: 'join'}
   /** The run is over and every round we can apply is applied. */
@@ -181,10 +193,51 @@ function isFormatInvalid(r: HeldResult): boolean {
   return r.invalid?.startsWith(FORMAT_INVALID) ?? false
 }
 
+/**
+ * Why the speculative round `spec` will not be trained on its predicted batches, or undefined while it may: the round
+ * before it is still under way, or it has begun with this client's range equal to the predicted one (and is not
+ * trained yet).
+ */
+function speculationFails(state: CoordinatorState, view: ClientView, spec: {step: number; range: BatchRange}): string | undefined {
+  const round = state.epoch.round
+  if (!round || !isRoundPhase(state.run_state)) return `the run is ${state.run_state}`
+  if (!isEpochMember(state, view.id)) return 'not a member of the epoch any more'
+  if (round.step === spec.step - 1) return undefined
+  if (round.step !== spec.step || view.trainedStep >= spec.step) return `the round under way is step ${round.step}`
+  const range = batchRangeFor(state, view.id, round)
+  if (!range || range.end === range.start) return 'the round gave this client no batches'
+  if (range.start !== spec.range.start || range.end !== spec.range.end)
+    return `the round gave batches [${range.start}, ${range.end}), not the predicted [${spec.range.start}, ${spec.range.end})`
+  return undefined
+}
+
+/**
+ * The next round's predicted batches, when this client may begin them now: it is done with the current round (its
+ * result is out, or it has no batches in it), its model is where the next round's training starts from (the round
+ * before the current one applied), the worker can undo a wrong guess, and the round is not the epoch's or run's last.
+ */
+function speculateWork(state: CoordinatorState, view: ClientView): Work | undefined {
+  const round = state.epoch.round
+  if (!view.canSpeculate || view.speculation || !round || !isRoundPhase(state.run_state) || view.modelStep !== round.step - 1) return undefined
+  if (!isEpochMember(state, view.id) || state.pending_pause || round.step + 1 > state.config.total_steps) return undefined
+  const perEpoch = state.config.rounds_per_epoch
+  if (perEpoch !== undefined && round.height + 1 >= perEpoch) return undefined
+  if (view.trainedStep < round.step) {
+    const mine = batchRangeFor(state, view.id, round)
+    if (mine && mine.end > mine.start) return undefined
+  }
+  const next = predictNextRound(state)
+  const range = next && batchRangeFor(state, view.id, next)
+  return next && range && range.end > range.start ? {kind: 'speculate', round: next, range} : undefined
+}
+
 /** The next piece of work for the worker, or undefined when there is nothing to do until something changes. */
 export function nextWork(state: CoordinatorState, view: ClientView): Work | undefined {
   const {id, modelStep} = view
   const round = state.epoch.round
+  // A speculative round the state no longer confirms is undone before anything else uses the worker.
+  const failed = view.speculation && speculationFails(state, view, view.speculation)
+  if (failed) return {kind: 'discard', step: view.speculation!.step, reason: failed}
   const member = isEpochMember(state, id)
   const trainNow = member && state.run_state === 'RoundTrain' && round !== null && view.trainedStep < round.step
   const myRange = trainNow ? batchRangeFor(state, id, round!) : undefined
@@ -220,7 +273,7 @@ export function nextWork(state: CoordinatorState, view: ClientView): Work | unde
     const previous = view.finalRounds.get(r.step - 1)
     if (previous && modelStep === r.step - 2) return {kind: 'train', round: r, range: myRange!, previous}
   }
-  return undefined
+  return speculateWork(state, view)
 }
 
 /** The `score` job for the final round `next` (applied next), when we verify the current round and have not scored it. */

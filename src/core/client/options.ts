@@ -44,6 +44,11 @@ export interface ClientOptions {
   maxRoundsWithoutExchange?: number
   /** Validation loss on held-out samples after every `every`-th round (eval.ts); absent or every 0: none. */
   eval?: EvalSettings
+  /**
+   * Begin the next round's compute on its predicted batches as soon as this round's result is out (decide.ts
+   * `speculate`; default true when the worker can undo it). false: only once the round begins, as before.
+   */
+  speculate?: boolean
 }
 
 export interface ClientSummary {

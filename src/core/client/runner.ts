@@ -195,6 +195,8 @@ export class PsycheClient {
       witnessGrace: this.witnessGrace,
       paramHash: this.ctx.lastHash,
       cooldownWitnessSent: this.cooldownWitnessSent,
+      canSpeculate: this.training.canSpeculate && this.opts.speculate !== false,
+      speculation: this.training.speculation,
     }
   }
 
@@ -421,6 +423,10 @@ export class PsycheClient {
         return this.results.applyAlone(work.round)
       case 'train':
         return this.training.train(work.round, work.range, work.previous)
+      case 'speculate':
+        return this.training.speculate(work.round, work.range)
+      case 'discard':
+        return this.training.discard(work.step, work.reason)
     }
   }
 }

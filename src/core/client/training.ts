@@ -1,4 +1,4 @@
-import type {ClientId, Round} from '../coordinator/index.js'
+import type {BatchRange, ClientId, Round} from '../coordinator/index.js'
 import type {RoundEvent} from '../events.js'
 import type {ResultAnnouncement} from '../p2p/index.js'
 import {honestProducer, type ClientWorker, type ProducerContext, type ResultProducer} from './components.js'
@@ -7,14 +7,26 @@ import type {RoundResults} from './round-results.js'
 
 type Finished = Awaited<ReturnType<ClientWorker['finishRound']>>
 
+/** A round's compute begun on the worker (Training.begin); `done` resolves with its milliseconds. */
+interface Begun {
+  step: number
+  range: BatchRange
+  batches: number
+  speculative: boolean
+  done: Promise<number>
+}
+
 /**
  * Training (decide.ts's `train`): this round's forward/backward on our batches, overlapped with collecting the
  * previous round's accepted results (round-results.ts); then the worker applies those and produces our result, which
  * the producer (components.producer, honest by default) publishes.
  */
 export class Training {
-  /** This round's forward/backward, started before the previous round's results are all here. */
-  private begun: {step: number; batches: number; done: Promise<number>} | undefined
+  /**
+   * This round's forward/backward, started before the previous round's results are all here; `speculative` while it
+   * runs on the batches predicted for a round that has not begun yet (speculate).
+   */
+  private begun: Begun | undefined
   private readonly producer: ResultProducer
 
   constructor(
@@ -29,18 +41,67 @@ export class Training {
     this.begun = undefined
   }
 
+  /** The speculative round under way (decide.ts ClientView.speculation), until the real round confirms it. */
+  get speculation(): {step: number; range: BatchRange} | undefined {
+    const b = this.begun
+    return b?.speculative ? {step: b.step, range: b.range} : undefined
+  }
+
+  /** Whether the worker can undo a speculative round (only then does this client speculate). */
+  get canSpeculate(): boolean {
+    return this.ctx.worker.discardRound !== undefined
+  }
+
+  /**
+   * decide.ts's `speculate`: begins the next round's compute now, on the batches this client predicts for it
+   * (rules.ts predictNextRound), while this round's results still move. When the round begins with these batches, train
+   * (or score) takes it as begun (outcome `used`); otherwise discard undoes it first.
+   */
+  async speculate(round: Round, range: BatchRange): Promise<boolean> {
+    const begun = await this.begin(round, range, true)
+    this.ctx.log({event: 'speculation', step: round.step, outcome: 'begun', batches: begun.batches})
+    return true
+  }
+
+  /** decide.ts's `discard`: the real round gave this client other batches than the speculative round `step` (or none). */
+  async discard(step: number, reason: string): Promise<boolean> {
+    const begun = this.begun
+    if (!begun || begun.step !== step || !begun.speculative) return true
+    await begun.done.catch(() => {})
+    this.begun = undefined
+    await this.ctx.worker.discardRound!(step)
+    this.ctx.speculation.discarded++
+    this.ctx.log({event: 'speculation', step, outcome: 'discarded', batches: begun.batches, reason})
+    return true
+  }
+
   /**
    * Begins `round`'s forward/backward on our batches (unless it is under way): it needs only this round's data, so it
    * runs on the worker while the previous round's accepted results finish downloading (and, as a verifier, are
    * scored: decide.ts's `score` job begins it first); applying them and producing our result come after (train).
    */
-  async begin(round: Round, range: {start: number; end: number}): Promise<{step: number; batches: number; done: Promise<number>}> {
-    if (this.begun?.step === round.step) return this.begun
+  async begin(round: Round, range: BatchRange, speculative = false): Promise<Begun> {
+    const begun = this.begun
+    if (begun?.step === round.step) {
+      if (begun.range.start === range.start && begun.range.end === range.end) {
+        if (begun.speculative && !speculative) {
+          // the round began as predicted: the work under way (or done) is this round's, bit for bit
+          begun.speculative = false
+          this.ctx.speculation.used++
+          this.ctx.log({event: 'speculation', step: round.step, outcome: 'used', batches: begun.batches})
+        }
+        return begun
+      }
+      if (begun.speculative) await this.discard(round.step, `the round gave batches [${range.start}, ${range.end}), not [${begun.range.start}, ${begun.range.end})`)
+    }
     const assigned = Array.from({length: range.end - range.start}, (_, i) => range.start + i)
     const ids = this.producer.batches?.(assigned, round) ?? assigned
     const tokens = await this.ctx.data.getSamples(ids)
     const started = performance.now()
-    this.begun = {step: round.step, batches: ids.length, done: this.ctx.worker.beginRound(tokens, ids.length, round.step).then(() => performance.now() - started)}
+    const done = this.ctx.worker.beginRound(tokens, ids.length, round.step, speculative ? {speculative} : undefined).then(() => performance.now() - started)
+    // a speculation nobody waits for yet must not be an unhandled rejection (the worker's death is noticed elsewhere)
+    done.catch(() => {})
+    this.begun = {step: round.step, range: {start: range.start, end: range.end}, batches: ids.length, speculative, done}
     return this.begun
   }
 
@@ -53,7 +114,7 @@ export class Training {
     if (this.ctx.modelStep === null) this.begun = undefined
   }
 
-  async train(round: Round, range: {start: number; end: number}, previous?: Round): Promise<boolean> {
+  async train(round: Round, range: BatchRange, previous?: Round): Promise<boolean> {
     const ctx = this.ctx
     const begun = await this.begin(round, range)
     let forwardBackwardMs = 0

@@ -213,12 +213,15 @@ export class LoadTestWorker {
   readonly exited: Promise<void>
   /** Every apply: the step and how many results it folded in. */
   readonly applies: {step: number; results: number}[] = []
-  /** Every round's compute: its step, batches, and start and end (ms since the epoch, Date.now()). */
-  readonly computed: {step: number; batches: number; start: number; end: number}[] = []
+  /**
+   * Every round's compute: its step, batches, and start and end (ms since the epoch, Date.now()); `speculative` when
+   * begun on predicted batches, `discarded` once that was undone (its compute was wasted).
+   */
+  readonly computed: {step: number; batches: number; start: number; end: number; speculative?: boolean; discarded?: boolean}[] = []
   private params: Buffer = Buffer.alloc(32)
   private format: ResultFormat
   private readonly clock: Clock
-  private begun: {step: number; seed: Buffer; tokens: number} | undefined
+  private begun: {step: number; seed: Buffer; tokens: number; speculative: boolean} | undefined
   private exit!: () => void
   private down = false
 
@@ -268,16 +271,26 @@ export class LoadTestWorker {
     return {resultFormat: this.format}
   }
 
-  async beginRound(tokens: Uint32Array, rows: number, step: number): Promise<{loss: number; grad_norm: number}> {
+  /** As the real worker: the result is drawn from the parameters the compute began at, whether or not `speculative`. */
+  async beginRound(tokens: Uint32Array, rows: number, step: number, options: {speculative?: boolean} = {}): Promise<{loss: number; grad_norm: number}> {
     this.alive()
     const seed = sha256('load-test result', this.params, String(step), new Uint8Array(tokens.buffer, tokens.byteOffset, tokens.byteLength))
     const ms = this.o.computeMs + (this.o.computeMsPerBatch ?? 0) * rows
     const start = Date.now()
     if (ms > 0) await this.clock.sleep(ms)
-    this.computed.push({step, batches: rows, start, end: Date.now()})
+    const speculative = options.speculative === true
+    this.computed.push({step, batches: rows, start, end: Date.now(), ...(speculative ? {speculative} : {})})
     this.alive()
-    this.begun = {step, seed, tokens: tokens.length - rows}
+    this.begun = {step, seed, tokens: tokens.length - rows, speculative}
     return {loss: Number.NaN, grad_norm: Number.NaN}
+  }
+
+  /** Undoes a speculative beginRound of `step` (the real worker's discard_round): its compute is marked discarded. */
+  async discardRound(step: number): Promise<void> {
+    this.alive()
+    if (this.begun?.step !== step || !this.begun.speculative) throw new Error(`load-test worker: discard_round for step ${step}, which is not begun speculative`)
+    this.begun = undefined
+    for (const c of this.computed) if (c.step === step && c.speculative) c.discarded = true
   }
 
   async finishRound(step: number, previous?: {applyStep: number; results: Uint8Array[]}): Promise<StepResult & {result: Uint8Array; paramHash: string; applied: number}> {

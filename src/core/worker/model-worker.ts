@@ -119,8 +119,14 @@ export class ModelWorker {
    * trainRound in two requests, so the client can download `previous` meanwhile: beginRound runs the
    * forward/backward of `step`, finishRound applies `previous` and produces the result (same outcome, bit for bit).
    */
-  async beginRound(tokens: Uint32Array, rows: number, step: number): Promise<{loss: number; grad_norm: number}> {
-    return (await this.client.call<{loss: number; grad_norm: number} & Record<string, unknown>>('begin_round', {step, ...maskHeader(tokens)}, tokenFrames(tokens, rows))).reply
+  async beginRound(tokens: Uint32Array, rows: number, step: number, options: {speculative?: boolean} = {}): Promise<{loss: number; grad_norm: number}> {
+    const header = {step, ...(options.speculative ? {speculative: true} : {}), ...maskHeader(tokens)}
+    return (await this.client.call<{loss: number; grad_norm: number} & Record<string, unknown>>('begin_round', header, tokenFrames(tokens, rows))).reply
+  }
+
+  /** Undoes a speculative beginRound of `step` (its round gave this client other batches): the optimizer's state is restored. */
+  async discardRound(step: number): Promise<void> {
+    await this.client.call('discard_round', {step}, [])
   }
 
   async finishRound(step: number, previous?: {applyStep: number; results: Uint8Array[]}): Promise<StepResult & {result: Uint8Array; paramHash: string; applied: number}> {

@@ -10,6 +10,7 @@ export const WORKER_OPS = [
   'train_step',
   'train_round',
   'begin_round',
+  'discard_round',
   'finish_round',
   'apply_results',
   'score_results',
