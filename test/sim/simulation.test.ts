@@ -52,7 +52,7 @@ describe('in-process simulation: real clients, in-memory coordinator, P2P and wo
     // Each round after the first was begun speculatively, on the batches its predecessor predicted, and all of it used:
     // nothing undone, and the same parameters as clients that begin each round only once it starts.
     for (const s of [a, b, c]) {
-      const speculation = (outcome: string) => s.events.filter((e) => e.event === 'speculation' && e.outcome === outcome).map((e) => e.step)
+      const speculation = (outcome: string) => s.events.flatMap((e) => (e.event === 'speculation' && e.outcome === outcome ? [e.step] : []))
       assert.deepEqual(speculation('used'), [2, 3, 4, 5, 6], `${s.name} speculated every round after the first`)
       assert.deepEqual(speculation('begun'), [2, 3, 4, 5, 6])
       assert.deepEqual(speculation('discarded'), [])
@@ -202,7 +202,7 @@ describe('in-process simulation: real clients, in-memory coordinator, P2P and wo
     // a and b had begun the round after c's last on the batches of a roster with c: its drop changed them, so that
     // work was undone and the round trained on its real batches (the replicas above agree)
     for (const s of [a, b]) {
-      const discarded = s.events.filter((e) => e.event === 'speculation' && e.outcome === 'discarded')
+      const discarded = s.events.flatMap((e) => (e.event === 'speculation' && e.outcome === 'discarded' ? [e] : []))
       assert.ok(discarded.length > 0, `${s.name} undid no speculative round`)
       assert.ok(
         discarded.every((e) => s.events.some((t) => t.event === 'trained' && t.step === e.step)),
