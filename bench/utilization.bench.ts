@@ -35,6 +35,7 @@ import {createInterface} from 'node:readline'
 import {fileURLToPath} from 'node:url'
 import {loadRunConfigFile} from '../src/core/config/index.js'
 import {P2PNode} from '../src/core/p2p/index.js'
+import {DEFAULT_SERVING_LIMITS} from '../src/core/p2p/result-exchange.js'
 import {generateIdentity} from '../src/core/protocol/identity.js'
 import {projectRoot} from '../src/core/worker/python.js'
 import {Lab, labUnavailable, type Host} from '../test/net/lab.js'
@@ -124,6 +125,9 @@ async function clientProcess(o: {serverAddr: string; runId: string; ip: string; 
     relay: false,
     quic: false,
     downloadTimeoutMs: DOWNLOAD_TIMEOUT_S * 1000,
+    // the size from which a producer serves its result to a few peers only (the rest fetch it from them) is scaled as
+    // the results are, so a scaled run swarms what the full-size run would (DisTrO's 3.5 MB ÷ 16 is under 256 KiB)
+    serving: {swarmMinBytes: Math.round(DEFAULT_SERVING_LIMITS.swarmMinBytes / K)},
     log: (e) => {
       const ev = e as Record<string, unknown>
       if (ev.event === 'result_fetched') say({t: 'fetched', from: ev.from, producer: ev.client_id, step: ev.step})

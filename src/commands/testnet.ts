@@ -19,7 +19,7 @@ the run is created, configured and resumed on it, and the clients join with --rp
 for the run in --config (a run directory with state.toml), shows one status view (a live line on a terminal, plain lines otherwise, nothing with --json),
 optionally kills K random clients every S seconds and restarts them, and ends with a summary. With --json the
 summary is one object: {run_id, clients, rounds: [{step, epoch, clients: {name: {loss, param_hash}}, hashes_equal}],
-kills, rejoins, bytes: {name: {in, out}}, result_bytes_per_round, wall_seconds, ended}.`
+kills, rejoins, bytes: {name: {in, out}}, speculation: {name: {used, discarded}}, result_bytes_per_round, wall_seconds, ended}.`
 
   static examples = [
     '<%= config.bin %> testnet --clients 3 --config templates/tiny-demo --rounds 10',

@@ -32,6 +32,9 @@ describe('end to end: psyche testnet, three clients', {timeout: 900_000}, () => 
     const atTwo = validation.find((v) => v.step === 2)
     assert.ok(atTwo && atTwo.loss > 0, JSON.stringify(validation))
     assert.ok(Math.abs(atTwo.loss - summary.rounds[1].clients['client-0'].val_loss!) < 1e-3)
+    // each client began a later round's inner steps before it started, on the batches it predicted, and that round
+    // used them (the worker's speculative begin_round): the hashes above agree all the same
+    for (const [name, s] of Object.entries(summary.speculation)) assert.ok(s.used >= 1, `${name}: ${JSON.stringify(s)}`)
   })
 
   it("psyche testnet --shard 2,1,1, DisTrO: client-0 holds its model in 2 shards and agrees with the unsharded clients bit for bit; every round applies the peers' results", async () => {

@@ -131,6 +131,27 @@ describe('the load-test compute stand-in (LoadTestWorker)', () => {
     assert.ok(w.computed[0].end - w.computed[0].start >= 75)
   })
 
+  it('a speculative round gives the same result as one begun for real, and an undone one is marked and leaves nothing to finish', async () => {
+    const [usual, early] = [new LoadTestWorker({purpose: 'load-test', resultBytes: 200, computeMs: 0}), new LoadTestWorker({purpose: 'load-test', resultBytes: 200, computeMs: 0})]
+    await usual.beginRound(tokens(1), 2, 1)
+    await early.beginRound(tokens(1), 2, 1, {speculative: true})
+    assert.deepEqual((await early.finishRound(1)).result, (await usual.finishRound(1)).result)
+    await assert.rejects(early.discardRound(2), /not begun speculative/)
+    await early.beginRound(tokens(2), 2, 2)
+    await assert.rejects(early.discardRound(2), /not begun speculative/, 'only a speculative round is undone')
+    await early.beginRound(tokens(3), 2, 3, {speculative: true})
+    await early.discardRound(3)
+    await assert.rejects(early.finishRound(3), /without its begin_round/)
+    assert.deepEqual(
+      early.computed.map((c) => [c.step, c.speculative ?? false, c.discarded ?? false]),
+      [
+        [1, true, false],
+        [2, false, false],
+        [3, true, true],
+      ],
+    )
+  })
+
   it('waits computeMs before the round is trained', async () => {
     const w = new LoadTestWorker({purpose: 'load-test', resultBytes: 100, computeMs: 60})
     const t0 = performance.now()

@@ -165,6 +165,8 @@ export async function runTestnet(options: TestnetOptions): Promise<TestnetSummar
           firstRoundSeen.set(name, generation)
           emit({kind: 'round', client: name, step: r.step, epoch: r.epoch, loss: r.loss, param_hash: r.param_hash})
           wake()
+        } else if (e.event === 'speculation') {
+          book.recordSpeculation(name, e.outcome)
         } else if (e.event === 'finished') {
           client.finished = true
           wake()

@@ -30,6 +30,11 @@ export interface TestnetSummary {
   bytes: Record<string, {in: number; out: number}>
   /** Mean compressed result size per client per round, and the dense fp32 size it replaces (when known). */
   result_bytes_per_round: number | null
+  /**
+   * Per client: rounds whose compute it began on their predicted batches before they started (client/training.ts
+   * speculate), and of those, how many the round used and how many were undone (its batches changed).
+   */
+  speculation: Record<string, {used: number; discarded: number}>
   /** The validation loss (held-out samples) at each evaluated step: the clients' mean (replicas agree). */
   validation: {step: number; loss: number}[]
   wall_seconds: number
@@ -79,6 +84,7 @@ export class RoundBook {
   private readonly bytes = new Map<string, ClientBytes>()
   readonly kills: TestnetSummary['kills'] = []
   readonly rejoins: TestnetSummary['rejoins'] = []
+  private readonly speculation = new Map<string, {used: number; discarded: number}>()
 
   constructor(readonly clients: readonly string[]) {
     for (const c of clients) this.bytes.set(c, {before: {in: 0, out: 0}, now: {in: 0, out: 0}})
@@ -97,6 +103,14 @@ export class RoundBook {
     const b = this.bytesOf(client)
     b.before = {in: b.before.in + b.now.in, out: b.before.out + b.now.out}
     b.now = {in: 0, out: 0}
+  }
+
+  /** A client's `speculation` event: its outcome `used` or `discarded` counts (`begun` does not). */
+  recordSpeculation(client: string, outcome: unknown): void {
+    if (outcome !== 'used' && outcome !== 'discarded') return
+    let counts = this.speculation.get(client)
+    if (!counts) this.speculation.set(client, (counts = {used: 0, discarded: 0}))
+    counts[outcome]++
   }
 
   recordKill(client: string, atSeconds: number, afterStep: number | null): void {
@@ -136,6 +150,7 @@ export class RoundBook {
           .filter((x): x is number => x !== null)
         return v.length ? [{step: r.step, loss: Math.round((v.reduce((a, b) => a + b, 0) / v.length) * 1e4) / 1e4}] : []
       }),
+      speculation: Object.fromEntries(this.clients.map((c) => [c, this.speculation.get(c) ?? {used: 0, discarded: 0}])),
       result_bytes_per_round: this.resultBytes.length ? Math.round(this.resultBytes.reduce((a, b) => a + b, 0) / this.resultBytes.length) : null,
       wall_seconds: Math.round(o.wallSeconds * 10) / 10,
       ended: o.ended,
