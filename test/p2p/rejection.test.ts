@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict'
 import {after, before, describe, it} from 'node:test'
 import {lpStream} from '@libp2p/utils'
-import {peerIdOfClient, sha256Hex, signAnnouncement, type ResultAnnouncement} from '../../src/core/p2p/index.js'
+import {peerIdOfClient, resultCommitment, signAnnouncement, type ResultAnnouncement} from '../../src/core/p2p/index.js'
 import {encodeHave, HAVE_PROTOCOL} from '../../src/core/p2p/have.js'
 import {ANNOUNCE_PROTOCOL} from '../../src/core/p2p/result-exchange.js'
 import {waitFor} from '../helpers.js'
@@ -21,7 +21,7 @@ describe('p2p: forged announcements and dishonest blobs are rejected with a logg
     const delivered: ResultAnnouncement[][] = [[], []]
     a.node.onAnnouncement((x) => delivered[0].push(x))
     b.node.onAnnouncement((x) => delivered[1].push(x))
-    const fields = {run_id: 'test-run', step: 3, client_id: forger.identity.id, batch_start: 0, batch_end: 2, commitment: sha256Hex(Buffer.from('x')), size: 1}
+    const fields = {run_id: 'test-run', step: 3, client_id: forger.identity.id, batch_start: 0, batch_end: 2, commitment: resultCommitment(Buffer.from('x')), size: 1}
     const good = signAnnouncement(forger.identity, fields)
     const flipped = good.signature.slice(0, -1) + (good.signature.endsWith('0') ? '1' : '0')
     const someoneElse = testIdentity()
@@ -58,7 +58,7 @@ describe('p2p: forged announcements and dishonest blobs are rejected with a logg
     const [forger, a] = nodes
     const delivered: ResultAnnouncement[] = []
     a.node.onAnnouncement((x) => delivered.push(x))
-    const fields = {run_id: 'test-run', step: 9, client_id: forger.identity.id, batch_start: 0, batch_end: 2, commitment: sha256Hex(Buffer.from('y')), size: 1}
+    const fields = {run_id: 'test-run', step: 9, client_id: forger.identity.id, batch_start: 0, batch_end: 2, commitment: resultCommitment(Buffer.from('y')), size: 1}
     const good = signAnnouncement(forger.identity, fields)
     const flipped = good.signature.slice(0, -1) + (good.signature.endsWith('0') ? '1' : '0')
     const frames: Uint8Array[] = [
@@ -91,7 +91,7 @@ describe('p2p: forged announcements and dishonest blobs are rejected with a logg
     const [liar, fetcher, honest] = nodes
     const real = randomBlob(300_000)
     const fake = randomBlob(real.length)
-    const commitment = sha256Hex(real)
+    const commitment = resultCommitment(real)
     liar.store.put(commitment, 5, fake)
     const a = signAnnouncement(liar.identity, {run_id: 'test-run', step: 5, client_id: liar.identity.id, batch_start: 0, batch_end: 1, commitment, size: real.length})
 
@@ -116,7 +116,7 @@ describe('p2p: forged announcements and dishonest blobs are rejected with a logg
   it('reports a sender whose declared size differs from the announcement', async () => {
     const [liar, fetcher] = nodes
     const real = randomBlob(1000)
-    const commitment = sha256Hex(real)
+    const commitment = resultCommitment(real)
     liar.store.put(commitment, 6, randomBlob(5000))
     const a = signAnnouncement(liar.identity, {run_id: 'test-run', step: 6, client_id: liar.identity.id, batch_start: 0, batch_end: 1, commitment, size: real.length})
     const before = fetcher.node.stats().badBlobs
@@ -143,7 +143,7 @@ describe('p2p: a peer telling us of results it holds fills its own share of what
     const [a, stranger, honest] = nodes
     const tell = async (from: TestNode, step: number, count: number) => {
       const stream = await from.node.libp2p.dialProtocol(peerIdOfClient(a.identity.id), HAVE_PROTOCOL)
-      const commitments = Array.from({length: count}, () => sha256Hex(randomBlob(32)))
+      const commitments = Array.from({length: count}, () => resultCommitment(randomBlob(32)))
       await lpStream(stream).write(encodeHave(step, commitments))
       await stream.close().catch(() => {})
     }
