@@ -2,6 +2,7 @@ import assert from 'node:assert/strict'
 import {after, before, describe, it} from 'node:test'
 import {lpStream} from '@libp2p/utils'
 import {peerIdOfClient, resultCommitment, signAnnouncement, type ResultAnnouncement} from '../../src/core/p2p/index.js'
+import {blockHashes} from '../../src/core/primitives/pieces.js'
 import {encodeHave, HAVE_PROTOCOL} from '../../src/core/p2p/have.js'
 import {ANNOUNCE_PROTOCOL} from '../../src/core/p2p/result-exchange.js'
 import {waitFor} from '../helpers.js'
@@ -95,11 +96,12 @@ describe('p2p: forged announcements and dishonest blobs are rejected with a logg
     liar.store.put(commitment, 5, fake)
     const a = signAnnouncement(liar.identity, {run_id: 'test-run', step: 5, client_id: liar.identity.id, batch_start: 0, batch_end: 1, commitment, size: real.length})
 
-    await assert.rejects(fetcher.node.fetchResult(a), /could not fetch result.*do not match the commitment/)
+    // Fetched in pieces (300 kB is past --swarm-min-bytes): the liar's hash list is refused before any piece.
+    await assert.rejects(fetcher.node.fetchResult(a), /could not fetch result.*hash list does not match the commitment/)
     const bad = fetcher.events.filter((e) => e.event === 'bad_blob')
     assert.equal(bad.length, 1)
     assert.equal(bad[0].from, liar.node.peerId)
-    assert.match(String(bad[0].reason), /not the commitment/)
+    assert.match(String(bad[0].reason), /hash list does not match the commitment/)
     assert.equal(fetcher.node.stats().badBlobs, 1)
     assert.equal(fetcher.node.hasResult(commitment), false, 'the wrong bytes are not kept')
     // The honest peer was asked on every pass (one more than the three pauses); the liar only once.
@@ -111,6 +113,32 @@ describe('p2p: forged announcements and dishonest blobs are rejected with a logg
     assert.deepEqual(Buffer.from(bytes), Buffer.from(real))
     assert.equal(fetcher.node.stats().badBlobs, 2)
     assert.equal(fetcher.events.filter((e) => e.event === 'bad_blob').at(-1)?.from, liar.node.peerId)
+  })
+
+  it('a piece that does not match the hash list is blamed on its sender and fetched from another holder, keeping the pieces already held', async () => {
+    const [liar, fetcher, honest] = nodes
+    const real = randomBlob(2_500_000)
+    const corrupt = Buffer.from(real)
+    corrupt[(1 << 20) + 1234] ^= 0xff
+    const commitment = resultCommitment(real)
+    // The liar serves the right hash list and a wrong second piece.
+    liar.store.put(commitment, 7, corrupt, blockHashes(real))
+    honest.store.put(commitment, 7, real)
+    const a = signAnnouncement(liar.identity, {run_id: 'test-run', step: 7, client_id: liar.identity.id, batch_start: 0, batch_end: 1, commitment, size: real.length})
+    const before = {badPieces: fetcher.node.stats().badPieces, honestSent: honest.node.stats().bytesSent}
+    const bytes = await fetcher.node.fetchResult(a)
+    assert.deepEqual(Buffer.from(bytes), Buffer.from(real))
+    assert.equal(fetcher.node.stats().badPieces, before.badPieces + 1)
+    const blamed = fetcher.events.flatMap((e) => (e.event === 'bad_piece' && e.commitment === commitment ? [e] : []))
+    assert.deepEqual(
+      blamed.map((e) => e.from),
+      [liar.node.peerId],
+    )
+    assert.match(String(blamed[0].reason), /block 16 does not match/)
+    // The first piece (1 MiB) came from the liar and checked; the honest holder sent only the rest.
+    const fetched = fetcher.events.flatMap((e) => (e.event === 'result_fetched' && e.step === 7 ? [e] : [])).at(-1)
+    assert.deepEqual(fetched?.pieces, {[liar.node.peerId]: 1, [honest.node.peerId]: 2})
+    assert.equal(honest.node.stats().bytesSent - before.honestSent, real.length - (1 << 20))
   })
 
   it('reports a sender whose declared size differs from the announcement', async () => {

@@ -46,7 +46,7 @@ export interface PieceSource {
 export class BadSourceError extends Error {}
 
 /** What one holder did in one run: pieces it sent that checked, and why it stopped (bad: blamed). */
-export interface SourceOutcome {
+interface SourceOutcome {
   id: string
   pieces: number
   bytes: number
