@@ -122,8 +122,12 @@ async function clientProcess(o: {serverAddr: string; runId: string; ip: string; 
     downloadTimeoutMs: DOWNLOAD_TIMEOUT_S * 1000,
     log: (e) => {
       const ev = e as Record<string, unknown>
-      if (ev.event === 'result_fetched') say({t: 'fetched', from: ev.from, producer: ev.client_id, step: ev.step})
-      else if (/fail|bad_blob|refused|stale/.test(String(ev.event))) say({t: 'p2p', ...ev})
+      if (ev.event === 'result_fetched') {
+        // Fetched in pieces from several holders: a share of an upload for each.
+        const pieces = (ev.pieces ?? {[String(ev.from)]: 1}) as Record<string, number>
+        const total = Object.values(pieces).reduce((a, b) => a + b, 0)
+        for (const [from, n] of Object.entries(pieces)) say({t: 'fetched', from, producer: ev.client_id, step: ev.step, share: n / total})
+      } else if (/fail|bad_blob|refused|stale/.test(String(ev.event))) say({t: 'p2p', ...ev})
     },
   })
   say({t: 'client', id: identity.id, peer_id: p2p.peerId})
@@ -224,7 +228,8 @@ async function measure(row: Row): Promise<RowResult> {
           else if (l.t === 'round') {
             rec.hashes.set(l.step as number, l.param_hash as string)
             rec.applied.set(l.step as number, l.applied as number)
-          } else if (l.t === 'fetched') rec.fetches.push({fetcher: rec.id ?? '', from: l.from as string, producer: l.producer as string, step: l.step as number})
+          } else if (l.t === 'fetched')
+            rec.fetches.push({fetcher: rec.id ?? '', from: l.from as string, producer: l.producer as string, step: l.step as number, share: l.share as number})
           else {
             const name = `${String(l.event ?? l.t)}${typeof l.reason === 'string' ? ` (${l.reason.replace(/12D3Koo\w+/g, 'PEER').slice(0, 60)})` : ''}`
             rec.events.set(name, (rec.events.get(name) ?? 0) + 1)
@@ -348,7 +353,7 @@ function tableLine(r: RowResult): string {
     `${num(compute, 1)} + ${num(up, 1)} / ${num(down, 1)} + ${num(rest, 1)}`,
     num(median(c.map((x) => x.upPerToken)), 2),
     num(median(c.map((x) => x.downPerToken)), 2),
-    u.length ? `${Math.max(...u)} / ${num(u.reduce((a, b) => a + b, 0) / u.length, 1)}` : '—',
+    u.length ? `${num(Math.max(...u), 1)} / ${num(u.reduce((a, b) => a + b, 0) / u.length, 1)}` : '—',
     `${pct(max((x) => x.upUse))} / ${pct(max((x) => x.downUse))}`,
     `${num(median(c.map((x) => x.cpuPct)))} %`,
     pct(r.cpuBusy),
