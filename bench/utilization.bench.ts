@@ -20,7 +20,8 @@
 // Each row: BENCH_UTIL_WARMUP (1) rounds not measured, then BENCH_UTIL_ROUNDS (2) measured: the window is from the
 // start of the first measured round to the start of the round after the last (the coordinator's RoundTrain).
 // Other knobs: BENCH_UTIL_K (8: link rates and result sizes ÷ K), BENCH_UTIL_STEP_MS (6476), BENCH_UTIL_PER_CLIENT
-// (print every client's line), BENCH_UTIL_DOWNLOAD_TIMEOUT_S (600: a result download's time limit).
+// (print every client's line), BENCH_UTIL_DOWNLOAD_TIMEOUT_S (600: a result download's time limit),
+// BENCH_UTIL_PIECE_BYTES (1 MiB ÷ K: the piece size of results fetched in pieces).
 // Per client: GPU-busy fraction (its compute ÷ the window's wall), bytes up and down through its link per token
 // trained (kernel counters, × K: at full scale), its CPU. Per result: how many fetchers downloaded it from its
 // producer (the fetchers' result_fetched events). What limits the row: see utilization-stats.ts limitOf.
@@ -32,6 +33,7 @@ import {createInterface} from 'node:readline'
 import {fileURLToPath} from 'node:url'
 import {loadRunConfigFile} from '../src/core/config/index.js'
 import {P2PNode} from '../src/core/p2p/index.js'
+import {BLOCK_BYTES, DEFAULT_PIECE_BYTES} from '../src/core/primitives/pieces.js'
 import {generateIdentity} from '../src/core/protocol/identity.js'
 import {projectRoot} from '../src/core/worker/python.js'
 import {Lab, labUnavailable, type Host} from '../test/net/lab.js'
@@ -49,6 +51,11 @@ const ROWS = (process.env.BENCH_UTIL_ROWS ?? 'distro@8,sparseloco-h15@8').split(
  * 7 × 21.5 MB ÷ 2.5 MB/s ≈ 60 s, so the default would cut it (bench/README.md, "Utilization").
  */
 const DOWNLOAD_TIMEOUT_S = Number(process.env.BENCH_UTIL_DOWNLOAD_TIMEOUT_S ?? 600)
+/**
+ * Results of --swarm-min-bytes or more are fetched in pieces (p2p/piece-fetch.ts): 1 MiB at full scale, so ÷ K here
+ * (whole 64 KiB blocks, at least one), for as many pieces per result as in the full-size run.
+ */
+const PIECE_BYTES = Number(process.env.BENCH_UTIL_PIECE_BYTES ?? Math.max(BLOCK_BYTES, Math.round(DEFAULT_PIECE_BYTES / K / BLOCK_BYTES) * BLOCK_BYTES))
 const DISTRO_BYTES = 3_513_025
 const SPARSELOCO_BYTES = 21_476_224
 const DOWN_MBIT = 100
@@ -120,6 +127,7 @@ async function clientProcess(o: {serverAddr: string; runId: string; ip: string; 
     relay: false,
     quic: false,
     downloadTimeoutMs: DOWNLOAD_TIMEOUT_S * 1000,
+    serving: {pieceBytes: PIECE_BYTES},
     log: (e) => {
       const ev = e as Record<string, unknown>
       if (ev.event === 'result_fetched') {
