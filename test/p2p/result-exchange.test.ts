@@ -55,6 +55,18 @@ describe('p2p: result gossip and blob transfer between three real libp2p nodes',
     assert.equal(sent, got)
     for (const n of nodes) assert.equal(n.node.stats().peers, 2)
     for (const n of nodes) assert.equal(n.node.stats().badBlobs, 0)
+    // The 200 kB result (under --swarm-min-bytes) came in one request; the 1.7 MB and 3.2 MB ones in 1 MiB pieces,
+    // each checked on arrival: 2 and 4 of them per fetcher.
+    for (const [i, n] of nodes.entries()) {
+      const pieces = new Map(n.events.flatMap((e) => (e.event === 'result_fetched' && e.step === 7 ? [[e.client_id, e.pieces] as const] : [])))
+      for (const [j, m] of nodes.entries()) {
+        if (j === i) continue
+        const got = pieces.get(m.identity.id)
+        assert.equal(got === undefined ? undefined : Object.values(got).reduce((a, b) => a + b, 0), [undefined, 2, 4][j])
+      }
+      assert.equal(n.node.stats().piecesFetched, [6, 4, 2][i])
+      assert.equal(n.node.stats().badPieces, 0)
+    }
     // The wire counters (wireMetrics) see every result byte on its protocol's streams, and more on the connections.
     for (const [i, n] of nodes.entries()) {
       const wire = n.node.wireCounts()!
