@@ -4,7 +4,8 @@ import {lpStream} from '@libp2p/utils'
 import {peerIdOfClient, resultCommitment, signAnnouncement, type ResultAnnouncement} from '../../src/core/p2p/index.js'
 import {blockHashes} from '../../src/core/primitives/pieces.js'
 import {encodeHave, HAVE_PROTOCOL} from '../../src/core/p2p/have.js'
-import {ANNOUNCE_PROTOCOL} from '../../src/core/p2p/result-exchange.js'
+import {ANNOUNCE_PROTOCOL, RESULT_PROTOCOL} from '../../src/core/p2p/result-exchange.js'
+import {encodePieceRequest} from '../../src/core/p2p/piece-fetch.js'
 import {waitFor} from '../helpers.js'
 import {meshUp, randomBlob, startNodes, stopAll, testIdentity, type TestNode} from './helpers.js'
 
@@ -139,6 +140,36 @@ describe('p2p: forged announcements and dishonest blobs are rejected with a logg
     const fetched = fetcher.events.flatMap((e) => (e.event === 'result_fetched' && e.step === 7 ? [e] : [])).at(-1)
     assert.deepEqual(fetched?.pieces, {[liar.node.peerId]: 1, [honest.node.peerId]: 2})
     assert.equal(honest.node.stats().bytesSent - before.honestSent, real.length - (1 << 20))
+  })
+
+  it('a holder ends a piece session that asks a block twice or a run of blocks past the result', async () => {
+    const [holderNode, asker] = nodes
+    const blob = randomBlob(300_000)
+    const commitment = resultCommitment(blob)
+    holderNode.store.put(commitment, 8, blob)
+    const session = async (requests: Uint8Array[]) => {
+      const stream = await asker.node.libp2p.dialProtocol(peerIdOfClient(holderNode.identity.id), RESULT_PROTOCOL)
+      const lp = lpStream(stream)
+      await lp.write(Buffer.from(JSON.stringify({run_id: 'test-run', commitment, pieces: true, list: true})))
+      const header = JSON.parse(Buffer.from((await lp.read()).subarray()).toString('utf8'))
+      assert.deepEqual(header, {status: 'ok', size: blob.length})
+      assert.deepEqual(Buffer.from((await lp.read()).subarray()), Buffer.from(blockHashes(blob)))
+      for (const r of requests) await lp.write(r)
+      const got: number[] = []
+      try {
+        for (;;) got.push((await lp.read()).byteLength)
+      } catch {
+        // the holder ended the session
+      }
+      stream.abort(new Error('done'))
+      return got
+    }
+    const failures = () => holderNode.events.flatMap((e) => (e.event === 'serve_failed' ? [String(e.reason)] : []))
+    // Block 0 is served once; asked again, the session ends.
+    assert.deepEqual(await session([encodePieceRequest(0, 1), encodePieceRequest(0, 1)]), [65_536])
+    await waitFor(() => failures().some((r) => /block 0 asked twice/.test(r)), 5_000, 'the repeated block refused')
+    assert.deepEqual(await session([encodePieceRequest(4, 2)]), [])
+    await waitFor(() => failures().some((r) => /blocks 4\.\.5 of a result of 5 blocks/.test(r)), 5_000, 'the run past the end refused')
   })
 
   it('reports a sender whose declared size differs from the announcement', async () => {
