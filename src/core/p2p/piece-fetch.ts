@@ -1,4 +1,4 @@
-import type {AbortOptions, Stream} from '@libp2p/interface'
+import type {Stream} from '@libp2p/interface'
 import type {LengthPrefixedStream} from '@libp2p/utils'
 import {badBlockIn, BLOCK_BYTES, BLOCK_HASH_BYTES, blockCount, blocksRange, MAX_PIECE_BYTES, parseBlockList, type BlockList} from '../primitives/pieces.js'
 import {OverrunError, readChunksInto, writeChunks} from './framing.js'
@@ -283,13 +283,15 @@ export class WirePieceSession implements PieceSession {
 }
 
 /**
- * The holder's side of a session: answers piece requests until the fetcher closes its side. A request that is not a
- * run of this result's blocks, or that asks a block again, ends the session with an error.
+ * The holder's side of a session: answers piece requests until the fetcher closes its side, each (its wait for the
+ * request, and its bytes) within `timeoutMs`. A request that is not a run of this result's blocks, or that asks a
+ * block again, ends the session with an error: a session serves the result at most once.
  */
-export async function servePieces(lp: LengthPrefixedStream<Stream>, stream: Stream, blob: Uint8Array, options: AbortOptions & {onPiece: (bytes: number) => void}): Promise<void> {
+export async function servePieces(lp: LengthPrefixedStream<Stream>, stream: Stream, blob: Uint8Array, o: {timeoutMs: number; onPiece: (bytes: number) => void}): Promise<void> {
   const blocks = blockCount(blob.length)
   const served = new Uint8Array(blocks)
   for (;;) {
+    const options = {signal: deadline(o.timeoutMs)}
     let frame: Uint8Array
     try {
       frame = (await lp.read(options)).subarray()
@@ -306,6 +308,6 @@ export async function servePieces(lp: LengthPrefixedStream<Stream>, stream: Stre
     }
     const {start, end} = blocksRange(blob.length, first, count)
     await writeChunks(lp, blob.subarray(start, end), options)
-    options.onPiece(end - start)
+    o.onPiece(end - start)
   }
 }

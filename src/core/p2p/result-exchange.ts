@@ -835,7 +835,10 @@ export class ResultExchange implements Startable {
               if (request.list === true) await lp.write(this.results.hashList(commitment)!, {signal})
               const remote = connection.remotePeer
               const relayed = isCircuit(connection.remoteAddr)
-              await servePieces(lp, stream, stored, {signal, onPiece: (n) => this.components.traffic.count(remote, 'out', n, relayed)})
+              await servePieces(lp, stream, stored, {
+                timeoutMs: this.init.downloadTimeoutMs,
+                onPiece: (n) => this.components.traffic.count(remote, 'out', n, relayed),
+              })
             } else {
               await writeChunks(lp, stored, {signal})
               this.components.traffic.count(connection.remotePeer, 'out', stored.length, isCircuit(connection.remoteAddr))
@@ -852,7 +855,8 @@ export class ResultExchange implements Startable {
           }
         }
       }
-      await stream.close({signal})
+      // A piece session outlasts the first deadline (each piece has its own): the close gets a fresh one.
+      await stream.close({signal: signal.aborted ? deadline(this.init.downloadTimeoutMs) : signal})
     } catch (error) {
       this.log({event: 'serve_failed', protocol: RESULT_PROTOCOL, to: connection.remotePeer.toString(), reason: errorMessage(error)})
       abortStream(stream, error)
