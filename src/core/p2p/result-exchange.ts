@@ -835,10 +835,16 @@ export class ResultExchange implements Startable {
               if (request.list === true) await lp.write(this.results.hashList(commitment)!, {signal})
               const remote = connection.remotePeer
               const relayed = isCircuit(connection.remoteAddr)
+              let sent = 0
               await servePieces(lp, stream, stored, {
                 timeoutMs: this.init.downloadTimeoutMs,
-                onPiece: (n) => this.components.traffic.count(remote, 'out', n, relayed),
+                onPiece: (n) => {
+                  sent += n
+                  this.components.traffic.count(remote, 'out', n, relayed)
+                },
               })
+              // Its pieces all came from other holders: not counted against our result's bound.
+              if (first && sent === 0) own.servedTo.delete(peer)
             } else {
               await writeChunks(lp, stored, {signal})
               this.components.traffic.count(connection.remotePeer, 'out', stored.length, isCircuit(connection.remoteAddr))
