@@ -765,7 +765,7 @@ export class ResultExchange implements Startable {
 
   /**
    * A holder to fetch a result from in pieces (piece-fetch.ts): the request asks for a piece session, and for the
-   * hash list while we have none checked; the answer is the `ok` header with the result's size and piece size.
+   * hash list while we have none checked; the answer is the `ok` header with the result's size, then the list if asked.
    */
   private pieceSource(holder: PeerId, a: ResultAnnouncement): PieceSource {
     return {
