@@ -66,6 +66,11 @@ describe('p2p: result gossip and blob transfer between three real libp2p nodes',
       }
       assert.equal(n.node.stats().piecesFetched, [6, 4, 2][i])
       assert.equal(n.node.stats().badPieces, 0)
+      // A piece session the fetcher closed once it had what it wanted is no failure of the holder's.
+      assert.deepEqual(
+        n.events.filter((e) => e.event === 'serve_failed'),
+        [],
+      )
     }
     // The wire counters (wireMetrics) see every result byte on its protocol's streams, and more on the connections.
     for (const [i, n] of nodes.entries()) {

@@ -296,7 +296,8 @@ export async function servePieces(lp: LengthPrefixedStream<Stream>, stream: Stre
     try {
       frame = (await lp.read(options)).subarray()
     } catch (error) {
-      if (stream.readStatus !== 'readable' || /unexpected end|end of input/i.test(String((error as Error)?.message))) return
+      // The fetcher closed its side: the session is over.
+      if (stream.readStatus !== 'readable' || (error instanceof Error && error.name === 'UnexpectedEOFError')) return
       throw error
     }
     const parsed = parsePieceRequest(frame, blocks)

@@ -669,18 +669,25 @@ export class ResultExchange implements Startable {
         }
         if (swarmed && holders.length > 0 && !this.stopped) {
           // In pieces, from up to MAX_SOURCES_PER_FETCH holders at once, in this order; what arrived is kept for the
-          // next pass.
+          // next pass. The peers that told us they hold it are asked first, alone: the producer and the others only
+          // for what they could not give (a producer's uplink carries each result a bounded number of times).
           download ??= new PieceDownload(a.size, a.commitment, this.serving.pieceBytes)
-          const badBefore = download.badPieces
-          const outcomes = await download.run(
-            holders.map((h) => this.pieceSource(h, a)),
-            {maxSources: MAX_SOURCES_PER_FETCH, perSource: PIECES_IN_FLIGHT_PER_PEER, stopped: () => this.stopped},
-          )
-          this.badPieces += download.badPieces - badBefore
-          for (const o of outcomes) {
-            if (o.pieces > 0) this.piecesFetched += o.pieces
-            if (o.bad !== undefined) this.log({event: 'bad_piece', from: o.id, client_id: a.client_id, commitment: a.commitment, reason: o.bad})
-            if (o.error !== undefined) failed(o.id, o.error)
+          const toldIds = new Set(told.map((p) => p.toString()))
+          const first = holders.filter((h) => toldIds.has(h.toString()))
+          const rest = holders.filter((h) => !toldIds.has(h.toString()))
+          for (const tier of [first, rest]) {
+            if (tier.length === 0 || download.complete() || this.stopped) continue
+            const badBefore = download.badPieces
+            const outcomes = await download.run(
+              tier.map((h) => this.pieceSource(h, a)),
+              {maxSources: MAX_SOURCES_PER_FETCH, perSource: PIECES_IN_FLIGHT_PER_PEER, stopped: () => this.stopped},
+            )
+            this.badPieces += download.badPieces - badBefore
+            for (const o of outcomes) {
+              if (o.pieces > 0) this.piecesFetched += o.pieces
+              if (o.bad !== undefined) this.log({event: 'bad_piece', from: o.id, client_id: a.client_id, commitment: a.commitment, reason: o.bad})
+              if (o.error !== undefined) failed(o.id, o.error)
+            }
           }
           if (download.complete() && download.list) {
             const pieces = Object.fromEntries(download.piecesFrom)
