@@ -22,12 +22,16 @@ export function bytesPerToken(bytes: number, batches: number, k: number): number
   return batches > 0 ? (bytes * k) / (batches * TOKENS_PER_BATCH) : NaN
 }
 
-/** One download of a result, as a fetcher logged it: who served it (a client id), whose result it is, its step. */
+/**
+ * One download of a result, as a fetcher logged it: who served it (a client id), whose result it is, its step; and
+ * `share`, the fraction of it `from` served when it was fetched in pieces from several (default 1).
+ */
 export interface Fetch {
   fetcher: string
   from: string
   producer: string
   step: number
+  share?: number
 }
 
 /**
@@ -40,10 +44,11 @@ export function uploadsPerResult(fetches: Fetch[], steps: Set<number>): {byProdu
   for (const f of fetches) {
     if (!steps.has(f.step)) continue
     const result = `${f.producer}@${f.step}`
-    if (f.from === f.producer) own.set(result, (own.get(result) ?? 0) + 1)
+    const share = f.share ?? 1
+    if (f.from === f.producer) own.set(result, (own.get(result) ?? 0) + share)
     else own.set(result, own.get(result) ?? 0)
     const key = `${f.from}:${result}`
-    any.set(key, (any.get(key) ?? 0) + 1)
+    any.set(key, (any.get(key) ?? 0) + share)
   }
   return {byProducer: [...own.values()], maxByAnyone: Math.max(0, ...any.values())}
 }

@@ -23,7 +23,8 @@
 // (print every client's line), BENCH_UTIL_DOWNLOAD_TIMEOUT_S (600: a result download's time limit),
 // BENCH_UTIL_SPECULATE=0 (clients begin a round's compute only once it begins, not on its predicted batches as soon
 // as their previous result is out: client/decide.ts `speculate`). Compute of a speculative round that was undone
-// (its round gave other batches) is not counted as busy.
+// (its round gave other batches) is not counted as busy. BENCH_UTIL_PIECE_BYTES (1 MiB ÷ K: the piece size of
+// results fetched in pieces).
 // Per client: GPU-busy fraction (its compute ÷ the window's wall), bytes up and down through its link per token
 // trained (kernel counters, × K: at full scale), its CPU. Per result: how many fetchers downloaded it from its
 // producer (the fetchers' result_fetched events). What limits the row: see utilization-stats.ts limitOf.
@@ -36,6 +37,7 @@ import {fileURLToPath} from 'node:url'
 import {loadRunConfigFile} from '../src/core/config/index.js'
 import {P2PNode} from '../src/core/p2p/index.js'
 import {DEFAULT_SERVING_LIMITS} from '../src/core/p2p/result-exchange.js'
+import {BLOCK_BYTES, DEFAULT_PIECE_BYTES} from '../src/core/primitives/pieces.js'
 import {generateIdentity} from '../src/core/protocol/identity.js'
 import {projectRoot} from '../src/core/worker/python.js'
 import {Lab, labUnavailable, type Host} from '../test/net/lab.js'
@@ -54,6 +56,11 @@ const ROWS = (process.env.BENCH_UTIL_ROWS ?? 'distro@8,sparseloco-h15@8').split(
  */
 const DOWNLOAD_TIMEOUT_S = Number(process.env.BENCH_UTIL_DOWNLOAD_TIMEOUT_S ?? 600)
 const SPECULATE = process.env.BENCH_UTIL_SPECULATE !== '0'
+/**
+ * Results of --swarm-min-bytes or more are fetched in pieces (p2p/piece-fetch.ts): 1 MiB at full scale, so ÷ K here
+ * (whole 64 KiB blocks, at least one), for as many pieces per result as in the full-size run.
+ */
+const PIECE_BYTES = Number(process.env.BENCH_UTIL_PIECE_BYTES ?? Math.max(BLOCK_BYTES, Math.round(DEFAULT_PIECE_BYTES / K / BLOCK_BYTES) * BLOCK_BYTES))
 const DISTRO_BYTES = 3_513_025
 const SPARSELOCO_BYTES = 21_476_224
 const DOWN_MBIT = 100
@@ -127,11 +134,15 @@ async function clientProcess(o: {serverAddr: string; runId: string; ip: string; 
     downloadTimeoutMs: DOWNLOAD_TIMEOUT_S * 1000,
     // the size from which a producer serves its result to a few peers only (the rest fetch it from them) is scaled as
     // the results are, so a scaled run swarms what the full-size run would (DisTrO's 3.5 MB ÷ 16 is under 256 KiB)
-    serving: {swarmMinBytes: Math.round(DEFAULT_SERVING_LIMITS.swarmMinBytes / K)},
+    serving: {swarmMinBytes: Math.round(DEFAULT_SERVING_LIMITS.swarmMinBytes / K), pieceBytes: PIECE_BYTES},
     log: (e) => {
       const ev = e as Record<string, unknown>
-      if (ev.event === 'result_fetched') say({t: 'fetched', from: ev.from, producer: ev.client_id, step: ev.step})
-      else if (/fail|bad_blob|refused|stale/.test(String(ev.event))) say({t: 'p2p', ...ev})
+      if (ev.event === 'result_fetched') {
+        // Fetched in pieces from several holders: a share of an upload for each.
+        const pieces = Object.fromEntries(((ev.pieces ?? [{peer_id: String(ev.from), pieces: 1}]) as {peer_id: string; pieces: number}[]).map((p) => [p.peer_id, p.pieces]))
+        const total = Object.values(pieces).reduce((a, b) => a + b, 0)
+        for (const [from, n] of Object.entries(pieces)) say({t: 'fetched', from, producer: ev.client_id, step: ev.step, share: n / total})
+      } else if (/fail|bad_blob|refused|stale/.test(String(ev.event))) say({t: 'p2p', ...ev})
     },
   })
   say({t: 'client', id: identity.id, peer_id: p2p.peerId})
@@ -259,7 +270,8 @@ async function measure(row: Row): Promise<RowResult> {
           } else if (l.t === 'event' && l.event === 'speculation') {
             if (l.outcome === 'used') rec.speculation.used++
             else if (l.outcome === 'discarded') rec.speculation.discarded.add(l.step as number)
-          } else if (l.t === 'fetched') rec.fetches.push({fetcher: rec.id ?? '', from: l.from as string, producer: l.producer as string, step: l.step as number})
+          } else if (l.t === 'fetched')
+            rec.fetches.push({fetcher: rec.id ?? '', from: l.from as string, producer: l.producer as string, step: l.step as number, share: l.share as number})
           else {
             const name = `${String(l.event ?? l.t)}${typeof l.reason === 'string' ? ` (${l.reason.replace(/12D3Koo\w+/g, 'PEER').slice(0, 60)})` : ''}`
             rec.events.set(name, (rec.events.get(name) ?? 0) + 1)
@@ -385,7 +397,7 @@ function tableLine(r: RowResult): string {
     `${num(compute, 1)} + ${num(up, 1)} / ${num(down, 1)} + ${num(rest, 1)}`,
     num(median(c.map((x) => x.upPerToken)), 2),
     num(median(c.map((x) => x.downPerToken)), 2),
-    u.length ? `${Math.max(...u)} / ${num(u.reduce((a, b) => a + b, 0) / u.length, 1)}` : '—',
+    u.length ? `${num(Math.max(...u), 1)} / ${num(u.reduce((a, b) => a + b, 0) / u.length, 1)}` : '—',
     `${pct(max((x) => x.upUse))} / ${pct(max((x) => x.downUse))}`,
     `${num(median(c.map((x) => x.cpuPct)))} %`,
     pct(r.cpuBusy),

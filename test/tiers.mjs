@@ -82,6 +82,7 @@ export const tiers = {
     'test/p2p/limits.test.ts',
     'test/p2p/mesh.test.ts',
     'test/p2p/overlay.test.ts',
+    'test/p2p/pieces.test.ts',
     'test/p2p/memory.test.ts',
     'test/p2p/traffic.test.ts',
     'test/p2p/webrtc.test.ts',

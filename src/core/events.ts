@@ -73,6 +73,8 @@ export type PsycheEvent =
   | {event: 'authority'; type: string}
   // core/p2p/node.ts
   | {event: 'bad_blob'; from: string; client_id: string; commitment: string; reason: string}
+  /** A swarmed result's piece or hash list that did not check, blamed on the peer that sent it (p2p/piece-fetch.ts). */
+  | {event: 'bad_piece'; from: string; client_id: string; commitment: string; reason: string}
   | {event: 'banned'; epoch: number; detail: string}
   // core/p2p/node.ts
   | {event: 'blob_refused'; client_id: string; commitment: string; reason: string}
@@ -228,7 +230,8 @@ export type PsycheEvent =
   | {event: 'result_dropped'; client_id: string; step: number; reason?: string}
   | {event: 'result_fetch_failed'; client_id: string; step: number; message: string}
   // core/p2p/result-exchange.ts
-  | {event: 'result_fetched'; from: string; client_id: string; step: number; bytes: number}
+  /** from: the peer that sent the most of it; pieces: when fetched in pieces, how many each peer sent. */
+  | {event: 'result_fetched'; from: string; client_id: string; step: number; bytes: number; pieces?: Record<string, number>}
   | {event: 'result_rejected'; client_id: string; step: number; reason: string}
   | {event: 'results_excluded'; step: number; client_ids: string[]}
   | {event: 'resumed'; path: string; run_id: string; run_state: string; step: number; epoch: number; clients: number; pending: number}

@@ -47,6 +47,14 @@ describe('the utilization bench: what its logs and counters come to', () => {
     // A result nobody fetched from its producer counts 0 uploads for it.
     assert.deepEqual(uploadsPerResult([f('b', 'c', 'a', 2)], new Set([2])).byProducer, [0])
     assert.deepEqual(uploadsPerResult([], new Set([2])), {byProducer: [], maxByAnyone: 0})
+    // Fetched in pieces: a quarter from the producer, the rest from another holder, by two fetchers.
+    const shared = [
+      {...f('b', 'a', 'a', 2), share: 0.25},
+      {...f('b', 'c', 'a', 2), share: 0.75},
+      {...f('d', 'a', 'a', 2), share: 0.25},
+      {...f('d', 'c', 'a', 2), share: 0.75},
+    ]
+    assert.deepEqual(uploadsPerResult(shared, new Set([2])), {byProducer: [0.5], maxByAnyone: 1.5})
   })
 
   it("the limit: compute when busy, else the largest of uplink time, downlink time and the round's rest", () => {

@@ -17,7 +17,7 @@ import {
   type Round,
 } from '../../src/core/coordinator/index.js'
 import type {EventLine} from '../../src/core/events.js'
-import {sha256Hex} from '../../src/core/primitives/announcement.js'
+import {resultCommitment} from '../../src/core/primitives/pieces.js'
 import {generateIdentity, type Identity} from '../../src/core/protocol/identity.js'
 import {ok, toFirstRound} from '../coordinator/helpers.js'
 import {DeterministicWorker, ManualClock, MemoryNetwork, memoryData, SIM_SEQ_LEN, type MemoryP2P} from '../sim/harness.js'
@@ -111,9 +111,9 @@ export function witnessAndAdvance(state: CoordinatorState, now: number, commitme
   return {state, now, previous}
 }
 
-/** Commitments (sha256 hex) of results by producer. */
+/** Commitments (resultCommitment) of results by producer. */
 export function commitmentsOf(results: Map<ClientId, Uint8Array>): Map<ClientId, string> {
-  return new Map([...results].map(([id, bytes]) => [id, sha256Hex(bytes)]))
+  return new Map([...results].map(([id, bytes]) => [id, resultCommitment(bytes)]))
 }
 
 /** One phase's world: its context, what it logged and sent, and the fakes behind it. */

@@ -7,7 +7,8 @@ import {ExchangeHealth} from '../../src/core/client/exchange-health.js'
 import {RoundResults} from '../../src/core/client/round-results.js'
 import type {ClientId} from '../../src/core/coordinator/index.js'
 import type {RoundEvent} from '../../src/core/events.js'
-import {signAnnouncement, sha256Hex} from '../../src/core/primitives/announcement.js'
+import {signAnnouncement} from '../../src/core/primitives/announcement.js'
+import {resultCommitment} from '../../src/core/primitives/pieces.js'
 import {LoadTestWorker, loadTestResultFormat} from '../../src/core/worker/load-test-worker.js'
 import {WorkerRequestError} from '../../src/core/worker/client.js'
 import {DeterministicWorker} from '../sim/harness.js'
@@ -55,7 +56,7 @@ async function witnessedRound(bytes: Uint8Array[], o: {format?: boolean; worker?
     client_id: me.id,
     batch_start: mine.start,
     batch_end: mine.end,
-    commitment: sha256Hex(bytes[0]),
+    commitment: resultCommitment(bytes[0]),
     size: bytes[0].length,
   })
   results.own(own, bytes[0])

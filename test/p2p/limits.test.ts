@@ -1,7 +1,7 @@
 import type {EventLine} from '../../src/core/events.js'
 import assert from 'node:assert/strict'
 import {after, describe, it} from 'node:test'
-import {RESULT_PROTOCOL, sha256Hex} from '../../src/core/p2p/index.js'
+import {RESULT_PROTOCOL, resultCommitment} from '../../src/core/p2p/index.js'
 import {meshUp, randomBlob, startNodes, stopAll, type TestNode} from './helpers.js'
 
 async function startNode(options: {maxBlobBytes?: number; maxConcurrentDownloads?: number} = {}): Promise<TestNode> {
@@ -43,7 +43,7 @@ describe('p2p: size and concurrency bounds', () => {
     const sampler = setInterval(() => (observedMax = Math.max(observedMax, openResultStreams())), 2)
     const fetched = await Promise.all(announcements.map((a) => fetcher.node.fetchResult(a)))
     clearInterval(sampler)
-    fetched.forEach((bytes, i) => assert.equal(sha256Hex(bytes), sha256Hex(blobs[i])))
+    fetched.forEach((bytes, i) => assert.equal(resultCommitment(bytes), resultCommitment(blobs[i])))
     assert.equal(fetcher.node.stats().peakDownloadsInFlight, 2, 'the bound was reached and never exceeded')
     assert.ok(observedMax >= 1 && observedMax <= 2, `observed ${observedMax} open result streams`)
     assert.equal(fetcher.node.stats().downloadsInFlight, 0)
@@ -59,7 +59,7 @@ describe('p2p: size and concurrency bounds', () => {
     const a = await producer.node.publishResult(3, 0, 1, blob)
     const before = fetcher.node.stats().bytesReceived
     const [x, y, z] = await Promise.all([fetcher.node.fetchResult(a), fetcher.node.fetchResult(a), fetcher.node.fetchResult({...a})])
-    assert.equal(sha256Hex(x), a.commitment)
+    assert.equal(resultCommitment(x), a.commitment)
     assert.ok(x === y && y === z)
     assert.equal(fetcher.node.stats().bytesReceived - before, blob.length)
   })

@@ -3,7 +3,7 @@ import assert from 'node:assert/strict'
 import {randomUUID} from 'node:crypto'
 import {after, before, describe, it} from 'node:test'
 import {memory} from '@libp2p/memory'
-import {P2PNode, ResultStore, sha256Hex, signAnnouncement, type ResultAnnouncement} from '../../src/core/p2p/index.js'
+import {P2PNode, ResultStore, resultCommitment, signAnnouncement, type ResultAnnouncement} from '../../src/core/p2p/index.js'
 import {waitFor} from '../helpers.js'
 import {randomBlob, testIdentity, type TestNode} from './helpers.js'
 
@@ -53,21 +53,21 @@ describe('p2p services over a memory transport', () => {
     await waitFor(() => seen.length === 1, 10_000, 'the announcement')
     assert.deepEqual(seen[0], published)
     const bytes = await fetcher.node.fetchResult(seen[0])
-    assert.equal(sha256Hex(bytes), sha256Hex(blob))
+    assert.equal(resultCommitment(bytes), resultCommitment(blob))
     assert.equal(fetcher.node.stats().bytesReceived, blob.length)
     assert.deepEqual(fetcher.node.stats().peerBytes[producer.identity.id], {in: blob.length, out: 0})
     assert.equal(fetcher.store.get(published.commitment)?.length, blob.length, 'kept in the injected store')
     // The third node gets it from whichever holder answers first, and both the producer and the fetcher hold it.
     await producer.node.stop()
     const again = await third.node.fetchResult(published)
-    assert.equal(sha256Hex(again), published.commitment)
+    assert.equal(resultCommitment(again), published.commitment)
     assert.equal(fetcher.node.stats().bytesSent, blob.length, 'the fetcher re-served the blob to the third node')
   })
 
   it('a store holding the wrong bytes makes its node a dishonest holder: the fetcher discards them and names it', async () => {
     const [, liar, fetcher] = nodes
     const real = randomBlob(4_000)
-    const commitment = sha256Hex(real)
+    const commitment = resultCommitment(real)
     liar.store.put(commitment, 9, randomBlob(real.length))
     const a = signAnnouncement(liar.identity, {run_id: 'memory-run', step: 9, client_id: liar.identity.id, batch_start: 0, batch_end: 1, commitment, size: real.length})
     await assert.rejects(fetcher.node.fetchResult(a), /bytes do not match the commitment/)

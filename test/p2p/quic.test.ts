@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict'
 import {after, before, describe, it} from 'node:test'
-import {sha256Hex, type ResultAnnouncement} from '../../src/core/p2p/index.js'
+import {resultCommitment, type ResultAnnouncement} from '../../src/core/p2p/index.js'
 import {withQuicListen} from '../../src/core/p2p/transports.js'
 import {waitFor} from '../helpers.js'
 import {meshUp, randomBlob, startNodes, stopAll, type TestNode} from './helpers.js'
@@ -49,7 +49,7 @@ describe('p2p: QUIC beside TCP', () => {
     await waitFor(() => got.length > 0, 10_000, 'the announcement over QUIC')
     assert.equal(got[0].commitment, published.commitment)
     const bytes = await nodes[1].node.fetchResult(got[0])
-    assert.equal(sha256Hex(bytes), sha256Hex(blob))
+    assert.equal(resultCommitment(bytes), resultCommitment(blob))
     assert.equal(nodes[1].node.stats().bytesReceived, blob.length)
   })
 

@@ -1,9 +1,11 @@
 import assert from 'node:assert/strict'
 import {after, before, describe, it} from 'node:test'
 import {lpStream} from '@libp2p/utils'
-import {peerIdOfClient, sha256Hex, signAnnouncement, type ResultAnnouncement} from '../../src/core/p2p/index.js'
+import {peerIdOfClient, resultCommitment, signAnnouncement, type ResultAnnouncement} from '../../src/core/p2p/index.js'
+import {blockHashes} from '../../src/core/primitives/pieces.js'
 import {encodeHave, HAVE_PROTOCOL} from '../../src/core/p2p/have.js'
-import {ANNOUNCE_PROTOCOL} from '../../src/core/p2p/result-exchange.js'
+import {ANNOUNCE_PROTOCOL, RESULT_PROTOCOL} from '../../src/core/p2p/result-exchange.js'
+import {encodePieceRequest} from '../../src/core/p2p/piece-fetch.js'
 import {waitFor} from '../helpers.js'
 import {meshUp, randomBlob, startNodes, stopAll, testIdentity, type TestNode} from './helpers.js'
 
@@ -21,7 +23,7 @@ describe('p2p: forged announcements and dishonest blobs are rejected with a logg
     const delivered: ResultAnnouncement[][] = [[], []]
     a.node.onAnnouncement((x) => delivered[0].push(x))
     b.node.onAnnouncement((x) => delivered[1].push(x))
-    const fields = {run_id: 'test-run', step: 3, client_id: forger.identity.id, batch_start: 0, batch_end: 2, commitment: sha256Hex(Buffer.from('x')), size: 1}
+    const fields = {run_id: 'test-run', step: 3, client_id: forger.identity.id, batch_start: 0, batch_end: 2, commitment: resultCommitment(Buffer.from('x')), size: 1}
     const good = signAnnouncement(forger.identity, fields)
     const flipped = good.signature.slice(0, -1) + (good.signature.endsWith('0') ? '1' : '0')
     const someoneElse = testIdentity()
@@ -58,7 +60,7 @@ describe('p2p: forged announcements and dishonest blobs are rejected with a logg
     const [forger, a] = nodes
     const delivered: ResultAnnouncement[] = []
     a.node.onAnnouncement((x) => delivered.push(x))
-    const fields = {run_id: 'test-run', step: 9, client_id: forger.identity.id, batch_start: 0, batch_end: 2, commitment: sha256Hex(Buffer.from('y')), size: 1}
+    const fields = {run_id: 'test-run', step: 9, client_id: forger.identity.id, batch_start: 0, batch_end: 2, commitment: resultCommitment(Buffer.from('y')), size: 1}
     const good = signAnnouncement(forger.identity, fields)
     const flipped = good.signature.slice(0, -1) + (good.signature.endsWith('0') ? '1' : '0')
     const frames: Uint8Array[] = [
@@ -91,15 +93,16 @@ describe('p2p: forged announcements and dishonest blobs are rejected with a logg
     const [liar, fetcher, honest] = nodes
     const real = randomBlob(300_000)
     const fake = randomBlob(real.length)
-    const commitment = sha256Hex(real)
+    const commitment = resultCommitment(real)
     liar.store.put(commitment, 5, fake)
     const a = signAnnouncement(liar.identity, {run_id: 'test-run', step: 5, client_id: liar.identity.id, batch_start: 0, batch_end: 1, commitment, size: real.length})
 
-    await assert.rejects(fetcher.node.fetchResult(a), /could not fetch result.*do not match the commitment/)
+    // Fetched in pieces (300 kB is past --swarm-min-bytes): the liar's hash list is refused before any piece.
+    await assert.rejects(fetcher.node.fetchResult(a), /could not fetch result.*hash list does not match the commitment/)
     const bad = fetcher.events.filter((e) => e.event === 'bad_blob')
     assert.equal(bad.length, 1)
     assert.equal(bad[0].from, liar.node.peerId)
-    assert.match(String(bad[0].reason), /not the commitment/)
+    assert.match(String(bad[0].reason), /hash list does not match the commitment/)
     assert.equal(fetcher.node.stats().badBlobs, 1)
     assert.equal(fetcher.node.hasResult(commitment), false, 'the wrong bytes are not kept')
     // The honest peer was asked on every pass (one more than the three pauses); the liar only once.
@@ -113,10 +116,66 @@ describe('p2p: forged announcements and dishonest blobs are rejected with a logg
     assert.equal(fetcher.events.filter((e) => e.event === 'bad_blob').at(-1)?.from, liar.node.peerId)
   })
 
+  it('a piece that does not match the hash list is blamed on its sender and fetched from another holder, keeping the pieces already held', async () => {
+    const [liar, fetcher, honest] = nodes
+    const real = randomBlob(2_500_000)
+    const corrupt = Buffer.from(real)
+    corrupt[(1 << 20) + 1234] ^= 0xff
+    const commitment = resultCommitment(real)
+    // The liar serves the right hash list and a wrong second piece.
+    liar.store.put(commitment, 7, corrupt, blockHashes(real))
+    honest.store.put(commitment, 7, real)
+    const a = signAnnouncement(liar.identity, {run_id: 'test-run', step: 7, client_id: liar.identity.id, batch_start: 0, batch_end: 1, commitment, size: real.length})
+    const before = {badPieces: fetcher.node.stats().badPieces, honestSent: honest.node.stats().bytesSent}
+    const bytes = await fetcher.node.fetchResult(a)
+    assert.deepEqual(Buffer.from(bytes), Buffer.from(real))
+    assert.equal(fetcher.node.stats().badPieces, before.badPieces + 1)
+    const blamed = fetcher.events.flatMap((e) => (e.event === 'bad_piece' && e.commitment === commitment ? [e] : []))
+    assert.deepEqual(
+      blamed.map((e) => e.from),
+      [liar.node.peerId],
+    )
+    assert.match(String(blamed[0].reason), /block 16 does not match/)
+    // The first piece (1 MiB) came from the liar and checked; the honest holder sent only the rest.
+    const fetched = fetcher.events.flatMap((e) => (e.event === 'result_fetched' && e.step === 7 ? [e] : [])).at(-1)
+    assert.deepEqual(fetched?.pieces, {[liar.node.peerId]: 1, [honest.node.peerId]: 2})
+    assert.equal(honest.node.stats().bytesSent - before.honestSent, real.length - (1 << 20))
+  })
+
+  it('a holder ends a piece session that asks a block twice or a run of blocks past the result', async () => {
+    const [holderNode, asker] = nodes
+    const blob = randomBlob(300_000)
+    const commitment = resultCommitment(blob)
+    holderNode.store.put(commitment, 8, blob)
+    const session = async (requests: Uint8Array[]) => {
+      const stream = await asker.node.libp2p.dialProtocol(peerIdOfClient(holderNode.identity.id), RESULT_PROTOCOL)
+      const lp = lpStream(stream)
+      await lp.write(Buffer.from(JSON.stringify({run_id: 'test-run', commitment, pieces: true, list: true})))
+      const header = JSON.parse(Buffer.from((await lp.read()).subarray()).toString('utf8'))
+      assert.deepEqual(header, {status: 'ok', size: blob.length})
+      assert.deepEqual(Buffer.from((await lp.read()).subarray()), Buffer.from(blockHashes(blob)))
+      for (const r of requests) await lp.write(r)
+      const got: number[] = []
+      try {
+        for (;;) got.push((await lp.read()).byteLength)
+      } catch {
+        // the holder ended the session
+      }
+      stream.abort(new Error('done'))
+      return got
+    }
+    const failures = () => holderNode.events.flatMap((e) => (e.event === 'serve_failed' ? [String(e.reason)] : []))
+    // Block 0 is served once; asked again, the session ends.
+    assert.deepEqual(await session([encodePieceRequest(0, 1), encodePieceRequest(0, 1)]), [65_536])
+    await waitFor(() => failures().some((r) => /block 0 asked twice/.test(r)), 5_000, 'the repeated block refused')
+    assert.deepEqual(await session([encodePieceRequest(4, 2)]), [])
+    await waitFor(() => failures().some((r) => /blocks 4\.\.5 of a result of 5 blocks/.test(r)), 5_000, 'the run past the end refused')
+  })
+
   it('reports a sender whose declared size differs from the announcement', async () => {
     const [liar, fetcher] = nodes
     const real = randomBlob(1000)
-    const commitment = sha256Hex(real)
+    const commitment = resultCommitment(real)
     liar.store.put(commitment, 6, randomBlob(5000))
     const a = signAnnouncement(liar.identity, {run_id: 'test-run', step: 6, client_id: liar.identity.id, batch_start: 0, batch_end: 1, commitment, size: real.length})
     const before = fetcher.node.stats().badBlobs
@@ -143,7 +202,7 @@ describe('p2p: a peer telling us of results it holds fills its own share of what
     const [a, stranger, honest] = nodes
     const tell = async (from: TestNode, step: number, count: number) => {
       const stream = await from.node.libp2p.dialProtocol(peerIdOfClient(a.identity.id), HAVE_PROTOCOL)
-      const commitments = Array.from({length: count}, () => sha256Hex(randomBlob(32)))
+      const commitments = Array.from({length: count}, () => resultCommitment(randomBlob(32)))
       await lpStream(stream).write(encodeHave(step, commitments))
       await stream.close().catch(() => {})
     }

@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict'
 import {after, before, describe, it} from 'node:test'
-import {P2PNode, peerIdOfClient, sha256Hex, type ResultAnnouncement} from '../../src/core/p2p/index.js'
+import {P2PNode, peerIdOfClient, resultCommitment, type ResultAnnouncement} from '../../src/core/p2p/index.js'
 import {ANNOUNCE_PROTOCOL} from '../../src/core/p2p/result-exchange.js'
 import {identityFromSeed} from '../../src/core/protocol/identity.js'
 import {waitFor} from '../helpers.js'
@@ -28,7 +28,7 @@ describe('p2p: result gossip and blob transfer between three real libp2p nodes',
     published = await Promise.all(nodes.map((n, i) => n.node.publishResult(7, i * 4, i * 4 + 4, blobs[i])))
     published.forEach((a, i) => {
       assert.equal(a.client_id, nodes[i].identity.id)
-      assert.equal(a.commitment, sha256Hex(blobs[i]))
+      assert.equal(a.commitment, resultCommitment(blobs[i]))
       assert.equal(a.size, blobs[i].length)
     })
     await waitFor(() => received.every((r) => r.length >= 2), 10_000, 'announcements to arrive')
@@ -55,6 +55,23 @@ describe('p2p: result gossip and blob transfer between three real libp2p nodes',
     assert.equal(sent, got)
     for (const n of nodes) assert.equal(n.node.stats().peers, 2)
     for (const n of nodes) assert.equal(n.node.stats().badBlobs, 0)
+    // The 200 kB result (under --swarm-min-bytes) came in one request; the 1.7 MB and 3.2 MB ones in 1 MiB pieces,
+    // each checked on arrival: 2 and 4 of them per fetcher.
+    for (const [i, n] of nodes.entries()) {
+      const pieces = new Map(n.events.flatMap((e) => (e.event === 'result_fetched' && e.step === 7 ? [[e.client_id, e.pieces] as const] : [])))
+      for (const [j, m] of nodes.entries()) {
+        if (j === i) continue
+        const got = pieces.get(m.identity.id)
+        assert.equal(got === undefined ? undefined : Object.values(got).reduce((a, b) => a + b, 0), [undefined, 2, 4][j])
+      }
+      assert.equal(n.node.stats().piecesFetched, [6, 4, 2][i])
+      assert.equal(n.node.stats().badPieces, 0)
+      // A piece session the fetcher closed once it had what it wanted is no failure of the holder's.
+      assert.deepEqual(
+        n.events.filter((e) => e.event === 'serve_failed'),
+        [],
+      )
+    }
     // The wire counters (wireMetrics) see every result byte on its protocol's streams, and more on the connections.
     for (const [i, n] of nodes.entries()) {
       const wire = n.node.wireCounts()!
@@ -114,7 +131,7 @@ describe('p2p: result gossip and blob transfer between three real libp2p nodes',
     await nodes[0].node.stop()
     // got[0] may be an earlier announcement the joiner had through gossip: fetch the re-announced one.
     const bytes = await joiner.node.fetchResult(got.find((a) => a.signature === published[0].signature)!)
-    assert.equal(sha256Hex(bytes), published[0].commitment)
+    assert.equal(resultCommitment(bytes), published[0].commitment)
     // The producer, gone and not connected, is not dialled while connected peers may hold it (PRODUCER_DIAL_GRACE_MS).
     assert.ok(!joiner.events.some((e) => e.event === 'fetch_failed' && e.from === nodes[0].node.peerId), 'the gone producer was not dialled')
     assert.equal(nodes[1].node.stats().bytesSent + nodes[2].node.stats().bytesSent - sentBefore, published[0].size)

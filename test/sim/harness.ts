@@ -22,6 +22,7 @@ import {emptyLedger, observeTransition, recordScores, rewardRows, scoreToFixed, 
 import type {DataProvider} from '../../src/core/data/provider.js'
 import type {ModelSnapshot, ResultAnnouncement} from '../../src/core/p2p/index.js'
 import {sha256Hex, signAnnouncement} from '../../src/core/primitives/announcement.js'
+import {resultCommitment} from '../../src/core/primitives/pieces.js'
 import {generateIdentity, type Identity} from '../../src/core/protocol/identity.js'
 import type {EquivocationProof} from '../../src/core/coordinator/equivocation.js'
 import type {ResultFormat} from '../../src/core/verify/result.js'
@@ -392,7 +393,7 @@ export class MemoryP2P implements ClientP2P {
       client_id: this.id,
       batch_start: batchStart,
       batch_end: batchEnd,
-      commitment: sha256Hex(blob),
+      commitment: resultCommitment(blob),
       size: blob.length,
     })
     this.results.set(a.commitment, {step, bytes: blob})
@@ -420,7 +421,7 @@ export class MemoryP2P implements ClientP2P {
     const holders = [a.client_id, ...this.connected].filter((p) => p !== this.id && this.net.reachable(this.id, p))
     for (const holder of holders) {
       const bytes = this.net.nodes.get(holder)!.results.get(a.commitment)?.bytes
-      if (!bytes || sha256Hex(bytes) !== a.commitment) continue
+      if (!bytes || resultCommitment(bytes) !== a.commitment) continue
       this.results.set(a.commitment, {step: a.step, bytes})
       this.fetchedByStep.set(a.step, (this.fetchedByStep.get(a.step) ?? 0) + 1)
       this.bytesReceived += bytes.length

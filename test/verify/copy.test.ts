@@ -1,6 +1,7 @@
 import assert from 'node:assert/strict'
 import {test} from 'node:test'
-import {sha256Hex, signAnnouncement} from '../../src/core/primitives/announcement.js'
+import {signAnnouncement} from '../../src/core/primitives/announcement.js'
+import {resultCommitment} from '../../src/core/primitives/pieces.js'
 import {identityFromSeed} from '../../src/core/protocol/identity.js'
 import {COPY_OVERLAP_THRESHOLD, indexOverlap, indexSample, nearCopies, sampleStride, OVERLAP_SAMPLE_CHUNKS} from '../../src/core/verify/copy.js'
 import {ResultIntake} from '../../src/core/verify/intake.js'
@@ -94,7 +95,7 @@ test('intake: a re-signed copy with other bytes is caught by index overlap, nami
   const bob = identityFromSeed(Buffer.alloc(32, 2))
   const carol = identityFromSeed(Buffer.alloc(32, 3))
   const announce = (who: typeof alice, step: number, bytes: Uint8Array) =>
-    signAnnouncement(who, {run_id: 'r', step, client_id: who.id, batch_start: 0, batch_end: 1, commitment: sha256Hex(bytes), size: bytes.length})
+    signAnnouncement(who, {run_id: 'r', step, client_id: who.id, batch_start: 0, batch_end: 1, commitment: resultCommitment(bytes), size: bytes.length})
   const intake = new ResultIntake(format)
   const a = encode(A)
   assert.equal(intake.bytes(announce(alice, 1, a), a), undefined)

@@ -1,6 +1,7 @@
 import assert from 'node:assert/strict'
 import {test} from 'node:test'
-import {signAnnouncement, sha256Hex} from '../../src/core/primitives/announcement.js'
+import {signAnnouncement} from '../../src/core/primitives/announcement.js'
+import {resultCommitment} from '../../src/core/primitives/pieces.js'
 import {identityFromSeed} from '../../src/core/protocol/identity.js'
 import {checkEquivocation} from '../../src/core/coordinator/equivocation.js'
 import {FORMAT_INVALID, ResultIntake} from '../../src/core/verify/intake.js'
@@ -26,7 +27,7 @@ const alice = identityFromSeed(Buffer.alloc(32, 1))
 const bob = identityFromSeed(Buffer.alloc(32, 2))
 
 function announce(who: typeof alice, step: number, bytes: Uint8Array) {
-  return signAnnouncement(who, {run_id: 'r', step, client_id: who.id, batch_start: 0, batch_end: 1, commitment: sha256Hex(bytes), size: bytes.length})
+  return signAnnouncement(who, {run_id: 'r', step, client_id: who.id, batch_start: 0, batch_end: 1, commitment: resultCommitment(bytes), size: bytes.length})
 }
 
 test('the hand-built result is valid and the size is what resultSize says', () => {

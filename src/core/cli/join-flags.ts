@@ -9,6 +9,7 @@ import {listenAddrsForPort, parseMultiaddrs} from '../p2p/addresses.js'
 import {DEFAULT_MODEL_SERVE_LIMITS} from '../p2p/index.js'
 import {DEFAULT_MAX_PEER_CONNECTIONS} from '../p2p/overlay.js'
 import {DEFAULT_SERVING_LIMITS} from '../p2p/result-exchange.js'
+import {BLOCK_BYTES, MAX_PIECE_BYTES} from '../primitives/pieces.js'
 import type {Progress} from './progress.js'
 import {parseAddress} from './solana-flags.js'
 import {webrtcFlags, webrtcOptionsFromFlags} from './webrtc-flags.js'
@@ -67,6 +68,12 @@ export const joinFlags = {
     summary: 'results smaller than this are served to every peer that asks (no --max-serves-per-result, no have messages in a full mesh)',
     default: DEFAULT_SERVING_LIMITS.swarmMinBytes,
     min: 0,
+  }),
+  'piece-bytes': Flags.integer({
+    summary: `results of --swarm-min-bytes or more are fetched in pieces of this many bytes from several holders at once, each checked on arrival (a multiple of ${BLOCK_BYTES}, at most ${MAX_PIECE_BYTES})`,
+    default: DEFAULT_SERVING_LIMITS.pieceBytes,
+    min: BLOCK_BYTES,
+    max: MAX_PIECE_BYTES,
   }),
   'max-haves-per-peer': Flags.integer({
     summary: 'results one peer may tell us it holds that we remember (have messages), until their round is dropped; past it they are ignored',
@@ -194,6 +201,7 @@ export function joinSetup(flags: JoinFlags, plan: TrainPlan, log: ClientSetup['l
         maxConcurrentServes: flags['max-concurrent-serves'],
         swarmMinBytes: flags['swarm-min-bytes'],
         maxHavesPerPeer: flags['max-haves-per-peer'],
+        pieceBytes: flags['piece-bytes'],
       },
       ...webrtcOptionsFromFlags(flags),
       modelServeLimits: {

@@ -2,7 +2,8 @@
 export {P2PNode, peerIdOfClient, RESULT_PROTOCOL, ResultStore} from './node.js'
 export type {P2PNodeOptions} from './node.js'
 
-export {signAnnouncement, sha256Hex} from '../primitives/announcement.js'
+export {signAnnouncement} from '../primitives/announcement.js'
+export {resultCommitment} from '../primitives/pieces.js'
 export type {ResultAnnouncement, SigningIdentity} from '../primitives/announcement.js'
 export {validateModelHeader, manifestRoot, parseManifest, parseTensorRequest, signManifest} from './model.js'
 export type {ModelSnapshot, ModelManifest} from './model.js'

@@ -139,6 +139,9 @@ interface P2PStats {
   servesRefused: number
   /** Holdings peers told us of that we did not keep (join --max-haves-per-peer and the table's bounds). */
   havesIgnored: number
+  /** Pieces of swarmed results fetched, and pieces that did not match their hash (each blamed on its sender). */
+  piecesFetched: number
+  badPieces: number
   maxUploadsOfOwnResult: number
   idleClosed: number
   downloadsInFlight: number
@@ -449,6 +452,8 @@ export class P2PNode {
       badBlobs: results.badBlobs,
       servesRefused: results.servesRefused,
       havesIgnored: results.havesIgnored,
+      piecesFetched: results.piecesFetched,
+      badPieces: results.badPieces,
       maxUploadsOfOwnResult: results.maxUploadsOfOwnResult(),
       idleClosed: this.libp2p.services.dialer.idleClosed,
       downloadsInFlight: results.downloads.active,

@@ -3,16 +3,10 @@ import type {Connection, PeerId, Startable, Stream} from '@libp2p/interface'
 import {peerIdFromString} from '@libp2p/peer-id'
 import type {Registrar} from '@libp2p/interface-internal'
 import {errorMessage, PsycheError} from '../errors.js'
-import {
-  encodeAnnouncement,
-  MAX_ANNOUNCEMENT_BYTES,
-  parseAnnouncement,
-  sha256Hex,
-  signAnnouncement,
-  type ResultAnnouncement,
-  type SigningIdentity,
-} from '../primitives/announcement.js'
+import {encodeAnnouncement, MAX_ANNOUNCEMENT_BYTES, parseAnnouncement, signAnnouncement, type ResultAnnouncement, type SigningIdentity} from '../primitives/announcement.js'
 import type {PeerDialer} from './dialer.js'
+import {BLOCK_BYTES, blockHashes, DEFAULT_PIECE_BYTES, MAX_PIECE_BYTES, resultCommitment, validPieceBytes} from '../primitives/pieces.js'
+import {BadSourceError, blockListBytes, MAX_SOURCES_PER_FETCH, PIECES_IN_FLIGHT_PER_PEER, PieceDownload, servePieces, WirePieceSession, type PieceSource} from './piece-fetch.js'
 import {CHUNK_BYTES, framed, OverrunError, readChunksInto, readJsonObject, writeChunks, writeJson} from './framing.js'
 import {isCircuit} from './addresses.js'
 import {encodeHave, HAVE_PROTOCOL, havePrefix, MAX_HAVE_MESSAGE_BYTES, MAX_HAVES_PER_MESSAGE, parseHave} from './have.js'
@@ -35,7 +29,14 @@ export const DEFAULT_DOWNLOAD_TIMEOUT_MS = 60_000
  * asks (swarming it would cost more in messages and retries than it saves in uplink); at most this many transfers to
  * one peer at once, and in all. A request past them is answered 'busy' and asked elsewhere or again.
  */
-export const DEFAULT_SERVING_LIMITS: ServingLimits = {maxServesPerResult: 4, maxServesPerPeer: 2, maxConcurrentServes: 16, swarmMinBytes: 256 * 1024, maxHavesPerPeer: 4096}
+export const DEFAULT_SERVING_LIMITS: ServingLimits = {
+  maxServesPerResult: 4,
+  maxServesPerPeer: 2,
+  maxConcurrentServes: 16,
+  swarmMinBytes: 256 * 1024,
+  maxHavesPerPeer: 4096,
+  pieceBytes: DEFAULT_PIECE_BYTES,
+}
 /** Holders told us nothing yet, or were busy: asked again after this long (until downloadTimeoutMs has passed). */
 const SWARM_RETRY_MS = 250
 /**
@@ -69,6 +70,11 @@ export interface ServingLimits {
    * announcing made-up results, or results of a far-future step, fills its own share, not the whole table.
    */
   maxHavesPerPeer: number
+  /**
+   * Results of swarmMinBytes or more are fetched in pieces of this many bytes (join --piece-bytes; whole blocks of the
+   * hash list, primitives/pieces.ts) from several holders at once (piece-fetch.ts).
+   */
+  pieceBytes: number
 }
 
 /** Requests and response headers are small JSON; anything bigger is refused before parsing. */
@@ -90,7 +96,7 @@ function resultsTopic(runId: string): string {
  * test can give a node one that holds bytes of its choosing (a dishonest peer).
  */
 export class ResultStore {
-  private readonly results = new Map<string, {step: number; bytes: Uint8Array}>()
+  private readonly results = new Map<string, {step: number; bytes: Uint8Array; hashes?: Uint8Array}>()
 
   get(commitment: string): Uint8Array | undefined {
     return this.results.get(commitment)?.bytes
@@ -100,8 +106,17 @@ export class ResultStore {
     return this.results.has(commitment)
   }
 
-  put(commitment: string, step: number, bytes: Uint8Array): void {
-    this.results.set(commitment, {step, bytes})
+  /** `hashes`: its hash list (primitives/pieces.ts), when known. */
+  put(commitment: string, step: number, bytes: Uint8Array, hashes?: Uint8Array): void {
+    this.results.set(commitment, {step, bytes, hashes})
+  }
+
+  /** A stored result's hash list (computed once, when first asked for). */
+  hashList(commitment: string): Uint8Array | undefined {
+    const stored = this.results.get(commitment)
+    if (stored === undefined) return undefined
+    stored.hashes ??= blockHashes(stored.bytes)
+    return stored.hashes
   }
 
   /** Forgets results of steps before `step`. */
@@ -175,6 +190,9 @@ export class ResultExchange implements Startable {
   servesRefused = 0
   badHaves = 0
   havesIgnored = 0
+  /** Pieces fetched (swarmed results, piece-fetch.ts), and pieces that did not match their hash (blamed on their sender). */
+  piecesFetched = 0
+  badPieces = 0
 
   constructor(
     private readonly components: ResultExchangeComponents,
@@ -185,6 +203,8 @@ export class ResultExchange implements Startable {
     this.log = init.log
     this.downloads = new Semaphore(Math.max(1, init.maxConcurrentDownloads))
     this.serving = {...DEFAULT_SERVING_LIMITS, ...init.serving}
+    if (!validPieceBytes(this.serving.pieceBytes))
+      throw new PsycheError(`piece size ${this.serving.pieceBytes} is not a multiple of ${BLOCK_BYTES} bytes up to ${MAX_PIECE_BYTES} (--piece-bytes)`)
   }
 
   async start(): Promise<void> {
@@ -233,7 +253,7 @@ export class ResultExchange implements Startable {
       client_id: this.init.identity.id,
       batch_start: batchStart,
       batch_end: batchEnd,
-      commitment: sha256Hex(blob),
+      commitment: resultCommitment(blob),
       size: blob.length,
     })
     this.results.put(announcement.commitment, step, blob)
@@ -583,6 +603,8 @@ export class ResultExchange implements Startable {
     const swarmed = a.size >= this.serving.swarmMinBytes
     let softUntil = Date.now() + this.init.downloadTimeoutMs
     const started = Date.now()
+    /** A swarmed result's pieces so far (kept across passes: a failed download resumes). */
+    let download: PieceDownload | undefined
     for (;;) {
       // The pauses hold no download slot.
       await this.downloads.acquire()
@@ -620,37 +642,74 @@ export class ResultExchange implements Startable {
           seen.add(id)
           return true
         })
-        for (const holder of holders) {
-          if (this.stopped) throw new PsycheError('p2p node stopped')
-          try {
-            const bytes = await this.downloadFrom(holder, a)
-            const hash = sha256Hex(bytes)
-            if (hash !== a.commitment) {
-              this.badBlobs++
-              bad.add(holder.toString())
-              this.log({event: 'bad_blob', from: holder.toString(), client_id: a.client_id, commitment: a.commitment, reason: `bytes hash to ${hash}, not the commitment`})
-              failures.set(holder.toString(), 'bytes do not match the commitment')
-              continue
+        /** A holder that could not serve it: noted, and blamed when it was its fault. */
+        const failed = (holder: string, error: unknown) => {
+          const reason = dialErrorMessage(error)
+          failures.set(holder, reason)
+          if (error instanceof NotThereError && error.busy) spreading = true
+          // Expected while the result spreads (its holders busy, or told holders not holding it yet), and asked
+          // again: not logged. A producer without its own result is, and so is every peer asked once it failed.
+          if (error instanceof NotThereError && (error.busy || (!everyone && holder !== producer.toString()))) return
+          if (error instanceof BadSenderError || error instanceof BadSourceError) {
+            this.badBlobs++
+            bad.add(holder)
+            this.log({event: 'bad_blob', from: holder, client_id: a.client_id, commitment: a.commitment, reason})
+          } else {
+            this.log({event: 'fetch_failed', from: holder, client_id: a.client_id, commitment: a.commitment, step: a.step, pass, reason})
+          }
+        }
+        const got = (bytes: Uint8Array, from: string, hashes?: Uint8Array, pieces?: Record<string, number>) => {
+          this.results.put(a.commitment, a.step, bytes, hashes)
+          this.queueHave(a.step, a.commitment, producer.toString(), a.size)
+          // Who uploaded each result (bench/utilization.bench.ts counts a producer's uploads per result from it):
+          // `from` sent the most of it; `pieces`, when fetched in pieces, how many each holder sent.
+          this.log({event: 'result_fetched', from, client_id: a.client_id, step: a.step, bytes: bytes.length, ...(pieces ? {pieces} : {})})
+          if (pass > 0) this.log({event: 'fetch_retried', from, client_id: a.client_id, step: a.step, pass})
+          return bytes
+        }
+        if (swarmed && holders.length > 0 && !this.stopped) {
+          // In pieces, from up to MAX_SOURCES_PER_FETCH holders at once, in this order; what arrived is kept for the
+          // next pass. The peers that told us they hold it are asked first, alone: the producer and the others only
+          // for what they could not give (a producer's uplink carries each result a bounded number of times).
+          download ??= new PieceDownload(a.size, a.commitment, this.serving.pieceBytes)
+          const toldIds = new Set(told.map((p) => p.toString()))
+          const first = holders.filter((h) => toldIds.has(h.toString()))
+          const rest = holders.filter((h) => !toldIds.has(h.toString()))
+          for (const tier of [first, rest]) {
+            if (tier.length === 0 || download.complete() || this.stopped) continue
+            const badBefore = download.badPieces
+            const outcomes = await download.run(
+              tier.map((h) => this.pieceSource(h, a)),
+              {maxSources: MAX_SOURCES_PER_FETCH, perSource: PIECES_IN_FLIGHT_PER_PEER, stopped: () => this.stopped},
+            )
+            this.badPieces += download.badPieces - badBefore
+            for (const o of outcomes) {
+              if (o.pieces > 0) this.piecesFetched += o.pieces
+              if (o.bad !== undefined) this.log({event: 'bad_piece', from: o.id, client_id: a.client_id, commitment: a.commitment, reason: o.bad})
+              if (o.error !== undefined) failed(o.id, o.error)
             }
-            this.results.put(a.commitment, a.step, bytes)
-            this.queueHave(a.step, a.commitment, producer.toString(), a.size)
-            // Who uploaded each result (bench/utilization.bench.ts counts a producer's uploads per result from it).
-            this.log({event: 'result_fetched', from: holder.toString(), client_id: a.client_id, step: a.step, bytes: bytes.length})
-            if (pass > 0) this.log({event: 'fetch_retried', from: holder.toString(), client_id: a.client_id, step: a.step, pass})
-            return bytes
-          } catch (error) {
-            const reason = dialErrorMessage(error)
-            failures.set(holder.toString(), reason)
-            if (error instanceof NotThereError && error.busy) spreading = true
-            // Expected while the result spreads (its holders busy, or told holders not holding it yet), and asked
-            // again: not logged. A producer without its own result is, and so is every peer asked once it failed.
-            if (error instanceof NotThereError && (error.busy || (!everyone && !holder.equals(producer)))) continue
-            if (error instanceof BadSenderError) {
-              this.badBlobs++
-              bad.add(holder.toString())
-              this.log({event: 'bad_blob', from: holder.toString(), client_id: a.client_id, commitment: a.commitment, reason})
-            } else {
-              this.log({event: 'fetch_failed', from: holder.toString(), client_id: a.client_id, commitment: a.commitment, step: a.step, pass, reason})
+          }
+          if (download.complete() && download.list) {
+            const pieces = Object.fromEntries(download.piecesFrom)
+            const from = [...download.piecesFrom].sort((x, y) => y[1] - x[1])[0]?.[0] ?? ''
+            return got(download.bytes, from, download.list.hashes, pieces)
+          }
+        } else {
+          for (const holder of holders) {
+            if (this.stopped) throw new PsycheError('p2p node stopped')
+            try {
+              const bytes = await this.downloadFrom(holder, a)
+              const hash = resultCommitment(bytes)
+              if (hash !== a.commitment) {
+                this.badBlobs++
+                bad.add(holder.toString())
+                this.log({event: 'bad_blob', from: holder.toString(), client_id: a.client_id, commitment: a.commitment, reason: `bytes hash to ${hash}, not the commitment`})
+                failures.set(holder.toString(), 'bytes do not match the commitment')
+                continue
+              }
+              return got(bytes, holder.toString())
+            } catch (error) {
+              failed(holder.toString(), error)
             }
           }
         }
@@ -711,6 +770,38 @@ export class ResultExchange implements Startable {
     }
   }
 
+  /**
+   * A holder to fetch a result from in pieces (piece-fetch.ts): the request asks for a piece session, and for the
+   * hash list while we have none checked; the answer is the `ok` header with the result's size, then the list if asked.
+   */
+  private pieceSource(holder: PeerId, a: ResultAnnouncement): PieceSource {
+    return {
+      id: holder.toString(),
+      open: async (wantList) => {
+        const signal = deadline(this.init.downloadTimeoutMs)
+        const stream = await this.components.dialer.openStream(holder, RESULT_PROTOCOL, signal)
+        try {
+          const lp = framed(stream, Math.max(MAX_BLOB_HEADER_BYTES, CHUNK_BYTES, blockListBytes(a.size)))
+          await writeJson(lp, {run_id: this.runId, commitment: a.commitment, pieces: true, list: wantList}, {signal})
+          const header = await readJsonObject(lp, 'result response header', {signal})
+          if (header.status === 'not_found') throw new NotThereError('does not hold it', false)
+          if (header.status === 'busy') throw new NotThereError(`busy: ${String(header.reason ?? '').slice(0, 200)}`, true)
+          if (header.status !== 'ok') throw new Error(`refused: ${String(header.reason ?? header.status).slice(0, 200)}`)
+          if (header.size !== a.size) throw new BadSourceError(`declared ${String(header.size).slice(0, 20)} bytes, announcement says ${a.size}`)
+          const list = wantList ? (await lp.read({signal})).subarray() : undefined
+          const relayed = this.components.dialer.onlyRelayed(holder)
+          return new WirePieceSession(stream, lp, list, {
+            timeoutMs: this.init.downloadTimeoutMs,
+            onBytes: (n) => this.components.traffic.count(holder, 'in', n, relayed),
+          })
+        } catch (error) {
+          abortStream(stream, error)
+          throw error
+        }
+      },
+    }
+  }
+
   /** Why a transfer of this result to this peer is refused now (the serving bounds), or undefined. */
   private busyReason(peer: string, commitment: string, size: number): string | undefined {
     const own = this.own.get(commitment)
@@ -746,7 +837,25 @@ export class ResultExchange implements Startable {
           this.servingNow++
           try {
             await writeJson(lp, {status: 'ok', size: stored.length}, {signal})
-            await writeChunks(lp, stored, {signal})
+            if (request.pieces === true) {
+              // A piece session (piece-fetch.ts): the hash list if asked, then each piece asked for.
+              if (request.list === true) await lp.write(this.results.hashList(commitment)!, {signal})
+              const remote = connection.remotePeer
+              const relayed = isCircuit(connection.remoteAddr)
+              let sent = 0
+              await servePieces(lp, stream, stored, {
+                timeoutMs: this.init.downloadTimeoutMs,
+                onPiece: (n) => {
+                  sent += n
+                  this.components.traffic.count(remote, 'out', n, relayed)
+                },
+              })
+              // Its pieces all came from other holders: not counted against our result's bound.
+              if (first && sent === 0) own.servedTo.delete(peer)
+            } else {
+              await writeChunks(lp, stored, {signal})
+              this.components.traffic.count(connection.remotePeer, 'out', stored.length, isCircuit(connection.remoteAddr))
+            }
           } catch (error) {
             // Not carried: the peer may ask again, and it does not count against the result's bound.
             if (first) own.servedTo.delete(peer)
@@ -757,10 +866,10 @@ export class ResultExchange implements Startable {
             if (left > 0) this.servingTo.set(peer, left)
             else this.servingTo.delete(peer)
           }
-          this.components.traffic.count(connection.remotePeer, 'out', stored.length, isCircuit(connection.remoteAddr))
         }
       }
-      await stream.close({signal})
+      // A piece session outlasts the first deadline (each piece has its own): the close gets a fresh one.
+      await stream.close({signal: signal.aborted ? deadline(this.init.downloadTimeoutMs) : signal})
     } catch (error) {
       this.log({event: 'serve_failed', protocol: RESULT_PROTOCOL, to: connection.remotePeer.toString(), reason: errorMessage(error)})
       abortStream(stream, error)

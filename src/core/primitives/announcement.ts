@@ -12,7 +12,7 @@ export interface ResultAnnouncement {
   batch_start: number
   /** exclusive */
   batch_end: number
-  /** sha256 hex of the blob */
+  /** the blob's commitment, hex: primitives/pieces.ts resultCommitment (the root of its hash list) */
   commitment: string
   size: number
   /** hex ed25519 signature over announcementSigningBytes() */
