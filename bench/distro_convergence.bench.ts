@@ -12,6 +12,7 @@
 //                          it; 'peers$': not the one round late row). The others' rows are in bench/README.md
 //   BENCH_THREADS=N        the worker's threads (default 2)
 //   BENCH_ADAMW_LR=X       AdamW's base LR (default 3e-3, the best of a sweep)
+//   BENCH_ADAMW='{"betas": [0.9, 0.99]}'   merged into AdamW's settings (real config fields only)
 // SparseLoCo's settings are the template's; a sweep overrides them (real config fields only):
 //   BENCH_SPARSELOCO='{"outer_lr": 0.7, "inner_steps": 20, ...}'   merged into [model.LLM.optimizer.SparseLoCo]
 //   BENCH_SPARSELOCO_LR=X, BENCH_SPARSELOCO_WARMUP=N               the inner Cosine schedule's base_lr / warmup_steps
@@ -29,6 +30,7 @@ const BATCH = 16 // sequences per inner step (the templates' global batch)
 const PEERS = Number(process.env.BENCH_SPARSELOCO_PEERS ?? 4)
 const TRAIN_TAIL = 60 // inner steps the train loss is averaged over
 const overrides = JSON.parse(process.env.BENCH_SPARSELOCO ?? '{}') as Record<string, unknown>
+const adamwOverrides = JSON.parse(process.env.BENCH_ADAMW ?? '{}') as Record<string, unknown>
 const envNumber = (name: string): number | undefined => (process.env[name] === undefined ? undefined : Number(process.env[name]))
 
 type SparseLoCoTable = Extract<OptimizerConfig, {SparseLoCo: unknown}>['SparseLoCo']
@@ -75,6 +77,7 @@ for (const v of variants.filter((x) => !only || new RegExp(only).test(x.name))) 
     plan.lrSchedule = cosine(plan, STEPS, envNumber('BENCH_SPARSELOCO_LR'), envNumber('BENCH_SPARSELOCO_WARMUP'))
   } else {
     plan.lrSchedule = cosine(plan, STEPS)
+    if ('AdamW' in plan.optimizer) plan = {...plan, optimizer: {AdamW: {...plan.optimizer.AdamW, ...adamwOverrides}}}
   }
   if (plan.totalBatch !== BATCH * h) throw new Error(`${v.name}: global batch ${plan.totalBatch}, expected ${BATCH * h}`)
   if (STEPS % h) throw new Error(`BENCH_STEPS=${STEPS} is not a multiple of SparseLoCo's H = ${h}`)
