@@ -8,12 +8,15 @@
 // the wall times do.
 //
 //   BENCH_STEPS=N          inner steps per row (a multiple of the SparseLoCo H)
-//   BENCH_ONLY=WORD        only the rows whose name contains WORD (the others' rows are in bench/README.md)
+//   BENCH_ONLY=PATTERN     only the rows whose name matches PATTERN, a regular expression (a word: the rows that contain
+//                          it; 'peers$': not the one round late row). The others' rows are in bench/README.md
 //   BENCH_THREADS=N        the worker's threads (default 2)
 //   BENCH_ADAMW_LR=X       AdamW's base LR (default 3e-3, the best of a sweep)
+//   BENCH_ADAMW='{"betas": [0.9, 0.99]}'   merged into AdamW's settings (real config fields only)
 // SparseLoCo's settings are the template's; a sweep overrides them (real config fields only):
 //   BENCH_SPARSELOCO='{"outer_lr": 0.7, "inner_steps": 20, ...}'   merged into [model.LLM.optimizer.SparseLoCo]
 //   BENCH_SPARSELOCO_LR=X, BENCH_SPARSELOCO_WARMUP=N               the inner Cosine schedule's base_lr / warmup_steps
+//   BENCH_SPARSELOCO_PEERS=N                                       simulated clients (default 4, the issue's)
 import {readFileSync} from 'node:fs'
 import {join} from 'node:path'
 import type {LrSchedule, OptimizerConfig} from '../src/core/config/index.js'
@@ -24,8 +27,10 @@ import {projectRoot} from '../src/core/worker/python.js'
 const THREADS = Number(process.env.BENCH_THREADS ?? 2)
 const STEPS = Number(process.env.BENCH_STEPS ?? 1200)
 const BATCH = 16 // sequences per inner step (the templates' global batch)
+const PEERS = Number(process.env.BENCH_SPARSELOCO_PEERS ?? 4)
 const TRAIN_TAIL = 60 // inner steps the train loss is averaged over
 const overrides = JSON.parse(process.env.BENCH_SPARSELOCO ?? '{}') as Record<string, unknown>
+const adamwOverrides = JSON.parse(process.env.BENCH_ADAMW ?? '{}') as Record<string, unknown>
 const envNumber = (name: string): number | undefined => (process.env[name] === undefined ? undefined : Number(process.env[name]))
 
 type SparseLoCoTable = Extract<OptimizerConfig, {SparseLoCo: unknown}>['SparseLoCo']
@@ -52,14 +57,14 @@ const variants: Variant[] = [
   {name: 'AdamW, 1 node', flags: {optimizer: 'adamw', lr: envNumber('BENCH_ADAMW_LR') ?? 3e-3}},
   {name: 'DisTrO, 1 peer', flags: {optimizer: 'distro'}},
   {name: 'DisTrO, 4 simulated peers', flags: {optimizer: 'distro', simulatePeers: 4}},
-  {name: 'SparseLoCo, 4 simulated peers', flags: {template: 'tiny-sparseloco', simulatePeers: 4}, sparseloco: true},
+  {name: `SparseLoCo, ${PEERS} simulated peers`, flags: {template: 'tiny-sparseloco', simulatePeers: PEERS}, sparseloco: true},
   // the network path's one-round delay (each client's next inner steps start before the round's results are applied)
-  {name: 'SparseLoCo, 4 simulated peers, one round late', flags: {template: 'tiny-sparseloco', simulatePeers: 4, simulateDelay: true}, sparseloco: true},
+  {name: `SparseLoCo, ${PEERS} simulated peers, one round late`, flags: {template: 'tiny-sparseloco', simulatePeers: PEERS, simulateDelay: true}, sparseloco: true},
 ]
 const only = process.env.BENCH_ONLY
 
 const rows = []
-for (const v of variants.filter((x) => !only || x.name.includes(only))) {
+for (const v of variants.filter((x) => !only || new RegExp(only).test(x.name))) {
   let plan = await resolveTrainPlan({...v.flags, threads: THREADS, evalBatches: 32})
   let h = 1
   if (v.sparseloco) {
@@ -72,11 +77,12 @@ for (const v of variants.filter((x) => !only || x.name.includes(only))) {
     plan.lrSchedule = cosine(plan, STEPS, envNumber('BENCH_SPARSELOCO_LR'), envNumber('BENCH_SPARSELOCO_WARMUP'))
   } else {
     plan.lrSchedule = cosine(plan, STEPS)
+    if ('AdamW' in plan.optimizer) plan = {...plan, optimizer: {AdamW: {...plan.optimizer.AdamW, ...adamwOverrides}}}
   }
   if (plan.totalBatch !== BATCH * h) throw new Error(`${v.name}: global batch ${plan.totalBatch}, expected ${BATCH * h}`)
   if (STEPS % h) throw new Error(`BENCH_STEPS=${STEPS} is not a multiple of SparseLoCo's H = ${h}`)
   plan.steps = STEPS / h
-  const metricsPath = join(projectRoot, '.cache', 'bench', `convergence-${rows.length}.jsonl`)
+  const metricsPath = join(projectRoot, '.cache', 'bench', `convergence-${process.pid}-${rows.length}.jsonl`)
   const s = await runSingleNode(plan, {metricsPath})
   const losses = readFileSync(metricsPath, 'utf8')
     .trim()
