@@ -231,7 +231,7 @@ export type PsycheEvent =
   | {event: 'result_fetch_failed'; client_id: string; step: number; message: string}
   // core/p2p/result-exchange.ts
   /** from: the peer that sent the most of it; pieces: when fetched in pieces, how many each peer sent. */
-  | {event: 'result_fetched'; from: string; client_id: string; step: number; bytes: number; pieces?: Record<string, number>}
+  | {event: 'result_fetched'; from: string; client_id: string; step: number; bytes: number; pieces?: {peer_id: string; pieces: number}[]}
   | {event: 'result_rejected'; client_id: string; step: number; reason: string}
   | {event: 'results_excluded'; step: number; client_ids: string[]}
   | {event: 'resumed'; path: string; run_id: string; run_state: string; step: number; epoch: number; clients: number; pending: number}

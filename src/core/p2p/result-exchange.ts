@@ -662,8 +662,10 @@ export class ResultExchange implements Startable {
           this.results.put(a.commitment, a.step, bytes, hashes)
           this.queueHave(a.step, a.commitment, producer.toString(), a.size)
           // Who uploaded each result (bench/utilization.bench.ts counts a producer's uploads per result from it):
-          // `from` sent the most of it; `pieces`, when fetched in pieces, how many each holder sent.
-          this.log({event: 'result_fetched', from, client_id: a.client_id, step: a.step, bytes: bytes.length, ...(pieces ? {pieces} : {})})
+          // `from` sent the most of it; `pieces`, when fetched in pieces, how many each holder sent (a list: peer ids are
+          // values, never keys, so --json keys stay snake_case).
+          const perPeer = pieces && Object.entries(pieces).map(([peer_id, n]) => ({peer_id, pieces: n}))
+          this.log({event: 'result_fetched', from, client_id: a.client_id, step: a.step, bytes: bytes.length, ...(perPeer ? {pieces: perPeer} : {})})
           if (pass > 0) this.log({event: 'fetch_retried', from, client_id: a.client_id, step: a.step, pass})
           return bytes
         }
