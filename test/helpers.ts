@@ -98,3 +98,16 @@ export const tinyModelConfig = {
   max_position_embeddings: 64,
   tie_word_embeddings: false,
 }
+
+/** xorshift32: a seeded generator, so a failing fuzz case can be reproduced from its seed (FUZZ_SEED). */
+export function seededRng(seed: number): () => number {
+  let x = seed >>> 0 || 1
+  return () => {
+    x ^= x << 13
+    x >>>= 0
+    x ^= x >>> 17
+    x ^= x << 5
+    x >>>= 0
+    return x
+  }
+}

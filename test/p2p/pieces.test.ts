@@ -14,6 +14,7 @@ import {
   resultCommitment,
   validPieceBytes,
 } from '../../src/core/primitives/pieces.js'
+import {seededRng} from '../helpers.js'
 
 const PIECE = 2 * BLOCK_BYTES
 /** 11.5 blocks: 6 pieces of 2 blocks, the last one short. */
@@ -195,22 +196,9 @@ describe('piece scheduler (p2p/piece-fetch.ts)', () => {
   })
 })
 
-/** xorshift32: a seeded generator, so a failing fuzz case can be reproduced from its seed. */
-function rng(seed: number): () => number {
-  let x = seed >>> 0 || 1
-  return () => {
-    x ^= x << 13
-    x >>>= 0
-    x ^= x >>> 17
-    x ^= x << 5
-    x >>>= 0
-    return x
-  }
-}
-
 it('fuzz: random and mutated hash lists and piece requests never throw, and only valid ones are accepted', () => {
   const seed = Number(process.env.FUZZ_SEED ?? Date.now() % 0xffffffff)
-  const next = rng(seed)
+  const next = seededRng(seed)
   const blob = randomBytes(SIZE)
   const commitment = resultCommitment(blob)
   const hashes = Buffer.from(blockHashes(blob))

@@ -10,21 +10,8 @@ import {decodeBindingRequest, decodeBindingSuccess, encodeBindingSuccess, MAX_ST
 import {parseStunServer, WEBRTC_PROTOCOL} from '../../src/core/p2p/webrtc.js'
 import {dataChannelConnection} from '../../src/core/p2p/webrtc-channel.js'
 import {checkSdp, decodeSignal, encodeSignal, MAX_SIGNAL_FRAME_BYTES, parseCandidate, usableCandidate, type IceCandidate} from '../../src/core/p2p/webrtc-signal.js'
-import {waitFor} from '../helpers.js'
+import {waitFor, seededRng} from '../helpers.js'
 import {randomBlob, startNodes, stopAll, testIdentity, type TestNode} from './helpers.js'
-
-/** xorshift32: a seeded generator, so a failing fuzz case can be reproduced from its seed (FUZZ_SEED). */
-function rng(seed: number): () => number {
-  let x = seed >>> 0 || 1
-  return () => {
-    x ^= x << 13
-    x >>>= 0
-    x ^= x >>> 17
-    x ^= x << 5
-    x >>>= 0
-    return x
-  }
-}
 
 /** A STUN Binding request as ICE agents send it, optionally with a FINGERPRINT. */
 function bindingRequest(transactionId: Buffer, fingerprint: boolean): Buffer {
@@ -92,7 +79,7 @@ describe('STUN (stun.ts): the Binding method, answered with the address a datagr
 
   it('fuzz: random and mutated datagrams never throw, and what is answered is a Binding request', () => {
     const seed = Number(process.env.FUZZ_SEED ?? Date.now() % 0xffffffff)
-    const next = rng(seed)
+    const next = seededRng(seed)
     const valid = [bindingRequest(txid, false), bindingRequest(txid, true)]
     let answered = 0
     for (let i = 0; i < 20_000; i++) {
@@ -281,7 +268,7 @@ describe('WebRTC signalling (webrtc-signal.ts): what a peer sends is checked bef
 
   it('fuzz: random and mutated signalling frames never throw anything but an Error, and what is taken is well-formed', () => {
     const seed = Number(process.env.FUZZ_SEED ?? Date.now() % 0xffffffff)
-    const next = rng(seed)
+    const next = seededRng(seed)
     const pick = <T>(xs: readonly T[]): T => xs[next() % xs.length]
     const valid = [
       {type: 'offer', sdp: stripCandidates(session.offer)},

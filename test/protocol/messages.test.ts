@@ -16,6 +16,7 @@ import {
   type DecodeReason,
   type Identity,
 } from '../../src/core/protocol/index.js'
+import {seededRng} from '../helpers.js'
 
 const alice = identityFromSeed(Buffer.alloc(32, 1))
 const server = identityFromSeed(Buffer.alloc(32, 2))
@@ -273,22 +274,9 @@ test('FrameReader: frames split at every byte boundary come out whole; oversized
   assert.equal(new FrameReader().maxFrameBytes, DEFAULT_MAX_FRAME_BYTES)
 })
 
-/** xorshift32: a seeded generator, so a failing fuzz case can be reproduced from its seed. */
-function rng(seed: number): () => number {
-  let x = seed >>> 0 || 1
-  return () => {
-    x ^= x << 13
-    x >>>= 0
-    x ^= x >>> 17
-    x ^= x << 5
-    x >>>= 0
-    return x
-  }
-}
-
 test('fuzz: random and mutated frames through FrameReader and both decoders never throw, and each is accepted or refused with a reason', () => {
   const seed = Number(process.env.FUZZ_SEED ?? Date.now() % 0xffffffff)
-  const next = rng(seed)
+  const next = seededRng(seed)
   const pick = <T>(xs: readonly T[]): T => xs[next() % xs.length]
   const randomBytes = (n: number) => Buffer.from(Array.from({length: n}, () => next() & 0xff))
   const bob = identityFromSeed(Buffer.alloc(32, 3))
