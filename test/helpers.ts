@@ -1,4 +1,5 @@
 import {mkdtempSync, readdirSync, readFileSync, rmSync} from 'node:fs'
+import {createServer} from 'node:net'
 import {tmpdir} from 'node:os'
 import {join} from 'node:path'
 import {execa, type ResultPromise} from 'execa'
@@ -109,5 +110,31 @@ export function seededRng(seed: number): () => number {
     x ^= x << 5
     x >>>= 0
     return x
+  }
+}
+
+/**
+ * A free TCP port on 127.0.0.1 below the kernel's ephemeral range, for a server that must come back on the same port.
+ * A port the kernel hands out (bind to 0) can be taken, once its server dies, by any connection or listener on the
+ * machine that asks for an ephemeral port: the restarted server then meets EADDRINUSE. Below the range, only a
+ * process that names the port can hold it, and the listen here checks that none does now.
+ */
+export async function freePort(): Promise<number> {
+  let low = 32768
+  try {
+    low = Number(readFileSync('/proc/sys/net/ipv4/ip_local_port_range', 'utf8').trim().split(/\s+/)[0]) || low
+  } catch {
+    // not Linux: the IANA range's start is the usual default
+  }
+  const span = Math.min(12_000, low - 1025)
+  for (let attempt = 0; ; attempt++) {
+    const port = low - 1 - Math.floor(Math.random() * span)
+    const free = await new Promise<boolean>((resolve) => {
+      const s = createServer()
+      s.once('error', () => resolve(false))
+      s.listen(port, '127.0.0.1', () => s.close(() => resolve(true)))
+    })
+    if (free) return port
+    if (attempt >= 50) throw new Error(`no free port found below ${low} in ${attempt + 1} tries`)
   }
 }

@@ -6,6 +6,7 @@ import {demoCorpusDir} from '../../src/core/corpus.js'
 import type {EventLine, RoundEvent} from '../../src/core/events.js'
 import {projectRoot, pythonEnv, workerPython} from '../../src/core/worker/python.js'
 import {cliPath} from '../helpers.js'
+export {freePort} from '../helpers.js'
 
 /** A small model for end-to-end runs: fast on one CPU thread, big enough that the loss visibly falls. */
 const e2eModelConfig = {
@@ -243,19 +244,6 @@ export class JsonProcess {
     await this.proc
     clearTimeout(timer)
   }
-}
-
-/** A free TCP port on 127.0.0.1 (for a server that must come back on the same port). */
-export async function freePort(): Promise<number> {
-  const {createServer} = await import('node:net')
-  return new Promise((resolve, reject) => {
-    const s = createServer()
-    s.once('error', reject)
-    s.listen(0, '127.0.0.1', () => {
-      const port = (s.address() as {port: number}).port
-      s.close(() => resolve(port))
-    })
-  })
 }
 
 /** `psyche server run` for a state.toml; resolves once it reports listening. */

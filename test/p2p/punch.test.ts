@@ -5,7 +5,7 @@ import {after, before, describe, it} from 'node:test'
 import {parsePunchAddr} from '../../src/core/p2p/punch.js'
 import {punchTcp} from '../../src/core/p2p/punch-socket.js'
 import {RelayNode} from '../../src/core/p2p/relay.js'
-import {waitFor} from '../helpers.js'
+import {freePort, waitFor} from '../helpers.js'
 import {randomBlob, startNodes, stopAll, testIdentity, type TestNode} from './helpers.js'
 
 describe('hole punching: the addresses a peer may give (pure)', () => {
@@ -53,7 +53,9 @@ describe('hole punching: the addresses a peer may give (pure)', () => {
 
 describe('hole punching: the dial window', () => {
   it('gives up after its window when nobody answers, with a bounded number of dials', async () => {
-    const [mine, theirs] = await Promise.all([0, 1].map(freePort))
+    const mine = await freePort()
+    let theirs = await freePort()
+    while (theirs === mine) theirs = await freePort()
     const started = Date.now()
     const r = await punchTcp('127.0.0.1', theirs, mine, {windowMs: 300, retryMs: 20})
     assert.equal(r.socket, undefined)
@@ -117,14 +119,3 @@ for (const quic of [false, true])
       assert.ok(a.node.stats().relayedReceived - relayedBefore >= blob.length, 'the result came through the relay')
     })
   })
-
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const server = net.createServer()
-    server.once('error', reject)
-    server.listen(0, '127.0.0.1', () => {
-      const port = (server.address() as net.AddressInfo).port
-      server.close(() => resolve(port))
-    })
-  })
-}
