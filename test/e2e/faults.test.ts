@@ -65,7 +65,10 @@ describe('end to end: faults', {timeout: 600_000}, () => {
     const loaded = restarted.events.find((e) => e.event === 'model_loaded')!
     // While it waited, it said so, with about how long (the epoch was under way, or already cooling down).
     const waiting = restarted.events.find((e) => e.event === 'waiting')
-    assert.ok(waiting && restarted.events.indexOf(waiting) < restarted.events.indexOf(loaded), 'a waiting event before the model loads')
+    assert.ok(
+      waiting && restarted.events.indexOf(waiting) < restarted.events.indexOf(loaded),
+      `a waiting event before the model loads; the restarted client's events: ${restarted.events.map((e) => e.event).join(' ')}`,
+    )
     assert.ok(['next_epoch', 'members'].includes(waiting.reason), JSON.stringify(waiting))
     assert.equal(loaded.source, 'peers')
     const boundary = loaded.step as number

@@ -209,7 +209,8 @@ export class ComposedClient {
     )
   }
 
+  /** From the first state on, not only once the worker is up: a slow worker start must not hide the wait. */
   private checkWaiting(): void {
-    if (this.client) this.waiting.check(this.current?.state, this.client.id, this.nowSeconds())
+    this.waiting.check(this.current?.state, this.identity.id, this.nowSeconds())
   }
 }
