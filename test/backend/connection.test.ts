@@ -1,6 +1,6 @@
 import type {EventLine} from '../../src/core/events.js'
 import assert from 'node:assert/strict'
-import {createServer, type Socket} from 'node:net'
+import {createConnection, createServer, type Socket} from 'node:net'
 import {test} from 'node:test'
 import {CoordinatorConnection} from '../../src/core/backend/index.js'
 import {createCoordinator, serializeState} from '../../src/core/coordinator/index.js'
@@ -83,6 +83,36 @@ test('a connection that never says hello is closed after the hello timeout, with
     await t.waitLog({event: 'rejected', code: 'hello_timeout', closed: true})
     await waitUntil(() => closed, 'the silent connection to close')
   } finally {
+    await t.server.stop()
+    dir.cleanup()
+  }
+})
+
+test('a client whose hello came too late (its process starved) connects again and joins: hello_timeout is a bound, not a refusal', async () => {
+  const dir = tempDir()
+  const t = await startTestServer(writeRunConfig(dir.path), {helloTimeoutMs: 100})
+  // A proxy that holds back the first connection's hello past the server's hello timeout.
+  let connections = 0
+  const proxy = createServer((inbound: Socket) => {
+    const first = ++connections === 1
+    const outbound = createConnection({host: '127.0.0.1', port: t.server.port})
+    outbound.on('error', () => inbound.destroy())
+    inbound.on('error', () => outbound.destroy())
+    outbound.pipe(inbound)
+    inbound.on('data', (chunk) => (first ? setTimeout(() => outbound.writable && outbound.write(chunk), 400) : outbound.write(chunk)))
+    inbound.on('close', () => outbound.destroy())
+    outbound.on('close', () => inbound.destroy())
+  })
+  const port = await new Promise<number>((r) => proxy.listen(0, '127.0.0.1', () => r((proxy.address() as {port: number}).port)))
+  const identity = generateIdentity()
+  try {
+    const conn = await CoordinatorConnection.connect({addr: `127.0.0.1:${port}`, runId: RUN_ID, identity, p2pAddrs: [], join: true, connectTimeoutMs: 5_000})
+    await t.waitLog({event: 'rejected', code: 'hello_timeout', closed: true})
+    assert.ok(connections >= 2, 'a second connection')
+    await waitUntil(() => conn.state?.pending.includes(identity.id) === true, 'the client to be waiting to join')
+    await conn.close()
+  } finally {
+    await new Promise((r) => proxy.close(r))
     await t.server.stop()
     dir.cleanup()
   }

@@ -72,8 +72,19 @@ export const LIMIT_FLAGS: Record<keyof ServerLimits, string> = {
   strikeBanSeconds: '--strike-ban-s',
 }
 
-/** Refusals of a server at one of its bounds: the client tries again later (they are not about who it is). */
-export const RETRYABLE_REFUSALS = ['too_many_connections', 'too_many_connections_from_address', 'too_many_handshakes', 'too_many_watchers', 'strike_banned'] as const
+/**
+ * Refusals of a server at one of its bounds: the client tries again later (they are not about who it is).
+ * `hello_timeout` too: a client whose hello came late (its process starved of CPU, as 256 clients on one machine
+ * are while they start) is no stranger, and a new connection's hello is usually in time.
+ */
+export const RETRYABLE_REFUSALS = [
+  'too_many_connections',
+  'too_many_connections_from_address',
+  'too_many_handshakes',
+  'too_many_watchers',
+  'strike_banned',
+  'hello_timeout',
+] as const
 export type RetryableRefusal = (typeof RETRYABLE_REFUSALS)[number]
 
 /** A token bucket: `take()` is true `burst` times at once, then at most `perSecond` times a second on average. */
