@@ -1,5 +1,5 @@
 import type {PeerDirectory, RejectionInfo} from '../backend/types.js'
-import {buildWitnessProof, wasEjected, type ClientId, type CoordinatorState} from '../coordinator/index.js'
+import {buildWitnessProof, EPOCH_PHASES, wasEjected, type ClientId, type CoordinatorState} from '../coordinator/index.js'
 import {errorMessage, PsycheError} from '../errors.js'
 import {WorkerCrashedError} from '../worker/client.js'
 import {Checkpointing} from './checkpointing.js'
@@ -22,6 +22,8 @@ export {DEFAULT_MAX_ROUNDS_WITHOUT_EXCHANGE} from './exchange-health.js'
 
 /** In Warmup, how long a loaded client waits to be connected to its peers before it reports ready anyway. */
 const WARMUP_CONNECT_WAIT_MS = 20_000
+/** How often the epoch's clients are dialled again while nothing changed (dials that failed are retried). */
+const CONNECT_RETRY_MS = 5_000
 
 /**
  * The client's I/O loop: follows the coordinator's state pushes, and dispatches what decide.ts says — work on
@@ -43,6 +45,8 @@ export class PsycheClient {
   /** The step whose Cooldown witness we sent (decide.ts messagesToSend). */
   private cooldownWitnessSent: number | null = null
   private knownTopicPeers = 0
+  /** What we last dialled from (connectPeers): the epoch's clients and the directory, and when. */
+  private lastConnect: {clients: CoordinatorState['epoch']['clients']; peers: PeerDirectory; at: number} | undefined
   private wake: (() => void) | undefined
   private lastJoinAttempt = Number.NEGATIVE_INFINITY
   /** The epoch record (its start_time) in which we found ourselves ejected (logged once per epoch). */
@@ -226,12 +230,32 @@ export class PsycheClient {
     for (const r of finalRounds(state)) this.ctx.ledger.at(r.step).finalRound = r
     this.startWitnessGrace(state)
     this.checkpointing.onState()
-    const addrs = Object.entries(peers)
-      .filter(([id]) => id !== this.id)
-      .flatMap(([, a]) => a)
-    void this.ctx.p2p.connect(addrs).then(() => this.reannounceIfNewPeers())
+    this.connectPeers(state, peers)
     this.flushMessages()
     this.poke()
+  }
+
+  /**
+   * Connects to the epoch's clients (p2p.connect: all of them in a small run, our overlay neighbours in a large one),
+   * during an epoch only. A joiner needs no peer before its epoch's Warmup, and while clients join (WaitingForMembers,
+   * up to 32 a second) every arrival would move the overlay under everyone: with 256 clients starting on one machine
+   * the dials and noise handshakes of that churn starved every process. Within an epoch the list is fixed. Dialled
+   * again when the epoch's clients or the directory change (the same objects otherwise: states share what did not
+   * change), and every CONNECT_RETRY_MS for the dials that failed: not on every state, which cost every client O(N)
+   * address parsing per state.
+   */
+  private connectPeers(state: CoordinatorState, peers: PeerDirectory): void {
+    const now = this.ctx.clock.now()
+    const dial = EPOCH_PHASES.has(state.run_state)
+    const last = this.lastConnect
+    if (!dial || (last?.clients === state.epoch.clients && last.peers === peers && now - last.at < CONNECT_RETRY_MS)) {
+      void this.reannounceIfNewPeers()
+      return
+    }
+    this.lastConnect = {clients: state.epoch.clients, peers, at: now}
+    const addrs: string[] = []
+    for (const c of state.epoch.clients) if (c.id !== this.id && peers[c.id]) addrs.push(...peers[c.id])
+    void this.ctx.p2p.connect(addrs).then(() => this.reannounceIfNewPeers())
   }
 
   /** Gossip is not replayed to peers that subscribe later: publish our latest result again when new ones appear. */

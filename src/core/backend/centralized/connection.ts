@@ -259,11 +259,14 @@ export class CoordinatorConnection extends EventEmitter implements CoordinatorBa
   /** A new state (whole, or rebuilt from a delta) with the directory changes and scores that came with it. */
   private adopt(link: Link, state: CoordinatorState, body: Omit<StateBody, 'state'>): 'ready' | undefined {
     this.state = state
-    // The server sends the directory once (peers_reset) and then only what changed.
-    const peers: PeerDirectory = body.peers_reset ? {} : {...this.peers}
-    for (const gone of body.peers_removed ?? []) delete peers[gone]
-    Object.assign(peers, body.peers)
-    this.peers = peers
+    // The server sends the directory once (peers_reset) and then only what changed. Unchanged, it stays the same
+    // object: a listener tells a new directory by identity instead of comparing N entries on every state.
+    if (body.peers_reset || (body.peers_removed?.length ?? 0) > 0 || Object.keys(body.peers).length > 0) {
+      const peers: PeerDirectory = body.peers_reset ? {} : {...this.peers}
+      for (const gone of body.peers_removed ?? []) delete peers[gone]
+      Object.assign(peers, body.peers)
+      this.peers = peers
+    }
     this.serverTime = body.server_time
     if (body.scores) this.scores = body.scores
     if (body.rewards) this.rewards = body.rewards
