@@ -4,7 +4,9 @@ import {connect} from 'node:net'
 import {test} from 'node:test'
 import {CoordinatorConnection} from '../../src/core/backend/index.js'
 import {MAX_PRE_HELLO_FRAME_BYTES} from '../../src/core/backend/centralized/server.js'
-import {buildWitnessProof} from '../../src/core/coordinator/index.js'
+import {buildWitnessProof, serializeState} from '../../src/core/coordinator/index.js'
+import {sha256Hex} from '../../src/core/primitives/hash.js'
+import {applyDelta} from '../../src/core/protocol/state-delta.js'
 import type {CoordinatorState} from '../../src/core/coordinator/types.js'
 import {PsycheError} from '../../src/core/errors.js'
 import {DEFAULT_MAX_FRAME_BYTES, encodeFrame, generateIdentity, type Identity} from '../../src/core/protocol/index.js'
@@ -408,4 +410,45 @@ test('refusals cost the sender: a watcher flooding invalid witnesses is closed w
     await t.waitLog({event: 'rejected', code: 'strike_banned'}, from)
     await raw.close()
   })
+})
+
+test('a connection on the passive cadence, several revisions behind at each state, gets the changes since the revision it holds as a delta that rebuilds the state', async () => {
+  const dir = tempDir()
+  const t = await startTestServer(writeRunConfig(dir.path, {init_min_clients: 64, global_batch_size_start: 64, global_batch_size_end: 64}), {passiveStateMs: 300, limits: {joinsPerSecond: 1000}})
+  const opened: RawClient[] = []
+  try {
+    const watcher = await RawClient.open(t.server.port)
+    opened.push(watcher)
+    const me = generateIdentity()
+    watcher.send(me, 'hello', {run_id: RUN_ID, client_id: me.id, p2p_addrs: [], want_join: false, state_deltas: true}, {step: 0})
+    await watcher.next((m) => m.kind === 'state')
+    // Joins a few tens of ms apart: each a revision, several between two of the watcher's states.
+    for (let i = 0; i < 12; i++) {
+      const c = await RawClient.open(t.server.port)
+      opened.push(c)
+      await c.hello(generateIdentity(), true)
+      await new Promise((r) => setTimeout(r, 40))
+    }
+    await waitUntil(() => watcher.messages.some((m) => m.kind === 'state_delta' && m.body.base < m.body.rev - 1), 'a delta from a revision two or more behind')
+    await waitUntil(() => t.server.state.pending.length === 12 && watcher.messages.some((m) => m.kind === 'state_delta' && m.body.rev >= 12), 'the watcher to catch up')
+    let state: CoordinatorState | undefined
+    let rev = -1
+    for (const m of watcher.messages) {
+      if (m.kind === 'state') {
+        state = m.body.state
+        rev = m.body.rev ?? -1
+      } else if (m.kind === 'state_delta') {
+        assert.equal(m.body.base, rev, 'each delta is from the revision the connection holds')
+        state = applyDelta(state!, m.body.ops)
+        assert.equal(sha256Hex(serializeState(state)), m.body.hash, `revision ${m.body.rev} rebuilt`)
+        rev = m.body.rev
+      }
+    }
+    assert.equal(watcher.messages.filter((m) => m.kind === 'state').length, 1, 'one whole state, the first')
+    assert.equal(state!.pending.length, 12)
+  } finally {
+    await Promise.all(opened.map((c) => c.close()))
+    await t.server.stop()
+    dir.cleanup()
+  }
 })

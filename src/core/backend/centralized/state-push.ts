@@ -12,6 +12,16 @@ import type {ReportFeed} from './reports.js'
 /** How often connections not training in the epoch get the newest state (CoordinatorServerOptions.passiveStateMs). */
 export const DEFAULT_PASSIVE_STATE_MS = 1000
 
+/** A state revision the server pushed: its serialization, hash, and the deltas to it from the revisions connections hold. */
+interface Revision {
+  rev: number
+  state?: CoordinatorState
+  text: string
+  hash: string
+  /** Base revision -> the ops from it to this one as JSON (null: send the whole state). */
+  deltas: Map<number, string | null>
+}
+
 /** What one connection has been sent: the pusher's own record of it. */
 interface PushCursor {
   /** The state pushed to this connection last (its dedupe key), so each client gets each state once. */
@@ -20,6 +30,8 @@ interface PushCursor {
   peersVersion?: number
   /** The state revision this connection holds (undefined: none yet). */
   stateRev?: number
+  /** That revision's state (its next state is a delta from it, however many revisions it is behind). */
+  held?: CoordinatorState
   /**
    * Not training in the epoch, it gets states on a cadence (passiveStateMs): at most one in each period of that length,
    * the periods of each connection shifted by `phase` ms so that they do not all fall due on the same tick.
@@ -93,7 +105,7 @@ export class StatePusher<S extends PushTarget> {
    * State revisions (each state the server adopts and pushes gets the next number) and the delta from the previous
    * one, computed once for every connection that holds that one.
    */
-  private revision: {rev: number; state?: CoordinatorState; text: string; hash: string; previous?: CoordinatorState; delta?: string | null} = {rev: 0, text: '', hash: ''}
+  private revision: Revision = {rev: 0, text: '', hash: '', deltas: new Map()}
 
   constructor(
     private readonly links: PushLinks<S>,
@@ -110,10 +122,12 @@ export class StatePusher<S extends PushTarget> {
     const version = this.opts.book.current
     const now = this.opts.now()
     const head = `{"state":${JSON.stringify(rev.text)},"rev":${rev.rev},"server_time":${now}`
-    // A client that asked for deltas and holds the previous revision (all of them after their first state) gets the
-    // change alone; with N clients a whole state per event was O(N²) bytes and signatures.
-    const deltaHead = (base: number) => {
-      const ops = base === rev.rev ? '[]' : rev.delta
+    // A client that asked for deltas and holds a revision (all of them after their first state) gets what changed
+    // since: with N clients a whole state per event was O(N²) bytes and signatures. A connection on the passive
+    // cadence (a joiner waiting for the next epoch) is several revisions behind at each of its states: it too gets
+    // the changes since the one it holds (they were whole states, 216 MB a round from the server at 256 clients).
+    const deltaHead = (base: number, held: CoordinatorState) => {
+      const ops = base === rev.rev ? '[]' : this.deltaFrom(base, held)
       return ops == null ? undefined : `{"base":${base},"rev":${rev.rev},"ops":${ops},"hash":"${rev.hash}","server_time":${now}`
     }
     // Serialized once per directory version the connections are at (nearly all at the same one); each frame still
@@ -136,11 +150,12 @@ export class StatePusher<S extends PushTarget> {
       const c = s.pushed
       const key = this.stateKey(s, rev.rev)
       if (c.lastState === key && c.peersVersion === version) continue
-      const asDelta = s.deltas && c.stateRev !== undefined && (c.stateRev === rev.rev || c.stateRev === rev.rev - 1) ? deltaHead(c.stateRev) : undefined
+      const asDelta = s.deltas && c.stateRev !== undefined && c.held !== undefined ? deltaHead(c.stateRev, c.held) : undefined
       const body = `${asDelta ?? head}${peersFor(c.peersVersion)}`
       c.lastState = key
       c.peersVersion = version
       c.stateRev = rev.rev
+      c.held = rev.state
       c.pushedAt = at
       // Watchers (status, dashboards) also get the verification scores and rewards, and the reports since their last
       // state; training clients do not need them.
@@ -180,6 +195,7 @@ export class StatePusher<S extends PushTarget> {
   /** The connection asked for a whole state (a delta did not apply on its side): it gets one now. */
   resync(s: S): void {
     s.pushed.stateRev = undefined
+    s.pushed.held = undefined
     s.pushed.lastState = undefined
     this.push([s])
   }
@@ -214,8 +230,8 @@ export class StatePusher<S extends PushTarget> {
     return part
   }
 
-  /** The current state's revision: a new one (with its delta from the previous) when the state changed since the last push. */
-  private revise(): {rev: number; text: string; hash: string; delta?: string | null} {
+  /** The current state's revision: a new one when the state changed since the last push. */
+  private revise(): Revision {
     const r = this.revision
     const current = this.opts.state()
     if (r.state === current) return r
@@ -224,10 +240,23 @@ export class StatePusher<S extends PushTarget> {
       r.state = current
       return r
     }
-    const previous = r.state
-    this.revision = {rev: r.rev + 1, state: current, text, hash: sha256Hex(text), previous}
-    const ops = previous ? diffState(previous, current) : undefined
-    this.revision.delta = ops ? JSON.stringify(ops) : null
+    this.revision = {rev: r.rev + 1, state: current, text, hash: sha256Hex(text), deltas: new Map()}
     return this.revision
+  }
+
+  /**
+   * The ops from revision `base` (whose state is `held`) to the current one, as JSON, computed once per base for
+   * every connection there; null when no delta can express it, or when it would be larger than the whole state.
+   */
+  private deltaFrom(base: number, held: CoordinatorState): string | null {
+    const r = this.revision
+    let json = r.deltas.get(base)
+    if (json === undefined) {
+      const ops = diffState(held, r.state!)
+      json = ops ? JSON.stringify(ops) : null
+      if (json !== null && json.length > r.text.length) json = null
+      r.deltas.set(base, json)
+    }
+    return json
   }
 }
