@@ -66,12 +66,39 @@ export function diffValues(prev: unknown, next: unknown): DeltaOp[] {
     if (typeof v === 'bigint') throw new NotDiffable('bigint')
     return v
   }
-  const walk = (a: unknown, b: unknown, path: PathKey[]): void => {
+  /**
+   * Where a new object was made from: the old object that held its first container value under the same key (the
+   * round that became the previous round while it took one more witness record: a copy of the old round and the
+   * record, not the whole round with its roster).
+   */
+  const origin = (b: Obj): PathKey[] | undefined => {
+    for (const k of jsonKeys(b)) {
+      const v = b[k]
+      if (v === null || typeof v !== 'object') continue
+      const at = where.get(v)
+      if (!at || at.length === 0 || at.length > MAX_DELTA_PATH || at[at.length - 1] !== k) return undefined
+      const parent = at.slice(0, -1)
+      return isObj(get(prev, parent)) ? parent : undefined
+    }
+    return undefined
+  }
+  const walk = (a: unknown, b: unknown, path: PathKey[], copied = false): void => {
     if (a === b) return
     if (b !== null && typeof b === 'object') {
       const from = where.get(b)
       if (from && from.length <= MAX_DELTA_PATH) {
         ops.push({p: path, c: from})
+        return
+      }
+    }
+    if (!copied && isObj(b)) {
+      const from = origin(b)
+      if (from && !(from.length === path.length && from.every((k, i) => k === path[i]))) {
+        const mark = ops.length
+        ops.push({p: path, c: from})
+        walk(get(prev, from), b, path, true)
+        // Nearly all of it changed after all: the value alone.
+        if (ops.length === mark + 2 && 'v' in ops[mark + 1] && ops[mark + 1].p.length === path.length) ops.splice(mark, 1)
         return
       }
     }
