@@ -1,8 +1,11 @@
 import assert from 'node:assert/strict'
 import {describe, it} from 'node:test'
-import {multiaddr} from '@multiformats/multiaddr'
+import type {PeerId} from '@libp2p/interface'
+import {multiaddr, type Multiaddr} from '@multiformats/multiaddr'
 import {isOtherPrivateNetwork, localNetworks} from '../../src/core/p2p/addresses.js'
-import {dialPlan} from '../../src/core/p2p/dialer.js'
+import {dialPlan, peerDialer} from '../../src/core/p2p/dialer.js'
+import {peerIdOfClient} from '../../src/core/p2p/peer-id.js'
+import {generateIdentity} from '../../src/core/protocol/identity.js'
 
 const P = '12D3KooWQYhTNQdmr3ArTeUHRYzFg94BKyTkoWBDWez9kSCVe2Xo'
 const R = '12D3KooWRBy97UB99e3J6hiPesre1MZeuNQvfan4gBziswrRJsNK'
@@ -92,5 +95,58 @@ describe('the order in which a peer is dialled (pure)', () => {
       dialPlan([...lan, relayed].map(m), {directFailed: false, networks: OURS}).map((a) => a.marksDirectFailed),
       [false, true, false],
     )
+  })
+})
+
+describe('overlay dials take turns', () => {
+  it('at most 4 at once, every member dialled in the end, and one whose peer dialled us meanwhile is not dialled', async () => {
+    const self = peerIdOfClient(generateIdentity().id)
+    const peers = Array.from({length: 20}, () => peerIdOfClient(generateIdentity().id))
+    const open: {remotePeer: PeerId; status: string; direction: string; remoteAddr: Multiaddr; timeline: {open: number}; streams: never[]}[] = []
+    const connection = (peer: PeerId, addr: Multiaddr, direction: string) => ({
+      remotePeer: peer,
+      status: 'open',
+      direction,
+      remoteAddr: addr,
+      timeline: {open: Date.now()},
+      streams: [] as never[],
+      addEventListener() {},
+      removeEventListener() {},
+    })
+    let inFlight = 0
+    let most = 0
+    const dialled: string[] = []
+    const connectionManager = {
+      getConnections: (peer?: PeerId) => open.filter((c) => !peer || c.remotePeer.equals(peer)),
+      openConnection: async (addrs: Multiaddr[]) => {
+        most = Math.max(most, ++inFlight)
+        await new Promise((r) => setTimeout(r, 20))
+        inFlight--
+        const peer = peers.find((p) => addrs[0].toString().endsWith(p.toString()))!
+        dialled.push(peer.toString())
+        const c = connection(peer, addrs[0], 'outbound')
+        open.push(c)
+        return c
+      },
+    }
+    const dialer = peerDialer({log: () => {}, maxConnections: 64, localNetworks: () => ['127.0.0.1/8']})({
+      peerId: self,
+      connectionManager: connectionManager as never,
+      peerStore: {merge: async () => {}} as never,
+    })
+    dialer.start()
+    try {
+      const addrs = peers.map((p, i) => `/ip4/127.0.0.1/tcp/${4000 + i}/p2p/${p}`)
+      const done = dialer.connectMembers(addrs)
+      // The last member dials us while our dials wait their turn.
+      open.push(connection(peers[19], multiaddr(addrs[19]), 'inbound'))
+      await done
+      assert.ok(most <= 4, `${most} dials at once`)
+      assert.equal(most, 4)
+      assert.equal(new Set(dialled).size, 19)
+      assert.ok(!dialled.includes(peers[19].toString()))
+    } finally {
+      dialer.stop()
+    }
   })
 })

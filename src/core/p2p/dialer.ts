@@ -51,6 +51,14 @@ const TIE_WINDOW_MS = 2_000
 const REFUSED_REDIAL_MS = 1_000
 /** A connection to a member outside our overlay (opened for a transfer) with no exchange stream for this long is closed. */
 const DEFAULT_IDLE_CLOSE_MS = 10_000
+/**
+ * Overlay dials (connectMembers) in flight at once; the rest wait their turn. Every member of an epoch dials its
+ * overlay when the epoch's Warmup begins: 256 clients starting 8 dials each at once on one machine (the scale bench)
+ * left every noise handshake too little CPU to finish before its deadline, all of them timed out together, and the
+ * retries did the same (4,121 of 4,121 client-peer pairs failed). Queued, a dial's deadline runs from its start.
+ * Transfers and redials do not wait here.
+ */
+const MAX_CONCURRENT_OVERLAY_DIALS = 4
 /** How often connections are checked for idleness. */
 const IDLE_SWEEP_MS = 2_000
 /** The peer store tag that keeps overlay neighbours' connections when libp2p prunes past its maxConnections. */
@@ -108,6 +116,9 @@ export class PeerDialer implements Startable {
   private sweepTimer: ReturnType<typeof setInterval> | undefined
   /** Connections closed for being idle (for measurements and tests). */
   idleClosed = 0
+  /** Overlay dials running (at most MAX_CONCURRENT_OVERLAY_DIALS), and those waiting for a turn. */
+  private overlayDials = 0
+  private readonly overlayQueue: (() => void)[] = []
 
   constructor(
     private readonly components: PeerDialerComponents,
@@ -156,7 +167,20 @@ export class PeerDialer implements Startable {
     this.neighbours = plan.fullMesh ? undefined : plan.neighbours
     this.dialSet = plan.fullMesh ? undefined : new Set(plan.dial)
     if (!plan.fullMesh) void this.tagNeighbours(before ?? new Set(), plan.neighbours)
-    await Promise.all(plan.dial.map((peer) => this.dialPeer(peer, byPeer.get(peer) ?? [])))
+    await Promise.all(plan.dial.map((peer) => this.dialPeer(peer, byPeer.get(peer) ?? [], true)))
+  }
+
+  /** Runs an overlay dial in its turn (MAX_CONCURRENT_OVERLAY_DIALS at once); a finished one hands its turn to the next. */
+  private async inTurn(dial: () => Promise<void>): Promise<void> {
+    if (this.overlayDials < MAX_CONCURRENT_OVERLAY_DIALS) this.overlayDials++
+    else await new Promise<void>((r) => this.overlayQueue.push(r))
+    try {
+      await dial()
+    } finally {
+      const next = this.overlayQueue.shift()
+      if (next) next()
+      else this.overlayDials--
+    }
   }
 
   /** The members we dial (overlay.ts); undefined while we dial them all. */
@@ -240,7 +264,7 @@ export class PeerDialer implements Startable {
    * then its relayed ones. A peer whose direct addresses failed is dialled through the relay first next time.
    * One dial per peer at a time: state pushes arrive faster than dials to unreachable addresses time out.
    */
-  private dialPeer(peer: string, targets: Multiaddr[]): Promise<void> {
+  private dialPeer(peer: string, targets: Multiaddr[], overlay = false): Promise<void> {
     if (targets.length > 0) this.knownAddrs.set(peer, targets)
     const inFlight = this.dialing.get(peer)
     if (inFlight) {
@@ -263,7 +287,9 @@ export class PeerDialer implements Startable {
       this.dialFailures.delete(peer)
       return Promise.resolve()
     }
-    const dial = this.dialPeerNow(peer, targets).finally(() => {
+    // An overlay dial waits its turn; the peer may have dialled us meanwhile.
+    const now = () => (this.stopped || this.hasOpenConnection(peer) ? Promise.resolve() : this.dialPeerNow(peer, targets))
+    const dial = (overlay ? this.inTurn(now) : this.dialPeerNow(peer, targets)).finally(() => {
       this.dialing.delete(peer)
       this.dialingAddrs.delete(peer)
     })
