@@ -1,5 +1,5 @@
 import type {PeerDirectory, RejectionInfo} from '../backend/types.js'
-import {buildWitnessProof, EPOCH_PHASES, wasEjected, type ClientId, type CoordinatorState} from '../coordinator/index.js'
+import {buildWitnessProof, wasEjected, type ClientId, type CoordinatorState} from '../coordinator/index.js'
 import {errorMessage, PsycheError} from '../errors.js'
 import {WorkerCrashedError} from '../worker/client.js'
 import {Checkpointing} from './checkpointing.js'
@@ -22,8 +22,10 @@ export {DEFAULT_MAX_ROUNDS_WITHOUT_EXCHANGE} from './exchange-health.js'
 
 /** In Warmup, how long a loaded client waits to be connected to its peers before it reports ready anyway. */
 const WARMUP_CONNECT_WAIT_MS = 20_000
-/** How often the epoch's clients are dialled again while nothing changed (dials that failed are retried). */
+/** How often the members are dialled again while nothing changed (dials that failed are retried). */
 const CONNECT_RETRY_MS = 5_000
+/** While the directory changes (clients joining), the overlay is planned again at most this often. */
+const CONNECT_MIN_GAP_MS = 2_000
 
 /**
  * The client's I/O loop: follows the coordinator's state pushes, and dispatches what decide.ts says — work on
@@ -236,25 +238,24 @@ export class PsycheClient {
   }
 
   /**
-   * Connects to the epoch's clients (p2p.connect: all of them in a small run, our overlay neighbours in a large one),
-   * during an epoch only. A joiner needs no peer before its epoch's Warmup, and while clients join (WaitingForMembers,
-   * up to 32 a second) every arrival would move the overlay under everyone: with 256 clients starting on one machine
-   * the dials and noise handshakes of that churn starved every process. Within an epoch the list is fixed. Dialled
-   * again when the epoch's clients or the directory change (the same objects otherwise: states share what did not
-   * change), and every CONNECT_RETRY_MS for the dials that failed: not on every state, which cost every client O(N)
-   * address parsing per state.
+   * Connects to the run's members (p2p.connect: all of them in a small run, our overlay neighbours in a large one).
+   * Not on every state: the directory is parsed and the overlay planned again when it changed, at most every
+   * CONNECT_MIN_GAP_MS (while clients join, up to 32 a second, every arrival moves the overlay under everyone, and
+   * following each one was a churn of dials and noise handshakes), at once when a new epoch's clients are set, and
+   * every CONNECT_RETRY_MS for dials that failed. States share what did not change, so a change is told by identity;
+   * on every state this cost each client O(N) address parsing.
    */
   private connectPeers(state: CoordinatorState, peers: PeerDirectory): void {
     const now = this.ctx.clock.now()
-    const dial = EPOCH_PHASES.has(state.run_state)
     const last = this.lastConnect
-    if (!dial || (last?.clients === state.epoch.clients && last.peers === peers && now - last.at < CONNECT_RETRY_MS)) {
+    const wait = last === undefined || last.clients !== state.epoch.clients ? 0 : last.peers !== peers ? CONNECT_MIN_GAP_MS : CONNECT_RETRY_MS
+    if (last !== undefined && now - last.at < wait) {
       void this.reannounceIfNewPeers()
       return
     }
     this.lastConnect = {clients: state.epoch.clients, peers, at: now}
     const addrs: string[] = []
-    for (const c of state.epoch.clients) if (c.id !== this.id && peers[c.id]) addrs.push(...peers[c.id])
+    for (const [id, a] of Object.entries(peers)) if (id !== this.id) addrs.push(...a)
     void this.ctx.p2p.connect(addrs).then(() => this.reannounceIfNewPeers())
   }
 
