@@ -414,7 +414,10 @@ test('refusals cost the sender: a watcher flooding invalid witnesses is closed w
 
 test('a connection on the passive cadence, several revisions behind at each state, gets the changes since the revision it holds as a delta that rebuilds the state', async () => {
   const dir = tempDir()
-  const t = await startTestServer(writeRunConfig(dir.path, {init_min_clients: 64, global_batch_size_start: 64, global_batch_size_end: 64}), {passiveStateMs: 300, limits: {joinsPerSecond: 1000}})
+  const t = await startTestServer(writeRunConfig(dir.path, {init_min_clients: 64, global_batch_size_start: 64, global_batch_size_end: 64}), {
+    passiveStateMs: 300,
+    limits: {joinsPerSecond: 1000},
+  })
   const opened: RawClient[] = []
   try {
     const watcher = await RawClient.open(t.server.port)
