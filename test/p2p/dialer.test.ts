@@ -89,6 +89,16 @@ describe('the order in which a peer is dialled (pure)', () => {
     ])
   })
 
+  it("on a retry, another LAN's addresses that already did not answer are left out (never more than the plan above)", () => {
+    const other = [`/ip4/10.77.11.2/udp/4002/quic-v1/p2p/${P}`, `/ip4/10.77.11.2/tcp/4002/p2p/${P}`]
+    const retry = (addrs: string[]) =>
+      dialPlan(addrs.map(m), {directFailed: false, networks: OURS, otherNetworkFailed: true}).map((a) => [a.kind, a.addrs.map((x) => x.toString())])
+    assert.deepEqual(retry([...other, relayed]), [['relayed', [relayed]]])
+    assert.deepEqual(retry(other), [])
+    const pub = `/ip4/45.77.0.5/tcp/4002/p2p/${P}`
+    assert.deepEqual(retry([...other, pub]), [['direct', [pub]]])
+  })
+
   it('marks the direct addresses failed only after the last attempt before the relay', () => {
     const lan = [`/ip4/10.77.10.3/udp/4002/quic-v1/p2p/${P}`, `/ip4/10.77.10.3/tcp/4002/p2p/${P}`]
     assert.deepEqual(
@@ -145,6 +155,49 @@ describe('overlay dials take turns', () => {
       assert.equal(most, 4)
       assert.equal(new Set(dialled).size, 19)
       assert.ok(!dialled.includes(peers[19].toString()))
+    } finally {
+      dialer.stop()
+    }
+  })
+})
+
+describe("a retry does not dial another LAN's addresses again", () => {
+  it('they are dialled after the relayed address failed; a retry dials the relayed one alone; a plan dials them all again', async () => {
+    // Our peer id below the peer's: a dial refused at once is not waited on for the tie rule (TIE_WINDOW_MS).
+    const [self, peer] = [peerIdOfClient(generateIdentity().id), peerIdOfClient(generateIdentity().id)].sort((x, y) => (x.toString() < y.toString() ? -1 : 1))
+    const dialled: string[][] = []
+    const connectionManager = {
+      getConnections: () => [],
+      openConnection: async (addrs: Multiaddr[]) => {
+        dialled.push(addrs.map((a) => a.toString()))
+        throw new Error('unreachable')
+      },
+    }
+    const dialer = peerDialer({log: () => {}, localNetworks: () => OURS})({
+      peerId: self,
+      connectionManager: connectionManager as never,
+      peerStore: {merge: async () => {}} as never,
+    })
+    dialer.start()
+    try {
+      const relayedAddr = `/ip4/45.77.0.1/tcp/4001/p2p/${R}/p2p-circuit/p2p/${peer}`
+      const other = [`/ip4/10.77.11.2/udp/4002/quic-v1/p2p/${peer}`, `/ip4/10.77.11.2/tcp/4002/p2p/${peer}`]
+      const addrs = [...other, relayedAddr]
+      await dialer.connectMembers(addrs)
+      assert.deepEqual(dialled, [[relayedAddr], [other[0]], [other[1]]])
+      assert.equal(dialer.unreachablePeers().length, 1)
+      dialled.length = 0
+      await dialer.connectMembers(addrs, {retry: true})
+      assert.deepEqual(dialled, [[relayedAddr]])
+      dialled.length = 0
+      // New addresses on that LAN (the peer moved): a retry tries them once.
+      const moved = [`/ip4/10.77.11.3/tcp/4002/p2p/${peer}`, relayedAddr]
+      await dialer.connectMembers(moved, {retry: true})
+      assert.deepEqual(dialled, [[relayedAddr], [moved[0]]])
+      dialled.length = 0
+      await dialer.connectMembers(addrs)
+      assert.deepEqual(dialled, [[relayedAddr], [other[0]], [other[1]]])
+      assert.equal(dialer.unreachablePeers().length, 1)
     } finally {
       dialer.stop()
     }

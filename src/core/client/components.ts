@@ -79,8 +79,11 @@ export interface ClientP2PStats {
 export interface ClientP2P {
   /** Our addresses, published to the other clients through the coordinator's peer directory. */
   addresses(): string[]
-  /** Connects to peers learned from the coordinator's peer directory (a failed dial is retried by a later call). */
-  connect(addrs: string[]): Promise<void>
+  /**
+   * Connects to peers learned from the coordinator's peer directory (a failed dial is retried by a later call;
+   * `retry`: a call for that alone, which leaves out the addresses of another LAN that already did not answer).
+   */
+  connect(addrs: string[], options?: {retry?: boolean}): Promise<void>
   /** Stores our result for serving and announces it to the run. */
   publishResult(step: number, batchStart: number, batchEnd: number, blob: Uint8Array): Promise<ResultAnnouncement>
   /** Announces one of ours again to the peers that have not had it from us (new peers do not get earlier gossip). */

@@ -98,6 +98,8 @@ export class PeerDialer implements Startable {
   private readonly knownAddrs = new Map<string, Multiaddr[]>()
   /** Peer -> its direct addresses that did not answer (it is dialled through the relay first while they stay the same). */
   private readonly directFailed = new Map<string, string>()
+  /** Peer -> its addresses on another LAN (dialPlan) that did not answer: a retry leaves them out while they stay the same. */
+  private readonly otherNetworkFailed = new Map<string, string>()
   /** Peer -> when our direct dial to it started, while it runs (see TIE_WINDOW_MS). */
   private readonly directDialStarted = new Map<string, number>()
   /** Peers dialled once more after a refusal (watchRefusal), until one of our connections to them stays open. */
@@ -158,8 +160,10 @@ export class PeerDialer implements Startable {
    * Dials the run's members learned from the coordinator (all their addresses, ours skipped), as connect() does, but
    * only our overlay neighbours among them (overlay.ts): the others' addresses are kept for transfers, which dial
    * them on demand (openStream). The neighbours are tagged so libp2p's pruning keeps their connections.
+   * `retry`: a call only to dial again the members whose dials failed; a member's addresses on another LAN that
+   * already did not answer (and have not changed) are not dialled again (they never will answer on the internet).
    */
-  async connectMembers(addrs: string[]): Promise<void> {
+  async connectMembers(addrs: string[], options: {retry?: boolean} = {}): Promise<void> {
     const byPeer = this.byPeer(addrs)
     const plan = overlay(this.peerId, [...byPeer.keys()], fullMeshUpTo(this.maxConnections))
     for (const [peer, targets] of byPeer) if (targets.length > 0) this.knownAddrs.set(peer, targets)
@@ -167,7 +171,7 @@ export class PeerDialer implements Startable {
     this.neighbours = plan.fullMesh ? undefined : plan.neighbours
     this.dialSet = plan.fullMesh ? undefined : new Set(plan.dial)
     if (!plan.fullMesh) void this.tagNeighbours(before ?? new Set(), plan.neighbours)
-    await Promise.all(plan.dial.map((peer) => this.dialPeer(peer, byPeer.get(peer) ?? [], true)))
+    await Promise.all(plan.dial.map((peer) => this.dialPeer(peer, byPeer.get(peer) ?? [], true, options.retry)))
   }
 
   /** Runs an overlay dial in its turn (MAX_CONCURRENT_OVERLAY_DIALS at once); a finished one hands its turn to the next. */
@@ -264,7 +268,7 @@ export class PeerDialer implements Startable {
    * then its relayed ones. A peer whose direct addresses failed is dialled through the relay first next time.
    * One dial per peer at a time: state pushes arrive faster than dials to unreachable addresses time out.
    */
-  private dialPeer(peer: string, targets: Multiaddr[], overlay = false): Promise<void> {
+  private dialPeer(peer: string, targets: Multiaddr[], overlay = false, retry = false): Promise<void> {
     if (targets.length > 0) this.knownAddrs.set(peer, targets)
     const inFlight = this.dialing.get(peer)
     if (inFlight) {
@@ -288,8 +292,8 @@ export class PeerDialer implements Startable {
       return Promise.resolve()
     }
     // An overlay dial waits its turn; the peer may have dialled us meanwhile.
-    const now = () => (this.stopped || this.hasOpenConnection(peer) ? Promise.resolve() : this.dialPeerNow(peer, targets))
-    const dial = (overlay ? this.inTurn(now) : this.dialPeerNow(peer, targets)).finally(() => {
+    const now = () => (this.stopped || this.hasOpenConnection(peer) ? Promise.resolve() : this.dialPeerNow(peer, targets, retry))
+    const dial = (overlay ? this.inTurn(now) : this.dialPeerNow(peer, targets, retry)).finally(() => {
       this.dialing.delete(peer)
       this.dialingAddrs.delete(peer)
     })
@@ -298,13 +302,20 @@ export class PeerDialer implements Startable {
     return dial
   }
 
-  private async dialPeerNow(peer: string, targets: Multiaddr[]): Promise<void> {
+  private async dialPeerNow(peer: string, targets: Multiaddr[], retry = false): Promise<void> {
     const directKey = targets
       .filter((t) => !isCircuit(t))
       .map((t) => t.toString())
       .join(' ')
     const networks = this.networks()
-    const attempts = dialPlan(targets, {directFailed: this.directFailed.get(peer) === directKey, networks})
+    const otherKey = addrKey(targets.filter((t) => isOtherPrivateNetwork(t, networks)))
+    const attempts = dialPlan(targets, {
+      directFailed: this.directFailed.get(peer) === directKey,
+      networks,
+      otherNetworkFailed: retry && this.otherNetworkFailed.get(peer) === otherKey,
+    })
+    // Nothing left to try on a retry: the failure stands as it was.
+    if (attempts.length === 0 && retry) return
     if (attempts.length > 0 && attempts.every((a) => a.addrs.every((t) => isOtherPrivateNetwork(t, networks)))) {
       // Only another LAN's addresses (see RELAYED_ADDRESS_GRACE_MS): new addresses from the coordinator end the wait,
       // and the dial queued behind this one (dialPeer) uses them.
@@ -317,7 +328,7 @@ export class PeerDialer implements Startable {
     const reasons: string[] = []
     // As libp2p.dial: user dials go first in the dial queue.
     const open = (addrs: Multiaddr[], timeoutMs: number) => this.components.connectionManager.openConnection(addrs, {priority: 75, signal: deadline(timeoutMs)})
-    for (const {addrs, timeoutMs, kind, marksDirectFailed} of attempts) {
+    for (const {addrs, timeoutMs, kind, marksDirectFailed, otherNetwork} of attempts) {
       const isDirect = kind !== 'relayed'
       const started = Date.now()
       if (isDirect) this.directDialStarted.set(peer, started)
@@ -347,6 +358,7 @@ export class PeerDialer implements Startable {
         // Only when the last direct attempt before the relayed one failed too (QUIC failing while TCP works is a
         // network that blocks UDP).
         if (marksDirectFailed) this.directFailed.set(peer, directKey)
+        if (otherNetwork) this.otherNetworkFailed.set(peer, otherKey)
       } finally {
         if (isDirect && this.directDialStarted.get(peer) === started) this.directDialStarted.delete(peer)
       }
@@ -522,6 +534,8 @@ interface DialAttempt {
   kind: 'quic' | 'direct' | 'relayed'
   /** Its failure means the peer's direct addresses do not answer: next time its relayed ones go first. */
   marksDirectFailed: boolean
+  /** Addresses on another LAN (see dialPlan): their failure leaves them out of a retry while they stay the same. */
+  otherNetwork: boolean
 }
 
 /**
@@ -535,8 +549,10 @@ interface DialAttempt {
  *   and when the peer has a relayed address (it is behind NAT: its relay could not dial it back), after that one.
  *   Its private addresses on one of our networks (both behind the same router) go first as any direct address.
  * - `directFailed`: the peer's direct addresses did not answer last time (and have not changed): relayed first.
+ * - `otherNetworkFailed`: its addresses on another LAN did not answer last time (and have not changed), and this is
+ *   a retry (PeerDialer.connectMembers): they are left out. The set of addresses dialled is never wider than above.
  */
-export function dialPlan(targets: readonly Multiaddr[], options: {directFailed: boolean; networks: readonly string[]}): DialAttempt[] {
+export function dialPlan(targets: readonly Multiaddr[], options: {directFailed: boolean; networks: readonly string[]; otherNetworkFailed?: boolean}): DialAttempt[] {
   const relayed = targets.filter(isCircuit)
   const direct = targets.filter((t) => !isCircuit(t))
   const far = direct.filter((t) => isOtherPrivateNetwork(t, options.networks))
@@ -544,19 +560,18 @@ export function dialPlan(targets: readonly Multiaddr[], options: {directFailed: 
   const group = (addrs: Multiaddr[], brief: boolean): DialAttempt[] => {
     const quicAddrs = addrs.filter(isQuicAddr)
     const other = addrs.filter((t) => !isQuicAddr(t))
+    const common = {marksDirectFailed: false, otherNetwork: brief}
     return [
-      ...(quicAddrs.length > 0
-        ? [{addrs: quicAddrs, timeoutMs: brief ? OTHER_NETWORK_DIAL_TIMEOUT_MS : QUIC_DIAL_TIMEOUT_MS, kind: 'quic' as const, marksDirectFailed: false}]
-        : []),
-      ...(other.length > 0 ? [{addrs: other, timeoutMs: brief ? OTHER_NETWORK_DIAL_TIMEOUT_MS : DIRECT_DIAL_TIMEOUT_MS, kind: 'direct' as const, marksDirectFailed: false}] : []),
+      ...(quicAddrs.length > 0 ? [{addrs: quicAddrs, timeoutMs: brief ? OTHER_NETWORK_DIAL_TIMEOUT_MS : QUIC_DIAL_TIMEOUT_MS, kind: 'quic' as const, ...common}] : []),
+      ...(other.length > 0 ? [{addrs: other, timeoutMs: brief ? OTHER_NETWORK_DIAL_TIMEOUT_MS : DIRECT_DIAL_TIMEOUT_MS, kind: 'direct' as const, ...common}] : []),
     ]
   }
   const nearAttempts = group(near, false)
-  const farAttempts = group(far, true)
+  const farAttempts = options.otherNetworkFailed ? [] : group(far, true)
   if (relayed.length > 0 && nearAttempts.length > 0) nearAttempts[nearAttempts.length - 1].marksDirectFailed = true
   const attempts: DialAttempt[] = []
   if (!options.directFailed) attempts.push(...nearAttempts)
-  if (relayed.length > 0) attempts.push({addrs: relayed, timeoutMs: RELAYED_DIAL_TIMEOUT_MS, kind: 'relayed', marksDirectFailed: false})
+  if (relayed.length > 0) attempts.push({addrs: relayed, timeoutMs: RELAYED_DIAL_TIMEOUT_MS, kind: 'relayed', marksDirectFailed: false, otherNetwork: false})
   else if (options.directFailed) attempts.push(...nearAttempts)
   attempts.push(...farAttempts)
   return attempts

@@ -352,8 +352,8 @@ export class P2PNode {
    * Dial the run's members learned from the coordinator (every member's addresses): all of them in a small run, our
    * overlay neighbours in a large one (see PeerDialer.connectMembers).
    */
-  connect(addrs: string[]): Promise<void> {
-    return this.libp2p.services.dialer.connectMembers(addrs)
+  connect(addrs: string[], options: {retry?: boolean} = {}): Promise<void> {
+    return this.libp2p.services.dialer.connectMembers(addrs, options)
   }
 
   /** Peers we were told about and could not reach the last time we tried (none: everyone dialled is reachable). */
