@@ -43,6 +43,7 @@ export const tiers = {
     'test/client/eval.test.ts',
     'test/client/ledger.test.ts',
     'test/client/model-loading.test.ts',
+    'test/client/peer-connect.test.ts',
     'test/client/round-results.test.ts',
     'test/client/training.test.ts',
     'test/client/verification.test.ts',

@@ -3,6 +3,7 @@ import {buildWitnessProof, wasEjected, type ClientId, type CoordinatorState} fro
 import {errorMessage, PsycheError} from '../errors.js'
 import {WorkerCrashedError} from '../worker/client.js'
 import {Checkpointing} from './checkpointing.js'
+import {whenToDial, type DialedFrom} from './peer-connect.js'
 import type {ClientComponents} from './components.js'
 import {ClientContext} from './context.js'
 import {finalRounds, messagesToSend, nextWork, type ClientView, type Message, type Work} from './decide.js'
@@ -22,10 +23,6 @@ export {DEFAULT_MAX_ROUNDS_WITHOUT_EXCHANGE} from './exchange-health.js'
 
 /** In Warmup, how long a loaded client waits to be connected to its peers before it reports ready anyway. */
 const WARMUP_CONNECT_WAIT_MS = 20_000
-/** How often the members are dialled again while nothing changed (dials that failed are retried). */
-const CONNECT_RETRY_MS = 5_000
-/** While the directory changes (clients joining), the overlay is planned again at most this often. */
-const CONNECT_MIN_GAP_MS = 2_000
 
 /**
  * The client's I/O loop: follows the coordinator's state pushes, and dispatches what decide.ts says — work on
@@ -47,8 +44,9 @@ export class PsycheClient {
   /** The step whose Cooldown witness we sent (decide.ts messagesToSend). */
   private cooldownWitnessSent: number | null = null
   private knownTopicPeers = 0
-  /** What we last dialled from (connectPeers): the epoch's clients and the directory, and when. */
-  private lastConnect: {clients: CoordinatorState['epoch']['clients']; peers: PeerDirectory; at: number} | undefined
+  /** What we last handed the P2P layer the run's members from (connectPeers), and whether a held-back plan is due. */
+  private dialedFrom: DialedFrom | undefined
+  private dialDue = false
   private wake: (() => void) | undefined
   private lastJoinAttempt = Number.NEGATIVE_INFINITY
   /** The epoch record (its start_time) in which we found ourselves ejected (logged once per epoch). */
@@ -238,25 +236,27 @@ export class PsycheClient {
   }
 
   /**
-   * Connects to the run's members (p2p.connect: all of them in a small run, our overlay neighbours in a large one).
-   * Not on every state: the directory is parsed and the overlay planned again when it changed, at most every
-   * CONNECT_MIN_GAP_MS (while clients join, up to 32 a second, every arrival moves the overlay under everyone, and
-   * following each one was a churn of dials and noise handshakes), at once when a new epoch's clients are set, and
-   * every CONNECT_RETRY_MS for dials that failed. States share what did not change, so a change is told by identity;
-   * on every state this cost each client O(N) address parsing.
+   * Connects to the run's members (p2p.connect: all of them in a small run, our overlay neighbours in a large one):
+   * not on every state, but when peer-connect.ts whenToDial says so; a plan it holds back runs when its gap ends.
    */
   private connectPeers(state: CoordinatorState, peers: PeerDirectory): void {
     const now = this.ctx.clock.now()
-    const last = this.lastConnect
-    const wait = last === undefined || last.clients !== state.epoch.clients ? 0 : last.peers !== peers ? CONNECT_MIN_GAP_MS : CONNECT_RETRY_MS
-    if (last !== undefined && now - last.at < wait) {
-      void this.reannounceIfNewPeers()
+    const when = whenToDial(this.dialedFrom, state, peers, now, this.id, (ids) => this.ctx.p2p.notConnected?.(ids) ?? ids)
+    if (when.dial === 'plan' || when.dial === 'retry') {
+      this.dialedFrom = {clients: state.epoch.clients, runState: state.run_state, peers, at: now}
+      const addrs: string[] = []
+      for (const [id, a] of Object.entries(peers)) if (id !== this.id) addrs.push(...a)
+      void this.ctx.p2p.connect(addrs, {retry: when.dial === 'retry'}).then(() => this.reannounceIfNewPeers())
       return
     }
-    this.lastConnect = {clients: state.epoch.clients, peers, at: now}
-    const addrs: string[] = []
-    for (const [id, a] of Object.entries(peers)) if (id !== this.id) addrs.push(...a)
-    void this.ctx.p2p.connect(addrs).then(() => this.reannounceIfNewPeers())
+    if (when.dial === 'later' && !this.dialDue) {
+      this.dialDue = true
+      void this.ctx.clock.sleep(when.inMs).then(() => {
+        this.dialDue = false
+        if (!this.ctx.stopped && this.ctx.state && this.ctx.conn) this.connectPeers(this.ctx.state, this.ctx.conn.peers)
+      })
+    }
+    void this.reannounceIfNewPeers()
   }
 
   /** Gossip is not replayed to peers that subscribe later: publish our latest result again when new ones appear. */
