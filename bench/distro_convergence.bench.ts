@@ -26,6 +26,8 @@ import {projectRoot} from '../src/core/worker/python.js'
 
 const THREADS = Number(process.env.BENCH_THREADS ?? 2)
 const STEPS = Number(process.env.BENCH_STEPS ?? 1200)
+/** The run seed: the data order (and anything else random) derives from it; rerun with others to see the spread. */
+const SEED = Number(process.env.BENCH_SEED ?? 0)
 const BATCH = 16 // sequences per inner step (the templates' global batch)
 const PEERS = Number(process.env.BENCH_SPARSELOCO_PEERS ?? 4)
 const TRAIN_TAIL = 60 // inner steps the train loss is averaged over
@@ -65,7 +67,7 @@ const only = process.env.BENCH_ONLY
 
 const rows = []
 for (const v of variants.filter((x) => !only || new RegExp(only).test(x.name))) {
-  let plan = await resolveTrainPlan({...v.flags, threads: THREADS, evalBatches: 32})
+  let plan = await resolveTrainPlan({...v.flags, threads: THREADS, evalBatches: 32, seed: SEED})
   let h = 1
   if (v.sparseloco) {
     if (!('SparseLoCo' in plan.optimizer)) throw new Error(`${plan.configPath}: not a SparseLoCo run`)
