@@ -81,7 +81,7 @@ for (const n of [256, 1_000, 10_000]) {
 
   const round = train.epoch.round!
   const seen = [...assignBatches(train)].map(([id, range]) => ({id, range, commitment: Buffer.alloc(32, 1)}))
-  const proof = buildWitnessProof(round, seen)
+  const proof = buildWitnessProof(train.config, round, seen)
   const witnesses = selectWitnesses(train)
   const witnessEvent = time(20, () => applyEvent(train, {type: 'witness', from: witnesses[witnesses.length - 1], step: round.step, proof}, 21_000))
   for (const w of witnesses) train = must(train, {type: 'witness', from: w, step: round.step, proof}, 21_000)

@@ -118,7 +118,7 @@ async function witnessRound(skip: string[] = []): Promise<void> {
   const s = state()
   const round = s.epoch.round!
   const seen = [...assignBatches(s)].filter(([id, r]) => r.end > r.start && !skip.includes(id)).map(([id, range]) => ({id, range, commitment: Buffer.alloc(32, 1)}))
-  const proof = buildWitnessProof(round, seen)
+  const proof = buildWitnessProof(s.config, round, seen)
   for (const w of selectWitnesses(s)) {
     if (state().run_state !== 'RoundTrain' && state().run_state !== 'RoundWitness') break
     await send(
@@ -141,7 +141,7 @@ function absentees(n: number): string[] {
     if (witnesses.includes(id)) continue
     const skip = [...out, id]
     const seen = [...ranges].filter(([x, r]) => r.end > r.start && !skip.includes(x)).map(([x, range]) => ({id: x, range, commitment: Buffer.alloc(32, 1)}))
-    const bloom = BloomFilter.fromBase64(witnessBloomParams(round.roster.length), buildWitnessProof(round, seen).participant_bloom)
+    const bloom = BloomFilter.fromBase64(witnessBloomParams(s.config, round.roster.length), buildWitnessProof(s.config, round, seen).participant_bloom)
     if (skip.every((x) => !bloom.contains(participantKey(x)))) out.push(id)
   }
   return out

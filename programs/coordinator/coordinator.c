@@ -113,6 +113,13 @@ static u64 trainer_count(const State *s, u64 roster) {
   return cap > 0 && cap < roster ? cap : roster;
 }
 
+/* witnessBloomParams: both witness blooms of a round are sized for its trainers (a witness adds only members with
+ * batches), at least 1: a proof is BLOOM_BITS[bloom_size - 1] / 8 bytes per bloom, BLOOM_HASHES[bloom_size - 1] probes. */
+static u64 bloom_size(const State *s, const Round *r) {
+  u64 t = trainer_count(s, r->roster_len);
+  return t ? t : 1;
+}
+
 /* The batch range [start, end) of a roster member (rangeForPosition of its shuffled position): the first t positions
  * train (t = trainer_count), the others get an empty range at the round's end. */
 static void batch_range(const State *s, const Round *r, u64 index, u64 *start, u64 *end) {
@@ -213,7 +220,7 @@ __attribute__((noinline)) static u64 participant_probe(const u8 *key) {
 
 /* isTrainerHealthy: a quorum of the round's witnesses have the trainer in their participant bloom. */
 static int trainer_healthy(const State *s, const Round *r, u64 probe) {
-  u64 size = r->roster_len ? r->roster_len : 1;
+  u64 size = bloom_size(s, r);
   u64 bits = BLOOM_BITS[size - 1];
   u64 hashes = BLOOM_HASHES[size - 1];
   u64 score = 0;
@@ -234,7 +241,7 @@ static int trainer_healthy(const State *s, const Round *r, u64 probe) {
  * compute budget does not allow.
  */
 static int mark_witnessed(const State *s, Round *r, const u8 *bloom) {
-  u64 size = r->roster_len ? r->roster_len : 1;
+  u64 size = bloom_size(s, r);
   u64 bits = BLOOM_BITS[size - 1];
   u64 hashes = BLOOM_HASHES[size - 1];
   int every = r->roster_len <= r->batch_size && trainer_count(s, r->roster_len) == r->roster_len;
@@ -846,8 +853,7 @@ static u64 on_witness(State *s, u64 now, const u8 *key, const u8 *data, u64 len)
   if (!is_witness(s, r, key)) return fail(E_INVALID_WITNESS, "this client is not a witness of the round");
   for (u64 w = 0; w < r->witness_len; w++)
     if (equal(r->witnesses[w].from, key, 32)) return fail(E_DUPLICATE_WITNESS, "this client already sent a proof for the round");
-  u64 size = r->roster_len ? r->roster_len : 1;
-  u64 bytes = BLOOM_BITS[size - 1] / 8;
+  u64 bytes = BLOOM_BITS[bloom_size(s, r) - 1] / 8;
   if (read_u16(data + 8) != bytes || len != 10 + 2 * bytes) return fail(E_INVALID_WITNESS, "bloom filters of the wrong size for the round");
   if (r->witness_len >= MAX_WITNESSES) return fail(E_CAPACITY_EXCEEDED, "the round already holds MAX_WITNESSES = " STR(MAX_WITNESSES) " proofs");
   Witness *w = &r->witnesses[r->witness_len++];

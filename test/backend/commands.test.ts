@@ -101,7 +101,7 @@ for (const [i, combination] of restartCombinations.entries()) {
       await nextState(client, (s) => s.run_state === 'Warmup')
       client.sendWarmupReady()
       const round1 = await nextState(client, (s) => s.run_state === 'RoundTrain')
-      assert.ok(client.sendWitness(1, aliveProof(round1.epoch.round!, [alice.id])))
+      assert.ok(client.sendWitness(1, aliveProof(round1, [alice.id])))
       const round2 = await nextState(client, (s) => s.run_state === 'RoundTrain' && s.progress.step === 2)
       // Saved as it happened: the file on disk is at step 2 when the server is killed.
       await waitUntil(() => JSON.parse(JSON.parse(readFileSync(join(saveDir, 'coordinator-state.json'), 'utf8')).state).progress.step === 2, 'step 2 on disk')
@@ -124,7 +124,7 @@ for (const [i, combination] of restartCombinations.entries()) {
       assert.equal(resumed.run_state, 'RoundTrain')
       assert.equal(resumed.step, 2, 'no step lost')
       await reconnected
-      assert.ok(client.sendWitness(2, aliveProof(round2.epoch.round!, [alice.id])))
+      assert.ok(client.sendWitness(2, aliveProof(round2, [alice.id])))
       await nextState(client, (s) => s.run_state === 'RoundTrain' && s.progress.step === 3)
 
       // The saved file follows the run.

@@ -180,11 +180,11 @@ export function nextState(c: CoordinatorConnection, pred: (s: CoordinatorState) 
 }
 
 /**
- * A witness proof that saw these clients alive but none of their results: the round waits out its witness phase (no
+ * A witness proof of the state's round that saw these clients alive but none of their results: the round waits out its witness phase (no
  * early close), and none of them is dropped as unseen when it closes (coordinator/rules.ts unseenTrainers).
  */
-export function aliveProof(round: Round, ids: string[]): {participant_bloom: string; broadcast_bloom: string} {
-  const params = witnessBloomParams(round.roster.length)
+export function aliveProof(state: CoordinatorState, ids: string[]): {participant_bloom: string; broadcast_bloom: string} {
+  const params = witnessBloomParams(state.config, state.epoch.round!.roster.length)
   const participants = new BloomFilter(params)
   for (const id of ids) participants.add(participantKey(id))
   return {participant_bloom: participants.toBase64(), broadcast_bloom: new BloomFilter(params).toBase64()}

@@ -70,7 +70,7 @@ test('a stopped server restarted from --save-state-dir resumes the run; the clie
       }
       c!.on('state', on)
     })
-    assert.ok(c.sendWitness(1, buildWitnessProof(r1, [{id: alice.id, range: {start: r1.data_index, end: r1.data_index + r1.batch_size}, commitment: Buffer.alloc(32, 7)}])))
+    assert.ok(c.sendWitness(1, buildWitnessProof({}, r1, [{id: alice.id, range: {start: r1.data_index, end: r1.data_index + r1.batch_size}, commitment: Buffer.alloc(32, 7)}])))
     assert.notEqual((await round2).epoch.round?.seed, round1.epoch.round?.seed)
   } finally {
     await c?.close()
@@ -147,7 +147,7 @@ test('points survive a restart: the rewards ledger is saved with the state and w
     const round1 = await nextState(c, (s) => s.run_state === 'RoundTrain')
     const witnessSelf = (round: CoordinatorState['epoch']['round']) => {
       const range = {start: round!.data_index, end: round!.data_index + round!.batch_size}
-      assert.ok(c!.sendWitness(round!.step, buildWitnessProof(round!, [{id: alice.id, range, commitment: Buffer.alloc(32, 7)}])))
+      assert.ok(c!.sendWitness(round!.step, buildWitnessProof({}, round!, [{id: alice.id, range, commitment: Buffer.alloc(32, 7)}])))
       return range.end - range.start
     }
     // Alice witnesses her own results (the only trainer): accepted, and the round closes at once. The epoch's time
@@ -213,7 +213,7 @@ test('with an identity file, a --save-state-dir that does not exist is created a
     c.sendWarmupReady()
     const round1 = await nextState(c, (s) => s.run_state === 'RoundTrain')
     const round2 = nextRound(c, 2, clock)
-    assert.ok(c.sendWitness(1, aliveProof(round1.epoch.round!, [alice.id])))
+    assert.ok(c.sendWitness(1, aliveProof(round1, [alice.id])))
     await round2
     assert.equal(first.logs.filter((l) => l.event === 'error').length, 0, JSON.stringify(first.logs.filter((l) => l.event === 'error')))
     const port = first.server.port
@@ -254,7 +254,7 @@ test('saves that fail are errors in the log and on watchers (status, dashboard);
     // The disk goes away: the directory is replaced by a file, so every save fails (ENOTDIR).
     renameSync(saveDir, `${saveDir}.away`)
     writeFileSync(saveDir, 'not a directory')
-    assert.ok(c.sendWitness(1, buildWitnessProof(round1.epoch.round!, [])))
+    assert.ok(c.sendWitness(1, buildWitnessProof(round1.config, round1.epoch.round!, [])))
     const error = await first.waitLog({event: 'error', where: 'save'})
     assert.equal(error.failures_in_a_row, 1)
     assert.equal(error.last_saved_step, 1)

@@ -144,7 +144,7 @@ test('a witness replayed at a later step is refused: same connection (seq), anot
     raw.send(alice, 'witness', {proof: {participant_bloom: '', broadcast_bloom: ''}}, {step: 1}) // warmup: model loaded
     const round1 = await raw.next((m) => m.kind === 'state' && m.body.state.run_state === 'RoundTrain')
     assert.ok(round1.kind === 'state')
-    const proof1 = aliveProof(round1.body.state.epoch.round!, [alice.id])
+    const proof1 = aliveProof(round1.body.state, [alice.id])
     const witness1 = raw.send(alice, 'witness', {proof: proof1}, {step: 1})
     // the round closes at once (its one witness saw its one trainer) or after its witness phase
     const round2 = await raw.next((m) => {
@@ -165,7 +165,7 @@ test('a witness replayed at a later step is refused: same connection (seq), anot
     const stale = await t.waitLog({event: 'rejected', code: 'stale_step'}, from)
     assert.match(String(stale.reason), /step 1, but the run is at step 2/)
     // The current step's proof is accepted.
-    raw.send(alice, 'witness', {proof: aliveProof(round2.body.state.epoch.round!, [alice.id])}, {step: 2})
+    raw.send(alice, 'witness', {proof: aliveProof(round2.body.state, [alice.id])}, {step: 2})
     await raw.next((m) => m.kind === 'state' && ((m.body.state.run_state === 'RoundWitness' && m.body.state.progress.step === 2) || m.body.state.progress.step === 3))
     await Promise.all([raw.close(), other.close()])
   })
@@ -324,7 +324,7 @@ test("verification scores: a verifier's signed report is kept as a moving averag
     assert.ok(a.sendScores(1, [{client_id: bob.id, score: 0.4}]))
     await t.waitLog({event: 'rejected', code: 'stale_step', of: 'scores'}, from)
     const round2 = nextRound(a, 2, t.clock)
-    for (const c of [a, b]) c.sendWitness(1, aliveProof(round1.epoch.round!, [alice.id, bob.id]))
+    for (const c of [a, b]) c.sendWitness(1, aliveProof(round1, [alice.id, bob.id]))
     await round2
 
     assert.ok(a.sendScores(1, [{client_id: bob.id, score: 0.4}]))

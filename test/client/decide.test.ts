@@ -37,7 +37,7 @@ function held(state: CoordinatorState, round: Round, from: string[] = round.rost
 function witness(state: CoordinatorState, now: number, saw: string[] = IDS): CoordinatorState {
   const round = state.epoch.round!
   const seen = [...assignBatches(state)].filter(([id, r]) => r.end > r.start && saw.includes(id)).map(([id, range]) => ({id, range, commitment: Buffer.from(COMMIT, 'hex')}))
-  for (const w of selectWitnesses(state)) state = ok(state, {type: 'witness', from: w, step: round.step, proof: buildWitnessProof(round, seen)}, now)
+  for (const w of selectWitnesses(state)) state = ok(state, {type: 'witness', from: w, step: round.step, proof: buildWitnessProof(state.config, round, seen)}, now)
   return state
 }
 
@@ -108,7 +108,7 @@ describe('client decisions: rounds', () => {
     // a proof the coordinator already records is not sent again (e.g. after a reconnect cleared witnessSent)
     const proof0 = proof as Extract<typeof proof, {kind: 'witness'}>
     const seenKeys = proof0.seen.map((r) => ({id: r.client_id, range: {start: r.batch_start, end: r.batch_end}, commitment: Buffer.from(r.commitment, 'hex')}))
-    const withMine = ok(state, {type: 'witness', from: 'alice', step: 1, proof: buildWitnessProof(round, seenKeys)}, now)
+    const withMine = ok(state, {type: 'witness', from: 'alice', step: 1, proof: buildWitnessProof(state.config, round, seenKeys)}, now)
     assert.deepEqual(
       messagesToSend(withMine, all).filter((m) => m.kind === 'witness'),
       [],

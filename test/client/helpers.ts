@@ -104,7 +104,7 @@ export function witnessAndAdvance(state: CoordinatorState, now: number, commitme
   const seen = [...assignBatches(state, round)]
     .filter(([id, r]) => r.end > r.start && commitments.has(id))
     .map(([id, range]) => ({id, range, commitment: Buffer.from(commitments.get(id)!, 'hex')}))
-  for (const w of selectWitnesses(state, round)) state = ok(state, {type: 'witness', from: w, step: round.step, proof: buildWitnessProof(round, seen)}, now)
+  for (const w of selectWitnesses(state, round)) state = ok(state, {type: 'witness', from: w, step: round.step, proof: buildWitnessProof(state.config, round, seen)}, now)
   for (let i = 0; i < 100 && !(state.run_state === 'RoundTrain' && state.epoch.round!.step > round.step); i++) state = applyEvent(state, {type: 'tick'}, (now += 1000)).state
   const previous = finalRounds(state).find((r) => r.step === round.step)
   if (!previous) throw new Error(`round ${round.step} did not become final (run state ${state.run_state})`)

@@ -64,7 +64,7 @@ export function joinAll(state: CoordinatorState, ids: string[], now: number): Co
 export function honestProof(state: CoordinatorState, saw?: string[]): {participant_bloom: string; broadcast_bloom: string} {
   const round = state.epoch.round!
   const seen = [...assignBatches(state)].filter(([id, r]) => r.end > r.start && (!saw || saw.includes(id))).map(([id, range]) => ({id, range, commitment: Buffer.alloc(32, 1)}))
-  return buildWitnessProof(round, seen)
+  return buildWitnessProof(state.config, round, seen)
 }
 
 /** All of the round's witnesses send proofs (seeing `saw`, default everyone). */

@@ -125,7 +125,7 @@ function toEvent(s: CoordinatorState, c: Command): CoordinatorEvent {
       const seen = [...assignBatches(s, round)]
         .filter(([, r], k) => r.end > r.start && (c.mask >> k) % 2 === 1)
         .map(([cid, range]) => ({id: cid, range, commitment: Buffer.alloc(32, 3)}))
-      return {type: 'witness', from, step: c.stale ? round.step - 1 : round.step, proof: buildWitnessProof(round, seen)}
+      return {type: 'witness', from, step: c.stale ? round.step - 1 : round.step, proof: buildWitnessProof(s.config, round, seen)}
     }
     case 'health':
       return {type: 'health_check', from: id(c.from), accused: [id(c.accused)]}
@@ -227,7 +227,7 @@ describe('coordinator invariants over random event sequences', () => {
           // An independent recount of complete proofs, straight from the blooms.
           const round = next.epoch.round
           if (round) {
-            const params = witnessBloomParams(round.roster.length)
+            const params = witnessBloomParams(next.config, round.roster.length)
             const keys = round.roster.map(participantKey)
             const everyoneHasBatches = round.roster.length <= round.batch_size
             const complete = everyoneHasBatches ? round.witnesses.filter((w) => keys.every((k) => BloomFilter.fromBase64(params, w.participant_bloom).contains(k))).length : 0

@@ -3,7 +3,18 @@
 // member not chosen is neither judged for producing nothing nor accusable.
 import assert from 'node:assert/strict'
 import {describe, it} from 'node:test'
-import {applyEvent, assignBatches, batchRangeFor, isWitness, selectWitnesses, trainerCount} from '../../src/core/coordinator/index.js'
+import {
+  applyEvent,
+  assignBatches,
+  batchRangeFor,
+  buildWitnessProof,
+  isResultWitnessed,
+  isTrainerHealthy,
+  isWitness,
+  selectWitnesses,
+  trainerCount,
+  witnessBloomParams,
+} from '../../src/core/coordinator/index.js'
 import type {CoordinatorState} from '../../src/core/coordinator/index.js'
 import {validateRunConfig} from '../../src/core/config/run-config.js'
 import {baseConfig, baseLLM, honestProof, ok, rejected, S, toFirstRound, witnessAll} from './helpers.js'
@@ -101,6 +112,46 @@ describe('max_trainers_per_round', () => {
     state = applyEvent(state, {type: 'tick'}, (now += S)).state
     assert.equal(state.run_state, 'RoundTrain', 'every witness attested every chosen trainer: the next round, 58 s early')
     assert.equal(state.epoch.round!.step, step + 1)
+  })
+
+  it('witness blooms are sized for the G trainers when G is below the roster, for the roster otherwise', () => {
+    // 1 % false positives: 160 bits (20 bytes) hold 16 trainers, 384 bits hold 40
+    assert.deepEqual(witnessBloomParams({max_trainers_per_round: 16}, 40), {bits: 160, hashes: 7})
+    assert.deepEqual(witnessBloomParams({}, 40), {bits: 384, hashes: 7})
+    assert.deepEqual(witnessBloomParams({max_trainers_per_round: 64}, 40), witnessBloomParams({}, 40))
+    assert.deepEqual(witnessBloomParams({max_trainers_per_round: 16}, 16), witnessBloomParams({}, 16))
+    assert.deepEqual(witnessBloomParams({max_trainers_per_round: 16}, 256), witnessBloomParams({}, 16))
+    assert.deepEqual(witnessBloomParams({max_trainers_per_round: 3}, 0), witnessBloomParams({}, 1))
+  })
+
+  it("with G = 16 of 40 members a proof's blooms are 20 bytes: accepted, they attest the chosen results and close the window; a roster-sized one is refused", () => {
+    const members = Array.from({length: 40}, (_, i) => `member-${i}`)
+    let {state, now} = toFirstRound(members, {max_trainers_per_round: 16, init_min_clients: 40, witness_nodes: 3, global_batch_size_start: 32, global_batch_size_end: 32})
+    const round = state.epoch.round!
+    const step = round.step
+    const picked = chosen(state)
+    assert.equal(picked.length, 16)
+    const proof = honestProof(state)
+    for (const bloom of [proof.participant_bloom, proof.broadcast_bloom]) assert.equal(Buffer.from(bloom, 'base64').length, 20)
+    // a proof sized for the whole roster (48 bytes), as before G bounded the blooms, does not decode
+    const seen = [...assignBatches(state)].filter(([, r]) => r.end > r.start).map(([id, range]) => ({id, range, commitment: Buffer.alloc(32, 1)}))
+    const wide = buildWitnessProof({}, round, seen)
+    assert.equal(Buffer.from(wide.participant_bloom, 'base64').length, 48)
+    const [w0] = selectWitnesses(state)
+    assert.match(rejected(state, {type: 'witness', from: w0, step, proof: wide}, now, 'InvalidWitness'), /participant_bloom/)
+    state = witnessAll(state, now)
+    const recorded = state.epoch.round!
+    // (members not chosen are never looked up: a 1 % false positive of theirs decides nothing)
+    for (const [id, range] of assignBatches(state, recorded)) {
+      if (range.end === range.start) continue
+      assert.ok(isTrainerHealthy(state, recorded, id), id)
+      assert.ok(isResultWitnessed(state, recorded, id, range, Buffer.alloc(32, 1)), id)
+    }
+    state = applyEvent(state, {type: 'tick'}, (now += S)).state
+    state = applyEvent(state, {type: 'tick'}, (now += S)).state
+    assert.equal(state.run_state, 'RoundTrain', 'every witness attested every chosen trainer: the window closed early')
+    assert.equal(state.epoch.round!.step, step + 1)
+    assert.equal(state.epoch.clients.length, 40, 'nobody was dropped')
   })
 
   it('validate-config: 1 to 128, a whole number', () => {

@@ -103,7 +103,7 @@ describe('psyche dashboard --server-addr', () => {
     // Once the round's result is witnessed, its points show as pending for the epoch (no verifiers: weight 1).
     const round = t.server.state.epoch.round!
     const range = {start: round.data_index, end: round.data_index + round.batch_size}
-    assert.ok(conn.sendWitness(step, buildWitnessProof(round, [{id: identity.id, range, commitment: Buffer.alloc(32, 1)}])))
+    assert.ok(conn.sendWitness(step, buildWitnessProof(t.server.state.config, round, [{id: identity.id, range, commitment: Buffer.alloc(32, 1)}])))
     await waitUntil(() => t!.server.state.progress.step === step + 1, 'the next round')
     type Row = {id: string; score: number | null; earned: number; pending_points: number; slashed: number}
     let row: Row | undefined

@@ -28,7 +28,7 @@ describe('psyche rewards', () => {
     const witnessRound = (s: CoordinatorState) => {
       const seen = [...assignBatches(s)].map(([id, range]) => ({id, range, commitment: Buffer.alloc(32, 1)}))
       for (const {id, range} of seen) batches.set(id, (batches.get(id) ?? 0) + range.end - range.start)
-      for (const c of conns) assert.ok(c.sendWitness(s.epoch.round!.step, buildWitnessProof(s.epoch.round!, seen)))
+      for (const c of conns) assert.ok(c.sendWitness(s.epoch.round!.step, buildWitnessProof(s.config, s.epoch.round!, seen)))
     }
     witnessRound(await nextState(a, (s) => s.run_state === 'RoundTrain'))
     const round2 = await nextState(a, (s) => s.run_state === 'RoundTrain' && s.progress.step === 2)

@@ -347,7 +347,7 @@ describe('coordinator program: client instructions', () => {
     assert.equal(state.run_state, 'RoundTrain')
     assert.equal(state.epoch.round!.roster.length, MAX_CLIENTS)
     const seen = [...assignBatches(state)].map(([id, range]) => ({id, range, commitment: Buffer.alloc(32, 1)}))
-    const proof = buildWitnessProof(state.epoch.round!, seen)
+    const proof = buildWitnessProof(state.config, state.epoch.round!, seen)
     const witness = clients.find((k) => clientIdOf(k.address) === selectWitnesses(state)[0])!
     const r = await chain.send(d.payer, [
       witnessInstruction(p, c, witness, state.epoch.round!.step, Buffer.from(proof.participant_bloom, 'base64'), Buffer.from(proof.broadcast_bloom, 'base64')),

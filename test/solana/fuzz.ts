@@ -187,7 +187,8 @@ function randomConfig(rng: Rng, clients: number, invalid: boolean): CoordinatorC
   if (rng.chance(0.4)) config.rounds_per_epoch = rng.int(1, 6)
   // Drawn from a generator of its own, so that every other draw of a seed's sequence stays what it was.
   const side = new Rng(config.total_steps * 7919 + config.epoch_time * 131 + start)
-  if (side.chance(0.35)) config.max_trainers_per_round = side.int(1, 4)
+  // G small (1 to 4) mostly; sometimes up to 12, so that pools of 7 to 16 draw G-sized blooms of several lengths.
+  if (side.chance(0.35)) config.max_trainers_per_round = side.chance(0.7) ? side.int(1, 4) : side.int(5, 12)
   if (invalid) {
     const bad = config as unknown as Record<string, number>
     const field = rng.pick([
@@ -308,11 +309,13 @@ class Sequence {
   proof(from: string): {participant_bloom: string; broadcast_bloom: string} {
     const round = this.state.epoch.round!
     const kind = this.rng.weighted({valid: 8, random: 1, size: 1})
-    const size = witnessBloomParams(round.roster.length).bits / 8
+    const size = witnessBloomParams(this.state.config, round.roster.length).bits / 8
     if (kind === 'random') return {participant_bloom: this.rng.bytes(size).toString('base64'), broadcast_bloom: this.rng.bytes(size).toString('base64')}
     if (kind === 'size') {
       // (never 0 bytes: an empty proof is the warmup report, another instruction)
-      const n = this.rng.pick([1, size - 1, size + 1, 80].filter((x) => x >= 1 && x <= 80 && x !== size))
+      // (and, with max_trainers_per_round below the roster, a bloom sized for the whole roster)
+      const wide = witnessBloomParams({}, round.roster.length).bits / 8
+      const n = this.rng.pick([1, size - 1, size + 1, 80, wide].filter((x) => x >= 1 && x <= 80 && x !== size))
       return {participant_bloom: this.rng.bytes(n).toString('base64'), broadcast_bloom: this.rng.bytes(n).toString('base64')}
     }
     const trainers = [...assignBatches(this.state)].filter(([, r]) => r.end > r.start)
@@ -326,7 +329,7 @@ class Sequence {
     const seen = trainers
       .filter(([id]) => (cutoff ? (from === cutoff ? id === cutoff : id !== cutoff) : all || this.rng.chance(0.6)))
       .map(([id, range]) => ({id, range, commitment: Buffer.alloc(32, 7)}))
-    return buildWitnessProof(round, seen)
+    return buildWitnessProof(this.state.config, round, seen)
   }
 
   equivocationProof(): EquivocationProof {
@@ -502,7 +505,7 @@ class Sequence {
     // A well-formed instruction to cut or pad (its data only matters for the length checks).
     const wellFormed = (): Instruction => {
       const round = this.state.epoch.round
-      const size = witnessBloomParams(round?.roster.length ?? 1).bits / 8
+      const size = witnessBloomParams(this.state.config, round?.roster.length ?? 1).bits / 8
       return this.rng.pick([
         // (in Warmup a witness instruction is a warmup report whatever its proof, as the reference's witness event)
         () => (this.state.run_state === 'Warmup' ? withdrawInstruction(p, c, client) : witnessInstruction(p, c, client, round?.step ?? 1, Buffer.alloc(size), Buffer.alloc(size))),

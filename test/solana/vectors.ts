@@ -145,7 +145,7 @@ class Recorder {
     const seen = [...assignBatches(this.state)]
       .filter(([id, r]) => r.end > r.start && (!saw || saw.includes(id)))
       .map(([id, range]) => ({id, range, commitment: Buffer.alloc(32, 7)}))
-    return buildWitnessProof(this.state.epoch.round!, seen)
+    return buildWitnessProof(this.state.config, this.state.epoch.round!, seen)
   }
 
   witnessAll(saw?: string[]): void {
@@ -471,7 +471,7 @@ export async function capacity(): Promise<Scenario> {
     if (absent.length === HEALTH_CHECK_BATCH) break
     if (witnesses.includes(id)) continue
     const saw = round.roster.filter((x) => x !== id && !absent.includes(x))
-    const bloom = BloomFilter.fromBase64(witnessBloomParams(round.roster.length), r.proof(saw).participant_bloom)
+    const bloom = BloomFilter.fromBase64(witnessBloomParams(r.state.config, round.roster.length), r.proof(saw).participant_bloom)
     if ([...absent, id].every((x) => !bloom.contains(participantKey(x)))) absent.push(id)
   }
   r.witnessAll(round.roster.filter((x) => !absent.includes(x)))
@@ -724,6 +724,41 @@ async function trainersCap(): Promise<Scenario> {
 }
 
 /**
+ * max_trainers_per_round = 3 of 12 members: both witness blooms are sized for the 3 trainers (8 bytes each, rules.ts
+ * witnessBloomParams; the program's bloom_size), not for the roster (15 bytes, refused), and such proofs attest the chosen
+ * trainers: the round closes early.
+ */
+async function trainersCapBlooms(): Promise<Scenario> {
+  const labels = Array.from({length: 12}, (_, i) => `g${i}`)
+  const r = await recorder('trainers-cap-blooms', labels, {
+    round_witness_time: 30,
+    max_trainers_per_round: 3,
+    min_clients: 3,
+    init_min_clients: 12,
+    witness_nodes: 3,
+    global_batch_size_start: 12,
+    global_batch_size_end: 12,
+  })
+  r.apply({type: 'resume'}, 'ok')
+  for (const l of labels) r.apply({type: 'join', id: r.id(l)}, 'ok')
+  r.tickOut() // → Warmup
+  r.warmupAll()
+  const round = r.state.epoch.round!
+  const seen = [...assignBatches(r.state)].filter(([, range]) => range.end > range.start).map(([id, range]) => ({id, range, commitment: Buffer.alloc(32, 7)}))
+  const wide = buildWitnessProof({}, round, seen)
+  if (Buffer.from(wide.participant_bloom, 'base64').length !== 15 || Buffer.from(r.proof().participant_bloom, 'base64').length !== 8)
+    throw new Error('trainers-cap-blooms: expected 15-byte roster-sized and 8-byte trainer-sized blooms')
+  r.apply({type: 'witness', from: selectWitnesses(r.state)[0], step: round.step, proof: wide}, 'InvalidWitness')
+  r.witnessAll()
+  const before = r.now
+  r.tickOut() // RoundTrain → RoundWitness (the proofs' quorum ended training) → round 2, at once
+  if ((r.state.run_state as string) !== 'RoundTrain' || r.now - before > 3) throw new Error('trainers-cap-blooms: round 1 did not close early')
+  r.witnessAll()
+  r.tickOut()
+  return finish(r)
+}
+
+/**
  * SparseLoCo with `h` inner steps a round, every field given (as validateRunConfig fills them in), so the reference's
  * normalized model and the program's decoded one are the same object.
  */
@@ -820,6 +855,7 @@ export async function generateVectors(): Promise<VectorFile> {
       await cutOff(),
       await currentModel(),
       await trainersCap(),
+      await trainersCapBlooms(),
       await innerSteps(),
     ],
   }

@@ -286,6 +286,7 @@ export class PsycheClient {
       case 'witness': {
         const round = this.ctx.state.epoch.round!
         const proof = buildWitnessProof(
+          this.ctx.state.config,
           round,
           m.seen.map((r) => ({id: r.client_id, range: {start: r.batch_start, end: r.batch_end}, commitment: Buffer.from(r.commitment, 'hex')})),
         )

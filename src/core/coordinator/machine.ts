@@ -1,7 +1,7 @@
 import {formatIssue} from '../config/read.js'
 import {validateRunConfig} from '../config/run-config.js'
 import type {CheckpointConfig, CoordinatorConfig, HubRepo, LLMConfig, RunConfigFile} from '../config/types.js'
-import {BloomFilter} from '../primitives/bloom.js'
+import {BloomFilter, type BloomParams} from '../primitives/bloom.js'
 import {checkEquivocation} from './equivocation.js'
 import {fromHex, sha256, u64le} from '../primitives/seed.js'
 import {
@@ -263,9 +263,9 @@ function allAttested(s: CoordinatorState, round: Round): boolean {
   const trainers = trainerCount(s.config, n)
   if (trainers === n) return round.complete_witnesses >= witnesses
   if (round.witnesses.length < witnesses || trainers > round.batch_size) return false
-  const params = witnessBloomParams(n)
+  const params = witnessBloomParams(s.config, n)
   const proofs = round.witnesses.map((w) => BloomFilter.fromBase64(params, w.participant_bloom))
-  const positions = trainerPositions(round)
+  const positions = trainerPositions(params, round)
   const ranges = assignBatches(s, round)
   return round.roster.every((id, i) => {
     const range = ranges.get(id)!
@@ -405,10 +405,10 @@ function onEject(s: CoordinatorState, id: ClientId): CoordinatorState {
   throw new Reject('UnknownClient', `client ${id} is neither training nor waiting to join`)
 }
 
-function decodeBloom(text: unknown, rosterSize: number, field: string): BloomFilter {
+function decodeBloom(text: unknown, params: BloomParams, field: string): BloomFilter {
   if (typeof text !== 'string') throw new Reject('InvalidWitness', `${field} must be base64 text`)
   try {
-    return BloomFilter.fromBase64(witnessBloomParams(rosterSize), text)
+    return BloomFilter.fromBase64(params, text)
   } catch (error) {
     throw new Reject('InvalidWitness', `${field}: ${(error as Error).message}`)
   }
@@ -427,22 +427,22 @@ function decodeBloom(text: unknown, rosterSize: number, field: string): BloomFil
 function attestsEveryTrainer(config: CoordinatorConfig, round: Round, participants: BloomFilter): boolean {
   const n = round.roster.length
   if (n > round.batch_size || trainerCount(config, n) < n) return false
-  return trainerPositions(round).every((positions) => participants.containsPositions(positions))
+  return trainerPositions(participants.params, round).every((positions) => participants.containsPositions(positions))
 }
 
-const trainerPositionsMemo = new WeakMap<readonly ClientId[], number[][]>()
+const trainerPositionsMemo = new WeakMap<readonly ClientId[], {params: BloomParams; positions: number[][]}>()
 
 /**
- * The participant-bloom bit positions of each trainer: hashed once per round (memoized by its roster, which
- * every copy of the round shares), so checking a proof costs bit lookups only.
+ * The participant-bloom bit positions (in a bloom of `params`, the round's witnessBloomParams) of each roster member:
+ * hashed once per round (memoized by its roster, which every copy of the round shares), so checking a proof costs bit
+ * lookups only.
  */
-function trainerPositions(round: Round): number[][] {
+function trainerPositions(params: BloomParams, round: Round): number[][] {
   const hit = trainerPositionsMemo.get(round.roster)
-  if (hit) return hit
-  const params = witnessBloomParams(round.roster.length)
-  const out = round.roster.map((id) => BloomFilter.positionsFor(params, participantKey(id)))
-  trainerPositionsMemo.set(round.roster, out)
-  return out
+  if (hit && hit.params.bits === params.bits && hit.params.hashes === params.hashes) return hit.positions
+  const positions = round.roster.map((id) => BloomFilter.positionsFor(params, participantKey(id)))
+  trainerPositionsMemo.set(round.roster, {params, positions})
+  return positions
 }
 
 function onWitness(s: CoordinatorState, now: number, event: Extract<CoordinatorEvent, {type: 'witness'}>, entropy?: string): CoordinatorState {
@@ -467,8 +467,9 @@ function onWitness(s: CoordinatorState, now: number, event: Extract<CoordinatorE
   if (!isWitness(s, from, round)) throw new Reject('InvalidWitness', `client ${from} is not a witness of step ${round.step}`)
   if (round.witnesses.some((w) => w.from === from)) throw new Reject('DuplicateWitness', `client ${from} already sent a proof for step ${round.step}`)
   const n = round.roster.length
-  const participants = decodeBloom(event.proof?.participant_bloom, n, 'participant_bloom')
-  decodeBloom(event.proof?.broadcast_bloom, n, 'broadcast_bloom')
+  const params = witnessBloomParams(s.config, n)
+  const participants = decodeBloom(event.proof?.participant_bloom, params, 'participant_bloom')
+  decodeBloom(event.proof?.broadcast_bloom, params, 'broadcast_bloom')
   const witnesses = [...round.witnesses, {from, participant_bloom: event.proof.participant_bloom, broadcast_bloom: event.proof.broadcast_bloom}]
   const complete_witnesses = round.complete_witnesses + (attestsEveryTrainer(s.config, round, participants) ? 1 : 0)
   s = {...s, epoch: {...s.epoch, round: {...round, witnesses, complete_witnesses}}}

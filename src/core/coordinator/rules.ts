@@ -134,7 +134,7 @@ const isWitnessMemo = new WeakMap<Round, Map<ClientId, boolean>>()
  * witness and serve, and wait for a round that chooses them (each round's seed draws again, so every member is chosen
  * with the same chance G / n every round, whatever it did before).
  */
-export function trainerCount(config: CoordinatorConfig, rosterSize: number): number {
+export function trainerCount(config: Pick<CoordinatorConfig, 'max_trainers_per_round'>, rosterSize: number): number {
   const cap = config.max_trainers_per_round
   return cap !== undefined && cap > 0 && cap < rosterSize ? cap : rosterSize
 }
@@ -229,9 +229,14 @@ export function selectVerifiers(state: CoordinatorState, round?: Round | null): 
   return out
 }
 
-/** Size of both witness blooms for a round of `rosterSize` trainers. */
-export function witnessBloomParams(rosterSize: number): BloomParams {
-  return bloomParamsFor(rosterSize, WITNESS_BLOOM_FALSE_RATE)
+/**
+ * Size of both witness blooms of a round with `rosterSize` members: a filter for its trainers (trainerCount), since a
+ * witness adds only members with batches (client decide.ts: trainersWithBatches), each once to each bloom. With
+ * max_trainers_per_round (G) below the roster that is G entries, so a proof costs O(G) bytes, not O(roster). The one
+ * rule for every place that builds, checks or decodes a bloom (the program mirrors it: coordinator.c bloom_size).
+ */
+export function witnessBloomParams(config: Pick<CoordinatorConfig, 'max_trainers_per_round'>, rosterSize: number): BloomParams {
+  return bloomParamsFor(trainerCount(config, rosterSize), WITNESS_BLOOM_FALSE_RATE)
 }
 
 /** The participant-bloom key of a client: a witness adds it once it received that client's results. */
@@ -244,9 +249,13 @@ function broadcastKey(id: ClientId, range: BatchRange, commitment: Uint8Array): 
   return sha256(Buffer.from('psyche/broadcast\0', 'utf8'), Buffer.from(id, 'utf8'), Buffer.from([0]), u64le(range.start), u64le(range.end), commitment)
 }
 
-/** Builds a witness proof's blooms for a round from what the witness received. */
-export function buildWitnessProof(round: Round, seen: {id: ClientId; range: BatchRange; commitment: Uint8Array}[]): {participant_bloom: string; broadcast_bloom: string} {
-  const params = witnessBloomParams(round.roster.length)
+/** Builds a witness proof's blooms for a round (of a run with `config`) from what the witness received. */
+export function buildWitnessProof(
+  config: Pick<CoordinatorConfig, 'max_trainers_per_round'>,
+  round: Round,
+  seen: {id: ClientId; range: BatchRange; commitment: Uint8Array}[],
+): {participant_bloom: string; broadcast_bloom: string} {
+  const params = witnessBloomParams(config, round.roster.length)
   const participants = new BloomFilter(params)
   const broadcasts = new BloomFilter(params)
   for (const s of seen) {
@@ -256,15 +265,15 @@ export function buildWitnessProof(round: Round, seen: {id: ClientId; range: Batc
   return {participant_bloom: participants.toBase64(), broadcast_bloom: broadcasts.toBase64()}
 }
 
-function blooms(round: Round, which: 'participant_bloom' | 'broadcast_bloom'): BloomFilter[] {
-  const params = witnessBloomParams(round.roster.length)
+function blooms(config: CoordinatorConfig, round: Round, which: 'participant_bloom' | 'broadcast_bloom'): BloomFilter[] {
+  const params = witnessBloomParams(config, round.roster.length)
   return round.witnesses.map((w) => BloomFilter.fromBase64(params, w[which]))
 }
 
 /** How many of the round's witnesses saw results from `id` (Psyche's trainer_healthy_score_by_witnesses). */
-function trainerHealthScore(round: Round, id: ClientId): number {
+function trainerHealthScore(config: CoordinatorConfig, round: Round, id: ClientId): number {
   const key = participantKey(id)
-  return blooms(round, 'participant_bloom').filter((b) => b.contains(key)).length
+  return blooms(config, round, 'participant_bloom').filter((b) => b.contains(key)).length
 }
 
 /**
@@ -278,13 +287,13 @@ export function wasEjected(state: CoordinatorState, id: ClientId): boolean {
 
 /** A trainer is healthy in a round when a quorum of that round's witnesses saw its results. */
 export function isTrainerHealthy(state: CoordinatorState, round: Round, id: ClientId): boolean {
-  return trainerHealthScore(round, id) >= witnessQuorum(witnessCount(state.config, round.roster.length))
+  return trainerHealthScore(state.config, round, id) >= witnessQuorum(witnessCount(state.config, round.roster.length))
 }
 
 /** True when a quorum of the round's witnesses saw this exact result: clients apply only such results. */
 export function isResultWitnessed(state: CoordinatorState, round: Round, id: ClientId, range: BatchRange, commitment: Uint8Array): boolean {
   const key = broadcastKey(id, range, commitment)
-  const score = blooms(round, 'broadcast_bloom').filter((b) => b.contains(key)).length
+  const score = blooms(state.config, round, 'broadcast_bloom').filter((b) => b.contains(key)).length
   return score >= witnessQuorum(witnessCount(state.config, round.roster.length))
 }
 
@@ -373,7 +382,7 @@ export function modelWanted(s: CoordinatorState): {step: number; param_hash: str
  * closing round drops (machine.ts tickRoundWitness), and a health check may accuse. Blooms decoded once per round.
  */
 export function unseenTrainers(state: CoordinatorState, round: Round): ClientId[] {
-  const params = witnessBloomParams(round.roster.length)
+  const params = witnessBloomParams(state.config, round.roster.length)
   const filters = round.witnesses.map((w) => BloomFilter.fromBase64(params, w.participant_bloom))
   const quorum = witnessQuorum(witnessCount(state.config, round.roster.length))
   const out: ClientId[] = []

@@ -111,7 +111,7 @@ function readCheckpoint(b: Buffer, o: number): CheckpointConfig | null {
   return {[kind]: repo} as CheckpointConfig
 }
 
-function readRound(b: Buffer, o: number): Round {
+function readRound(b: Buffer, o: number, config: Pick<CoordinatorConfig, 'max_trainers_per_round'>): Round {
   const field = (name: keyof typeof ROUND): number => num(b, o + ROUND[name].offset, `round.${name}`)
   const rosterLen = field('roster_len')
   const witnessLen = field('witness_len')
@@ -119,7 +119,7 @@ function readRound(b: Buffer, o: number): Round {
   const excludedLen = field('excluded_len')
   if (rosterLen > MAX_CLIENTS || witnessLen > MAX_WITNESSES || accusationLen > MAX_ACCUSATIONS || excludedLen > MAX_CLIENTS)
     throw new RangeError('coordinator account: round lists exceed their capacity')
-  const bloomBytes = witnessBloomParams(rosterLen).bits / 8
+  const bloomBytes = witnessBloomParams(config, rosterLen).bits / 8
   const key = (at: number): string => b.toString('hex', at, at + 32)
   const witnesses: WitnessRecord[] = Array.from({length: witnessLen}, (_, i) => {
     const w = o + ROUND.witnesses.offset + i * ROUND.witnesses.stride
@@ -274,8 +274,8 @@ export function decodeCoordinator(data: Uint8Array): OnChainCoordinator {
       exited,
       warmup_witnesses: readKeys(b, O.warmup_witnesses, num(b, O.warmup_len, 'warmup_len')),
       hash_witnesses: readHashWitnesses(b),
-      round: b.readBigUInt64LE(O.has_round) !== 0n ? readRound(b, O.round) : null,
-      previous_round: b.readBigUInt64LE(O.has_previous_round) !== 0n ? readRound(b, O.previous_round) : null,
+      round: b.readBigUInt64LE(O.has_round) !== 0n ? readRound(b, O.round, config) : null,
+      previous_round: b.readBigUInt64LE(O.has_previous_round) !== 0n ? readRound(b, O.previous_round, config) : null,
     },
     pending: readKeys(b, O.pending, num(b, O.pending_len, 'pending_len')),
     pending_pause: b.readBigUInt64LE(O.pending_pause) !== 0n,
