@@ -141,7 +141,7 @@ function absentees(n: number): string[] {
     if (witnesses.includes(id)) continue
     const skip = [...out, id]
     const seen = [...ranges].filter(([x, r]) => r.end > r.start && !skip.includes(x)).map(([x, range]) => ({id: x, range, commitment: Buffer.alloc(32, 1)}))
-    const bloom = BloomFilter.fromBase64(witnessBloomParams(s.config, round.roster.length), buildWitnessProof(s.config, round, seen).participant_bloom)
+    const bloom = BloomFilter.fromBase64(witnessBloomParams(s.config, round), buildWitnessProof(s.config, round, seen).participant_bloom)
     if (skip.every((x) => !bloom.contains(participantKey(x)))) out.push(id)
   }
   return out

@@ -40,13 +40,13 @@ export function layoutHeader(): string {
     out.push(`enum { ${values.join(', ')} }; /* ${name} */`)
   }
   const max = CONSTANTS.MAX_CLIENTS[0]
-  // BLOOM_BITS[t - 1]: the blooms of a round with t trainers (witnessBloomParams of a roster of t that all train).
-  const params = Array.from({length: max}, (_, i) => witnessBloomParams({}, i + 1))
+  // BLOOM_BITS[t - 1]: the blooms of a round with t trainers (Round.trainers).
+  const params = Array.from({length: max}, (_, i) => witnessBloomParams({}, {roster: [], trainers: i + 1}))
   const bloomMax = Math.max(...params.map((p) => p.bits / 8))
   if (bloomMax > CONSTANTS.BLOOM_MAX[0]) throw new Error(`BLOOM_MAX = ${CONSTANTS.BLOOM_MAX[0]} is below the ${bloomMax} bytes of a bloom for MAX_CLIENTS trainers`)
   out.push(
     '',
-    '/* ---- witness blooms of a round with t trainers (trainer_count): BLOOM_BITS[t - 1] bits, BLOOM_HASHES[t - 1] probes (witnessBloomParams) ---- */',
+    '/* ---- witness blooms of a round with t trainers (Round.trainers): BLOOM_BITS[t - 1] bits, BLOOM_HASHES[t - 1] probes (witnessBloomParams) ---- */',
     `__attribute__((unused)) static const u16 BLOOM_BITS[MAX_CLIENTS] = {${params.map((p) => p.bits).join(', ')}};`,
     `__attribute__((unused)) static const u8 BLOOM_HASHES[MAX_CLIENTS] = {${params.map((p) => p.hashes).join(', ')}};`,
   )

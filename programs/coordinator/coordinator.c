@@ -107,25 +107,25 @@ static u64 verifier_count(const State *s, u64 roster) {
   return n < roster ? n : roster;
 }
 
-/* trainerCount: config.max_trainers_per_round when the roster is larger (0: not set), else the whole roster. */
+/* trainerCount: config.max_trainers_per_round when the roster is larger (0: not set), else the whole roster. A round
+ * records it when it starts (Round.trainers): an update while Paused changes neither its batches nor its blooms. */
 static u64 trainer_count(const State *s, u64 roster) {
   u64 cap = s->config.max_trainers_per_round;
   return cap > 0 && cap < roster ? cap : roster;
 }
 
-/* witnessBloomParams: both witness blooms of a round are sized for its trainers (a witness adds only members with
- * batches), at least 1: a proof is BLOOM_BITS[bloom_size - 1] / 8 bytes per bloom, BLOOM_HASHES[bloom_size - 1] probes. */
-static u64 bloom_size(const State *s, const Round *r) {
-  u64 t = trainer_count(s, r->roster_len);
-  return t ? t : 1;
+/* witnessBloomParams: both witness blooms of a round are sized for its trainers (Round.trainers; a witness adds only
+ * members with batches), at least 1: a proof is BLOOM_BITS[bloom_size - 1] / 8 bytes per bloom, BLOOM_HASHES[bloom_size - 1] probes. */
+static u64 bloom_size(const Round *r) {
+  return r->trainers ? r->trainers : 1;
 }
 
 /* The batch range [start, end) of a roster member (rangeForPosition of its shuffled position): the first t positions
- * train (t = trainer_count), the others get an empty range at the round's end. */
+ * train (t = Round.trainers), the others get an empty range at the round's end. */
 static void batch_range(const State *s, const Round *r, u64 index, u64 *start, u64 *end) {
   u8 seed[32];
   sub_seed(r->data_seed, "data", seed);
-  u64 n = trainer_count(s, r->roster_len);
+  u64 n = r->trainers;
   u64 position = shuffle_index(index, r->roster_len, seed, 0);
   if (position >= n) {
     *start = *end = r->data_index + r->batch_size;
@@ -220,7 +220,7 @@ __attribute__((noinline)) static u64 participant_probe(const u8 *key) {
 
 /* isTrainerHealthy: a quorum of the round's witnesses have the trainer in their participant bloom. */
 static int trainer_healthy(const State *s, const Round *r, u64 probe) {
-  u64 size = bloom_size(s, r);
+  u64 size = bloom_size(r);
   u64 bits = BLOOM_BITS[size - 1];
   u64 hashes = BLOOM_HASHES[size - 1];
   u64 score = 0;
@@ -241,10 +241,10 @@ static int trainer_healthy(const State *s, const Round *r, u64 probe) {
  * compute budget does not allow.
  */
 static int mark_witnessed(const State *s, Round *r, const u8 *bloom) {
-  u64 size = bloom_size(s, r);
+  u64 size = bloom_size(r);
   u64 bits = BLOOM_BITS[size - 1];
   u64 hashes = BLOOM_HASHES[size - 1];
-  int every = r->roster_len <= r->batch_size && trainer_count(s, r->roster_len) == r->roster_len;
+  int every = r->roster_len <= r->batch_size && r->trainers == r->roster_len;
   for (u64 i = 0; i < r->roster_len; i++) {
     if (bloom_contains(bloom, bits, hashes, r->roster_probe[i])) r->roster_mark[i]++;
     else every = 0;
@@ -284,10 +284,10 @@ static u64 ledger_slot(State *s, const u8 *key) {
 /*
  * The shuffled positions extras_progress follows, [*first, *first + count) (the count is returned). When every member
  * trains: those below batch_size % n, which have one batch more (or the others, whichever are fewer). With
- * max_trainers_per_round below the roster: the t = trainer_count positions that train, in order.
+ * max_trainers_per_round below the roster: the t = Round.trainers positions that train, in order.
  */
 static u64 followed_positions(const State *s, const Round *r, u64 *first) {
-  u64 n = r->roster_len, t = trainer_count(s, n);
+  u64 n = r->roster_len, t = r->trainers;
   *first = 0;
   if (t < n) return t;
   u64 extra = n ? r->batch_size % n : 0;
@@ -355,7 +355,7 @@ __attribute__((noinline)) static void credit_round(State *s, Round *r) {
   if (n == 0 || r->witness_len == 0) return;
   u64 quorum = witness_quorum(witness_count(s, n));
   int judged = r->witness_len >= quorum;
-  u64 t = trainer_count(s, n);
+  u64 t = r->trainers;
   u64 base = r->batch_size / t;
   u64 extra = r->batch_size % t;
   u64 first;
@@ -624,6 +624,7 @@ static void start_round_train(State *s, u64 now) {
   else copy(r->data_seed, s->seed, 32);
   r->started_at = now;
   r->roster_len = s->clients_len;
+  r->trainers = trainer_count(s, s->clients_len);
   for (u64 i = 0; i < s->clients_len; i++) {
     copy(r->roster[i], s->clients[i].key, 32);
     r->roster_probe[i] = s->clients[i].probe;
@@ -709,7 +710,7 @@ static void start_cooldown(State *s, u64 now) {
  * every witness has sent its proof: the shuffle the round's close runs anyway (extras_progress, which then follows the
  * chosen positions) names the chosen trainers, and each must be in every proof (roster_mark counts the proofs). */
 static int all_attested(const State *s, Round *r) {
-  u64 n = r->roster_len, w = witness_count(s, n), t = trainer_count(s, n);
+  u64 n = r->roster_len, w = witness_count(s, n), t = r->trainers;
   if (t == n) return r->complete_witnesses >= w;
   if (r->witness_len < w || t > r->batch_size) return 0;
   extras_progress(s, r, SHUFFLE_ROUNDS);
@@ -853,7 +854,7 @@ static u64 on_witness(State *s, u64 now, const u8 *key, const u8 *data, u64 len)
   if (!is_witness(s, r, key)) return fail(E_INVALID_WITNESS, "this client is not a witness of the round");
   for (u64 w = 0; w < r->witness_len; w++)
     if (equal(r->witnesses[w].from, key, 32)) return fail(E_DUPLICATE_WITNESS, "this client already sent a proof for the round");
-  u64 bytes = BLOOM_BITS[bloom_size(s, r) - 1] / 8;
+  u64 bytes = BLOOM_BITS[bloom_size(r) - 1] / 8;
   if (read_u16(data + 8) != bytes || len != 10 + 2 * bytes) return fail(E_INVALID_WITNESS, "bloom filters of the wrong size for the round");
   if (r->witness_len >= MAX_WITNESSES) return fail(E_CAPACITY_EXCEEDED, "the round already holds MAX_WITNESSES = " STR(MAX_WITNESSES) " proofs");
   Witness *w = &r->witnesses[r->witness_len++];
@@ -1011,7 +1012,7 @@ static u64 on_report_scores(State *s, const u8 *key, const u8 *data, u64 len) {
     i64 ti = equal(trainer, key, 32) ? -1 : roster_index(r, trainer);
     if (ti < 0 || !in_score_window(j, shuffle_index((u64)ti, n, seed, 0), n, v)) return fail(E_INVALID_SCORES, "a scored trainer the reporter was not assigned");
     u64 start = 0, end = 1; /* every member has a batch when all train and there are as many batches as members */
-    if (p->batch_size < p->roster_len || trainer_count(s, p->roster_len) < p->roster_len) batch_range(s, p, index, &start, &end);
+    if (p->batch_size < p->roster_len || p->trainers < p->roster_len) batch_range(s, p, index, &start, &end);
     if (end <= start) return fail(E_INVALID_SCORES, "a scored trainer had no batches in the scored round");
   }
   if (r->scores_reported[vi >> 3] & (1 << (vi & 7))) return fail(E_DUPLICATE_SCORES, "this verifier already reported its scores of that step");

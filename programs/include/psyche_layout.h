@@ -32,7 +32,7 @@
 
 /* ---- magic numbers ---- */
 #define MAGIC 0x44524f4f43595350ull /* "PSYCOORD": a coordinator account */
-#define LAYOUT_VERSION 10ull /* 10: Round.data_seed (a round's batches are known one round ahead); 9: inner_steps (SparseLoCo's H) beside max_seq_len; 8: max_trainers_per_round in Config; 7: the run's current model (step and agreed parameter hash, recorded at every epoch's end); 6: verifiers' scores in the ledger (report_scores; Points.weight derived from them), claims move to the treasurer program (no claimed points, no treasury mint here); 5: the rewards ledger (points per client), rates; 4: checkpointers, Cooldown hash witnesses, the checkpoint hash (3: 256 clients, precomputed bloom probes; 2: times in unix milliseconds) */
+#define LAYOUT_VERSION 11ull /* 11: Round.trainers (a round's blooms are sized for its trainers, recorded at its start); 10: Round.data_seed (a round's batches are known one round ahead); 9: inner_steps (SparseLoCo's H) beside max_seq_len; 8: max_trainers_per_round in Config; 7: the run's current model (step and agreed parameter hash, recorded at every epoch's end); 6: verifiers' scores in the ledger (report_scores; Points.weight derived from them), claims move to the treasurer program (no claimed points, no treasury mint here); 5: the rewards ledger (points per client), rates; 4: checkpointers, Cooldown hash witnesses, the checkpoint hash (3: 256 clients, precomputed bloom probes; 2: times in unix milliseconds) */
 #define PEER_MAGIC 0x5245455043595350ull /* "PSYCPEER": a peer record */
 #define METADATA_MAGIC 0x4154454d43595350ull /* "PSYCMETA": a run metadata record */
 #define AUTH_MAGIC 0x4854554148595350ull /* "PSYHAUTH": an authorization */
@@ -50,7 +50,7 @@ enum { IX_INIT_COORDINATOR = 0, IX_UPDATE = 1, IX_SET_PAUSED = 2, IX_JOIN_RUN = 
 enum { TIX_INIT_TREASURY = 0, TIX_FUND = 1, TIX_CLAIM = 2 }; /* TreasurerInstruction */
 enum { E_HALTED = 1, E_INVALID_RUN_STATE = 2, E_ALREADY_JOINED = 3, E_UNKNOWN_CLIENT = 4, E_INVALID_WITHDRAW = 5, E_INVALID_WITNESS = 6, E_DUPLICATE_WITNESS = 7, E_WRONG_STEP = 8, E_NO_ACTIVE_ROUND = 9, E_INVALID_HEALTH_CHECK = 10, E_INVALID_ACCUSATION = 11, E_DUPLICATE_ACCUSATION = 12, E_INVALID_PROOF = 13, E_ALREADY_CHECKPOINTED = 14, E_CANNOT_RESUME = 15, E_INVALID_CONFIG = 16, E_INVALID_EVENT = 17, E_BANNED = 18, E_NOT_CHECKPOINTER = 19, E_HASH_NOT_AGREED = 20, E_CHECKPOINT_HASH_MISMATCH = 21, E_INVALID_INSTRUCTION = 100, E_WRONG_ACCOUNT = 101, E_UNAUTHORIZED = 102, E_CAPACITY_EXCEEDED = 103, E_MISSING_SIGNATURE = 104, E_NOT_WRITABLE = 105, E_WRONG_PROGRAM_ADDRESS = 106, E_NOT_PERMITTED = 107, E_ALREADY_EXISTS = 108, E_NOTHING_TO_CLAIM = 109, E_TREASURY_EMPTY = 110, E_INVALID_SCORES = 111, E_DUPLICATE_SCORES = 112 }; /* Error */
 
-/* ---- witness blooms of a round with t trainers (trainer_count): BLOOM_BITS[t - 1] bits, BLOOM_HASHES[t - 1] probes (witnessBloomParams) ---- */
+/* ---- witness blooms of a round with t trainers (Round.trainers): BLOOM_BITS[t - 1] bits, BLOOM_HASHES[t - 1] probes (witnessBloomParams) ---- */
 __attribute__((unused)) static const u16 BLOOM_BITS[MAX_CLIENTS] = {64, 64, 64, 64, 64, 64, 72, 80, 88, 96, 112, 120, 128, 136, 144, 160, 168, 176, 184, 192, 208, 216, 224, 232, 240, 256, 264, 272, 280, 288, 304, 312, 320, 328, 336, 352, 360, 368, 376, 384, 400, 408, 416, 424, 432, 448, 456, 464, 472, 480, 496, 504, 512, 520, 528, 544, 552, 560, 568, 576, 592, 600, 608, 616, 624, 640, 648, 656, 664, 672, 688, 696, 704, 712, 720, 736, 744, 752, 760, 768, 784, 792, 800, 808, 816, 832, 840, 848, 856, 864, 880, 888, 896, 904, 912, 928, 936, 944, 952, 960, 976, 984, 992, 1000, 1008, 1024, 1032, 1040, 1048, 1056, 1064, 1080, 1088, 1096, 1104, 1112, 1128, 1136, 1144, 1152, 1160, 1176, 1184, 1192, 1200, 1208, 1224, 1232, 1240, 1248, 1256, 1272, 1280, 1288, 1296, 1304, 1320, 1328, 1336, 1344, 1352, 1368, 1376, 1384, 1392, 1400, 1416, 1424, 1432, 1440, 1448, 1464, 1472, 1480, 1488, 1496, 1512, 1520, 1528, 1536, 1544, 1560, 1568, 1576, 1584, 1592, 1608, 1616, 1624, 1632, 1640, 1656, 1664, 1672, 1680, 1688, 1704, 1712, 1720, 1728, 1736, 1752, 1760, 1768, 1776, 1784, 1800, 1808, 1816, 1824, 1832, 1848, 1856, 1864, 1872, 1880, 1896, 1904, 1912, 1920, 1928, 1944, 1952, 1960, 1968, 1976, 1992, 2000, 2008, 2016, 2024, 2040, 2048, 2056, 2064, 2072, 2080, 2096, 2104, 2112, 2120, 2128, 2144, 2152, 2160, 2168, 2176, 2192, 2200, 2208, 2216, 2224, 2240, 2248, 2256, 2264, 2272, 2288, 2296, 2304, 2312, 2320, 2336, 2344, 2352, 2360, 2368, 2384, 2392, 2400, 2408, 2416, 2432, 2440, 2448, 2456};
 __attribute__((unused)) static const u8 BLOOM_HASHES[MAX_CLIENTS] = {16, 16, 15, 11, 9, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7};
 
@@ -198,19 +198,20 @@ typedef struct {
   u64 accusation_len; /* @56 */
   u64 excluded_len; /* @64 */
   u64 complete_witnesses; /* @72: proofs whose participant bloom names every trainer */
-  u8 seed[32]; /* @80 */
-  u8 data_seed[32]; /* @112: the data shuffle's seed: the epoch's first round's own seed, then SHA-256(the previous round's seed ‖ "next-data") */
-  u8 roster[MAX_CLIENTS][32]; /* @144 */
-  u64 roster_probe[MAX_CLIENTS]; /* @8336: each roster member's ClientRec.probe */
-  Witness witnesses[MAX_WITNESSES]; /* @10384 */
-  Accusation accusations[MAX_ACCUSATIONS]; /* @31376 */
-  u8 excluded[MAX_CLIENTS][32]; /* @49808 */
-  u8 roster_mark[MAX_CLIENTS]; /* @58000: per roster member: the witnesses whose participant bloom holds it (low 7 bits), 0x80 when its result is excluded */
-  u16 roster_ledger[MAX_CLIENTS]; /* @58256: each roster member's ClientRec.ledger */
-  u64 extra_rounds; /* @58768: rounds of the inverse shuffle that finds the members with one batch more, run so far (by the witness proofs) */
-  u8 extra_at[MAX_CLIENTS]; /* @58776: that shuffle in progress: where the followed positions are */
-  u8 scores_reported[32]; /* @59032: a bit per roster member (MAX_CLIENTS bits): it reported its scores of the previous round (report_scores) */
-} Round; /* 59064 bytes */
+  u64 trainers; /* @80: members that train this round (trainerCount at its start): its batches and witness blooms follow it */
+  u8 seed[32]; /* @88 */
+  u8 data_seed[32]; /* @120: the data shuffle's seed: the epoch's first round's own seed, then SHA-256(the previous round's seed ‖ "next-data") */
+  u8 roster[MAX_CLIENTS][32]; /* @152 */
+  u64 roster_probe[MAX_CLIENTS]; /* @8344: each roster member's ClientRec.probe */
+  Witness witnesses[MAX_WITNESSES]; /* @10392 */
+  Accusation accusations[MAX_ACCUSATIONS]; /* @31384 */
+  u8 excluded[MAX_CLIENTS][32]; /* @49816 */
+  u8 roster_mark[MAX_CLIENTS]; /* @58008: per roster member: the witnesses whose participant bloom holds it (low 7 bits), 0x80 when its result is excluded */
+  u16 roster_ledger[MAX_CLIENTS]; /* @58264: each roster member's ClientRec.ledger */
+  u64 extra_rounds; /* @58776: rounds of the inverse shuffle that finds the members with one batch more, run so far (by the witness proofs) */
+  u8 extra_at[MAX_CLIENTS]; /* @58784: that shuffle in progress: where the followed positions are */
+  u8 scores_reported[32]; /* @59040: a bit per roster member (MAX_CLIENTS bits): it reported its scores of the previous round (report_scores) */
+} Round; /* 59072 bytes */
 _Static_assert(__builtin_offsetof(Round, step) == 0, "layout: Round.step");
 _Static_assert(__builtin_offsetof(Round, height) == 8, "layout: Round.height");
 _Static_assert(__builtin_offsetof(Round, data_index) == 16, "layout: Round.data_index");
@@ -221,19 +222,20 @@ _Static_assert(__builtin_offsetof(Round, witness_len) == 48, "layout: Round.witn
 _Static_assert(__builtin_offsetof(Round, accusation_len) == 56, "layout: Round.accusation_len");
 _Static_assert(__builtin_offsetof(Round, excluded_len) == 64, "layout: Round.excluded_len");
 _Static_assert(__builtin_offsetof(Round, complete_witnesses) == 72, "layout: Round.complete_witnesses");
-_Static_assert(__builtin_offsetof(Round, seed) == 80, "layout: Round.seed");
-_Static_assert(__builtin_offsetof(Round, data_seed) == 112, "layout: Round.data_seed");
-_Static_assert(__builtin_offsetof(Round, roster) == 144, "layout: Round.roster");
-_Static_assert(__builtin_offsetof(Round, roster_probe) == 8336, "layout: Round.roster_probe");
-_Static_assert(__builtin_offsetof(Round, witnesses) == 10384, "layout: Round.witnesses");
-_Static_assert(__builtin_offsetof(Round, accusations) == 31376, "layout: Round.accusations");
-_Static_assert(__builtin_offsetof(Round, excluded) == 49808, "layout: Round.excluded");
-_Static_assert(__builtin_offsetof(Round, roster_mark) == 58000, "layout: Round.roster_mark");
-_Static_assert(__builtin_offsetof(Round, roster_ledger) == 58256, "layout: Round.roster_ledger");
-_Static_assert(__builtin_offsetof(Round, extra_rounds) == 58768, "layout: Round.extra_rounds");
-_Static_assert(__builtin_offsetof(Round, extra_at) == 58776, "layout: Round.extra_at");
-_Static_assert(__builtin_offsetof(Round, scores_reported) == 59032, "layout: Round.scores_reported");
-_Static_assert(sizeof(Round) == 59064, "layout: sizeof(Round)");
+_Static_assert(__builtin_offsetof(Round, trainers) == 80, "layout: Round.trainers");
+_Static_assert(__builtin_offsetof(Round, seed) == 88, "layout: Round.seed");
+_Static_assert(__builtin_offsetof(Round, data_seed) == 120, "layout: Round.data_seed");
+_Static_assert(__builtin_offsetof(Round, roster) == 152, "layout: Round.roster");
+_Static_assert(__builtin_offsetof(Round, roster_probe) == 8344, "layout: Round.roster_probe");
+_Static_assert(__builtin_offsetof(Round, witnesses) == 10392, "layout: Round.witnesses");
+_Static_assert(__builtin_offsetof(Round, accusations) == 31384, "layout: Round.accusations");
+_Static_assert(__builtin_offsetof(Round, excluded) == 49816, "layout: Round.excluded");
+_Static_assert(__builtin_offsetof(Round, roster_mark) == 58008, "layout: Round.roster_mark");
+_Static_assert(__builtin_offsetof(Round, roster_ledger) == 58264, "layout: Round.roster_ledger");
+_Static_assert(__builtin_offsetof(Round, extra_rounds) == 58776, "layout: Round.extra_rounds");
+_Static_assert(__builtin_offsetof(Round, extra_at) == 58784, "layout: Round.extra_at");
+_Static_assert(__builtin_offsetof(Round, scores_reported) == 59040, "layout: Round.scores_reported");
+_Static_assert(sizeof(Round) == 59072, "layout: sizeof(Round)");
 
 typedef struct {
   u64 magic; /* @0: MAGIC */
@@ -276,30 +278,30 @@ typedef struct {
   u64 pending_probe[MAX_CLIENTS]; /* @49976: each joiner's bloom probe (ClientRec.probe) */
   u64 pending_client[MAX_CLIENTS]; /* @52024: 1 + where the joiner was in clients when it was queued, 0 if it was not there */
   Round round; /* @54072 */
-  Round previous_round; /* @113136 */
-  u64 model_json_len; /* @172200 */
-  u8 model_json[MODEL_JSON_MAX]; /* @172208: the rest of model.LLM as JSON */
-  u64 checkpointers_len; /* @176304: config.checkpointers (0: not set, any epoch member may checkpoint) */
-  u8 checkpointers[MAX_CHECKPOINTERS][32]; /* @176312 */
-  u64 hash_witness_len; /* @176568 */
-  HashWitness hash_witnesses[MAX_WITNESSES]; /* @176576: Cooldown: parameter hashes attested by the epoch last round witnesses */
-  u64 has_checkpoint_hash; /* @178624 */
-  u64 checkpoint_hash_step; /* @178632: the step of the model the recorded checkpoint holds */
-  u8 checkpoint_hash[32]; /* @178640: the parameter hash the witnesses agreed on, recorded with the checkpoint */
-  Checkpoint checkpoint_hash_repo; /* @178672: the Hub repository the hash was recorded with (kind Hub) */
-  u64 pending_ledger[MAX_CLIENTS]; /* @178840: each joiner's ClientRec.ledger */
-  u64 points_per_batch; /* @180888: points per accepted batch at full weight (POINTS_PER_BATCH; set_rates) */
-  u64 token_rate; /* @180896: token base units the treasurer program's claim pays per point (0: nothing to claim; set_rates) */
-  u64 next_points_per_batch; /* @180904: set_rates: the rates the next epoch starts with (when has_next_rates) */
-  u64 next_token_rate; /* @180912 */
-  u64 has_next_rates; /* @180920 */
-  u64 ledger_len; /* @180928 */
-  Points ledger[LEDGER_MAX]; /* @180936: the rewards ledger (rewards.ts): per client key, accepted results and points */
-  u64 has_current_model; /* @254664: 0: no epoch has recorded the run's model yet (its starting checkpoint is its model) */
-  u64 current_model_step; /* @254672: the run's current model: the step of the last epoch's last round (recorded at every epoch's end) */
-  u64 has_current_model_hash; /* @254680: 0: no witness quorum agreed on its parameter hash */
-  u8 current_model_hash[32]; /* @254688: the parameter hash its witnesses agreed on: every model a client loads is checked against it */
-} State; /* 254720 bytes */
+  Round previous_round; /* @113144 */
+  u64 model_json_len; /* @172216 */
+  u8 model_json[MODEL_JSON_MAX]; /* @172224: the rest of model.LLM as JSON */
+  u64 checkpointers_len; /* @176320: config.checkpointers (0: not set, any epoch member may checkpoint) */
+  u8 checkpointers[MAX_CHECKPOINTERS][32]; /* @176328 */
+  u64 hash_witness_len; /* @176584 */
+  HashWitness hash_witnesses[MAX_WITNESSES]; /* @176592: Cooldown: parameter hashes attested by the epoch last round witnesses */
+  u64 has_checkpoint_hash; /* @178640 */
+  u64 checkpoint_hash_step; /* @178648: the step of the model the recorded checkpoint holds */
+  u8 checkpoint_hash[32]; /* @178656: the parameter hash the witnesses agreed on, recorded with the checkpoint */
+  Checkpoint checkpoint_hash_repo; /* @178688: the Hub repository the hash was recorded with (kind Hub) */
+  u64 pending_ledger[MAX_CLIENTS]; /* @178856: each joiner's ClientRec.ledger */
+  u64 points_per_batch; /* @180904: points per accepted batch at full weight (POINTS_PER_BATCH; set_rates) */
+  u64 token_rate; /* @180912: token base units the treasurer program's claim pays per point (0: nothing to claim; set_rates) */
+  u64 next_points_per_batch; /* @180920: set_rates: the rates the next epoch starts with (when has_next_rates) */
+  u64 next_token_rate; /* @180928 */
+  u64 has_next_rates; /* @180936 */
+  u64 ledger_len; /* @180944 */
+  Points ledger[LEDGER_MAX]; /* @180952: the rewards ledger (rewards.ts): per client key, accepted results and points */
+  u64 has_current_model; /* @254680: 0: no epoch has recorded the run's model yet (its starting checkpoint is its model) */
+  u64 current_model_step; /* @254688: the run's current model: the step of the last epoch's last round (recorded at every epoch's end) */
+  u64 has_current_model_hash; /* @254696: 0: no witness quorum agreed on its parameter hash */
+  u8 current_model_hash[32]; /* @254704: the parameter hash its witnesses agreed on: every model a client loads is checked against it */
+} State; /* 254736 bytes */
 _Static_assert(__builtin_offsetof(State, magic) == 0, "layout: State.magic");
 _Static_assert(__builtin_offsetof(State, version) == 8, "layout: State.version");
 _Static_assert(__builtin_offsetof(State, run_id) == 16, "layout: State.run_id");
@@ -340,30 +342,30 @@ _Static_assert(__builtin_offsetof(State, pending) == 41784, "layout: State.pendi
 _Static_assert(__builtin_offsetof(State, pending_probe) == 49976, "layout: State.pending_probe");
 _Static_assert(__builtin_offsetof(State, pending_client) == 52024, "layout: State.pending_client");
 _Static_assert(__builtin_offsetof(State, round) == 54072, "layout: State.round");
-_Static_assert(__builtin_offsetof(State, previous_round) == 113136, "layout: State.previous_round");
-_Static_assert(__builtin_offsetof(State, model_json_len) == 172200, "layout: State.model_json_len");
-_Static_assert(__builtin_offsetof(State, model_json) == 172208, "layout: State.model_json");
-_Static_assert(__builtin_offsetof(State, checkpointers_len) == 176304, "layout: State.checkpointers_len");
-_Static_assert(__builtin_offsetof(State, checkpointers) == 176312, "layout: State.checkpointers");
-_Static_assert(__builtin_offsetof(State, hash_witness_len) == 176568, "layout: State.hash_witness_len");
-_Static_assert(__builtin_offsetof(State, hash_witnesses) == 176576, "layout: State.hash_witnesses");
-_Static_assert(__builtin_offsetof(State, has_checkpoint_hash) == 178624, "layout: State.has_checkpoint_hash");
-_Static_assert(__builtin_offsetof(State, checkpoint_hash_step) == 178632, "layout: State.checkpoint_hash_step");
-_Static_assert(__builtin_offsetof(State, checkpoint_hash) == 178640, "layout: State.checkpoint_hash");
-_Static_assert(__builtin_offsetof(State, checkpoint_hash_repo) == 178672, "layout: State.checkpoint_hash_repo");
-_Static_assert(__builtin_offsetof(State, pending_ledger) == 178840, "layout: State.pending_ledger");
-_Static_assert(__builtin_offsetof(State, points_per_batch) == 180888, "layout: State.points_per_batch");
-_Static_assert(__builtin_offsetof(State, token_rate) == 180896, "layout: State.token_rate");
-_Static_assert(__builtin_offsetof(State, next_points_per_batch) == 180904, "layout: State.next_points_per_batch");
-_Static_assert(__builtin_offsetof(State, next_token_rate) == 180912, "layout: State.next_token_rate");
-_Static_assert(__builtin_offsetof(State, has_next_rates) == 180920, "layout: State.has_next_rates");
-_Static_assert(__builtin_offsetof(State, ledger_len) == 180928, "layout: State.ledger_len");
-_Static_assert(__builtin_offsetof(State, ledger) == 180936, "layout: State.ledger");
-_Static_assert(__builtin_offsetof(State, has_current_model) == 254664, "layout: State.has_current_model");
-_Static_assert(__builtin_offsetof(State, current_model_step) == 254672, "layout: State.current_model_step");
-_Static_assert(__builtin_offsetof(State, has_current_model_hash) == 254680, "layout: State.has_current_model_hash");
-_Static_assert(__builtin_offsetof(State, current_model_hash) == 254688, "layout: State.current_model_hash");
-_Static_assert(sizeof(State) == 254720, "layout: sizeof(State)");
+_Static_assert(__builtin_offsetof(State, previous_round) == 113144, "layout: State.previous_round");
+_Static_assert(__builtin_offsetof(State, model_json_len) == 172216, "layout: State.model_json_len");
+_Static_assert(__builtin_offsetof(State, model_json) == 172224, "layout: State.model_json");
+_Static_assert(__builtin_offsetof(State, checkpointers_len) == 176320, "layout: State.checkpointers_len");
+_Static_assert(__builtin_offsetof(State, checkpointers) == 176328, "layout: State.checkpointers");
+_Static_assert(__builtin_offsetof(State, hash_witness_len) == 176584, "layout: State.hash_witness_len");
+_Static_assert(__builtin_offsetof(State, hash_witnesses) == 176592, "layout: State.hash_witnesses");
+_Static_assert(__builtin_offsetof(State, has_checkpoint_hash) == 178640, "layout: State.has_checkpoint_hash");
+_Static_assert(__builtin_offsetof(State, checkpoint_hash_step) == 178648, "layout: State.checkpoint_hash_step");
+_Static_assert(__builtin_offsetof(State, checkpoint_hash) == 178656, "layout: State.checkpoint_hash");
+_Static_assert(__builtin_offsetof(State, checkpoint_hash_repo) == 178688, "layout: State.checkpoint_hash_repo");
+_Static_assert(__builtin_offsetof(State, pending_ledger) == 178856, "layout: State.pending_ledger");
+_Static_assert(__builtin_offsetof(State, points_per_batch) == 180904, "layout: State.points_per_batch");
+_Static_assert(__builtin_offsetof(State, token_rate) == 180912, "layout: State.token_rate");
+_Static_assert(__builtin_offsetof(State, next_points_per_batch) == 180920, "layout: State.next_points_per_batch");
+_Static_assert(__builtin_offsetof(State, next_token_rate) == 180928, "layout: State.next_token_rate");
+_Static_assert(__builtin_offsetof(State, has_next_rates) == 180936, "layout: State.has_next_rates");
+_Static_assert(__builtin_offsetof(State, ledger_len) == 180944, "layout: State.ledger_len");
+_Static_assert(__builtin_offsetof(State, ledger) == 180952, "layout: State.ledger");
+_Static_assert(__builtin_offsetof(State, has_current_model) == 254680, "layout: State.has_current_model");
+_Static_assert(__builtin_offsetof(State, current_model_step) == 254688, "layout: State.current_model_step");
+_Static_assert(__builtin_offsetof(State, has_current_model_hash) == 254696, "layout: State.has_current_model_hash");
+_Static_assert(__builtin_offsetof(State, current_model_hash) == 254704, "layout: State.current_model_hash");
+_Static_assert(sizeof(State) == 254736, "layout: sizeof(State)");
 
 typedef struct {
   u64 magic; /* @0: PEER_MAGIC */

@@ -163,7 +163,7 @@ describe('checkpoints only from the designated checkpointers', () => {
     const round = readRun(d).state.epoch.round!
     const signerOf = (id: string) => [a, b, c][ids.indexOf(id)]
     for (const w of selectWitnesses(readRun(d).state)) {
-      const proof = Buffer.alloc(witnessBloomParams(readRun(d).state.config, round.roster.length).bits / 8, 0xff)
+      const proof = Buffer.alloc(witnessBloomParams(readRun(d).state.config, round).bits / 8, 0xff)
       await send(signerOf(w), witnessInstruction(d.programId, d.coordinator, signerOf(w), round.step, proof, proof))
     }
     while (readRun(d).state.run_state !== 'Cooldown') await tickOut()

@@ -184,7 +184,7 @@ export function nextState(c: CoordinatorConnection, pred: (s: CoordinatorState) 
  * early close), and none of them is dropped as unseen when it closes (coordinator/rules.ts unseenTrainers).
  */
 export function aliveProof(state: CoordinatorState, ids: string[]): {participant_bloom: string; broadcast_bloom: string} {
-  const params = witnessBloomParams(state.config, state.epoch.round!.roster.length)
+  const params = witnessBloomParams(state.config, state.epoch.round!)
   const participants = new BloomFilter(params)
   for (const id of ids) participants.add(participantKey(id))
   return {participant_bloom: participants.toBase64(), broadcast_bloom: new BloomFilter(params).toBase64()}

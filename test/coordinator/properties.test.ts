@@ -227,7 +227,7 @@ describe('coordinator invariants over random event sequences', () => {
           // An independent recount of complete proofs, straight from the blooms.
           const round = next.epoch.round
           if (round) {
-            const params = witnessBloomParams(next.config, round.roster.length)
+            const params = witnessBloomParams(next.config, round)
             const keys = round.roster.map(participantKey)
             const everyoneHasBatches = round.roster.length <= round.batch_size
             const complete = everyoneHasBatches ? round.witnesses.filter((w) => keys.every((k) => BloomFilter.fromBase64(params, w.participant_bloom).contains(k))).length : 0

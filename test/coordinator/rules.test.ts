@@ -156,7 +156,7 @@ describe('bloom filter', () => {
   const other = createHash('sha256').update('collide/0').digest('hex')
 
   it("a small filter's positions depend on the whole hash: two items equal modulo its size set different bits", () => {
-    const params = witnessBloomParams({}, 3)
+    const params = witnessBloomParams({}, {roster: ['a', 'b', 'c']})
     assert.deepEqual(params, {bits: 64, hashes: 15})
     const positions = (id: string) => new Set(BloomFilter.positionsFor(params, participantKey(id)))
     assert.notDeepEqual(positions(twinA), positions(twinC))

@@ -116,12 +116,16 @@ describe('max_trainers_per_round', () => {
 
   it('witness blooms are sized for the G trainers when G is below the roster, for the roster otherwise', () => {
     // 1 % false positives: 160 bits (20 bytes) hold 16 trainers, 384 bits hold 40
-    assert.deepEqual(witnessBloomParams({max_trainers_per_round: 16}, 40), {bits: 160, hashes: 7})
-    assert.deepEqual(witnessBloomParams({}, 40), {bits: 384, hashes: 7})
-    assert.deepEqual(witnessBloomParams({max_trainers_per_round: 64}, 40), witnessBloomParams({}, 40))
-    assert.deepEqual(witnessBloomParams({max_trainers_per_round: 16}, 16), witnessBloomParams({}, 16))
-    assert.deepEqual(witnessBloomParams({max_trainers_per_round: 16}, 256), witnessBloomParams({}, 16))
-    assert.deepEqual(witnessBloomParams({max_trainers_per_round: 3}, 0), witnessBloomParams({}, 1))
+    const of = (n: number) => ({roster: Array.from({length: n}, (_, i) => `m${i}`)})
+    assert.deepEqual(witnessBloomParams({max_trainers_per_round: 16}, of(40)), {bits: 160, hashes: 7})
+    assert.deepEqual(witnessBloomParams({}, of(40)), {bits: 384, hashes: 7})
+    assert.deepEqual(witnessBloomParams({max_trainers_per_round: 64}, of(40)), witnessBloomParams({}, of(40)))
+    assert.deepEqual(witnessBloomParams({max_trainers_per_round: 16}, of(16)), witnessBloomParams({}, of(16)))
+    assert.deepEqual(witnessBloomParams({max_trainers_per_round: 16}, of(256)), witnessBloomParams({}, of(16)))
+    assert.deepEqual(witnessBloomParams({max_trainers_per_round: 3}, of(0)), witnessBloomParams({}, of(1)))
+    // a round's own count (recorded at its start) wins over the configuration's
+    assert.deepEqual(witnessBloomParams({}, {...of(40), trainers: 16}), {bits: 160, hashes: 7})
+    assert.deepEqual(witnessBloomParams({max_trainers_per_round: 16}, {...of(40), trainers: 40}), {bits: 384, hashes: 7})
   })
 
   it("with G = 16 of 40 members a proof's blooms are 20 bytes: accepted, they attest the chosen results and close the window; a roster-sized one is refused", () => {
@@ -135,7 +139,7 @@ describe('max_trainers_per_round', () => {
     for (const bloom of [proof.participant_bloom, proof.broadcast_bloom]) assert.equal(Buffer.from(bloom, 'base64').length, 20)
     // a proof sized for the whole roster (48 bytes), as before G bounded the blooms, does not decode
     const seen = [...assignBatches(state)].filter(([, r]) => r.end > r.start).map(([id, range]) => ({id, range, commitment: Buffer.alloc(32, 1)}))
-    const wide = buildWitnessProof({}, round, seen)
+    const wide = buildWitnessProof({}, {...round, trainers: round.roster.length}, seen)
     assert.equal(Buffer.from(wide.participant_bloom, 'base64').length, 48)
     const [w0] = selectWitnesses(state)
     assert.match(rejected(state, {type: 'witness', from: w0, step, proof: wide}, now, 'InvalidWitness'), /participant_bloom/)
@@ -152,6 +156,26 @@ describe('max_trainers_per_round', () => {
     assert.equal(state.run_state, 'RoundTrain', 'every witness attested every chosen trainer: the window closed early')
     assert.equal(state.epoch.round!.step, step + 1)
     assert.equal(state.epoch.clients.length, 40, 'nobody was dropped')
+  })
+
+  it("a round keeps the trainer count it started with: an update while Paused changes neither its batches nor its blooms' size", () => {
+    let {state, now} = toFirstRound(ids, {max_trainers_per_round: 3, init_min_clients: 8, witness_nodes: 2})
+    assert.equal(state.epoch.round!.trainers, 3)
+    state = ok(state, {type: 'pause'}, now)
+    state = witnessAll(state, now)
+    for (let i = 0; i < 60 && state.run_state !== 'Paused'; i++) state = applyEvent(state, {type: 'tick'}, (now += S)).state
+    assert.equal(state.run_state, 'Paused')
+    const round = state.epoch.round!
+    const before = [...assignBatches(state, round)]
+    const picked = before.filter(([, r]) => r.end > r.start).map(([id]) => id)
+    assert.equal(picked.length, 3)
+    const {max_trainers_per_round: _, ...uncapped} = state.config
+    state = ok(state, {type: 'config_update', config: uncapped}, now)
+    assert.equal(state.config.max_trainers_per_round, undefined)
+    const kept = state.epoch.round!
+    assert.deepEqual([...assignBatches(state, kept)], before)
+    assert.equal(witnessBloomParams(state.config, kept).bits, 64)
+    for (const id of picked) assert.ok(isTrainerHealthy(state, kept, id), id)
   })
 
   it('validate-config: 1 to 128, a whole number', () => {

@@ -309,12 +309,12 @@ class Sequence {
   proof(from: string): {participant_bloom: string; broadcast_bloom: string} {
     const round = this.state.epoch.round!
     const kind = this.rng.weighted({valid: 8, random: 1, size: 1})
-    const size = witnessBloomParams(this.state.config, round.roster.length).bits / 8
+    const size = witnessBloomParams(this.state.config, round).bits / 8
     if (kind === 'random') return {participant_bloom: this.rng.bytes(size).toString('base64'), broadcast_bloom: this.rng.bytes(size).toString('base64')}
     if (kind === 'size') {
       // (never 0 bytes: an empty proof is the warmup report, another instruction)
       // (and, with max_trainers_per_round below the roster, a bloom sized for the whole roster)
-      const wide = witnessBloomParams({}, round.roster.length).bits / 8
+      const wide = witnessBloomParams({}, {roster: round.roster}).bits / 8
       const n = this.rng.pick([1, size - 1, size + 1, 80, wide].filter((x) => x >= 1 && x <= 80 && x !== size))
       return {participant_bloom: this.rng.bytes(n).toString('base64'), broadcast_bloom: this.rng.bytes(n).toString('base64')}
     }
@@ -505,7 +505,7 @@ class Sequence {
     // A well-formed instruction to cut or pad (its data only matters for the length checks).
     const wellFormed = (): Instruction => {
       const round = this.state.epoch.round
-      const size = witnessBloomParams(this.state.config, round?.roster.length ?? 1).bits / 8
+      const size = witnessBloomParams(this.state.config, round ?? {roster: []}).bits / 8
       return this.rng.pick([
         // (in Warmup a witness instruction is a warmup report whatever its proof, as the reference's witness event)
         () => (this.state.run_state === 'Warmup' ? withdrawInstruction(p, c, client) : witnessInstruction(p, c, client, round?.step ?? 1, Buffer.alloc(size), Buffer.alloc(size))),

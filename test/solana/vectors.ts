@@ -471,7 +471,7 @@ export async function capacity(): Promise<Scenario> {
     if (absent.length === HEALTH_CHECK_BATCH) break
     if (witnesses.includes(id)) continue
     const saw = round.roster.filter((x) => x !== id && !absent.includes(x))
-    const bloom = BloomFilter.fromBase64(witnessBloomParams(r.state.config, round.roster.length), r.proof(saw).participant_bloom)
+    const bloom = BloomFilter.fromBase64(witnessBloomParams(r.state.config, round), r.proof(saw).participant_bloom)
     if ([...absent, id].every((x) => !bloom.contains(participantKey(x)))) absent.push(id)
   }
   r.witnessAll(round.roster.filter((x) => !absent.includes(x)))
@@ -745,7 +745,7 @@ async function trainersCapBlooms(): Promise<Scenario> {
   r.warmupAll()
   const round = r.state.epoch.round!
   const seen = [...assignBatches(r.state)].filter(([, range]) => range.end > range.start).map(([id, range]) => ({id, range, commitment: Buffer.alloc(32, 7)}))
-  const wide = buildWitnessProof({}, round, seen)
+  const wide = buildWitnessProof({}, {...round, trainers: round.roster.length}, seen)
   if (Buffer.from(wide.participant_bloom, 'base64').length !== 15 || Buffer.from(r.proof().participant_bloom, 'base64').length !== 8)
     throw new Error('trainers-cap-blooms: expected 15-byte roster-sized and 8-byte trainer-sized blooms')
   r.apply({type: 'witness', from: selectWitnesses(r.state)[0], step: round.step, proof: wide}, 'InvalidWitness')

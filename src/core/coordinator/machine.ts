@@ -26,6 +26,7 @@ import {
   participantKey,
   unseenTrainers,
   trainerCount,
+  roundTrainers,
 } from './rules.js'
 import {ACTIVE_PHASES, EPOCH_PHASES, HALTED_PHASES, isCheckpointP2P, isRoundPhase} from './phases.js'
 import type {ApplyResult, Client, ClientId, CoordinatorEvent, CoordinatorState, EpochState, ModelRecord, Rejection, RejectionCode, Round, RunState} from './types.js'
@@ -201,6 +202,7 @@ function startRoundTrain(s: CoordinatorState, now: number, entropy: string | und
     accusations: [],
     excluded: [],
     complete_witnesses: 0,
+    trainers: trainerCount(s.config, s.epoch.clients.length),
   }
   return changeState({...s, seed, epoch: {...s.epoch, first_round: false, round, previous_round: previous}}, now, 'RoundTrain')
 }
@@ -260,10 +262,10 @@ function epochOver(s: CoordinatorState, now: number, round: Round): boolean {
 function allAttested(s: CoordinatorState, round: Round): boolean {
   const n = round.roster.length
   const witnesses = witnessCount(s.config, n)
-  const trainers = trainerCount(s.config, n)
+  const trainers = roundTrainers(s.config, round)
   if (trainers === n) return round.complete_witnesses >= witnesses
   if (round.witnesses.length < witnesses || trainers > round.batch_size) return false
-  const params = witnessBloomParams(s.config, n)
+  const params = witnessBloomParams(s.config, round)
   const proofs = round.witnesses.map((w) => BloomFilter.fromBase64(params, w.participant_bloom))
   const positions = trainerPositions(params, round)
   const ranges = assignBatches(s, round)
@@ -426,7 +428,7 @@ function decodeBloom(text: unknown, params: BloomParams, field: string): BloomFi
  */
 function attestsEveryTrainer(config: CoordinatorConfig, round: Round, participants: BloomFilter): boolean {
   const n = round.roster.length
-  if (n > round.batch_size || trainerCount(config, n) < n) return false
+  if (n > round.batch_size || roundTrainers(config, round) < n) return false
   return trainerPositions(participants.params, round).every((positions) => participants.containsPositions(positions))
 }
 
@@ -467,7 +469,7 @@ function onWitness(s: CoordinatorState, now: number, event: Extract<CoordinatorE
   if (!isWitness(s, from, round)) throw new Reject('InvalidWitness', `client ${from} is not a witness of step ${round.step}`)
   if (round.witnesses.some((w) => w.from === from)) throw new Reject('DuplicateWitness', `client ${from} already sent a proof for step ${round.step}`)
   const n = round.roster.length
-  const params = witnessBloomParams(s.config, n)
+  const params = witnessBloomParams(s.config, round)
   const participants = decodeBloom(event.proof?.participant_bloom, params, 'participant_bloom')
   decodeBloom(event.proof?.broadcast_bloom, params, 'broadcast_bloom')
   const witnesses = [...round.witnesses, {from, participant_bloom: event.proof.participant_bloom, broadcast_bloom: event.proof.broadcast_bloom}]

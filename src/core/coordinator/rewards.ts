@@ -223,7 +223,7 @@ export function recordScores(
 
 /** Trainers whose results of `round` are accepted (see the module comment), with their batch counts. */
 export function acceptedResults(state: CoordinatorState, round: Round): Map<ClientId, number> {
-  const params = witnessBloomParams(state.config, round.roster.length)
+  const params = witnessBloomParams(state.config, round)
   const blooms = round.witnesses.map((w) => BloomFilter.fromBase64(params, w.participant_bloom))
   const quorum = witnessQuorum(witnessCount(state.config, round.roster.length))
   const out = new Map<ClientId, number>()

@@ -120,6 +120,7 @@ export function predictNextRound(state: CoordinatorState): Round | undefined {
     accusations: [],
     excluded: [],
     complete_witnesses: 0,
+    trainers: trainerCount(state.config, state.epoch.clients.filter((c) => c.state === 'Healthy').length),
   }
 }
 
@@ -137,6 +138,11 @@ const isWitnessMemo = new WeakMap<Round, Map<ClientId, boolean>>()
 export function trainerCount(config: Pick<CoordinatorConfig, 'max_trainers_per_round'>, rosterSize: number): number {
   const cap = config.max_trainers_per_round
   return cap !== undefined && cap > 0 && cap < rosterSize ? cap : rosterSize
+}
+
+/** How many members of `round` train: the count it recorded at its start (Round.trainers), else trainerCount. */
+export function roundTrainers(config: Pick<CoordinatorConfig, 'max_trainers_per_round'>, round: Pick<Round, 'roster' | 'trainers'>): number {
+  return round.trainers ?? trainerCount(config, round.roster.length)
 }
 
 /**
@@ -162,7 +168,7 @@ export function assignBatches(state: CoordinatorState, round?: Round | null): Ma
   if (hit) return hit
   const n = r.roster.length
   const positions = shuffleAll(n, dataSeed(r))
-  const trainers = trainerCount(state.config, n)
+  const trainers = roundTrainers(state.config, r)
   const out = new Map<ClientId, BatchRange>()
   for (let i = 0; i < n; i++) out.set(r.roster[i], rangeForPosition(r, trainers, positions[i]))
   assignmentMemo.set(r, out)
@@ -177,7 +183,7 @@ export function batchRangeFor(state: CoordinatorState, id: ClientId, round?: Rou
   const index = r.roster.indexOf(id)
   if (index < 0) return undefined
   const n = r.roster.length
-  return rangeForPosition(r, trainerCount(state.config, n), shuffledIndex(index, n, dataSeed(r)))
+  return rangeForPosition(r, roundTrainers(state.config, r), shuffledIndex(index, n, dataSeed(r)))
 }
 
 /** The round's witnesses (default: current round), in witness order: those the seed shuffles to the first positions. */
@@ -230,13 +236,13 @@ export function selectVerifiers(state: CoordinatorState, round?: Round | null): 
 }
 
 /**
- * Size of both witness blooms of a round with `rosterSize` members: a filter for its trainers (trainerCount), since a
- * witness adds only members with batches (client decide.ts: trainersWithBatches), each once to each bloom. With
- * max_trainers_per_round (G) below the roster that is G entries, so a proof costs O(G) bytes, not O(roster). The one
- * rule for every place that builds, checks or decodes a bloom (the program mirrors it: coordinator.c bloom_size).
+ * Size of both witness blooms of `round`: a filter for its trainers (roundTrainers), since a witness adds only members
+ * with batches (client decide.ts: trainersWithBatches), each once to each bloom. With max_trainers_per_round (G) below
+ * the roster that is G entries, so a proof costs O(G) bytes, not O(roster). The one rule for every place that builds,
+ * checks or decodes a bloom (the program mirrors it: coordinator.c bloom_size).
  */
-export function witnessBloomParams(config: Pick<CoordinatorConfig, 'max_trainers_per_round'>, rosterSize: number): BloomParams {
-  return bloomParamsFor(trainerCount(config, rosterSize), WITNESS_BLOOM_FALSE_RATE)
+export function witnessBloomParams(config: Pick<CoordinatorConfig, 'max_trainers_per_round'>, round: Pick<Round, 'roster' | 'trainers'>): BloomParams {
+  return bloomParamsFor(roundTrainers(config, round), WITNESS_BLOOM_FALSE_RATE)
 }
 
 /** The participant-bloom key of a client: a witness adds it once it received that client's results. */
@@ -255,7 +261,7 @@ export function buildWitnessProof(
   round: Round,
   seen: {id: ClientId; range: BatchRange; commitment: Uint8Array}[],
 ): {participant_bloom: string; broadcast_bloom: string} {
-  const params = witnessBloomParams(config, round.roster.length)
+  const params = witnessBloomParams(config, round)
   const participants = new BloomFilter(params)
   const broadcasts = new BloomFilter(params)
   for (const s of seen) {
@@ -266,7 +272,7 @@ export function buildWitnessProof(
 }
 
 function blooms(config: CoordinatorConfig, round: Round, which: 'participant_bloom' | 'broadcast_bloom'): BloomFilter[] {
-  const params = witnessBloomParams(config, round.roster.length)
+  const params = witnessBloomParams(config, round)
   return round.witnesses.map((w) => BloomFilter.fromBase64(params, w[which]))
 }
 
@@ -382,7 +388,7 @@ export function modelWanted(s: CoordinatorState): {step: number; param_hash: str
  * closing round drops (machine.ts tickRoundWitness), and a health check may accuse. Blooms decoded once per round.
  */
 export function unseenTrainers(state: CoordinatorState, round: Round): ClientId[] {
-  const params = witnessBloomParams(state.config, round.roster.length)
+  const params = witnessBloomParams(state.config, round)
   const filters = round.witnesses.map((w) => BloomFilter.fromBase64(params, w.participant_bloom))
   const quorum = witnessQuorum(witnessCount(state.config, round.roster.length))
   const out: ClientId[] = []

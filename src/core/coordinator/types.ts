@@ -65,6 +65,12 @@ export interface Round {
    * attested every trainer's result and the witness window closes early.
    */
   complete_witnesses: number
+  /**
+   * How many members train this round: trainerCount (max_trainers_per_round) at its start, recorded so that a
+   * configuration changed while Paused changes neither its batches nor its witness blooms (rules.ts roundTrainers).
+   * Absent in states saved before it: trainerCount of the configuration.
+   */
+  trainers?: number
 }
 
 /**

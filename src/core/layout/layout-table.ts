@@ -48,8 +48,8 @@ export const CONSTANTS = {
 export const MAGICS = {
   MAGIC: [0x44524f4f43595350n, '"PSYCOORD": a coordinator account'],
   LAYOUT_VERSION: [
-    10n,
-    "10: Round.data_seed (a round's batches are known one round ahead); 9: inner_steps (SparseLoCo's H) beside max_seq_len; 8: max_trainers_per_round in Config; 7: the run's current model (step and agreed parameter hash, recorded at every epoch's end); 6: verifiers' scores in the ledger (report_scores; Points.weight derived from them), claims move to the treasurer program (no claimed points, no treasury mint here); 5: the rewards ledger (points per client), rates; 4: checkpointers, Cooldown hash witnesses, the checkpoint hash (3: 256 clients, precomputed bloom probes; 2: times in unix milliseconds)",
+    11n,
+    "11: Round.trainers (a round's blooms are sized for its trainers, recorded at its start); 10: Round.data_seed (a round's batches are known one round ahead); 9: inner_steps (SparseLoCo's H) beside max_seq_len; 8: max_trainers_per_round in Config; 7: the run's current model (step and agreed parameter hash, recorded at every epoch's end); 6: verifiers' scores in the ledger (report_scores; Points.weight derived from them), claims move to the treasurer program (no claimed points, no treasury mint here); 5: the rewards ledger (points per client), rates; 4: checkpointers, Cooldown hash witnesses, the checkpoint hash (3: 256 clients, precomputed bloom probes; 2: times in unix milliseconds)",
   ],
   PEER_MAGIC: [0x5245455043595350n, '"PSYCPEER": a peer record'],
   METADATA_MAGIC: [0x4154454d43595350n, '"PSYCMETA": a run metadata record'],
@@ -147,6 +147,7 @@ export const STRUCTS = {
     ['accusation_len', 'u64'],
     ['excluded_len', 'u64'],
     ['complete_witnesses', 'u64', 'proofs whose participant bloom names every trainer'],
+    ['trainers', 'u64', 'members that train this round (trainerCount at its start): its batches and witness blooms follow it'],
     ['seed', 'u8[32]'],
     ['data_seed', 'u8[32]', "the data shuffle's seed: the epoch's first round's own seed, then SHA-256(the previous round's seed ‖ \"next-data\")"],
     ['roster', 'u8[MAX_CLIENTS][32]'],

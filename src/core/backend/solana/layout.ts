@@ -119,8 +119,11 @@ function readRound(b: Buffer, o: number, config: Pick<CoordinatorConfig, 'max_tr
   const excludedLen = field('excluded_len')
   if (rosterLen > MAX_CLIENTS || witnessLen > MAX_WITNESSES || accusationLen > MAX_ACCUSATIONS || excludedLen > MAX_CLIENTS)
     throw new RangeError('coordinator account: round lists exceed their capacity')
-  const bloomBytes = witnessBloomParams(config, rosterLen).bits / 8
   const key = (at: number): string => b.toString('hex', at, at + 32)
+  const roster = Array.from({length: rosterLen}, (_, i) => key(o + ROUND.roster.offset + i * ROUND.roster.stride))
+  const trainers = field('trainers')
+  if (trainers > rosterLen) throw new RangeError('coordinator account: a round with more trainers than members')
+  const bloomBytes = witnessBloomParams(config, {roster, trainers}).bits / 8
   const witnesses: WitnessRecord[] = Array.from({length: witnessLen}, (_, i) => {
     const w = o + ROUND.witnesses.offset + i * ROUND.witnesses.stride
     const bloom = (name: 'participant_bloom' | 'broadcast_bloom'): string => b.subarray(w + WITNESS[name].offset, w + WITNESS[name].offset + bloomBytes).toString('base64')
@@ -140,11 +143,12 @@ function readRound(b: Buffer, o: number, config: Pick<CoordinatorConfig, 'max_tr
     seed: key(o + ROUND.seed.offset),
     data_seed: key(o + ROUND.data_seed.offset),
     started_at: field('started_at'),
-    roster: Array.from({length: rosterLen}, (_, i) => key(o + ROUND.roster.offset + i * ROUND.roster.stride)),
+    roster,
     witnesses,
     accusations,
     excluded: Array.from({length: excludedLen}, (_, i) => key(o + ROUND.excluded.offset + i * ROUND.excluded.stride)),
     complete_witnesses: field('complete_witnesses'),
+    trainers,
   }
 }
 
