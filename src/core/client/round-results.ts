@@ -1,4 +1,4 @@
-import {isRoundPhase, trainerCount, type ClientId, type Round} from '../coordinator/index.js'
+import {isRoundPhase, roundTrainers, type ClientId, type Round} from '../coordinator/index.js'
 import {errorMessage} from '../errors.js'
 import type {RoundEvent} from '../events.js'
 import type {ResultAnnouncement} from '../p2p/index.js'
@@ -302,7 +302,7 @@ export class RoundResults {
       loss: mine?.loss ?? null,
       param_hash: hash,
       applied: collected.results.length,
-      trainers: trainerCount(ctx.state.config, round.roster.length),
+      trainers: roundTrainers(ctx.state.config, round),
       // Every accepted result is fetched before the apply (else we wait, or drop out); one that fails validation
       // is dropped by every replica alike, so applied < accepted only by such drops.
       peers_applied: collected.peers,

@@ -32,6 +32,7 @@ export {
   assignedTrainers,
   selectWitnesses,
   trainerCount,
+  roundTrainers,
   verifierCount,
   witnessBloomParams,
   witnessCount,

@@ -1,5 +1,5 @@
 import {existsSync, readFileSync} from 'node:fs'
-import {trainerCount} from '../coordinator/rules.js'
+import {roundTrainers} from '../coordinator/rules.js'
 import type {CoordinatorState} from '../coordinator/types.js'
 import {PsycheError} from '../errors.js'
 import {writeFileAtomicSync} from '../protocol/atomic-file.js'
@@ -178,7 +178,7 @@ export class RunHistory {
           round_seconds: null,
           compute_seconds: null,
           coordination_seconds: null,
-          trainers: trainerCount(state.config, round.roster.length),
+          trainers: roundTrainers(state.config, round),
           witnesses: 0,
           loss: null,
           val_loss: null,

@@ -1,4 +1,4 @@
-import {modelWanted, trainerCount, witnessCount, witnessQuorum} from '../coordinator/index.js'
+import {modelWanted, roundTrainers, witnessCount, witnessQuorum} from '../coordinator/index.js'
 import type {CoordinatorState} from '../coordinator/types.js'
 import type {SaveStatus} from '../protocol/messages.js'
 
@@ -80,7 +80,7 @@ export function summarizeRun(state: CoordinatorState, nowSeconds: number): RunSu
           step: round.step,
           height: round.height,
           batch_size: round.batch_size,
-          trainers: trainerCount(state.config, round.roster.length),
+          trainers: roundTrainers(state.config, round),
           members: round.roster.length,
           witnesses_expected: expected,
           witness_proofs: round.witnesses.length,
