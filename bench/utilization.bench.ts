@@ -112,7 +112,20 @@ async function serverProcess(o: {row: Row; rounds: number}): Promise<void> {
     for (const [step, w] of server.roundStarts) {
       if (sent.has(step)) continue
       sent.add(step)
-      say({t: 'round_start', step, at: performance.timeOrigin + w.at})
+      // Who the round holds and who left the epoch so far (dropped: no witness quorum saw its result of a round).
+      const {epoch} = server.server.state
+      const quorum = server.quorumAt.get(step - 1)
+      const previous = server.roundStarts.get(step - 1)
+      say({
+        t: 'round_start',
+        step,
+        at: performance.timeOrigin + w.at,
+        roster: epoch.clients.length,
+        dropped: epoch.exited.filter((x) => x.state === 'Dropped').length,
+        exited: epoch.exited.length,
+        // the previous round's RoundTrain to its RoundWitness: a witness quorum held every result, or max_round_train_time
+        quorum_s: quorum !== undefined && previous ? (quorum - previous.at) / 1000 : undefined,
+      })
     }
   }, 100)
   process.stdin.resume()
@@ -205,6 +218,14 @@ interface ClientRecord {
   link: {at: number; rx: number; tx: number}[]
 }
 
+/** A RoundTrain's start as the server saw it: the roster, who was dropped so far, when the previous round's quorum came. */
+interface RoundStart {
+  step: number
+  roster: number
+  dropped: number
+  quorum_s?: number
+}
+
 interface RowResult {
   row: Row
   window: Span
@@ -219,6 +240,7 @@ interface RowResult {
   events: Map<string, number>
   /** Speculative rounds over the whole run, all clients: used, and undone. */
   speculation: {used: number; discarded: number}
+  rounds: RoundStart[]
 }
 
 async function measure(row: Row): Promise<RowResult> {
@@ -226,6 +248,7 @@ async function measure(row: Row): Promise<RowResult> {
   const lab = new Lab()
   const procs: ChildProcess[] = []
   const transitions: {step: number; at: number}[] = []
+  const rounds: RoundStart[] = []
   const clients: ClientRecord[] = []
   const loads: number[] = []
   try {
@@ -239,7 +262,14 @@ async function measure(row: Row): Promise<RowResult> {
             port = l.port as number
             runId = l.run_id as string
             resolve()
-          } else if (l.t === 'round_start') transitions.push({step: l.step as number, at: l.at as number})
+          } else if (l.t === 'round_start') {
+            transitions.push({step: l.step as number, at: l.at as number})
+            rounds.push(l as never)
+            // progress, on stderr: a row takes many minutes
+            process.stderr.write(
+              `${row.spec}: round ${String(l.step)} starts at ${new Date(l.at as number).toISOString().slice(11, 19)}: roster ${String(l.roster)}, dropped so far ${String(l.dropped)}, previous round's quorum after ${l.quorum_s === undefined ? '—' : `${Number(l.quorum_s).toFixed(0)} s`}\n`,
+            )
+          }
         }),
       )
     })
@@ -350,6 +380,7 @@ async function measure(row: Row): Promise<RowResult> {
       replicasAgree: hashesAgree,
       problems: clients.flatMap((c, i) => c.problems.map((p) => `client ${i}: ${p}`)).slice(0, 4),
       speculation: {used: clients.reduce((n, c) => n + c.speculation.used, 0), discarded: clients.reduce((n, c) => n + c.speculation.discarded.size, 0)},
+      rounds,
       events: clients.reduce((all, c) => {
         for (const [k, v] of c.events) all.set(k, (all.get(k) ?? 0) + v)
         return all
@@ -437,7 +468,7 @@ else {
     console.log(`${TABLE_HEADER}\n${tableLine(r)}`)
     const events = [...r.events].map(([k, v]) => `${k} ×${v}`).join(', ')
     console.log(
-      `${row.spec}: ${((Date.now() - t) / 1000).toFixed(0)} s; speculative rounds (all clients, whole run): ${r.speculation.used} used, ${r.speculation.discarded} undone; problems logged (all clients, whole run): ${events || 'none'}${r.problems.length ? `; e.g. ${r.problems.join(' | ')}` : ''}`,
+      `${row.spec}: ${((Date.now() - t) / 1000).toFixed(0)} s; speculative rounds (all clients, whole run): ${r.speculation.used} used, ${r.speculation.discarded} undone; members dropped: ${r.rounds.at(-1)?.dropped ?? 0}; rounds (roster, then the quorum's time of the round before): ${r.rounds.map((x) => `${x.step}: ${x.roster}${x.quorum_s === undefined ? '' : `, ${x.quorum_s.toFixed(0)} s`}`).join('; ')}; problems logged (all clients, whole run): ${events || 'none'}${r.problems.length ? `; e.g. ${r.problems.join(' | ')}` : ''}`,
     )
     if (process.env.BENCH_UTIL_PER_CLIENT) {
       console.log('| client | GPU-busy | up B/token | down B/token | uplink use | downlink use | CPU |')
