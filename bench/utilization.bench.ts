@@ -23,8 +23,8 @@
 // (print every client's line), BENCH_UTIL_DOWNLOAD_TIMEOUT_S (600: a result download's time limit),
 // BENCH_UTIL_SPECULATE=0 (clients begin a round's compute only once it begins, not on its predicted batches as soon
 // as their previous result is out: client/decide.ts `speculate`). Compute of a speculative round that was undone
-// (its round gave other batches) is not counted as busy. BENCH_UTIL_PIECE_BYTES (1 MiB ÷ K: the piece size of
-// results fetched in pieces).
+// (its round gave other batches) is not counted as busy; one still running when the window closes counts up to its
+// end. BENCH_UTIL_PIECE_BYTES (1 MiB ÷ K: the piece size of results fetched in pieces).
 // Per client: GPU-busy fraction (its compute ÷ the window's wall), bytes up and down through its link per token
 // trained (kernel counters, × K: at full scale), its CPU. Per result: how many fetchers downloaded it from its
 // producer (the fetchers' result_fetched events). What limits the row: see utilization-stats.ts limitOf.
@@ -176,6 +176,7 @@ async function clientProcess(o: {serverAddr: string; runId: string; ip: string; 
     rounds = c.rounds.length
     for (const x of c.worker.computed.slice(computes)) say({t: 'compute', ...x})
     computes = c.worker.computed.length
+    say({t: 'running', compute: c.worker.running ?? null})
     for (const e of c.events.splice(0)) say({t: 'event', ...e})
     const cpu = process.cpuUsage()
     say({t: 'cpu', at: Date.now(), cpu_ms: (cpu.user + cpu.system) / 1000})
@@ -206,6 +207,8 @@ interface ClientRecord {
   id?: string
   peerId?: string
   computes: (Span & {step: number; batches: number; speculative?: boolean})[]
+  /** The compute under way at the last report (null: none): one running past the window's end counts up to it. */
+  running: {step: number; batches: number; start: number; speculative?: boolean} | null
   /** Speculative rounds whose work was used, and the steps of those undone (their compute is not counted). */
   speculation: {used: number; discarded: Set<number>}
   cpu: {at: number; cpu_ms: number}[]
@@ -279,6 +282,7 @@ async function measure(row: Row): Promise<RowResult> {
       const rec: ClientRecord = {
         host,
         computes: [],
+        running: null,
         speculation: {used: 0, discarded: new Set()},
         cpu: [],
         hashes: new Map(),
@@ -293,6 +297,7 @@ async function measure(row: Row): Promise<RowResult> {
         start(lab, host, ['client', {serverAddr: `${serverHost.ip}:${port}`, runId, ip: host.ip, resultBytes, stepMs: STEP_MS}], (l) => {
           if (l.t === 'client') [rec.id, rec.peerId] = [l.id as string, l.peer_id as string]
           else if (l.t === 'compute') rec.computes.push(l as never)
+          else if (l.t === 'running') rec.running = l.compute as ClientRecord['running']
           else if (l.t === 'cpu') rec.cpu.push(l as never)
           else if (l.t === 'round') {
             rec.hashes.set(l.step as number, l.param_hash as string)
@@ -344,16 +349,23 @@ async function measure(row: Row): Promise<RowResult> {
     const upCap = ((UP_MBIT / K) * 1e6) / 8
     const downCap = ((DOWN_MBIT / K) * 1e6) / 8
     const perClient = clients.map((c) => {
-      const kept = c.computes.filter((x) => !(x.speculative && c.speculation.discarded.has(x.step)))
-      const computes = kept.filter((x) => x.start >= window.start && x.start < window.end)
-      const batches = computes.reduce((s, x) => s + x.batches, 0)
+      // A compute still running when the window closed (with speculation one usually is: the next round's, begun
+      // before the round starts) counts up to the window's end, unless it was undone by then.
+      const open = c.running && c.running.start < window.end && !(c.running.speculative && c.speculation.discarded.has(c.running.step))
+      const kept = [
+        ...c.computes.filter((x) => !(x.speculative && c.speculation.discarded.has(x.step))),
+        ...(open ? [{...c.running!, end: Math.max(window.end, c.running!.start + c.running!.batches * STEP_MS)}] : []),
+      ]
+      // Compute inside the window, and the batches it trained there (a compute across an edge: its share of them).
+      const inside = (x: Span) => Math.max(0, Math.min(x.end, window.end) - Math.max(x.start, window.start))
+      const batches = kept.reduce((s, x) => s + (x.end > x.start ? (x.batches * inside(x)) / (x.end - x.start) : 0), 0)
       const [a, b] = c.link
       const up = b.tx - a.tx
       const down = b.rx - a.rx
       const linkWall = (b.at - a.at) / 1000
       return {
         busy: busyFraction(kept, window),
-        compute: computes.reduce((s, x) => s + x.end - x.start, 0) / 1000 / ROUNDS,
+        compute: kept.reduce((s, x) => s + inside(x), 0) / 1000 / ROUNDS,
         upS: up / upCap / ROUNDS,
         downS: down / downCap / ROUNDS,
         upPerToken: bytesPerToken(up, batches, K),

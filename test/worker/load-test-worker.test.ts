@@ -117,15 +117,19 @@ describe('the load-test compute stand-in (LoadTestWorker)', () => {
     }
   })
 
-  it('with computeMsPerBatch, computes longer for more batches (a SparseLoCo round of H batches), and records it', async () => {
+  it('with computeMsPerBatch, computes longer for more batches (a SparseLoCo round of H batches), and records it (while under way, as running)', async () => {
     const w = new LoadTestWorker({purpose: 'load-test', resultBytes: 100, computeMs: 0, computeMsPerBatch: 20})
     const t0 = performance.now()
-    await w.beginRound(
+    const begun = w.beginRound(
       Uint32Array.from({length: 4 * 17}, (_, i) => i % 256),
       4,
       1,
     )
+    assert.deepEqual(w.running && [w.running.step, w.running.batches], [1, 4])
+    assert.equal(w.computed.length, 0)
+    await begun
     assert.ok(performance.now() - t0 >= 75, `took ${performance.now() - t0} ms`)
+    assert.equal(w.running, undefined)
     assert.equal(w.computed.length, 1)
     assert.equal(w.computed[0].batches, 4)
     assert.ok(w.computed[0].end - w.computed[0].start >= 75)

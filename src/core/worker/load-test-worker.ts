@@ -218,6 +218,8 @@ export class LoadTestWorker {
    * begun on predicted batches, `discarded` once that was undone (its compute was wasted).
    */
   readonly computed: {step: number; batches: number; start: number; end: number; speculative?: boolean; discarded?: boolean}[] = []
+  /** The compute under way, if any (it enters `computed` when it ends): a measurement window may close during it. */
+  running: {step: number; batches: number; start: number; speculative?: boolean} | undefined
   private params: Buffer = Buffer.alloc(32)
   private format: ResultFormat
   private readonly clock: Clock
@@ -277,8 +279,10 @@ export class LoadTestWorker {
     const seed = sha256('load-test result', this.params, String(step), new Uint8Array(tokens.buffer, tokens.byteOffset, tokens.byteLength))
     const ms = this.o.computeMs + (this.o.computeMsPerBatch ?? 0) * rows
     const start = Date.now()
-    if (ms > 0) await this.clock.sleep(ms)
     const speculative = options.speculative === true
+    this.running = {step, batches: rows, start, ...(speculative ? {speculative} : {})}
+    if (ms > 0) await this.clock.sleep(ms)
+    this.running = undefined
     this.computed.push({step, batches: rows, start, end: Date.now(), ...(speculative ? {speculative} : {})})
     this.alive()
     this.begun = {step, seed, tokens: tokens.length - rows, speculative}
