@@ -180,6 +180,14 @@ class Recorder {
     for (const c of this.state.epoch.clients)
       if (this.state.run_state === 'Warmup') this.apply({type: 'witness', from: c.id, step: 0, proof: {participant_bloom: '', broadcast_bloom: ''}}, 'ok')
   }
+
+  /** The run resumed, these clients joined, Warmup reached and every warmup report in: the first round begins. */
+  startEpoch(ids: string[]): void {
+    this.apply({type: 'resume'}, 'ok')
+    for (const id of ids) this.apply({type: 'join', id}, 'ok')
+    this.tickOut() // → Warmup
+    this.warmupAll()
+  }
 }
 
 async function recorder(name: string, labels: string[], config: Partial<CoordinatorConfig> = {}, llm: Partial<LLMConfig> = {}): Promise<Recorder> {
@@ -199,10 +207,7 @@ function finish(r: Recorder): Scenario {
 async function fullRun(): Promise<Scenario> {
   const r = await recorder('full-run', ['a', 'b', 'c', 'd'], {rounds_per_epoch: 3, total_steps: 7})
   r.apply({type: 'config_update', config: r.scenario.config, model: r.scenario.model}, 'ok')
-  r.apply({type: 'resume'}, 'ok')
-  for (const l of ['a', 'b', 'c', 'd']) r.apply({type: 'join', id: r.id(l)}, 'ok')
-  r.tickOut() // → Warmup
-  r.warmupAll() // enough warmup reports start the first round
+  r.startEpoch(['a', 'b', 'c', 'd'].map((l) => r.id(l))) // enough warmup reports start the first round
   // round 1: every witness saw everyone
   r.witnessAll()
   r.tickOut() // RoundWitness → RoundTrain (round 2)
@@ -350,10 +355,7 @@ async function dummyThenHub(): Promise<Scenario> {
     {rounds_per_epoch: 2, min_clients: 2, init_min_clients: 2, cooldown_time: 50},
     {checkpoint: {Dummy: {repo_id: 'org/dummy'}}},
   )
-  r.apply({type: 'resume'}, 'ok')
-  for (const l of ['a', 'b']) r.apply({type: 'join', id: r.id(l)}, 'ok')
-  r.tickOut() // → Warmup
-  r.warmupAll()
+  r.startEpoch(['a', 'b'].map((l) => r.id(l)))
   r.witnessAll()
   r.tickOut() // → round 2
   r.witnessAll()
@@ -418,10 +420,7 @@ async function accusations(): Promise<Scenario> {
 async function cutOff(): Promise<Scenario> {
   const r = await recorder('cut-off', ['cut-6', 'other', 'cut-18'], {witness_nodes: 0}) // every client witnesses
   const [a, b, c] = [r.id('cut-6'), r.id('other'), r.id('cut-18')]
-  r.apply({type: 'resume'}, 'ok')
-  for (const id of [a, b, c]) r.apply({type: 'join', id}, 'ok')
-  r.tickOut() // → Warmup
-  r.warmupAll() // → RoundTrain
+  r.startEpoch([a, b, c]) // → RoundTrain
   r.witnessAll()
   r.tickOut() // round 2: c is cut off from a and b
   const step = r.state.epoch.round!.step
@@ -690,10 +689,7 @@ async function trainersCap(): Promise<Scenario> {
     witness_nodes: 3,
     rounds_per_epoch: 4,
   })
-  r.apply({type: 'resume'}, 'ok')
-  for (const l of labels) r.apply({type: 'join', id: r.id(l)}, 'ok')
-  r.tickOut() // → Warmup
-  r.warmupAll()
+  r.startEpoch(labels.map((l) => r.id(l)))
   const first = r.state.epoch.round!
   const chosen = [...assignBatches(r.state)].filter(([, range]) => range.end > range.start).map(([id]) => id)
   if (chosen.length !== 2) throw new Error(`trainers-cap: ${chosen.length} trainers chosen, expected 2`)
@@ -739,10 +735,7 @@ async function trainersCapBlooms(): Promise<Scenario> {
     global_batch_size_start: 12,
     global_batch_size_end: 12,
   })
-  r.apply({type: 'resume'}, 'ok')
-  for (const l of labels) r.apply({type: 'join', id: r.id(l)}, 'ok')
-  r.tickOut() // → Warmup
-  r.warmupAll()
+  r.startEpoch(labels.map((l) => r.id(l)))
   const round = r.state.epoch.round!
   const seen = [...assignBatches(r.state)].filter(([, range]) => range.end > range.start).map(([id, range]) => ({id, range, commitment: Buffer.alloc(32, 7)}))
   const wide = buildWitnessProof({}, {...round, trainers: round.roster.length}, seen)
@@ -810,10 +803,7 @@ async function innerSteps(): Promise<Scenario> {
     if (handedOut.size !== round.data_index + round.batch_size) throw new Error(`inner-steps: batches 0..${round.data_index + round.batch_size} not all handed out once`)
     rounds++
   }
-  r.apply({type: 'resume'}, 'ok')
-  for (const l of labels) r.apply({type: 'join', id: r.id(l)}, 'ok')
-  r.tickOut() // → Warmup
-  r.warmupAll()
+  r.startEpoch(labels.map((l) => r.id(l)))
   for (let i = 0; i < 8 && r.state.run_state !== 'Cooldown'; i++) {
     if (r.state.run_state === 'RoundTrain') {
       checkRound(3)
