@@ -167,6 +167,8 @@ export class PeerDialer implements Startable {
     const byPeer = this.byPeer(addrs)
     const plan = overlay(this.peerId, [...byPeer.keys()], fullMeshUpTo(this.maxConnections))
     for (const [peer, targets] of byPeer) if (targets.length > 0) this.knownAddrs.set(peer, targets)
+    // What failed is remembered for the run's members only: identities that come and go must not grow these maps.
+    for (const failed of [this.directFailed, this.otherNetworkFailed]) for (const peer of failed.keys()) if (!byPeer.has(peer)) failed.delete(peer)
     const before = this.neighbours
     this.neighbours = plan.fullMesh ? undefined : plan.neighbours
     this.dialSet = plan.fullMesh ? undefined : new Set(plan.dial)
